@@ -1,0 +1,28 @@
+# facegate developer entry points. `make serve` and `make test` are the README's two commands.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LFW_DEFAULT := $(abspath ../shared/data/lfw)
+export FACEGATE_LFW_ROOT ?= $(if $(wildcard $(LFW_DEFAULT)/pairs.txt),$(LFW_DEFAULT),)
+
+.PHONY: setup serve test lint bench-cpu clean
+
+setup: $(VENV)/.facegate-installed
+
+$(VENV)/.facegate-installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh "$(PYTHON)" "$(VENV)"
+	touch $@
+
+serve: setup
+	$(VENV)/bin/facegate serve
+
+test: setup
+	bash scripts/test.sh "$(VENV)"
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""The one configuration object.
+
+Every knob lives here, with a default, a bound and a docstring (the ``description``). Values come from,
+in increasing priority: defaults, ``FACEGATE_*`` environment variables, and explicit keyword arguments
+(which the CLI flags fill). Example: ``FACEGATE_MAX_BATCH_SIZE=128 facegate serve``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["fp32", "fp16", "bf16"]
+
+
+class Settings(BaseSettings):
+    """All facegate settings. Environment prefix: ``FACEGATE_``."""
+
+    model_config = SettingsConfigDict(env_prefix="FACEGATE_", extra="forbid", validate_default=True)
+
+    # ------------------------------------------------------------------ models
+    model: str = Field("sface", min_length=1, description="Recognizer name in the model registry.")
+    rts_checkpoint: Path | None = Field(
+        None, description="Path to a ModelScope RTS IR-SE-64 `pytorch_model.pt`; selects model 'irse64_rts'."
+    )
+    quality_head: Path | None = Field(
+        None, description="Path to a trained quality-head file; overrides the registry's default head."
+    )
+    device: Device = Field("auto", description="'auto' picks CUDA when available, else CPU.")
+    precision: Precision = Field("fp32", description="Compute precision of the models on the device.")
+    compile: bool = Field(False, description="torch.compile + CUDA graphs over fixed batch buckets (CUDA only).")
+
+    # ------------------------------------------------------------------ detector
+    det_score_threshold: float = Field(0.6, ge=0.0, le=1.0, description="Minimum detector score.")
+    det_nms_threshold: float = Field(0.3, ge=0.0, le=1.0, description="IoU threshold of non-maximum suppression.")
+    det_top_k: int = Field(5000, ge=1, le=100_000, description="Candidates kept before NMS.")
+    det_max_side: int = Field(
+        640, ge=64, le=4096, description="Images are scaled so their longer side is at most this before detection."
+    )
+
+    # ------------------------------------------------------------------ thresholds
+    match_threshold: float | None = Field(
+        None, ge=-1.0, le=1.0, description="Cosine match threshold; None uses the model's calibrated one."
+    )
+    quality_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="Quality gate in [0,1]; None uses the model's calibrated one."
+    )
+    enrol_requires_quality: bool = Field(True, description="Enrolment refuses faces below the quality gate.")
+
+    # ------------------------------------------------------------------ engine / batching
+    max_batch_size: int = Field(64, ge=1, le=4096, description="Largest batch the engine forms for one stage.")
+    max_wait_ms: float = Field(
+        2.0, ge=0.0, le=1000.0, description="How long the engine waits to fill a batch after the first item."
+    )
+    max_queue: int = Field(4096, ge=1, le=1_000_000, description="Bounded queue size; beyond it requests get 503.")
+    request_timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0, description="Per-request deadline; expired work is dropped before compute (504)."
+    )
+    batching: bool = Field(True, description="Cross-request dynamic batching; False runs each request alone.")
+    decode_workers: int = Field(4, ge=1, le=256, description="Threads for image decode and preprocessing.")
+
+    # ------------------------------------------------------------------ input limits
+    max_upload_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024, le=1 << 31, description="Largest accepted upload per image, in bytes."
+    )
+    max_pixels: int = Field(
+        40_000_000, ge=4096, le=1_000_000_000, description="Largest accepted image, in pixels (width × height)."
+    )
+    max_images_per_request: int = Field(64, ge=1, le=10_000, description="Most images in one embed request.")
+    allowed_roots: list[Path] = Field(
+        default_factory=list, description="Server-side folders the API may read from; empty forbids paths."
+    )
+
+    # ------------------------------------------------------------------ serving / storage
+    host: str = Field("127.0.0.1", description="Bind address of `facegate serve`.")
+    port: int = Field(7860, ge=1, le=65535, description="Port of `facegate serve`.")
+    data_dir: Path = Field(Path("./data"), description="Where the SQLite gallery and caches live.")
+    gallery_url: str | None = Field(
+        None, description="Gallery database URL; None means SQLite at `<data_dir>/gallery.sqlite3`."
+    )
+
+    # ------------------------------------------------------------------ evaluation
+    lfw_root: Path | None = Field(
+        None, description="LFW root (holds lfw-deepfunneled/ and pairs.txt); for eval and tests only."
+    )
+
+    def resolved_device(self) -> str:
+        """``'cuda'`` or ``'cpu'`` after resolving ``'auto'``."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"

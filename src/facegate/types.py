@@ -1,0 +1,128 @@
+"""Frozen result types shared by every stage.
+
+Arrays are NumPy on the host. Shapes and dtypes are part of the contract and are stated per field.
+Landmark order everywhere is the YuNet/ArcFace order, in *image* coordinates:
+``0`` right eye (image left), ``1`` left eye, ``2`` nose tip, ``3`` right mouth corner, ``4`` left mouth corner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class FaceSelect(StrEnum):
+    """Which detected faces a call keeps."""
+
+    LARGEST = "largest"  #: the face with the largest box area
+    ALL = "all"  #: every face, sorted by score (desc)
+    INDEX = "index"  #: one face by position in the score-sorted list (needs ``face_index``)
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """One detected face.
+
+    Attributes:
+        box: ``(4,) float32`` ``x1, y1, x2, y2`` in source-image pixels.
+        landmarks: ``(5, 2) float32`` ``(x, y)`` in source-image pixels, order in the module docstring.
+        score: detector confidence in ``[0, 1]``.
+    """
+
+    box: np.ndarray
+    landmarks: np.ndarray
+    score: float
+
+    @property
+    def area(self) -> float:
+        """Box area in square pixels."""
+        return float(max(0.0, self.box[2] - self.box[0]) * max(0.0, self.box[3] - self.box[1]))
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (rounded to 0.01 px)."""
+        return {
+            "box": [round(float(v), 2) for v in self.box],
+            "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in self.landmarks],
+            "score": round(float(self.score), 5),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QualityVerdict:
+    """The quality gate's decision for one face.
+
+    Attributes:
+        score: calibrated quality in ``[0, 1]`` (higher is better).
+        raw: the model's raw quality signal before calibration (model-specific units).
+        threshold: the gate's threshold the score was compared with.
+        accepted: ``score >= threshold``.
+        reason: ``None`` when accepted, else a human-readable refusal ("retake: ...").
+    """
+
+    score: float
+    raw: float
+    threshold: float
+    accepted: bool
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "score": round(float(self.score), 5),
+            "raw": round(float(self.raw), 6),
+            "threshold": self.threshold,
+            "accepted": self.accepted,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Face:
+    """One face that went through the whole pipeline.
+
+    Attributes:
+        detection: where it was found; ``None`` for pre-aligned crops.
+        embedding: ``(D,) float32``, L2-normalised.
+        quality: the gate's verdict.
+        crop: ``(112, 112, 3) uint8`` RGB aligned crop, or ``None`` when not kept.
+    """
+
+    detection: Detection | None
+    embedding: np.ndarray
+    quality: QualityVerdict
+    crop: np.ndarray | None = field(default=None, repr=False)
+
+    def to_dict(self, *, with_embedding: bool = False) -> dict[str, object]:
+        """JSON-ready form; the embedding is included only on request."""
+        out: dict[str, object] = {
+            "detection": None if self.detection is None else self.detection.to_dict(),
+            "quality": self.quality.to_dict(),
+        }
+        if with_embedding:
+            out["embedding"] = [round(float(v), 7) for v in self.embedding]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CompareResult:
+    """Outcome of a 1:1 comparison.
+
+    Attributes:
+        similarity: cosine similarity of the two embeddings in ``[-1, 1]``; ``None`` when refused.
+        threshold: the match threshold used.
+        fmr: the false-match rate that threshold was calibrated to (e.g. ``1e-3``).
+        match: ``True``/``False``; ``None`` when refused (a refused pair is never compared).
+        faces: the two faces.
+        refused: whether the quality gate refused the comparison.
+        reason: refusal reason, ``None`` if compared.
+    """
+
+    similarity: float | None
+    threshold: float
+    fmr: float
+    match: bool | None
+    faces: tuple[Face, Face]
+    refused: bool
+    reason: str | None = None
