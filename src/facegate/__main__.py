@@ -1,0 +1,5 @@
+"""``python -m facegate`` = the ``facegate`` command."""
+
+from facegate.cli import main
+
+main()

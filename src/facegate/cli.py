@@ -1,0 +1,385 @@
+"""The ``facegate`` command line: serve | compare | embed | eval | train-quality | bench | export | models.
+
+Every command takes ``--device cpu|cuda|auto`` and ``--precision fp32|fp16|bf16`` where models run.
+Errors print a JSON error object to stderr and exit with status 2 (bad input) or 1 (anything else);
+nothing ends in a traceback unless ``FACEGATE_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from facegate.config import Settings
+from facegate.errors import FacegateError, InputError
+
+log = logging.getLogger("facegate")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: face recognition with a quality gate.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluations on LFW.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
+export_app = typer.Typer(no_args_is_help=True, help="Export models.")
+app.add_typer(eval_app, name="eval")
+app.add_typer(bench_app, name="bench")
+app.add_typer(export_app, name="export")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | auto")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32 | fp16 | bf16")]
+ModelOpt = Annotated[str, typer.Option("--model", help="recognizer name in the registry")]
+RtsOpt = Annotated[Path | None, typer.Option("--rts-checkpoint", help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
+HeadOpt = Annotated[Path | None, typer.Option("--quality-head", help="trained quality-head file")]
+
+
+def _setup_logging() -> None:
+    level = os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def guarded(fn: F) -> F:
+    """Turn FacegateError (and anything unexpected) into a JSON error on stderr and a clean exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FacegateError as exc:
+            typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
+            raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if os.environ.get("FACEGATE_DEBUG") == "1":
+                raise
+            log.exception("unexpected error")
+            typer.echo(
+                json.dumps({"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}), err=True
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings(**kw: Any) -> Settings:
+    return Settings(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _pipeline(settings: Settings):
+    from facegate.pipeline.pipeline import FacePipeline
+
+    return FacePipeline.from_settings(settings)
+
+
+def _read(path: Path, settings: Settings):
+    from facegate.errors import ImageDecodeError
+    from facegate.io.decode import decode_image
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ImageDecodeError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
+    return decode_image(data, max_bytes=settings.max_upload_bytes, max_pixels=settings.max_pixels)
+
+
+# ---------------------------------------------------------------------------------------------- serve
+@app.command()
+@guarded
+def serve(
+    host: Annotated[str | None, typer.Option(help="bind address")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default 7860)")] = None,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    model: ModelOpt = "sface",
+    rts_checkpoint: RtsOpt = None,
+    quality_head: HeadOpt = None,
+    data_dir: Annotated[Path | None, typer.Option(help="gallery data folder")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="engine batch size")] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(help="batch fill wait")] = None,
+    batching: Annotated[bool | None, typer.Option("--batching/--no-batching")] = None,
+    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile + CUDA graphs")] = None,
+) -> None:
+    """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
+    from facegate.serving.app import run
+
+    _setup_logging()
+    # environment variables (FACEGATE_*) apply; flags given here override them
+    s = _settings(
+        host=host,
+        port=port,
+        device=device if device != "auto" else None,
+        precision=precision if precision != "fp32" else None,
+        model=model if model != "sface" else None,
+        rts_checkpoint=rts_checkpoint,
+        quality_head=quality_head,
+        data_dir=data_dir,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        batching=batching,
+        compile=compile,
+    )
+    run(s)
+
+
+# ---------------------------------------------------------------------------------------------- compare
+@app.command()
+@guarded
+def compare(
+    img1: Path,
+    img2: Path,
+    device: DeviceOpt = "cpu",
+    precision: PrecisionOpt = "fp32",
+    model: ModelOpt = "sface",
+    rts_checkpoint: RtsOpt = None,
+    quality_head: HeadOpt = None,
+) -> None:
+    """Compare the largest face of two photos; prints JSON (similarity, verdict, quality, boxes, landmarks)."""
+    _setup_logging()
+    s = _settings(
+        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
+    )
+    p = _pipeline(s)
+    a = p.faces([_read(img1, s)])[0][0]
+    b = p.faces([_read(img2, s)])[0][0]
+    r = p.compare_faces(a, b)
+    out = {
+        "similarity": None if r.similarity is None else round(r.similarity, 6),
+        "match": r.match,
+        "verdict": "refused" if r.refused else ("match" if r.match else "no_match"),
+        "threshold": r.threshold,
+        "fmr": r.fmr,
+        "refused": r.refused,
+        "reason": r.reason,
+        "model": p.spec.name,
+        "faces": [a.to_dict(), b.to_dict()],
+    }
+    typer.echo(json.dumps(out, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------- embed
+IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
+
+
+@app.command()
+@guarded
+def embed(
+    folder: Path,
+    out: Annotated[Path, typer.Option("--out", help="output file: .npz or .jsonl")],
+    device: DeviceOpt = "cpu",
+    precision: PrecisionOpt = "fp32",
+    model: ModelOpt = "sface",
+    rts_checkpoint: RtsOpt = None,
+    quality_head: HeadOpt = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096)] = 32,
+) -> None:
+    """Embed every face of every image under FOLDER (recursively); unreadable files are skipped with a logged reason."""
+    import numpy as np
+    from tqdm import tqdm
+
+    _setup_logging()
+    if out.suffix not in {".npz", ".jsonl"}:
+        raise typer.BadParameter("--out must end in .npz or .jsonl")
+    s = _settings(
+        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
+    )
+    files = sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXT)
+    if not files:
+        from facegate.errors import EmptyInputError
+
+        raise EmptyInputError(f"no image files under {folder}")
+    p = _pipeline(s)
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    with tqdm(total=len(files), unit="img", desc="embed", file=sys.stderr) as bar:
+        for start in range(0, len(files), batch_size):
+            chunk = files[start : start + batch_size]
+            images, ok = [], []
+            for f in chunk:
+                try:
+                    images.append(_read(f, s))
+                    ok.append(f)
+                except FacegateError as exc:
+                    skipped += 1
+                    log.warning("skipping %s: %s (%s)", f, exc.message, exc.code)
+            if images:
+                from facegate.types import FaceSelect
+
+                dets = p.detect(images)
+                chosen, owners = [], []
+                for i, ds in enumerate(dets):
+                    if not ds:
+                        log.info("no face in %s", ok[i])
+                    chosen.extend(ds)
+                    owners.extend([i] * len(ds))
+                _ = FaceSelect.ALL
+                crops = p.align(images, chosen, owners)
+                e, q, raw = p.embed(crops)
+                for k, (d, i) in enumerate(zip(chosen, owners, strict=True)):
+                    v = p.gate(float(q[k]), float(raw[k]))
+                    rows.append(
+                        {
+                            "path": str(ok[i]),
+                            "face": sum(1 for o in owners[:k] if o == i),
+                            "detection": d.to_dict(),
+                            "quality": v.to_dict(),
+                            "embedding": e[k],
+                        }
+                    )
+            bar.update(len(chunk))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".npz":
+        np.savez_compressed(
+            out,
+            paths=np.array([r["path"] for r in rows]),
+            face=np.array([r["face"] for r in rows], np.int32),
+            embeddings=np.stack([r["embedding"] for r in rows])
+            if rows
+            else np.zeros((0, p.spec.embedding_dim), np.float32),
+            quality=np.array([r["quality"]["score"] for r in rows], np.float32),
+            boxes=np.array([r["detection"]["box"] for r in rows], np.float32).reshape(-1, 4),
+            landmarks=np.array([r["detection"]["landmarks"] for r in rows], np.float32).reshape(-1, 5, 2),
+            model=np.array(p.spec.name),
+        )
+    else:
+        with open(out, "w") as fh:
+            for r in rows:
+                r = dict(r, embedding=[round(float(x), 7) for x in r["embedding"]])
+                fh.write(json.dumps(r) + "\n")
+    typer.echo(json.dumps({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}))
+
+
+# ---------------------------------------------------------------------------------------------- eval lfw
+def _lfw_root(root: Path | None) -> Path:
+    r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
+    if r is None:
+        raise typer.BadParameter("give --root or set FACEGATE_LFW_ROOT")
+    return r
+
+
+def _env_info(settings: Settings) -> dict[str, Any]:
+    import platform
+    import subprocess
+
+    import torch
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    dev = settings.resolved_device()
+    return {
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "device": dev,
+        "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "precision": settings.precision,
+        "model": settings.model if settings.rts_checkpoint is None else "irse64_rts",
+    }
+
+
+@eval_app.command("lfw")
+@guarded
+def eval_lfw(
+    root: Annotated[Path | None, typer.Option(help="LFW root (lfw-deepfunneled/ + pairs.txt)")] = None,
+    out: Annotated[Path, typer.Option(help="JSON output")] = Path("lfw_eval.json"),
+    device: DeviceOpt = "cpu",
+    precision: PrecisionOpt = "fp32",
+    model: ModelOpt = "sface",
+    rts_checkpoint: RtsOpt = None,
+    quality_head: HeadOpt = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096)] = 64,
+    save_embeddings: Annotated[Path | None, typer.Option(help="also save per-image embeddings (.npz)")] = None,
+) -> None:
+    """LFW 10-fold accuracy ± std, TAR at FMR 1e-3 and its threshold, written as JSON."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
+
+    _setup_logging()
+    r = _lfw_root(root)
+    s = _settings(
+        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
+    )
+    p = _pipeline(s)
+    pairs = read_pairs(r)
+    paths = pair_images(pairs)
+    t0 = time.perf_counter()
+    with tqdm(total=len(paths), unit="img", desc="lfw", file=sys.stderr) as bar:
+        emb = embed_lfw(p, r, paths, batch_size=batch_size, progress=bar.update)
+    secs = time.perf_counter() - t0
+    scores = pair_scores(pairs, emb)
+    labels = np.array([pp.same for pp in pairs])
+    folds = np.array([pp.fold for pp in pairs])
+    res = evaluate_scores(scores, labels, folds)
+    no_face = sum(1 for v in emb.values() if np.isnan(v[0]).any())
+    report = {
+        "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
+        **res.to_dict(),
+        "images": len(paths),
+        "images_without_face": no_face,
+        "seconds": round(secs, 2),
+        "env": _env_info(s),
+        "command": " ".join(["facegate", *sys.argv[1:]]),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    if save_embeddings is not None:
+        keys = list(emb)
+        np.savez_compressed(
+            save_embeddings,
+            paths=np.array(keys),
+            embeddings=np.stack([emb[k][0] for k in keys]),
+            quality=np.array([emb[k][1] for k in keys], np.float32),
+            raw=np.array([emb[k][2] for k in keys], np.float32),
+            det_score=np.array([emb[k][3] for k in keys], np.float32),
+        )
+    typer.echo(
+        json.dumps(
+            {
+                k: report[k]
+                for k in (
+                    "accuracy_mean",
+                    "accuracy_std",
+                    "tar_at_fmr",
+                    "threshold_at_fmr",
+                    "images_without_face",
+                    "seconds",
+                )
+            },
+            indent=2,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------- models
+@app.command()
+@guarded
+def models() -> None:
+    """List the model registry with weights sources and calibrated thresholds."""
+    from dataclasses import asdict
+
+    from facegate.models.registry import list_specs
+
+    typer.echo(json.dumps([asdict(s) for s in list_specs()], indent=2, default=str))
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

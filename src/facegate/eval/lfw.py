@@ -1,0 +1,218 @@
+"""LFW verification protocol (View 2): 10 folds × 600 pairs, identity-disjoint.
+
+Accuracy is reported as the mean ± std over the 10 folds of the accuracy on each held-out fold, at the
+threshold that maximises accuracy on the other 9 folds (the standard protocol). TAR at FMR 1e-3 is
+computed over all 6,000 pairs (3,000 impostor pairs, so FMR 1e-3 is about 3 false matches), and its
+threshold is reported too. LFW is read from a folder given by the caller (``--root`` or
+``FACEGATE_LFW_ROOT``); it is never shipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facegate.errors import InvalidParameterError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One LFW pair: two image paths relative to ``lfw-deepfunneled/``, the fold, and whether it is genuine."""
+
+    a: str
+    b: str
+    fold: int
+    same: bool
+
+
+def image_rel(name: str, idx: int) -> str:
+    """``Name/Name_0001.jpg`` for person ``name`` and 1-based image number ``idx``."""
+    return f"{name}/{name}_{idx:04d}.jpg"
+
+
+def read_pairs(root: Path) -> list[Pair]:
+    """Parse ``pairs.txt`` (first line ``10 300``: folds × pairs of each kind per fold)."""
+    path = Path(root) / "pairs.txt"
+    if not path.is_file():
+        raise InvalidParameterError(f"no pairs.txt under {root}", detail={"root": str(root)})
+    lines = path.read_text().strip().splitlines()
+    n_folds, n_each = (int(v) for v in lines[0].split())
+    rows = [ln.split() for ln in lines[1:]]
+    if len(rows) != n_folds * 2 * n_each:
+        raise InvalidParameterError(f"pairs.txt has {len(rows)} pairs, expected {n_folds * 2 * n_each}")
+    pairs: list[Pair] = []
+    for k, r in enumerate(rows):
+        fold = k // (2 * n_each)
+        if len(r) == 3:
+            pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(r[0], int(r[2])), fold, True))
+        elif len(r) == 4:
+            pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(r[2], int(r[3])), fold, False))
+        else:
+            raise InvalidParameterError(f"malformed pairs.txt line {k + 2}: {' '.join(r)}")
+    return pairs
+
+
+def pair_images(pairs: Sequence[Pair]) -> list[str]:
+    """Unique image paths used by the pairs, in first-use order."""
+    seen: dict[str, None] = {}
+    for p in pairs:
+        seen.setdefault(p.a)
+        seen.setdefault(p.b)
+    return list(seen)
+
+
+def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Threshold maximising accuracy of ``score >= t`` on (scores, labels); midpoints between sorted scores."""
+    order = np.argsort(scores)
+    s, y = scores[order], labels[order].astype(bool)
+    # predicting "same" for index >= i: correct = (#neg below i) + (#pos at/after i)
+    neg_below = np.concatenate([[0], np.cumsum(~y)])
+    pos_after = np.concatenate([np.cumsum(y[::-1])[::-1], [0]])
+    acc = neg_below + pos_after
+    i = int(np.argmax(acc))
+    if i == 0:
+        return float(s[0] - 1e-6)
+    if i == len(s):
+        return float(s[-1] + 1e-6)
+    return float((s[i - 1] + s[i]) / 2)
+
+
+def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
+    """Smallest threshold ``t`` with ``mean(impostor >= t) <= fmr`` (ties broken conservatively)."""
+    imp = np.sort(np.asarray(impostor, np.float64))[::-1]
+    k = int(np.floor(fmr * len(imp)))  # number of impostors allowed at or above t
+    if k >= len(imp):
+        return float(imp[-1])
+    return float(np.nextafter(imp[k], np.inf))
+
+
+@dataclass(frozen=True)
+class LfwResult:
+    """Verification metrics over the 10 folds."""
+
+    accuracy_mean: float
+    accuracy_std: float
+    fold_accuracies: list[float]
+    fold_thresholds: list[float]
+    tar_at_fmr: float
+    fmr: float
+    threshold_at_fmr: float
+    n_pairs: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "accuracy_mean": self.accuracy_mean,
+            "accuracy_std": self.accuracy_std,
+            "fold_accuracies": self.fold_accuracies,
+            "fold_thresholds": self.fold_thresholds,
+            "tar_at_fmr": self.tar_at_fmr,
+            "fmr": self.fmr,
+            "threshold_at_fmr": self.threshold_at_fmr,
+            "n_pairs": self.n_pairs,
+        }
+
+
+def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3) -> LfwResult:
+    """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs."""
+    scores = np.asarray(scores, np.float64)
+    labels = np.asarray(labels, bool)
+    folds = np.asarray(folds)
+    accs, ths = [], []
+    for f in np.unique(folds):
+        train, test = folds != f, folds == f
+        t = best_threshold(scores[train], labels[train])
+        accs.append(float(np.mean((scores[test] >= t) == labels[test])))
+        ths.append(t)
+    t_fmr = threshold_at_fmr(scores[~labels], fmr)
+    tar = float(np.mean(scores[labels] >= t_fmr))
+    return LfwResult(
+        accuracy_mean=float(np.mean(accs)),
+        accuracy_std=float(np.std(accs)),
+        fold_accuracies=accs,
+        fold_thresholds=ths,
+        tar_at_fmr=tar,
+        fmr=fmr,
+        threshold_at_fmr=t_fmr,
+        n_pairs=len(scores),
+    )
+
+
+def centre_most(dets: Sequence, width: int, height: int):
+    """LFW's subject is the centred face: pick the detection whose box centre is nearest the image centre."""
+    cx, cy = width / 2.0, height / 2.0
+
+    def dist(d) -> float:
+        bx, by = (d.box[0] + d.box[2]) / 2.0, (d.box[1] + d.box[3]) / 2.0
+        return (bx - cx) ** 2 + (by - cy) ** 2
+
+    return min(dets, key=dist)
+
+
+def embed_lfw(
+    pipeline,
+    root: Path,
+    paths: Sequence[str],
+    *,
+    batch_size: int = 32,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, tuple[np.ndarray, float, float, float]]:
+    """Embed LFW images: path → (embedding, quality, raw quality, detector score).
+
+    Detection runs on the whole 250×250 image; the centre-most face is kept. An image where the
+    detector finds nothing at the configured threshold is retried at threshold 0.3; if there is still
+    nothing, the image is recorded with a NaN embedding and counted as a failure (the pair then scores -1).
+    """
+    from facegate.io.decode import decode_image
+
+    out: dict[str, tuple[np.ndarray, float, float, float]] = {}
+    base = Path(root) / "lfw-deepfunneled"
+    det = pipeline.detector
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        images = [decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26) for p in chunk]
+        dets = pipeline.detect(images)
+        chosen, owners = [], []
+        for i, (im, ds) in enumerate(zip(images, dets, strict=True)):
+            if not ds:
+                old = det.score_threshold
+                det.score_threshold = 0.3
+                try:
+                    ds = pipeline.detect([im])[0]
+                finally:
+                    det.score_threshold = old
+            if ds:
+                chosen.append(centre_most(ds, im.shape[1], im.shape[0]))
+                owners.append(i)
+        crops = pipeline.align(images, chosen, owners)
+        emb, q, raw = pipeline.embed(crops)
+        got = dict(zip(owners, range(len(owners)), strict=True))
+        for i, p in enumerate(chunk):
+            if i in got:
+                k = got[i]
+                out[p] = (emb[k], float(q[k]), float(raw[k]), float(chosen[k].score))
+            else:
+                log.warning("no face in %s even at score 0.3", p)
+                out[p] = (
+                    np.full(emb.shape[1] if len(emb) else pipeline.spec.embedding_dim, np.nan, np.float32),
+                    float("nan"),
+                    float("nan"),
+                    0.0,
+                )
+        if progress is not None:
+            progress(len(chunk))
+    return out
+
+
+def pair_scores(pairs: Sequence[Pair], emb: dict[str, tuple[np.ndarray, float, float, float]]) -> np.ndarray:
+    """Cosine score per pair; −1 when either image had no face."""
+    s = np.empty(len(pairs), np.float64)
+    for i, p in enumerate(pairs):
+        a, b = emb[p.a][0], emb[p.b][0]
+        s[i] = -1.0 if (np.isnan(a).any() or np.isnan(b).any()) else float(np.dot(a, b))
+    return s

@@ -1,0 +1,325 @@
+"""The face pipeline on batches: detect → select → align → embed + quality → gate.
+
+No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, results go out as
+:mod:`facegate.types` objects. Two engine stages wrap the device work (:class:`DetectStage`,
+:class:`EmbedStage`) so that :class:`facegate.engine.engine.Engine` can batch across requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from facegate.config import Settings
+from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.models.registry import ModelSpec, get_spec
+from facegate.pipeline.align import align_cpu, is_aligned_crop
+from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def select_faces(
+    detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
+) -> list[Detection]:
+    """Apply a face-selection policy to one image's detections (sorted by score, descending).
+
+    Raises:
+        NoFaceError: no detection at all.
+        FaceSelectionError: ``face_index`` missing or out of range for ``FaceSelect.INDEX``.
+    """
+    select = FaceSelect(select)
+    if not detections:
+        raise NoFaceError("no face found in the image")
+    if select is FaceSelect.ALL:
+        return list(detections)
+    if select is FaceSelect.LARGEST:
+        return [max(detections, key=lambda d: d.area)]
+    if face_index is None or not 0 <= face_index < len(detections):
+        raise FaceSelectionError(
+            f"face_index {face_index} is out of range: {len(detections)} face(s) found",
+            detail={"faces": len(detections), "face_index": face_index},
+        )
+    return [detections[face_index]]
+
+
+def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
+    """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
+    accepted = bool(score >= threshold)
+    reason = None
+    if not accepted:
+        reason = f"retake: quality {score:.2f} is below the gate {threshold:.2f}"
+    return QualityVerdict(
+        score=float(score), raw=float(raw), threshold=float(threshold), accepted=accepted, reason=reason
+    )
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two L2-normalised ``(D,) float32`` embeddings."""
+    return float(np.dot(a.astype(np.float64), b.astype(np.float64)))
+
+
+@dataclass(frozen=True, slots=True)
+class Operating:
+    """The operating point in force: thresholds and where they come from."""
+
+    match_threshold: float
+    match_fmr: float
+    quality_threshold: float
+
+
+class FacePipeline:
+    """Batched, synchronous face pipeline around one detector and one recognizer on one device."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        detector: Any,
+        recognizer: torch.nn.Module,
+        *,
+        device: str,
+        operating: Operating,
+    ) -> None:
+        self.spec = spec
+        self.detector = detector
+        self.recognizer = recognizer
+        self.device = torch.device(device)
+        self.operating = operating
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_settings(cls, settings: Settings, *, tiny: bool = False) -> FacePipeline:
+        """Build the pipeline the settings describe (real weights unless ``tiny``).
+
+        ``tiny`` keeps the real (53 k-parameter) YuNet detector but swaps the recognizer for a
+        random-weight tiny model: for fast tests of serving mechanics only; its embeddings mean nothing.
+        """
+        from facegate.models.recognizer import build_recognizer
+        from facegate.models.yunet import FaceDetector, load_yunet
+
+        device = settings.resolved_device()
+        dtype = DTYPES[settings.precision]
+        if device == "cpu" and dtype is torch.float16:
+            raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
+        name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
+        spec = get_spec(name)
+        detector = FaceDetector(
+            load_yunet().to(device),
+            device=device,
+            dtype=torch.float32 if device == "cpu" else dtype,
+            score_threshold=settings.det_score_threshold,
+            nms_threshold=settings.det_nms_threshold,
+            top_k=settings.det_top_k,
+            max_side=settings.det_max_side,
+        )
+        if tiny:
+            from facegate.models.recognizer import build_tiny_recognizer
+
+            recognizer = build_tiny_recognizer(spec, device=device, dtype=dtype)
+        else:
+            recognizer = build_recognizer(
+                spec,
+                checkpoint=settings.rts_checkpoint,
+                quality_head=settings.quality_head,
+                device=device,
+                dtype=dtype,
+            )
+        recognizer.eval()
+        operating = Operating(
+            match_threshold=(
+                settings.match_threshold if settings.match_threshold is not None else spec.thresholds.match
+            ),
+            match_fmr=spec.thresholds.match_fmr,
+            quality_threshold=(
+                settings.quality_threshold if settings.quality_threshold is not None else spec.thresholds.quality
+            ),
+        )
+        log.info(
+            "pipeline: model=%s device=%s precision=%s match>=%.4f (FMR %.0e) quality>=%.3f",
+            spec.name,
+            device,
+            settings.precision,
+            operating.match_threshold,
+            operating.match_fmr,
+            operating.quality_threshold,
+        )
+        return cls(spec, detector, recognizer, device=device, operating=operating)
+
+    # ------------------------------------------------------------------ batched stages
+    def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
+        """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
+        return self.detector.detect(images)
+
+    @staticmethod
+    def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
+        """Crops ``(K, 112, 112, 3) uint8`` RGB for ``detections[k]`` found in ``images[image_index[k]]``."""
+        if not detections:
+            return np.zeros((0, 112, 112, 3), np.uint8)
+        lms = np.stack([d.landmarks for d in detections]).astype(np.float32)
+        return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
+
+    @torch.inference_mode()
+    def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
+        if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
+            raise InvalidParameterError(f"crops must be (K,112,112,3) uint8, got {crops.shape} {crops.dtype}")
+        if len(crops) == 0:
+            d = self.spec.embedding_dim
+            return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
+        x = torch.from_numpy(np.ascontiguousarray(crops))
+        if self.device.type == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+        emb, q, raw = self.recognizer(x)
+        out = torch.cat([emb, q[:, None], raw[:, None]], dim=1).float().cpu().numpy()  # one device→host copy
+        d = emb.shape[1]
+        return out[:, :d], out[:, d], out[:, d + 1]
+
+    def gate(self, score: float, raw: float) -> QualityVerdict:
+        """The quality gate at the operating threshold."""
+        return quality_verdict(score, raw, self.operating.quality_threshold)
+
+    def make_faces(
+        self,
+        detections: Sequence[Detection | None],
+        crops: np.ndarray,
+        emb: np.ndarray,
+        quality: np.ndarray,
+        raw: np.ndarray,
+        *,
+        keep_crops: bool = False,
+    ) -> list[Face]:
+        """Assemble :class:`Face` results (gate applied) from stage outputs."""
+        return [
+            Face(
+                detection=det,
+                embedding=emb[i],
+                quality=self.gate(float(quality[i]), float(raw[i])),
+                crop=crops[i] if keep_crops else None,
+            )
+            for i, det in enumerate(detections)
+        ]
+
+    # ------------------------------------------------------------------ sync convenience (CLI, eval)
+    def faces(
+        self,
+        images: Sequence[np.ndarray],
+        *,
+        select: FaceSelect | str = FaceSelect.LARGEST,
+        face_index: int | None = None,
+        keep_crops: bool = False,
+        skip_aligned: bool = True,
+    ) -> list[list[Face]]:
+        """All stages for a batch of images; per image, the selected faces.
+
+        A ``112×112`` image is taken as a pre-aligned crop and skips detection when ``skip_aligned``.
+        Raises :class:`NoFaceError` (for the first image without a face) like the service does.
+        """
+        det_idx = [i for i, im in enumerate(images) if not (skip_aligned and is_aligned_crop(im))]
+        dets_all = self.detect([images[i] for i in det_idx]) if det_idx else []
+        chosen: list[Detection | None] = []
+        owner: list[int] = []
+        crops_list: list[np.ndarray] = []
+        by_image = dict(zip(det_idx, dets_all, strict=True))
+        for i, im in enumerate(images):
+            if i not in by_image:
+                chosen.append(None)
+                owner.append(i)
+                crops_list.append(np.ascontiguousarray(im)[None])
+                continue
+            sel = select_faces(by_image[i], select, face_index)
+            crops_list.append(self.align(images, sel, [i] * len(sel)))
+            chosen.extend(sel)
+            owner.extend([i] * len(sel))
+        crops = np.concatenate(crops_list) if crops_list else np.zeros((0, 112, 112, 3), np.uint8)
+        emb, q, raw = self.embed(crops)
+        flat = self.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
+        out: list[list[Face]] = [[] for _ in images]
+        for face, i in zip(flat, owner, strict=True):
+            out[i].append(face)
+        return out
+
+    def compare_faces(self, a: Face, b: Face) -> CompareResult:
+        """1:1 compare; refused (never silently compared) when either face fails the quality gate."""
+        op = self.operating
+        refused = not (a.quality.accepted and b.quality.accepted)
+        if refused:
+            reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
+            return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
+        sim = cosine(a.embedding, b.embedding)
+        return CompareResult(sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False)
+
+    # ------------------------------------------------------------------ engine stages
+    def stages(self) -> list[Any]:
+        """The two engine stages: ``detect`` (image → detections) and ``embed`` (crops → outputs)."""
+        return [DetectStage(self), EmbedStage(self)]
+
+    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
+        """Run every stage once per batch size so the first real request is fast."""
+        rng = np.random.default_rng(0)
+        for n in batch_sizes:
+            imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
+            self.detect(imgs)
+            self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
+
+
+class DetectStage:
+    """Engine stage: payload ``(H,W,3) uint8`` RGB image → ``list[Detection]``."""
+
+    name = "detect"
+
+    def __init__(self, pipeline: FacePipeline) -> None:
+        self.p = pipeline
+
+    def prepare(self, payloads: list[np.ndarray]) -> Any:
+        return self.p.detector.preprocess(payloads)
+
+    @torch.inference_mode()
+    def execute(self, prepared: Any) -> Any:
+        return prepared, self.p.detector.forward(prepared)
+
+    @torch.inference_mode()
+    def deliver(self, result: Any, n: int) -> list[list[Detection]]:
+        prepared, raw = result
+        return self.p.detector.postprocess(raw, prepared)
+
+
+class EmbedStage:
+    """Engine stage: payload ``(k,112,112,3) uint8`` crops of one request → ``(emb, quality, raw)`` arrays."""
+
+    name = "embed"
+
+    def __init__(self, pipeline: FacePipeline) -> None:
+        self.p = pipeline
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+        sizes = [len(c) for c in payloads]
+        x = torch.from_numpy(np.ascontiguousarray(np.concatenate(payloads)))
+        if self.p.device.type == "cuda":
+            x = x.pin_memory()
+        return x, sizes
+
+    @torch.inference_mode()
+    def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
+        x, sizes = prepared
+        emb, q, raw = self.p.recognizer(x.to(self.p.device, non_blocking=True))
+        return torch.cat([emb, q[:, None], raw[:, None]], dim=1).float(), sizes
+
+    def deliver(
+        self, result: tuple[torch.Tensor, list[int]], n: int
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out_t, sizes = result
+        out = out_t.cpu().numpy()  # the one device→host copy for the whole batch
+        d = out.shape[1] - 2
+        res, start = [], 0
+        for s in sizes:
+            chunk = out[start : start + s]
+            res.append((chunk[:, :d], chunk[:, d], chunk[:, d + 1]))
+            start += s
+        return res
