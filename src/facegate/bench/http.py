@@ -1,0 +1,521 @@
+"""Closed-loop HTTP load generator for a running facegate server (``facegate bench http``).
+
+``concurrency`` asyncio clients share one :class:`httpx.AsyncClient`; each sends a request, waits for
+its response and immediately sends the next one (closed loop), so the offered load adapts to the
+server's latency and the measured throughput is ``≈ concurrency / latency``. A run is bounded either by
+wall-clock time (``duration_s``) or by a request count (``n_requests``); an optional warm-up of
+``warmup`` requests runs first with the same concurrency and is not recorded.
+
+Request kinds (see docs/dev/http-api.md):
+
+* ``compare``: ``POST /api/compare`` with two images (``img1``, ``img2``), consecutive images of the pool;
+* ``embed``: ``POST /api/embed`` with ``images_per_request`` whole images (detect + align + embed);
+* ``embed_aligned``: ``POST /api/embed`` with ``aligned=true``; the images must already be 112×112
+  aligned crops.
+
+Latencies are client-side wall-clock times from sending the request to reading the full response body.
+Percentiles are over successful (2xx) requests; non-2xx statuses and transport errors are counted in
+``errors``. The result is a JSON-ready :class:`BenchResult` that also records the run's settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import mimetypes
+import platform
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import httpx
+import numpy as np
+
+from facegate.errors import EmptyInputError, EngineClosedError, InvalidParameterError
+
+log = logging.getLogger(__name__)
+
+BenchKind = Literal["compare", "embed_aligned", "embed"]
+KINDS: tuple[str, ...] = get_args(BenchKind)
+IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
+
+#: an image for the pool: ``(file name, bytes, MIME type)``
+ImageItem = tuple[str, bytes, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    """Outcome of one HTTP benchmark run (JSON-ready through :meth:`to_dict`).
+
+    Attributes:
+        n: requests completed in the measured phase (successes + errors, warm-up excluded).
+        n_ok: of those, requests answered with a 2xx status.
+        elapsed_s: wall-clock seconds of the measured phase (first send to last response).
+        req_s: ``n / elapsed_s``, all completed requests per second.
+        ok_req_s: ``n_ok / elapsed_s``.
+        images_s: images carried by successful requests per second.
+        p50_ms, p95_ms, p99_ms, mean_ms, max_ms: latency statistics of the successful requests in
+            milliseconds; ``None`` when no request succeeded.
+        errors: counts by HTTP status (``"503"``) or transport error class (``"ConnectError"``).
+        item_errors: ``/api/embed`` per-image error codes inside 2xx answers (``"no_face"``: 3).
+        settings: what was run (url, kind, concurrency, duration_s, n_requests, warmup, images, ...).
+    """
+
+    n: int
+    n_ok: int
+    elapsed_s: float
+    req_s: float
+    ok_req_s: float
+    images_s: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+    errors: dict[str, int] = field(default_factory=dict)
+    item_errors: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (floats rounded to 0.001)."""
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 3)
+        return out
+
+    def summary(self) -> str:
+        """One human-readable line."""
+
+        def fmt(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.1f}"
+
+        errs = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"
+        return (
+            f"{self.settings.get('kind')} c={self.settings.get('concurrency')}: {self.n} requests in "
+            f"{self.elapsed_s:.2f} s = {self.req_s:.1f} req/s ({self.images_s:.1f} images/s); latency ms "
+            f"p50 {fmt(self.p50_ms)} p95 {fmt(self.p95_ms)} p99 {fmt(self.p99_ms)}; errors: {errs}"
+        )
+
+
+# --------------------------------------------------------------------------- image pool
+def collect_images(paths: Sequence[Path | str], *, limit: int | None = None) -> list[Path]:
+    """Expand files and folders (recursively, by image suffix) into a sorted list of image files.
+
+    Raises:
+        EmptyInputError: nothing usable was found.
+        InvalidParameterError: a path does not exist.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in IMAGE_SUFFIXES))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise InvalidParameterError(f"image path does not exist: {p}", detail={"path": str(p)})
+        if limit is not None and len(found) >= limit:
+            break
+    if limit is not None:
+        found = found[:limit]
+    if not found:
+        raise EmptyInputError("no images found for the benchmark", detail={"paths": [str(p) for p in paths]})
+    return found
+
+
+def _load_pool(images: Sequence[Path | str | bytes] | bytes) -> list[ImageItem]:
+    """Read the images into memory once: ``[(name, bytes, mime)]``."""
+    if isinstance(images, bytes | bytearray):
+        images = [bytes(images)]
+    pool: list[ImageItem] = []
+    for i, item in enumerate(images):
+        if isinstance(item, bytes | bytearray):
+            data = bytes(item)
+            name = f"image{i}.jpg" if data[:3] == b"\xff\xd8\xff" else f"image{i}.png"
+        else:
+            path = Path(item)
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise InvalidParameterError(f"cannot read image {path}: {exc}", detail={"path": str(path)}) from exc
+            name = path.name
+        if not data:
+            raise EmptyInputError(f"image {i} is empty")
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        pool.append((name, data, mime))
+    if not pool:
+        raise EmptyInputError("the benchmark needs at least one image")
+    return pool
+
+
+# --------------------------------------------------------------------------- requests
+class _RequestMaker:
+    """Builds the i-th request of a kind, cycling through the image pool."""
+
+    def __init__(self, kind: BenchKind, pool: list[ImageItem], images_per_request: int, crops: bool) -> None:
+        self.kind = kind
+        self.pool = pool
+        self.k = images_per_request
+        self.crops = crops
+
+    @property
+    def images_per_request(self) -> int:
+        return 2 if self.kind == "compare" else self.k
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        """Keyword arguments for ``client.post`` of request number ``i``."""
+        n = len(self.pool)
+        if self.kind == "compare":
+            a, b = self.pool[(2 * i) % n], self.pool[(2 * i + 1) % n]
+            params = {"crops": "true"} if self.crops else None
+            return {"url": "/api/compare", "files": [("img1", a), ("img2", b)], "params": params}
+        files = [("images", self.pool[(i * self.k + j) % n]) for j in range(self.k)]
+        data = {"aligned": "true" if self.kind == "embed_aligned" else "false"}
+        return {"url": "/api/embed", "files": files, "data": data}
+
+
+@dataclass
+class _Recorder:
+    latencies_s: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    item_errors: Counter[str] = field(default_factory=Counter)
+    n: int = 0
+    first_send: float | None = None
+    last_done: float = 0.0
+
+
+def _count_item_errors(resp: httpx.Response, rec: _Recorder) -> None:
+    try:
+        body = resp.json()
+    except ValueError:
+        rec.item_errors["invalid_json"] += 1
+        return
+    for item in body.get("results", []) if isinstance(body, dict) else []:
+        if isinstance(item, dict) and "error" in item:
+            err = item["error"]
+            rec.item_errors[str(err.get("code", "unknown")) if isinstance(err, dict) else "unknown"] += 1
+
+
+async def _phase(
+    client: httpx.AsyncClient,
+    make: _RequestMaker,
+    *,
+    concurrency: int,
+    n_requests: int | None,
+    duration_s: float | None,
+    start_index: int,
+    progress: Any | None,
+) -> _Recorder:
+    """Run ``concurrency`` closed-loop workers until ``n_requests`` were sent or ``duration_s`` passed."""
+    rec = _Recorder()
+    issued = 0
+    t0 = time.perf_counter()
+    deadline = None if duration_s is None else t0 + duration_s
+    check_items = make.kind != "compare"
+
+    async def worker() -> None:
+        nonlocal issued
+        while True:
+            if n_requests is not None and issued >= n_requests:
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            i = start_index + issued
+            issued += 1
+            kwargs = make(i)
+            t_send = time.perf_counter()
+            if rec.first_send is None:
+                rec.first_send = t_send
+            try:
+                resp = await client.post(**kwargs)
+                key = None if 200 <= resp.status_code < 300 else str(resp.status_code)
+            except httpx.HTTPError as exc:  # transport failures are results, not crashes
+                resp, key = None, type(exc).__name__
+            t_done = time.perf_counter()
+            rec.n += 1
+            rec.last_done = max(rec.last_done, t_done)
+            if key is None:
+                rec.latencies_s.append(t_done - t_send)
+                if check_items and resp is not None:
+                    _count_item_errors(resp, rec)
+            else:
+                rec.errors[key] += 1
+            if progress is not None:
+                progress.update(1)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return rec
+
+
+async def _wait_ready(client: httpx.AsyncClient, timeout_s: float) -> None:
+    """Poll ``GET /readyz`` until 200 or ``timeout_s`` passes (then raise :class:`EngineClosedError`)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            resp = await client.get("/readyz")
+            if resp.status_code == 200:
+                return
+            last = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise EngineClosedError(
+                f"server at {client.base_url} not ready after {timeout_s:.0f} s ({last})",
+                detail={"url": str(client.base_url), "last": last},
+            )
+        await asyncio.sleep(0.25)
+
+
+def _validate(
+    kind: str, concurrency: int, duration_s: float | None, n_requests: int | None, warmup: int, k: int
+) -> None:
+    if kind not in KINDS:
+        raise InvalidParameterError(f"kind must be one of {list(KINDS)}, got {kind!r}", detail={"kind": kind})
+    if concurrency < 1:
+        raise InvalidParameterError("concurrency must be >= 1", detail={"concurrency": concurrency})
+    if (duration_s is None) == (n_requests is None):
+        raise InvalidParameterError("give exactly one of duration_s or n_requests")
+    if duration_s is not None and not duration_s > 0:
+        raise InvalidParameterError("duration_s must be > 0", detail={"duration_s": duration_s})
+    if n_requests is not None and n_requests < 1:
+        raise InvalidParameterError("n_requests must be >= 1", detail={"n_requests": n_requests})
+    if warmup < 0:
+        raise InvalidParameterError("warmup must be >= 0", detail={"warmup": warmup})
+    if k < 1:
+        raise InvalidParameterError("images_per_request must be >= 1", detail={"images_per_request": k})
+
+
+async def arun_http_bench(
+    base_url: str,
+    *,
+    kind: BenchKind,
+    images: Sequence[Path | str | bytes] | bytes,
+    concurrency: int = 8,
+    duration_s: float | None = None,
+    n_requests: int | None = None,
+    warmup: int = 0,
+    images_per_request: int = 1,
+    crops: bool = False,
+    timeout_s: float = 60.0,
+    wait_ready_s: float = 0.0,
+    progress: bool = False,
+) -> BenchResult:
+    """Async form of :func:`run_http_bench` (use it from inside a running event loop)."""
+    _validate(kind, concurrency, duration_s, n_requests, warmup, images_per_request)
+    pool = _load_pool(images)
+    make = _RequestMaker(kind, pool, images_per_request, crops)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout) as client:
+        if wait_ready_s > 0:
+            await _wait_ready(client, wait_ready_s)
+        if warmup:
+            log.info("warm-up: %d requests at concurrency %d", warmup, concurrency)
+            wrec = await _phase(
+                client, make, concurrency=concurrency, n_requests=warmup, duration_s=None, start_index=0, progress=None
+            )
+            if wrec.errors:
+                log.warning("warm-up errors: %s", dict(wrec.errors))
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=n_requests, desc=f"bench {kind} c={concurrency}", unit="req", file=sys.stderr)
+        try:
+            rec = await _phase(
+                client,
+                make,
+                concurrency=concurrency,
+                n_requests=n_requests,
+                duration_s=duration_s,
+                start_index=warmup,
+                progress=bar,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+
+    elapsed = max(rec.last_done - rec.first_send, 1e-9) if rec.first_send is not None else 0.0
+    lat_ms = np.asarray(rec.latencies_s, dtype=np.float64) * 1000.0
+    n_ok = int(lat_ms.size)
+
+    def pct(q: float) -> float | None:
+        return float(np.percentile(lat_ms, q)) if n_ok else None
+
+    settings: dict[str, Any] = {
+        "url": base_url,
+        "kind": kind,
+        "concurrency": concurrency,
+        "duration_s": duration_s,
+        "n_requests": n_requests,
+        "warmup": warmup,
+        "images_per_request": make.images_per_request,
+        "crops": crops,
+        "n_images": len(pool),
+        "image_bytes_mean": round(sum(len(p[1]) for p in pool) / len(pool), 1),
+        "timeout_s": timeout_s,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "client": f"httpx {httpx.__version__}, python {platform.python_version()}",
+    }
+    return BenchResult(
+        n=rec.n,
+        n_ok=n_ok,
+        elapsed_s=elapsed,
+        req_s=rec.n / elapsed if elapsed else 0.0,
+        ok_req_s=n_ok / elapsed if elapsed else 0.0,
+        images_s=n_ok * make.images_per_request / elapsed if elapsed else 0.0,
+        p50_ms=pct(50),
+        p95_ms=pct(95),
+        p99_ms=pct(99),
+        mean_ms=float(lat_ms.mean()) if n_ok else None,
+        max_ms=float(lat_ms.max()) if n_ok else None,
+        errors=dict(sorted(rec.errors.items())),
+        item_errors=dict(sorted(rec.item_errors.items())),
+        settings=settings,
+    )
+
+
+def run_http_bench(
+    base_url: str,
+    *,
+    kind: BenchKind,
+    images: Sequence[Path | str | bytes] | bytes,
+    concurrency: int = 8,
+    duration_s: float | None = None,
+    n_requests: int | None = None,
+    warmup: int = 0,
+    images_per_request: int = 1,
+    crops: bool = False,
+    timeout_s: float = 60.0,
+    wait_ready_s: float = 0.0,
+    progress: bool = False,
+) -> BenchResult:
+    """Load-test a facegate server with ``concurrency`` closed-loop clients.
+
+    Args:
+        base_url: e.g. ``"http://127.0.0.1:7860"``.
+        kind: ``"compare"`` | ``"embed"`` | ``"embed_aligned"`` (see the module docstring).
+        images: image files, or raw encoded bytes (one ``bytes`` or a list); cycled through.
+        concurrency: number of clients, each with at most one request in flight.
+        duration_s: run for this many seconds (exactly one of ``duration_s`` / ``n_requests``).
+        n_requests: run exactly this many requests.
+        warmup: requests sent first at the same concurrency and not recorded.
+        images_per_request: images per ``/api/embed`` request (compare always sends 2).
+        crops: ask ``/api/compare`` for the aligned crops (``crops=true``).
+        timeout_s: per-request client timeout; a timeout counts as error ``"ReadTimeout"``.
+        wait_ready_s: when > 0, first poll ``/readyz`` for up to this long.
+        progress: show a tqdm progress bar on stderr.
+
+    Raises:
+        InvalidParameterError / EmptyInputError: bad arguments or no images.
+        EngineClosedError: ``wait_ready_s > 0`` and the server never became ready.
+    """
+    return asyncio.run(
+        arun_http_bench(
+            base_url,
+            kind=kind,
+            images=images,
+            concurrency=concurrency,
+            duration_s=duration_s,
+            n_requests=n_requests,
+            warmup=warmup,
+            images_per_request=images_per_request,
+            crops=crops,
+            timeout_s=timeout_s,
+            wait_ready_s=wait_ready_s,
+            progress=progress,
+        )
+    )
+
+
+# --------------------------------------------------------------------------- CLI glue
+@dataclass
+class HttpBenchOptions:
+    """Parsed options of ``facegate bench http`` (the lead's CLI fills these from its flags)."""
+
+    url: str = "http://127.0.0.1:7860"
+    kind: BenchKind = "compare"
+    images: list[Path] = field(default_factory=list)
+    max_images: int = 256
+    concurrency: int = 8
+    duration_s: float | None = None
+    n_requests: int | None = None
+    warmup: int = 16
+    images_per_request: int = 1
+    crops: bool = False
+    timeout_s: float = 60.0
+    wait_ready_s: float = 30.0
+    progress: bool = True
+    out: Path | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse parser for :func:`main` (same names as the options dataclass)."""
+    p = argparse.ArgumentParser(prog="facegate bench http", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=HttpBenchOptions.url, help="server base URL")
+    p.add_argument("--kind", choices=KINDS, default=HttpBenchOptions.kind)
+    p.add_argument("--images", type=Path, nargs="+", required=True, help="image files and/or folders")
+    p.add_argument("--max-images", type=int, default=HttpBenchOptions.max_images, help="pool size limit")
+    p.add_argument("--concurrency", "-c", type=int, default=HttpBenchOptions.concurrency)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--duration", dest="duration_s", type=float, help="seconds to run (default 10)")
+    g.add_argument("--requests", "-n", dest="n_requests", type=int, help="number of requests to send")
+    p.add_argument("--warmup", type=int, default=HttpBenchOptions.warmup, help="unrecorded warm-up requests")
+    p.add_argument("--images-per-request", type=int, default=1, help="images per /api/embed request")
+    p.add_argument("--crops", action="store_true", help="compare with crops=true")
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=HttpBenchOptions.timeout_s)
+    p.add_argument("--wait-ready", dest="wait_ready_s", type=float, default=HttpBenchOptions.wait_ready_s)
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--out", type=Path, help="also write the JSON result here")
+    return p
+
+
+def run_cli(opts: HttpBenchOptions) -> BenchResult:
+    """Run a benchmark from parsed options, print the JSON result on stdout, optionally save it."""
+    duration = opts.duration_s if (opts.duration_s is not None or opts.n_requests is not None) else 10.0
+    result = run_http_bench(
+        opts.url,
+        kind=opts.kind,
+        images=collect_images(opts.images, limit=opts.max_images),
+        concurrency=opts.concurrency,
+        duration_s=duration,
+        n_requests=opts.n_requests,
+        warmup=opts.warmup,
+        images_per_request=opts.images_per_request,
+        crops=opts.crops,
+        timeout_s=opts.timeout_s,
+        wait_ready_s=opts.wait_ready_s,
+        progress=opts.progress,
+    )
+    text = json.dumps(result.to_dict(), indent=2)
+    if opts.out is not None:
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        opts.out.write_text(text + "\n")
+    log.info("%s", result.summary())
+    print(text)  # CLI output
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``facegate bench http`` as a plain function: parse ``argv``, run, print JSON; returns the exit code.
+
+    The exit code is 0 when at least one request succeeded, else 1.
+    """
+    ns = build_parser().parse_args(argv)
+    opts = HttpBenchOptions(**vars(ns))
+    result = run_cli(opts)
+    return 0 if result.n_ok > 0 else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    logging.basicConfig(level=logging.INFO)
+    raise SystemExit(main())
