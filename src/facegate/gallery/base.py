@@ -1,0 +1,335 @@
+"""The gallery storage contract shared by every backend.
+
+A *gallery* is a named set of enrolled *subjects* for one recognizer (``model``, embedding size ``dim``).
+A subject holds one or more embeddings (one per enrolment image) and a single **template** used for 1:N
+search. This module defines:
+
+* the frozen result types :class:`GalleryInfo`, :class:`SubjectInfo`, :class:`SearchHit`;
+* the :class:`GalleryStore` protocol: what a backend (SQLite now, PostgreSQL + pgvector later) must
+  provide, so callers never depend on the backend;
+* the validation and template math every backend must use, so all backends agree bit for bit.
+
+Template definition (quality-weighted mean direction)::
+
+    wᵢ = max(qᵢ, TEMPLATE_WEIGHT_FLOOR)            qᵢ = calibrated quality in [0, 1]
+    t  = Σᵢ wᵢ·eᵢ / ‖Σᵢ wᵢ·eᵢ‖₂                      over *all* stored embeddings eᵢ of the subject
+
+The floor keeps a subject whose every quality is 0 well-defined (it degrades to the plain mean
+direction). If the weighted sum vanishes (embeddings cancel out exactly), the template is the embedding
+with the highest weight. ``template_quality`` is ``max(qᵢ)``: the best evidence enrolled so far.
+The template is recomputed from every stored embedding on each write to the subject, and stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from facegate.errors import DimensionMismatchError, InvalidParameterError
+
+#: Gallery and model names: 1–64 characters of ``A–Z a–z 0–9 _ . -``.
+GALLERY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: Subject ids: 1–128 characters of ``A–Z a–z 0–9 _ . - @ :`` (so e-mail-like and ``ns:id`` ids fit).
+SUBJECT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.@:-]{1,128}$")
+#: Smallest weight a stored embedding gets in its subject's template.
+TEMPLATE_WEIGHT_FLOOR = 1e-3
+#: Largest embedding dimension a gallery may declare.
+MAX_DIM = 8192
+#: Tolerance on ‖e‖₂ = 1 for stored embeddings.
+NORM_TOLERANCE = 1e-3
+#: Largest JSON-encoded ``meta`` per subject, in bytes.
+MAX_META_BYTES = 16 * 1024
+#: Largest page size of :meth:`GalleryStore.list_subjects`.
+MAX_PAGE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class GalleryInfo:
+    """One gallery.
+
+    Attributes:
+        name: the gallery's name (:data:`GALLERY_NAME_PATTERN`).
+        model: the recognizer whose embeddings it holds (registry name).
+        dim: embedding size D every stored vector has.
+        created_at: creation time, Unix seconds (UTC).
+        subjects: number of enrolled subjects.
+    """
+
+    name: str
+    model: str
+    dim: int
+    created_at: float
+    subjects: int
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "dim": self.dim,
+            "created_at": self.created_at,
+            "subjects": self.subjects,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectInfo:
+    """One enrolled subject.
+
+    Attributes:
+        subject_id: the caller's id (:data:`SUBJECT_ID_PATTERN`), unique within its gallery.
+        n_embeddings: number of stored embeddings the template is built from.
+        template_quality: ``max`` calibrated quality of those embeddings, in ``[0, 1]``.
+        meta: caller's JSON object (a fresh copy; mutating it changes nothing stored).
+        created_at: first enrolment, Unix seconds.
+        updated_at: last write to this subject, Unix seconds.
+    """
+
+    subject_id: str
+    n_embeddings: int
+    template_quality: float
+    meta: dict[str, Any] = field(hash=False)
+    created_at: float
+    updated_at: float
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "subject_id": self.subject_id,
+            "n_embeddings": self.n_embeddings,
+            "template_quality": round(float(self.template_quality), 5),
+            "meta": dict(self.meta),
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One candidate of a 1:N search.
+
+    Attributes:
+        subject_id: the candidate subject.
+        score: cosine similarity of the query and the subject's template, in ``[-1, 1]``.
+        match: ``score >= threshold`` for the threshold the search used.
+    """
+
+    subject_id: str
+    score: float
+    match: bool
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {"subject_id": self.subject_id, "score": round(float(self.score), 6), "match": self.match}
+
+
+@runtime_checkable
+class GalleryStore(Protocol):
+    """Durable gallery storage. Every method is thread-safe and each write is one transaction.
+
+    A write returns only once it is durable (it survives a process crash and, as far as the backend's
+    fsync guarantees reach, a power loss). Errors are raised as :class:`facegate.errors.GalleryError`
+    subclasses (or :class:`~facegate.errors.InvalidParameterError` for malformed arguments); no backend
+    exception escapes.
+    """
+
+    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
+        """Create an empty gallery. Raises GalleryExistsError / InvalidParameterError."""
+        ...
+
+    def list_galleries(self) -> list[GalleryInfo]:
+        """All galleries, by name."""
+        ...
+
+    def get_gallery(self, name: str) -> GalleryInfo:
+        """One gallery. Raises GalleryNotFoundError."""
+        ...
+
+    def delete_gallery(self, name: str) -> None:
+        """Delete a gallery with all its subjects and embeddings. Raises GalleryNotFoundError."""
+        ...
+
+    def add_embeddings(
+        self,
+        gallery: str,
+        subject_id: str,
+        embeddings: np.ndarray,
+        qualities: np.ndarray,
+        meta: dict[str, Any] | None = None,
+    ) -> SubjectInfo:
+        """Append embeddings to a subject (created if new) and recompute its template.
+
+        Args:
+            embeddings: ``(k, D) float32``, each row L2-normalised; ``D`` must equal the gallery's dim.
+            qualities: ``(k,) float32`` calibrated qualities in ``[0, 1]``.
+            meta: replaces the subject's meta when given; ``None`` keeps it (``{}`` for a new subject).
+
+        Raises:
+            GalleryNotFoundError, DimensionMismatchError, InvalidParameterError.
+        """
+        ...
+
+    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
+        """One subject. Raises GalleryNotFoundError / SubjectNotFoundError."""
+        ...
+
+    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
+        """A subject's stored template, ``(D,) float32`` unit-norm."""
+        ...
+
+    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
+        """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
+        ...
+
+    def delete_subject(self, gallery: str, subject_id: str) -> None:
+        """Erase a subject and all its embeddings (really removed, not flagged)."""
+        ...
+
+    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
+        """Every template of a gallery: ``(subject_ids, (S, D) float32)`` in matching order."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources; later calls raise GalleryError."""
+        ...
+
+
+# --------------------------------------------------------------------------- validation
+def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
+    """Return ``name`` if it matches :data:`GALLERY_NAME_PATTERN`, else raise InvalidParameterError."""
+    if not isinstance(name, str) or not GALLERY_NAME_PATTERN.fullmatch(name):
+        raise InvalidParameterError(
+            f"invalid {what} {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -",
+            detail={"field": what, "pattern": GALLERY_NAME_PATTERN.pattern},
+        )
+    return name
+
+
+def validate_subject_id(subject_id: object) -> str:
+    """Return ``subject_id`` if it matches :data:`SUBJECT_ID_PATTERN`, else raise InvalidParameterError."""
+    if not isinstance(subject_id, str) or not SUBJECT_ID_PATTERN.fullmatch(subject_id):
+        raise InvalidParameterError(
+            f"invalid subject id {subject_id!r}: 1-128 characters of A-Z a-z 0-9 _ . - @ :",
+            detail={"field": "subject_id", "pattern": SUBJECT_ID_PATTERN.pattern},
+        )
+    return subject_id
+
+
+def validate_dim(dim: object) -> int:
+    """Return ``dim`` as int if it is an integer in ``[1, MAX_DIM]``."""
+    if isinstance(dim, bool) or not isinstance(dim, int | np.integer) or not 1 <= int(dim) <= MAX_DIM:
+        raise InvalidParameterError(f"invalid dim {dim!r}: an integer in [1, {MAX_DIM}]", detail={"field": "dim"})
+    return int(dim)
+
+
+def validate_page(offset: object, limit: object) -> tuple[int, int]:
+    """Check a page request: ``offset >= 0`` and ``1 <= limit <= MAX_PAGE``."""
+    ok_offset = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+    ok_limit = isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_PAGE
+    if not (ok_offset and ok_limit):
+        raise InvalidParameterError(
+            f"invalid page offset={offset!r} limit={limit!r}: offset >= 0, 1 <= limit <= {MAX_PAGE}",
+            detail={"field": "offset/limit"},
+        )
+    return int(offset), int(limit)  # type: ignore[arg-type]
+
+
+def encode_meta(meta: dict[str, Any] | None) -> str | None:
+    """JSON text of ``meta`` (``None`` passes through); raises InvalidParameterError if not a JSON object."""
+    if meta is None:
+        return None
+    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+        raise InvalidParameterError("meta must be a JSON object with string keys", detail={"field": "meta"})
+    try:
+        text = json.dumps(meta, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(f"meta is not JSON-serialisable: {exc}", detail={"field": "meta"}) from exc
+    if len(text.encode("utf-8")) > MAX_META_BYTES:
+        raise InvalidParameterError(f"meta exceeds {MAX_META_BYTES} bytes once JSON-encoded", detail={"field": "meta"})
+    return text
+
+
+def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Check and normalise the dtype/layout of an enrolment batch.
+
+    Args:
+        embeddings: ``(k, D)``, finite, each row of unit L2 norm (±:data:`NORM_TOLERANCE`), ``k >= 1``.
+        qualities: ``(k,)`` finite values in ``[0, 1]``.
+        dim: the gallery's D.
+
+    Returns:
+        ``(k, D) float32`` C-contiguous embeddings and ``(k,) float32`` qualities.
+
+    Raises:
+        DimensionMismatchError: ``D != dim``.
+        InvalidParameterError: anything else malformed.
+    """
+    emb = np.asarray(embeddings)
+    q = np.asarray(qualities)
+    if emb.ndim != 2 or emb.shape[0] < 1 or not np.issubdtype(emb.dtype, np.floating):
+        raise InvalidParameterError(
+            f"embeddings must be a non-empty (k, D) float array, got shape {emb.shape} dtype {emb.dtype}",
+            detail={"field": "embeddings"},
+        )
+    if emb.shape[1] != dim:
+        raise DimensionMismatchError(
+            f"embedding dimension {emb.shape[1]} does not match the gallery's {dim}",
+            detail={"expected": dim, "got": int(emb.shape[1])},
+        )
+    if q.shape != (emb.shape[0],) or not (np.issubdtype(q.dtype, np.floating) or np.issubdtype(q.dtype, np.integer)):
+        raise InvalidParameterError(
+            f"qualities must be a ({emb.shape[0]},) numeric array, got shape {q.shape}",
+            detail={"field": "qualities"},
+        )
+    emb32 = np.ascontiguousarray(emb, dtype=np.float32)
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    if not np.isfinite(emb32).all():
+        raise InvalidParameterError("embeddings contain NaN or inf", detail={"field": "embeddings"})
+    norms = np.linalg.norm(emb32.astype(np.float64), axis=1)
+    if np.any(np.abs(norms - 1.0) > NORM_TOLERANCE):
+        raise InvalidParameterError(
+            "embeddings must be L2-normalised (every row of norm 1)",
+            detail={"field": "embeddings", "norms": [round(float(n), 6) for n in norms[:8]]},
+        )
+    if not np.isfinite(q32).all() or np.any(q32 < 0.0) or np.any(q32 > 1.0):
+        raise InvalidParameterError("qualities must be calibrated values in [0, 1]", detail={"field": "qualities"})
+    return emb32, q32
+
+
+# --------------------------------------------------------------------------- template math
+def quality_weighted_template(embeddings: np.ndarray, qualities: np.ndarray) -> np.ndarray:
+    """The subject template: ``normalise(Σ max(qᵢ, floor)·eᵢ)`` (see the module docstring).
+
+    Args:
+        embeddings: ``(n, D)`` float32, unit-norm rows, ``n >= 1``.
+        qualities: ``(n,)`` float32 in ``[0, 1]``.
+
+    Returns:
+        ``(D,) float32`` unit-norm template (computed in float64, then rounded once).
+    """
+    e = np.asarray(embeddings, dtype=np.float64)
+    w = np.maximum(np.asarray(qualities, dtype=np.float64), TEMPLATE_WEIGHT_FLOOR)
+    s = w @ e
+    norm = float(np.linalg.norm(s))
+    if not math.isfinite(norm) or norm < 1e-12:
+        s = e[int(np.argmax(w))]
+        norm = float(np.linalg.norm(s))
+    return (s / norm).astype(np.float32)
+
+
+def template_quality(qualities: np.ndarray) -> float:
+    """``max(qᵢ)`` of a subject's stored qualities (``(n,)`` float32)."""
+    return float(np.max(np.asarray(qualities, dtype=np.float32)))
+
+
+def decode_meta(text: str | None) -> dict[str, Any]:
+    """Inverse of :func:`encode_meta` for stored text (``None``/empty → ``{}``)."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {}
