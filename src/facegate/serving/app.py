@@ -1,0 +1,424 @@
+"""The HTTP application: app factory, lifespan, request middleware and ``run``.
+
+``create_app(settings)`` returns a FastAPI app whose lifespan
+
+1. creates the decode thread pool (``settings.decode_workers`` threads) and the gallery threads;
+2. starts a background task that builds the :class:`~facegate.pipeline.service.FaceService` (real models,
+   unless one was passed in), opens the gallery, and starts (= warms, then runs) the batching engine;
+   ``/healthz`` answers at once, ``/readyz`` answers 503 until that task has finished;
+3. on shutdown stops the engine, closes the gallery (when it opened them) and the pools.
+
+:class:`ServingMiddleware` (pure ASGI, so it adds no task hops and never buffers bodies) wraps every
+request: it rejects bodies larger than the route can accept (``Content-Length`` first, then while
+streaming), cancels the request's task when the client disconnects before the response starts (the
+cancellation reaches the engine, which drops the work), records request count and latency per route
+template and status into the service's :class:`~facegate.metrics.stats.ServiceStats`, and is the
+catch-all for unexpected exceptions (logged with the traceback; the client gets a JSON 500
+``internal_error``; the server stays up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+
+from facegate.config import Settings
+from facegate.errors import EngineClosedError, FacegateError, ImageTooLargeError, ModelError
+from facegate.metrics.stats import ServiceStats
+from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
+
+if TYPE_CHECKING:
+    from facegate.gallery.service import Gallery
+    from facegate.pipeline.service import FaceService
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Bytes a multipart body may carry on top of its images (boundaries, part headers, small form fields).
+MULTIPART_SLACK_BYTES = 256 * 1024
+#: Largest body of a route that takes no image (JSON bodies, empty bodies).
+SMALL_BODY_BYTES = 1024 * 1024
+#: Status recorded when the client went away before the response started (nginx's convention).
+CLIENT_CLOSED_STATUS = 499
+
+
+@dataclass
+class ServingState:
+    """Everything the routes need, stored on ``app.state.facegate``.
+
+    Attributes:
+        settings: the one Settings object.
+        service: the async face service; ``None`` until the lifespan has built it.
+        gallery: the gallery; ``None`` until the lifespan has opened it.
+        stats: where request metrics go (the service's stats once it exists).
+        decode_pool: threads for image decoding (``settings.decode_workers``).
+        gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
+        ready: models loaded and warmed, engine running, gallery open.
+        load_error: why loading failed, if it did.
+    """
+
+    settings: Settings
+    service: FaceService | None = None
+    gallery: Gallery | None = None
+    stats: ServiceStats = field(default_factory=ServiceStats)
+    decode_pool: ThreadPoolExecutor | None = None
+    gallery_pool: ThreadPoolExecutor | None = None
+    ready: bool = False
+    load_error: FacegateError | None = None
+    owns_service: bool = False
+    owns_gallery: bool = False
+    service_started: bool = False
+    load_task: asyncio.Task[None] | None = None
+
+    def require_ready(self) -> tuple[FaceService, Gallery]:
+        """The service and gallery, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
+        if self.ready and self.service is not None and self.gallery is not None:
+            return self.service, self.gallery
+        if self.load_error is not None:
+            raise self.load_error
+        raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
+
+    async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run ``fn(*args, **kw)`` on a decode thread and await it without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
+
+    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run a gallery call on the gallery thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
+
+
+def get_state(app: Any) -> ServingState:
+    """The :class:`ServingState` of an app made by :func:`create_app`."""
+    return app.state.facegate  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- lifespan
+def gallery_path(settings: Settings) -> str:
+    """The SQLite file the settings name: ``gallery_url`` (``sqlite:///path``) or ``<data_dir>/gallery.sqlite3``.
+
+    Raises:
+        InvalidParameterError: a ``gallery_url`` of another scheme (only SQLite is implemented).
+    """
+    from facegate.errors import InvalidParameterError
+
+    url = settings.gallery_url
+    if url is None:
+        return str(settings.data_dir / "gallery.sqlite3")
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///") :] or ":memory:"
+    raise InvalidParameterError(
+        f"unsupported gallery_url {url!r}: only sqlite:///<path> is implemented", detail={"field": "gallery_url"}
+    )
+
+
+def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) -> Gallery:
+    """Open the durable gallery the settings describe, with its search index on the service's device.
+
+    The gallery's per-gallery subject counts are mirrored into ``stats`` (facegate_gallery_subjects).
+    """
+    from facegate.gallery.index import GalleryIndex
+    from facegate.gallery.service import Gallery
+    from facegate.gallery.sqlite import SQLiteGalleryStore
+
+    known: set[str] = set()
+
+    def hook(sizes: dict[str, int]) -> None:
+        for name in known - set(sizes):
+            stats.remove_gallery(name)
+        for name, n in sizes.items():
+            stats.set_gallery_size(name, n)
+        known.clear()
+        known.update(sizes)
+
+    store = SQLiteGalleryStore(gallery_path(settings))
+    try:
+        index = GalleryIndex(device=settings.resolved_device())
+        return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
+    except BaseException:
+        store.close()
+        raise
+
+
+async def _load(state: ServingState) -> None:
+    """Build (when not given) and start the service, open the gallery; sets ``state.ready``."""
+    settings = state.settings
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    try:
+        if state.service is None:
+            from facegate.pipeline.service import FaceService
+
+            log.info("loading models (model=%s device=%s)", settings.model, settings.device)
+            state.service = await loop.run_in_executor(None, FaceService.build, settings)
+            state.owns_service = True
+        state.stats = state.service.stats
+        if state.gallery is None:
+            state.gallery = await loop.run_in_executor(
+                state.gallery_pool, open_gallery, settings, state.service, state.stats
+            )
+            state.owns_gallery = True
+        await state.service.start()  # warms the models off the loop, then starts the engine
+        state.service_started = True
+        state.ready = True
+        log.info("ready in %.2f s: model=%s", time.perf_counter() - t0, state.service.spec.name)
+    except asyncio.CancelledError:
+        raise
+    except FacegateError as exc:
+        state.load_error = exc
+        log.error("startup failed: %s: %s", exc.code, exc.message)
+    except Exception as exc:  # a third-party failure while loading: keep serving /healthz, report it
+        state.load_error = ModelError(f"startup failed: {type(exc).__name__}: {exc}")
+        log.exception("startup failed")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Pools up, background load + warm, and an orderly shutdown."""
+    state = get_state(app)
+    settings = state.settings
+    state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="facegate-decode")
+    state.gallery_pool = ThreadPoolExecutor(min(4, settings.decode_workers), thread_name_prefix="facegate-gallery")
+    state.load_task = asyncio.create_task(_load(state), name="facegate-load")
+    try:
+        yield
+    finally:
+        state.ready = False
+        if not state.load_task.done():
+            state.load_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await state.load_task
+        if state.service is not None and state.service_started:
+            try:
+                await state.service.stop()
+            except Exception:
+                log.exception("stopping the face service failed")
+            state.service_started = False
+        if state.gallery is not None and state.owns_gallery:
+            try:
+                await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.close)
+            except Exception:
+                log.exception("closing the gallery failed")
+        state.decode_pool.shutdown(wait=False, cancel_futures=True)
+        state.gallery_pool.shutdown(wait=True, cancel_futures=True)
+        log.info("facegate stopped")
+
+
+# --------------------------------------------------------------------------- middleware
+_IMAGE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"^/api/compare/?$"), "two"),
+    ("POST", re.compile(r"^/api/detect/?$"), "one"),
+    ("POST", re.compile(r"^/api/galleries/[^/]+/search/?$"), "one"),
+    ("POST", re.compile(r"^/api/embed/?$"), "many"),
+    ("POST", re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), "many"),
+]
+
+
+def body_limit(settings: Settings, method: str, path: str) -> int:
+    """Largest request body (bytes) the route at ``method path`` can accept."""
+    for m, pattern, kind in _IMAGE_ROUTES:
+        if method == m and pattern.match(path):
+            n = {"one": 1, "two": 2}.get(kind, settings.max_images_per_request)
+            return n * settings.max_upload_bytes + MULTIPART_SLACK_BYTES
+    return SMALL_BODY_BYTES
+
+
+class ServingMiddleware:
+    """Body limits, disconnect → cancel, request metrics and the catch-all (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, state: ServingState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        limit = body_limit(self.state.settings, scope["method"], scope["path"])
+        status = 500
+        response_started = False
+        too_large = False
+        body_done = False
+        received = 0
+        disconnected = asyncio.Event()
+        cancelled_by_disconnect = False
+        watcher: asyncio.Task[None] | None = None
+
+        async def watch_disconnect() -> None:
+            nonlocal cancelled_by_disconnect
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    if not response_started:
+                        cancelled_by_disconnect = True
+                        task.cancel()
+                    return
+
+        async def wrapped_receive() -> Message:
+            nonlocal body_done, received, too_large, watcher
+            if body_done:  # the body is consumed: only a disconnect can come now (the watcher reads it)
+                await disconnected.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    too_large = True
+                    body_done = True
+                    disconnected.set()
+                    return {"type": "http.disconnect"}  # stops the body parser; we answer 413 below
+                if not message.get("more_body", False):
+                    body_done = True
+                    watcher = asyncio.create_task(watch_disconnect())
+            elif message["type"] == "http.disconnect":
+                body_done = True
+                disconnected.set()
+            return message
+
+        async def wrapped_send(message: Message) -> None:
+            nonlocal status, response_started
+            if too_large:
+                return  # the app's answer to the aborted body is replaced by our 413
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = int(message["status"])
+            await send(message)
+
+        async def send_response(response: Any) -> None:
+            nonlocal status, response_started
+            response_started = True
+            status = response.status_code
+            await response(scope, receive, send)
+
+        try:
+            declared = _content_length(scope)
+            if declared is not None and declared > limit:
+                await send_response(facegate_error_response(_too_large(declared, limit)))
+                return
+            try:
+                await self.app(scope, wrapped_receive, wrapped_send)
+            except asyncio.CancelledError:
+                if not cancelled_by_disconnect:
+                    raise
+                task.uncancel()
+                status = CLIENT_CLOSED_STATUS
+                log.info("%s %s: client disconnected; request cancelled", scope["method"], scope["path"])
+                return
+            except Exception:
+                log.exception("unhandled error in %s %s", scope["method"], scope["path"])
+                if not response_started and not too_large:
+                    await send_response(internal_error_response())
+                    return
+                if not too_large:
+                    raise
+            if too_large and not response_started:
+                await send_response(facegate_error_response(_too_large(received, limit)))
+        finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+            self._record(scope, status, time.perf_counter() - t0)
+
+    def _record(self, scope: Scope, status: int, seconds: float) -> None:
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        try:
+            self.state.stats.record_request(f"{scope['method']} {template}", status, seconds)
+        except Exception:  # metrics must never fail a request
+            log.exception("recording request metrics failed")
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _too_large(size: int, limit: int) -> ImageTooLargeError:
+    return ImageTooLargeError(
+        f"request body of {size} bytes exceeds the {limit} bytes this route accepts",
+        detail={"bytes": size, "limit": limit},
+    )
+
+
+# --------------------------------------------------------------------------- factory and runner
+def create_app(settings: Settings, service: FaceService | None = None, gallery: Gallery | None = None) -> FastAPI:
+    """The facegate HTTP app (OpenAPI at ``/docs``).
+
+    Args:
+        settings: the one Settings object.
+        service: a FaceService to use (its engine is started by the lifespan); ``None`` builds the real
+            models from ``settings`` in the lifespan.
+        gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
+            when passed in).
+    """
+    from facegate import __version__
+    from facegate.serving.routes import install_routes
+
+    state = ServingState(settings=settings, service=service, gallery=gallery)
+    if service is not None:
+        state.stats = service.stats
+    app = FastAPI(
+        title="facegate",
+        version=__version__,
+        description="Face recognition with a built-in quality gate. Errors: "
+        '`{"error": {"code", "message", "detail"}}`.',
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.facegate = state
+    install_error_handlers(app)
+    install_routes(app)
+    app.add_middleware(ServingMiddleware, state=state)
+    return app
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> Any:
+    """The uvicorn configuration ``run`` uses: one worker, lifespan on, settings' host and port."""
+    import uvicorn
+
+    kw: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "workers": 1,
+        "lifespan": "on",
+        "log_config": None,  # keep the process's logging setup (the CLI configures it)
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    kw.update(overrides)
+    return uvicorn.Config(app, **kw)
+
+
+def run(settings: Settings) -> None:
+    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM)."""
+    import uvicorn
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
+    uvicorn.Server(uvicorn_config(app, settings)).run()

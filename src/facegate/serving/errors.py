@@ -1,0 +1,188 @@
+"""The one mapping from facegate errors to HTTP responses.
+
+Every JSON error body has the same shape::
+
+    {"error": {"code": "<stable code>", "message": "...", "detail": {...}}}
+
+``code`` is the ``code`` attribute of the :class:`~facegate.errors.FacegateError` subclass (part of the
+public API). This module is the only place where an exception class is turned into an HTTP status; routes
+raise :class:`FacegateError` subclasses and never build error responses themselves.
+
+Besides the facegate tree, it handles FastAPI's :class:`RequestValidationError` (422 ``invalid_parameter``),
+Starlette's ``HTTPException`` (unknown route, wrong method) and, as a last resort, any other exception
+(logged with its traceback, answered with a JSON 500 ``internal_error`` that carries no traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from facegate.errors import (
+    DeadlineExceededError,
+    DimensionMismatchError,
+    EmptyInputError,
+    EngineClosedError,
+    EngineError,
+    FacegateError,
+    FaceSelectionError,
+    GalleryError,
+    GalleryExistsError,
+    GalleryNotFoundError,
+    ImageDecodeError,
+    ImageTooLargeError,
+    InputError,
+    InvalidParameterError,
+    ModelError,
+    NoFaceError,
+    PathNotAllowedError,
+    QualityRejectedError,
+    QueueFullError,
+    SubjectNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+#: HTTP status per exception class; the most specific class in an exception's MRO wins.
+STATUS_BY_ERROR: dict[type[FacegateError], int] = {
+    FacegateError: 500,
+    # client input
+    InputError: 400,
+    EmptyInputError: 400,
+    ImageDecodeError: 400,
+    InvalidParameterError: 422,
+    ImageTooLargeError: 413,
+    NoFaceError: 422,
+    FaceSelectionError: 422,
+    QualityRejectedError: 422,
+    PathNotAllowedError: 403,
+    # models
+    ModelError: 500,
+    # gallery
+    GalleryError: 500,
+    GalleryNotFoundError: 404,
+    SubjectNotFoundError: 404,
+    GalleryExistsError: 409,
+    DimensionMismatchError: 409,
+    # engine
+    EngineError: 503,
+    QueueFullError: 503,
+    EngineClosedError: 503,
+    DeadlineExceededError: 504,
+}
+
+INTERNAL_ERROR_CODE = "internal_error"
+INVALID_PARAMETER_CODE = InvalidParameterError.code
+
+
+def status_for(exc: FacegateError) -> int:
+    """HTTP status of a facegate error: the entry of the most specific class in its MRO."""
+    for cls in type(exc).__mro__:
+        status = STATUS_BY_ERROR.get(cls)  # type: ignore[arg-type]
+        if status is not None:
+            return status
+    return 500
+
+
+def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON error envelope ``{"error": {"code", "message", "detail"}}``."""
+    return {"error": {"code": code, "message": message, "detail": dict(detail or {})}}
+
+
+def error_dict(exc: FacegateError) -> dict[str, Any]:
+    """The inner ``{"code", "message", "detail"}`` of a facegate error (used in per-item results)."""
+    return exc.to_dict()
+
+
+def facegate_error_response(exc: FacegateError) -> JSONResponse:
+    """The HTTP response for a facegate error (status from :data:`STATUS_BY_ERROR`)."""
+    status = status_for(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, QueueFullError):
+        headers["Retry-After"] = str(max(1, math.ceil(float(exc.retry_after_s))))
+    if status >= 500:
+        log.warning("%s -> %d: %s", exc.code, status, exc.message)
+    else:
+        log.debug("%s -> %d: %s", exc.code, status, exc.message)
+    try:
+        content = error_body(exc.code, exc.message, exc.detail)
+        return JSONResponse(content, status_code=status, headers=headers)
+    except (TypeError, ValueError):  # a detail that is not JSON-serialisable must not turn into a 500
+        content = error_body(exc.code, exc.message, {"detail": repr(exc.detail)})
+        return JSONResponse(content, status_code=status, headers=headers)
+
+
+def internal_error_response() -> JSONResponse:
+    """The JSON 500 of the catch-all (no traceback in the body; the caller logs it)."""
+    return JSONResponse(
+        error_body(INTERNAL_ERROR_CODE, "Internal server error; the server logged the details."),
+        status_code=500,
+    )
+
+
+def _json_safe(value: Any) -> Any:
+    """Best-effort JSON-safe copy of validation-error details (they may hold bytes or exceptions)."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value)
+
+
+def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+    """422 ``invalid_parameter`` for a request that fails FastAPI's parameter validation."""
+    errors = [{k: _json_safe(v) for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
+    fields = [".".join(str(p) for p in e.get("loc", ())) for e in errors]
+    message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
+    return JSONResponse(error_body(INVALID_PARAMETER_CODE, message, {"errors": errors}), status_code=422)
+
+
+_HTTP_CODES: dict[int, str] = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: ImageTooLargeError.code,
+}
+
+
+def http_exception_response(exc: StarletteHTTPException) -> JSONResponse:
+    """JSON form of Starlette's own HTTP errors (unknown route, wrong method, ...)."""
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return JSONResponse(
+        error_body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+    )
+
+
+async def _facegate_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FacegateError)
+    return facegate_error_response(exc)
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return validation_error_response(exc)
+
+
+async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return http_exception_response(exc)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on ``app``.
+
+    The catch-all for unexpected exceptions lives in :class:`facegate.serving.app.ServingMiddleware`,
+    which calls :func:`internal_error_response`, so that it is logged once and counted in the metrics.
+    """
+    app.add_exception_handler(FacegateError, _facegate_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)

@@ -1,0 +1,258 @@
+"""Pydantic response models of the HTTP API (v1, see docs/dev/http-api.md).
+
+Optional keys that the contract only includes on request (a face's ``crop``, its ``embedding``, an embed
+item's ``faces``/``error``) are left *unset* when absent; the routes are declared with
+``response_model_exclude_unset=True`` so such keys are omitted rather than sent as ``null``. Keys the
+contract always sends (e.g. ``detection``, ``reason``) are always set explicitly, ``None`` included.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from facegate.types import CompareResult, Detection, Face, QualityVerdict
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- errors
+class ErrorInfo(_Model):
+    """One error: stable ``code`` (from :mod:`facegate.errors`), human ``message``, structured ``detail``."""
+
+    code: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(_Model):
+    """Body of every non-2xx JSON response."""
+
+    error: ErrorInfo
+
+
+# --------------------------------------------------------------------------- faces
+class DetectionOut(_Model):
+    """A detected face: ``box`` x1,y1,x2,y2 and 5 ``landmarks`` (x, y) in source-image pixels."""
+
+    box: list[float] = Field(min_length=4, max_length=4)
+    landmarks: list[list[float]] = Field(min_length=5, max_length=5)
+    score: float
+
+    @classmethod
+    def from_detection(cls, det: Detection) -> DetectionOut:
+        """From a :class:`facegate.types.Detection`."""
+        return cls(**det.to_dict())  # type: ignore[arg-type]
+
+
+class QualityOut(_Model):
+    """The quality gate's verdict for one face."""
+
+    score: float
+    raw: float
+    threshold: float
+    accepted: bool
+    reason: str | None
+
+    @classmethod
+    def from_verdict(cls, q: QualityVerdict) -> QualityOut:
+        """From a :class:`facegate.types.QualityVerdict`."""
+        return cls(**q.to_dict())  # type: ignore[arg-type]
+
+
+def crop_data_url(crop: np.ndarray) -> str:
+    """``(112, 112, 3) uint8`` RGB crop → ``data:image/png;base64,...``."""
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(crop[:, :, ::-1]))
+    if not ok:  # pragma: no cover - encoding a valid uint8 array does not fail
+        raise ValueError("PNG encoding of the crop failed")
+    return "data:image/png;base64," + base64.b64encode(buf.tobytes()).decode("ascii")
+
+
+class FaceOut(_Model):
+    """One face with its quality verdict; ``crop`` only with ``crops=true``, ``embedding`` only in embed."""
+
+    detection: DetectionOut | None
+    quality: QualityOut
+    crop: str | None = Field(None, description="data:image/png;base64 aligned 112×112 crop (crops=true only)")
+    embedding: list[float] | None = Field(None, description="L2-normalised embedding (/api/embed only)")
+
+    @classmethod
+    def from_face(cls, face: Face, *, crops: bool = False, embedding: bool = False) -> FaceOut:
+        """From a :class:`facegate.types.Face`; optional keys are set only when requested."""
+        kw: dict[str, Any] = {
+            "detection": None if face.detection is None else DetectionOut.from_detection(face.detection),
+            "quality": QualityOut.from_verdict(face.quality),
+        }
+        if crops and face.crop is not None:
+            kw["crop"] = crop_data_url(face.crop)
+        if embedding:
+            kw["embedding"] = [round(float(v), 7) for v in np.asarray(face.embedding, dtype=np.float32)]
+        return cls(**kw)
+
+
+# --------------------------------------------------------------------------- compare / embed / detect
+Verdict = Literal["match", "no_match", "refused"]
+
+
+class CompareResponse(_Model):
+    """1:1 comparison. ``similarity``/``match`` are ``null`` when the quality gate refused the pair."""
+
+    similarity: float | None
+    match: bool | None
+    verdict: Verdict
+    threshold: float
+    fmr: float
+    refused: bool
+    reason: str | None
+    faces: list[FaceOut] = Field(min_length=2, max_length=2)
+    model: str
+
+    @classmethod
+    def from_result(cls, r: CompareResult, *, model: str, crops: bool = False) -> CompareResponse:
+        """From a :class:`facegate.types.CompareResult`."""
+        verdict: Verdict = "refused" if r.refused else ("match" if r.match else "no_match")
+        return cls(
+            similarity=None if r.similarity is None else round(float(r.similarity), 6),
+            match=r.match,
+            verdict=verdict,
+            threshold=float(r.threshold),
+            fmr=float(r.fmr),
+            refused=bool(r.refused),
+            reason=r.reason,
+            faces=[FaceOut.from_face(f, crops=crops) for f in r.faces],
+            model=model,
+        )
+
+
+class EmbedItem(_Model):
+    """One input image's outcome: either ``faces`` (each with its ``embedding``) or an ``error``."""
+
+    index: int
+    faces: list[FaceOut] | None = None
+    error: ErrorInfo | None = None
+
+
+class EmbedResponse(_Model):
+    """Per-image results, in input order; one bad image does not fail the others."""
+
+    model: str
+    dim: int
+    results: list[EmbedItem]
+
+
+class DetectResponse(_Model):
+    """Detections in source-image pixels, sorted by score."""
+
+    faces: list[DetectionOut]
+    width: int
+    height: int
+
+
+# --------------------------------------------------------------------------- galleries
+class CreateGalleryRequest(_Model):
+    """Body of ``POST /api/galleries``."""
+
+    name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
+
+
+class GalleryOut(_Model):
+    """A gallery: the model and embedding dimension it was built with, and its subject count."""
+
+    name: str
+    model: str
+    dim: int
+    subjects: int
+    created_at: float = Field(description="Unix seconds (UTC)")
+
+
+class GalleryListResponse(_Model):
+    """All galleries."""
+
+    galleries: list[GalleryOut]
+
+
+class DeletedGallery(_Model):
+    """``DELETE /api/galleries/{name}``."""
+
+    deleted: str
+
+
+class SubjectOut(_Model):
+    """An enrolled subject (:class:`facegate.gallery.base.SubjectInfo`)."""
+
+    subject_id: str
+    n_embeddings: int = Field(description="number of stored embeddings the template is built from")
+    template_quality: float = Field(description="best calibrated quality among them, in [0, 1]")
+    meta: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(description="first enrolment, Unix seconds")
+    updated_at: float = Field(description="last write, Unix seconds")
+
+
+class RefusedImage(_Model):
+    """An enrolment image that was not used, and why."""
+
+    index: int
+    reason: str
+    code: str | None = None
+
+
+class EnrolResponse(_Model):
+    """``POST /api/galleries/{name}/subjects/{subject_id}``."""
+
+    subject: SubjectOut
+    accepted: int
+    refused: list[RefusedImage]
+
+
+class SubjectListResponse(_Model):
+    """A page of subjects and the gallery's total count."""
+
+    subjects: list[SubjectOut]
+    total: int
+
+
+class DeletedSubject(_Model):
+    """``DELETE /api/galleries/{name}/subjects/{subject_id}``."""
+
+    deleted: str
+
+
+class SearchHit(_Model):
+    """One candidate: its best cosine similarity and whether it clears the match threshold."""
+
+    subject_id: str
+    score: float
+    match: bool
+
+
+class SearchResponse(_Model):
+    """1:N search. A probe below the quality gate is refused and never searched (``hits`` empty)."""
+
+    face: FaceOut
+    refused: bool
+    reason: str | None
+    hits: list[SearchHit]
+    threshold: float
+    fmr: float
+
+
+# --------------------------------------------------------------------------- health
+class HealthResponse(_Model):
+    """``GET /healthz``."""
+
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(_Model):
+    """``GET /readyz`` once models are loaded and warmed."""
+
+    status: Literal["ready"] = "ready"
+    model: str
+    device: str
+    precision: str
