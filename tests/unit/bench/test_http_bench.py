@@ -37,27 +37,29 @@ class FakeState:
 def make_app(state: FakeState) -> FastAPI:
     app = FastAPI()
 
-    async def handle(request: Request) -> JSONResponse | None:
+    async def handle(request: Request) -> tuple[dict[str, Any], JSONResponse | None]:
         form = await request.form()
         files = {k: [getattr(v, "filename", None) for v in form.getlist(k)] for k in form}
-        state.calls.append({"path": request.url.path, "query": dict(request.query_params), "form": files})
+        call = {"path": request.url.path, "query": dict(request.query_params), "form": files}
+        state.calls.append(call)
+        seq = len(state.calls)  # taken before sleeping: concurrent requests must not share a number
         await asyncio.sleep(DELAY_S)
-        if state.fail_every and len(state.calls) % state.fail_every == 0:
+        if state.fail_every and seq % state.fail_every == 0:
             body = {"error": {"code": "queue_full", "message": "full", "detail": {}}}
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        return None
+            return call, JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        return call, None
 
     @app.post("/api/compare")
     async def compare(request: Request) -> JSONResponse:
-        err = await handle(request)
+        _, err = await handle(request)
         return err or JSONResponse({"similarity": 0.5, "verdict": "match"})
 
     @app.post("/api/embed")
     async def embed(request: Request) -> JSONResponse:
-        err = await handle(request)
+        call, err = await handle(request)
         if err:
             return err
-        n = len(state.calls[-1]["form"].get("images", []))
+        n = len(call["form"].get("images", []))
         results: list[dict[str, Any]] = [{"index": i, "faces": []} for i in range(n)]
         if state.item_error:
             results[0] = {"index": 0, "error": {"code": "no_face", "message": "no face", "detail": {}}}
