@@ -1,0 +1,445 @@
+"""Five-point face alignment: similarity estimation and warping, on the CPU (OpenCV) and in torch.
+
+Everything here is a pure function of its inputs. Two warping paths produce the same crops:
+
+* **CPU** — :func:`warp_cpu` / :func:`align_cpu` use ``cv2.warpAffine`` (``INTER_LINEAR``).
+* **torch** — :func:`warp_torch` uses ``F.affine_grid`` + ``F.grid_sample`` (bilinear,
+  ``align_corners=False``) on any device, for whole batches at once.
+
+Conventions shared by both paths:
+
+* Coordinates are **pixel coordinates with pixel centres at integers** (OpenCV's convention): the
+  centre of the top-left pixel is ``(0, 0)``, the image spans ``[-0.5, W - 0.5]``.
+* A transform ``M`` is a ``(2, 3)`` matrix mapping **source** pixel coordinates to **crop** pixel
+  coordinates (``crop = M @ [x, y, 1]``), as ``cv2.warpAffine`` expects without ``WARP_INVERSE_MAP``.
+* **Border**: samples outside the source image read **zeros** (``cv2.BORDER_CONSTANT`` with
+  ``borderValue=0``, the same as insightface's ``face_align.norm_crop``; ``padding_mode="zeros"`` in
+  ``grid_sample``). A crop near an image edge therefore fades to black, never to smeared edge pixels.
+  Because the border is zeros, a batch of differently-sized images may be zero-padded at the bottom
+  and right (:func:`pad_images_torch`): the padding is sampled exactly like the zero border, so a padded
+  image warps to the same crop as the unpadded one. Padding with anything but zeros, or padding at the
+  top/left (which would shift pixel coordinates), breaks that equivalence.
+* Landmark order is the YuNet/ArcFace order (see :mod:`facegate.types`): right eye (image left), left
+  eye, nose tip, right mouth corner, left mouth corner.
+
+The similarity (rotation + uniform scale + translation, never a reflection) is the least-squares
+solution of Umeyama (1991) with the reflection fix. :func:`umeyama` computes it by SVD of stacked
+2×2 covariances; in 2-D it also has a closed form (:func:`similarity_closed_form`,
+:func:`umeyama_torch`) which the tests check equals the SVD result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from facegate.errors import InvalidParameterError
+
+log = logging.getLogger(__name__)
+
+#: Crop side length the ArcFace template is defined for.
+CROP_SIZE = 112
+
+#: ``(5, 2) float32`` ArcFace landmark template for a 112×112 crop, YuNet landmark order.
+ARCFACE_TEMPLATE: np.ndarray = np.array(
+    [
+        [38.2946, 51.6963],  # right eye (image left)
+        [73.5318, 51.5014],  # left eye
+        [56.0252, 71.7366],  # nose tip
+        [41.5493, 92.3655],  # right mouth corner
+        [70.7299, 92.2041],  # left mouth corner
+    ],
+    dtype=np.float32,
+)
+ARCFACE_TEMPLATE.setflags(write=False)
+
+#: Above this many bytes of gathered float32 source images, :func:`warp_torch` samples image by image.
+DEFAULT_MAX_GATHER_BYTES = 512 * 1024 * 1024
+
+_DEGENERATE_VAR = 1e-12
+
+
+# --------------------------------------------------------------------------- estimation (NumPy)
+def _check_size(size: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 8:
+        raise InvalidParameterError(f"crop size must be an integer >= 8, got {size!r}", detail={"size": str(size)})
+    return int(size)
+
+
+def template(size: int = CROP_SIZE) -> np.ndarray:
+    """The ArcFace template for a ``size``×``size`` crop: ``(5, 2) float64``.
+
+    The 112-pixel template is scaled about the origin by ``size / 112`` (what insightface does for
+    multiples of 112; its 128-pixel variant with an 8-pixel x-shift is not reproduced).
+    """
+    return ARCFACE_TEMPLATE.astype(np.float64) * (_check_size(size) / CROP_SIZE)
+
+
+def _check_points(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate and broadcast ``src (N, P, 2)`` and ``dst (P, 2) | (N, P, 2)`` to float64."""
+    src = np.asarray(src, dtype=np.float64)
+    dst = np.asarray(dst, dtype=np.float64)
+    if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
+        raise InvalidParameterError(
+            f"src must have shape (N, P>=2, 2), got {src.shape}", detail={"shape": list(src.shape)}
+        )
+    if dst.shape not in {src.shape[1:], src.shape}:
+        raise InvalidParameterError(
+            f"dst must have shape {src.shape[1:]} or {src.shape}, got {dst.shape}",
+            detail={"shape": list(dst.shape)},
+        )
+    return src, np.broadcast_to(dst, src.shape)
+
+
+def _check_degenerate(src_centred: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Per-item variance of the centred source points; raise on non-finite or coincident points."""
+    var = (src_centred**2).sum(axis=(1, 2)) / src.shape[1]
+    bad = ~np.isfinite(src).all(axis=(1, 2)) | ~(var > _DEGENERATE_VAR)
+    if bad.any():
+        idx = np.flatnonzero(bad).tolist()
+        raise InvalidParameterError(
+            f"{len(idx)} landmark set(s) are non-finite or all points coincide; no similarity exists",
+            detail={"indices": idx[:50]},
+        )
+    return var
+
+
+def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Least-squares similarity transforms mapping each ``src[n]`` onto ``dst``, batched.
+
+    Umeyama (1991), "Least-squares estimation of transformation parameters between two point
+    patterns", with the reflection fix: the rotation ``U diag(1, d) Vᵀ`` uses ``d = sign(det U · det V)``
+    so the result never mirrors, and the scale is ``trace(diag(σ) diag(1, d)) / var(src)``.
+
+    Args:
+        src: ``(N, P, 2)`` source points (``P >= 2``, normally the 5 detected landmarks), any real dtype.
+        dst: ``(P, 2)`` target points shared by the batch, or ``(N, P, 2)``.
+
+    Returns:
+        ``(N, 2, 3) float64`` matrices ``M`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``; ``det M[:, :2] > 0``.
+
+    Raises:
+        InvalidParameterError: wrong shapes, non-finite points, or all points of one set coincide.
+    """
+    src, dst = _check_points(src, dst)
+    n, p, _ = src.shape
+    if n == 0:
+        return np.zeros((0, 2, 3), np.float64)
+    mu_s = src.mean(axis=1)  # (N, 2)
+    mu_d = dst.mean(axis=1)
+    sc = src - mu_s[:, None, :]
+    dc = dst - mu_d[:, None, :]
+    var_s = _check_degenerate(sc, src)
+    cov = np.einsum("npi,npj->nij", dc, sc) / p  # (N, 2, 2) = Σ dst_c src_cᵀ / P
+    u, sigma, vt = np.linalg.svd(cov)
+    d = np.where(np.linalg.det(u) * np.linalg.det(vt) < 0.0, -1.0, 1.0)  # (N,)
+    signs = np.stack([np.ones_like(d), d], axis=1)  # (N, 2)
+    rot = (u * signs[:, None, :]) @ vt  # U diag(1, d) Vᵀ
+    scale = (sigma * signs).sum(axis=1) / var_s  # (N,)
+    a = scale[:, None, None] * rot
+    t = mu_d - np.einsum("nij,nj->ni", a, mu_s)
+    return np.concatenate([a, t[:, :, None]], axis=2)
+
+
+def similarity_closed_form(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The same least-squares similarity as :func:`umeyama`, by the 2-D closed form (no SVD).
+
+    On centred points ``p = src - mean``, ``q = dst - mean``:
+    ``a = Σ(pₓqₓ + p_yq_y) / Σ|p|²``, ``b = Σ(pₓq_y − p_yqₓ) / Σ|p|²``, ``A = [[a, −b], [b, a]]``,
+    ``t = mean(dst) − A mean(src)``. ``A`` is a scaled rotation, so it can never reflect.
+
+    Args / returns / raises: as :func:`umeyama` (``(N, 2, 3) float64``).
+    """
+    src, dst = _check_points(src, dst)
+    if src.shape[0] == 0:
+        return np.zeros((0, 2, 3), np.float64)
+    mu_s = src.mean(axis=1)
+    mu_d = dst.mean(axis=1)
+    sc = src - mu_s[:, None, :]
+    dc = dst - mu_d[:, None, :]
+    _check_degenerate(sc, src)
+    norm = (sc**2).sum(axis=(1, 2))
+    a = (sc * dc).sum(axis=(1, 2)) / norm
+    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(axis=1) / norm
+    lin = np.stack([np.stack([a, -b], axis=1), np.stack([b, a], axis=1)], axis=1)  # (N, 2, 2)
+    t = mu_d - np.einsum("nij,nj->ni", lin, mu_s)
+    return np.concatenate([lin, t[:, :, None]], axis=2)
+
+
+def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
+    """Similarity transforms taking detected landmarks onto the ArcFace template.
+
+    Args:
+        landmarks: ``(N, 5, 2)`` landmarks in source-image pixels (order in the module docstring).
+        size: crop side; the template is scaled by ``size / 112``.
+
+    Returns:
+        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / :func:`warp_torch`.
+    """
+    lm = np.asarray(landmarks)
+    if lm.ndim != 3 or lm.shape[1:] != (5, 2):
+        raise InvalidParameterError(
+            f"landmarks must have shape (N, 5, 2), got {lm.shape}", detail={"shape": list(lm.shape)}
+        )
+    return umeyama(lm, template(size)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- warping (CPU / OpenCV)
+def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
+    """Warp one image into a ``size``×``size`` crop with ``cv2.warpAffine``.
+
+    Args:
+        image: ``(H, W, 3) uint8`` (any channel order; it is kept).
+        M: ``(2, 3)`` source→crop matrix (e.g. one row of :func:`estimate_transforms`).
+        size: crop side.
+
+    Returns:
+        ``(size, size, 3) uint8``; bilinear (``INTER_LINEAR``), zeros outside the image
+        (``BORDER_CONSTANT``, value 0).
+    """
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise InvalidParameterError(
+            "image must be an (H, W, 3) uint8 array",
+            detail={"shape": list(getattr(image, "shape", ())), "dtype": str(getattr(image, "dtype", ""))},
+        )
+    m = np.asarray(M, dtype=np.float64)
+    if m.shape != (2, 3):
+        raise InvalidParameterError(f"M must have shape (2, 3), got {m.shape}", detail={"shape": list(m.shape)})
+    side = _check_size(size)
+    try:
+        out = cv2.warpAffine(
+            np.ascontiguousarray(image),
+            m,
+            (side, side),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=(0, 0, 0),
+        )
+    except cv2.error as exc:
+        raise InvalidParameterError(f"cv2.warpAffine failed: {exc}", detail={"shape": list(image.shape)}) from exc
+    return out
+
+
+def _check_index(image_index: np.ndarray, k: int, n_images: int) -> np.ndarray:
+    idx = np.asarray(image_index)
+    if idx.shape != (k,) or (k and idx.dtype.kind not in "iu"):
+        raise InvalidParameterError(
+            f"image_index must be an integer array of shape ({k},), got {idx.shape} {idx.dtype}",
+            detail={"shape": list(idx.shape)},
+        )
+    if k and (idx.min() < 0 or idx.max() >= n_images):
+        raise InvalidParameterError(
+            f"image_index out of range for {n_images} image(s)",
+            detail={"min": int(idx.min()), "max": int(idx.max()), "n_images": n_images},
+        )
+    return idx.astype(np.int64)
+
+
+def align_cpu(
+    images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: np.ndarray, size: int = CROP_SIZE
+) -> np.ndarray:
+    """Align K faces found in a list of images.
+
+    Args:
+        images: B images, each ``(H_b, W_b, 3) uint8``; sizes may differ.
+        landmarks: ``(K, 5, 2)`` landmarks, each in the pixel coordinates of its image.
+        image_index: ``(K,)`` integer; face ``k`` lies in ``images[image_index[k]]``.
+        size: crop side.
+
+    Returns:
+        ``(K, size, size, 3) uint8`` crops, same channel order as the inputs.
+    """
+    size = _check_size(size)
+    lm = np.asarray(landmarks)
+    mats = estimate_transforms(lm, size)  # validates the shape (K, 5, 2)
+    k = mats.shape[0]
+    idx = _check_index(image_index, k, len(images))
+    out = np.empty((k, size, size, 3), np.uint8)
+    for j in range(k):
+        out[j] = warp_cpu(images[int(idx[j])], mats[j], size)
+    return out
+
+
+def is_aligned_crop(image: np.ndarray, size: int = CROP_SIZE) -> bool:
+    """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(size, size, 3)``."""
+    shape = getattr(image, "shape", None)
+    return shape is not None and tuple(shape) == (size, size, 3)
+
+
+# --------------------------------------------------------------------------- torch path
+def _compute_dtype(device: torch.device) -> torch.dtype:
+    """float64 on the CPU (exact enough to compare with NumPy), float32 on accelerators."""
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Batched least-squares similarity in torch, by the 2-D closed form (no SVD, no host sync).
+
+    Args:
+        src: ``(K, P, 2)`` source points on any device (``P >= 2``; normally 5 landmarks).
+        dst: ``(P, 2)`` or ``(K, P, 2)`` target points (Tensor or array), e.g. :func:`template`.
+
+    Returns:
+        ``(K, 2, 3) float32`` on ``src.device``; computed in float64 on the CPU and float32 on other
+        devices. Unlike :func:`umeyama` this does not check for degenerate input (that would need a
+        device→host sync): a point set whose points all coincide yields a zero linear part.
+    """
+    if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
+        raise InvalidParameterError(
+            f"src must have shape (K, P>=2, 2), got {tuple(src.shape)}", detail={"shape": list(src.shape)}
+        )
+    dtype = _compute_dtype(src.device)
+    s = src.to(dtype)
+    if isinstance(dst, np.ndarray):  # copy: ARCFACE_TEMPLATE is read-only, torch warns on those
+        dst = torch.from_numpy(np.array(dst, dtype=np.float64))
+    d = torch.as_tensor(dst, dtype=dtype, device=src.device)
+    if tuple(d.shape) not in {tuple(src.shape[1:]), tuple(src.shape)}:
+        raise InvalidParameterError(
+            f"dst must have shape {tuple(src.shape[1:])} or {tuple(src.shape)}, got {tuple(d.shape)}",
+            detail={"shape": list(d.shape)},
+        )
+    d = d.expand_as(s)
+    mu_s = s.mean(dim=1)
+    mu_d = d.mean(dim=1)
+    sc = s - mu_s[:, None, :]
+    dc = d - mu_d[:, None, :]
+    norm = (sc * sc).sum(dim=(1, 2)).clamp_min(torch.finfo(dtype).tiny)
+    a = (sc * dc).sum(dim=(1, 2)) / norm
+    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(dim=1) / norm
+    tx = mu_d[:, 0] - (a * mu_s[:, 0] - b * mu_s[:, 1])
+    ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
+    m = torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1)
+    return m.to(torch.float32)
+
+
+def pad_images_torch(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack ``(3, H_b, W_b)`` images into ``(B, 3, max H, max W)``, zero-padded at bottom/right.
+
+    The padding keeps every image's pixel coordinates (its top-left pixel stays at ``(0, 0)``), and
+    zeros are exactly what :func:`warp_torch` reads outside an image, so crops are unaffected.
+    """
+    if len(images) == 0:
+        raise InvalidParameterError("need at least one image to pad")
+    for im in images:
+        if im.ndim != 3 or im.shape[0] != 3:
+            raise InvalidParameterError(
+                f"each image must be (3, H, W), got {tuple(im.shape)}", detail={"shape": list(im.shape)}
+            )
+    h = max(int(im.shape[1]) for im in images)
+    w = max(int(im.shape[2]) for im in images)
+    out = images[0].new_zeros((len(images), 3, h, w))
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[1], : im.shape[2]] = im
+    return out
+
+
+def _pixel_to_theta(M: torch.Tensor, in_h: int, in_w: int, size: int) -> torch.Tensor:
+    """Turn source→crop pixel matrices into ``affine_grid`` thetas (crop→source, normalised).
+
+    With ``align_corners=False``, normalised ``u ∈ [-1, 1]`` relates to a pixel-centre coordinate
+    ``x`` of an axis of length ``L`` by ``u = (2x + 1) / L - 1``. For crop pixel ``(j, i)`` the source
+    pixel is ``M⁻¹ [j, i, 1]``, so ``θ = N_in · M⁻¹ · N_out⁻¹`` with
+    ``N_out⁻¹: x = (S/2) u + (S-1)/2`` and ``N_in: u = (2/L) x + 1/L - 1``.
+
+    Args:
+        M: ``(K, 2, 3)`` source→crop pixel matrices (float, any device).
+
+    Returns:
+        ``(K, 2, 3) float32`` thetas. A singular ``M`` yields non-finite entries.
+    """
+    dtype = _compute_dtype(M.device)
+    m = M.to(dtype)
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
+    det = a * e - b * d
+    # M⁻¹ = [[e, -b, b f - c e], [-d, a, c d - a f]] / det
+    ia, ib, ic = e / det, -b / det, (b * f - c * e) / det
+    id_, ie, if_ = -d / det, a / det, (c * d - a * f) / det
+    half = size / 2.0
+    off = (size - 1) / 2.0
+    # M⁻¹ · N_out⁻¹: column scale by S/2, translation gains the (S-1)/2 offset on both axes.
+    r0 = torch.stack([ia * half, ib * half, ia * off + ib * off + ic], dim=1)
+    r1 = torch.stack([id_ * half, ie * half, id_ * off + ie * off + if_], dim=1)
+    # N_in · (...): row x by 2/W, row y by 2/H, then add (1/L - 1) to the translation.
+    r0 = r0 * (2.0 / in_w)
+    r1 = r1 * (2.0 / in_h)
+    r0[:, 2] += 1.0 / in_w - 1.0
+    r1[:, 2] += 1.0 / in_h - 1.0
+    return torch.stack([r0, r1], dim=1).to(torch.float32)
+
+
+def warp_torch(
+    images: torch.Tensor,
+    M: torch.Tensor | np.ndarray,
+    image_index: torch.Tensor | np.ndarray,
+    size: int = CROP_SIZE,
+    *,
+    max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
+) -> torch.Tensor:
+    """Warp K faces out of a batch of images with ``affine_grid`` + ``grid_sample``; matches :func:`warp_cpu`.
+
+    Args:
+        images: ``(B, 3, H, W)`` uint8 or floating, on any device. Differently-sized images must be
+            zero-padded at the bottom/right (:func:`pad_images_torch`); see the module docstring.
+        M: ``(K, 2, 3)`` source→crop pixel matrices (OpenCV convention), moved to ``images.device``.
+        image_index: ``(K,)`` int64, face ``k`` is cut from ``images[image_index[k]]``. Not range-checked
+            on the device (that would sync); keep it on the CPU if you want the check.
+        size: crop side.
+        max_gather_bytes: when ``K · 3 · H · W · 4`` exceeds this, images are sampled one at a time
+            (bounded memory, one host sync for ``image_index``) instead of gathering a float copy of
+            the source image per face (one kernel, no sync).
+
+    Returns:
+        ``(K, 3, size, size) float32`` on ``images.device``, same value scale as the input (0–255 for
+        uint8), not rounded. ``torch.round(out).to(torch.uint8)`` compares with :func:`warp_cpu`.
+        A singular ``M`` gives an all-zero crop.
+    """
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise InvalidParameterError(
+            f"images must be (B, 3, H, W), got {tuple(images.shape)}", detail={"shape": list(images.shape)}
+        )
+    size = _check_size(size)
+    device = images.device
+    m = torch.as_tensor(M, device=device)
+    idx = torch.as_tensor(image_index, device=device if not isinstance(image_index, np.ndarray) else "cpu")
+    k = int(m.shape[0]) if m.ndim == 3 else -1
+    if m.ndim != 3 or tuple(m.shape[1:]) != (2, 3):
+        raise InvalidParameterError(f"M must be (K, 2, 3), got {tuple(m.shape)}", detail={"shape": list(m.shape)})
+    if tuple(idx.shape) != (k,) or (k and idx.dtype.is_floating_point):
+        raise InvalidParameterError(
+            f"image_index must be an integer tensor of shape ({k},), got {tuple(idx.shape)} {idx.dtype}",
+            detail={"shape": list(idx.shape)},
+        )
+    b, _, h, w = (int(v) for v in images.shape)
+    if idx.device.type == "cpu" and k and (int(idx.min()) < 0 or int(idx.max()) >= b):
+        raise InvalidParameterError(
+            f"image_index out of range for {b} image(s)",
+            detail={"min": int(idx.min()), "max": int(idx.max()), "n_images": b},
+        )
+    if k == 0:
+        return torch.zeros((0, 3, size, size), dtype=torch.float32, device=device)
+    idx = idx.to(device=device, dtype=torch.int64, non_blocking=True)
+    theta = _pixel_to_theta(m, h, w, size)
+    grid = F.affine_grid(theta, [k, 3, size, size], align_corners=False)
+    # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
+    grid = torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
+
+    if k * 3 * h * w * 4 <= max_gather_bytes:
+        src = images.index_select(0, idx).to(torch.float32)
+        return F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+    out = torch.empty((k, 3, size, size), dtype=torch.float32, device=device)
+    host_idx = idx.cpu()
+    for img_id in torch.unique(host_idx).tolist():
+        sel = torch.nonzero(host_idx == img_id).flatten()
+        sel_dev = sel.to(device)
+        g = grid.index_select(0, sel_dev).reshape(1, len(sel) * size, size, 2)
+        src = images[img_id : img_id + 1].to(torch.float32)
+        res = F.grid_sample(src, g, mode="bilinear", padding_mode="zeros", align_corners=False)
+        out.index_copy_(0, sel_dev, res.reshape(3, len(sel), size, size).permute(1, 0, 2, 3))
+    return out
