@@ -105,7 +105,7 @@ def serve(
     max_batch_size: Annotated[int | None, typer.Option(help="engine batch size")] = None,
     max_wait_ms: Annotated[float | None, typer.Option(help="batch fill wait")] = None,
     batching: Annotated[bool | None, typer.Option("--batching/--no-batching")] = None,
-    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile + CUDA graphs")] = None,
+    compile: Annotated[str | None, typer.Option("--compile", help="off | graphs | inductor (CUDA only)")] = None,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
     from facegate.serving.app import run

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["fp32", "fp16", "bf16"]
+CompileMode = Literal["off", "graphs", "inductor"]
 
 
 class Settings(BaseSettings):
@@ -32,7 +33,19 @@ class Settings(BaseSettings):
     )
     device: Device = Field("auto", description="'auto' picks CUDA when available, else CPU.")
     precision: Precision = Field("fp32", description="Compute precision of the models on the device.")
-    compile: bool = Field(False, description="torch.compile + CUDA graphs over fixed batch buckets (CUDA only).")
+    compile: CompileMode = Field(
+        "off",
+        description=(
+            "CUDA only. 'graphs': capture CUDA graphs of the eager kernels over fixed batch buckets; "
+            "'inductor': torch.compile (Inductor) first, then capture graphs; 'off': plain eager."
+        ),
+    )
+    graph_buckets: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64],
+        min_length=1,
+        max_length=16,
+        description="Batch sizes captured as CUDA graphs; batches are padded up to the next bucket.",
+    )
 
     # ------------------------------------------------------------------ detector
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0, description="Minimum detector score.")

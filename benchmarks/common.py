@@ -1,0 +1,77 @@
+"""Shared helpers for the benchmark scripts: environment record, CUDA timing, peak measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def env_record(**config: Any) -> dict[str, Any]:
+    """Git commit, torch, GPU/CPU and the benchmark's config: stored with every JSON result."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(["git", "status", "--porcelain", "-uno"], capture_output=True, text=True).stdout.strip()
+        )
+    except OSError:
+        commit, dirty = "", False
+    rec: dict[str, Any] = {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": config,
+    }
+    return rec
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))
+
+
+def cuda_time(fn: Callable[[], Any], *, iters: int, warmup: int = 3) -> float:
+    """Mean seconds per call of ``fn`` measured with CUDA events (after ``warmup`` calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000.0 / iters
+
+
+def wall_time(fn: Callable[[], Any], *, iters: int, warmup: int = 1) -> float:
+    """Mean wall seconds per call (CPU)."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def measured_peak_tflops(dtype: torch.dtype = torch.float16, n: int = 8192) -> float:
+    """Dense matmul TFLOP/s of this GPU in ``dtype``, measured now (the 'peak' that MFU divides by)."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    t = cuda_time(lambda: a @ b, iters=10, warmup=3)
+    return 2 * n**3 / t / 1e12
