@@ -1,0 +1,253 @@
+"""GalleryIndex: exact top-k against a NumPy brute force, incremental updates, rebuild, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from facegate.errors import DimensionMismatchError, GalleryNotFoundError, InvalidParameterError
+from facegate.gallery.base import GalleryInfo
+from facegate.gallery.index import GalleryIndex
+
+
+def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def brute_force(T: np.ndarray, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference in float64: ``(Q, k)`` top indices, their scores, and the full ``(Q, S)`` score matrix."""
+    Qn = Q.astype(np.float64) / np.linalg.norm(Q.astype(np.float64), axis=1, keepdims=True)
+    S = Qn @ T.astype(np.float64).T
+    idx = np.argsort(-S, axis=1, kind="stable")[:, :k]
+    return idx, np.take_along_axis(S, idx, axis=1), S
+
+
+def assert_matches_reference(hits, ids: list[str], T: np.ndarray, Q: np.ndarray, k: int, atol: float) -> None:
+    """Same ids in the same order and the same scores as the brute force (ties within ``atol`` may swap)."""
+    ref_idx, ref_s, full = brute_force(T, Q, k)
+    pos = {s: i for i, s in enumerate(ids)}
+    assert len(hits) == len(Q)
+    n_swapped = 0
+    for qi, row in enumerate(hits):
+        assert len(row) == min(k, len(ids))
+        got_s = np.array([h.score for h in row])
+        np.testing.assert_allclose(got_s, ref_s[qi], atol=atol)
+        assert np.all(np.diff(got_s) <= 0), "hits must be sorted by descending score"
+        for r, h in enumerate(row):
+            if h.subject_id != ids[ref_idx[qi, r]]:
+                # allowed only for a near-tie: the returned subject's true score equals the rank's score
+                assert abs(full[qi, pos[h.subject_id]] - ref_s[qi, r]) <= 2 * atol, (qi, r, h)
+                n_swapped += 1
+    assert n_swapped <= max(1, len(hits) * k // 100), n_swapped
+
+
+class FakeStore:
+    """Minimal TemplateSource."""
+
+    def __init__(self, data: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
+        self.data = data
+
+    def list_galleries(self) -> list[GalleryInfo]:
+        return [GalleryInfo(n, "m", d, 0.0, len(ids)) for n, (d, ids, _) in sorted(self.data.items())]
+
+    def get_gallery(self, name: str) -> GalleryInfo:
+        if name not in self.data:
+            raise GalleryNotFoundError(name)
+        d, ids, _ = self.data[name]
+        return GalleryInfo(name, "m", d, 0.0, len(ids))
+
+    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
+        _, ids, T = self.data[gallery]
+        return list(ids), T
+
+
+def test_search_equals_numpy_brute_force_10k() -> None:
+    rng = np.random.default_rng(0)
+    S, D, k = 10_000, 128, 10
+    T = unit(rng, S, D)
+    ids = [f"s{i}" for i in range(S)]
+    idx = GalleryIndex("cpu")
+    idx.rebuild(FakeStore({"g": (D, ids, T)}))
+    # queries: noisy copies of known subjects (realistic: one clear winner) plus pure noise
+    Q = np.vstack([T[:32] + 0.3 * unit(rng, 32, D), unit(rng, 32, D)]).astype(np.float32)
+    hits = idx.search("g", Q, k, threshold=0.5)
+    assert_matches_reference(hits, ids, T, Q, k, atol=2e-6)
+    assert [row[0].subject_id for row in hits[:32]] == ids[:32]
+    for row in hits:
+        for h in row:
+            assert h.match == (h.score >= 0.5)
+    # a single query (matrix-vector path) agrees with the batch (matrix-matrix) up to float32 rounding
+    single = idx.search("g", Q[:1], k, threshold=0.5)[0]
+    assert [h.subject_id for h in single] == [h.subject_id for h in hits[0]]
+    np.testing.assert_allclose([h.score for h in single], [h.score for h in hits[0]], atol=1e-6)
+
+
+def test_small_and_empty_galleries() -> None:
+    rng = np.random.default_rng(1)
+    idx = GalleryIndex()
+    idx.ensure_gallery("e", 8)
+    assert idx.search("e", unit(rng, 3, 8), 5, 0.3) == [[], [], []]
+    T = unit(rng, 3, 8)
+    idx.load_gallery("g", 8, ["a", "b", "c"], T)
+    hits = idx.search("g", T, 10, 0.99)  # k > S: clamps to S
+    assert [len(r) for r in hits] == [3, 3, 3]
+    assert [r[0].subject_id for r in hits] == ["a", "b", "c"]
+    assert all(r[0].match and r[0].score == pytest.approx(1.0, abs=1e-6) for r in hits)
+    # queries are normalised by the index: scale does not change scores
+    np.testing.assert_allclose(
+        [h.score for h in idx.search("g", 7 * T[:1], 3, 0)[0]], [h.score for h in hits[0]], atol=1e-6
+    )
+
+
+def test_search_errors() -> None:
+    rng = np.random.default_rng(2)
+    idx = GalleryIndex()
+    idx.load_gallery("g", 8, ["a"], unit(rng, 1, 8))
+    with pytest.raises(GalleryNotFoundError):
+        idx.search("nope", unit(rng, 1, 8), 1, 0.3)
+    with pytest.raises(DimensionMismatchError):
+        idx.search("g", unit(rng, 1, 9), 1, 0.3)
+    for bad_k in (0, -1, 1.5, True):
+        with pytest.raises(InvalidParameterError):
+            idx.search("g", unit(rng, 1, 8), bad_k, 0.3)  # type: ignore[arg-type]
+    for bad_q in (unit(rng, 1, 8)[0], np.zeros((0, 8), np.float32), np.full((1, 8), np.inf, np.float32)):
+        with pytest.raises(InvalidParameterError):
+            idx.search("g", bad_q, 1, 0.3)
+    with pytest.raises(DimensionMismatchError):
+        idx.upsert("g", "b", unit(rng, 1, 9)[0])
+    with pytest.raises(DimensionMismatchError):
+        idx.ensure_gallery("g", 16)
+    with pytest.raises(DimensionMismatchError):
+        idx.load_gallery("h", 8, ["a", "b"], unit(rng, 3, 8))
+    with pytest.raises(InvalidParameterError):
+        GalleryIndex(dtype=torch.int8)
+
+
+def test_incremental_updates_match_a_reference_dict() -> None:
+    """Random upserts (new and overwrite) and removes; grows past capacity and shrinks back."""
+    rng = np.random.default_rng(3)
+    D = 16
+    idx = GalleryIndex()
+    idx.ensure_gallery("g", D)
+    ref: dict[str, np.ndarray] = {}
+    capacities: list[int] = []
+    for step in range(1500):
+        phase_grow = step < 900
+        r = rng.random()
+        if ref and r < (0.15 if phase_grow else 0.8):
+            sid = sorted(ref)[int(rng.integers(len(ref)))]
+            assert idx.remove("g", sid)
+            del ref[sid]
+        elif ref and r < 0.35:
+            sid = sorted(ref)[int(rng.integers(len(ref)))]
+            ref[sid] = unit(rng, 1, D)[0]
+            idx.upsert("g", sid, ref[sid])
+        else:
+            sid = f"s{step}"
+            ref[sid] = unit(rng, 1, D)[0]
+            idx.upsert("g", sid, ref[sid])
+        capacities.append(idx._entries["g"].mat.shape[0])
+        if step % 100 == 99 or step == 1499:
+            ids, T = idx.snapshot("g")
+            assert ids == sorted(ref)
+            if ids:
+                np.testing.assert_array_equal(T, np.stack([ref[s] for s in ids]))
+                Q = unit(rng, 4, D)
+                assert_matches_reference(idx.search("g", Q, 5, 0.0), ids, T, Q, 5, atol=2e-6)
+    assert max(capacities) >= 256 and capacities[-1] < max(capacities)  # grew several times, then shrank
+    assert not idx.remove("g", "never-there")
+    assert idx.size("g") == len(ref)
+    assert idx.sizes() == {"g": len(ref)}
+
+
+def test_rebuild_replaces_everything_and_drop() -> None:
+    rng = np.random.default_rng(4)
+    idx = GalleryIndex()
+    idx.load_gallery("stale", 4, ["x"], unit(rng, 1, 4))
+    store = FakeStore({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
+    idx.rebuild(store)
+    assert idx.sizes() == {"a": 2, "b": 0}
+    assert not idx.has("stale")
+    store.data["a"] = (4, ["r"], unit(rng, 1, 4))
+    idx.rebuild_gallery(store, "a")
+    assert idx.snapshot("a")[0] == ["r"]
+    with pytest.raises(GalleryNotFoundError):
+        idx.rebuild_gallery(store, "zzz")
+    idx.drop("a")
+    idx.drop("a")
+    assert idx.sizes() == {"b": 0}
+
+
+def test_bfloat16_index_ranks_well_separated_data() -> None:
+    rng = np.random.default_rng(5)
+    T = unit(rng, 500, 64)
+    ids = [str(i) for i in range(500)]
+    idx = GalleryIndex("cpu", torch.bfloat16)
+    idx.load_gallery("g", 64, ids, T)
+    hits = idx.search("g", T[:20] + 0.1 * unit(rng, 20, 64), 1, 0.5)
+    assert [r[0].subject_id for r in hits] == ids[:20]
+
+
+def test_concurrent_search_and_updates() -> None:
+    """Searches running while another thread upserts/removes never fail nor see torn state."""
+    rng = np.random.default_rng(6)
+    D = 32
+    idx = GalleryIndex()
+    base = unit(rng, 300, D)
+    idx.load_gallery("g", D, [f"b{i}" for i in range(300)], base)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        wr = np.random.default_rng(7)
+        i = 0
+        while not stop.is_set():
+            idx.upsert("g", f"w{i}", unit(wr, 1, D)[0])
+            if i >= 5:
+                idx.remove("g", f"w{i - 5}")
+            i += 1
+
+    def reader() -> None:
+        try:
+            for _ in range(200):
+                # base[0] is never touched by the writer: it must always be found with score 1
+                row = idx.search("g", base[:1], 3, 0.9)[0]
+                assert row[0].subject_id == "b0" and row[0].score == pytest.approx(1.0, abs=1e-5)
+                assert row[0].score >= row[1].score >= row[2].score
+        except BaseException as exc:
+            errors.append(exc)
+
+    w = threading.Thread(target=writer)
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    w.start()
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join()
+    stop.set()
+    w.join()
+    assert errors == []
+    ids, T = idx.snapshot("g")
+    assert {f"b{i}" for i in range(300)} <= set(ids) and len(ids) <= 305 and len(set(ids)) == len(ids)
+    np.testing.assert_array_equal(T[[ids.index(f"b{i}") for i in range(300)]], base)  # untouched rows intact
+
+
+@pytest.mark.gpu
+def test_cuda_search_matches_cpu() -> None:
+    rng = np.random.default_rng(8)
+    T = unit(rng, 20_000, 512)
+    ids = [str(i) for i in range(len(T))]
+    Q = unit(rng, 64, 512)
+    cpu, gpu = GalleryIndex("cpu"), GalleryIndex("cuda")
+    for idx in (cpu, gpu):
+        idx.load_gallery("g", 512, ids, T)
+    assert_matches_reference(gpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=1e-4)
+    assert_matches_reference(cpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=2e-6)
+    half = GalleryIndex("cuda", torch.float16)
+    half.load_gallery("g", 512, ids, T)
+    top1 = [r[0].subject_id for r in half.search("g", T[:64], 1, 0.3)]
+    assert top1 == ids[:64]

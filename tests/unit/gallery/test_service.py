@@ -1,0 +1,256 @@
+"""Gallery service: write-through consistency (also under failures), restart, threads, stats hook."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facegate.errors import (
+    DimensionMismatchError,
+    GalleryError,
+    GalleryExistsError,
+    GalleryNotFoundError,
+    InvalidParameterError,
+    SubjectNotFoundError,
+)
+from facegate.gallery.index import GalleryIndex
+from facegate.gallery.service import Gallery
+from facegate.gallery.sqlite import SQLiteGalleryStore
+
+D = 32
+
+
+def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def assert_consistent(svc: Gallery, gallery: str) -> None:
+    """The index holds exactly the store's subjects and the store's templates, bit for bit."""
+    ids_db, T_db = svc.store.load_templates(gallery)
+    ids_ix, T_ix = svc.index.snapshot(gallery)
+    assert ids_ix == ids_db
+    assert T_ix.tobytes() == T_db.tobytes()
+    assert svc.get_gallery(gallery).subjects == svc.sizes()[gallery]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "gallery.sqlite3"
+
+
+@pytest.fixture
+def svc(db: Path):
+    s = Gallery(SQLiteGalleryStore(db), GalleryIndex("cpu"), match_threshold=0.5)
+    yield s
+    s.close()
+
+
+def test_enrol_search_delete_roundtrip(svc: Gallery) -> None:
+    rng = np.random.default_rng(0)
+    svc.create_gallery("g", "sface", D)
+    assert_consistent(svc, "g")
+    faces = {f"p{i}": unit(rng, 3) for i in range(20)}
+    for sid, e in faces.items():
+        info = svc.enrol("g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
+        assert info.n_embeddings == 3
+        assert_consistent(svc, "g")
+    # a query close to one of p7's images finds p7 first, as a match; unrelated queries do not match
+    probe = faces["p7"][0] + 0.05 * unit(rng, 1)[0]
+    hits = svc.search("g", np.stack([probe, unit(rng, 1)[0]]), k=3)
+    assert hits[0][0].subject_id == "p7" and hits[0][0].match
+    assert not any(h.match for h in hits[1])
+    # per-call threshold override
+    assert svc.search("g", probe[None], k=1, threshold=1.0)[0][0].match is False
+    # re-enrol appends and moves the template; the index follows
+    svc.enrol("g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
+    assert svc.get_subject("g", "p7").n_embeddings == 5
+    assert_consistent(svc, "g")
+    svc.delete_subject("g", "p7")
+    assert_consistent(svc, "g")
+    assert all(h.subject_id != "p7" for h in svc.search("g", probe[None], k=19)[0])
+    with pytest.raises(SubjectNotFoundError):
+        svc.delete_subject("g", "p7")
+    assert [s.subject_id for s in svc.list_subjects("g", 0, 5)] == ["p0", "p1", "p10", "p11", "p12"]
+
+
+def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
+    rng = np.random.default_rng(1)
+    svc.create_gallery("a", "sface", D)
+    with pytest.raises(GalleryExistsError):
+        svc.create_gallery("a", "sface", D)
+    with pytest.raises(GalleryNotFoundError):
+        svc.search("nope", unit(rng, 1), k=1)
+    with pytest.raises(GalleryNotFoundError):
+        svc.enrol("nope", "x", unit(rng, 1), np.ones(1, np.float32))
+    with pytest.raises(InvalidParameterError):
+        svc.search("bad name!", unit(rng, 1), k=1)
+    with pytest.raises(InvalidParameterError):
+        svc.search("a", unit(rng, 1), k=1, threshold=2.0)
+    with pytest.raises(DimensionMismatchError):
+        svc.search("a", unit(rng, 1, D + 1), k=1)
+    # a failed store write leaves the index untouched
+    with pytest.raises(DimensionMismatchError):
+        svc.enrol("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
+    assert svc.sizes() == {"a": 0}
+    assert svc.search("a", unit(rng, 1), k=5) == [[]]
+    svc.enrol("a", "x", unit(rng, 1), np.ones(1, np.float32))
+    svc.delete_gallery("a")
+    assert svc.sizes() == {}
+    assert svc.list_galleries() == []
+    with pytest.raises(GalleryNotFoundError):
+        svc.search("a", unit(rng, 1), k=1)
+    with pytest.raises(InvalidParameterError):
+        Gallery(svc.store, GalleryIndex(), match_threshold=float("nan"))
+
+
+def test_index_failure_after_db_write_is_repaired(
+    svc: Gallery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = np.random.default_rng(2)
+    svc.create_gallery("g", "sface", D)
+    for i in range(5):
+        svc.enrol("g", f"s{i}", unit(rng, 1), np.ones(1, np.float32))
+    real_upsert = svc.index.upsert
+
+    def corrupt_then_fail(gallery: str, subject_id: str, template: np.ndarray) -> None:
+        real_upsert(gallery, subject_id, -template)  # leaves the index wrong...
+        raise RuntimeError("simulated device failure")  # ...and fails
+
+    monkeypatch.setattr(svc.index, "upsert", corrupt_then_fail)
+    with caplog.at_level(logging.ERROR, logger="facegate.gallery.service"):
+        info = svc.enrol("g", "s9", unit(rng, 1), np.ones(1, np.float32))
+    assert info.subject_id == "s9"  # the write was committed, so it is acknowledged
+    assert "rebuilding" in caplog.text
+    assert_consistent(svc, "g")  # the index was rebuilt from the database
+    e = unit(rng, 1)
+    svc.enrol("g", "s2", e, np.ones(1, np.float32))  # overwrite path fails too, and is repaired too
+    assert_consistent(svc, "g")
+    assert svc.search("g", e, k=1)[0][0].subject_id == "s2"
+
+    # removal failing is repaired the same way
+    monkeypatch.setattr(svc.index, "remove", lambda g, s: (_ for _ in ()).throw(RuntimeError("boom")))
+    svc.delete_subject("g", "s0")
+    assert_consistent(svc, "g")
+    assert "s0" not in svc.index.snapshot("g")[0]
+
+
+def test_failed_rebuild_drops_gallery_until_next_use(svc: Gallery, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    svc.create_gallery("g", "sface", D)
+    svc.enrol("g", "a", unit(rng, 1), np.ones(1, np.float32))
+    with monkeypatch.context() as m:
+        m.setattr(svc.index, "upsert", lambda *a: (_ for _ in ()).throw(RuntimeError("upsert down")))
+        m.setattr(svc.index, "rebuild_gallery", lambda *a: (_ for _ in ()).throw(RuntimeError("rebuild down")))
+        svc.enrol("g", "b", unit(rng, 1), np.ones(1, np.float32))
+        assert not svc.index.has("g")  # never serve a stale gallery
+    # next search reloads it from the database, including the write the index missed
+    e = unit(rng, 1)
+    svc.enrol("g", "c", e, np.ones(1, np.float32))  # index lacks "g": repaired by the write path
+    assert_consistent(svc, "g")
+    svc.index.drop("g")
+    assert svc.search("g", e, k=1)[0][0].subject_id == "c"  # repaired by the search path
+    assert_consistent(svc, "g")
+    assert svc.index.snapshot("g")[0] == ["a", "b", "c"]
+
+
+def test_stats_hook(db: Path) -> None:
+    calls: list[dict[str, int]] = []
+    rng = np.random.default_rng(4)
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.4, stats_hook=calls.append)
+    try:
+        svc.create_gallery("g", "sface", D)
+        svc.enrol("g", "a", unit(rng, 1), np.ones(1, np.float32))
+        svc.enrol("g", "b", unit(rng, 1), np.ones(1, np.float32))
+        svc.delete_subject("g", "a")
+        assert calls == [{}, {"g": 0}, {"g": 1}, {"g": 2}, {"g": 1}]
+
+        def broken(_: dict[str, int]) -> None:
+            raise ValueError("metrics backend down")
+
+        svc.set_stats_hook(broken)  # a failing hook never fails a write
+        svc.enrol("g", "c", unit(rng, 1), np.ones(1, np.float32))
+        assert svc.sizes() == {"g": 2}
+    finally:
+        svc.close()
+
+
+def test_restart_gives_identical_results(db: Path) -> None:
+    rng = np.random.default_rng(5)
+    Q = unit(rng, 16)
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    svc.create_gallery("g", "sface", D)
+    svc.create_gallery("h", "sface", D)
+    for i in range(200):
+        svc.enrol("g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
+    svc.delete_subject("g", "s100")
+    before = svc.search("g", Q, k=10)
+    templates = svc.store.load_templates("g")
+    svc.close()
+
+    svc2 = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    try:
+        assert svc2.sizes() == {"g": 199, "h": 0}
+        ids2, T2 = svc2.store.load_templates("g")
+        assert ids2 == templates[0] and T2.tobytes() == templates[1].tobytes()
+        after = svc2.search("g", Q, k=10)
+        # same ids in the same order; scores equal up to float32 summation order (row order differs)
+        assert [[h.subject_id for h in r] for r in after] == [[h.subject_id for h in r] for r in before]
+        np.testing.assert_allclose(
+            [[h.score for h in r] for r in after], [[h.score for h in r] for r in before], atol=1e-6
+        )
+        assert_consistent(svc2, "g")
+    finally:
+        svc2.close()
+
+
+def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
+    svc.create_gallery("g", "sface", D)
+    svc.create_gallery("h", "sface", D)
+    n_threads, per_thread = 4, 50
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        rng = np.random.default_rng(10 + t)
+        try:
+            for i in range(per_thread):
+                gallery = "g" if t % 2 == 0 else "h"
+                sid = f"shared{i % 4}" if i % 5 == 0 else f"t{t}_{i}"  # 10 writes to contended subjects
+                svc.enrol(gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
+                if i % 10 == 9:
+                    svc.delete_subject(gallery, f"t{t}_{i - 1}")
+                svc.search(gallery, unit(rng, 2), k=3)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    for gallery in ("g", "h"):
+        assert_consistent(svc, gallery)
+    with sqlite3.connect(str(db)) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        n_emb = c.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0]
+        n_sub = c.execute("SELECT COUNT(*) FROM subjects").fetchone()[0]
+        sum_n = c.execute("SELECT SUM(n_embeddings) FROM subjects").fetchone()[0]
+    # per thread: 50 enrolments, 5 of which were deleted again (one embedding each)
+    assert n_emb == sum_n == n_threads * (per_thread - 5)
+    # per gallery: 4 shared subjects + 2 threads x (50 - 10 shared - 5 deleted) own subjects
+    assert n_sub == 2 * (4 + 2 * (per_thread - 10 - 5))
+
+
+def test_closed_store_surfaces_gallery_error(db: Path) -> None:
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    svc.create_gallery("g", "sface", D)
+    svc.close()
+    with pytest.raises(GalleryError):
+        svc.enrol("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
+    assert svc.sizes() == {"g": 0}

@@ -1,0 +1,382 @@
+"""SQLiteGalleryStore: schema/pragmas, CRUD, errors, template math, erasure, restart, crash, threads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facegate.errors import (
+    DimensionMismatchError,
+    GalleryError,
+    GalleryExistsError,
+    GalleryNotFoundError,
+    InvalidParameterError,
+    SubjectNotFoundError,
+)
+from facegate.gallery.base import (
+    TEMPLATE_WEIGHT_FLOOR,
+    GalleryStore,
+    quality_weighted_template,
+)
+from facegate.gallery.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteGalleryStore
+
+
+def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """``(n, d) float32`` random unit vectors."""
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "g" / "gallery.sqlite3"
+
+
+@pytest.fixture
+def store(db: Path):
+    s = SQLiteGalleryStore(db)
+    yield s
+    s.close()
+
+
+def raw(db: Path) -> sqlite3.Connection:
+    """An independent connection, to check what is really in the file."""
+    return sqlite3.connect(str(db))
+
+
+# --------------------------------------------------------------------------- file / pragmas
+def test_pragmas_schema_and_protocol(store: SQLiteGalleryStore, db: Path) -> None:
+    assert isinstance(store, GalleryStore)
+    assert store.journal_mode == "wal"
+    with raw(db) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert c.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"galleries", "subjects", "embeddings"}
+    conn = store._conn  # per-connection settings: check on the store's own connection
+    assert conn is not None
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert conn.execute("PRAGMA secure_delete").fetchone()[0] == 1
+    assert (os.stat(db).st_mode & 0o777) == 0o600
+
+
+def test_reopen_does_not_remigrate(db: Path) -> None:
+    SQLiteGalleryStore(db).close()
+    with SQLiteGalleryStore(db) as s:
+        s.create_gallery("a", "sface", 8)
+    with SQLiteGalleryStore(db) as s:
+        assert [g.name for g in s.list_galleries()] == ["a"]
+
+
+def test_refuses_foreign_and_newer_files(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(GalleryError):
+        SQLiteGalleryStore(junk)
+    other = tmp_path / "other.sqlite3"
+    with raw(other) as c:
+        c.execute("CREATE TABLE t (x)")
+    with pytest.raises(GalleryError, match="something else"):
+        SQLiteGalleryStore(other)
+    newer = tmp_path / "newer.sqlite3"
+    SQLiteGalleryStore(newer).close()
+    with raw(newer) as c:
+        c.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(GalleryError, match="schema"):
+        SQLiteGalleryStore(newer)
+
+
+def test_closed_store_raises(db: Path) -> None:
+    s = SQLiteGalleryStore(db)
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(GalleryError, match="closed"):
+        s.list_galleries()
+
+
+def test_sqlite_errors_are_converted(db: Path) -> None:
+    with SQLiteGalleryStore(db, busy_timeout_s=0.05) as s:
+        s.create_gallery("a", "sface", 4)
+        other = sqlite3.connect(str(db), isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process-like writer holds the lock
+        try:
+            with pytest.raises(GalleryError) as ei:
+                s.create_gallery("b", "sface", 4)
+            assert not isinstance(ei.value, sqlite3.Error)
+            assert ei.value.detail["sqlite_error"] == "OperationalError"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        s.create_gallery("b", "sface", 4)  # lock released: works again
+
+
+# --------------------------------------------------------------------------- galleries
+def test_gallery_crud(store: SQLiteGalleryStore) -> None:
+    a = store.create_gallery("staff", "sface", 128)
+    assert (a.name, a.model, a.dim, a.subjects) == ("staff", "sface", 128, 0)
+    store.create_gallery("guests-2024.v1", "irse64_rts", 512)
+    assert [g.name for g in store.list_galleries()] == ["guests-2024.v1", "staff"]
+    assert store.get_gallery("staff") == a
+    with pytest.raises(GalleryExistsError):
+        store.create_gallery("staff", "sface", 128)
+    store.delete_gallery("staff")
+    with pytest.raises(GalleryNotFoundError):
+        store.get_gallery("staff")
+    with pytest.raises(GalleryNotFoundError):
+        store.delete_gallery("staff")
+    assert [g.name for g in store.list_galleries()] == ["guests-2024.v1"]
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 65, "../etc", "é", None, 5, "a/b"])
+def test_invalid_gallery_names(store: SQLiteGalleryStore, name: object) -> None:
+    with pytest.raises(InvalidParameterError):
+        store.create_gallery(name, "sface", 8)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dim", [0, -1, 10**6, 1.5, True, "8"])
+def test_invalid_dims_and_models(store: SQLiteGalleryStore, dim: object) -> None:
+    with pytest.raises(InvalidParameterError):
+        store.create_gallery("g", "sface", dim)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError):
+        store.create_gallery("g", "bad model", 8)
+    assert store.list_galleries() == []
+
+
+# --------------------------------------------------------------------------- subjects + templates
+def reference_template(e: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Independent restatement of the documented formula."""
+    w = np.maximum(q.astype(np.float64), TEMPLATE_WEIGHT_FLOOR)
+    s = (w[:, None] * e.astype(np.float64)).sum(axis=0)
+    return (s / np.sqrt((s * s).sum())).astype(np.float32)
+
+
+def test_quality_weighted_template_and_append(store: SQLiteGalleryStore) -> None:
+    rng = np.random.default_rng(0)
+    store.create_gallery("g", "sface", 16)
+    e1, q1 = unit(rng, 3, 16), np.array([0.9, 0.1, 0.5], np.float32)
+    info = store.add_embeddings("g", "alice", e1, q1, {"name": "Alice"})
+    assert (info.subject_id, info.n_embeddings, info.meta) == ("alice", 3, {"name": "Alice"})
+    assert info.template_quality == pytest.approx(0.9)
+    t = store.get_template("g", "alice")
+    assert t.dtype == np.float32 and t.shape == (16,)
+    np.testing.assert_allclose(t, reference_template(e1, q1), atol=1e-6)
+    assert abs(np.linalg.norm(t) - 1) < 1e-6
+    # the template leans towards the high-quality embedding
+    assert float(t @ e1[0]) > float(t @ e1[1])
+
+    e2, q2 = unit(rng, 2, 16), np.array([0.95, 0.0], np.float32)
+    info2 = store.add_embeddings("g", "alice", e2, q2)  # meta=None keeps the meta
+    assert info2.n_embeddings == 5 and info2.meta == {"name": "Alice"}
+    assert info2.template_quality == pytest.approx(0.95)
+    assert info2.created_at == info.created_at and info2.updated_at >= info.updated_at
+    np.testing.assert_allclose(
+        store.get_template("g", "alice"), reference_template(np.vstack([e1, e2]), np.hstack([q1, q2])), atol=1e-6
+    )
+    assert store.add_embeddings("g", "alice", e2[:1], q2[:1], {"x": [1, 2]}).meta == {"x": [1, 2]}
+
+
+def test_template_edge_cases() -> None:
+    rng = np.random.default_rng(1)
+    e = unit(rng, 4, 8)
+    zero_q = quality_weighted_template(e, np.zeros(4, np.float32))  # floor -> plain mean direction
+    mean = e.astype(np.float64).sum(0)
+    np.testing.assert_allclose(zero_q, mean / np.linalg.norm(mean), atol=1e-6)
+    opposite = np.stack([e[0], -e[0]])  # weighted sum vanishes -> the heaviest embedding
+    np.testing.assert_allclose(quality_weighted_template(opposite, np.array([0.5, 0.5], np.float32)), e[0])
+
+
+def test_enrolment_errors_are_atomic(store: SQLiteGalleryStore) -> None:
+    rng = np.random.default_rng(2)
+    store.create_gallery("g", "sface", 8)
+    ok_q = np.ones(1, np.float32)
+    with pytest.raises(DimensionMismatchError):
+        store.add_embeddings("g", "s", unit(rng, 1, 9), ok_q)
+    with pytest.raises(GalleryNotFoundError):
+        store.add_embeddings("nope", "s", unit(rng, 1, 8), ok_q)
+    bad = [
+        (unit(rng, 1, 8) * 2, ok_q),  # not normalised
+        (np.full((1, 8), np.nan, np.float32), ok_q),
+        (unit(rng, 1, 8), np.array([1.5], np.float32)),  # quality outside [0, 1]
+        (unit(rng, 2, 8), ok_q),  # qualities shape
+        (unit(rng, 1, 8)[0], ok_q),  # 1-D
+        (np.zeros((0, 8), np.float32), np.zeros(0, np.float32)),
+    ]
+    for emb, q in bad:
+        with pytest.raises(InvalidParameterError):
+            store.add_embeddings("g", "s", emb, q)
+    with pytest.raises(InvalidParameterError):
+        store.add_embeddings("g", "bad id!", unit(rng, 1, 8), ok_q)
+    with pytest.raises(InvalidParameterError):
+        store.add_embeddings("g", "s", unit(rng, 1, 8), ok_q, {"x": object()})
+    with pytest.raises(InvalidParameterError):
+        store.add_embeddings("g", "s", unit(rng, 1, 8), ok_q, {"x": "y" * 20000})
+    # nothing of the failed calls was written
+    assert store.list_subjects("g") == []
+    with pytest.raises(SubjectNotFoundError):
+        store.get_subject("g", "s")
+    with pytest.raises(SubjectNotFoundError):
+        store.get_template("g", "s")
+    with pytest.raises(SubjectNotFoundError):
+        store.delete_subject("g", "s")
+
+
+def test_list_subjects_pages(store: SQLiteGalleryStore) -> None:
+    rng = np.random.default_rng(3)
+    store.create_gallery("g", "sface", 4)
+    ids = [f"user{i:03d}" for i in range(25)]
+    for sid in reversed(ids):
+        store.add_embeddings("g", sid, unit(rng, 1, 4), np.array([0.5], np.float32))
+    pages = [store.list_subjects("g", off, 10) for off in (0, 10, 20, 30)]
+    assert [len(p) for p in pages] == [10, 10, 5, 0]
+    assert [s.subject_id for p in pages for s in p] == ids
+    assert store.get_gallery("g").subjects == 25
+    for off, lim in [(-1, 10), (0, 0), (0, 10**6), (0, 1.5)]:
+        with pytest.raises(InvalidParameterError):
+            store.list_subjects("g", off, lim)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- erasure
+def test_delete_subject_really_erases(store: SQLiteGalleryStore, db: Path) -> None:
+    rng = np.random.default_rng(4)
+    store.create_gallery("g", "sface", 32)
+    secret = unit(rng, 2, 32)
+    store.add_embeddings("g", "victim", secret, np.array([0.7, 0.6], np.float32))
+    store.add_embeddings("g", "keeper", unit(rng, 1, 32), np.array([0.7], np.float32))
+    template = store.get_template("g", "victim")
+    blobs = [secret[0].tobytes(), secret[1].tobytes(), template.tobytes()]
+
+    def files_holding_blobs() -> list[str]:
+        return [f.name for f in db.parent.iterdir() if any(b in f.read_bytes() for b in blobs)]
+
+    assert files_holding_blobs()  # precondition: the check below can see the vectors when they are there
+    store.delete_subject("g", "victim")
+    with raw(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM subjects WHERE subject_id='victim'").fetchone()[0] == 0
+        assert c.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == 1  # only keeper's row
+        assert c.execute("SELECT COUNT(*) FROM subjects").fetchone()[0] == 1
+    # the vectors' bytes are gone from every file SQLite owns (secure_delete + WAL truncate)
+    assert files_holding_blobs() == []
+    with pytest.raises(SubjectNotFoundError):
+        store.get_subject("g", "victim")
+
+
+def test_delete_gallery_cascades(store: SQLiteGalleryStore, db: Path) -> None:
+    rng = np.random.default_rng(5)
+    store.create_gallery("g", "sface", 8)
+    store.create_gallery("h", "sface", 8)
+    for sid in ("a", "b"):
+        store.add_embeddings("g", sid, unit(rng, 2, 8), np.array([0.5, 0.5], np.float32))
+    store.add_embeddings("h", "a", unit(rng, 1, 8), np.array([0.5], np.float32))
+    store.delete_gallery("g")
+    with raw(db) as c:
+        assert c.execute("SELECT COUNT(*) FROM subjects").fetchone()[0] == 1
+        assert c.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == 1
+    assert store.load_templates("h")[0] == ["a"]
+
+
+# --------------------------------------------------------------------------- durability
+def test_restart_keeps_everything(db: Path) -> None:
+    rng = np.random.default_rng(6)
+    with SQLiteGalleryStore(db) as s:
+        s.create_gallery("g", "sface", 64)
+        s.create_gallery("empty", "sface", 64)
+        for i in range(40):
+            s.add_embeddings("g", f"s{i:02d}", unit(rng, 1 + i % 3, 64), rng.random(1 + i % 3).astype(np.float32))
+        ids, T = s.load_templates("g")
+        subjects = s.list_subjects("g", 0, 100)
+        galleries = s.list_galleries()
+    with SQLiteGalleryStore(db) as s:
+        ids2, T2 = s.load_templates("g")
+        assert ids2 == ids and T2.dtype == np.float32 and T2.tobytes() == T.tobytes()
+        assert s.list_subjects("g", 0, 100) == subjects
+        assert s.list_galleries() == galleries
+        assert s.load_templates("empty")[1].shape == (0, 64)
+
+
+_CRASH_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from facegate.gallery.sqlite import SQLiteGalleryStore
+    s = SQLiteGalleryStore(sys.argv[1])
+    s.create_gallery("g", "sface", 16)
+    rng = np.random.default_rng(7)
+    for i in range(int(sys.argv[2])):
+        e = rng.standard_normal((1, 16)).astype(np.float32)
+        e /= np.linalg.norm(e)
+        s.add_embeddings("g", f"s{i}", e, np.array([0.5], np.float32))
+        print(i, flush=True)  # acknowledged
+    os.kill(os.getpid(), signal.SIGKILL)  # crash: no close(), no checkpoint
+    """
+)
+
+
+def test_acknowledged_writes_survive_a_crash(db: Path) -> None:
+    n = 25
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASH_WRITER, str(db), str(n)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    acked = [int(x) for x in proc.stdout.split()]
+    assert acked == list(range(n))
+    assert Path(str(db) + "-wal").stat().st_size > 0  # the data is only in the WAL: recovery is exercised
+    rng = np.random.default_rng(7)
+    expected = []
+    for _ in range(n):
+        e = rng.standard_normal((1, 16)).astype(np.float32)
+        expected.append(e / np.linalg.norm(e))
+    with SQLiteGalleryStore(db) as s:
+        for i in acked:
+            np.testing.assert_allclose(s.get_template("g", f"s{i}"), expected[i][0], atol=1e-6)
+        assert s.get_gallery("g").subjects == n
+
+
+# --------------------------------------------------------------------------- threads
+def test_concurrent_writers(store: SQLiteGalleryStore, db: Path) -> None:
+    store.create_gallery("g", "sface", 32)
+    n_threads, per_thread = 4, 50
+    errors: list[BaseException] = []
+    sent: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    sent_lock = threading.Lock()
+
+    def writer(t: int) -> None:
+        rng = np.random.default_rng(100 + t)
+        try:
+            for i in range(per_thread):
+                # half the writes go to 5 subjects shared by all threads (read-modify-write contention)
+                sid = f"shared{i % 5}" if i % 2 else f"t{t}_{i}"
+                e, q = unit(rng, 1, 32), rng.random(1).astype(np.float32)
+                store.add_embeddings("g", sid, e, q)
+                with sent_lock:
+                    sent.setdefault(sid, []).append((e, q))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    with raw(db) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert c.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == n_threads * per_thread
+    assert store.get_gallery("g").subjects == len(sent) == 5 + n_threads * per_thread // 2
+    for sid, items in sent.items():
+        info = store.get_subject("g", sid)
+        assert info.n_embeddings == len(items)
+        # the stored template covers every embedding, whatever order the threads committed in
+        e = np.vstack([x for x, _ in items])
+        q = np.hstack([y for _, y in items])
+        np.testing.assert_allclose(store.get_template("g", sid), reference_template(e, q), atol=1e-5)
