@@ -148,6 +148,7 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 
 
 _HTTP_CODES: dict[int, str] = {
+    400: InputError.code,
     404: "not_found",
     405: "method_not_allowed",
     413: ImageTooLargeError.code,

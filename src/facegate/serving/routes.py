@@ -21,13 +21,14 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from facegate.errors import (
     EmptyInputError,
     FacegateError,
     ImageTooLargeError,
     InvalidParameterError,
+    PathNotAllowedError,
     QualityRejectedError,
 )
 from facegate.serving.app import ServingState, get_state
@@ -60,9 +61,6 @@ from facegate.types import Face, FaceSelect
 T = TypeVar("T")
 
 router = APIRouter()
-
-#: Content type of the Prometheus text exposition format.
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -189,13 +187,12 @@ async def readyz(request: Request) -> ReadyResponse:
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
-async def metrics(request: Request) -> PlainTextResponse:
+async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
     from facegate.metrics.prometheus import render_latest
 
-    text = render_latest(_state(request).stats)
-    body = text if isinstance(text, bytes) else text.encode("utf-8")
-    return PlainTextResponse(body, media_type=PROMETHEUS_CONTENT_TYPE)
+    body, content_type = render_latest(_state(request).stats)
+    return Response(body, media_type=content_type)
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -266,6 +263,9 @@ async def embed(
         return await service.faces(image, select=FaceSelect(select))
 
     results = await gather_all([one(i) for i in range(n)])
+    for r in results:  # access control is per request, not per item: any path outside the roots fails it
+        if isinstance(r, PathNotAllowedError):
+            raise r
     items: list[EmbedItem] = []
     for i, r in enumerate(results):
         if isinstance(r, FacegateError):

@@ -1,0 +1,204 @@
+"""Every error code over real HTTP: status, JSON envelope, no traceback, and the server stays up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+
+
+def _alive(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_input_errors(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> None:
+    good = fg.lfw_image(lfw_root, "Colin_Powell", 1).read_bytes()
+    grey = fg.png_bytes(fg.grey_image())
+
+    def compare(a: bytes, b: bytes) -> httpx.Response:
+        return client.post("/api/compare", files=fg.files(img1=a, img2=b))
+
+    fg.assert_error(compare(b"", good), 400, "empty_input")
+    err = fg.assert_error(compare(good, b"GIF89a but not really an image"), 400, "image_unreadable")
+    assert isinstance(err["detail"], dict)
+    fg.assert_error(compare(good, good[: len(good) // 2]), 400, "image_unreadable")  # truncated JPEG
+    fg.assert_error(compare(good, grey), 422, "no_face")
+    fg.assert_error(client.post("/api/detect", files=fg.files(image=b"")), 400, "empty_input")
+    _alive(client)
+
+
+def test_too_large(client: httpx.Client, fg: SimpleNamespace) -> None:
+    limit = fg.TEST_MAX_UPLOAD_BYTES
+    # one part just over the per-image limit: refused while reading the upload
+    err = fg.assert_error(
+        client.post("/api/detect", files=fg.files(image=b"\xff" * (limit + 1))), 413, "image_too_large"
+    )
+    assert err["detail"]["limit"] == limit
+    # a body far over what the route can take: refused from Content-Length, before parsing
+    big = client.post("/api/detect", files=fg.files(image=b"\x00" * (4 * limit)))
+    err = fg.assert_error(big, 413, "image_too_large")
+    assert err["detail"]["bytes"] > err["detail"]["limit"]
+
+    # the same without Content-Length (chunked): counted while streaming
+    def chunks() -> Iterator[bytes]:
+        yield (
+            b'--xyz\r\nContent-Disposition: form-data; name="image"; filename="a.jpg"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n"
+        )
+        for _ in range(8):
+            yield b"\x00" * limit
+        yield b"\r\n--xyz--\r\n"
+
+    r = client.post("/api/detect", content=chunks(), headers={"content-type": "multipart/form-data; boundary=xyz"})
+    fg.assert_error(r, 413, "image_too_large")
+
+    # small bytes, too many pixels (a uniform 1000×1001 PNG compresses to a few kB)
+    wide = fg.png_bytes(np.full((1001, 1000, 3), 90, np.uint8))
+    assert len(wide) < limit
+    fg.assert_error(client.post("/api/detect", files=fg.files(image=wide)), 413, "image_too_large")
+    _alive(client)
+
+
+def test_parameter_errors(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> None:
+    good = fg.lfw_image(lfw_root, "Colin_Powell", 1)
+    # a missing part, an out-of-range query, a bad enum: FastAPI validation → 422 invalid_parameter
+    err = fg.assert_error(client.post("/api/compare", files=fg.files(img1=good)), 422, "invalid_parameter")
+    assert any("img2" in e["loc"] for e in err["detail"]["errors"])
+    client.post("/api/galleries", json={"name": "params"})
+    fg.assert_error(
+        client.post("/api/galleries/params/search", params={"k": 0}, files=fg.files(image=good)),
+        422,
+        "invalid_parameter",
+    )
+    fg.assert_error(
+        client.post("/api/embed", files=fg.many("images", [good]), data={"select": "biggest"}),
+        422,
+        "invalid_parameter",
+    )
+    fg.assert_error(client.post("/api/embed", data={"select": "all"}), 400, "empty_input")  # no images at all
+    too_many = fg.many("images", [b"x"] * 65)
+    fg.assert_error(client.post("/api/embed", files=too_many), 422, "invalid_parameter")
+    fg.assert_error(client.post("/api/galleries", json={"name": "bad name!"}), 422, "invalid_parameter")
+    fg.assert_error(client.post("/api/galleries", json={}), 422, "invalid_parameter")
+    fg.assert_error(
+        client.post("/api/galleries", content=b"{not json", headers={"content-type": "application/json"}),
+        422,
+        "invalid_parameter",
+    )
+    fg.assert_error(
+        client.post("/api/galleries/params/subjects/s1", files=fg.many("images", [good]), data={"meta": "[1,2]"}),
+        422,
+        "invalid_parameter",
+    )
+    fg.assert_error(client.get("/api/nothing-here"), 404, "not_found")
+    fg.assert_error(client.put("/api/compare"), 405, "method_not_allowed")
+    _alive(client)
+
+
+def test_gallery_errors(
+    client: httpx.Client, tiny_server: SimpleNamespace, lfw_root: Path, fg: SimpleNamespace
+) -> None:
+    good = fg.lfw_image(lfw_root, "Colin_Powell", 1)
+    fg.assert_error(client.post("/api/galleries/nope/search", files=fg.files(image=good)), 404, "gallery_not_found")
+    fg.assert_error(client.get("/api/galleries/nope/subjects"), 404, "gallery_not_found")
+    fg.assert_error(client.delete("/api/galleries/nope"), 404, "gallery_not_found")
+    fg.assert_error(
+        client.post("/api/galleries/nope/subjects/s1", files=fg.many("images", [good])), 404, "gallery_not_found"
+    )
+    assert client.post("/api/galleries", json={"name": "dup"}).status_code == 201
+    fg.assert_error(client.post("/api/galleries", json={"name": "dup"}), 409, "gallery_exists")
+    fg.assert_error(client.delete("/api/galleries/dup/subjects/ghost"), 404, "subject_not_found")
+    # a gallery of another model (made directly in the store): searching it with sface embeddings → 409
+    tiny_server.state.gallery.create_gallery("other-model", "irse64_rts", 512)
+    err = fg.assert_error(
+        client.post("/api/galleries/other-model/search", files=fg.files(image=good)), 409, "dimension_mismatch"
+    )
+    assert err["detail"]["gallery_model"] == "irse64_rts"
+    _alive(client)
+
+
+def test_paths_outside_allowed_roots(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> None:
+    inside = str(fg.lfw_image(lfw_root, "Colin_Powell", 1))
+    for outside in (
+        "/etc/passwd",
+        str(lfw_root / "pairs.txt"),
+        str(lfw_root / "lfw-deepfunneled" / ".." / "pairs.txt"),
+    ):
+        r = client.post("/api/embed", data={"paths": [inside, outside]})
+        fg.assert_error(r, 403, "path_not_allowed")
+    fg.assert_error(client.post("/api/embed", data={"paths": ["relative/x.jpg"]}), 403, "path_not_allowed")
+    _alive(client)
+
+
+def test_no_paths_without_allowed_roots(server_factory, lfw_root: Path, fg: SimpleNamespace) -> None:
+    srv = server_factory(allowed_roots=[])
+    with srv.client() as c:
+        r = c.post("/api/embed", data={"paths": [str(fg.lfw_image(lfw_root, "Colin_Powell", 1))]})
+        fg.assert_error(r, 403, "path_not_allowed")
+
+
+def test_queue_full_and_deadline(server_factory, lfw_root: Path, fg: SimpleNamespace) -> None:
+    """A one-slot queue answers 503 queue_full + Retry-After; a short deadline answers 504."""
+    data = fg.lfw_image(lfw_root, "Colin_Powell", 1).read_bytes()
+    srv = server_factory(max_queue=1, max_batch_size=1, max_wait_ms=0.0)
+
+    async def burst(n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/api/detect", files=fg.files(image=data)) for _ in range(n)))
+
+    rs = asyncio.run(burst(24))
+    codes = sorted({r.status_code for r in rs})
+    assert 200 in codes and 503 in codes, codes
+    full = [r for r in rs if r.status_code == 503]
+    fg.assert_error(full[0], 503, "queue_full")
+    assert int(full[0].headers["retry-after"]) >= 1
+
+    slow = server_factory(request_timeout_s=0.05, max_wait_ms=400.0, max_batch_size=64)
+    with slow.client() as c:
+        fg.assert_error(c.post("/api/detect", files=fg.files(image=data)), 504, "deadline_exceeded")
+        _alive(c)
+
+
+def test_unexpected_exception_is_a_clean_500(server_factory, lfw_root: Path, fg: SimpleNamespace, caplog) -> None:
+    """A non-facegate exception inside a route: JSON 500 internal_error, traceback only in the log."""
+    srv = server_factory()
+    service = srv.state.service
+
+    async def broken_detect(image: np.ndarray) -> list:
+        raise RuntimeError("simulated bug deep inside")
+
+    service.detect = broken_detect  # fault injection on the real service instance
+    with srv.client() as c, caplog.at_level("ERROR", logger="facegate.serving.app"):
+        r = c.post("/api/detect", files=fg.files(image=fg.lfw_image(lfw_root, "Colin_Powell", 1)))
+        err = fg.assert_error(r, 500, "internal_error")
+        assert "simulated bug" not in r.text
+        assert err["detail"] == {}
+        _alive(c)
+        m = c.get("/metrics").text
+        assert fg.parse_metric(m, "facegate_requests_total", {"route": "POST /api/detect", "status": "500"}) == 1
+    assert any("simulated bug deep inside" in (rec.exc_text or "") for rec in caplog.records)
+
+
+@pytest.mark.slow
+def test_model_error_at_startup(server_factory, tmp_path: Path, fg: SimpleNamespace) -> None:
+    """Weights that cannot be loaded: /healthz 200, /readyz 503, API 500 model_error (clean JSON)."""
+    bad = tmp_path / "missing_pytorch_model.pt"
+    srv = server_factory(tiny=False, ready=False, rts_checkpoint=bad)
+    with srv.client() as c:
+        for _ in range(600):
+            if srv.state.load_error is not None:
+                break
+            asyncio.run(asyncio.sleep(0.05))
+        assert srv.state.load_error is not None
+        assert c.get("/healthz").status_code == 200
+        err = fg.assert_error(c.get("/readyz"), 503, "engine_closed")
+        assert err["detail"]["cause"]["code"] == srv.state.load_error.code
+        r = c.post("/api/compare", files=fg.files(img1=b"x", img2=b"y"))
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == srv.state.load_error.code
+        assert "Traceback" not in r.text
