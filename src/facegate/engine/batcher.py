@@ -1,0 +1,367 @@
+"""Bounded queue policy of the inference engine: work items and the batch collector.
+
+A :class:`WorkItem` is one request's unit of work for one stage (one image to detect on, one crop to
+embed). Its result travels back through a future: an :class:`asyncio.Future` for the async API (completed
+on its own event loop via ``loop.call_soon_threadsafe``) or a :class:`concurrent.futures.Future` for the
+sync API. A :class:`Batcher` is one stage's bounded FIFO queue: ``put`` refuses work beyond ``max_queue``
+(:class:`~facegate.errors.QueueFullError`, HTTP 503 + Retry-After) and ``collect`` forms the next batch.
+
+Items whose deadline passed, and items nobody waits for any more (the awaiting task was cancelled because
+the HTTP client went away, or the waiter timed out), are dropped *before* compute and counted in
+:class:`~facegate.metrics.stats.ServiceStats` (``facegate_dropped_total{reason="expired"|"cancelled"}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from facegate.errors import DeadlineExceededError, EngineClosedError, InvalidParameterError, QueueFullError
+from facegate.metrics.stats import ServiceStats
+
+log = logging.getLogger(__name__)
+
+AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
+
+
+class WorkItem:
+    """One unit of work for one stage.
+
+    Attributes:
+        payload: whatever the stage's ``prepare`` takes per item (e.g. an ``(H, W, 3) uint8`` image).
+        future: where the result (or exception) goes; asyncio or concurrent.futures.
+        deadline: ``time.monotonic()`` instant after which the work is useless and is not computed.
+        enqueued_at: ``time.monotonic()`` instant the item entered the queue (set by :meth:`Batcher.put`).
+    """
+
+    __slots__ = ("_cancelled", "deadline", "enqueued_at", "future", "payload")
+
+    def __init__(self, payload: Any, future: AnyFuture, deadline: float, enqueued_at: float | None = None) -> None:
+        self.payload = payload
+        self.future = future
+        self.deadline = float(deadline)
+        self.enqueued_at = time.monotonic() if enqueued_at is None else float(enqueued_at)
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Mark the item as no longer wanted (thread-safe; idempotent). It will not be computed."""
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        """Whether nobody waits for the result any more.
+
+        True after :meth:`cancel`, or when the future was cancelled, which is what happens to an
+        awaited asyncio future when the awaiting task is cancelled (e.g. the HTTP client disconnected).
+        Safe to call from any thread.
+        """
+        return self._cancelled or self.future.cancelled()
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the deadline has passed (``now`` defaults to ``time.monotonic()``)."""
+        return (time.monotonic() if now is None else now) >= self.deadline
+
+    def dead(self, now: float | None = None) -> bool:
+        """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
+        return self.expired(now) or self._cancelled or self.future.done()
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkItem(deadline={self.deadline:.3f}, enqueued_at={self.enqueued_at:.3f}, cancelled={self.cancelled()})"
+        )
+
+
+# --------------------------------------------------------------------------- completing futures
+def _set_cf(fut: concurrent.futures.Future[Any], ok: bool, value: Any) -> None:
+    if fut.done():
+        return
+    try:
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+    except concurrent.futures.InvalidStateError:  # cancelled/completed concurrently by the waiter
+        pass
+
+
+def _set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    """Runs on the future's own event loop."""
+    for fut, ok, value in entries:
+        if fut.done():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
+    """Complete many items' futures from any thread: ``(item, ok, value_or_exception)`` triples.
+
+    asyncio futures are grouped by event loop and completed with **one** ``call_soon_threadsafe`` per
+    loop (one self-pipe wake-up per batch instead of one per item). Futures that are already done
+    (cancelled, timed out) are skipped. A closed loop is ignored: nobody can be waiting on it.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for item, ok, value in outcomes:
+        fut = item.future
+        if isinstance(fut, asyncio.Future):
+            by_loop.setdefault(fut.get_loop(), []).append((fut, ok, value))
+        else:
+            _set_cf(fut, ok, value)
+    for loop, entries in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_asyncio_many, entries)
+        except RuntimeError:  # loop closed
+            log.debug("event loop closed; dropping %d results", len(entries))
+
+
+def fail(items: Iterable[WorkItem], exc: BaseException) -> None:
+    """Complete every item's future with the same exception."""
+    resolve((it, False, exc) for it in items)
+
+
+# --------------------------------------------------------------------------- the queue policy
+class Batcher:
+    """One stage's bounded FIFO queue and batch collector. Thread-safe.
+
+    Args:
+        name: the stage name (used for errors and stats labels).
+        max_queue: most items waiting; ``put`` beyond it raises :class:`QueueFullError`.
+        stats: where queue depth, queue wait and drops are recorded (optional).
+    """
+
+    def __init__(self, name: str, *, max_queue: int, stats: ServiceStats | None = None) -> None:
+        if max_queue < 1:
+            raise InvalidParameterError(f"max_queue must be >= 1, got {max_queue}")
+        self.name = name
+        self.max_queue = int(max_queue)
+        self._q: collections.deque[WorkItem] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._stats = stats
+        # Recent (time, n_taken) of collect() calls, to estimate the drain rate for Retry-After.
+        self._taken: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        if stats is not None:
+            self._depth_gauge = stats.queue_depth.labels(name)
+            self._wait_hist = stats.queue_wait.labels(name)
+            self._dropped_expired = stats.dropped.labels(name, "expired")
+            self._dropped_cancelled = stats.dropped.labels(name, "cancelled")
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (``put`` refuses; ``collect`` drains then returns ``[]``)."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    @property
+    def depth(self) -> int:
+        """Items waiting (including dead ones not yet purged)."""
+        return len(self._q)
+
+    def retry_after_s(self) -> float:
+        """Estimated seconds until the current queue has drained, clamped to ``[0.1, 30]``.
+
+        Based on the items taken by ``collect`` over the last (up to) 64 batches; 1 s before any.
+        """
+        with self._cond:
+            return self._retry_after_locked()
+
+    def _retry_after_locked(self) -> float:
+        if len(self._taken) < 2:
+            return 1.0
+        span = self._taken[-1][0] - self._taken[0][0]
+        n = sum(k for _, k in list(self._taken)[1:])
+        if span <= 0 or n <= 0:
+            return 1.0
+        return float(min(30.0, max(0.1, len(self._q) / (n / span))))
+
+    # ------------------------------------------------------------------ producer side
+    def put(self, item: WorkItem) -> None:
+        """Enqueue one item (sets ``item.enqueued_at``).
+
+        Raises:
+            EngineClosedError: the batcher is closed.
+            QueueFullError: ``max_queue`` items are already waiting (dead ones are purged first).
+        """
+        self.put_many((item,))
+
+    def put_many(self, items: Sequence[WorkItem]) -> None:
+        """Enqueue several items atomically: either all are queued or none (same errors as :meth:`put`)."""
+        if not items:
+            return
+        dropped: list[tuple[WorkItem, str]] = []
+        try:
+            with self._cond:
+                if self._closed:
+                    raise EngineClosedError(f"stage {self.name!r} is not accepting work", detail={"stage": self.name})
+                if len(self._q) + len(items) > self.max_queue:
+                    dropped = self._purge_dead_locked()
+                    if len(self._q) + len(items) > self.max_queue:
+                        retry = self._retry_after_locked()
+                        raise QueueFullError(
+                            f"stage {self.name!r} queue is full ({len(self._q)}/{self.max_queue}); retry later",
+                            retry_after_s=retry,
+                            detail={"stage": self.name, "depth": len(self._q), "max_queue": self.max_queue},
+                        )
+                now = time.monotonic()
+                for it in items:
+                    it.enqueued_at = now
+                self._q.extend(items)
+                self._set_depth_locked()
+                self._cond.notify()
+        finally:
+            self._finish_dropped(dropped)
+
+    # ------------------------------------------------------------------ consumer side
+    def collect(
+        self,
+        max_batch: int,
+        max_wait_s: float,
+        *,
+        hold_until: Callable[[], float] | None = None,
+    ) -> list[WorkItem]:
+        """Take the next batch of live items, oldest first.
+
+        Blocks until at least one live item is queued, then keeps gathering until ``max_batch`` items
+        are taken or ``max_wait_s`` has passed since the *first* item was enqueued (so an item that
+        already waited while the worker was busy does not wait again). Expired items get
+        :class:`DeadlineExceededError`; cancelled ones are dropped silently; both are counted.
+
+        Args:
+            max_batch: largest batch (>= 1).
+            max_wait_s: batching window, measured from the first item's enqueue time.
+            hold_until: optional callable returning a ``time.monotonic()`` instant before which the
+                batch should stay open even after ``max_wait_s`` (the engine passes "when the device is
+                expected to be free"); re-evaluated whenever :meth:`wakeup` is called.
+
+        Returns:
+            1..``max_batch`` live items in FIFO order, or ``[]`` once closed and empty.
+        """
+        if max_batch < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
+        while True:
+            batch, dropped = self._collect_once(max_batch, max_wait_s, hold_until)
+            self._finish_dropped(dropped)
+            # Items may have been cancelled while the window was open: filter once more.
+            now = time.monotonic()
+            late = [it for it in batch if it.dead(now)]
+            if late:
+                self._finish_dropped([(it, self._reason(it, now)) for it in late])
+                batch = [it for it in batch if not it.dead(now)]
+            if batch:
+                if self._stats is not None:
+                    self._wait_hist.observe_many([now - it.enqueued_at for it in batch])
+                return batch
+            if self._closed and not self._q:
+                return []
+
+    def _collect_once(
+        self, max_batch: int, max_wait_s: float, hold_until: Callable[[], float] | None
+    ) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
+        batch: list[WorkItem] = []
+        dropped: list[tuple[WorkItem, str]] = []
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                q = self._q
+                while q and len(batch) < max_batch:
+                    it = q.popleft()
+                    if it.dead(now):
+                        dropped.append((it, self._reason(it, now)))
+                    else:
+                        batch.append(it)
+                if len(batch) >= max_batch or self._closed:
+                    break
+                if not batch:
+                    if dropped:  # report drops promptly instead of holding them while idle
+                        break
+                    self._cond.wait()
+                    continue
+                close_at = batch[0].enqueued_at + max_wait_s
+                if hold_until is not None:
+                    close_at = max(close_at, hold_until())
+                remaining = close_at - now
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            if batch:
+                self._taken.append((time.monotonic(), len(batch)))
+            self._set_depth_locked()
+        return batch, dropped
+
+    def wakeup(self) -> None:
+        """Make a waiting :meth:`collect` re-evaluate its window (e.g. the device became free)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new work; a blocked :meth:`collect` returns what is left, then ``[]``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def drain(self) -> list[WorkItem]:
+        """Remove and return every queued item (for a non-draining stop)."""
+        with self._cond:
+            items = list(self._q)
+            self._q.clear()
+            self._set_depth_locked()
+            self._cond.notify_all()
+        return items
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _reason(item: WorkItem, now: float) -> str:
+        return "expired" if item.expired(now) else "cancelled"
+
+    def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
+        now = time.monotonic()
+        dead: list[tuple[WorkItem, str]] = []
+        live: collections.deque[WorkItem] = collections.deque()
+        for it in self._q:
+            if it.dead(now):
+                dead.append((it, self._reason(it, now)))
+            else:
+                live.append(it)
+        if dead:
+            self._q = live
+            self._set_depth_locked()
+        return dead
+
+    def _set_depth_locked(self) -> None:
+        if self._stats is not None:
+            self._depth_gauge.set(len(self._q))
+
+    def _finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
+        """Outside the lock: count drops, give expired items DeadlineExceededError."""
+        if not dropped:
+            return
+        expired = [it for it, reason in dropped if reason == "expired"]
+        n_cancelled = len(dropped) - len(expired)
+        if self._stats is not None:
+            if expired:
+                self._dropped_expired.inc(len(expired))
+            if n_cancelled:
+                self._dropped_cancelled.inc(n_cancelled)
+        if expired:
+            resolve(
+                (
+                    it,
+                    False,
+                    DeadlineExceededError(
+                        f"deadline passed after {it.deadline - it.enqueued_at:.3f} s in the {self.name!r} queue",
+                        detail={"stage": self.name},
+                    ),
+                )
+                for it in expired
+            )
+        log.debug("stage %s dropped %d expired, %d cancelled", self.name, len(expired), n_cancelled)

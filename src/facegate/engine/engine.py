@@ -1,0 +1,525 @@
+"""Model-agnostic inference engine: cross-request dynamic batching behind a small interface.
+
+Any number of :class:`Stage` objects (e.g. the face detector and the embedder) plug in. Per stage the
+engine runs a vLLM-style loop on two threads, so host work overlaps device work::
+
+    front thread:  collect(batch k+1) -> prepare(k+1) --handoff--+
+    back  thread:                       execute(k) -> deliver(k) -+-> futures
+
+* **collect** (:meth:`Batcher.collect`): block for the first item, gather up to ``max_batch_size`` items
+  or until ``max_wait_ms`` after the first one arrived; drop expired and cancelled items before compute.
+* **prepare** (CPU): stack / resize / fill pinned host buffers. Runs while the previous batch executes.
+* **execute** (device): the only call that touches the GPU.
+* **deliver** (host): split the batch result into per-item results, in input order.
+
+At most ``pipeline_depth`` prepared batches wait for the device, so batches are formed as late as
+possible. With ``adaptive_wait`` the front thread also keeps the next batch open while the device is
+still busy with the current one (it closes it ``prepare``-time before the device is expected to be free),
+which makes batches larger without delaying anyone: those items would have waited for the device anyway.
+
+Failures are isolated to a batch: an exception in a stage goes to every item of that batch (a
+:class:`FacegateError` unchanged, anything else as :class:`EngineError` with the original message) and the
+engine keeps running. A stage may also fail single items by returning exception instances from
+``deliver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from facegate.engine.batcher import Batcher, WorkItem, fail, resolve
+from facegate.errors import (
+    DeadlineExceededError,
+    EngineClosedError,
+    EngineError,
+    FacegateError,
+    InvalidParameterError,
+)
+from facegate.metrics.stats import ServiceStats
+
+if TYPE_CHECKING:
+    from facegate.config import Settings
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+_EWMA = 0.2  # weight of the newest sample in the phase-time estimates
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """One batched computation the engine can run.
+
+    Attributes:
+        name: unique stage name (``submit(name, ...)``; the ``stage`` label in metrics).
+        max_batch_size: optional attribute; when present the engine never forms larger batches for
+            this stage (it uses ``min(engine max_batch_size, stage max_batch_size)``).
+
+    Threading contract: ``prepare`` is always called from the stage's front thread and ``execute`` /
+    ``deliver`` from its back thread; ``prepare`` of batch k+1 may run while ``execute`` of batch k
+    runs, so they must not share mutable buffers without double-buffering (``pipeline_depth + 1``
+    buffers suffice).
+    """
+
+    name: str
+
+    def prepare(self, payloads: list[Any]) -> Any:
+        """Host-side batching of ``len(payloads) >= 1`` payloads (stacking, resizing, pinned buffers)."""
+        ...
+
+    def execute(self, prepared: Any) -> Any:
+        """Device compute on what :meth:`prepare` returned; returns host-side results."""
+        ...
+
+    def deliver(self, result: Any, n: int) -> list[Any]:
+        """Split :meth:`execute`'s result into ``n`` per-item results in input order.
+
+        An element that is an exception instance fails only that item.
+        """
+        ...
+
+
+def as_facegate_error(exc: BaseException, stage: str, phase: str) -> FacegateError:
+    """A stage exception as it is delivered: FacegateErrors unchanged, others wrapped in EngineError."""
+    if isinstance(exc, FacegateError):
+        return exc
+    err = EngineError(
+        f"stage {stage!r} failed in {phase}: {type(exc).__name__}: {exc}",
+        detail={"stage": stage, "phase": phase, "type": type(exc).__name__},
+    )
+    err.__cause__ = exc
+    return err
+
+
+def _ewma(prev: float, sample: float) -> float:
+    return sample if prev <= 0.0 else prev + _EWMA * (sample - prev)
+
+
+def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(
+            DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
+        )
+
+
+class _StageRunner:
+    """The two worker threads, queue and handoff of one stage."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        *,
+        max_batch_size: int,
+        max_wait_s: float,
+        max_queue: int,
+        batching: bool,
+        pipeline_depth: int,
+        adaptive_wait: bool,
+        stats: ServiceStats,
+    ) -> None:
+        self.stage = stage
+        self.name: str = stage.name
+        stage_max = getattr(stage, "max_batch_size", None)
+        limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
+        self.max_batch = max(1, limit) if batching else 1
+        self.max_wait_s = max_wait_s if batching else 0.0
+        self.adaptive_wait = adaptive_wait and batching
+        self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
+        self.stats = stats
+        self._slots = threading.Semaphore(pipeline_depth)
+        self._handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.abort = False
+        # Phase-time estimates (seconds per batch) and when the running execute began.
+        self._ewma_prepare = 0.0
+        self._ewma_execute = 0.0
+        self._exec_started: float | None = None
+        stats.register_stage(self.name)
+        self._h_prepare = stats.compute_seconds.labels(self.name, "prepare")
+        self._h_execute = stats.compute_seconds.labels(self.name, "execute")
+        self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
+        self._h_batch = stats.batch_size.labels(self.name)
+        self._c_items = stats.items.labels(self.name)
+        self._threads = [
+            threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True),
+            threading.Thread(target=self._back, name=f"facegate-{self.name}-execute", daemon=True),
+        ]
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def join(self, deadline: float | None) -> bool:
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    # ------------------------------------------------------------------ adaptive window
+    def _hold_until(self) -> float:
+        """Keep the next batch open until ``prepare``-time before the device is expected to be free."""
+        started = self._exec_started
+        if started is None:
+            return 0.0
+        return started + self._ewma_execute - self._ewma_prepare
+
+    # ------------------------------------------------------------------ threads
+    def _front(self) -> None:
+        hold = self._hold_until if self.adaptive_wait else None
+        try:
+            while True:
+                self._slots.acquire()
+                items = self.batcher.collect(self.max_batch, self.max_wait_s, hold_until=hold)
+                if not items:  # closed and drained
+                    break
+                t0 = time.perf_counter()
+                try:
+                    prepared = self.stage.prepare([it.payload for it in items])
+                except Exception as exc:
+                    self._fail(items, exc, "prepare")
+                    self._slots.release()
+                    continue
+                dt = time.perf_counter() - t0
+                self._h_prepare.observe(dt)
+                self._ewma_prepare = _ewma(self._ewma_prepare, dt)
+                self._handoff.put((items, prepared))
+        except BaseException:  # pragma: no cover - a bug in the engine itself
+            log.exception("stage %s: front thread crashed", self.name)
+            raise
+        finally:
+            self._handoff.put(_STOP)
+
+    def _back(self) -> None:
+        while True:
+            msg = self._handoff.get()
+            if msg is _STOP:
+                return
+            self._slots.release()
+            items, prepared = msg
+            try:
+                self._run_batch(items, prepared)
+            except BaseException:  # pragma: no cover - a bug in the engine itself
+                log.exception("stage %s: back thread error", self.name)
+                fail(items, EngineError(f"internal engine error in stage {self.name!r}"))
+
+    def _run_batch(self, items: list[WorkItem], prepared: Any) -> None:
+        name = self.name
+        if self.abort:
+            fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
+            return
+        now = time.monotonic()
+        if all(it.dead(now) for it in items):  # everyone left while the batch was prepared: skip the device
+            expired = [it for it in items if it.expired(now)]
+            if expired:
+                self.stats.dropped.labels(name, "expired").inc(len(expired))
+                fail(expired, DeadlineExceededError("deadline passed before compute", detail={"stage": name}))
+            if len(expired) < len(items):
+                self.stats.dropped.labels(name, "cancelled").inc(len(items) - len(expired))
+            return
+        n = len(items)
+        self._exec_started = time.monotonic()
+        t0 = time.perf_counter()
+        try:
+            result = self.stage.execute(prepared)
+        except Exception as exc:
+            self._exec_started = None
+            self.batcher.wakeup()
+            self._fail(items, exc, "execute")
+            return
+        t1 = time.perf_counter()
+        self._exec_started = None
+        self._ewma_execute = _ewma(self._ewma_execute, t1 - t0)
+        self.batcher.wakeup()  # the device is free: close the next batch now
+        try:
+            outs = self.stage.deliver(result, n)
+            if not isinstance(outs, list | tuple) or len(outs) != n:
+                got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
+                raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
+        except Exception as exc:
+            self._fail(items, exc, "deliver")
+            return
+        t2 = time.perf_counter()
+        self._h_execute.observe(t1 - t0)
+        self._h_deliver.observe(t2 - t1)
+        self._h_batch.observe(n)
+        self._c_items.inc(n)
+        n_err = 0
+        outcomes: list[tuple[WorkItem, bool, Any]] = []
+        for it, out in zip(items, outs, strict=True):
+            if isinstance(out, BaseException):
+                n_err += 1
+                outcomes.append((it, False, as_facegate_error(out, name, "deliver")))
+            else:
+                outcomes.append((it, True, out))
+        if n_err:
+            self.stats.stage_errors.labels(name, "deliver").inc(n_err)
+        resolve(outcomes)
+
+    def _fail(self, items: list[WorkItem], exc: BaseException, phase: str) -> None:
+        err = as_facegate_error(exc, self.name, phase)
+        if isinstance(exc, FacegateError):
+            log.debug("stage %s %s raised %s for a batch of %d", self.name, phase, exc.code, len(items))
+        else:
+            log.warning("stage %s %s failed for a batch of %d", self.name, phase, len(items), exc_info=exc)
+        self.stats.stage_errors.labels(self.name, phase).inc(len(items))
+        fail(items, err)
+
+
+class Engine:
+    """Cross-request dynamic batching over pluggable stages.
+
+    Args:
+        stages: the stages; names must be unique.
+        max_batch_size: largest batch per stage (a stage's own ``max_batch_size`` may lower it).
+        max_wait_ms: batching window after the first item of a batch arrived.
+        max_queue: bounded queue size per stage; beyond it :class:`QueueFullError`.
+        request_timeout_s: default per-item deadline (``submit(..., timeout_s=...)`` overrides it).
+        batching: ``False`` runs every batch with exactly one item (the benchmark baseline).
+        stats: where metrics go (a fresh :class:`ServiceStats` by default).
+        pipeline_depth: prepared batches that may wait for the device (1 = double buffering).
+        adaptive_wait: keep the next batch open while the device is busy (see module docstring).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        *,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 2.0,
+        max_queue: int = 4096,
+        request_timeout_s: float = 30.0,
+        batching: bool = True,
+        stats: ServiceStats | None = None,
+        pipeline_depth: int = 1,
+        adaptive_wait: bool = True,
+    ) -> None:
+        if not stages:
+            raise InvalidParameterError("the engine needs at least one stage")
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or request_timeout_s <= 0 or pipeline_depth < 1:
+            raise InvalidParameterError(
+                "invalid engine settings",
+                detail={
+                    "max_batch_size": max_batch_size,
+                    "max_wait_ms": max_wait_ms,
+                    "max_queue": max_queue,
+                    "request_timeout_s": request_timeout_s,
+                    "pipeline_depth": pipeline_depth,
+                },
+            )
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise InvalidParameterError(f"stage names must be unique, got {names}")
+        self.stats = stats if stats is not None else ServiceStats()
+        self.max_batch_size = int(max_batch_size)
+        self.max_wait_ms = float(max_wait_ms)
+        self.max_queue = int(max_queue)
+        self.request_timeout_s = float(request_timeout_s)
+        self.batching = bool(batching)
+        self._runners: dict[str, _StageRunner] = {
+            s.name: _StageRunner(
+                s,
+                max_batch_size=self.max_batch_size,
+                max_wait_s=self.max_wait_ms / 1000.0,
+                max_queue=self.max_queue,
+                batching=self.batching,
+                pipeline_depth=int(pipeline_depth),
+                adaptive_wait=adaptive_wait,
+                stats=self.stats,
+            )
+            for s in stages
+        }
+        self._state = "new"  # new -> running -> stopped
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, stages: Sequence[Stage], settings: Settings, stats: ServiceStats | None = None) -> Engine:
+        """An engine configured from the one :class:`~facegate.config.Settings` object."""
+        return cls(
+            stages,
+            max_batch_size=settings.max_batch_size,
+            max_wait_ms=settings.max_wait_ms,
+            max_queue=settings.max_queue,
+            request_timeout_s=settings.request_timeout_s,
+            batching=settings.batching,
+            stats=stats,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the worker threads (idempotent while running; an engine cannot restart after stop)."""
+        with self._lock:
+            if self._state == "running":
+                return
+            if self._state == "stopped":
+                raise EngineClosedError("this engine was stopped; build a new one")
+            for r in self._runners.values():
+                r.start()
+            self._state = "running"
+        log.info(
+            "engine started: stages=%s max_batch_size=%d max_wait_ms=%g batching=%s",
+            list(self._runners),
+            self.max_batch_size,
+            self.max_wait_ms,
+            self.batching,
+        )
+
+    def stop(self, drain: bool = True, *, timeout_s: float | None = 30.0) -> None:
+        """Stop accepting work and shut the threads down (idempotent).
+
+        Args:
+            drain: ``True`` computes everything already queued first; ``False`` fails queued and
+                prepared-but-not-executed items with :class:`EngineClosedError` (a batch already on the
+                device still completes normally).
+            timeout_s: how long to wait for the threads (``None``: forever). A stage stuck in
+                ``execute`` cannot be interrupted; its daemon threads are then left behind (logged).
+        """
+        with self._lock:
+            was = self._state
+            self._state = "stopped"
+        if was == "stopped":
+            return
+        for r in self._runners.values():
+            if not drain:
+                r.abort = True
+            r.batcher.close()
+            if not drain:
+                fail(r.batcher.drain(), EngineClosedError("engine stopped", detail={"stage": r.name}))
+        if was == "new":
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for r in self._runners.values():
+            if not r.join(deadline):
+                log.error("stage %s did not stop within %s s", r.name, timeout_s)
+        log.info("engine stopped (drain=%s)", drain)
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def ready(self) -> bool:
+        """Running, and every stage's worker threads are alive."""
+        return self._state == "running" and all(r.alive() for r in self._runners.values())
+
+    @property
+    def stage_names(self) -> list[str]:
+        """Names of the plugged-in stages."""
+        return list(self._runners)
+
+    def queue_depth(self, stage: str) -> int:
+        """Items waiting in one stage's queue."""
+        return self._lookup(stage).batcher.depth
+
+    def max_batch(self, stage: str) -> int:
+        """The effective largest batch of one stage (1 with batching off)."""
+        return self._lookup(stage).max_batch
+
+    # ------------------------------------------------------------------ submitting work
+    def _lookup(self, stage: str) -> _StageRunner:
+        try:
+            return self._runners[stage]
+        except KeyError:
+            raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)}) from None
+
+    def _runner(self, stage: str) -> _StageRunner:
+        if self._state != "running":
+            raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
+        return self._lookup(stage)
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        t = self.request_timeout_s if timeout_s is None else float(timeout_s)
+        if not t > 0:
+            raise InvalidParameterError(f"timeout_s must be > 0, got {timeout_s}")
+        return t
+
+    async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
+        """Compute one item on ``stage`` and return its result (what ``deliver`` gave for it).
+
+        Cancelling the awaiting task (client disconnect) cancels the item: it is not computed if it has
+        not been yet.
+
+        Raises:
+            QueueFullError: the stage's queue is full (``retry_after_s`` set).
+            DeadlineExceededError: no result within ``timeout_s`` (default ``request_timeout_s``).
+            EngineClosedError: not started, stopped, or stopped without drain before it ran.
+            FacegateError: whatever the stage raised for this item's batch (non-facegate errors arrive
+                as :class:`EngineError`).
+        """
+        runner = self._runner(stage)
+        timeout = self._timeout(timeout_s)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        item = WorkItem(payload, fut, time.monotonic() + timeout)
+        runner.batcher.put(item)
+        timer = loop.call_later(timeout, _expire, fut, stage, timeout)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            item.cancel()
+            raise
+        finally:
+            timer.cancel()
+
+    async def submit_many(
+        self,
+        stage: str,
+        payloads: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Submit several items at once (queued atomically: all or none) and gather their results.
+
+        With ``return_exceptions`` a failed item's exception takes its place in the list; otherwise the
+        first failure is raised and the remaining items are cancelled.
+        """
+        runner = self._runner(stage)
+        timeout = self._timeout(timeout_s)
+        if not payloads:
+            return []
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in payloads]
+        items = [WorkItem(p, f, deadline) for p, f in zip(payloads, futs, strict=True)]
+        runner.batcher.put_many(items)
+        timers = [loop.call_later(timeout, _expire, f, stage, timeout) for f in futs]
+        try:
+            return list(await asyncio.gather(*futs, return_exceptions=return_exceptions))
+        except BaseException:
+            for it in items:
+                it.cancel()
+                if not it.future.done():
+                    it.future.cancel()
+            raise
+        finally:
+            for t in timers:
+                t.cancel()
+
+    def submit_sync(self, stage: str, payload: Any, timeout_s: float | None = None) -> Any:
+        """Blocking :meth:`submit` for CLI code and plain threads (never call it on an event loop thread)."""
+        runner = self._runner(stage)
+        timeout = self._timeout(timeout_s)
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        item = WorkItem(payload, fut, time.monotonic() + timeout)
+        runner.batcher.put(item)
+        try:
+            return fut.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            item.cancel()
+            if fut.cancel():
+                raise DeadlineExceededError(
+                    f"no result from stage {stage!r} within {timeout:g} s", detail={"stage": stage}
+                ) from None
+            return fut.result()  # completed just now

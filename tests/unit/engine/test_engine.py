@@ -1,0 +1,429 @@
+"""Engine: dynamic batching correctness, drops before compute, error isolation, stop/drain, overlap."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from facegate.engine.engine import Engine, Stage
+from facegate.errors import (
+    DeadlineExceededError,
+    EngineClosedError,
+    EngineError,
+    InvalidParameterError,
+    NoFaceError,
+    QueueFullError,
+)
+from facegate.metrics.stats import ServiceStats
+
+DIM = 16
+
+
+def payload(i: int) -> np.ndarray:
+    """A deterministic ``(DIM,) int64`` payload."""
+    return np.arange(DIM, dtype=np.int64) * (i + 1) - 7 * i
+
+
+def alone(p: np.ndarray) -> np.ndarray:
+    """What :class:`FakeStage` computes for one item on its own: ``(DIM,) int64``."""
+    return np.cumsum(p * 3 + 1)
+
+
+class FakeStage:
+    """Deterministic integer stage (exact results whatever the batch size) that records what it sees.
+
+    ``prepare`` stacks to ``(B, DIM) int64``; ``execute`` computes ``cumsum(x*3+1, axis=1)`` row-wise;
+    ``deliver`` splits rows. Optional sleeps, a gate that blocks ``prepare`` on a marked payload, and
+    failure injection.
+    """
+
+    def __init__(
+        self,
+        name: str = "fake",
+        *,
+        prep_s: float = 0.0,
+        exec_s: float = 0.0,
+        max_batch_size: int | None = None,
+        execute_error: Callable[[list[int]], BaseException | None] | None = None,
+    ) -> None:
+        self.name = name
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+        self.prep_s, self.exec_s = prep_s, exec_s
+        self.execute_error = execute_error
+        self.prepared_ids: list[list[int]] = []
+        self.executed_ids: list[list[int]] = []
+        self.prep_spans: list[tuple[float, float]] = []
+        self.exec_spans: list[tuple[float, float]] = []
+        self.gate = threading.Event()
+        self.gate_id: int | None = None
+        self.gate_entered = threading.Event()
+
+    def prepare(self, payloads: list[Any]) -> tuple[list[int], np.ndarray]:
+        t0 = time.monotonic()
+        ids = [int(p[0][0]) for p in payloads]
+        self.prepared_ids.append(ids)
+        if self.gate_id is not None and self.gate_id in ids:
+            self.gate_entered.set()
+            assert self.gate.wait(10)
+        if self.prep_s:
+            time.sleep(self.prep_s)
+        x = np.stack([p[1] for p in payloads])
+        self.prep_spans.append((t0, time.monotonic()))
+        return ids, x
+
+    def execute(self, prepared: tuple[list[int], np.ndarray]) -> np.ndarray:
+        t0 = time.monotonic()
+        ids, x = prepared
+        self.executed_ids.append(ids)
+        if self.exec_s:
+            time.sleep(self.exec_s)
+        if self.execute_error is not None:
+            err = self.execute_error(ids)
+            if err is not None:
+                raise err
+        out = np.cumsum(x * 3 + 1, axis=1)
+        self.exec_spans.append((t0, time.monotonic()))
+        return out
+
+    def deliver(self, result: np.ndarray, n: int) -> list[Any]:
+        return [result[i].copy() for i in range(n)]
+
+
+def item(i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Payload carrying its id (for bookkeeping in the fake) and its data."""
+    return np.array([i]), payload(i)
+
+
+def make_engine(stage: Stage, **kw: Any) -> Engine:
+    kw.setdefault("max_batch_size", 64)
+    kw.setdefault("max_wait_ms", 5.0)
+    kw.setdefault("max_queue", 1024)
+    kw.setdefault("request_timeout_s", 10.0)
+    kw.setdefault("stats", ServiceStats())
+    return Engine([stage], **kw)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    t_end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > t_end:
+            raise AssertionError("condition not reached")
+        time.sleep(0.002)
+
+
+async def submit_n(engine: Engine, n: int, stage: str = "fake") -> list[Any]:
+    return await asyncio.gather(*(engine.submit(stage, item(i)) for i in range(n)))
+
+
+# --------------------------------------------------------------------------- correctness & batching
+@pytest.mark.parametrize("batching", [True, False])
+def test_64_concurrent_submits_exact_results(batching: bool) -> None:
+    stage = FakeStage(exec_s=0.005)
+    engine = make_engine(stage, batching=batching, max_wait_ms=20.0)
+    with engine:
+        results = asyncio.run(submit_n(engine, 64))
+    for i, r in enumerate(results):
+        assert r.dtype == np.int64 and np.array_equal(r, alone(payload(i))), i
+    sizes = [len(b) for b in stage.executed_ids]
+    assert sum(sizes) == 64
+    mean = engine.stats.mean_batch_size("fake")
+    assert mean == pytest.approx(64 / len(sizes))
+    if batching:
+        assert mean > 1.0 and max(sizes) > 1
+    else:
+        assert mean == 1.0 and set(sizes) == {1}
+    # Order within every batch is the submission (FIFO) order.
+    for ids in stage.executed_ids:
+        assert ids == sorted(ids)
+    assert engine.stats.items.value("fake") == 64
+    assert engine.stats.queue_wait.snapshot("fake").count == 64
+
+
+def test_batching_on_and_off_give_identical_results() -> None:
+    outs = []
+    for batching in (True, False):
+        engine = make_engine(FakeStage(exec_s=0.002), batching=batching, max_wait_ms=10.0)
+        with engine:
+            outs.append(asyncio.run(submit_n(engine, 64)))
+    for a, b in zip(*outs, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_stage_max_batch_size_caps_batches() -> None:
+    stage = FakeStage(exec_s=0.01, max_batch_size=4)
+    engine = make_engine(stage, max_wait_ms=50.0)
+    assert engine.max_batch("fake") == 4
+    with engine:
+        asyncio.run(submit_n(engine, 32))
+    assert max(len(b) for b in stage.executed_ids) <= 4
+
+
+def test_submit_sync_and_submit_many() -> None:
+    stage = FakeStage()
+    with make_engine(stage) as engine:
+        assert np.array_equal(engine.submit_sync("fake", item(3)), alone(payload(3)))
+        res = asyncio.run(engine.submit_many("fake", [item(i) for i in range(10)]))
+    assert all(np.array_equal(r, alone(payload(i))) for i, r in enumerate(res))
+
+
+# --------------------------------------------------------------------------- queue policy
+def test_queue_full_raises() -> None:
+    stage = FakeStage()
+    stage.gate_id = 0
+    engine = make_engine(stage, max_queue=2)
+    engine.start()
+    try:
+
+        async def main() -> None:
+            first = asyncio.create_task(engine.submit("fake", item(0)))
+            await asyncio.to_thread(stage.gate_entered.wait, 5)  # item 0 is inside prepare
+            queued = [asyncio.create_task(engine.submit("fake", item(i))) for i in (1, 2)]
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFullError) as ei:
+                await engine.submit("fake", item(3))
+            assert ei.value.retry_after_s > 0
+            stage.gate.set()
+            await asyncio.gather(first, *queued)
+
+        asyncio.run(main())
+    finally:
+        stage.gate.set()
+        engine.stop()
+
+
+def test_expired_item_is_dropped_before_compute() -> None:
+    stage = FakeStage()
+    stage.gate_id = 0
+    engine = make_engine(stage)
+    engine.start()
+    try:
+        t = threading.Thread(target=engine.submit_sync, args=("fake", item(0)))
+        t.start()
+        assert stage.gate_entered.wait(5)
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceededError):
+            engine.submit_sync("fake", item(1), timeout_s=0.05)
+        assert time.monotonic() - t0 < 2.0
+
+        async def late() -> None:
+            with pytest.raises(DeadlineExceededError):
+                await engine.submit("fake", item(2), timeout_s=0.05)
+
+        asyncio.run(late())
+        stage.gate.set()
+        t.join(5)
+        assert np.array_equal(engine.submit_sync("fake", item(3)), alone(payload(3)))
+    finally:
+        stage.gate.set()
+        engine.stop()
+    seen = [i for b in stage.prepared_ids for i in b]
+    assert 1 not in seen and 2 not in seen  # the stage never saw the expired items
+    assert seen == [0, 3]
+    assert engine.stats.dropped.value("fake", "expired") == 2
+
+
+def test_cancelled_task_item_is_dropped() -> None:
+    stage = FakeStage()
+    stage.gate_id = 0
+    engine = make_engine(stage)
+    engine.start()
+    try:
+
+        async def main() -> None:
+            first = asyncio.create_task(engine.submit("fake", item(0)))
+            await asyncio.to_thread(stage.gate_entered.wait, 5)
+            doomed = asyncio.create_task(engine.submit("fake", item(1)))
+            await asyncio.sleep(0.02)
+            doomed.cancel()  # the HTTP client disconnected
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            stage.gate.set()
+            await first
+            r = await engine.submit("fake", item(2))
+            assert np.array_equal(r, alone(payload(2)))
+
+        asyncio.run(main())
+    finally:
+        stage.gate.set()
+        engine.stop()
+    assert [i for b in stage.prepared_ids for i in b] == [0, 2]
+    assert engine.stats.dropped.value("fake", "cancelled") == 1
+
+
+def test_batch_whose_items_all_left_skips_the_device() -> None:
+    stage = FakeStage()
+    stage.gate_id = 0
+    engine = make_engine(stage)
+    engine.start()
+    try:
+        with pytest.raises(DeadlineExceededError):
+            engine.submit_sync("fake", item(0), timeout_s=0.1)  # stuck in prepare past its deadline
+        stage.gate.set()
+        assert np.array_equal(engine.submit_sync("fake", item(1)), alone(payload(1)))
+    finally:
+        stage.gate.set()
+        engine.stop()
+    assert stage.executed_ids == [[1]]
+    assert engine.stats.dropped.value("fake", "expired") == 1
+
+
+# --------------------------------------------------------------------------- errors
+def test_stage_exception_is_isolated_to_its_batch() -> None:
+    def boom(ids: list[int]) -> BaseException | None:
+        return RuntimeError("kaboom") if 5 in ids else None
+
+    stage = FakeStage(execute_error=boom)
+    engine = make_engine(stage, batching=False)
+    with engine:
+
+        async def main() -> list[Any]:
+            return await asyncio.gather(*(engine.submit("fake", item(i)) for i in range(10)), return_exceptions=True)
+
+        res = asyncio.run(main())
+        assert engine.ready  # still running
+        assert np.array_equal(engine.submit_sync("fake", item(11)), alone(payload(11)))
+    err = res[5]
+    assert type(err) is EngineError and "kaboom" in str(err) and "RuntimeError" in str(err)
+    assert isinstance(err.__cause__, RuntimeError)
+    for i, r in enumerate(res):
+        if i != 5:
+            assert np.array_equal(r, alone(payload(i)))
+    assert engine.stats.stage_errors.value("fake", "execute") == 1
+
+
+def test_exception_goes_to_every_item_of_the_batch_and_facegate_errors_pass_through() -> None:
+    no_face = NoFaceError("no face here")
+    stage = FakeStage(execute_error=lambda ids: no_face if 2 in ids else None)
+    stage.gate_id = 0
+    engine = make_engine(stage, max_wait_ms=100.0)
+    engine.start()
+    try:
+
+        async def main() -> list[Any]:
+            first = asyncio.create_task(engine.submit("fake", item(0)))
+            await asyncio.to_thread(stage.gate_entered.wait, 5)
+            rest = [asyncio.create_task(engine.submit("fake", item(i))) for i in (1, 2, 3)]
+            await asyncio.sleep(0.01)
+            stage.gate.set()
+            return await asyncio.gather(first, *rest, return_exceptions=True)
+
+        res = asyncio.run(main())
+        after = engine.submit_sync("fake", item(4))
+    finally:
+        stage.gate.set()
+        engine.stop()
+    assert stage.executed_ids[:2] == [[0], [1, 2, 3]]
+    assert np.array_equal(res[0], alone(payload(0)))
+    assert all(r is no_face for r in res[1:])  # the same instance, unchanged, for every item of the batch
+    assert np.array_equal(after, alone(payload(4)))
+
+
+def test_per_item_exceptions_from_deliver_and_bad_deliver_length() -> None:
+    class PartlyFailing(FakeStage):
+        def deliver(self, result: np.ndarray, n: int) -> list[Any]:
+            out = super().deliver(result, n)
+            return [ValueError("bad item") if int(r[0]) % 2 else r for r in out]
+
+    class WrongCount(FakeStage):
+        def deliver(self, result: np.ndarray, n: int) -> list[Any]:
+            return super().deliver(result, n)[:-1]
+
+    with make_engine(PartlyFailing(), batching=False) as engine:
+        res = asyncio.run(engine.submit_many("fake", [item(i) for i in range(4)], return_exceptions=True))
+    odd = [int(alone(payload(i))[0]) % 2 == 1 for i in range(4)]
+    for r, is_odd in zip(res, odd, strict=True):
+        assert isinstance(r, EngineError) if is_odd else isinstance(r, np.ndarray)
+    with make_engine(WrongCount()) as engine, pytest.raises(EngineError, match="deliver returned"):
+        engine.submit_sync("fake", item(0))
+
+
+# --------------------------------------------------------------------------- lifecycle
+def test_lifecycle_ready_and_closed_errors() -> None:
+    engine = make_engine(FakeStage())
+    assert not engine.ready
+    with pytest.raises(EngineClosedError):
+        engine.submit_sync("fake", item(0))
+    engine.start()
+    assert engine.ready and engine.stage_names == ["fake"]
+    with pytest.raises(EngineError, match="unknown stage"):
+        engine.submit_sync("nope", item(0))
+    with pytest.raises(InvalidParameterError):
+        engine.submit_sync("fake", item(0), timeout_s=0)
+    engine.stop()
+    assert not engine.ready
+    with pytest.raises(EngineClosedError):
+        engine.submit_sync("fake", item(0))
+    with pytest.raises(EngineClosedError):
+        engine.start()
+    with pytest.raises(InvalidParameterError):
+        Engine([FakeStage(), FakeStage()])
+
+
+def test_stop_with_drain_completes_everything_queued() -> None:
+    stage = FakeStage(exec_s=0.01)
+    engine = make_engine(stage, batching=False)
+    engine.start()
+
+    async def main() -> list[Any]:
+        tasks = [asyncio.create_task(engine.submit("fake", item(i))) for i in range(10)]
+        await asyncio.sleep(0)  # all queued
+        await asyncio.to_thread(engine.stop, True)
+        return await asyncio.gather(*tasks)
+
+    res = asyncio.run(main())
+    assert all(np.array_equal(r, alone(payload(i))) for i, r in enumerate(res))
+    assert sum(len(b) for b in stage.executed_ids) == 10
+
+
+def test_stop_without_drain_fails_pending_with_engine_closed() -> None:
+    stage = FakeStage()
+    stage.gate_id = 0
+    engine = make_engine(stage)
+    engine.start()
+
+    async def main() -> list[Any]:
+        tasks = [asyncio.create_task(engine.submit("fake", item(0)))]
+        await asyncio.to_thread(stage.gate_entered.wait, 5)
+        tasks += [asyncio.create_task(engine.submit("fake", item(i))) for i in range(1, 5)]
+        await asyncio.sleep(0.01)
+        stopper = asyncio.create_task(asyncio.to_thread(engine.stop, False))
+        queued = await asyncio.gather(*tasks[1:], return_exceptions=True)  # failed before the gate opens
+        stage.gate.set()
+        await stopper
+        return [*(await asyncio.gather(tasks[0], return_exceptions=True)), *queued]
+
+    try:
+        res = asyncio.run(main())
+    finally:
+        stage.gate.set()
+    assert all(isinstance(r, EngineClosedError) for r in res)  # item 0 was prepared but never executed
+    assert stage.executed_ids == []
+    assert not engine.ready
+
+
+# --------------------------------------------------------------------------- overlap
+def test_prepare_overlaps_execute() -> None:
+    """10 batches of prepare 20 ms + execute 20 ms: serial would take >= 400 ms, pipelined ~220 ms."""
+    stage = FakeStage(prep_s=0.02, exec_s=0.02)
+    engine = make_engine(stage, batching=False)
+    with engine:
+
+        async def main() -> float:
+            t0 = time.monotonic()
+            await engine.submit_many("fake", [item(i) for i in range(10)])
+            return time.monotonic() - t0
+
+        elapsed = asyncio.run(main())
+    assert len(stage.executed_ids) == 10
+    assert elapsed < 0.34, f"no overlap: {elapsed:.3f} s"
+    overlaps = sum(1 for p0, p1 in stage.prep_spans for e0, e1 in stage.exec_spans if min(p1, e1) - max(p0, e0) > 0.005)
+    assert overlaps >= 5
+    ex = engine.stats.compute_seconds.snapshot("fake", "execute")
+    assert ex.count == 10 and ex.sum >= 0.2
