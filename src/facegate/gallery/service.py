@@ -55,7 +55,8 @@ class Gallery:
         store: the durable backend (e.g. :class:`~facegate.gallery.sqlite.SQLiteGalleryStore`).
         index: the search index; it is (re)loaded from ``store`` here.
         match_threshold: default cosine threshold for :attr:`SearchHit.match` (``score >= threshold``).
-        stats_hook: optional callable receiving ``{gallery: size}``; its exceptions are logged, not raised.
+        stats_hook: optional callable receiving ``{gallery: size}`` after start-up and every write; calls
+            are serialised (never concurrent); its exceptions are logged, not raised.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Gallery:
         self._stats_hook = stats_hook
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._stats_lock = threading.Lock()
         self._index.rebuild(store)
         self._emit_stats()
 
@@ -105,13 +107,15 @@ class Gallery:
             return lock
 
     def _emit_stats(self) -> None:
-        hook = self._stats_hook
-        if hook is None:
-            return
-        try:
-            hook(self._index.sizes())
-        except Exception:
-            log.exception("gallery stats hook failed")
+        """Call the hook, serialised; sizes are read under the same lock, so the last call is the newest."""
+        with self._stats_lock:
+            hook = self._stats_hook
+            if hook is None:
+                return
+            try:
+                hook(self._index.sizes())
+            except Exception:
+                log.exception("gallery stats hook failed")
 
     def _apply_to_index(self, gallery: str, update: Callable[[], object]) -> None:
         """Run an index update after a committed store write; on failure, resync from the store.
