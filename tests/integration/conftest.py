@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -154,6 +158,69 @@ def start_server(settings: Settings, service: Any = None, gallery: Any = None, *
     return srv
 
 
+@dataclass
+class ServerProcess:
+    """``facegate.serving.app.run(settings)`` in a child process (real default models, real lifespan)."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def client(self, **kw: Any) -> httpx.Client:
+        kw.setdefault("timeout", 120.0)
+        return httpx.Client(base_url=self.url, **kw)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        """Poll /readyz until 200; returns its body."""
+        deadline = time.monotonic() + timeout_s
+        with self.client(timeout=5.0) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+                try:
+                    r = c.get("/readyz")
+                    if r.status_code == 200:
+                        return dict(r.json())
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        pytest.fail(f"server not ready in {timeout_s} s:\n{self.log_text()[-3000:]}")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (uvicorn's graceful shutdown: lifespan stops the engine, closes the gallery); returns rc."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerProcess:
+    """Start ``run(Settings())`` in a child process configured through ``FACEGATE_*`` variables."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FACEGATE_")}
+    env.update(
+        {
+            "FACEGATE_HOST": "127.0.0.1",
+            "FACEGATE_PORT": str(port),
+            "FACEGATE_DATA_DIR": str(data_dir),
+            "FACEGATE_DEVICE": "cpu",
+            "FACEGATE_PRECISION": "fp32",
+        }
+    )
+    env.update({f"FACEGATE_{k.upper()}": v for k, v in env_settings.items()})
+    code = "from facegate.config import Settings; from facegate.serving.app import run; run(Settings())"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    return ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+
+
 def tiny_service(settings: Settings) -> Any:
     """The real FaceService with the real detector and the tiny random-weight recognizer."""
     from facegate.pipeline.service import FaceService
@@ -276,6 +343,7 @@ def fg() -> SimpleNamespace:
         many=many,
         parse_metric=parse_metric,
         png_bytes=png_bytes,
+        spawn_server=spawn_server,
         start_server=start_server,
         tiny_service=tiny_service,
     )

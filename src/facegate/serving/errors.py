@@ -106,10 +106,9 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError):
         headers["Retry-After"] = str(max(1, math.ceil(float(exc.retry_after_s))))
-    if status >= 500:
-        log.warning("%s -> %d: %s", exc.code, status, exc.message)
-    else:
-        log.debug("%s -> %d: %s", exc.code, status, exc.message)
+    # 503 (not ready, queue full) can come in floods under load or while polling /readyz: debug only
+    level = logging.WARNING if status == 500 else logging.INFO if status == 504 else logging.DEBUG
+    log.log(level, "%s -> %d: %s", exc.code, status, exc.message)
     try:
         content = error_body(exc.code, exc.message, exc.detail)
         return JSONResponse(content, status_code=status, headers=headers)
