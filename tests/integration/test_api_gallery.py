@@ -56,7 +56,7 @@ def test_gallery_lifecycle(client: httpx.Client, lfw_root: Path, fg: SimpleNames
     assert set(s) == {"face", "refused", "reason", "hits", "threshold", "fmr"}
     assert s["refused"] is False and s["reason"] is None
     assert s["face"]["quality"]["accepted"] is True
-    assert [h["subject_id"] for h in s["hits"]][0] == "tony" and len(s["hits"]) == 2
+    assert s["hits"][0]["subject_id"] == "tony" and len(s["hits"]) == 2
     assert s["hits"][0]["score"] == pytest.approx(1.0, abs=1e-4) and s["hits"][0]["match"] is True
     assert all(h["match"] == (h["score"] >= s["threshold"]) for h in s["hits"])
     assert s["hits"][0]["score"] >= s["hits"][1]["score"]
