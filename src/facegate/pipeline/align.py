@@ -406,7 +406,7 @@ def warp_torch(
     size = _check_size(size)
     device = images.device
     m = torch.as_tensor(M, device=device)
-    idx = torch.as_tensor(image_index, device=device if not isinstance(image_index, np.ndarray) else "cpu")
+    idx = torch.as_tensor(image_index)  # stays where it is (CPU for arrays/lists) until after the checks
     k = int(m.shape[0]) if m.ndim == 3 else -1
     if m.ndim != 3 or tuple(m.shape[1:]) != (2, 3):
         raise InvalidParameterError(f"M must be (K, 2, 3), got {tuple(m.shape)}", detail={"shape": list(m.shape)})
@@ -423,6 +423,7 @@ def warp_torch(
         )
     if k == 0:
         return torch.zeros((0, 3, size, size), dtype=torch.float32, device=device)
+    host_idx = idx if idx.device.type == "cpu" else None
     idx = idx.to(device=device, dtype=torch.int64, non_blocking=True)
     theta = _pixel_to_theta(m, h, w, size)
     grid = F.affine_grid(theta, [k, 3, size, size], align_corners=False)
@@ -434,7 +435,7 @@ def warp_torch(
         return F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
     out = torch.empty((k, 3, size, size), dtype=torch.float32, device=device)
-    host_idx = idx.cpu()
+    host_idx = (idx if host_idx is None else host_idx).cpu().to(torch.int64)  # one sync if on the device
     for img_id in torch.unique(host_idx).tolist():
         sel = torch.nonzero(host_idx == img_id).flatten()
         sel_dev = sel.to(device)

@@ -407,6 +407,47 @@ def test_batch_decode_cpu_fallback(jpeg_bytes: bytes, png_bytes: bytes) -> None:
         assert gpu_decode_available() is False
 
 
+def test_batch_decode_nvjpeg_logic_with_a_fake_decoder(monkeypatch: pytest.MonkeyPatch, jpeg_bytes: bytes) -> None:
+    """Drive the nvJPEG branch on the CPU: a stand-in ``torchvision.io.decode_jpeg`` that, like nvJPEG,
+    ignores EXIF orientation and fails the whole batch when one image fails."""
+    import types
+
+    from facegate.io import decode as mod
+
+    calls: list[int] = []
+
+    def fake_decode_jpeg(inp: object, mode: object = None, device: object = None) -> object:
+        items = inp if isinstance(inp, list) else [inp]
+        calls.append(len(items))
+        out = []
+        for t in items:
+            raw = t.numpy().tobytes()
+            if b"FAILNV" in raw:
+                raise RuntimeError("nvjpeg: unsupported")
+            arr = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
+            out.append(torch.from_numpy(arr).permute(2, 0, 1))
+        return out if isinstance(inp, list) else out[0]
+
+    tv = types.ModuleType("torchvision")
+    tv_io = types.ModuleType("torchvision.io")
+    tv_io.decode_jpeg = fake_decode_jpeg  # type: ignore[attr-defined]
+    tv_io.ImageReadMode = types.SimpleNamespace(RGB="RGB")  # type: ignore[attr-defined]
+    tv.io = tv_io  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.setitem(sys.modules, "torchvision.io", tv_io)
+    monkeypatch.setattr(mod, "_use_nvjpeg", lambda device: True)
+
+    rotated = [_encode(_pattern(), "JPEG", quality=95, exif=_exif(o)) for o in (3, 6, 8)]
+    failing = _encode(_pattern(), "JPEG", quality=95, comment=b"FAILNV")
+    datas = [jpeg_bytes, _encode(_pattern(), "PNG"), *rotated, failing, jpeg_bytes[:700]]
+    out = decode_jpeg_batch_cuda(datas, "cpu", return_exceptions=True)
+    assert calls[0] == 5  # the 4 complete JPEGs + the failing one went in one batch (PNG and truncated did not)
+    assert calls[1:] == [1] * 5  # the batch failed → one by one
+    assert isinstance(out[-1], ImageDecodeError) and out[-1].detail["index"] == 6
+    for data, t in zip(datas[:-1], out[:-1], strict=True):
+        np.testing.assert_array_equal(t.permute(1, 2, 0).numpy(), decode_image(data, **LIMITS))
+
+
 @pytest.mark.gpu
 def test_batch_decode_cuda_matches_cpu(jpeg_bytes: bytes, png_bytes: bytes) -> None:
     if not gpu_decode_available():
