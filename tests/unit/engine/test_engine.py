@@ -427,3 +427,26 @@ def test_prepare_overlaps_execute() -> None:
     assert overlaps >= 5
     ex = engine.stats.compute_seconds.snapshot("fake", "execute")
     assert ex.count == 10 and ex.sum >= 0.2
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_adaptive_wait_keeps_batch_open_while_device_busy(adaptive: bool) -> None:
+    """Items arriving while the device runs a 120 ms batch join one batch only with adaptive_wait."""
+    stage = FakeStage(exec_s=0.12)
+    engine = make_engine(stage, max_wait_ms=1.0, adaptive_wait=adaptive)
+    with engine:
+        engine.submit_sync("fake", item(99))  # warm-up: gives the engine its execute-time estimate
+
+        async def main() -> None:
+            tasks = [asyncio.create_task(engine.submit("fake", item(0)))]
+            await asyncio.to_thread(wait_for, lambda: len(stage.executed_ids) == 2)  # item 0 on the device
+            for i in (1, 2, 3):
+                await asyncio.sleep(0.01)
+                tasks.append(asyncio.create_task(engine.submit("fake", item(i))))
+            await asyncio.gather(*tasks)
+
+        asyncio.run(main())
+    if adaptive:
+        assert stage.executed_ids[1:] == [[0], [1, 2, 3]]
+    else:
+        assert stage.executed_ids[1:] == [[0], [1], [2, 3]]

@@ -154,6 +154,7 @@ def test_snapshot_is_json_and_complete() -> None:
     stats.dropped.labels("detect", "expired").inc(2)
     stats.stage_errors.labels("detect", "execute").inc(3)
     stats.record_quality(0.72)
+    stats.observe_quality(0.1)  # alias
     stats.record_refusal("low_quality")
     stats.set_gallery_size("staff", 12)
 
@@ -168,7 +169,8 @@ def test_snapshot_is_json_and_complete() -> None:
     assert det["queue_wait_s"]["count"] == 3 and det["queue_wait_s"]["sum"] == pytest.approx(0.006)
     assert det["compute_s"]["execute"]["count"] == 1
     assert det["batch_size"]["buckets"]["4.0"] == 1 and det["batch_size"]["buckets"]["2.0"] == 0
-    assert snap["quality_score"]["count"] == 1 and snap["quality_score"]["buckets"]["0.75"] == 1
+    assert snap["quality_score"]["count"] == 2 and snap["quality_score"]["buckets"]["0.75"] == 2
+    assert snap["quality_score"]["buckets"]["0.1"] == 1
     assert snap["refusals"] == {"low_quality": 1.0}
     assert snap["galleries"] == {"staff": 12.0}
     assert snap["gpu_memory_bytes"] == {}
