@@ -38,15 +38,25 @@ class WorkItem:
         future: where the result (or exception) goes; asyncio or concurrent.futures.
         deadline: ``time.monotonic()`` instant after which the work is useless and is not computed.
         enqueued_at: ``time.monotonic()`` instant the item entered the queue (set by :meth:`Batcher.put`).
+        cost: the item's share of a batch (rows it adds, e.g. face crops); 1 by default. A batch's
+            total cost never exceeds ``max_batch`` unless a single item alone is larger.
     """
 
-    __slots__ = ("_cancelled", "deadline", "enqueued_at", "future", "payload")
+    __slots__ = ("_cancelled", "cost", "deadline", "enqueued_at", "future", "payload")
 
-    def __init__(self, payload: Any, future: AnyFuture, deadline: float, enqueued_at: float | None = None) -> None:
+    def __init__(
+        self,
+        payload: Any,
+        future: AnyFuture,
+        deadline: float,
+        enqueued_at: float | None = None,
+        cost: int = 1,
+    ) -> None:
         self.payload = payload
         self.future = future
         self.deadline = float(deadline)
         self.enqueued_at = time.monotonic() if enqueued_at is None else float(enqueued_at)
+        self.cost = max(1, int(cost))
         self._cancelled = False
 
     def cancel(self) -> None:
@@ -231,20 +241,22 @@ class Batcher:
     ) -> list[WorkItem]:
         """Take the next batch of live items, oldest first.
 
-        Blocks until at least one live item is queued, then keeps gathering until ``max_batch`` items
-        are taken or ``max_wait_s`` has passed since the *first* item was enqueued (so an item that
-        already waited while the worker was busy does not wait again). Expired items get
+        Blocks until at least one live item is queued, then keeps gathering until the batch's total
+        ``cost`` reaches ``max_batch`` (or the next item would not fit), or ``max_wait_s`` has passed
+        since the *first* item was enqueued (so an item that already waited while the worker was
+        busy does not wait again). Expired items get
         :class:`DeadlineExceededError`; cancelled ones are dropped silently; both are counted.
 
         Args:
-            max_batch: largest batch (>= 1).
+            max_batch: largest total cost of a batch (>= 1); with unit costs, the most items. The
+                first item is always taken, even when its own cost is larger.
             max_wait_s: batching window, measured from the first item's enqueue time.
             hold_until: optional callable returning a ``time.monotonic()`` instant before which the
                 batch should stay open even after ``max_wait_s`` (the engine passes "when the device is
                 expected to be free"); re-evaluated whenever :meth:`wakeup` is called.
 
         Returns:
-            1..``max_batch`` live items in FIFO order, or ``[]`` once closed and empty.
+            live items in FIFO order, or ``[]`` once closed and empty.
         """
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
@@ -269,17 +281,28 @@ class Batcher:
     ) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
         batch: list[WorkItem] = []
         dropped: list[tuple[WorkItem, str]] = []
+        cost = 0
         with self._cond:
             while True:
                 now = time.monotonic()
                 q = self._q
-                while q and len(batch) < max_batch:
-                    it = q.popleft()
+                full = False
+                while q:
+                    it = q[0]
                     if it.dead(now):
+                        q.popleft()
                         dropped.append((it, self._reason(it, now)))
-                    else:
-                        batch.append(it)
-                if len(batch) >= max_batch or self._closed:
+                        continue
+                    if batch and cost + it.cost > max_batch:
+                        full = True
+                        break
+                    q.popleft()
+                    batch.append(it)
+                    cost += it.cost
+                    if cost >= max_batch:
+                        full = True
+                        break
+                if full or self._closed:
                     break
                 if not batch:
                     if dropped:  # report drops promptly instead of holding them while idle

@@ -7,7 +7,8 @@ engine runs a vLLM-style loop on two threads, so host work overlaps device work:
     back  thread:                       execute(k) -> deliver(k) -+-> futures
 
 * **collect** (:meth:`Batcher.collect`): block for the first item, gather up to ``max_batch_size`` items
-  or until ``max_wait_ms`` after the first one arrived; drop expired and cancelled items before compute.
+  (or rows, when the stage defines ``item_cost``) or until ``max_wait_ms`` after the first one arrived;
+  drop expired and cancelled items before compute.
 * **prepare** (CPU): stack / resize / fill pinned host buffers. Runs while the previous batch executes.
 * **execute** (device): the only call that touches the GPU.
 * **deliver** (host): split the batch result into per-item results, in input order.
@@ -67,6 +68,10 @@ class Stage(Protocol):
         name: unique stage name (``submit(name, ...)``; the ``stage`` label in metrics).
         max_batch_size: optional attribute; when present the engine never forms larger batches for
             this stage (it uses ``min(engine max_batch_size, stage max_batch_size)``).
+        item_cost: optional method ``item_cost(payload) -> int``: how many rows one payload adds to a
+            batch (e.g. ``len(crops)`` for a request's ``(k, 112, 112, 3)`` crops). Batches are then
+            limited by total cost instead of item count (an item larger than the limit runs alone),
+            and ``facegate_batch_size`` / ``facegate_items_total`` count rows. Default: 1 per item.
 
     Threading contract: ``prepare`` is always called from the stage's front thread and ``execute`` /
     ``deliver`` from its back thread; ``prepare`` of batch k+1 may run while ``execute`` of batch k
@@ -136,6 +141,7 @@ class _StageRunner:
         limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
         self.max_batch = max(1, limit) if batching else 1
         self.max_wait_s = max_wait_s if batching else 0.0
+        self.item_cost: Any = getattr(stage, "item_cost", None)
         self.adaptive_wait = adaptive_wait and batching
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
         self.stats = stats
@@ -169,6 +175,17 @@ class _StageRunner:
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
+
+    def cost(self, payload: Any) -> int:
+        """The payload's batch cost (the stage's ``item_cost``, else 1); stage errors become EngineError."""
+        if self.item_cost is None:
+            return 1
+        try:
+            return max(1, int(self.item_cost(payload)))
+        except FacegateError:
+            raise
+        except Exception as exc:
+            raise as_facegate_error(exc, self.name, "item_cost") from exc
 
     # ------------------------------------------------------------------ adaptive window
     def _hold_until(self) -> float:
@@ -236,6 +253,7 @@ class _StageRunner:
                 self.stats.dropped.labels(name, "cancelled").inc(len(items) - len(expired))
             return
         n = len(items)
+        rows = sum(it.cost for it in items)
         self._exec_started = time.monotonic()
         t0 = time.perf_counter()
         try:
@@ -260,8 +278,8 @@ class _StageRunner:
         t2 = time.perf_counter()
         self._h_execute.observe(t1 - t0)
         self._h_deliver.observe(t2 - t1)
-        self._h_batch.observe(n)
-        self._c_items.inc(n)
+        self._h_batch.observe(rows)
+        self._c_items.inc(rows)
         n_err = 0
         outcomes: list[tuple[WorkItem, bool, Any]] = []
         for it, out in zip(items, outs, strict=True):
@@ -289,7 +307,8 @@ class Engine:
 
     Args:
         stages: the stages; names must be unique.
-        max_batch_size: largest batch per stage (a stage's own ``max_batch_size`` may lower it).
+        max_batch_size: largest batch per stage, in items or, for stages with ``item_cost``, in rows
+            (a stage's own ``max_batch_size`` may lower it).
         max_wait_ms: batching window after the first item of a batch arrived.
         max_queue: bounded queue size per stage; beyond it :class:`QueueFullError`.
         request_timeout_s: default per-item deadline (``submit(..., timeout_s=...)`` overrides it).
@@ -471,7 +490,7 @@ class Engine:
         timeout = self._timeout(timeout_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        item = WorkItem(payload, fut, time.monotonic() + timeout)
+        item = WorkItem(payload, fut, time.monotonic() + timeout, cost=runner.cost(payload))
         runner.batcher.put(item)
         timer = loop.call_later(timeout, _expire, fut, stage, timeout)
         try:
@@ -502,7 +521,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in payloads]
-        items = [WorkItem(p, f, deadline) for p, f in zip(payloads, futs, strict=True)]
+        items = [WorkItem(p, f, deadline, cost=runner.cost(p)) for p, f in zip(payloads, futs, strict=True)]
         runner.batcher.put_many(items)
         timers = [loop.call_later(timeout, _expire, f, stage, timeout) for f in futs]
         try:
@@ -522,7 +541,7 @@ class Engine:
         runner = self._runner(stage)
         timeout = self._timeout(timeout_s)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        item = WorkItem(payload, fut, time.monotonic() + timeout)
+        item = WorkItem(payload, fut, time.monotonic() + timeout, cost=runner.cost(payload))
         runner.batcher.put(item)
         try:
             return fut.result(timeout=timeout)

@@ -345,7 +345,7 @@ class ServiceStats:
     (facegate_request_latency_seconds{route}), ``queue_depth`` (facegate_queue_depth{stage}),
     ``queue_wait`` (facegate_queue_wait_seconds{stage}), ``batch_size`` (facegate_batch_size{stage}),
     ``compute_seconds`` (facegate_compute_seconds{stage,phase}), ``items``
-    (facegate_items_total{stage}; items that went through ``execute``), ``dropped``
+    (facegate_items_total{stage}; rows that went through ``execute``: items, or the stage's ``item_cost``), ``dropped``
     (facegate_dropped_total{stage,reason}), ``stage_errors`` (facegate_stage_errors_total{stage,phase};
     items that got a stage exception), ``quality_score`` (facegate_quality_score), ``refusals``
     (facegate_refusals_total{reason}), ``gallery_subjects`` (facegate_gallery_subjects{gallery}),
@@ -372,12 +372,17 @@ class ServiceStats:
             buckets=QUEUE_WAIT_BUCKETS,
         )
         self.batch_size = Histogram(
-            "facegate_batch_size", "Items per executed batch.", ("stage",), buckets=BATCH_BUCKETS
+            "facegate_batch_size",
+            "Rows per executed batch (items, or the stage's item_cost).",
+            ("stage",),
+            buckets=BATCH_BUCKETS,
         )
         self.compute_seconds = Histogram(
             "facegate_compute_seconds", "Per-batch time of one phase.", ("stage", "phase"), buckets=COMPUTE_BUCKETS
         )
-        self.items = Counter("facegate_items_total", "Items executed by a stage (rate = items/s).", ("stage",))
+        self.items = Counter(
+            "facegate_items_total", "Rows executed by a stage (items, or item_cost; rate = images/s).", ("stage",)
+        )
         self.dropped = Counter("facegate_dropped_total", "Items dropped before compute.", ("stage", "reason"))
         self.stage_errors = Counter(
             "facegate_stage_errors_total", "Items that received a stage exception.", ("stage", "phase")

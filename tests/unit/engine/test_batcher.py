@@ -233,3 +233,15 @@ def test_resolve_ignores_closed_loop_and_done_futures() -> None:
     cf.cancel()
     resolve([(WorkItem(1, fut, 0.0), True, 1), (WorkItem(2, cf, 0.0), True, 2)])  # no exception
     assert not fut.done() and cf.cancelled()
+
+
+def test_cost_limits_batches_and_oversized_item_runs_alone() -> None:
+    b, _ = _batcher()
+    for i, c in enumerate([3, 3, 3, 20, 1]):
+        b.put(WorkItem(i, concurrent.futures.Future(), time.monotonic() + 10, cost=c))
+    t0 = time.monotonic()
+    assert [it.payload for it in b.collect(8, 5.0)] == [0, 1]  # 3+3; the next 3 would not fit: no waiting
+    assert time.monotonic() - t0 < 0.5
+    assert [it.payload for it in b.collect(8, 0.0)] == [2]  # 3 + 20 > 8
+    assert [it.payload for it in b.collect(8, 0.0)] == [3]  # larger than the limit: alone
+    assert [it.payload for it in b.collect(8, 0.0)] == [4]

@@ -450,3 +450,45 @@ def test_adaptive_wait_keeps_batch_open_while_device_busy(adaptive: bool) -> Non
         assert stage.executed_ids[1:] == [[0], [1, 2, 3]]
     else:
         assert stage.executed_ids[1:] == [[0], [1], [2, 3]]
+
+
+class RowsStage:
+    """A stage whose payload is a request's ``(k, DIM) int64`` rows (like a request's face crops)."""
+
+    name = "rows"
+
+    def __init__(self) -> None:
+        self.batch_rows: list[int] = []
+
+    def item_cost(self, payload: np.ndarray) -> int:
+        return len(payload)
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+        return np.concatenate(payloads), [len(p) for p in payloads]
+
+    def execute(self, prepared: tuple[np.ndarray, list[int]]) -> tuple[np.ndarray, list[int]]:
+        x, sizes = prepared
+        self.batch_rows.append(len(x))
+        time.sleep(0.005)
+        return np.cumsum(x * 3 + 1, axis=1), sizes
+
+    def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[np.ndarray]:
+        out, sizes = result
+        return np.split(out, np.cumsum(sizes)[:-1])
+
+
+def test_item_cost_limits_rows_per_batch_and_counts_rows() -> None:
+    stage = RowsStage()
+    engine = make_engine(stage, max_batch_size=16, max_wait_ms=20.0)
+    reqs = [np.stack([payload(10 * r + j) for j in range(1 + r % 5)]) for r in range(20)] + [
+        np.stack([payload(j) for j in range(40)])  # larger than the limit: runs alone
+    ]
+    with engine:
+        res = asyncio.run(engine.submit_many("rows", reqs))
+    for req, out in zip(reqs, res, strict=True):
+        assert np.array_equal(out, np.stack([alone(p) for p in req]))
+    total = sum(len(r) for r in reqs)
+    assert sum(stage.batch_rows) == total and 40 in stage.batch_rows
+    assert all(n <= 16 for n in stage.batch_rows if n != 40)
+    assert engine.stats.items.value("rows") == total
+    assert engine.stats.batch_size.snapshot("rows").sum == total
