@@ -4,7 +4,10 @@ Everything here is a pure function of its inputs. Two warping paths produce the 
 
 * **CPU** — :func:`warp_cpu` / :func:`align_cpu` use ``cv2.warpAffine`` (``INTER_LINEAR``).
 * **torch** — :func:`warp_torch` uses ``F.affine_grid`` + ``F.grid_sample`` (bilinear,
-  ``align_corners=False``) on any device, for whole batches at once.
+  ``align_corners=False``) on any device, for whole batches at once: one sampling call for K faces from
+  B images, with no per-face image copy and no host sync (see :func:`_sample_chunk`). It is meant for
+  accelerators: on the CPU, :func:`align_cpu` was measured ~19× faster (64 faces from four 640×480
+  images: 19.5 ms vs 369 ms on a shared 2-core machine).
 
 Conventions shared by both paths:
 
@@ -58,8 +61,8 @@ ARCFACE_TEMPLATE: np.ndarray = np.array(
 )
 ARCFACE_TEMPLATE.setflags(write=False)
 
-#: Above this many bytes of gathered float32 source images, :func:`warp_torch` samples image by image.
-DEFAULT_MAX_GATHER_BYTES = 512 * 1024 * 1024
+#: :func:`warp_torch` converts at most this many bytes of source images to float32 at once.
+DEFAULT_MAX_FLOAT_BYTES = 1024 * 1024 * 1024
 
 _DEGENERATE_VAR = 1e-12
 
@@ -373,13 +376,38 @@ def _pixel_to_theta(M: torch.Tensor, in_h: int, in_w: int, size: int) -> torch.T
     return torch.stack([r0, r1], dim=1).to(torch.float32)
 
 
+def _sample_chunk(images_f: torch.Tensor, grid: torch.Tensor, local_idx: torch.Tensor) -> torch.Tensor:
+    """Bilinear-sample K crops from a stack of images in one ``grid_sample`` call, copying no image.
+
+    The image stack becomes the *depth* axis of a 5-D input ``(1, 3, B, H, W)``; each face's 2-D grid
+    gets a third coordinate at the centre of its image's slice (``z = (2b + 1) / B − 1``), where the
+    trilinear weights along depth are 1 for that slice and 0 for its neighbours — so the result is the
+    2-D bilinear sample of image ``b`` (up to float rounding: < 1e-4 grey levels in the tests), out-of-range
+    x/y read zeros exactly as in 2-D, and no per-face copy of a source image is ever made.
+
+    Args:
+        images_f: ``(B, 3, H, W)`` float32. grid: ``(K, S, S, 2)`` normalised x/y.
+        local_idx: ``(K,)`` int64 index into ``images_f``, on its device.
+
+    Returns:
+        ``(K, 3, S, S)`` float32.
+    """
+    n_img = images_f.shape[0]
+    k, s = grid.shape[0], grid.shape[1]
+    z = (2.0 * local_idx.to(grid.dtype) + 1.0) / n_img - 1.0
+    grid3 = torch.cat([grid, z[:, None, None, None].expand(k, s, s, 1)], dim=-1).unsqueeze(0)
+    vol = images_f.transpose(0, 1).unsqueeze(0)  # (1, 3, B, H, W), a view
+    out = F.grid_sample(vol, grid3, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out[0].transpose(0, 1)  # (K, 3, S, S)
+
+
 def warp_torch(
     images: torch.Tensor,
     M: torch.Tensor | np.ndarray,
     image_index: torch.Tensor | np.ndarray,
     size: int = CROP_SIZE,
     *,
-    max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
+    max_float_bytes: int = DEFAULT_MAX_FLOAT_BYTES,
 ) -> torch.Tensor:
     """Warp K faces out of a batch of images with ``affine_grid`` + ``grid_sample``; matches :func:`warp_cpu`.
 
@@ -387,12 +415,13 @@ def warp_torch(
         images: ``(B, 3, H, W)`` uint8 or floating, on any device. Differently-sized images must be
             zero-padded at the bottom/right (:func:`pad_images_torch`); see the module docstring.
         M: ``(K, 2, 3)`` source→crop pixel matrices (OpenCV convention), moved to ``images.device``.
-        image_index: ``(K,)`` int64, face ``k`` is cut from ``images[image_index[k]]``. Not range-checked
-            on the device (that would sync); keep it on the CPU if you want the check.
+        image_index: ``(K,)`` int64, face ``k`` is cut from ``images[image_index[k]]``. Range-checked
+            only when it is on the CPU (a check on the device would sync).
         size: crop side.
-        max_gather_bytes: when ``K · 3 · H · W · 4`` exceeds this, images are sampled one at a time
-            (bounded memory, one host sync for ``image_index``) instead of gathering a float copy of
-            the source image per face (one kernel, no sync).
+        max_float_bytes: the batch is converted to float32 (``B · 3 · H · W · 4`` bytes) and sampled in
+            one ``grid_sample`` call, with no host sync, when that fits in this budget; otherwise it is
+            processed in runs of images that fit (at least one image each), which needs ``image_index``
+            on the host (one sync when it lives on the device).
 
     Returns:
         ``(K, 3, size, size) float32`` on ``images.device``, same value scale as the input (0–255 for
@@ -423,24 +452,26 @@ def warp_torch(
         )
     if k == 0:
         return torch.zeros((0, 3, size, size), dtype=torch.float32, device=device)
-    host_idx = idx if idx.device.type == "cpu" else None
+    host_idx = idx.to(torch.int64) if idx.device.type == "cpu" else None
     idx = idx.to(device=device, dtype=torch.int64, non_blocking=True)
     theta = _pixel_to_theta(m, h, w, size)
     grid = F.affine_grid(theta, [k, 3, size, size], align_corners=False)
     # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
     grid = torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
 
-    if k * 3 * h * w * 4 <= max_gather_bytes:
-        src = images.index_select(0, idx).to(torch.float32)
-        return F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    per_image = 3 * h * w * 4
+    if b * per_image <= max_float_bytes:
+        return _sample_chunk(images.to(torch.float32), grid, idx)
 
+    run = max(1, max_float_bytes // per_image)
+    host_idx = idx.cpu() if host_idx is None else host_idx  # one sync when image_index lives on the device
     out = torch.empty((k, 3, size, size), dtype=torch.float32, device=device)
-    host_idx = (idx if host_idx is None else host_idx).cpu().to(torch.int64)  # one sync if on the device
-    for img_id in torch.unique(host_idx).tolist():
-        sel = torch.nonzero(host_idx == img_id).flatten()
+    for start in range(0, b, run):
+        sel = torch.nonzero((host_idx >= start) & (host_idx < start + run)).flatten()
+        if len(sel) == 0:
+            continue
         sel_dev = sel.to(device)
-        g = grid.index_select(0, sel_dev).reshape(1, len(sel) * size, size, 2)
-        src = images[img_id : img_id + 1].to(torch.float32)
-        res = F.grid_sample(src, g, mode="bilinear", padding_mode="zeros", align_corners=False)
-        out.index_copy_(0, sel_dev, res.reshape(3, len(sel), size, size).permute(1, 0, 2, 3))
+        chunk = images[start : start + run].to(torch.float32)
+        res = _sample_chunk(chunk, grid.index_select(0, sel_dev), idx.index_select(0, sel_dev) - start)
+        out.index_copy_(0, sel_dev, res)
     return out
