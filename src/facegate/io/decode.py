@@ -100,7 +100,9 @@ DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_PIXELS = 40_000_000
 
 _JPEG_FORMATS = frozenset({"JPEG", "MPO"})
-_CV2_FLAGS = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+# IMREAD_COLOR_RGB exists from OpenCV 4.10; older builds (pyproject allows >= 4.8) decode BGR and swap.
+_CV2_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)
+_CV2_FLAGS = (cv2.IMREAD_COLOR if _CV2_RGB is None else _CV2_RGB) | cv2.IMREAD_IGNORE_ORIENTATION
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
@@ -263,7 +265,7 @@ def _decode_cv2(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
         return None
     if arr is None or arr.ndim != 3 or arr.shape[:2] != (size[1], size[0]) or arr.dtype != np.uint8:
         return None
-    return arr
+    return arr if _CV2_RGB is not None else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
 
 
 def _composite_on_white(rgba: np.ndarray) -> np.ndarray:
