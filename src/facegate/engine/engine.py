@@ -148,7 +148,8 @@ class _StageRunner:
         self._slots = threading.Semaphore(pipeline_depth)
         self._handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.abort = False
-        # Phase-time estimates (seconds per batch) and when the running execute began.
+        # Phase-time estimates (seconds per batch; 'execute' covers execute + deliver) and when the
+        # running execute began.
         self._ewma_prepare = 0.0
         self._ewma_execute = 0.0
         self._exec_started: float | None = None
@@ -264,18 +265,22 @@ class _StageRunner:
             self._fail(items, exc, "execute")
             return
         t1 = time.perf_counter()
-        self._exec_started = None
-        self._ewma_execute = _ewma(self._ewma_execute, t1 - t0)
-        self.batcher.wakeup()  # the device is free: close the next batch now
         try:
             outs = self.stage.deliver(result, n)
             if not isinstance(outs, list | tuple) or len(outs) != n:
                 got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
                 raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
         except Exception as exc:
+            self._exec_started = None
+            self.batcher.wakeup()
             self._fail(items, exc, "deliver")
             return
         t2 = time.perf_counter()
+        # The back thread is free only now: a deliver that copies device results to the host waits for
+        # the asynchronous device work, so execute + deliver is the device-busy estimate.
+        self._exec_started = None
+        self._ewma_execute = _ewma(self._ewma_execute, t2 - t0)
+        self.batcher.wakeup()  # close the next batch now
         self._h_execute.observe(t1 - t0)
         self._h_deliver.observe(t2 - t1)
         self._h_batch.observe(rows)
