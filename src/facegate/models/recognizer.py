@@ -262,9 +262,7 @@ def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     if spec.arch == "irse64_rts":
         if random:
             return tiny_irse(seed=0, embedding_dim=spec.embedding_dim)
-        path = checkpoint
-        if path is None and spec.weights.kind == "file" and Path(spec.weights.filename).is_file():
-            path = Path(spec.weights.filename)
+        path = checkpoint  # explicit only: never pick up a stray pytorch_model.pt from the cwd
         if path is None:
             raise WeightsNotFoundError(
                 "Model 'irse64_rts' needs ModelScope's RTS state_dict (damo/cv_ir_face-recognition-ood_rts "
@@ -310,7 +308,6 @@ def build_recognizer(
         CheckpointError / QualityHeadError / ModelError: a file does not match the architecture.
     """
     dt = resolve_dtype(dtype)
-    backbone = _build_backbone(spec, checkpoint)
     source: QualitySource = spec.quality_source
     head_path: Path | None = None
     if quality_head is not None:
@@ -320,27 +317,30 @@ def build_recognizer(
         source = "rts_head"
     elif source == "rts_head" and spec.quality_head:
         head_path = _resolve_head_path(spec.quality_head)
+    # fail fast, before loading any weights
+    if source == "rts_head" and head_path is None and spec.weights.kind != "random":
+        raise WeightsNotFoundError(
+            f"model {spec.name!r} uses quality source 'rts_head' but no head file was given "
+            "(FACEGATE_QUALITY_HEAD / --quality-head)",
+            detail={"model": spec.name},
+        )
+    if source == "logvar" and spec.arch != "irse64_rts":
+        raise ModelError(f"quality source 'logvar' needs arch 'irse64_rts', spec {spec.name!r} has {spec.arch!r}")
 
+    backbone = _build_backbone(spec, checkpoint)
     head: RTSQualityHead | None = None
     if source == "rts_head":
         fd = _backbone_feature_dim(backbone)
         if head_path is not None:
             head, calibration, meta = load_head(head_path, backbone=spec.arch, feature_dim=fd)
             log.info("quality head %s (trained on %s)", head_path, meta.get("trained_on", "?"))
-        elif spec.weights.kind == "random":
+        else:  # random test weights: a seeded random head
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(1)
                 head = RTSQualityHead(fd, backbone=spec.arch).eval()
             calibration = _bn_logvar_calibration(head.bn, "rts_head, random test head")
-        else:
-            raise WeightsNotFoundError(
-                f"model {spec.name!r} uses quality source 'rts_head' but no head file was given "
-                "(FACEGATE_QUALITY_HEAD / --quality-head)",
-                detail={"model": spec.name},
-            )
     elif source == "logvar":
-        if not isinstance(backbone, IRSE64RTS):
-            raise ModelError(f"quality source 'logvar' needs arch 'irse64_rts', spec {spec.name!r} has {spec.arch!r}")
+        assert isinstance(backbone, IRSE64RTS)
         calibration = _bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
     else:
         calibration = _feature_norm_calibration(backbone)

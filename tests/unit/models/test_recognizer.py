@@ -204,7 +204,7 @@ def test_build_errors(tmp_path: Path) -> None:
     with pytest.raises(WeightsNotFoundError, match="RTS state_dict"):
         build_recognizer(IRSE64_RTS)
     with pytest.raises(WeightsNotFoundError, match="no head file"):
-        build_recognizer(dataclasses.replace(SFACE, quality_source="rts_head"))
+        build_recognizer(dataclasses.replace(SFACE, quality_source="rts_head"))  # before loading SFace
     with pytest.raises(ModelError, match="logvar"):
         build_recognizer(dataclasses.replace(TINY_SFACE, quality_source="logvar"))
     with pytest.raises(ModelError, match="embedding_dim"):
@@ -275,3 +275,24 @@ def test_real_sface_quality_falls_with_blur(lfw_root: Path) -> None:
     _, q_blur, _ = rec(torch.from_numpy(blurred))
     assert float((q_blur < q_sharp).float().mean()) >= 0.8
     assert float(q_blur.median()) < float(q_sharp.median())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch_spec", [TINY_IRSE, TINY_SFACE], ids=["irse64_rts", "sface"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_cuda_half_precision_and_compile_match_cpu(arch_spec: ModelSpec, precision: str) -> None:
+    crops = _crops(8, seed=5)
+    e_ref, q_ref, r_ref = build_recognizer(arch_spec)(crops)
+    rec = build_recognizer(arch_spec, device="cuda", dtype=precision, channels_last=True)
+    x = crops.cuda()
+    e, q, r = rec(x)
+    assert e.is_cuda and e.dtype == torch.float32
+    assert float((e.cpu() * e_ref).sum(1).min()) > 0.99
+    torch.testing.assert_close(r.cpu(), r_ref, rtol=0.05, atol=0.0)
+    assert float((q.cpu() - q_ref).abs().max()) < 0.05
+    compiled = torch.compile(rec, fullgraph=True)
+    with torch.inference_mode():
+        ec, qc, rc = compiled(x)
+    assert float((ec * e).sum(1).min()) > 0.999
+    torch.testing.assert_close(rc, r, rtol=0.02, atol=0.0)
+    assert float((qc - q).abs().max()) < 0.02
