@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -29,7 +30,7 @@ CONTRACT_ROUTES = {
 }
 
 
-def test_health_ready_docs_page(client: httpx.Client) -> None:
+def test_health_ready_docs_page(client: httpx.Client, fg: SimpleNamespace) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready", "model": "sface", "device": "cpu", "precision": "fp32"}
     docs = client.get("/docs")
@@ -40,6 +41,11 @@ def test_health_ready_docs_page(client: httpx.Client) -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "facegate" in page.text.lower()
+    # every asset the page links to is served
+    for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text):
+        r = client.get(asset)
+        assert r.status_code == 200 and r.content, asset
+    fg.assert_error(client.get("/static/nope.js"), 404, "not_found")
 
 
 def test_metrics_record_requests_batches_and_quality(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> None:

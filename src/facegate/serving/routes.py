@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Sequence
-from importlib import resources
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
-from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 
 from facegate.errors import (
     EmptyInputError,
@@ -61,6 +62,9 @@ from facegate.types import Face, FaceSelect
 T = TypeVar("T")
 
 router = APIRouter()
+
+#: The web page and its assets (index.html, app.js, style.css).
+STATIC_DIR = FilePath(__file__).resolve().parent / "static"
 
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -196,13 +200,12 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-async def index() -> HTMLResponse:
-    """The web page (compare + gallery tabs)."""
-    page = resources.files("facegate") / "serving" / "static" / "index.html"
-    try:
-        return HTMLResponse(page.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
+async def index() -> Response:
+    """The web page (compare + gallery tabs); its assets are served under ``/static``."""
+    page = STATIC_DIR / "index.html"
+    if page.is_file():
+        return FileResponse(page, media_type="text/html; charset=utf-8")
+    return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
 
 
 # --------------------------------------------------------------------------- faces
@@ -488,5 +491,6 @@ async def search(
 
 
 def install_routes(app: FastAPI) -> None:
-    """Add every route to ``app``."""
+    """Add every route to ``app``, and the page's assets under ``/static``."""
     app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
