@@ -355,7 +355,8 @@ def test_cuda_fp16_and_fp32_agree(detector: FaceDetector, lfw_root: Path) -> Non
     assert batch.pinned.data_ptr() == batch.images.ctypes.data
     got32, got16 = cuda32.detect(images), cuda16.detect(images)
     for r, g32, g16 in zip(ref, got32, got16, strict=True):
-        _assert_same_dets(g32, r, box_px=0.05, lm_px=0.05, score=1e-4)
+        # cuDNN may use TF32 for fp32 convolutions (PyTorch's default), hence not bit-exact
+        _assert_same_dets(g32, r, box_px=0.5, lm_px=0.5, score=2e-3)
         _assert_same_dets(g16, g32, box_px=1.5, lm_px=1.5, score=5e-3)
     # nms on the device agrees with the host implementation
     b = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], dtype=torch.float32)
