@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -202,3 +206,20 @@ def test_model_error_at_startup(server_factory, tmp_path: Path, fg: SimpleNamesp
         assert r.status_code == 500
         assert r.json()["error"]["code"] == srv.state.load_error.code
         assert "Traceback" not in r.text
+
+
+@pytest.mark.slow
+def test_serve_exits_when_models_cannot_load(tmp_path: Path, fg: SimpleNamespace) -> None:
+    """`facegate serve` (→ run(settings)) with unloadable weights stops and exits non-zero with a JSON error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FACEGATE_")}
+    cmd = [
+        sys.executable, "-m", "facegate", "serve", "--port", str(fg.free_port()), "--device", "cpu",
+        "--data-dir", str(tmp_path / "data"), "--rts-checkpoint", str(tmp_path / "missing.pt"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, timeout=180, check=False)
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1, stderr[-3000:]
+    last = [line for line in stderr.splitlines() if line.startswith("{")][-1]
+    err = json.loads(last)["error"]
+    assert err["code"] in {"model_error", "weights_not_found", "checkpoint_mismatch"}, err
+    assert "Traceback" not in stderr

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from facegate.config import Settings
-from facegate.errors import EngineClosedError, FacegateError, ImageTooLargeError, ModelError
+from facegate.errors import EngineClosedError, FacegateError, ImageTooLargeError, InputError, ModelError
 from facegate.metrics.stats import ServiceStats
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
 
@@ -69,6 +69,7 @@ class ServingState:
         gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
         ready: models loaded and warmed, engine running, gallery open.
         load_error: why loading failed, if it did.
+        on_load_error: called with that error (``run`` uses it to shut the server down).
     """
 
     settings: Settings
@@ -83,6 +84,7 @@ class ServingState:
     owns_gallery: bool = False
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
+    on_load_error: Callable[[FacegateError], None] | None = None
 
     def require_ready(self) -> tuple[FaceService, Gallery]:
         """The service and gallery, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
@@ -179,12 +181,20 @@ async def _load(state: ServingState) -> None:
         log.info("ready in %.2f s: model=%s", time.perf_counter() - t0, state.service.spec.name)
     except asyncio.CancelledError:
         raise
+    except InputError as exc:  # a bad setting: the server's fault, not the clients' (500, not 4xx)
+        _load_failed(state, ModelError(f"startup failed: {exc.message}", detail={"cause": exc.to_dict()}))
     except FacegateError as exc:
-        state.load_error = exc
-        log.error("startup failed: %s: %s", exc.code, exc.message)
+        _load_failed(state, exc)
     except Exception as exc:  # a third-party failure while loading: keep serving /healthz, report it
-        state.load_error = ModelError(f"startup failed: {type(exc).__name__}: {exc}")
         log.exception("startup failed")
+        _load_failed(state, ModelError(f"startup failed: {type(exc).__name__}: {exc}"))
+
+
+def _load_failed(state: ServingState, exc: FacegateError) -> None:
+    state.load_error = exc
+    log.error("startup failed: %s: %s", exc.code, exc.message)
+    if state.on_load_error is not None:
+        state.on_load_error(exc)
 
 
 @contextlib.asynccontextmanager
@@ -319,8 +329,9 @@ class ServingMiddleware:
             except asyncio.CancelledError:
                 if not cancelled_by_disconnect:
                     raise
-                task.uncancel()
                 status = CLIENT_CLOSED_STATUS
+                if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
+                    raise
                 log.info("%s %s: client disconnected; request cancelled", scope["method"], scope["path"])
                 return
             except Exception:
@@ -414,11 +425,28 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> Any:
 
 
 def run(settings: Settings) -> None:
-    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM)."""
+    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM).
+
+    Models load in the background (``/healthz`` answers at once, ``/readyz`` once they are warm). If
+    loading fails, the server shuts down and the error is raised here (the CLI prints it as JSON and
+    exits non-zero), so a misconfigured server does not linger unready.
+
+    Raises:
+        FacegateError: models or gallery could not be loaded (e.g. ModelError, GalleryError).
+    """
     import uvicorn
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    state = get_state(app)
+
+    def stop_on_load_error(exc: FacegateError) -> None:
+        server.should_exit = True
+
+    state.on_load_error = stop_on_load_error
     log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
-    uvicorn.Server(uvicorn_config(app, settings)).run()
+    server.run()
+    if state.load_error is not None:
+        raise state.load_error
