@@ -223,3 +223,24 @@ def test_serve_exits_when_models_cannot_load(tmp_path: Path, fg: SimpleNamespace
     err = json.loads(last)["error"]
     assert err["code"] in {"model_error", "weights_not_found", "checkpoint_mismatch"}, err
     assert "Traceback" not in stderr
+
+
+def test_every_error_class_maps_to_the_documented_status() -> None:
+    """serving.errors is the one mapping; every class of the tree resolves to the status of the contract."""
+    import facegate.errors as E
+    from facegate.serving.errors import status_for
+
+    expected = {
+        E.EmptyInputError: 400, E.ImageDecodeError: 400, E.InputError: 400, E.ImageTooLargeError: 413,
+        E.NoFaceError: 422, E.QualityRejectedError: 422, E.InvalidParameterError: 422, E.FaceSelectionError: 422,
+        E.PathNotAllowedError: 403, E.GalleryNotFoundError: 404, E.SubjectNotFoundError: 404,
+        E.GalleryExistsError: 409, E.DimensionMismatchError: 409, E.QueueFullError: 503,
+        E.DeadlineExceededError: 504, E.EngineClosedError: 503, E.ModelError: 500, E.WeightsNotFoundError: 500,
+        E.WeightsIntegrityError: 500, E.CheckpointError: 500, E.GalleryError: 500, E.EngineError: 503,
+        E.FacegateError: 500,
+    }  # fmt: skip
+    classes = [getattr(E, n) for n in E.__all__ if issubclass(getattr(E, n), E.FacegateError)]
+    assert set(classes) <= set(expected), set(classes) - set(expected)
+    for cls, status in expected.items():
+        exc = cls("x") if cls is not E.QueueFullError else cls("x", retry_after_s=2.5)
+        assert status_for(exc) == status, cls
