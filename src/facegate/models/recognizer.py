@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
 from facegate.models.quality import QualityCalibration, RTSQualityHead, load_head
+from facegate.models.quality_features import head_input_dim, sface_head_input
 from facegate.models.registry import ModelSpec, WeightsSource
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,8 @@ class Recognizer(nn.Module):
             raw = torch.exp(logvar.float()).reshape(-1)
         else:
             assert self.quality_head is not None
-            raw = torch.exp(self.quality_head(feats.to(self.compute_dtype)).float()).reshape(-1)
+            head_in = feats if self._is_irse else sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
+            raw = torch.exp(self.quality_head(head_in.float()).float()).reshape(-1)
         quality = self.calibration(raw)
         return F.normalize(emb_raw, dim=1), quality, raw
 
@@ -251,10 +253,14 @@ def _resolve_head_path(name: str) -> Path:
 
 
 def _backbone_feature_dim(backbone: nn.Module) -> int:
+    """Input size of an RTS head on this backbone: IR-SE-64's flattened features, or for SFace-like
+    backbones the pooled trunk + raw embedding of :func:`~facegate.models.quality_features.sface_head_input`."""
     fd = getattr(backbone, "feature_dim", None)
     if fd is None:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
-    return int(fd)
+    if isinstance(backbone, IRSE64RTS):
+        return int(fd)
+    return head_input_dim(int(backbone.embedding_dim), channels=int(fd) // 49)
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:

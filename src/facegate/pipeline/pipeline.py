@@ -113,7 +113,9 @@ class FacePipeline:
         detector = FaceDetector(
             load_yunet().to(device),
             device=device,
-            dtype=torch.float32 if device == "cpu" else dtype,
+            # the detector stays fp32 on every device: it is tiny (53 k parameters), and fp16 landmarks
+            # move the alignment enough to cost embedding parity (measured: min cosine 0.85 on LFW)
+            dtype=torch.float32,
             score_threshold=settings.det_score_threshold,
             nms_threshold=settings.det_nms_threshold,
             top_k=settings.det_top_k,

@@ -12,6 +12,7 @@ import torch
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.irse import IRSE64RTS
 from facegate.models.quality import QualityCalibration, QualityHeadError, RTSQualityHead, save_head
+from facegate.models.quality_features import head_input_dim, sface_head_input
 from facegate.models.recognizer import Recognizer, build_recognizer, build_tiny_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, ModelSpec, WeightsSource
 
@@ -170,14 +171,20 @@ def _head_file(tmp_path: Path, feature_dim: int, backbone: str, seed: int = 0) -
 def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) -> None:
     base = build_recognizer(arch_spec)
     fd = base.backbone.feature_dim
-    path = _head_file(tmp_path, fd, arch_spec.arch)
+    is_irse = isinstance(base.backbone, IRSE64RTS)
+    head_dim = fd if is_irse else head_input_dim(base.embedding_dim, channels=fd // 49)
+    path = _head_file(tmp_path, head_dim, arch_spec.arch)
     rec = build_recognizer(arch_spec, quality_head=path)
     assert rec.quality_source == "rts_head" and rec.calibration.fitted and rec.calibration.kind == "piecewise_linear"
     crops = _crops(3)
     x = rec.preprocess(crops)
     with torch.no_grad():
-        feats = rec.backbone.forward_features(x) if isinstance(rec.backbone, IRSE64RTS) else rec.backbone(x)[1]
-        expected = torch.exp(rec.quality_head(feats)).squeeze(1)
+        if is_irse:
+            head_in = rec.backbone.forward_features(x)
+        else:
+            emb_raw, feats = rec.backbone(x)
+            head_in = sface_head_input(emb_raw.float(), feats.float(), fd // 49)
+        expected = torch.exp(rec.quality_head(head_in)).squeeze(1)
     emb, q, raw = rec(crops)
     torch.testing.assert_close(raw, expected)
     torch.testing.assert_close(q, rec.calibration(raw))
@@ -185,7 +192,7 @@ def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) ->
 
 
 def test_head_for_another_backbone_is_refused(tmp_path: Path) -> None:
-    path = _head_file(tmp_path, 1568, "sface")
+    path = _head_file(tmp_path, 160, "sface")
     with pytest.raises(QualityHeadError, match="trained on backbone 'sface'"):
         build_recognizer(TINY_IRSE, quality_head=path)
     wrong_dim = _head_file(tmp_path, 99, "irse64_rts")

@@ -1,0 +1,87 @@
+"""Synthetic image degradations for training and evaluating the quality head.
+
+Each degradation is a pure function ``(image (H,W,3) uint8 RGB, severity in 1..5, rng) → image`` that
+gets worse as the severity grows: Gaussian blur, Gaussian noise, JPEG compression, low resolution,
+occlusion, over-exposure and under-exposure. They apply to whole photos (before detection), so the
+detector score, the alignment and every quality baseline see the degraded picture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cv2
+import numpy as np
+
+Degradation = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
+SEVERITIES = (1, 2, 3, 4, 5)
+
+
+def blur(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    sigma = [0.8, 1.5, 2.5, 3.5, 5.0][s - 1]
+    return cv2.GaussianBlur(img, (0, 0), sigmaX=sigma)
+
+
+def noise(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    sigma = [6, 12, 20, 32, 48][s - 1]
+    return np.clip(img.astype(np.float32) + rng.normal(0, sigma, img.shape), 0, 255).astype(np.uint8)
+
+
+def jpeg(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    q = [40, 20, 12, 7, 3][s - 1]
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])
+    return cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+
+def lowres(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    f = [0.6, 0.4, 0.28, 0.2, 0.14][s - 1]
+    h, w = img.shape[:2]
+    small = cv2.resize(img, (max(1, int(w * f)), max(1, int(h * f))), interpolation=cv2.INTER_AREA)
+    return cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+def occlusion(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    """A grey rectangle over part of the central face region (where LFW's face is)."""
+    frac = [0.10, 0.18, 0.26, 0.34, 0.42][s - 1]
+    h, w = img.shape[:2]
+    out = img.copy()
+    ch, cw = int(h * 0.5), int(w * 0.4)  # central face box
+    oh, ow = int(np.sqrt(frac) * ch * 1.3), int(np.sqrt(frac) * cw * 1.3)
+    y0 = int(h * 0.25 + rng.uniform(0, max(1, ch - oh)))
+    x0 = int(w * 0.3 + rng.uniform(0, max(1, cw - ow)))
+    out[y0 : y0 + oh, x0 : x0 + ow] = rng.integers(0, 255)
+    return out
+
+
+def overexpose(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    gain = [1.5, 2.0, 2.6, 3.3, 4.2][s - 1]
+    return np.clip(img.astype(np.float32) * gain, 0, 255).astype(np.uint8)
+
+
+def underexpose(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    gain = [0.5, 0.32, 0.2, 0.12, 0.07][s - 1]
+    return np.clip(img.astype(np.float32) * gain, 0, 255).astype(np.uint8)
+
+
+DEGRADATIONS: dict[str, Degradation] = {
+    "blur": blur,
+    "noise": noise,
+    "jpeg": jpeg,
+    "lowres": lowres,
+    "occlusion": occlusion,
+    "overexpose": overexpose,
+    "underexpose": underexpose,
+}
+
+
+def apply(img: np.ndarray, name: str, severity: int, rng: np.random.Generator) -> np.ndarray:
+    """Apply one named degradation; severity 0 returns the image unchanged."""
+    if severity == 0:
+        return img
+    return DEGRADATIONS[name](img, severity, rng)
+
+
+def random_variant(rng: np.random.Generator) -> tuple[str, int]:
+    """A random (degradation name, severity in 1..5)."""
+    names = list(DEGRADATIONS)
+    return names[int(rng.integers(len(names)))], int(rng.integers(1, 6))

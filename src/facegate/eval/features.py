@@ -1,0 +1,143 @@
+"""Extract what quality training and evaluation need, per face, in one pass over a photo folder.
+
+For every photo and every requested variant (clean, or a synthetic degradation applied to the whole
+photo before detection), the real pipeline runs: detection on the (degraded) photo, the centre-most
+face, alignment, then the recognizer's backbone. Per face we keep:
+
+* ``emb``: the L2-normalised embedding ``(D,)`` (float16 on disk);
+* ``head_in``: the quality head's input (:func:`facegate.models.quality_features.sface_head_input`);
+* ``norm``: the un-normalised embedding's L2 norm (the feature-norm baseline);
+* ``det``: the detector score (a baseline);
+* ``heuristic``: verifyface 1.1.1's ``assess_quality`` score (sharpness, brightness, pose; a baseline);
+* ``found``: whether a face was detected at all (score ≥ 0.3 at worst).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from facegate.eval.degrade import apply, random_variant
+from facegate.eval.lfw import centre_most
+from facegate.models.quality_features import head_input_dim, sface_head_input
+
+log = logging.getLogger(__name__)
+
+Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
+
+
+def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
+    """Deterministic RNG for variant ``k`` of ``path``."""
+    h = hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(h[:8], "little"))
+
+
+def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, seed: int = 0) -> list[list[Variant]]:
+    """Per image: clean + ``n_random`` random degradations; every ``progressive_every``-th image also
+    gets every degradation at every severity (for the monotonicity report)."""
+    from facegate.eval.degrade import DEGRADATIONS, SEVERITIES
+
+    plan = []
+    for i, p in enumerate(sorted(paths)):
+        v: list[Variant] = [("clean", 0)]
+        v += [random_variant(path_rng(p, 1000 + k, seed)) for k in range(n_random)]
+        if progressive_every and i % progressive_every == 0:
+            v += [(name, s) for name in DEGRADATIONS for s in SEVERITIES]
+        plan.append(v)
+    return plan
+
+
+def _heuristic(image: np.ndarray, crop: np.ndarray, det) -> float:
+    """verifyface's heuristic quality score on one face (BGR inputs, xywh box)."""
+    import cv2
+    from verifyface.preprocess import DetectedFace, assess_quality
+
+    x1, y1, x2, y2 = (float(v) for v in det.box)
+    face = DetectedFace(box=(x1, y1, x2 - x1, y2 - y1), landmarks=det.landmarks.astype(np.float32), score=det.score)
+    rep = assess_quality(cv2.cvtColor(image, cv2.COLOR_RGB2BGR), face, cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
+    return float(rep.score)
+
+
+@torch.inference_mode()
+def _backbone(pipeline, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rec = pipeline.recognizer
+    x = torch.from_numpy(crops).to(rec.device)
+    emb_raw, feats = rec.backbone(rec.preprocess(x))
+    emb_raw = emb_raw.float()
+    head_in = sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
+    norm = torch.linalg.vector_norm(emb_raw, dim=1)
+    emb = torch.nn.functional.normalize(emb_raw, dim=1)
+    return emb.cpu().numpy(), head_in.cpu().numpy(), norm.cpu().numpy()
+
+
+def extract(
+    pipeline,
+    base: Path,
+    paths: Sequence[str],
+    plan: Sequence[Sequence[Variant]],
+    *,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run the plan; returns column arrays (one row per (image, variant))."""
+    from facegate.io.decode import decode_image
+
+    jobs = [(p, k, v) for p, vs in zip(paths, plan, strict=True) for k, v in enumerate(vs)]
+    d = pipeline.spec.embedding_dim
+    n = len(jobs)
+    out = {
+        "path": np.array([j[0] for j in jobs]),
+        "variant": np.array([j[1] for j in jobs], np.int16),
+        "degradation": np.array([j[2][0] for j in jobs]),
+        "severity": np.array([j[2][1] for j in jobs], np.int8),
+        "found": np.zeros(n, bool),
+        "det": np.zeros(n, np.float32),
+        "norm": np.full(n, np.nan, np.float32),
+        "heuristic": np.full(n, np.nan, np.float32),
+        "emb": np.full((n, d), np.nan, np.float16),
+        "head_in": np.full((n, head_input_dim(d, pipeline.recognizer.backbone.feature_dim // 49)), np.nan, np.float16),
+    }
+    cache: dict[str, np.ndarray] = {}
+    det = pipeline.detector
+    for start in range(0, n, batch_size):
+        chunk = jobs[start : start + batch_size]
+        images = []
+        for p, k, (name, sev) in chunk:
+            if p not in cache:
+                cache.clear()
+                cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
+            img = cache[p]
+            images.append(img if name == "clean" else apply(img, name, sev, path_rng(p, k, seed)))
+        dets = pipeline.detect(images)
+        chosen, owners = [], []
+        for i, ds in enumerate(dets):
+            if not ds:
+                old = det.score_threshold
+                det.score_threshold = 0.3
+                try:
+                    ds = pipeline.detect([images[i]])[0]
+                finally:
+                    det.score_threshold = old
+            if ds:
+                chosen.append(centre_most(ds, images[i].shape[1], images[i].shape[0]))
+                owners.append(i)
+        if chosen:
+            crops = pipeline.align(images, chosen, owners)
+            emb, head_in, norm = _backbone(pipeline, crops)
+            for j, (i, dd) in enumerate(zip(owners, chosen, strict=True)):
+                r = start + i
+                out["found"][r] = True
+                out["det"][r] = dd.score
+                out["norm"][r] = norm[j]
+                out["emb"][r] = emb[j]
+                out["head_in"][r] = head_in[j]
+                out["heuristic"][r] = _heuristic(images[i], crops[j], dd)
+        if progress is not None:
+            progress(len(chunk))
+    return out

@@ -1,0 +1,28 @@
+"""What an RTS quality head reads from a backbone.
+
+For SFace the head reads the global-average-pooled trunk features (the 1024 channels of ``bn1``,
+pooled over the 7×7 grid) concatenated with the un-normalised 128-d embedding: 1,152 numbers per face.
+Pooling keeps the head small (1,153 weights) and the cached training features small enough to move
+between machines; the raw embedding gives the head direct access to the norm-like signal that the
+feature-norm baseline uses. For IR-SE-64 the ModelScope heads read the flattened 25,088-d features.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
+    """``(N, D) raw embedding, (N, C·7·7) flattened trunk → (N, C + D)`` in the features' dtype.
+
+    ``channels`` is ``C`` (1024 for the real SFace; ``feature_dim // 49`` in general).
+    """
+    n = features_flat.shape[0]
+    pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
+    return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)
+
+
+def head_input_dim(embedding_dim: int, channels: int = 1024) -> int:
+    """Size of :func:`sface_head_input`'s output."""
+    return channels + embedding_dim
