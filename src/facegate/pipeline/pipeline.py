@@ -302,13 +302,12 @@ class DetectStage:
         return self.p.detector.preprocess(payloads)
 
     @torch.inference_mode()
-    def execute(self, prepared: Any) -> Any:
-        return prepared, self.p.detector.forward(prepared)
+    def execute(self, prepared: Any) -> list[list[Detection]]:
+        # forward + on-device decode/NMS + the batch's one device→host copy all belong to execute
+        return self.p.detector.postprocess(self.p.detector.forward(prepared), prepared)
 
-    @torch.inference_mode()
-    def deliver(self, result: Any, n: int) -> list[list[Detection]]:
-        prepared, raw = result
-        return self.p.detector.postprocess(raw, prepared)
+    def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
+        return result
 
 
 class EmbedStage:
@@ -318,6 +317,11 @@ class EmbedStage:
 
     def __init__(self, pipeline: FacePipeline) -> None:
         self.p = pipeline
+
+    @staticmethod
+    def item_cost(payload: np.ndarray) -> int:
+        """Batches are capped in crops, not requests."""
+        return max(1, len(payload))
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         sizes = [len(c) for c in payloads]
@@ -330,13 +334,11 @@ class EmbedStage:
     def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
         x, sizes = prepared
         emb, q, raw = self.p.recognizer(x.to(self.p.device, non_blocking=True))
-        return torch.cat([emb, q[:, None], raw[:, None]], dim=1).float(), sizes
+        out = torch.cat([emb, q[:, None], raw[:, None]], dim=1).float()
+        return out.cpu().numpy(), sizes  # the one device→host copy for the whole batch
 
-    def deliver(
-        self, result: tuple[torch.Tensor, list[int]], n: int
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        out_t, sizes = result
-        out = out_t.cpu().numpy()  # the one device→host copy for the whole batch
+    def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out, sizes = result
         d = out.shape[1] - 2
         res, start = [], 0
         for s in sizes:

@@ -32,6 +32,10 @@ class FaceService:
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
+        if pipeline.device.type == "cuda":
+            from facegate.metrics.stats import torch_cuda_memory_fn
+
+            self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
         self.engine = Engine(
             pipeline.stages(),
             max_batch_size=settings.max_batch_size,
