@@ -364,6 +364,37 @@ def eval_lfw(
     )
 
 
+# ---------------------------------------------------------------------------------------------- export / bench
+@export_app.command("onnx")
+@guarded
+def export_onnx_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output .onnx file")],
+    model: ModelOpt = "sface",
+    rts_checkpoint: RtsOpt = None,
+    quality_head: HeadOpt = None,
+    opset: Annotated[int, typer.Option(min=13, max=21)] = 17,
+) -> None:
+    """Write a dynamic-batch ONNX file (uint8 crops → embedding, quality, raw) and check it with ONNX Runtime."""
+    from facegate.export import export_onnx
+    from facegate.models.recognizer import build_recognizer
+    from facegate.models.registry import get_spec
+
+    _setup_logging()
+    spec = get_spec("irse64_rts" if rts_checkpoint is not None else model)
+    rec = build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head)
+    typer.echo(json.dumps(export_onnx(rec, out, opset=opset), indent=2))
+
+
+@bench_app.command(
+    "http", add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def bench_http(ctx: typer.Context) -> None:
+    """Load-test a running server: req/s and p50/p95/p99 at a concurrency (see --help of the tool)."""
+    from facegate.bench.http import main as http_main
+
+    raise typer.Exit(http_main(list(ctx.args)))
+
+
 # ---------------------------------------------------------------------------------------------- models
 @app.command()
 @guarded

@@ -1,0 +1,75 @@
+"""Export a recognizer (crops in → embedding, quality, raw out) to a dynamic-batch ONNX file.
+
+The exported graph takes ``crops: (N, 112, 112, 3) uint8`` RGB and returns ``embedding (N, D)``
+(L2-normalised), ``quality (N,)`` in [0, 1] and ``raw (N,)``: the same contract as
+:class:`facegate.models.recognizer.Recognizer`, normalisation and calibration included. After export
+the file is checked with ONNX Runtime against the PyTorch module on a batch size different from the
+one traced with.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from facegate.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+
+def export_onnx(recognizer: torch.nn.Module, out: Path, *, opset: int = 17, verify: bool = True) -> dict[str, Any]:
+    """Write ``recognizer`` to ``out`` with a dynamic batch axis; returns a report (parity numbers).
+
+    Raises:
+        ModelError: the export or the ONNX Runtime check failed.
+    """
+    recognizer = recognizer.eval().float().cpu()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    x = torch.randint(0, 256, (2, 112, 112, 3), dtype=torch.uint8)
+    axes = {n: {0: "batch"} for n in ("crops", "embedding", "quality", "raw")}
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")  # the legacy tracer warns about shape checks it constant-folds
+            torch.onnx.export(
+                recognizer,
+                (x,),
+                str(out),
+                input_names=["crops"],
+                output_names=["embedding", "quality", "raw"],
+                dynamic_axes=axes,
+                opset_version=opset,
+                dynamo=False,
+            )
+    except Exception as exc:
+        raise ModelError(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
+    report: dict[str, Any] = {"out": str(out), "opset": opset, "bytes": out.stat().st_size}
+    if verify:
+        report.update(verify_onnx(recognizer, out))
+    return report
+
+
+def verify_onnx(recognizer: torch.nn.Module, path: Path, *, batch: int = 5, seed: int = 0) -> dict[str, float]:
+    """Run the ONNX file with ONNX Runtime and the module with PyTorch on the same random crops."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ModelError("verifying an ONNX export needs onnxruntime (pip install onnxruntime)") from exc
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, 112, 112, 3), dtype=torch.uint8, generator=g)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    emb_o, q_o, raw_o = sess.run(None, {"crops": x.numpy()})
+    with torch.inference_mode():
+        emb, q, raw = (t.numpy() for t in recognizer(x))
+    return {
+        "verify_batch": batch,
+        "embedding_cosine_min": float(np.min(np.sum(emb_o * emb, axis=1))),
+        "embedding_max_abs_diff": float(np.max(np.abs(emb_o - emb))),
+        "quality_max_abs_diff": float(np.max(np.abs(q_o - q))),
+        "raw_max_rel_diff": float(np.max(np.abs(raw_o - raw) / np.maximum(np.abs(raw), 1e-12))),
+    }
