@@ -106,9 +106,7 @@ class DepthwiseSeparable(nn.Module):
         return self.pw(self.dw(x))
 
 
-def _fold_bn(
-    weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm
-) -> tuple[Tensor, Tensor]:
+def _fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
     """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``; computed in fp64, returned in
     ``weight``'s dtype. ``weight``: ``(C_out, ...)``; returns ``(weight', bias' (C_out,))``."""
     assert bn.running_mean is not None and bn.running_var is not None
@@ -154,13 +152,10 @@ class SFace(nn.Module):
         widths, strides = tuple(int(w) for w in widths), tuple(int(s) for s in strides)
         if len(widths) < 2 or len(strides) != len(widths) - 1:
             raise InvalidParameterError(
-                "SFace needs len(strides) == len(widths) - 1 >= 1, "
-                f"got {len(widths)} widths and {len(strides)} strides"
+                f"SFace needs len(strides) == len(widths) - 1 >= 1, got {len(widths)} widths and {len(strides)} strides"
             )
         if min(widths) < 1 or any(s not in (1, 2) for s in strides) or embedding_dim < 1 or input_size < 1:
-            raise InvalidParameterError(
-                "SFace widths/embedding_dim/input_size must be >= 1 and strides 1 or 2"
-            )
+            raise InvalidParameterError("SFace widths/embedding_dim/input_size must be >= 1 and strides 1 or 2")
         self.widths, self.strides = widths, strides
         self.embedding_dim = int(embedding_dim)
         self.input_size = int(input_size)
@@ -274,8 +269,7 @@ def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[s
     unexpected = sorted(set(weights) - set(mapping.values()) - _NON_PARAMETER_TENSORS)
     if missing or unexpected:
         raise CheckpointError(
-            "SFace ONNX tensors do not match the architecture: "
-            f"{len(missing)} missing, {len(unexpected)} unexpected",
+            f"SFace ONNX tensors do not match the architecture: {len(missing)} missing, {len(unexpected)} unexpected",
             detail={"missing": missing[:20], "unexpected": unexpected[:20]},
         )
     out: dict[str, Tensor] = {}
@@ -343,9 +337,7 @@ def _check_graph(path: Path, model: SFace) -> None:
             continue
         for k, v in attrs.items():
             g = got.get(k, _ONNX_CONV_DEFAULTS.get(k))
-            ok = (
-                math.isclose(float(g), float(v), rel_tol=1e-6) if k == "epsilon" and g is not None else g == v
-            )
+            ok = math.isclose(float(g), float(v), rel_tol=1e-6) if k == "epsilon" and g is not None else g == v
             if not ok:
                 problems.append(f"{name}.{k}: graph {g!r}, module {v!r}")
     if problems:
