@@ -1,0 +1,1 @@
+"""facegate.training: quality-head training (RTS) on frozen-backbone features."""
