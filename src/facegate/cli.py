@@ -306,6 +306,7 @@ def eval_lfw(
     import numpy as np
     from tqdm import tqdm
 
+    from facegate.eval.calibrate import calibrate, identity_of
     from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
 
     _setup_logging()
@@ -325,11 +326,14 @@ def eval_lfw(
     folds = np.array([pp.fold for pp in pairs])
     res = evaluate_scores(scores, labels, folds)
     no_face = sum(1 for v in emb.values() if np.isnan(v[0]).any())
+    keys = list(emb)
+    calibration = calibrate(np.stack([emb[k][0] for k in keys]), np.array([identity_of(k) for k in keys]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
         **res.to_dict(),
         "images": len(paths),
         "images_without_face": no_face,
+        "calibration_all_pairs": calibration,
         "seconds": round(secs, 2),
         "env": _env_info(s),
         "command": " ".join(["facegate", *sys.argv[1:]]),
@@ -337,7 +341,6 @@ def eval_lfw(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     if save_embeddings is not None:
-        keys = list(emb)
         np.savez_compressed(
             save_embeddings,
             paths=np.array(keys),
@@ -358,7 +361,8 @@ def eval_lfw(
                     "images_without_face",
                     "seconds",
                 )
-            },
+            }
+            | {"calibration_all_pairs": calibration},
             indent=2,
         )
     )

@@ -30,6 +30,8 @@ def noise(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
 def jpeg(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
     q = [40, 20, 12, 7, 3][s - 1]
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])
+    if not ok:  # pragma: no cover - OpenCV always encodes a valid uint8 RGB image
+        raise RuntimeError("cv2.imencode failed")
     return cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 

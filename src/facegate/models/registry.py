@@ -125,6 +125,16 @@ SFACE = register(
         colour="RGB",
         embedding_dim=128,
         quality_source="feature_norm",
+        thresholds=Thresholds(
+            match=0.3582,
+            match_fmr=1e-3,
+            quality=0.0,
+            source=(
+                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 % on "
+                "their 8,101 genuine pairs; FMR 1e-4 would be 0.4147), CPU fp32, from "
+                "`facegate eval lfw --root $FACEGATE_LFW_ROOT` (field calibration_all_pairs)"
+            ),
+        ),
     )
 )
 
