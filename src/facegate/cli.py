@@ -38,6 +38,7 @@ PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32 | fp16 | bf
 ModelOpt = Annotated[str, typer.Option("--model", help="recognizer name in the registry")]
 RtsOpt = Annotated[Path | None, typer.Option("--rts-checkpoint", help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
 HeadOpt = Annotated[Path | None, typer.Option("--quality-head", help="trained quality-head file")]
+FlipOpt = Annotated[bool, typer.Option("--flip-tta/--no-flip-tta", help="also embed the mirrored crop (2× compute)")]
 
 
 def _setup_logging() -> None:
@@ -300,6 +301,7 @@ def eval_lfw(
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
     batch_size: Annotated[int, typer.Option(min=1, max=4096)] = 64,
+    flip_tta: FlipOpt = False,
     save_embeddings: Annotated[Path | None, typer.Option(help="also save per-image embeddings (.npz)")] = None,
 ) -> None:
     """LFW 10-fold accuracy ± std, TAR at FMR 1e-3 and its threshold, written as JSON."""
@@ -312,7 +314,12 @@ def eval_lfw(
     _setup_logging()
     r = _lfw_root(root)
     s = _settings(
-        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
+        device=device,
+        precision=precision,
+        model=model,
+        rts_checkpoint=rts_checkpoint,
+        quality_head=quality_head,
+        flip_tta=flip_tta,
     )
     p = _pipeline(s)
     pairs = read_pairs(r)

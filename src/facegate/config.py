@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         description="Batch sizes captured as CUDA graphs; batches are padded up to the next bucket.",
     )
 
+    flip_tta: bool = Field(
+        False,
+        description="Also embed the mirrored crop and sum both embeddings (2× recognizer compute, +accuracy).",
+    )
+
     # ------------------------------------------------------------------ detector
     det_score_threshold: float = Field(0.6, ge=0.0, le=1.0, description="Minimum detector score.")
     det_nms_threshold: float = Field(0.3, ge=0.0, le=1.0, description="IoU threshold of non-maximum suppression.")

@@ -96,6 +96,7 @@ class Recognizer(nn.Module):
         calibration: QualityCalibration,
         quality_head: RTSQualityHead | None = None,
         channels_last: bool = False,
+        flip_tta: bool = False,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -104,6 +105,9 @@ class Recognizer(nn.Module):
         self.calibration = calibration
         self.quality_head = quality_head
         self.channels_last = bool(channels_last)
+        #: embed the horizontally flipped crop too and sum the two raw embeddings (test-time
+        #: augmentation: 2× backbone compute; quality still comes from the unflipped crop)
+        self.flip_tta = bool(flip_tta)
         self._is_irse = isinstance(backbone, IRSE64RTS)
         if quality_source not in ("feature_norm", "rts_head", "logvar"):
             raise InvalidParameterError(f"unknown quality source {quality_source!r}")
@@ -179,12 +183,21 @@ class Recognizer(nn.Module):
             ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``.
         """
         x = self.preprocess(crops)
+        n = x.shape[0]
+        if self.flip_tta:
+            x = torch.cat([x, x.flip(3)])
         logvar: Tensor | None = None
         if self._is_irse:
             feats = self.backbone.forward_features(x)
             emb_raw, logvar = self.backbone.heads(feats)
         else:
             emb_raw, feats = self.backbone(x)
+        if self.flip_tta:
+            emb_sum = emb_raw[:n] + emb_raw[n:]
+            emb_raw, feats = emb_raw[:n], feats[:n]
+            logvar = None if logvar is None else logvar[:n]
+        else:
+            emb_sum = emb_raw
         emb_raw = emb_raw.float()
         if self.quality_source == "feature_norm":
             raw = torch.linalg.vector_norm(emb_raw, dim=1)
@@ -196,7 +209,7 @@ class Recognizer(nn.Module):
             head_in = feats if self._is_irse else sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
             raw = torch.exp(self.quality_head(head_in.float()).float()).reshape(-1)
         quality = self.calibration(raw)
-        return F.normalize(emb_raw, dim=1), quality, raw
+        return F.normalize(emb_sum.float(), dim=1), quality, raw
 
 
 # --------------------------------------------------------------------------- provisional calibrations

@@ -135,6 +135,7 @@ class FacePipeline:
                 channels_last=device == "cuda" and dtype is not torch.float32,
             )
         recognizer.eval()
+        recognizer.flip_tta = settings.flip_tta
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
         if device == "cuda" and settings.compile != "off":
