@@ -465,7 +465,9 @@ def test_batch_decode_cuda_matches_cpu(jpeg_bytes: bytes, png_bytes: bytes) -> N
         got = t.permute(1, 2, 0).cpu().numpy()
         assert got.shape == ref.shape, i
         # nvJPEG's IDCT/upsampling may differ from libjpeg-turbo by a few levels
-        assert np.abs(got.astype(int) - ref.astype(int)).mean() < 1.5, i
+        diff = float(np.abs(got.astype(int) - ref.astype(int)).mean())
+        print(f"item {i}: mean abs diff {diff:.3f}")  # shown with -s on the GPU machine
+        assert diff < 1.5, (i, diff)
 
 
 def test_errors_are_facegate_errors_only() -> None:

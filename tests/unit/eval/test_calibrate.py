@@ -1,0 +1,30 @@
+"""All-pairs threshold calibration to a named FMR."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from facegate.eval.calibrate import all_pair_scores, calibrate, identity_of
+
+
+def test_identity_of() -> None:
+    assert identity_of("Abel_Pacheco/Abel_Pacheco_0001.jpg") == "Abel_Pacheco"
+
+
+def test_all_pair_scores_counts_and_calibration() -> None:
+    rng = np.random.default_rng(0)
+    n_id, per = 60, 4
+    centres = rng.normal(size=(n_id, 16))
+    emb = np.repeat(centres, per, axis=0) + 0.3 * rng.normal(size=(n_id * per, 16))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    ids = np.repeat(np.arange(n_id).astype(str), per)
+    emb[5] = np.nan  # a face that was not found is skipped
+    gen, imp = all_pair_scores(emb.astype(np.float32), ids, chunk=37)
+    n = n_id * per - 1
+    assert gen.size + imp.size == n * (n - 1) // 2
+    assert gen.size == (n_id - 1) * per * (per - 1) // 2 + 3
+    res = calibrate(emb.astype(np.float32), ids, fmrs=(1e-2,))
+    point = res["points"][0]
+    assert point["fmr_measured"] <= 1e-2 + 1e-9
+    assert 0.0 <= point["fnmr"] < 0.5
+    assert res["impostor_pairs"] == imp.size

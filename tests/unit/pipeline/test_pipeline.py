@@ -1,0 +1,130 @@
+"""FacePipeline on real weights (CPU): selection, gate, compare, batching, pre-aligned crops, stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facegate.config import Settings
+from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.io.decode import decode_image
+from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces
+from facegate.types import Detection, FaceSelect
+
+LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
+
+
+def _det(x1: float, y1: float, x2: float, y2: float, score: float) -> Detection:
+    return Detection(np.array([x1, y1, x2, y2], np.float32), np.zeros((5, 2), np.float32), score)
+
+
+def test_select_faces_policies() -> None:
+    dets = [_det(0, 0, 10, 10, 0.99), _det(0, 0, 50, 50, 0.80), _det(0, 0, 20, 20, 0.70)]
+    assert select_faces(dets, FaceSelect.LARGEST)[0].score == 0.80
+    assert len(select_faces(dets, "all")) == 3
+    assert select_faces(dets, FaceSelect.INDEX, 2)[0].score == 0.70
+    with pytest.raises(FaceSelectionError):
+        select_faces(dets, FaceSelect.INDEX, 3)
+    with pytest.raises(FaceSelectionError):
+        select_faces(dets, FaceSelect.INDEX, None)
+    with pytest.raises(NoFaceError):
+        select_faces([], FaceSelect.LARGEST)
+    with pytest.raises(ValueError):
+        select_faces(dets, "nearest")
+
+
+def test_quality_verdict_reason() -> None:
+    ok = quality_verdict(0.8, 12.0, 0.4)
+    assert ok.accepted and ok.reason is None
+    bad = quality_verdict(0.21, 9.0, 0.4)
+    assert not bad.accepted and bad.reason is not None and bad.reason.startswith("retake")
+    assert "0.21" in bad.reason and "0.40" in bad.reason
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> FacePipeline:
+    return FacePipeline.from_settings(Settings(device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def photos(lfw_root: Path) -> dict[str, np.ndarray]:
+    base = lfw_root / "lfw-deepfunneled"
+    names = {
+        "a1": "Aaron_Peirsol/Aaron_Peirsol_0001.jpg",
+        "a2": "Aaron_Peirsol/Aaron_Peirsol_0002.jpg",
+        "b1": "Aaron_Eckhart/Aaron_Eckhart_0001.jpg",
+    }
+    return {k: decode_image((base / v).read_bytes(), **LIMITS) for k, v in names.items()}
+
+
+def test_faces_compare_real_weights(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    faces = pipeline.faces([photos["a1"], photos["a2"], photos["b1"]], keep_crops=True)
+    assert [len(f) for f in faces] == [1, 1, 1]
+    a1, a2, b1 = (f[0] for f in faces)
+    for f in (a1, a2, b1):
+        assert f.detection is not None and f.detection.score > 0.8
+        assert f.embedding.shape == (128,) and abs(float(np.linalg.norm(f.embedding)) - 1) < 1e-5
+        assert 0.0 <= f.quality.score <= 1.0
+        assert f.crop is not None and f.crop.shape == (112, 112, 3) and f.crop.dtype == np.uint8
+        x1, y1, x2, y2 = f.detection.box
+        assert 40 < (x1 + x2) / 2 < 210 and 40 < (y1 + y2) / 2 < 210  # LFW faces are centred
+    same, diff = pipeline.compare_faces(a1, a2), pipeline.compare_faces(a1, b1)
+    assert same.match is True and diff.match is False
+    assert same.similarity is not None and diff.similarity is not None and same.similarity > diff.similarity + 0.3
+    assert same.threshold == pipeline.operating.match_threshold and same.fmr == pipeline.operating.match_fmr
+
+
+def test_batched_equals_single(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    batched = pipeline.faces([photos["a1"], photos["b1"]])
+    single = pipeline.faces([photos["b1"]])
+    assert float(np.dot(batched[1][0].embedding, single[0][0].embedding)) > 0.9999
+    np.testing.assert_allclose(batched[1][0].detection.box, single[0][0].detection.box, atol=0.5)
+
+
+def test_aligned_crop_skips_detection(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    face = pipeline.faces([photos["a1"]], keep_crops=True)[0][0]
+    again = pipeline.faces([face.crop])[0][0]
+    assert again.detection is None
+    assert float(np.dot(face.embedding, again.embedding)) > 0.9999
+
+
+def test_gate_refuses_and_never_compares(photos: dict[str, np.ndarray]) -> None:
+    strict = FacePipeline.from_settings(Settings(device="cpu", quality_threshold=1.0))
+    a, b = (f[0] for f in strict.faces([photos["a1"], photos["a2"]]))
+    assert not a.quality.accepted and a.quality.reason
+    res = strict.compare_faces(a, b)
+    assert res.refused and res.similarity is None and res.match is None
+    assert res.reason is not None and "img1" in res.reason and "img2" in res.reason
+
+
+def test_no_face_raises(pipeline: FacePipeline) -> None:
+    grey = np.full((240, 320, 3), 128, np.uint8)
+    assert pipeline.detect([grey]) == [[]]
+    with pytest.raises(NoFaceError):
+        pipeline.faces([grey])
+
+
+def test_embed_rejects_bad_crops(pipeline: FacePipeline) -> None:
+    with pytest.raises(InvalidParameterError):
+        pipeline.embed(np.zeros((2, 100, 100, 3), np.uint8))
+    emb, q, raw = pipeline.embed(np.zeros((0, 112, 112, 3), np.uint8))
+    assert emb.shape == (0, 128) and q.shape == (0,) and raw.shape == (0,)
+
+
+def test_fp16_on_cpu_is_refused() -> None:
+    with pytest.raises(InvalidParameterError):
+        FacePipeline.from_settings(Settings(device="cpu", precision="fp16"))
+
+
+def test_engine_stages_split_results(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    detect, embed = pipeline.stages()
+    dets = detect.deliver(detect.execute(detect.prepare([photos["a1"], photos["b1"]])), 2)
+    assert len(dets) == 2 and all(len(d) == 1 for d in dets)
+    crops = pipeline.align([photos["a1"], photos["b1"]], [dets[0][0], dets[1][0]], [0, 1])
+    payloads = [crops[:1], crops]  # two requests: 1 face and 2 faces
+    assert [embed.item_cost(p) for p in payloads] == [1, 2]
+    out = embed.deliver(embed.execute(embed.prepare(payloads)), 2)
+    assert [o[0].shape for o in out] == [(1, 128), (2, 128)]
+    np.testing.assert_allclose(out[0][0][0], out[1][0][0], atol=1e-5)

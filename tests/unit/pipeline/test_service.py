@@ -1,0 +1,62 @@
+"""FaceService: async calls through the batching engine (real detector, tiny recognizer)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from facegate.config import Settings
+from facegate.errors import InvalidParameterError, NoFaceError
+from facegate.pipeline.service import FaceService
+
+
+def _face_like() -> np.ndarray:
+    """A 112×112 crop passed as pre-aligned (no detection needed)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)
+
+
+def test_service_batches_and_matches_sequential() -> None:
+    async def main() -> None:
+        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=0.0, max_wait_ms=20))
+        await svc.start()
+        try:
+            assert svc.ready
+            crops = [np.roll(_face_like(), k, axis=0) for k in range(16)]
+            concurrent = await asyncio.gather(*[svc.face_aligned(c) for c in crops])
+            sequential = [await svc.face_aligned(c) for c in crops]
+            for a, b in zip(concurrent, sequential, strict=True):
+                assert float(np.dot(a.embedding, b.embedding)) > 0.9999
+                assert a.detection is None and a.quality.accepted
+            assert svc.stats.mean_batch_size("embed") > 1.0
+            with pytest.raises(NoFaceError):
+                await svc.faces(np.full((200, 200, 3), 127, np.uint8))
+            with pytest.raises(InvalidParameterError):
+                await svc.face_aligned(np.zeros((100, 100, 3), np.uint8))
+            res = svc.compare(concurrent[0], concurrent[1])
+            assert not res.refused and res.similarity is not None
+        finally:
+            await svc.stop()
+        assert not svc.ready
+
+    asyncio.run(main())
+
+
+def test_service_compare_refused_below_gate() -> None:
+    async def main() -> None:
+        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=1.0))
+        await svc.start()
+        try:
+            a = await svc.face_aligned(_face_like())
+            b = await svc.face_aligned(np.roll(_face_like(), 3, axis=1))
+            res = svc.compare(a, b)
+            assert res.refused and res.match is None and res.similarity is None
+            assert "retake" in (res.reason or "")
+            snap = svc.stats.snapshot()
+            assert "compare_low_quality" in str(snap)
+        finally:
+            await svc.stop()
+
+    asyncio.run(main())
