@@ -121,7 +121,7 @@ def start_server(data_dir: Path, **overrides: Any) -> E2EServer:
     pytest.fail(f"the e2e server did not become ready: {last}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_sync() -> Iterator[Any]:
     """A started Playwright driver; skips the e2e tests when chromium or playwright are missing."""
     if chromium_path() is None:
@@ -137,7 +137,7 @@ def playwright_sync() -> Iterator[Any]:
         pw.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context(playwright_sync: Any) -> Iterator[Any]:
     """A headless chromium context with a fresh user-data directory (removed afterwards)."""
     user_data = tempfile.mkdtemp(prefix="facegate-e2e-chromium-")
