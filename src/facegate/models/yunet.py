@@ -400,7 +400,8 @@ class DetBatch:
     pinned: Tensor | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
-        return int(self.images.shape[0])
+        """Number of real images (``images`` may hold extra zero rows of batch-size padding)."""
+        return int(self.scales.shape[0])
 
     @property
     def input_hw(self) -> tuple[int, int]:
@@ -462,8 +463,24 @@ class FaceDetector:
         self.nms_threshold = float(nms_threshold)
         self.top_k = int(top_k)
         self.max_side = int(max_side)
+        #: Optional batch-size buckets (set by the pipeline on CUDA): batches are padded with zero rows to
+        #: the next bucket so the device meets only batch shapes planned at warm-up. Each new input shape
+        #: otherwise makes cuDNN plan its convolutions again (measured on the H200: batched detection under
+        #: load fell to a few requests/s while new shapes kept arriving).
+        self.batch_buckets: tuple[int, ...] | None = None
 
     # ------------------------------------------------------------------ preprocess (CPU)
+    def padded_hw(self, height: int, width: int) -> tuple[int, int]:
+        """The network input size ``(Hp, Wp)`` an image of this size gets when detected alone.
+
+        Batching only images with the same padded size keeps every result equal to the single-image
+        one: YuNet's outputs near a face change when the zero padding around the image changes
+        (measured on LFW: padding 250×250 photos to 320 instead of 256 moved landmarks by up to 3.9 px).
+        """
+        s = min(1.0, self.max_side / max(height, width))
+        h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
+        return math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
+
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
         """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
 
@@ -489,7 +506,10 @@ class FaceDetector:
             resized.append(img)
         hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        shape = (len(imgs), hp, wp, 3)
+        n_rows = len(imgs)
+        if self.batch_buckets:
+            n_rows = next((b for b in sorted(self.batch_buckets) if b >= n_rows), n_rows)
+        shape = (n_rows, hp, wp, 3)  # rows past len(imgs) are zero padding; postprocess ignores them
         pinned = None
         if self.device.type == "cuda":  # build the batch straight into pinned memory
             pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
@@ -534,6 +554,8 @@ class FaceDetector:
         Landmarks are not clipped (alignment needs their true geometry).
         """
         boxes, lms, scores = decode_yunet(*raw, input_hw=batch.input_hw)
+        n_real = len(batch.scales)  # batch rows past the real images are padding
+        boxes, lms, scores = boxes[:n_real], lms[:n_real], scores[:n_real]
         n, a = scores.shape
         k_max = min(self.top_k, a)
         p = min(k_max, self.prefetch)

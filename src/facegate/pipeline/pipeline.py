@@ -121,6 +121,11 @@ class FacePipeline:
             top_k=settings.det_top_k,
             max_side=settings.det_max_side,
         )
+        if device == "cuda":
+            # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
+            detector.batch_buckets = tuple(
+                sorted({b for b in settings.graph_buckets if b <= settings.max_batch_size} | {settings.max_batch_size})
+            )
         if tiny:
             from facegate.models.recognizer import build_tiny_recognizer
 
@@ -172,9 +177,33 @@ class FacePipeline:
         return cls(spec, detector, recognizer, device=device, operating=operating)
 
     # ------------------------------------------------------------------ batched stages
+    def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
+        """Preprocess ``images`` as one detector batch per padded input size: ``[(indices, DetBatch)]``.
+
+        Images are only batched with images of the same padded size, so each result equals the one the
+        image gets alone (see :meth:`FaceDetector.padded_hw`).
+        """
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, im in enumerate(images):
+            if not isinstance(im, np.ndarray) or im.ndim != 3:
+                raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
+            groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
+        return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in groups.values()]
+
+    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
+        """Forward + postprocess each group; results back in input order."""
+        out: list[list[Detection]] = [[] for _ in range(n)]
+        for idx, batch in groups:
+            for i, dets in zip(idx, self.detector.postprocess(self.detector.forward(batch), batch), strict=True):
+                out[i] = dets
+        return out
+
+    @torch.inference_mode()
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
-        return self.detector.detect(images)
+        if len(images) == 0:
+            return []
+        return self.run_detect_groups(self.detect_groups(images), len(images))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
@@ -285,6 +314,14 @@ class FacePipeline:
         if capture is not None:
             capture()
         rng = np.random.default_rng(0)
+        det = self.detector
+        if det.batch_buckets:  # plan the common detector shapes (LFW-like, 4:3 both ways, square) × buckets
+            for hw in ((250, 250), (480, 640), (640, 480), (640, 640)):
+                for b in det.batch_buckets:
+                    self.detect([rng.integers(0, 255, (*hw, 3), dtype=np.uint8)] * b)
+            if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
+                for b in det.batch_buckets:
+                    self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
         for n in batch_sizes:
             imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
             self.detect(imgs)
@@ -299,13 +336,14 @@ class DetectStage:
     def __init__(self, pipeline: FacePipeline) -> None:
         self.p = pipeline
 
-    def prepare(self, payloads: list[np.ndarray]) -> Any:
-        return self.p.detector.preprocess(payloads)
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
+        return self.p.detect_groups(payloads), len(payloads)
 
     @torch.inference_mode()
-    def execute(self, prepared: Any) -> list[list[Detection]]:
-        # forward + on-device decode/NMS + the batch's one device→host copy all belong to execute
-        return self.p.detector.postprocess(self.p.detector.forward(prepared), prepared)
+    def execute(self, prepared: tuple[list[tuple[list[int], Any]], int]) -> list[list[Detection]]:
+        # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
+        groups, n = prepared
+        return self.p.run_detect_groups(groups, n)
 
     def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
         return result
@@ -326,7 +364,14 @@ class EmbedStage:
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         sizes = [len(c) for c in payloads]
-        x = torch.from_numpy(np.ascontiguousarray(np.concatenate(payloads)))
+        crops = np.concatenate(payloads)
+        buckets = self.p.detector.batch_buckets
+        if self.p.device.type == "cuda" and buckets and not hasattr(self.p.recognizer, "capture"):
+            # eager CUDA: pad to a bucket so cuDNN only meets batch shapes it planned at warm-up
+            n_pad = next((b for b in buckets if b >= len(crops)), len(crops))
+            if n_pad > len(crops):
+                crops = np.concatenate([crops, np.zeros((n_pad - len(crops), *crops.shape[1:]), crops.dtype)])
+        x = torch.from_numpy(np.ascontiguousarray(crops))
         if self.p.device.type == "cuda":
             x = x.pin_memory()
         return x, sizes
