@@ -1,34 +1,34 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
-For each server (``facegate``, ``facegate_nobatch``, ``naive``, ``litserve``; pick with ``--servers``) in
-turn: start it as a subprocess on a free loopback port (its own process session), time the cold start up
-to the first 200 from ``GET /readyz``, then for every request kind and concurrency run facegate's closed-loop
-load generator (:mod:`facegate.bench.http`: ``compare`` = two LFW photos with detection,
-``embed_aligned`` = 112×112 aligned crops, ``aligned=true``) for a time-bounded warm-up and ``--duration``
-seconds, then stop the server (SIGTERM to its session, SIGKILL after 15 s).
+Servers (``facegate``, ``facegate_nobatch``, ``naive``, ``litserve``; pick with ``--servers``) start one
+after the other as subprocesses on free loopback ports, each in its own process session; the cold start is
+the time to the first 200 from ``GET /readyz``. Then every point (request kind × concurrency × server) runs
+facegate's closed-loop load generator (:mod:`facegate.bench.http`: ``compare`` = two LFW photos with
+detection; ``embed_aligned`` = one 112×112 aligned crop, ``aligned=true``) for ``--warmup`` unrecorded
+seconds and ``--duration`` measured ones, ``--rounds`` times. With ``--order interleaved`` (default) all
+servers stay up and the points alternate between them, the idle ones SIGSTOPped (no CPU: an idle LitServe
+polls its queues), so load from other tenants of a shared machine hits every server alike; ``sequential``
+measures one server at a time. Servers end with SIGTERM to their session (SIGKILL after 15 s). Per row:
+req/s is the median over rounds, latency percentiles are over every request of every round.
 
-Load comes from ``--client-procs`` client processes (``auto``: one per 32 clients, at most a third of the
-CPUs), each running ``concurrency/procs`` closed-loop httpx clients; they start the measured phase together
-(a barrier) and their latency samples are merged, so percentiles are over every request. Each row also
-records what could limit it: the busiest client process's CPU use (a Python client saturates near 1.0
-core), the server's CPU use (all its processes; and its busiest thread, since one Python thread holding
-the GIL caps a server near 1.0 core), the machine's CPU busy share, and, with CUDA, GPU utilisation sampled
-every 100 ms (pynvml, else ``nvidia-smi``). ``limits`` lists the flags that fired.
+Load comes from ``--client-procs`` processes (``auto``: one per 32 clients, at most a third of the CPUs),
+each with ``concurrency/procs`` closed-loop httpx clients, started together by a barrier; their latency
+samples are merged. Each row records what could have limited it (``limits``): the busiest client process's
+CPU (a Python client saturates near 1 core), the server's CPU over all its processes and its busiest thread
+(a GIL-bound thread caps near 1 core), the machine's CPU busy share, and with CUDA the GPU utilisation
+sampled every 100 ms (pynvml, else nvidia-smi). ``ok_req_per_server_cpu_s`` (req/s per server CPU core
+used) stays comparable when other tenants take CPU. facegate rows add the mean batch size per stage.
 
-With CUDA it also records each server's GPU memory from the driver (``nvidia-smi --query-compute-apps``
-equivalent, summed over the server's processes, at idle after warm-up and after load) next to a bare
-``torch.cuda.init()`` + one-element tensor process measured in the same run, and facegate's own torch
-numbers (``facegate_gpu_memory_bytes`` from ``/metrics``: allocated, reserved, peak) and its mean batch size
-per stage for every row. The parent never touches CUDA until the very end (``env_record``).
-
-The image pool: ``--n-images`` photos spread evenly over the (sorted) files under ``--images`` (LFW layout;
-default ``$FACEGATE_LFW_ROOT/lfw-deepfunneled``), kept only where facegate's detector finds a face (so every
-server answers 200); the aligned crops are the largest face of each, aligned once with the pipeline's
-own alignment on the CPU and encoded as JPEG (quality 95; ``--crop-format png`` for lossless).
+With CUDA: each server's driver-reported GPU memory (summed over its processes, idle after start-up and
+after load) next to a bare ``torch.cuda.init()`` + one-element-tensor process measured in the same run,
+and facegate's torch allocated/reserved/peak from ``/metrics``. The parent touches CUDA only at the end.
+Images: ``--n-images`` photos spread over ``--images`` (LFW layout; default
+``$FACEGATE_LFW_ROOT/lfw-deepfunneled``) where the detector finds a face; crops are the largest face of
+each, aligned once on the CPU with the pipeline's alignment, JPEG q95 (``--crop-format png``: lossless).
 
 CPU (issue 3; a 2-core box, short):
   python benchmarks/http_e2e.py --device cpu --servers facegate,facegate_nobatch,naive \
-      --concurrency 1,8,32 --duration 10 --out benchmarks/results/http_cpu.json
+      --concurrency 1,8,32 --duration 5 --rounds 2 --warmup 2 --out benchmarks/results/http_cpu.json
 GPU (issue 4, < 5 minutes):
   python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
       --concurrency 1,16,100,256 --duration 5 --out benchmarks/results/http_gpu.json
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import multiprocessing as mp
@@ -61,7 +62,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import _phase, _RequestMaker, collect_images
+from facegate.bench.http import ImageItem, _phase, _RequestMaker
 
 log = logging.getLogger("http_e2e")
 
@@ -75,58 +76,36 @@ SATURATED = 0.85
 
 
 # --------------------------------------------------------------------------- image pool
-def prepare_images(
-    root: Path, n: int, crop_format: str = "jpg"
-) -> tuple[list[tuple[str, bytes, str]], list[tuple[str, bytes, str]]]:
-    """``n`` photos spread over ``root`` with a detectable face, and the aligned crop of each.
+def prepare_images(root: Path, n: int, crop_format: str = "jpg") -> tuple[list[ImageItem], list[ImageItem]]:
+    """``n`` photos with a face under ``root`` and their aligned crops, as ``[(name, bytes, MIME type)]``.
 
-    Returns ``(photos, crops)`` as ``[(file name, encoded bytes, MIME type)]``; crops are ``112×112`` RGB
-    encoded as JPEG (q 95) or PNG. Runs on the CPU (the parent must not create a CUDA context).
+    Runs on the CPU (the parent must not create a CUDA context); crops are encoded JPEG q95 or PNG.
     """
     import cv2
     import torch
 
-    from facegate.io.decode import decode_image
-    from facegate.models.yunet import FaceDetector, load_yunet
-    from facegate.pipeline.pipeline import FacePipeline, select_faces
+    from cpu_models import lfw_faces
 
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    files = collect_images([root])
-    step = max(1, len(files) // max(1, n))
-    chosen = files[::step][: n + n // 4]  # a few spare for photos without a face
-    detector = FaceDetector(load_yunet(), device="cpu")
-    photos: list[tuple[str, bytes, str]] = []
-    crops: list[tuple[str, bytes, str]] = []
-    for start in range(0, len(chosen), 32):
-        chunk = chosen[start : start + 32]
-        datas = [p.read_bytes() for p in chunk]
-        images = [decode_image(d, max_bytes=20 << 20, max_pixels=40_000_000) for d in datas]
-        for path, data, img, dets in zip(chunk, datas, images, detector.detect(images), strict=True):
-            if not dets or len(photos) >= n:
-                continue
-            det = select_faces(dets)[0]
-            crop = FacePipeline.align([img], [det], [0])[0]
-            ext = ".png" if crop_format == "png" else ".jpg"
-            params = [] if crop_format == "png" else [cv2.IMWRITE_JPEG_QUALITY, 95]
-            ok, buf = cv2.imencode(ext, np.ascontiguousarray(crop[:, :, ::-1]), params)
-            if not ok:
-                continue
-            mime = "image/png" if crop_format == "png" else "image/jpeg"
-            photos.append((path.name, data, "image/jpeg"))
-            crops.append((path.stem + "_crop" + ext, buf.tobytes(), mime))
-    if len(photos) < 2:
-        raise SystemExit(f"fewer than 2 photos with a face under {root}")
+    ext, mime = (".png", "image/png") if crop_format == "png" else (".jpg", "image/jpeg")
+    params = [] if crop_format == "png" else [cv2.IMWRITE_JPEG_QUALITY, 95]
+    photos: list[ImageItem] = []
+    crops: list[ImageItem] = []
+    for f in lfw_faces(root, n):
+        ok, buf = cv2.imencode(ext, np.ascontiguousarray(f.crop[:, :, ::-1]), params)
+        if ok:
+            photos.append((f.path.name, f.data, "image/jpeg"))
+            crops.append((f.path.stem + "_crop" + ext, buf.tobytes(), mime))
     return photos, crops
 
 
 # --------------------------------------------------------------------------- /proc helpers
 def _stat_fields(path: str) -> list[str] | None:
-    try:
-        with open(path) as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()  # fields from 'state' (field 3) on
+    """Fields of a /proc stat file from 'state' (field 3) on; None when the process is gone."""
+    with contextlib.suppress(OSError), open(path) as fh:
+        raw = fh.read()
+        return raw[raw.rfind(")") + 2 :].split()
+    return None
 
 
 def session_pids(sid: int) -> list[int]:
@@ -184,19 +163,9 @@ class GpuMonitor:
     def available(self) -> bool:
         return self.backend != "none"
 
-    def name(self) -> str | None:
-        if self.nvml is not None:
-            n = self.nvml.nvmlDeviceGetName(self.handle)
-            return n.decode() if isinstance(n, bytes) else str(n)
-        return self._smi(["--query-gpu=name"])[0][0] if self.backend == "nvidia-smi" else None
-
     def _smi(self, query: list[str]) -> list[list[str]]:
-        res = subprocess.run(
-            ["nvidia-smi", *query, "--format=csv,noheader,nounits", "-i", str(self.index)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        cmd = ["nvidia-smi", *query, "--format=csv,noheader,nounits", "-i", str(self.index)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
         return [[c.strip() for c in line.split(",")] for line in res.stdout.strip().splitlines() if line.strip()]
 
     def read(self) -> tuple[float, float]:
@@ -237,13 +206,9 @@ class GpuMonitor:
         s = [x for x in self.samples if t0 <= x[0] <= t1]
         if not s:
             return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_used_max_mib": None, "gpu_samples": 0}
-        u = np.array([x[1] for x in s])
-        return {
-            "gpu_util_mean": round(float(u.mean()), 1),
-            "gpu_util_max": round(float(u.max()), 1),
-            "gpu_mem_used_max_mib": round(max(x[2] for x in s), 1),
-            "gpu_samples": len(s),
-        }
+        u, m = np.array([x[1] for x in s]), max(x[2] for x in s)
+        return {"gpu_util_mean": round(float(u.mean()), 1), "gpu_util_max": round(float(u.max()), 1),
+                "gpu_mem_used_max_mib": round(m, 1), "gpu_samples": len(s)}  # fmt: skip
 
 
 def gpu_index() -> int:
@@ -310,14 +275,7 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
     if name == "naive":
         return [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
     if name == "litserve":
-        argv = [
-            py,
-            str(PEERS / "litserve_server.py"),
-            "--port",
-            str(port),
-            "--device",
-            "cuda" if dev == "cuda" else "cpu",
-        ]
+        argv = [py, str(PEERS / "litserve_server.py"), "--port", str(port), "--device", dev]
         argv += ["--precision", o.peer_precision or o.precision, "--compile", o.peer_compile]
         argv += ["--max-batch-size", "64", "--batch-timeout-ms", str(o.litserve_batch_timeout_ms)]
         if o.litserve_fast_queue:
@@ -367,6 +325,18 @@ class Server:
                 time.sleep(0.1)
         raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s: {self.log_tail()}")
 
+    def pause(self) -> None:
+        """SIGSTOP the server's whole session (an idle LitServe polls its queues: ≈0.3 core on 2 CPUs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            time.sleep(0.2)
+
     def pids(self) -> list[int]:
         return session_pids(self.proc.pid) if self.proc is not None else []
 
@@ -375,6 +345,7 @@ class Server:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused session handles SIGTERM only once resumed
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -385,9 +356,7 @@ class Server:
             self.proc.wait(timeout=5)
 
     def log_tail(self, n: int = 1500) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-n:]
-        return ""
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.is_file() else ""
 
 
 def scrape_facegate(url: str) -> dict[str, Any]:
@@ -405,6 +374,7 @@ def scrape_facegate(url: str) -> dict[str, Any]:
 
 
 def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Mean executed batch size per stage between two :func:`scrape_facegate` snapshots."""
     res = {}
     for stage, a in after.get("batch", {}).items():
         b = before.get("batch", {}).get(stage, {})
@@ -431,40 +401,16 @@ async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     timeout = httpx.Timeout(spec["timeout_s"], connect=10.0)
     async with httpx.AsyncClient(base_url=spec["url"], limits=limits, timeout=timeout) as client:
-        offset = spec["offset"]
+        phase = functools.partial(_phase, client, make, concurrency=c, n_requests=None, progress=None)
         if spec["warmup_s"] > 0:
-            await _phase(
-                client,
-                make,
-                concurrency=c,
-                n_requests=None,
-                duration_s=spec["warmup_s"],
-                start_index=offset,
-                progress=None,
-            )
+            await phase(duration_s=spec["warmup_s"], start_index=spec["offset"])
         barrier.wait(timeout=spec["barrier_timeout_s"])  # nothing else runs on this loop now
         cpu0 = time.process_time()
-        rec = await _phase(
-            client,
-            make,
-            concurrency=c,
-            n_requests=None,
-            duration_s=spec["duration_s"],
-            start_index=offset + 7_919,
-            progress=None,
-        )
+        rec = await phase(duration_s=spec["duration_s"], start_index=spec["offset"] + 7_919)
         cpu = time.process_time() - cpu0
-    return {
-        "proc": spec["proc"],
-        "concurrency": c,
-        "latencies_s": rec.latencies_s,
-        "errors": dict(rec.errors),
-        "item_errors": dict(rec.item_errors),
-        "n": rec.n,
-        "first_send": rec.first_send,
-        "last_done": rec.last_done,
-        "cpu_s": cpu,
-    }
+    return {"proc": spec["proc"], "concurrency": c, "latencies_s": rec.latencies_s, "errors": dict(rec.errors),
+            "item_errors": dict(rec.item_errors), "n": rec.n, "first_send": rec.first_send,
+            "last_done": rec.last_done, "cpu_s": cpu}  # fmt: skip
 
 
 def auto_client_procs(concurrency: int) -> int:
@@ -472,47 +418,31 @@ def auto_client_procs(concurrency: int) -> int:
     return max(1, min(math.ceil(concurrency / 32), (os.cpu_count() or 1) // 3, concurrency))
 
 
-def run_point(
-    server: Server,
-    *,
-    kind: str,
-    pool: list[tuple[str, bytes, str]],
-    concurrency: int,
-    o: argparse.Namespace,
-    gpu: GpuMonitor | None,
-) -> dict[str, Any]:
-    """One (server, kind, concurrency) measurement with merged client samples and limit diagnostics."""
+def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: int, o: argparse.Namespace,
+              gpu: GpuMonitor | None) -> dict[str, Any]:  # fmt: skip
+    """One measured round of (server, kind, concurrency): merged raw client samples and limit diagnostics."""
     procs_n = auto_client_procs(concurrency) if o.client_procs == "auto" else min(int(o.client_procs), concurrency)
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-    barrier = ctx.Barrier(procs_n + 1)
-    out_q = ctx.Queue()
+    barrier, out_q, procs = ctx.Barrier(procs_n + 1), ctx.Queue(), []
     k = o.images_per_request if kind == "embed_aligned" else 1
-    procs = []
+    wait_s = o.warmup + o.timeout + 60
     for i in range(procs_n):
         spec = {
-            "proc": i,
-            "url": server.url,
-            "kind": kind,
-            "pool": pool,
-            "images_per_request": k,
+            "proc": i, "url": server.url, "kind": kind, "pool": pool, "images_per_request": k,
             "concurrency": concurrency // procs_n + (1 if i < concurrency % procs_n else 0),
-            "warmup_s": o.warmup,
-            "duration_s": o.duration,
-            "timeout_s": o.timeout,
-            "offset": i * 104_729,
-            "barrier_timeout_s": o.warmup + o.timeout + 60,
-        }
-        p = ctx.Process(target=_client_main, args=(spec, barrier, out_q), daemon=True)
-        p.start()
-        procs.append(p)
+            "warmup_s": o.warmup, "duration_s": o.duration, "timeout_s": o.timeout,
+            "offset": i * 104_729 + int(time.time()) % 997, "barrier_timeout_s": wait_s,
+        }  # fmt: skip
+        procs.append(ctx.Process(target=_client_main, args=(spec, barrier, out_q), daemon=True))
+        procs[-1].start()
     is_fg = server.name.startswith("facegate")
-    load0 = os.getloadavg()
+    load0 = os.getloadavg()[0]
     with contextlib.suppress(threading.BrokenBarrierError):  # a failed client reports through the queue
-        barrier.wait(timeout=o.warmup + o.timeout + 60)
+        barrier.wait(timeout=wait_s)
     metrics0 = scrape_facegate(server.url) if is_fg else {}
     pids = server.pids()
     th0, m0, t0 = thread_ticks(pids), machine_ticks(), time.perf_counter()
-    results = [out_q.get(timeout=o.duration + o.warmup + o.timeout + 120) for _ in procs]
+    results = [out_q.get(timeout=o.duration + wait_s + 60) for _ in procs]
     t1, th1, m1 = time.perf_counter(), thread_ticks(pids), machine_ticks()
     metrics1 = scrape_facegate(server.url) if is_fg else {}
     for p in procs:
@@ -520,199 +450,270 @@ def run_point(
     failed = [r["error"] for r in results if "error" in r]
     if failed:
         raise RuntimeError(f"client process failed: {failed[0]}")
-
-    lat = np.concatenate([np.asarray(r["latencies_s"], np.float64) for r in results]) * 1000.0
-    n = sum(r["n"] for r in results)
     firsts = [r["first_send"] for r in results if r["first_send"] is not None]
-    elapsed = max(r["last_done"] for r in results) - min(firsts) if firsts else 0.0
-    errors: dict[str, int] = {}
-    item_errors: dict[str, int] = {}
-    for r in results:
-        for key, v in r["errors"].items():
-            errors[key] = errors.get(key, 0) + v
-        for key, v in r["item_errors"].items():
-            item_errors[key] = item_errors.get(key, 0) + v
-    client_cpu = [
-        round(r["cpu_s"] / max(r["last_done"] - (r["first_send"] or r["last_done"]), 1e-9), 2) for r in results
-    ]
     wall = max(t1 - t0, 1e-9)
-    deltas = {key: th1[key] - th0.get(key, 0) for key in th1}
-    server_cores = sum(deltas.values()) / CLK_TCK / wall
-    top_thread = max(deltas.values(), default=0) / CLK_TCK / wall
-    machine_busy = (m1[0] - m0[0]) / max(m1[1] - m0[1], 1)
-    per_req = 2 if kind == "compare" else k
+    deltas = [th1[key] - th0.get(key, 0) for key in th1]
+    raw: dict[str, Any] = {
+        "lat_ms": np.concatenate([np.asarray(r["latencies_s"], np.float64) for r in results]) * 1000.0,
+        "n": sum(r["n"] for r in results),
+        "elapsed_s": max(r["last_done"] for r in results) - min(firsts) if firsts else 0.0,
+        "errors": _add_counts(r["errors"] for r in results),
+        "item_errors": _add_counts(r["item_errors"] for r in results),
+        "client_procs": procs_n,
+        "client_cpu": max(
+            r["cpu_s"] / max(r["last_done"] - (r["first_send"] or r["last_done"]), 1e-9) for r in results
+        ),
+        "server_cpu_cores": sum(deltas) / CLK_TCK / wall,
+        "server_top_thread_cpu": max(deltas, default=0) / CLK_TCK / wall,
+        "server_processes": len(pids),
+        "machine_cpu_busy": (m1[0] - m0[0]) / max(m1[1] - m0[1], 1),
+        "loadavg_1m": (load0 + os.getloadavg()[0]) / 2,
+    }
+    if is_fg:
+        raw["mean_batch_size"] = mean_batch(metrics0, metrics1)
+    if gpu is not None:
+        raw.update(gpu.window(t0, t1))
+    return raw
+
+
+def _add_counts(dicts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for key, v in d.items():
+            out[key] = out.get(key, 0) + v
+    return out
+
+
+def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the rounds of a point: median req/s over rounds, percentiles over every request."""
+    lat = np.concatenate([r["lat_ms"] for r in rounds])
     n_ok = int(lat.size)
+    ok_rates = [r["lat_ms"].size / r["elapsed_s"] if r["elapsed_s"] else 0.0 for r in rounds]
+    rates = [r["n"] / r["elapsed_s"] if r["elapsed_s"] else 0.0 for r in rounds]
+    ok_req_s = float(np.median(ok_rates))
 
     def pct(q: float) -> float | None:
         return round(float(np.percentile(lat, q)), 2) if n_ok else None
 
+    def avg(key: str) -> float:
+        return round(float(np.mean([r[key] for r in rounds])), 3)
+
     row: dict[str, Any] = {
-        "server": server.name,
-        "kind": kind,
-        "concurrency": concurrency,
-        "images_per_request": per_req,
-        "n": n,
-        "n_ok": n_ok,
-        "elapsed_s": round(elapsed, 3),
-        "req_s": round(n / elapsed, 2) if elapsed else 0.0,
-        "ok_req_s": round(n_ok / elapsed, 2) if elapsed else 0.0,
-        "images_s": round(n_ok * per_req / elapsed, 2) if elapsed else 0.0,
-        "p50_ms": pct(50),
-        "p95_ms": pct(95),
-        "p99_ms": pct(99),
+        "server": server, "kind": kind, "concurrency": c, "images_per_request": per_req,
+        "rounds": len(rounds), "n": sum(r["n"] for r in rounds), "n_ok": n_ok,
+        "elapsed_s": round(sum(r["elapsed_s"] for r in rounds), 3),
+        "req_s": round(float(np.median(rates)), 2), "ok_req_s": round(ok_req_s, 2),
+        "ok_req_s_rounds": [round(x, 2) for x in ok_rates], "images_s": round(ok_req_s * per_req, 2),
+        "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
         "mean_ms": round(float(lat.mean()), 2) if n_ok else None,
         "max_ms": round(float(lat.max()), 2) if n_ok else None,
-        "errors": errors,
-        "item_errors": item_errors,
-        "client_procs": procs_n,
-        "client_cpu_per_proc": client_cpu,
-        "server_cpu_cores": round(server_cores, 2),
-        "server_top_thread_cpu": round(top_thread, 2),
-        "server_processes": len(pids),
-        "machine_cpu_busy": round(machine_busy, 3),
-        "loadavg_1m": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
-    }
-    if is_fg:
-        row["mean_batch_size"] = mean_batch(metrics0, metrics1)
-    if gpu is not None and gpu.available:
-        row.update(gpu.window(t0, t1))
+        "errors": _add_counts(r["errors"] for r in rounds),
+        "item_errors": _add_counts(r["item_errors"] for r in rounds),
+        "client_procs": rounds[0]["client_procs"], "client_cpu_max": round(max(r["client_cpu"] for r in rounds), 2),
+        "server_cpu_cores": avg("server_cpu_cores"), "server_top_thread_cpu": avg("server_top_thread_cpu"),
+        "server_processes": rounds[0]["server_processes"], "machine_cpu_busy": avg("machine_cpu_busy"),
+        "loadavg_1m": avg("loadavg_1m"),
+    }  # fmt: skip
+    cores = row["server_cpu_cores"]
+    row["ok_req_per_server_cpu_s"] = round(ok_req_s / cores, 2) if cores > 0.05 else None  # robust to CPU share
+    if "mean_batch_size" in rounds[0]:
+        stages = {st for r in rounds for st in r["mean_batch_size"]}
+        row["mean_batch_size"] = {
+            st: round(float(np.mean([r["mean_batch_size"][st] for r in rounds if st in r["mean_batch_size"]])), 2)
+            for st in sorted(stages)
+        }
+    if rounds[0].get("gpu_samples"):
+        row["gpu_util_mean"] = round(float(np.mean([r["gpu_util_mean"] or 0 for r in rounds])), 1)
+        row["gpu_util_max"] = max(r["gpu_util_max"] or 0 for r in rounds)
+        row["gpu_mem_used_max_mib"] = max(r["gpu_mem_used_max_mib"] or 0 for r in rounds)
     row["limits"] = limits_of(row)
     return row
 
 
 def limits_of(row: dict[str, Any]) -> list[str]:
     """Which resource plausibly capped this row (heuristic flags; see the module docstring)."""
-    out = []
-    if max(row["client_cpu_per_proc"], default=0) >= SATURATED:
-        out.append("client_cpu")
-    if row["server_top_thread_cpu"] >= SATURATED:
-        out.append("server_thread_cpu")
-    if row["machine_cpu_busy"] >= 0.9:
-        out.append("machine_cpu")
-    if (row.get("gpu_util_mean") or 0) >= 85:
-        out.append("gpu")
-    return out
+    flags = {
+        "client_cpu": row["client_cpu_max"] >= SATURATED,
+        "server_thread_cpu": row["server_top_thread_cpu"] >= SATURATED,
+        "machine_cpu": row["machine_cpu_busy"] >= 0.9,
+        "gpu": (row.get("gpu_util_mean") or 0) >= 85,
+    }
+    return [k for k, v in flags.items() if v]
 
 
 # --------------------------------------------------------------------------- driver
-def run_server(
-    name: str,
-    o: argparse.Namespace,
-    pools: dict[str, list[tuple[str, bytes, str]]],
-    workdir: Path,
-    gpu: GpuMonitor | None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Start one server, measure every kind × concurrency, stop it. Returns (server info, rows)."""
+def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonitor | None) -> Server:
+    """Start ``name``, wait for /readyz, record cold start and idle memory; raises RuntimeError on failure."""
     port = free_port()
     data_dir = workdir / f"data_{name}"
     data_dir.mkdir(exist_ok=True)
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log")
-    info: dict[str, Any] = {"argv": [Path(a).name if a == sys.executable else a for a in srv.argv]}
-    rows: list[dict[str, Any]] = []
-    used0 = gpu.read()[1] if gpu is not None and gpu.available else None
+    srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
+    used0 = gpu.read()[1] if gpu is not None else 0.0
     log.info("starting %s: %s", name, " ".join(srv.argv))
     srv.start()
     try:
-        info["cold_start_s"] = round(srv.wait_ready(o.ready_timeout), 2)
-        log.info("%s ready in %.1f s", name, info["cold_start_s"])
-        if gpu is not None and gpu.available:
-            time.sleep(0.5)
-            info["gpu_memory_idle"] = process_gpu_mib(gpu, srv.pids())
-            info["gpu_memory_idle"]["device_used_delta_mib"] = round(gpu.read()[1] - (used0 or 0.0), 1)
-        if name.startswith("facegate"):
-            info["torch_memory_idle_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
-        for kind in o.kinds:
-            for c in o.concurrency:
-                row = run_point(srv, kind=kind, pool=pools[kind], concurrency=c, o=o, gpu=gpu)
-                rows.append(row)
-                log.info(
-                    "%-16s %-13s c=%-4d %8.1f req/s %8.1f img/s  p50 %s p99 %s ms  err %s  limits %s",
-                    name, kind, c, row["ok_req_s"], row["images_s"], row["p50_ms"], row["p99_ms"],
-                    row["errors"] or "-", row["limits"] or "-",
-                )  # fmt: skip
-        if gpu is not None and gpu.available:
-            info["gpu_memory_after_load"] = process_gpu_mib(gpu, srv.pids())
-            info["gpu_memory_after_load"]["device_used_delta_mib"] = round(gpu.read()[1] - (used0 or 0.0), 1)
-        if name.startswith("facegate"):
-            info["torch_memory_after_load_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
-    except Exception as exc:
-        log.error("%s failed: %s", name, exc)
-        info["error"] = str(exc)[-2000:]
-    finally:
+        srv.info["cold_start_s"] = round(srv.wait_ready(o.ready_timeout), 2)
+    except RuntimeError:
         srv.stop()
-    return info, rows
+        raise
+    log.info("%s ready in %.1f s", name, srv.info["cold_start_s"])
+    if gpu is not None:
+        time.sleep(0.5)
+        srv.info["gpu_memory_idle"] = process_gpu_mib(gpu, srv.pids())
+        srv.info["gpu_memory_idle"]["device_used_delta_mib"] = round(gpu.read()[1] - used0, 1)
+    if name.startswith("facegate"):
+        srv.info["torch_memory_idle_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
+    return srv
+
+
+def run_all(
+    o: argparse.Namespace, pools: dict[str, list[ImageItem]], workdir: Path, gpu: GpuMonitor | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Start the servers one by one, run every point (interleaved or per server), stop them."""
+    infos: dict[str, Any] = {}
+    servers: list[Server] = []
+    samples: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    interleaved = o.order == "interleaved"
+
+    def measure(srv: Server, kind: str, c: int) -> None:
+        if interleaved:
+            srv.resume()
+        try:
+            raw = run_point(srv, kind=kind, pool=pools[kind], concurrency=c, o=o, gpu=gpu)
+        except Exception as exc:
+            log.error("%s %s c=%d failed: %s", srv.name, kind, c, exc)
+            srv.info.setdefault("errors", []).append(f"{kind} c={c}: {exc}"[-1000:])
+            return
+        finally:
+            if interleaved:
+                srv.pause()
+        samples.setdefault((srv.name, kind, c), []).append(raw)
+        log.info(
+            "%-16s %-13s c=%-4d %8.1f req/s  p50 %.1f ms  err %s",
+            srv.name, kind, c, raw["lat_ms"].size / max(raw["elapsed_s"], 1e-9),
+            float(np.median(raw["lat_ms"])) if raw["lat_ms"].size else float("nan"), raw["errors"] or "-",
+        )  # fmt: skip
+
+    def finish(srv: Server) -> None:
+        srv.resume()
+        if srv.proc is not None and srv.proc.poll() is None:
+            if gpu is not None:
+                srv.info["gpu_memory_after_load"] = process_gpu_mib(gpu, srv.pids())
+            if srv.name.startswith("facegate"):
+                srv.info["torch_memory_after_load_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
+        srv.stop()
+
+    points = [(kind, c) for _ in range(o.rounds) for kind in o.kinds for c in o.concurrency]
+    try:
+        for name in o.servers:
+            try:
+                srv = start_server(name, o, workdir, gpu)
+            except RuntimeError as exc:
+                log.error("%s failed to start: %s", name, exc)
+                infos[name] = {"error": str(exc)[-2000:]}
+                continue
+            servers.append(srv)
+            infos[name] = srv.info
+            if interleaved:
+                srv.pause()  # a paused server uses no CPU while the others are measured
+            else:
+                for kind, c in points:
+                    measure(srv, kind, c)
+                finish(srv)
+        for kind, c in points if interleaved else []:
+            for srv in servers:
+                measure(srv, kind, c)
+    finally:
+        for srv in servers:
+            finish(srv)  # a no-op for a server already stopped
+    rows = []
+    for (name, kind, c), raws in samples.items():
+        per_req = 2 if kind == "compare" else o.images_per_request
+        rows.append(summarise(name, kind, c, per_req, raws))
+    order = {n: i for i, n in enumerate(o.servers)}
+    rows.sort(key=lambda r: (o.kinds.index(r["kind"]), r["concurrency"], order[r["server"]]))
+    return infos, rows
 
 
 def ratios(rows: list[dict[str, Any]], base: str = "facegate") -> dict[str, dict[str, dict[str, float | None]]]:
     """``{"facegate/<other>": {kind: {concurrency: ok_req_s ratio}}}`` for every other server present."""
     by = {(r["server"], r["kind"], r["concurrency"]): r for r in rows}
     out: dict[str, dict[str, dict[str, float | None]]] = {}
-    for other in sorted({r["server"] for r in rows} - {base}):
+    for other in [s for s in SERVER_NAMES if s != base and any(r["server"] == s for r in rows)]:
         table: dict[str, dict[str, float | None]] = {}
-        for (srv, kind, c), r in sorted(by.items()):
-            if srv != base:
-                continue
-            o = by.get((other, kind, c))
-            val = round(r["ok_req_s"] / o["ok_req_s"], 2) if o and o["ok_req_s"] else None
-            table.setdefault(kind, {})[str(c)] = val
+        for (srv, kind, c), r in by.items():
+            if srv == base:
+                o = by.get((other, kind, c))
+                table.setdefault(kind, {})[str(c)] = (
+                    round(r["ok_req_s"] / o["ok_req_s"], 2) if o and o["ok_req_s"] else None
+                )
         out[f"{base}/{other}"] = table
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """A summary table per request kind: req/s and p50/p99 per server, and facegate's ratios."""
-    rows = result["rows"]
+    """Per request kind: req/s (p50 / p99 ms) per server with facegate's ratios, then req per server CPU-second."""
+    rows, lines = result["rows"], []
     servers = [s for s in SERVER_NAMES if any(r["server"] == s for r in rows)]
-    lines = []
+
+    def row(s: str, kind: str, c: int) -> dict[str, Any] | None:
+        return next((x for x in rows if (x["server"], x["kind"], x["concurrency"]) == (s, kind, c)), None)
+
     for kind in dict.fromkeys(r["kind"] for r in rows):
-        lines.append(f"\n**{kind}** (req/s; p50 / p99 ms)\n")
-        ratio_keys = [k for k in result["ratios"] if kind in result["ratios"][k]]
-        head = ["concurrency", *servers, *ratio_keys]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        for c in dict.fromkeys(r["concurrency"] for r in rows if r["kind"] == kind):
+        keys = [k for k in result["ratios"] if kind in result["ratios"][k]]
+        conc = list(dict.fromkeys(r["concurrency"] for r in rows if r["kind"] == kind))
+        head = ["concurrency", *servers, *keys]
+        lines += [f"\n**{kind}**: req/s (p50 / p99 ms)\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for c in conc:
             cells = [str(c)]
             for s in servers:
-                r = next((x for x in rows if x["server"] == s and x["kind"] == kind and x["concurrency"] == c), None)
-                if r is None:
-                    cells.append("–")
-                else:
-                    err = f", {sum(r['errors'].values())} err" if r["errors"] else ""
-                    cells.append(f"{r['ok_req_s']:.1f} ({r['p50_ms']} / {r['p99_ms']}{err})")
-            cells += [
-                "–" if result["ratios"][k][kind].get(str(c)) is None else f"{result['ratios'][k][kind][str(c)]:.2f}×"
-                for k in ratio_keys
-            ]
+                r = row(s, kind, c)
+                err = f", {sum(r['errors'].values())} err" if r and r["errors"] else ""
+                cells.append("–" if r is None else f"{r['ok_req_s']:.1f} ({r['p50_ms']} / {r['p99_ms']}{err})")
+            cells += ["–" if (v := result["ratios"][k][kind].get(str(c))) is None else f"{v:.2f}×" for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += [f"\n**{kind}**: req per server CPU-second (server CPU cores used)\n"]
+        lines += ["| " + " | ".join(["concurrency", *servers]) + " |", "|" + "---|" * (len(servers) + 1)]
+        for c in conc:
+            cells = [str(c)]
+            for s in servers:
+                r = row(s, kind, c)
+                ok = r is not None and r["ok_req_per_server_cpu_s"] is not None
+                cells.append(f"{r['ok_req_per_server_cpu_s']:.1f} ({r['server_cpu_cores']:.2f})" if ok else "–")  # type: ignore[index]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="facegate's precision")
-    p.add_argument("--compile", default="off", choices=["off", "graphs", "inductor"], help="facegate's compile mode")
-    p.add_argument("--peer-precision", default=None, help="LitServe's precision (default: --precision)")
-    p.add_argument("--peer-compile", default="off", choices=["off", "graphs", "inductor"], help="LitServe's")
-    p.add_argument("--max-batch-size", type=int, default=64, help="facegate's engine batch size")
-    p.add_argument("--max-wait-ms", type=float, default=None, help="facegate's batch fill wait (default: config)")
-    p.add_argument("--images", type=Path, default=None, help="folder of LFW-layout photos")
-    p.add_argument("--n-images", type=int, default=256)
-    p.add_argument("--crop-format", default="jpg", choices=["jpg", "png"])
-    p.add_argument("--concurrency", default="1,8,32", help="comma-separated list")
-    p.add_argument("--kinds", default=",".join(KIND_CHOICES), help="compare,embed_aligned")
-    p.add_argument("--servers", default="facegate,naive,litserve", help=f"subset of {','.join(SERVER_NAMES)}")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
-    p.add_argument("--warmup", type=float, default=1.5, help="unrecorded seconds per point")
-    p.add_argument("--images-per-request", type=int, default=1, help="images per embed_aligned request")
-    p.add_argument("--client-procs", default="auto", help="'auto' or a number of client processes")
-    p.add_argument("--timeout", type=float, default=60.0, help="per-request client timeout")
-    p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--litserve-batch-timeout-ms", type=float, default=3.0)
-    p.add_argument("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
-    p.add_argument("--litserve-api-servers", type=int, default=None)
-    p.add_argument("--no-bare-context", dest="bare_context", action="store_false")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/http_e2e.json"))
+    add = p.add_argument
+    add("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="facegate's precision")
+    add("--compile", default="off", choices=["off", "graphs", "inductor"], help="facegate's compile mode")
+    add("--peer-precision", default=None, help="LitServe's precision (default: --precision; naive is always fp32)")
+    add("--peer-compile", default="off", choices=["off", "graphs", "inductor"], help="LitServe's compile mode")
+    add("--max-batch-size", type=int, default=64, help="facegate's engine batch size")
+    add("--max-wait-ms", type=float, default=None, help="facegate's batch fill wait (default: its config)")
+    add("--images", type=Path, default=None, help="folder of LFW-layout photos")
+    add("--n-images", type=int, default=256)
+    add("--crop-format", default="jpg", choices=["jpg", "png"])
+    add("--concurrency", default="1,8,32", help="comma-separated list")
+    add("--kinds", default=",".join(KIND_CHOICES), help="compare,embed_aligned")
+    add("--servers", default="facegate,naive,litserve", help=f"subset of {','.join(SERVER_NAMES)}")
+    add("--order", default="interleaved", choices=["interleaved", "sequential"])
+    add("--rounds", type=int, default=1, help="measured rounds per point (req/s: median; percentiles: all)")
+    add("--duration", type=float, default=5.0, help="measured seconds per point and round")
+    add("--warmup", type=float, default=2.0, help="unrecorded seconds per round (LitServe needs ≈2 s after a pause)")
+    add("--images-per-request", type=int, default=1, help="images per embed_aligned request")
+    add("--client-procs", default="auto", help="'auto' or a number of client processes")
+    add("--timeout", type=float, default=60.0, help="per-request client timeout")
+    add("--ready-timeout", type=float, default=300.0)
+    add("--litserve-batch-timeout-ms", type=float, default=3.0)
+    add("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
+    add("--litserve-api-servers", type=int, default=None)
+    add("--no-bare-context", dest="bare_context", action="store_false")
+    add("--out", type=Path, default=Path("benchmarks/results/http_e2e.json"))
     o = p.parse_args(argv)
     o.concurrency = [int(x) for x in str(o.concurrency).split(",") if x.strip()]
     o.kinds = [k.strip() for k in o.kinds.split(",") if k.strip()]
@@ -731,46 +732,41 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     o = parse_args(argv)
     gpu = GpuMonitor(gpu_index()) if o.device in ("auto", "cuda") else None
-    if gpu is not None and not gpu.available:
-        gpu = None
+    gpu = gpu if gpu is not None and gpu.available else None
     if o.device == "auto":
         o.device = "cuda" if gpu is not None else "cpu"
     if o.images is None:
-        lfw = os.environ.get("FACEGATE_LFW_ROOT")
-        if not lfw:
+        if not os.environ.get("FACEGATE_LFW_ROOT"):
             raise SystemExit("give --images DIR or set FACEGATE_LFW_ROOT")
-        o.images = Path(lfw) / "lfw-deepfunneled"
+        o.images = Path(os.environ["FACEGATE_LFW_ROOT"]) / "lfw-deepfunneled"
     t_all = time.perf_counter()
     photos, crops = prepare_images(o.images, o.n_images, o.crop_format)
     log.info("image pool: %d photos, %d crops (%.1f s)", len(photos), len(crops), time.perf_counter() - t_all)
-    pools = {"compare": photos, "embed_aligned": crops}
-    result: dict[str, Any] = {"benchmark": "http_e2e", "command": " ".join(["python", *sys.argv]), "servers": {}}
+    n_points = len(o.servers) * len(o.kinds) * len(o.concurrency) * o.rounds
+    log.info("%d points × ≈%.1f s ≈ %.0f s plus server starts", n_points, o.warmup + o.duration + 1.5,
+             n_points * (o.warmup + o.duration + 1.5))  # fmt: skip
+    result: dict[str, Any] = {"benchmark": "http_e2e", "command": " ".join(["python", *sys.argv])}
     if gpu is not None:
         gpu.start()
         if o.bare_context:
             result["bare_cuda_context"] = bare_context_mib(gpu)
             log.info("bare CUDA context: %s", result["bare_cuda_context"])
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="http_e2e_") as tmp:
-        for name in o.servers:
-            info, srows = run_server(name, o, pools, Path(tmp), gpu)
-            result["servers"][name] = info
-            rows.extend(srows)
+        result["servers"], rows = run_all(o, {"compare": photos, "embed_aligned": crops}, Path(tmp), gpu)
     if gpu is not None:
         gpu.stop()
-    result["rows"] = rows
-    result["ratios"] = ratios(rows)
-    result["total_s"] = round(time.perf_counter() - t_all, 1)
+    result.update(rows=rows, ratios=ratios(rows), total_s=round(time.perf_counter() - t_all, 1))
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     config.update(n_photos=len(photos), n_crops=len(crops), gpu_monitor=None if gpu is None else gpu.backend)
     config["photo_bytes_mean"] = round(sum(len(p[1]) for p in photos) / len(photos))
     config["crop_bytes_mean"] = round(sum(len(c[1]) for c in crops) / len(crops))
-    result["env"] = env_record(**config)  # touches CUDA (device name): only now, after every measurement
+    result["env"] = env_record(**config)  # touches CUDA (the device name): only now, after every measurement
     result["table_md"] = markdown(result)
     write_json(o.out, result)
     print(result["table_md"])  # CLI output
     log.info("wrote %s in %.0f s", o.out, result["total_s"])
-    return 0 if rows and not any("error" in s for s in result["servers"].values()) else 1
+    failed = any("error" in s or "errors" in s for s in result["servers"].values())
+    return 1 if failed or not rows else 0
 
 
 if __name__ == "__main__":
