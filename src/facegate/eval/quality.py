@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -365,25 +366,29 @@ def monotonicity(table: dict[str, np.ndarray], scores: dict[str, np.ndarray], ev
 
 
 # --------------------------------------------------------------------------- plot
-def plot_edc(curves: dict[str, np.ndarray], grid: np.ndarray, path: Path, *, x_max: float, title: str) -> None:
-    """Mean-over-folds EDCs (FNMR vs fraction discarded) as a PNG (matplotlib, Agg)."""
+def plot_edc(
+    panels: Sequence[tuple[str, dict[str, np.ndarray]]], grid: np.ndarray, path: Path, *, x_max: float
+) -> None:
+    """Mean-over-folds EDCs (FNMR vs fraction discarded), one panel per ``(title, {method: curve})``, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.8), dpi=110, squeeze=False)
     styles = {"oracle": ":", "random": "--"}
-    for m, c in curves.items():
-        ax.plot(grid * 100, c * 100, styles.get(m, "-"), label=LABELS.get(m, m), lw=2 if m == "rts_head" else 1.3)
-    ax.axvspan(0, x_max * 100, color="0.92", zorder=0)
-    ax.set_xlabel("fraction of genuine pairs discarded (lowest pair quality first), %")
-    ax.set_ylabel("FNMR at fixed FMR 1e-3 threshold, %")
-    ax.set_title(title, fontsize=10)
-    ax.set_xlim(0, grid[-1] * 100)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, (title, curves) in zip(axes[0], panels, strict=True):
+        for m, c in curves.items():
+            lw = 2.2 if m == "rts_head" else 1.3
+            ax.plot(grid * 100, c * 100, styles.get(m, "-"), label=LABELS.get(m, m), lw=lw)
+        ax.axvspan(0, x_max * 100, color="0.92", zorder=0)
+        ax.set_xlabel("genuine pairs discarded, lowest pair quality first (%)")
+        ax.set_ylabel("FNMR at the fixed FMR-1e-3 threshold (%)")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlim(0, grid[-1] * 100)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -392,11 +397,19 @@ def plot_edc(curves: dict[str, np.ndarray], grid: np.ndarray, path: Path, *, x_m
 
 # --------------------------------------------------------------------------- the whole evaluation
 def _fold_edcs(
-    ps: PairSet, sim: np.ndarray, scores: dict[str, np.ndarray], threshold: float, x_max: float, grid: np.ndarray
+    ps: PairSet,
+    sim: np.ndarray,
+    scores: dict[str, np.ndarray],
+    threshold: float,
+    x_max: float,
+    grid: np.ndarray,
+    subset: np.ndarray,
 ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     rows, curves = [], {m: [] for m in scores}
     for f in np.unique(ps.fold):
-        g = ps.same & (ps.fold == f)
+        g = ps.same & (ps.fold == f) & subset
+        if not g.any():
+            continue
         rec: dict[str, Any] = {"fold": int(f), "genuine_pairs": int(g.sum())}
         for m, s in scores.items():
             qp = np.minimum(s[ps.a[g]], s[ps.b[g]]) if m != "oracle" else sim[g]
@@ -406,6 +419,45 @@ def _fold_edcs(
             curves[m].append(interp_curve(x, fn, grid))
         rows.append(rec)
     return rows, {m: np.mean(c, axis=0) for m, c in curves.items()}
+
+
+def edc_study(
+    table: dict[str, np.ndarray],
+    ps: PairSet,
+    sim: np.ndarray,
+    scores: dict[str, np.ndarray],
+    threshold: float,
+    *,
+    x_max: float,
+    grid: np.ndarray,
+    subset: np.ndarray,
+    random_seeds: int,
+) -> dict[str, Any]:
+    """Per-fold pAUC of every method (+ random averaged over seeds, + the similarity oracle), means, stds,
+    mean curves, and the normalised excess ``(pAUC − oracle) / (random − oracle)`` (0 = oracle, 1 = random)."""
+    per_fold, curves = _fold_edcs(ps, sim, {**scores, "oracle": np.zeros(1)}, threshold, x_max, grid, subset)
+    rnd_rows, rnd_curves = [], []
+    for sd in range(random_seeds):
+        rs = {"random": face_scores(table, "random", seed=1000 + sd)}
+        r, c = _fold_edcs(ps, sim, rs, threshold, x_max, grid, subset)
+        rnd_rows.append([x["random"] for x in r])
+        rnd_curves.append(c["random"])
+    for rec, v in zip(per_fold, np.mean(rnd_rows, axis=0), strict=True):
+        rec["random"] = float(v)
+    curves["random"] = np.mean(rnd_curves, axis=0)
+    methods = [*scores, "random", "oracle"]
+    for rec in per_fold:
+        span = rec["random"] - rec["oracle"]
+        rec["excess"] = {m: float((rec[m] - rec["oracle"]) / span) if span > 0 else float("nan") for m in methods}
+    mean = {m: float(np.mean([r[m] for r in per_fold])) for m in [*methods, "fnmr_at_0"]}
+    std = {m: float(np.std([r[m] for r in per_fold])) for m in methods}
+    excess = {
+        m: float(np.mean(v))
+        if (v := [r["excess"][m] for r in per_fold if np.isfinite(r["excess"][m])])
+        else float("nan")
+        for m in methods
+    }
+    return {"per_fold": per_fold, "mean": mean, "std": std, "mean_excess": excess, "curves": curves}
 
 
 def eval_quality(
@@ -455,20 +507,11 @@ def eval_quality(
 
     xf = crossfit(table, pairs, ps, sim, config, device=device, progress=progress)
     scores = {m: face_scores(table, m, sigma2=xf.sigma2) for m in METHODS if m != "random"}
-    scores["oracle"] = np.zeros(1)  # placeholder: the oracle ranks by the pair's similarity
     grid = np.linspace(0, 0.5, 501)
-    per_fold, curves = _fold_edcs(ps, sim, scores, threshold, x_max, grid)
-    rnd_rows, rnd_curves = [], []
-    for sd in range(random_seeds):
-        r, c = _fold_edcs(ps, sim, {"random": face_scores(table, "random", seed=1000 + sd)}, threshold, x_max, grid)
-        rnd_rows.append([x["random"] for x in r])
-        rnd_curves.append(c["random"])
-    for rec, v in zip(per_fold, np.mean(rnd_rows, axis=0), strict=True):
-        rec["random"] = float(v)
-    curves["random"] = np.mean(rnd_curves, axis=0)
-    methods = [*METHODS, "oracle"]
-    mean = {m: float(np.mean([r[m] for r in per_fold])) for m in [*methods, "fnmr_at_0"]}
-    std = {m: float(np.std([r[m] for r in per_fold])) for m in methods}
+    kw = {"x_max": x_max, "grid": grid, "random_seeds": random_seeds}
+    study = edc_study(table, ps, sim, scores, threshold, subset=np.ones(ps.a.size, bool), **kw)
+    study_clean = edc_study(table, ps, sim, scores, threshold, subset=~ps.degraded, **kw)
+    per_fold, mean, std, curves = study["per_fold"], study["mean"], study["std"], study["curves"]
     rel = 1 - mean["rts_head"] / mean["feature_norm"]
     acceptance = {
         "pauc_reduction_vs_feature_norm": rel,
@@ -520,6 +563,8 @@ def eval_quality(
         "per_fold": per_fold,
         "mean": mean,
         "std": std,
+        "mean_excess_over_oracle": study["mean_excess"],
+        "clean_pairs_only": {k: v for k, v in study_clean.items() if k != "curves"},
         "acceptance": acceptance,
         "monotonicity": mono,
         "gating": gating,
@@ -535,11 +580,23 @@ def eval_quality(
     if ship_head is not None:
         report["shipped"] = _train_shipped(table, pairs, ps, sim, config, ship_head, device, command, progress)
     if plot is not None:
-        title = (
-            f"LFW EDC (clean + degraded pairs, 10 held-out folds), FMR {config.fmr:g} threshold {threshold:.3f}; "
-            f"pAUC@{x_max:.0%}: head {mean['rts_head']:.4f}, norm {mean['feature_norm']:.4f}"
-        )
-        plot_edc({m: curves[m] for m in [*METHODS, "oracle"]}, grid, Path(plot), x_max=x_max, title=title)
+        ms = [*METHODS, "oracle"]
+        mc = study_clean["mean"]
+        panels = [
+            (
+                f"LFW, clean + one-side-degraded pairs ({int(ps.same.sum())} genuine), mean of 10 held-out folds\n"
+                f"threshold {threshold:.3f} (FMR {config.fmr:g}); pAUC@{x_max:.0%}: head {mean['rts_head']:.4f}, "
+                f"norm {mean['feature_norm']:.4f}, oracle {mean['oracle']:.4f}",
+                {m: curves[m] for m in ms},
+            ),
+            (
+                f"LFW, clean pairs only ({int((ps.same & ~ps.degraded).sum())} genuine), same threshold\n"
+                f"pAUC@{x_max:.0%}: head {mc['rts_head']:.4f}, norm {mc['feature_norm']:.4f}, "
+                f"oracle {mc['oracle']:.4f}",
+                {m: study_clean["curves"][m] for m in ms},
+            ),
+        ]
+        plot_edc(panels, grid, Path(plot), x_max=x_max)
         report["plot"] = str(plot)
     report["seconds"] = round(time.perf_counter() - t0, 2)
     if out is not None:
@@ -617,6 +674,33 @@ def markdown_tables(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m facegate.eval.quality``: the same options ``facegate eval quality`` should take."""
+    import argparse
+    import shlex
+
+    from facegate.training.rts import add_config_args, config_from_args
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ap = argparse.ArgumentParser(prog="python -m facegate.eval.quality", description=__doc__.splitlines()[0])
+    ap.add_argument("--features", nargs="+", required=True, help="feature parts (.npz, globs or folders)")
+    ap.add_argument("--root", type=Path, required=True, help="LFW root holding pairs.txt")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/quality_lfw.json"))
+    ap.add_argument("--plot", type=Path, default=Path("docs/quality_edc.png"))
+    ap.add_argument("--ship-head", type=Path, default=None, help="also train on all pair identities, write here")
+    ap.add_argument("--random-seeds", type=int, default=5)
+    ap.add_argument("--x-max", type=float, default=0.2)
+    ap.add_argument("--device", default="cpu")
+    add_config_args(ap)
+    a = ap.parse_args(argv)
+    cmd = "python -m facegate.eval.quality " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    rep = eval_quality(
+        a.features, a.root, out=a.out, plot=a.plot, config=config_from_args(a), device=a.device,
+        random_seeds=a.random_seeds, x_max=a.x_max, ship_head=a.ship_head, command=cmd,
+    )  # fmt: skip
+    sys.stdout.write(json.dumps({"mean": rep["mean"], "acceptance": rep["acceptance"]}, indent=2) + "\n")
+
+
 __all__ = [
     "METHODS",
     "CrossFit",
@@ -634,3 +718,7 @@ __all__ = [
     "pauc",
     "plot_edc",
 ]
+
+
+if __name__ == "__main__":
+    main()

@@ -11,10 +11,14 @@ L2-normalised embedding ``emb (N, 128)``. The head is :class:`~facegate.models.q
     τ_b    = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),      ε ~ N(0, 1), fresh every step
     loss   = CE(s · cos / τ, y) + kl_scale · mean(½ (σ² − log σ² − 1))
 
-``W (C, 128)`` starts at the class means of the clean embeddings and is learnable. Dividing the logits
-by a large τ flattens the softmax, which lowers the loss of a face the classifier gets wrong and raises
-it for one it gets right: the head learns a large σ² for faces whose embedding does not sit near its
-identity (degraded, occluded, badly aligned), a small one otherwise; the KL term keeps σ² near 1.
+``W (C, 128)`` starts at the class means of the clean embeddings; it is learnable (``classifier_lr``)
+but frozen by default. With the default ``target="leave_one_out"`` the target-class cosine of a face is
+taken against the mean of the *other* clean photos of its identity (its own clean photo left out), which
+is what a genuine comparison sees. Dividing the logits by a large τ flattens the softmax, which lowers
+the loss of a face the classifier gets wrong and raises it for one it gets right: the head learns a large
+σ² for faces whose embedding does not sit near its identity (degraded, occluded, badly aligned), a small
+one otherwise; the KL term keeps σ² near 1. Why the defaults deviate from "learnable, s≈32": see
+:class:`RTSConfig` and docs/quality.md.
 
 The head's input is standardised on the training rows during training (per-feature mean/std) and the
 standardisation is folded into ``fc`` afterwards, so the saved head reads raw ``head_in`` like the
@@ -49,6 +53,7 @@ from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_isot
 log = logging.getLogger(__name__)
 
 CalibKind = Literal["logistic", "isotonic"]
+TargetKind = Literal["class_mean", "leave_one_out"]
 #: Columns of a feature table (see :func:`facegate.eval.features.extract`).
 FEATURE_COLUMNS = ("path", "variant", "degradation", "severity", "found", "det", "norm", "heuristic", "emb", "head_in")
 
@@ -59,36 +64,47 @@ class RTSConfig:
     """Hyper-parameters of RTS head training.
 
     Attributes:
-        scale: cosine-classifier scale ``s``. 32: with SFace's 128-d embeddings a clean face sits at
-            cosine ≈ 0.7–0.9 to its class mean and ≈ 0–0.3 to others, so at τ = 1 (σ² = 1, where the
-            KL term is zero) ``s·Δcos ≈ 16–25 > log C ≈ 8`` classifies clean faces confidently; degraded
-            faces lose margin and are pushed to τ > 1. A much larger ``s`` saturates the softmax for
-            almost every face, a much smaller one never makes clean faces confident.
+        scale: cosine-classifier scale ``s``. 256, chosen on data (see docs/quality.md). Per face, the
+            loss-optimal temperature is ``σ²* ≈ min(1, s·m / (log C + c))`` for a positive target margin
+            ``m`` (cosine to the own class minus the best other) and ``σ²* > 1`` only for ``m < 0``: faces
+            with a small positive margin, which degraded faces usually are, are pushed *below* clean
+            ones unless ``s·m`` exceeds ``log C`` (≈ 8 for ~3,000 classes) for typical margins. SFace's
+            leave-one-out margins on LFW are ≈ 0.05–0.3, so ``s`` must be ≳ 100. Measured (cross-fitted,
+            LFW half A): s = 32 / 64 / 128 / 256 → pAUC@20% 0.142 / 0.138 / 0.1375 / 0.137 and
+            monotone-drop share 0.46 / 0.81 / 0.90 / 0.90; with a learnable classifier and s = 32 the
+            head came out inverted (calibration direction +1).
         dof: degrees of freedom of the random temperature (≥ 3).
         kl_scale: weight of ``½(σ² − log σ² − 1)``.
         epochs: passes over the training rows.
         batch_size: rows per step (the head's BatchNorm needs > 1).
         lr: Adam learning rate of the head.
-        classifier_lr: Adam learning rate of the classifier weights ``W`` (0 freezes them at the class means).
+        classifier_lr: Adam learning rate of the classifier weights ``W``; 0 (default) freezes them at the
+            class means. Learnable weights fit the few photos per LFW identity (the class means move onto
+            their own degraded copies) and the head learned the wrong direction (measured, docs/quality.md).
         weight_decay: Adam weight decay of the head's Linear weights.
         seed: seeds the head init, the batch order and ε.
         max_refs: reference photos per face when building calibration outcomes.
         calibration: ``"logistic"`` (on log σ²) or ``"isotonic"``.
         fmr: false-match rate of the match threshold the calibration target uses.
+        target: the target-class logit. ``"class_mean"``: the face's cosine to its class weight (the
+            class mean includes the face's own clean photo). ``"leave_one_out"``: the cosine to the
+            mean of the *other* clean photos of its identity (what a genuine comparison sees; faces of
+            identities with one photo are then only competitors); needs ``classifier_lr=0``.
     """
 
-    scale: float = 32.0
+    scale: float = 256.0
     dof: int = 32
     kl_scale: float = 0.1
     epochs: int = 8
     batch_size: int = 256
     lr: float = 2e-3
-    classifier_lr: float = 1e-3
+    classifier_lr: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
     max_refs: int = 8
     calibration: CalibKind = "logistic"
     fmr: float = 1e-3
+    target: TargetKind = "leave_one_out"
 
     def __post_init__(self) -> None:
         if self.dof < 3:
@@ -97,6 +113,10 @@ class RTSConfig:
             raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
         if self.scale <= 0 or self.kl_scale < 0 or self.epochs < 1 or self.lr <= 0 or self.classifier_lr < 0:
             raise InvalidParameterError(f"invalid RTS config {self}")
+        if self.target not in ("class_mean", "leave_one_out"):
+            raise InvalidParameterError(f"target must be 'class_mean' or 'leave_one_out', got {self.target!r}")
+        if self.target == "leave_one_out" and self.classifier_lr > 0:
+            raise InvalidParameterError("target 'leave_one_out' needs a frozen classifier (classifier_lr=0)")
         if self.calibration not in ("logistic", "isotonic"):
             raise InvalidParameterError(f"calibration must be 'logistic' or 'isotonic', got {self.calibration!r}")
 
@@ -232,6 +252,7 @@ def train_rts_head(
     *,
     device: str | torch.device = "cpu",
     backbone: str = "sface",
+    target_proto: np.ndarray | None = None,
     progress: bool = True,
 ) -> tuple[RTSQualityHead, list[dict[str, float]]]:
     """Train an :class:`RTSQualityHead` with the RTS loss on frozen features.
@@ -244,6 +265,8 @@ def train_rts_head(
         config: hyper-parameters.
         device: ``"cpu"``, ``"cuda"``, ...
         backbone: arch id recorded in the head.
+        target_proto: ``(N, D)`` optional per-row target-class vector replacing the target column of the
+            cosine matrix (the leave-one-out class mean); rows without one must not be passed.
         progress: show a tqdm bar (stderr).
 
     Returns:
@@ -263,6 +286,8 @@ def train_rts_head(
     x = ((x - mu) / sd).to(dev)
     e = F.normalize(torch.as_tensor(np.asarray(emb, np.float32)), dim=1).to(dev)
     y = torch.as_tensor(np.asarray(labels, np.int64)).to(dev)
+    tp = None if target_proto is None else F.normalize(torch.as_tensor(np.asarray(target_proto, np.float32)), dim=1)
+    tcos = None if tp is None else (e.cpu() * tp).sum(1).to(dev)  # (N,) fixed target cosines
 
     torch.manual_seed(config.seed)
     head = RTSQualityHead(x.shape[1], backbone=backbone).to(dev).train()
@@ -285,9 +310,12 @@ def train_rts_head(
             for k in range(steps):
                 idx = perm[k * bs : (k + 1) * bs]
                 logvar = head(x[idx])
+                cos = clf(e[idx])
+                if tcos is not None:
+                    cos = cos.scatter(1, y[idx][:, None], tcos[idx][:, None])
                 loss, ce, kl = rts_loss(
                     logvar,
-                    clf(e[idx]),
+                    cos,
                     y[idx],
                     scale=config.scale,
                     dof=config.dof,
@@ -445,6 +473,32 @@ def calibration_report(q: np.ndarray, success: np.ndarray, bins: int = 10) -> di
 
 
 # --------------------------------------------------------------------------- one head from a table
+def leave_one_out_prototypes(
+    table: dict[str, np.ndarray], rows: np.ndarray, labels: np.ndarray, class_sum: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the sum of the clean embeddings of the *other* photos of its identity.
+
+    Args:
+        table: the feature table.
+        rows: ``(n,)`` table rows (found faces).
+        labels: ``(n,)`` class index of each row.
+        class_sum: ``(C, D)`` sum of the clean embeddings of each class over ``rows``.
+
+    Returns:
+        ``(proto (n, D) float32, has (n,) bool)``; ``has`` is False when no other clean photo exists.
+    """
+    emb = table["emb"][rows].astype(np.float64)
+    clean = table["variant"][rows] == 0
+    own = {p: emb[k] for k, p in enumerate(table["path"][rows].tolist()) if clean[k]}
+    n_clean = np.bincount(labels[clean], minlength=class_sum.shape[0])
+    zero = np.zeros(emb.shape[1])
+    own_clean = np.stack([own.get(p, zero) for p in table["path"][rows].tolist()]) if rows.size else emb
+    has_own = np.array([p in own for p in table["path"][rows].tolist()], bool)
+    proto = class_sum[labels] - own_clean
+    has = (n_clean[labels] - has_own.astype(int)) > 0
+    return proto.astype(np.float32), has
+
+
 def train_on_identities(
     table: dict[str, np.ndarray],
     identities: Collection[str],
@@ -473,8 +527,29 @@ def train_on_identities(
         alt = np.zeros_like(init)
         np.add.at(alt, labels, emb)
         init[no_clean] = alt[no_clean]
-    log.info("training on %d faces of %d identities (%d classes)", rows.size, ids.size, present.size)
-    head, history = train_rts_head(table["head_in"][rows], emb, labels, init, config, device=device, progress=progress)
+    train = np.arange(rows.size)
+    proto = None
+    if config.target == "leave_one_out":
+        proto, has = leave_one_out_prototypes(table, rows, labels, init)
+        train = np.flatnonzero(has)
+        proto = proto[train]
+    log.info(
+        "training on %d faces of %d identities (%d classes, target %s)",
+        train.size,
+        ids.size,
+        present.size,
+        config.target,
+    )
+    head, history = train_rts_head(
+        table["head_in"][rows[train]],
+        emb[train],
+        labels[train],
+        init,
+        config,
+        device=device,
+        target_proto=proto,
+        progress=progress,
+    )
     thr = (
         impostor_threshold_sampled(table, rows, fmr=config.fmr, seed=config.seed)
         if match_threshold is None
@@ -498,7 +573,21 @@ def train_on_identities(
     return TrainResult(head, cal, history, [str(i) for i in present], thr, rep)
 
 
-# --------------------------------------------------------------------------- provenance + entry point
+# --------------------------------------------------------------------------- provenance + entry points
+def add_config_args(ap: Any) -> None:
+    """Add :class:`RTSConfig`'s options to an ``argparse`` parser (``--scale``, ``--dof``, ...)."""
+    d = RTSConfig()
+    for f in ("scale", "dof", "kl_scale", "epochs", "batch_size", "lr", "classifier_lr", "seed", "max_refs"):
+        ap.add_argument("--" + f.replace("_", "-"), type=type(getattr(d, f)), default=getattr(d, f))
+    ap.add_argument("--calibration", choices=["logistic", "isotonic"], default=d.calibration)
+    ap.add_argument("--target", choices=["class_mean", "leave_one_out"], default=d.target)
+
+
+def config_from_args(ns: Any) -> RTSConfig:
+    """The :class:`RTSConfig` of parsed :func:`add_config_args` options."""
+    return RTSConfig(**{f: getattr(ns, f) for f in RTSConfig.__dataclass_fields__ if hasattr(ns, f)})
+
+
 def git_commit() -> str:
     """The repository's HEAD commit, or ``""``."""
     try:
@@ -625,6 +714,30 @@ def train_quality(
     return summary
 
 
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m facegate.training.rts SOURCE --out HEAD``: the options ``facegate train-quality`` should take."""
+    import argparse
+    import shlex
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ap = argparse.ArgumentParser(prog="python -m facegate.training.rts", description="Train an RTS quality head.")
+    ap.add_argument("source", nargs="+", help="<root>/<identity>/*.jpg folder, or .npz feature parts/globs")
+    ap.add_argument("--out", type=Path, required=True, help="head file to write")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--random", type=int, default=2, help="degraded variants per photo (folder source)")
+    ap.add_argument("--match-threshold", type=float, default=None)
+    ap.add_argument("--save-features", type=Path, default=None)
+    add_config_args(ap)
+    a = ap.parse_args(argv)
+    src = Path(a.source[0]) if len(a.source) == 1 and Path(a.source[0]).is_dir() else a.source
+    cmd = "python -m facegate.training.rts " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    summary = train_quality(
+        src, a.out, config=config_from_args(a), device=a.device, n_random=a.random,
+        match_threshold=a.match_threshold, save_features=a.save_features, command=cmd,
+    )  # fmt: skip
+    sys.stdout.write(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2) + "\n")
+
+
 __all__ = [
     "CosineClassifier",
     "RTSConfig",
@@ -637,9 +750,13 @@ __all__ = [
     "head_sigma2",
     "identity_of",
     "impostor_threshold_sampled",
+    "leave_one_out_prototypes",
     "load_features",
     "rts_loss",
     "train_on_identities",
     "train_quality",
     "train_rts_head",
 ]
+
+if __name__ == "__main__":
+    main()
