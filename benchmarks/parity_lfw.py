@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.config import Settings
 from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
+from facegate.models.registry import get_spec
 from facegate.pipeline.pipeline import FacePipeline
 
 log = logging.getLogger("parity_lfw")
@@ -68,14 +69,14 @@ def cmd_embed(a: argparse.Namespace) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> None:
-    parts = [np.load(p) for p in a.parts]
+    parts = [dict(np.load(p)) for p in a.parts]  # materialise: indexing an NpzFile re-reads the array
     prec = a.precision
     emb32, emblo, q32, qlo = {}, {}, {}, {}
     for z in parts:
         for i, k in enumerate(z["paths"]):
             emb32[str(k)], emblo[str(k)] = z["emb_fp32"][i], z[f"emb_{prec}"][i]
             q32[str(k)], qlo[str(k)] = float(z["q_fp32"][i]), float(z[f"q_{prec}"][i])
-    thr = float(parts[0]["threshold"])
+    thr = a.threshold if a.threshold is not None else get_spec("sface").thresholds.match
     pairs = read_pairs(a.root)
     needed = pair_images(pairs)
     missing = [k for k in needed if k not in emb32]
@@ -130,6 +131,7 @@ def main() -> None:
     r.add_argument("--root", type=Path, required=True)
     r.add_argument("--parts", type=Path, nargs="+", required=True)
     r.add_argument("--precision", default="fp16")
+    r.add_argument("--threshold", type=float, default=None, help="operating threshold (default: the registry's)")
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/parity_lfw.json"))
     r.set_defaults(func=cmd_report)
     a = ap.parse_args()
