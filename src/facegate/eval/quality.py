@@ -214,9 +214,13 @@ def crossfit(
     config: RTSConfig,
     *,
     device: str = "cpu",
+    match_threshold: float | None = None,
     progress: bool = True,
 ) -> CrossFit:
     """Train one head per held-out fold on the other folds' identities (and on identities in no pair).
+
+    The calibration target's threshold is ``match_threshold`` when given (a fixed operating point, e.g.
+    the registry's), else FMR ``config.fmr`` on the impostor pairs of the training folds.
 
     Raises ``AssertionError`` if a head's training identities meet its evaluation fold's identities.
     """
@@ -237,7 +241,7 @@ def crossfit(
         if not held.any():
             continue
         other = [g for g in set(id_fold.values()) if g != f]
-        thr = fold_threshold(table, ps, sim, other, config.fmr)
+        thr = fold_threshold(table, ps, sim, other, config.fmr) if match_threshold is None else match_threshold
         log.info("fold %d: training on %d identities, evaluating %d", f, len(train_ids), len(eval_ids & all_ids))
         res = train_on_identities(table, train_ids, config, device=device, match_threshold=thr, progress=progress)
         assert not (set(res.identities) & eval_ids), f"fold {f}: the head saw an evaluated identity"
@@ -472,6 +476,7 @@ def eval_quality(
     x_max: float = 0.2,
     q_candidates: Sequence[float] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
     ship_head: Path | None = None,
+    match_threshold: float | None = None,
     command: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -488,6 +493,9 @@ def eval_quality(
         x_max: pAUC upper discard fraction.
         q_candidates: gate thresholds ``q*`` for the gating table.
         ship_head: when given, also train a head on *all* pair identities (it sees LFW) and write it.
+        match_threshold: a fixed operating threshold (e.g. the registry's FMR-1e-3 threshold) for the
+            EDC, the gating table and every calibration target; default: FMR ``config.fmr`` on the
+            set's impostor pairs (EDC) and on the training folds' impostor pairs (calibrations).
         command: reproducing command, recorded.
         progress: tqdm bars.
 
@@ -500,12 +508,13 @@ def eval_quality(
     pairs = read_pairs(Path(lfw_root))
     ps = build_pairs(table, pairs)
     sim = pair_similarity(table, ps)
-    threshold = threshold_at_fmr(sim[~ps.same], config.fmr)
+    thr_set = threshold_at_fmr(sim[~ps.same], config.fmr)
+    threshold = thr_set if match_threshold is None else float(match_threshold)
     clean = ~ps.degraded
     thr_clean = threshold_at_fmr(sim[~ps.same & clean], config.fmr)
     log.info("fixed threshold %.4f at FMR %g over %d impostor pairs", threshold, config.fmr, int((~ps.same).sum()))
 
-    xf = crossfit(table, pairs, ps, sim, config, device=device, progress=progress)
+    xf = crossfit(table, pairs, ps, sim, config, device=device, match_threshold=match_threshold, progress=progress)
     scores = {m: face_scores(table, m, sigma2=xf.sigma2) for m in METHODS if m != "random"}
     grid = np.linspace(0, 0.5, 501)
     kw = {"x_max": x_max, "grid": grid, "random_seeds": random_seeds}
@@ -558,6 +567,12 @@ def eval_quality(
         "genuine_pairs": int(ps.same.sum()),
         "impostor_pairs": int((~ps.same).sum()),
         "threshold": threshold,
+        "threshold_source": "given (--match-threshold)"
+        if match_threshold is not None
+        else "FMR on the set's impostors",
+        "threshold_set_impostors": thr_set,
+        "fmr_at_threshold_set_impostors": float((sim[~ps.same] >= threshold).mean()),
+        "fmr_at_threshold_clean_impostors": float((sim[~ps.same & clean] >= threshold).mean()),
         "threshold_clean_pairs_only": thr_clean,
         "x_max": x_max,
         "per_fold": per_fold,
@@ -578,7 +593,7 @@ def eval_quality(
         "command": command,
     }
     if ship_head is not None:
-        report["shipped"] = _train_shipped(table, pairs, ps, sim, config, ship_head, device, command, progress)
+        report["shipped"] = _train_shipped(table, config, ship_head, device, command, progress, threshold)
     if plot is not None:
         ms = [*METHODS, "oracle"]
         mc = study_clean["mean"]
@@ -607,18 +622,15 @@ def eval_quality(
 
 def _train_shipped(
     table: dict[str, np.ndarray],
-    pairs: Sequence[Pair],
-    ps: PairSet,
-    sim: np.ndarray,
     config: RTSConfig,
     path: Path,
     device: str,
     command: str,
     progress: bool,
+    thr: float,
 ) -> dict[str, Any]:
     """Head + calibration on every pair identity (it sees all of LFW), and the feature-norm calibration."""
     ids = sorted(set(np.unique(table["identity"]).tolist()))
-    thr = threshold_at_fmr(sim[~ps.same], config.fmr)
     res = train_on_identities(table, ids, config, device=device, match_threshold=thr, progress=progress)
     rows = np.flatnonzero(table["found"])
     meta = head_meta(
@@ -691,12 +703,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--random-seeds", type=int, default=5)
     ap.add_argument("--x-max", type=float, default=0.2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--match-threshold", type=float, default=None, help="fixed operating threshold")
     add_config_args(ap)
     a = ap.parse_args(argv)
     cmd = "python -m facegate.eval.quality " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     rep = eval_quality(
         a.features, a.root, out=a.out, plot=a.plot, config=config_from_args(a), device=a.device,
-        random_seeds=a.random_seeds, x_max=a.x_max, ship_head=a.ship_head, command=cmd,
+        random_seeds=a.random_seeds, x_max=a.x_max, ship_head=a.ship_head, match_threshold=a.match_threshold,
+        command=cmd,
     )  # fmt: skip
     sys.stdout.write(json.dumps({"mean": rep["mean"], "acceptance": rep["acceptance"]}, indent=2) + "\n")
 

@@ -210,7 +210,10 @@ def test_eval_quality_end_to_end(tmp_path: Path) -> None:
     rep = fq.eval_quality(
         [part], tmp_path / "lfw", out=tmp_path / "q.json", plot=tmp_path / "edc.png",
         config=RTSConfig(epochs=2, batch_size=16), random_seeds=2, ship_head=tmp_path / "head.pt", progress=False,
+        match_threshold=0.5,
     )  # fmt: skip
+    assert rep["threshold"] == 0.5 and rep["shipped"]["match_threshold"] == 0.5
+    assert all(f["match_threshold_train_folds"] == 0.5 for f in rep["folds"])
     assert (tmp_path / "edc.png").stat().st_size > 1000 and (tmp_path / "head.pt").is_file()
     saved = json.loads((tmp_path / "q.json").read_text())
     assert len(saved["per_fold"]) == 10 and set(fq.METHODS) <= set(saved["mean"])
