@@ -92,6 +92,8 @@ class FacePipeline:
         self.recognizer = recognizer
         self.device = torch.device(device)
         self.operating = operating
+        #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
+        self.chunk: int | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -174,7 +176,10 @@ class FacePipeline:
             operating.match_fmr,
             operating.quality_threshold,
         )
-        return cls(spec, detector, recognizer, device=device, operating=operating)
+        pipe = cls(spec, detector, recognizer, device=device, operating=operating)
+        if device == "cpu":
+            pipe.chunk = settings.cpu_chunk
+        return pipe
 
     # ------------------------------------------------------------------ batched stages
     def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
@@ -188,7 +193,12 @@ class FacePipeline:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
             groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
-        return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in groups.values()]
+        step = self.chunk or max(len(images), 1)
+        return [
+            (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
+            for idx in groups.values()
+            for k in range(0, len(idx), step)
+        ]
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
@@ -224,10 +234,21 @@ class FacePipeline:
         x = torch.from_numpy(np.ascontiguousarray(crops))
         if self.device.type == "cuda":
             x = x.pin_memory().to(self.device, non_blocking=True)
-        emb, q, raw = self.recognizer(x)
-        out = torch.cat([emb, q[:, None], raw[:, None]], dim=1).float().cpu().numpy()  # one device→host copy
-        d = emb.shape[1]
+        out = self.recognize(x).cpu().numpy()  # one device→host copy
+        d = out.shape[1] - 2
         return out[:, :d], out[:, d], out[:, d + 1]
+
+    def recognize(self, x: torch.Tensor) -> torch.Tensor:
+        """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` = embedding | quality | raw.
+
+        On the CPU the batch runs in sub-batches of :attr:`chunk` (cache-friendly); on CUDA in one call.
+        """
+        parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
+        outs = []
+        for part in parts:
+            emb, q, raw = self.recognizer(part)
+            outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def gate(self, score: float, raw: float) -> QualityVerdict:
         """The quality gate at the operating threshold."""
@@ -379,8 +400,7 @@ class EmbedStage:
     @torch.inference_mode()
     def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
         x, sizes = prepared
-        emb, q, raw = self.p.recognizer(x.to(self.p.device, non_blocking=True))
-        out = torch.cat([emb, q[:, None], raw[:, None]], dim=1).float()
+        out = self.p.recognize(x.to(self.p.device, non_blocking=True))
         return out.cpu().numpy(), sizes  # the one device→host copy for the whole batch
 
     def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
