@@ -642,7 +642,6 @@ def _train_shipped(
         ),
         folds=list(range(10)),
         command=command,
-        n_rows=rows.size,
     )
     save_head(Path(path), res.head, res.calibration, meta, backbone="sface")
     fi, succ = genuine_outcomes(table, rows, thr, max_refs=config.max_refs, seed=config.seed)
@@ -651,7 +650,8 @@ def _train_shipped(
     return {
         "path": str(path),
         "identities": len(res.identities),
-        "training_faces": int(rows.size),
+        "training_faces": res.n_train,
+        "faces": res.n_faces,
         "match_threshold": thr,
         "calibration": res.calibration.to_dict(),
         "calibration_fit": res.calibration_report,

@@ -199,6 +199,8 @@ class TrainResult:
     identities: list[str]
     match_threshold: float
     calibration_report: dict[str, Any] = field(default_factory=dict)
+    n_train: int = 0  #: faces the loss saw (with a leave-one-out target: faces with another clean photo)
+    n_faces: int = 0  #: found faces of the identities (all used for the classes and the calibration)
 
 
 class CosineClassifier(nn.Module):
@@ -570,7 +572,7 @@ def train_on_identities(
         q = cal(torch.from_numpy(s2).float()).double().numpy()
     rep = calibration_report(q, succ)
     rep["direction"] = cal.direction
-    return TrainResult(head, cal, history, [str(i) for i in present], thr, rep)
+    return TrainResult(head, cal, history, [str(i) for i in present], thr, rep, int(train.size), int(rows.size))
 
 
 # --------------------------------------------------------------------------- provenance + entry points
@@ -599,13 +601,14 @@ def git_commit() -> str:
 
 
 def head_meta(
-    res: TrainResult, config: RTSConfig, *, trained_on: str, folds: list[int], command: str, n_rows: int
+    res: TrainResult, config: RTSConfig, *, trained_on: str, folds: list[int], command: str
 ) -> dict[str, Any]:
     """Plain-Python meta for :func:`save_head`."""
     return {
         "trained_on": trained_on,
         "identities": len(res.identities),
-        "training_faces": int(n_rows),
+        "training_faces": res.n_train,
+        "faces": res.n_faces,
         "folds": [int(f) for f in folds],
         "command": command,
         "git_commit": git_commit(),
@@ -696,13 +699,13 @@ def train_quality(
         table = load_features([source] if isinstance(source, (str, Path)) else list(source))
     ids = sorted(set(np.unique(table["identity"]).tolist()) - {str(i) for i in exclude_identities})
     res = train_on_identities(table, ids, config, device=device, match_threshold=match_threshold, progress=progress)
-    n_rows = int((np.isin(table["identity"], ids) & table["found"]).sum())
-    meta = head_meta(res, config, trained_on=trained_on or str(source), folds=[], command=command, n_rows=n_rows)
+    meta = head_meta(res, config, trained_on=trained_on or str(source), folds=[], command=command)
     save_head(Path(out), res.head, res.calibration, meta, backbone="sface")
     summary = {
         "out": str(out),
         "identities": len(res.identities),
-        "training_faces": n_rows,
+        "training_faces": res.n_train,
+        "faces": res.n_faces,
         "faces_found": float(table["found"].mean()),
         "match_threshold": res.match_threshold,
         "calibration": res.calibration.to_dict(),
@@ -710,7 +713,7 @@ def train_quality(
         "history": res.history,
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    log.info("wrote %s (%d identities, %d faces, %.1f s)", out, len(res.identities), n_rows, summary["seconds"])
+    log.info("wrote %s (%d identities, %d faces, %.1f s)", out, len(res.identities), res.n_train, summary["seconds"])
     return summary
 
 
