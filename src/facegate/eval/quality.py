@@ -35,7 +35,7 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.eval.lfw import Pair, evaluate_scores, read_pairs, threshold_at_fmr
-from facegate.models.quality import QualityCalibration, save_head
+from facegate.models.quality import save_head
 from facegate.training.rts import (
     RTSConfig,
     calibration_report,
@@ -658,11 +658,6 @@ def _train_shipped(
         "feature_norm_calibration": ncal.to_dict(),
         "history": res.history,
     }
-
-
-def calibration_of(d: dict[str, Any]) -> QualityCalibration:
-    """A report's calibration dict back to a module (convenience for the registry/docs)."""
-    return QualityCalibration.from_dict(d)
 
 
 def markdown_tables(report: dict[str, Any]) -> str:
