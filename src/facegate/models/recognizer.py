@@ -362,7 +362,10 @@ def build_recognizer(
         assert isinstance(backbone, IRSE64RTS)
         calibration = _bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
     else:
-        calibration = _feature_norm_calibration(backbone)
+        if spec.quality_calibration is not None and spec.weights.kind != "random":
+            calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
+        else:
+            calibration = _feature_norm_calibration(backbone)
     if not calibration.fitted:
         log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
 
@@ -376,8 +379,7 @@ def build_recognizer(
     )
     rec.to(device=device)  # moves everything, dtypes unchanged (calibration/normalisation stay fp32)
     rec.backbone.to(dtype=dt)
-    if head is not None:
-        head.to(dtype=dt)
+    # the head stays fp32 whatever the backbone's dtype: it reads fp32 features (1 k weights, no cost)
     if channels_last:
         rec.backbone.to(memory_format=torch.channels_last)
     rec.eval().requires_grad_(False)
