@@ -52,8 +52,10 @@ import time
 
 # Before torch loads OpenMP: waiting threads sleep instead of spinning. Measured on this shared 2-core box,
 # SFace batch 1 with 2 spinning OpenMP threads fell from 65 to 1–3 faces/s whenever another process held a
-# core (1 thread: a steady 50; 2 passive threads: 37–41). ORT's spinning is switched off likewise.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# core (1 thread: a steady 50; 2 passive threads: 37–41). ORT's spinning is switched off likewise. Only when
+# run as a script: http_e2e imports this module and must not pass the setting on to the servers it starts.
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
