@@ -1,37 +1,33 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
-Servers (``facegate``, ``facegate_nobatch``, ``naive``, ``litserve``; pick with ``--servers``) start one
-after the other as subprocesses on free loopback ports, each in its own process session; the cold start is
-the time to the first 200 from ``GET /readyz``. Then every point (request kind × concurrency × server) runs
-facegate's closed-loop load generator (:mod:`facegate.bench.http`: ``compare`` = two LFW photos with
-detection; ``embed_aligned`` = one 112×112 aligned crop, ``aligned=true``) for ``--warmup`` unrecorded
-seconds and ``--duration`` measured ones, ``--rounds`` times. With ``--order interleaved`` (default) all
-servers stay up and the points alternate between them, the idle ones SIGSTOPped (no CPU: an idle LitServe
-polls its queues), so load from other tenants of a shared machine hits every server alike; ``sequential``
-measures one server at a time. Servers end with SIGTERM to their session (SIGKILL after 15 s). Per row:
-req/s is the median over rounds, latency percentiles are over every request of every round.
+Servers (``facegate``, ``facegate_nobatch``, ``naive``, ``litserve``: ``--servers``) start one by one as
+subprocesses on free loopback ports, each in its own session (cold start = time to the first 200 from
+``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls its queues). Points go round-robin
+over them: per concurrency (in the order given), per kind (``compare``: two LFW photos with detection;
+``embed_aligned``: one 112×112 aligned crop, ``aligned=true``), facegate's closed-loop load generator
+(:mod:`facegate.bench.http`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
+times, so other tenants' load hits every server alike. req/s is the median over rounds; percentiles cover
+every request. The JSON is rewritten after every point (``complete`` false until the end); SIGTERM (an
+outer ``timeout``) stops the servers and keeps the results; ``--budget-s`` starts no point ending past it.
 
-Load comes from ``--client-procs`` processes (``auto``: one per 32 clients, at most a third of the CPUs),
-each with ``concurrency/procs`` closed-loop httpx clients, started together by a barrier; their latency
-samples are merged. Each row records what could have limited it (``limits``): the busiest client process's
-CPU (a Python client saturates near 1 core), the server's CPU over all its processes and its busiest thread
-(a GIL-bound thread caps near 1 core), the machine's CPU busy share, and with CUDA the GPU utilisation
-sampled every 100 ms (pynvml, else nvidia-smi). ``ok_req_per_server_cpu_s`` (req/s per server CPU core
-used) stays comparable when other tenants take CPU. facegate rows add the mean batch size per stage.
-
-With CUDA: each server's driver-reported GPU memory (summed over its processes, idle after start-up and
-after load) next to a bare ``torch.cuda.init()`` + one-element-tensor process measured in the same run,
-and facegate's torch allocated/reserved/peak from ``/metrics``. The parent touches CUDA only at the end.
+Load: ``--client-procs`` processes (``auto``: one per 32 clients, at most a third of the CPUs) of
+``concurrency/procs`` httpx clients each, released together by a barrier; latency samples are merged.
+``limits`` flags what plausibly capped a row: a client process near 1 core, the server's busiest thread
+near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
+``ok_req_per_server_cpu_s`` (req/s per server CPU core used) stays comparable when other tenants take CPU;
+facegate rows add the mean batch size per stage. With CUDA: each server's driver-reported GPU memory
+(its processes, idle and after load) next to a bare ``torch.cuda.init()`` process measured in the same run,
+and facegate's torch allocated/reserved/peak from ``/metrics``; the parent touches CUDA only at the end.
 Images: ``--n-images`` photos spread over ``--images`` (LFW layout; default
-``$FACEGATE_LFW_ROOT/lfw-deepfunneled``) where the detector finds a face; crops are the largest face of
-each, aligned once on the CPU with the pipeline's alignment, JPEG q95 (``--crop-format png``: lossless).
+``$FACEGATE_LFW_ROOT/lfw-deepfunneled``) where the detector finds a face; crops: the largest face of each,
+aligned once on the CPU by the pipeline's alignment, JPEG q95 (``--crop-format png``: lossless).
 
 CPU (issue 3; a 2-core box, short):
-  python benchmarks/http_e2e.py --device cpu --servers facegate,facegate_nobatch,naive \
-      --concurrency 1,8,32 --duration 5 --rounds 2 --warmup 2 --out benchmarks/results/http_cpu.json
-GPU (issue 4, < 5 minutes):
-  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
-      --concurrency 1,16,100,256 --duration 5 --out benchmarks/results/http_gpu.json
+  python benchmarks/http_e2e.py --device cpu --servers facegate,facegate_nobatch,naive --concurrency 1,8,32 \
+      --duration 5 --rounds 2 --warmup 2 --server-env OMP_WAIT_POLICY=PASSIVE --out benchmarks/results/http_cpu.json
+GPU (issue 4, < 5 minutes; the important concurrencies first, so a budget cut drops c=1):
+  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images DIR \
+      --concurrency 100,256,16,1 --duration 4 --budget-s 250 --out benchmarks/results/http_gpu.json
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ import math
 import multiprocessing as mp
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -53,6 +48,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +72,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SATURATED = 0.85
 
 
-# --------------------------------------------------------------------------- image pool
 def prepare_images(root: Path, n: int, crop_format: str = "jpg") -> tuple[list[ImageItem], list[ImageItem]]:
     """``n`` photos with a face under ``root`` and their aligned crops, as ``[(name, bytes, MIME type)]``.
 
@@ -99,7 +95,6 @@ def prepare_images(root: Path, n: int, crop_format: str = "jpg") -> tuple[list[I
     return photos, crops
 
 
-# --------------------------------------------------------------------------- /proc helpers
 def _stat_fields(path: str) -> list[str] | None:
     """Fields of a /proc stat file from 'state' (field 3) on; None when the process is gone."""
     with contextlib.suppress(OSError), open(path) as fh:
@@ -139,58 +134,48 @@ def machine_ticks() -> tuple[int, int]:
     return sum(vals) - idle, sum(vals)
 
 
-# --------------------------------------------------------------------------- GPU
 class GpuMonitor:
-    """Background sampler of one GPU's utilisation and memory (pynvml, else nvidia-smi)."""
+    """Background sampler of one GPU's utilisation and memory through NVML (``nvidia-ml-py``: ``pynvml``)."""
 
     def __init__(self, index: int = 0, period_s: float = 0.1) -> None:
-        self.index, self.period_s = index, period_s
+        self.period_s = period_s
         self.samples: list[tuple[float, float, float]] = []  # (t, util %, used MiB)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.nvml: Any = None
-        self.handle: Any = None
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.backend = "pynvml"
-        except Exception:
-            self.backend = "nvidia-smi" if shutil.which("nvidia-smi") else "none"
+            self.nvml: Any = pynvml
+            self.handle: Any = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # no NVML: no GPU metrics (CPU runs)
+            log.info("no GPU metrics: %s", exc)
+            self.nvml = self.handle = None
 
     @property
     def available(self) -> bool:
-        return self.backend != "none"
+        return self.nvml is not None
 
-    def _smi(self, query: list[str]) -> list[list[str]]:
-        cmd = ["nvidia-smi", *query, "--format=csv,noheader,nounits", "-i", str(self.index)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-        return [[c.strip() for c in line.split(",")] for line in res.stdout.strip().splitlines() if line.strip()]
+    def name(self) -> str:
+        n = self.nvml.nvmlDeviceGetName(self.handle)
+        return n.decode() if isinstance(n, bytes) else str(n)
 
     def read(self) -> tuple[float, float]:
         """(utilisation %, used MiB) now."""
-        if self.nvml is not None:
-            u = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
-            m = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
-            return float(u.gpu), m.used / 2**20
-        row = self._smi(["--query-gpu=utilization.gpu,memory.used"])[0]
-        return float(row[0]), float(row[1])
+        u = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+        return float(u.gpu), self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20
 
     def processes(self) -> dict[int, float]:
-        """``{pid: used MiB}`` of the compute processes on this GPU."""
-        if self.nvml is not None:
-            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
-            return {int(p.pid): (p.usedGpuMemory or 0) / 2**20 for p in procs}
-        rows = self._smi(["--query-compute-apps=pid,used_memory"])
-        return {int(r[0]): float(r[1]) for r in rows if len(r) == 2 and r[0].isdigit()}
+        """``{pid: used MiB}`` of the compute processes on this GPU (what ``nvidia-smi`` lists)."""
+        procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        return {int(p.pid): (p.usedGpuMemory or 0) / 2**20 for p in procs}
 
     def _run(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(Exception):
                 u, m = self.read()
                 self.samples.append((time.perf_counter(), u, m))
-            self._stop.wait(self.period_s if self.nvml is not None else max(self.period_s, 0.2))
+            self._stop.wait(self.period_s)
 
     def start(self) -> None:
         if self.available and self._thread is None:
@@ -245,16 +230,10 @@ def bare_context_mib(gpu: GpuMonitor) -> dict[str, Any]:
         out["what"] = "torch.cuda.init(); torch.zeros(1, device='cuda')"
         return out
     finally:
-        with contextlib.suppress(Exception):
-            assert proc.stdin is not None
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.kill()  # it holds nothing worth a clean exit
+        proc.wait(timeout=20)
 
 
-# --------------------------------------------------------------------------- servers
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -385,7 +364,6 @@ def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
     return res
 
 
-# --------------------------------------------------------------------------- load clients
 def _client_main(spec: dict[str, Any], barrier: Any, out_q: Any) -> None:
     """One client process: warm-up, barrier, measured phase; puts its raw samples on ``out_q``."""
     try:
@@ -478,11 +456,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
 
 
 def _add_counts(dicts: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for d in dicts:
-        for key, v in d.items():
-            out[key] = out.get(key, 0) + v
-    return out
+    return dict(sum((Counter(d) for d in dicts), Counter()))
 
 
 def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -542,7 +516,6 @@ def limits_of(row: dict[str, Any]) -> list[str]:
     return [k for k, v in flags.items() if v]
 
 
-# --------------------------------------------------------------------------- driver
 def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonitor | None) -> Server:
     """Start ``name``, wait for /readyz, record cold start and idle memory; raises RuntimeError on failure."""
     port = free_port()
@@ -570,17 +543,23 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
 
 
 def run_all(
-    o: argparse.Namespace, pools: dict[str, list[ImageItem]], workdir: Path, gpu: GpuMonitor | None
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Start the servers one by one, run every point (interleaved or per server), stop them."""
-    infos: dict[str, Any] = {}
+    o: argparse.Namespace, pools: dict[str, list[ImageItem]], workdir: Path, gpu: GpuMonitor | None,
+    state: dict[str, Any], save: Callable[[], None],
+) -> None:  # fmt: skip
+    """Start the servers one by one (each paused once ready), then run every point round-robin over them.
+
+    Points go concurrency by concurrency (both kinds at each), in the order given, so a ``--budget-s`` that
+    runs out drops the last concurrencies, not a whole kind. Fills ``state["servers"]``, ``state["samples"]``
+    and ``state["skipped"]``, calling ``save()`` after every point (a killed run keeps what it measured).
+    """
+    infos, samples, skipped = state["servers"], state["samples"], state["skipped"]
     servers: list[Server] = []
-    samples: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    interleaved = o.order == "interleaved"
+
+    def over_budget(need_s: float) -> bool:
+        return bool(o.budget_s) and time.perf_counter() - state["t0"] + need_s > o.budget_s
 
     def measure(srv: Server, kind: str, c: int) -> None:
-        if interleaved:
-            srv.resume()
+        srv.resume()
         try:
             raw = run_point(srv, kind=kind, pool=pools[kind], concurrency=c, o=o, gpu=gpu)
         except Exception as exc:
@@ -588,13 +567,13 @@ def run_all(
             srv.info.setdefault("errors", []).append(f"{kind} c={c}: {exc}"[-1000:])
             return
         finally:
-            if interleaved:
-                srv.pause()
+            srv.pause()  # a paused server uses no CPU while the others are measured
         samples.setdefault((srv.name, kind, c), []).append(raw)
         log.info(
-            "%-16s %-13s c=%-4d %8.1f req/s  p50 %.1f ms  err %s",
+            "%-16s %-13s c=%-4d %8.1f req/s  p50 %.1f ms  err %s  (%.0f s)",
             srv.name, kind, c, raw["lat_ms"].size / max(raw["elapsed_s"], 1e-9),
             float(np.median(raw["lat_ms"])) if raw["lat_ms"].size else float("nan"), raw["errors"] or "-",
+            time.perf_counter() - state["t0"],
         )  # fmt: skip
 
     def finish(srv: Server) -> None:
@@ -606,9 +585,11 @@ def run_all(
                 srv.info["torch_memory_after_load_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
         srv.stop()
 
-    points = [(kind, c) for _ in range(o.rounds) for kind in o.kinds for c in o.concurrency]
     try:
         for name in o.servers:
+            if over_budget(30.0):
+                skipped.append(f"{name}: not started (budget)")
+                continue
             try:
                 srv = start_server(name, o, workdir, gpu)
             except RuntimeError as exc:
@@ -617,25 +598,31 @@ def run_all(
                 continue
             servers.append(srv)
             infos[name] = srv.info
-            if interleaved:
-                srv.pause()  # a paused server uses no CPU while the others are measured
-            else:
-                for kind, c in points:
-                    measure(srv, kind, c)
-                finish(srv)
-        for kind, c in points if interleaved else []:
-            for srv in servers:
-                measure(srv, kind, c)
+            srv.pause()
+            save()
+        for _ in range(o.rounds):
+            for c in o.concurrency:
+                for kind in o.kinds:
+                    for srv in servers:
+                        if over_budget(o.warmup + o.duration + 5.0):
+                            skipped.append(f"{srv.name} {kind} c={c} (budget)")
+                            continue
+                        measure(srv, kind, c)
+                        save()
     finally:
         for srv in servers:
-            finish(srv)  # a no-op for a server already stopped
-    rows = []
-    for (name, kind, c), raws in samples.items():
-        per_req = 2 if kind == "compare" else o.images_per_request
-        rows.append(summarise(name, kind, c, per_req, raws))
+            finish(srv)
+
+
+def rows_of(samples: dict[tuple[str, str, int], list[dict[str, Any]]], o: argparse.Namespace) -> list[dict[str, Any]]:
+    """One summarised row per (server, kind, concurrency), sorted by kind, concurrency, server."""
+    rows = [
+        summarise(name, kind, c, 2 if kind == "compare" else o.images_per_request, raws)
+        for (name, kind, c), raws in samples.items()
+    ]
     order = {n: i for i, n in enumerate(o.servers)}
     rows.sort(key=lambda r: (o.kinds.index(r["kind"]), r["concurrency"], order[r["server"]]))
-    return infos, rows
+    return rows
 
 
 def ratios(rows: list[dict[str, Any]], base: str = "facegate") -> dict[str, dict[str, dict[str, float | None]]]:
@@ -703,10 +690,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--concurrency", default="1,8,32", help="comma-separated list")
     add("--kinds", default=",".join(KIND_CHOICES), help="compare,embed_aligned")
     add("--servers", default="facegate,naive,litserve", help=f"subset of {','.join(SERVER_NAMES)}")
-    add("--order", default="interleaved", choices=["interleaved", "sequential"])
+    add("--budget-s", type=float, default=0.0, help="start no point that would end after this (0: no limit)")
     add("--rounds", type=int, default=1, help="measured rounds per point (req/s: median; percentiles: all)")
     add("--duration", type=float, default=5.0, help="measured seconds per point and round")
-    add("--warmup", type=float, default=2.0, help="unrecorded seconds per round (LitServe needs ≈2 s after a pause)")
+    add("--warmup", type=float, default=1.0, help="unrecorded seconds before each measured round")
     add("--images-per-request", type=int, default=1, help="images per embed_aligned request")
     add("--client-procs", default="auto", help="'auto' or a number of client processes")
     add("--timeout", type=float, default=60.0, help="per-request client timeout")
@@ -721,12 +708,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.concurrency = [int(x) for x in str(o.concurrency).split(",") if x.strip()]
     o.kinds = [k.strip() for k in o.kinds.split(",") if k.strip()]
     o.servers = [s.strip() for s in o.servers.split(",") if s.strip()]
-    for k in o.kinds:
-        if k not in KIND_CHOICES:
-            p.error(f"unknown kind {k!r}")
-    for s in o.servers:
-        if s not in SERVER_NAMES:
-            p.error(f"unknown server {s!r}")
+    bad = [k for k in o.kinds if k not in KIND_CHOICES] + [x for x in o.servers if x not in SERVER_NAMES]
+    if bad:
+        p.error(f"unknown kind(s)/server(s) {bad}; kinds {KIND_CHOICES}, servers {SERVER_NAMES}")
     return o
 
 
@@ -745,31 +729,45 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     photos, crops = prepare_images(o.images, o.n_images, o.crop_format)
     log.info("image pool: %d photos, %d crops (%.1f s)", len(photos), len(crops), time.perf_counter() - t_all)
-    n_points = len(o.servers) * len(o.kinds) * len(o.concurrency) * o.rounds
-    log.info("%d points × ≈%.1f s ≈ %.0f s plus server starts", n_points, o.warmup + o.duration + 1.5,
-             n_points * (o.warmup + o.duration + 1.5))  # fmt: skip
     result: dict[str, Any] = {"benchmark": "http_e2e", "command": " ".join(["python", *sys.argv])}
-    if gpu is not None:
-        gpu.start()
-        if o.bare_context:
-            result["bare_cuda_context"] = bare_context_mib(gpu)
-            log.info("bare CUDA context: %s", result["bare_cuda_context"])
-    with tempfile.TemporaryDirectory(prefix="http_e2e_") as tmp:
-        result["servers"], rows = run_all(o, {"compare": photos, "embed_aligned": crops}, Path(tmp), gpu)
-    if gpu is not None:
-        gpu.stop()
-    result.update(rows=rows, ratios=ratios(rows), total_s=round(time.perf_counter() - t_all, 1))
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
-    config.update(n_photos=len(photos), n_crops=len(crops), gpu_monitor=None if gpu is None else gpu.backend)
+    config.update(n_photos=len(photos), n_crops=len(crops), gpu=None if gpu is None else gpu.name())
     config["photo_bytes_mean"] = round(sum(len(p[1]) for p in photos) / len(photos))
     config["crop_bytes_mean"] = round(sum(len(c[1]) for c in crops) / len(crops))
-    result["env"] = env_record(**config)  # touches CUDA (the device name): only now, after every measurement
-    result["table_md"] = markdown(result)
-    write_json(o.out, result)
+    state: dict[str, Any] = {"t0": t_all, "servers": {}, "samples": {}, "skipped": []}
+
+    def save(final: bool = False) -> None:
+        rows = rows_of(state["samples"], o)
+        result.update(servers=state["servers"], rows=rows, ratios=ratios(rows), skipped=state["skipped"])
+        result.update(complete=final, total_s=round(time.perf_counter() - t_all, 1))
+        # env_record asks torch for the device name: only at the very end, after every measurement
+        result["env"] = env_record(**config) if final else {"partial": True, "config": config}
+        result["table_md"] = markdown(result)
+        write_json(o.out, result)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)  # e.g. an outer `timeout`: stop the servers, keep the results
+    try:
+        if gpu is not None:
+            gpu.start()
+            if o.bare_context:
+                result["bare_cuda_context"] = bare_context_mib(gpu)
+                log.info("bare CUDA context: %s", result["bare_cuda_context"])
+        with tempfile.TemporaryDirectory(prefix="http_e2e_") as tmp:
+            run_all(o, {"compare": photos, "embed_aligned": crops}, Path(tmp), gpu, state, save)
+    except KeyboardInterrupt as exc:
+        log.warning("interrupted (%s): writing what was measured", exc)
+        result["interrupted"] = str(exc)
+    finally:
+        if gpu is not None:
+            gpu.stop()
+    save(final=True)
     print(result["table_md"])  # CLI output
     log.info("wrote %s in %.0f s", o.out, result["total_s"])
     failed = any("error" in s or "errors" in s for s in result["servers"].values())
-    return 1 if failed or not rows else 0
+    return 1 if failed or not result["rows"] or "interrupted" in result else 0
 
 
 if __name__ == "__main__":
