@@ -490,3 +490,17 @@ __all__ = [
     "load_head",
     "save_head",
 ]
+
+
+def bn_logvar_calibration(bn: nn.BatchNorm1d, note: str) -> QualityCalibration:
+    """Unfitted logistic map ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's final ``BatchNorm1d(1)``.
+
+    On training data ``logvar ≈ N(β, γ²)``, so a typical face lands near 0.5 (direction −1: σ² is an
+    uncertainty). A neutral starting point only; a gate threshold needs a fitted calibration.
+    """
+    gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
+    beta = float(bn.bias.detach().float().reshape(-1)[0])
+    gamma = gamma if gamma > 1e-6 else 1.0
+    return QualityCalibration(
+        "logistic", direction=-1, transform="log", a=-1.0 / gamma, b=beta / gamma, fitted=False, note=note
+    )

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
-from facegate.models.quality import QualityCalibration, RTSQualityHead, load_head
+from facegate.models.quality import QualityCalibration, RTSQualityHead, bn_logvar_calibration, load_head
 from facegate.models.quality_features import head_input_dim, sface_head_input
 from facegate.models.registry import ModelSpec, WeightsSource
 
@@ -214,17 +214,8 @@ class Recognizer(nn.Module):
 
 # --------------------------------------------------------------------------- provisional calibrations
 def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibration:
-    gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
-    beta = float(bn.bias.detach().float().reshape(-1)[0])
-    gamma = gamma if gamma > 1e-6 else 1.0
-    return QualityCalibration(
-        "logistic",
-        direction=-1,
-        transform="log",
-        a=-1.0 / gamma,
-        b=beta / gamma,
-        fitted=False,
-        note=f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)",
+    return bn_logvar_calibration(
+        bn, f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
     )
 
 

@@ -158,14 +158,14 @@ class FacePipeline:
                 buckets=buckets,
                 compile_mode="max-autotune-no-cudagraphs" if settings.compile == "inductor" else None,
             )
+        # a tiny random-weight recognizer's quality means nothing: its gate defaults to 0 unless set
+        default_q = 0.0 if tiny else spec.thresholds.quality
         operating = Operating(
             match_threshold=(
                 settings.match_threshold if settings.match_threshold is not None else spec.thresholds.match
             ),
             match_fmr=spec.thresholds.match_fmr,
-            quality_threshold=(
-                settings.quality_threshold if settings.quality_threshold is not None else spec.thresholds.quality
-            ),
+            quality_threshold=settings.quality_threshold if settings.quality_threshold is not None else default_q,
         )
         log.info(
             "pipeline: model=%s device=%s precision=%s match>=%.4f (FMR %.0e) quality>=%.3f",

