@@ -95,6 +95,7 @@ def main() -> None:
     print(
         TEMPLATE.format(
             lfw_cpu=lfw_cpu(),
+            http_cpu_cmd=load("http_cpu.json")["command"],
             cpu_models=table_md("cpu_models.json"),
             http_cpu=table_md("http_cpu.json"),
             models_gpu=models_gpu(),
@@ -137,16 +138,17 @@ engine splits CPU batches into sub-batches of `cpu_chunk=4`.
 
 ## 3. HTTP on this CPU: batching on and off, in one run (issue #3)
 
-`python benchmarks/http_e2e.py --device cpu --servers facegate,facegate_nobatch,naive --concurrency 1,8,32
---duration 10 --out benchmarks/results/http_cpu.json`; `facegate bench http` is the load generator.
-`compare` = two 250×250 LFW photos with detection; `embed_aligned` = one 112×112 crop. Made before the
-CPU sub-batching change.
+`{http_cpu_cmd}`; its load generator is the one behind `facegate bench http`. `compare` = two 250×250
+LFW photos with detection; `embed_aligned` = one 112×112 crop. Two rounds of 5 s per point, servers
+interleaved, on a 2-core box shared with other jobs; "req per server CPU-second" is steadier than req/s
+under that noise.
 
 {http_cpu}
 
-On two shared cores the service is CPU-bound: batching beats facegate with batching off by 1.3–1.6× at
-concurrency ≥ 8, while the naive one-request-at-a-time server is competitive for aligned crops because
-large CPU batches were slower per face (see section 2).
+On two cores the service is CPU-bound: with batching on, facegate serves 1.4–1.6× the requests of the same
+server with batching off at concurrency ≥ 8, and uses each CPU-second better than the naive server; at
+concurrency 1 batching costs a little (0.90–1.16×). The unbatched naive server gets more CPU share
+(many runnable threads), which is why its raw req/s comes close for aligned crops.
 
 ## 4. GPU: NVIDIA H200 (issue #4)
 
