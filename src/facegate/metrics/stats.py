@@ -255,7 +255,24 @@ class _Family(Generic[C]):
             return sorted(self._children.items())
 
 
-class Counter(_Family[CounterChild]):
+S = TypeVar("S", CounterChild, GaugeChild)
+
+
+class _ScalarFamily(_Family[S]):
+    """Shared reads of the single-number families (counters and gauges)."""
+
+    def value(self, *values: object) -> float:
+        """Current value of one series (0 when it does not exist)."""
+        key = _check_labels(self.labelnames, values)
+        child = self._children.get(key)
+        return 0.0 if child is None else child.get()
+
+    def samples(self) -> list[tuple[LabelValues, float]]:
+        """``(label values, value)`` for every series."""
+        return [(k, c.get()) for k, c in self.children()]
+
+
+class Counter(_ScalarFamily[CounterChild]):
     """A labelled counter family. Unlabelled families can call :meth:`inc` directly."""
 
     kind = "counter"
@@ -267,18 +284,8 @@ class Counter(_Family[CounterChild]):
         """Unlabelled shortcut for ``labels().inc(amount)``."""
         self.labels().inc(amount)
 
-    def value(self, *values: object) -> float:
-        """Current value of one series (0 when it does not exist)."""
-        key = _check_labels(self.labelnames, values)
-        child = self._children.get(key)
-        return 0.0 if child is None else child.get()
 
-    def samples(self) -> list[tuple[LabelValues, float]]:
-        """``(label values, value)`` for every series."""
-        return [(k, c.get()) for k, c in self.children()]
-
-
-class Gauge(_Family[GaugeChild]):
+class Gauge(_ScalarFamily[GaugeChild]):
     """A labelled gauge family."""
 
     kind = "gauge"
@@ -289,16 +296,6 @@ class Gauge(_Family[GaugeChild]):
     def set(self, value: float) -> None:
         """Unlabelled shortcut for ``labels().set(value)``."""
         self.labels().set(value)
-
-    def value(self, *values: object) -> float:
-        """Current value of one series (0 when it does not exist)."""
-        key = _check_labels(self.labelnames, values)
-        child = self._children.get(key)
-        return 0.0 if child is None else child.get()
-
-    def samples(self) -> list[tuple[LabelValues, float]]:
-        """``(label values, value)`` for every series."""
-        return [(k, c.get()) for k, c in self.children()]
 
 
 class Histogram(_Family[HistogramChild]):
