@@ -128,3 +128,31 @@ def test_engine_stages_split_results(pipeline: FacePipeline, photos: dict[str, n
     out = embed.deliver(embed.execute(embed.prepare(payloads)), 2)
     assert [o[0].shape for o in out] == [(1, 128), (2, 128)]
     np.testing.assert_allclose(out[0][0][0], out[1][0][0], atol=1e-5)
+
+
+def test_mixed_size_batch_equals_single(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    """Images are batched only with images of the same padded size, so batching never changes a result."""
+    big = np.zeros((480, 640, 3), np.uint8)
+    big[100:350, 200:450] = photos["a1"]
+    groups = pipeline.detect_groups([photos["a1"], big, photos["b1"]])
+    assert sorted(idx for idx, _ in groups) == [[0, 2], [1]]
+    mixed = pipeline.faces([photos["a1"], big, photos["b1"]])
+    for i, img in enumerate([photos["a1"], big, photos["b1"]]):
+        alone = pipeline.faces([img])[0][0]
+        assert float(np.dot(alone.embedding, mixed[i][0].embedding)) > 0.99999
+        np.testing.assert_allclose(alone.detection.landmarks, mixed[i][0].detection.landmarks, atol=1e-3)
+
+
+def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    det = pipeline.detector
+    ref = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
+    det.batch_buckets = (1, 4, 8)
+    try:
+        ((idx, batch),) = pipeline.detect_groups([photos["a1"], photos["b1"], photos["a2"]])
+        assert batch.images.shape[0] == 4 and len(batch) == 3
+        padded = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
+    finally:
+        det.batch_buckets = None
+    assert [len(d) for d in padded] == [len(d) for d in ref]
+    for a, b in zip(ref, padded, strict=True):
+        np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)

@@ -1,0 +1,70 @@
+"""The facegate CLI: JSON out, typed JSON errors and exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from facegate.cli import app
+
+runner = CliRunner()
+
+
+def test_models_lists_registry_with_threshold_sources() -> None:
+    res = runner.invoke(app, ["models"])
+    assert res.exit_code == 0
+    specs = {s["name"]: s for s in json.loads(res.stdout)}
+    assert {"sface", "sface_rts", "irse64_rts"} <= set(specs)
+    assert specs["sface"]["thresholds"]["match_fmr"] == 1e-3
+    assert "FMR 1e-3" in specs["sface"]["thresholds"]["source"]
+
+
+def test_compare_bad_file_is_a_json_error(tmp_path: Path) -> None:
+    bad = tmp_path / "not.jpg"
+    bad.write_bytes(b"definitely not an image")
+    res = runner.invoke(app, ["compare", str(bad), str(bad)])
+    assert res.exit_code == 2
+    err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
+    assert err["code"] == "image_unreadable"
+    assert "Traceback" not in res.output
+
+
+def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
+    base = lfw_root / "lfw-deepfunneled"
+    a, b = base / "Aaron_Peirsol/Aaron_Peirsol_0001.jpg", base / "Aaron_Peirsol/Aaron_Peirsol_0002.jpg"
+    res = runner.invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["verdict"] == "match" and out["similarity"] > out["threshold"]
+    assert len(out["faces"]) == 2 and len(out["faces"][0]["detection"]["landmarks"]) == 5
+    assert 0.0 <= out["faces"][0]["quality"]["score"] <= 1.0
+
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(a, folder / "a.jpg")
+    shutil.copy(b, folder / "sub" / "b.jpg")
+    (folder / "broken.jpg").write_bytes(a.read_bytes()[:500])  # truncated: skipped with a reason
+    res = runner.invoke(app, ["embed", str(folder), "--out", str(tmp_path / "faces.npz")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary == {"images": 3, "skipped": 1, "faces": 2, "out": str(tmp_path / "faces.npz")}
+    z = np.load(tmp_path / "faces.npz")
+    assert z["embeddings"].shape == (2, 128)
+    np.testing.assert_allclose(np.linalg.norm(z["embeddings"], axis=1), 1.0, atol=1e-5)
+
+
+def test_embed_rejects_unknown_output_suffix(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["embed", str(tmp_path), "--out", str(tmp_path / "x.csv")])
+    assert res.exit_code != 0
+
+
+@pytest.mark.parametrize("args", [["eval", "lfw", "--root", "/nonexistent"]])
+def test_eval_lfw_missing_root_is_an_error(args: list[str]) -> None:
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert json.loads(res.stderr.strip().splitlines()[-1])["error"]["code"] == "invalid_parameter"
