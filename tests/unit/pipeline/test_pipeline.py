@@ -148,7 +148,7 @@ def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[st
     ref = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
     det.batch_buckets = (1, 4, 8)
     try:
-        ((idx, batch),) = pipeline.detect_groups([photos["a1"], photos["b1"], photos["a2"]])
+        ((_idx, batch),) = pipeline.detect_groups([photos["a1"], photos["b1"], photos["a2"]])
         assert batch.images.shape[0] == 4 and len(batch) == 3
         padded = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
     finally:
