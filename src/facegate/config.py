@@ -84,8 +84,8 @@ class Settings(BaseSettings):
         ge=1,
         le=4096,
         description=(
-            "On the CPU, the largest sub-batch one forward gets (engine batches are split): SFace measured "
-            "34/48/38/30/25 faces/s at batch 1/2/4/8/16 on one core, as big batches fall out of cache."
+            "On the CPU, the largest sub-batch one forward gets (engine batches are split): per-face speed "
+            "falls at large CPU batches (benchmarks/results/cpu_models.json: batch 16 below batch 1)."
         ),
     )
     decode_workers: int = Field(4, ge=1, le=256, description="Threads for image decode and preprocessing.")
