@@ -339,29 +339,64 @@ class Server:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.is_file() else ""
 
 
+#: facegate histogram families whose sum/count deltas show where a request's time goes
+_TIMING = re.compile(
+    r"^facegate_(request_latency_seconds|queue_wait_seconds|compute_seconds|batch_size)_(sum|count)"
+    r"\{([^}]*)\} ([0-9.e+-]+)",
+    re.M,
+)
+
+
 def scrape_facegate(url: str) -> dict[str, Any]:
-    """facegate's batch-size sums/counts per stage and torch GPU memory from ``/metrics``."""
-    out: dict[str, Any] = {"batch": {}, "gpu_memory_mib": {}}
+    """facegate's histogram sums/counts (latency, queue wait, compute per phase, batch size) and torch
+    GPU memory from ``/metrics``: ``{"hist": {(family, labels): {"sum", "count"}}, "gpu_memory_mib"}``."""
+    out: dict[str, Any] = {"hist": {}, "gpu_memory_mib": {}}
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return out
-    for m in re.finditer(r'^facegate_batch_size_(sum|count)\{stage="(\w+)"\} ([0-9.e+-]+)', text, re.M):
-        out["batch"].setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
+    for m in _TIMING.finditer(text):
+        labels = ",".join(v for v in re.findall(r'="([^"]*)"', m.group(3)))
+        out["hist"].setdefault((m.group(1), labels), {})[m.group(2)] = float(m.group(4))
     for m in re.finditer(r'^facegate_gpu_memory_bytes\{kind="(\w+)"\} ([0-9.e+-]+)', text, re.M):
         out["gpu_memory_mib"][m.group(1)] = round(float(m.group(2)) / 2**20, 1)
     return out
 
 
+def _deltas(before: dict[str, Any], after: dict[str, Any], family: str) -> dict[str, tuple[float, float]]:
+    """``{labels: (d_sum, d_count)}`` of one histogram family between two snapshots (count > 0 only)."""
+    res = {}
+    for (fam, labels), a in after.get("hist", {}).items():
+        if fam == family:
+            b = before.get("hist", {}).get((fam, labels), {})
+            dc = a.get("count", 0.0) - b.get("count", 0.0)
+            if dc > 0:
+                res[labels] = (a.get("sum", 0.0) - b.get("sum", 0.0), dc)
+    return res
+
+
 def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """Mean executed batch size per stage between two :func:`scrape_facegate` snapshots."""
-    res = {}
-    for stage, a in after.get("batch", {}).items():
-        b = before.get("batch", {}).get(stage, {})
-        dc = a.get("count", 0.0) - b.get("count", 0.0)
-        if dc > 0:
-            res[stage] = round((a.get("sum", 0.0) - b.get("sum", 0.0)) / dc, 2)
-    return res
+    return {st: round(s / c, 2) for st, (s, c) in _deltas(before, after, "batch_size").items()}
+
+
+def time_breakdown(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Where facegate's time went between two snapshots.
+
+    ``server_latency_ms``: mean in-server latency per route (client latency minus this ≈ HTTP, parsing and
+    the client); ``queue_wait_ms``: mean wait of an item in each stage's queue; ``phase_ms_per_batch``:
+    mean time per batch of each stage phase; ``phase_busy``: that phase's share of the wall clock
+    (execute near 1.0 = the stage's worker is the bottleneck).
+    """
+    ms = lambda s, c: round(1000.0 * s / c, 3)  # noqa: E731
+    return {
+        "server_latency_ms": {r: ms(s, c) for r, (s, c) in _deltas(before, after, "request_latency_seconds").items()},
+        "queue_wait_ms": {st: ms(s, c) for st, (s, c) in _deltas(before, after, "queue_wait_seconds").items()},
+        "phase_ms_per_batch": {k: ms(s, c) for k, (s, c) in _deltas(before, after, "compute_seconds").items()},
+        "phase_busy": {
+            k: round(s / max(wall_s, 1e-9), 3) for k, (s, c) in _deltas(before, after, "compute_seconds").items()
+        },
+    }
 
 
 def _client_main(spec: dict[str, Any], barrier: Any, out_q: Any) -> None:
@@ -450,6 +485,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     }
     if is_fg:
         raw["mean_batch_size"] = mean_batch(metrics0, metrics1)
+        raw["time_breakdown"] = time_breakdown(metrics0, metrics1, wall)
     if gpu is not None:
         raw.update(gpu.window(t0, t1))
     return raw
@@ -496,6 +532,15 @@ def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[st
         row["mean_batch_size"] = {
             st: round(float(np.mean([r["mean_batch_size"][st] for r in rounds if st in r["mean_batch_size"]])), 2)
             for st in sorted(stages)
+        }
+    if "time_breakdown" in rounds[0]:
+        tbs = [r["time_breakdown"] for r in rounds]
+        row["time_breakdown"] = {
+            part: {
+                k: round(float(np.mean([tb[part][k] for tb in tbs if k in tb[part]])), 3)
+                for k in sorted({k for tb in tbs for k in tb[part]})
+            }
+            for part in tbs[0]
         }
     if rounds[0].get("gpu_samples"):
         row["gpu_util_mean"] = round(float(np.mean([r["gpu_util_mean"] or 0 for r in rounds])), 1)
