@@ -448,6 +448,7 @@ class FaceDetector:
         nms_threshold: float = 0.3,
         top_k: int = 5000,
         max_side: int = 640,
+        channels_last: bool = True,
     ) -> None:
         if not 0.0 <= score_threshold <= 1.0 or not 0.0 <= nms_threshold <= 1.0:
             raise InvalidParameterError("score_threshold and nms_threshold must lie in [0, 1]")
@@ -457,8 +458,10 @@ class FaceDetector:
             raise InvalidParameterError(f"unsupported detector dtype {dtype}")
         self.device = torch.device(device)
         self.dtype = dtype
-        # channels-last: NHWC kernels are several times faster for YuNet's depthwise convs (CPU and cuDNN)
-        self.model = model.to(device=self.device, dtype=dtype, memory_format=torch.channels_last).eval()
+        # channels-last: NHWC kernels are several times faster for YuNet's depthwise convs on the CPU
+        self.channels_last = bool(channels_last)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.model = model.to(device=self.device, dtype=dtype, memory_format=fmt).eval()
         self.score_threshold = float(score_threshold)
         self.nms_threshold = float(nms_threshold)
         self.top_k = int(top_k)
@@ -539,7 +542,7 @@ class FaceDetector:
         else:
             x = torch.from_numpy(batch.images).to(self.device)
         x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)  # (N, 3, Hp, Wp) BGR
-        x = x.contiguous(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return self.model(x)
 
     # ------------------------------------------------------------------ postprocess
