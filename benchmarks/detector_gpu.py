@@ -40,6 +40,39 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, r
 
 
+def recognizer_layouts(iters: int, out: Path, res: dict[str, Any]) -> list[dict[str, Any]]:
+    """SFace fp16 (BN folded): first call per new batch shape and steady time, NCHW vs NHWC, eager and graphs."""
+    from facegate.engine.graphs import GraphedModule
+    from facegate.models.recognizer import build_recognizer
+    from facegate.models.registry import SFACE
+
+    torch.backends.cudnn.benchmark = False
+    rows: list[dict[str, Any]] = []
+    for cl in (False, True):
+        r = build_recognizer(SFACE, device="cuda", dtype=torch.float16, channels_last=cl).eval()
+        r.backbone.fuse()
+        row: dict[str, Any] = {"layout": "channels_last" if cl else "contiguous", "first_call_s": {}, "eager_ms": {}}
+        for b in (1, 64):
+            x = torch.randint(0, 255, (b, 112, 112, 3), dtype=torch.uint8, device="cuda")
+            with torch.inference_mode():
+                dt, _ = timed(lambda r=r, x=x: r(x))
+                row["first_call_s"][f"b{b}"] = round(dt, 4)
+                row["eager_ms"][f"b{b}"] = round(cuda_time(lambda r=r, x=x: r(x), iters=iters) * 1e3, 3)
+        g = GraphedModule(r, (112, 112, 3), torch.uint8, buckets=(1, 64))
+        dt, _ = timed(g.capture)
+        row["graph_capture_s"] = round(dt, 3)
+        with torch.inference_mode():
+            for b in (1, 64):
+                x = torch.randint(0, 255, (b, 112, 112, 3), dtype=torch.uint8, device="cuda")
+                ms = cuda_time(lambda g=g, x=x: g(x), iters=iters * 5) * 1e3
+                row[f"graphs_ms_b{b}"] = round(ms, 4)
+                row[f"graphs_faces_s_b{b}"] = round(b / ms * 1e3, 1)
+        log.info("sface fp16 %s", row)
+        rows.append(row)
+        write_json(out, res | {"recognizer": rows})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/detector_gpu.json"))
@@ -105,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(o.out, res)
         det = None
         torch.cuda.empty_cache()
+    res["recognizer"] = recognizer_layouts(o.iters, o.out, res)
     res["complete"] = True
     write_json(o.out, res)
     return 0

@@ -47,6 +47,13 @@ class Settings(BaseSettings):
         description="Batch sizes captured as CUDA graphs; batches are padded up to the next bucket.",
     )
 
+    channels_last: bool = Field(
+        True,
+        description=(
+            "Recognizer in channels_last (NHWC) on CUDA at fp16/bf16. Faster steady state on tensor cores, but "
+            "cuDNN plans each new NHWC batch shape for seconds: with compile=off, warm-up pre-plans the buckets."
+        ),
+    )
     flip_tta: bool = Field(
         False,
         description="Also embed the mirrored crop and sum both embeddings (2× recognizer compute, +accuracy).",
@@ -58,6 +65,15 @@ class Settings(BaseSettings):
     det_top_k: int = Field(5000, ge=1, le=100_000, description="Candidates kept before NMS.")
     det_max_side: int = Field(
         640, ge=64, le=4096, description="Images are scaled so their longer side is at most this before detection."
+    )
+    det_max_batch_pixels: int = Field(
+        64 * 256 * 256,
+        ge=640 * 640,
+        le=2**28,
+        description=(
+            "Largest detector forward, in padded input pixels (rows × height × width): batches are split so "
+            "activation memory stays bounded (the default fits 64 LFW photos or 10 photos of 640×640)."
+        ),
     )
 
     # ------------------------------------------------------------------ thresholds

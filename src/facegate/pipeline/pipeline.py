@@ -94,6 +94,8 @@ class FacePipeline:
         self.operating = operating
         #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
         self.chunk: int | None = None
+        #: largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap
+        self.det_max_batch_pixels: int | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -122,6 +124,10 @@ class FacePipeline:
             nms_threshold=settings.det_nms_threshold,
             top_k=settings.det_top_k,
             max_side=settings.det_max_side,
+            # NCHW on CUDA: cuDNN plans an NHWC convolution in 2–4 s per new input shape and thread (the
+            # plan cache is thread-local), NCHW in ~10 ms, at equal or better steady-state speed
+            # (benchmarks/results/detector_gpu.json); NHWC stays on the CPU, where it is several times faster
+            channels_last=device == "cpu",
         )
         if device == "cuda":
             # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
@@ -139,7 +145,7 @@ class FacePipeline:
                 quality_head=settings.quality_head,
                 device=device,
                 dtype=dtype,
-                channels_last=device == "cuda" and dtype is not torch.float32,
+                channels_last=device == "cuda" and dtype is not torch.float32 and settings.channels_last,
             )
         recognizer.eval()
         recognizer.flip_tta = settings.flip_tta
@@ -177,6 +183,7 @@ class FacePipeline:
             operating.quality_threshold,
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
+        pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         if device == "cpu":
             pipe.chunk = settings.cpu_chunk
         return pipe
@@ -193,12 +200,16 @@ class FacePipeline:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
             groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
-        step = self.chunk or max(len(images), 1)
-        return [
-            (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
-            for idx in groups.values()
-            for k in range(0, len(idx), step)
-        ]
+        out = []
+        for (hp, wp), idx in groups.items():
+            step = self.chunk or max(len(images), 1)
+            if self.det_max_batch_pixels:
+                step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
+            out += [
+                (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
+                for k in range(0, len(idx), step)
+            ]
+        return out
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
@@ -336,10 +347,9 @@ class FacePipeline:
             capture()
         rng = np.random.default_rng(0)
         det = self.detector
-        if det.batch_buckets:  # plan the common detector shapes (LFW-like, 4:3 both ways, square) × buckets
-            for hw in ((250, 250), (480, 640), (640, 480), (640, 640)):
-                for b in det.batch_buckets:
-                    self.detect([rng.integers(0, 255, (*hw, 3), dtype=np.uint8)] * b)
+        if det.batch_buckets:  # load the detector's kernels for the batch buckets at LFW's padded size
+            for b in det.batch_buckets:
+                self.detect([rng.integers(0, 255, (250, 250, 3), dtype=np.uint8)] * b)
             if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
                 for b in det.batch_buckets:
                     self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
@@ -347,6 +357,9 @@ class FacePipeline:
             imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
             self.detect(imgs)
             self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
+        if self.device.type == "cuda":  # hand warm-up's transient activations back to the driver
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
 
 class DetectStage:

@@ -156,3 +156,20 @@ def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[st
     assert [len(d) for d in padded] == [len(d) for d in ref]
     for a, b in zip(ref, padded, strict=True):
         np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
+
+
+def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    """A pixel cap splits a same-size group into forwards of at most cap // (Hp·Wp) images, results unchanged."""
+    imgs = [photos["a1"], photos["b1"], photos["a2"], photos["a1"], photos["b1"]]
+    ref = pipeline.detect(imgs)
+    chunk, cap = pipeline.chunk, pipeline.det_max_batch_pixels
+    pipeline.chunk, pipeline.det_max_batch_pixels = None, 2 * 256 * 256  # LFW photos pad to 256×256
+    try:
+        groups = pipeline.detect_groups(imgs)
+        capped = pipeline.detect(imgs)
+    finally:
+        pipeline.chunk, pipeline.det_max_batch_pixels = chunk, cap
+    assert [idx for idx, _ in groups] == [[0, 1], [2, 3], [4]]
+    assert all(b.images.shape[0] * b.images.shape[1] * b.images.shape[2] <= 2 * 256 * 256 for _, b in groups)
+    for a, b in zip(ref, capped, strict=True):
+        np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
