@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/detector_gpu.json"))
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--variants", default="all", help="'all' or comma-separated indices into the variant list")
     o = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     batches = [int(b) for b in o.batches.split(",")]
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         ("fp16", "contiguous", False),
         ("fp32", "contiguous", True),
     ]
+    if o.variants != "all":
+        variants = [variants[int(i)] for i in o.variants.split(",")]
     for dtype_name, layout, bench in variants:
         torch.backends.cudnn.benchmark = bench
         dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype_name]
