@@ -1,9 +1,10 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
-Servers (``facegate``, ``facegate_nobatch``, ``naive``, ``litserve``: ``--servers``) start one by one as
-subprocesses on free loopback ports, each in its own session (cold start = time to the first 200 from
-``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls its queues). Points go round-robin
-over them: per concurrency (in the order given), per kind (``compare``: two LFW photos with detection;
+Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval), ``naive``,
+``litserve``: ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
+(cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
+its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
+LFW photos with detection;
 ``embed_aligned``: one 112×112 aligned crop, ``aligned=true``), facegate's closed-loop load generator
 (:mod:`facegate.bench.http`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
 times, so other tenants' load hits every server alike. req/s is the median over rounds; percentiles cover
@@ -65,7 +66,7 @@ log = logging.getLogger("http_e2e")
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
-SERVER_NAMES = ("facegate", "facegate_nobatch", "naive", "litserve")
+SERVER_NAMES = ("facegate", "facegate_nobatch", "facegate_gil5", "naive", "litserve")
 KIND_CHOICES = ("compare", "embed_aligned")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: CPU share (of one core) above which a single-threaded client process or server thread counts as the limit
@@ -244,15 +245,16 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
     """Command line of server ``name`` on ``port``."""
     py = sys.executable
     dev = o.device
-    if name in ("facegate", "facegate_nobatch"):
+    if name.startswith("facegate"):
         argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--device", dev]
         argv += ["--precision", o.precision, "--compile", o.compile, "--data-dir", str(data_dir)]
         argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
-        return [*argv, "--batching" if name == "facegate" else "--no-batching"]
+        return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
-        return [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
+        argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
+        return [*argv, "--serialize"] if o.naive_serialize else argv
     if name == "litserve":
         argv = [py, str(PEERS / "litserve_server.py"), "--port", str(port), "--device", dev]
         argv += ["--precision", o.peer_precision or o.precision, "--compile", o.peer_compile]
@@ -567,6 +569,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
     data_dir = workdir / f"data_{name}"
     data_dir.mkdir(exist_ok=True)
     env = dict(kv.split("=", 1) for kv in o.server_env)
+    if name == "facegate_gil5":  # A/B of Settings.gil_switch_interval_ms: Python's default 5 ms
+        env["FACEGATE_GIL_SWITCH_INTERVAL_MS"] = "5"
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
     used0 = gpu.read()[1] if gpu is not None else 0.0
@@ -746,6 +750,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-batch-timeout-ms", type=float, default=3.0)
     add("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
     add("--litserve-api-servers", type=int, default=None)
+    add("--naive-serialize", action="store_true", help="naive: one request in the model at a time")
     add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")
     add("--out", type=Path, default=Path("benchmarks/results/http_e2e.json"))

@@ -105,6 +105,15 @@ class Settings(BaseSettings):
         ),
     )
     decode_workers: int = Field(4, ge=1, le=256, description="Threads for image decode and preprocessing.")
+    gil_switch_interval_ms: float = Field(
+        1.0,
+        ge=0.05,
+        le=100.0,
+        description=(
+            "``sys.setswitchinterval`` for the serving process, in ms (Python's default is 5). The engine's "
+            "execute thread waits up to this long for the GIL each time it gets it back from the HTTP thread."
+        ),
+    )
 
     # ------------------------------------------------------------------ input limits
     max_upload_bytes: int = Field(

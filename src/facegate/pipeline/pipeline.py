@@ -154,6 +154,7 @@ class FacePipeline:
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import GraphedModule
 
+            detector.enable_graphs()
             buckets = sorted(
                 {b for b in settings.graph_buckets if b <= settings.max_batch_size} | {settings.max_batch_size}
             )
@@ -215,7 +216,7 @@ class FacePipeline:
         """Forward + postprocess each group; results back in input order."""
         out: list[list[Detection]] = [[] for _ in range(n)]
         for idx, batch in groups:
-            for i, dets in zip(idx, self.detector.postprocess(self.detector.forward(batch), batch), strict=True):
+            for i, dets in zip(idx, self.detector.run(batch), strict=True):
                 out[i] = dets
         return out
 

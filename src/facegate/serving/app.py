@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -438,6 +439,7 @@ def run(settings: Settings) -> None:
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn_config(app, settings))
     state = get_state(app)

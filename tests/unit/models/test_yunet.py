@@ -362,3 +362,21 @@ def test_cuda_fp16_and_fp32_agree(detector: FaceDetector, lfw_root: Path) -> Non
     b = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], dtype=torch.float32)
     s = torch.tensor([0.9, 0.8, 0.7])
     assert nms(b.cuda(), s.cuda(), 0.3).cpu().tolist() == nms(b, s, 0.3).tolist() == [0, 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.lfw
+def test_cuda_graphs_equal_eager(lfw_root: Path) -> None:
+    """A graphed detector returns the eager detector's results; padding rows and new shapes are handled."""
+    images = [_read_rgb(lfw_root, n) for n in FACES] + [_two_faces(lfw_root), np.full((200, 300, 3), 90, np.uint8)]
+    eager = FaceDetector(load_yunet(), device="cuda", dtype=torch.float32, channels_last=False)
+    graphed = FaceDetector(load_yunet(), device="cuda", dtype=torch.float32, channels_last=False)
+    graphed.enable_graphs(max_graphs=2)
+    graphed.batch_buckets = eager.batch_buckets = (1, 4, 8)
+    for _ in range(2):  # the second round replays the graphs captured in the first
+        for img in images:
+            _assert_same_dets(graphed.detect([img])[0], eager.detect([img])[0], box_px=1e-3, lm_px=1e-3, score=1e-5)
+    lfw_batch = images[: len(FACES)]
+    for g, e in zip(graphed.detect(lfw_batch), eager.detect(lfw_batch), strict=True):
+        _assert_same_dets(g, e, box_px=1e-3, lm_px=1e-3, score=1e-5)
+    assert len(graphed.graphed_shapes) == 2  # capped: further shapes ran eagerly, with the same results
