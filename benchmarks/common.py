@@ -26,6 +26,9 @@ def env_record(**config: Any) -> dict[str, Any]:
     except OSError:
         commit, dirty = "", False
     rec: dict[str, Any] = {
+        # FACEGATE_CODE_COMMIT: set it where the checkout's .git is stale (the lent GPU machine runs a copy of
+        # the working tree whose .git may be older than the code)
+        "code_commit": os.environ.get("FACEGATE_CODE_COMMIT", commit),
         "git_commit": commit,
         "git_dirty": dirty,
         "torch": torch.__version__,
