@@ -1,7 +1,8 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
-Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval), ``naive``,
-``litserve``: ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
+Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval),
+``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``naive``, ``litserve``:
+``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
 LFW photos with detection;
@@ -66,7 +67,7 @@ log = logging.getLogger("http_e2e")
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
-SERVER_NAMES = ("facegate", "facegate_nobatch", "facegate_gil5", "naive", "litserve")
+SERVER_NAMES = ("facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "naive", "litserve")
 KIND_CHOICES = ("compare", "embed_aligned")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: CPU share (of one core) above which a single-threaded client process or server thread counts as the limit
@@ -251,6 +252,8 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
         argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
+        if name == "facegate_mp":  # one engine process fed by --mp-workers front-end processes
+            argv += ["--workers", str(o.mp_workers)]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
@@ -750,6 +753,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-batch-timeout-ms", type=float, default=3.0)
     add("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
     add("--litserve-api-servers", type=int, default=None)
+    add("--mp-workers", type=int, default=4, help="front-end processes of the facegate_mp server")
     add("--naive-serialize", action="store_true", help="naive: one request in the model at a time")
     add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")

@@ -107,6 +107,9 @@ def serve(
     max_wait_ms: Annotated[float | None, typer.Option(help="batch fill wait")] = None,
     batching: Annotated[bool | None, typer.Option("--batching/--no-batching")] = None,
     compile: Annotated[str | None, typer.Option("--compile", help="off | graphs | inductor (CUDA only)")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into one engine process")
+    ] = None,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
     from facegate.serving.app import run
@@ -126,6 +129,7 @@ def serve(
         max_wait_ms=max_wait_ms,
         batching=batching,
         compile=compile,
+        workers=workers,
     )
     run(s)
 

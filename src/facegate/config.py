@@ -105,6 +105,16 @@ class Settings(BaseSettings):
         ),
     )
     decode_workers: int = Field(4, ge=1, le=256, description="Threads for image decode and preprocessing.")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "Front-end processes. 1: one process does HTTP, decoding and the engine. ≥ 2: one engine process "
+            "owns the device and this many front-end processes (HTTP, decode, align, gallery) feed it through "
+            "shared memory (facegate.engine.remote), so the engine's threads do not compete for one GIL."
+        ),
+    )
     gil_switch_interval_ms: float = Field(
         1.0,
         ge=0.05,

@@ -74,8 +74,31 @@ class Gallery:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._stats_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._version = self._store_version()
         self._index.rebuild(store)
         self._emit_stats()
+
+    def _store_version(self) -> int | None:
+        """The store's optional ``data_version()`` (SQLite's; changes on other processes' commits), or None."""
+        fn = getattr(self._store, "data_version", None)
+        return None if fn is None else fn()
+
+    def sync(self) -> bool:
+        """Rebuild the index if another process committed to the store since the last look (several
+        front-end processes share one SQLite file; each holds its own index). Returns whether it rebuilt."""
+        version = self._store_version()
+        if version is None or version == self._version:
+            return False
+        with self._sync_lock:
+            version = self._store_version()
+            if version == self._version:
+                return False
+            log.info("gallery store changed in another process: rebuilding the index")
+            self._index.rebuild(self._store)
+            self._version = version
+        self._emit_stats()
+        return True
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -218,6 +241,7 @@ class Gallery:
         """
         thr = self._threshold if threshold is None else _check_threshold(threshold)
         validate_gallery_name(gallery)
+        self.sync()
         try:
             return self._index.search(gallery, queries, k, thr)
         except GalleryNotFoundError:

@@ -223,6 +223,18 @@ class SQLiteGalleryStore:
                     raise _convert(exc, what) from exc
                 raise
 
+    def data_version(self) -> int:
+        """SQLite's ``PRAGMA data_version``: changes when another connection (e.g. another front-end
+        process) commits to the file; never for this connection's own commits."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise GalleryError("the gallery store is closed")
+            try:
+                return int(conn.execute("PRAGMA data_version").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise _convert(exc, "data_version") from exc
+
     def _checkpoint_truncate(self) -> None:
         """Copy the WAL into the database and truncate it (best effort; used after erasures)."""
         with self._lock:

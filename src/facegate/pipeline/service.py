@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,13 +23,23 @@ from facegate.pipeline.align import is_aligned_crop
 from facegate.pipeline.pipeline import FacePipeline, select_faces
 from facegate.types import CompareResult, Detection, Face, FaceSelect
 
+if TYPE_CHECKING:
+    from facegate.engine.remote import RemoteEngine
+
 log = logging.getLogger(__name__)
 
 
 class FaceService:
     """Async façade over one :class:`FacePipeline` and one :class:`Engine` (one per device)."""
 
-    def __init__(self, pipeline: FacePipeline, settings: Settings, stats: ServiceStats | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: FacePipeline,
+        settings: Settings,
+        stats: ServiceStats | None = None,
+        *,
+        engine: RemoteEngine | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
@@ -36,7 +47,8 @@ class FaceService:
             from facegate.metrics.stats import torch_cuda_memory_fn
 
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
-        self.engine = Engine(
+        #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
+        self.engine: Engine | RemoteEngine = engine or Engine(
             pipeline.stages(),
             max_batch_size=settings.max_batch_size,
             max_wait_ms=settings.max_wait_ms,
@@ -53,6 +65,23 @@ class FaceService:
     def build(cls, settings: Settings) -> FaceService:
         """Real models, as the settings describe."""
         return cls(FacePipeline.from_settings(settings), settings)
+
+    @classmethod
+    def connect(cls, settings: Settings, address: str, authkey: bytes) -> FaceService:
+        """A front-end's service: the models live in the engine process at ``address`` (blocking connect).
+
+        The model spec and the operating thresholds come from the engine, so every front-end gates and
+        compares exactly as the engine's pipeline would.
+        """
+        from facegate.engine.remote import RemoteEngine
+        from facegate.models.registry import get_spec
+        from facegate.pipeline.pipeline import Operating
+
+        remote = RemoteEngine(address, authkey)
+        info = remote.start()
+        operating = Operating(**info["operating"])
+        pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
+        return cls(pipeline, settings, engine=remote)
 
     @classmethod
     def build_tiny(cls, settings: Settings) -> FaceService:
@@ -85,8 +114,9 @@ class FaceService:
         """Warm the models (off the event loop), then start the engine."""
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.pipeline.warmup)
-        self.engine.start()
+        if isinstance(self.engine, Engine):  # a remote engine warmed its own models
+            await loop.run_in_executor(None, self.pipeline.warmup)
+        await loop.run_in_executor(None, self.engine.start)
         self._ready = True
         self.startup_seconds = time.perf_counter() - t0
         log.info("face service ready in %.2f s", self.startup_seconds)

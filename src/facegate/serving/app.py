@@ -86,6 +86,8 @@ class ServingState:
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
+    #: ``(socket path, authkey)`` of an engine process to use instead of loading models (front-end mode)
+    engine: tuple[str, bytes] | None = None
 
     def require_ready(self) -> tuple[FaceService, Gallery]:
         """The service and gallery, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
@@ -151,7 +153,7 @@ def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) 
 
     store = SQLiteGalleryStore(gallery_path(settings))
     try:
-        index = GalleryIndex(device=settings.resolved_device())
+        index = GalleryIndex(device=str(service.pipeline.device))  # a front-end's light pipeline: the CPU
         return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
     except BaseException:
         store.close()
@@ -164,7 +166,13 @@ async def _load(state: ServingState) -> None:
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        if state.service is None:
+        if state.service is None and state.engine is not None:
+            from facegate.pipeline.service import FaceService
+
+            log.info("connecting to the engine process at %s", state.engine[0])
+            state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine)
+            state.owns_service = True
+        elif state.service is None:
             from facegate.pipeline.service import FaceService
 
             log.info("loading models (model=%s device=%s)", settings.model, settings.device)
@@ -376,7 +384,13 @@ def _too_large(size: int, limit: int) -> ImageTooLargeError:
 
 
 # --------------------------------------------------------------------------- factory and runner
-def create_app(settings: Settings, service: FaceService | None = None, gallery: Gallery | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    service: FaceService | None = None,
+    gallery: Gallery | None = None,
+    *,
+    engine: tuple[str, bytes] | None = None,
+) -> FastAPI:
     """The facegate HTTP app (OpenAPI at ``/docs``).
 
     Args:
@@ -385,11 +399,13 @@ def create_app(settings: Settings, service: FaceService | None = None, gallery: 
             models from ``settings`` in the lifespan.
         gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
             when passed in).
+        engine: ``(socket path, authkey)`` of a running engine process (:mod:`facegate.engine.remote`): the
+            app is then a front-end that loads no models.
     """
     from facegate import __version__
     from facegate.serving.routes import install_routes
 
-    state = ServingState(settings=settings, service=service, gallery=gallery)
+    state = ServingState(settings=settings, service=service, gallery=gallery, engine=engine)
     if service is not None:
         state.stats = service.stats
     app = FastAPI(
@@ -439,6 +455,10 @@ def run(settings: Settings) -> None:
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.workers > 1:
+        from facegate.serving.multiprocess import run_multiprocess
+
+        return run_multiprocess(settings)
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn_config(app, settings))

@@ -254,3 +254,23 @@ def test_closed_store_surfaces_gallery_error(db: Path) -> None:
     with pytest.raises(GalleryError):
         svc.enrol("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
     assert svc.sizes() == {"g": 0}
+
+
+def test_index_follows_commits_of_another_process(tmp_path: Path) -> None:
+    """Two front-end processes share one SQLite file; each index resyncs on the other's commits."""
+    path = tmp_path / "g.sqlite3"
+    a = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
+    b = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
+    try:
+        a.create_gallery("staff", "sface", 4)
+        e = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+        a.enrol("staff", "alice", e, np.array([0.9], np.float32))
+        assert a.sync() is False  # its own commits never trigger a rebuild
+        hits = b.search("staff", e, k=1)  # b rebuilds from the store before searching
+        assert [h.subject_id for h in hits[0]] == ["alice"] and hits[0][0].match
+        assert b.sync() is False  # nothing new since
+        a.delete_subject("staff", "alice")
+        assert b.search("staff", e, k=1) == [[]]
+    finally:
+        a.close()
+        b.close()

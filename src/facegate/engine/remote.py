@@ -1,0 +1,402 @@
+"""One engine process per GPU, fed by several front-end processes through shared memory.
+
+Why: on the H200, one serving process kept the GPU 8–9 % busy. Its engine threads spent most of their time
+waiting for the GIL, which the HTTP event loop and the decode threads of the same process held
+(``docs/benchmarks.md``, "HTTP end to end on the GPU"). With ``Settings.workers`` ≥ 2, ``facegate serve``
+therefore runs:
+
+* one **engine process** that owns the device: the models, the batching :class:`~facegate.engine.engine.Engine`
+  and nothing else (no HTTP, no JSON, no decoding). :func:`engine_main` is its entry point;
+* ``workers`` **front-end processes** (uvicorn workers sharing the port): HTTP, multipart parsing, image
+  decoding, alignment, the quality gate and the gallery. Each talks to the engine through a
+  :class:`RemoteEngine`, which has the engine's small interface (``start``, ``ready``, ``submit``, ``stop``).
+
+Transport: each front-end creates one shared-memory :class:`Arena` and writes every payload (a decoded
+image or a stack of crops, ``uint8``) into it. A small message on a Unix socket
+(:mod:`multiprocessing.connection`, authenticated) names the stage, the offset, the shape and the dtype. The
+engine copies the payload out of the arena, submits it to its engine (so batches mix requests from every
+front-end) and answers with the stage result or the error. The front-end frees the slot when the answer
+arrives. A payload that does not fit in the arena travels inline in the message. Errors cross the boundary
+as ``(class name, message, detail)`` and come back as the same :class:`~facegate.errors.FacegateError`
+subclass, so HTTP statuses are unchanged.
+
+Messages (pickled tuples). Front-end → engine: ``("hello", pid, shm_name)``;
+``("submit", rid, stage, offset | None, shape, dtype, inline)``. Engine → front-end: ``("hello", info)``;
+``("ok", rid, result)``; ``("err", rid, class_name, message, detail, extra)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+from multiprocessing import resource_tracker, shared_memory
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+import numpy as np
+
+from facegate import errors as fg_errors
+from facegate.errors import EngineClosedError, FacegateError, ModelError
+
+log = logging.getLogger(__name__)
+
+#: Shared memory per front-end process: room for ~350 decoded 640×480 photos in flight.
+ARENA_BYTES = 128 * 2**20
+_ALIGN = 64
+
+
+# --------------------------------------------------------------------------- errors across processes
+#: Extra attributes of some FacegateErrors that change the HTTP answer (e.g. Retry-After).
+_EXTRA_ATTRS = ("retry_after_s",)
+
+
+def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """A FacegateError as ``(class name, message, detail, extra attributes)``; anything else as a ModelError."""
+    if isinstance(exc, FacegateError):
+        extra = {a: getattr(exc, a) for a in _EXTRA_ATTRS if hasattr(exc, a)}
+        return type(exc).__name__, exc.message, dict(exc.detail), extra
+    return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
+
+
+def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict[str, Any]) -> FacegateError:
+    """The FacegateError subclass called ``name`` (a FacegateError if unknown), rebuilt."""
+    cls = getattr(fg_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, FacegateError)):
+        cls = FacegateError
+    exc = cls(message, detail=detail or None)
+    for k, v in extra.items():
+        setattr(exc, k, v)
+    return exc
+
+
+# --------------------------------------------------------------------------- shared memory
+class Arena:
+    """First-fit allocator over one shared-memory block (created by a front-end, read by the engine).
+
+    Thread-safe. Offsets are multiples of 64 bytes. :meth:`alloc` returns ``None`` when no free range is
+    large enough; the caller then sends the payload inline.
+    """
+
+    def __init__(self, size: int = ARENA_BYTES) -> None:
+        if size < _ALIGN:
+            raise ValueError(f"arena size must be >= {_ALIGN} bytes")
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.size = size
+        self._free: list[tuple[int, int]] = [(0, size)]  # sorted by offset: (offset, length)
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    @staticmethod
+    def _round(n: int) -> int:
+        return max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of a free range of ``nbytes`` (rounded up to 64), or ``None``."""
+        n = self._round(nbytes)
+        with self._lock:
+            for i, (off, ln) in enumerate(self._free):
+                if ln >= n:
+                    if ln == n:
+                        del self._free[i]
+                    else:
+                        self._free[i] = (off + n, ln - n)
+                    return off
+        return None
+
+    def free(self, offset: int, nbytes: int) -> None:
+        """Give back a range from :meth:`alloc`; neighbouring free ranges are merged."""
+        n = self._round(nbytes)
+        with self._lock:
+            i = bisect.bisect_left(self._free, (offset, 0))
+            self._free.insert(i, (offset, n))
+            if i + 1 < len(self._free) and offset + n == self._free[i + 1][0]:  # merge with the next
+                self._free[i] = (offset, n + self._free[i + 1][1])
+                del self._free[i + 1]
+            if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:  # merge with the previous
+                self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
+                del self._free[i]
+
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(ln for _, ln in self._free)
+
+    def write(self, offset: int, arr: np.ndarray) -> None:
+        np.ndarray(arr.shape, arr.dtype, buffer=self.shm.buf, offset=offset)[...] = arr
+
+    def close(self) -> None:
+        """Unmap and unlink the block (idempotent)."""
+        with contextlib.suppress(Exception):
+            self.shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.shm.unlink()
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Attach to a front-end's arena without letting this process's resource tracker unlink it at exit."""
+    shm = shared_memory.SharedMemory(name=name)
+    with contextlib.suppress(Exception):  # Python < 3.13 registers attached blocks too
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return shm
+
+
+# --------------------------------------------------------------------------- engine process
+class EngineHost:
+    """The engine process's side: accepts front-end connections and feeds their payloads to ``service``.
+
+    Args:
+        service: a started :class:`~facegate.pipeline.service.FaceService` (owns the engine and the models).
+        loop: the event loop the service's engine runs on (``submit`` is scheduled there).
+        info: what ``hello`` answers (model name, operating thresholds, device).
+    """
+
+    def __init__(self, service: Any, loop: asyncio.AbstractEventLoop, info: dict[str, Any]) -> None:
+        self.service = service
+        self.loop = loop
+        self.info = info
+        self.connections = 0
+
+    def serve(self, listener: Listener) -> None:
+        """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return  # listener closed
+            except Exception as exc:  # a failed authentication: keep serving the others
+                log.warning("engine: refused a connection: %s", exc)
+                continue
+            self.connections += 1
+            threading.Thread(target=self._reader, args=(conn,), name="facegate-engine-conn", daemon=True).start()
+
+    def _reader(self, conn: Connection) -> None:
+        send_lock = threading.Lock()
+        shm: shared_memory.SharedMemory | None = None
+
+        def send(msg: tuple[Any, ...]) -> None:
+            with send_lock, contextlib.suppress(OSError, ValueError):
+                conn.send(msg)
+
+        def done(rid: int, fut: Any) -> None:
+            try:
+                send(("ok", rid, fut.result()))
+            except BaseException as exc:  # every failure goes back to the caller
+                send(("err", rid, *error_to_wire(exc)))
+
+        try:
+            while True:
+                msg = conn.recv()
+                if msg[0] == "submit":
+                    _, rid, stage, offset, shape, dtype, inline = msg
+                    try:
+                        if offset is None:
+                            payload = inline
+                        else:
+                            assert shm is not None, "submit before hello"
+                            payload = np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=offset).copy()
+                        fut = asyncio.run_coroutine_threadsafe(self.service.engine.submit(stage, payload), self.loop)
+                    except BaseException as exc:
+                        send(("err", rid, *error_to_wire(exc)))
+                        continue
+                    fut.add_done_callback(lambda f, rid=rid: done(rid, f))
+                elif msg[0] == "hello":
+                    _, pid, name = msg
+                    shm = attach(name)
+                    log.info("engine: front-end pid %d connected", pid)
+                    send(("hello", self.info))
+        except (EOFError, OSError):
+            log.info("engine: a front-end disconnected")
+        finally:
+            if shm is not None:
+                with contextlib.suppress(Exception):
+                    shm.close()
+            conn.close()
+
+
+def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connection, tiny: bool = False) -> None:
+    """Entry point of the engine process: load and warm, listen on ``address``, serve until SIGTERM/SIGINT.
+
+    Sends ``("ready", info)`` or ``("error", class name, message, detail, extra)`` on ``ready`` once.
+    ``tiny``: real detector, random-weight tiny recognizer (tests of the process model only).
+    """
+    from facegate.config import Settings
+    from facegate.pipeline.service import FaceService
+
+    logging.basicConfig(
+        level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
+    )
+    settings = Settings.model_validate_json(settings_json)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    t0 = time.perf_counter()
+    try:
+        service = FaceService.build_tiny(settings) if tiny else FaceService.build(settings)
+        loop.run_until_complete(service.start())
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    except BaseException as exc:  # reported to the supervisor, which exits non-zero
+        log.exception("engine: startup failed")
+        ready.send(("error", *error_to_wire(exc)))
+        return
+    op = service.pipeline.operating
+    info = {
+        "model": service.spec.name,
+        "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
+                      "quality_threshold": op.quality_threshold},
+        "device": str(service.pipeline.device),
+        "startup_s": round(time.perf_counter() - t0, 3),
+    }  # fmt: skip
+    host = EngineHost(service, loop, info)
+    threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, loop.stop)
+    log.info("engine ready in %.1f s on %s (%s)", info["startup_s"], address, info["device"])
+    ready.send(("ready", info))
+    try:
+        loop.run_forever()
+    finally:
+        listener.close()
+        loop.run_until_complete(service.stop())
+        log.info("engine stopped")
+
+
+# --------------------------------------------------------------------------- front-end side
+class RemoteEngine:
+    """The engine interface (``start``/``ready``/``submit``/``stop``) over a connection to the engine process.
+
+    Args:
+        address: the engine's Unix socket path.
+        authkey: the shared secret of the connection.
+        arena_bytes: size of this front-end's shared-memory arena.
+        connect_timeout_s: how long :meth:`start` retries connecting.
+    """
+
+    def __init__(
+        self, address: str, authkey: bytes, *, arena_bytes: int = ARENA_BYTES, connect_timeout_s: float = 60.0
+    ) -> None:
+        self.address = address
+        self.authkey = authkey
+        self.arena_bytes = arena_bytes
+        self.connect_timeout_s = connect_timeout_s
+        self.info: dict[str, Any] = {}
+        self._conn: Connection | None = None
+        self._arena: Arena | None = None
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int | None, int]] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._alive = False
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> dict[str, Any]:
+        """Connect (retrying until ``connect_timeout_s``), say hello, start the reader; returns the engine's info.
+
+        Blocking: call it off the event loop.
+
+        Raises:
+            EngineClosedError: no engine answered in time.
+        """
+        if self._alive:
+            return self.info
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if time.monotonic() > deadline:
+                    raise EngineClosedError(f"no engine at {self.address}: {exc}") from None
+                time.sleep(0.1)
+        self._arena = Arena(self.arena_bytes)
+        conn.send(("hello", os.getpid(), self._arena.name))
+        kind, info = conn.recv()
+        if kind != "hello":
+            raise ModelError(f"unexpected engine answer {kind!r}")
+        self._conn, self.info, self._alive = conn, info, True
+        self._reader = threading.Thread(target=self._read, name="facegate-remote-engine", daemon=True)
+        self._reader.start()
+        return info
+
+    @property
+    def ready(self) -> bool:
+        return self._alive
+
+    async def submit(self, stage: str, payload: np.ndarray) -> Any:
+        """Run ``payload`` through the engine process's ``stage``; the result, or its FacegateError."""
+        if not self._alive or self._conn is None or self._arena is None:
+            raise EngineClosedError("the engine process is not connected")
+        arr = np.ascontiguousarray(payload)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._ids)
+        offset = self._arena.alloc(arr.nbytes)
+        if offset is not None:
+            self._arena.write(offset, arr)
+            msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, None)
+        else:
+            msg = ("submit", rid, stage, None, arr.shape, arr.dtype.str, arr)
+        with self._pending_lock:
+            self._pending[rid] = (loop, fut, offset, arr.nbytes)
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError) as exc:
+            self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
+        return await fut
+
+    def _settle(self, rid: int, value: Any, *, error: bool) -> None:
+        with self._pending_lock:
+            entry = self._pending.pop(rid, None)
+        if entry is None:
+            return
+        loop, fut, offset, nbytes = entry
+        if offset is not None and self._arena is not None:
+            self._arena.free(offset, nbytes)
+
+        def resolve() -> None:
+            if not fut.done():
+                fut.set_exception(value) if error else fut.set_result(value)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(resolve)
+
+    def _read(self) -> None:
+        assert self._conn is not None
+        try:
+            while True:
+                msg = self._conn.recv()
+                if msg[0] == "ok":
+                    self._settle(msg[1], msg[2], error=False)
+                elif msg[0] == "err":
+                    self._settle(msg[1], error_from_wire(*msg[2:]), error=True)
+        except (EOFError, OSError):
+            if self._alive:
+                log.error("lost the connection to the engine process")
+        finally:
+            self._alive = False
+            with self._pending_lock:
+                rids = list(self._pending)
+            for rid in rids:
+                self._settle(rid, EngineClosedError("the engine process is gone"), error=True)
+
+    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+        """Close the connection and the arena (in-flight requests fail with EngineClosedError)."""
+        self._alive = False
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        if self._reader is not None:  # a daemon: a recv that close() does not wake is left behind
+            self._reader.join(timeout=min(timeout_s or 1.0, 1.0))
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None

@@ -1,0 +1,166 @@
+"""``facegate serve --workers N`` (N ≥ 2): one engine process and N uvicorn front-end processes.
+
+The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`),
+waits until its models are loaded and warm, then runs uvicorn with ``workers=N``: uvicorn's own supervisor
+forks N front-ends that share the listening socket. Each front-end builds its app with :func:`frontend_app`,
+which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
+(each front-end keeps its own search index and rebuilds it when another process committed a change,
+:meth:`facegate.gallery.service.Gallery.sync`). When uvicorn returns (SIGINT/SIGTERM), the engine process
+is stopped.
+
+Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
+``/metrics`` of a front-end covers its own requests, while the engine's batch and queue metrics stay in
+the engine process (logged there, not exported yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from facegate.config import Settings
+from facegate.engine.remote import error_from_wire
+from facegate.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
+ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
+ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
+
+
+def frontend_app() -> FastAPI:
+    """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
+    from facegate.serving.app import create_app
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
+            format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
+        )
+    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
+    return create_app(settings, engine=(os.environ[ENV_ADDRESS], bytes.fromhex(os.environ[ENV_AUTHKEY])))
+
+
+class EngineProcess:
+    """The engine process: spawn, wait until warm, stop.
+
+    Args:
+        settings: the serving settings (the engine builds its models from them).
+        tiny: a random-weight tiny recognizer (tests of the process model only).
+    """
+
+    def __init__(self, settings: Settings, *, tiny: bool = False) -> None:
+        self.settings = settings
+        self.tiny = tiny
+        self.dir = Path(tempfile.mkdtemp(prefix="facegate-engine-"))
+        self.address = str(self.dir / "engine.sock")
+        self.authkey = secrets.token_bytes(32)
+        self.info: dict[str, Any] = {}
+        self._proc: Any = None
+
+    def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Start the process and wait until it is ready; returns its info (model, device, startup seconds).
+
+        Raises:
+            FacegateError: the engine's own startup error (e.g. ModelError), or ModelError when it died or
+                did not get ready within ``timeout_s``.
+        """
+        from facegate.engine.remote import engine_main
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
+        parent, child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=engine_main,
+            args=(self.settings.model_dump_json(), self.address, self.authkey, child, self.tiny),
+            name="facegate-engine",
+            daemon=False,
+        )
+        self._proc.start()
+        child.close()
+        if not parent.poll(timeout_s):
+            self.stop()
+            raise ModelError(f"the engine process was not ready within {timeout_s:.0f} s")
+        try:
+            msg = parent.recv()
+        except EOFError:
+            self.stop()
+            raise ModelError(f"the engine process exited during startup (exit code {self._proc.exitcode})") from None
+        if msg[0] != "ready":
+            self.stop()
+            raise error_from_wire(*msg[1:])
+        self.info = msg[1]
+        log.info("engine process %d ready: %s", self._proc.pid, self.info)
+        return self.info
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the engine (it drains its queues), wait, then kill if needed; remove the socket folder."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout_s)
+            if self._proc.is_alive():
+                log.error("the engine process did not stop within %.0f s; killing it", timeout_s)
+                self._proc.kill()
+                self._proc.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def environment(self) -> dict[str, str]:
+        """What a front-end needs to find the engine (exported before uvicorn starts its workers)."""
+        return {
+            ENV_ADDRESS: self.address,
+            ENV_AUTHKEY: self.authkey.hex(),
+            ENV_SETTINGS: self.settings.model_dump_json(),
+        }
+
+
+def run_multiprocess(settings: Settings) -> None:
+    """Serve with one engine process and ``settings.workers`` front-end processes until interrupted.
+
+    Raises:
+        FacegateError: the engine could not start (models, settings).
+    """
+    import uvicorn
+
+    engine = EngineProcess(settings)
+    engine.start()
+    old = {k: os.environ.get(k) for k in engine.environment()}
+    os.environ.update(engine.environment())
+    try:
+        log.info(
+            "facegate listening on http://%s:%d with %d front-end processes and one engine process",
+            settings.host,
+            settings.port,
+            settings.workers,
+        )
+        uvicorn.run(
+            "facegate.serving.multiprocess:frontend_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    finally:
+        for k, v in old.items():
+            with contextlib.suppress(KeyError):
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+        engine.stop()

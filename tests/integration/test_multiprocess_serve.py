@@ -1,0 +1,79 @@
+"""``facegate serve --workers 2``: one engine process, two front-end processes, real models on the CPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(x) for x in out]
+
+
+@pytest.mark.lfw
+def test_two_front_ends_share_one_engine_and_one_gallery(lfw_root: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def photo(name: str, i: int) -> bytes:
+        return (lfw_root / "lfw-deepfunneled" / name / f"{name}_{i:04d}.jpg").read_bytes()
+
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "not ready within 180 s"
+            time.sleep(0.5)
+        with httpx.Client(base_url=url, timeout=60) as c:
+            # the engine process plus two uvicorn front-ends (plus uvicorn's supervisor's helpers)
+            ready = [c.get("/readyz") for _ in range(6)]
+            assert all(r.status_code == 200 and r.json()["device"] == "cpu" for r in ready)
+            same = c.post(
+                "/api/compare",
+                files={"img1": ("a.jpg", photo("Colin_Powell", 1)), "img2": ("b.jpg", photo("Colin_Powell", 2))},
+            ).json()
+            assert same["match"] is True and same["refused"] is False, same
+            assert c.post("/api/galleries", json={"name": "staff"}).status_code == 201
+            r = c.post("/api/galleries/staff/subjects/tony", files=[("images", ("t.jpg", photo("Tony_Blair", 1)))])
+            assert r.status_code in (200, 201), r.text
+            # whichever front-end answers, the search sees the enrolment made through the other one
+            for _ in range(8):
+                s = c.post("/api/galleries/staff/search", files={"image": ("q.jpg", photo("Tony_Blair", 2))}).json()
+                assert [h["subject_id"] for h in s["hits"]] == ["tony"], s
+            bad = c.post("/api/compare", files={"img1": ("a.jpg", b"junk"), "img2": ("b.jpg", photo("Tony_Blair", 1))})
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
+        assert len(_children(proc.pid)) >= 3  # engine + 2 front-ends (uvicorn may add a resource tracker)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0
+    assert _children(proc.pid) == []

@@ -1,0 +1,156 @@
+"""The engine process and its front-end client (facegate.engine.remote, facegate.serving.multiprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facegate.config import Settings
+from facegate.engine.remote import Arena, RemoteEngine, error_from_wire, error_to_wire
+from facegate.errors import (
+    CheckpointError,
+    EngineClosedError,
+    EngineError,
+    FacegateError,
+    ModelError,
+    NoFaceError,
+    QueueFullError,
+)
+from facegate.pipeline.service import FaceService
+from facegate.serving.multiprocess import EngineProcess
+
+
+# --------------------------------------------------------------------------- pure parts
+def test_arena_first_fit_alloc_free_and_merge() -> None:
+    arena = Arena(1024)
+    try:
+        a, b, c = arena.alloc(100), arena.alloc(64), arena.alloc(200)
+        assert (a, b, c) == (0, 128, 192)  # rounded up to 64-byte multiples
+        assert arena.alloc(1024) is None  # no range large enough: the caller goes inline
+        arena.free(b, 64)
+        assert arena.alloc(50) == 128  # first fit reuses the hole
+        arena.free(128, 50)
+        arena.free(a, 100)
+        arena.free(c, 200)
+        assert arena.free_bytes == 1024 and arena.alloc(1024) == 0  # every range merged back into one
+        x = np.arange(12, dtype=np.uint8).reshape(3, 4)
+        arena.write(0, x)
+        np.testing.assert_array_equal(np.ndarray((3, 4), np.uint8, buffer=arena.shm.buf, offset=0), x)
+    finally:
+        arena.close()
+
+
+def test_errors_cross_the_boundary_with_their_class_and_attributes() -> None:
+    exc = error_from_wire(*error_to_wire(QueueFullError("full", retry_after_s=2.5, detail={"stage": "embed"})))
+    assert isinstance(exc, QueueFullError) and exc.retry_after_s == 2.5 and exc.detail == {"stage": "embed"}
+    assert type(error_from_wire(*error_to_wire(NoFaceError("none")))) is NoFaceError
+    other = error_from_wire(*error_to_wire(RuntimeError("boom")))
+    assert isinstance(other, ModelError) and "RuntimeError: boom" in other.message
+    assert type(error_from_wire("NotAnError", "m", {}, {})) is FacegateError
+
+
+# --------------------------------------------------------------------------- a real engine process
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    settings = Settings(device="cpu", data_dir=tmp_path_factory.mktemp("engine"), max_wait_ms=1.0)
+    proc = EngineProcess(settings, tiny=True)
+    info = proc.start(timeout_s=120)
+    assert info["device"] == "cpu" and info["model"] == "sface"
+    yield proc
+    proc.stop()
+    assert not proc.alive
+
+
+def _crops(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (n, 112, 112, 3), dtype=np.uint8)
+
+
+def test_front_ends_get_the_engines_results(engine: EngineProcess) -> None:
+    """Two front-ends submit concurrently; results equal an in-process tiny service's (same seed)."""
+    local = FaceService.build_tiny(Settings(device="cpu"))
+    ref_emb, ref_q, _ = local.pipeline.embed(_crops(5))
+    photo = np.full((240, 320, 3), 127, np.uint8)
+
+    async def go() -> None:
+        a = FaceService.connect(Settings(device="cpu"), engine.address, engine.authkey)
+        b = FaceService.connect(Settings(device="cpu"), engine.address, engine.authkey)
+        await a.start()
+        await b.start()
+        assert a.ready and b.ready and a.quality_threshold == local.quality_threshold
+        crops = _crops(5)
+        outs = await asyncio.gather(*[(a if i % 2 else b)._embed(crops[i : i + 1]) for i in range(5)])
+        emb = np.concatenate([o[0] for o in outs])
+        np.testing.assert_allclose(emb, ref_emb, atol=1e-5)
+        np.testing.assert_allclose(np.concatenate([o[1] for o in outs]), ref_q, atol=1e-5)
+        assert await a.detect(photo) == []  # a flat image: the real detector finds nothing
+        with pytest.raises(NoFaceError):  # a typed error raised by the front-end's own selection
+            await a.faces(photo)
+        face = await b.face_aligned(crops[0])
+        np.testing.assert_allclose(face.embedding, ref_emb[0], atol=1e-5)
+        await a.stop()
+        await b.stop()
+        assert not a.ready
+
+    asyncio.run(go())
+
+
+def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: EngineProcess) -> None:
+    async def go() -> None:
+        remote = RemoteEngine(engine.address, engine.authkey, arena_bytes=4096)  # smaller than one crop
+        remote.start()
+        try:
+            emb, q, _raw = await remote.submit("embed", _crops(3))
+            assert emb.shape == (3, 128) and q.shape == (3,)
+            with pytest.raises(EngineError, match="unknown stage") as info:
+                await remote.submit("no-such-stage", _crops(1))
+            assert type(info.value) is EngineError and info.value.detail == {"known": ["detect", "embed"]}
+            assert remote._arena is not None and remote._arena.free_bytes == 4096  # every slot given back
+        finally:
+            remote.stop()
+        with pytest.raises(EngineClosedError):
+            await remote.submit("embed", _crops(1))
+
+    asyncio.run(go())
+
+
+def test_connect_fails_clearly_without_an_engine(tmp_path: Path) -> None:
+    remote = RemoteEngine(str(tmp_path / "none.sock"), b"k", connect_timeout_s=0.3)
+    with pytest.raises(EngineClosedError, match="no engine"):
+        remote.start()
+
+
+def test_engine_startup_errors_reach_the_supervisor(tmp_path: Path) -> None:
+    bad = Settings(device="cpu", data_dir=tmp_path, rts_checkpoint=tmp_path / "missing.pt")
+    proc = EngineProcess(bad)
+    with pytest.raises(CheckpointError, match=r"missing\.pt"):
+        proc.start(timeout_s=120)
+    assert not proc.alive
+
+
+def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
+    proc = EngineProcess(Settings(device="cpu", data_dir=tmp_path), tiny=True)
+    proc.start(timeout_s=120)
+
+    async def go() -> None:
+        remote = RemoteEngine(proc.address, proc.authkey)
+        remote.start()
+        await remote.submit("embed", _crops(1))
+        proc._proc.kill()  # the engine process dies (OOM killer, driver fault, ...)
+        proc._proc.join(10)
+        for _ in range(100):  # the reader notices the closed socket
+            if not remote.ready:
+                break
+            await asyncio.sleep(0.05)
+        assert not remote.ready
+        with pytest.raises(EngineClosedError):
+            await remote.submit("embed", _crops(1))
+        remote.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.stop()
