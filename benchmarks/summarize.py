@@ -186,6 +186,17 @@ def detector_gpu() -> str:
     return "\n".join(out)
 
 
+def remote_transport() -> str:
+    d = load("remote_transport_cpu.json")
+    out = ["| stage | concurrency | engine | req/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(
+            f"| {r['stage']} | {r['concurrency']} | {r['engine']} | {r['req_s']:.0f} | {r['p50_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} |"
+        )
+    return "\n".join(out)
+
+
 def table_md(name: str) -> str:
     return load(name)["table_md"].strip()
 
@@ -197,6 +208,10 @@ def main() -> None:
             http_cpu_cmd=load("http_cpu.json")["command"],
             cpu_models=table_md("cpu_models.json"),
             http_cpu=table_md("http_cpu.json"),
+            http_cpu_mp_cmd=load("http_cpu_mp.json")["command"],
+            http_cpu_mp=table_md("http_cpu_mp.json"),
+            remote_transport_cmd=load("remote_transport_cpu.json")["command"],
+            remote_transport=remote_transport(),
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),
@@ -252,6 +267,25 @@ On two cores the service is CPU-bound: with batching on, facegate serves 1.4–1
 server with batching off at concurrency ≥ 8, and uses each CPU-second better than the naive server; at
 concurrency 1 batching costs a little (0.90–1.16×). The unbatched naive server gets more CPU share
 (many runnable threads), which is why its raw req/s comes close for aligned crops.
+
+### The process model on this CPU (`--workers`, issue #4)
+
+`{http_cpu_mp_cmd}` (commit 003d1ca): `facegate_mp` is one engine process fed by 2 front-end processes.
+On two cores the service is compute-bound: the one-process layout serves 1–9 % more requests (the extra
+processes cost CPU this box does not have). The process model is for machines where one Python process
+cannot keep the GPU busy (§4); it has **not been measured on the GPU yet**.
+
+{http_cpu_mp}
+
+Transport cost, engine stage alone (no HTTP): `{remote_transport_cmd}` (commit 10f0ac1). Same tiny
+pipeline in-process and behind an engine process, one asyncio client.
+
+{remote_transport}
+
+At concurrency 1 the engine process adds about 0.2 ms per request. At 64 concurrent tiny embeds the
+client and the engine process share the two cores, and the remote path serves 0.68× the in-process one.
+At 64 concurrent detections it serves 1.31× (there the in-process engine threads share one GIL with the
+client's loop; one run on a noisy box).
 
 ## 4. GPU: NVIDIA H200 (issue #4)
 
