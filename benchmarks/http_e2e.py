@@ -42,7 +42,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -62,6 +61,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.bench.http import ImageItem, _phase, _RequestMaker
+from monitor import (
+    GpuMonitor,
+    bare_context_mib,
+    gpu_index,
+    machine_ticks,
+    mean_batch,
+    process_gpu_mib,
+    scrape_facegate,
+    session_pids,
+    thread_ticks,
+    time_breakdown,
+)
 
 log = logging.getLogger("http_e2e")
 
@@ -95,145 +106,6 @@ def prepare_images(root: Path, n: int, crop_format: str = "jpg") -> tuple[list[I
             photos.append((f.path.name, f.data, "image/jpeg"))
             crops.append((f.path.stem + "_crop" + ext, buf.tobytes(), mime))
     return photos, crops
-
-
-def _stat_fields(path: str) -> list[str] | None:
-    """Fields of a /proc stat file from 'state' (field 3) on; None when the process is gone."""
-    with contextlib.suppress(OSError), open(path) as fh:
-        raw = fh.read()
-        return raw[raw.rfind(")") + 2 :].split()
-    return None
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (a server started with ``start_new_session=True``)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = _stat_fields(f"/proc/{entry}/stat")
-            if f is not None and int(f[3]) == sid and f[0] != "Z":
-                out.append(int(entry))
-    return out
-
-
-def thread_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
-    """CPU ticks (user + system) of every thread of ``pids``."""
-    out: dict[tuple[int, int], int] = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                f = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
-                if f is not None:
-                    out[(pid, int(tid))] = int(f[11]) + int(f[12])
-    return out
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine from /proc/stat."""
-    with open("/proc/stat") as fh:
-        vals = [int(v) for v in fh.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return sum(vals) - idle, sum(vals)
-
-
-class GpuMonitor:
-    """Background sampler of one GPU's utilisation and memory through NVML (``nvidia-ml-py``: ``pynvml``)."""
-
-    def __init__(self, index: int = 0, period_s: float = 0.1) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, float, float]] = []  # (t, util %, used MiB)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml: Any = pynvml
-            self.handle: Any = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception as exc:  # no NVML: no GPU metrics (CPU runs)
-            log.info("no GPU metrics: %s", exc)
-            self.nvml = self.handle = None
-
-    @property
-    def available(self) -> bool:
-        return self.nvml is not None
-
-    def name(self) -> str:
-        n = self.nvml.nvmlDeviceGetName(self.handle)
-        return n.decode() if isinstance(n, bytes) else str(n)
-
-    def read(self) -> tuple[float, float]:
-        """(utilisation %, used MiB) now."""
-        u = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
-        return float(u.gpu), self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20
-
-    def processes(self) -> dict[int, float]:
-        """``{pid: used MiB}`` of the compute processes on this GPU (what ``nvidia-smi`` lists)."""
-        procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
-        return {int(p.pid): (p.usedGpuMemory or 0) / 2**20 for p in procs}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                u, m = self.read()
-                self.samples.append((time.perf_counter(), u, m))
-            self._stop.wait(self.period_s)
-
-    def start(self) -> None:
-        if self.available and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpu-monitor", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def window(self, t0: float, t1: float) -> dict[str, Any]:
-        s = [x for x in self.samples if t0 <= x[0] <= t1]
-        if not s:
-            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_used_max_mib": None, "gpu_samples": 0}
-        u, m = np.array([x[1] for x in s]), max(x[2] for x in s)
-        return {"gpu_util_mean": round(float(u.mean()), 1), "gpu_util_max": round(float(u.max()), 1),
-                "gpu_mem_used_max_mib": round(m, 1), "gpu_samples": len(s)}  # fmt: skip
-
-
-def gpu_index() -> int:
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
-
-
-def process_gpu_mib(gpu: GpuMonitor, pids: list[int]) -> dict[str, Any]:
-    """Driver-reported GPU memory of ``pids`` (summed) and every compute process seen."""
-    try:
-        procs = gpu.processes()
-    except Exception as exc:
-        return {"error": repr(exc)}
-    mine = {p: round(v, 1) for p, v in procs.items() if p in set(pids)}
-    return {"mib": round(sum(mine.values()), 1) if mine else None, "by_pid": mine, "all_pids": procs}
-
-
-def bare_context_mib(gpu: GpuMonitor) -> dict[str, Any]:
-    """GPU memory of a process that only does ``torch.cuda.init()`` and allocates one element."""
-    code = (
-        "import sys, torch; torch.cuda.init(); x = torch.zeros(1, device='cuda'); torch.cuda.synchronize(); "
-        "print('ready', flush=True); sys.stdin.read()"
-    )
-    used0 = gpu.read()[1]
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if line != "ready":
-            return {"error": f"bare context process said {line!r}"}
-        time.sleep(1.0)
-        out = process_gpu_mib(gpu, [proc.pid])
-        out["device_used_delta_mib"] = round(gpu.read()[1] - used0, 1)
-        out["what"] = "torch.cuda.init(); torch.zeros(1, device='cuda')"
-        return out
-    finally:
-        proc.kill()  # it holds nothing worth a clean exit
-        proc.wait(timeout=20)
 
 
 def free_port() -> int:
@@ -342,66 +214,6 @@ class Server:
 
     def log_tail(self, n: int = 1500) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.is_file() else ""
-
-
-#: facegate histogram families whose sum/count deltas show where a request's time goes
-_TIMING = re.compile(
-    r"^facegate_(request_latency_seconds|queue_wait_seconds|compute_seconds|batch_size)_(sum|count)"
-    r"\{([^}]*)\} ([0-9.e+-]+)",
-    re.M,
-)
-
-
-def scrape_facegate(url: str) -> dict[str, Any]:
-    """facegate's histogram sums/counts (latency, queue wait, compute per phase, batch size) and torch
-    GPU memory from ``/metrics``: ``{"hist": {(family, labels): {"sum", "count"}}, "gpu_memory_mib"}``."""
-    out: dict[str, Any] = {"hist": {}, "gpu_memory_mib": {}}
-    try:
-        text = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return out
-    for m in _TIMING.finditer(text):
-        labels = ",".join(v for v in re.findall(r'="([^"]*)"', m.group(3)))
-        out["hist"].setdefault((m.group(1), labels), {})[m.group(2)] = float(m.group(4))
-    for m in re.finditer(r'^facegate_gpu_memory_bytes\{kind="(\w+)"\} ([0-9.e+-]+)', text, re.M):
-        out["gpu_memory_mib"][m.group(1)] = round(float(m.group(2)) / 2**20, 1)
-    return out
-
-
-def _deltas(before: dict[str, Any], after: dict[str, Any], family: str) -> dict[str, tuple[float, float]]:
-    """``{labels: (d_sum, d_count)}`` of one histogram family between two snapshots (count > 0 only)."""
-    res = {}
-    for (fam, labels), a in after.get("hist", {}).items():
-        if fam == family:
-            b = before.get("hist", {}).get((fam, labels), {})
-            dc = a.get("count", 0.0) - b.get("count", 0.0)
-            if dc > 0:
-                res[labels] = (a.get("sum", 0.0) - b.get("sum", 0.0), dc)
-    return res
-
-
-def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
-    """Mean executed batch size per stage between two :func:`scrape_facegate` snapshots."""
-    return {st: round(s / c, 2) for st, (s, c) in _deltas(before, after, "batch_size").items()}
-
-
-def time_breakdown(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """Where facegate's time went between two snapshots.
-
-    ``server_latency_ms``: mean in-server latency per route (client latency minus this ≈ HTTP, parsing and
-    the client); ``queue_wait_ms``: mean wait of an item in each stage's queue; ``phase_ms_per_batch``:
-    mean time per batch of each stage phase; ``phase_busy``: that phase's share of the wall clock
-    (execute near 1.0 = the stage's worker is the bottleneck).
-    """
-    ms = lambda s, c: round(1000.0 * s / c, 3)  # noqa: E731
-    return {
-        "server_latency_ms": {r: ms(s, c) for r, (s, c) in _deltas(before, after, "request_latency_seconds").items()},
-        "queue_wait_ms": {st: ms(s, c) for st, (s, c) in _deltas(before, after, "queue_wait_seconds").items()},
-        "phase_ms_per_batch": {k: ms(s, c) for k, (s, c) in _deltas(before, after, "compute_seconds").items()},
-        "phase_busy": {
-            k: round(s / max(wall_s, 1e-9), 3) for k, (s, c) in _deltas(before, after, "compute_seconds").items()
-        },
-    }
 
 
 def _client_main(spec: dict[str, Any], barrier: Any, out_q: Any) -> None:
