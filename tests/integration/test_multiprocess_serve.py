@@ -66,6 +66,10 @@ def test_two_front_ends_share_one_engine_and_one_gallery(lfw_root: Path, tmp_pat
                 s = c.post("/api/galleries/staff/search", files={"image": ("q.jpg", photo("Tony_Blair", 2))}).json()
                 assert [h["subject_id"] for h in s["hits"]] == ["tony"], s
             bad = c.post("/api/compare", files={"img1": ("a.jpg", b"junk"), "img2": ("b.jpg", photo("Tony_Blair", 1))})
+            m = c.get("/metrics").text  # a front-end exports the engine process's stage metrics
+            items = [ln for ln in m.splitlines() if ln.startswith('facegate_items_total{stage="embed"}')]
+            assert items and float(items[0].split()[-1]) >= 12, items  # 2 + 1 + 8 crops + 1 from compare
+            assert 'facegate_batch_size_count{stage="detect"}' in m
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
         assert len(_children(proc.pid)) >= 3  # engine + 2 front-ends (uvicorn may add a resource tracker)
     finally:

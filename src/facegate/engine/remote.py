@@ -21,8 +21,8 @@ as ``(class name, message, detail)`` and come back as the same :class:`~facegate
 subclass, so HTTP statuses are unchanged.
 
 Messages (pickled tuples). Front-end → engine: ``("hello", pid, shm_name)``;
-``("submit", rid, stage, offset | None, shape, dtype, inline)``. Engine → front-end: ``("hello", info)``;
-``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
+``("submit", rid, stage, offset | None, shape, dtype, inline)``; ``("stats", rid)``. Engine → front-end:
+``("hello", info)``; ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
 """
 
 from __future__ import annotations
@@ -231,6 +231,12 @@ class EngineHost:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))
                             continue
                         jobs.append((rid, stage, payload))
+                    elif msg[0] == "stats":
+                        try:
+                            out = ("ok", msg[1], self.service.stats.engine_samples())
+                        except BaseException as exc:
+                            out = ("err", msg[1], *error_to_wire(exc))
+                        send(("batch", [out]))
                     elif msg[0] == "hello":
                         _, pid, name = msg
                         shm = attach(name)
@@ -374,6 +380,22 @@ class RemoteEngine:
         try:
             with self._send_lock:
                 self._conn.send(msg)
+        except (OSError, ValueError) as exc:
+            self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
+        return await fut
+
+    async def engine_samples(self) -> dict[str, list[Any]]:
+        """The engine process's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
+        if not self._alive or self._conn is None:
+            raise EngineClosedError("the engine process is not connected")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._ids)
+        with self._pending_lock:
+            self._pending[rid] = (loop, fut, None, 0)
+        try:
+            with self._send_lock:
+                self._conn.send(("stats", rid))
         except (OSError, ValueError) as exc:
             self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
         return await fut

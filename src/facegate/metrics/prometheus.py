@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -42,27 +43,33 @@ except ImportError:  # pragma: no cover - older clients: LATEST *is* the 0.0.4 t
 class ServiceStatsCollector(Collector):
     """A custom collector translating every :class:`ServiceStats` family into Prometheus metrics."""
 
-    def __init__(self, stats: ServiceStats) -> None:
+    def __init__(self, stats: ServiceStats, remote: dict[str, list[Any]] | None = None) -> None:
         self.stats = stats
+        self.remote = remote or {}
 
     def collect(self) -> Iterator[Metric]:
-        """Yield one metric family per stats family (GPU memory refreshed first)."""
+        """Yield one metric family per stats family (GPU memory refreshed first).
+
+        A family present in ``remote`` (an engine process's :meth:`ServiceStats.engine_samples`) is exported
+        with those samples instead of this process's.
+        """
         self.stats.refresh_gpu_memory()
         for fam in self.stats.families():
             labels = list(fam.labelnames)
+            samples = self.remote[fam.name] if fam.name in self.remote else fam.samples()
             if isinstance(fam, Counter):
                 c = CounterMetricFamily(fam.name, fam.doc, labels=labels)
-                for values, v in fam.samples():
+                for values, v in samples:
                     c.add_metric(list(values), v)
                 yield c
             elif isinstance(fam, Gauge):
                 g = GaugeMetricFamily(fam.name, fam.doc, labels=labels)
-                for values, v in fam.samples():
+                for values, v in samples:
                     g.add_metric(list(values), v)
                 yield g
             elif isinstance(fam, Histogram):
                 h = HistogramMetricFamily(fam.name, fam.doc, labels=labels)
-                for values, snap in fam.samples():
+                for values, snap in samples:
                     buckets = [
                         ("+Inf" if math.isinf(le) else floatToGoString(le), float(n)) for le, n in snap.cumulative()
                     ]
@@ -70,17 +77,19 @@ class ServiceStatsCollector(Collector):
                 yield h
 
 
-def make_registry(stats: ServiceStats) -> CollectorRegistry:
-    """A private registry holding only the collector for ``stats``."""
+def make_registry(stats: ServiceStats, remote: dict[str, list[Any]] | None = None) -> CollectorRegistry:
+    """A private registry holding only the collector for ``stats`` (and an engine process's ``remote`` samples)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceStatsCollector(stats))
+    registry.register(ServiceStatsCollector(stats, remote))
     return registry
 
 
-def render_latest(stats: ServiceStats) -> tuple[bytes, str]:
+def render_latest(stats: ServiceStats, remote: dict[str, list[Any]] | None = None) -> tuple[bytes, str]:
     """Prometheus text exposition of ``stats`` and its content type (for ``GET /metrics``).
+
+    ``remote``: the engine process's samples of the engine families, for a front-end (process model).
 
     The content type is the classic ``text/plain; version=0.0.4`` that every Prometheus server parses
     (all facegate metric names are legacy-valid, so the body is the same in either text version).
     """
-    return generate_latest(make_registry(stats)), CONTENT_TYPE
+    return generate_latest(make_registry(stats, remote)), CONTENT_TYPE

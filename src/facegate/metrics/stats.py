@@ -413,6 +413,24 @@ class ServiceStats:
             self.gpu_memory,
         ]
 
+    #: Families the engine records (queues, batches, compute, GPU memory): in the process model they live in
+    #: the engine process, and front-ends export the engine's copy (:meth:`engine_samples`).
+    ENGINE_FAMILIES: ClassVar[tuple[str, ...]] = (
+        "facegate_queue_depth",
+        "facegate_queue_wait_seconds",
+        "facegate_batch_size",
+        "facegate_compute_seconds",
+        "facegate_items_total",
+        "facegate_dropped_total",
+        "facegate_stage_errors_total",
+        "facegate_gpu_memory_bytes",
+    )
+
+    def engine_samples(self) -> dict[str, list[tuple[LabelValues, Any]]]:
+        """``{family name: samples}`` of :attr:`ENGINE_FAMILIES` (picklable; GPU memory refreshed first)."""
+        self.refresh_gpu_memory()
+        return {f.name: f.samples() for f in self.families() if f.name in self.ENGINE_FAMILIES}
+
     def register_stage(self, stage: str) -> None:
         """Create a stage's series at zero so dashboards see them before the first batch."""
         with self._stages_lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Sequence
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, TypeVar
@@ -58,6 +59,8 @@ from facegate.serving.schemas import (
     SubjectOut,
 )
 from facegate.types import Face, FaceSelect
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -193,9 +196,18 @@ async def readyz(request: Request) -> ReadyResponse:
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
+    from facegate.engine.remote import RemoteEngine
     from facegate.metrics.prometheus import render_latest
 
-    body, content_type = render_latest(_state(request).stats)
+    state = _state(request)
+    remote = None
+    engine = getattr(state.service, "engine", None)
+    if isinstance(engine, RemoteEngine) and engine.ready:  # a front-end: the engine's families come from it
+        try:
+            remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
+        except (FacegateError, TimeoutError):
+            log.warning("engine metrics unavailable for this scrape")
+    body, content_type = render_latest(state.stats, remote)
     return Response(body, media_type=content_type)
 
 
