@@ -9,8 +9,9 @@ which connects to the engine through shared memory and a Unix socket, and opens 
 is stopped.
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
-``/metrics`` of a front-end covers its own requests, while the engine's batch and queue metrics stay in
-the engine process (logged there, not exported yet).
+``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
+batches, compute, GPU memory) fetched from the engine at each scrape; a client that disconnects no longer
+cancels its queued work (the engine's deadline still drops it).
 """
 
 from __future__ import annotations
