@@ -17,12 +17,13 @@ image or a stack of crops, ``uint8``) into it. A small message on a Unix socket
 engine copies the payload out of the arena, submits it to its engine (so batches mix requests from every
 front-end) and answers with the stage result or the error. The front-end frees the slot when the answer
 arrives. A payload that does not fit in the arena travels inline in the message. Errors cross the boundary
-as ``(class name, message, detail)`` and come back as the same :class:`~facegate.errors.FacegateError`
+as ``(class name, message, detail, extra)`` and come back as the same :class:`~facegate.errors.FacegateError`
 subclass, so HTTP statuses are unchanged.
 
 Messages (pickled tuples). Front-end → engine: ``("hello", pid, shm_name)``;
-``("submit", rid, stage, offset | None, shape, dtype, inline)``; ``("stats", rid)``. Engine → front-end:
-``("hello", info)``; ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
+``("submit", rid, stage, offset | None, shape, dtype, inline)``; ``("cancel", rid)``; ``("stats", rid)``.
+Engine → front-end: ``("hello", info)``;
+``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ class EngineHost:
         send_lock = threading.Lock()
         shm: shared_memory.SharedMemory | None = None
         outbox: list[tuple[Any, ...]] = []
+        tasks: dict[int, asyncio.Task[Any]] = {}  # touched on the loop thread only
 
         def send(msg: tuple[Any, ...]) -> None:
             with send_lock, contextlib.suppress(OSError, ValueError):
@@ -200,6 +202,7 @@ class EngineHost:
             send(("batch", msgs))
 
         def finished(rid: int, task: asyncio.Task[Any]) -> None:  # on the loop thread
+            tasks.pop(rid, None)
             if not outbox:
                 self.loop.call_soon(flush)
             try:
@@ -210,7 +213,13 @@ class EngineHost:
         def start(jobs: list[tuple[int, str, Any]]) -> None:  # on the loop thread
             for rid, stage, payload in jobs:
                 task = self.loop.create_task(self.service.engine.submit(stage, payload))
+                tasks[rid] = task
                 task.add_done_callback(lambda t, rid=rid: finished(rid, t))
+
+        def cancel(rid: int) -> None:  # on the loop thread: the engine drops the item if not yet computed
+            task = tasks.get(rid)
+            if task is not None:
+                task.cancel()
 
         try:
             while True:
@@ -231,6 +240,8 @@ class EngineHost:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))
                             continue
                         jobs.append((rid, stage, payload))
+                    elif msg[0] == "cancel":
+                        self.loop.call_soon_threadsafe(cancel, msg[1])
                     elif msg[0] == "stats":
                         try:
                             out = ("ok", msg[1], self.service.stats.engine_samples())
@@ -382,7 +393,13 @@ class RemoteEngine:
                 self._conn.send(msg)
         except (OSError, ValueError) as exc:
             self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:  # the client went away: ask the engine to drop the item
+            # the slot stays allocated until the engine answers (it may still be reading the payload)
+            with contextlib.suppress(OSError, ValueError), self._send_lock:
+                self._conn.send(("cancel", rid))
+            raise
 
     async def engine_samples(self) -> dict[str, list[Any]]:
         """The engine process's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""

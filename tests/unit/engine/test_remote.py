@@ -158,3 +158,36 @@ def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         proc.stop()
+
+
+def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
+    """A client that goes away before its batch forms costs the engine nothing (like in one process)."""
+    slow = Settings(device="cpu", data_dir=tmp_path, max_wait_ms=400.0, max_batch_size=64)
+    proc = EngineProcess(slow, tiny=True)
+    proc.start(timeout_s=120)
+
+    async def go() -> None:
+        remote = RemoteEngine(proc.address, proc.authkey)
+        remote.start()
+        task = asyncio.create_task(remote.submit("embed", _crops(1)))
+        await asyncio.sleep(0.05)  # queued in the engine, waiting up to 400 ms for a fuller batch
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):  # the engine answers the cancelled item; its slot comes back
+            if remote._arena is not None and remote._arena.free_bytes == remote.arena_bytes:
+                break
+            await asyncio.sleep(0.02)
+        assert remote._arena is not None and remote._arena.free_bytes == remote.arena_bytes
+        await asyncio.sleep(0.6)  # past the 400 ms batch window, when the engine drops the item
+        samples = await remote.engine_samples()
+        assert dict(samples["facegate_dropped_total"])[("embed", "cancelled")] == 1
+        assert dict(samples["facegate_items_total"])[("embed",)] == 0  # never computed
+        emb, _, _ = await remote.submit("embed", _crops(1))  # and the connection still works
+        assert emb.shape == (1, 128)
+        remote.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.stop()
