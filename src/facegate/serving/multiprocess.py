@@ -10,8 +10,8 @@ is stopped.
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
 ``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
-batches, compute, GPU memory) fetched from the engine at each scrape; a client that disconnects no longer
-cancels its queued work (the engine's deadline still drops it).
+batches, compute, GPU memory) fetched from the engine at each scrape. A client that disconnects cancels
+its queued work in the engine process, as in one process.
 """
 
 from __future__ import annotations
