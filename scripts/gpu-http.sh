@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (at most 600 s) of the end-to-end GPU benchmark, as issue #4 asks for it next:
+# facegate in one process, facegate with one engine process and 4 front-ends (facegate_mp), the seed-style
+# naive server and LitServe, compare + aligned-embed requests. Writes $OUT/http_gpu.json (rewritten after
+# every point, so a time-out keeps what was measured) and $OUT/http_gpu.log.
+#
+#   bash scripts/device-prep.sh                       # here, once: wheels + LFW halves (git-ignored)
+#   run(command="FACEGATE_CODE_COMMIT=<HEAD's hash, typed here> bash scripts/gpu-http.sh",
+#       carry=[".whlrun", ".lfwB"], timeout_s=600)
+# (the device's copy of .git is the session's first commit, so the hash must be spelled out)
+#
+# Environment: BUDGET_S (default 420) bounds the benchmark; SERVERS, CONCURRENCY and MP_WORKERS override the
+# defaults below. Lessons of the last runs: each server takes ~30 s to get ready on a cold machine, so four
+# servers leave ~5 minutes for points; the important concurrencies go first.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlrun/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+timeout $(( ${BUDGET_S:-420} + 60 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
+  --peer-compile graphs --naive-serialize --mp-workers "${MP_WORKERS:-4}" \
+  --servers "${SERVERS:-facegate_mp,facegate,litserve,naive}" --images .lfwB/lfw-deepfunneled \
+  --concurrency "${CONCURRENCY:-100,256,16,1}" --duration 4 --budget-s "${BUDGET_S:-420}" \
+  --out "$OUT/http_gpu.json" 2>&1 | grep -v '^\s*$' | tee "$OUT/http_gpu.log" | grep 'ready\|req/s\|bare\|Error'
