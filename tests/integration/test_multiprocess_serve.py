@@ -81,3 +81,39 @@ def test_two_front_ends_share_one_engine_and_one_gallery(lfw_root: Path, tmp_pat
             raise
     assert proc.returncode == 0
     assert _children(proc.pid) == []
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
+    """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error."""
+    port = _free_port()
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "not ready within 180 s"
+            time.sleep(0.5)
+        spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        engine = min(spawned, key=_start_time)  # spawned first, before uvicorn's workers
+        os.kill(engine, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert b"the engine process died" in out
+    assert _children(proc.pid) == []

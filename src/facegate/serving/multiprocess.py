@@ -6,7 +6,8 @@ forks N front-ends that share the listening socket. Each front-end builds its ap
 which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
 (each front-end keeps its own search index and rebuilds it when another process committed a change,
 :meth:`facegate.gallery.service.Gallery.sync`). When uvicorn returns (SIGINT/SIGTERM), the engine process
-is stopped.
+is stopped. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
+systemd or Kubernetes restarts the whole server); uvicorn restarts a front-end that dies.
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
 ``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
@@ -22,7 +23,9 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +110,14 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
 
+    @property
+    def exitcode(self) -> int | None:
+        return None if self._proc is None else self._proc.exitcode
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the engine (it drains its queues), wait, then kill if needed; remove the socket folder."""
         if self._proc is not None and self._proc.is_alive():
@@ -139,6 +150,18 @@ def run_multiprocess(settings: Settings) -> None:
     engine.start()
     old = {k: os.environ.get(k) for k in engine.environment()}
     os.environ.update(engine.environment())
+    stopping = threading.Event()
+    died: list[int | None] = []
+
+    def watchdog() -> None:  # an engine that dies takes the server down, so a supervisor restarts it whole
+        while not stopping.wait(0.5):
+            if not engine.alive:
+                died.append(engine.exitcode)
+                log.error("the engine process died (exit code %s): stopping the front-ends", engine.exitcode)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
         log.info(
             "facegate listening on http://%s:%d with %d front-end processes and one engine process",
@@ -158,6 +181,7 @@ def run_multiprocess(settings: Settings) -> None:
             timeout_graceful_shutdown=10,
         )
     finally:
+        stopping.set()
         for k, v in old.items():
             with contextlib.suppress(KeyError):
                 if v is None:
@@ -165,3 +189,5 @@ def run_multiprocess(settings: Settings) -> None:
                 else:
                     os.environ[k] = v
         engine.stop()
+    if died:
+        raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})
