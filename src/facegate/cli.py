@@ -110,6 +110,7 @@ def serve(
     workers: Annotated[
         int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into one engine process")
     ] = None,
+    engines: Annotated[int | None, typer.Option(help="engine processes, one per GPU (implies --workers ≥ 2)")] = None,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
     from facegate.serving.app import run
@@ -130,6 +131,7 @@ def serve(
         batching=batching,
         compile=compile,
         workers=workers,
+        engines=engines,
     )
     run(s)
 

@@ -105,6 +105,16 @@ class Settings(BaseSettings):
         ),
     )
     decode_workers: int = Field(4, ge=1, le=256, description="Threads for image decode and preprocessing.")
+    engines: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description=(
+            "Engine processes, one per GPU: engine i runs on CUDA device i (of CUDA_VISIBLE_DEVICES when set). "
+            "More than 1 implies the process model (at least 2 front-ends); front-ends send each request to "
+            "the engine with the fewest requests in flight."
+        ),
+    )
     workers: int = Field(
         1,
         ge=1,

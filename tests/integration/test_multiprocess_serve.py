@@ -1,4 +1,4 @@
-"""``facegate serve --workers 2``: one engine process, two front-end processes, real models on the CPU."""
+"""``facegate serve --workers 2 [--engines 2]``: engine processes and front-end processes, real models on the CPU."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.lfw
-def test_two_front_ends_share_one_engine_and_one_gallery(lfw_root: Path, tmp_path: Path) -> None:
+def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_path: Path) -> None:
     port = _free_port()
     env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--port", str(port)]
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--engines", "2", "--device", "cpu"]
+    argv += ["--port", str(port)]
     proc = subprocess.Popen(
         [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -66,12 +67,12 @@ def test_two_front_ends_share_one_engine_and_one_gallery(lfw_root: Path, tmp_pat
                 s = c.post("/api/galleries/staff/search", files={"image": ("q.jpg", photo("Tony_Blair", 2))}).json()
                 assert [h["subject_id"] for h in s["hits"]] == ["tony"], s
             bad = c.post("/api/compare", files={"img1": ("a.jpg", b"junk"), "img2": ("b.jpg", photo("Tony_Blair", 1))})
-            m = c.get("/metrics").text  # a front-end exports the engine process's stage metrics
+            m = c.get("/metrics").text  # a front-end exports the engine processes' stage metrics, summed
             items = [ln for ln in m.splitlines() if ln.startswith('facegate_items_total{stage="embed"}')]
             assert items and float(items[0].split()[-1]) >= 12, items  # 2 + 1 + 8 crops + 1 from compare
             assert 'facegate_batch_size_count{stage="detect"}' in m
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
-        assert len(_children(proc.pid)) >= 3  # engine + 2 front-ends (uvicorn may add a resource tracker)
+        assert len(_children(proc.pid)) >= 4  # 2 engines + 2 front-ends (+ the resource tracker)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -472,3 +472,52 @@ class RemoteEngine:
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+class RemotePool:
+    """Several engine processes (one per GPU) behind the engine interface: each request goes to the engine
+    with the fewest requests in flight from this front-end.
+
+    Args:
+        engines: one :class:`RemoteEngine` per engine process (same model and settings).
+    """
+
+    def __init__(self, engines: list[RemoteEngine]) -> None:
+        if not engines:
+            raise ValueError("a pool needs at least one engine")
+        self.engines = engines
+        self.info: dict[str, Any] = {}
+
+    def start(self) -> dict[str, Any]:
+        """Connect every engine; returns the first one's info (all serve the same model and thresholds)."""
+        infos = [e.start() for e in self.engines]
+        models = {i["model"] for i in infos}
+        if len(models) != 1:
+            raise ModelError(f"the engine processes serve different models: {sorted(models)}")
+        self.info = {**infos[0], "devices": [i["device"] for i in infos]}
+        return self.info
+
+    @property
+    def ready(self) -> bool:
+        return all(e.ready for e in self.engines)
+
+    def in_flight(self) -> list[int]:
+        """Requests sent to each engine and not answered yet."""
+        return [len(e._pending) for e in self.engines]
+
+    async def submit(self, stage: str, payload: np.ndarray) -> Any:
+        live = [e for e in self.engines if e.ready]
+        if not live:
+            raise EngineClosedError("no engine process is connected")
+        return await min(live, key=lambda e: len(e._pending)).submit(stage, payload)
+
+    async def engine_samples(self) -> dict[str, list[Any]]:
+        """The engines' metric samples, summed (see ``ServiceStats.merge_samples``)."""
+        from facegate.metrics.stats import ServiceStats
+
+        parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
+        return ServiceStats.merge_samples(parts)
+
+    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+        for e in self.engines:
+            e.stop(drain, timeout_s=timeout_s)

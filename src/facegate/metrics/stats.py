@@ -431,6 +431,26 @@ class ServiceStats:
         self.refresh_gpu_memory()
         return {f.name: f.samples() for f in self.families() if f.name in self.ENGINE_FAMILIES}
 
+    @staticmethod
+    def merge_samples(parts: Sequence[Mapping[str, list[tuple[LabelValues, Any]]]]) -> dict[str, list[Any]]:
+        """Sum several engines' :meth:`engine_samples` series by series (counters, gauges and histogram
+        buckets add up; the result is what one engine serving all of their work would show)."""
+        out: dict[str, dict[LabelValues, Any]] = {}
+        for part in parts:
+            for name, samples in part.items():
+                fam = out.setdefault(name, {})
+                for labels, v in samples:
+                    key = tuple(labels)
+                    if key not in fam:
+                        fam[key] = v
+                    elif isinstance(v, HistogramSnapshot):
+                        a = fam[key]
+                        counts = tuple(x + y for x, y in zip(a.counts, v.counts, strict=True))
+                        fam[key] = HistogramSnapshot(a.bounds, counts, a.sum + v.sum, a.count + v.count)
+                    else:
+                        fam[key] = fam[key] + v
+        return {name: list(series.items()) for name, series in out.items()}
+
     def register_stage(self, stage: str) -> None:
         """Create a stage's series at zero so dashboards see them before the first batch."""
         with self._stages_lock:

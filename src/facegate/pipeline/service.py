@@ -24,7 +24,7 @@ from facegate.pipeline.pipeline import FacePipeline, select_faces
 from facegate.types import CompareResult, Detection, Face, FaceSelect
 
 if TYPE_CHECKING:
-    from facegate.engine.remote import RemoteEngine
+    from facegate.engine.remote import RemoteEngine, RemotePool
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class FaceService:
         settings: Settings,
         stats: ServiceStats | None = None,
         *,
-        engine: RemoteEngine | None = None,
+        engine: RemoteEngine | RemotePool | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.settings = settings
@@ -48,7 +48,7 @@ class FaceService:
 
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
-        self.engine: Engine | RemoteEngine = engine or Engine(
+        self.engine: Engine | RemoteEngine | RemotePool = engine or Engine(
             pipeline.stages(),
             max_batch_size=settings.max_batch_size,
             max_wait_ms=settings.max_wait_ms,
@@ -67,17 +67,23 @@ class FaceService:
         return cls(FacePipeline.from_settings(settings), settings)
 
     @classmethod
-    def connect(cls, settings: Settings, address: str, authkey: bytes) -> FaceService:
-        """A front-end's service: the models live in the engine process at ``address`` (blocking connect).
+    def connect(cls, settings: Settings, address: str | list[str], authkey: bytes) -> FaceService:
+        """A front-end's service: the models live in the engine process(es) at ``address`` (blocking connect).
 
-        The model spec and the operating thresholds come from the engine, so every front-end gates and
-        compares exactly as the engine's pipeline would.
+        Several addresses (one engine per GPU) make a :class:`~facegate.engine.remote.RemotePool`. The model
+        spec and the operating thresholds come from the engine, so every front-end gates and compares
+        exactly as the engine's pipeline would.
         """
-        from facegate.engine.remote import RemoteEngine
+        from facegate.engine.remote import RemoteEngine, RemotePool
         from facegate.models.registry import get_spec
         from facegate.pipeline.pipeline import Operating
 
-        remote = RemoteEngine(address, authkey)
+        addresses = [address] if isinstance(address, str) else list(address)
+        remote: RemoteEngine | RemotePool = (
+            RemoteEngine(addresses[0], authkey)
+            if len(addresses) == 1
+            else RemotePool([RemoteEngine(a, authkey) for a in addresses])
+        )
         info = remote.start()
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)

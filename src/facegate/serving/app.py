@@ -86,8 +86,8 @@ class ServingState:
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
-    #: ``(socket path, authkey)`` of an engine process to use instead of loading models (front-end mode)
-    engine: tuple[str, bytes] | None = None
+    #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
+    engine: tuple[str | list[str], bytes] | None = None
 
     def require_ready(self) -> tuple[FaceService, Gallery]:
         """The service and gallery, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
@@ -389,7 +389,7 @@ def create_app(
     service: FaceService | None = None,
     gallery: Gallery | None = None,
     *,
-    engine: tuple[str, bytes] | None = None,
+    engine: tuple[str | list[str], bytes] | None = None,
 ) -> FastAPI:
     """The facegate HTTP app (OpenAPI at ``/docs``).
 
@@ -399,8 +399,8 @@ def create_app(
             models from ``settings`` in the lifespan.
         gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
             when passed in).
-        engine: ``(socket path, authkey)`` of a running engine process (:mod:`facegate.engine.remote`): the
-            app is then a front-end that loads no models.
+        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.engine.remote`;
+            several: one per GPU): the app is then a front-end that loads no models.
     """
     from facegate import __version__
     from facegate.serving.routes import install_routes
@@ -455,7 +455,7 @@ def run(settings: Settings) -> None:
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.workers > 1:
+    if settings.workers > 1 or settings.engines > 1:
         from facegate.serving.multiprocess import run_multiprocess
 
         return run_multiprocess(settings)

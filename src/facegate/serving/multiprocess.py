@@ -33,7 +33,7 @@ from fastapi import FastAPI
 
 from facegate.config import Settings
 from facegate.engine.remote import error_from_wire
-from facegate.errors import ModelError
+from facegate.errors import InvalidParameterError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ def frontend_app() -> FastAPI:
             format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
         )
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    return create_app(settings, engine=(os.environ[ENV_ADDRESS], bytes.fromhex(os.environ[ENV_AUTHKEY])))
+    addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
+    return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])))
 
 
 class EngineProcess:
@@ -63,22 +64,26 @@ class EngineProcess:
         tiny: a random-weight tiny recognizer (tests of the process model only).
     """
 
-    def __init__(self, settings: Settings, *, tiny: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tiny: bool = False,
+        cuda_device: str | None = None,
+        authkey: bytes | None = None,
+    ) -> None:
         self.settings = settings
         self.tiny = tiny
+        self.cuda_device = cuda_device
         self.dir = Path(tempfile.mkdtemp(prefix="facegate-engine-"))
         self.address = str(self.dir / "engine.sock")
-        self.authkey = secrets.token_bytes(32)
+        self.authkey = authkey or secrets.token_bytes(32)
         self.info: dict[str, Any] = {}
         self._proc: Any = None
+        self._ready_conn: Any = None
 
-    def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Start the process and wait until it is ready; returns its info (model, device, startup seconds).
-
-        Raises:
-            FacegateError: the engine's own startup error (e.g. ModelError), or ModelError when it died or
-                did not get ready within ``timeout_s``.
-        """
+    def spawn(self) -> None:
+        """Start the process (returns at once; :meth:`wait` for it). ``cuda_device`` becomes its only GPU."""
         from facegate.engine.remote import engine_main
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
@@ -89,8 +94,33 @@ class EngineProcess:
             name="facegate-engine",
             daemon=False,
         )
-        self._proc.start()
+        old = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.cuda_device is not None:  # a spawned child takes the environment of this moment
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
+        try:
+            self._proc.start()
+        finally:
+            if self.cuda_device is not None:
+                if old is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = old
         child.close()
+        self._ready_conn = parent
+
+    def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """:meth:`spawn` and :meth:`wait`."""
+        self.spawn()
+        return self.wait(timeout_s)
+
+    def wait(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Wait until the spawned process is ready; returns its info (model, device, startup seconds).
+
+        Raises:
+            FacegateError: the engine's own startup error (e.g. ModelError), or ModelError when it died or
+                did not get ready within ``timeout_s``.
+        """
+        parent = self._ready_conn
         if not parent.poll(timeout_s):
             self.stop()
             raise ModelError(f"the engine process was not ready within {timeout_s:.0f} s")
@@ -129,13 +159,56 @@ class EngineProcess:
                 self._proc.join(5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def environment(self) -> dict[str, str]:
-        """What a front-end needs to find the engine (exported before uvicorn starts its workers)."""
-        return {
-            ENV_ADDRESS: self.address,
-            ENV_AUTHKEY: self.authkey.hex(),
-            ENV_SETTINGS: self.settings.model_dump_json(),
-        }
+
+def cuda_devices(n: int) -> list[str]:
+    """The CUDA device of each of ``n`` engines: the first ``n`` of CUDA_VISIBLE_DEVICES, else 0..n-1.
+
+    Raises:
+        InvalidParameterError: fewer visible devices than engines.
+    """
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not visible:
+        try:
+            import torch
+
+            visible = [str(i) for i in range(torch.cuda.device_count())]
+        except Exception:  # no usable torch.cuda here: trust the count given
+            visible = [str(i) for i in range(n)]
+    if len(visible) < n:
+        raise InvalidParameterError(f"{n} engines need {n} GPUs, {len(visible)} visible", detail={"visible": visible})
+    return visible[:n]
+
+
+def environment(engines: list[EngineProcess]) -> dict[str, str]:
+    """What a front-end needs to find the engines (exported before uvicorn starts its workers)."""
+    return {
+        ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
+        ENV_AUTHKEY: engines[0].authkey.hex(),
+        ENV_SETTINGS: engines[0].settings.model_dump_json(),
+    }
+
+
+def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
+    """``settings.engines`` engine processes, started together (one per GPU on CUDA), once all are ready.
+
+    Raises:
+        FacegateError: an engine failed to start (the others are stopped).
+    """
+    n = settings.engines
+    on_cuda = settings.device == "cuda" or (settings.device == "auto" and settings.resolved_device() == "cuda")
+    devices: list[str | None] = list(cuda_devices(n)) if on_cuda and n > 1 else [None] * n
+    key = secrets.token_bytes(32)
+    engines = [EngineProcess(settings, tiny=tiny, cuda_device=d, authkey=key) for d in devices]
+    try:
+        for e in engines:
+            e.spawn()
+        for e in engines:
+            e.wait()
+    except BaseException:
+        for e in engines:
+            e.stop()
+        raise
+    return engines
 
 
 def run_multiprocess(settings: Settings) -> None:
@@ -146,35 +219,37 @@ def run_multiprocess(settings: Settings) -> None:
     """
     import uvicorn
 
-    engine = EngineProcess(settings)
-    engine.start()
-    old = {k: os.environ.get(k) for k in engine.environment()}
-    os.environ.update(engine.environment())
+    engines = start_engines(settings)
+    env = environment(engines)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     stopping = threading.Event()
     died: list[int | None] = []
 
     def watchdog() -> None:  # an engine that dies takes the server down, so a supervisor restarts it whole
         while not stopping.wait(0.5):
-            if not engine.alive:
-                died.append(engine.exitcode)
-                log.error("the engine process died (exit code %s): stopping the front-ends", engine.exitcode)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+            for engine in engines:
+                if not engine.alive:
+                    died.append(engine.exitcode)
+                    log.error("an engine process died (exit code %s): stopping the front-ends", engine.exitcode)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
 
     threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
         log.info(
-            "facegate listening on http://%s:%d with %d front-end processes and one engine process",
+            "facegate listening on http://%s:%d with %d front-end processes and %d engine process(es)",
             settings.host,
             settings.port,
-            settings.workers,
+            max(2, settings.workers),
+            len(engines),
         )
         uvicorn.run(
             "facegate.serving.multiprocess:frontend_app",
             factory=True,
             host=settings.host,
             port=settings.port,
-            workers=settings.workers,
+            workers=max(2, settings.workers),
             lifespan="on",
             log_config=None,
             access_log=False,
@@ -188,6 +263,7 @@ def run_multiprocess(settings: Settings) -> None:
                     del os.environ[k]
                 else:
                     os.environ[k] = v
-        engine.stop()
+        for engine in engines:
+            engine.stop()
     if died:
         raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})

@@ -196,13 +196,15 @@ async def readyz(request: Request) -> ReadyResponse:
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
-    from facegate.engine.remote import RemoteEngine
+    from facegate.engine.remote import RemoteEngine, RemotePool
     from facegate.metrics.prometheus import render_latest
 
     state = _state(request)
     remote = None
     engine = getattr(state.service, "engine", None)
-    if isinstance(engine, RemoteEngine) and engine.ready:  # a front-end: the engine's families come from it
+    if (
+        isinstance(engine, RemoteEngine | RemotePool) and engine.ready
+    ):  # a front-end: the engine's families come from it
         try:
             remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
         except (FacegateError, TimeoutError):

@@ -10,19 +10,20 @@ import numpy as np
 import pytest
 
 from facegate.config import Settings
-from facegate.engine.remote import Arena, RemoteEngine, error_from_wire, error_to_wire
+from facegate.engine.remote import Arena, RemoteEngine, RemotePool, error_from_wire, error_to_wire
 from facegate.errors import (
     CheckpointError,
     EngineClosedError,
     EngineError,
     FacegateError,
+    InvalidParameterError,
     ModelError,
     NoFaceError,
     QueueFullError,
 )
 from facegate.metrics.stats import ServiceStats
 from facegate.pipeline.service import FaceService
-from facegate.serving.multiprocess import EngineProcess
+from facegate.serving.multiprocess import EngineProcess, cuda_devices
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -191,3 +192,40 @@ def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         proc.stop()
+
+
+def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
+    engine: EngineProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One engine per GPU: a front-end sends each request to the least busy engine."""
+    second = EngineProcess(
+        Settings(device="cpu", data_dir=tmp_path, max_wait_ms=1.0), tiny=True, authkey=engine.authkey
+    )
+    second.start(timeout_s=120)
+
+    async def go() -> None:
+        svc = FaceService.connect(Settings(device="cpu"), [engine.address, second.address], engine.authkey)
+        pool = svc.engine
+        assert isinstance(pool, RemotePool) and pool.info["devices"] == ["cpu", "cpu"]
+        await svc.start()
+        before = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        outs = await asyncio.gather(*[svc._embed(_crops(1, seed=i)) for i in range(40)])
+        assert all(o[0].shape == (1, 128) for o in outs)
+        after = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        done = [a - b for a, b in zip(after, before, strict=True)]
+        assert sum(done) == 40 and min(done) > 0, done  # both engines computed some
+        merged = dict((await pool.engine_samples())["facegate_items_total"])
+        assert merged[("embed",)] == sum(after)
+        await svc.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        second.stop()
+
+
+def test_engines_take_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert cuda_devices(2) == ["3", "5"] and cuda_devices(1) == ["3"]
+    with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
+        cuda_devices(3)

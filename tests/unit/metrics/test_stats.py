@@ -176,3 +176,18 @@ def test_snapshot_is_json_and_complete() -> None:
     assert snap["gpu_memory_bytes"] == {}
     stats.remove_gallery("staff")
     assert stats.snapshot()["galleries"] == {}
+
+
+def test_engine_samples_of_several_engines_add_up() -> None:
+    a, b = ServiceStats(), ServiceStats()
+    for s, n in ((a, 2), (b, 3)):
+        s.register_stage("embed")
+        s.items.labels("embed").inc(n)
+        s.batch_size.labels("embed").observe(n)
+        s.queue_depth.labels("embed").set(n)
+    merged = ServiceStats.merge_samples([a.engine_samples(), b.engine_samples()])
+    assert set(merged) == set(ServiceStats.ENGINE_FAMILIES)
+    assert dict(merged["facegate_items_total"])[("embed",)] == 5
+    assert dict(merged["facegate_queue_depth"])[("embed",)] == 5
+    snap = dict(merged["facegate_batch_size"])[("embed",)]
+    assert snap.count == 2 and snap.sum == 5 and sum(snap.counts) == 2
