@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     det_max_side: int = Field(
         640, ge=64, le=4096, description="Images are scaled so their longer side is at most this before detection."
     )
+    det_graphs: bool = Field(
+        True,
+        description=(
+            "With compile != off on CUDA, also run the detector as CUDA graphs (one per batch shape). Cuts "
+            "the detect stage's Python time ~15× under load (H200), at the cost of the graphs' memory pool."
+        ),
+    )
     det_max_batch_pixels: int = Field(
         64 * 256 * 256,
         ge=640 * 640,

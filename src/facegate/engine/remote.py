@@ -296,6 +296,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
                       "quality_threshold": op.quality_threshold},
         "device": str(service.pipeline.device),
         "startup_s": round(time.perf_counter() - t0, 3),
+        "warmup": service.pipeline.warmup_report,
     }  # fmt: skip
     host = EngineHost(service, loop, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()

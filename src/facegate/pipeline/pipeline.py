@@ -8,6 +8,7 @@ No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, resul
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,8 @@ class FacePipeline:
         self.chunk: int | None = None
         #: largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap
         self.det_max_batch_pixels: int | None = None
+        #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
+        self.warmup_report: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -154,7 +157,8 @@ class FacePipeline:
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import GraphedModule
 
-            detector.enable_graphs()
+            if settings.det_graphs:
+                detector.enable_graphs()
             buckets = sorted(
                 {b for b in settings.graph_buckets if b <= settings.max_batch_size} | {settings.max_batch_size}
             )
@@ -341,26 +345,52 @@ class FacePipeline:
         """The two engine stages: ``detect`` (image → detections) and ``embed`` (crops → outputs)."""
         return [DetectStage(self), EmbedStage(self)]
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
-        """Capture CUDA graphs (if configured) and run every stage once per batch size."""
+    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> dict[str, dict[str, float]]:
+        """Capture CUDA graphs (if configured) and run every stage once per batch size.
+
+        Returns (and keeps in :attr:`warmup_report`) per step the seconds it took and, on CUDA, torch's
+        allocated and reserved MiB after it: where cold start and resident memory go.
+        """
+        report: dict[str, dict[str, float]] = {}
+        cuda = self.device.type == "cuda"
+
+        def step(name: str, t0: float) -> None:
+            row = {"seconds": round(time.perf_counter() - t0, 3)}
+            if cuda:
+                torch.cuda.synchronize()
+                row["allocated_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+                row["reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+            report[name] = row
+
+        t = time.perf_counter()
         capture = getattr(self.recognizer, "capture", None)
         if capture is not None:
             capture()
+            step("recognizer_graphs", t)
         rng = np.random.default_rng(0)
         det = self.detector
         if det.batch_buckets:  # load the detector's kernels for the batch buckets at LFW's padded size
+            t = time.perf_counter()
             for b in det.batch_buckets:
                 self.detect([rng.integers(0, 255, (250, 250, 3), dtype=np.uint8)] * b)
+            step("detector_buckets", t)
             if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
+                t = time.perf_counter()
                 for b in det.batch_buckets:
                     self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
+                step("recognizer_buckets", t)
+        t = time.perf_counter()
         for n in batch_sizes:
             imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
             self.detect(imgs)
             self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
-        if self.device.type == "cuda":  # hand warm-up's transient activations back to the driver
-            torch.cuda.synchronize()
+        step("one_of_each", t)
+        if cuda:  # hand warm-up's transient activations back to the driver
+            t = time.perf_counter()
             torch.cuda.empty_cache()
+            step("empty_cache", t)
+        self.warmup_report = report
+        return report
 
 
 class DetectStage:

@@ -1,0 +1,123 @@
+"""Where a serving process's GPU memory and cold start go, step by step, one fresh process per variant.
+
+For each variant (settings given as ``key=value`` pairs), a child process times ``import torch``, the
+pipeline build and each warm-up step (:meth:`FacePipeline.warmup` reports seconds and torch memory per
+step), then runs ``--load-batches`` batches of ``--batch`` LFW-sized photos through detect → align → embed.
+It reports torch's allocated / reserved / peak MiB and the driver's MiB for its own pid (NVML, what
+nvidia-smi shows) after warm-up and after the load. A bare ``torch.cuda.init()`` child is measured first,
+in the same run, as the baseline the issue's "above the bare context" means.
+
+  python benchmarks/serve_memory.py --out benchmarks/results/serve_memory.json \\
+      --variant compile=graphs --variant compile=graphs,det_graphs=false --variant compile=off
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import env_record, write_json
+
+CHILD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import numpy as np, torch
+t_import = time.perf_counter() - t0
+def nvml_mib():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        return next(((p.usedGpuMemory or 0) / 2**20 for p in procs if p.pid == os.getpid()), None)
+    except Exception:
+        return None
+spec = json.loads(sys.argv[1])
+out = {"import_torch_s": round(t_import, 3)}
+if spec.get("bare"):
+    torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+    out["driver_mib"] = nvml_mib(); print(json.dumps(out)); sys.exit(0)
+from facegate.config import Settings
+from facegate.pipeline.pipeline import FacePipeline
+t = time.perf_counter()
+settings = Settings(**spec["settings"])
+pipe = FacePipeline.from_settings(settings)
+out["build_s"] = round(time.perf_counter() - t, 3)
+t = time.perf_counter()
+out["warmup"] = pipe.warmup()
+out["warmup_s"] = round(time.perf_counter() - t, 3)
+cuda = pipe.device.type == "cuda"
+def mem(tag):
+    if cuda:
+        torch.cuda.synchronize()
+        out[tag] = {"allocated_mib": round(torch.cuda.memory_allocated() / 2**20, 1),
+                    "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1),
+                    "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1), "driver_mib": nvml_mib()}
+mem("after_warmup")
+rng = np.random.default_rng(0)
+photos = [rng.integers(0, 255, (250, 250, 3), dtype=np.uint8) for _ in range(spec["batch"])]
+t = time.perf_counter()
+for _ in range(spec["load_batches"]):
+    dets = pipe.detect(photos)
+    crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
+    pipe.embed(crops)
+out["load_s"] = round(time.perf_counter() - t, 3)
+mem("after_load")
+print(json.dumps(out))
+"""
+
+
+def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
+                       timeout=timeout_s, env={**os.environ, "FACEGATE_LOG_LEVEL": "WARNING"})  # fmt: skip
+    if p.returncode != 0:
+        return {"error": p.stderr[-2000:]}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["process_s"] = round(time.perf_counter() - t, 3)
+    return res
+
+
+def parse_variant(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in filter(None, text.split(",")):
+        k, v = kv.split("=", 1)
+        out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", action="append", default=[], help="comma-separated Settings key=value pairs")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--load-batches", type=int, default=30)
+    p.add_argument("--timeout", type=float, default=240.0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory.json"))
+    o = p.parse_args(argv)
+    variants = o.variant or ["compile=graphs"]
+    res: dict[str, Any] = {"benchmark": "serve_memory", "command": " ".join(sys.argv), "variants": []}
+    if o.device == "cuda":
+        res["bare_context"] = run_child({"bare": True}, o.timeout)
+        print("bare", res["bare_context"], flush=True)
+    for v in variants:
+        settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **parse_variant(v)}
+        child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches}
+        row = {"variant": v, "settings": settings, **run_child(child, o.timeout)}
+        print(v, json.dumps(row), flush=True)
+        res["variants"].append(row)
+        res["env"] = env_record(variants=variants, batch=o.batch)
+        write_json(o.out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
