@@ -216,10 +216,11 @@ class EngineHost:
                 tasks[rid] = task
                 task.add_done_callback(lambda t, rid=rid: finished(rid, t))
 
-        def cancel(rid: int) -> None:  # on the loop thread: the engine drops the item if not yet computed
-            task = tasks.get(rid)
-            if task is not None:
-                task.cancel()
+        def cancel(rids: list[int]) -> None:  # on the loop thread: the engine drops items not yet computed
+            for rid in rids:
+                task = tasks.get(rid)
+                if task is not None:
+                    task.cancel()
 
         try:
             while True:
@@ -227,6 +228,7 @@ class EngineHost:
                 while len(msgs) < 1024 and conn.poll(0):
                     msgs.append(conn.recv())
                 jobs: list[tuple[int, str, Any]] = []
+                cancels: list[int] = []
                 for msg in msgs:
                     if msg[0] == "submit":
                         _, rid, stage, offset, shape, dtype, inline = msg
@@ -241,7 +243,7 @@ class EngineHost:
                             continue
                         jobs.append((rid, stage, payload))
                     elif msg[0] == "cancel":
-                        self.loop.call_soon_threadsafe(cancel, msg[1])
+                        cancels.append(msg[1])
                     elif msg[0] == "stats":
                         try:
                             out = ("ok", msg[1], self.service.stats.engine_samples())
@@ -255,6 +257,8 @@ class EngineHost:
                         send(("hello", self.info))
                 if jobs:
                     self.loop.call_soon_threadsafe(start, jobs)
+                if cancels:  # after this burst's submits: a cancel may follow its submit in the same burst
+                    self.loop.call_soon_threadsafe(cancel, cancels)
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
