@@ -614,7 +614,9 @@ class FaceDetector:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._graph_pool):
             outs = self._select(self.model(self._to_input(static_in)), shape[1:])
-        self._graph_pool = g.pool()  # every detector graph shares one memory pool
+        # every detector graph shares one memory pool: a replay may overwrite another graph's outputs, which
+        # is safe because outputs are only read right after their own replay, under the lock (see run)
+        self._graph_pool = g.pool()
         graphs[shape] = (g, static_in, outs)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
         return graphs[shape]
