@@ -214,6 +214,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="facegate-decode")
     state.gallery_pool = ThreadPoolExecutor(min(4, settings.decode_workers), thread_name_prefix="facegate-gallery")
     state.load_task = asyncio.create_task(_load(state), name="facegate-load")
+    if state.engine is not None:  # a front-end: connecting takes well under a second; accept only once connected,
+        await asyncio.shield(state.load_task)  # so no worker answers 503 while its siblings already serve
     try:
         yield
     finally:
