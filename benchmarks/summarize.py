@@ -197,6 +197,21 @@ def remote_transport() -> str:
     return "\n".join(out)
 
 
+def soak() -> str:
+    d = load("soak_cpu_mp.json")
+    sm = d["samples"]
+    tr = d["trend"]["rss_mib"]
+    first, last = sm[len(sm) // 2], sm[-1]
+    return (
+        f"{len(sm)} windows over {last['t_s']:.0f} s, {d['errors_total']} failed requests; resident memory of "
+        f"the server's {last['processes']} processes: {sm[0]['rss_mib']:.0f} MiB after the first window, "
+        f"{first['rss_mib']:.0f} MiB at mid-run, {last['rss_mib']:.0f} MiB at the end; over the second half "
+        f"the slope is {tr['slope_mib_per_min']:+.2f} MiB/min ({tr['growth_mib']:+.1f} MiB). Throughput stayed "
+        f"{min(x['ok_req_s'] for x in sm if x['kind'] == 'compare'):.0f}–"
+        f"{max(x['ok_req_s'] for x in sm if x['kind'] == 'compare'):.0f} compare req/s."
+    )
+
+
 def table_md(name: str) -> str:
     return load(name)["table_md"].strip()
 
@@ -212,6 +227,8 @@ def main() -> None:
             http_cpu_mp=table_md("http_cpu_mp.json"),
             remote_transport_cmd=load("remote_transport_cpu.json")["command"],
             remote_transport=remote_transport(),
+            soak_cmd=load("soak_cpu_mp.json")["command"],
+            soak=soak(),
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),
@@ -286,6 +303,11 @@ At concurrency 1 the engine process adds about 0.2 ms per request. At 64 concurr
 client and the engine process share the two cores, and the remote path serves 0.68× the in-process one.
 At 64 concurrent detections it serves 1.31× (there the in-process engine threads share one GIL with the
 client's loop; one run on a noisy box).
+
+Soak of the process model on this CPU (host memory only; the GPU soak is still to run):
+`{soak_cmd}`. Compare and aligned-embed windows alternate at concurrency 16.
+
+{soak}
 
 ## 4. GPU: NVIDIA H200 (issue #4)
 
