@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -41,19 +41,25 @@ log = logging.getLogger("naive_server")
 
 
 class NaiveService:
-    """The pipeline plus the settings it was built from; ``lock`` is optional (off by default)."""
+    """The pipeline plus the settings it was built from.
+
+    ``serialize``: every model call runs on one dedicated thread, one at a time (warm-up included), instead
+    of on whichever of FastAPI's up to 40 pool threads took the request. On the H200 the unserialised
+    naive server (and a lock-only variant, still on many threads) answered no compare request within
+    60 s at concurrency 100, while its GPU memory grew from 796 to 5,066 MiB: per-thread CUDA library
+    state is the suspect (not verified).
+    """
 
     def __init__(self, settings: Settings, *, serialize: bool = False) -> None:
         self.settings = settings
-        self.pipeline = FacePipeline.from_settings(settings)
-        self.pipeline.warmup()
-        self.lock: threading.Lock | None = threading.Lock() if serialize else None
+        self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="naive-model") if serialize else None
+        self.pipeline = self._call(FacePipeline.from_settings, settings)
+        self._call(self.pipeline.warmup)
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        if self.lock is None:
+        if self.model_thread is None:
             return fn(*args, **kw)
-        with self.lock:
-            return fn(*args, **kw)
+        return self.model_thread.submit(fn, *args, **kw).result()
 
     def read(self, file: UploadFile) -> np.ndarray:
         """Read and decode one upload synchronously → ``(H, W, 3) uint8`` RGB."""
@@ -143,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
-        "--serialize", action="store_true", help="one request in the model at a time (default: FastAPI's thread pool)"
+        "--serialize",
+        action="store_true",
+        help="every model call on one dedicated thread, one at a time (default: FastAPI's thread pool)",
     )
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
