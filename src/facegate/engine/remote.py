@@ -165,7 +165,6 @@ class EngineHost:
         self.service = service
         self.loop = loop
         self.info = info
-        self.connections = 0
 
     def serve(self, listener: Listener) -> None:
         """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
@@ -177,7 +176,6 @@ class EngineHost:
             except Exception as exc:  # a failed authentication: keep serving the others
                 log.warning("engine: refused a connection: %s", exc)
                 continue
-            self.connections += 1
             threading.Thread(target=self._reader, args=(conn,), name="facegate-engine-conn", daemon=True).start()
 
     def _reader(self, conn: Connection) -> None:
@@ -505,10 +503,6 @@ class RemotePool:
     @property
     def ready(self) -> bool:
         return all(e.ready for e in self.engines)
-
-    def in_flight(self) -> list[int]:
-        """Requests sent to each engine and not answered yet."""
-        return [len(e._pending) for e in self.engines]
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
         live = [e for e in self.engines if e.ready]

@@ -144,10 +144,6 @@ class EngineProcess:
     def exitcode(self) -> int | None:
         return None if self._proc is None else self._proc.exitcode
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the engine (it drains its queues), wait, then kill if needed; remove the socket folder."""
         if self._proc is not None and self._proc.is_alive():
