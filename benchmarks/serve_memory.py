@@ -43,16 +43,31 @@ spec = json.loads(sys.argv[1])
 out = {"import_torch_s": round(t_import, 3)}
 if spec.get("bare"):
     torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-    out["driver_mib"] = nvml_mib(); print(json.dumps(out)); sys.exit(0)
+    out["driver_mib"] = nvml_mib()
+    if spec.get("libraries"):  # what loading cuDNN and cuBLAS kernels costs, before any model
+        steps = {}
+        with torch.inference_mode():
+            for dt in (torch.float32, torch.float16):
+                x = torch.randn(8, 16, 64, 64, device="cuda", dtype=dt)
+                w = torch.randn(16, 16, 3, 3, device="cuda", dtype=dt)
+                torch.nn.functional.conv2d(x, w, padding=1); torch.cuda.synchronize()
+                steps[f"cudnn_conv_{str(dt)[6:]}"] = nvml_mib()
+                a = torch.randn(256, 256, device="cuda", dtype=dt)
+                (a @ a).sum().item()
+                steps[f"cublas_gemm_{str(dt)[6:]}"] = nvml_mib()
+            torch.nn.functional.conv2d(x.contiguous(memory_format=torch.channels_last), w, padding=1)
+            torch.cuda.synchronize()
+            steps["cudnn_conv_fp16_nhwc"] = nvml_mib()
+        out["steps_driver_mib"] = steps
+        out["torch_reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+    print(json.dumps(out)); sys.exit(0)
 from facegate.config import Settings
 from facegate.pipeline.pipeline import FacePipeline
 t = time.perf_counter()
 settings = Settings(**spec["settings"])
 pipe = FacePipeline.from_settings(settings)
 out["build_s"] = round(time.perf_counter() - t, 3)
-t = time.perf_counter()
-out["warmup"] = pipe.warmup()
-out["warmup_s"] = round(time.perf_counter() - t, 3)
+out["model"] = pipe.spec.name
 cuda = pipe.device.type == "cuda"
 def mem(tag):
     if cuda:
@@ -60,7 +75,13 @@ def mem(tag):
         out[tag] = {"allocated_mib": round(torch.cuda.memory_allocated() / 2**20, 1),
                     "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1),
                     "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1), "driver_mib": nvml_mib()}
+mem("after_build")
+t = time.perf_counter()
+out["warmup"] = pipe.warmup()
+out["warmup_s"] = round(time.perf_counter() - t, 3)
 mem("after_warmup")
+if cuda:
+    torch.cuda.reset_peak_memory_stats()  # after_load's peak is the peak under load
 rng = np.random.default_rng(0)
 photos = [rng.integers(0, 255, (250, 250, 3), dtype=np.uint8) for _ in range(spec["batch"])]
 t = time.perf_counter()
@@ -101,17 +122,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--load-batches", type=int, default=30)
     p.add_argument("--timeout", type=float, default=240.0)
+    p.add_argument(
+        "--make-irse64",
+        type=Path,
+        default=None,
+        help="write a random-weight IR-SE-64 RTS state_dict here first (memory does not depend on the weights); "
+        "variants then name it with rts_checkpoint=PATH",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory.json"))
     o = p.parse_args(argv)
     variants = o.variant or ["compile=graphs"]
     res: dict[str, Any] = {"benchmark": "serve_memory", "command": " ".join(sys.argv), "variants": []}
+    if o.make_irse64 is not None and not o.make_irse64.exists():
+        import torch
+
+        from facegate.models.irse import IRSE64RTS
+
+        torch.manual_seed(0)
+        torch.save(IRSE64RTS().state_dict(), o.make_irse64)
+    bare: float | None = None
     if o.device == "cuda":
         res["bare_context"] = run_child({"bare": True}, o.timeout)
-        print("bare", res["bare_context"], flush=True)
+        res["libraries"] = run_child({"bare": True, "libraries": True}, o.timeout)
+        print("bare", res["bare_context"], "libraries", res["libraries"], flush=True)
+        bare = res["bare_context"].get("driver_mib")
     for v in variants:
         settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **parse_variant(v)}
         child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches}
         row = {"variant": v, "settings": settings, **run_child(child, o.timeout)}
+        for tag in ("after_build", "after_warmup", "after_load"):
+            if bare is not None and (row.get(tag) or {}).get("driver_mib") is not None:
+                row[tag]["above_bare_mib"] = round(row[tag]["driver_mib"] - bare, 1)
         print(v, json.dumps(row), flush=True)
         res["variants"].append(row)
         res["env"] = env_record(variants=variants, batch=o.batch)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (~6 min) for issue #4: the GPU-marked tests, then where a serving process's GPU memory and
+# cold start go (benchmarks/serve_memory.py: bare context, cuDNN/cuBLAS library floor, and per variant
+# after build / warm-up / load, default models and a random-weight IR-SE-64). Writes under $OUT:
+# gpu_tests.txt, serve_memory.json, serve_memory.log.
+#
+#   run(command="FACEGATE_CODE_COMMIT=<HEAD's hash, typed here> bash scripts/gpu-probe.sh",
+#       carry=[".whlrun", ".lfwT"], timeout_s=600)
+# .lfwT: pairs.txt plus the few LFW images the GPU tests read (git-ignored; never committed).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlrun/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia_smi.txt" 2>&1
+FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider \
+  > "$OUT/gpu_tests.txt" 2>&1
+tail -3 "$OUT/gpu_tests.txt"
+timeout "${MEMORY_S:-330}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt --out "$OUT/serve_memory.json" \
+  --variant compile=graphs --variant compile=graphs,det_graphs=false \
+  --variant compile=graphs,det_max_batch_pixels=1048576 --variant compile=off \
+  --variant compile=off,precision=fp32 \
+  --variant rts_checkpoint=/tmp/irse64.pt,compile=graphs --variant rts_checkpoint=/tmp/irse64.pt,compile=off \
+  2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
