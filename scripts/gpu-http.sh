@@ -6,7 +6,9 @@
 #
 #   bash scripts/device-prep.sh                       # here, once: wheels + LFW halves (git-ignored)
 #   run(command="FACEGATE_CODE_COMMIT=<HEAD's hash, typed here> bash scripts/gpu-http.sh",
-#       carry=[".whlrun", ".lfwB"], timeout_s=600)
+#       carry=[".whlrun", ".lfwB", ".lfwT"], timeout_s=600)
+# When .lfwT (the few LFW images the GPU tests read, see scripts/gpu-probe.sh) is there, the GPU tests of
+# the CUDA-graph code run first ($OUT/gpu_tests_http.txt), and a failure stops the call before the servers.
 # (the device's copy of .git is the session's first commit, so the hash must be spelled out)
 #
 # Environment: BUDGET_S (default 420) bounds the benchmark; SERVERS, CONCURRENCY and MP_WORKERS override the
@@ -18,6 +20,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+if [ -d .lfwT ]; then
+  FACEGATE_LFW_ROOT=.lfwT timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/engine/test_graphs.py \
+    tests/unit/models/test_yunet.py > "$OUT/gpu_tests_http.txt" 2>&1 || { tail -30 "$OUT/gpu_tests_http.txt"; exit 3; }
+  tail -1 "$OUT/gpu_tests_http.txt"
+fi
 timeout $(( ${BUDGET_S:-420} + 60 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --peer-compile graphs --naive-serialize --mp-workers "${MP_WORKERS:-4}" \
   --servers "${SERVERS:-facegate_mp,facegate,litserve,naive}" --images .lfwB/lfw-deepfunneled \
