@@ -1,7 +1,8 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
 Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval),
-``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``naive``, ``litserve``:
+``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``facegate_mp_pools`` (the
+same with torch's and OpenCV's default thread pools, ``cpu_threads=0``), ``naive``, ``litserve``:
 ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
@@ -78,7 +79,9 @@ log = logging.getLogger("http_e2e")
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
-SERVER_NAMES = ("facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "naive", "litserve")
+SERVER_NAMES = (
+    "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "naive", "litserve"
+)  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: CPU share (of one core) above which a single-threaded client process or server thread counts as the limit
@@ -124,7 +127,7 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
         argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
-        if name == "facegate_mp":  # one engine process fed by --mp-workers front-end processes
+        if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
             argv += ["--workers", str(o.mp_workers)]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
@@ -245,8 +248,11 @@ async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
 
 
 def auto_client_procs(concurrency: int) -> int:
-    """One process per 32 clients, at most a third of the CPUs (the server needs the rest)."""
-    return max(1, min(math.ceil(concurrency / 32), (os.cpu_count() or 1) // 3, concurrency))
+    """One process per 16 clients, at most half of the CPUs (the server needs the rest).
+
+    (One per 32, at most a third, left the clients at 100 % CPU on the H200 machine at c=100 and 256.)
+    """
+    return max(1, min(math.ceil(concurrency / 16), (os.cpu_count() or 1) // 2, concurrency))
 
 
 def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: int, o: argparse.Namespace,
@@ -386,6 +392,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
     env = dict(kv.split("=", 1) for kv in o.server_env)
     if name == "facegate_gil5":  # A/B of Settings.gil_switch_interval_ms: Python's default 5 ms
         env["FACEGATE_GIL_SWITCH_INTERVAL_MS"] = "5"
+    if name == "facegate_mp_pools":  # A/B of Settings.cpu_threads: torch's and OpenCV's default thread pools
+        env["FACEGATE_CPU_THREADS"] = "0"
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
     used0 = gpu.read()[1] if gpu is not None else 0.0

@@ -136,6 +136,16 @@ class Settings(BaseSettings):
             "shared memory (facegate.engine.remote), so the engine's threads do not compete for one GIL."
         ),
     )
+    cpu_threads: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description=(
+            "Intra-op threads of torch and OpenCV in the process that runs the models. None: 1 on CUDA (the CPU "
+            "side there only preprocesses, in small per-image operations, and idle pool threads spin), the "
+            "libraries' defaults on the CPU device; 0: the libraries' defaults; n: n threads."
+        ),
+    )
     gil_switch_interval_ms: float = Field(
         1.0,
         ge=0.05,

@@ -35,6 +35,7 @@ import itertools
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from multiprocessing import resource_tracker, shared_memory
@@ -144,11 +145,25 @@ class Arena:
 
 
 def attach(name: str) -> shared_memory.SharedMemory:
-    """Attach to a front-end's arena without letting this process's resource tracker unlink it at exit."""
-    shm = shared_memory.SharedMemory(name=name)
-    with contextlib.suppress(Exception):  # Python < 3.13 registers attached blocks too
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
+    """Attach to a front-end's arena without registering it with a resource tracker.
+
+    The engine and the front-ends are spawned by one supervisor and share its resource tracker. Had the
+    engine registered (and unregistered) the block, the front-end's own unregister at unlink would fail
+    inside the tracker (a ``KeyError`` traceback at every shutdown). Python ≥ 3.13 says so with
+    ``track=False``; before that, registration is skipped for the duration of the attach.
+    """
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    with _attach_lock:
+        register = resource_tracker.register
+        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+        try:
+            return shared_memory.SharedMemory(name=name)
+        finally:
+            resource_tracker.register = register  # type: ignore[assignment]
+
+
+_attach_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------- engine process

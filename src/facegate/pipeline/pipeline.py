@@ -51,6 +51,22 @@ def select_faces(
     return [detections[face_index]]
 
 
+def configure_cpu_threads(threads: int | None, device: str) -> int | None:
+    """Set torch's and OpenCV's intra-op thread counts for this process (see ``Settings.cpu_threads``).
+
+    ``None``: 1 on CUDA, unchanged on the CPU; ``0``: unchanged; ``n``: ``n``. Returns the count set, or
+    ``None`` when the libraries' defaults were left alone.
+    """
+    n = (1 if device == "cuda" else None) if threads is None else (threads or None)
+    if n is not None:
+        import cv2
+
+        torch.set_num_threads(n)
+        cv2.setNumThreads(n)
+        log.info("intra-op threads of torch and OpenCV: %d", n)
+    return n
+
+
 def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
     """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
     accepted = bool(score >= threshold)
@@ -117,6 +133,7 @@ class FacePipeline:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
         spec = get_spec(name)
+        configure_cpu_threads(settings.cpu_threads, device)
         detector = FaceDetector(
             load_yunet().to(device),
             device=device,

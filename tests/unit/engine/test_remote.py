@@ -229,3 +229,26 @@ def test_engines_take_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch)
     assert cuda_devices(2) == ["3", "5"] and cuda_devices(1) == ["3"]
     with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
         cuda_devices(3)
+
+
+def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine shares the supervisor's tracker: registering the front-end's block there broke its unlink."""
+    from multiprocessing import resource_tracker
+
+    from facegate.engine.remote import attach
+
+    arena = Arena(256)
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(resource_tracker, "register", lambda name, rtype: calls.append((name, rtype)))
+    monkeypatch.setattr(resource_tracker, "unregister", lambda name, rtype: calls.append((name, rtype)))
+    before = resource_tracker.register
+    try:
+        shm = attach(arena.shm.name)
+        arena.write(0, np.full(4, 7, np.uint8))
+        assert bytes(shm.buf[:4]) == b"\x07" * 4  # the same memory
+        shm.close()
+        assert calls == []
+        assert resource_tracker.register is before  # attach restored what it found
+    finally:
+        monkeypatch.undo()
+        arena.close()

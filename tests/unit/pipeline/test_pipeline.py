@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
@@ -173,3 +174,22 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
     assert all(b.images.shape[0] * b.images.shape[1] * b.images.shape[2] <= 2 * 256 * 256 for _, b in groups)
     for a, b in zip(ref, capped, strict=True):
         np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
+
+
+def test_configure_cpu_threads_follows_the_setting() -> None:
+    import cv2
+
+    from facegate.pipeline.pipeline import configure_cpu_threads
+
+    before_torch, before_cv2 = torch.get_num_threads(), cv2.getNumThreads()
+    try:
+        assert configure_cpu_threads(None, "cpu") is None  # the CPU device keeps the libraries' defaults
+        assert configure_cpu_threads(0, "cuda") is None  # 0: defaults, whatever the device
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (before_torch, before_cv2)
+        assert configure_cpu_threads(None, "cuda") == 1  # CUDA: one thread, the CPU only preprocesses
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
+        assert configure_cpu_threads(2, "cpu") == 2
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (2, 2)
+    finally:
+        torch.set_num_threads(before_torch)
+        cv2.setNumThreads(before_cv2)
