@@ -91,8 +91,8 @@ def _rows(name: str) -> list[dict]:
     return load(name)["rows"]
 
 
-def http_gpu() -> str:
-    d = load("http_gpu.json")
+def http_gpu(name: str = "http_gpu.json") -> str:
+    d = load(name)
     out = [
         "| kind | c | server | req/s | p50 / p95 / p99 ms | errors | GPU util % | server CPU cores | mean batch |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -112,7 +112,8 @@ def http_gpu_runs() -> str:
     runs = (
         ("1: NHWC detector, 4 shapes × 7 buckets warmed", "http_gpu_run1_nhwc_detector.json"),
         ("2: NCHW detector", "http_gpu_run2_nchw_detector.json"),
-        ("3: NCHW + detector CUDA graphs", "http_gpu.json"),
+        ("3: NCHW + detector CUDA graphs", "http_gpu_run3_detector_graphs.json"),
+        ("4: one graph pool, buckets 1/4/16/64, 16-photo detector batches", "http_gpu_run4_process_model.json"),
     )
     out = [
         "| run (code) | facegate compare c=100 req/s | p99 ms | detect: ms per batch (execute) | detect execute busy "
@@ -129,7 +130,7 @@ def http_gpu_runs() -> str:
         )
         tb = fg["time_breakdown"]
         out.append(
-            f"| {name} ({d['env']['code_commit']}) | {fg['ok_req_s']:.1f} | {fg['p99_ms']:.0f} | "
+            f"| {name} ({d['env']['code_commit'][:7]}) | {fg['ok_req_s']:.1f} | {fg['p99_ms']:.0f} | "
             f"{tb['phase_ms_per_batch']['execute,detect']:.1f} | {tb['phase_busy']['execute,detect']:.2f} | "
             f"{tb['phase_ms_per_batch']['execute,embed']:.1f} | {ls['ok_req_s']:.1f} | "
             f"{d['servers']['facegate']['cold_start_s']:.1f} |"
@@ -144,7 +145,8 @@ def gpu_memory() -> str:
         "|---|---|---|---|---|---|",
     ]
     for run, f in (("1", "http_gpu_run1_nhwc_detector.json"), ("2", "http_gpu_run2_nchw_detector.json"),
-                   ("3", "http_gpu.json")):  # fmt: skip
+                   ("3", "http_gpu_run3_detector_graphs.json"), ("4", "http_gpu_run4_process_model.json"),
+                   ("5", "http_gpu.json")):  # fmt: skip
         d = load(f)
         bare = d["bare_cuda_context"]["mib"]
         for name, sv in d["servers"].items():
@@ -158,6 +160,74 @@ def gpu_memory() -> str:
                 f"{after:.0f} | {tms} |"
             )
     return "\n".join(out)
+
+
+def http_ratios(name: str, base: str, peers: tuple[str, ...]) -> str:
+    """``base``'s successful req/s against each peer's, per kind and concurrency, from one run's rows."""
+    rows = {(r["server"], r["kind"], r["concurrency"]): r["ok_req_s"] for r in _rows(name)}
+    cs = sorted({c for (_, _, c) in rows})
+    out = ["| kind | c | " + " | ".join(f"{base} / {p}" for p in peers) + " |", "|---|---|" + "---|" * len(peers)]
+    for kind in ("compare", "embed_aligned"):
+        for c in cs:
+            if (base, kind, c) not in rows:
+                continue
+            cells = [
+                f"{rows[(base, kind, c)] / rows[(p, kind, c)]:.2f}×" if rows.get((p, kind, c)) else "–" for p in peers
+            ]
+            out.append(f"| {kind} | {c} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def serve_memory() -> str:
+    d = load("serve_memory_gpu.json")
+    lib = d["libraries"]["steps_driver_mib"]
+    bare = d["bare_context"]["driver_mib"]
+    out = [
+        f"Bare context: {bare:.0f} MiB. The same bare process after one cuDNN convolution and one cuBLAS GEMM "
+        f"(fp32, then fp16 and NHWC): {max(lib.values()):.0f} MiB, **{max(lib.values()) - bare:+.0f} MiB** "
+        f"(cuDNN fp32 conv {lib['cudnn_conv_float32'] - bare:+.0f}, then cuBLAS "
+        f"{lib['cublas_gemm_float32'] - lib['cudnn_conv_float32']:+.0f}), before any model.",
+        "",
+        "| variant (fp16, max batch 64 unless stated) | model | after build | after warm-up | after load "
+        "| torch allocated / reserved after warm-up | warm-up s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in d["variants"]:
+        cells = []
+        for tag in ("after_build", "after_warmup", "after_load"):
+            m = v[tag]
+            cells.append(f"{m['driver_mib']:.0f} ({m['above_bare_mib']:+.0f})")
+        w = v["after_warmup"]
+        out.append(
+            f"| `{v['variant']}` | {v['model']} | " + " | ".join(cells) + f" | {w['allocated_mib']:.0f} / "
+            f"{w['reserved_mib']:.0f} | {v['warmup_s']:.1f} |"
+        )
+    out += ["", "Warm-up steps of the `compile=graphs` variant (torch MiB after each step):", ""]
+    out += ["| step | seconds | allocated MiB | reserved MiB |", "|---|---|---|---|"]
+    for step, row in d["variants"][0]["warmup"].items():
+        out.append(f"| {step} | {row['seconds']:.1f} | {row['allocated_mib']:.0f} | {row['reserved_mib']:.0f} |")
+    return "\n".join(out)
+
+
+def soak_gpu() -> str:
+    d = load("soak_gpu_mp.json")
+    sm = d["samples"]
+    tr = d["trend"]
+    mid, last = sm[len(sm) // 2], sm[-1]
+    ok = [x["ok_req_s"] for x in sm]
+    return (
+        f"{len(sm)} windows over {last['t_s']:.0f} s of load ({last['t_s'] / 60:.1f} min; the device call's "
+        f"10-minute limit left no room for 10 full minutes after start-up), {d['errors_total']} refused requests "
+        f"(all 422: faces below the quality gate or no face, none 5xx). Driver GPU memory of the engine process: "
+        f"{sm[0]['gpu_driver_mib']:.0f} MiB after the first window, {last['gpu_driver_mib']:.0f} MiB at the end "
+        f"(second-half growth {tr['gpu_driver_mib']['growth_mib']:+.1f} MiB); torch reserved "
+        f"{sm[0]['torch']['reserved']:.0f} → {last['torch']['reserved']:.0f} MiB, allocated "
+        f"{last['torch']['allocated']:.1f} MiB throughout. Host resident memory of the {last['processes']} "
+        f"server processes: {sm[0]['rss_mib']:.0f} → {mid['rss_mib']:.0f} (mid-run) → {last['rss_mib']:.0f} MiB, "
+        f"{tr['rss_mib']['slope_mib_per_min']:+.2f} MiB/min ({tr['rss_mib']['growth_mib']:+.1f} MiB) over the "
+        f"second half. Load: {min(ok):.0f}–{max(ok):.0f} successful req/s per window from one in-process "
+        f"client (not a capacity figure; see the HTTP tables for that)."
+    )
 
 
 def detector_gpu() -> str:
@@ -234,6 +304,18 @@ def main() -> None:
             parity=parity(),
             http_gpu_cmd=load("http_gpu.json")["command"],
             http_gpu=http_gpu(),
+            http_gpu_ratios=http_ratios("http_gpu.json", "facegate_mp", ("litserve", "naive", "facegate_mp_pools")),
+            http_gpu4_cmd=load("http_gpu_run4_process_model.json")["command"],
+            http_gpu4=http_gpu("http_gpu_run4_process_model.json"),
+            http_gpu4_ratios=http_ratios(
+                "http_gpu_run4_process_model.json", "facegate_mp", ("litserve", "naive", "facegate")
+            ),
+            http_gpu3_cmd=load("http_gpu_run3_detector_graphs.json")["command"],
+            http_gpu3=http_gpu("http_gpu_run3_detector_graphs.json"),
+            serve_memory_cmd=load("serve_memory_gpu.json")["command"],
+            serve_memory=serve_memory(),
+            soak_gpu_cmd=load("soak_gpu_mp.json")["command"],
+            soak_gpu=soak_gpu(),
             http_gpu_runs=http_gpu_runs(),
             gpu_memory=gpu_memory(),
             detector_gpu=detector_gpu(),
@@ -336,26 +418,45 @@ fp32 in both (fp16 landmarks moved the crops: min cosine 0.85 in a first run, de
 
 {parity}
 
-### HTTP end to end on the GPU (device runs of 2026-11-29, second session)
+### HTTP end to end on the GPU (latest: run 5, commit 8050d92)
 
-`{http_gpu_cmd}`
+`{http_gpu_cmd}` (that is `BUDGET_S=280 SERVERS=facegate_mp,facegate_mp_pools,litserve,naive
+CONCURRENCY=100,256,16 bash scripts/gpu-http.sh`).
 
-facegate (`--compile graphs`, fp16 recognizer, fp32 detector, max batch 64), `facegate_gil5` (the same with
-Python's default 5 ms GIL switch interval instead of facegate's 1 ms: an A/B), a seed-style naive server
-(fp32, no batching, synchronous decode; `--naive-serialize`: one request in the model at a time), and
-LitServe 0.2.19 serving the same pipeline with its own batching (max batch 64, 3 ms timeout; it runs 2 API
-processes and 2 inference processes). One round of 4 s per point, on one H200 with 16 CPU cores shared by
-the load generator. The run's 360 s budget ended before concurrency 1 and 16 and before naive and LitServe
-at 256: those rows are **not measured**.
+- `facegate_mp`: `facegate serve --workers 4 --device cuda --precision fp16 --compile graphs` (one engine
+  process owns the GPU; 4 uvicorn front-end processes do HTTP and decoding and feed it through shared
+  memory), max batch 64, fp32 detector.
+- `facegate_mp_pools`: the same with `FACEGATE_CPU_THREADS=0` (torch's and OpenCV's default thread pools
+  instead of one intra-op thread): an A/B of that setting.
+- `litserve`: LitServe 0.2.19 serving the same pipeline (same weights, fp16, CUDA graphs) with its own
+  batching (max batch 64, 3 ms timeout; 2 API processes, 2 inference processes).
+- `naive`: seed-style, one image per request, fp32, no batching, synchronous decode, one model call at a
+  time (`--naive-serialize`).
+
+The peers build their models through the same `FacePipeline.from_settings`, so they get the same
+`cpu_threads` setting as facegate. One round of 4 s per point; the servers take turns and are paused
+(SIGSTOP) while idle; one H200 with 16 CPU cores, shared with the load generator (one client process per
+16 connections, up to 8). Requests refused by facegate's quality gate (HTTP 422, `retake` or no face)
+are counted as errors, not as throughput; the peers have no gate and answer every pair.
 
 {http_gpu}
 
-The naive server answered **no** compare request within the 60 s client timeout at concurrency 100, in all
-three runs (with and without `--serialize`), while it served aligned-crop embeds (197 req/s) in the same
-run; the cause was not found before the GPU time ran out. So there is no naive compare baseline.
+facegate_mp against the others, same run (successful req/s):
 
-What changed between the three runs, and what facegate's own `/metrics` say about where the time went
-(`time_breakdown` in the JSON):
+{http_gpu_ratios}
+
+### Run 4 (commit 2b35244): the process model against one process
+
+`{http_gpu4_cmd}` (`bash scripts/gpu-http.sh`). `facegate` is one process (HTTP, decoding and the engine);
+the others as above. This run used one client process per 32 connections (up to 5), which left the client
+processes at 100 % CPU in the aligned-embed points at concurrency 100 and 256 (`client_cpu_max` in the
+JSON), so those points measure the client more than the servers; run 5 uses more client processes.
+
+{http_gpu4}
+
+{http_gpu4_ratios}
+
+### How the single-process numbers got here (runs 1–4)
 
 {http_gpu_runs}
 
@@ -364,19 +465,53 @@ and the plan cache is per thread, so the warm-up (28 shapes, 75 s of the 80 s co
 the engine's execute thread. After the switch to NCHW (planning ~10 ms per shape), the detector's execute
 phase is still 99 % busy at ~97 ms per batch of 60 photos, for ~5 ms of GPU work: the execute thread waits
 for the GIL, held by the HTTP event loop and the prepare and decode threads of the same process. Running
-the whole device part of detection as one CUDA graph replay cut that to 6.3 ms per batch.
-The recognizer's execute phase (one graph replay per batch) still takes ~8 ms per batch of 7 crops for a
-0.3 ms replay, for the same reason. The remaining limit is one Python process: server CPU 4.3 cores, GPU
-utilisation 8–9 %, the event-loop thread at 0.7–0.8 of a core. LitServe spreads HTTP over 2 processes
-and inference over 2 more, using 8.9 cores, and serves 17 % more compare requests at concurrency 100.
+the whole device part of detection as one CUDA graph replay cut that to 6.3 ms per batch. What remained
+was one Python process (server CPU 4.3 cores, GPU 8–9 % busy), hence the process model of runs 4–5.
 
-### GPU memory (driver-reported, per server process, against a bare `torch.cuda.init()` process, same run)
+Run 3's full table (`{http_gpu3_cmd}`):
+
+{http_gpu3}
+
+The naive server answered no compare request within the 60 s client timeout in runs 1–3 (it served aligned
+crops). Since its model calls run on one dedicated thread (`--naive-serialize`, commit 4cc5c0e), it answers
+them (runs 4 and 5). The first cause was not isolated; the change points at per-thread CUDA state of model
+calls spread over FastAPI's worker threads.
+
+### GPU memory
+
+Breakdown per step and variant, each in a fresh process next to a bare `torch.cuda.init()` process, before
+the memory changes of commit 2b35244 (commit 09f5862): `{serve_memory_cmd}` (`bash scripts/gpu-probe.sh`).
+Driver MiB for the process (NVML, what nvidia-smi shows), with the difference to the bare context.
+
+{serve_memory}
+
+What this showed, and what changed in commit 2b35244:
+
+- Every CUDA graph capture warmed up on a new CUDA stream, and PyTorch keeps a cuBLAS workspace (~34 MiB
+  here) for every stream that ran a GEMM: 269 MiB "allocated" after the recognizer's 7 buckets, the same
+  for the detector's 7, for SFace and IR-SE-64 alike. Now all captures use one side stream.
+- The detector's and the recognizer's graphs had separate memory pools; the detector's, sized for 64
+  photos of 256×256 in fp32, held ~530 MiB more than one sized for 16 (variant `det_max_batch_pixels=1048576`).
+  Now every graph of the process shares one pool (safe because every replay runs on the default stream,
+  checked at replay), detector batches are capped at 16 LFW-sized photos, and the default buckets are
+  1/4/16/64 instead of 1/2/4/…/64.
+- The floor: loading cuDNN's and cuBLAS's kernels costs +128 MiB over the bare context before any model
+  or activation. The issue's ≤ 60 MiB above the bare context cannot be met by a process that runs a
+  convolution and a GEMM through PyTorch on this stack.
+
+Per server process, from the HTTP runs (driver MiB; "above bare" subtracts one bare context per process):
 
 {gpu_memory}
 
-Run 3's facegate holds 589 MiB allocated at idle: mostly the detector's CUDA-graph memory pool, sized for
-the largest bucket (64 photos × 256 × 256 in fp32). Run 2 (no detector graphs) held 320 MiB. The issue's
-target, ≤ 60 MiB above the bare context, is far from met (+1,696 MiB in run 3).
+From run 4 on, facegate's engine process holds 1,258 MiB, +646 MiB above the bare context (run 3: +1,696),
+with torch allocated 62 MiB, peak 355 MiB and reserved 496 MiB at idle and after load. LitServe's two
+inference processes hold as much each (they build the same pipeline with the same code).
+
+### GPU soak (process model, commit 8050d92)
+
+`{soak_gpu_cmd}`: compare and aligned-embed windows alternate at concurrency 64.
+
+{soak_gpu}
 
 ### Detector on the GPU: layout, planning and steady-state time (device run of commit 6543a0a)
 

@@ -141,9 +141,10 @@ class Settings(BaseSettings):
         ge=0,
         le=1024,
         description=(
-            "Intra-op threads of torch and OpenCV in the process that runs the models. None: 1 on CUDA (the CPU "
-            "side there only preprocesses, in small per-image operations, and idle pool threads spin), the "
-            "libraries' defaults on the CPU device; 0: the libraries' defaults; n: n threads."
+            "Intra-op threads of torch and OpenCV in the serving processes (the engine's and the front-ends'). "
+            "None: 1 with a CUDA engine (the CPU side only decodes and preprocesses, in small per-image "
+            "operations, after each of which idle pool threads spin: benchmarks/results/cpu_pool_spin.json), "
+            "the libraries' defaults on the CPU device; 0: the libraries' defaults; n: n threads."
         ),
     )
     gil_switch_interval_ms: float = Field(

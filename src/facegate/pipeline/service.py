@@ -76,7 +76,7 @@ class FaceService:
         """
         from facegate.engine.remote import RemoteEngine, RemotePool
         from facegate.models.registry import get_spec
-        from facegate.pipeline.pipeline import Operating
+        from facegate.pipeline.pipeline import Operating, configure_cpu_threads
 
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (
@@ -85,6 +85,9 @@ class FaceService:
             else RemotePool([RemoteEngine(a, authkey) for a in addresses])
         )
         info = remote.start()
+        # decoding and alignment run here: the same thread setting as the engine's process (with a GPU
+        # engine, one thread; idle OpenCV/OpenMP workers spin, benchmarks/results/cpu_pool_spin.json)
+        configure_cpu_threads(settings.cpu_threads, "cuda" if str(info["device"]).startswith("cuda") else "cpu")
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
         return cls(pipeline, settings, engine=remote)

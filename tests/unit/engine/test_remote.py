@@ -252,3 +252,27 @@ def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatc
     finally:
         monkeypatch.undo()
         arena.close()
+
+
+def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Front-ends decode and align; with a CUDA engine they take its one-thread setting (cpu_threads=None)."""
+    import cv2
+    import torch
+
+    from facegate.engine.remote import RemoteEngine
+
+    info = {"model": "sface", "device": "cuda:0",
+            "operating": {"match_threshold": 0.4, "match_fmr": 1e-3, "quality_threshold": 0.5}}  # fmt: skip
+    monkeypatch.setattr(RemoteEngine, "start", lambda self: info)
+    before = torch.get_num_threads(), cv2.getNumThreads()
+    try:
+        FaceService.connect(Settings(device="cpu"), "/nonexistent.sock", b"k")
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
+        torch.set_num_threads(before[0])
+        cv2.setNumThreads(before[1])
+        info["device"] = "cpu"
+        FaceService.connect(Settings(device="cpu"), "/nonexistent.sock", b"k")
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == before  # a CPU engine: defaults stay
+    finally:
+        torch.set_num_threads(before[0])
+        cv2.setNumThreads(before[1])
