@@ -178,6 +178,14 @@ def http_ratios(name: str, base: str, peers: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
+def cpu_pool_spin() -> str:
+    d = load("cpu_pool_spin.json")
+    out = ["| operation | threads | process CPU ms per call | wall ms inside the call |", "|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(f"| {r['op']} | {r['threads']} | {r['cpu_ms_per_call']:.2f} | {r['wall_ms_in_call']:.2f} |")
+    return "\n".join(out)
+
+
 def serve_memory() -> str:
     d = load("serve_memory_gpu.json")
     lib = d["libraries"]["steps_driver_mib"]
@@ -282,6 +290,66 @@ def soak() -> str:
     )
 
 
+ACCEPTANCE: list[tuple[str, str, str]] = [
+    (
+        "compiled fp16 ≥ 4× eager fp32 at batch 64; ≥ 60k faces/s (SFace)",
+        "1.85×; 28.2k faces/s (CUDA graphs; Inductor max-autotune never finished compiling in a device call)",
+        "not met",
+    ),
+    (
+        "batch-1 latency ≤ 0.3 ms (SFace) / ≤ 2 ms (IR-SE-64)",
+        "0.29 ms / 2.13 ms",
+        "met / not met",
+    ),
+    (
+        "cold start to `/readyz` ≤ 30 s",
+        "facegate 23.7–28.8 s in runs 4–5 (graphs mode compiles nothing: no compile cache; Inductor not measured)",
+        "met",
+    ),
+    (
+        "concurrency 100: ≥ 1.5× LitServe",
+        "run 5: compare 1.50×, aligned embed 2.02×",
+        "met (compare at the bar)",
+    ),
+    (
+        "concurrency 100: ≥ 20× naive",
+        "run 5: compare 14.7×, aligned embed 10.3×",
+        "not met",
+    ),
+    (
+        "concurrency 100: p99 ≤ 50 ms",
+        "run 5: 285 ms compare, 169 ms aligned embed",
+        "not met",
+    ),
+    (
+        "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
+        "run 5: 1,431 faces/s, 1,783 photos/s (892 compare req/s)",
+        "not met",
+    ),
+    (
+        "GPU memory ≤ 60 MiB above the bare context (default models)",
+        "+646 MiB (was +1,696); the cuDNN + cuBLAS floor alone is +128 MiB",
+        "not met",
+    ),
+    (
+        "no growth over a 10-minute soak",
+        "8.9 min: GPU memory flat (1,258 MiB), host RSS +10.7 MiB over the second half",
+        "GPU met; 10 min and host not shown",
+    ),
+    (
+        "fp16 parity (r ≥ 0.999, ≥ 99.9 % verdicts, Δacc ≤ 0.05 %)",
+        "r 0.999997, 100 %, 0.00 %",
+        "met",
+    ),
+]
+
+
+def acceptance() -> str:
+    out = ["| target | measured | status |", "|---|---|---|"]
+    out += [f"| {t} | {m} | {s} |" for t, m, s in ACCEPTANCE]
+    return "\n".join(out)
+
+
 def table_md(name: str) -> str:
     return load(name)["table_md"].strip()
 
@@ -314,6 +382,8 @@ def main() -> None:
             http_gpu3=http_gpu("http_gpu_run3_detector_graphs.json"),
             serve_memory_cmd=load("serve_memory_gpu.json")["command"],
             serve_memory=serve_memory(),
+            cpu_pool_spin=cpu_pool_spin(),
+            acceptance=acceptance(),
             soak_gpu_cmd=load("soak_gpu_mp.json")["command"],
             soak_gpu=soak_gpu(),
             http_gpu_runs=http_gpu_runs(),
@@ -372,7 +442,7 @@ concurrency 1 batching costs a little (0.90–1.16×). The unbatched naive serve
 `{http_cpu_mp_cmd}` (commit 003d1ca): `facegate_mp` is one engine process fed by 2 front-end processes.
 On two cores the service is compute-bound: the one-process layout serves 1–9 % more requests (the extra
 processes cost CPU this box does not have). The process model is for machines where one Python process
-cannot keep the GPU busy (§4); it has **not been measured on the GPU yet**.
+cannot keep the GPU busy; on the H200 it is measured in §4 (runs 4 and 5).
 
 {http_cpu_mp}
 
@@ -386,12 +456,16 @@ client and the engine process share the two cores, and the remote path serves 0.
 At 64 concurrent detections it serves 1.31× (there the in-process engine threads share one GIL with the
 client's loop; one run on a noisy box).
 
-Soak of the process model on this CPU (host memory only; the GPU soak is still to run):
+Soak of the process model on this CPU (host memory only; the GPU soak is in §4):
 `{soak_cmd}`. Compare and aligned-embed windows alternate at concurrency 16.
 
 {soak}
 
 ## 4. GPU: NVIDIA H200 (issue #4)
+
+Where issue #4's acceptance figures stand (details and commands in the subsections):
+
+{acceptance}
 
 ### Model only (device run 1, torch 2.11 + CUDA 13, around commit e5bd8dd)
 
@@ -445,6 +519,20 @@ facegate_mp against the others, same run (successful req/s):
 
 {http_gpu_ratios}
 
+Where the CPU goes. facegate_mp uses 6.9–9.1 server CPU cores for compare requests, LitServe 1.8–2.0 for
+fewer requests: 10–22 ms of CPU per compare request against ~4 ms. For aligned crops (no detection, no
+warp) the two are close (~2.5–2.8 ms). In run 4, before `cpu_threads`, LitServe used 11.3 cores and the
+naive server 13.2 cores at concurrency 1; with one intra-op thread in the process that builds the models
+they use ~2 and ~1. In run 5 the setting reached only facegate's engine process, not its 4 front-ends,
+which decode and warp every photo with OpenCV's default pool of 16 threads; the A/B changed facegate_mp's
+CPU by little (`facegate_mp_pools`). On this 2-core CPU one idle extra worker already multiplies the CPU
+cost of a face warp by ~6 and of a detector-batch fill by ~15 (`python benchmarks/cpu_pool_spin.py`):
+
+{cpu_pool_spin}
+
+So commit 9a8787e gives front-ends of a CUDA engine the same one-thread setting. **That change has not
+run on the GPU** (the session's device time was spent); whether it closes the CPU gap is not measured.
+
 ### Run 4 (commit 2b35244): the process model against one process
 
 `{http_gpu4_cmd}` (`bash scripts/gpu-http.sh`). `facegate` is one process (HTTP, decoding and the engine);
@@ -467,6 +555,10 @@ phase is still 99 % busy at ~97 ms per batch of 60 photos, for ~5 ms of GPU work
 for the GIL, held by the HTTP event loop and the prepare and decode threads of the same process. Running
 the whole device part of detection as one CUDA graph replay cut that to 6.3 ms per batch. What remained
 was one Python process (server CPU 4.3 cores, GPU 8–9 % busy), hence the process model of runs 4–5.
+Run 4's single process served fewer compare requests than run 3's (248 against 353 req/s); LitServe, in
+the same runs, fell too (319 against 414), so part of it is the machine or the run. The detector batch cap
+of run 4 (16 photos, so more replays: 9.1 against 6.3 ms of execute per batch) may cost part of it; the two
+were not separated.
 
 Run 3's full table (`{http_gpu3_cmd}`):
 
@@ -506,6 +598,8 @@ Per server process, from the HTTP runs (driver MiB; "above bare" subtracts one b
 From run 4 on, facegate's engine process holds 1,258 MiB, +646 MiB above the bare context (run 3: +1,696),
 with torch allocated 62 MiB, peak 355 MiB and reserved 496 MiB at idle and after load. LitServe's two
 inference processes hold as much each (they build the same pipeline with the same code).
+IR-SE-64 was measured only before these changes (+1,778 MiB with graphs, +246 MiB idle and +846 MiB
+after load without); its figure after them, against the issue's ≤ 150 MiB, is not measured.
 
 ### GPU soak (process model, commit 8050d92)
 
