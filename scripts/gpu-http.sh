@@ -15,11 +15,7 @@
 # defaults below. Lessons of the last runs: each server takes ~30 s to get ready on a cold machine, so four
 # servers leave ~5 minutes for points; the important concurrencies go first.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlrun/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+. scripts/device-env.sh
 if [ -d .lfwT ]; then
   FACEGATE_LFW_ROOT=.lfwT timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/engine/test_graphs.py \
     tests/unit/models/test_yunet.py > "$OUT/gpu_tests_http.txt" 2>&1 || { tail -30 "$OUT/gpu_tests_http.txt"; exit 3; }

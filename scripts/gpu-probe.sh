@@ -8,11 +8,7 @@
 #       carry=[".whlrun", ".lfwT"], timeout_s=600)
 # .lfwT: pairs.txt plus the few LFW images the GPU tests read (git-ignored; never committed).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlrun/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+. scripts/device-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia_smi.txt" 2>&1
 FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider \
   > "$OUT/gpu_tests.txt" 2>&1
