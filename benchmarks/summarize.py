@@ -523,11 +523,12 @@ Where the CPU goes. facegate_mp uses 6.9–9.1 server CPU cores for compare requ
 fewer requests: 10–22 ms of CPU per compare request against 4–5 ms. For aligned crops (no detection, no
 warp) facegate_mp uses no more CPU per request than LitServe (2.5–3.7 ms against 2.8–4.8 ms). In run 4,
 before `cpu_threads`, LitServe used 11.3 cores and the naive server 13.2 cores at concurrency 1; with one
-intra-op thread in the process that builds the models they use ~2 and ~1. In run 5 the setting reached only
-facegate's engine process, not its 4 front-ends, which decode and warp every photo with OpenCV's default
-pool of 16 threads; the A/B changed facegate_mp's CPU by little (`facegate_mp_pools`). On this 2-core CPU
-one idle extra worker already multiplies the CPU cost of a face warp by ~6 and of a detector-batch fill by
-~15 (`python benchmarks/cpu_pool_spin.py`):
+intra-op thread in the process that builds the models (run 5, which has no concurrency-1 points) they use
+1.8–2.9 and 1.0–1.1 cores at concurrency 16–256. In run 5 the setting reached only facegate's engine
+process, not its 4 front-ends, which decode and warp every photo with OpenCV's default pool of 16 threads;
+the A/B changed facegate_mp's CPU by little (`facegate_mp_pools`). On this 2-core CPU one idle extra worker
+already multiplies the CPU cost of a face warp by ~6 and of a detector-batch fill by ~15 (`python
+benchmarks/cpu_pool_spin.py`):
 
 {cpu_pool_spin}
 
