@@ -7,7 +7,7 @@ It reports torch's allocated / reserved / peak MiB and the driver's MiB for its 
 nvidia-smi shows) after warm-up and after the load. A bare ``torch.cuda.init()`` child is measured first,
 in the same run, as the baseline the issue's "above the bare context" means.
 
-  python benchmarks/serve_memory.py --out benchmarks/results/serve_memory.json \\
+  python benchmarks/serve_memory.py --out benchmarks/results/serve_memory_gpu.json \\
       --variant compile=graphs --variant compile=graphs,det_graphs=false --variant compile=off
 """
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write a random-weight IR-SE-64 RTS state_dict here first (memory does not depend on the weights); "
         "variants then name it with rts_checkpoint=PATH",
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory_gpu.json"))
     o = p.parse_args(argv)
     variants = o.variant or ["compile=graphs"]
     res: dict[str, Any] = {"benchmark": "serve_memory", "command": " ".join(sys.argv), "variants": []}

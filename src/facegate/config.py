@@ -83,7 +83,7 @@ class Settings(BaseSettings):
         description=(
             "Largest detector forward, in padded input pixels (rows × height × width): batches are split so "
             "activation memory stays bounded (the default fits 16 LFW photos or 2 photos of 640×640; 64 LFW "
-            "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory.json)."
+            "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory_gpu.json)."
         ),
     )
 

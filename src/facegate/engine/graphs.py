@@ -11,7 +11,7 @@ costs well under a second per bucket.
 On CPU the module runs eagerly; a batch larger than the largest bucket is chunked by the largest bucket,
 so results never depend on the path taken beyond floating-point tolerance.
 
-Memory (measured on the H200, ``benchmarks/results/serve_memory.json``): every CUDA graph in the process,
+Memory (measured on the H200, ``benchmarks/results/serve_memory_gpu.json``): every CUDA graph in the process,
 the recognizer's and the detector's, is captured by :func:`capture_graph`, which
 
 * warms up and captures on **one** side stream per device: PyTorch keeps a cuBLAS workspace (~34 MiB on
