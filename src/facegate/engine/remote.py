@@ -337,8 +337,15 @@ class RemoteEngine:
         address: the engine's Unix socket path.
         authkey: the shared secret of the connection.
         arena_bytes: size of this front-end's shared-memory arena.
-        connect_timeout_s: how long :meth:`start` retries connecting.
+        connect_timeout_s: how long :meth:`start` retries connecting while the socket does not exist yet.
     """
+
+    #: how long a refused connection is retried: the socket file exists but nothing listens on it, which after
+    #: the engine's start means it is gone (a SIGKILLed engine leaves its socket behind). Retried for
+    #: ``connect_timeout_s``, a front-end still starting when its engine died sat in its start-up for 60 s,
+    #: and the server's shutdown (uvicorn joins its workers) with it: the likely cause of one hang of
+    #: tests/integration/test_multiprocess_serve.py::test_a_dead_engine_takes_the_server_down.
+    refused_grace_s = 2.0
 
     def __init__(
         self, address: str, authkey: bytes, *, arena_bytes: int = ARENA_BYTES, connect_timeout_s: float = 60.0
@@ -358,7 +365,10 @@ class RemoteEngine:
         self._reader: threading.Thread | None = None
 
     def start(self) -> dict[str, Any]:
-        """Connect (retrying until ``connect_timeout_s``), say hello, start the reader; returns the engine's info.
+        """Connect, say hello, start the reader; returns the engine's info.
+
+        A missing socket is retried for ``connect_timeout_s`` (the engine is still starting), a refused
+        connection for :attr:`refused_grace_s` only (the engine is gone).
 
         Blocking: call it off the event loop.
 
@@ -367,13 +377,14 @@ class RemoteEngine:
         """
         if self._alive:
             return self.info
-        deadline = time.monotonic() + self.connect_timeout_s
+        t0 = time.monotonic()
         while True:
             try:
                 conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
                 break
             except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if time.monotonic() > deadline:
+                limit = self.refused_grace_s if isinstance(exc, ConnectionRefusedError) else self.connect_timeout_s
+                if time.monotonic() - t0 > limit:
                     raise EngineClosedError(f"no engine at {self.address}: {exc}") from None
                 time.sleep(0.1)
         self._arena = Arena(self.arena_bytes)

@@ -276,3 +276,21 @@ def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytes
     finally:
         torch.set_num_threads(before[0])
         cv2.setNumThreads(before[1])
+
+
+def test_a_socket_nobody_listens_on_fails_fast(tmp_path: Path) -> None:
+    """A dead engine's socket file is left behind: connecting is refused, and start() gives up in seconds."""
+    import socket
+    import time
+
+    path = str(tmp_path / "engine.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)  # the file exists, nothing listens
+    try:
+        remote = RemoteEngine(path, b"k", connect_timeout_s=60.0)
+        t0 = time.monotonic()
+        with pytest.raises(EngineClosedError, match="no engine"):
+            remote.start()
+        assert time.monotonic() - t0 < remote.refused_grace_s + 2.0
+    finally:
+        s.close()
