@@ -2,7 +2,9 @@
 
 For each variant (settings given as ``key=value`` pairs), a child process times ``import torch``, the
 pipeline build and each warm-up step (:meth:`FacePipeline.warmup` reports seconds and torch memory per
-step), then runs ``--load-batches`` batches of ``--batch`` LFW-sized photos through detect → align → embed.
+step), then runs ``--load-batches`` batches of ``--batch`` LFW-sized photos through detect and embed (random
+crops) and, when the pipeline has the engine's ``photo`` stage (``gpu_preprocess``), through that stage as
+JPEG bytes. The photos are LFW's first ``--batch`` when ``FACEGATE_LFW_ROOT`` is set, else noise.
 It reports torch's allocated / reserved / peak MiB and the driver's MiB for its own pid (NVML, what
 nvidia-smi shows) after warm-up and after the load. A bare ``torch.cuda.init()`` child is measured first,
 in the same run, as the baseline the issue's "above the bare context" means.
@@ -83,12 +85,28 @@ mem("after_warmup")
 if cuda:
     torch.cuda.reset_peak_memory_stats()  # after_load's peak is the peak under load
 rng = np.random.default_rng(0)
-photos = [rng.integers(0, 255, (250, 250, 3), dtype=np.uint8) for _ in range(spec["batch"])]
+# LFW photos when FACEGATE_LFW_ROOT is set (faces to align and embed), else noise
+from pathlib import Path
+import cv2
+lfw = os.environ.get("FACEGATE_LFW_ROOT")
+files = sorted(Path(lfw, "lfw-deepfunneled").glob("*/*.jpg"))[: spec["batch"]] if lfw else []
+jpegs = [f.read_bytes() for f in files] or [
+    cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))[1].tobytes()
+    for _ in range(spec["batch"])]
+jpegs = (jpegs * spec["batch"])[: spec["batch"]]
+out["load_photos"] = "lfw" if files else "noise"
+photos = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1].copy() for j in jpegs]
+stage = None
+if pipe.photo_limits is not None:  # the serving path of photo uploads (Settings.gpu_preprocess)
+    from facegate.pipeline.photo import PhotoStage
+    stage = PhotoStage(pipe, max_bytes=pipe.photo_limits[0], max_pixels=pipe.photo_limits[1])
 t = time.perf_counter()
 for _ in range(spec["load_batches"]):
     dets = pipe.detect(photos)
     crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
     pipe.embed(crops)
+    if stage is not None:
+        stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs]))
 out["load_s"] = round(time.perf_counter() - t, 3)
 mem("after_load")
 print(json.dumps(out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import cv2
 import httpx
@@ -139,3 +140,29 @@ def test_detect(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> No
     grey = client.post("/api/detect", files=fg.files(image=fg.png_bytes(fg.grey_image(100, 160))))
     assert grey.status_code == 200
     assert grey.json() == {"faces": [], "width": 160, "height": 100}
+
+
+def test_photo_stage_answers_like_the_host_path(server_factory: Any, lfw_root: Path, fg: SimpleNamespace) -> None:
+    """gpu_preprocess=on (here on the CPU): compare/embed of the largest face go through the engine's photo
+    stage; asking for crops takes the host path on the same server, so the two can be compared."""
+    srv = server_factory(lfw_root=lfw_root, gpu_preprocess="on")
+    with srv.client() as c:
+        a = fg.lfw_image(lfw_root, "Colin_Powell", 1)
+        b = fg.lfw_image(lfw_root, "Colin_Powell", 2)
+        photo = c.post("/api/compare", files=fg.files(img1=a, img2=b))
+        host = c.post("/api/compare", params={"crops": "true"}, files=fg.files(img1=a, img2=b))
+        assert photo.status_code == host.status_code == 200, (photo.text, host.text)
+        p, h = photo.json(), host.json()
+        assert p["similarity"] == pytest.approx(h["similarity"], abs=5e-3)
+        assert p["verdict"] == h["verdict"]
+        for fp, fh in zip(p["faces"], h["faces"], strict=True):
+            _check_face(fp)
+            np.testing.assert_allclose(fp["detection"]["box"], fh["detection"]["box"], atol=1e-3)
+
+        # per-item errors keep their codes on the photo path
+        bad = [a, b"", b"this is not an image", fg.png_bytes(fg.grey_image())]
+        res = c.post("/api/embed", files=fg.many("images", bad)).json()["results"]
+        assert len(res[0]["faces"]) == 1
+        assert [x["error"]["code"] for x in res[1:]] == ["empty_input", "image_unreadable", "no_face"]
+        r = c.post("/api/compare", files=fg.files(img1=a, img2=b"garbage"))
+        fg.assert_error(r, 400, "image_unreadable")

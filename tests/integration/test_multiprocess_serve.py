@@ -26,9 +26,11 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.lfw
-def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("preprocess", ["off", "on"])
+def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_path: Path, preprocess: str) -> None:
+    """``preprocess`` = Settings.gpu_preprocess: "on" sends the photos' bytes to the engines' photo stage."""
     port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1", "FACEGATE_GPU_PREPROCESS": preprocess}
     argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--engines", "2", "--device", "cpu"]
     argv += ["--port", str(port)]
     proc = subprocess.Popen(
@@ -68,9 +70,13 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
                 assert [h["subject_id"] for h in s["hits"]] == ["tony"], s
             bad = c.post("/api/compare", files={"img1": ("a.jpg", b"junk"), "img2": ("b.jpg", photo("Tony_Blair", 1))})
             m = c.get("/metrics").text  # a front-end exports the engine processes' stage metrics, summed
-            items = [ln for ln in m.splitlines() if ln.startswith('facegate_items_total{stage="embed"}')]
-            assert items and float(items[0].split()[-1]) >= 12, items  # 2 + 1 + 8 crops + 1 from compare
-            assert 'facegate_batch_size_count{stage="detect"}' in m
+            # 2 + 1 + 8 photos (or crops) + 1 from the bad compare's good photo
+            stage = "photo" if preprocess == "on" else "embed"
+            items = [ln for ln in m.splitlines() if ln.startswith(f'facegate_items_total{{stage="{stage}"}}')]
+            assert items and float(items[0].split()[-1]) >= 12, items
+            detect = [ln for ln in m.splitlines() if ln.startswith('facegate_items_total{stage="detect"}')]
+            n_detect = float(detect[0].split()[-1]) if detect else 0.0
+            assert (n_detect >= 11) if preprocess == "off" else (n_detect == 0), detect  # photos skip "detect"
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
         assert len(_children(proc.pid)) >= 4  # 2 engines + 2 front-ends (+ the resource tracker)
     finally:

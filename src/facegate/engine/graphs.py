@@ -123,6 +123,9 @@ class GraphedModule(nn.Module):
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
         self._tuple_out = True
         self.capture_seconds: dict[int, float] = {}
+        # a graph's input and outputs are static buffers: copy-in, replay and copy-out of one call must not
+        # interleave with another thread's (the engine's embed and photo stages both run the recognizer)
+        self._lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -166,9 +169,10 @@ class GraphedModule(nn.Module):
                 return torch.cat(parts)  # type: ignore[arg-type]
             return self._fn(x)
         g, static_in, outs = self._graphs[b]
-        static_in[:n].copy_(x, non_blocking=True)
-        if n < b:
-            static_in[n:].zero_()
-        replay(g)
-        res = tuple(o[:n].clone() for o in outs)
+        with self._lock:
+            static_in[:n].copy_(x, non_blocking=True)
+            if n < b:
+                static_in[n:].zero_()
+            replay(g)
+            res = tuple(o[:n].clone() for o in outs)
         return res if self._tuple_out else res[0]

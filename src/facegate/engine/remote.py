@@ -312,6 +312,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
         "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
                       "quality_threshold": op.quality_threshold},
         "device": str(service.pipeline.device),
+        "stages": [st.name for st in service.pipeline.stages()],
         "startup_s": round(time.perf_counter() - t0, 3),
         "warmup": service.pipeline.warmup_report,
     }  # fmt: skip

@@ -54,6 +54,7 @@ import os
 import re
 import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -474,6 +475,100 @@ def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, i
         img.close()
 
 
+@dataclass(slots=True)
+class DecodePlan:
+    """The host half of a batch decode (:func:`plan_decode`), ready for :func:`run_decode`.
+
+    Attributes:
+        datas: the encoded images.
+        device: the target device.
+        gpu_items: index → ``(orientation, H, W)`` of each JPEG that goes to nvJPEG.
+        done: index → ``(H, W, 3) uint8`` already decoded on the host, or the item's :class:`FacegateError`
+            (which, unlike :func:`decode_jpeg_batch_cuda`'s, names no batch index: the batch is the engine's).
+        max_bytes, max_pixels: the limits, for the host fallback of an item nvJPEG rejects.
+    """
+
+    datas: list[bytes]
+    device: torch.device
+    gpu_items: dict[int, tuple[int, int, int]]
+    done: dict[int, np.ndarray | FacegateError]
+    max_bytes: int
+    max_pixels: int
+
+
+def plan_decode(
+    datas: Sequence[bytes],
+    device: str | torch.device = "cuda",
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> DecodePlan:
+    """Host half of a batch decode: header checks, and host decoding of everything nvJPEG will not get.
+
+    JPEGs that pass the checks of :func:`_gpu_candidate` are left for nvJPEG when :func:`_use_nvjpeg`
+    says so; every other item (PNG, CMYK, out of limits, broken, or all of them off CUDA) is decoded here
+    by :func:`decode_image`, or keeps its error. Never raises for a bad item.
+    """
+    import torch
+
+    _check_limits(max_bytes, max_pixels)
+    dev = torch.device(device)
+    gpu_items: dict[int, tuple[int, int, int]] = {}
+    done: dict[int, np.ndarray | FacegateError] = {}
+    nvjpeg = _use_nvjpeg(dev)
+    for i, data in enumerate(datas):
+        info = _gpu_candidate(bytes(data), max_bytes, max_pixels) if nvjpeg else None
+        if info is not None:
+            gpu_items[i] = info
+            continue
+        try:
+            done[i] = decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
+        except FacegateError as exc:
+            done[i] = exc
+    return DecodePlan(list(datas), dev, gpu_items, done, max_bytes, max_pixels)
+
+
+def run_decode(plan: DecodePlan) -> list[Any]:
+    """Device half of a batch decode: one batched nvJPEG call, then host results copied to the device.
+
+    Returns one ``(3, H, W) uint8`` RGB tensor on ``plan.device`` per item, or the item's
+    :class:`FacegateError`. If nvJPEG rejects the batch, its items are retried one by one; an item that
+    still fails (or decodes to an unexpected shape) is decoded on the host.
+    """
+    import torch
+
+    out: list[Any] = [None] * len(plan.datas)
+    done = dict(plan.done)
+    if plan.gpu_items:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        idx = list(plan.gpu_items)
+        raw = [torch.frombuffer(bytearray(plan.datas[i]), dtype=torch.uint8) for i in idx]
+        try:
+            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB, device=plan.device)
+        except Exception as exc:  # nvJPEG refuses the whole batch if one image fails
+            log.debug("batched nvJPEG decode failed (%s); retrying one by one", exc)
+            decoded = []
+            for r in raw:
+                try:
+                    decoded.append(decode_jpeg(r, mode=ImageReadMode.RGB, device=plan.device))
+                except Exception as exc1:
+                    log.debug("nvJPEG failed on one image (%s); host fallback", exc1)
+                    decoded.append(None)
+        for i, t in zip(idx, decoded, strict=True):
+            orient, h, w = plan.gpu_items[i]
+            if t is not None and tuple(t.shape) == (3, h, w):
+                out[i] = _orient_chw(t, orient)
+                continue
+            try:
+                done[i] = decode_image(plan.datas[i], max_bytes=plan.max_bytes, max_pixels=plan.max_pixels)
+            except FacegateError as exc:
+                done[i] = exc
+    for i, res in done.items():
+        out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device)
+    return out
+
+
 def decode_jpeg_batch_cuda(
     datas: list[bytes],
     device: str | torch.device = "cuda",
@@ -489,6 +584,7 @@ def decode_jpeg_batch_cuda(
     nvJPEG rejects the batch, they are retried one by one, and any that still fail — like every
     non-JPEG, CMYK or out-of-limits item, and everything when :func:`gpu_decode_available` is False or
     ``device`` is not CUDA — are decoded on the CPU by :func:`decode_image` and copied to ``device``.
+    ``run_decode(plan_decode(...))``: the serving engine calls the two halves on different threads.
 
     Args:
         datas: encoded images.
@@ -503,45 +599,10 @@ def decode_jpeg_batch_cuda(
     Raises:
         FacegateError: the first item's error (``detail['index']`` names it) unless ``return_exceptions``.
     """
-    import torch
-
-    _check_limits(max_bytes, max_pixels)
-    dev = torch.device(device)
-    out: list[Any] = [None] * len(datas)
-    gpu_items: dict[int, tuple[int, int, int]] = {}  # index → (orientation, H, W)
-    if _use_nvjpeg(dev):
-        for i, data in enumerate(datas):
-            info = _gpu_candidate(bytes(data), max_bytes, max_pixels)
-            if info is not None:
-                gpu_items[i] = info
-    if gpu_items:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        idx = list(gpu_items)
-        raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in idx]
-        try:
-            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB, device=dev)
-        except Exception as exc:  # nvJPEG refuses the whole batch if one image fails
-            log.debug("batched nvJPEG decode failed (%s); retrying one by one", exc)
-            decoded = []
-            for r in raw:
-                try:
-                    decoded.append(decode_jpeg(r, mode=ImageReadMode.RGB, device=dev))
-                except Exception as exc1:
-                    log.debug("nvJPEG failed on one image (%s); CPU fallback", exc1)
-                    decoded.append(None)
-        for i, t in zip(idx, decoded, strict=True):
-            orient, h, w = gpu_items[i]
-            if t is not None and tuple(t.shape) == (3, h, w):
-                out[i] = _orient_chw(t, orient)
-    for i, data in enumerate(datas):
-        if out[i] is not None:
-            continue
-        try:
-            out[i] = _to_device(decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels), dev)
-        except FacegateError as exc:
-            exc.detail.setdefault("index", i)
+    out = run_decode(plan_decode(datas, device, max_bytes=max_bytes, max_pixels=max_pixels))
+    for i, res in enumerate(out):
+        if isinstance(res, FacegateError):
+            res.detail.setdefault("index", i)
             if not return_exceptions:
-                raise
-            out[i] = exc
+                raise res
     return out

@@ -387,8 +387,9 @@ class DetBatch:
 
     Attributes:
         images: ``(N, Hp, Wp, 3) uint8`` **RGB**, each image resized and placed top-left on a zero canvas;
-            ``Hp``, ``Wp`` are multiples of 32 common to the batch. In pinned memory when the detector runs
-            on CUDA.
+            ``Hp``, ``Wp`` are multiples of 32 common to the batch. A host array (in pinned memory when the
+            detector runs on CUDA), or a tensor already on the detector's device
+            (:meth:`FaceDetector.preprocess_tensors`).
         scales: ``(N,) float64`` nominal resize factor (``≤ 1``, resized / original longer side).
         orig_sizes: ``(N, 2) int64`` original ``(H, W)``.
         resized_sizes: ``(N, 2) int64`` ``(h, w)`` after resizing (rescaling back is done per axis with
@@ -397,7 +398,7 @@ class DetBatch:
             copying from it lets the pinned-memory allocator track the asynchronous copy.
     """
 
-    images: np.ndarray
+    images: np.ndarray | Tensor
     scales: np.ndarray
     orig_sizes: np.ndarray
     resized_sizes: np.ndarray
@@ -513,10 +514,8 @@ class FaceDetector:
             resized.append(img)
         hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        n_rows = len(imgs)
-        if self.batch_buckets:
-            n_rows = next((b for b in sorted(self.batch_buckets) if b >= n_rows), n_rows)
-        shape = (n_rows, hp, wp, 3)  # rows past len(imgs) are zero padding; postprocess ignores them
+        # rows past len(imgs) are zero padding; postprocess ignores them
+        shape = (self._batch_rows(len(imgs)), hp, wp, 3)
         pinned = None
         if self.device.type == "cuda":  # build the batch straight into pinned memory
             pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
@@ -533,6 +532,60 @@ class FaceDetector:
             pinned=pinned,
         )
 
+    def _batch_rows(self, n: int) -> int:
+        """Rows of a batch of ``n`` images: the next batch bucket (zero rows pad it), else ``n``."""
+        if self.batch_buckets:
+            return next((b for b in sorted(self.batch_buckets) if b >= n), n)
+        return n
+
+    @torch.inference_mode()
+    def preprocess_tensors(self, images: Sequence[Tensor]) -> DetBatch:
+        """:meth:`preprocess` for images already on the detector's device (e.g. decoded by nvJPEG).
+
+        Args:
+            images: ``(3, H, W) uint8`` RGB tensors on :attr:`device`.
+
+        Images whose longer side exceeds ``max_side`` are shrunk with ``F.interpolate(mode="area")``
+        (box averaging, as OpenCV's ``INTER_AREA`` on the host path; the two differ by resampling
+        rounding only). The canvas is built on the device; nothing is copied to or from the host.
+
+        Raises:
+            EmptyInputError: no images.
+            InvalidParameterError: an image is not ``(3, H, W) uint8`` on the detector's device.
+        """
+        if len(images) == 0:
+            raise EmptyInputError("no images to detect faces in")
+        resized: list[Tensor] = []
+        scales = np.empty(len(images), np.float64)
+        orig = np.empty((len(images), 2), np.int64)
+        for i, img in enumerate(images):
+            if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3 or img.device != self.device:
+                raise InvalidParameterError(
+                    f"image {i} must be a (3, H, W) uint8 tensor on {self.device}, got {tuple(img.shape)} "
+                    f"{img.dtype} on {img.device}",
+                    detail={"index": i},
+                )
+            h, w = int(img.shape[1]), int(img.shape[2])
+            orig[i] = (h, w)
+            s = min(1.0, self.max_side / max(h, w))
+            scales[i] = s
+            if s < 1.0:
+                size = (max(1, round(h * s)), max(1, round(w * s)))
+                img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
+                img = img.to(torch.uint8)
+            resized.append(img)
+        hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        canvas = torch.zeros((self._batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
+        for i, r in enumerate(resized):
+            canvas[i, : r.shape[1], : r.shape[2]] = r.permute(1, 2, 0)
+        return DetBatch(
+            images=canvas,
+            scales=scales,
+            orig_sizes=orig,
+            resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
+        )
+
     # ------------------------------------------------------------------ forward (device)
     def _to_input(self, x: Tensor) -> Tensor:
         """``(N, Hp, Wp, 3) uint8`` RGB on the device → the network input ``(N, 3, Hp, Wp)`` BGR in the model dtype."""
@@ -540,6 +593,8 @@ class FaceDetector:
         return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
     def _host_batch(self, batch: DetBatch) -> Tensor:
+        if isinstance(batch.images, Tensor):  # preprocess_tensors: already on the device
+            return batch.images
         if self.device.type == "cuda":
             x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images).pin_memory()
             return x.to(self.device, non_blocking=True)

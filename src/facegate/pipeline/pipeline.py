@@ -67,6 +67,17 @@ def configure_cpu_threads(threads: int | None, device: str) -> int | None:
     return n
 
 
+def photo_stage_enabled(mode: str, device: str) -> bool:
+    """Whether ``Settings.gpu_preprocess`` = ``mode`` gives a pipeline on ``device`` the ``photo`` stage."""
+    if mode == "on":
+        return True
+    if mode == "off" or device != "cuda":
+        return False
+    from facegate.io.decode import gpu_decode_available
+
+    return gpu_decode_available()
+
+
 def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
     """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
     accepted = bool(score >= threshold)
@@ -113,6 +124,8 @@ class FacePipeline:
         self.chunk: int | None = None
         #: largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap
         self.det_max_batch_pixels: int | None = None
+        #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
+        self.photo_limits: tuple[int, int] | None = None
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
 
@@ -206,6 +219,8 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
+        if photo_stage_enabled(settings.gpu_preprocess, device):
+            pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
         if device == "cpu":
             pipe.chunk = settings.cpu_chunk
         return pipe
@@ -290,7 +305,7 @@ class FacePipeline:
     def make_faces(
         self,
         detections: Sequence[Detection | None],
-        crops: np.ndarray,
+        crops: np.ndarray | None,
         emb: np.ndarray,
         quality: np.ndarray,
         raw: np.ndarray,
@@ -303,7 +318,7 @@ class FacePipeline:
                 detection=det,
                 embedding=emb[i],
                 quality=self.gate(float(quality[i]), float(raw[i])),
-                crop=crops[i] if keep_crops else None,
+                crop=crops[i] if keep_crops and crops is not None else None,
             )
             for i, det in enumerate(detections)
         ]
@@ -359,8 +374,14 @@ class FacePipeline:
 
     # ------------------------------------------------------------------ engine stages
     def stages(self) -> list[Any]:
-        """The two engine stages: ``detect`` (image → detections) and ``embed`` (crops → outputs)."""
-        return [DetectStage(self), EmbedStage(self)]
+        """The engine stages: ``detect`` (image → detections), ``embed`` (crops → outputs) and, when
+        :attr:`photo_limits` is set, ``photo`` (encoded photo → faces, :mod:`facegate.pipeline.photo`)."""
+        stages: list[Any] = [DetectStage(self), EmbedStage(self)]
+        if self.photo_limits is not None:
+            from facegate.pipeline.photo import PhotoStage
+
+            stages.append(PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1]))
+        return stages
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> dict[str, dict[str, float]]:
         """Capture CUDA graphs (if configured) and run every stage once per batch size.
@@ -402,12 +423,30 @@ class FacePipeline:
             self.detect(imgs)
             self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
         step("one_of_each", t)
+        if self.photo_limits is not None:  # nvJPEG's decoder state and the device canvas/warp kernels
+            t = time.perf_counter()
+            self.warmup_photo(rng)
+            step("photo_stage", t)
         if cuda:  # hand warm-up's transient activations back to the driver
             t = time.perf_counter()
             torch.cuda.empty_cache()
             step("empty_cache", t)
         self.warmup_report = report
         return report
+
+
+    def warmup_photo(self, rng: np.random.Generator) -> None:
+        """Run the ``photo`` stage once alone and once at the largest detector bucket (noise: no face)."""
+        import cv2
+
+        from facegate.pipeline.photo import PhotoStage
+
+        assert self.photo_limits is not None
+        stage = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
+        _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
+        payload = np.asarray(buf, np.uint8).reshape(-1)
+        for n in sorted({1, max(self.detector.batch_buckets or (1,))}):
+            stage.execute(stage.prepare([payload] * n))
 
 
 class DetectStage:

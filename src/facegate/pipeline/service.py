@@ -59,6 +59,8 @@ class FaceService:
         )
         self._ready = False
         self.startup_seconds: float | None = None
+        #: whether the engine has the ``photo`` stage (Settings.gpu_preprocess): see :meth:`photo_faces`
+        self.photo_on_device = pipeline.photo_limits is not None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -90,7 +92,9 @@ class FaceService:
         configure_cpu_threads(settings.cpu_threads, "cuda" if str(info["device"]).startswith("cuda") else "cpu")
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
-        return cls(pipeline, settings, engine=remote)
+        service = cls(pipeline, settings, engine=remote)
+        service.photo_on_device = "photo" in info.get("stages", ())
+        return service
 
     @classmethod
     def build_tiny(cls, settings: Settings) -> FaceService:
@@ -167,6 +171,23 @@ class FaceService:
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._embed(crops)
         faces = self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
+        self._record(faces)
+        return faces
+
+    async def photo_faces(self, data: bytes) -> list[Face]:
+        """:meth:`faces` (largest face, no crops) of one *encoded* photo, in one trip through the engine.
+
+        The engine's ``photo`` stage decodes (nvJPEG for JPEGs), detects, aligns and embeds on its device
+        (:mod:`facegate.pipeline.photo`); this process does no decoding. Only when :attr:`photo_on_device`.
+
+        Raises:
+            ImageDecodeError, ImageTooLargeError, ...: the upload is not a usable image.
+            NoFaceError: no face was found.
+        """
+        if not self.photo_on_device:
+            raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
+        res = await self.engine.submit("photo", np.frombuffer(data, np.uint8))
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
         self._record(faces)
         return faces
 

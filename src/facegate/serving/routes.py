@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Awaitable, Sequence
 from pathlib import Path as FilePath
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
@@ -59,6 +59,9 @@ from facegate.serving.schemas import (
     SubjectOut,
 )
 from facegate.types import Face, FaceSelect
+
+if TYPE_CHECKING:
+    from facegate.pipeline.service import FaceService
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,28 @@ async def decode_upload(state: ServingState, file: UploadFile, *, index: int | N
     s = state.settings
     data = await read_upload(file, s.max_upload_bytes, index=index)
     return await state.in_decode_pool(decode_image, data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
+
+
+async def faces_of_upload(
+    state: ServingState,
+    service: FaceService,
+    file: UploadFile,
+    *,
+    index: int | None = None,
+    select: FaceSelect = FaceSelect.LARGEST,
+    keep_crops: bool = False,
+) -> list[Face]:
+    """The selected faces of one uploaded photo.
+
+    With the engine's ``photo`` stage (``Settings.gpu_preprocess``) the largest face of a photo is found
+    from the upload's bytes on the engine's device, in one engine trip; other requests (every face, or the
+    crops in the answer) decode and align here.
+    """
+    if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops:
+        data = await read_upload(file, state.settings.max_upload_bytes, index=index)
+        return await service.photo_faces(data)
+    image = await decode_upload(state, file, index=index)
+    return await service.faces(image, select=select, keep_crops=keep_crops)
 
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
@@ -241,8 +266,7 @@ async def compare(
     service, _ = state.require_ready()
 
     async def one(file: UploadFile, i: int) -> Face:
-        image = await decode_upload(state, file, index=i)
-        return (await service.faces(image, select=FaceSelect.LARGEST, keep_crops=crops))[0]
+        return (await faces_of_upload(state, service, file, index=i, keep_crops=crops))[0]
 
     results = await gather_all([one(img1, 0), one(img2, 1)])
     first_error(results)
@@ -274,6 +298,8 @@ async def embed(
     _check_count(n, state.settings.max_images_per_request, "images")
 
     async def one(i: int) -> list[Face]:
+        if images and not aligned:
+            return await faces_of_upload(state, service, images[i], index=i, select=FaceSelect(select))
         image = await (decode_upload(state, images[i], index=i) if images else decode_path(state, paths[i]))  # type: ignore[index]
         if aligned:
             return [await service.face_aligned(image)]
@@ -395,8 +421,7 @@ async def enrol(
     await _gallery_for_service(state, name)
 
     async def one(i: int) -> Face:
-        image = await decode_upload(state, images[i], index=i)
-        return (await service.faces(image, select=FaceSelect.LARGEST))[0]
+        return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await gather_all([one(i) for i in range(len(images))])
     accepted: list[Face] = []
@@ -479,8 +504,7 @@ async def search(
     state = _state(request)
     service, gallery = state.require_ready()
     await _gallery_for_service(state, name)
-    img = await decode_upload(state, image)
-    face = (await service.faces(img, select=FaceSelect.LARGEST))[0]
+    face = (await faces_of_upload(state, service, image))[0]
     threshold, fmr = service.match_threshold, service.match_fmr
     if not face.quality.accepted:
         _record_refusal(state, "search_low_quality")

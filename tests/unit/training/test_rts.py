@@ -204,7 +204,7 @@ def test_train_quality_from_a_photo_folder(lfw_root: Path, tmp_path: Path) -> No
     for n in names:
         (root / n).mkdir(parents=True)
         for f in sorted((src / n).glob("*.jpg"))[:3]:
-            (root / n / f.name).symlink_to(f)
+            (root / n / f.name).symlink_to(f.resolve())  # absolute: the LFW root may be given relative
     out = tmp_path / "head.pt"
     summary = train_quality(
         root, out, config=RTSConfig(epochs=2, batch_size=8), n_random=1, save_features=tmp_path / "f.npz",

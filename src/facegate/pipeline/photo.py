@@ -1,0 +1,177 @@
+"""The photo stage: encoded photos → decoded, detected, aligned and embedded faces in one engine step.
+
+Why: with the host path, every photo is decoded (libjpeg-turbo), resized and padded, and its faces
+warped (OpenCV) on the CPU of the serving processes, and each request makes two trips through the engine
+(``detect``, then ``embed``). On the H200 that cost the front-ends 10–22 ms of CPU per compare request,
+and the CPU, not the GPU, bounded throughput (``docs/benchmarks.md``, run 5). With this stage a request
+sends the upload's bytes once, and the engine process
+
+1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`, the
+   stage's ``prepare``, on the engine's front thread);
+2. decodes the batch's JPEGs with one nvJPEG call (:func:`run_decode`);
+3. letterboxes each photo onto a device canvas and detects (:meth:`FaceDetector.preprocess_tensors`,
+   the detector's CUDA graphs when enabled): one device→host copy of the candidates, NMS on the host;
+4. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
+   to the host once.
+
+A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
+:meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
+take the host path. The host and device paths agree within the tolerances of
+``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler differ from
+libjpeg-turbo's and OpenCV's by rounding).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from facegate.errors import FacegateError, InvalidParameterError
+from facegate.io.decode import DecodePlan, plan_decode, run_decode
+from facegate.pipeline.align import CROP_SIZE, estimate_transforms, warp_torch
+from facegate.types import Detection, FaceSelect
+
+if TYPE_CHECKING:
+    from facegate.pipeline.pipeline import FacePipeline
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PhotoFaces", "PhotoStage", "faces_on_device"]
+
+
+@dataclass(frozen=True, slots=True)
+class PhotoFaces:
+    """The selected faces of one photo, as the photo stage returns them (picklable: crosses processes).
+
+    Attributes:
+        detections: per face its :class:`Detection`, or ``None`` for a pre-aligned 112×112 input.
+        embedding: ``(k, D) float32`` L2-normalised embeddings.
+        quality: ``(k,) float32`` quality scores in [0, 1].
+        raw: ``(k,) float32`` raw quality scores.
+    """
+
+    detections: list[Detection | None]
+    embedding: np.ndarray
+    quality: np.ndarray
+    raw: np.ndarray
+
+
+def _detect(pipe: FacePipeline, images: dict[int, torch.Tensor]) -> dict[int, list[Detection]]:
+    """Detections per image; images with the same padded size share a forward (as ``detect_groups``)."""
+    det = pipe.detector
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, t in images.items():
+        groups.setdefault(det.padded_hw(int(t.shape[1]), int(t.shape[2])), []).append(i)
+    out: dict[int, list[Detection]] = {}
+    for (hp, wp), idx in groups.items():
+        step = len(idx)
+        if pipe.det_max_batch_pixels:
+            step = min(step, max(1, pipe.det_max_batch_pixels // (hp * wp)))
+        for k in range(0, len(idx), step):
+            sub = idx[k : k + step]
+            for i, dets in zip(sub, det.run(det.preprocess_tensors([images[i] for i in sub])), strict=True):
+                out[i] = dets
+    return out
+
+
+def _warp(images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]]) -> tuple[torch.Tensor, list[int]]:
+    """Crops of the chosen faces: ``(K, 112, 112, 3) uint8`` on the images' device, and each crop's image.
+
+    Images of one exact size are warped together (one ``grid_sample`` call, no padding to a common size).
+    """
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i in chosen:
+        by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).append(i)
+    parts: list[torch.Tensor] = []
+    owners: list[int] = []
+    for idx in by_shape.values():
+        lms, img_index = [], []
+        for b, i in enumerate(idx):
+            for d in chosen[i]:
+                lms.append(d.landmarks)
+                img_index.append(b)
+                owners.append(i)
+        stack = torch.stack([images[i] for i in idx])
+        crops = warp_torch(stack, estimate_transforms(np.stack(lms)), np.array(img_index))
+        parts.append(crops.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+    if not parts:
+        return torch.zeros((0, CROP_SIZE, CROP_SIZE, 3), dtype=torch.uint8), owners
+    return torch.cat(parts), owners
+
+
+@torch.inference_mode()
+def faces_on_device(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> list[Any]:
+    """Detect, select the largest face, align and embed, for decoded images on the pipeline's device.
+
+    Args:
+        pipe: a pipeline with models (the engine's).
+        decoded: per photo a ``(3, H, W) uint8`` RGB tensor on ``pipe.device``, or its decode error.
+
+    Returns:
+        Per photo a :class:`PhotoFaces`, or its :class:`FacegateError` (decode error, ``NoFaceError``).
+    """
+    from facegate.pipeline.pipeline import select_faces
+
+    out: list[Any] = [None] * len(decoded)
+    photos: dict[int, torch.Tensor] = {}
+    aligned: list[int] = []
+    for i, t in enumerate(decoded):
+        if isinstance(t, FacegateError):
+            out[i] = t
+        elif tuple(t.shape[1:]) == (CROP_SIZE, CROP_SIZE):
+            aligned.append(i)
+        else:
+            photos[i] = t
+    chosen: dict[int, list[Detection]] = {}
+    for i, dets in (_detect(pipe, photos) if photos else {}).items():
+        try:
+            chosen[i] = select_faces(dets, FaceSelect.LARGEST)
+        except FacegateError as exc:
+            out[i] = exc
+    crops, owners = _warp(photos, chosen)
+    if aligned:
+        crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
+        owners += aligned
+    if not owners:
+        return out
+    res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
+    d = res.shape[1] - 2
+    rows: dict[int, list[int]] = {}
+    for r, i in enumerate(owners):
+        rows.setdefault(i, []).append(r)
+    for i, r in rows.items():
+        sel = res[r]
+        out[i] = PhotoFaces(chosen.get(i, [None]), sel[:, :d].copy(), sel[:, d].copy(), sel[:, d + 1].copy())  # type: ignore[arg-type]
+    return out
+
+
+class PhotoStage:
+    """Engine stage ``photo``: payload the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`.
+
+    ``prepare`` (engine front thread) runs the host half of decoding; ``execute`` (back thread) the rest,
+    see the module docstring. Each item that fails (bad image, no face) fails alone.
+    """
+
+    name = "photo"
+
+    def __init__(self, pipeline: FacePipeline, *, max_bytes: int, max_pixels: int) -> None:
+        if pipeline.detector is None or pipeline.recognizer is None:
+            raise InvalidParameterError("the photo stage needs a pipeline with models")
+        self.p = pipeline
+        self.max_bytes = int(max_bytes)
+        self.max_pixels = int(max_pixels)
+
+    def prepare(self, payloads: list[np.ndarray]) -> DecodePlan:
+        datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
+        return plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+
+    def execute(self, plan: DecodePlan) -> list[Any]:
+        return faces_on_device(self.p, run_decode(plan))
+
+    def deliver(self, result: list[Any], n: int) -> list[Any]:
+        return result

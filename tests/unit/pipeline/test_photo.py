@@ -1,0 +1,179 @@
+"""The photo stage (facegate.pipeline.photo): bytes → faces on the device, against the host path.
+
+On the CPU the stage runs the same code with torch ops (``gpu_preprocess="on"``); decoding is then the host
+decoder on both paths, so what differs is the detector canvas (built with torch) and the warp
+(``grid_sample`` against OpenCV). The GPU test adds nvJPEG and the CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from facegate.config import Settings
+from facegate.errors import ImageDecodeError, InvalidParameterError, NoFaceError
+from facegate.io.decode import decode_image
+from facegate.pipeline.photo import PhotoFaces, PhotoStage
+from facegate.pipeline.pipeline import FacePipeline
+from facegate.pipeline.service import FaceService
+from facegate.types import Face
+
+LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
+
+
+def _jpeg(rgb: np.ndarray, quality: int = 95) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _lfw_bytes(lfw_root: Path, n: int) -> list[bytes]:
+    """The first photo of the first ``n`` people (all in the GPU runs' LFW subset, scripts/device-prep.sh)."""
+    base = lfw_root / "lfw-deepfunneled"
+    people = sorted(p.name for p in base.iterdir() if p.is_dir())
+    files = [base / p / f"{p}_0001.jpg" for p in people]
+    return [f.read_bytes() for f in files if f.is_file()][:n]
+
+
+def _run(stage: PhotoStage, datas: list[bytes]) -> list[object]:
+    payloads = [np.frombuffer(d, np.uint8) for d in datas]
+    return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _compare(pipe: FacePipeline, datas: list[bytes], got: list[object]) -> tuple[list[float], list[float]]:
+    """Per photo: embedding cosine to the host path, and the largest box corner difference in pixels."""
+    cosines, box_px = [], []
+    for data, res in zip(datas, got, strict=True):
+        ref = pipe.faces([decode_image(data, **LIMITS)])[0][0]
+        assert isinstance(res, PhotoFaces), res
+        assert len(res.detections) == 1 and res.embedding.shape == (1, pipe.spec.embedding_dim)
+        cosines.append(_cos(res.embedding[0], ref.embedding))
+        det = res.detections[0]
+        if det is None:
+            assert ref.detection is None
+            box_px.append(0.0)
+        else:
+            assert ref.detection is not None
+            box_px.append(float(np.abs(det.box - ref.detection.box).max()))
+        assert abs(float(res.quality[0]) - ref.quality.score) < 0.02
+    return cosines, box_px
+
+
+@pytest.fixture(scope="module")
+def pipe() -> FacePipeline:
+    p = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on"))
+    assert p.photo_limits is not None and [s.name for s in p.stages()] == ["detect", "embed", "photo"]
+    return p
+
+
+def test_no_photo_stage_unless_asked_on_the_cpu() -> None:
+    s = Settings(device="cpu")
+    assert s.gpu_preprocess == "auto"
+    from facegate.pipeline.pipeline import photo_stage_enabled
+
+    assert not photo_stage_enabled("auto", "cpu") and not photo_stage_enabled("off", "cuda")
+    assert photo_stage_enabled("on", "cpu")
+    with pytest.raises(InvalidParameterError):
+        PhotoStage(FacePipeline(None, None, None, device="cpu", operating=None), max_bytes=1, max_pixels=1)  # type: ignore[arg-type]
+
+
+def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:
+    datas = _lfw_bytes(lfw_root, 12)
+    assert len(datas) == 12
+    got = _run(PhotoStage(pipe, **LIMITS), datas)
+    cosines, box_px = _compare(pipe, datas, got)
+    # same decoder and canvas on the CPU: identical detections; grid_sample vs OpenCV's fixed-point
+    # bilinear warp differ by about one grey level, which moves SFace's embedding very little
+    assert max(box_px) < 1e-3, box_px
+    assert min(cosines) > 0.995, cosines
+
+
+def test_every_item_gets_its_own_answer(pipe: FacePipeline, lfw_root: Path) -> None:
+    photo = _lfw_bytes(lfw_root, 1)[0]
+    rgb = decode_image(photo, **LIMITS)
+    crop = pipe.faces([rgb], keep_crops=True)[0][0].crop
+    assert crop is not None
+    big = cv2.resize(rgb, (1000, 1000), interpolation=cv2.INTER_CUBIC)  # longer side > det_max_side: resized
+    grey = np.full((200, 300, 3), 128, np.uint8)
+    datas = [photo, b"not an image at all", _png(rgb), _jpeg(grey), _png(crop), _jpeg(big), photo[: len(photo) // 2]]
+    got = _run(PhotoStage(pipe, **LIMITS), datas)
+    assert isinstance(got[1], ImageDecodeError) and "index" not in got[1].detail
+    assert isinstance(got[3], NoFaceError)
+    assert isinstance(got[6], ImageDecodeError)  # truncated JPEG: refused, as on the host path
+    ok = [0, 2, 4, 5]
+    cosines, box_px = _compare(pipe, [datas[i] for i in ok], [got[i] for i in ok])
+    assert got[4].detections == [None]  # type: ignore[union-attr]  # 112×112: a pre-aligned crop
+    assert min(cosines[:3]) > 0.995, cosines
+    # the 1000-px photo is shrunk by torch's area filter here and OpenCV's INTER_AREA there
+    assert box_px[3] < 4.0 and cosines[3] > 0.98, (box_px, cosines)
+
+
+def test_service_photo_faces_equals_faces(lfw_root: Path) -> None:
+    service = FaceService.build(Settings(device="cpu", gpu_preprocess="on", max_wait_ms=1.0))
+    datas = _lfw_bytes(lfw_root, 3)
+
+    async def go() -> tuple[list[list[Face]], list[list[Face]], BaseException | None]:
+        await service.start()
+        try:
+            via_photo = await asyncio.gather(*(service.photo_faces(d) for d in datas))
+            via_host = [await service.faces(decode_image(d, **LIMITS)) for d in datas]
+            try:
+                await service.photo_faces(_jpeg(np.zeros((64, 64, 3), np.uint8)))
+                err = None
+            except NoFaceError as exc:
+                err = exc
+            return list(via_photo), via_host, err
+        finally:
+            await service.stop()
+
+    via_photo, via_host, err = asyncio.run(go())
+    assert isinstance(err, NoFaceError)
+    for p, h in zip(via_photo, via_host, strict=True):
+        assert len(p) == len(h) == 1
+        assert _cos(p[0].embedding, h[0].embedding) > 0.995
+        assert p[0].quality.accepted == h[0].quality.accepted
+        assert abs(float(np.linalg.norm(p[0].embedding)) - 1.0) < 1e-3
+
+
+@pytest.mark.gpu
+def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
+    """nvJPEG + device canvas + CUDA graphs + grid_sample against libjpeg-turbo + OpenCV, both fp16 on the GPU."""
+    from facegate.io.decode import gpu_decode_available
+
+    if not gpu_decode_available():
+        pytest.skip("torchvision nvJPEG decode not available")
+    settings = Settings(device="cuda", precision="fp16", compile="graphs", gpu_preprocess="auto")
+    gpu = FacePipeline.from_settings(settings)
+    assert gpu.photo_limits is not None  # auto: on with a CUDA engine and nvJPEG
+    gpu.warmup()
+    datas = _lfw_bytes(lfw_root, 40)
+    stage = PhotoStage(gpu, **LIMITS)
+    got = _run(stage, datas)
+    assert all(isinstance(g, PhotoFaces) for g in got)
+    cosines, box_px = _compare(gpu, datas, got)
+    again = _run(stage, datas[:5])  # the same batch shape again: graphs replayed, same answers
+    for a, b in zip(again, got[:5], strict=True):
+        assert _cos(a.embedding[0], b.embedding[0]) > 0.9999  # type: ignore[union-attr]
+    print(f"cosine mean {np.mean(cosines):.5f} min {min(cosines):.5f}; box max {max(box_px):.2f} px")
+    # nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's by a few grey levels (H200 run of
+    # test_batch_decode_cuda_matches_cpu); that moves landmarks by a fraction of a pixel
+    assert float(np.mean(cosines)) > 0.995 and min(cosines) > 0.98, cosines
+    assert max(box_px) < 3.0, box_px
+    assert torch.cuda.is_available()
