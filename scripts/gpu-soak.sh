@@ -4,7 +4,7 @@
 #
 #   call A: run(command="FACEGATE_CODE_COMMIT=<hash> bash scripts/gpu-soak.sh start",
 #               carry=[".whlrun", ".lfwB", ".lfwT"], timeout_s=600)
-#     starts the soak (benchmarks/soak.py, 600 s of load after the server is ready, 6 client processes,
+#     runs the photo stage's GPU test ($OUT/gpu_tests_photo.txt), starts the soak (benchmarks/soak.py, 600 s of load after the server is ready, 6 client processes,
 #     concurrency 64, facegate serve --workers 4 --compile graphs, fp16), then, while it runs, the GPU tests
 #     ($OUT/gpu_tests.txt) and the memory probe (benchmarks/serve_memory.py: $OUT/serve_memory.json|.log;
 #     its timings are taken beside the soak's load, so only its memory figures count); returns by ~585 s
@@ -19,10 +19,15 @@ case "${1:-}" in
 start)
   t0=$(date +%s)
   mkdir -p "$SOAK"
+  # the photo stage's GPU test first: if it fails, the soak still runs, on the host path (and says so)
+  FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu tests/unit/pipeline/test_photo.py -p no:cacheprovider \
+    -s > "$OUT/gpu_tests_photo.txt" 2>&1 || export FACEGATE_GPU_PREPROCESS=off
+  tail -1 "$OUT/gpu_tests_photo.txt"; echo "soak with FACEGATE_GPU_PREPROCESS=${FACEGATE_GPU_PREPROCESS:-auto}"
   setsid nohup python3 benchmarks/soak.py --duration "${SOAK_S:-600}" --window 15 --clients 6 --concurrency 64 \
     --images .lfwB/lfw-deepfunneled --out "$SOAK/soak_gpu_mp.json" -- --device cuda --precision fp16 \
     --compile graphs --workers 4 > "$SOAK/soak_gpu.log" 2>&1 < /dev/null &
   echo "soak started (pid $!)"
+  unset FACEGATE_GPU_PREPROCESS
   FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider -rs \
     > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"

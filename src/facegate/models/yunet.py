@@ -414,6 +414,19 @@ class DetBatch:
         return int(self.images.shape[1]), int(self.images.shape[2])
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a`` and ``b`` are one device; an index left out means the current one (``cuda`` = ``cuda:0`` there).
+
+    ``torch.device("cuda") != torch.device("cuda:0")``, yet tensors made for the first live on the second.
+    """
+    if a.type != b.type:
+        return False
+    if a.index == b.index or a.type == "cpu":
+        return True
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
 def _validate_image(img: object, index: int) -> np.ndarray:
     if not isinstance(img, np.ndarray):
         raise InvalidParameterError(
@@ -559,7 +572,12 @@ class FaceDetector:
         scales = np.empty(len(images), np.float64)
         orig = np.empty((len(images), 2), np.int64)
         for i, img in enumerate(images):
-            if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3 or img.device != self.device:
+            if (
+                img.dtype != torch.uint8
+                or img.ndim != 3
+                or img.shape[0] != 3
+                or not same_device(img.device, self.device)
+            ):
                 raise InvalidParameterError(
                     f"image {i} must be a (3, H, W) uint8 tensor on {self.device}, got {tuple(img.shape)} "
                     f"{img.dtype} on {img.device}",

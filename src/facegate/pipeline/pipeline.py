@@ -434,7 +434,6 @@ class FacePipeline:
         self.warmup_report = report
         return report
 
-
     def warmup_photo(self, rng: np.random.Generator) -> None:
         """Run the ``photo`` stage once alone and once at the largest detector bucket (noise: no face)."""
         import cv2

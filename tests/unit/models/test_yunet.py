@@ -21,6 +21,7 @@ from facegate.models.yunet import (
     decode_yunet,
     load_yunet,
     nms,
+    same_device,
 )
 from facegate.types import Detection
 
@@ -282,6 +283,29 @@ def test_preprocess_resizes_pads_and_validates(detector: FaceDetector) -> None:
     with pytest.raises(EmptyInputError):
         detector.preprocess([])
     assert detector.detect([]) == []
+
+
+def test_same_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = torch.device
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert same_device(d("cuda:1"), d("cuda")) and same_device(d("cuda"), d("cuda:1"))  # nvJPEG's "cuda:1" vs ours
+    assert not same_device(d("cuda:0"), d("cuda")) and not same_device(d("cuda:0"), d("cuda:1"))
+    assert same_device(d("cpu"), d("cpu")) and not same_device(d("cpu"), d("cuda"))
+
+
+def test_preprocess_tensors_builds_the_host_canvas(detector: FaceDetector) -> None:
+    rng = np.random.default_rng(1)
+    imgs = [rng.integers(0, 255, (250, 250, 3), dtype=np.uint8), rng.integers(0, 255, (120, 300, 3), dtype=np.uint8)]
+    host = detector.preprocess(imgs)
+    dev = detector.preprocess_tensors([torch.from_numpy(im).permute(2, 0, 1) for im in imgs])
+    assert isinstance(dev.images, torch.Tensor) and dev.input_hw == host.input_hw  # same canvas → same detections
+    np.testing.assert_array_equal(dev.images.numpy(), host.images)
+    for field in ("scales", "orig_sizes", "resized_sizes"):
+        np.testing.assert_array_equal(getattr(dev, field), getattr(host, field))
+    with pytest.raises(InvalidParameterError):
+        detector.preprocess_tensors([torch.zeros((250, 250, 3), dtype=torch.uint8)])  # HWC, not CHW
+    with pytest.raises(EmptyInputError):
+        detector.preprocess_tensors([])
 
 
 def test_no_face(detector: FaceDetector) -> None:
