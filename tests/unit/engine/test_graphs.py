@@ -95,3 +95,42 @@ def test_capture_graph_returns_live_outputs_and_replay_refuses_a_side_stream() -
         torch.testing.assert_close(emb, net(x)[0], atol=1e-5, rtol=1e-5)
         with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(EngineError, match="default stream"):
             replay(g)
+
+
+def test_replay_lock_is_one_reentrant_lock_per_device() -> None:
+    lock = graphs.replay_lock(torch.device("cpu"))
+    assert lock is graphs.replay_lock(torch.device("cpu"))
+    with lock, lock:  # re-entrant: a lazy capture runs under the lock its caller holds
+        pass
+
+
+@pytest.mark.gpu
+def test_threads_replaying_graphs_of_one_pool_get_their_own_results() -> None:
+    """The serving engine's detect, embed and photo threads all replay graphs of the one pool; a later-captured
+    graph's outputs may sit in an earlier graph's freed intermediates, so without replay_lock held to copy-out,
+    one thread's replay overwrote another's outputs before they were read."""
+    import threading
+
+    a, b = _Net(5).cuda().eval(), _Net(6).cuda().eval()
+    ga = GraphedModule(a, (8, 8, 3), torch.uint8, buckets=(16,))
+    gb = GraphedModule(b, (8, 8, 3), torch.uint8, buckets=(16,))
+    ga.capture()
+    gb.capture()  # captured second: its outputs may reuse a's intermediate memory
+    xa, xb = _batch(16, seed=7).cuda(), _batch(16, seed=8).cuda()
+    with torch.inference_mode():
+        want = {"a": a(xa)[0].clone(), "b": b(xb)[0].clone()}
+    bad: dict[str, int] = {"a": 0, "b": 0}
+
+    def loop(name: str, gm: GraphedModule, x: Tensor) -> None:
+        with torch.inference_mode():
+            for _ in range(300):
+                got = gm(x)[0]
+                if not torch.allclose(got, want[name], atol=1e-4, rtol=1e-4):
+                    bad[name] += 1
+
+    threads = [threading.Thread(target=loop, args=("a", ga, xa)), threading.Thread(target=loop, args=("b", gb, xb))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == {"a": 0, "b": 0}
