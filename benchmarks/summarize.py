@@ -146,7 +146,8 @@ def gpu_memory() -> str:
     ]
     for run, f in (("1", "http_gpu_run1_nhwc_detector.json"), ("2", "http_gpu_run2_nchw_detector.json"),
                    ("3", "http_gpu_run3_detector_graphs.json"), ("4", "http_gpu_run4_process_model.json"),
-                   ("5", "http_gpu.json")):  # fmt: skip
+                   ("5", "http_gpu_run5_cpu_threads.json"), ("6", "http_gpu.json"),
+                   ("7", "http_gpu_run7_replay_lock.json")):  # fmt: skip
         d = load(f)
         bare = d["bare_cuda_context"]["mib"]
         for name, sv in d["servers"].items():
@@ -186,8 +187,8 @@ def cpu_pool_spin() -> str:
     return "\n".join(out)
 
 
-def serve_memory() -> str:
-    d = load("serve_memory_gpu.json")
+def serve_memory(name: str = "serve_memory_gpu.json") -> str:
+    d = load(name)
     lib = d["libraries"]["steps_driver_mib"]
     bare = d["bare_context"]["driver_mib"]
     out = [
@@ -217,24 +218,25 @@ def serve_memory() -> str:
     return "\n".join(out)
 
 
-def soak_gpu() -> str:
-    d = load("soak_gpu_mp.json")
+def soak_gpu(name: str = "soak_gpu_mp.json") -> str:
+    d = load(name)
     sm = d["samples"]
     tr = d["trend"]
     mid, last = sm[len(sm) // 2], sm[-1]
-    ok = [x["ok_req_s"] for x in sm]
+    codes = sorted({k for x in sm for k in x["errors"]})
+    by_kind = {k: [x["ok_req_s"] for x in sm if x["kind"] == k] for k in ("compare", "embed_aligned")}
+    load_txt = "; ".join(f"{k} {min(v):.0f}–{max(v):.0f}" for k, v in by_kind.items() if v)
     return (
-        f"{len(sm)} windows over {last['t_s']:.0f} s of load ({last['t_s'] / 60:.1f} min; the device call's "
-        f"10-minute limit left no room for 10 full minutes after start-up), {d['errors_total']} refused requests "
-        f"(all 422: faces below the quality gate or no face, none 5xx). Driver GPU memory of the engine process: "
+        f"{len(sm)} windows over {last['t_s']:.0f} s of load ({last['t_s'] / 60:.1f} min), {d['errors_total']} "
+        f"failed requests (HTTP {', '.join(codes) or '–'}; none 5xx). Driver GPU memory of the engine process: "
         f"{sm[0]['gpu_driver_mib']:.0f} MiB after the first window, {last['gpu_driver_mib']:.0f} MiB at the end "
         f"(second-half growth {tr['gpu_driver_mib']['growth_mib']:+.1f} MiB); torch reserved "
         f"{sm[0]['torch']['reserved']:.0f} → {last['torch']['reserved']:.0f} MiB, allocated "
         f"{last['torch']['allocated']:.1f} MiB throughout. Host resident memory of the {last['processes']} "
         f"server processes: {sm[0]['rss_mib']:.0f} → {mid['rss_mib']:.0f} (mid-run) → {last['rss_mib']:.0f} MiB, "
         f"{tr['rss_mib']['slope_mib_per_min']:+.2f} MiB/min ({tr['rss_mib']['growth_mib']:+.1f} MiB) over the "
-        f"second half. Load: {min(ok):.0f}–{max(ok):.0f} successful req/s per window from one in-process "
-        f"client (not a capacity figure; see the HTTP tables for that)."
+        f"second half. Successful req/s per window: {load_txt} ({d['env']['config'].get('clients', 1)} client "
+        f"process(es), commit {d['env']['code_commit'][:7]})."
     )
 
 
@@ -303,43 +305,52 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "cold start to `/readyz` ≤ 30 s",
-        "facegate 23.7–28.8 s in runs 4–5 (graphs mode compiles nothing: no compile cache; Inductor not measured)",
-        "met",
+        "23.7–28.8 s in runs 4–5; 26.2–32.9 s in runs 6–7 (the photo stage's path 31.4 and 32.9 s); graphs mode "
+        "compiles nothing (no compile cache); Inductor not measured",
+        "met on the host path; not met with the photo stage",
     ),
     (
         "concurrency 100: ≥ 1.5× LitServe",
-        "run 5: compare 1.50×, aligned embed 2.02×",
-        "met (compare at the bar)",
+        "run 6: compare 2.49× (photo stage), aligned embed 2.29×; run 5: 1.50× / 2.02×",
+        "met (run 6 predates the replay lock; run 7 after it measured the photo stage at 0.88× its run-6 rate)",
     ),
     (
         "concurrency 100: ≥ 20× naive",
-        "run 5: compare 14.7×, aligned embed 10.3×",
+        "run 6: compare 17.8×, aligned embed 9.8×",
         "not met",
     ),
     (
         "concurrency 100: p99 ≤ 50 ms",
-        "run 5: 285 ms compare, 169 ms aligned embed",
+        "run 6: 259 ms compare, 174 ms aligned embed",
         "not met",
     ),
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
-        "run 5: 1,431 faces/s, 1,783 photos/s (892 compare req/s)",
+        "run 6: 1,279 faces/s (client processes near 1 core), 1,938 photos/s (969 compare req/s)",
         "not met",
     ),
     (
-        "GPU memory ≤ 60 MiB above the bare context (default models)",
-        "+646 MiB (was +1,696); the cuDNN + cuBLAS floor alone is +128 MiB",
+        "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
+        "SFace +646 MiB host path; with the photo stage +790 after serve_memory's load, +866 after run 6's HTTP "
+        "load; IR-SE-64 +742 after warm-up, +862 after load; the cuDNN + cuBLAS floor alone is +128 MiB",
         "not met",
     ),
     (
         "no growth over a 10-minute soak",
-        "8.9 min: GPU memory flat (1,258 MiB), host RSS +10.7 MiB over the second half",
-        "GPU met; 10 min and host not shown",
+        "10.2 min (host path): GPU memory flat at 1,258 MiB, torch reserved flat; host RSS +20.3 MiB over the "
+        "second half (+3.1 MiB/min)",
+        "GPU met; host RSS still rising",
     ),
     (
         "fp16 parity (r ≥ 0.999, ≥ 99.9 % verdicts, Δacc ≤ 0.05 %)",
         "r 0.999997, 100 %, 0.00 %",
         "met",
+    ),
+    (
+        "GPU preprocessing in serving, agreeing with the CPU path",
+        "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
+        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021",
+        "done",
     ),
 ]
 
@@ -372,7 +383,15 @@ def main() -> None:
             parity=parity(),
             http_gpu_cmd=load("http_gpu.json")["command"],
             http_gpu=http_gpu(),
-            http_gpu_ratios=http_ratios("http_gpu.json", "facegate_mp", ("litserve", "naive", "facegate_mp_pools")),
+            http_gpu_ratios=http_ratios("http_gpu.json", "facegate_mp", ("litserve", "naive", "facegate_mp_hostpre")),
+            http_gpu7_cmd=load("http_gpu_run7_replay_lock.json")["command"],
+            http_gpu7=http_gpu("http_gpu_run7_replay_lock.json"),
+            http_gpu7_ratios=http_ratios("http_gpu_run7_replay_lock.json", "facegate_mp", ("facegate_mp_hostpre",)),
+            http_gpu5_cmd=load("http_gpu_run5_cpu_threads.json")["command"],
+            http_gpu5=http_gpu("http_gpu_run5_cpu_threads.json"),
+            http_gpu5_ratios=http_ratios(
+                "http_gpu_run5_cpu_threads.json", "facegate_mp", ("litserve", "naive", "facegate_mp_pools")
+            ),
             http_gpu4_cmd=load("http_gpu_run4_process_model.json")["command"],
             http_gpu4=http_gpu("http_gpu_run4_process_model.json"),
             http_gpu4_ratios=http_ratios(
@@ -386,6 +405,10 @@ def main() -> None:
             acceptance=acceptance(),
             soak_gpu_cmd=load("soak_gpu_mp.json")["command"],
             soak_gpu=soak_gpu(),
+            soak_gpu1_cmd=load("soak_gpu_mp_run1.json")["command"],
+            soak_gpu1=soak_gpu("soak_gpu_mp_run1.json"),
+            serve_memory_photo_cmd=load("serve_memory_gpu_photo.json")["command"],
+            serve_memory_photo=serve_memory("serve_memory_gpu_photo.json"),
             http_gpu_runs=http_gpu_runs(),
             gpu_memory=gpu_memory(),
             detector_gpu=detector_gpu(),
@@ -492,26 +515,28 @@ fp32 in both (fp16 landmarks moved the crops: min cosine 0.85 in a first run, de
 
 {parity}
 
-### HTTP end to end on the GPU (latest: run 5, commit 8050d92)
+### HTTP end to end on the GPU (latest: runs 6 and 7, the photo stage)
 
-`{http_gpu_cmd}` (that is `BUDGET_S=280 SERVERS=facegate_mp,facegate_mp_pools,litserve,naive
-CONCURRENCY=100,256,16 bash scripts/gpu-http.sh`).
+Run 6 (commit 2a726c5): `{http_gpu_cmd}` (that is `BUDGET_S=300
+SERVERS=facegate_mp,facegate_mp_hostpre,litserve,naive CONCURRENCY=100,256,16 bash scripts/gpu-http.sh`).
 
 - `facegate_mp`: `facegate serve --workers 4 --device cuda --precision fp16 --compile graphs` (one engine
-  process owns the GPU; 4 uvicorn front-end processes do HTTP and decoding and feed it through shared
-  memory), max batch 64, fp32 detector.
-- `facegate_mp_pools`: the same with `FACEGATE_CPU_THREADS=0` (torch's and OpenCV's default thread pools
-  instead of one intra-op thread): an A/B of that setting.
+  process owns the GPU; 4 uvicorn front-end processes parse HTTP and feed it through shared memory), max
+  batch 64, fp32 detector. With a CUDA engine the default `gpu_preprocess=auto` sends each compare photo to
+  the engine's `photo` stage as its JPEG bytes: nvJPEG decode, device canvas, detection (CUDA graphs),
+  device warp and embedding in one engine step (`src/facegate/pipeline/photo.py`). Aligned crops take the
+  `embed` stage as before.
+- `facegate_mp_hostpre`: the same with `FACEGATE_GPU_PREPROCESS=off`: the front-ends decode (libjpeg-turbo)
+  and warp (OpenCV) each photo and call the engine's `detect` and `embed` stages.
 - `litserve`: LitServe 0.2.19 serving the same pipeline (same weights, fp16, CUDA graphs) with its own
   batching (max batch 64, 3 ms timeout; 2 API processes, 2 inference processes).
 - `naive`: seed-style, one image per request, fp32, no batching, synchronous decode, one model call at a
   time (`--naive-serialize`).
 
-The peers build their models through the same `FacePipeline.from_settings`, so they get the same
-`cpu_threads` setting as facegate. One round of 4 s per point; the servers take turns and are paused
-(SIGSTOP) while idle; one H200 with 16 CPU cores, shared with the load generator (one client process per
-16 connections, up to 8). Requests refused by facegate's quality gate (HTTP 422, `retake` or no face)
-are counted as errors, not as throughput; the peers have no gate and answer every pair.
+The peers build their models through the same `FacePipeline.from_settings`, with the same `cpu_threads`
+setting. One round of 4 s per point; the servers take turns and are paused (SIGSTOP) while idle; one H200
+with 16 CPU cores, shared with the load generator (one client process per 16 connections, up to 8).
+Failed requests are counted as errors, not throughput.
 
 {http_gpu}
 
@@ -519,21 +544,54 @@ facegate_mp against the others, same run (successful req/s):
 
 {http_gpu_ratios}
 
-Where the CPU goes. facegate_mp uses 6.9–9.1 server CPU cores for compare requests, LitServe 1.8–2.0 for
-fewer requests: 10–22 ms of CPU per compare request against 4–5 ms. For aligned crops (no detection, no
-warp) facegate_mp uses no more CPU per request than LitServe (2.5–3.7 ms against 2.8–4.8 ms). In run 4,
-before `cpu_threads`, LitServe used 11.3 cores and the naive server 13.2 cores at concurrency 1; with one
-intra-op thread in the process that builds the models (run 5, which has no concurrency-1 points) they use
-1.8–2.9 and 1.0–1.1 cores at concurrency 16–256. In run 5 the setting reached only facegate's engine
-process, not its 4 front-ends, which decode and warp every photo with OpenCV's default pool of 16 threads;
-the A/B changed facegate_mp's CPU by little (`facegate_mp_pools`). On this 2-core CPU one idle extra worker
-already multiplies the CPU cost of a face warp by ~6 and of a detector-batch fill by ~15 (`python
-benchmarks/cpu_pool_spin.py`):
+- **Where the time goes now.** With the photo stage the front-ends only parse HTTP: 3.1 ms of server CPU per
+  compare request at concurrency 100 and 256, against 6.1–6.8 ms on the host path and 5.0 ms for LitServe
+  (run 5: 10–22 ms). The bound moved into the engine process: the photo stage's execute thread took 29.7 ms per
+  batch of 56 photos at concurrency 100 (31.2 ms per 62 at 256), about 0.5 ms per photo of Python, nvJPEG's
+  host-side work, per-photo canvas copies and NMS, with the GPU 20 % busy. Moving the decode to the
+  stage's prepare thread (so it overlaps detection) is the next step; it is not built.
+- **The 422s of the host path were a bug, not the quality gate.** `facegate_mp_hostpre` failed 11–100
+  compare requests per point with HTTP 422; the photo stage failed none. Every CUDA graph of the process
+  shares one memory pool, and a graph captured later (the detector's) can keep its outputs in memory an
+  earlier capture (the recognizer's) used for intermediates. On the host path the engine's detect and
+  embed threads replay their graphs independently, so a recognizer replay could overwrite detector
+  outputs before they were copied out: garbage candidates, sometimes no face (422), possibly wrong
+  landmarks on answers that succeeded. Commit 39cc919 holds one lock per device (`replay_lock`) from a
+  graph's copy-in to its copy-out, with a GPU test of two threads replaying graphs of one pool. Run 7
+  (below) shows no 422 after it. The same bug was present in runs 4 and 5 and in the first GPU soak,
+  whose 422s the last closing note put down to the quality gate; a compare refused by the gate is a 200.
+
+Run 7 (commit 39cc919, after the fix): `{http_gpu7_cmd}`:
+
+{http_gpu7}
+
+{http_gpu7_ratios}
+
+Run 7 is one round at one concurrency: the photo stage served 0.88× its run-6 rate and the host path 1.20×
+(without its failures). Whether the lock costs throughput is not separated from run-to-run variation.
+
+### Run 5 (commit 8050d92): one intra-op thread
+
+`{http_gpu5_cmd}` (`BUDGET_S=280 SERVERS=facegate_mp,facegate_mp_pools,litserve,naive CONCURRENCY=100,256,16
+bash scripts/gpu-http.sh`); `facegate_mp_pools` is facegate_mp with `FACEGATE_CPU_THREADS=0` (torch's and
+OpenCV's default thread pools), an A/B of the `cpu_threads` setting. Host path only (no photo stage yet),
+with the graph-pool bug above.
+
+{http_gpu5}
+
+{http_gpu5_ratios}
+
+Where the CPU went. facegate_mp used 6.9–9.1 server CPU cores for compare requests, LitServe 1.8–2.0 for
+fewer requests: 10–22 ms of CPU per compare request against 4–5 ms. In run 4, before `cpu_threads`,
+LitServe used 11.3 cores and the naive server 13.2 cores at concurrency 1. In run 5 the setting reached
+only facegate's engine process, not its 4 front-ends, which decoded and warped every photo with OpenCV's
+default pool of 16 threads. On this 2-core CPU one idle extra worker already multiplies the CPU cost of a
+face warp by ~6 and of a detector-batch fill by ~15 (`python benchmarks/cpu_pool_spin.py`):
 
 {cpu_pool_spin}
 
-So commit 9a8787e gives front-ends of a CUDA engine the same one-thread setting. **That change has not
-run on the GPU** (the session's device time was spent); whether it closes the CPU gap is not measured.
+Commit 9a8787e gave the front-ends the same one-thread setting; run 6 measured its host path at 6.1–9.6 ms
+of server CPU per compare request.
 
 ### Run 4 (commit 2b35244): the process model against one process
 
@@ -597,17 +655,34 @@ Per server process, from the HTTP runs (driver MiB; "above bare" subtracts one b
 
 {gpu_memory}
 
-From run 4 on, facegate's engine process holds 1,258 MiB, +646 MiB above the bare context (run 3: +1,696),
-with torch allocated 62 MiB, peak 355 MiB and reserved 496 MiB at idle and after load. LitServe's two
-inference processes hold as much each (they build the same pipeline with the same code).
-IR-SE-64 was measured only before these changes (+1,778 MiB with graphs, +246 MiB idle and +846 MiB
-after load without); its figure after them, against the issue's ≤ 150 MiB, is not measured.
+From run 4 on, facegate's engine process holds 1,258 MiB on the host path, +646 MiB above the bare
+context (run 3: +1,696), with torch allocated 62 MiB, peak 355 MiB and reserved 496 MiB at idle and after
+load. LitServe's two inference processes hold as much each (they build the same pipeline with the same
+code). With the photo stage (runs 6 and 7) the engine process holds 1,284 MiB idle and 1,478 MiB after
+load: decoded photos, canvases and warp buffers stay in torch's cache (reserved 506 → 636 MiB).
 
-### GPU soak (process model, commit 8050d92)
+After the photo stage, with IR-SE-64 (commit f4abe32): `{serve_memory_photo_cmd}` (`bash scripts/gpu-soak.sh
+start`, which ran this beside the GPU soak's load: the memory figures stand, the seconds do not). Load:
+30 batches of 64 LFW photos through detect, random-crop embed and, where enabled, the photo stage.
 
-`{soak_gpu_cmd}`: compare and aligned-embed windows alternate at concurrency 64.
+{serve_memory_photo}
+
+### GPU soak (process model, 10 minutes, commit f4abe32)
+
+`{soak_gpu_cmd}`, started by `bash scripts/gpu-soak.sh start` in one device call and collected by
+`bash scripts/gpu-soak.sh collect` in the next (a call lasts at most 10 minutes, start-up included; the soak
+runs in its own process session). Compare and aligned-embed windows alternate at concurrency 64. The photo
+stage's GPU test failed its first tolerance just before (a quality difference of 0.0207 against 0.02), so
+the script ran this soak on the host path (`FACEGATE_GPU_PREPROCESS=off`, `gpu_tests_run8.txt`), before the
+graph-pool lock. Its 422s are most likely that bug's no-face answers (see run 6: the host path failed
+with 422 before the lock and not after it); the soak records HTTP statuses, not error codes.
 
 {soak_gpu}
+
+The first GPU soak (commit 8050d92, 8.9 min, one client process; its 422s most likely have the same cause):
+`{soak_gpu1_cmd}`.
+
+{soak_gpu1}
 
 ### Detector on the GPU: layout, planning and steady-state time (device run of commit 6543a0a)
 
