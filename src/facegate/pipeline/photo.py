@@ -6,13 +6,18 @@ warped (OpenCV) on the CPU of the serving processes, and each request makes two 
 and the CPU, not the GPU, bounded throughput (``docs/benchmarks.md``, run 5). With this stage a request
 sends the upload's bytes once, and the engine process
 
-1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`, the
-   stage's ``prepare``, on the engine's front thread);
+1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`);
 2. decodes the batch's JPEGs with one nvJPEG call (:func:`run_decode`);
-3. letterboxes each photo onto a device canvas and detects (:meth:`FaceDetector.preprocess_tensors`,
-   the detector's CUDA graphs when enabled): one device→host copy of the candidates, NMS on the host;
-4. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
-   to the host once.
+3. letterboxes each photo onto a device canvas (:func:`prepare_photos`,
+   :meth:`FaceDetector.preprocess_tensors`) — steps 1–3 are the stage's ``prepare``, on the engine's front
+   thread, overlapping the previous batch's ``execute``;
+4. detects (the detector's CUDA graphs when enabled): one device→host copy of the candidates, NMS on
+   the host;
+5. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
+   to the host once (:func:`faces_on_device`, the stage's ``execute``).
+
+In the first H200 run, with steps 1–2 only in ``prepare``, the execute thread took ~0.5 ms per photo with
+the GPU 20 % busy (``docs/benchmarks.md``, run 6): that is why steps 2–3 moved to ``prepare``.
 
 A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
 :meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
@@ -32,7 +37,7 @@ import numpy as np
 import torch
 
 from facegate.errors import FacegateError, InvalidParameterError
-from facegate.io.decode import DecodePlan, plan_decode, run_decode
+from facegate.io.decode import plan_decode, run_decode
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, warp_torch
 from facegate.types import Detection, FaceSelect
 
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PhotoFaces", "PhotoStage", "faces_on_device"]
+__all__ = ["PhotoFaces", "PhotoStage", "PreparedPhotos", "faces_on_device", "prepare_photos"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +66,48 @@ class PhotoFaces:
     raw: np.ndarray
 
 
-def _detect(pipe: FacePipeline, images: dict[int, torch.Tensor]) -> dict[int, list[Detection]]:
-    """Detections per image; images with the same padded size share a forward (as ``detect_groups``)."""
+@dataclass(slots=True)
+class PreparedPhotos:
+    """A batch after :func:`prepare_photos`: decoded on the device, detector canvases built.
+
+    Attributes:
+        decoded: per photo its ``(3, H, W) uint8`` tensor, or its error.
+        photos: index → tensor of the photos to detect in (not errors, not 112×112 crops).
+        aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
+        det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
+            ``det_max_batch_pixels`` per forward (as :meth:`FacePipeline.detect_groups`).
+    """
+
+    decoded: list[Any]
+    photos: dict[int, torch.Tensor]
+    aligned: list[int]
+    det_batches: list[tuple[list[int], Any]]
+
+
+@torch.inference_mode()
+def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
+    """Sort decoded photos into crops, photos and errors, and build the detector canvases on the device."""
     det = pipe.detector
+    photos: dict[int, torch.Tensor] = {}
+    aligned: list[int] = []
     groups: dict[tuple[int, int], list[int]] = {}
-    for i, t in images.items():
+    for i, t in enumerate(decoded):
+        if isinstance(t, FacegateError):
+            continue
+        if tuple(t.shape[1:]) == (CROP_SIZE, CROP_SIZE):
+            aligned.append(i)
+            continue
+        photos[i] = t
         groups.setdefault(det.padded_hw(int(t.shape[1]), int(t.shape[2])), []).append(i)
-    out: dict[int, list[Detection]] = {}
+    batches: list[tuple[list[int], Any]] = []
     for (hp, wp), idx in groups.items():
         step = len(idx)
         if pipe.det_max_batch_pixels:
             step = min(step, max(1, pipe.det_max_batch_pixels // (hp * wp)))
         for k in range(0, len(idx), step):
             sub = idx[k : k + step]
-            for i, dets in zip(sub, det.run(det.preprocess_tensors([images[i] for i in sub])), strict=True):
-                out[i] = dets
-    return out
+            batches.append((sub, det.preprocess_tensors([photos[i] for i in sub])))
+    return PreparedPhotos(list(decoded), photos, aligned, batches)
 
 
 def _warp(images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]]) -> tuple[torch.Tensor, list[int]]:
@@ -105,34 +136,23 @@ def _warp(images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]]) -
 
 
 @torch.inference_mode()
-def faces_on_device(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> list[Any]:
-    """Detect, select the largest face, align and embed, for decoded images on the pipeline's device.
-
-    Args:
-        pipe: a pipeline with models (the engine's).
-        decoded: per photo a ``(3, H, W) uint8`` RGB tensor on ``pipe.device``, or its decode error.
+def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
+    """Detect, select the largest face, align and embed the photos of a :func:`prepare_photos` batch.
 
     Returns:
         Per photo a :class:`PhotoFaces`, or its :class:`FacegateError` (decode error, ``NoFaceError``).
     """
     from facegate.pipeline.pipeline import select_faces
 
-    out: list[Any] = [None] * len(decoded)
-    photos: dict[int, torch.Tensor] = {}
-    aligned: list[int] = []
-    for i, t in enumerate(decoded):
-        if isinstance(t, FacegateError):
-            out[i] = t
-        elif tuple(t.shape[1:]) == (CROP_SIZE, CROP_SIZE):
-            aligned.append(i)
-        else:
-            photos[i] = t
+    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
+    out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     chosen: dict[int, list[Detection]] = {}
-    for i, dets in (_detect(pipe, photos) if photos else {}).items():
-        try:
-            chosen[i] = select_faces(dets, FaceSelect.LARGEST)
-        except FacegateError as exc:
-            out[i] = exc
+    for idx, batch in prepared.det_batches:
+        for i, dets in zip(idx, pipe.detector.run(batch), strict=True):
+            try:
+                chosen[i] = select_faces(dets, FaceSelect.LARGEST)
+            except FacegateError as exc:
+                out[i] = exc
     crops, owners = _warp(photos, chosen)
     if aligned:
         crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
@@ -153,7 +173,8 @@ def faces_on_device(pipe: FacePipeline, decoded: Sequence[torch.Tensor | Facegat
 class PhotoStage:
     """Engine stage ``photo``: payload the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`.
 
-    ``prepare`` (engine front thread) runs the host half of decoding; ``execute`` (back thread) the rest,
+    ``prepare`` (engine front thread) decodes (host checks, then nvJPEG) and builds the detector canvases
+    on the device, so it overlaps the previous batch's ``execute`` (back thread: detection, warp, embedding);
     see the module docstring. Each item that fails (bad image, no face) fails alone.
     """
 
@@ -166,12 +187,13 @@ class PhotoStage:
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
 
-    def prepare(self, payloads: list[np.ndarray]) -> DecodePlan:
+    def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
-        return plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+        plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+        return prepare_photos(self.p, run_decode(plan))
 
-    def execute(self, plan: DecodePlan) -> list[Any]:
-        return faces_on_device(self.p, run_decode(plan))
+    def execute(self, prepared: PreparedPhotos) -> list[Any]:
+        return faces_on_device(self.p, prepared)
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result
