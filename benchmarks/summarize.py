@@ -332,7 +332,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
         "SFace +646 MiB host path; with the photo stage +790 after serve_memory's load, +866 to +920 after "
-        "HTTP load (runs 6–8); IR-SE-64 +742 after warm-up, +862 after load; the cuDNN + cuBLAS floor alone is +128 MiB",
+        "HTTP load (runs 6–8); IR-SE-64 +742 after warm-up, +862 after load; the cuDNN + cuBLAS floor alone "
+        "is +128 MiB",
         "not met",
     ),
     (
@@ -365,6 +366,15 @@ def table_md(name: str) -> str:
     return load(name)["table_md"].strip()
 
 
+def http_run(key: str, name: str, peers: tuple[str, ...]) -> dict[str, str]:
+    """Template fields ``{key}_cmd``, ``{key}`` and ``{key}_ratios`` (facegate_mp against ``peers``) of one run."""
+    return {
+        f"{key}_cmd": load(name)["command"],
+        key: http_gpu(name),
+        f"{key}_ratios": http_ratios(name, "facegate_mp", peers),
+    }
+
+
 def main() -> None:
     print(
         TEMPLATE.format(
@@ -381,27 +391,11 @@ def main() -> None:
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),
-            http_gpu_cmd=load("http_gpu.json")["command"],
-            http_gpu=http_gpu(),
-            http_gpu_ratios=http_ratios("http_gpu.json", "facegate_mp", ("litserve", "naive", "facegate_mp_hostpre")),
-            http_gpu7_cmd=load("http_gpu_run7_replay_lock.json")["command"],
-            http_gpu7=http_gpu("http_gpu_run7_replay_lock.json"),
-            http_gpu7_ratios=http_ratios("http_gpu_run7_replay_lock.json", "facegate_mp", ("facegate_mp_hostpre",)),
-            http_gpu8_cmd=load("http_gpu_run8_photo_prepare.json")["command"],
-            http_gpu8=http_gpu("http_gpu_run8_photo_prepare.json"),
-            http_gpu8_ratios=http_ratios(
-                "http_gpu_run8_photo_prepare.json", "facegate_mp", ("litserve", "naive", "facegate_mp_hostpre")
-            ),
-            http_gpu5_cmd=load("http_gpu_run5_cpu_threads.json")["command"],
-            http_gpu5=http_gpu("http_gpu_run5_cpu_threads.json"),
-            http_gpu5_ratios=http_ratios(
-                "http_gpu_run5_cpu_threads.json", "facegate_mp", ("litserve", "naive", "facegate_mp_pools")
-            ),
-            http_gpu4_cmd=load("http_gpu_run4_process_model.json")["command"],
-            http_gpu4=http_gpu("http_gpu_run4_process_model.json"),
-            http_gpu4_ratios=http_ratios(
-                "http_gpu_run4_process_model.json", "facegate_mp", ("litserve", "naive", "facegate")
-            ),
+            **http_run("http_gpu", "http_gpu.json", ("litserve", "naive", "facegate_mp_hostpre")),
+            **http_run("http_gpu7", "http_gpu_run7_replay_lock.json", ("facegate_mp_hostpre",)),
+            **http_run("http_gpu8", "http_gpu_run8_photo_prepare.json", ("litserve", "naive", "facegate_mp_hostpre")),
+            **http_run("http_gpu5", "http_gpu_run5_cpu_threads.json", ("litserve", "naive", "facegate_mp_pools")),
+            **http_run("http_gpu4", "http_gpu_run4_process_model.json", ("litserve", "naive", "facegate")),
             http_gpu3_cmd=load("http_gpu_run3_detector_graphs.json")["command"],
             http_gpu3=http_gpu("http_gpu_run3_detector_graphs.json"),
             serve_memory_cmd=load("serve_memory_gpu.json")["command"],
