@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from facegate.config import Settings
-from facegate.errors import ImageDecodeError, InvalidParameterError, NoFaceError
+from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
 from facegate.pipeline.photo import PhotoFaces, PhotoStage
 from facegate.pipeline.pipeline import FacePipeline
@@ -92,6 +92,22 @@ def test_no_photo_stage_unless_asked_on_the_cpu() -> None:
     assert photo_stage_enabled("on", "cpu")
     with pytest.raises(InvalidParameterError):
         PhotoStage(FacePipeline(None, None, None, device="cpu", operating=None), max_bytes=1, max_pixels=1)  # type: ignore[arg-type]
+
+
+def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:
+    """Errors, a photo without a face and a pre-aligned crop (runs where LFW is absent, as in a clean CI)."""
+    rng = np.random.default_rng(4)
+    crop = rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)
+    grey = np.full((240, 320, 3), 128, np.uint8)
+    datas = [_png(crop), b"", b"GIF89a but not really", _jpeg(grey), _png(crop)]
+    got = _run(PhotoStage(pipe, **LIMITS), datas)
+    assert isinstance(got[1], EmptyInputError), got[1]
+    assert isinstance(got[2], ImageDecodeError) and isinstance(got[3], NoFaceError)
+    ref = pipe.faces([crop])[0][0]  # a 112×112 image is taken as an aligned crop on both paths
+    for res in (got[0], got[4]):
+        assert isinstance(res, PhotoFaces) and res.detections == [None]
+        np.testing.assert_allclose(res.embedding[0], ref.embedding, atol=1e-5)
+        assert abs(float(res.quality[0]) - ref.quality.score) < 1e-5
 
 
 def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:
