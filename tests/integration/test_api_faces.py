@@ -159,10 +159,18 @@ def test_photo_stage_answers_like_the_host_path(server_factory: Any, lfw_root: P
             _check_face(fp)
             np.testing.assert_allclose(fp["detection"]["box"], fh["detection"]["box"], atol=1e-3)
 
-        # per-item errors keep their codes on the photo path
-        bad = [a, b"", b"this is not an image", fg.png_bytes(fg.grey_image())]
+        def photos_done() -> float:
+            return fg.parse_metric(c.get("/metrics").text, "facegate_items_total", {"stage": "photo"})
+
+        before = photos_done()
+        # per-item errors keep their codes: JPEGs fail in the engine's photo stage, other bytes here
+        a_bytes = a.read_bytes()
+        grey_jpeg = fg.jpeg_bytes(fg.grey_image())
+        bad = [a, b"", b"this is not an image", fg.png_bytes(fg.grey_image()), a_bytes[: len(a_bytes) // 2], grey_jpeg]
         res = c.post("/api/embed", files=fg.many("images", bad)).json()["results"]
         assert len(res[0]["faces"]) == 1
-        assert [x["error"]["code"] for x in res[1:]] == ["empty_input", "image_unreadable", "no_face"]
+        codes = [x["error"]["code"] for x in res[1:]]
+        assert codes == ["empty_input", "image_unreadable", "no_face", "image_unreadable", "no_face"]
+        assert photos_done() - before == 3  # the three JPEGs; the PNG and the junk were decoded by the server
         r = c.post("/api/compare", files=fg.files(img1=a, img2=b"garbage"))
         fg.assert_error(r, 400, "image_unreadable")

@@ -21,7 +21,8 @@ the GPU 20 % busy (``docs/benchmarks.md``, run 6): that is why steps 2–3 moved
 
 A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
 :meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
-take the host path. The host and device paths agree within the tolerances of
+take the host path, and so do uploads that are not JPEGs (``serving.routes.faces_of_upload``), which
+the stage would decode on the engine process's CPU. The host and device paths agree within the tolerances of
 ``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler differ from
 libjpeg-turbo's and OpenCV's by rounding).
 """

@@ -108,13 +108,17 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
     return data
 
 
-async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
-    """Read and decode one upload → ``(H, W, 3) uint8`` RGB (decoding on the decode pool)."""
+async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
+    """Decode an upload's bytes → ``(H, W, 3) uint8`` RGB on the decode pool."""
     from facegate.io.decode import decode_image
 
     s = state.settings
-    data = await read_upload(file, s.max_upload_bytes, index=index)
     return await state.in_decode_pool(decode_image, data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
+
+
+async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
+    """Read and decode one upload → ``(H, W, 3) uint8`` RGB (decoding on the decode pool)."""
+    return await decode_bytes(state, await read_upload(file, state.settings.max_upload_bytes, index=index))
 
 
 async def faces_of_upload(
@@ -128,15 +132,18 @@ async def faces_of_upload(
 ) -> list[Face]:
     """The selected faces of one uploaded photo.
 
-    With the engine's ``photo`` stage (``Settings.gpu_preprocess``) the largest face of a photo is found
-    from the upload's bytes on the engine's device, in one engine trip; other requests (every face, or the
-    crops in the answer) decode and align here.
+    With the engine's ``photo`` stage (``Settings.gpu_preprocess``) the largest face of a JPEG is found from
+    the upload's bytes on the engine's device, in one engine trip. Other formats (which nvJPEG does not
+    decode, so the engine process would decode them on its CPU) and other requests (every face, or the
+    crops in the answer) are decoded and aligned here.
     """
-    if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops:
-        data = await read_upload(file, state.settings.max_upload_bytes, index=index)
+    if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
+        image = await decode_upload(state, file, index=index)
+        return await service.faces(image, select=select, keep_crops=keep_crops)
+    data = await read_upload(file, state.settings.max_upload_bytes, index=index)
+    if data[:3] == b"\xff\xd8\xff":  # a JPEG's SOI marker followed by its first segment's marker
         return await service.photo_faces(data)
-    image = await decode_upload(state, file, index=index)
-    return await service.faces(image, select=select, keep_crops=keep_crops)
+    return await service.faces(await decode_bytes(state, data), select=select)
 
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
