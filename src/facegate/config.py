@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     gpu_preprocess: Literal["auto", "on", "off"] = Field(
         "auto",
         description=(
-            "Photo uploads (compare, search, enrol, embed of the largest face) go to the engine's 'photo' stage "
+            "JPEG uploads (compare, search, enrol, embed of the largest face) go to the engine's 'photo' stage "
             "as encoded bytes: nvJPEG decode, detection on a device canvas and alignment as a batched warp, all "
             "on the engine's device (facegate.pipeline.photo). 'auto': on with a CUDA engine when torchvision's "
             "nvJPEG decoder loads; 'on': also on the CPU (same code, torch ops); 'off': the front-ends decode "
