@@ -3,10 +3,11 @@
 Starts ``facegate serve`` (any extra flags after ``--``), then runs the closed-loop load generator of
 :mod:`facegate.bench.http` in windows of ``--window`` seconds until ``--duration`` has passed, alternating
 compare requests (two LFW photos, detection) and aligned-crop embeds. After every window it samples the
-resident memory (RSS) of every server process, the driver's GPU memory of those processes (NVML, when
-there is a GPU) and torch's allocated / reserved bytes from ``/metrics``. The JSON holds the time series and,
-for each series, the least-squares slope over the second half of the run (MiB per minute) and the growth
-from the first to the last sample of that half: the first half is warm-up (caches and pools fill).
+resident memory (RSS) of the server processes (summed, and per pid, so that a growing one can be named),
+the driver's GPU memory of those processes (NVML, when there is a GPU) and torch's allocated / reserved
+bytes from ``/metrics``. The JSON holds the time series and, for each series, the least-squares slope over
+the second half of the run (MiB per minute) and the growth from the first to the last sample of that
+half: the first half is warm-up (caches and pools fill).
 
   python benchmarks/soak.py --duration 600 --out benchmarks/results/soak_cpu_mp.json -- --device cpu --workers 2
 """
@@ -72,16 +73,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rss_mib(pids: list[int]) -> float:
-    total = 0
+def rss_by_pid(pids: list[int]) -> dict[str, float]:
+    """Resident MiB per process (``pid`` as a string key); processes gone meanwhile are left out."""
+    out: dict[str, float] = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as fh:
                 m = re.search(r"^VmRSS:\s+(\d+) kB", fh.read(), re.M)
-            total += int(m.group(1)) if m else 0
         except OSError:
-            pass
-    return total / 1024.0
+            continue
+        if m:
+            out[str(pid)] = round(int(m.group(1)) / 1024.0, 1)
+    return out
 
 
 def torch_mib(url: str) -> dict[str, float]:
@@ -162,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             kind, pool = ("compare", photos) if i % 2 == 0 else ("embed_aligned", crops)
             ok_req_s, p99_ms, errors = window_load(clients, url, kind, pool, o.concurrency, o.clients, o.window)
             pids = session_pids(srv.pid)
+            by_pid = rss_by_pid(pids)
             row = {
                 "t_s": round(time.monotonic() - start, 1), "kind": kind, "ok_req_s": round(ok_req_s, 1),
-                "p99_ms": p99_ms, "errors": errors, "processes": len(pids), "rss_mib": round(rss_mib(pids), 1),
+                "p99_ms": p99_ms, "errors": errors, "processes": len(pids),
+                "rss_mib": round(sum(by_pid.values()), 1), "rss_by_pid": by_pid,
                 "gpu_driver_mib": process_gpu_mib(gpu, pids)["mib"] if gpu.available else None,
                 "torch": {k: round(v, 1) for k, v in torch_mib(url).items()},
             }  # fmt: skip
@@ -178,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
             "rss_mib": trend(t, [s["rss_mib"] for s in samples]),
             "gpu_driver_mib": trend(t, [s["gpu_driver_mib"] or np.nan for s in samples]) if gpu.available else None,
             "torch_reserved_mib": trend(t, [s["torch"].get("reserved", np.nan) for s in samples]),
-        }
+            # which process grows: per pid, over the samples it is in (a restarted worker gets a new pid)
+            "rss_by_pid": {
+                pid: trend([s["t_s"] for s in samples if pid in s["rss_by_pid"]],
+                           [s["rss_by_pid"][pid] for s in samples if pid in s["rss_by_pid"]])
+                for pid in sorted({p for s in samples for p in s["rss_by_pid"]})
+            },
+        }  # fmt: skip
         res["errors_total"] = sum(sum(s["errors"].values()) for s in samples)
         res["env"] = env_record(
             duration=o.duration, window=o.window, concurrency=o.concurrency, clients=o.clients, server=server_args
