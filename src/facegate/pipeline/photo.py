@@ -29,7 +29,6 @@ libjpeg-turbo's and OpenCV's by rounding).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,8 +43,6 @@ from facegate.types import Detection, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.pipeline.pipeline import FacePipeline
-
-log = logging.getLogger(__name__)
 
 __all__ = ["PhotoFaces", "PhotoStage", "PreparedPhotos", "faces_on_device", "prepare_photos"]
 
