@@ -82,6 +82,7 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
+from facegate.io.jpeg import NotPlain, read_jpeg_header
 
 with contextlib.suppress(ImportError):  # AVIF exists in Pillow >= 11.2 when built with libavif
     from PIL import AvifImagePlugin  # noqa: F401
@@ -457,9 +458,25 @@ def _orient_chw(t: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, int, int] | None:
-    """``(orientation, H, W)`` when ``data`` is a complete 8-bit grey/RGB JPEG within the limits, else None."""
+    """``(orientation, H, W)`` when ``data`` is a complete 8-bit grey/RGB JPEG within the limits, else None.
+
+    Plain JPEGs are read by :func:`facegate.io.jpeg.read_jpeg_header` (a few µs); every other file by
+    Pillow's lazy open, which gives the same answers on plain ones (tests/unit/io/test_jpeg.py).
+    """
     if not data or len(data) > max_bytes:
         return None
+    try:
+        hdr = read_jpeg_header(data)
+    except NotPlain:
+        return _gpu_candidate_pil(data, max_pixels)
+    pixels = hdr.width * hdr.height
+    if pixels > max_pixels or (Image.MAX_IMAGE_PIXELS and pixels > 2 * Image.MAX_IMAGE_PIXELS) or not hdr.complete:
+        return None  # Pillow refuses more than twice MAX_IMAGE_PIXELS (a decompression bomb)
+    return hdr.orientation, hdr.height, hdr.width
+
+
+def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | None:
+    """:func:`_gpu_candidate` by Pillow's lazy open."""
     try:
         img = _open_header(data)
     except FacegateError:

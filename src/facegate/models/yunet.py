@@ -529,8 +529,16 @@ class FaceDetector:
         hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         canvas = torch.zeros((self._batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
-        for i, r in enumerate(resized):
-            canvas[i, : r.shape[1], : r.shape[2]] = r.permute(1, 2, 0)
+        k = 0
+        while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
+            h, w = resized[k].shape[1:]
+            j = k + 1
+            while j < len(resized) and resized[j].shape[1:] == (h, w):
+                j += 1
+            canvas[k:j, :h, :w] = (
+                torch.stack(resized[k:j]).permute(0, 2, 3, 1) if j - k > 1 else resized[k].permute(1, 2, 0)
+            )
+            k = j
         return DetBatch(
             images=canvas,
             scales=scales,
@@ -704,8 +712,8 @@ class FaceDetector:
     ) -> list[list[Detection]]:
         """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (see :meth:`_select`).
 
-        Rows with at most :data:`NMS_ROWS_MAX` (and :attr:`prefetch`) candidates go through :func:`nms_rows` together; the others
-        (crowds) one by one, after fetching their candidates past :attr:`prefetch` if needed.
+        Rows with at most :data:`NMS_ROWS_MAX` (and :attr:`prefetch`) candidates go through :func:`nms_rows`
+        together; the others (crowds) one by one, after fetching their candidates past :attr:`prefetch` if needed.
         """
         n = len(batch.scales)
         p = (host.shape[1] - 1) // 15
@@ -740,9 +748,7 @@ class FaceDetector:
         lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
         good = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         boxes32, lms32 = boxes.astype(np.float32), lms.astype(np.float32)
-        return [
-            Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)
-        ]
+        return [Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)]
 
     # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:

@@ -11,8 +11,9 @@ sends the upload's bytes once, and the engine process
 3. letterboxes each photo onto a device canvas (:func:`prepare_photos`,
    :meth:`FaceDetector.preprocess_tensors`) — steps 1–3 are the stage's ``prepare``, on the engine's front
    thread, overlapping the previous batch's ``execute``;
-4. detects (the detector's CUDA graphs when enabled): one device→host copy of the candidates, NMS on
-   the host;
+4. detects (the detector's CUDA graphs when enabled, :meth:`FaceDetector.run_many`): every detector
+   batch and its candidates' device→host copy are enqueued before one wait, then NMS of all photos at
+   once on the host;
 5. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
    to the host once (:func:`faces_on_device`, the stage's ``execute``).
 
@@ -145,8 +146,9 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
     decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     chosen: dict[int, list[Detection]] = {}
-    for idx, batch in prepared.det_batches:
-        for i, dets in zip(idx, pipe.detector.run(batch), strict=True):
+    found = pipe.detector.run_many([batch for _, batch in prepared.det_batches])
+    for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
+        for i, dets in zip(idx, per_batch, strict=True):
             try:
                 chosen[i] = select_faces(dets, FaceSelect.LARGEST)
             except FacegateError as exc:

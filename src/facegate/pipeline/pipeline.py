@@ -251,8 +251,9 @@ class FacePipeline:
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
         out: list[list[Detection]] = [[] for _ in range(n)]
-        for idx, batch in groups:
-            for i, dets in zip(idx, self.detector.run(batch), strict=True):
+        found = self.detector.run_many([batch for _, batch in groups])
+        for (idx, _), per_batch in zip(groups, found, strict=True):
+            for i, dets in zip(idx, per_batch, strict=True):
                 out[i] = dets
         return out
 

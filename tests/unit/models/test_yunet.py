@@ -256,7 +256,8 @@ def test_same_device(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_preprocess_tensors_builds_the_host_canvas(detector: FaceDetector) -> None:
     rng = np.random.default_rng(1)
-    imgs = [rng.integers(0, 255, (250, 250, 3), dtype=np.uint8), rng.integers(0, 255, (120, 300, 3), dtype=np.uint8)]
+    sizes = [(250, 250), (120, 300), (120, 300), (120, 300), (250, 250), (200, 240), (250, 250), (250, 250)]
+    imgs = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes]  # runs of equal sizes
     host = detector.preprocess(imgs)
     dev = detector.preprocess_tensors([torch.from_numpy(im).permute(2, 0, 1) for im in imgs])
     assert isinstance(dev.images, torch.Tensor) and dev.input_hw == host.input_hw  # same canvas → same detections

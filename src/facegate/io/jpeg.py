@@ -1,0 +1,135 @@
+"""A small JPEG marker walker: size, components, EXIF orientation and completeness of a plain JPEG.
+
+Why: the engine's ``photo`` stage checks every upload's header before nvJPEG gets it
+(:func:`facegate.io.decode.plan_decode`). With Pillow's lazy open that check took ~55 µs per LFW photo on
+the H200 host, about half of the stage's host time per photo before decoding (``benchmarks/photo_profile.py``).
+This walker reads only the marker segments up to the first scan.
+
+It answers only for the plain case that it understands completely: baseline/progressive 8-bit JPEGs with 1
+or 3 components, at most one EXIF block whose orientation tag is a SHORT in IFD0, no XMP, no Adobe colour
+transform marker, no MPO index, no unknown markers. Anything else raises :class:`NotPlain`, and the caller
+asks Pillow, so the answer for such files is exactly the one Pillow gives. The tests compare the two on
+every LFW image and on crafted files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["JpegHeader", "NotPlain", "read_jpeg_header"]
+
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+#: Segments skipped without a look inside: tables, restart interval, comments, APP0 (JFIF) and the APPn
+#: that Pillow does not interpret for size, mode or orientation.
+_SKIP = frozenset({0xC4, 0xCC, 0xDB, 0xDD, 0xFE, 0xE0, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA})
+_XMP = b"http://ns.adobe.com/xap/1.0/"
+
+
+class NotPlain(Exception):  # noqa: N818 - an answer, not an error
+    """The file is not a plain JPEG as this module defines it: ask Pillow instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class JpegHeader:
+    """What a plain JPEG's header says.
+
+    Attributes:
+        height, width: frame size in pixels (before orientation).
+        components: 1 (grey) or 3 (YCbCr, i.e. RGB).
+        orientation: EXIF orientation 1–8 (1 when absent or out of range, as Pillow's reading gives).
+        complete: an EOI marker follows the first scan (the file is not truncated).
+    """
+
+    height: int
+    width: int
+    components: int
+    orientation: int
+    complete: bool
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """The orientation tag (0x0112) of IFD0 of an EXIF block's TIFF data; 1 when there is none."""
+    if len(tiff) < 8:
+        raise NotPlain("short EXIF")
+    order = tiff[:2]
+    if order == b"II":
+        endian = "little"
+    elif order == b"MM":
+        endian = "big"
+    else:
+        raise NotPlain("EXIF byte order")
+    if int.from_bytes(tiff[2:4], endian) != 42:  # type: ignore[arg-type]
+        raise NotPlain("EXIF magic")
+    ifd = int.from_bytes(tiff[4:8], endian)  # type: ignore[arg-type]
+    if ifd < 8 or ifd + 2 > len(tiff):
+        raise NotPlain("EXIF IFD0 offset")
+    count = int.from_bytes(tiff[ifd : ifd + 2], endian)  # type: ignore[arg-type]
+    for k in range(count):
+        e = ifd + 2 + 12 * k
+        if e + 12 > len(tiff):
+            raise NotPlain("EXIF IFD0 entry out of range")
+        if int.from_bytes(tiff[e : e + 2], endian) != 0x0112:  # type: ignore[arg-type]
+            continue
+        kind = int.from_bytes(tiff[e + 2 : e + 4], endian)  # type: ignore[arg-type]
+        n = int.from_bytes(tiff[e + 4 : e + 8], endian)  # type: ignore[arg-type]
+        if kind != 3 or n != 1:
+            raise NotPlain("EXIF orientation is not one SHORT")
+        value = int.from_bytes(tiff[e + 8 : e + 10], endian)  # type: ignore[arg-type]
+        return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def read_jpeg_header(data: bytes) -> JpegHeader:
+    """Walk ``data``'s marker segments from SOI to the first SOS.
+
+    Raises:
+        NotPlain: not a JPEG, or not a plain one (see the module docstring), or a malformed header.
+    """
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        raise NotPlain("no SOI")
+    i = 2
+    frame: tuple[int, int, int] | None = None
+    orientation: int | None = None
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise NotPlain("expected a marker")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            i += 2
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        end = i + 2 + length
+        if length < 2 or end > n:
+            raise NotPlain("segment past the end")
+        if marker == 0xDA:
+            if frame is None:
+                raise NotPlain("scan before the frame header")
+            h, w, comps = frame
+            return JpegHeader(h, w, comps, orientation or 1, data.find(b"\xff\xd9", i) != -1)
+        if marker in _SOF:
+            if frame is not None or length < 8:
+                raise NotPlain("second or short frame header")
+            precision, comps = data[i + 4], data[i + 9]
+            h, w = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]
+            if precision != 8 or comps not in (1, 3) or h == 0 or w == 0:
+                raise NotPlain("not 8-bit grey/YCbCr, or a size to come later (DNL)")
+            frame = (h, w, comps)
+        elif marker == 0xE1:
+            body = data[i + 4 : end]
+            if body.startswith(b"Exif\x00\x00"):
+                if orientation is not None:
+                    raise NotPlain("two EXIF blocks")
+                orientation = _exif_orientation(body[6:])
+            elif body.startswith(_XMP):
+                raise NotPlain("XMP (may carry the orientation)")
+        elif marker == 0xE2:
+            if data[i + 4 : i + 8] == b"MPF\x00":
+                raise NotPlain("MPO index")
+        elif marker not in _SKIP and not 0xEB <= marker <= 0xED and marker != 0xEF:
+            raise NotPlain(f"marker {marker:#04x}")  # Adobe (APP14), JPGn, DNL, DHP, EXP, ...
+        i = end
+    raise NotPlain("no scan")
