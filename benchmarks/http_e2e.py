@@ -44,6 +44,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -120,7 +121,17 @@ def free_port() -> int:
 
 
 def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
-    """Command line of server ``name`` on ``port``."""
+    """Command line of server ``name`` on ``port``.
+
+    ``FACEGATE_BENCH_WRAP="NAME=COMMAND"`` puts ``COMMAND`` (e.g. ``py-spy record ... --``) in front of
+    server ``NAME``'s command line: a profiler that starts the server is its ancestor, which ptrace needs.
+    """
+    wrap_name, _, wrap = os.environ.get("FACEGATE_BENCH_WRAP", "").partition("=")
+    argv = _server_argv(name, port, o, data_dir)
+    return [*shlex.split(wrap), *argv] if wrap and wrap_name == name else argv
+
+
+def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
     if name.startswith("facegate"):
@@ -159,6 +170,7 @@ class Server:
     t_start: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    wrapped: bool = False  # started under FACEGATE_BENCH_WRAP's command
 
     @property
     def url(self) -> str:
@@ -203,7 +215,17 @@ class Server:
         return session_pids(self.proc.pid) if self.proc is not None else []
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.wrapped and self.proc.poll() is None:  # a profiler (FACEGATE_BENCH_WRAP) writes its file on SIGINT
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=20)
+            with contextlib.suppress(ProcessLookupError):  # then the server it started, in the same session
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            time.sleep(3)
+        if self.proc.poll() is not None and not self.wrapped:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -399,6 +421,7 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
     if name == "facegate_mp_hostpre":  # A/B of Settings.gpu_preprocess: photos decoded and aligned by the front-ends
         env["FACEGATE_GPU_PREPROCESS"] = "off"
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
+    srv.wrapped = os.environ.get("FACEGATE_BENCH_WRAP", "").partition("=")[0] == name
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
     used0 = gpu.read()[1] if gpu is not None else 0.0
     log.info("starting %s: %s", name, " ".join(srv.argv))

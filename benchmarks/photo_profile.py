@@ -126,7 +126,9 @@ def breakdown(pipe: FacePipeline, stage: Any, batches: list[list[np.ndarray]]) -
     det = pipe.detector
     saved_mod = {name: getattr(photo_mod, name) for name in ("plan_decode", "run_decode", "prepare_photos", "_warp")}
     saved_pipe = {"recognize": pipe.recognize}
-    saved_det = {"run": det.run, "preprocess_tensors": det.preprocess_tensors, "_finish_all": det._finish_all}
+    # the names of the code under test (an older version, run for an A/B, may lack some)
+    det_steps = ("run", "run_many", "preprocess_tensors", "_finish_all", "_finish_host")
+    saved_det = {name: getattr(det, name) for name in det_steps if hasattr(det, name)}
     import facegate.pipeline.pipeline as pipeline_mod
 
     saved_select = pipeline_mod.select_faces
