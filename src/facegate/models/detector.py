@@ -1,0 +1,501 @@
+"""Batched face detection with YuNet: preprocess (resize + pad, host or device), forward, decode, NMS.
+
+:class:`FaceDetector` wraps a :class:`~facegate.models.yunet.YuNet`: ``detect(images) =
+postprocess(forward(preprocess(images)))``, with optional CUDA graphs per batch shape, several batches per
+host wait (:meth:`FaceDetector.run_many`) and NMS of every image of a batch at once
+(:func:`~facegate.models.nms.nms_rows`). The network, its weights and the output decoding are in
+:mod:`facegate.models.yunet`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from facegate.engine.graphs import capture_graph, replay, replay_lock
+from facegate.errors import EmptyInputError, InvalidParameterError
+from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
+from facegate.models.yunet import SIZE_DIVISOR, RawOutputs, YuNet, decode_yunet
+from facegate.types import Detection
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DetBatch", "FaceDetector", "same_device"]
+
+
+@dataclass(frozen=True, slots=True)
+class DetBatch:
+    """A preprocessed detector batch (host side).
+
+    Attributes:
+        images: ``(N, Hp, Wp, 3) uint8`` **RGB**, each image resized and placed top-left on a zero canvas;
+            ``Hp``, ``Wp`` are multiples of 32 common to the batch. A host array (in pinned memory when the
+            detector runs on CUDA), or a tensor already on the detector's device
+            (:meth:`FaceDetector.preprocess_tensors`).
+        scales: ``(N,) float64`` nominal resize factor (``≤ 1``, resized / original longer side).
+        orig_sizes: ``(N, 2) int64`` original ``(H, W)``.
+        resized_sizes: ``(N, 2) int64`` ``(h, w)`` after resizing (rescaling back is done per axis with
+            these, so rounding of the resized size costs no accuracy).
+        pinned: on CUDA, the pinned ``torch.uint8`` tensor that owns ``images``' memory (``None`` on CPU);
+            copying from it lets the pinned-memory allocator track the asynchronous copy.
+    """
+
+    images: np.ndarray | Tensor
+    scales: np.ndarray
+    orig_sizes: np.ndarray
+    resized_sizes: np.ndarray
+    pinned: Tensor | None = field(default=None, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        """Number of real images (``images`` may hold extra zero rows of batch-size padding)."""
+        return int(self.scales.shape[0])
+
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        """The padded network input size ``(Hp, Wp)``."""
+        return int(self.images.shape[1]), int(self.images.shape[2])
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a`` and ``b`` are one device; an index left out means the current one (``cuda`` = ``cuda:0`` there).
+
+    ``torch.device("cuda") != torch.device("cuda:0")``, yet tensors made for the first live on the second.
+    """
+    if a.type != b.type:
+        return False
+    if a.index == b.index or a.type == "cpu":
+        return True
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
+def _validate_image(img: object, index: int) -> np.ndarray:
+    if not isinstance(img, np.ndarray):
+        raise InvalidParameterError(
+            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array",
+            detail={"index": index},
+        )
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+        raise InvalidParameterError(
+            f"image {index} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
+            detail={"index": index, "shape": list(img.shape), "dtype": str(img.dtype)},
+        )
+    return img
+
+
+class FaceDetector:
+    """Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``.
+
+    The model is moved in place to ``device``, ``dtype`` and channels-last memory format. Images are
+    ``(H, W, 3) uint8`` RGB; results are :class:`facegate.types.Detection` in original-image pixels,
+    sorted by score (desc) per image.
+
+    Precision: fp32, fp16 and bf16 work on CPU and CUDA; fp16 on the CPU is correct but several times slower
+    than fp32 (use bf16 there). Decoding is always done in fp32.
+    """
+
+    #: Candidates per image fetched to the host in the single device→host copy; more than this (and
+    #: ``top_k``) above the score threshold in one image triggers a second copy for that image.
+    prefetch: int = 256
+
+    def __init__(
+        self,
+        model: YuNet,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        score_threshold: float = 0.6,
+        nms_threshold: float = 0.3,
+        top_k: int = 5000,
+        max_side: int = 640,
+        channels_last: bool = True,
+    ) -> None:
+        if not 0.0 <= score_threshold <= 1.0 or not 0.0 <= nms_threshold <= 1.0:
+            raise InvalidParameterError("score_threshold and nms_threshold must lie in [0, 1]")
+        if top_k < 1 or max_side < SIZE_DIVISOR:
+            raise InvalidParameterError(f"top_k must be >= 1 and max_side >= {SIZE_DIVISOR}")
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise InvalidParameterError(f"unsupported detector dtype {dtype}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        # channels-last: NHWC kernels are several times faster for YuNet's depthwise convs on the CPU
+        self.channels_last = bool(channels_last)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.model = model.to(device=self.device, dtype=dtype, memory_format=fmt).eval()
+        self.score_threshold = float(score_threshold)
+        self.nms_threshold = float(nms_threshold)
+        self.top_k = int(top_k)
+        self.max_side = int(max_side)
+        #: Optional batch-size buckets (set by the pipeline on CUDA): batches are padded with zero rows to
+        #: the next bucket so the device meets only batch shapes planned at warm-up. Each new input shape
+        #: otherwise makes cuDNN plan its convolutions again (measured on the H200: batched detection under
+        #: load fell to a few requests/s while new shapes kept arriving).
+        self.batch_buckets: tuple[int, ...] | None = None
+
+    # ------------------------------------------------------------------ preprocess (CPU)
+    def padded_hw(self, height: int, width: int) -> tuple[int, int]:
+        """The network input size ``(Hp, Wp)`` an image of this size gets when detected alone.
+
+        Batching only images with the same padded size keeps every result equal to the single-image
+        one: YuNet's outputs near a face change when the zero padding around the image changes
+        (measured on LFW: padding 250×250 photos to 320 instead of 256 moved landmarks by up to 3.9 px).
+        """
+        s = min(1.0, self.max_side / max(height, width))
+        h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
+        return math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
+
+    def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
+        """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
+
+        Raises:
+            EmptyInputError: no images.
+            InvalidParameterError: an image is not ``(H, W, 3) uint8``.
+        """
+        imgs = [_validate_image(img, i) for i, img in enumerate(images)]
+        if not imgs:
+            raise EmptyInputError("no images to detect faces in")
+        resized: list[np.ndarray] = []
+        scales = np.empty(len(imgs), np.float64)
+        for i, img in enumerate(imgs):
+            h, w = img.shape[:2]
+            s = min(1.0, self.max_side / max(h, w))
+            scales[i] = s
+            if s < 1.0:
+                size = (max(1, round(w * s)), max(1, round(h * s)))
+                try:
+                    img = cv2.resize(np.ascontiguousarray(img), size, interpolation=cv2.INTER_AREA)
+                except cv2.error as exc:
+                    raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
+            resized.append(img)
+        hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        # rows past len(imgs) are zero padding; postprocess ignores them
+        shape = (self._batch_rows(len(imgs)), hp, wp, 3)
+        pinned = None
+        if self.device.type == "cuda":  # build the batch straight into pinned memory
+            pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
+            canvas = pinned.numpy()
+        else:
+            canvas = np.zeros(shape, np.uint8)
+        for i, r in enumerate(resized):
+            canvas[i, : r.shape[0], : r.shape[1]] = r
+        return DetBatch(
+            images=canvas,
+            scales=scales,
+            orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
+            resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
+            pinned=pinned,
+        )
+
+    def _batch_rows(self, n: int) -> int:
+        """Rows of a batch of ``n`` images: the next batch bucket (zero rows pad it), else ``n``."""
+        if self.batch_buckets:
+            return next((b for b in sorted(self.batch_buckets) if b >= n), n)
+        return n
+
+    @torch.inference_mode()
+    def preprocess_tensors(self, images: Sequence[Tensor]) -> DetBatch:
+        """:meth:`preprocess` for images already on the detector's device (e.g. decoded by nvJPEG).
+
+        Args:
+            images: ``(3, H, W) uint8`` RGB tensors on :attr:`device`.
+
+        Images whose longer side exceeds ``max_side`` are shrunk with ``F.interpolate(mode="area")``
+        (box averaging, as OpenCV's ``INTER_AREA`` on the host path; the two differ by resampling
+        rounding only). The canvas is built on the device; nothing is copied to or from the host.
+
+        Raises:
+            EmptyInputError: no images.
+            InvalidParameterError: an image is not ``(3, H, W) uint8`` on the detector's device.
+        """
+        if len(images) == 0:
+            raise EmptyInputError("no images to detect faces in")
+        resized: list[Tensor] = []
+        scales = np.empty(len(images), np.float64)
+        orig = np.empty((len(images), 2), np.int64)
+        for i, img in enumerate(images):
+            if (
+                img.dtype != torch.uint8
+                or img.ndim != 3
+                or img.shape[0] != 3
+                or not same_device(img.device, self.device)
+            ):
+                raise InvalidParameterError(
+                    f"image {i} must be a (3, H, W) uint8 tensor on {self.device}, got {tuple(img.shape)} "
+                    f"{img.dtype} on {img.device}",
+                    detail={"index": i},
+                )
+            h, w = int(img.shape[1]), int(img.shape[2])
+            orig[i] = (h, w)
+            s = min(1.0, self.max_side / max(h, w))
+            scales[i] = s
+            if s < 1.0:
+                size = (max(1, round(h * s)), max(1, round(w * s)))
+                img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
+                img = img.to(torch.uint8)
+            resized.append(img)
+        hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        canvas = torch.zeros((self._batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
+        k = 0
+        while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
+            h, w = resized[k].shape[1:]
+            j = k + 1
+            while j < len(resized) and resized[j].shape[1:] == (h, w):
+                j += 1
+            canvas[k:j, :h, :w] = (
+                torch.stack(resized[k:j]).permute(0, 2, 3, 1) if j - k > 1 else resized[k].permute(1, 2, 0)
+            )
+            k = j
+        return DetBatch(
+            images=canvas,
+            scales=scales,
+            orig_sizes=orig,
+            resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
+        )
+
+    # ------------------------------------------------------------------ forward (device)
+    def _to_input(self, x: Tensor) -> Tensor:
+        """``(N, Hp, Wp, 3) uint8`` RGB on the device → the network input ``(N, 3, Hp, Wp)`` BGR in the model dtype."""
+        x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)
+        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+    def _host_batch(self, batch: DetBatch) -> Tensor:
+        if isinstance(batch.images, Tensor):  # preprocess_tensors: already on the device
+            return batch.images
+        if self.device.type == "cuda":
+            x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images).pin_memory()
+            return x.to(self.device, non_blocking=True)
+        return torch.from_numpy(batch.images).to(self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: DetBatch) -> RawOutputs:
+        """One host→device copy (pinned, non-blocking on CUDA), RGB→BGR flip and cast on the device, forward.
+
+        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
+        """
+        return self.model(self._to_input(self._host_batch(batch)))
+
+    def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Decode + threshold count + top-``prefetch`` candidates of every row, on the device.
+
+        Returns ``packed (N, p·15 + 1) fp32`` (per row: ``p`` candidates of box 4, landmarks 10, score,
+        sorted by score, then the count of candidates above the threshold, capped at ``top_k``), and the
+        decoded ``boxes (N, A, 4)``, ``landmarks (N, A, 5, 2)``, ``scores (N, A)`` for the rare row that has
+        more than ``p`` candidates.
+        """
+        boxes, lms, scores = decode_yunet(*raw, input_hw=input_hw)
+        n, a = scores.shape
+        k_max = min(self.top_k, a)
+        p = min(k_max, self.prefetch)
+        top_s, top_i = torch.topk(scores, p, dim=1)  # sorted, descending
+        packed = torch.cat(
+            [
+                boxes.gather(1, top_i[..., None].expand(-1, -1, 4)),
+                lms.reshape(n, a, 10).gather(1, top_i[..., None].expand(-1, -1, 10)),
+                top_s[..., None],
+            ],
+            dim=-1,
+        )  # (N, p, 15)
+        counts = (scores >= self.score_threshold).sum(1).clamp(max=k_max)
+        return torch.cat([packed.reshape(n, -1), counts[:, None].to(packed.dtype)], 1), boxes, lms, scores
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def enable_graphs(self, max_graphs: int = 32) -> None:
+        """Run the device part (input cast, network, decode, top-k) as one CUDA graph per batch shape.
+
+        A graph is captured the first time a padded batch shape ``(rows, Hp, Wp)`` is seen (warm-up captures
+        the common ones), up to ``max_graphs`` shapes; other shapes run eagerly. Replaying a graph costs one
+        launch instead of ~150 kernel launches, i.e. far less Python (GIL) time in the serving process.
+        Graphs have static buffers and share the device's graph pool with the recognizer's, so a graphed batch
+        holds :func:`~facegate.engine.graphs.replay_lock` until its candidates are on the host (the engine's
+        detect and photo threads both detect). No-op off CUDA.
+        """
+        if self.device.type == "cuda":
+            self._graphs = {}
+            self._max_graphs = int(max_graphs)
+
+    @property
+    def graphed_shapes(self) -> list[tuple[int, int, int]]:
+        """The batch shapes ``(rows, Hp, Wp)`` captured so far."""
+        return sorted(getattr(self, "_graphs", None) or {})
+
+    def _graph_for(self, shape: tuple[int, int, int]) -> tuple[Any, Tensor, tuple[Tensor, ...]] | None:
+        graphs = getattr(self, "_graphs", None)
+        if graphs is None:
+            return None
+        if shape in graphs or len(graphs) >= self._max_graphs:
+            return graphs.get(shape)
+        t0 = time.perf_counter()
+        static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
+        # captured in the process's shared graph pool (engine.graphs): a replay may overwrite other graphs'
+        # intermediates but never their outputs, and every replay runs on the one default stream
+        g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
+        graphs[shape] = (g, static_in, outs)
+        log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
+        return graphs[shape]
+
+    @torch.inference_mode()
+    def run(self, batch: DetBatch) -> list[list[Detection]]:
+        """``postprocess(forward(batch), batch)``, through a CUDA graph when :meth:`enable_graphs` was called."""
+        return self.run_many([batch])[0]
+
+    @torch.inference_mode()
+    def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
+        """:meth:`run` for several batches, with one wait for the device instead of one per batch.
+
+        Every batch's forward (a graph replay when captured) and the device→host copy of its candidates are
+        enqueued first, into pinned host buffers; the host then waits once and finishes all batches. The
+        shared graph pool's :func:`~facegate.engine.graphs.replay_lock` covers only the enqueueing: the
+        copies run on the one default stream right behind their replays, before anything enqueued later.
+        On the H200 the photo stage's 54-photo batches (four detector batches at the default
+        ``det_max_batch_pixels``) used to wait four times, idling the device during host NMS.
+        """
+        if not batches:
+            return []
+        if self.device.type != "cuda":
+            return [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
+        pending: list[tuple[DetBatch, Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
+        with replay_lock(self.device):
+            for b in batches:
+                n = len(b.scales)
+                entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
+                full: tuple[Tensor, Tensor, Tensor] | None
+                if entry is None:
+                    packed, *rest = self._select(self.forward(b), b.input_hw)
+                    full = (rest[0], rest[1], rest[2])  # eager outputs are this batch's own tensors
+                else:
+                    g, static_in, outs = entry
+                    static_in.copy_(self._host_batch(b), non_blocking=True)
+                    replay(g)
+                    packed, full = outs[0], None  # the next replay overwrites the graph's outputs
+                host = torch.empty((n, packed.shape[1]), dtype=packed.dtype, pin_memory=True)
+                host.copy_(packed[:n], non_blocking=True)
+                pending.append((b, host, full))
+            done = torch.cuda.Event()
+            done.record()
+        done.synchronize()
+        return [self._finish_host(host.numpy(), b, full) for b, host, full in pending]
+
+    def _rare_candidates(
+        self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
+    ) -> np.ndarray:
+        """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`.
+
+        ``full``: the batch's decoded ``(boxes, landmarks, scores)``; ``None`` after a graph replay, whose
+        outputs later replays overwrote: the batch then runs through its graph again (same input, same
+        kernels, same outputs) under the replay lock.
+        """
+        with replay_lock(self.device) if full is None else contextlib.nullcontext():
+            if full is None:
+                g, static_in, outs = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))  # type: ignore[misc]
+                static_in.copy_(self._host_batch(batch), non_blocking=True)
+                replay(g)
+                full = (outs[1], outs[2], outs[3])
+            boxes, lms, scores = full
+            s_i, idx_i = torch.topk(scores[i], c)
+            return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
+
+    # ------------------------------------------------------------------ postprocess
+    @torch.inference_mode()
+    def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
+        """Decode, threshold, ``top_k``, NMS, map back to original pixels, clip boxes to the image.
+
+        Decoding, thresholding and the top-k selection run on the device; the candidates of the whole batch
+        come to the host in one copy (the only device→host sync unless an image has more than
+        :attr:`prefetch` candidates); greedy NMS then runs on the host on those few candidates, for all
+        images at once (:func:`nms_rows`). Boxes are clipped to the image; a box left with no area (it lay
+        in the padding) is dropped. Landmarks are not clipped (alignment needs their true geometry).
+        """
+        return self._finish_all(*self._select(raw, batch.input_hw), batch)
+
+    def _finish_all(
+        self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch
+    ) -> list[list[Detection]]:
+        """Host side of :meth:`postprocess` for the real rows of ``batch`` (padding rows are ignored)."""
+        return self._finish_host(packed[: len(batch.scales)].cpu().numpy(), batch, (boxes, lms, scores))
+
+    def _finish_host(
+        self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
+    ) -> list[list[Detection]]:
+        """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (see :meth:`_select`).
+
+        Rows with at most :data:`NMS_ROWS_MAX` (and :attr:`prefetch`) candidates go through :func:`nms_rows`
+        together; the others (crowds) one by one, after fetching their candidates past :attr:`prefetch` if needed.
+        """
+        n = len(batch.scales)
+        p = (host.shape[1] - 1) // 15
+        cand = host[:, :-1].reshape(n, p, 15)
+        counts = host[:, -1].astype(np.int64)
+        out: list[list[Detection]] = [[] for _ in range(n)]
+        cap = min(NMS_ROWS_MAX, p)
+        small = np.flatnonzero((counts > 0) & (counts <= cap))
+        if small.size:
+            c = int(counts[small].max())
+            sub = cand[small, :c]
+            keep = nms_rows(sub[..., :4], np.arange(c)[None, :] < counts[small, None], self.nms_threshold)
+            self._finish_rows(sub, keep, batch, small, out)
+        for i in np.flatnonzero(counts > cap):
+            c = int(counts[i])
+            ci = self._rare_candidates(batch, int(i), c, full) if c > p else cand[i, :c]
+            out[i] = self._finish(ci, batch, int(i))
+        return out
+
+    @staticmethod
+    def _finish_rows(
+        cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray, out: list[list[Detection]]
+    ) -> None:
+        """:meth:`_finish` after NMS for many images at once, with the same arithmetic (so the same values).
+
+        ``cand (m, c, 15)`` and ``keep (m, c) bool`` belong to the batch rows ``rows (m,)``; each row's
+        detections are appended to ``out[row]`` in candidate (score) order.
+        """
+        m, c = keep.shape
+        oh, ow = batch.orig_sizes[rows, 0], batch.orig_sizes[rows, 1]
+        rh, rw = batch.resized_sizes[rows, 0], batch.resized_sizes[rows, 1]
+        sx, sy = ow / rw, oh / rh
+        boxes = cand[..., :4] * np.stack([sx, sy, sx, sy], -1)[:, None, :]
+        boxes[..., 0::2] = np.clip(boxes[..., 0::2], 0, ow[:, None, None])
+        boxes[..., 1::2] = np.clip(boxes[..., 1::2], 0, oh[:, None, None])
+        lms = cand[..., 4:14].reshape(m, c, 5, 2) * np.stack([sx, sy], -1)[:, None, None, :]
+        good = keep & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+        boxes32, lms32, scores = boxes.astype(np.float32), lms.astype(np.float32), cand[..., 14]
+        for r, k in zip(*np.nonzero(good), strict=True):  # row-major: each row's faces in score order
+            out[rows[r]].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
+
+    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int, *, nms: bool = True) -> list[Detection]:
+        """NMS (unless done) + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
+        if cand.shape[0] == 0:
+            return []
+        kept = cand[_nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)] if nms else cand
+        oh, ow = batch.orig_sizes[i]
+        rh, rw = batch.resized_sizes[i]
+        sx, sy = ow / rw, oh / rh
+        boxes = kept[:, :4] * np.array([sx, sy, sx, sy])
+        boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
+        boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
+        lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
+        good = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        boxes32, lms32 = boxes.astype(np.float32), lms.astype(np.float32)
+        return [Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)]
+
+    # ------------------------------------------------------------------ all together
+    def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
+        """Faces in each image (``(H, W, 3) uint8`` RGB); ``[]`` for an empty sequence.
+
+        Returns one list per image, sorted by score (desc), in original-image pixels.
+        """
+        if len(images) == 0:
+            return []
+        return self.run(self.preprocess(images))
