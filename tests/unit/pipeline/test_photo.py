@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import pickle
 from pathlib import Path
 
 import cv2
@@ -22,7 +23,7 @@ from facegate.io.decode import decode_image
 from facegate.pipeline.photo import PhotoFaces, PhotoStage
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.pipeline.service import FaceService
-from facegate.types import Face
+from facegate.types import Detection, Face
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
 
@@ -108,6 +109,32 @@ def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:
         assert isinstance(res, PhotoFaces) and res.detections == [None]
         np.testing.assert_allclose(res.embedding[0], ref.embedding, atol=1e-5)
         assert abs(float(res.quality[0]) - ref.quality.score) < 1e-5
+
+
+def test_photo_faces_pickle_as_one_array() -> None:
+    """The engine process pickles results as one float32 array each; the front-end gets equal objects."""
+    rng = np.random.default_rng(5)
+    det = Detection(
+        box=rng.uniform(0, 250, 4).astype(np.float32),
+        landmarks=rng.uniform(0, 250, (5, 2)).astype(np.float32),
+        score=float(np.float32(0.91734)),
+    )
+    faces = PhotoFaces(
+        [det, None],
+        rng.normal(size=(2, 128)).astype(np.float32),
+        rng.uniform(size=2).astype(np.float32),
+        rng.uniform(size=2).astype(np.float32),
+    )
+    back = pickle.loads(pickle.dumps(faces, protocol=5))
+    assert back.detections[1] is None and back.detections[0] is not None
+    assert back.detections[0].score == det.score
+    np.testing.assert_array_equal(back.detections[0].box, det.box)
+    np.testing.assert_array_equal(back.detections[0].landmarks, det.landmarks)
+    assert back.detections[0].box.dtype == np.float32 and back.detections[0].landmarks.shape == (5, 2)
+    for name in ("embedding", "quality", "raw"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(faces, name))
+        assert getattr(back, name).dtype == np.float32
+    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 18) * 4 + 250  # one array plus its header
 
 
 def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:
