@@ -544,13 +544,30 @@ class Engine:
             for t in timers:
                 t.cancel()
 
+    def enqueue(
+        self, stage: str, payload: Any, future: concurrent.futures.Future[Any], *, timeout_s: float | None = None
+    ) -> WorkItem:
+        """Queue one item without waiting; its result or exception goes to ``future``. Thread-safe.
+
+        The future is completed from the engine's back thread (its done-callbacks run there). Unlike
+        :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller sweeps
+        ``item.deadline`` (an item still queued at its deadline is failed by the engine, never computed).
+        The engine process's connection readers use this (:class:`~facegate.engine.remote.EngineHost`): no
+        event-loop task per request.
+
+        Raises:
+            QueueFullError, EngineClosedError: as :meth:`submit`; InvalidParameterError: unknown stage.
+        """
+        runner = self._runner(stage)
+        item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
+        runner.batcher.put(item)
+        return item
+
     def submit_sync(self, stage: str, payload: Any, timeout_s: float | None = None) -> Any:
         """Blocking :meth:`submit` for CLI code and plain threads (never call it on an event loop thread)."""
-        runner = self._runner(stage)
         timeout = self._timeout(timeout_s)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        item = WorkItem(payload, fut, time.monotonic() + timeout, cost=runner.cost(payload))
-        runner.batcher.put(item)
+        item = self.enqueue(stage, payload, fut, timeout_s=timeout)
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import contextlib
 import itertools
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -45,10 +47,13 @@ from typing import Any
 import numpy as np
 
 from facegate import errors as fg_errors
-from facegate.errors import EngineClosedError, FacegateError, ModelError
+from facegate.engine.batcher import WorkItem
+from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 
 log = logging.getLogger(__name__)
 
+#: How often a connection's sender fails items whose deadline passed while they were computing, in seconds.
+_SWEEP_S = 0.5
 #: Shared memory per front-end process: room for ~350 decoded 640×480 photos in flight.
 ARENA_BYTES = 128 * 2**20
 _ALIGN = 64
@@ -172,13 +177,11 @@ class EngineHost:
 
     Args:
         service: a started :class:`~facegate.pipeline.service.FaceService` (owns the engine and the models).
-        loop: the event loop the service's engine runs on (``submit`` is scheduled there).
         info: what ``hello`` answers (model name, operating thresholds, device).
     """
 
-    def __init__(self, service: Any, loop: asyncio.AbstractEventLoop, info: dict[str, Any]) -> None:
+    def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
-        self.loop = loop
         self.info = info
 
     def serve(self, listener: Listener) -> None:
@@ -194,69 +197,54 @@ class EngineHost:
             threading.Thread(target=self._reader, args=(conn,), name="facegate-engine-conn", daemon=True).start()
 
     def _reader(self, conn: Connection) -> None:
-        """Read one front-end's messages; hand submits to the loop in bursts, answer in bursts.
+        """Read one front-end's messages and queue its payloads on the engine; a sender thread answers.
 
-        Every message waiting on the socket is read before the loop is woken once for all of them, and the
-        answers completed in one loop iteration go back as one ``("batch", [...])`` message: under load the
-        per-request cost in this process is a copy and a few dict operations, not a syscall and a wake-up.
+        Every message waiting on the socket is read in one burst. Each payload is queued with
+        :meth:`Engine.enqueue` and a ``concurrent.futures.Future``, whose done-callback (run on the engine's
+        back thread) hands the answer to this connection's sender thread; the sender sends everything that
+        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: in the
+        H200 profile of run 9 (``benchmarks/results/pyspy_run9_facegate_mp.json``) the event loop that did this
+        before held the engine process's GIL 24 % of the time under load.
         """
         send_lock = threading.Lock()
         shm: shared_memory.SharedMemory | None = None
-        outbox: list[tuple[Any, ...]] = []
-        tasks: dict[int, asyncio.Task[Any]] = {}  # touched on the loop thread only
+        pending: dict[int, WorkItem] = {}  # rid -> item, until answered
+        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+        engine = self.service.engine
 
         def send(msg: tuple[Any, ...]) -> None:
             with send_lock, contextlib.suppress(OSError, ValueError):
                 conn.send(msg)
 
-        def flush() -> None:  # on the loop thread
-            msgs = outbox[:]
-            outbox.clear()
-            send(("batch", msgs))
-
-        def finished(rid: int, task: asyncio.Task[Any]) -> None:  # on the loop thread
-            tasks.pop(rid, None)
-            if not outbox:
-                self.loop.call_soon(flush)
-            try:
-                outbox.append(("ok", rid, task.result()))
-            except BaseException as exc:  # every failure goes back to the caller
-                outbox.append(("err", rid, *error_to_wire(exc)))
-
-        def start(jobs: list[tuple[int, str, Any]]) -> None:  # on the loop thread
-            for rid, stage, payload in jobs:
-                task = self.loop.create_task(self.service.engine.submit(stage, payload))
-                tasks[rid] = task
-                task.add_done_callback(lambda t, rid=rid: finished(rid, t))
-
-        def cancel(rids: list[int]) -> None:  # on the loop thread: the engine drops items not yet computed
-            for rid in rids:
-                task = tasks.get(rid)
-                if task is not None:
-                    task.cancel()
-
+        sender = threading.Thread(
+            target=self._sender, args=(done, pending, send), name="facegate-engine-send", daemon=True
+        )
+        sender.start()
         try:
             while True:
                 msgs = [conn.recv()]
                 while len(msgs) < 1024 and conn.poll(0):
                     msgs.append(conn.recv())
-                jobs: list[tuple[int, str, Any]] = []
-                cancels: list[int] = []
                 for msg in msgs:
                     if msg[0] == "submit":
                         _, rid, stage, offset, shape, dtype, inline = msg
+                        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
                         try:
                             if offset is None:
                                 payload = inline
                             else:
                                 assert shm is not None, "submit before hello"
                                 payload = np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=offset).copy()
+                            pending[rid] = engine.enqueue(stage, payload, fut)
                         except BaseException as exc:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))
                             continue
-                        jobs.append((rid, stage, payload))
-                    elif msg[0] == "cancel":
-                        cancels.append(msg[1])
+                        fut.add_done_callback(lambda f, rid=rid: done.put((rid, f)))
+                    elif msg[0] == "cancel":  # the engine drops the item unless it is computing already
+                        item = pending.get(msg[1])
+                        if item is not None:
+                            item.cancel()
+                            item.future.cancel()
                     elif msg[0] == "stats":
                         try:
                             out = ("ok", msg[1], self.service.stats.engine_samples())
@@ -268,17 +256,55 @@ class EngineHost:
                         shm = attach(name)
                         log.info("engine: front-end pid %d connected", pid)
                         send(("hello", self.info))
-                if jobs:
-                    self.loop.call_soon_threadsafe(start, jobs)
-                if cancels:  # after this burst's submits: a cancel may follow its submit in the same burst
-                    self.loop.call_soon_threadsafe(cancel, cancels)
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
+            for item in list(pending.values()):  # nobody waits for these any more
+                item.cancel()
+            done.put(None)
             if shm is not None:
                 with contextlib.suppress(Exception):
                     shm.close()
             conn.close()
+
+    @staticmethod
+    def _sender(
+        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Any]] | None],
+        pending: dict[int, WorkItem],
+        send: Any,
+    ) -> None:
+        """Answer a connection's finished items in bursts; fail items still unanswered past their deadline."""
+        last_sweep = time.monotonic()
+        while True:
+            got: list[tuple[int, concurrent.futures.Future[Any]] | None] = []
+            with contextlib.suppress(queue.Empty):
+                got.append(done.get(timeout=_SWEEP_S))
+            while got:
+                try:
+                    got.append(done.get_nowait())
+                except queue.Empty:
+                    break
+            msgs: list[tuple[Any, ...]] = []
+            for entry in got:
+                if entry is None:
+                    return
+                rid, fut = entry
+                pending.pop(rid, None)
+                try:
+                    msgs.append(("ok", rid, fut.result()))
+                except BaseException as exc:  # every failure goes back to the caller
+                    msgs.append(("err", rid, *error_to_wire(exc)))
+            if msgs:
+                send(("batch", msgs))
+            now = time.monotonic()
+            if now - last_sweep >= _SWEEP_S:  # e.g. a stage that never returns: answer at the deadline
+                last_sweep = now
+                for rid, item in list(pending.items()):
+                    if now >= item.deadline and not item.future.done():
+                        with contextlib.suppress(concurrent.futures.InvalidStateError):
+                            item.future.set_exception(
+                                DeadlineExceededError(f"no result within the deadline (request {rid})")
+                            )
 
 
 def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connection, tiny: bool = False) -> None:
@@ -316,7 +342,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
         "startup_s": round(time.perf_counter() - t0, 3),
         "warmup": service.pipeline.warmup_report,
     }  # fmt: skip
-    host = EngineHost(service, loop, info)
+    host = EngineHost(service, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, loop.stop)

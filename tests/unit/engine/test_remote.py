@@ -294,3 +294,40 @@ def test_a_socket_nobody_listens_on_fails_fast(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < remote.refused_grace_s + 2.0
     finally:
         s.close()
+
+
+def test_the_sender_answers_in_bursts_and_fails_items_past_their_deadline() -> None:
+    """EngineHost's per-connection sender: finished items go back together; a stuck item fails at its deadline."""
+    import concurrent.futures
+    import queue
+    import threading
+    import time
+
+    from facegate.engine.batcher import WorkItem
+    from facegate.engine.remote import EngineHost
+
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    sent: list[tuple] = []
+    stuck: concurrent.futures.Future = concurrent.futures.Future()
+    ok1: concurrent.futures.Future = concurrent.futures.Future()
+    ok2: concurrent.futures.Future = concurrent.futures.Future()
+    pending = {
+        1: WorkItem("a", ok1, time.monotonic() + 60),
+        2: WorkItem("b", ok2, time.monotonic() + 60),
+        3: WorkItem("c", stuck, time.monotonic() + 0.2),  # never completed by the engine
+    }
+    for rid, fut in ((1, ok1), (2, ok2), (3, stuck)):
+        fut.add_done_callback(lambda f, rid=rid: done.put((rid, f)))
+    ok1.set_result("x")
+    ok2.set_exception(NoFaceError("none"))
+    t = threading.Thread(target=EngineHost._sender, args=(done, pending, sent.append))
+    t.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(m[1][0][1] == 3 for m in sent):
+        time.sleep(0.05)
+    done.put(None)
+    t.join(5)
+    assert not t.is_alive() and not pending
+    assert sent[0] == ("batch", [("ok", 1, "x"), ("err", 2, "NoFaceError", "none", {}, {})])
+    (late,) = [m for m in sent if m[1][0][1] == 3]
+    assert late[1][0][:3] == ("err", 3, "DeadlineExceededError")
