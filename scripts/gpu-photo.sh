@@ -8,7 +8,9 @@
 #       carry=[".whlrun", ".lfwB", ".lfwT", ".pyspy", ".oldsrc"], timeout_s=600)
 # .pyspy: the py-spy wheel (git-ignored). Writes under $OUT: gpu_tests.txt, photo_profile_{new,old}.json,
 # http_gpu.json/.log, pyspy_facegate_mp.txt (raw; benchmarks/pyspy_summary.py summarises it).
-# Environment: BUDGET_S (HTTP, default 240), SERVERS, CONCURRENCY.
+# Environment: BUDGET_S (HTTP, default 240), SERVERS, CONCURRENCY. SOAK_S=600 then starts the 10-minute soak of
+# scripts/gpu-soak.sh in its own session and returns at RETURN_AT_S (default 560 s after the start) with its
+# samples so far; `bash scripts/gpu-soak.sh collect` in the next call (within the 30 s warm window) finishes it.
 set -uo pipefail
 . scripts/device-env.sh
 FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/models/test_yunet.py \
@@ -35,3 +37,13 @@ timeout $(( ${BUDGET_S:-240} + 60 )) python3 benchmarks/http_e2e.py --device cud
   --servers "${SERVERS:-facegate_mp,naive,litserve}" --images .lfwB/lfw-deepfunneled \
   --concurrency "${CONCURRENCY:-100,256}" --duration 4 --budget-s "${BUDGET_S:-240}" \
   --out "$OUT/http_gpu.json" 2>&1 | grep -v '^\s*$' | tee "$OUT/http_gpu.log" | grep 'ready\|req/s\|bare\|Error'
+if [ -n "${SOAK_S:-}" ]; then
+  mkdir -p /tmp/fg-soak
+  setsid nohup python3 benchmarks/soak.py --duration "$SOAK_S" --window 15 --clients 6 --concurrency 64 \
+    --images .lfwB/lfw-deepfunneled --out /tmp/fg-soak/soak_gpu_mp.json -- --device cuda --precision fp16 \
+    --compile graphs --workers 4 > /tmp/fg-soak/soak_gpu.log 2>&1 < /dev/null &
+  echo "soak started (pid $!) at $SECONDS s"
+  while [ "$SECONDS" -lt "${RETURN_AT_S:-560}" ] && pgrep -f benchmarks/soak.py > /dev/null; do sleep 5; done
+  cp /tmp/fg-soak/soak_gpu_mp.json "$OUT/soak_gpu_partial.json" 2>/dev/null
+  tail -n 2 /tmp/fg-soak/soak_gpu.log | cut -c1-400
+fi

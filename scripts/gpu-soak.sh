@@ -11,7 +11,9 @@
 #     with the soak's samples so far ($OUT/soak_gpu_partial.json).
 #   call B, within the machine's 30 s warm window:
 #         run(command="FACEGATE_CODE_COMMIT=<hash> bash scripts/gpu-soak.sh collect && <next work>", ...)
-#     waits for the soak to end and copies $OUT/soak_gpu_mp.json and soak_gpu.log.
+#     waits for the soak to end and copies $OUT/soak_gpu_mp.json and soak_gpu.log. MEMORY_VARIANTS (serve_memory.py
+#     --variant values, space-separated) runs the memory probe first, while the soak still runs.
+# scripts/gpu-photo.sh with SOAK_S=600 is another "start".
 set -uo pipefail
 . scripts/device-env.sh
 SOAK=/tmp/fg-soak
@@ -41,6 +43,12 @@ start)
   tail -2 "$SOAK/soak_gpu.log" | cut -c1-400
   ;;
 collect)
+  if [ -n "${MEMORY_VARIANTS:-}" ]; then  # the memory probe beside the soak's load (its memory figures count, not its seconds)
+    args=()
+    for v in $MEMORY_VARIANTS; do args+=(--variant "$v"); done
+    FACEGATE_LFW_ROOT=.lfwT timeout "${MEMORY_S:-280}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt \
+      --out "$OUT/serve_memory.json" "${args[@]}" 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
+  fi
   while pgrep -f benchmarks/soak.py > /dev/null; do sleep 2; done
   cp "$SOAK/soak_gpu_mp.json" "$SOAK/soak_gpu.log" "$OUT/" || exit 4
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(len(d.get('samples',[])), 'windows', d.get('trend'), d.get('errors_total'))" \
