@@ -3,7 +3,8 @@
 Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval),
 ``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``facegate_mp_pools`` (the
 same with torch's and OpenCV's default thread pools, ``cpu_threads=0``), ``facegate_mp_hostpre`` (the same with
-``gpu_preprocess=off``: front-ends decode and align photos on the CPU), ``naive``, ``litserve``:
+``gpu_preprocess=off``: front-ends decode and align photos on the CPU), ``facegate_mp_gc`` (the same with
+``gc_freeze=false``: Python's default garbage collector), ``naive``, ``litserve``:
 ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
@@ -83,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
+    "facegate_mp_gc",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned")
@@ -420,6 +422,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_CPU_THREADS"] = "0"
     if name == "facegate_mp_hostpre":  # A/B of Settings.gpu_preprocess: photos decoded and aligned by the front-ends
         env["FACEGATE_GPU_PREPROCESS"] = "off"
+    if name == "facegate_mp_gc":  # A/B of Settings.gc_freeze: Python's default collector
+        env["FACEGATE_GC_FREEZE"] = "false"
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.wrapped = os.environ.get("FACEGATE_BENCH_WRAP", "").partition("=")[0] == name
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]

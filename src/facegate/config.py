@@ -168,6 +168,17 @@ class Settings(BaseSettings):
         ),
     )
 
+    gc_freeze: bool = Field(
+        True,
+        description=(
+            "After start-up, collect once and freeze every live object into the garbage collector's permanent "
+            "generation (gc.freeze), in the engine and front-end processes alike. A serving process holds some "
+            "200k start-up objects (torch, the models); each full collection walked them all, 71 ms with the GIL "
+            "held, and request traffic triggers one every few thousand requests "
+            "(benchmarks/results/gc_pause_cpu.json). Off: Python's default collector."
+        ),
+    )
+
     # ------------------------------------------------------------------ input limits
     max_upload_bytes: int = Field(
         20 * 1024 * 1024, ge=1024, le=1 << 31, description="Largest accepted upload per image, in bytes."

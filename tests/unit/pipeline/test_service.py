@@ -60,3 +60,26 @@ def test_service_compare_refused_below_gate() -> None:
             await svc.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_start_freezes_the_start_up_objects_out_of_the_collector(freeze: bool) -> None:
+    """Settings.gc_freeze: after start, full collections no longer walk the start-up objects."""
+    import gc
+
+    gc.unfreeze()
+
+    async def main() -> None:
+        svc = FaceService.build_tiny(Settings(device="cpu", gc_freeze=freeze))
+        await svc.start()
+        try:
+            assert svc.ready
+            frozen = gc.get_freeze_count()
+            assert (frozen > 10_000) if freeze else frozen == 0, frozen
+        finally:
+            await svc.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as usual
