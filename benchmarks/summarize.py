@@ -147,7 +147,9 @@ def gpu_memory() -> str:
     for run, f in (("1", "http_gpu_run1_nhwc_detector.json"), ("2", "http_gpu_run2_nchw_detector.json"),
                    ("3", "http_gpu_run3_detector_graphs.json"), ("4", "http_gpu_run4_process_model.json"),
                    ("5", "http_gpu_run5_cpu_threads.json"), ("6", "http_gpu.json"),
-                   ("7", "http_gpu_run7_replay_lock.json"), ("8", "http_gpu_run8_photo_prepare.json")):  # fmt: skip
+                   ("7", "http_gpu_run7_replay_lock.json"), ("8", "http_gpu_run8_photo_prepare.json"),
+                   ("9", "http_gpu_run9_photo_host_time.json"), ("10", "http_gpu_run10_lean_engine.json"),
+                   ("11", "http_gpu_run11_gc_freeze.json")):  # fmt: skip
         d = load(f)
         bare = d["bare_cuda_context"]["mib"]
         for name, sv in d["servers"].items():
@@ -232,7 +234,8 @@ def soak_gpu(name: str = "soak_gpu_mp.json") -> str:
         f"{sm[0]['gpu_driver_mib']:.0f} MiB after the first window, {last['gpu_driver_mib']:.0f} MiB at the end "
         f"(second-half growth {tr['gpu_driver_mib']['growth_mib']:+.1f} MiB); torch reserved "
         f"{sm[0]['torch']['reserved']:.0f} → {last['torch']['reserved']:.0f} MiB, allocated "
-        f"{last['torch']['allocated']:.1f} MiB throughout. Host resident memory of the {last['processes']} "
+        f"{min(x['torch']['allocated'] for x in sm):.1f}–{max(x['torch']['allocated'] for x in sm):.1f} MiB "
+        f"across windows. Host resident memory of the {last['processes']} "
         f"server processes: {sm[0]['rss_mib']:.0f} → {mid['rss_mib']:.0f} (mid-run) → {last['rss_mib']:.0f} MiB, "
         f"{tr['rss_mib']['slope_mib_per_min']:+.2f} MiB/min ({tr['rss_mib']['growth_mib']:+.1f} MiB) over the "
         f"second half. Successful req/s per window: {load_txt} ({d['env']['config'].get('clients', 1)} client "
@@ -292,6 +295,58 @@ def soak() -> str:
     )
 
 
+def photo_profile() -> str:
+    """The photo stage alone (benchmarks/photo_profile.py): runs 1-3, and run 2's A/B of two commits."""
+    runs = (
+        ("1", "photo_profile_run1.json"),
+        ("2, old code", "photo_profile_run2_old.json"),
+        ("2, new code", "photo_profile_run2_new.json"),
+        ("3", "photo_profile_run3.json"),
+    )
+    out = [
+        "| run (code) | photos per batch | prepare ms | execute ms | two threads: photos/s |",
+        "|---|---|---|---|---|",
+    ]
+    for run, f in runs:
+        d = load(f)
+        commit = d["env"]["code_commit"][:7] if run != "2, old code" else "b06983f"
+        for pt in d["points"]:
+            sq = pt["sequential"]
+            out.append(
+                f"| {run} ({commit}) | {pt['batch']} | {sq['prepare_ms']:.2f} | {sq['execute_ms']:.2f} | "
+                f"{pt['pipelined']['photos_per_s']:,.0f} |"
+            )
+    return "\n".join(out)
+
+
+def pyspy_engine(name: str) -> str:
+    """The engine process's GIL samples by thread entry and by function (benchmarks/pyspy_summary.py)."""
+    d = load(name)
+    eng = next(p for p in d["processes"] if p["engine"])
+    threads = ", ".join(f"{t['entry'].split(' (')[0]} {t['share']:.0%}" for t in eng["threads"][:5])
+    keep = (
+        "Future.__init__", "faces_on_device", "FaceDetector._finish", "run_many", "PhotoStage.prepare",
+        "ForkingPickler.dumps", "Handle._run", "read_jpeg_header", "_warp", "nms_rows",
+    )  # fmt: skip
+    funcs = ", ".join(
+        f"{r['frame'].split(' (')[0]} {r['share']:.0%}" for r in eng["inclusive"] if any(k in r["frame"] for k in keep)
+    )
+    return f"{eng['samples']:,} samples. Threads: {threads}. Functions (inclusive): {funcs}."
+
+
+def gc_pause() -> str:
+    d = load("gc_pause_cpu.json")
+    b, a = d["default_gc"], d["after_gc_freeze"]
+    g2b, g2a = b["by_generation"]["2"], a["by_generation"]["2"]
+    return (
+        f"{d['tracked_objects_after_startup']:,} tracked objects after building the service (CPU); one full "
+        f"collection: {d['full_collection_ms_after_startup']:.1f} ms. {b['futures']:,} futures: "
+        f"{b['wall_s']:.3f} s with the default collector ({g2b['collections']} full collections, "
+        f"{g2b['total_ms']:,.0f} ms, longest {g2b['max_ms']:.0f} ms), {a['wall_s']:.3f} s after `gc.freeze` "
+        f"({g2a['collections']} full collections, {g2a['total_ms']:.0f} ms): {d['speedup']:.1f}×."
+    )
+
+
 ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "compiled fp16 ≥ 4× eager fp32 at batch 64; ≥ 60k faces/s (SFace)",
@@ -305,42 +360,43 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "cold start to `/readyz` ≤ 30 s",
-        "host path 23.7–28.8 s (runs 4–8); with the photo stage 31.4, 32.9 and 39.2 s (runs 6–8); graphs mode "
-        "compiles nothing (no compile cache); Inductor not measured",
+        "host path 23.7–28.8 s (runs 4–8); with the photo stage 28.2, 43.0 and 37.6 s (runs 9–11; 30.9 s for the "
+        "A/B server of run 11; 39.0 s for the soak's server); graphs mode compiles nothing (no compile cache); "
+        "Inductor not measured",
         "met on the host path; not met with the photo stage",
     ),
     (
         "concurrency 100: ≥ 1.5× LitServe",
-        "run 8 (current code): compare 2.29×; run 6: compare 2.49×, aligned embed 2.29×",
+        "run 10: compare 3.36×, aligned embed 1.91×; run 9: 2.94×, 1.84×",
         "met",
     ),
     (
         "concurrency 100: ≥ 20× naive",
-        "run 8: compare 18.2×; run 6: compare 17.8×, aligned embed 9.8×",
-        "not met",
+        "compare 34.3× (run 11), 25.6× (run 10), 19.8× (run 9); aligned embed 9.25×, 9.07×, 9.30×",
+        "met for compare; not met for aligned embed",
     ),
     (
         "concurrency 100: p99 ≤ 50 ms",
-        "run 8: 213 ms compare, 153 ms aligned embed",
+        "run 11: 102 ms compare, 92 ms aligned embed (run 8: 213 and 153 ms)",
         "not met",
     ),
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
-        "run 6: 1,279 faces/s (client processes near 1 core), 1,938 photos/s (969 compare req/s)",
+        "run 9: 1,433 aligned faces/s, 2,710 photos/s (1,355 compare req/s); run 10: 997 and 2,368",
         "not met",
     ),
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "SFace +646 MiB host path; with the photo stage +790 after serve_memory's load, +866 to +920 after "
-        "HTTP load (runs 6–8); IR-SE-64 +742 after warm-up, +862 after load; the cuDNN + cuBLAS floor alone "
-        "is +128 MiB",
+        "SFace +646 MiB host path; photo stage +672 after warm-up, +802 after serve_memory's load, +908 to +924 "
+        "after HTTP load (runs 9–11), +998 under the soak's load; IR-SE-64 +742 after warm-up, +862 after load; "
+        "the cuDNN + cuBLAS floor alone is +128 MiB",
         "not met",
     ),
     (
         "no growth over a 10-minute soak",
-        "10.2 min (host path): GPU memory flat at 1,258 MiB, torch reserved flat; host RSS +20.3 MiB over the "
-        "second half (+3.1 MiB/min)",
-        "GPU met; host RSS still rising",
+        "photo stage, 10.2 min, 0 failed requests: GPU 1,610 MiB until the last minute, then 1,612 (+2 MiB, torch "
+        "reserved 768 → 770); host RSS +0.7 MiB over the second half (+0.13 MiB/min; previous soak +3.1 MiB/min)",
+        "met, within one 2 MiB allocator block",
     ),
     (
         "fp16 parity (r ≥ 0.999, ≥ 99.9 % verdicts, Δacc ≤ 0.05 %)",
@@ -350,7 +406,7 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU preprocessing in serving, agreeing with the CPU path",
         "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
-        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021",
+        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021 (runs at 2a726c5 to 6da6043)",
         "done",
     ),
 ]
@@ -392,6 +448,18 @@ def main() -> None:
             sface_variants=sface_variants(),
             parity=parity(),
             **http_run("http_gpu", "http_gpu.json", ("litserve", "naive", "facegate_mp_hostpre")),
+            **http_run("http_gpu9", "http_gpu_run9_photo_host_time.json", ("litserve", "naive")),
+            **http_run("http_gpu10", "http_gpu_run10_lean_engine.json", ("litserve", "naive")),
+            **http_run("http_gpu11", "http_gpu_run11_gc_freeze.json", ("facegate_mp_gc", "naive")),
+            photo_profile=photo_profile(),
+            pyspy9=pyspy_engine("pyspy_run9_facegate_mp.json"),
+            pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
+            gc_pause=gc_pause(),
+            gc_pause_cmd=load("gc_pause_cpu.json")["command"],
+            soak_gpu3_cmd=load("soak_gpu_mp_run3_photo_stage.json")["command"],
+            soak_gpu3=soak_gpu("soak_gpu_mp_run3_photo_stage.json"),
+            serve_memory_photo2_cmd=load("serve_memory_gpu_photo_run2.json")["command"],
+            serve_memory_photo2=serve_memory("serve_memory_gpu_photo_run2.json"),
             **http_run("http_gpu7", "http_gpu_run7_replay_lock.json", ("facegate_mp_hostpre",)),
             **http_run("http_gpu8", "http_gpu_run8_photo_prepare.json", ("litserve", "naive", "facegate_mp_hostpre")),
             **http_run("http_gpu5", "http_gpu_run5_cpu_threads.json", ("litserve", "naive", "facegate_mp_pools")),
@@ -514,7 +582,73 @@ fp32 in both (fp16 landmarks moved the crops: min cosine 0.85 in a first run, de
 
 {parity}
 
-### HTTP end to end on the GPU (latest: runs 6–8, the photo stage)
+### HTTP end to end on the GPU (latest: runs 9–11, the engine process's GIL)
+
+After run 8 the engine process bounded compare throughput with the GPU ~20 % busy. This session measured
+where its time goes, first without HTTP, then under HTTP load with py-spy, and removed the largest items.
+
+**The photo stage alone** (`python3 benchmarks/photo_profile.py --images .lfwB/lfw-deepfunneled ...`, part of
+`bash scripts/gpu-photo.sh`): prepare and execute of one batch of LFW JPEGs after the serving warm-up, and the
+two on two threads with one batch between them, as the engine runs them. Run 2 ran the code of run 8's
+commit and the changed code in one device call:
+
+{photo_profile}
+
+The changes of run 2 (commits c234cf0 and 6afca4f): a JPEG marker walker instead of Pillow's lazy open for the
+header check (`io/jpeg.py`: 0.45 against 2.29 ms per 54 photos; it answers only plain JPEGs and hands the rest
+to Pillow, and answers as Pillow on all 13,233 LFW files and crafted ones); one canvas copy per run of
+same-size photos; and `FaceDetector.run_many`, which enqueues every detector batch and its candidates' copy
+before one wait, then runs NMS for all photos at once (`nms_rows`, equal to per-image greedy NMS by test).
+Run 3 adds the vectorised rescale of the detections; it ran on another machine (the naive server was 28 %
+slower there than in run 9), so runs 2 and 3 do not compare.
+
+**Under HTTP load (runs 9 and 10), the engine process's GIL** (`py-spy record --subprocesses --gil` started
+the facegate_mp server: `FACEGATE_BENCH_WRAP`; `python benchmarks/pyspy_summary.py RAW --skip-startup`; only
+samples of a thread that holds the GIL count, so shares are of the GIL's busy time):
+
+- run 9 (commit 2f46fd2): {pyspy9}
+- run 10 (commit 6da6043): {pyspy10}
+
+Run 9 showed the engine's event loop (asyncio task, timer and wake-up per request, then pickling the
+results) at 24 % and the detector's per-image finishing at ~20 %. Commits 00376cc, ff33ee2 and 2075f9b made the
+connection readers queue items directly (`Engine.enqueue` with a `concurrent.futures.Future`, a sender
+thread per connection), pickled each result as one float32 array, and vectorised the rescale. In run 10,
+40 % of the samples sat in `Future.__init__` → `Condition.__init__`, a ~1.5 µs constructor: the allocation
+that triggered the **garbage collector's full collections**. A serving process holds ~190k start-up objects
+(torch, the models); each full collection walks them all with the GIL held. On this CPU
+(`{gc_pause_cmd}`): {gc_pause}
+
+Commit 2bdb783 adds `Settings.gc_freeze` (on by default): after start-up every process collects once and
+calls `gc.freeze()`. Run 11 is its A/B (`facegate_mp_gc` = the same server with `FACEGATE_GC_FREEZE=false`),
+with the naive server, in one device call (the session's last 3 minutes of device time; one concurrency,
+3 s per point): `{http_gpu11_cmd}`.
+
+{http_gpu11}
+
+{http_gpu11_ratios}
+
+Run 10 (commit 6da6043, under py-spy, on the slower machine): `{http_gpu10_cmd}` (`SOAK_S=600 bash
+scripts/gpu-photo.sh`).
+
+{http_gpu10}
+
+{http_gpu10_ratios}
+
+Run 9 (commit 2f46fd2, under py-spy): `{http_gpu9_cmd}` (`bash scripts/gpu-photo.sh`).
+
+{http_gpu9}
+
+{http_gpu9_ratios}
+
+- The photo stage's execute thread: 13.5 ms per batch of 42 photos in run 9, 11.4 ms per 48 in run 11
+  (run 8: 19.9 ms per 54), busy 0.72–0.75; the prepare thread 5.6 ms per batch (run 8: 22.2).
+- Aligned embed is not bound by the engine: its embed stage is busy 0.30–0.39 of the time with batches
+  of ~6 crops, while the 4 front-ends and the engine use 4.4–5.1 CPU cores. More front-end processes
+  (`--workers`) are the next A/B for it; not run.
+- py-spy samples the server's processes 97 times a second without stopping them; its own CPU time is
+  counted in runs 9 and 10's server CPU columns.
+
+### HTTP end to end on the GPU: runs 6–8, the photo stage
 
 Run 6 (commit 2a726c5): `{http_gpu_cmd}` (that is `BUDGET_S=300
 SERVERS=facegate_mp,facegate_mp_hostpre,litserve,naive CONCURRENCY=100,256,16 bash scripts/gpu-http.sh`).
@@ -681,7 +815,25 @@ start`, which ran this beside the GPU soak's load: the memory figures stand, the
 
 {serve_memory_photo}
 
-### GPU soak (process model, 10 minutes, commit f4abe32)
+### GPU soak of the photo stage (10 minutes, commit 6da6043)
+
+`{soak_gpu3_cmd}`, started at the end of `SOAK_S=600 bash scripts/gpu-photo.sh` and collected by
+`bash scripts/gpu-soak.sh collect` in the next call. The photo stage on (compare photos go to it), after the
+graph-pool lock and the engine changes of runs 9–10, before `gc_freeze`. Compare and aligned-embed windows
+alternate at concurrency 64, 6 client processes. The memory probe below ran beside it for ~2 minutes.
+
+{soak_gpu3}
+
+Memory probe beside that soak (`MEMORY_VARIANTS="compile=graphs compile=graphs,gpu_preprocess=off" bash
+scripts/gpu-soak.sh collect`: `{serve_memory_photo2_cmd}`); the memory figures stand, the seconds do not:
+
+{serve_memory_photo2}
+
+The engine process held more under the soak's load (1,610 MiB, +998) than after serve_memory's load
+(+802): torch's cache keeps the largest batches' decoded photos, canvases and warp buffers (reserved 768
+MiB against 506 after warm-up).
+
+### GPU soak (process model, 10 minutes, commit f4abe32, host path)
 
 `{soak_gpu_cmd}`, started by `bash scripts/gpu-soak.sh start` in one device call and collected by
 `bash scripts/gpu-soak.sh collect` in the next (a call lasts at most 10 minutes, start-up included; the soak
