@@ -4,7 +4,8 @@ Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GI
 ``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``facegate_mp_pools`` (the
 same with torch's and OpenCV's default thread pools, ``cpu_threads=0``), ``facegate_mp_hostpre`` (the same with
 ``gpu_preprocess=off``: front-ends decode and align photos on the CPU), ``facegate_mp_gc`` (the same with
-``gc_freeze=false``: Python's default garbage collector), ``naive``, ``litserve``:
+``gc_freeze=false``: Python's default garbage collector), ``facegate_mp_h11`` (the same with uvicorn's h11
+parser and the asyncio loop), ``naive``, ``litserve``:
 ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
@@ -84,7 +85,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
-    "facegate_mp_gc",
+    "facegate_mp_gc", "facegate_mp_h11",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned")
@@ -424,6 +425,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_GPU_PREPROCESS"] = "off"
     if name == "facegate_mp_gc":  # A/B of Settings.gc_freeze: Python's default collector
         env["FACEGATE_GC_FREEZE"] = "false"
+    if name == "facegate_mp_h11":  # A/B of Settings.http_parser and event_loop: uvicorn's pure-Python fallbacks
+        env.update(FACEGATE_HTTP_PARSER="h11", FACEGATE_EVENT_LOOP="asyncio")
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.wrapped = os.environ.get("FACEGATE_BENCH_WRAP", "").partition("=")[0] == name
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]

@@ -168,6 +168,17 @@ class Settings(BaseSettings):
         ),
     )
 
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        "auto",
+        description=(
+            "uvicorn's HTTP/1.1 parser in the serving processes: 'auto' takes httptools (C) when installed "
+            "(a dependency of facegate), else h11 (pure Python)."
+        ),
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="The serving processes' event loop: 'auto' takes uvloop when installed (not on Windows).",
+    )
     gc_freeze: bool = Field(
         True,
         description=(

@@ -438,9 +438,15 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> Any:
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
         "timeout_graceful_shutdown": 10,
+        **uvicorn_impl(settings),
     }
     kw.update(overrides)
     return uvicorn.Config(app, **kw)
+
+
+def uvicorn_impl(settings: Settings) -> dict[str, str]:
+    """uvicorn's ``http`` and ``loop`` options from ``Settings.http_parser`` and ``Settings.event_loop``."""
+    return {"http": settings.http_parser, "loop": settings.event_loop}
 
 
 def run(settings: Settings) -> None:

@@ -215,6 +215,8 @@ def run_multiprocess(settings: Settings) -> None:
     """
     import uvicorn
 
+    from facegate.serving.app import uvicorn_impl
+
     engines = start_engines(settings)
     env = environment(engines)
     old = {k: os.environ.get(k) for k in env}
@@ -250,6 +252,7 @@ def run_multiprocess(settings: Settings) -> None:
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=10,
+            **uvicorn_impl(settings),
         )
     finally:
         stopping.set()
