@@ -35,7 +35,7 @@ for part, d in ((0, ".lfwA"), (1, ".lfwB")):
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             shutil.copy(root / "lfw-deepfunneled" / p, dst)
-# .lfwT: what `pytest -m gpu tests/unit` reads (test_yunet's and test_align's people, test_sface's images,
+# .lfwT: what `pytest -m gpu tests/unit` reads (the YuNet and detector tests' and test_align's people, test_sface's images,
 # the first photo of the first 40 people for the decode and recognizer tests)
 people = sorted(p.name for p in (root / "lfw-deepfunneled").iterdir() if p.is_dir())
 files = [f for n in ("Aaron_Eckhart", "Aaron_Peirsol", "Colin_Powell", "Serena_Williams", "Tony_Blair")

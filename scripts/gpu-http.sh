@@ -18,7 +18,7 @@ set -uo pipefail
 . scripts/device-env.sh
 if [ -d .lfwT ]; then
   FACEGATE_LFW_ROOT=.lfwT timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/engine/test_graphs.py \
-    tests/unit/models/test_yunet.py > "$OUT/gpu_tests_http.txt" 2>&1 || { tail -30 "$OUT/gpu_tests_http.txt"; exit 3; }
+    tests/unit/models/test_detector.py > "$OUT/gpu_tests_http.txt" 2>&1 || { tail -30 "$OUT/gpu_tests_http.txt"; exit 3; }
   tail -1 "$OUT/gpu_tests_http.txt"
   # the photo stage's parity with the host path: printed (-s), not fatal (its tolerances are the measurement)
   FACEGATE_LFW_ROOT=.lfwT timeout 120 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/unit/pipeline/test_photo.py \

@@ -13,7 +13,7 @@
 # samples so far; `bash scripts/gpu-soak.sh collect` in the next call (within the 30 s warm window) finishes it.
 set -uo pipefail
 . scripts/device-env.sh
-FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/models/test_yunet.py \
+FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/models/test_detector.py \
   tests/unit/engine/test_graphs.py tests/unit/io/test_decode.py > "$OUT/gpu_tests.txt" 2>&1 \
   || { tail -n 30 "$OUT/gpu_tests.txt"; exit 3; }
 tail -n 1 "$OUT/gpu_tests.txt"
