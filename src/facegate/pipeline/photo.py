@@ -83,7 +83,8 @@ class PhotoFaces:
         return out
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
-        """Pickled as one array (the engine process sends thousands per second: a sixth of the bytes' cost)."""
+        """Pickled as one array, not a tree of objects: pickling held 11 % of the engine process's GIL under
+        load before, 5 % after (py-spy, ``benchmarks/results/pyspy_run9/10_facegate_mp.json``)."""
         return unpack_photo_faces, (self.pack(),)
 
 
