@@ -641,7 +641,7 @@ Run 9 (commit 2f46fd2, under py-spy): `{http_gpu9_cmd}` (`bash scripts/gpu-photo
 {http_gpu9_ratios}
 
 - The photo stage's execute thread: 13.5 ms per batch of 42 photos in run 9, 11.4 ms per 48 in run 11
-  (run 8: 19.9 ms per 54), busy 0.72–0.75; the prepare thread 5.6 ms per batch (run 8: 22.2).
+  (run 8: 19.9 ms per 54), busy 0.72–0.75; the prepare thread 6.2 and 5.6 ms per batch (run 8: 22.2).
 - Aligned embed is not bound by the engine: at concurrency 100 its embed stage is busy 0.30–0.39 of the
   time with batches of ~6 crops, while the 4 front-ends and the engine use 4.4–5.1 CPU cores. More
   front-end processes (`--workers`) are the next A/B for it; not run. All GPU runs so far served with
