@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
             "eager-fp16": make(name, torch.float16, channels_last=True, fuse=False, ckpt_dir=tmp),
             "eager-bf16": make(name, torch.bfloat16, channels_last=True, fuse=False, ckpt_dir=tmp),
         }
-        fp16_fused = make(name, torch.float16, channels_last=True, fuse=(name == "sface"), ckpt_dir=tmp)
+        fp16_fused = make(name, torch.float16, channels_last=True, fuse=True, ckpt_dir=tmp)
         t0 = time.perf_counter()
         graphed = GraphedModule(fp16_fused, (112, 112, 3), torch.uint8, buckets=batches)
         graphed.capture()
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
         # inductor at a few batch sizes (compile time recorded)
         if args.inductor:
             for b in [int(v) for v in args.inductor_batches.split(",")]:
-                m = make(name, torch.float16, channels_last=True, fuse=(name == "sface"), ckpt_dir=tmp)
+                m = make(name, torch.float16, channels_last=True, fuse=True, ckpt_dir=tmp)
                 t0 = time.perf_counter()
                 g = GraphedModule(m, (112, 112, 3), torch.uint8, buckets=[b], compile_mode=args.inductor_mode)
                 g.capture()

@@ -568,7 +568,8 @@ BatchNorm folded (SFace), which is `--compile graphs`.
 
 ### SFace fp16 variants (device run 2)
 
-`python benchmarks/sface_variants.py --batches 1,64,256 --inductor` (the Inductor max-autotune variant
+`python benchmarks/sface_variants.py --batches 1,64,256 --inductor` (the script is now
+`compile_variants.py`; the Inductor max-autotune variant
 did not finish compiling within the run's time limit; its autotuner chose cuDNN over Triton for the
 depthwise convolutions it reached).
 

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError
+from facegate.errors import CheckpointError, InvalidParameterError
+from facegate.models.fold import fold_into
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,22 @@ class SEModule(nn.Module):
         return x * w
 
 
+class Subsample(nn.Module):
+    """``x[:, :, ::s, ::s]``: what ``MaxPool2d(1, s)`` computes, as a view (no kernel); ``(N, C, H, W)`` →
+    ``(N, C, ceil(H/s), ceil(W/s))``. Used by :meth:`BottleneckIRSE.fuse` for the identity shortcuts."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.stride = int(stride)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """A strided view of ``x`` (``x`` itself when the stride is 1)."""
+        return x if self.stride == 1 else x[:, :, :: self.stride, :: self.stride]
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}"
+
+
 class BottleneckIRSE(nn.Module):
     """One IR-SE unit (``bottleneck_IR_SE``): pre-BN residual branch with SE, plus a shortcut."""
 
@@ -90,6 +107,25 @@ class BottleneckIRSE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(N, in, H, W) → (N, out, H/stride, W/stride)``."""
         return self.res_layer(x) + self.shortcut_layer(x)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold the BatchNorms that follow a convolution into it, and make the identity shortcut a view.
+
+        ``res_layer.4`` goes into ``res_layer.3``, the shortcut's BN into its 1×1 conv (both become
+        ``nn.Identity``), and ``MaxPool2d(1, s)`` becomes :class:`Subsample`. ``res_layer.0`` stays: it
+        precedes a zero-padded convolution, so folding it would change the border pixels. Idempotent.
+        """
+        if isinstance(self.res_layer[4], nn.BatchNorm2d):
+            fold_into(self.res_layer[3], self.res_layer[4])
+            self.res_layer[4] = nn.Identity()
+        sc = self.shortcut_layer
+        if isinstance(sc, nn.MaxPool2d):
+            stride = sc.stride if isinstance(sc.stride, int) else sc.stride[0]
+            self.shortcut_layer = Subsample(stride)
+        elif isinstance(sc, nn.Sequential) and isinstance(sc[1], nn.BatchNorm2d):
+            fold_into(sc[0], sc[1])
+            sc[1] = nn.Identity()
 
 
 class IRSE64RTS(nn.Module):
@@ -160,6 +196,39 @@ class IRSE64RTS(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(N, 3, S, S)`` normalised RGB → ``(embedding (N, D) un-normalised, logvar (N, 1))``."""
         return self.heads(self.forward_features(x))
+
+    @property
+    def fused(self) -> bool:
+        """Whether :meth:`fuse` has run (the stem's BatchNorm is then an ``nn.Identity``)."""
+        return isinstance(self.features[0][1], nn.Identity)
+
+    @torch.no_grad()
+    def fuse(self) -> IRSE64RTS:
+        """Fold every BatchNorm that follows a conv/linear layer into it, in place; returns ``self``.
+
+        Folded: the stem's BN, each unit's post-conv BN and shortcut BN (:meth:`BottleneckIRSE.fuse`),
+        and the BatchNorm1d of the three heads. Kept: each unit's leading BN (before a zero-padded
+        convolution) and ``features.2.0`` (its output is what :meth:`forward_features` returns, the
+        input of an RTS quality head). That removes ~90 of the ~480 kernels of a forward, which is what
+        bounds batch 1 under CUDA graphs. The outputs are unchanged up to rounding; ``state_dict`` keys
+        differ afterwards (load first, then fuse). Eval-only; idempotent.
+
+        Raises:
+            InvalidParameterError: the module is in training mode.
+        """
+        if self.training:
+            raise InvalidParameterError("IRSE64RTS.fuse() folds eval BatchNorm statistics; call .eval() first")
+        if self.fused:
+            return self
+        stem = self.features[0]
+        fold_into(stem[0], stem[1])
+        stem[1] = nn.Identity()
+        for unit in self.features[1]:
+            unit.fuse()
+        for head in (self.features_backbone, self.logvar_rts_backbone, self.logvar_rts_plus_backbone):
+            fold_into(head[0], head[1])
+            head[1] = nn.Identity()
+        return self
 
 
 def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRSE64RTS:
@@ -311,6 +380,7 @@ __all__ = [
     "IRSE64_WIDTHS",
     "BottleneckIRSE",
     "SEModule",
+    "Subsample",
     "check_state_dict",
     "load_rts_checkpoint",
     "tiny_irse",

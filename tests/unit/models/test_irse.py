@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from facegate.errors import CheckpointError, ModelError
-from facegate.models.irse import IRSE64RTS, check_state_dict, load_rts_checkpoint, tiny_irse
+from facegate.errors import CheckpointError, InvalidParameterError, ModelError
+from facegate.models.irse import IRSE64RTS, Subsample, check_state_dict, load_rts_checkpoint, tiny_irse
 
 ALPHA = 16  # an RTS+ width consistent with the 47.8 M parameter target
 
@@ -201,3 +202,50 @@ def test_tiny_model_forward_shapes_and_determinism() -> None:
     assert torch.isfinite(emb).all() and torch.isfinite(logvar).all()
     assert torch.equal(emb, emb2) and not torch.allclose(emb, emb3)
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
+
+
+def test_fuse_folds_batchnorms_and_keeps_outputs() -> None:
+    model = tiny_irse(seed=3, alpha=4)
+    x = torch.randn(3, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        feats0 = model.forward_features(x)
+        emb0, logvar0 = model(x)
+    fused = copy.deepcopy(model).fuse()
+    assert fused.fused and not model.fused and fused.fuse() is fused  # idempotent
+    units = list(fused.features[1])
+    assert all(isinstance(u.res_layer[4], torch.nn.Identity) for u in units)
+    assert all(isinstance(u.res_layer[0], torch.nn.BatchNorm2d) for u in units)  # before a padded conv: kept
+    # tiny_irse: the first unit keeps 16 channels (stride 2: MaxPool2d(1, 2) → a strided view), the rest convolve
+    assert isinstance(units[0].shortcut_layer, Subsample) and units[0].shortcut_layer.stride == 2
+    assert all(isinstance(u.shortcut_layer[1], torch.nn.Identity) for u in units[1:])
+    assert isinstance(fused.features[2][0], torch.nn.BatchNorm2d)  # forward_features' output is unchanged
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d) for m in fused.modules())
+    assert n_bn == len(units) + 1
+    with torch.no_grad():
+        feats1 = fused.forward_features(x)
+        emb1, logvar1 = fused(x)
+    torch.testing.assert_close(feats1, feats0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(emb1, emb0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logvar1, logvar0, rtol=1e-4, atol=1e-5)
+
+
+def test_fuse_of_the_full_layout_turns_identity_shortcuts_into_views() -> None:
+    with torch.device("meta"):
+        model = IRSE64RTS(ALPHA).eval()
+    model.fuse()
+    shortcuts = [u.shortcut_layer for u in model.features[1]]
+    views = [s.stride for s in shortcuts if isinstance(s, Subsample)]
+    assert views == [2] + [1] * 26  # 27 MaxPool2d(1, s) shortcuts; the other 3 are folded 1×1 convs
+    assert sum(isinstance(s, torch.nn.Sequential) for s in shortcuts) == 3
+
+
+def test_subsample_matches_maxpool_1() -> None:
+    x = torch.randn(2, 4, 7, 7)
+    for s in (1, 2):
+        torch.testing.assert_close(Subsample(s)(x), torch.nn.MaxPool2d(1, s)(x), rtol=0, atol=0)
+
+
+def test_fuse_requires_eval() -> None:
+    model = tiny_irse(seed=0).train()
+    with pytest.raises(InvalidParameterError, match="eval"):
+        model.fuse()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -302,3 +303,15 @@ def test_cuda_half_precision_and_compile_match_cpu(arch_spec: ModelSpec, precisi
     assert float((ec * e).sum(1).min()) > 0.999
     torch.testing.assert_close(rc, r, rtol=0.02, atol=0.0)
     assert float((qc - q).abs().max()) < 0.02
+    # the BatchNorm-folded backbone the CUDA pipeline serves, captured as CUDA graphs (channels_last views)
+    from facegate.engine.graphs import GraphedModule
+
+    fused = copy.deepcopy(rec)
+    fused.backbone.fuse()
+    graphed = GraphedModule(fused, (112, 112, 3), torch.uint8, buckets=[4, 8])
+    graphed.capture()
+    for n in (3, 8):
+        ef, qf, rf = graphed(x[:n])
+        assert float((qf - q[:n]).abs().max()) < 0.02
+        assert float((ef * e[:n]).sum(1).min()) > 0.999
+        torch.testing.assert_close(rf, r[:n], rtol=0.02, atol=0.0)
