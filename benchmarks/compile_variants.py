@@ -13,7 +13,8 @@ Variants (all fp16 under per-batch CUDA graphs except ``eager-fp32``):
   folding.
 * ``inductor``: ``torch.compile`` (default mode) first, then capture; ``inductor-max-autotune``: the
   ``max-autotune-no-cudagraphs`` mode (Triton templates benchmarked against cuDNN/cuBLAS per shape).
-  ``--freezing`` and ``--conv1x1-mm`` set the Inductor options of the same names. The compile cache is
+  ``--freezing`` and ``--conv1x1-mm`` add the Inductor options ``freezing`` and
+  ``conv_1x1_as_mm`` (both together are what ``compile=inductor`` serves with). The compile cache is
   ``TORCHINDUCTOR_CACHE_DIR``; the JSON says how many files it held at the start (0 = a cold cache).
 
 python benchmarks/compile_variants.py --model irse64 --batches 1,64 --variants graphs,graphs-unfused \\
@@ -69,8 +70,8 @@ def main() -> None:
     ap.add_argument("--model", choices=("sface", "irse64"), default="sface")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--variants", default="graphs,graphs-nchw", help=f"comma list of {VARIANTS}")
-    ap.add_argument("--freezing", action="store_true", help="torch._inductor.config.freezing = True")
-    ap.add_argument("--conv1x1-mm", action="store_true", help="torch._inductor.config.conv_1x1_as_mm = True")
+    ap.add_argument("--freezing", action="store_true", help="Inductor option freezing=True")
+    ap.add_argument("--conv1x1-mm", action="store_true", help="Inductor option conv_1x1_as_mm=True")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/compile_variants.json"))
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
@@ -78,11 +79,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {unknown}")
     torch.backends.cudnn.benchmark = True
-    if a.freezing or a.conv1x1_mm:
-        import torch._inductor.config as ic
-
-        ic.freezing = a.freezing
-        ic.conv_1x1_as_mm = a.conv1x1_mm
+    options = {k: True for k, on in (("freezing", a.freezing), ("conv_1x1_as_mm", a.conv1x1_mm)) if on}
     batches = [int(b) for b in a.batches.split(",")]
     ckpt = Path(tempfile.mkdtemp()) / "irse64_random.pt"
     env = env_record(**{k: str(v) for k, v in vars(a).items()}, inductor_cache_files_at_start=cache_files())
@@ -98,7 +95,9 @@ def main() -> None:
             ckpt=ckpt,
         )
         mode = {"inductor": "default", "inductor-max-autotune": "max-autotune-no-cudagraphs"}.get(variant)
-        g = GraphedModule(m, (112, 112, 3), torch.uint8, buckets=batches, compile_mode=mode)
+        g = GraphedModule(
+            m, (112, 112, 3), torch.uint8, buckets=batches, compile_mode=mode, compile_options=options if mode else None
+        )
         g.capture()
         setup_s = time.perf_counter() - t0
         for b in batches:

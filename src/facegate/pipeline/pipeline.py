@@ -186,7 +186,7 @@ class FacePipeline:
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
         if device == "cuda" and settings.compile != "off":
-            from facegate.engine.graphs import GraphedModule
+            from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
             if settings.det_graphs:
                 detector.enable_graphs()
@@ -199,6 +199,7 @@ class FacePipeline:
                 torch.uint8,
                 buckets=buckets,
                 compile_mode="max-autotune-no-cudagraphs" if settings.compile == "inductor" else None,
+                compile_options=INDUCTOR_SERVING_OPTIONS if settings.compile == "inductor" else None,
             )
         # a tiny random-weight recognizer's quality means nothing: its gate defaults to 0 unless set
         default_q = 0.0 if tiny else spec.thresholds.quality

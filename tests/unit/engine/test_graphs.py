@@ -45,6 +45,32 @@ def test_cpu_runs_eagerly_with_the_modules_results() -> None:
         torch.testing.assert_close(g, w)
 
 
+def test_compile_options_are_merged_into_the_modes_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict] = []
+
+    def fake_compile(module: nn.Module, **kwargs: object) -> nn.Module:
+        calls.append(kwargs)
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    net = _Net(0).eval()
+    GraphedModule(net, (8, 8, 3), torch.uint8, compile_mode="max-autotune-no-cudagraphs")
+    GraphedModule(
+        net,
+        (8, 8, 3),
+        torch.uint8,
+        compile_mode="max-autotune-no-cudagraphs",
+        compile_options=graphs.INDUCTOR_SERVING_OPTIONS,
+    )
+    assert calls[0] == {"mode": "max-autotune-no-cudagraphs", "dynamic": False}
+    assert "mode" not in calls[1] and calls[1]["dynamic"] is False
+    opts = calls[1]["options"]
+    assert opts["max_autotune"] is True and opts["freezing"] is True and opts["conv_1x1_as_mm"] is True
+    assert GraphedModule(net, (8, 8, 3), torch.uint8)._fn is net and len(calls) == 2
+    with pytest.raises(ValueError, match="compile_mode"):
+        GraphedModule(net, (8, 8, 3), torch.uint8, compile_options={"freezing": True})
+
+
 def test_default_buckets_are_ascending_and_end_at_64() -> None:
     assert list(graphs.DEFAULT_BUCKETS) == sorted(graphs.DEFAULT_BUCKETS)
     assert graphs.DEFAULT_BUCKETS[0] == 1 and graphs.DEFAULT_BUCKETS[-1] == 64
