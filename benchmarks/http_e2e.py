@@ -16,8 +16,9 @@ times, so other tenants' load hits every server alike. req/s is the median over 
 every request. The JSON is rewritten after every point (``complete`` false until the end); SIGTERM (an
 outer ``timeout``) stops the servers and keeps the results; ``--budget-s`` starts no point ending past it.
 
-Load: ``--client-procs`` processes (``auto``: one per 32 clients, at most a third of the CPUs) of
-``concurrency/procs`` httpx clients each, released together by a barrier; latency samples are merged.
+Load: ``--client-procs`` processes (``auto``: see :func:`auto_client_procs`) of
+``concurrency/procs`` clients each (``--transport``: the lean ``facegate.bench.rawhttp`` client, or httpx as in runs
+1–11), released together by a barrier; latency samples are merged.
 ``limits`` flags what plausibly capped a row: a client process near 1 core, the server's busiest thread
 near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
 ``ok_req_per_server_cpu_s`` (req/s per server CPU core used) stays comparable when other tenants take CPU;
@@ -65,7 +66,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import ImageItem, _phase, _RequestMaker
+from facegate.bench.http import TRANSPORTS, ImageItem, _phase, _RequestMaker, client_description, open_sender
 from monitor import (
     GpuMonitor,
     bare_context_mib,
@@ -259,10 +260,9 @@ def _client_main(spec: dict[str, Any], barrier: Any, out_q: Any) -> None:
 async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
     c = spec["concurrency"]
     make = _RequestMaker(spec["kind"], spec["pool"], spec["images_per_request"], False)
-    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
-    timeout = httpx.Timeout(spec["timeout_s"], connect=10.0)
-    async with httpx.AsyncClient(base_url=spec["url"], limits=limits, timeout=timeout) as client:
-        phase = functools.partial(_phase, client, make, concurrency=c, n_requests=None, progress=None)
+    opened = open_sender(spec["url"], make, transport=spec["transport"], concurrency=c, timeout_s=spec["timeout_s"])
+    async with opened as send:
+        phase = functools.partial(_phase, send, make, concurrency=c, n_requests=None, progress=None)
         if spec["warmup_s"] > 0:
             await phase(duration_s=spec["warmup_s"], start_index=spec["offset"])
         barrier.wait(timeout=spec["barrier_timeout_s"])  # nothing else runs on this loop now
@@ -274,18 +274,27 @@ async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
             "last_done": rec.last_done, "cpu_s": cpu}  # fmt: skip
 
 
-def auto_client_procs(concurrency: int) -> int:
-    """One process per 16 clients, at most half of the CPUs (the server needs the rest).
+def auto_client_procs(concurrency: int, transport: str = "raw") -> int:
+    """Client processes for ``concurrency`` clients.
 
-    (One per 32, at most a third, left the clients at 100 % CPU on the H200 machine at c=100 and 256.)
+    httpx: one process per 16 clients, at most half of the CPUs (the server needs the rest); one per 32,
+    at most a third, left the clients at 100 % CPU on the H200 machine at c=100 and 256. raw: one per 64
+    clients, at most 4; it costs 0.09 ms of CPU per request against httpx's 1.25 ms on the 2-core dev box
+    (``benchmarks/client_cost.py``, ``results/client_cost_cpu.json``).
     """
+    if transport == "raw":
+        return max(1, min(math.ceil(concurrency / 64), 4, concurrency))
     return max(1, min(math.ceil(concurrency / 16), (os.cpu_count() or 1) // 2, concurrency))
 
 
 def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: int, o: argparse.Namespace,
               gpu: GpuMonitor | None) -> dict[str, Any]:  # fmt: skip
     """One measured round of (server, kind, concurrency): merged raw client samples and limit diagnostics."""
-    procs_n = auto_client_procs(concurrency) if o.client_procs == "auto" else min(int(o.client_procs), concurrency)
+    procs_n = (
+        auto_client_procs(concurrency, o.transport)
+        if o.client_procs == "auto"
+        else min(int(o.client_procs), concurrency)
+    )
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
     barrier, out_q, procs = ctx.Barrier(procs_n + 1), ctx.Queue(), []
     k = o.images_per_request if kind == "embed_aligned" else 1
@@ -296,6 +305,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
             "concurrency": concurrency // procs_n + (1 if i < concurrency % procs_n else 0),
             "warmup_s": o.warmup, "duration_s": o.duration, "timeout_s": o.timeout,
             "offset": i * 104_729 + int(time.time()) % 997, "barrier_timeout_s": wait_s,
+            "transport": o.transport,
         }  # fmt: skip
         procs.append(ctx.Process(target=_client_main, args=(spec, barrier, out_q), daemon=True))
         procs[-1].start()
@@ -608,6 +618,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-fast-queue", action="store_true", help="LitServe's ZMQ transport")
     add("--litserve-api-servers", type=int, default=None)
     add("--mp-workers", type=int, default=4, help="front-end processes of the facegate_mp server")
+    add("--transport", choices=TRANSPORTS, default="raw",
+        help="load generator's HTTP client: raw (facegate.bench.rawhttp, lean) or httpx (runs 1-11)")  # fmt: skip
     add("--naive-serialize", action="store_true", help="naive: one request in the model at a time")
     add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")
@@ -642,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     config.update(n_photos=len(photos), n_crops=len(crops), gpu=None if gpu is None else gpu.name())
     config["photo_bytes_mean"] = round(sum(len(p[1]) for p in photos) / len(photos))
     config["crop_bytes_mean"] = round(sum(len(c[1]) for c in crops) / len(crops))
+    config["client"] = client_description(o.transport)
     state: dict[str, Any] = {"t0": t_all, "servers": {}, "samples": {}, "skipped": []}
 
     def save(final: bool = False) -> None:

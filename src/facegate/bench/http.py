@@ -1,7 +1,8 @@
 """Closed-loop HTTP load generator for a running facegate server (``facegate bench http``).
 
-``concurrency`` asyncio clients share one :class:`httpx.AsyncClient`; each sends a request, waits for
-its response and immediately sends the next one (closed loop), so the offered load adapts to the
+``concurrency`` asyncio clients share one HTTP client (``transport``: the lean
+:class:`~facegate.bench.rawhttp.RawClient` by default, or :class:`httpx.AsyncClient`); each sends a
+request, waits for its response and immediately sends the next one (closed loop), so the offered load adapts to the
 server's latency and the measured throughput is ``≈ concurrency / latency``. A run is bounded either by
 wall-clock time (``duration_s``) or by a request count (``n_requests``); an optional warm-up of
 ``warmup`` requests runs first with the same concurrency and is not recorded.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import mimetypes
@@ -29,7 +31,7 @@ import platform
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,12 +40,21 @@ from typing import Any, Literal, get_args
 import httpx
 import numpy as np
 
+from facegate.bench.rawhttp import RawClient, TransportError, encode_multipart, encode_request
 from facegate.errors import EmptyInputError, EngineClosedError, InvalidParameterError
 
 log = logging.getLogger(__name__)
 
 BenchKind = Literal["compare", "embed_aligned", "embed"]
 KINDS: tuple[str, ...] = get_args(BenchKind)
+#: ``raw``: :mod:`facegate.bench.rawhttp` (pre-encoded requests, a fraction of httpx's CPU per request);
+#: ``httpx``: :class:`httpx.AsyncClient`.
+Transport = Literal["raw", "httpx"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
+#: what a request that got no response raises, per transport (counted by class name, never raised)
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, TransportError)
+#: ``send(i)`` → ``(status, body)`` of request number ``i``
+Sender = Callable[[int], Awaitable[tuple[int, bytes]]]
 IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
 
 #: an image for the pool: ``(file name, bytes, MIME type)``
@@ -165,6 +176,7 @@ class _RequestMaker:
         self.pool = pool
         self.k = images_per_request
         self.crops = crops
+        self._cache: dict[tuple[str, int], bytes] = {}
 
     @property
     def images_per_request(self) -> int:
@@ -181,6 +193,39 @@ class _RequestMaker:
         data = {"aligned": "true" if self.kind == "embed_aligned" else "false"}
         return {"url": "/api/embed", "files": files, "data": data}
 
+    def encoded(self, i: int, host: str) -> bytes:
+        """Request number ``i`` as HTTP/1.1 bytes for ``host`` (the same request as :meth:`__call__`'s);
+        cached, since requests repeat with the pool."""
+        n = len(self.pool)
+        key = (host, (2 * i) % n if self.kind == "compare" else (i * self.k) % n)
+        data = self._cache.get(key)
+        if data is None:
+            kw = self(i)
+            body, ctype = encode_multipart(kw.get("data"), kw["files"])
+            data = encode_request("POST", host, kw["url"], params=kw.get("params"), body=body, content_type=ctype)
+            self._cache[key] = data
+        return data
+
+
+def httpx_sender(client: httpx.AsyncClient, make: _RequestMaker) -> Sender:
+    """``send(i)`` over an httpx client (``base_url`` set)."""
+
+    async def send(i: int) -> tuple[int, bytes]:
+        resp = await client.post(**make(i))
+        return resp.status_code, resp.content
+
+    return send
+
+
+def raw_sender(client: RawClient, make: _RequestMaker) -> Sender:
+    """``send(i)`` over a :class:`~facegate.bench.rawhttp.RawClient` with cached request bytes."""
+
+    async def send(i: int) -> tuple[int, bytes]:
+        resp = await client.request(make.encoded(i, client.host_header))
+        return resp.status_code, resp.content
+
+    return send
+
 
 @dataclass
 class _Recorder:
@@ -192,9 +237,9 @@ class _Recorder:
     last_done: float = 0.0
 
 
-def _count_item_errors(resp: httpx.Response, rec: _Recorder) -> None:
+def _count_item_errors(content: bytes, rec: _Recorder) -> None:
     try:
-        body = resp.json()
+        body = json.loads(content)
     except ValueError:
         rec.item_errors["invalid_json"] += 1
         return
@@ -205,7 +250,7 @@ def _count_item_errors(resp: httpx.Response, rec: _Recorder) -> None:
 
 
 async def _phase(
-    client: httpx.AsyncClient,
+    send: Sender,
     make: _RequestMaker,
     *,
     concurrency: int,
@@ -230,22 +275,21 @@ async def _phase(
                 return
             i = start_index + issued
             issued += 1
-            kwargs = make(i)
             t_send = time.perf_counter()
             if rec.first_send is None:
                 rec.first_send = t_send
             try:
-                resp = await client.post(**kwargs)
-                key = None if 200 <= resp.status_code < 300 else str(resp.status_code)
-            except httpx.HTTPError as exc:  # transport failures are results, not crashes
-                resp, key = None, type(exc).__name__
+                status, content = await send(i)
+                key = None if 200 <= status < 300 else str(status)
+            except TRANSPORT_ERRORS as exc:  # transport failures are results, not crashes
+                content, key = b"", type(exc).__name__
             t_done = time.perf_counter()
             rec.n += 1
             rec.last_done = max(rec.last_done, t_done)
             if key is None:
                 rec.latencies_s.append(t_done - t_send)
-                if check_items and resp is not None:
-                    _count_item_errors(resp, rec)
+                if check_items:
+                    _count_item_errors(content, rec)
             else:
                 rec.errors[key] += 1
             if progress is not None:
@@ -255,24 +299,40 @@ async def _phase(
     return rec
 
 
-async def _wait_ready(client: httpx.AsyncClient, timeout_s: float) -> None:
+async def _wait_ready(base_url: str, timeout_s: float) -> None:
     """Poll ``GET /readyz`` until 200 or ``timeout_s`` passes (then raise :class:`EngineClosedError`)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    while True:
-        try:
-            resp = await client.get("/readyz")
-            if resp.status_code == 200:
-                return
-            last = f"HTTP {resp.status_code}"
-        except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise EngineClosedError(
-                f"server at {client.base_url} not ready after {timeout_s:.0f} s ({last})",
-                detail={"url": str(client.base_url), "last": last},
-            )
-        await asyncio.sleep(0.25)
+    async with RawClient(base_url, timeout_s=min(timeout_s, 10.0)) as client:
+        while True:
+            try:
+                resp = await client.get("/readyz")
+                if resp.status_code == 200:
+                    return
+                last = f"HTTP {resp.status_code}"
+            except TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= deadline:
+                raise EngineClosedError(
+                    f"server at {base_url} not ready after {timeout_s:.0f} s ({last})",
+                    detail={"url": base_url, "last": last},
+                )
+            await asyncio.sleep(0.25)
+
+
+@contextlib.asynccontextmanager
+async def open_sender(
+    base_url: str, make: _RequestMaker, *, transport: Transport, concurrency: int, timeout_s: float
+) -> AsyncIterator[Sender]:
+    """A :data:`Sender` for ``transport`` with room for ``concurrency`` requests in flight; closed on exit."""
+    if transport == "raw":
+        async with RawClient(base_url, timeout_s=timeout_s) as raw:
+            yield raw_sender(raw, make)
+        return
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        yield httpx_sender(client, make)
 
 
 def _validate(
@@ -308,20 +368,23 @@ async def arun_http_bench(
     timeout_s: float = 60.0,
     wait_ready_s: float = 0.0,
     progress: bool = False,
+    transport: Transport = "raw",
 ) -> BenchResult:
     """Async form of :func:`run_http_bench` (use it from inside a running event loop)."""
     _validate(kind, concurrency, duration_s, n_requests, warmup, images_per_request)
+    if transport not in TRANSPORTS:
+        raise InvalidParameterError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
     pool = _load_pool(images)
     make = _RequestMaker(kind, pool, images_per_request, crops)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout) as client:
-        if wait_ready_s > 0:
-            await _wait_ready(client, wait_ready_s)
+    base_url = base_url.rstrip("/")
+    if wait_ready_s > 0:
+        await _wait_ready(base_url, wait_ready_s)
+    opened = open_sender(base_url, make, transport=transport, concurrency=concurrency, timeout_s=timeout_s)
+    async with opened as send:
         if warmup:
             log.info("warm-up: %d requests at concurrency %d", warmup, concurrency)
             wrec = await _phase(
-                client, make, concurrency=concurrency, n_requests=warmup, duration_s=None, start_index=0, progress=None
+                send, make, concurrency=concurrency, n_requests=warmup, duration_s=None, start_index=0, progress=None
             )
             if wrec.errors:
                 log.warning("warm-up errors: %s", dict(wrec.errors))
@@ -332,7 +395,7 @@ async def arun_http_bench(
             bar = tqdm(total=n_requests, desc=f"bench {kind} c={concurrency}", unit="req", file=sys.stderr)
         try:
             rec = await _phase(
-                client,
+                send,
                 make,
                 concurrency=concurrency,
                 n_requests=n_requests,
@@ -364,7 +427,8 @@ async def arun_http_bench(
         "image_bytes_mean": round(sum(len(p[1]) for p in pool) / len(pool), 1),
         "timeout_s": timeout_s,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "client": f"httpx {httpx.__version__}, python {platform.python_version()}",
+        "transport": transport,
+        "client": client_description(transport),
     }
     return BenchResult(
         n=rec.n,
@@ -384,6 +448,12 @@ async def arun_http_bench(
     )
 
 
+def client_description(transport: Transport) -> str:
+    """What sent the requests, for result records."""
+    what = "facegate.bench.rawhttp" if transport == "raw" else f"httpx {httpx.__version__}"
+    return f"{what}, python {platform.python_version()}"
+
+
 def run_http_bench(
     base_url: str,
     *,
@@ -398,6 +468,7 @@ def run_http_bench(
     timeout_s: float = 60.0,
     wait_ready_s: float = 0.0,
     progress: bool = False,
+    transport: Transport = "raw",
 ) -> BenchResult:
     """Load-test a facegate server with ``concurrency`` closed-loop clients.
 
@@ -414,6 +485,7 @@ def run_http_bench(
         timeout_s: per-request client timeout; a timeout counts as error ``"ReadTimeout"``.
         wait_ready_s: when > 0, first poll ``/readyz`` for up to this long.
         progress: show a tqdm progress bar on stderr.
+        transport: ``"raw"`` (default; :mod:`facegate.bench.rawhttp`) or ``"httpx"``.
 
     Raises:
         InvalidParameterError / EmptyInputError: bad arguments or no images.
@@ -433,6 +505,7 @@ def run_http_bench(
             timeout_s=timeout_s,
             wait_ready_s=wait_ready_s,
             progress=progress,
+            transport=transport,
         )
     )
 
@@ -455,6 +528,7 @@ class HttpBenchOptions:
     timeout_s: float = 60.0
     wait_ready_s: float = 30.0
     progress: bool = True
+    transport: Transport = "raw"
     out: Path | None = None
 
 
@@ -475,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", dest="timeout_s", type=float, default=HttpBenchOptions.timeout_s)
     p.add_argument("--wait-ready", dest="wait_ready_s", type=float, default=HttpBenchOptions.wait_ready_s)
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--transport", choices=TRANSPORTS, default="raw", help="HTTP client (raw: lean, default)")
     p.add_argument("--out", type=Path, help="also write the JSON result here")
     return p
 
@@ -495,6 +570,7 @@ def run_cli(opts: HttpBenchOptions) -> BenchResult:
         timeout_s=opts.timeout_s,
         wait_ready_s=opts.wait_ready_s,
         progress=opts.progress,
+        transport=opts.transport,
     )
     text = json.dumps(result.to_dict(), indent=2)
     if opts.out is not None:

@@ -99,10 +99,17 @@ def fake(server: tuple[str, FakeState]) -> tuple[str, FakeState]:
     return server
 
 
-def test_duration_mode_latency_and_throughput(fake: tuple[str, FakeState]) -> None:
+@pytest.fixture(params=["raw", "httpx"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_duration_mode_latency_and_throughput(fake: tuple[str, FakeState], transport: str) -> None:
     url, state = fake
     c = 4
-    res = run_http_bench(url, kind="compare", images=[JPEG], concurrency=c, duration_s=2.0, warmup=4)
+    res = run_http_bench(
+        url, kind="compare", images=[JPEG], concurrency=c, duration_s=2.0, warmup=4, transport=transport
+    )
     expected_rps = c / DELAY_S  # closed loop: concurrency / latency = 40 req/s
     assert res.errors == {}
     assert res.n == res.n_ok == len(state.calls) - 4  # warm-up requests reached the server but are not counted
@@ -115,6 +122,9 @@ def test_duration_mode_latency_and_throughput(fake: tuple[str, FakeState]) -> No
     d = json.loads(json.dumps(res.to_dict()))
     assert d["settings"]["kind"] == "compare" and d["settings"]["concurrency"] == c
     assert d["settings"]["duration_s"] == 2.0 and d["settings"]["n_requests"] is None and d["settings"]["warmup"] == 4
+    assert d["settings"]["transport"] == transport and d["settings"]["client"].startswith(
+        "facegate.bench.rawhttp" if transport == "raw" else "httpx"
+    )
 
 
 def test_throughput_scales_with_concurrency(fake: tuple[str, FakeState]) -> None:
@@ -127,33 +137,37 @@ def test_throughput_scales_with_concurrency(fake: tuple[str, FakeState]) -> None
     assert eight.p50_ms is not None and eight.p50_ms < 2.5 * DELAY_S * 1000  # latency stays near the sleep
 
 
-def test_n_requests_exact_and_errors_by_status(fake: tuple[str, FakeState]) -> None:
+def test_n_requests_exact_and_errors_by_status(fake: tuple[str, FakeState], transport: str) -> None:
     url, state = fake
     state.fail_every = 4
-    res = run_http_bench(url, kind="compare", images=[JPEG, JPEG + b"x"], concurrency=3, n_requests=40)
+    res = run_http_bench(
+        url, kind="compare", images=[JPEG, JPEG + b"x"], concurrency=3, n_requests=40, transport=transport
+    )
     assert len(state.calls) == 40 and res.n == 40
     assert res.errors == {"503": 10} and res.n_ok == 30
     assert res.ok_req_s < res.req_s
 
 
-def test_compare_sends_image_pairs_and_crops(fake: tuple[str, FakeState], tmp_path: Path) -> None:
+def test_compare_sends_image_pairs_and_crops(fake: tuple[str, FakeState], tmp_path: Path, transport: str) -> None:
     url, state = fake
     paths = []
     for i in range(3):
         p = tmp_path / f"p{i}.jpg"
         p.write_bytes(JPEG)
         paths.append(p)
-    run_http_bench(url, kind="compare", images=paths, concurrency=1, n_requests=3, crops=True)
+    run_http_bench(url, kind="compare", images=paths, concurrency=1, n_requests=3, crops=True, transport=transport)
     pairs = [(c["form"]["img1"][0], c["form"]["img2"][0]) for c in state.calls]
     assert pairs == [("p0.jpg", "p1.jpg"), ("p2.jpg", "p0.jpg"), ("p1.jpg", "p2.jpg")]
     assert all(c["path"] == "/api/compare" and c["query"] == {"crops": "true"} for c in state.calls)
 
 
 @pytest.mark.parametrize("kind", ["embed", "embed_aligned"])
-def test_embed_kinds(fake: tuple[str, FakeState], kind: str) -> None:
+def test_embed_kinds(fake: tuple[str, FakeState], kind: str, transport: str) -> None:
     url, state = fake
     state.item_error = True
-    res = run_http_bench(url, kind=kind, images=[JPEG] * 5, concurrency=2, n_requests=6, images_per_request=3)  # type: ignore[arg-type]
+    res = run_http_bench(
+        url, kind=kind, images=[JPEG] * 5, concurrency=2, n_requests=6, images_per_request=3, transport=transport
+    )  # type: ignore[arg-type]
     assert res.n_ok == 6 and res.errors == {}
     assert res.item_errors == {"no_face": 6}
     assert all(c["path"] == "/api/embed" and len(c["form"]["images"]) == 3 for c in state.calls)
@@ -161,12 +175,14 @@ def test_embed_kinds(fake: tuple[str, FakeState], kind: str) -> None:
     assert res.settings["images_per_request"] == 3
 
 
-def test_transport_errors_are_counted_not_raised() -> None:
+def test_transport_errors_are_counted_not_raised(transport: str) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    res = run_http_bench(f"http://127.0.0.1:{port}", kind="compare", images=JPEG, concurrency=2, n_requests=4)
+    res = run_http_bench(
+        f"http://127.0.0.1:{port}", kind="compare", images=JPEG, concurrency=2, n_requests=4, transport=transport
+    )
     assert res.n == 4 and res.n_ok == 0 and res.errors == {"ConnectError": 4}
     assert res.p50_ms is None and res.req_s > 0
     json.dumps(res.to_dict())
