@@ -5,7 +5,7 @@ Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GI
 same with torch's and OpenCV's default thread pools, ``cpu_threads=0``), ``facegate_mp_hostpre`` (the same with
 ``gpu_preprocess=off``: front-ends decode and align photos on the CPU), ``facegate_mp_gc`` (the same with
 ``gc_freeze=false``: Python's default garbage collector), ``facegate_mp_h11`` (the same with uvicorn's h11
-parser and the asyncio loop), ``naive``, ``litserve``:
+parser and the asyncio loop), ``facegate_mp_w8`` (the same with 8 front-ends), ``naive``, ``litserve``:
 ``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
@@ -86,7 +86,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
-    "facegate_mp_gc", "facegate_mp_h11",
+    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned")
@@ -145,7 +145,7 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
-            argv += ["--workers", str(o.mp_workers)]
+            argv += ["--workers", str(8 if name == "facegate_mp_w8" else o.mp_workers)]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
