@@ -294,6 +294,26 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- public API
+#: Uploads of at most this many pixels (by their header) are small enough to decode on the caller's thread:
+#: a 112×112 aligned crop decodes in ~0.1 ms, less than a round trip through a thread pool, whose
+#: ``ThreadPoolExecutor.submit`` alone held 16 % of a front-end's GIL time under aligned-crop load
+#: (py-spy, ``docs/benchmarks.md``).
+INLINE_DECODE_PIXELS = 160 * 160
+
+
+def header_pixels(data: bytes) -> int | None:
+    """``width × height`` read from a plain JPEG's or a PNG's header, without decoding; ``None`` otherwise."""
+    if data[:3] == b"\xff\xd8\xff":
+        try:
+            h = read_jpeg_header(data)
+        except NotPlain:
+            return None
+        return h.width * h.height
+    if len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
+    return None
+
+
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     """Decode untrusted image bytes to RGB, enforcing size limits before any pixel is decoded.
 
@@ -320,6 +340,9 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     if len(data) > max_bytes:
         raise _too_large("bytes", max_bytes, len(data))
     _ensure_strict_truncation()
+    arr = _decode_plain_jpeg(data, max_pixels)
+    if arr is not None:
+        return arr
 
     img = _open_header(data)
     try:
@@ -351,6 +374,28 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
             "decoded size differs from the header", detail={"header": [height, width], "decoded": list(arr.shape)}
         )
     return _apply_orientation(arr, orientation)
+
+
+def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
+    """:func:`decode_image` for a plain JPEG (:func:`facegate.io.jpeg.read_jpeg_header`) without Pillow's
+    header parse, which cost more than decoding a 112×112 crop; ``None``: take the general path.
+
+    Same limits, errors and result as the general path, which reads such files' headers the same way
+    (``tests/unit/io/test_jpeg.py`` compares the two readers on every LFW image).
+    """
+    try:
+        hdr = read_jpeg_header(data)
+    except NotPlain:
+        return None
+    w, h = hdr.width, hdr.height
+    if w < 1 or h < 1 or (Image.MAX_IMAGE_PIXELS and w * h > 2 * Image.MAX_IMAGE_PIXELS):
+        return None  # the general path gives these their answer
+    if w * h > max_pixels:
+        raise _too_large("pixels", max_pixels, w * h, width=w, height=h)
+    if not hdr.complete:
+        raise ImageDecodeError("the JPEG data is truncated", detail={"format": "JPEG"})
+    arr = _decode_cv2(data, (w, h))
+    return None if arr is None else _apply_orientation(arr, hdr.orientation)
 
 
 def _refuse(path: str | os.PathLike[str], why: str) -> PathNotAllowedError:

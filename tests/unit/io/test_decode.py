@@ -23,7 +23,13 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
-from facegate.io.decode import decode_image, decode_jpeg_batch_cuda, gpu_decode_available, read_image_file
+from facegate.io.decode import (
+    decode_image,
+    decode_jpeg_batch_cuda,
+    gpu_decode_available,
+    header_pixels,
+    read_image_file,
+)
 
 LIMITS = {"max_bytes": 1 << 26, "max_pixels": 1 << 26}
 
@@ -494,3 +500,38 @@ def test_errors_are_facegate_errors_only() -> None:
             except FacegateError:
                 continue
             assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+
+
+def test_header_pixels_reads_jpeg_and_png_sizes_without_decoding() -> None:
+    arr = _pattern(60, 90)
+    assert header_pixels(_encode(arr, "JPEG", quality=90)) == 60 * 90
+    assert header_pixels(_encode(arr, "PNG")) == 60 * 90
+    assert header_pixels(_png_header_only(4000, 3000)) == 12_000_000  # header only: nothing is decoded
+    assert header_pixels(_encode(arr, "BMP")) is None  # other formats: unknown, so the pool decodes them
+    assert header_pixels(b"\xff\xd8\xff\xe0garbage") is None
+    assert header_pixels(b"") is None
+
+
+def test_plain_jpeg_fast_path_equals_the_pillow_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.io import decode as dec
+
+    lfw = os.environ.get("FACEGATE_LFW_ROOT")  # 20 LFW photos too, where the data is
+    lfw_or_none = Path(lfw) if lfw and (Path(lfw) / "lfw-deepfunneled").is_dir() else None
+    files = [_encode(_pattern(), "JPEG", quality=95, exif=_exif(o)) for o in range(1, 9)]
+    files.append(_encode(Image.fromarray(_pattern()[..., 0]), "JPEG", quality=90))  # greyscale
+    files.append(_encode(_pattern(300, 200), "JPEG", quality=80, progressive=True))
+    if lfw_or_none is not None:
+        files += [p.read_bytes() for p in sorted((lfw_or_none / "lfw-deepfunneled").glob("A*/*_0001.jpg"))[:20]]
+    assert all(dec._decode_plain_jpeg(f, LIMITS["max_pixels"]) is not None for f in files)  # all take it
+    fast = [decode_image(f, **LIMITS) for f in files]
+    monkeypatch.setattr(dec, "_decode_plain_jpeg", lambda data, max_pixels: None)
+    for f, a in zip(files, fast, strict=True):
+        np.testing.assert_array_equal(decode_image(f, **LIMITS), a)
+
+
+def test_plain_jpeg_fast_path_keeps_the_limits_and_truncation_errors(jpeg_bytes: bytes) -> None:
+    with pytest.raises(ImageTooLargeError) as ei:
+        decode_image(jpeg_bytes, max_bytes=LIMITS["max_bytes"], max_pixels=10)
+    assert ei.value.detail["unit"] == "pixels" and ei.value.detail["limit"] == 10
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        decode_image(jpeg_bytes[:-40], **LIMITS)
