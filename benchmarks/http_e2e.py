@@ -10,7 +10,8 @@ parser and the asyncio loop), ``facegate_mp_w8`` (the same with 8 front-ends), `
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
 LFW photos with detection;
-``embed_aligned``: one 112×112 aligned crop, ``aligned=true``), facegate's closed-loop load generator
+``embed_aligned``: one 112×112 aligned crop, ``aligned=true``; ``embed_aligned_batch``: ``--batch-images`` crops
+in one request, as a batch-embedding client sends them), facegate's closed-loop load generator
 (:mod:`facegate.bench.http`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
 times, so other tenants' load hits every server alike. req/s is the median over rounds; percentiles cover
 every request. The JSON is rewritten after every point (``complete`` false until the end); SIGTERM (an
@@ -89,7 +90,16 @@ SERVER_NAMES = (
     "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8",
     "naive", "litserve",
 )  # fmt: skip
-KIND_CHOICES = ("compare", "embed_aligned")
+KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
+DEFAULT_KINDS = "compare,embed_aligned"
+
+
+def images_per_request(kind: str, o: argparse.Namespace) -> int:
+    """Images in one request of ``kind``: 2 photos (compare), ``--images-per-request`` crops (embed_aligned) or
+    ``--batch-images`` crops (embed_aligned_batch)."""
+    return {"compare": 2, "embed_aligned": o.images_per_request, "embed_aligned_batch": o.batch_images}[kind]
+
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: CPU share (of one core) above which a single-threaded client process or server thread counts as the limit
 SATURATED = 0.85
@@ -297,11 +307,12 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     )
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
     barrier, out_q, procs = ctx.Barrier(procs_n + 1), ctx.Queue(), []
-    k = o.images_per_request if kind == "embed_aligned" else 1
+    k = 1 if kind == "compare" else images_per_request(kind, o)
     wait_s = o.warmup + o.timeout + 60
     for i in range(procs_n):
         spec = {
-            "proc": i, "url": server.url, "kind": kind, "pool": pool, "images_per_request": k,
+            "proc": i, "url": server.url, "kind": "compare" if kind == "compare" else "embed_aligned", "pool": pool,
+            "images_per_request": k,
             "concurrency": concurrency // procs_n + (1 if i < concurrency % procs_n else 0),
             "warmup_s": o.warmup, "duration_s": o.duration, "timeout_s": o.timeout,
             "offset": i * 104_729 + int(time.time()) % 997, "barrier_timeout_s": wait_s,
@@ -532,10 +543,7 @@ def run_all(
 
 def rows_of(samples: dict[tuple[str, str, int], list[dict[str, Any]]], o: argparse.Namespace) -> list[dict[str, Any]]:
     """One summarised row per (server, kind, concurrency), sorted by kind, concurrency, server."""
-    rows = [
-        summarise(name, kind, c, 2 if kind == "compare" else o.images_per_request, raws)
-        for (name, kind, c), raws in samples.items()
-    ]
+    rows = [summarise(name, kind, c, images_per_request(kind, o), raws) for (name, kind, c), raws in samples.items()]
     order = {n: i for i, n in enumerate(o.servers)}
     rows.sort(key=lambda r: (o.kinds.index(r["kind"]), r["concurrency"], order[r["server"]]))
     return rows
@@ -604,13 +612,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--n-images", type=int, default=256)
     add("--crop-format", default="jpg", choices=["jpg", "png"])
     add("--concurrency", default="1,8,32", help="comma-separated list")
-    add("--kinds", default=",".join(KIND_CHOICES), help="compare,embed_aligned")
+    add("--kinds", default=DEFAULT_KINDS, help=f"subset of {','.join(KIND_CHOICES)}")
     add("--servers", default="facegate,naive,litserve", help=f"subset of {','.join(SERVER_NAMES)}")
     add("--budget-s", type=float, default=0.0, help="start no point that would end after this (0: no limit)")
     add("--rounds", type=int, default=1, help="measured rounds per point (req/s: median; percentiles: all)")
     add("--duration", type=float, default=5.0, help="measured seconds per point and round")
     add("--warmup", type=float, default=1.0, help="unrecorded seconds before each measured round")
     add("--images-per-request", type=int, default=1, help="images per embed_aligned request")
+    add("--batch-images", type=int, default=8, help="crops per embed_aligned_batch request")
     add("--client-procs", default="auto", help="'auto' or a number of client processes")
     add("--timeout", type=float, default=60.0, help="per-request client timeout")
     add("--ready-timeout", type=float, default=300.0)
@@ -677,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["bare_cuda_context"] = bare_context_mib(gpu)
                 log.info("bare CUDA context: %s", result["bare_cuda_context"])
         with tempfile.TemporaryDirectory(prefix="http_e2e_") as tmp:
-            run_all(o, {"compare": photos, "embed_aligned": crops}, Path(tmp), gpu, state, save)
+            pools = {"compare": photos, "embed_aligned": crops, "embed_aligned_batch": crops}
+            run_all(o, pools, Path(tmp), gpu, state, save)
     except KeyboardInterrupt as exc:
         log.warning("interrupted (%s): writing what was measured", exc)
         result["interrupted"] = str(exc)

@@ -92,7 +92,9 @@ class FaceOut(_Model):
         if crops and face.crop is not None:
             kw["crop"] = crop_data_url(face.crop)
         if embedding:
-            kw["embedding"] = [round(float(v), 7) for v in np.asarray(face.embedding, dtype=np.float32)]
+            # 7 decimals keep the JSON short. numpy's rounding gave the same doubles as round() on 256,000 values
+            # of random unit embeddings (it may differ on an exact tie), in 4 µs instead of 43 for 128 floats
+            kw["embedding"] = np.round(np.asarray(face.embedding, dtype=np.float32).astype(np.float64), 7).tolist()
         return cls(**kw)
 
 
