@@ -49,6 +49,7 @@ import math
 import multiprocessing as mp
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -511,6 +512,9 @@ def run_all(
             if srv.name.startswith("facegate"):
                 srv.info["torch_memory_after_load_mib"] = scrape_facegate(srv.url)["gpu_memory_mib"]
         srv.stop()
+        if o.keep_logs is not None and srv.log_path.is_file():
+            o.keep_logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(srv.log_path, o.keep_logs / srv.log_path.name)
 
     try:
         for name in o.servers:
@@ -620,6 +624,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=float, default=1.0, help="unrecorded seconds before each measured round")
     add("--images-per-request", type=int, default=1, help="images per embed_aligned request")
     add("--batch-images", type=int, default=8, help="crops per embed_aligned_batch request")
+    add("--keep-logs", type=Path, default=None, help="copy every server's log into this folder at the end")
     add("--client-procs", default="auto", help="'auto' or a number of client processes")
     add("--timeout", type=float, default=60.0, help="per-request client timeout")
     add("--ready-timeout", type=float, default=300.0)

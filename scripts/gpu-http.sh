@@ -24,8 +24,16 @@ if [ -d .lfwT ]; then
   FACEGATE_LFW_ROOT=.lfwT timeout 120 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/unit/pipeline/test_photo.py \
     > "$OUT/gpu_tests_photo.txt" 2>&1; grep -a "photo stage vs\|passed\|failed" "$OUT/gpu_tests_photo.txt" | cut -c1-300
 fi
+# PYSPY_SERVER=NAME (with the py-spy wheel carried in .pyspy): record that server's processes under py-spy
+# (--gil, raw) into $OUT/pyspy_NAME.txt. EXTRA_ARGS: more http_e2e.py arguments (word-split).
+if [ -n "${PYSPY_SERVER:-}" ] && ls .pyspy/*.whl > /dev/null 2>&1 \
+  && python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl; then
+  export FACEGATE_BENCH_WRAP="$PYSPY_SERVER=/tmp/pyspy/bin/py-spy record --subprocesses --gil --nonblocking -r 97 \
+-f raw -o $OUT/pyspy_$PYSPY_SERVER.txt --"
+fi
+# shellcheck disable=SC2086
 timeout $(( ${BUDGET_S:-420} + 60 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --peer-compile graphs --naive-serialize --mp-workers "${MP_WORKERS:-4}" \
   --servers "${SERVERS:-facegate_mp,facegate,litserve,naive}" --images .lfwB/lfw-deepfunneled \
-  --concurrency "${CONCURRENCY:-100,256,16,1}" --duration 4 --budget-s "${BUDGET_S:-420}" \
+  --concurrency "${CONCURRENCY:-100,256,16,1}" --duration 4 --budget-s "${BUDGET_S:-420}" ${EXTRA_ARGS:-} \
   --out "$OUT/http_gpu.json" 2>&1 | grep -v '^\s*$' | tee "$OUT/http_gpu.log" | grep 'ready\|req/s\|bare\|Error'

@@ -326,6 +326,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     t0 = time.perf_counter()
     try:
         service = FaceService.build_tiny(settings) if tiny else FaceService.build(settings)
+        build_s = time.perf_counter() - t0
         loop.run_until_complete(service.start())
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
     except BaseException as exc:  # reported to the supervisor, which exits non-zero
@@ -340,6 +341,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
         "device": str(service.pipeline.device),
         "stages": [st.name for st in service.pipeline.stages()],
         "startup_s": round(time.perf_counter() - t0, 3),
+        "build_s": round(build_s, 3),
         "warmup": service.pipeline.warmup_report,
     }  # fmt: skip
     host = EngineHost(service, info)
@@ -347,6 +349,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, loop.stop)
     log.info("engine ready in %.1f s on %s (%s)", info["startup_s"], address, info["device"])
+    log.info("engine start-up: build %.1f s, warm-up %s", build_s, {k: v["seconds"] for k, v in info["warmup"].items()})
     ready.send(("ready", info))
     try:
         loop.run_forever()
