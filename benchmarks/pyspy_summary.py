@@ -12,6 +12,7 @@ so a share is a share of the GIL's busy time.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 from collections import Counter, defaultdict
@@ -117,11 +118,16 @@ def summarise(records: list[tuple[int, str, list[str], int]], skip_startup: bool
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("raw", type=Path)
+    ap.add_argument("raw", type=Path, help="py-spy's raw output (.txt or .txt.gz)")
     ap.add_argument("--skip-startup", action="store_true", help="drop the engine's start-up stacks")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    summary = summarise(parse(a.raw.read_text(errors="replace")), a.skip_startup)
+    if a.raw.suffix == ".gz":  # the committed raw files are gzipped
+        with gzip.open(a.raw, "rt", errors="replace") as fh:
+            raw = fh.read()
+    else:
+        raw = a.raw.read_text(errors="replace")
+    summary = summarise(parse(raw), a.skip_startup)
     summary["source"] = a.raw.name
     text = json.dumps(summary, indent=1)
     if a.out:
