@@ -496,28 +496,59 @@ class EmbedStage:
     (an :class:`EmbedOut`)."""
 
     name = "embed"
+    #: Pinned staging buffers on CUDA, used in turn. The engine keeps at most ``pipeline_depth + 1`` prepared
+    #: batches alive (the :class:`~facegate.engine.engine.Stage` contract; depth is 1), so 3 are never reused
+    #: while their batch's host→device copy may still read them.
+    STAGING_BUFFERS = 3
+    #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
+    STAGING_ROWS = 64
 
     def __init__(self, pipeline: FacePipeline) -> None:
         self.p = pipeline
+        self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
+        self._turn = 0
 
     @staticmethod
     def item_cost(payload: np.ndarray) -> int:
         """Batches are capped in crops, not requests."""
         return max(1, len(payload))
 
+    def _staging_rows(self, rows: int, item_shape: tuple[int, ...]) -> torch.Tensor:
+        """The next pinned ``(>= rows, *item_shape) uint8`` buffer of the ring (made or grown as needed)."""
+        i = self._turn
+        self._turn = (i + 1) % self.STAGING_BUFFERS
+        buf = self._staging[i]
+        if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != item_shape:
+            buf = torch.empty((max(rows, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
+            self._staging[i] = buf
+        return buf
+
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
+
+        On CUDA the crops are copied once, straight into a pinned staging buffer. Before, a fresh array
+        was concatenated and then pinned (a second copy into a pinned block of a new size each time):
+        that made this the busiest phase of the embed stage under aligned-crop load on the H200 (5.8–7.4 ms
+        per batch of 45–64 crops, 81–85 % busy, run 13).
+        """
         sizes = [len(c) for c in payloads]
-        crops = np.concatenate(payloads)
+        n = sum(sizes)
+        cuda = self.p.device.type == "cuda"
+        n_pad = n
         buckets = self.p.detector.batch_buckets
-        if self.p.device.type == "cuda" and buckets and not hasattr(self.p.recognizer, "capture"):
+        if cuda and buckets and not hasattr(self.p.recognizer, "capture"):
             # eager CUDA: pad to a bucket so cuDNN only meets batch shapes it planned at warm-up
-            n_pad = next((b for b in buckets if b >= len(crops)), len(crops))
-            if n_pad > len(crops):
-                crops = np.concatenate([crops, np.zeros((n_pad - len(crops), *crops.shape[1:]), crops.dtype)])
-        x = torch.from_numpy(np.ascontiguousarray(crops))
-        if self.p.device.type == "cuda":
-            x = x.pin_memory()
-        return x, sizes
+            n_pad = next((b for b in buckets if b >= n), n)
+        if not cuda:
+            return torch.from_numpy(np.ascontiguousarray(np.concatenate(payloads))), sizes
+        item_shape = tuple(payloads[0].shape[1:])
+        if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
+            raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
+        buf = self._staging_rows(n_pad, item_shape)
+        np.concatenate(payloads, out=buf[:n].numpy())
+        if n_pad > n:
+            buf[n:n_pad].zero_()
+        return buf[:n_pad], sizes
 
     @torch.inference_mode()
     def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:

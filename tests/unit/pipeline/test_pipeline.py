@@ -193,3 +193,30 @@ def test_configure_cpu_threads_follows_the_setting() -> None:
     finally:
         torch.set_num_threads(before_torch)
         cv2.setNumThreads(before_cv2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_mode", ["graphs", "off"])
+def test_cuda_embed_stage_copies_crops_into_a_ring_of_pinned_buffers(compile_mode: str) -> None:
+    """Batches prepared ahead of execution (as the engine pipelines them) keep their own crops and results."""
+    cpu = next(s for s in FacePipeline.from_settings(Settings(device="cpu")).stages() if s.name == "embed")
+    pipe = FacePipeline.from_settings(Settings(device="cuda", precision="fp32", compile=compile_mode))
+    embed = next(s for s in pipe.stages() if s.name == "embed")
+    rng = np.random.default_rng(0)
+    reqs = [rng.integers(0, 255, (k, 112, 112, 3), dtype=np.uint8) for k in (1, 3, 2, 5)]
+    batches = [reqs[:2], reqs[2:], reqs, [reqs[3]] * 20, reqs[:1]]  # the 4th (100 crops) grows its buffer
+    want = [cpu.deliver(cpu.execute(cpu.prepare(b)), len(b)) for b in batches]
+    prepared = [embed.prepare(batches[0]), embed.prepare(batches[1])]  # one batch ahead of the one running
+    got = []
+    for i in range(len(batches)):
+        x, sizes = prepared[i]
+        assert x.is_pinned() and sizes == [len(r) for r in batches[i]]
+        if i + 2 < len(batches):
+            prepared.append(embed.prepare(batches[i + 2]))
+        got.append(embed.deliver(embed.execute((x, sizes)), len(batches[i])))
+    assert prepared[3][0].shape[0] == 100 and prepared[3][0].data_ptr() != prepared[0][0].data_ptr()  # grown
+    assert prepared[1][0].data_ptr() == prepared[4][0].data_ptr()  # the ring of 3 came round
+    for g_batch, w_batch in zip(got, want, strict=True):
+        for (ge, gq, _), (we, wq, _) in zip(g_batch, w_batch, strict=True):
+            assert ge.shape == we.shape and float((ge * we).sum(1).min()) > 0.999
+            np.testing.assert_allclose(gq, wq, atol=0.02)
