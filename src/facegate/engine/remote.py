@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 
 #: How often a connection's sender fails items whose deadline passed while they were computing, in seconds.
 _SWEEP_S = 0.5
-#: Pending connections the engine's socket holds: every front-end may connect while the engine warms up.
-_BACKLOG = 128
 #: Shared memory per front-end process: room for ~350 decoded 640×480 photos in flight.
 ARENA_BYTES = 128 * 2**20
 _ALIGN = 64
@@ -327,16 +325,11 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     asyncio.set_event_loop(loop)
     t0 = time.perf_counter()
     try:
-        # Listen first: front-ends that start meanwhile connect now and wait in the authentication
-        # handshake, which the accept thread answers once the models are warm; if this process dies
-        # instead, they see the connection close at once.
-        listener = Listener(address, family="AF_UNIX", backlog=_BACKLOG, authkey=authkey)
         service = FaceService.build_tiny(settings) if tiny else FaceService.build(settings)
         build_s = time.perf_counter() - t0
         loop.run_until_complete(service.start())
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
     except BaseException as exc:  # reported to the supervisor, which exits non-zero
-        # The listener is left open (its socket file stays): front-ends waiting in the handshake see the
-        # connection close when this process exits, later ones are refused (RemoteEngine.refused_grace_s).
         log.exception("engine: startup failed")
         ready.send(("error", *error_to_wire(exc)))
         return
@@ -374,10 +367,7 @@ class RemoteEngine:
         address: the engine's Unix socket path.
         authkey: the shared secret of the connection.
         arena_bytes: size of this front-end's shared-memory arena.
-        connect_timeout_s: how long :meth:`start` retries connecting while the socket does not exist yet (the
-            engine process is importing; once it listens, :meth:`start` waits for its warm-up, however long).
-            It stops at once when the socket's folder is gone: the supervisor removes it when the engine
-            failed to start.
+        connect_timeout_s: how long :meth:`start` retries connecting while the socket does not exist yet.
     """
 
     #: how long a refused connection is retried: the socket file exists but nothing listens on it, which after
@@ -419,18 +409,14 @@ class RemoteEngine:
             return self.info
         t0 = time.monotonic()
         while True:
-            try:  # blocks in the handshake until the engine is warm (it listens from its first second)
+            try:
                 conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
                 break
             except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if not os.path.isdir(os.path.dirname(self.address)):  # the supervisor removed it: no engine
-                    raise EngineClosedError(f"no engine at {self.address}: it failed to start") from None
                 limit = self.refused_grace_s if isinstance(exc, ConnectionRefusedError) else self.connect_timeout_s
                 if time.monotonic() - t0 > limit:
                     raise EngineClosedError(f"no engine at {self.address}: {exc}") from None
                 time.sleep(0.1)
-            except (EOFError, ConnectionResetError, BrokenPipeError) as exc:  # it died while starting
-                raise EngineClosedError(f"the engine at {self.address} closed the connection while starting") from exc
         self._arena = Arena(self.arena_bytes)
         conn.send(("hello", os.getpid(), self._arena.name))
         kind, info = conn.recv()

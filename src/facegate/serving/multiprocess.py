@@ -1,19 +1,15 @@
 """``facegate serve --workers N`` (N ≥ 2): one engine process and N uvicorn front-end processes.
 
-The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`)
-and, without waiting for it, runs uvicorn with ``workers=N``: uvicorn's own supervisor forks N front-ends that
-share the listening socket. The engine listens on its Unix socket from its first second; a front-end that
-connects while the models load and warm waits in the connection's handshake, so the front-ends' own start
-(imports, app, gallery: ~5 s on the H200 host) overlaps the engine's warm-up instead of following it.
-Each front-end builds its app with :func:`frontend_app`,
+The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`),
+waits until its models are loaded and warm, then runs uvicorn with ``workers=N``: uvicorn's own supervisor
+forks N front-ends that share the listening socket. Each front-end builds its app with :func:`frontend_app`,
 which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
 (each front-end keeps its own search index and rebuilds it when another process committed a change,
 :meth:`facegate.gallery.service.Gallery.sync`). When uvicorn returns (SIGINT/SIGTERM), the engine process
 is stopped. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
 systemd or Kubernetes restarts the whole server); uvicorn restarts a front-end that dies.
 
-Differences from one process: the port opens while the engine warms up (``/readyz`` says 503 until it is warm);
-an engine that fails to start stops the server with its error;
+Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
 ``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
 batches, compute, GPU memory) fetched from the engine at each scrape. A client that disconnects cancels
 its queued work in the engine process, as in one process.
@@ -117,10 +113,8 @@ class EngineProcess:
         self.spawn()
         return self.wait(timeout_s)
 
-    def wait(self, timeout_s: float = 600.0, *, stop_on_failure: bool = True) -> dict[str, Any]:
+    def wait(self, timeout_s: float = 600.0) -> dict[str, Any]:
         """Wait until the spawned process is ready; returns its info (model, device, startup seconds).
-
-        ``stop_on_failure=False`` leaves stopping (and removing the socket folder) to the caller.
 
         Raises:
             FacegateError: the engine's own startup error (e.g. ModelError), or ModelError when it died or
@@ -128,19 +122,15 @@ class EngineProcess:
         """
         parent = self._ready_conn
         if not parent.poll(timeout_s):
-            if stop_on_failure:
-                self.stop()
+            self.stop()
             raise ModelError(f"the engine process was not ready within {timeout_s:.0f} s")
         try:
             msg = parent.recv()
         except EOFError:
-            self._proc.join(5)
-            if stop_on_failure:
-                self.stop()
+            self.stop()
             raise ModelError(f"the engine process exited during startup (exit code {self._proc.exitcode})") from None
         if msg[0] != "ready":
-            if stop_on_failure:
-                self.stop()
+            self.stop()
             raise error_from_wire(*msg[1:])
         self.info = msg[1]
         log.info("engine process %d ready: %s", self._proc.pid, self.info)
@@ -194,11 +184,11 @@ def environment(engines: list[EngineProcess]) -> dict[str, str]:
     }
 
 
-def spawn_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
-    """``settings.engines`` engine processes (one per GPU on CUDA), spawned together; not waited for.
+def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
+    """``settings.engines`` engine processes, started together (one per GPU on CUDA), once all are ready.
 
     Raises:
-        FacegateError: fewer GPUs than engines, or a process could not be spawned (the others are stopped).
+        FacegateError: an engine failed to start (the others are stopped).
     """
     n = settings.engines
     on_cuda = settings.device == "cuda" or (settings.device == "auto" and settings.resolved_device() == "cuda")
@@ -208,21 +198,6 @@ def spawn_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProce
     try:
         for e in engines:
             e.spawn()
-    except BaseException:
-        for e in engines:
-            e.stop()
-        raise
-    return engines
-
-
-def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
-    """:func:`spawn_engines`, then wait until all are ready.
-
-    Raises:
-        FacegateError: an engine failed to start (the others are stopped).
-    """
-    engines = spawn_engines(settings, tiny=tiny)
-    try:
         for e in engines:
             e.wait()
     except BaseException:
@@ -242,40 +217,22 @@ def run_multiprocess(settings: Settings) -> None:
 
     from facegate.serving.app import uvicorn_impl
 
-    engines = spawn_engines(settings)
+    engines = start_engines(settings)
     env = environment(engines)
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     stopping = threading.Event()
-    warm = threading.Event()
     died: list[int | None] = []
-    failed: list[BaseException] = []
-
-    def await_engines() -> None:  # the front-ends start meanwhile: they wait for the engine in its handshake
-        try:
-            for engine in engines:
-                engine.wait(stop_on_failure=False)
-        except BaseException as exc:
-            failed.append(exc)
-            log.error("an engine process failed to start: %s: stopping the front-ends", exc)
-            for engine in engines:  # front-ends still waiting for a socket give up when its folder is gone
-                shutil.rmtree(engine.dir, ignore_errors=True)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        warm.set()
 
     def watchdog() -> None:  # an engine that dies takes the server down, so a supervisor restarts it whole
         while not stopping.wait(0.5):
             for engine in engines:
                 if not engine.alive:
-                    if not warm.is_set():  # died while starting: await_engines reports it
-                        return
                     died.append(engine.exitcode)
                     log.error("an engine process died (exit code %s): stopping the front-ends", engine.exitcode)
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
 
-    threading.Thread(target=await_engines, name="facegate-engine-start", daemon=True).start()
     threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
         log.info(
@@ -307,7 +264,5 @@ def run_multiprocess(settings: Settings) -> None:
                     os.environ[k] = v
         for engine in engines:
             engine.stop()
-    if failed:
-        raise failed[0]
     if died:
         raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})
