@@ -91,6 +91,13 @@ def _rows(name: str) -> list[dict]:
     return load(name)["rows"]
 
 
+def _errors_and_batches(r: dict) -> tuple[str, str]:
+    """An http_e2e row's error counts and mean batch size per stage, as table cells."""
+    err = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "–"
+    mb = ", ".join(f"{k} {v:.1f}" for k, v in r.get("mean_batch_size", {}).items()) or "–"
+    return err, mb
+
+
 def http_gpu(name: str = "http_gpu.json") -> str:
     d = load(name)
     out = [
@@ -98,9 +105,8 @@ def http_gpu(name: str = "http_gpu.json") -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in d["rows"]:
-        err = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "–"
+        err, mb = _errors_and_batches(r)
         lat = "–" if r["p50_ms"] is None else f"{r['p50_ms']:.0f} / {r['p95_ms']:.0f} / {r['p99_ms']:.0f}"
-        mb = ", ".join(f"{k} {v:.1f}" for k, v in r.get("mean_batch_size", {}).items()) or "–"
         out.append(
             f"| {r['kind']} | {r['concurrency']} | {r['server']} | {r['ok_req_s']:.1f} | {lat} | {err} | "
             f"{r.get('gpu_util_mean', '–')} | {r['server_cpu_cores']:.2f} | {mb} |"
@@ -117,9 +123,8 @@ def http_gpu_images(name: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in d["rows"]:
-        err = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "–"
+        err, mb = _errors_and_batches(r)
         lat = "–" if r["p50_ms"] is None else f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}"
-        mb = ", ".join(f"{k} {v:.1f}" for k, v in r.get("mean_batch_size", {}).items()) or "–"
         out.append(
             f"| {r['kind']} | {r['images_per_request']} | {r['concurrency']} | {r['server']} | {r['ok_req_s']:,.1f} | "
             f"{r['images_s']:,.0f} | {lat} | {err} | {r.get('gpu_util_mean', '–')} | {r['server_cpu_cores']:.2f} | "

@@ -133,7 +133,7 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once() -> None:
     assert conns == 2
 
 
-def test_errors_have_httpx_names() -> None:
+def test_connect_and_timeout_errors_have_httpx_names() -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -158,31 +158,28 @@ def test_errors_have_httpx_names() -> None:
 
     _serve(slow, times_out)
 
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        (b"SPDY/9 nonsense\r\n\r\n", "not an HTTP"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", "IncompleteRead"),
+    ],
+    ids=["not_http", "short_body"],
+)
+def test_bad_answers_are_remote_protocol_errors(answer: bytes, match: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
-        writer.write(b"SPDY/9 nonsense\r\n\r\n")
+        writer.write(answer)
         await writer.drain()
         writer.close()
 
-    async def malformed(url: str) -> None:
+    async def scenario(url: str) -> None:
         async with RawClient(url, timeout_s=5) as client:
-            with pytest.raises(RemoteProtocolError, match="not an HTTP"):
+            with pytest.raises(RemoteProtocolError, match=match):
                 await client.get("/")
 
-    _serve(garbage, malformed)
-
-    async def truncated(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-        writer.close()
-
-    async def short_body(url: str) -> None:
-        async with RawClient(url, timeout_s=5) as client:
-            with pytest.raises(RemoteProtocolError, match="IncompleteRead"):
-                await client.get("/")
-
-    _serve(truncated, short_body)
+    _serve(handler, scenario)
 
 
 def test_only_plain_http_urls() -> None:
