@@ -23,7 +23,9 @@ Load: ``--client-procs`` processes (``auto``: see :func:`auto_client_procs`) of
 ``limits`` flags what plausibly capped a row: a client process near 1 core, the server's busiest thread
 near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
 ``ok_req_per_server_cpu_s`` (req/s per server CPU core used) stays comparable when other tenants take CPU;
-facegate rows add the mean batch size per stage. With CUDA: each server's driver-reported GPU memory
+facegate rows add the mean batch size per stage; multi-process facegate rows add the cores used per role
+(engine, front-end, supervisor: ``monitor.process_roles``) and the role of the busiest thread.
+With CUDA: each server's driver-reported GPU memory
 (its processes, idle and after load) next to a bare ``torch.cuda.init()`` process measured in the same run,
 and facegate's torch allocated/reserved/peak from ``/metrics``; the parent touches CUDA only at the end.
 Images: ``--n-images`` photos spread over ``--images`` (LFW layout; default
@@ -76,6 +78,7 @@ from monitor import (
     machine_ticks,
     mean_batch,
     process_gpu_mib,
+    process_roles,
     scrape_facegate,
     session_pids,
     thread_ticks,
@@ -351,6 +354,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         ),
         "server_cpu_cores": sum(deltas) / CLK_TCK / wall,
         "server_top_thread_cpu": max(deltas, default=0) / CLK_TCK / wall,
+        **cpu_by_role(th0, th1, pids, wall),
         "server_processes": len(pids),
         "machine_cpu_busy": (m1[0] - m0[0]) / max(m1[1] - m0[1], 1),
         "loadavg_1m": (load0 + os.getloadavg()[0]) / 2,
@@ -361,6 +365,24 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     if gpu is not None:
         raw.update(gpu.window(t0, t1))
     return raw
+
+
+def cpu_by_role(
+    th0: dict[tuple[int, int], int], th1: dict[tuple[int, int], int], pids: list[int], wall: float
+) -> dict[str, Any]:
+    """For a multi-process facegate server: cores per role (engine, front-ends, supervisor), and the role of
+    the busiest thread. Empty for other servers (no spawned children)."""
+    roles = process_roles(pids)
+    if "engine" not in roles.values():
+        return {}
+    cores: Counter[str] = Counter()
+    for (pid, tid), ticks in th1.items():
+        cores[roles.get(pid, "other")] += ticks - th0.get((pid, tid), 0)
+    top = max(th1, key=lambda k: th1[k] - th0.get(k, 0))
+    return {
+        "cores_by_role": {r: round(v / CLK_TCK / wall, 3) for r, v in sorted(cores.items())},
+        "top_thread_role": roles.get(top[0], "other"),
+    }
 
 
 def _add_counts(dicts: Any) -> dict[str, int]:
@@ -397,6 +419,11 @@ def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[st
         "server_processes": rounds[0]["server_processes"], "machine_cpu_busy": avg("machine_cpu_busy"),
         "loadavg_1m": avg("loadavg_1m"),
     }  # fmt: skip
+    if "cores_by_role" in rounds[0]:
+        roles = sorted({k for r in rounds for k in r.get("cores_by_role", {})})
+        row["cores_by_role"] = {k: round(float(np.mean([r["cores_by_role"].get(k, 0.0) for r in rounds])), 3)
+                                for k in roles}  # fmt: skip
+        row["top_thread_role"] = Counter(r["top_thread_role"] for r in rounds).most_common(1)[0][0]
     cores = row["server_cpu_cores"]
     row["ok_req_per_server_cpu_s"] = round(ok_req_s / cores, 2) if cores > 0.05 else None  # robust to CPU share
     if "mean_batch_size" in rounds[0]:

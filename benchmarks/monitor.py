@@ -52,6 +52,28 @@ def thread_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
     return out
 
 
+def process_roles(pids: list[int]) -> dict[int, str]:
+    """``engine`` / ``front-end`` / ``supervisor`` for the processes of a facegate server's session.
+
+    The supervisor is the one that is not a multiprocessing child; of the spawned children (``spawn_main`` in
+    the command line) the engine is the first started, before uvicorn's front-ends.
+    """
+    roles: dict[int, str] = {}
+    spawned: list[tuple[int, int]] = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+            f = _stat_fields(f"/proc/{pid}/stat")
+            if b"spawn_main" in cmd and f is not None:
+                spawned.append((int(f[19]), pid))  # start time, in clock ticks after boot
+            elif b"resource_tracker" not in cmd:
+                roles[pid] = "supervisor"
+    for i, (_, pid) in enumerate(sorted(spawned)):
+        roles[pid] = "engine" if i == 0 else "front-end"
+    return roles
+
+
 def machine_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine from /proc/stat."""
     with open("/proc/stat") as fh:
