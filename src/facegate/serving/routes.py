@@ -35,6 +35,7 @@ from facegate.errors import (
 )
 from facegate.serving.app import ServingState, get_state
 from facegate.serving.errors import error_dict
+from facegate.serving.forms import FastFormRoute
 from facegate.serving.schemas import (
     CompareResponse,
     CreateGalleryRequest,
@@ -67,7 +68,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-router = APIRouter()
+router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: serving/forms.py
 
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"

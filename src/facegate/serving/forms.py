@@ -1,0 +1,148 @@
+"""A fast reader for small ``multipart/form-data`` bodies, with Starlette's parser as the fallback.
+
+Why: under aligned-crop load, Starlette's streaming multipart parser (python-multipart, a callback per
+header and data chunk, a spooled temporary file per upload) held ~20 % of a front-end's GIL time, more than
+any other part of a request (py-spy of a front-end on this repository's CPU box, ``docs/benchmarks.md``).
+A request of a few photos is small: this module reads its body once and cuts it at the boundary.
+
+It answers only bodies it understands completely: a ``Content-Length`` of at most
+:data:`FAST_FORM_MAX_BYTES`, the first delimiter at the start, CRLF line ends, every part with a
+``Content-Disposition`` that names it, no ``_charset_`` field, within Starlette's file/field/part limits.
+Anything else (and every error case) goes to Starlette's parser over the same cached body, so errors and
+unusual bodies are answered exactly as before. Header values are parsed with the same
+``parse_options_header`` Starlette uses, and names and values are decoded the same way; the tests compare
+the two parsers' results.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Awaitable, Callable
+
+from fastapi.routing import APIRoute
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import FormData, Headers, UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+#: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
+FAST_FORM_MAX_BYTES = 8 * 2**20
+
+
+class _MemoryFile(io.BytesIO):
+    """An upload held in memory; ``_rolled = False`` tells Starlette's ``UploadFile`` to read it inline
+    (it would otherwise hand every read to a thread pool)."""
+
+    _rolled = False
+
+
+def _decode(raw: bytes, charset: str = "utf-8") -> str:
+    """Starlette's decoding of names and field values: the charset, else latin-1."""
+    try:
+        return raw.decode(charset)
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def parse_small_multipart(
+    body: bytes,
+    content_type: str,
+    *,
+    max_files: int | float = 1000,
+    max_fields: int | float = 1000,
+    max_part_size: int = 1024 * 1024,
+) -> FormData | None:
+    """The form of a ``multipart/form-data`` body, or ``None`` when Starlette's parser should answer instead.
+
+    Fields become ``str`` (``max_part_size`` bounds each), files :class:`~starlette.datastructures.UploadFile`
+    backed by memory, in body order, with their part headers (names lower-cased), as Starlette builds them.
+    """
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary or len(boundary) > 200:
+        return None
+    delim = b"--" + boundary
+    if not body.startswith(delim):
+        return None
+    sep = b"\r\n" + delim
+    pos = len(delim)
+    items: list[tuple[str, str | UploadFile]] = []
+    n_files = n_fields = 0
+    while True:
+        if body.startswith(b"--", pos):  # the closing delimiter; anything after it is the epilogue
+            return FormData(items)
+        if not body.startswith(b"\r\n", pos):
+            return None
+        head_end = body.find(b"\r\n\r\n", pos + 2)
+        end = body.find(sep, pos + 2) if head_end < 0 else body.find(sep, head_end + 4)
+        if head_end < 0 or end < 0:
+            return None
+        headers: list[tuple[bytes, bytes]] = []
+        for line in body[pos + 2 : head_end].split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name[:1] in (b" ", b"\t"):
+                return None  # not a header line, or obsolete folding
+            headers.append((name.strip().lower(), value.strip()))
+        disposition = next((v for k, v in headers if k == b"content-disposition"), None)
+        if disposition is None:
+            return None
+        _, options = parse_options_header(disposition)
+        if b"name" not in options:
+            return None
+        field = _decode(options[b"name"])
+        data = body[head_end + 4 : end]
+        if b"filename" in options:
+            n_files += 1
+            if n_files > max_files:
+                return None
+            file = UploadFile(
+                file=_MemoryFile(data),  # type: ignore[arg-type]
+                size=len(data),
+                filename=_decode(options[b"filename"]),
+                headers=Headers(raw=headers),
+            )
+            items.append((field, file))
+        else:
+            n_fields += 1
+            if n_fields > max_fields or len(data) > max_part_size or field == "_charset_":
+                return None
+            items.append((field, _decode(data)))
+        pos = end + len(sep)
+
+
+class FastFormRequest(Request):
+    """A request whose small multipart bodies are read by :func:`parse_small_multipart`."""
+
+    async def _get_form(
+        self,
+        *,
+        max_files: int | float = 1000,
+        max_fields: int | float = 1000,
+        max_part_size: int = 1024 * 1024,
+    ) -> FormData:
+        if self._form is None:
+            ctype = self.headers.get("content-type", "")
+            length = self.headers.get("content-length", "")
+            if ctype.startswith("multipart/form-data") and length.isdigit() and int(length) <= FAST_FORM_MAX_BYTES:
+                form = parse_small_multipart(
+                    await self.body(), ctype, max_files=max_files, max_fields=max_fields, max_part_size=max_part_size
+                )
+                if form is not None:
+                    self._form = form
+                    return form
+        return await super()._get_form(max_files=max_files, max_fields=max_fields, max_part_size=max_part_size)
+
+
+class FastFormRoute(APIRoute):
+    """An API route whose handler gets a :class:`FastFormRequest` (FastAPI's custom-request extension point)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def fast_form_handler(request: Request) -> Response:
+            return await handler(FastFormRequest(request.scope, request.receive, request._send))
+
+        return fast_form_handler
+
+
+__all__ = ["FAST_FORM_MAX_BYTES", "FastFormRequest", "FastFormRoute", "parse_small_multipart"]

@@ -1,0 +1,102 @@
+"""facegate.serving.forms: the small-body multipart reader answers as Starlette's parser, or hands over."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from starlette.datastructures import FormData, UploadFile
+from starlette.requests import Request
+
+from facegate.bench.rawhttp import encode_multipart
+from facegate.serving.forms import FastFormRequest, parse_small_multipart
+
+JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3 + b"\r\n--not-the-boundary\r\n"
+
+
+def _httpx_body(data: dict[str, str], files: list[tuple[str, tuple[str, bytes, str]]]) -> tuple[bytes, str]:
+    req = httpx.Request("POST", "http://x/api/embed", data=data, files=files)
+    return req.read(), req.headers["content-type"]
+
+
+async def _starlette_form(body: bytes, ctype: str, request_cls: type[Request] = Request) -> FormData:
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "query_string": b""}
+    return await request_cls(scope, receive).form()
+
+
+async def _snapshot(form: FormData) -> list[tuple]:
+    out = []
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            data = await value.read()
+            meta = (value.filename, value.content_type, value.size, sorted(value.headers.items()))
+            out.append((key, "file", meta, data))
+        else:
+            out.append((key, "field", value))
+    return out
+
+
+BODIES = {
+    "httpx_fields_and_files": _httpx_body(
+        {"aligned": "true", "select": "largest"},
+        [("images", ("a.jpg", JPEG, "image/jpeg")), ("images", ("b.png", b"\x89PNG" + JPEG, "image/png"))],
+    ),
+    "rawhttp": encode_multipart({"aligned": "false"}, [("img1", ("x.jpg", JPEG, "image/jpeg"))], "bnd123"),
+    "utf8_names_and_empty_file": _httpx_body({"notes": "naïve ✓"}, [("images", ("Łódź é.jpg", b"", "image/jpeg"))]),
+    "fields_only": encode_multipart({"paths": "/a.jpg", "select": "all"}, [], "b0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BODIES))
+def test_same_form_as_starlette(case: str) -> None:
+    body, ctype = BODIES[case]
+    fast = parse_small_multipart(body, ctype)
+    assert fast is not None, "a plain body must be answered here"
+    want = asyncio.run(_snapshot(asyncio.run(_starlette_form(body, ctype))))
+    assert asyncio.run(_snapshot(fast)) == want
+    assert asyncio.run(_snapshot(asyncio.run(_starlette_form(body, ctype, FastFormRequest)))) == want
+
+
+def test_files_are_read_inline() -> None:
+    body, ctype = BODIES["rawhttp"]
+    form = parse_small_multipart(body, ctype)
+    assert form is not None
+    upload = form["img1"]
+    assert isinstance(upload, UploadFile) and upload._in_memory  # no thread-pool hop per read
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b"preamble\r\n" + b,  # a preamble before the first delimiter
+        lambda b: b.replace(b"\r\n", b"\n"),  # bare LF line ends
+        lambda b: b.replace(b"Content-Disposition", b"X-Other", 1),  # a part without a disposition
+        lambda b: b.replace(b'name="aligned"', b'filename="x"', 1),  # a disposition without a name
+        lambda b: b[: len(b) // 2],  # truncated
+    ],
+    ids=["preamble", "lf", "no_disposition", "no_name", "truncated"],
+)
+def test_unusual_bodies_go_to_starlette(mangle) -> None:  # type: ignore[no-untyped-def]
+    body, ctype = BODIES["rawhttp"]
+    assert parse_small_multipart(mangle(body), ctype) is None
+
+
+def test_limits_and_charset_go_to_starlette() -> None:
+    body, ctype = BODIES["httpx_fields_and_files"]
+    assert parse_small_multipart(body, ctype, max_files=1) is None
+    assert parse_small_multipart(body, ctype, max_fields=1) is None
+    assert parse_small_multipart(body, ctype, max_part_size=3) is None
+    cs_body, cs_type = _httpx_body({"_charset_": "latin-1"}, [])
+    assert parse_small_multipart(cs_body, cs_type) is None
+    assert parse_small_multipart(body, "multipart/form-data") is None  # no boundary
