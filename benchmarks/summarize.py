@@ -173,6 +173,15 @@ def compile_variants() -> str:
     return "\n".join(out)
 
 
+def frontend_gil() -> str:
+    d = load("frontend_gil_cpu.json")
+    parts = []
+    for label, med in d["median_gil_samples_per_request"].items():
+        vals = [r["gil_samples_per_request"] for r in d["rows"] if r["variant"] == label]
+        parts.append(f"{label} {med:.3f} ({min(vals):.3f}–{max(vals):.3f})")
+    return "GIL samples per request, median (range): " + ", ".join(parts)
+
+
 def client_cost() -> str:
     d = load("client_cost_cpu.json")
     m = d["median_client_cpu_ms_per_req"]
@@ -533,6 +542,8 @@ def main() -> None:
             photo_profile=photo_profile(),
             compile_variants=compile_variants(),
             client_cost=client_cost(),
+            frontend_gil=frontend_gil(),
+            frontend_gil_cmd=load("frontend_gil_cpu.json")["command"],
             http_gpu12_cmd=load("http_gpu_run12_raw_client.json")["command"],
             http_gpu12=http_gpu_images("http_gpu_run12_raw_client.json"),
             http_gpu12_ratios=http_ratios(
@@ -724,11 +735,10 @@ uvicorn's pure-Python h11 parser and the asyncio loop, as every earlier GPU run 
 the tiny recognizer, aligned crops, `py-spy --gil`): uploads of at most 160×160 pixels (by their header) are
 decoded on the event loop instead of the decode pool, whose `ThreadPoolExecutor.submit` held 16 % of the
 front-end's GIL; `decode_image` reads plain JPEG headers with `io/jpeg.py` instead of Pillow; the embedding's
-JSON rounding is numpy's (4 instead of 43 µs for 128 floats, identical on 256,000 values). Together they cut the
-front-end's GIL samples per request by ~13 % there (0.174 → 0.152). New request kind: `embed_aligned_batch`, 8
-aligned crops per request, as a batch-embedding client sends them. `facegate_mp` (4 front-ends) ran under
-py-spy; `facegate_mp_w8` did not. `{http_gpu13_cmd}` (with `PYSPY_SERVER=facegate_mp` and `EXTRA_ARGS` of
-`scripts/gpu-http.sh`).
+JSON rounding is numpy's (4 instead of 43 µs for 128 floats, identical on 256,000 values). New request kind:
+`embed_aligned_batch`, 8 aligned crops per request, as a batch-embedding client sends them. `facegate_mp`
+(4 front-ends) ran under py-spy; `facegate_mp_w8` did not. `{http_gpu13_cmd}` (with `PYSPY_SERVER=facegate_mp`
+and `EXTRA_ARGS` of `scripts/gpu-http.sh`).
 
 {http_gpu13}
 
@@ -759,6 +769,14 @@ Engine stages of `facegate_mp_w8` in run 13 (from `/metrics`; busy = share of th
   Pickling the results (`ForkingPickler.dumps`, 13 %) is next; commit 1b8a570 pickles an embed result as one
   block instead of three strided arrays (2.5 instead of 6.0 µs per item on this CPU), not yet measured on the
   GPU.
+
+**The front-end's GIL per request on this CPU** (`{frontend_gil_cmd}`; one front-end, tiny CPU engine,
+aligned crops, py-spy `--gil` at 250 Hz on the front-end only, variants alternating, 2 rounds):
+{frontend_gil}. `session_start` is `git archive b1ac0c4 src` (this session's first commit) and
+`before_forms` is `git archive ef3fa46 src`, which holds the changes of run 13 (0.173 against 0.182, within
+the rounds' spread). `new` adds `serving/forms.py` (commit 7f43259, after the last device call): small
+multipart bodies are read whole and cut at the boundary, with Starlette's parser as the fallback, where
+Starlette's streaming parser had held ~20 % of the front-end's GIL. Not measured on the GPU.
 
 **Run 14** (commit 06ce059) tried starting the front-ends while the engine warms up (to save the last ~5 s of
 cold start). On the H200 the 8-front-end server did not answer `/readyz` within 240 s and no server log came
