@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
 from facegate.bench.rawhttp import encode_multipart
@@ -100,3 +101,16 @@ def test_limits_and_charset_go_to_starlette() -> None:
     cs_body, cs_type = _httpx_body({"_charset_": "latin-1"}, [])
     assert parse_small_multipart(cs_body, cs_type) is None
     assert parse_small_multipart(body, "multipart/form-data") is None  # no boundary
+
+
+def test_the_request_falls_back_to_starlette_over_the_cached_body() -> None:
+    body, ctype = BODIES["httpx_fields_and_files"]
+    with_preamble = b"a preamble\r\n" + body  # RFC 2046 allows one; neither parser reads it
+    assert parse_small_multipart(with_preamble, ctype) is None
+    for request_cls in (Request, FastFormRequest):  # the same answer from Starlette's parser, over the cached body
+        with pytest.raises(MultiPartException, match="Invalid multipart data"):
+            asyncio.run(_starlette_form(with_preamble, ctype, request_cls))
+    wrong_boundary = b"--bnd\r\n" + body.split(b"\r\n", 1)[1]  # a different boundary than the header says
+    for request_cls in (Request, FastFormRequest):
+        with pytest.raises(MultiPartException):
+            asyncio.run(_starlette_form(wrong_boundary, ctype, request_cls))
