@@ -735,7 +735,8 @@ uvicorn's pure-Python h11 parser and the asyncio loop, as every earlier GPU run 
 the tiny recognizer, aligned crops, `py-spy --gil`): uploads of at most 160×160 pixels (by their header) are
 decoded on the event loop instead of the decode pool, whose `ThreadPoolExecutor.submit` held 16 % of the
 front-end's GIL; `decode_image` reads plain JPEG headers with `io/jpeg.py` instead of Pillow; the embedding's
-JSON rounding is numpy's (4 instead of 43 µs for 128 floats, identical on 256,000 values). New request kind:
+JSON rounding is numpy's (4.1 instead of 42.4 µs for 128 floats, identical on 256,000 values,
+`benchmarks/micro_serialise.py`). New request kind:
 `embed_aligned_batch`, 8 aligned crops per request, as a batch-embedding client sends them. `facegate_mp`
 (4 front-ends) ran under py-spy; `facegate_mp_w8` did not. `{http_gpu13_cmd}` (with `PYSPY_SERVER=facegate_mp`
 and `EXTRA_ARGS` of `scripts/gpu-http.sh`).
@@ -767,7 +768,8 @@ Engine stages of `facegate_mp_w8` in run 13 (from `/metrics`; busy = share of th
 - The engine process's GIL in run 13 (`facegate_mp`, all kinds and concurrencies): {pyspy13}
   `Future.__init__` (40 % in run 10, the garbage collector's full collections) is down to 1 % with `gc_freeze`.
   Pickling the results (`ForkingPickler.dumps`, 13 %) is next; commit 1b8a570 pickles an embed result as one
-  block instead of three strided arrays (2.5 instead of 6.0 µs per item on this CPU), not yet measured on the
+  block instead of three strided arrays (2.5 instead of 5.1 µs per item on this CPU, `micro_serialise.py`), not yet
+  measured on the
   GPU.
 
 **The front-end's GIL per request on this CPU** (`{frontend_gil_cmd}`; one front-end, tiny CPU engine,

@@ -476,9 +476,9 @@ class EmbedOut(tuple):  # type: ignore[type-arg]
     """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
 
     A plain tuple to its users; pickled (engine process → front-end) as the one contiguous block instead
-    of three strided arrays: 2.5 instead of 6.0 µs per item on the dev CPU. Pickling results was most of the
-    engine's sender thread in run 13's py-spy profile (13 % of the process's GIL samples, photo and embed
-    results together).
+    of three strided arrays: 2.5 instead of 5.1 µs per item on the dev CPU (``benchmarks/micro_serialise.py``).
+    Pickling results was most of the engine's sender thread in run 13's py-spy profile (13 % of the process's
+    GIL samples, photo and embed results together).
     """
 
     block: np.ndarray
