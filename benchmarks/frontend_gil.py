@@ -95,14 +95,37 @@ def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: P
         )  # fmt: skip
         bench.wait(timeout=a.seconds + 60)
         res = json.loads(bench_out.read_text())
-        samples = sum(int(line.rsplit(" ", 1)[1]) for line in raw.read_text().splitlines() if line.strip())
+        samples, shares = inclusive_shares(raw.read_text())
     finally:
         srv.terminate()
         srv.wait(timeout=30)
     per_req = samples / (a.seconds * res["ok_req_s"])
     log.info("%s: %.1f req/s, %d GIL samples, %.4f per request", label, res["ok_req_s"], samples, per_req)
     return {"variant": label, "src": str(src), "ok_req_s": res["ok_req_s"], "errors": res["errors"],
-            "gil_samples": samples, "gil_samples_per_request": per_req}  # fmt: skip
+            "gil_samples": samples, "gil_samples_per_request": per_req, "inclusive_share": shares}  # fmt: skip
+
+
+#: Functions whose inclusive share of the front-end's GIL samples each row reports.
+WATCH = (
+    "Request._get_form", "MultiPartParser.parse", "parse_small_multipart", "ThreadPoolExecutor.submit",
+    "RequestResponseCycle.send", "solve_dependencies", "decode_image", "FaceOut.from_face", "RemoteEngine.submit",
+)  # fmt: skip
+
+
+def inclusive_shares(raw: str) -> tuple[int, dict[str, float]]:
+    """Total samples of a ``py-spy -f raw`` file, and the share of them with each :data:`WATCH` function on
+    the stack."""
+    total, hits = 0, dict.fromkeys(WATCH, 0)
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(n)
+        frames = {f.split(" (", 1)[0] for f in stack.split(";")}
+        for name in WATCH:
+            if name in frames:
+                hits[name] += int(n)
+    return total, {k: round(v / total, 4) if total else 0.0 for k, v in hits.items()}
 
 
 def main() -> None:

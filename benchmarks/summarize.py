@@ -731,15 +731,15 @@ uvicorn's pure-Python h11 parser and the asyncio loop, as every earlier GPU run 
 
 {http_gpu12_w8_ratios}
 
-**Run 13** (commit 36345c4): front-end changes measured with py-spy on this box (a front-end of a CPU engine with
+**Run 13** (commit 36345c4): front-end changes found with py-spy on this box (a front-end of a CPU engine with
 the tiny recognizer, aligned crops, `py-spy --gil`): uploads of at most 160×160 pixels (by their header) are
-decoded on the event loop instead of the decode pool, whose `ThreadPoolExecutor.submit` held 16 % of the
-front-end's GIL; `decode_image` reads plain JPEG headers with `io/jpeg.py` instead of Pillow; the embedding's
-JSON rounding is numpy's (4.1 instead of 42.4 µs for 128 floats, identical on 256,000 values,
-`benchmarks/micro_serialise.py`). New request kind:
-`embed_aligned_batch`, 8 aligned crops per request, as a batch-embedding client sends them. `facegate_mp`
-(4 front-ends) ran under py-spy; `facegate_mp_w8` did not. `{http_gpu13_cmd}` (with `PYSPY_SERVER=facegate_mp`
-and `EXTRA_ARGS` of `scripts/gpu-http.sh`).
+decoded on the event loop instead of the decode pool, whose `ThreadPoolExecutor.submit` held 15–20 % of the
+front-end's GIL samples (`session_start` rows below); `decode_image` reads plain JPEG headers with `io/jpeg.py`
+instead of Pillow; the embedding's JSON rounding is numpy's (4.1 instead of 42.4 µs for 128 floats, identical
+on 256,000 values, `benchmarks/micro_serialise.py`). New request kind: `embed_aligned_batch`, 8 aligned crops
+per request, as a batch-embedding client sends them. `facegate_mp` (4 front-ends) ran under py-spy;
+`facegate_mp_w8` did not. `{http_gpu13_cmd}` (with `PYSPY_SERVER=facegate_mp` and `EXTRA_ARGS` of
+`scripts/gpu-http.sh`).
 
 {http_gpu13}
 
@@ -775,10 +775,12 @@ Engine stages of `facegate_mp_w8` in run 13 (from `/metrics`; busy = share of th
 **The front-end's GIL per request on this CPU** (`{frontend_gil_cmd}`; one front-end, tiny CPU engine,
 aligned crops, py-spy `--gil` at 250 Hz on the front-end only, variants alternating, 2 rounds):
 {frontend_gil}. `session_start` is `git archive b1ac0c4 src` (this session's first commit) and
-`before_forms` is `git archive ef3fa46 src`, which holds the changes of run 13 (0.173 against 0.182, within
-the rounds' spread). `new` adds `serving/forms.py` (commit 7f43259, after the last device call): small
-multipart bodies are read whole and cut at the boundary, with Starlette's parser as the fallback, where
-Starlette's streaming parser had held ~20 % of the front-end's GIL. Not measured on the GPU.
+`before_forms` is `git archive ef3fa46 src`, which holds the changes of run 13. `new` adds `serving/forms.py`
+(commit 7f43259, after the last device call): small multipart bodies are read whole and cut at the boundary,
+with Starlette's parser as the fallback. Inclusive shares of the front-end's GIL samples per round:
+`ThreadPoolExecutor.submit` 15–20 % in `session_start` and 0 after; Starlette's form reading
+(`Request._get_form`) 17 % in `before_forms`, `parse_small_multipart` 7–9 % in `new`. Not measured on the
+GPU.
 
 **Run 14** (commit 06ce059) tried starting the front-ends while the engine warms up (to save the last ~5 s of
 cold start). On the H200 the 8-front-end server did not answer `/readyz` within 240 s and no server log came

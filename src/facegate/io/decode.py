@@ -296,8 +296,8 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
 # --------------------------------------------------------------------------- public API
 #: Uploads of at most this many pixels (by their header) are small enough to decode on the caller's thread:
 #: a 112×112 aligned crop decodes in ~0.1 ms, less than a round trip through a thread pool, whose
-#: ``ThreadPoolExecutor.submit`` alone held 16 % of a front-end's GIL time under aligned-crop load
-#: (py-spy, ``docs/benchmarks.md``).
+#: ``ThreadPoolExecutor.submit`` alone held 15–20 % of a front-end's GIL samples under aligned-crop load
+#: (``benchmarks/frontend_gil.py``, the ``session_start`` rows of ``results/frontend_gil_cpu.json``).
 INLINE_DECODE_PIXELS = 160 * 160
 
 

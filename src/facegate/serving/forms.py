@@ -1,8 +1,9 @@
 """A fast reader for small ``multipart/form-data`` bodies, with Starlette's parser as the fallback.
 
 Why: under aligned-crop load, Starlette's streaming multipart parser (python-multipart, a callback per
-header and data chunk, a spooled temporary file per upload) held ~20 % of a front-end's GIL time, more than
-any other part of a request (py-spy of a front-end on this repository's CPU box, ``docs/benchmarks.md``).
+header and data chunk, a spooled temporary file per upload) held 17 % of a front-end's GIL samples, more
+than any other part of a request; this reader holds 7–9 % (``benchmarks/frontend_gil.py`` on the dev CPU,
+``results/frontend_gil_cpu.json``).
 A request of a few photos is small: this module reads its body once and cuts it at the boundary.
 
 It answers only bodies it understands completely: a ``Content-Length`` of at most
