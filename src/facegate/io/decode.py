@@ -82,7 +82,7 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
-from facegate.io.jpeg import NotPlain, read_jpeg_header
+from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
 
 with contextlib.suppress(ImportError):  # AVIF exists in Pillow >= 11.2 when built with libavif
     from PIL import AvifImagePlugin  # noqa: F401
@@ -301,16 +301,32 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
 INLINE_DECODE_PIXELS = 160 * 160
 
 
-def header_pixels(data: bytes) -> int | None:
-    """``width × height`` read from a plain JPEG's or a PNG's header, without decoding; ``None`` otherwise."""
+def decode_if_small(
+    data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
+) -> np.ndarray | None:
+    """:func:`decode_image` of ``data`` when its header says it has at most ``small_pixels``; ``None`` when it
+    is larger or its size is not known without Pillow (then the caller decodes it elsewhere).
+
+    Plain JPEGs and PNGs only. A plain JPEG's header is read once, for the size check and the decode.
+
+    Raises: as :func:`decode_image`, for a small image.
+    """
+    if not isinstance(data, bytes) or not data or len(data) > max_bytes:
+        return None
     if data[:3] == b"\xff\xd8\xff":
         try:
-            h = read_jpeg_header(data)
+            hdr = read_jpeg_header(data)
         except NotPlain:
             return None
-        return h.width * h.height
-    if len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
-        return int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
+        if hdr.width * hdr.height > small_pixels:
+            return None
+        _check_limits(max_bytes, max_pixels)
+        _ensure_strict_truncation()
+        arr = _decode_plain_jpeg(data, max_pixels, hdr)
+        return arr if arr is not None else decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
+    png = len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    if png and int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big") <= small_pixels:
+        return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
     return None
 
 
@@ -376,17 +392,19 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     return _apply_orientation(arr, orientation)
 
 
-def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
-    """:func:`decode_image` for a plain JPEG (:func:`facegate.io.jpeg.read_jpeg_header`) without Pillow's
-    header parse, which cost more than decoding a 112×112 crop; ``None``: take the general path.
+def _decode_plain_jpeg(data: bytes, max_pixels: int, hdr: JpegHeader | None = None) -> np.ndarray | None:
+    """:func:`decode_image` for a plain JPEG (:func:`facegate.io.jpeg.read_jpeg_header`, or ``hdr`` when the
+    caller read it already) without Pillow's header parse, which cost more than decoding a 112×112 crop;
+    ``None``: take the general path.
 
     Same limits, errors and result as the general path, which reads such files' headers the same way
     (``tests/unit/io/test_jpeg.py`` compares the two readers on every LFW image).
     """
-    try:
-        hdr = read_jpeg_header(data)
-    except NotPlain:
-        return None
+    if hdr is None:
+        try:
+            hdr = read_jpeg_header(data)
+        except NotPlain:
+            return None
     w, h = hdr.width, hdr.height
     if w < 1 or h < 1 or (Image.MAX_IMAGE_PIXELS and w * h > 2 * Image.MAX_IMAGE_PIXELS):
         return None  # the general path gives these their answer

@@ -110,14 +110,14 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
 
 
 async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
-    """Decode an upload's bytes → ``(H, W, 3) uint8`` RGB: on the decode pool, or right here when its header
-    says it is no larger than :data:`~facegate.io.decode.INLINE_DECODE_PIXELS` (an aligned crop)."""
-    from facegate.io.decode import INLINE_DECODE_PIXELS, decode_image, header_pixels
+    """Decode an upload's bytes → ``(H, W, 3) uint8`` RGB: right here when its header says it is no larger than
+    :data:`~facegate.io.decode.INLINE_DECODE_PIXELS` (an aligned crop), else on the decode pool."""
+    from facegate.io.decode import decode_if_small, decode_image
 
     s = state.settings
-    px = header_pixels(data) if len(data) <= s.max_upload_bytes else None
-    if px is not None and px <= INLINE_DECODE_PIXELS:
-        return decode_image(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
+    small = decode_if_small(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
+    if small is not None:
+        return small
     return await state.in_decode_pool(decode_image, data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
 
 

@@ -24,10 +24,10 @@ from facegate.errors import (
     PathNotAllowedError,
 )
 from facegate.io.decode import (
+    decode_if_small,
     decode_image,
     decode_jpeg_batch_cuda,
     gpu_decode_available,
-    header_pixels,
     read_image_file,
 )
 
@@ -502,14 +502,19 @@ def test_errors_are_facegate_errors_only() -> None:
             assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
 
 
-def test_header_pixels_reads_jpeg_and_png_sizes_without_decoding() -> None:
+def test_decode_if_small_decodes_small_jpegs_and_pngs_and_leaves_the_rest() -> None:
     arr = _pattern(60, 90)
-    assert header_pixels(_encode(arr, "JPEG", quality=90)) == 60 * 90
-    assert header_pixels(_encode(arr, "PNG")) == 60 * 90
-    assert header_pixels(_png_header_only(4000, 3000)) == 12_000_000  # header only: nothing is decoded
-    assert header_pixels(_encode(arr, "BMP")) is None  # other formats: unknown, so the pool decodes them
-    assert header_pixels(b"\xff\xd8\xff\xe0garbage") is None
-    assert header_pixels(b"") is None
+    for data in (_encode(arr, "JPEG", quality=90), _encode(arr, "PNG")):
+        got = decode_if_small(data, **LIMITS)
+        assert got is not None and got.shape == (60, 90, 3)
+        np.testing.assert_array_equal(got, decode_image(data, **LIMITS))
+    assert decode_if_small(_encode(arr, "JPEG", quality=90), **LIMITS, small_pixels=60 * 90 - 1) is None
+    assert decode_if_small(_png_header_only(4000, 3000), **LIMITS) is None  # header only: nothing is decoded
+    assert decode_if_small(_encode(arr, "BMP"), **LIMITS) is None  # other formats: unknown, so the pool decodes them
+    assert decode_if_small(b"\xff\xd8\xff\xe0garbage", **LIMITS) is None
+    assert decode_if_small(b"", **LIMITS) is None
+    with pytest.raises(ImageTooLargeError):  # a small image keeps decode_image's limits
+        decode_if_small(_encode(arr, "JPEG", quality=90), max_bytes=LIMITS["max_bytes"], max_pixels=100)
 
 
 def test_plain_jpeg_fast_path_equals_the_pillow_path(monkeypatch: pytest.MonkeyPatch) -> None:
