@@ -42,6 +42,22 @@ def _serve(handler: Handler, scenario: Callable[[str], Awaitable[None]]) -> None
     asyncio.run(main())
 
 
+class _OneAnswerPerConnection:
+    """A handler that reads one request per connection, writes ``answers[i]`` on the i-th connection (the last
+    one again after that), then closes; counts the connections."""
+
+    def __init__(self, *answers: bytes) -> None:
+        self.answers = answers
+        self.conns = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.conns += 1
+        await _read_request(reader)
+        writer.write(self.answers[min(self.conns, len(self.answers)) - 1])
+        await writer.drain()
+        writer.close()
+
+
 def test_encode_request_and_multipart() -> None:
     body, ctype = encode_multipart({"aligned": "true"}, [("images", ("a.jpg", b"\xff\xd8xyz", "image/jpeg"))], "BND")
     assert ctype == "multipart/form-data; boundary=BND"
@@ -90,18 +106,10 @@ def test_keep_alive_content_length_chunked_and_informational() -> None:
 
 
 def test_connection_close_and_body_to_eof_open_a_new_connection() -> None:
-    conns = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal conns
-        conns += 1
-        await _read_request(reader)
-        if conns == 1:
-            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
-        else:
-            writer.write(b'HTTP/1.1 200 OK\r\n\r\n{"a": 1}')  # no length: the body ends with the connection
-        await writer.drain()
-        writer.close()
+    handler = _OneAnswerPerConnection(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+        b'HTTP/1.1 200 OK\r\n\r\n{"a": 1}',  # no length: the body ends with the connection
+    )
 
     async def scenario(url: str) -> None:
         async with RawClient(url, timeout_s=5) as client:
@@ -109,19 +117,12 @@ def test_connection_close_and_body_to_eof_open_a_new_connection() -> None:
             assert (await client.get("/")).json() == {"a": 1}
 
     _serve(handler, scenario)
-    assert conns == 2
+    assert handler.conns == 2
 
 
 def test_a_kept_alive_connection_the_server_closed_is_retried_once() -> None:
-    conns = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal conns
-        conns += 1
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()  # closes without saying Connection: close (a keep-alive timeout)
+    # closes after each answer without saying Connection: close (a keep-alive timeout)
+    handler = _OneAnswerPerConnection(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     async def scenario(url: str) -> None:
         async with RawClient(url, timeout_s=5) as client:
@@ -130,7 +131,7 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once() -> None:
             assert (await client.get("/")).content == b"ok"  # stale connection: retried on a new one
 
     _serve(handler, scenario)
-    assert conns == 2
+    assert handler.conns == 2
 
 
 def test_connect_and_timeout_errors_have_httpx_names() -> None:
@@ -168,11 +169,7 @@ def test_connect_and_timeout_errors_have_httpx_names() -> None:
     ids=["not_http", "short_body"],
 )
 def test_bad_answers_are_remote_protocol_errors(answer: bytes, match: str) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(answer)
-        await writer.drain()
-        writer.close()
+    handler = _OneAnswerPerConnection(answer)
 
     async def scenario(url: str) -> None:
         async with RawClient(url, timeout_s=5) as client:
