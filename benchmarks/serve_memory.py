@@ -81,6 +81,8 @@ mem("after_build")
 t = time.perf_counter()
 out["warmup"] = pipe.warmup()
 out["warmup_s"] = round(time.perf_counter() - t, 3)
+from facegate.engine import graphs as _graphs
+out["captures"] = list(_graphs.capture_records)
 mem("after_warmup")
 if cuda:
     torch.cuda.reset_peak_memory_stats()  # after_load's peak is the peak under load
@@ -109,14 +111,23 @@ for _ in range(spec["load_batches"]):
         stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs]))
 out["load_s"] = round(time.perf_counter() - t, 3)
 mem("after_load")
+# steady-state timings (does a variant cost speed?): median of 50 calls each
+def median_ms(fn, n=50):
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return round(float(np.median(ts)) * 1e3, 3)
+crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
+out["embed_batch_ms"] = median_ms(lambda: pipe.embed(crops))
+out["detect_16_ms"] = median_ms(lambda: pipe.detect(photos[:16]))
 print(json.dumps(out))
 """
 
 
-def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
-                       timeout=timeout_s, env={**os.environ, "FACEGATE_LOG_LEVEL": "WARNING"})  # fmt: skip
+                       timeout=timeout_s, env={**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", **(env or {})})  # fmt: skip
     if p.returncode != 0:
         return {"error": p.stderr[-2000:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
@@ -124,17 +135,29 @@ def run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     return res
 
 
-def parse_variant(text: str) -> dict[str, Any]:
+def parse_variant(text: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``key=value`` pairs → (Settings fields, environment): UPPER-CASE keys (e.g. ``CUDNN_CONV_WSCAP_DBG``,
+    PyTorch's cap on a cuDNN workspace in MiB) go to the child's environment."""
     out: dict[str, Any] = {}
+    env: dict[str, str] = {}
     for kv in filter(None, text.split(",")):
         k, v = kv.split("=", 1)
-        out[k] = {"true": True, "false": False}.get(v.lower(), v)
-    return out
+        if k.isupper():
+            env[k] = v
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out, env
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", action="append", default=[], help="comma-separated Settings key=value pairs")
+    p.add_argument(
+        "--libraries-env",
+        action="append",
+        default=[],
+        help="also measure the cuDNN/cuBLAS floor under this environment (comma-separated KEY=VALUE pairs)",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--batch", type=int, default=64)
@@ -163,11 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         res["bare_context"] = run_child({"bare": True}, o.timeout)
         res["libraries"] = run_child({"bare": True, "libraries": True}, o.timeout)
         print("bare", res["bare_context"], "libraries", res["libraries"], flush=True)
+        res["libraries_env"] = []
+        for text in o.libraries_env:
+            env = parse_variant(text)[1]
+            res["libraries_env"].append({"env": env, **run_child({"bare": True, "libraries": True}, o.timeout, env)})
+            print("libraries", env, res["libraries_env"][-1], flush=True)
         bare = res["bare_context"].get("driver_mib")
     for v in variants:
-        settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **parse_variant(v)}
+        fields, env = parse_variant(v)
+        settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **fields}
         child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches}
-        row = {"variant": v, "settings": settings, **run_child(child, o.timeout)}
+        row = {"variant": v, "settings": settings, "env": env, **run_child(child, o.timeout, env)}
         for tag in ("after_build", "after_warmup", "after_load"):
             if bare is not None and (row.get(tag) or {}).get("driver_mib") is not None:
                 row[tag]["above_bare_mib"] = round(row[tag]["driver_mib"] - bare, 1)

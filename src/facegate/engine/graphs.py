@@ -55,6 +55,12 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
 #: compile cache held none of its kernels, and 16 s once it did.
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
 
+#: One record per capture of this process (bounded: buckets and detector shapes are few): where a capture's
+#: seconds go (the first eager run plans cuDNN convolutions and loads kernels) and the shared pool's size
+#: after it. Read by the start-up log and ``benchmarks/serve_memory.py``.
+capture_records: list[dict[str, Any]] = []
+_MAX_RECORDS = 256
+
 _shared_lock = threading.Lock()
 _side_streams: dict[int, torch.cuda.Stream] = {}
 _pools: dict[int, Any] = {}
@@ -97,15 +103,30 @@ def capture_graph(
         if side is None:
             side = _side_streams[dev] = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
+        runs: list[float] = []
         with torch.cuda.stream(side):
             for _ in range(warmup):
+                t0 = time.perf_counter()
                 fn(static_in)
+                side.synchronize()
+                runs.append(time.perf_counter() - t0)
         torch.cuda.current_stream(dev).wait_stream(side)
+        t0 = time.perf_counter()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=_pools.get(dev), stream=side, capture_error_mode="thread_local"):
             out = fn(static_in)
         _pools[dev] = g.pool()
         torch.cuda.synchronize(dev)
+        if len(capture_records) < _MAX_RECORDS:
+            capture_records.append(
+                {
+                    "shape": list(static_in.shape),
+                    "first_run_s": round(runs[0], 4) if runs else None,
+                    "other_runs_s": round(sum(runs[1:]), 4),
+                    "capture_s": round(time.perf_counter() - t0, 4),
+                    "reserved_mib": round(torch.cuda.memory_reserved(dev) / 2**20, 1),
+                }
+            )
     return g, out
 
 
