@@ -126,8 +126,9 @@ print(json.dumps(out))
 
 def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     t = time.perf_counter()
+    child_env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", **(env or {})}
     p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
-                       timeout=timeout_s, env={**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", **(env or {})})  # fmt: skip
+                       timeout=timeout_s, env=child_env)  # fmt: skip
     if p.returncode != 0:
         return {"error": p.stderr[-2000:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
