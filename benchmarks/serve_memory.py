@@ -84,6 +84,16 @@ out["warmup_s"] = round(time.perf_counter() - t, 3)
 from facegate.engine import graphs as _graphs
 out["captures"] = list(_graphs.capture_records)
 mem("after_warmup")
+if cuda:  # where the reserved memory sits: CUDA-graph pools vs the regular cache, by stream
+    pools = {}
+    for seg in torch.cuda.memory_snapshot():
+        pool = seg.get("segment_pool_id", (0, 0))
+        key = ("regular" if tuple(pool) == (0, 0) else "graph_pool") + f"/stream {seg.get('stream', 0)}"
+        agg = pools.setdefault(key, {"segments": 0, "total_mib": 0.0, "allocated_mib": 0.0})
+        agg["segments"] += 1
+        agg["total_mib"] = round(agg["total_mib"] + seg["total_size"] / 2**20, 1)
+        agg["allocated_mib"] = round(agg["allocated_mib"] + seg["allocated_size"] / 2**20, 1)
+    out["reserved_by_pool_after_warmup"] = pools
 if cuda:
     torch.cuda.reset_peak_memory_stats()  # after_load's peak is the peak under load
 rng = np.random.default_rng(0)
