@@ -8,6 +8,7 @@ No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, resul
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,6 +66,25 @@ def configure_cpu_threads(threads: int | None, device: str) -> int | None:
         cv2.setNumThreads(n)
         log.info("intra-op threads of torch and OpenCV: %d", n)
     return n
+
+
+#: What ``Settings.gemm_workspace="none"`` sets in the environment: no cuBLAS / cuBLASLt workspaces.
+NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
+
+
+def configure_gemm_workspace(mode: str, device: str) -> dict[str, str]:
+    """Apply ``Settings.gemm_workspace`` to this process; returns the variables it set.
+
+    PyTorch reads these once, at the process's first GEMM, so this runs before the models are built; a
+    variable the user set already is left alone.
+    """
+    if device != "cuda" or mode != "none":
+        return {}
+    set_now = {k: v for k, v in NO_GEMM_WORKSPACE.items() if k not in os.environ}
+    os.environ.update(set_now)
+    if set_now:
+        log.info("cuBLAS workspaces off: %s", set_now)
+    return set_now
 
 
 def photo_stage_enabled(mode: str, device: str) -> bool:
@@ -126,6 +146,8 @@ class FacePipeline:
         self.det_max_batch_pixels: int | None = None
         #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
         self.photo_limits: tuple[int, int] | None = None
+        #: threads that plan the CUDA graphs' shapes concurrently at warm-up (Settings.warmup_threads)
+        self.warmup_threads = 1
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
 
@@ -148,6 +170,7 @@ class FacePipeline:
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
         spec = get_spec(name)
         configure_cpu_threads(settings.cpu_threads, device)
+        configure_gemm_workspace(settings.gemm_workspace, device)
         detector = FaceDetector(
             load_yunet().to(device),
             device=device,
@@ -221,6 +244,7 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
+        pipe.warmup_threads = settings.warmup_threads
         if photo_stage_enabled(settings.gpu_preprocess, device):
             pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
         if device == "cpu":
@@ -241,14 +265,25 @@ class FacePipeline:
             groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
         out = []
         for (hp, wp), idx in groups.items():
-            step = self.chunk or max(len(images), 1)
-            if self.det_max_batch_pixels:
-                step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
+            step = self._detector_step(len(images), hp, wp)
             out += [
                 (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
                 for k in range(0, len(idx), step)
             ]
         return out
+
+    def detector_shape(self, n: int, height: int, width: int) -> tuple[int, int, int]:
+        """The batch shape ``(rows, Hp, Wp)`` the detector runs for ``n`` images of ``height × width``
+        (the first batch of :meth:`detect_groups`: capped by ``det_max_batch_pixels``, padded to a bucket)."""
+        hp, wp = self.detector.padded_hw(height, width)
+        return self.detector.batch_rows(min(max(n, 1), self._detector_step(n, hp, wp))), hp, wp
+
+    def _detector_step(self, n: int, hp: int, wp: int) -> int:
+        """Images per detector forward at padded size ``hp × wp``: ``cpu_chunk``, capped by the pixel cap."""
+        step = self.chunk or max(n, 1)
+        if self.det_max_batch_pixels:
+            step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
+        return step
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
@@ -405,11 +440,18 @@ class FacePipeline:
 
         t = time.perf_counter()
         capture = getattr(self.recognizer, "capture", None)
-        if capture is not None:
-            capture()
-            step("recognizer_graphs", t)
-        rng = np.random.default_rng(0)
         det = self.detector
+        if capture is not None:
+            from facegate.engine.graphs import plan_then_capture
+
+            # the recognizer's buckets, then the detector's shapes of warm-up (LFW-sized photos per bucket,
+            # one 640×480 photo), planned concurrently and captured in turn
+            shapes = [self.detector_shape(b, 250, 250) for b in det.batch_buckets or ()]
+            shapes += [self.detector_shape(n, 480, 640) for n in batch_sizes]
+            jobs = self.recognizer.capture_jobs() + det.capture_jobs(shapes)
+            plan_then_capture(jobs, 1 if getattr(self.recognizer, "compile_mode", None) else self.warmup_threads)
+            step("graphs", t)
+        rng = np.random.default_rng(0)
         if det.batch_buckets:  # load the detector's kernels for the batch buckets at LFW's padded size
             t = time.perf_counter()
             for b in det.batch_buckets:
