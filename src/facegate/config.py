@@ -44,6 +44,15 @@ class Settings(BaseSettings):
             "'off': plain eager."
         ),
     )
+    gemm_workspace: Literal["none", "default"] = Field(
+        "none",
+        description=(
+            "CUDA: cuBLAS workspaces of the process. 'none' sets CUBLAS_WORKSPACE_CONFIG=:0:0 and "
+            "CUBLASLT_WORKSPACE_SIZE=0 before the first GEMM (unless already set): PyTorch otherwise keeps a "
+            "workspace per thread and stream that ran a GEMM (+96 MiB for the first on the H200). The models' "
+            "only GEMMs are their embedding heads. 'default': PyTorch's workspaces."
+        ),
+    )
     graph_buckets: list[int] = Field(
         default_factory=lambda: [1, 4, 16, 64],
         min_length=1,
@@ -72,25 +81,6 @@ class Settings(BaseSettings):
     det_top_k: int = Field(5000, ge=1, le=100_000, description="Candidates kept before NMS.")
     det_max_side: int = Field(
         640, ge=64, le=4096, description="Images are scaled so their longer side is at most this before detection."
-    )
-    gemm_workspace: Literal["none", "default"] = Field(
-        "none",
-        description=(
-            "CUDA: cuBLAS workspaces of the process. 'none' sets CUBLAS_WORKSPACE_CONFIG=:0:0 and "
-            "CUBLASLT_WORKSPACE_SIZE=0 before the first GEMM (unless already set): PyTorch otherwise keeps a "
-            "workspace per thread and stream that ran a GEMM (+96 MiB for the first on the H200). The models' "
-            "only GEMMs are their embedding heads. 'default': PyTorch's workspaces."
-        ),
-    )
-    warmup_threads: int = Field(
-        8,
-        ge=1,
-        le=64,
-        description=(
-            "Threads that plan the CUDA graphs' batch shapes concurrently at warm-up (compile=graphs); the "
-            "captures still run one at a time. cuDNN plans each convolution per input shape and thread, "
-            "1.8-4.0 s per shape of SFace or YuNet on the H200. 1: one shape after the other."
-        ),
     )
     det_graphs: bool = Field(
         True,

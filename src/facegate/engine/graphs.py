@@ -37,8 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import torch
@@ -132,52 +130,6 @@ def capture_graph(
     return g, out
 
 
-#: A capture job for :func:`plan_then_capture`: ``(plan, capture)``, two calls made on one thread.
-CaptureJob = tuple[Callable[[], Any], Callable[[], Any]]
-
-
-def plan_then_capture(jobs: Sequence[CaptureJob], threads: int) -> None:
-    """Run every job's ``plan`` concurrently (``threads`` at a time), each followed on the same thread by its
-    ``capture``; the captures run one at a time, in the jobs' order.
-
-    Why: cuDNN's v8 API plans a convolution when it first meets an input shape, and PyTorch caches the plan
-    per thread. On the H200 that took 1.8–4.0 s per batch shape of SFace or YuNet, 18 of the 20 s the
-    engine spent warming up 8 shapes one after the other (``benchmarks/results/serve_memory_gpu_planning.json``:
-    first eager run against 4–9 ms for each later run and the capture). Planning each shape on a thread
-    of its own and capturing it right after on that thread overlaps the planning; the captures stay serial
-    and in order (largest bucket first, so smaller graphs fit in memory that its intermediates freed).
-
-    ``threads <= 1`` runs everything on the calling thread. The first error is raised once every job has
-    ended; jobs after a failed one skip their capture.
-    """
-    if threads <= 1 or len(jobs) <= 1:
-        for plan, capture in jobs:
-            plan()
-            capture()
-        return
-    turns = [threading.Event() for _ in jobs]
-    errors: list[BaseException] = []
-
-    def work(i: int) -> None:
-        plan, capture = jobs[i]
-        try:
-            plan()
-            if i:
-                turns[i - 1].wait()
-            if not errors:
-                capture()
-        except BaseException as exc:  # re-raised below, after every job ended
-            errors.append(exc)
-        finally:
-            turns[i].set()
-
-    # jobs start in submission order, so a job only ever waits for one that has started
-    with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="facegate-plan") as pool:
-        list(pool.map(work, range(len(jobs))))
-    if errors:
-        raise errors[0]
-
-
 def replay(graph: torch.cuda.CUDAGraph) -> None:
     """Replay ``graph`` on the current stream, which must be the default one (the shared pool's invariant).
 
@@ -244,47 +196,25 @@ class GraphedModule(nn.Module):
                 return b
         return None
 
-    def capture_jobs(self) -> list[CaptureJob]:
-        """One ``(plan, capture)`` job per bucket, largest first, for :func:`plan_then_capture` (none on CPU).
-
-        With ``compile_mode`` the plan step does nothing: the compiler runs in the capture, one at a time.
-        """
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture one CUDA graph per bucket (no-op on CPU)."""
         if self.device.type != "cuda":
-            return []
-        plan = (lambda b: None) if self.compile_mode else self._plan
-        return [(partial(plan, b), partial(self._capture_bucket, b)) for b in reversed(self.buckets)]
-
-    def capture(self, threads: int = 1) -> None:
-        """Warm up and capture one CUDA graph per bucket (no-op on CPU); see :func:`plan_then_capture`."""
-        t0 = time.perf_counter()
-        jobs = self.capture_jobs()
-        if not jobs:
             return
-        plan_then_capture(jobs, 1 if self.compile_mode else threads)
+        for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
+            t0 = time.perf_counter()
+            static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
+            g, out = capture_graph(self._fn, static_in, warmup=3)
+            self._tuple_out = isinstance(out, tuple)
+            outs = out if isinstance(out, tuple) else (out,)
+            self._graphs[b] = (g, static_in, outs)
+            self.capture_seconds[b] = time.perf_counter() - t0
         log.info(
             "captured CUDA graphs for buckets %s (compile=%s) in %.1f s",
             self.buckets,
             self.compile_mode,
-            time.perf_counter() - t0,
+            sum(self.capture_seconds.values()),
         )
-
-    @torch.inference_mode()
-    def _plan(self, b: int) -> None:
-        """One eager run at bucket ``b`` on this thread: cuDNN plans its convolutions for this thread."""
-        with torch.cuda.device(self.device):
-            self._fn(torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device))
-            torch.cuda.current_stream().synchronize()
-
-    @torch.inference_mode()
-    def _capture_bucket(self, b: int) -> None:
-        t0 = time.perf_counter()
-        with torch.cuda.device(self.device):
-            static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
-            g, out = capture_graph(self._fn, static_in, warmup=3)
-        self._tuple_out = isinstance(out, tuple)
-        outs = out if isinstance(out, tuple) else (out,)
-        self._graphs[b] = (g, static_in, outs)
-        self.capture_seconds[b] = time.perf_counter() - t0
 
     @torch.inference_mode()
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:

@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import cv2
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from facegate.engine.graphs import CaptureJob, capture_graph, replay, replay_lock
+from facegate.engine.graphs import capture_graph, replay, replay_lock
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, RawOutputs, YuNet, decode_yunet
@@ -182,7 +181,7 @@ class FaceDetector:
         hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         # rows past len(imgs) are zero padding; postprocess ignores them
-        shape = (self.batch_rows(len(imgs)), hp, wp, 3)
+        shape = (self._batch_rows(len(imgs)), hp, wp, 3)
         pinned = None
         if self.device.type == "cuda":  # build the batch straight into pinned memory
             pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
@@ -199,7 +198,7 @@ class FaceDetector:
             pinned=pinned,
         )
 
-    def batch_rows(self, n: int) -> int:
+    def _batch_rows(self, n: int) -> int:
         """Rows of a batch of ``n`` images: the next batch bucket (zero rows pad it), else ``n``."""
         if self.batch_buckets:
             return next((b for b in sorted(self.batch_buckets) if b >= n), n)
@@ -248,7 +247,7 @@ class FaceDetector:
             resized.append(img)
         hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        canvas = torch.zeros((self.batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
+        canvas = torch.zeros((self._batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
         while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
             h, w = resized[k].shape[1:]
@@ -326,28 +325,6 @@ class FaceDetector:
         if self.device.type == "cuda":
             self._graphs = {}
             self._max_graphs = int(max_graphs)
-
-    def capture_jobs(self, shapes: Sequence[tuple[int, int, int]]) -> list[CaptureJob]:
-        """``(plan, capture)`` jobs for :func:`~facegate.engine.graphs.plan_then_capture`: each batch shape
-        ``(rows, Hp, Wp)`` not captured yet (none without :meth:`enable_graphs`)."""
-        graphs = getattr(self, "_graphs", None)
-        if graphs is None:
-            return []
-        todo = [s for s in dict.fromkeys(shapes) if s not in graphs][: max(0, self._max_graphs - len(graphs))]
-        return [(partial(self._plan, s), partial(self._capture_shape, s)) for s in todo]
-
-    @torch.inference_mode()
-    def _plan(self, shape: tuple[int, int, int]) -> None:
-        """One eager run of the graphed part at ``shape`` on this thread (cuDNN plans per thread)."""
-        with torch.cuda.device(self.device):
-            x = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
-            self._select(self.model(self._to_input(x)), shape[1:])
-            torch.cuda.current_stream().synchronize()
-
-    @torch.inference_mode()
-    def _capture_shape(self, shape: tuple[int, int, int]) -> None:
-        with torch.cuda.device(self.device), replay_lock(self.device):
-            self._graph_for(shape)
 
     @property
     def graphed_shapes(self) -> list[tuple[int, int, int]]:

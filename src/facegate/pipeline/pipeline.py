@@ -146,8 +146,6 @@ class FacePipeline:
         self.det_max_batch_pixels: int | None = None
         #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
         self.photo_limits: tuple[int, int] | None = None
-        #: threads that plan the CUDA graphs' shapes concurrently at warm-up (Settings.warmup_threads)
-        self.warmup_threads = 1
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
 
@@ -244,7 +242,6 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
-        pipe.warmup_threads = settings.warmup_threads
         if photo_stage_enabled(settings.gpu_preprocess, device):
             pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
         if device == "cpu":
@@ -265,25 +262,14 @@ class FacePipeline:
             groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
         out = []
         for (hp, wp), idx in groups.items():
-            step = self._detector_step(len(images), hp, wp)
+            step = self.chunk or max(len(images), 1)
+            if self.det_max_batch_pixels:
+                step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
             out += [
                 (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
                 for k in range(0, len(idx), step)
             ]
         return out
-
-    def detector_shape(self, n: int, height: int, width: int) -> tuple[int, int, int]:
-        """The batch shape ``(rows, Hp, Wp)`` the detector runs for ``n`` images of ``height × width``
-        (the first batch of :meth:`detect_groups`: capped by ``det_max_batch_pixels``, padded to a bucket)."""
-        hp, wp = self.detector.padded_hw(height, width)
-        return self.detector.batch_rows(min(max(n, 1), self._detector_step(n, hp, wp))), hp, wp
-
-    def _detector_step(self, n: int, hp: int, wp: int) -> int:
-        """Images per detector forward at padded size ``hp × wp``: ``cpu_chunk``, capped by the pixel cap."""
-        step = self.chunk or max(n, 1)
-        if self.det_max_batch_pixels:
-            step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
-        return step
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
@@ -440,18 +426,11 @@ class FacePipeline:
 
         t = time.perf_counter()
         capture = getattr(self.recognizer, "capture", None)
-        det = self.detector
         if capture is not None:
-            from facegate.engine.graphs import plan_then_capture
-
-            # the recognizer's buckets, then the detector's shapes of warm-up (LFW-sized photos per bucket,
-            # one 640×480 photo), planned concurrently and captured in turn
-            shapes = [self.detector_shape(b, 250, 250) for b in det.batch_buckets or ()]
-            shapes += [self.detector_shape(n, 480, 640) for n in batch_sizes]
-            jobs = self.recognizer.capture_jobs() + det.capture_jobs(shapes)
-            plan_then_capture(jobs, 1 if getattr(self.recognizer, "compile_mode", None) else self.warmup_threads)
-            step("graphs", t)
+            capture()
+            step("recognizer_graphs", t)
         rng = np.random.default_rng(0)
+        det = self.detector
         if det.batch_buckets:  # load the detector's kernels for the batch buckets at LFW's padded size
             t = time.perf_counter()
             for b in det.batch_buckets:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 from torch import Tensor, nn
@@ -95,20 +92,6 @@ def test_graphs_equal_eager_for_every_batch_size_including_padding_and_chunking(
 
 
 @pytest.mark.gpu
-def test_buckets_planned_on_several_threads_capture_graphs_equal_to_eager() -> None:
-    net = _Net(3).cuda().eval()
-    gm = GraphedModule(net, (8, 8, 3), torch.uint8, buckets=(1, 4, 16, 64))
-    gm.capture(threads=4)
-    assert set(gm.capture_seconds) == {1, 4, 16, 64}
-    with torch.inference_mode():
-        for n in (1, 3, 16, 50):
-            x = _batch(n, seed=n).cuda()
-            got, want = gm(x), net(x)
-            for g, w in zip(got, want, strict=True):
-                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.gpu
 def test_two_models_share_one_pool_and_one_side_stream_without_corrupting_each_other() -> None:
     a, b = _Net(1).cuda().eval(), _Net(2).cuda().eval()
     ga = GraphedModule(a, (8, 8, 3), torch.uint8, buckets=(4, 16))
@@ -138,59 +121,6 @@ def test_capture_graph_returns_live_outputs_and_replay_refuses_a_side_stream() -
         torch.testing.assert_close(emb, net(x)[0], atol=1e-5, rtol=1e-5)
         with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(EngineError, match="default stream"):
             replay(g)
-
-
-def _recording_jobs(n: int, log: list[tuple[str, int, int]], barrier: threading.Barrier | None = None) -> list:
-    def plan(i: int) -> None:
-        if barrier is not None:
-            barrier.wait(timeout=10)  # times out unless every plan runs at the same time
-        log.append(("plan", i, threading.get_ident()))
-
-    def capture(i: int) -> None:
-        time.sleep(0.01 * (n - i))  # earlier jobs finish later: the order must still be the jobs'
-        log.append(("capture", i, threading.get_ident()))
-
-    return [(lambda i=i: plan(i), lambda i=i: capture(i)) for i in range(n)]
-
-
-def test_plan_then_capture_plans_concurrently_and_captures_in_order_on_the_planning_thread() -> None:
-    log: list[tuple[str, int, int]] = []
-    graphs.plan_then_capture(_recording_jobs(4, log, threading.Barrier(4)), threads=4)
-    captures = [(i, t) for kind, i, t in log if kind == "capture"]
-    assert [i for i, _ in captures] == [0, 1, 2, 3]
-    planned_on = {i: t for kind, i, t in log if kind == "plan"}
-    assert all(planned_on[i] == t for i, t in captures)  # cuDNN's plan cache is per thread
-    assert len(set(planned_on.values())) == 4 and threading.get_ident() not in planned_on.values()
-
-
-def test_plan_then_capture_with_one_thread_runs_on_the_caller_in_order() -> None:
-    log: list[tuple[str, int, int]] = []
-    graphs.plan_then_capture(_recording_jobs(3, log), threads=1)
-    assert [(k, i) for k, i, _ in log] == [
-        ("plan", 0),
-        ("capture", 0),
-        ("plan", 1),
-        ("capture", 1),
-        ("plan", 2),
-        ("capture", 2),
-    ]
-    assert {t for *_, t in log} == {threading.get_ident()}
-
-
-def test_plan_then_capture_raises_the_first_error_after_every_job_and_skips_later_captures() -> None:
-    done: list[str] = []
-
-    def boom() -> None:
-        raise RuntimeError("plan failed")
-
-    jobs = [
-        (lambda: done.append("plan0"), lambda: done.append("capture0")),
-        (boom, lambda: done.append("capture1")),
-        (lambda: done.append("plan2"), lambda: done.append("capture2")),
-    ]
-    with pytest.raises(RuntimeError, match="plan failed"):
-        graphs.plan_then_capture(jobs, threads=3)
-    assert "capture1" not in done and "capture2" not in done and {"plan0", "plan2"} <= set(done)
 
 
 def test_replay_lock_is_one_reentrant_lock_per_device() -> None:

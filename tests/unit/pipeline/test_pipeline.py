@@ -176,22 +176,6 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
         np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
 
 
-def test_detector_shape_is_the_first_batch_that_detect_groups_builds(pipeline: FacePipeline) -> None:
-    """Warm-up captures the detector at these shapes; serving must meet the same ones."""
-    rng = np.random.default_rng(0)
-    buckets, cap, chunk = pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels, pipeline.chunk
-    pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
-    pipeline.chunk = None  # as on CUDA
-    try:
-        for n, (h, w) in [(1, (250, 250)), (3, (250, 250)), (16, (250, 250)), (64, (250, 250)), (1, (480, 640))]:
-            img = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-            ((_idx, batch), *_rest) = pipeline.detect_groups([img] * n)
-            assert pipeline.detector_shape(n, h, w) == tuple(batch.images.shape[:3])
-        assert pipeline.detector_shape(64, 250, 250) == (16, 256, 256)  # 64 LFW photos: forwards of 16
-    finally:
-        pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels, pipeline.chunk = buckets, cap, chunk
-
-
 def test_configure_gemm_workspace_sets_only_unset_variables_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
@@ -204,20 +188,6 @@ def test_configure_gemm_workspace_sets_only_unset_variables_and_only_on_cuda(mon
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")  # the user's own choice stays
     assert configure_gemm_workspace("none", "cuda") == {"CUBLAS_WORKSPACE_CONFIG": ":0:0"}
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:0" and os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
-
-
-@pytest.mark.gpu
-def test_cuda_warmup_plans_on_threads_and_captures_the_shapes_serving_meets() -> None:
-    pipe = FacePipeline.from_settings(Settings(device="cuda", precision="fp16", compile="graphs", warmup_threads=4))
-    report = pipe.warmup()
-    assert "graphs" in report
-    assert set(pipe.recognizer.capture_seconds) == {1, 4, 16, 64}
-    assert set(pipe.detector.graphed_shapes) == {(1, 256, 256), (4, 256, 256), (16, 256, 256), (1, 480, 640)}
-    rng = np.random.default_rng(1)
-    crops = rng.integers(0, 255, (5, 112, 112, 3), dtype=np.uint8)
-    emb, _q, _raw = pipe.embed(crops)
-    ref = FacePipeline.from_settings(Settings(device="cuda", precision="fp16", compile="off")).embed(crops)[0]
-    assert float((emb * ref).sum(1).min()) > 0.999
 
 
 def test_configure_cpu_threads_follows_the_setting() -> None:
