@@ -91,7 +91,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
-    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8",
+    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
@@ -159,7 +159,9 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
-            argv += ["--workers", str(8 if name == "facegate_mp_w8" else o.mp_workers)]
+            argv += ["--workers", str(8 if name.startswith("facegate_mp_w8") else o.mp_workers)]
+        if name == "facegate_mp_w8_e2":  # two engine processes on the one GPU
+            argv += ["--engines", "2", "--engines-per-gpu", "2"]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
@@ -354,7 +356,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         ),
         "server_cpu_cores": sum(deltas) / CLK_TCK / wall,
         "server_top_thread_cpu": max(deltas, default=0) / CLK_TCK / wall,
-        **cpu_by_role(th0, th1, pids, wall),
+        **cpu_by_role(th0, th1, pids, wall, engines=2 if server.name == "facegate_mp_w8_e2" else 1),
         "server_processes": len(pids),
         "machine_cpu_busy": (m1[0] - m0[0]) / max(m1[1] - m0[1], 1),
         "loadavg_1m": (load0 + os.getloadavg()[0]) / 2,
@@ -368,11 +370,11 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
 
 
 def cpu_by_role(
-    th0: dict[tuple[int, int], int], th1: dict[tuple[int, int], int], pids: list[int], wall: float
+    th0: dict[tuple[int, int], int], th1: dict[tuple[int, int], int], pids: list[int], wall: float, engines: int = 1
 ) -> dict[str, Any]:
     """For a multi-process facegate server: cores per role (engine, front-ends, supervisor), and the role of
     the busiest thread. Empty for other servers (no spawned children)."""
-    roles = process_roles(pids)
+    roles = process_roles(pids, engines)
     if "engine" not in roles.values():
         return {}
     cores: Counter[str] = Counter()

@@ -52,11 +52,11 @@ def thread_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
     return out
 
 
-def process_roles(pids: list[int]) -> dict[int, str]:
+def process_roles(pids: list[int], engines: int = 1) -> dict[int, str]:
     """``engine`` / ``front-end`` / ``supervisor`` for the processes of a facegate server's session.
 
     The supervisor is the one that is not a multiprocessing child; of the spawned children (``spawn_main`` in
-    the command line) the engine is the first started, before uvicorn's front-ends.
+    the command line) the ``engines`` engine processes are the first started, before uvicorn's front-ends.
     """
     roles: dict[int, str] = {}
     spawned: list[tuple[int, int]] = []
@@ -70,7 +70,7 @@ def process_roles(pids: list[int]) -> dict[int, str]:
             elif b"resource_tracker" not in cmd:
                 roles[pid] = "supervisor"
     for i, (_, pid) in enumerate(sorted(spawned)):
-        roles[pid] = "engine" if i == 0 else "front-end"
+        roles[pid] = "engine" if i < engines else "front-end"
     return roles
 
 

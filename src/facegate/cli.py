@@ -111,6 +111,7 @@ def serve(
         int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into one engine process")
     ] = None,
     engines: Annotated[int | None, typer.Option(help="engine processes, one per GPU (implies --workers ≥ 2)")] = None,
+    engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU (default 1)")] = None,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
     from facegate.serving.app import run
@@ -132,6 +133,7 @@ def serve(
         compile=compile,
         workers=workers,
         engines=engines,
+        engines_per_gpu=engines_per_gpu,
     )
     run(s)
 

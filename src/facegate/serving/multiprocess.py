@@ -157,10 +157,10 @@ class EngineProcess:
 
 
 def cuda_devices(n: int) -> list[str]:
-    """The CUDA device of each of ``n`` engines: the first ``n`` of CUDA_VISIBLE_DEVICES, else 0..n-1.
+    """The CUDA device of each of ``n`` GPUs' engines: the first ``n`` of CUDA_VISIBLE_DEVICES, else 0..n-1.
 
     Raises:
-        InvalidParameterError: fewer visible devices than engines.
+        InvalidParameterError: fewer visible devices than ``n``.
     """
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if not visible:
@@ -175,6 +175,16 @@ def cuda_devices(n: int) -> list[str]:
     return visible[:n]
 
 
+def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None]:
+    """The CUDA device of each engine process: ``per_gpu`` engines per GPU, GPUs in order; ``None`` (the
+    process's default device) off CUDA or when all engines share the one GPU."""
+    gpus = -(-engines // per_gpu)
+    if not on_cuda or gpus == 1:
+        return [None] * engines
+    visible = cuda_devices(gpus)
+    return [visible[i // per_gpu] for i in range(engines)]
+
+
 def environment(engines: list[EngineProcess]) -> dict[str, str]:
     """What a front-end needs to find the engines (exported before uvicorn starts its workers)."""
     return {
@@ -185,14 +195,15 @@ def environment(engines: list[EngineProcess]) -> dict[str, str]:
 
 
 def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
-    """``settings.engines`` engine processes, started together (one per GPU on CUDA), once all are ready.
+    """``settings.engines`` engine processes (``engines_per_gpu`` per GPU on CUDA), started together; returns
+    once all are ready.
 
     Raises:
         FacegateError: an engine failed to start (the others are stopped).
     """
     n = settings.engines
     on_cuda = settings.device == "cuda" or (settings.device == "auto" and settings.resolved_device() == "cuda")
-    devices: list[str | None] = list(cuda_devices(n)) if on_cuda and n > 1 else [None] * n
+    devices = engine_devices(n, settings.engines_per_gpu, on_cuda)
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, tiny=tiny, cuda_device=d, authkey=key) for d in devices]
     try:

@@ -23,7 +23,7 @@ from facegate.errors import (
 )
 from facegate.metrics.stats import ServiceStats
 from facegate.pipeline.service import FaceService
-from facegate.serving.multiprocess import EngineProcess, cuda_devices
+from facegate.serving.multiprocess import EngineProcess, cuda_devices, engine_devices
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -229,6 +229,16 @@ def test_engines_take_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch)
     assert cuda_devices(2) == ["3", "5"] and cuda_devices(1) == ["3"]
     with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
         cuda_devices(3)
+
+
+def test_engines_per_gpu_share_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert engine_devices(4, 2, on_cuda=True) == ["3", "3", "5", "5"]
+    assert engine_devices(2, 1, on_cuda=True) == ["3", "5"]
+    assert engine_devices(2, 2, on_cuda=True) == [None, None]  # one GPU: the process's default device
+    assert engine_devices(3, 1, on_cuda=False) == [None, None, None]
+    with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
+        engine_devices(6, 2, on_cuda=True)
 
 
 def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatch) -> None:
