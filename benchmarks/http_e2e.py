@@ -70,7 +70,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import TRANSPORTS, ImageItem, _phase, _RequestMaker, client_description, open_sender
+from facegate.bench.http import (
+    TRANSPORTS,
+    ImageItem,
+    _phase,
+    _RequestMaker,
+    client_description,
+    merge_error_samples,
+    open_sender,
+)
 from monitor import (
     GpuMonitor,
     bare_context_mib,
@@ -286,8 +294,8 @@ async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
         rec = await phase(duration_s=spec["duration_s"], start_index=spec["offset"] + 7_919)
         cpu = time.process_time() - cpu0
     return {"proc": spec["proc"], "concurrency": c, "latencies_s": rec.latencies_s, "errors": dict(rec.errors),
-            "item_errors": dict(rec.item_errors), "n": rec.n, "first_send": rec.first_send,
-            "last_done": rec.last_done, "cpu_s": cpu}  # fmt: skip
+            "error_samples": rec.error_samples, "item_errors": dict(rec.item_errors), "n": rec.n,
+            "first_send": rec.first_send, "last_done": rec.last_done, "cpu_s": cpu}  # fmt: skip
 
 
 def auto_client_procs(concurrency: int, transport: str = "raw") -> int:
@@ -349,6 +357,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         "n": sum(r["n"] for r in results),
         "elapsed_s": max(r["last_done"] for r in results) - min(firsts) if firsts else 0.0,
         "errors": _add_counts(r["errors"] for r in results),
+        "error_samples": merge_error_samples(r.get("error_samples", {}) for r in results),
         "item_errors": _add_counts(r["item_errors"] for r in results),
         "client_procs": procs_n,
         "client_cpu": max(
@@ -415,6 +424,7 @@ def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[st
         "mean_ms": round(float(lat.mean()), 2) if n_ok else None,
         "max_ms": round(float(lat.max()), 2) if n_ok else None,
         "errors": _add_counts(r["errors"] for r in rounds),
+        "error_samples": merge_error_samples(r.get("error_samples", {}) for r in rounds),
         "item_errors": _add_counts(r["item_errors"] for r in rounds),
         "client_procs": rounds[0]["client_procs"], "client_cpu_max": round(max(r["client_cpu"] for r in rounds), 2),
         "server_cpu_cores": avg("server_cpu_cores"), "server_top_thread_cpu": avg("server_top_thread_cpu"),

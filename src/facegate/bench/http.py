@@ -76,6 +76,7 @@ class BenchResult:
             milliseconds; ``None`` when no request succeeded.
         errors: counts by HTTP status (``"503"``) or transport error class (``"ConnectError"``).
         item_errors: ``/api/embed`` per-image error codes inside 2xx answers (``"no_face"``: 3).
+        error_samples: per error kind, the first bodies (at most 3, 400 bytes each): why requests failed.
         settings: what was run (url, kind, concurrency, duration_s, n_requests, warmup, images, ...).
     """
 
@@ -92,6 +93,7 @@ class BenchResult:
     max_ms: float | None
     errors: dict[str, int] = field(default_factory=dict)
     item_errors: dict[str, int] = field(default_factory=dict)
+    error_samples: dict[str, list[str]] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,10 +229,27 @@ def raw_sender(client: RawClient, make: _RequestMaker) -> Sender:
     return send
 
 
+#: Error bodies kept per error kind, and their length.
+ERROR_SAMPLES = 3
+ERROR_SAMPLE_BYTES = 400
+
+
+def merge_error_samples(parts: Any) -> dict[str, list[str]]:
+    """Several recorders' ``error_samples`` as one (at most :data:`ERROR_SAMPLES` per kind)."""
+    out: dict[str, list[str]] = {}
+    for part in parts:
+        for key, bodies in part.items():
+            kept = out.setdefault(key, [])
+            kept += bodies[: ERROR_SAMPLES - len(kept)]
+    return out
+
+
 @dataclass
 class _Recorder:
     latencies_s: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    #: the first bodies (truncated) of each error kind: why a request failed, not only how often
+    error_samples: dict[str, list[str]] = field(default_factory=dict)
     item_errors: Counter[str] = field(default_factory=Counter)
     n: int = 0
     first_send: float | None = None
@@ -292,6 +311,9 @@ async def _phase(
                     _count_item_errors(content, rec)
             else:
                 rec.errors[key] += 1
+                samples = rec.error_samples.setdefault(key, [])
+                if len(samples) < ERROR_SAMPLES:
+                    samples.append(content[:ERROR_SAMPLE_BYTES].decode("utf-8", errors="replace"))
             if progress is not None:
                 progress.update(1)
 
@@ -444,6 +466,7 @@ async def arun_http_bench(
         max_ms=float(lat_ms.max()) if n_ok else None,
         errors=dict(sorted(rec.errors.items())),
         item_errors=dict(sorted(rec.item_errors.items())),
+        error_samples=dict(sorted(rec.error_samples.items())),
         settings=settings,
     )
 

@@ -145,6 +145,7 @@ def test_n_requests_exact_and_errors_by_status(fake: tuple[str, FakeState], tran
     )
     assert len(state.calls) == 40 and res.n == 40
     assert res.errors == {"503": 10} and res.n_ok == 30
+    assert len(res.error_samples["503"]) == 3 and all('"queue_full"' in b for b in res.error_samples["503"])
     assert res.ok_req_s < res.req_s
 
 
@@ -239,3 +240,10 @@ def test_main_writes_json(fake: tuple[str, FakeState], tmp_path: Path, capsys: p
     assert saved["n"] == 10 and saved["settings"]["n_images"] == 2 and saved["settings"]["warmup"] == 2
     assert len(state.calls) == 12
     assert BenchResult(**saved).n_ok == 10
+
+
+def test_merge_error_samples_keeps_the_first_three_per_kind() -> None:
+    from facegate.bench.http import merge_error_samples
+
+    parts = [{"422": ["a", "b"]}, {"422": ["c", "d"], "503": ["e"]}, {}]
+    assert merge_error_samples(parts) == {"422": ["a", "b", "c"], "503": ["e"]}
