@@ -53,6 +53,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -608,6 +609,45 @@ def plan_decode(
     return DecodePlan(list(datas), dev, gpu_items, done, max_bytes, max_pixels)
 
 
+_decode_streams: dict[int, Any] = {}
+_decode_streams_lock = threading.Lock()
+
+
+def nvjpeg_decode(data: Any, device: torch.device) -> Any:
+    """``torchvision.io.decode_jpeg(data, RGB, device)`` with a CUDA stream of its own current.
+
+    torchvision's CUDA decoder allocates its outputs on the caller's current stream, then writes them
+    from nvJPEG's own stream without waiting for the caller's (nvJPEG's hardware engine does not keep
+    stream order either). The caching allocator hands out a block as soon as it was freed on the current
+    stream, while kernels queued there may still read it; the decoder then overwrites memory those kernels
+    are about to read (pytorch/vision#9606: 199 of 200 iterations corrupted in its reproducer, none with
+    another stream current). Suspected here on the H200: with two engine processes on one GPU, 3 of ~4,900
+    LFW compare requests at concurrency 16 answered "no face found in the image" (run 16), and 1 of 6,911
+    in a repeat; never with one engine. Not yet verified on the GPU that this removes them.
+
+    With a stream current that only decodes, the outputs come from that stream's blocks; the caller's
+    stream then waits for it and the outputs are marked as used by the caller's stream, so their memory
+    goes back to the decode stream only after the caller's work on them is done.
+    """
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if device.type != "cuda":  # a stand-in decoder (tests)
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _decode_streams_lock:
+        side = _decode_streams.get(index)
+        if side is None:
+            side = _decode_streams[index] = torch.cuda.Stream(device=index)
+    caller = torch.cuda.current_stream(index)
+    with torch.cuda.stream(side):
+        out = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    caller.wait_stream(side)
+    for t in out if isinstance(out, list) else [out]:
+        t.record_stream(caller)
+    return out
+
+
 def run_decode(plan: DecodePlan) -> list[Any]:
     """Device half of a batch decode: one batched nvJPEG call, then host results copied to the device.
 
@@ -620,18 +660,16 @@ def run_decode(plan: DecodePlan) -> list[Any]:
     out: list[Any] = [None] * len(plan.datas)
     done = dict(plan.done)
     if plan.gpu_items:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         idx = list(plan.gpu_items)
         raw = [torch.frombuffer(bytearray(plan.datas[i]), dtype=torch.uint8) for i in idx]
         try:
-            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB, device=plan.device)
+            decoded = nvjpeg_decode(raw, plan.device)
         except Exception as exc:  # nvJPEG refuses the whole batch if one image fails
             log.debug("batched nvJPEG decode failed (%s); retrying one by one", exc)
             decoded = []
             for r in raw:
                 try:
-                    decoded.append(decode_jpeg(r, mode=ImageReadMode.RGB, device=plan.device))
+                    decoded.append(nvjpeg_decode(r, plan.device))
                 except Exception as exc1:
                     log.debug("nvJPEG failed on one image (%s); host fallback", exc1)
                     decoded.append(None)

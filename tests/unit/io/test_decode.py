@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
 import sys
+import types
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -452,6 +455,65 @@ def test_batch_decode_nvjpeg_logic_with_a_fake_decoder(monkeypatch: pytest.Monke
     assert isinstance(out[-1], ImageDecodeError) and out[-1].detail["index"] == 6
     for data, t in zip(datas[:-1], out[:-1], strict=True):
         np.testing.assert_array_equal(t.permute(1, 2, 0).numpy(), decode_image(data, **LIMITS))
+
+
+def test_nvjpeg_decodes_with_its_own_stream_current_and_hands_outputs_to_the_callers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pytorch/vision#9606: with the caller's stream current, the CUDA decoder may overwrite memory that
+    kernels queued there still read. The decode must run with another stream current, then the caller's
+    stream waits for it and owns the outputs (their memory is recycled only after its work on them)."""
+    import facegate.io.decode as mod
+
+    events: list[tuple[str, object]] = []
+    current = ["caller"]
+
+    class FakeStream:
+        def __init__(self, device: object = None) -> None:
+            self.name = "decode"
+
+        def wait_stream(self, other: FakeStream) -> None:
+            events.append((f"{self.name} waits for", other.name))
+
+    caller = FakeStream()
+    caller.name = "caller"
+
+    @contextlib.contextmanager
+    def stream_ctx(s: FakeStream) -> Iterator[None]:
+        current.append(s.name)
+        yield
+        current.pop()
+
+    class Out:
+        def record_stream(self, s: FakeStream) -> None:
+            events.append(("record", s.name))
+
+    def fake_decode_jpeg(inp: object, mode: object = None, device: object = None) -> object:
+        events.append(("decode with current", current[-1]))
+        return [Out(), Out()] if isinstance(inp, list) else Out()
+
+    tv, tv_io = types.ModuleType("torchvision"), types.ModuleType("torchvision.io")
+    tv_io.decode_jpeg = fake_decode_jpeg  # type: ignore[attr-defined]
+    tv_io.ImageReadMode = types.SimpleNamespace(RGB="RGB")  # type: ignore[attr-defined]
+    tv.io = tv_io  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.setitem(sys.modules, "torchvision.io", tv_io)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(mod, "_decode_streams", {})
+
+    out = mod.nvjpeg_decode([torch.zeros(4, dtype=torch.uint8)] * 2, torch.device("cuda"))
+    assert len(out) == 2
+    assert events == [
+        ("decode with current", "decode"),
+        ("caller waits for", "decode"),
+        ("record", "caller"),
+        ("record", "caller"),
+    ]
+    mod.nvjpeg_decode(torch.zeros(4, dtype=torch.uint8), torch.device("cuda:0"))
+    assert len(mod._decode_streams) == 1  # one decode stream per device, made once
 
 
 @pytest.mark.gpu
