@@ -447,37 +447,44 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "cold start to `/readyz` ≤ 30 s",
-        "8 front-ends: 35.7 s (run 13: engine build 6.1 s + warm-up 18.9 s, front-ends ~5 s after), 31.6 s (run "
-        "12); 4 front-ends 29.4–39.1 s (runs 12–13); host path 23.7–28.8 s (runs 4–8). Inductor: 222 s per shape "
-        "without cached kernels, 16 s with them (model only); serving with it not measured",
-        "not met reliably (machine-dependent, 29–39 s)",
+        "8 front-ends: 33.2 s (run 16), 49.2 s (run 15, a slower machine), 35.7 s (run 13: engine build 6.1 s + "
+        "warm-up 18.9 s, front-ends ~5 s after), 31.6 s (run 12); 4 front-ends 29.4–47.2 s (runs 12–15); host path "
+        "23.7–28.8 s (runs 4–8). cuDNN planning each new shape (1.35–4.0 s per shape, 8 shapes) is nearly all of "
+        "the warm-up; the v7 API plans in ms but runs SFace 3.2× slower; planning on threads did not overlap. "
+        "Inductor: 222 s per shape without cached kernels, 16 s with them (model only); serving with it not measured",
+        "not met (machine-dependent, 29–49 s)",
     ),
     (
         "concurrency 100: ≥ 1.5× LitServe",
-        "run 13 (8 front-ends): compare 3.93×, aligned embed 3.15×; run 12: 3.78×, 2.51× (4 front-ends)",
+        "run 16: compare 4.04×, aligned embed 3.48× (8 front-ends), 4.59× / 3.83× (two engines); run 15: 3.54× / "
+        "3.54×; run 13: 3.93× / 3.15×",
         "met",
     ),
     (
         "concurrency 100: ≥ 20× naive",
-        "run 13: compare 32.2×, aligned embed 17.8× (8 front-ends); run 12: 23.7×/12.1× (4), 24.3×/12.6× (8)",
-        "met for compare; not met for aligned embed (17.8×)",
+        "compare: 45.2× (run 16), 56.6× (run 15), 32.2× (run 13); aligned embed: 20.1× with two engine processes "
+        "on the GPU (run 16), 18.3× (run 16), 19.4× (run 15) and 17.8× (run 13) with one",
+        "met for compare; aligned embed met only with two engines (`engines_per_gpu=2`, 20.1×)",
     ),
     (
         "concurrency 100: p99 ≤ 50 ms",
-        "run 13 (8 front-ends): aligned embed 50.4 ms, compare 85.1 ms; run 12: 61.5 and 91.8 ms",
-        "not met (aligned by 0.4 ms)",
+        "aligned embed: 34.5 ms (run 16), 49.7 ms (run 15), 40.4 ms with two engines (run 16); run 13: 50.4 ms. "
+        "Compare: 71.6 ms (run 16), 86.5 ms (run 15), 61.5 ms with two engines",
+        "met for aligned embed (runs 15–16); not met for compare",
     ),
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
-        "aligned: 6,264 faces/s with one crop per request, 6,840 with 8 per request (run 13); photos: 3,178/s "
-        "(run 13), 4,255/s (run 12)",
-        "photos met; aligned faces not met (front-ends; with 8 crops the embed stage's prepare)",
+        "two engines on the GPU (run 16): 13,725 aligned faces/s with 8 crops per request, 8,147 with one; "
+        "6,117 photos/s. One engine: 7,781 / 6,941 faces/s, 3,544 photos/s (run 16); 7,093 / 6,290 and 2,933 "
+        "(run 15)",
+        "met with two engines and batch requests of 8 crops; not with one crop per request (8,147) or one engine",
     ),
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "SFace +646 MiB host path; photo stage +672 after warm-up, +802 after serve_memory's load, +908 to +924 "
-        "after HTTP load (runs 9–11), +998 under the soak's load; IR-SE-64 +742 after warm-up, +862 after load; "
-        "the cuDNN + cuBLAS floor alone is +128 MiB",
+        "with `gemm_workspace=none` (no cuBLAS workspaces): engine process +548 MiB idle, +700 to +708 after HTTP "
+        "load (runs 15–16; +672 / +908 to +924 before); serve_memory: SFace +548 after warm-up (probe 1), IR-SE-64 +650 / "
+        "+746 (probe 3). The CUDA-graph pool alone is 394 MiB (SFace, batch 64; one 64×64×112×112 fp16 activation "
+        "is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces)",
         "not met",
     ),
     (
@@ -494,10 +501,38 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU preprocessing in serving, agreeing with the CPU path",
         "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
-        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021 (runs at 2a726c5 to 6da6043)",
-        "done",
+        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021 (runs at 2a726c5 to 6da6043). With two "
+        "engines on one GPU, 1 of 6,911 LFW compare requests found no face (run 17); suspected: torchvision's CUDA "
+        "decode_jpeg ignores the caller's stream (pytorch/vision#9606); fix in commit 2ef6462, not yet run on the GPU",
+        "done; one suspected race with an unverified fix",
     ),
 ]
+
+
+def warmup_probe(name: str) -> str:
+    """One row per variant of a ``serve_memory.py`` run: warm-up seconds and where they went (the first eager
+    run of each captured shape, i.e. cuDNN planning), steady-state timings, driver MiB above the bare context."""
+    d = load(name)
+    out = [
+        "| variant | warm-up s | first eager runs s (shapes) | other runs + captures s | embed 64 crops ms | "
+        "detect 16 photos ms | above bare after warm-up / load MiB | CUDA-graph pool MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v in d["variants"]:
+        if "error" in v:
+            out.append(f"| `{v['variant']}` | failed | | | | | | |")
+            continue
+        caps = v.get("captures", [])
+        first = sum(c["first_run_s"] or 0 for c in caps)
+        rest = sum(c["other_runs_s"] + c["capture_s"] for c in caps)
+        pools = v.get("reserved_by_pool_after_warmup") or {}
+        graph_pool = sum(p["total_mib"] for k, p in pools.items() if k.startswith("graph_pool"))
+        out.append(
+            f"| `{v['variant']}` | {v['warmup_s']:.1f} | {first:.1f} ({len(caps)}) | {rest:.2f} | "
+            f"{v['embed_batch_ms']:.2f} | {v['detect_16_ms']:.2f} | +{v['after_warmup']['above_bare_mib']:.0f} / "
+            f"+{v['after_load']['above_bare_mib']:.0f} | {graph_pool:.0f} |"
+        )
+    return "\n".join(out)
 
 
 def acceptance() -> str:
@@ -558,6 +593,21 @@ def main() -> None:
             engine_phases13=engine_phases("http_gpu_run13_frontend.json", "facegate_mp_w8"),
             pyspy13=pyspy_engine("pyspy_run13_facegate_mp.json"),
             pyspy9=pyspy_engine("pyspy_run9_facegate_mp.json"),
+            probe_planning=warmup_probe("serve_memory_gpu_planning.json"),
+            probe_threads=warmup_probe("serve_memory_gpu_plan_threads.json"),
+            probe_wscap=warmup_probe("serve_memory_gpu_wscap.json"),
+            http_gpu15_cmd=load("http_gpu_run15_session7.json")["command"],
+            http_gpu15=http_gpu_images("http_gpu_run15_session7.json"),
+            http_gpu15_ratios=http_ratios(
+                "http_gpu_run15_session7.json", "facegate_mp_w8", ("naive", "litserve", "facegate_mp")
+            ),
+            engine_phases15=engine_phases("http_gpu_run15_session7.json", "facegate_mp_w8"),
+            http_gpu16_cmd=load("http_gpu_run16_two_engines.json")["command"],
+            http_gpu16=http_gpu_images("http_gpu_run16_two_engines.json"),
+            http_gpu16_ratios=http_ratios(
+                "http_gpu_run16_two_engines.json", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")
+            ),
+            http_gpu16_w8_ratios=http_ratios("http_gpu_run16_two_engines.json", "facegate_mp_w8", ("naive", "litserve")),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
             gc_pause=gc_pause(),
             gc_pause_cmd=load("gc_pause_cpu.json")["command"],
@@ -711,7 +761,92 @@ fp32 in both (fp16 landmarks moved the crops: min cosine 0.85 in a first run, de
 
 {parity}
 
-### HTTP end to end on the GPU (latest: runs 12–14, a lean load generator and more front-ends)
+### HTTP end to end on the GPU (latest: runs 15–17, two engine processes on one GPU)
+
+**Run 15** (commit 0aebd78) measured the changes that runs 13–14 left unmeasured (`serving/forms.py`, the
+pinned staging ring, `EmbedOut` pickling, one JPEG header read) plus `Settings.gemm_workspace="none"` (below),
+with run 13's command less py-spy (`SERVERS=facegate_mp_w8,facegate_mp,naive,litserve CONCURRENCY=100,256,16,1
+BUDGET_S=470 EXTRA_ARGS="--kinds compare,embed_aligned,embed_aligned_batch --batch-images 8 --server-env
+FACEGATE_LOG_LEVEL=INFO --keep-logs $OUT/server_logs" bash scripts/gpu-http.sh`). This machine was slower
+than run 13's (naive compare at c=100: 26.8 against 50.6 req/s; cold starts 36–49 s), so only its ratios compare.
+
+{http_gpu15}
+
+{http_gpu15_ratios}
+
+Engine stages of `facegate_mp_w8` in run 15:
+
+{engine_phases15}
+
+- Aligned crops at c=100: 4,126 req/s, p99 **49.7 ms** (run 13: 50.4), 19.4× naive, 3.54× LitServe.
+- With 8 crops per request the embed stage's prepare still took 6.3–6.8 ms per batch, 76–79 % busy (run 13:
+  7.1–7.4 ms, 82–83 %): the staging ring saved ~10 %. Most of prepare's wall time is probably waiting for
+  the engine process's GIL, which its connection readers and senders hold too (py-spy, run 13): inferred, not
+  measured per thread; a second engine process raised 8-crop throughput 1.64–1.76× (run 16).
+- GPU memory of the engine process at idle: 1,160 MiB, **+548 MiB** above the bare context (run 13: +672).
+
+**Run 16** (commit 4e85a85): `Settings.engines_per_gpu` lets several engine processes share one GPU, each with
+its own GIL; `facegate_mp_w8_e2` is 8 front-ends and 2 engines on the H200 (front-ends send each request to
+the engine with fewer requests in flight). `SERVERS=facegate_mp_w8_e2,facegate_mp_w8,naive,litserve
+CONCURRENCY=100,256,16 BUDGET_S=430 EXTRA_ARGS="..." bash scripts/gpu-http.sh` (same `EXTRA_ARGS` as run 15).
+GPU util is the mean of the NVML samples; the stage busy shares of `facegate_mp_w8_e2` add both engines (up to 200 %).
+
+{http_gpu16}
+
+{http_gpu16_ratios}
+
+{http_gpu16_w8_ratios}
+
+- Two engines: **13,725 aligned faces/s** at c=256 with 8 crops per request (13,067 at c=100; one engine:
+  7,781 at c=256), 8,147 with one crop per request; **6,117 LFW photos/s** (compare, c=256); aligned crops at c=100
+  5,802 req/s, p99 40.4 ms, **20.1× naive**, 3.83× LitServe. One engine on the same machine: 18.3× naive,
+  p99 34.5 ms. Compare p99 at c=100 stayed above 50 ms (61.5 ms with two engines, 71.6 with one).
+- GPU memory doubles with the second engine: 2,320 MiB for the two engine processes at idle (2 × +548 above
+  one bare context each).
+- **Errors**: with two engines, 3 compare requests at c=16 were answered 422. **Run 17** (commit c446e0f, the
+  bench clients now keep error bodies) repeated compare at c=16 and 100 twice on `facegate_mp_w8_e2`: 1 of
+  6,911 requests at c=16 got `no_face` ("no face found in the image") for an LFW photo
+  (`http_gpu_run17_two_engines_422.json`); one engine has answered every compare request of runs 12–16. The
+  suspected cause is torchvision's CUDA `decode_jpeg`, which writes its outputs without waiting for the
+  caller's stream (pytorch/vision#9606, found by searching for the symptom). Commit 2ef6462 decodes with a
+  stream of its own current; **it has not run on the GPU yet** (no device time left this session).
+
+### Warm-up: where the engine's start-up goes (session 7)
+
+`benchmarks/serve_memory.py` (via `TESTS_S=0 VARIANTS="..." bash scripts/gpu-probe.sh`), each variant in a
+fresh process: `capture_graph` now records, per captured shape, the first eager run, the other warm-up runs
+and the capture itself. cuDNN plans every convolution when it first meets an input shape (v8 API), and that
+first eager run is **1.35–4.0 s per shape** of SFace or YuNet, against 3–9 ms for the later runs and the
+capture: 8 shapes (4 recognizer buckets, 4 detector shapes) are nearly all of the 14–23 s warm-up.
+
+Probe 2 (commit 0834b19), `TORCH_CUDNN_V8_API_DISABLED=1` (cuDNN's v7 API) against the default:
+
+{probe_planning}
+
+The v7 API plans in milliseconds (warm-up 23.2 → 1.8 s) but picks kernels 3.2× slower for SFace's batch of 64
+(8.78 against 2.76 ms) and 1.5× slower for the detector, so it is not used. IR-SE-64 (no depthwise
+convolutions) plans in 0.1–0.6 s per bucket either way; its detector shapes cost the same 2–3 s.
+
+Probe 3 (commit c6a1fef) planned the 8 shapes on 8 threads (cuDNN's plan cache is per thread, so each
+shape was captured on the thread that planned it): warm-up 14.3 s against 14.4 s planning one shape after
+the other in the same run: the planning does not overlap, and the change was reverted (`warmup_threads` no
+longer exists). The same probe measured `Settings.gemm_workspace` (PyTorch keeps a cuBLAS workspace per
+thread and stream that ran a GEMM; `none` sets `CUBLAS_WORKSPACE_CONFIG=:0:0` and
+`CUBLASLT_WORKSPACE_SIZE=0`): for SFace −114 MiB after warm-up and −146 MiB after load in probe 1 (same
+settings otherwise, one planning thread), for IR-SE-64 −142 / −156 MiB in probe 3 (where the `none` variant
+also planned on 8 threads); the embed timings stayed within the probes' run-to-run noise (2.62–2.91 ms for
+SFace's 64 crops, 5.91–5.92 ms for IR-SE-64's). It is the default now.
+
+{probe_threads}
+
+Probe 1 (commit f12ecf2): a cap on cuDNN's workspace (`CUDNN_CONV_WSCAP_DBG`, 64 or 8 MiB) left every memory
+figure unchanged. What the CUDA-graph pool holds: 394 MiB for SFace's buckets (342 MiB for IR-SE-64), with
+2.4 MiB of it allocated at rest. SFace's first layers run at 112×112 with 64 channels: one activation is
+98 MiB in fp16 for a batch of 64, and a convolution's input and output plus the PReLU's are live together.
+
+{probe_wscap}
+
+### HTTP end to end on the GPU: runs 12–14, a lean load generator and more front-ends
 
 **The load generator was a limit.** Runs 1–11 sent requests with httpx, which costs more CPU per request than
 facegate's front-ends: in run 11 its 7 client processes were at 0.87 core each for aligned-crop requests.
