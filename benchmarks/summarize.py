@@ -482,9 +482,10 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
         "with `gemm_workspace=none` (no cuBLAS workspaces): engine process +548 MiB idle, +700 to +708 after HTTP "
-        "load (runs 15–16; +672 / +908 to +924 before); serve_memory: SFace +548 after warm-up (probe 1), IR-SE-64 +650 / "
-        "+746 (probe 3). The CUDA-graph pool alone is 394 MiB (SFace, batch 64; one 64×64×112×112 fp16 activation "
-        "is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces)",
+        "load (runs 15–16; +672 / +908 to +924 before); serve_memory: SFace +548 after warm-up (probe 1), "
+        "IR-SE-64 +650 / +746 (probe 3). The CUDA-graph pool alone is 394 MiB (SFace, batch 64; one "
+        "64×64×112×112 fp16 activation is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS "
+        "workspaces)",
         "not met",
     ),
     (
@@ -607,7 +608,9 @@ def main() -> None:
             http_gpu16_ratios=http_ratios(
                 "http_gpu_run16_two_engines.json", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")
             ),
-            http_gpu16_w8_ratios=http_ratios("http_gpu_run16_two_engines.json", "facegate_mp_w8", ("naive", "litserve")),
+            http_gpu16_w8_ratios=http_ratios(
+                "http_gpu_run16_two_engines.json", "facegate_mp_w8", ("naive", "litserve")
+            ),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
             gc_pause=gc_pause(),
             gc_pause_cmd=load("gc_pause_cpu.json")["command"],
