@@ -536,6 +536,15 @@ def warmup_probe(name: str) -> str:
     return "\n".join(out)
 
 
+def gil_copy() -> str:
+    """``gil_copy.py``: each case idle and with busy threads, numpy's copy against memcopy's."""
+    d = load("gil_copy_cpu.json")
+    busy = next(k for k in d if k.startswith("busy_"))
+    out = [f"| case | idle ms | with {busy[5:]} busy threads ms |", "|---|---|---|"]
+    out += [f"| `{k}` | {d['idle'][k]:.3f} | {d[busy][k]:.3f} |" for k in d["idle"]]
+    return "\n".join(out)
+
+
 def acceptance() -> str:
     out = ["| target | measured | status |", "|---|---|---|"]
     out += [f"| {t} | {m} | {s} |" for t, m, s in ACCEPTANCE]
@@ -595,6 +604,8 @@ def main() -> None:
             pyspy13=pyspy_engine("pyspy_run13_facegate_mp.json"),
             pyspy9=pyspy_engine("pyspy_run9_facegate_mp.json"),
             probe_planning=warmup_probe("serve_memory_gpu_planning.json"),
+            gil_copy=gil_copy(),
+            gil_copy_cmd=load("gil_copy_cpu.json")["command"],
             probe_threads=warmup_probe("serve_memory_gpu_plan_threads.json"),
             probe_wscap=warmup_probe("serve_memory_gpu_wscap.json"),
             http_gpu15_cmd=load("http_gpu_run15_session7.json")["command"],
@@ -813,6 +824,20 @@ GPU util is the mean of the NVML samples; the stage busy shares of `facegate_mp_
   suspected cause is torchvision's CUDA `decode_jpeg`, which writes its outputs without waiting for the
   caller's stream (pytorch/vision#9606, found by searching for the symptom). Commit 2ef6462 decodes with a
   stream of its own current; **it has not run on the GPU yet** (no device time left this session).
+
+**Copies that keep the GIL** (after run 17, CPU only): numpy gives the GIL away around any copy of more than a
+few hundred elements, and a thread that gave it away waits up to the switch interval (1 ms in the serving
+processes) to win it back while other threads run Python code, as the engine process's connection readers and
+senders do. The connection readers copied each payload out of the arena that way, and the embed stage's
+prepare gave the GIL away once per request (`np.concatenate`), which may be much of the 6.3–6.8 ms per batch
+of run 15. `facegate.io.memcopy` copies payloads of up to 8 MiB with the GIL held (`bytearray` of a
+`memoryview`, slice assignment); the readers, `Arena.write` and the embed stage use it. `{gil_copy_cmd}` on
+the 2-core development machine, with 2 threads looping in Python meanwhile:
+
+{gil_copy}
+
+Idle, keeping the GIL is a little slower (5.5 against 2.1 µs per crop read); with busy threads it is 200–470×
+faster. **Not measured on the H200 yet.**
 
 ### Warm-up: where the engine's start-up goes (session 7)
 

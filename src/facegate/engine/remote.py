@@ -49,6 +49,7 @@ import numpy as np
 from facegate import errors as fg_errors
 from facegate.engine.batcher import WorkItem
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
+from facegate.io.memcopy import copy_in, copy_out
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class Arena:
             return sum(ln for _, ln in self._free)
 
     def write(self, offset: int, arr: np.ndarray) -> None:
-        np.ndarray(arr.shape, arr.dtype, buffer=self.shm.buf, offset=offset)[...] = arr
+        copy_in(self.shm.buf, offset, arr)
 
     def close(self) -> None:
         """Unmap and unlink the block (idempotent)."""
@@ -234,7 +235,7 @@ class EngineHost:
                                 payload = inline
                             else:
                                 assert shm is not None, "submit before hello"
-                                payload = np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=offset).copy()
+                                payload = copy_out(shm.buf, offset, shape, dtype)  # GIL held: see memcopy
                             pending[rid] = engine.enqueue(stage, payload, fut)
                         except BaseException as exc:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))

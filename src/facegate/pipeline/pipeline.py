@@ -19,6 +19,7 @@ import torch
 
 from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.io.memcopy import pack_rows
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
@@ -549,10 +550,11 @@ class EmbedStage:
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
 
-        On CUDA the crops are copied once, straight into a pinned staging buffer. Before, a fresh array
-        was concatenated and then pinned (a second copy, into pinned memory of each batch's size); prepare
-        was then the busiest phase of the embed stage under aligned-crop load on the H200 (5.8–7.4 ms per
-        batch of 45–64 crops, 81–85 % busy, run 13). The effect of this change was not measured there.
+        On CUDA the crops are copied once, straight into a pinned staging buffer (run 13 concatenated, then
+        pinned a fresh block: 7.1–7.4 ms per batch of 64 crops; with the ring 6.3–6.8 ms, run 15). Each
+        request's crops are one ``memcpy`` with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
+        ``np.concatenate`` gave the GIL away once per request and had to win it back from the engine's other
+        threads each time. That change is measured on the CPU only (``benchmarks/gil_copy.py``).
         """
         sizes = [len(c) for c in payloads]
         n = sum(sizes)
@@ -562,13 +564,15 @@ class EmbedStage:
         if cuda and buckets and not hasattr(self.p.recognizer, "capture"):
             # eager CUDA: pad to a bucket so cuDNN only meets batch shapes it planned at warm-up
             n_pad = next((b for b in buckets if b >= n), n)
-        if not cuda:
-            return torch.from_numpy(np.ascontiguousarray(np.concatenate(payloads))), sizes
         item_shape = tuple(payloads[0].shape[1:])
         if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
             raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
+        if not cuda:
+            out = np.empty((n, *item_shape), np.uint8)
+            pack_rows(out, payloads)
+            return torch.from_numpy(out), sizes
         buf = self._staging_rows(n_pad, item_shape)
-        np.concatenate(payloads, out=buf[:n].numpy())
+        pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
         if n_pad > n:
             buf[n:n_pad].zero_()
         return buf[:n_pad], sizes

@@ -1,0 +1,76 @@
+"""Copies of small arrays that keep the GIL, for the serving processes' hot threads.
+
+numpy (and torch) release the GIL around a copy of more than a few hundred elements. A thread that
+releases the GIL must win it back afterwards, and while other threads of the process run Python code it
+waits up to the switch interval for it (``sys.setswitchinterval``; the serving processes set 1 ms). The
+engine process has such threads (connection readers unpickling bursts, senders pickling results, the
+stages' front and back threads), so a copy that takes microseconds could cost a millisecond. Measured on the
+2-core development machine with two threads running Python code (``benchmarks/gil_copy.py``,
+``benchmarks/results/gil_copy_cpu.json``): copying 64 aligned crops one by one with ``ndarray.copy()`` took
+tens of milliseconds, with the GIL held a tenth of a millisecond; without the other threads both take
+under 0.1 ms.
+
+A ``memoryview`` slice assignment or ``bytearray(view)`` is one ``memcpy`` with the GIL held; up to a few
+MiB that is cheaper than giving the GIL away. Larger payloads (e.g. a decoded 4K photo) keep numpy's
+copy, which is worth the round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+#: Payloads up to this many bytes are copied with the GIL held.
+GIL_COPY_MAX_BYTES = 8 * 2**20
+
+
+def _byte_view(arr: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(arr)).cast("B")
+
+
+def copy_out(buf: memoryview, offset: int, shape: Sequence[int], dtype: np.dtype | str) -> np.ndarray:
+    """A writable copy of the ``shape``/``dtype`` array stored at ``buf[offset:]`` (e.g. a shared-memory
+    block), made with the GIL held when it is at most :data:`GIL_COPY_MAX_BYTES`."""
+    dt = np.dtype(dtype)
+    nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    if nbytes > GIL_COPY_MAX_BYTES:
+        return np.ndarray(tuple(shape), dt, buffer=buf, offset=offset).copy()
+    return np.frombuffer(bytearray(buf[offset : offset + nbytes]), dt).reshape(tuple(shape))
+
+
+def copy_in(buf: memoryview, offset: int, arr: np.ndarray) -> None:
+    """Write ``arr`` (any layout; stored C-contiguous) into ``buf[offset:]``, with the GIL held when small."""
+    if arr.nbytes > GIL_COPY_MAX_BYTES or not arr.size:
+        np.ndarray(arr.shape, arr.dtype, buffer=buf, offset=offset)[...] = arr
+        return
+    src = _byte_view(arr)
+    buf[offset : offset + len(src)] = src
+
+
+def pack_rows(out: np.ndarray, parts: Sequence[np.ndarray]) -> int:
+    """Stack ``parts`` (same dtype and row shape as ``out``) into the first rows of C-contiguous ``out``;
+    returns the rows written. Equivalent to ``np.concatenate(parts, out=out[:n])``, one ``memcpy`` per part
+    with the GIL held while the parts are small.
+
+    Raises:
+        ValueError: a part's dtype or row shape differs from ``out``'s, or the parts do not fit.
+    """
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    dst = memoryview(out).cast("B")
+    row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
+    rows = 0
+    for p in parts:
+        if p.dtype != out.dtype or p.shape[1:] != out.shape[1:]:
+            raise ValueError(f"part {p.shape} {p.dtype} does not match rows of {out.shape} {out.dtype}")
+        if rows + len(p) > len(out):
+            raise ValueError(f"{rows + len(p)} rows do not fit in {len(out)}")
+        if not len(p):
+            continue
+        if p.nbytes > GIL_COPY_MAX_BYTES:
+            out[rows : rows + len(p)] = p
+        else:
+            dst[rows * row_bytes : (rows + len(p)) * row_bytes] = _byte_view(p)
+        rows += len(p)
+    return rows
