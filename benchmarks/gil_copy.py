@@ -1,11 +1,14 @@
-"""What a copy costs a thread of a busy serving process: numpy's copies (which give the GIL away) against
-``facegate.io.memcopy``'s (which keep it), with and without other threads running Python code.
+"""What a copy or a socket read costs a thread of a busy serving process: numpy's copies (which give the GIL
+away) against ``facegate.io.memcopy``'s (which keep it), ``Connection.recv`` per message against
+``FrameReader``, with and without other threads running Python code.
 
 Cases, as the engine process meets them: a connection reader copying aligned crops out of a front-end's
 shared-memory arena one request at a time (64 single-crop requests), and the embed stage's prepare stacking
-a batch of 64 crops into its staging buffer (8 requests of 8 crops, or 64 of 1). ``--busy`` threads loop in
+a batch of 64 crops into its staging buffer (8 requests of 8 crops, or 64 of 1), and a connection reader
+taking 256 submit messages off its socket. ``--busy`` threads loop in
 Python bytecode meanwhile (the readers, senders and stage threads of the engine process), with the serving
-processes' switch interval of 1 ms. Median of ``--repeat`` timings per case.
+processes' switch interval of 1 ms. Per case, the median of ``--repeat`` timings in each of ``--rounds``
+rounds (the cases interleave).
 
 python benchmarks/gil_copy.py --out benchmarks/results/gil_copy_cpu.json
 """
@@ -55,7 +58,39 @@ def cases() -> dict[str, Callable[[], object]]:
     }
 
 
-def run(busy: int, repeat: int) -> dict[str, float]:
+def reader_cases(repeat: int) -> dict[str, float]:
+    """A connection reader taking 256 small submit messages off its socket: ``Connection.recv`` per message
+    (two reads, each giving the GIL away) against :class:`FrameReader` (one read for the lot)."""
+    import multiprocessing as mp
+
+    from facegate.engine.remote import FrameReader
+
+    msg = ("submit", 12345, "embed", 4096, (1, 112, 112, 3), "uint8", None)
+    out: dict[str, float] = {}
+    for name in ("reader_256_msgs_connection_recv", "reader_256_msgs_frame_reader"):
+        ts = []
+        for _ in range(repeat):
+            a, b = mp.Pipe(duplex=True)
+            for _ in range(256):
+                b.send(msg)
+            frames = FrameReader(a)
+            t0 = time.perf_counter()
+            if name.endswith("connection_recv"):
+                for _ in range(256):
+                    a.recv()
+            else:
+                n = 0
+                while n < 256:
+                    n += len(frames.recv_many(1024))
+            ts.append(time.perf_counter() - t0)
+            a.close()
+            b.close()
+        out[name] = round(float(np.median(ts)) * 1e3, 4)
+    return out
+
+
+def run(busy: int, repeat: int, rounds: int) -> dict[str, list[float]]:
+    """Per case, the median ms of each round."""
     stop = threading.Event()
 
     def spin() -> None:
@@ -67,8 +102,12 @@ def run(busy: int, repeat: int) -> dict[str, float]:
     threads = [threading.Thread(target=spin, daemon=True) for _ in range(busy)]
     for t in threads:
         t.start()
-    try:
-        return {name: median_ms(fn, repeat) for name, fn in cases().items()}
+    try:  # rounds interleave the cases, so a scheduling hiccup does not land on one case only
+        per_round = [
+            {**{name: median_ms(fn, repeat) for name, fn in cases().items()}, **reader_cases(repeat)}
+            for _ in range(rounds)
+        ]
+        return {k: [r[k] for r in per_round] for k in per_round[0]}
     finally:
         stop.set()
         for t in threads:
@@ -79,6 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--busy", type=int, default=2, help="threads running Python code meanwhile")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--switch-interval-ms", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gil_copy_cpu.json"))
     a = ap.parse_args()
@@ -86,10 +126,10 @@ def main() -> None:
     res = {
         "benchmark": "gil_copy",
         "command": " ".join(["python", *sys.argv]),
-        "unit": "ms per case (median)",
-        "idle": run(0, a.repeat),
-        f"busy_{a.busy}": run(a.busy, a.repeat),
-        "env": env_record(busy=a.busy, repeat=a.repeat, switch_interval_ms=a.switch_interval_ms),
+        "unit": "ms per case: the median of each round",
+        "idle": run(0, a.repeat, a.rounds),
+        f"busy_{a.busy}": run(a.busy, a.repeat, a.rounds),
+        "env": env_record(busy=a.busy, repeat=a.repeat, rounds=a.rounds, switch_interval_ms=a.switch_interval_ms),
     }
     write_json(a.out, res)
     for k in ("idle", f"busy_{a.busy}"):

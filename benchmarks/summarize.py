@@ -540,8 +540,12 @@ def gil_copy() -> str:
     """``gil_copy.py``: each case idle and with busy threads, numpy's copy against memcopy's."""
     d = load("gil_copy_cpu.json")
     busy = next(k for k in d if k.startswith("busy_"))
+
+    def cell(v: list[float]) -> str:
+        return f"{sorted(v)[len(v) // 2]:.3f} ({min(v):.3f}–{max(v):.3f})"
+
     out = [f"| case | idle ms | with {busy[5:]} busy threads ms |", "|---|---|---|"]
-    out += [f"| `{k}` | {d['idle'][k]:.3f} | {d[busy][k]:.3f} |" for k in d["idle"]]
+    out += [f"| `{k}` | {cell(d['idle'][k])} | {cell(d[busy][k])} |" for k in d["idle"]]
     return "\n".join(out)
 
 
@@ -825,19 +829,24 @@ GPU util is the mean of the NVML samples; the stage busy shares of `facegate_mp_
   caller's stream (pytorch/vision#9606, found by searching for the symptom). Commit 2ef6462 decodes with a
   stream of its own current; **it has not run on the GPU yet** (no device time left this session).
 
-**Copies that keep the GIL** (after run 17, CPU only): numpy gives the GIL away around any copy of more than a
-few hundred elements, and a thread that gave it away waits up to the switch interval (1 ms in the serving
-processes) to win it back while other threads run Python code, as the engine process's connection readers and
-senders do. The connection readers copied each payload out of the arena that way, and the embed stage's
-prepare gave the GIL away once per request (`np.concatenate`), which may be much of the 6.3–6.8 ms per batch
-of run 15. `facegate.io.memcopy` copies payloads of up to 8 MiB with the GIL held (`bytearray` of a
-`memoryview`, slice assignment); the readers, `Arena.write` and the embed stage use it. `{gil_copy_cmd}` on
-the 2-core development machine, with 2 threads looping in Python meanwhile:
+**Copies and reads that keep the GIL** (after run 17, CPU only): numpy gives the GIL away around any copy of
+more than a few hundred elements, and so does every socket read; a thread that gave it away waits up to the
+switch interval (1 ms in the serving processes) to win it back while other threads run Python code, as the
+engine process's connection readers and senders do. The connection readers copied each payload out of the
+arena that way and read each message with two socket reads (`Connection.recv`); the embed stage's prepare
+gave the GIL away once per request (`np.concatenate`), which may be much of its 6.3–6.8 ms per batch in run 15.
+`facegate.io.memcopy` copies payloads of up to 8 MiB with the GIL held (`bytearray` of a `memoryview`, slice
+assignment; the readers, `Arena.write` and the embed stage use it), and `FrameReader` reads whatever the
+socket holds (up to 1 MiB) and unpickles every complete message in it (the engine's readers and the
+front-ends' answer readers). `{gil_copy_cmd}` on the 2-core development machine, with 2 threads looping in
+Python meanwhile; median of 5 rounds (range):
 
 {gil_copy}
 
-Idle, keeping the GIL is a little slower (5.5 against 2.1 µs per crop read); with busy threads it is 200–470×
-faster. **Not measured on the H200 yet.**
+With busy threads, numpy's copies were erratic, depending on when the GIL came back (the 64-crop read
+0.13–70 ms, the 8×8 stack 0.06–29 ms, the 64×1 stack 57–103 ms), the GIL-held copies steady at 0.07–0.51 ms; reading 256 messages took 266–422 ms with
+`Connection.recv` and 2.7–3.8 ms with `FrameReader`. Idle, the GIL-held crop read is a little slower (5.5
+against 2.1 µs per crop). **Not measured on the H200 yet.**
 
 ### Warm-up: where the engine's start-up goes (session 7)
 

@@ -37,11 +37,13 @@ import logging
 import os
 import queue
 import signal
+import struct
 import sys
 import threading
 import time
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -150,6 +152,58 @@ class Arena:
             self.shm.unlink()
 
 
+class FrameReader:
+    """Reads :class:`~multiprocessing.connection.Connection` messages from its socket in large chunks.
+
+    ``Connection.recv`` makes two ``read`` calls per message (length, then body), and each gives the GIL away
+    and must win it back from the process's other threads (see :mod:`facegate.io.memcopy`). This reads
+    whatever the socket holds, up to 1 MiB per call, and unpickles every complete message in it. The wire
+    format is ``Connection``'s: a 4-byte big-endian signed length (or -1, then an 8-byte length), then the
+    pickle. The connection's own ``send`` and handshake are unchanged; ``Connection`` buffers nothing, so
+    reading its socket directly after the handshake loses nothing.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._buf = bytearray()
+
+    def recv_many(self, limit: int = 1024) -> list[Any]:
+        """Every complete message buffered (at most ``limit``), reading until there is at least one.
+
+        Raises:
+            EOFError: the peer closed the connection (a partial message is dropped).
+            OSError: the connection was closed here, or the read failed.
+        """
+        out: list[Any] = []
+        while True:
+            self._parse(out, limit)
+            if out:
+                return out
+            chunk = os.read(self._conn.fileno(), self.CHUNK)  # fileno() raises OSError once closed
+            if not chunk:
+                raise EOFError("the peer closed the connection")
+            self._buf += chunk
+
+    def _parse(self, out: list[Any], limit: int) -> None:
+        buf, pos, end = self._buf, 0, len(self._buf)
+        while len(out) < limit and end - pos >= 4:
+            (size,) = struct.unpack_from("!i", buf, pos)
+            head = 4
+            if size == -1:
+                if end - pos < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", buf, pos + 4)
+                head = 12
+            if end - pos - head < size:
+                break
+            out.append(ForkingPickler.loads(buf[pos + head : pos + head + size]))
+            pos += head + size
+        if pos:
+            del buf[:pos]
+
+
 def attach(name: str) -> shared_memory.SharedMemory:
     """Attach to a front-end's arena without registering it with a resource tracker.
 
@@ -221,11 +275,10 @@ class EngineHost:
             target=self._sender, args=(done, pending, send), name="facegate-engine-send", daemon=True
         )
         sender.start()
+        frames = FrameReader(conn)
         try:
             while True:
-                msgs = [conn.recv()]
-                while len(msgs) < 1024 and conn.poll(0):
-                    msgs.append(conn.recv())
+                msgs = frames.recv_many(1024)
                 for msg in msgs:
                     if msg[0] == "submit":
                         _, rid, stage, offset, shape, dtype, inline = msg
@@ -504,13 +557,17 @@ class RemoteEngine:
 
     def _read(self) -> None:
         assert self._conn is not None
+        frames = FrameReader(self._conn)
         try:
             while True:
-                kind, msgs = self._conn.recv()
-                if kind == "batch":
-                    self._settle_many(
-                        [(m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True) for m in msgs]
-                    )
+                for kind, msgs in frames.recv_many():
+                    if kind == "batch":
+                        self._settle_many(
+                            [
+                                (m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True)
+                                for m in msgs
+                            ]
+                        )
         except (EOFError, OSError):
             if self._alive:
                 log.error("lost the connection to the engine process")

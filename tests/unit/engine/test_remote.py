@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from facegate.config import Settings
-from facegate.engine.remote import Arena, RemoteEngine, RemotePool, error_from_wire, error_to_wire
+from facegate.engine.remote import Arena, FrameReader, RemoteEngine, RemotePool, error_from_wire, error_to_wire
 from facegate.errors import (
     CheckpointError,
     EngineClosedError,
@@ -341,3 +341,46 @@ def test_the_sender_answers_in_bursts_and_fails_items_past_their_deadline() -> N
     assert sent[0] == ("batch", [("ok", 1, "x"), ("err", 2, "NoFaceError", "none", {}, {})])
     (late,) = [m for m in sent if m[1][0][1] == 3]
     assert late[1][0][:3] == ("err", 3, "DeadlineExceededError")
+
+
+def test_frame_reader_reads_connection_messages_in_order_in_bursts() -> None:
+    """Small messages (header and body in one write), large ones (header, then the body in pieces), a limit."""
+    import multiprocessing as mp
+    import threading
+
+    a, b = mp.Pipe(duplex=True)
+    big = np.arange(3 * 2**20, dtype=np.uint8)  # several socket reads
+    sent = [("submit", i, "embed", None, (1,), "uint8", None) for i in range(300)] + [("inline", big)]
+    sent += [("stats", 7)]
+    writer = threading.Thread(target=lambda: [b.send(m) for m in sent])
+    writer.start()
+    frames = FrameReader(a)
+    got: list = []
+    while len(got) < len(sent):
+        burst = frames.recv_many(limit=100)
+        assert 1 <= len(burst) <= 100
+        got += burst
+    writer.join()
+    assert got[:300] == sent[:300] and got[-1] == ("stats", 7)
+    np.testing.assert_array_equal(got[300][1], big)
+    b.send(("after", 1))  # plain Connection.send still pairs with it
+    assert frames.recv_many() == [("after", 1)]
+    b.close()
+    with pytest.raises(EOFError):
+        frames.recv_many()
+    a.close()
+    with pytest.raises(OSError):
+        frames.recv_many()
+
+
+def test_frame_reader_parses_the_long_length_header() -> None:
+    """Messages over 2 GiB carry -1, then an 8-byte length; the parser takes that form at any size."""
+    import pickle
+    import struct
+
+    body = pickle.dumps(("x", 1))
+    frames = FrameReader.__new__(FrameReader)
+    frames._buf = bytearray(struct.pack("!i", -1) + struct.pack("!Q", len(body)) + body + struct.pack("!i", 3))
+    out: list = []
+    frames._parse(out, 10)
+    assert out == [("x", 1)] and bytes(frames._buf) == struct.pack("!i", 3)  # an incomplete frame stays
