@@ -57,7 +57,7 @@ INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": 
 
 #: One record per capture of this process (bounded: buckets and detector shapes are few): where a capture's
 #: seconds go (the first eager run plans cuDNN convolutions and loads kernels) and the shared pool's size
-#: after it. Read by the start-up log and ``benchmarks/serve_memory.py``.
+#: after it. Read by ``benchmarks/serve_memory.py``.
 capture_records: list[dict[str, Any]] = []
 _MAX_RECORDS = 256
 
