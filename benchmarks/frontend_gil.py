@@ -1,4 +1,5 @@
-"""GIL time per request of one front-end process, for an A/B of front-end code on a CPU box.
+"""GIL time per request of one front-end process (or of the engine process), for an A/B of their code on a
+CPU box.
 
 One front-end (uvicorn, httptools + uvloop, in this process's child) is fed by an engine process with the
 tiny random-weight recognizer on the CPU; ``facegate bench http`` sends aligned-crop embed requests; ``py-spy
@@ -6,6 +7,8 @@ record --gil`` samples the front-end only (so the engine's compute does not coun
 per request at a fixed sampling rate: lower is less front-end Python per request. Each ``--variant
 LABEL=SRC_DIR`` runs the front-end and engine from that ``src`` folder (e.g. a ``git archive`` of an older
 commit; the load generator always comes from this checkout); variants alternate for ``--rounds`` rounds.
+``--target engine`` samples the engine process instead; every row also has the engine's per-batch phase
+times over the sampled window (``/metrics``: prepare and execute ms per batch, including any wait for the GIL).
 
 python benchmarks/frontend_gil.py --py-spy /path/to/py-spy --variant old=/tmp/old/src --variant new=src \\
     --out benchmarks/results/frontend_gil_cpu.json
@@ -31,6 +34,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
+from monitor import scrape_facegate, time_breakdown
 
 log = logging.getLogger("frontend_gil")
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +72,16 @@ def _wait_ready(port: int, timeout_s: float = 120.0) -> None:
     raise SystemExit(f"front-end on port {port} not ready")
 
 
+def engine_pid(server_pid: int) -> int:
+    """The engine process among the server's children (a multiprocessing spawn child, not the tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in map(int, children):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            return pid
+    raise SystemExit(f"no engine process among the children of {server_pid}")
+
+
 def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: Path) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,17 +96,21 @@ def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: P
         bench = subprocess.Popen(
             [sys.executable, "-m", "facegate", "bench", "http", "--url", f"http://127.0.0.1:{port}", "--kind",
              "embed_aligned", "--images", str(crop), "-c", str(a.concurrency), "--duration", str(a.seconds + 8),
-             "--no-progress", "--out", str(bench_out)],
+             "--images-per-request", str(a.images_per_request), "--no-progress", "--out", str(bench_out)],
             env={**env, "PYTHONPATH": str(ROOT / "src")},  # the same load generator for every variant
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(4)
         raw = tmp / f"gil_{label}.txt"
+        pid = srv.pid if a.target == "front-end" else engine_pid(srv.pid)
+        before = scrape_facegate(f"http://127.0.0.1:{port}")
+        t0 = time.perf_counter()
         subprocess.run(
-            [a.py_spy, "record", "--pid", str(srv.pid), "--gil", "--rate", str(a.rate), "-f", "raw", "-o", str(raw),
+            [a.py_spy, "record", "--pid", str(pid), "--gil", "--rate", str(a.rate), "-f", "raw", "-o", str(raw),
              "--duration", str(a.seconds)],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+        phases = time_breakdown(before, scrape_facegate(f"http://127.0.0.1:{port}"), time.perf_counter() - t0)
         bench.wait(timeout=a.seconds + 60)
         res = json.loads(bench_out.read_text())
         samples, shares = inclusive_shares(raw.read_text())
@@ -101,14 +119,18 @@ def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: P
         srv.wait(timeout=30)
     per_req = samples / (a.seconds * res["ok_req_s"])
     log.info("%s: %.1f req/s, %d GIL samples, %.4f per request", label, res["ok_req_s"], samples, per_req)
-    return {"variant": label, "src": str(src), "ok_req_s": res["ok_req_s"], "errors": res["errors"],
-            "gil_samples": samples, "gil_samples_per_request": per_req, "inclusive_share": shares}  # fmt: skip
+    return {"variant": label, "src": str(src), "target": a.target, "ok_req_s": res["ok_req_s"],
+            "errors": res["errors"], "gil_samples": samples, "gil_samples_per_request": per_req,
+            "inclusive_share": shares, "engine_phases": phases}  # fmt: skip
 
 
 #: Functions whose inclusive share of the front-end's GIL samples each row reports.
 WATCH = (
     "Request._get_form", "MultiPartParser.parse", "parse_small_multipart", "ThreadPoolExecutor.submit",
     "RequestResponseCycle.send", "solve_dependencies", "decode_image", "FaceOut.from_face", "RemoteEngine.submit",
+    # the engine process (--target engine)
+    "EngineHost._reader", "EngineHost._sender", "Connection.recv", "FrameReader.recv_many", "ForkingPickler.dumps",
+    "EmbedStage.prepare", "EmbedStage.execute", "_StageRunner._front", "_StageRunner._back",
 )  # fmt: skip
 
 
@@ -137,6 +159,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--rate", type=int, default=250)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--images-per-request", type=int, default=1, help="aligned crops per request")
+    ap.add_argument("--target", choices=("front-end", "engine"), default="front-end", help="the process py-spy samples")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/frontend_gil_cpu.json"))
     a = ap.parse_args()
     variants = [(v.split("=", 1)[0], Path(v.split("=", 1)[1])) for v in a.variant]

@@ -549,6 +549,18 @@ def gil_copy() -> str:
     return "\n".join(out)
 
 
+def engine_gil() -> str:
+    """``frontend_gil.py --target engine``: the embed stage's prepare ms per batch and req/s, per variant."""
+    d = load("engine_gil_cpu_8crops.json")
+    parts = []
+    for label in d["median_gil_samples_per_request"]:
+        rows = [r for r in d["rows"] if r["variant"] == label]
+        prep = ", ".join(f"{r['engine_phases']['phase_ms_per_batch']['prepare,embed']:.2f}" for r in rows)
+        rps = ", ".join(f"{r['ok_req_s']:.0f}" for r in rows)
+        parts.append(f"`{label}` prepare {prep} ms per batch at {rps} req/s")
+    return "; ".join(parts)
+
+
 def acceptance() -> str:
     out = ["| target | measured | status |", "|---|---|---|"]
     out += [f"| {t} | {m} | {s} |" for t, m, s in ACCEPTANCE]
@@ -609,6 +621,8 @@ def main() -> None:
             pyspy9=pyspy_engine("pyspy_run9_facegate_mp.json"),
             probe_planning=warmup_probe("serve_memory_gpu_planning.json"),
             gil_copy=gil_copy(),
+            engine_gil=engine_gil(),
+            engine_gil_cmd=load("engine_gil_cpu_8crops.json")["command"],
             gil_copy_cmd=load("gil_copy_cpu.json")["command"],
             probe_threads=warmup_probe("serve_memory_gpu_plan_threads.json"),
             probe_wscap=warmup_probe("serve_memory_gpu_wscap.json"),
