@@ -243,8 +243,15 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
-        if photo_stage_enabled(settings.gpu_preprocess, device):
+        t_photo = time.perf_counter()
+        if photo_stage_enabled(settings.gpu_preprocess, device):  # on CUDA: imports torchvision
             pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
+        if device == "cuda":  # a cold-start item to watch: importing torchvision is seconds on some hosts
+            log.info(
+                "photo stage %s (checked in %.2f s)",
+                "on" if pipe.photo_limits else "off",
+                time.perf_counter() - t_photo,
+            )
         if device == "cpu":
             pipe.chunk = settings.cpu_chunk
         return pipe
