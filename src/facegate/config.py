@@ -99,6 +99,18 @@ class Settings(BaseSettings):
             "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory_gpu.json)."
         ),
     )
+    det_warm_sizes: list[tuple[int, int]] = Field(
+        default_factory=lambda: [(250, 250)],
+        min_length=1,
+        max_length=16,
+        description=(
+            "Photo sizes (height, width) whose detector batch shapes warm-up plans and captures on CUDA, at every "
+            "batch bucket the pixel cap allows. Any other padded size is captured the first time it arrives (up "
+            "to 32 shapes), which stalls that batch ~2-4 s on the H200 (cuDNN plans per shape): list the sizes "
+            "your cameras send, e.g. [[480, 640], [720, 1280]]. Each shape adds ~2-4 s of cold start. Default: "
+            "LFW's 250×250 (and one 480×640 photo, which warm-up always runs)."
+        ),
+    )
 
     gpu_preprocess: Literal["auto", "on", "off"] = Field(
         "auto",

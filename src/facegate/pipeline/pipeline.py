@@ -147,6 +147,8 @@ class FacePipeline:
         self.det_max_batch_pixels: int | None = None
         #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
         self.photo_limits: tuple[int, int] | None = None
+        #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.det_warm_sizes)
+        self.det_warm_sizes: list[tuple[int, int]] = [(250, 250)]
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
 
@@ -243,6 +245,7 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
+        pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
         t_photo = time.perf_counter()
         if photo_stage_enabled(settings.gpu_preprocess, device):  # on CUDA: imports torchvision
             pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
@@ -439,10 +442,11 @@ class FacePipeline:
             step("recognizer_graphs", t)
         rng = np.random.default_rng(0)
         det = self.detector
-        if det.batch_buckets:  # load the detector's kernels for the batch buckets at LFW's padded size
+        if det.batch_buckets:  # plan (and capture) the detector's batch shapes of the warm-up photo sizes
             t = time.perf_counter()
-            for b in det.batch_buckets:
-                self.detect([rng.integers(0, 255, (250, 250, 3), dtype=np.uint8)] * b)
+            for h, w in self.det_warm_sizes:
+                for b in self.detector_warm_batches(h, w):
+                    self.detect([rng.integers(0, 255, (h, w, 3), dtype=np.uint8)] * b)
             step("detector_buckets", t)
             if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
                 t = time.perf_counter()
@@ -465,6 +469,17 @@ class FacePipeline:
             step("empty_cache", t)
         self.warmup_report = report
         return report
+
+    def detector_warm_batches(self, height: int, width: int) -> list[int]:
+        """Photos per warm-up detect call for one size: each batch bucket once, up to the most photos of that
+        size one detector forward takes under ``det_max_batch_pixels`` (larger buckets repeat its shape)."""
+        hp, wp = self.detector.padded_hw(height, width)
+        cap = self.det_max_batch_pixels // (hp * wp) if self.det_max_batch_pixels else None
+        buckets = self.detector.batch_buckets or (1,)
+        fit = [b for b in buckets if cap is None or b <= max(cap, 1)]
+        if cap is not None and cap >= 1 and cap not in fit and any(b > cap for b in buckets):
+            fit.append(cap)  # the partly filled bucket a full forward of this size pads to
+        return sorted(set(fit))
 
     def warmup_photo(self, rng: np.random.Generator) -> None:
         """Run the ``photo`` stage once alone and once at the largest detector bucket (noise: no face)."""

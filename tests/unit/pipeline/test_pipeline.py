@@ -176,6 +176,39 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
         np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
 
 
+def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipeline) -> None:
+    """Per photo size, one detect call per batch bucket that fits the pixel cap, plus the partly filled bucket
+    a capped forward pads to; every shape they produce is one detect_groups builds for real traffic."""
+    buckets, cap = pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels
+    pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
+    try:
+        assert pipeline.detector_warm_batches(250, 250) == [1, 4, 16]  # 64 LFW photos run as forwards of 16
+        assert pipeline.detector_warm_batches(480, 640) == [1, 3]  # 3 fit one forward; its rows pad to 4
+        assert pipeline.detector_warm_batches(720, 1280) == [1, 4]  # scaled to 360×640, padded to 384×640
+    finally:
+        pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = buckets, cap
+
+
+def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = FacePipeline.from_settings(Settings(device="cpu", det_warm_sizes=[(250, 250), (480, 640)]))
+    assert pipe.det_warm_sizes == [(250, 250), (480, 640)]
+    pipe.detector.batch_buckets = (1, 4, 16, 64)  # as on CUDA
+    pipe.det_max_batch_pixels = 16 * 256 * 256
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    monkeypatch.setattr(
+        pipe, "detect", lambda images: calls.append((len(images), images[0].shape)) or [[]] * len(images)
+    )
+    monkeypatch.setattr(pipe, "embed", lambda crops: None)
+    pipe.warmup()
+    assert calls[:5] == [
+        (1, (250, 250, 3)),
+        (4, (250, 250, 3)),
+        (16, (250, 250, 3)),
+        (1, (480, 640, 3)),
+        (3, (480, 640, 3)),
+    ]
+
+
 def test_configure_gemm_workspace_sets_only_unset_variables_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
