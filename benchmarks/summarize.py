@@ -365,8 +365,8 @@ def remote_transport() -> str:
     return "\n".join(out)
 
 
-def soak() -> str:
-    d = load("soak_cpu_mp.json")
+def soak(name: str = "soak_cpu_mp.json") -> str:
+    d = load(name)
     sm = d["samples"]
     tr = d["trend"]["rss_mib"]
     first, last = sm[len(sm) // 2], sm[-1]
@@ -593,6 +593,9 @@ def main() -> None:
             remote_transport=remote_transport(),
             soak_cmd=load("soak_cpu_mp.json")["command"],
             soak=soak(),
+            soak7_cmd=load("soak_cpu_mp_session7.json")["command"],
+            soak7_commit=load("soak_cpu_mp_session7.json")["env"]["code_commit"][:7],
+            soak7=soak("soak_cpu_mp_session7.json"),
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),
