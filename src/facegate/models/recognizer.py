@@ -170,6 +170,10 @@ class Recognizer(nn.Module):
         x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        elif x.is_cuda:
+            # uint8 crops arrive NHWC, so the permuted tensor is NHWC-strided; make it NCHW, or cuDNN runs
+            # (and plans, for seconds per batch shape) NHWC kernels although the backbone is NCHW
+            x = x.contiguous()
         return x
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -47,6 +47,11 @@ RawOutputs = tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]
 
 
 # --------------------------------------------------------------------------- layers
+def is_channels_last(x: Tensor) -> bool:
+    """Whether the 4-D ``x`` is laid out NHWC (and not also NCHW-contiguous, as 1×1 maps or one channel are)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 class ConvDPUnit(nn.Module):
     """1×1 conv (``conv1``) → depthwise 3×3 conv (``conv2``, BN folded in) → optional ReLU.
 
@@ -60,9 +65,15 @@ class ConvDPUnit(nn.Module):
         self.relu = relu
 
     def forward(self, x: Tensor) -> Tensor:
-        # The 1x1 conv as a matmul over the channel axis: same maths as ``self.conv1(x)``, but for NHWC
-        # (channels-last) inputs ``permute`` is free and the GEMM is ~1.5x faster than PyTorch's CPU 1x1 conv.
-        x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
+        # The output keeps the input's memory layout. For NHWC (channels-last) inputs the 1x1 conv runs as a
+        # matmul over the channel axis: same maths as ``self.conv1(x)``, ``permute`` is free and the GEMM is
+        # ~1.5x faster than PyTorch's CPU 1x1 conv. NCHW inputs (the detector on CUDA) take the convolution:
+        # the matmul's output is NHWC, and cuDNN plans an NHWC depthwise conv for 2-4 s per new input shape
+        # against milliseconds for NCHW (docs/benchmarks.md, "Warm-up").
+        if is_channels_last(x):
+            x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
+        else:
+            x = self.conv1(x)
         x = self.conv2(x)
         return F.relu_(x) if self.relu else x
 

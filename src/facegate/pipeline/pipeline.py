@@ -185,7 +185,7 @@ class FacePipeline:
             # NCHW on CUDA: cuDNN plans an NHWC convolution in 2–4 s per new input shape and thread (the
             # plan cache is thread-local), NCHW in ~10 ms, at equal or better steady-state speed
             # (benchmarks/results/detector_gpu.json); NHWC stays on the CPU, where it is several times faster
-            channels_last=device == "cpu",
+            channels_last=device == "cpu" if settings.det_channels_last is None else settings.det_channels_last,
         )
         if device == "cuda":
             # batch-size buckets for the detector on the GPU (shapes planned at warm-up)

