@@ -13,7 +13,8 @@
 #         run(command="FACEGATE_CODE_COMMIT=<hash> bash scripts/gpu-soak.sh collect && <next work>", ...)
 #     waits for the soak to end and copies $OUT/soak_gpu_mp.json and soak_gpu.log. MEMORY_VARIANTS (serve_memory.py
 #     --variant values, space-separated) runs the memory probe first, while the soak still runs.
-# scripts/gpu-photo.sh with SOAK_S=600 is another "start".
+# scripts/gpu-photo.sh with SOAK_S=600 is another "start". SKIP_TESTS=1 skips the tests (carry .whlrun and .lfwB
+# only, LFW_PROBE=.lfwB for the memory probe's photos); MEMORY_S=0 skips the memory probe.
 set -uo pipefail
 . scripts/device-env.sh
 SOAK=/tmp/fg-soak
@@ -22,22 +23,30 @@ start)
   t0=$(date +%s)
   mkdir -p "$SOAK"
   # the photo stage's GPU test first: if it fails, the soak still runs, on the host path (and says so)
-  FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu tests/unit/pipeline/test_photo.py -p no:cacheprovider \
-    -s > "$OUT/gpu_tests_photo.txt" 2>&1 || export FACEGATE_GPU_PREPROCESS=off
-  tail -1 "$OUT/gpu_tests_photo.txt"; echo "soak with FACEGATE_GPU_PREPROCESS=${FACEGATE_GPU_PREPROCESS:-auto}"
+  # (SKIP_TESTS=1: no tests, e.g. when they passed in an earlier call of the session and .lfwT is not carried)
+  if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    FACEGATE_LFW_ROOT=.lfwT timeout 150 python3 -m pytest -q -m gpu tests/unit/pipeline/test_photo.py -p no:cacheprovider \
+      -s > "$OUT/gpu_tests_photo.txt" 2>&1 || export FACEGATE_GPU_PREPROCESS=off
+    tail -1 "$OUT/gpu_tests_photo.txt"
+  fi
+  echo "soak with FACEGATE_GPU_PREPROCESS=${FACEGATE_GPU_PREPROCESS:-auto}"
   setsid nohup python3 benchmarks/soak.py --duration "${SOAK_S:-600}" --window 15 --clients 6 --concurrency 64 \
     --images .lfwB/lfw-deepfunneled --out "$SOAK/soak_gpu_mp.json" -- --device cuda --precision fp16 \
     --compile graphs --workers 4 > "$SOAK/soak_gpu.log" 2>&1 < /dev/null &
   echo "soak started (pid $!)"
   unset FACEGATE_GPU_PREPROCESS
-  FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider -rs \
-    > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
+  if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider -rs \
+      > "$OUT/gpu_tests.txt" 2>&1
+    tail -3 "$OUT/gpu_tests.txt"
+  fi
   VARIANTS=${VARIANTS:-"compile=graphs compile=graphs,gpu_preprocess=off rts_checkpoint=/tmp/irse64.pt,compile=graphs"}
   args=()
   for v in $VARIANTS; do args+=(--variant "$v"); done
-  FACEGATE_LFW_ROOT=.lfwT timeout "${MEMORY_S:-280}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt \
-    --out "$OUT/serve_memory.json" "${args[@]}" 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
+  if [ "${MEMORY_S:-280}" != 0 ]; then
+    FACEGATE_LFW_ROOT=${LFW_PROBE:-.lfwT} timeout "${MEMORY_S:-280}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt \
+      --out "$OUT/serve_memory.json" "${args[@]}" 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
+  fi
   while [ $(( $(date +%s) - t0 )) -lt "${RETURN_AT_S:-560}" ] && pgrep -f benchmarks/soak.py > /dev/null; do sleep 5; done
   cp "$SOAK/soak_gpu_mp.json" "$OUT/soak_gpu_partial.json" 2>/dev/null
   tail -2 "$SOAK/soak_gpu.log" | cut -c1-400
@@ -46,7 +55,7 @@ collect)
   if [ -n "${MEMORY_VARIANTS:-}" ]; then  # the memory probe beside the soak's load (its memory figures count, not its seconds)
     args=()
     for v in $MEMORY_VARIANTS; do args+=(--variant "$v"); done
-    FACEGATE_LFW_ROOT=.lfwT timeout "${MEMORY_S:-280}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt \
+    FACEGATE_LFW_ROOT=${LFW_PROBE:-.lfwT} timeout "${MEMORY_S:-280}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt \
       --out "$OUT/serve_memory.json" "${args[@]}" 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
   fi
   while pgrep -f benchmarks/soak.py > /dev/null; do sleep 2; done
