@@ -99,7 +99,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
-    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2",
+    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
@@ -157,6 +157,11 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
     return [*shlex.split(wrap), *argv] if wrap and wrap_name == name else argv
 
 
+def engines_of(name: str) -> int:
+    """Engine processes of a server of SERVER_NAMES (``_eN``: N on the one GPU)."""
+    return int(name.rsplit("_e", 1)[1]) if name.startswith("facegate_mp_w8_e") else 1
+
+
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
@@ -168,8 +173,9 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
             argv += ["--workers", str(8 if name.startswith("facegate_mp_w8") else o.mp_workers)]
-        if name == "facegate_mp_w8_e2":  # two engine processes on the one GPU
-            argv += ["--engines", "2", "--engines-per-gpu", "2"]
+        if name in ("facegate_mp_w8_e2", "facegate_mp_w8_e3"):  # two or three engine processes on the one GPU
+            n = name[-1]
+            argv += ["--engines", n, "--engines-per-gpu", n]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
@@ -365,7 +371,7 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         ),
         "server_cpu_cores": sum(deltas) / CLK_TCK / wall,
         "server_top_thread_cpu": max(deltas, default=0) / CLK_TCK / wall,
-        **cpu_by_role(th0, th1, pids, wall, engines=2 if server.name == "facegate_mp_w8_e2" else 1),
+        **cpu_by_role(th0, th1, pids, wall, engines=engines_of(server.name)),
         "server_processes": len(pids),
         "machine_cpu_busy": (m1[0] - m0[0]) / max(m1[1] - m0[1], 1),
         "loadavg_1m": (load0 + os.getloadavg()[0]) / 2,

@@ -26,9 +26,7 @@ def test_every_field_has_a_default_and_a_description(name: str) -> None:
     assert field.description and len(field.description) > 15, f"{name} has no description"
 
 
-@pytest.mark.parametrize(
-    "name", sorted(n for n, f in Settings.model_fields.items() if f.annotation in (int, float))
-)
+@pytest.mark.parametrize("name", sorted(n for n, f in Settings.model_fields.items() if f.annotation in (int, float)))
 def test_every_numeric_field_is_bounded(name: str) -> None:
     assert _bounds(Settings.model_fields[name]) == {"lower", "upper"}, f"{name} lacks a bound"
 

@@ -7,10 +7,12 @@ No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, resul
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +101,28 @@ def photo_stage_enabled(mode: str, device: str) -> bool:
     return gpu_decode_available()
 
 
+def start_photo_check() -> Callable[[], bool]:
+    """Run :func:`~facegate.io.decode.gpu_decode_available` (it imports torchvision) on a daemon thread.
+
+    Returns a function that waits for the answer (``False`` too if the thread died).
+    """
+    answer: list[bool] = []
+
+    def check() -> None:
+        from facegate.io.decode import gpu_decode_available
+
+        answer.append(gpu_decode_available())
+
+    thread = threading.Thread(target=check, name="facegate-photo-check", daemon=True)
+    thread.start()
+
+    def wait() -> bool:
+        thread.join()
+        return bool(answer and answer[0])
+
+    return wait
+
+
 def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
     """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
     accepted = bool(score >= threshold)
@@ -151,6 +175,8 @@ class FacePipeline:
         self.det_warm_sizes: list[tuple[int, int]] = [(250, 250)]
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
+        #: pending check that the ``photo`` stage can run (see :func:`start_photo_check`); warmup() joins it
+        self._photo_check: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -247,14 +273,21 @@ class FacePipeline:
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
         t_photo = time.perf_counter()
-        if photo_stage_enabled(settings.gpu_preprocess, device):  # on CUDA: imports torchvision
+        if device == "cuda" and settings.gpu_preprocess == "auto" and importlib.util.find_spec("torchvision"):
+            # importing torchvision takes seconds (4.4 s on the H200 host, run 18): it runs on a thread beside
+            # the warm-up's graph captures (cuDNN planning releases the GIL), and warmup() confirms the stage
             pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
-        if device == "cuda":  # a cold-start item to watch: importing torchvision is seconds on some hosts
-            log.info(
-                "photo stage %s (checked in %.2f s)",
-                "on" if pipe.photo_limits else "off",
-                time.perf_counter() - t_photo,
-            )
+            pipe._photo_check = start_photo_check()
+            log.info("photo stage: checking torchvision's nvJPEG decoder beside the warm-up")
+        else:
+            if photo_stage_enabled(settings.gpu_preprocess, device):
+                pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
+            if device == "cuda":
+                log.info(
+                    "photo stage %s (checked in %.2f s)",
+                    "on" if pipe.photo_limits else "off",
+                    time.perf_counter() - t_photo,
+                )
         if device == "cpu":
             pipe.chunk = settings.cpu_chunk
         return pipe
@@ -459,6 +492,10 @@ class FacePipeline:
             self.detect(imgs)
             self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
         step("one_of_each", t)
+        if self._photo_check is not None:
+            t = time.perf_counter()
+            self.confirm_photo_stage()
+            step("photo_check_wait", t)
         if self.photo_limits is not None:  # nvJPEG's decoder state and the device canvas/warp kernels
             t = time.perf_counter()
             self.warmup_photo(rng)
@@ -469,6 +506,20 @@ class FacePipeline:
             step("empty_cache", t)
         self.warmup_report = report
         return report
+
+    def confirm_photo_stage(self) -> bool:
+        """Wait for the pending photo-stage check (if any); without nvJPEG, drop the stage (host path).
+
+        A stage list taken before (an engine's) keeps an idle ``photo`` stage that nothing routes to:
+        the front-ends learn the stages from :meth:`stages` after warm-up. Returns whether the stage is on.
+        """
+        check, self._photo_check = self._photo_check, None
+        if check is not None and not check():
+            log.warning("photo stage off: torchvision's nvJPEG decoder did not load (host decode and align)")
+            self.photo_limits = None
+        elif check is not None:
+            log.info("photo stage on (torchvision checked beside the warm-up)")
+        return self.photo_limits is not None
 
     def detector_warm_batches(self, height: int, width: int) -> list[int]:
         """Photos per warm-up detect call for one size: each batch bucket once, up to the most photos of that

@@ -147,6 +147,7 @@ class FaceService:
         loop = asyncio.get_running_loop()
         if isinstance(self.engine, Engine):  # a remote engine warmed its own models
             await loop.run_in_executor(None, self.pipeline.warmup)
+            self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
         if self.settings.gc_freeze:
             log.info("froze %d start-up objects out of the garbage collector's reach", freeze_gc())

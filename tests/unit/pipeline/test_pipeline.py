@@ -11,7 +11,7 @@ import torch
 from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
-from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces
+from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces, start_photo_check
 from facegate.types import Detection, FaceSelect
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
@@ -275,3 +275,37 @@ def test_cuda_embed_stage_copies_crops_into_a_ring_of_pinned_buffers(compile_mod
         for (ge, gq, _), (we, wq, _) in zip(g_batch, w_batch, strict=True):
             assert ge.shape == we.shape and float((ge * we).sum(1).min()) > 0.999
             np.testing.assert_allclose(gq, wq, atol=0.02)
+
+
+def test_a_failed_photo_check_drops_the_photo_stage() -> None:
+    pipe = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on"))
+    assert "photo" in [s.name for s in pipe.stages()]
+    calls: list[int] = []
+    pipe._photo_check = lambda: calls.append(1) or False
+    assert pipe.confirm_photo_stage() is False and pipe.photo_limits is None
+    assert pipe.confirm_photo_stage() is False and calls == [1]  # waited for once
+    assert [s.name for s in pipe.stages()] == ["detect", "embed"]
+
+
+def test_a_passed_photo_check_keeps_the_stage_and_warmup_waits_for_it() -> None:
+    pipe = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on"))
+    pipe._photo_check = lambda: True
+    report = pipe.warmup()
+    assert pipe.photo_limits is not None and pipe._photo_check is None
+    assert "photo_check_wait" in report and "photo_stage" in report
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_start_photo_check_answers_from_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import facegate.io.decode as decode
+
+    monkeypatch.setattr(decode, "gpu_decode_available", lambda: True)
+    assert start_photo_check()() is True
+    monkeypatch.setattr(decode, "gpu_decode_available", lambda: False)
+    assert start_photo_check()() is False
+
+    def boom() -> bool:
+        raise RuntimeError("torchvision exploded")
+
+    monkeypatch.setattr(decode, "gpu_decode_available", boom)
+    assert start_photo_check()() is False  # a thread that died answers False
