@@ -447,54 +447,59 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "cold start to `/readyz` ≤ 30 s",
-        "8 front-ends: 33.2 s (run 16), 49.2 s (run 15, a slower machine), 35.7 s (run 13: engine build 6.1 s + "
-        "warm-up 18.9 s, front-ends ~5 s after), 31.6 s (run 12); 4 front-ends 29.4–47.2 s (runs 12–15); host path "
-        "23.7–28.8 s (runs 4–8). cuDNN planning each new shape (1.35–4.0 s per shape, 8 shapes) is nearly all of "
-        "the warm-up; the v7 API plans in ms but runs SFace 3.2× slower; planning on threads did not overlap. "
-        "Inductor: 222 s per shape without cached kernels, 16 s with them (model only); serving with it not measured",
-        "not met (machine-dependent, 29–49 s)",
+        "8 front-ends, one engine: **21.6 s** (run 19: torchvision imported beside the warm-up), 24.7 s (run 18: NCHW "
+        "detector, buckets 4/16/64); two engines 21.6 / 28.1 s, three 23.5 s; 4 front-ends 23.5 s (GPU soak). Before "
+        "(detector planned NHWC, 2–4 s per shape): 33.2 s (run 16), 49.2 s (run 15, a slower machine), 31.6–35.7 s "
+        "(runs 12–13). Engine ready in 10.2 s (run 19: build 0.6 s, warm-up 9.4 s, of which SFace's 3 buckets "
+        "8.1 s of cuDNN planning); the front-ends take ~6 s after it. Compile caches play no part with `--compile "
+        "graphs` (nothing is compiled); Inductor: 222 s per shape without cached kernels, 16 s with them (model "
+        "only; serving with it not measured)",
+        "met in runs 18–19 (21.6–28.1 s); earlier machines were up to 1.5× slower, not re-measured",
     ),
     (
         "concurrency 100: ≥ 1.5× LitServe",
-        "run 16: compare 4.04×, aligned embed 3.48× (8 front-ends), 4.59× / 3.83× (two engines); run 15: 3.54× / "
-        "3.54×; run 13: 3.93× / 3.15×",
+        "run 19: compare 3.87× (one engine), 4.98× (two), 4.90× (three); aligned embed 3.47× / 4.21× / 3.79×. Run 18: "
+        "compare 3.51× / 4.42×, aligned 3.96× / 3.61×. Run 16: 4.04× / 4.59×, 3.48× / 3.83×",
         "met",
     ),
     (
         "concurrency 100: ≥ 20× naive",
-        "compare: 45.2× (run 16), 56.6× (run 15), 32.2× (run 13); aligned embed: 20.1× with two engine processes "
-        "on the GPU (run 16), 18.3× (run 16), 19.4× (run 15) and 17.8× (run 13) with one",
-        "met for compare; aligned embed met only with two engines (`engines_per_gpu=2`, 20.1×)",
+        "compare: 27.4× / 35.3× / 34.7× (one / two / three engines, run 19), 25.7× / 32.4× (run 18), 45.2× (run 16). "
+        "Aligned embed: 17.8× / **21.7×** / 19.5× (run 19), 19.9× / 18.2× (run 18), 18.3× / **20.1×** (run 16)",
+        "met for compare; aligned embed met with two engines in runs 16 and 19 (20.1×, 21.7×), not in run 18 "
+        "(19.9× with one engine, 18.2× with two)",
     ),
     (
         "concurrency 100: p99 ≤ 50 ms",
-        "aligned embed: 34.5 ms (run 16), 49.7 ms (run 15), 40.4 ms with two engines (run 16); run 13: 50.4 ms. "
-        "Compare: 71.6 ms (run 16), 86.5 ms (run 15), 61.5 ms with two engines",
-        "met for aligned embed (runs 15–16); not met for compare",
+        "aligned embed: 38.0 / 39.9 / 51.9 ms (one / two / three engines, run 19), 30.7 / 43.1 (run 18), 34.5 / 40.4 "
+        "(run 16). Compare: 91.9 / 78.2 / **69.4** ms (run 19), 82.7 / 66.3 (run 18), 71.6 / 61.5 (run 16). "
+        "At c=100 compare is bound by the engine's photo stage, not by the GPU (GPU 31–33 % busy with one engine): "
+        "~56 photos per batch take 12–14 ms to execute and 7–8 ms to prepare",
+        "met for aligned embed with one or two engines; not met for compare (best 61.5 ms)",
     ),
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
-        "two engines on the GPU (run 16): 13,725 aligned faces/s with 8 crops per request, 8,147 with one; "
-        "6,117 photos/s. One engine: 7,781 / 6,941 faces/s, 3,544 photos/s (run 16); 7,093 / 6,290 and 2,933 "
-        "(run 15)",
-        "met with two engines and batch requests of 8 crops; not with one crop per request (8,147) or one engine",
+        "two engines, 8 crops per request: 11,186 aligned faces/s at c=256 and 13,641 at c=100 (run 18), 13,725 "
+        "(run 16). One crop per request: 6,779 (three engines, run 19), 8,147 (two, run 16). Photos: 6,017 (two "
+        "engines, run 18), 5,966 (three, run 19), 6,117 (run 16); one engine 3,560 (run 18), 3,103 (run 19)",
+        "met with two engines and batch requests of 8 crops; not with one crop per request",
     ),
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "with `gemm_workspace=none` (no cuBLAS workspaces): engine process +548 MiB idle, +700 to +708 after HTTP "
-        "load (runs 15–16; +672 / +908 to +924 before); serve_memory: SFace +548 after warm-up (probe 1), "
-        "IR-SE-64 +650 / +746 (probe 3). The CUDA-graph pool alone is 394 MiB (SFace, batch 64; one "
-        "64×64×112×112 fp16 activation is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS "
-        "workspaces)",
-        "not met",
+        "engine process at idle, max batch 64: +558 MiB (runs 18–19; +548 in run 16), +704 after HTTP load; "
+        "serve_memory: SFace +548 after warm-up, IR-SE-64 +580 (probe at 4c062fb). By max batch (beside the soak): "
+        "+558 / +364 / +280 MiB at 64 / 32 / 16, the CUDA-graph pool 394 / 206 / 128 MiB (one 64×64×112×112 fp16 "
+        "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces)",
+        "not met (+558 MiB; +280 even at max batch 16)",
     ),
     (
         "no growth over a 10-minute soak",
-        "photo stage, 10.2 min, 0 failed requests: GPU 1,610 MiB until the last minute, then 1,612 (+2 MiB, torch "
-        "reserved 768 → 770); host RSS +0.7 MiB over the second half (+0.13 MiB/min; previous soak +3.1 MiB/min)",
-        "met, within one 2 MiB allocator block (before gc_freeze and the later changes); not repeated on the GPU "
-        "since. CPU soak of this session's code (e40f741, 10 min, process model): 0 failed requests, host RSS "
-        "+5.1 MiB over the second half (+0.85 MiB/min; the first CPU soak +2.1 MiB)",
+        "GPU soak at abef89a (this session's code: photo stage, process model, 4 front-ends, 10.1 min of load, "
+        "~1.48 M requests): 0 failed requests; engine GPU memory 1,376 MiB, +2 MiB once at 5.3 min (torch reserved "
+        "662 → 664), then flat: **+0.0 MiB over the second half**; host RSS of the 7 server processes +0.9 MiB over "
+        "the second half (+0.17 MiB/min). Earlier: photo-stage soak at 6da6043, +2 MiB; CPU soak at e40f741, RSS "
+        "+5.1 MiB",
+        "met",
     ),
     (
         "fp16 parity (r ≥ 0.999, ≥ 99.9 % verdicts, Δacc ≤ 0.05 %)",
@@ -505,9 +510,10 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "GPU preprocessing in serving, agreeing with the CPU path",
         "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
         "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021 (runs at 2a726c5 to 6da6043). With two "
-        "engines on one GPU, 1 of 6,911 LFW compare requests found no face (run 17); suspected: torchvision's CUDA "
-        "decode_jpeg ignores the caller's stream (pytorch/vision#9606); fix in commit 2ef6462, not yet run on the GPU",
-        "done; one suspected race with an unverified fix",
+        "engines on one GPU, 1 of 6,911 compare requests found no face in run 17 (suspected: torchvision's CUDA "
+        "decode_jpeg ignoring the caller's stream, pytorch/vision#9606). Since the fix (commit 2ef6462), 0 errors "
+        "in 23,598 two-engine compare requests (run 18) and in 37,724 with two and three engines (run 19)",
+        "done",
     ),
 ]
 
@@ -535,6 +541,20 @@ def warmup_probe(name: str) -> str:
             f"{v['embed_batch_ms']:.2f} | {v['detect_16_ms']:.2f} | +{v['after_warmup']['above_bare_mib']:.0f} / "
             f"+{v['after_load']['above_bare_mib']:.0f} | {graph_pool:.0f} |"
         )
+    return "\n".join(out)
+
+
+def warmup_shapes(name: str) -> str:
+    """Per variant of a ``serve_memory.py`` run: the first eager run (cuDNN planning) of each captured shape."""
+    d = load(name)
+    variants = [v for v in d["variants"] if "captures" in v]
+    shapes = [tuple(c["shape"]) for c in variants[0]["captures"]]
+    head = " | ".join("×".join(str(x) for x in sh[:3]) for sh in shapes)
+    out = [f"| variant | {head} | total s |", "|---|" + "---|" * (len(shapes) + 1)]
+    for v in variants:
+        firsts = {tuple(c["shape"]): c["first_run_s"] or 0.0 for c in v["captures"]}
+        cells = " | ".join(f"{firsts[sh]:.2f}" if sh in firsts else "–" for sh in shapes)
+        out.append(f"| `{v['variant']}` | {cells} | {sum(firsts.values()):.1f} |")
     return "\n".join(out)
 
 
@@ -644,6 +664,32 @@ def main() -> None:
             ),
             http_gpu16_w8_ratios=http_ratios(
                 "http_gpu_run16_two_engines.json", "facegate_mp_w8", ("naive", "litserve")
+            ),
+            probe_det_nchw_cmd=load("serve_memory_gpu_det_nchw.json")["command"],
+            probe_det_nchw_shapes=warmup_shapes("serve_memory_gpu_det_nchw.json"),
+            probe_det_nchw=warmup_probe("serve_memory_gpu_det_nchw.json"),
+            http_gpu18_cmd=load("http_gpu_run18_det_nchw.json")["command"],
+            http_gpu18=http_gpu_images("http_gpu_run18_det_nchw.json"),
+            http_gpu18_ratios=http_ratios(
+                "http_gpu_run18_det_nchw.json", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")
+            ),
+            http_gpu18_w8_ratios=http_ratios("http_gpu_run18_det_nchw.json", "facegate_mp_w8", ("naive", "litserve")),
+            engine_phases18=engine_phases("http_gpu_run18_det_nchw.json", "facegate_mp_w8"),
+            soak_gpu4_cmd=load("soak_gpu_mp_run4_session8.json")["command"],
+            soak_gpu4=soak_gpu("soak_gpu_mp_run4_session8.json"),
+            probe_max_batch_cmd=load("serve_memory_gpu_max_batch.json")["command"],
+            probe_max_batch=warmup_probe("serve_memory_gpu_max_batch.json"),
+            http_gpu19=http_gpu_images("http_gpu_run19_three_engines.json"),
+            http_gpu19_ratios=http_ratios(
+                "http_gpu_run19_three_engines.json",
+                "facegate_mp_w8_e3",
+                ("naive", "litserve", "facegate_mp_w8_e2", "facegate_mp_w8"),
+            ),
+            http_gpu19_e2_ratios=http_ratios(
+                "http_gpu_run19_three_engines.json", "facegate_mp_w8_e2", ("naive", "litserve")
+            ),
+            http_gpu19_w8_ratios=http_ratios(
+                "http_gpu_run19_three_engines.json", "facegate_mp_w8", ("naive", "litserve")
             ),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
             gc_pause=gc_pause(),

@@ -116,8 +116,9 @@ class Settings(BaseSettings):
         description=(
             "Photo sizes (height, width) whose detector batch shapes warm-up plans and captures on CUDA, at every "
             "batch bucket the pixel cap allows. Any other padded size is captured the first time it arrives (up "
-            "to 32 shapes), which stalls that batch ~2-4 s on the H200 (cuDNN plans per shape): list the sizes "
-            "your cameras send, e.g. [[480, 640], [720, 1280]]. Each shape adds ~2-4 s of cold start. Default: "
+            "to 32 shapes), which stalls that batch ~0.1 s on the H200 (cuDNN plans per shape; 2-4 s with "
+            "det_channels_last): list the sizes your cameras send, e.g. [[480, 640], [720, 1280]]. Each shape adds "
+            "as much to the cold start. Default: "
             "LFW's 250×250 (and one 480×640 photo, which warm-up always runs)."
         ),
     )
