@@ -602,6 +602,15 @@ def http_run(key: str, name: str, peers: tuple[str, ...]) -> dict[str, str]:
     }
 
 
+def images_run(key: str, name: str, *ratios: tuple[str, str, tuple[str, ...]]) -> dict[str, str]:
+    """Template fields of one run: ``{key}_cmd``, ``{key}`` (images/s rows) and ``{key}{suffix}`` per ratio
+    table ``(suffix, base server, peers)``."""
+    out = {f"{key}_cmd": load(name)["command"], key: http_gpu_images(name)}
+    for suffix, base, peers in ratios:
+        out[f"{key}{suffix}"] = http_ratios(name, base, peers)
+    return out
+
+
 def main() -> None:
     print(
         TEMPLATE.format(
@@ -651,45 +660,38 @@ def main() -> None:
             gil_copy_cmd=load("gil_copy_cpu.json")["command"],
             probe_threads=warmup_probe("serve_memory_gpu_plan_threads.json"),
             probe_wscap=warmup_probe("serve_memory_gpu_wscap.json"),
-            http_gpu15_cmd=load("http_gpu_run15_session7.json")["command"],
-            http_gpu15=http_gpu_images("http_gpu_run15_session7.json"),
-            http_gpu15_ratios=http_ratios(
-                "http_gpu_run15_session7.json", "facegate_mp_w8", ("naive", "litserve", "facegate_mp")
+            **images_run(
+                "http_gpu15",
+                "http_gpu_run15_session7.json",
+                ("_ratios", "facegate_mp_w8", ("naive", "litserve", "facegate_mp")),
             ),
             engine_phases15=engine_phases("http_gpu_run15_session7.json", "facegate_mp_w8"),
-            http_gpu16_cmd=load("http_gpu_run16_two_engines.json")["command"],
-            http_gpu16=http_gpu_images("http_gpu_run16_two_engines.json"),
-            http_gpu16_ratios=http_ratios(
-                "http_gpu_run16_two_engines.json", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")
-            ),
-            http_gpu16_w8_ratios=http_ratios(
-                "http_gpu_run16_two_engines.json", "facegate_mp_w8", ("naive", "litserve")
+            **images_run(
+                "http_gpu16",
+                "http_gpu_run16_two_engines.json",
+                ("_ratios", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")),
+                ("_w8_ratios", "facegate_mp_w8", ("naive", "litserve")),
             ),
             probe_det_nchw_cmd=load("serve_memory_gpu_det_nchw.json")["command"],
             probe_det_nchw_shapes=warmup_shapes("serve_memory_gpu_det_nchw.json"),
             probe_det_nchw=warmup_probe("serve_memory_gpu_det_nchw.json"),
-            http_gpu18_cmd=load("http_gpu_run18_det_nchw.json")["command"],
-            http_gpu18=http_gpu_images("http_gpu_run18_det_nchw.json"),
-            http_gpu18_ratios=http_ratios(
-                "http_gpu_run18_det_nchw.json", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")
+            **images_run(
+                "http_gpu18",
+                "http_gpu_run18_det_nchw.json",
+                ("_ratios", "facegate_mp_w8_e2", ("naive", "litserve", "facegate_mp_w8")),
+                ("_w8_ratios", "facegate_mp_w8", ("naive", "litserve")),
             ),
-            http_gpu18_w8_ratios=http_ratios("http_gpu_run18_det_nchw.json", "facegate_mp_w8", ("naive", "litserve")),
             engine_phases18=engine_phases("http_gpu_run18_det_nchw.json", "facegate_mp_w8"),
             soak_gpu4_cmd=load("soak_gpu_mp_run4_session8.json")["command"],
             soak_gpu4=soak_gpu("soak_gpu_mp_run4_session8.json"),
             probe_max_batch_cmd=load("serve_memory_gpu_max_batch.json")["command"],
             probe_max_batch=warmup_probe("serve_memory_gpu_max_batch.json"),
-            http_gpu19=http_gpu_images("http_gpu_run19_three_engines.json"),
-            http_gpu19_ratios=http_ratios(
+            **images_run(
+                "http_gpu19",
                 "http_gpu_run19_three_engines.json",
-                "facegate_mp_w8_e3",
-                ("naive", "litserve", "facegate_mp_w8_e2", "facegate_mp_w8"),
-            ),
-            http_gpu19_e2_ratios=http_ratios(
-                "http_gpu_run19_three_engines.json", "facegate_mp_w8_e2", ("naive", "litserve")
-            ),
-            http_gpu19_w8_ratios=http_ratios(
-                "http_gpu_run19_three_engines.json", "facegate_mp_w8", ("naive", "litserve")
+                ("_ratios", "facegate_mp_w8_e3", ("naive", "litserve", "facegate_mp_w8_e2", "facegate_mp_w8")),
+                ("_e2_ratios", "facegate_mp_w8_e2", ("naive", "litserve")),
+                ("_w8_ratios", "facegate_mp_w8", ("naive", "litserve")),
             ),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
             gc_pause=gc_pause(),
