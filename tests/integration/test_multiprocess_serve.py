@@ -90,6 +90,11 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
     assert _children(proc.pid) == []
 
 
+def _loads_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's C++ library mapped."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def _start_time(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[19])
@@ -116,6 +121,8 @@ def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
             time.sleep(0.5)
         spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
         engine = min(spawned, key=_start_time)  # spawned first, before uvicorn's workers
+        # only the engine loads torch: the front-ends decode, align, search and answer without it
+        assert [c for c in spawned if _loads_torch(c)] == [engine], [(c, _loads_torch(c)) for c in spawned]
         os.kill(engine, signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
     finally:

@@ -1,10 +1,14 @@
-"""Exact 1:N search index on the engine's device.
+"""Exact 1:N search index, in NumPy on the CPU or in torch on an accelerator.
 
-Per gallery the index keeps a ``(capacity, D)`` tensor of unit-norm templates on ``device`` (rows
-``[0, n)`` are live) plus the list of subject ids in row order and an ``id -> row`` dict. A search is
-one matmul ``(Q, D) @ (D, n)`` and one ``torch.topk`` on the device, then a single device→host copy of
-the packed ``(scores, indices)``. It is exact (no approximation): with unit-norm rows the dot product
+Per gallery the index keeps a ``(capacity, D)`` matrix of unit-norm templates (rows ``[0, n)`` are live)
+plus the list of subject ids in row order and an ``id -> row`` dict. A search is one matmul
+``(Q, D) @ (D, n)`` and one top-k. It is exact (no approximation): with unit-norm rows the dot product
 is the cosine similarity.
+
+On the CPU in float32/float64 the matrices are NumPy arrays (a BLAS matmul, ``argpartition``), so the
+HTTP front-ends, which search on the CPU, never import torch (−0.5 GB of host memory each with the CUDA
+build). Otherwise (a CUDA device, or half precision) they are torch tensors, imported on first use, and
+a search ends with one device→host copy of the packed ``(scores, indices)``.
 
 Updates are in place:
 
@@ -26,11 +30,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from facegate.errors import DimensionMismatchError, GalleryError, GalleryNotFoundError, InvalidParameterError
 from facegate.gallery.base import GalleryInfo, SearchHit
@@ -39,6 +41,68 @@ log = logging.getLogger(__name__)
 
 #: Smallest buffer, in rows, allocated for a gallery.
 _MIN_CAPACITY = 64
+_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+class _NumpyOps:
+    """Template matrices as NumPy arrays (CPU, float32/float64)."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = np.dtype(dtype)
+
+    def zeros(self, rows: int, dim: int) -> np.ndarray:
+        return np.zeros((rows, dim), self.dtype)
+
+    def from_numpy(self, arr: np.ndarray) -> np.ndarray:
+        return np.asarray(arr, self.dtype)
+
+    @staticmethod
+    def copy(x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
+    @staticmethod
+    def to_host(x: np.ndarray) -> np.ndarray:
+        return np.array(x, np.float32)
+
+    def topk(self, q: np.ndarray, mat: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(Q, k) float64`` scores, descending, and ``(Q, k) int64`` rows of ``mat``."""
+        scores = self.from_numpy(q) @ mat.T
+        idx = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else np.argsort(-scores, axis=1)
+        vals = np.take_along_axis(scores, idx, axis=1)
+        order = np.argsort(-vals, axis=1, kind="stable")
+        return np.take_along_axis(vals, order, axis=1).astype(np.float64), np.take_along_axis(idx, order, axis=1)
+
+
+class _TorchOps:
+    """Template matrices as torch tensors on ``device`` (torch imported here, on first use)."""
+
+    def __init__(self, device: Any, dtype: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device(device)
+
+    def zeros(self, rows: int, dim: int) -> Any:
+        return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
+
+    def from_numpy(self, arr: np.ndarray) -> Any:
+        return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
+
+    @staticmethod
+    def copy(x: Any) -> Any:
+        return x.clone()
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return x.to("cpu", self.torch.float32).numpy().copy()
+
+    def topk(self, q: np.ndarray, mat: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        torch = self.torch
+        with torch.inference_mode():
+            top_v, top_i = torch.topk(self.from_numpy(q) @ mat.T, k, dim=1, largest=True, sorted=True)
+            # one device->host copy: float64 holds indices < 2**53 exactly
+            packed = torch.cat((top_v.to(torch.float64), top_i.to(torch.float64)), dim=1).cpu().numpy()
+        return packed[:, :k], packed[:, k:].astype(np.int64)
 
 
 class TemplateSource(Protocol):
@@ -56,7 +120,7 @@ class _Entry:
     """One gallery's slice of the index. ``mat[:n]`` are the live rows; ``ids[i]`` owns row ``i``."""
 
     dim: int
-    mat: torch.Tensor
+    mat: Any  # (capacity, dim) np.ndarray or torch.Tensor
     ids: list[str] = field(default_factory=list)
     pos: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -70,19 +134,28 @@ class GalleryIndex:
     """Exact cosine top-k over every gallery's templates, on ``device``.
 
     Args:
-        device: torch device for the template matrices and the search (e.g. ``"cpu"``, ``"cuda"``).
-        dtype: storage/compute dtype of the templates (``torch.float32``; ``float16``/``bfloat16`` halve
-            the memory on CUDA at ~1e-3 score error). Queries are cast to it.
+        device: where the template matrices live and the search runs (``"cpu"``, ``"cuda"``, a
+            ``torch.device``).
+        dtype: storage/compute dtype of the templates, a name or a torch dtype: ``float32`` (default),
+            ``float64``, or ``float16``/``bfloat16`` (half the memory on CUDA at ~1e-3 score error).
+            Queries are cast to it. CPU with float32/float64 uses NumPy; anything else torch.
     """
 
-    def __init__(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+    def __init__(self, device: Any = "cpu", dtype: Any = "float32") -> None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in _DTYPES:
             raise InvalidParameterError(f"unsupported index dtype {dtype}", detail={"field": "dtype"})
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidParameterError(f"invalid index device {device!r}: {exc}") from exc
-        self.dtype = dtype
+        self.dtype = name
+        self._ops: _NumpyOps | _TorchOps
+        if str(device) == "cpu" and name in ("float32", "float64"):
+            self.device = "cpu"
+            self._ops = _NumpyOps(name)
+        else:
+            try:
+                self._ops = _TorchOps(device, name)
+            except (RuntimeError, TypeError) as exc:
+                raise InvalidParameterError(f"invalid index device {device!r}: {exc}") from exc
+            self.device = str(self._ops.device)
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()  # protects the dict itself, not the entries' contents
 
@@ -94,14 +167,14 @@ class GalleryIndex:
             raise GalleryNotFoundError(f"gallery {gallery!r} is not in the search index", detail={"gallery": gallery})
         return entry
 
-    def _alloc(self, rows: int, dim: int) -> torch.Tensor:
+    def _alloc(self, rows: int, dim: int) -> Any:
         try:
-            return torch.zeros((max(rows, _MIN_CAPACITY), dim), dtype=self.dtype, device=self.device)
+            return self._ops.zeros(max(rows, _MIN_CAPACITY), dim)
         except (RuntimeError, MemoryError) as exc:  # e.g. CUDA OOM
             raise GalleryError(f"cannot allocate a {rows}x{dim} gallery index on {self.device}: {exc}") from exc
 
-    def _to_device(self, arr: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
+    def _to_device(self, arr: np.ndarray) -> Any:
+        return self._ops.from_numpy(arr)
 
     def _make_entry(self, dim: int, ids: list[str], templates: np.ndarray) -> _Entry:
         if templates.shape != (len(ids), dim):
@@ -208,10 +281,10 @@ class GalleryIndex:
                 entry.ids[i] = moved
                 entry.pos[moved] = i
             entry.ids.pop()
-            entry.mat[last].zero_()
+            entry.mat[last] = 0
             cap = entry.mat.shape[0]
             if cap > _MIN_CAPACITY and entry.n < cap // 4:
-                entry.mat = entry.mat[: max(2 * entry.n, _MIN_CAPACITY)].clone()
+                entry.mat = self._ops.copy(entry.mat[: max(2 * entry.n, _MIN_CAPACITY)])
             return True
 
     # ------------------------------------------------------------------ queries
@@ -230,7 +303,7 @@ class GalleryIndex:
         entry = self._entry(gallery)
         with entry.lock:
             ids = list(entry.ids)
-            mat = entry.mat[: entry.n].to("cpu", torch.float32).numpy().copy()
+            mat = self._ops.to_host(entry.mat[: entry.n])
         order = sorted(range(len(ids)), key=ids.__getitem__)
         return [ids[i] for i in order], mat[order] if ids else mat
 
@@ -261,20 +334,15 @@ class GalleryIndex:
         if not np.isfinite(q).all():
             raise InvalidParameterError("queries contain NaN or inf", detail={"field": "queries"})
         thr = float(threshold)
-        n_q = q.shape[0]
-        with torch.inference_mode():
-            qt = F.normalize(self._to_device(q), dim=1)
-            with entry.lock:
-                n = entry.n
-                if n == 0:
-                    return [[] for _ in range(n_q)]
-                kk = min(int(k), n)
-                scores = qt @ entry.mat[:n].T  # (Q, n)
-                top_v, top_i = torch.topk(scores, kk, dim=1, largest=True, sorted=True)
-                # one device->host copy: float64 holds indices < 2**53 exactly
-                packed = torch.cat((top_v.to(torch.float64), top_i.to(torch.float64)), dim=1).cpu().numpy()
-                ids = [[entry.ids[int(j)] for j in row] for row in packed[:, kk:]]
-        vals = packed[:, :kk]
+        q64 = q.astype(np.float64)
+        qn = (q64 / np.maximum(np.linalg.norm(q64, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+        with entry.lock:
+            n = entry.n
+            if n == 0:
+                return [[] for _ in range(q.shape[0])]
+            kk = min(int(k), n)
+            vals, rows = self._ops.topk(qn, entry.mat[:n], kk)
+            ids = [[entry.ids[int(j)] for j in row] for row in rows]
         return [
             [SearchHit(sid, float(v), bool(v >= thr)) for sid, v in zip(ids_row, v_row, strict=True)]
             for ids_row, v_row in zip(ids, vals, strict=True)

@@ -3,9 +3,10 @@
 Everything here is a pure function of its inputs. Two warping paths produce the same crops:
 
 * **CPU** — :func:`warp_cpu` / :func:`align_cpu` use ``cv2.warpAffine`` (``INTER_LINEAR``).
-* **torch** — :func:`warp_torch` uses ``F.affine_grid`` + ``F.grid_sample`` (bilinear,
+* **torch** — :func:`~facegate.pipeline.align_torch.warp_torch` (its own module, so that the HTTP
+  front-ends, which align on the host, never import torch) uses ``F.affine_grid`` + ``F.grid_sample`` (bilinear,
   ``align_corners=False``) on any device, for whole batches at once: one sampling call for K faces from
-  B images, with no per-face image copy and no host sync (see :func:`_sample_chunk`). It is meant for
+  B images, with no per-face image copy and no host sync (see ``align_torch._sample_chunk``). It is meant for
   accelerators: on the CPU, :func:`align_cpu` was measured ~19× faster (64 faces from four 640×480
   images: 19.5 ms vs 369 ms on a shared 2-core machine).
 
@@ -19,16 +20,17 @@ Conventions shared by both paths:
   ``borderValue=0``, the same as insightface's ``face_align.norm_crop``; ``padding_mode="zeros"`` in
   ``grid_sample``). A crop near an image edge therefore fades to black, never to smeared edge pixels.
   Because the border is zeros, a batch of differently-sized images may be zero-padded at the bottom
-  and right (:func:`pad_images_torch`): the padding is sampled exactly like the zero border, so a padded
-  image warps to the same crop as the unpadded one. Padding with anything but zeros, or padding at the
-  top/left (which would shift pixel coordinates), breaks that equivalence.
+  and right (:func:`~facegate.pipeline.align_torch.pad_images_torch`): the padding is sampled exactly
+  like the zero border, so a padded image warps to the same crop as the unpadded one. Padding with
+  anything but zeros, or padding at the top/left (which would shift pixel coordinates), breaks that
+  equivalence.
 * Landmark order is the YuNet/ArcFace order (see :mod:`facegate.types`): right eye (image left), left
   eye, nose tip, right mouth corner, left mouth corner.
 
 The similarity (rotation + uniform scale + translation, never a reflection) is the least-squares
 solution of Umeyama (1991) with the reflection fix. :func:`umeyama` computes it by SVD of stacked
 2×2 covariances; in 2-D it also has a closed form (:func:`similarity_closed_form`,
-:func:`umeyama_torch`) which the tests check equals the SVD result.
+:func:`~facegate.pipeline.align_torch.umeyama_torch`) which the tests check equals the SVD result.
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ from collections.abc import Sequence
 
 import cv2
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from facegate.errors import InvalidParameterError
 
@@ -60,9 +60,6 @@ ARCFACE_TEMPLATE: np.ndarray = np.array(
     dtype=np.float32,
 )
 ARCFACE_TEMPLATE.setflags(write=False)
-
-#: :func:`warp_torch` converts at most this many bytes of source images to float32 at once.
-DEFAULT_MAX_FLOAT_BYTES = 1024 * 1024 * 1024
 
 _DEGENERATE_VAR = 1e-12
 
@@ -182,7 +179,7 @@ def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndar
         size: crop side; the template is scaled by ``size / 112``.
 
     Returns:
-        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / :func:`warp_torch`.
+        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / ``align_torch.warp_torch``.
     """
     lm = np.asarray(landmarks)
     if lm.ndim != 3 or lm.shape[1:] != (5, 2):
@@ -272,206 +269,3 @@ def is_aligned_crop(image: np.ndarray, size: int = CROP_SIZE) -> bool:
     """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(size, size, 3)``."""
     shape = getattr(image, "shape", None)
     return shape is not None and tuple(shape) == (size, size, 3)
-
-
-# --------------------------------------------------------------------------- torch path
-def _compute_dtype(device: torch.device) -> torch.dtype:
-    """float64 on the CPU (exact enough to compare with NumPy), float32 on accelerators."""
-    return torch.float64 if device.type == "cpu" else torch.float32
-
-
-def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Batched least-squares similarity in torch, by the 2-D closed form (no SVD, no host sync).
-
-    Args:
-        src: ``(K, P, 2)`` source points on any device (``P >= 2``; normally 5 landmarks).
-        dst: ``(P, 2)`` or ``(K, P, 2)`` target points (Tensor or array), e.g. :func:`template`.
-
-    Returns:
-        ``(K, 2, 3) float32`` on ``src.device``; computed in float64 on the CPU and float32 on other
-        devices. Unlike :func:`umeyama` this does not check for degenerate input (that would need a
-        device→host sync): a point set whose points all coincide yields a zero linear part.
-    """
-    if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
-        raise InvalidParameterError(
-            f"src must have shape (K, P>=2, 2), got {tuple(src.shape)}", detail={"shape": list(src.shape)}
-        )
-    dtype = _compute_dtype(src.device)
-    s = src.to(dtype)
-    if isinstance(dst, np.ndarray):  # copy: ARCFACE_TEMPLATE is read-only, torch warns on those
-        dst = torch.from_numpy(np.array(dst, dtype=np.float64))
-    d = torch.as_tensor(dst, dtype=dtype, device=src.device)
-    if tuple(d.shape) not in {tuple(src.shape[1:]), tuple(src.shape)}:
-        raise InvalidParameterError(
-            f"dst must have shape {tuple(src.shape[1:])} or {tuple(src.shape)}, got {tuple(d.shape)}",
-            detail={"shape": list(d.shape)},
-        )
-    d = d.expand_as(s)
-    mu_s = s.mean(dim=1)
-    mu_d = d.mean(dim=1)
-    sc = s - mu_s[:, None, :]
-    dc = d - mu_d[:, None, :]
-    norm = (sc * sc).sum(dim=(1, 2)).clamp_min(torch.finfo(dtype).tiny)
-    a = (sc * dc).sum(dim=(1, 2)) / norm
-    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(dim=1) / norm
-    tx = mu_d[:, 0] - (a * mu_s[:, 0] - b * mu_s[:, 1])
-    ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
-    m = torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1)
-    return m.to(torch.float32)
-
-
-def pad_images_torch(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack ``(3, H_b, W_b)`` images into ``(B, 3, max H, max W)``, zero-padded at bottom/right.
-
-    The padding keeps every image's pixel coordinates (its top-left pixel stays at ``(0, 0)``), and
-    zeros are exactly what :func:`warp_torch` reads outside an image, so crops are unaffected.
-    """
-    if len(images) == 0:
-        raise InvalidParameterError("need at least one image to pad")
-    for im in images:
-        if im.ndim != 3 or im.shape[0] != 3:
-            raise InvalidParameterError(
-                f"each image must be (3, H, W), got {tuple(im.shape)}", detail={"shape": list(im.shape)}
-            )
-    h = max(int(im.shape[1]) for im in images)
-    w = max(int(im.shape[2]) for im in images)
-    out = images[0].new_zeros((len(images), 3, h, w))
-    for i, im in enumerate(images):
-        out[i, :, : im.shape[1], : im.shape[2]] = im
-    return out
-
-
-def _pixel_to_theta(M: torch.Tensor, in_h: int, in_w: int, size: int) -> torch.Tensor:
-    """Turn source→crop pixel matrices into ``affine_grid`` thetas (crop→source, normalised).
-
-    With ``align_corners=False``, normalised ``u ∈ [-1, 1]`` relates to a pixel-centre coordinate
-    ``x`` of an axis of length ``L`` by ``u = (2x + 1) / L - 1``. For crop pixel ``(j, i)`` the source
-    pixel is ``M⁻¹ [j, i, 1]``, so ``θ = N_in · M⁻¹ · N_out⁻¹`` with
-    ``N_out⁻¹: x = (S/2) u + (S-1)/2`` and ``N_in: u = (2/L) x + 1/L - 1``.
-
-    Args:
-        M: ``(K, 2, 3)`` source→crop pixel matrices (float, any device).
-
-    Returns:
-        ``(K, 2, 3) float32`` thetas. A singular ``M`` yields non-finite entries.
-    """
-    dtype = _compute_dtype(M.device)
-    m = M.to(dtype)
-    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
-    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
-    det = a * e - b * d
-    # M⁻¹ = [[e, -b, b f - c e], [-d, a, c d - a f]] / det
-    ia, ib, ic = e / det, -b / det, (b * f - c * e) / det
-    id_, ie, if_ = -d / det, a / det, (c * d - a * f) / det
-    half = size / 2.0
-    off = (size - 1) / 2.0
-    # M⁻¹ · N_out⁻¹: column scale by S/2, translation gains the (S-1)/2 offset on both axes.
-    r0 = torch.stack([ia * half, ib * half, ia * off + ib * off + ic], dim=1)
-    r1 = torch.stack([id_ * half, ie * half, id_ * off + ie * off + if_], dim=1)
-    # N_in · (...): row x by 2/W, row y by 2/H, then add (1/L - 1) to the translation.
-    r0 = r0 * (2.0 / in_w)
-    r1 = r1 * (2.0 / in_h)
-    r0[:, 2] += 1.0 / in_w - 1.0
-    r1[:, 2] += 1.0 / in_h - 1.0
-    return torch.stack([r0, r1], dim=1).to(torch.float32)
-
-
-def _sample_chunk(images_f: torch.Tensor, grid: torch.Tensor, local_idx: torch.Tensor) -> torch.Tensor:
-    """Bilinear-sample K crops from a stack of images in one ``grid_sample`` call, copying no image.
-
-    The image stack becomes the *depth* axis of a 5-D input ``(1, 3, B, H, W)``; each face's 2-D grid
-    gets a third coordinate at the centre of its image's slice (``z = (2b + 1) / B − 1``), where the
-    trilinear weights along depth are 1 for that slice and 0 for its neighbours — so the result is the
-    2-D bilinear sample of image ``b`` (up to float rounding: < 1e-4 grey levels in the tests), out-of-range
-    x/y read zeros exactly as in 2-D, and no per-face copy of a source image is ever made.
-
-    Args:
-        images_f: ``(B, 3, H, W)`` float32. grid: ``(K, S, S, 2)`` normalised x/y.
-        local_idx: ``(K,)`` int64 index into ``images_f``, on its device.
-
-    Returns:
-        ``(K, 3, S, S)`` float32.
-    """
-    n_img = images_f.shape[0]
-    k, s = grid.shape[0], grid.shape[1]
-    z = (2.0 * local_idx.to(grid.dtype) + 1.0) / n_img - 1.0
-    grid3 = torch.cat([grid, z[:, None, None, None].expand(k, s, s, 1)], dim=-1).unsqueeze(0)
-    vol = images_f.transpose(0, 1).unsqueeze(0)  # (1, 3, B, H, W), a view
-    out = F.grid_sample(vol, grid3, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return out[0].transpose(0, 1)  # (K, 3, S, S)
-
-
-def warp_torch(
-    images: torch.Tensor,
-    M: torch.Tensor | np.ndarray,
-    image_index: torch.Tensor | np.ndarray,
-    size: int = CROP_SIZE,
-    *,
-    max_float_bytes: int = DEFAULT_MAX_FLOAT_BYTES,
-) -> torch.Tensor:
-    """Warp K faces out of a batch of images with ``affine_grid`` + ``grid_sample``; matches :func:`warp_cpu`.
-
-    Args:
-        images: ``(B, 3, H, W)`` uint8 or floating, on any device. Differently-sized images must be
-            zero-padded at the bottom/right (:func:`pad_images_torch`); see the module docstring.
-        M: ``(K, 2, 3)`` source→crop pixel matrices (OpenCV convention), moved to ``images.device``.
-        image_index: ``(K,)`` int64, face ``k`` is cut from ``images[image_index[k]]``. Range-checked
-            only when it is on the CPU (a check on the device would sync).
-        size: crop side.
-        max_float_bytes: the batch is converted to float32 (``B · 3 · H · W · 4`` bytes) and sampled in
-            one ``grid_sample`` call, with no host sync, when that fits in this budget; otherwise it is
-            processed in runs of images that fit (at least one image each), which needs ``image_index``
-            on the host (one sync when it lives on the device).
-
-    Returns:
-        ``(K, 3, size, size) float32`` on ``images.device``, same value scale as the input (0–255 for
-        uint8), not rounded. ``torch.round(out).to(torch.uint8)`` compares with :func:`warp_cpu`.
-        A singular ``M`` gives an all-zero crop.
-    """
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise InvalidParameterError(
-            f"images must be (B, 3, H, W), got {tuple(images.shape)}", detail={"shape": list(images.shape)}
-        )
-    size = _check_size(size)
-    device = images.device
-    m = torch.as_tensor(M, device=device)
-    idx = torch.as_tensor(image_index)  # stays where it is (CPU for arrays/lists) until after the checks
-    k = int(m.shape[0]) if m.ndim == 3 else -1
-    if m.ndim != 3 or tuple(m.shape[1:]) != (2, 3):
-        raise InvalidParameterError(f"M must be (K, 2, 3), got {tuple(m.shape)}", detail={"shape": list(m.shape)})
-    if tuple(idx.shape) != (k,) or (k and idx.dtype.is_floating_point):
-        raise InvalidParameterError(
-            f"image_index must be an integer tensor of shape ({k},), got {tuple(idx.shape)} {idx.dtype}",
-            detail={"shape": list(idx.shape)},
-        )
-    b, _, h, w = (int(v) for v in images.shape)
-    if idx.device.type == "cpu" and k and (int(idx.min()) < 0 or int(idx.max()) >= b):
-        raise InvalidParameterError(
-            f"image_index out of range for {b} image(s)",
-            detail={"min": int(idx.min()), "max": int(idx.max()), "n_images": b},
-        )
-    if k == 0:
-        return torch.zeros((0, 3, size, size), dtype=torch.float32, device=device)
-    host_idx = idx.to(torch.int64) if idx.device.type == "cpu" else None
-    idx = idx.to(device=device, dtype=torch.int64, non_blocking=True)
-    theta = _pixel_to_theta(m, h, w, size)
-    grid = F.affine_grid(theta, [k, 3, size, size], align_corners=False)
-    # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
-    grid = torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
-
-    per_image = 3 * h * w * 4
-    if b * per_image <= max_float_bytes:
-        return _sample_chunk(images.to(torch.float32), grid, idx)
-
-    run = max(1, max_float_bytes // per_image)
-    host_idx = idx.cpu() if host_idx is None else host_idx  # one sync when image_index lives on the device
-    out = torch.empty((k, 3, size, size), dtype=torch.float32, device=device)
-    for start in range(0, b, run):
-        sel = torch.nonzero((host_idx >= start) & (host_idx < start + run)).flatten()
-        if len(sel) == 0:
-            continue
-        sel_dev = sel.to(device)
-        chunk = images[start : start + run].to(torch.float32)
-        res = _sample_chunk(chunk, grid.index_select(0, sel_dev), idx.index_select(0, sel_dev) - start)
-        out.index_copy_(0, sel_dev, res)
-    return out

@@ -39,7 +39,8 @@ import torch
 
 from facegate.errors import FacegateError, InvalidParameterError
 from facegate.io.decode import plan_decode, run_decode
-from facegate.pipeline.align import CROP_SIZE, estimate_transforms, warp_torch
+from facegate.pipeline.align import CROP_SIZE, estimate_transforms
+from facegate.pipeline.align_torch import warp_torch
 from facegate.types import Detection, FaceSelect
 
 if TYPE_CHECKING:

@@ -7,28 +7,29 @@ No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, resul
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
-from facegate.io.memcopy import pack_rows
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+log = logging.getLogger(__name__)
 
 
 def select_faces(
@@ -56,18 +57,21 @@ def select_faces(
 
 
 def configure_cpu_threads(threads: int | None, device: str) -> int | None:
-    """Set torch's and OpenCV's intra-op thread counts for this process (see ``Settings.cpu_threads``).
+    """Set OpenCV's and, where torch is loaded, torch's intra-op thread counts (see ``Settings.cpu_threads``).
 
     ``None``: 1 on CUDA, unchanged on the CPU; ``0``: unchanged; ``n``: ``n``. Returns the count set, or
-    ``None`` when the libraries' defaults were left alone.
+    ``None`` when the libraries' defaults were left alone. A process that has not imported torch (an HTTP
+    front-end) does not import it for this.
     """
     n = (1 if device == "cuda" else None) if threads is None else (threads or None)
     if n is not None:
         import cv2
 
-        torch.set_num_threads(n)
         cv2.setNumThreads(n)
-        log.info("intra-op threads of torch and OpenCV: %d", n)
+        torch_mod = sys.modules.get("torch")
+        if torch_mod is not None:
+            torch_mod.set_num_threads(n)
+        log.info("intra-op threads of %s: %d", "torch and OpenCV" if torch_mod is not None else "OpenCV", n)
     return n
 
 
@@ -99,6 +103,19 @@ def photo_stage_enabled(mode: str, device: str) -> bool:
     from facegate.io.decode import gpu_decode_available
 
     return gpu_decode_available()
+
+
+def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.inference_mode()`` as a decorator that imports torch at the first call, not at import time."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def start_photo_check() -> Callable[[], bool]:
@@ -163,7 +180,9 @@ class FacePipeline:
         self.spec = spec
         self.detector = detector
         self.recognizer = recognizer
-        self.device = torch.device(device)
+        #: ``"cpu"`` / ``"cuda"`` as given; :attr:`device` is the torch device (front-ends never need torch)
+        self.device_name = str(device)
+        self._device: torch.device | None = None
         self.operating = operating
         #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
         self.chunk: int | None = None
@@ -178,6 +197,15 @@ class FacePipeline:
         #: pending check that the ``photo`` stage can run (see :func:`start_photo_check`); warmup() joins it
         self._photo_check: Callable[[], bool] | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """The pipeline's torch device (imports torch: the engine side only)."""
+        if self._device is None:
+            import torch
+
+            self._device = torch.device(self.device_name)
+        return self._device
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_settings(cls, settings: Settings, *, tiny: bool = False) -> FacePipeline:
@@ -186,12 +214,14 @@ class FacePipeline:
         ``tiny`` keeps the real (53 k-parameter) YuNet detector but swaps the recognizer for a
         random-weight tiny model: for fast tests of serving mechanics only; its embeddings mean nothing.
         """
+        import torch
+
         from facegate.models.detector import FaceDetector
         from facegate.models.recognizer import build_recognizer
         from facegate.models.yunet import load_yunet
 
         device = settings.resolved_device()
-        dtype = DTYPES[settings.precision]
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.precision]
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
@@ -324,7 +354,7 @@ class FacePipeline:
                 out[i] = dets
         return out
 
-    @torch.inference_mode()
+    @inference_mode
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
@@ -339,7 +369,7 @@ class FacePipeline:
         lms = np.stack([d.landmarks for d in detections]).astype(np.float32)
         return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
 
-    @torch.inference_mode()
+    @inference_mode
     def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
         if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
@@ -347,6 +377,8 @@ class FacePipeline:
         if len(crops) == 0:
             d = self.spec.embedding_dim
             return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
+        import torch
+
         x = torch.from_numpy(np.ascontiguousarray(crops))
         if self.device.type == "cuda":
             x = x.pin_memory().to(self.device, non_blocking=True)
@@ -359,6 +391,8 @@ class FacePipeline:
 
         On the CPU the batch runs in sub-batches of :attr:`chunk` (cache-friendly); on CUDA in one call.
         """
+        import torch
+
         parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
         outs = []
         for part in parts:
@@ -444,6 +478,8 @@ class FacePipeline:
     def stages(self) -> list[Any]:
         """The engine stages: ``detect`` (image → detections), ``embed`` (crops → outputs) and, when
         :attr:`photo_limits` is set, ``photo`` (encoded photo → faces, :mod:`facegate.pipeline.photo`)."""
+        from facegate.pipeline.stages import DetectStage, EmbedStage
+
         stages: list[Any] = [DetectStage(self), EmbedStage(self)]
         if self.photo_limits is not None:
             from facegate.pipeline.photo import PhotoStage
@@ -457,6 +493,8 @@ class FacePipeline:
         Returns (and keeps in :attr:`warmup_report`) per step the seconds it took and, on CUDA, torch's
         allocated and reserved MiB after it: where cold start and resident memory go.
         """
+        import torch
+
         report: dict[str, dict[str, float]] = {}
         cuda = self.device.type == "cuda"
 
@@ -546,27 +584,6 @@ class FacePipeline:
             stage.execute(stage.prepare([payload] * n))
 
 
-class DetectStage:
-    """Engine stage: payload ``(H,W,3) uint8`` RGB image → ``list[Detection]``."""
-
-    name = "detect"
-
-    def __init__(self, pipeline: FacePipeline) -> None:
-        self.p = pipeline
-
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
-        return self.p.detect_groups(payloads), len(payloads)
-
-    @torch.inference_mode()
-    def execute(self, prepared: tuple[list[tuple[list[int], Any]], int]) -> list[list[Detection]]:
-        # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
-        groups, n = prepared
-        return self.p.run_detect_groups(groups, n)
-
-    def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
-        return result
-
-
 class EmbedOut(tuple):  # type: ignore[type-arg]
     """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
 
@@ -586,80 +603,3 @@ class EmbedOut(tuple):  # type: ignore[type-arg]
 
     def __reduce__(self) -> tuple[type[EmbedOut], tuple[np.ndarray]]:
         return EmbedOut, (np.ascontiguousarray(self.block),)
-
-
-class EmbedStage:
-    """Engine stage: payload ``(k,112,112,3) uint8`` crops of one request → ``(emb, quality, raw)`` arrays
-    (an :class:`EmbedOut`)."""
-
-    name = "embed"
-    #: Pinned staging buffers on CUDA, used in turn. The engine keeps at most ``pipeline_depth + 1`` prepared
-    #: batches alive (the :class:`~facegate.engine.engine.Stage` contract; depth is 1), so 3 are never reused
-    #: while their batch's host→device copy may still read them.
-    STAGING_BUFFERS = 3
-    #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
-    STAGING_ROWS = 64
-
-    def __init__(self, pipeline: FacePipeline) -> None:
-        self.p = pipeline
-        self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
-        self._turn = 0
-
-    @staticmethod
-    def item_cost(payload: np.ndarray) -> int:
-        """Batches are capped in crops, not requests."""
-        return max(1, len(payload))
-
-    def _staging_rows(self, rows: int, item_shape: tuple[int, ...]) -> torch.Tensor:
-        """The next pinned ``(>= rows, *item_shape) uint8`` buffer of the ring (made or grown as needed)."""
-        i = self._turn
-        self._turn = (i + 1) % self.STAGING_BUFFERS
-        buf = self._staging[i]
-        if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != item_shape:
-            buf = torch.empty((max(rows, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
-            self._staging[i] = buf
-        return buf
-
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
-        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
-
-        On CUDA the crops are copied once, straight into a pinned staging buffer (run 13 concatenated, then
-        pinned a fresh block: 7.1–7.4 ms per batch of 64 crops; with the ring 6.3–6.8 ms, run 15). Each
-        request's crops are one ``memcpy`` with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
-        ``np.concatenate`` gave the GIL away once per request and had to win it back from the engine's other
-        threads each time. That change is measured on the CPU only (``benchmarks/gil_copy.py``).
-        """
-        sizes = [len(c) for c in payloads]
-        n = sum(sizes)
-        cuda = self.p.device.type == "cuda"
-        n_pad = n
-        buckets = self.p.detector.batch_buckets
-        if cuda and buckets and not hasattr(self.p.recognizer, "capture"):
-            # eager CUDA: pad to a bucket so cuDNN only meets batch shapes it planned at warm-up
-            n_pad = next((b for b in buckets if b >= n), n)
-        item_shape = tuple(payloads[0].shape[1:])
-        if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
-            raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
-        if not cuda:
-            out = np.empty((n, *item_shape), np.uint8)
-            pack_rows(out, payloads)
-            return torch.from_numpy(out), sizes
-        buf = self._staging_rows(n_pad, item_shape)
-        pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
-        if n_pad > n:
-            buf[n:n_pad].zero_()
-        return buf[:n_pad], sizes
-
-    @torch.inference_mode()
-    def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
-        x, sizes = prepared
-        out = self.p.recognize(x.to(self.p.device, non_blocking=True))
-        return out.cpu().numpy(), sizes  # the one device→host copy for the whole batch
-
-    def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[EmbedOut]:
-        out, sizes = result
-        res, start = [], 0
-        for s in sizes:
-            res.append(EmbedOut(out[start : start + s]))
-            start += s
-        return res

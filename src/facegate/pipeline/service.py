@@ -56,7 +56,7 @@ class FaceService:
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
-        if pipeline.device.type == "cuda":
+        if pipeline.device_name.startswith("cuda"):
             from facegate.metrics.stats import torch_cuda_memory_fn
 
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))

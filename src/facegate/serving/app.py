@@ -153,7 +153,7 @@ def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) 
 
     store = SQLiteGalleryStore(gallery_path(settings))
     try:
-        index = GalleryIndex(device=str(service.pipeline.device))  # a front-end's light pipeline: the CPU
+        index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
         return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
     except BaseException:
         store.close()

@@ -251,3 +251,41 @@ def test_cuda_search_matches_cpu() -> None:
     half.load_gallery("g", 512, ids, T)
     top1 = [r[0].subject_id for r in half.search("g", T[:64], 1, 0.3)]
     assert top1 == ids[:64]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", torch.float32])
+def test_cpu_full_precision_index_is_numpy(dtype: object) -> None:
+    """On the CPU in float32/float64 the index keeps NumPy arrays (front-ends search without torch)."""
+    idx = GalleryIndex("cpu", dtype)
+    idx.ensure_gallery("g", 8)
+    assert isinstance(idx._entry("g").mat, np.ndarray) and idx.device == "cpu"
+    assert idx.dtype == str(dtype).removeprefix("torch.")
+    half = GalleryIndex("cpu", "bfloat16")
+    half.ensure_gallery("g", 8)
+    assert isinstance(half._entry("g").mat, torch.Tensor)
+    with pytest.raises(InvalidParameterError):
+        GalleryIndex("gpu")  # not a device torch knows
+
+
+@pytest.mark.parametrize("k", [1, 7, 400])
+def test_numpy_and_torch_backends_agree(k: int) -> None:
+    """The same upserts, removes and searches through both backends (torch forced on the CPU)."""
+    from facegate.gallery.index import _TorchOps
+
+    rng = np.random.default_rng(9)
+    T = unit(rng, 300, 32)
+    ids = [f"s{i}" for i in range(300)]
+    a, b = GalleryIndex("cpu"), GalleryIndex("cpu")
+    b._ops = _TorchOps("cpu", "float32")
+    for idx in (a, b):
+        idx.load_gallery("g", 32, ids, T)
+        for i in range(0, 300, 7):
+            assert idx.remove("g", f"s{i}")
+        idx.upsert("g", "new", T[0])
+    Q = unit(rng, 5, 32) * 3.0  # any non-zero scale
+    ha, hb = a.search("g", Q, k, 0.1), b.search("g", Q, k, 0.1)
+    assert [[h.subject_id for h in r] for r in ha] == [[h.subject_id for h in r] for r in hb]
+    np.testing.assert_allclose([[h.score for h in r] for r in ha], [[h.score for h in r] for r in hb], atol=1e-6)
+    assert a.snapshot("g")[0] == b.snapshot("g")[0]
+    np.testing.assert_array_equal(a.snapshot("g")[1], b.snapshot("g")[1])
+    assert len(ha[0]) == min(k, 300 - 43 + 1)

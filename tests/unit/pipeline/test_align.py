@@ -16,14 +16,12 @@ from facegate.pipeline.align import (
     align_cpu,
     estimate_transforms,
     is_aligned_crop,
-    pad_images_torch,
     similarity_closed_form,
     template,
     umeyama,
-    umeyama_torch,
     warp_cpu,
-    warp_torch,
 )
+from facegate.pipeline.align_torch import pad_images_torch, umeyama_torch, warp_torch
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,119 @@
+"""The engine stages of a :class:`~facegate.pipeline.pipeline.FacePipeline`: ``detect`` and ``embed``.
+
+Engine-side only (they import torch); the ``photo`` stage is :mod:`facegate.pipeline.photo`. What the
+``embed`` stage delivers, :class:`~facegate.pipeline.pipeline.EmbedOut`, lives with the pipeline, so the
+front-ends that unpickle it never import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from facegate.errors import InvalidParameterError
+from facegate.io.memcopy import pack_rows
+from facegate.pipeline.pipeline import EmbedOut
+from facegate.types import Detection
+
+if TYPE_CHECKING:
+    from facegate.pipeline.pipeline import FacePipeline
+
+
+class DetectStage:
+    """Engine stage: payload ``(H,W,3) uint8`` RGB image → ``list[Detection]``."""
+
+    name = "detect"
+
+    def __init__(self, pipeline: FacePipeline) -> None:
+        self.p = pipeline
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
+        return self.p.detect_groups(payloads), len(payloads)
+
+    @torch.inference_mode()
+    def execute(self, prepared: tuple[list[tuple[list[int], Any]], int]) -> list[list[Detection]]:
+        # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
+        groups, n = prepared
+        return self.p.run_detect_groups(groups, n)
+
+    def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
+        return result
+
+
+class EmbedStage:
+    """Engine stage: payload ``(k,112,112,3) uint8`` crops of one request → ``(emb, quality, raw)`` arrays
+    (an :class:`EmbedOut`)."""
+
+    name = "embed"
+    #: Pinned staging buffers on CUDA, used in turn. The engine keeps at most ``pipeline_depth + 1`` prepared
+    #: batches alive (the :class:`~facegate.engine.engine.Stage` contract; depth is 1), so 3 are never reused
+    #: while their batch's host→device copy may still read them.
+    STAGING_BUFFERS = 3
+    #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
+    STAGING_ROWS = 64
+
+    def __init__(self, pipeline: FacePipeline) -> None:
+        self.p = pipeline
+        self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
+        self._turn = 0
+
+    @staticmethod
+    def item_cost(payload: np.ndarray) -> int:
+        """Batches are capped in crops, not requests."""
+        return max(1, len(payload))
+
+    def _staging_rows(self, rows: int, item_shape: tuple[int, ...]) -> torch.Tensor:
+        """The next pinned ``(>= rows, *item_shape) uint8`` buffer of the ring (made or grown as needed)."""
+        i = self._turn
+        self._turn = (i + 1) % self.STAGING_BUFFERS
+        buf = self._staging[i]
+        if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != item_shape:
+            buf = torch.empty((max(rows, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
+            self._staging[i] = buf
+        return buf
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
+
+        On CUDA the crops are copied once, straight into a pinned staging buffer (run 13 concatenated, then
+        pinned a fresh block: 7.1–7.4 ms per batch of 64 crops; with the ring 6.3–6.8 ms, run 15). Each
+        request's crops are one ``memcpy`` with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
+        ``np.concatenate`` gave the GIL away once per request and had to win it back from the engine's other
+        threads each time. That change is measured on the CPU only (``benchmarks/gil_copy.py``).
+        """
+        sizes = [len(c) for c in payloads]
+        n = sum(sizes)
+        cuda = self.p.device.type == "cuda"
+        n_pad = n
+        buckets = self.p.detector.batch_buckets
+        if cuda and buckets and not hasattr(self.p.recognizer, "capture"):
+            # eager CUDA: pad to a bucket so cuDNN only meets batch shapes it planned at warm-up
+            n_pad = next((b for b in buckets if b >= n), n)
+        item_shape = tuple(payloads[0].shape[1:])
+        if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
+            raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
+        if not cuda:
+            out = np.empty((n, *item_shape), np.uint8)
+            pack_rows(out, payloads)
+            return torch.from_numpy(out), sizes
+        buf = self._staging_rows(n_pad, item_shape)
+        pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
+        if n_pad > n:
+            buf[n:n_pad].zero_()
+        return buf[:n_pad], sizes
+
+    @torch.inference_mode()
+    def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
+        x, sizes = prepared
+        out = self.p.recognize(x.to(self.p.device, non_blocking=True))
+        return out.cpu().numpy(), sizes  # the one device→host copy for the whole batch
+
+    def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[EmbedOut]:
+        out, sizes = result
+        res, start = [], 0
+        for s in sizes:
+            res.append(EmbedOut(out[start : start + s]))
+            start += s
+        return res
