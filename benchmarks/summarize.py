@@ -558,6 +558,25 @@ def warmup_shapes(name: str) -> str:
     return "\n".join(out)
 
 
+def frontend_footprint() -> str:
+    """``frontend_footprint.py``: import seconds, peak and resident memory of a front-end, head vs baseline."""
+    d = load("frontend_footprint_cpu.json")
+    out = [
+        "| tree | import + index s (median, range) | peak MiB (import probe) | front-end RSS MiB (serving) | "
+        "front-ends mapping libtorch | server ready s (one start) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, sm in d["summary"].items():
+        lo, hi = sm["probe_seconds_range"]
+        rss = " / ".join(f"{x:.0f}" for x in sm["front_end_rss_mib"])
+        mapping = f"{sm['front_ends_mapping_libtorch']} of {len(sm['front_end_rss_mib'])}"
+        out.append(
+            f"| {name} | {sm['probe_seconds_median']:.2f} ({lo:.2f}–{hi:.2f}) | {sm['probe_max_rss_mib']:.0f} | "
+            f"{rss} | {mapping} | {d['serve'][name]['ready_s']:.1f} |"
+        )
+    return "\n".join(out)
+
+
 def gil_copy() -> str:
     """``gil_copy.py``: each case idle and with busy threads, numpy's copy against memcopy's."""
     d = load("gil_copy_cpu.json")
@@ -627,6 +646,8 @@ def main() -> None:
             soak7_cmd=load("soak_cpu_mp_session7.json")["command"],
             soak7_commit=load("soak_cpu_mp_session7.json")["env"]["code_commit"][:7],
             soak7=soak("soak_cpu_mp_session7.json"),
+            frontend_footprint_cmd=load("frontend_footprint_cpu.json")["command"],
+            frontend_footprint=frontend_footprint(),
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),
