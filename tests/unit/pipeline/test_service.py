@@ -83,3 +83,25 @@ def test_start_freezes_the_start_up_objects_out_of_the_collector(freeze: bool) -
         asyncio.run(main())
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual
+
+
+def test_the_front_end_side_never_imports_torch() -> None:
+    """What an HTTP front-end imports and builds (service, pipeline, CPU gallery index) leaves torch unloaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import facegate.serving.app, facegate.pipeline.service\n"
+        "from facegate.gallery.index import GalleryIndex\n"
+        "from facegate.models.registry import get_spec\n"
+        "from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads\n"
+        "configure_cpu_threads(None, 'cuda')\n"
+        "p = FacePipeline(get_spec('sface'), None, None, device='cpu', operating=Operating(0.3, 1e-3, 0.5))\n"
+        "GalleryIndex(p.device_name).load_gallery('g', 2, ['a'], [[1.0, 0.0]])\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+        "p.device  # the engine side's torch device: imports torch now\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
