@@ -5,7 +5,7 @@
   over ``--vectors`` random unit embeddings.
 * ``embed_result_pickle``: a batch answer of 64 embed results as the engine's sender pickles it
   (``ForkingPickler.dumps`` of ``("batch", [("ok", rid, result), ...])``), each result three strided views
-  against one :class:`~facegate.pipeline.pipeline.EmbedOut` block; and unpickling.
+  against one :class:`~facegate.pipeline.results.EmbedOut` block; and unpickling.
 
 python benchmarks/micro_serialise.py --out benchmarks/results/micro_serialise_cpu.json
 """
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.pipeline.pipeline import EmbedOut
+from facegate.pipeline.results import EmbedOut
 
 
 def per_call_us(fn: object, number: int) -> float:

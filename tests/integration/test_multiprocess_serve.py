@@ -79,6 +79,9 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
             assert (n_detect >= 11) if preprocess == "off" else (n_detect == 0), detect  # photos skip "detect"
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
         assert len(_children(proc.pid)) >= 4  # 2 engines + 2 front-ends (+ the resource tracker)
+        # after compares, an enrolment and searches, still only the 2 engines have torch loaded
+        spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(spawned) == 4 and sum(_loads_torch(c) for c in spawned) == 2, spawned
     finally:
         proc.send_signal(signal.SIGINT)
         try:

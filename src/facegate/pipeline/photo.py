@@ -41,64 +41,13 @@ from facegate.errors import FacegateError, InvalidParameterError
 from facegate.io.decode import plan_decode, run_decode
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms
 from facegate.pipeline.align_torch import warp_torch
+from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.pipeline.pipeline import FacePipeline
 
 __all__ = ["PhotoFaces", "PhotoStage", "PreparedPhotos", "faces_on_device", "prepare_photos", "unpack_photo_faces"]
-
-
-@dataclass(frozen=True, slots=True)
-class PhotoFaces:
-    """The selected faces of one photo, as the photo stage returns them (picklable: crosses processes).
-
-    Attributes:
-        detections: per face its :class:`Detection`, or ``None`` for a pre-aligned 112×112 input.
-        embedding: ``(k, D) float32`` L2-normalised embeddings.
-        quality: ``(k,) float32`` quality scores in [0, 1].
-        raw: ``(k,) float32`` raw quality scores.
-    """
-
-    detections: list[Detection | None]
-    embedding: np.ndarray
-    quality: np.ndarray
-    raw: np.ndarray
-
-    def pack(self) -> np.ndarray:
-        """``(k, D + 18) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score.
-
-        Every field is float32 already (a detection's score is a float32 value), so :func:`unpack_photo_faces`
-        rebuilds an equal object.
-        """
-        k, d = self.embedding.shape
-        out = np.zeros((k, d + 18), np.float32)
-        out[:, :d] = self.embedding
-        out[:, d], out[:, d + 1] = self.quality, self.raw
-        for r, det in enumerate(self.detections):
-            if det is not None:
-                out[r, d + 2] = 1.0
-                out[r, d + 3 : d + 7] = det.box
-                out[r, d + 7 : d + 17] = det.landmarks.reshape(10)
-                out[r, d + 17] = det.score
-        return out
-
-    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
-        """Pickled as one array, not a tree of objects: pickling held 11 % of the engine process's GIL under
-        load before, 5 % after (py-spy, ``benchmarks/results/pyspy_run9/10_facegate_mp.json``)."""
-        return unpack_photo_faces, (self.pack(),)
-
-
-def unpack_photo_faces(packed: np.ndarray) -> PhotoFaces:
-    """The inverse of :meth:`PhotoFaces.pack`."""
-    d = packed.shape[1] - 18
-    dets: list[Detection | None] = [
-        Detection(box=r[d + 3 : d + 7].copy(), landmarks=r[d + 7 : d + 17].reshape(5, 2).copy(), score=float(r[d + 17]))
-        if r[d + 2]
-        else None
-        for r in packed
-    ]
-    return PhotoFaces(dets, packed[:, :d].copy(), packed[:, d].copy(), packed[:, d + 1].copy())
 
 
 @dataclass(slots=True)

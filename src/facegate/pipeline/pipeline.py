@@ -582,24 +582,3 @@ class FacePipeline:
         payload = np.asarray(buf, np.uint8).reshape(-1)
         for n in sorted({1, max(self.detector.batch_buckets or (1,))}):
             stage.execute(stage.prepare([payload] * n))
-
-
-class EmbedOut(tuple):  # type: ignore[type-arg]
-    """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
-
-    A plain tuple to its users; pickled (engine process → front-end) as the one contiguous block instead
-    of three strided arrays: 2.5 instead of 5.1 µs per item on the dev CPU (``benchmarks/micro_serialise.py``).
-    Pickling results was most of the engine's sender thread in run 13's py-spy profile (13 % of the process's
-    GIL samples, photo and embed results together).
-    """
-
-    block: np.ndarray
-
-    def __new__(cls, block: np.ndarray) -> EmbedOut:
-        d = block.shape[1] - 2
-        out = super().__new__(cls, (block[:, :d], block[:, d], block[:, d + 1]))
-        out.block = block
-        return out
-
-    def __reduce__(self) -> tuple[type[EmbedOut], tuple[np.ndarray]]:
-        return EmbedOut, (np.ascontiguousarray(self.block),)

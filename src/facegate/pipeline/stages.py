@@ -1,7 +1,7 @@
 """The engine stages of a :class:`~facegate.pipeline.pipeline.FacePipeline`: ``detect`` and ``embed``.
 
 Engine-side only (they import torch); the ``photo`` stage is :mod:`facegate.pipeline.photo`. What the
-``embed`` stage delivers, :class:`~facegate.pipeline.pipeline.EmbedOut`, lives with the pipeline, so the
+``embed`` stage delivers, :class:`~facegate.pipeline.results.EmbedOut`, lives in a torch-free module, so the
 front-ends that unpickle it never import torch.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
-from facegate.pipeline.pipeline import EmbedOut
+from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
 
 if TYPE_CHECKING:

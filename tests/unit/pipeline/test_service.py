@@ -86,12 +86,22 @@ def test_start_freezes_the_start_up_objects_out_of_the_collector(freeze: bool) -
 
 
 def test_the_front_end_side_never_imports_torch() -> None:
-    """What an HTTP front-end imports and builds (service, pipeline, CPU gallery index) leaves torch unloaded."""
+    """What an HTTP front-end imports, builds (service, pipeline, CPU gallery index) and unpickles (the engine's
+    embed and photo results) leaves torch unloaded."""
+    import pickle
     import subprocess
     import sys
 
+    from facegate.pipeline.results import EmbedOut, PhotoFaces
+    from facegate.types import Detection
+
+    det = Detection(box=np.arange(4, dtype=np.float32), landmarks=np.ones((5, 2), np.float32), score=0.9)
+    emb = np.ones((1, 4), np.float32)
+    results = pickle.dumps([EmbedOut(np.ones((2, 6), np.float32)), PhotoFaces([det], emb, emb[:, 0], emb[:, 1])])
     code = (
-        "import sys\n"
+        "import pickle, sys\n"
+        "got = pickle.loads(sys.stdin.buffer.read())\n"
+        "assert got[1].detections[0].score > 0.89 and len(got[0]) == 3, got\n"
         "import facegate.serving.app, facegate.pipeline.service\n"
         "from facegate.gallery.index import GalleryIndex\n"
         "from facegate.models.registry import get_spec\n"
@@ -103,5 +113,5 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "p.device  # the engine side's torch device: imports torch now\n"
         "assert 'torch' in sys.modules\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-c", code], input=results, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()

@@ -1,0 +1,89 @@
+"""What the engine stages return across processes: :class:`EmbedOut` and :class:`PhotoFaces`.
+
+Both pickle as one contiguous float32 block, and this module imports no torch, so the HTTP front-ends that
+unpickle them never load it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from facegate.types import Detection
+
+__all__ = ["EmbedOut", "PhotoFaces", "unpack_photo_faces"]
+
+
+class EmbedOut(tuple):  # type: ignore[type-arg]
+    """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
+
+    A plain tuple to its users; pickled (engine process → front-end) as the one contiguous block instead
+    of three strided arrays: 2.5 instead of 5.1 µs per item on the dev CPU (``benchmarks/micro_serialise.py``).
+    Pickling results was most of the engine's sender thread in run 13's py-spy profile (13 % of the process's
+    GIL samples, photo and embed results together).
+    """
+
+    block: np.ndarray
+
+    def __new__(cls, block: np.ndarray) -> EmbedOut:
+        d = block.shape[1] - 2
+        out = super().__new__(cls, (block[:, :d], block[:, d], block[:, d + 1]))
+        out.block = block
+        return out
+
+    def __reduce__(self) -> tuple[type[EmbedOut], tuple[np.ndarray]]:
+        return EmbedOut, (np.ascontiguousarray(self.block),)
+
+
+@dataclass(frozen=True, slots=True)
+class PhotoFaces:
+    """The selected faces of one photo, as the photo stage returns them (picklable: crosses processes).
+
+    Attributes:
+        detections: per face its :class:`Detection`, or ``None`` for a pre-aligned 112×112 input.
+        embedding: ``(k, D) float32`` L2-normalised embeddings.
+        quality: ``(k,) float32`` quality scores in [0, 1].
+        raw: ``(k,) float32`` raw quality scores.
+    """
+
+    detections: list[Detection | None]
+    embedding: np.ndarray
+    quality: np.ndarray
+    raw: np.ndarray
+
+    def pack(self) -> np.ndarray:
+        """``(k, D + 18) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score.
+
+        Every field is float32 already (a detection's score is a float32 value), so :func:`unpack_photo_faces`
+        rebuilds an equal object.
+        """
+        k, d = self.embedding.shape
+        out = np.zeros((k, d + 18), np.float32)
+        out[:, :d] = self.embedding
+        out[:, d], out[:, d + 1] = self.quality, self.raw
+        for r, det in enumerate(self.detections):
+            if det is not None:
+                out[r, d + 2] = 1.0
+                out[r, d + 3 : d + 7] = det.box
+                out[r, d + 7 : d + 17] = det.landmarks.reshape(10)
+                out[r, d + 17] = det.score
+        return out
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
+        """Pickled as one array, not a tree of objects: pickling held 11 % of the engine process's GIL under
+        load before, 5 % after (py-spy, ``benchmarks/results/pyspy_run9/10_facegate_mp.json``)."""
+        return unpack_photo_faces, (self.pack(),)
+
+
+def unpack_photo_faces(packed: np.ndarray) -> PhotoFaces:
+    """The inverse of :meth:`PhotoFaces.pack`."""
+    d = packed.shape[1] - 18
+    dets: list[Detection | None] = [
+        Detection(box=r[d + 3 : d + 7].copy(), landmarks=r[d + 7 : d + 17].reshape(5, 2).copy(), score=float(r[d + 17]))
+        if r[d + 2]
+        else None
+        for r in packed
+    ]
+    return PhotoFaces(dets, packed[:, :d].copy(), packed[:, d].copy(), packed[:, d + 1].copy())
