@@ -217,11 +217,11 @@ class FacePipeline:
         import torch
 
         from facegate.models.detector import FaceDetector
-        from facegate.models.recognizer import build_recognizer
+        from facegate.models.recognizer import build_recognizer, resolve_dtype
         from facegate.models.yunet import load_yunet
 
         device = settings.resolved_device()
-        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.precision]
+        dtype = resolve_dtype(settings.precision)
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
