@@ -50,6 +50,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -100,7 +101,7 @@ PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
     "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
-    "naive", "litserve",
+    "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
 DEFAULT_KINDS = "compare,embed_aligned"
@@ -159,7 +160,8 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
 
 def engines_of(name: str) -> int:
     """Engine processes of a server of SERVER_NAMES (``_eN``: N on the one GPU)."""
-    return int(name.rsplit("_e", 1)[1]) if name.startswith("facegate_mp_w8_e") else 1
+    m = re.search(r"_e(\d+)", name)
+    return int(m.group(1)) if m and name.startswith("facegate_mp") else 1
 
 
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
@@ -173,8 +175,8 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
             argv += ["--workers", str(8 if name.startswith("facegate_mp_w8") else o.mp_workers)]
-        if name in ("facegate_mp_w8_e2", "facegate_mp_w8_e3"):  # two or three engine processes on the one GPU
-            n = name[-1]
+        if engines_of(name) > 1:  # several engine processes on the one GPU
+            n = str(engines_of(name))
             argv += ["--engines", n, "--engines-per-gpu", n]
         return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
     if name == "naive":
@@ -492,6 +494,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_GPU_PREPROCESS"] = "off"
     if name == "facegate_mp_gc":  # A/B of Settings.gc_freeze: Python's default collector
         env["FACEGATE_GC_FREEZE"] = "false"
+    if name.endswith("_det64"):  # A/B of Settings.det_max_batch_pixels: 64 LFW photos per detector forward
+        env["FACEGATE_DET_MAX_BATCH_PIXELS"] = str(64 * 256 * 256)
     if name == "facegate_mp_h11":  # A/B of Settings.http_parser and event_loop: uvicorn's pure-Python fallbacks
         env.update(FACEGATE_HTTP_PARSER="h11", FACEGATE_EVENT_LOOP="asyncio")
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
