@@ -380,6 +380,15 @@ def soak(name: str = "soak_cpu_mp.json") -> str:
     )
 
 
+def soak_front_ends(name: str) -> str:
+    """Resident memory of each server process at a soak's first and last window (the smallest-RSS ones are the
+    front-ends of a process-model server; the supervisor and resource tracker are smaller still)."""
+    sm = load(name)["samples"]
+    first, last = sm[0]["rss_by_pid"], sm[-1]["rss_by_pid"]
+    rows = ", ".join(f"{first[p]:.0f} → {last[p]:.0f}" for p in sorted(first, key=first.get) if p in last)
+    return f"Resident MiB per server process, first → last window: {rows}."
+
+
 def photo_profile() -> str:
     """The photo stage alone (benchmarks/photo_profile.py): runs 1-3, and run 2's A/B of two commits."""
     runs = (
@@ -646,6 +655,13 @@ def main() -> None:
             soak7_cmd=load("soak_cpu_mp_session7.json")["command"],
             soak7_commit=load("soak_cpu_mp_session7.json")["env"]["code_commit"][:7],
             soak7=soak("soak_cpu_mp_session7.json"),
+            soak8_cmd=load("soak_cpu_mp_session8.json")["command"],
+            soak8_commit=load("soak_cpu_mp_session8.json")["env"]["code_commit"][:7],
+            soak8=soak("soak_cpu_mp_session8.json"),
+            soak8_fronts=soak_front_ends("soak_cpu_mp_session8.json"),
+            soak7_end=", ".join(
+                f"{v:.0f}" for v in sorted(load("soak_cpu_mp_session7.json")["samples"][-1]["rss_by_pid"].values())
+            ),
             frontend_footprint_cmd=load("frontend_footprint_cpu.json")["command"],
             frontend_footprint=frontend_footprint(),
             models_gpu=models_gpu(),
