@@ -507,7 +507,7 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "~1.48 M requests): 0 failed requests; engine GPU memory 1,376 MiB, +2 MiB once at 5.3 min (torch reserved "
         "662 → 664), then flat: **+0.0 MiB over the second half**; host RSS of the 7 server processes +0.9 MiB over "
         "the second half (+0.17 MiB/min). Earlier: photo-stage soak at 6da6043, +2 MiB; CPU soak at e40f741, RSS "
-        "+5.1 MiB",
+        "+5.1 MiB. CPU soak at 158d4c6 (front-ends without torch, not yet on the GPU): 0 failed, RSS +2.1 MiB",
         "met",
     ),
     (
