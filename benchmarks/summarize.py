@@ -586,6 +586,18 @@ def frontend_footprint() -> str:
     return "\n".join(out)
 
 
+def gallery_search() -> str:
+    """``gallery_search.py``: the CPU index's search, NumPy backend against torch, per gallery size and queries."""
+    d = load("gallery_search_cpu.json")
+    out = ["| gallery | queries | NumPy ms | torch ms | NumPy / torch | same hits |", "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(
+            f"| {r['gallery']:,} | {r['queries']} | {r['numpy_ms']:.2f} | {r['torch_ms']:.2f} | "
+            f"{r['numpy_over_torch']:.2f}× | {'yes' if r['same_hits'] else 'no'} |"
+        )
+    return "\n".join(out)
+
+
 def gil_copy() -> str:
     """``gil_copy.py``: each case idle and with busy threads, numpy's copy against memcopy's."""
     d = load("gil_copy_cpu.json")
@@ -664,6 +676,8 @@ def main() -> None:
             ),
             frontend_footprint_cmd=load("frontend_footprint_cpu.json")["command"],
             frontend_footprint=frontend_footprint(),
+            gallery_search_cmd=load("gallery_search_cpu.json")["command"],
+            gallery_search=gallery_search(),
             models_gpu=models_gpu(),
             sface_variants=sface_variants(),
             parity=parity(),

@@ -6,9 +6,13 @@ plus the list of subject ids in row order and an ``id -> row`` dict. A search is
 is the cosine similarity.
 
 On the CPU in float32/float64 the matrices are NumPy arrays (a BLAS matmul, ``argpartition``), so the
-HTTP front-ends, which search on the CPU, never import torch (−0.5 GB of host memory each with the CUDA
-build). Otherwise (a CUDA device, or half precision) they are torch tensors, imported on first use, and
-a search ends with one device→host copy of the packed ``(scores, indices)``.
+HTTP front-ends, which search on the CPU, never import torch (they held 549 MiB each with the CUDA build in
+the GPU soak, 266 MiB against 86 MiB on the CPU build: ``benchmarks/results/frontend_footprint_cpu.json``).
+A one-query search (what the HTTP route sends) was as fast as torch's at 10k templates, 2.1× faster at 200k;
+16 queries at once were 2.1–2.3× slower (``argpartition`` against ``torch.topk``;
+``benchmarks/results/gallery_search_cpu.json``). Otherwise (a CUDA device, or half precision) they are torch
+tensors, imported on first use, and a search ends with one device→host copy of the packed
+``(scores, indices)``.
 
 Updates are in place:
 
@@ -67,7 +71,8 @@ class _NumpyOps:
     def topk(self, q: np.ndarray, mat: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(Q, k) float64`` scores, descending, and ``(Q, k) int64`` rows of ``mat``."""
         scores = self.from_numpy(q) @ mat.T
-        idx = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else np.argsort(-scores, axis=1)
+        n = scores.shape[1]
+        idx = np.argpartition(scores, n - k, axis=1)[:, n - k :] if k < n else np.argsort(-scores, axis=1)
         vals = np.take_along_axis(scores, idx, axis=1)
         order = np.argsort(-vals, axis=1, kind="stable")
         return np.take_along_axis(vals, order, axis=1).astype(np.float64), np.take_along_axis(idx, order, axis=1)
