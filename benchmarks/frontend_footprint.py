@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": env_record(rounds=o.rounds, baseline_src=str(o.baseline_src)),
     }
     write_json(o.out, payload)
-    print(json.dumps(summary, indent=1))
+    log.info("summary: %s", json.dumps(summary))
     return 0
 
 
