@@ -8,7 +8,9 @@ serving process's GIL switch interval), on real JPEG bytes (LFW), for a few batc
   engine's front and back threads do: photos/s, the stage's ceiling in the serving process;
 * ``breakdown``: the same sequential loop with timing wrappers around the stage's steps (decode planning,
   nvJPEG, canvases, detector, face selection, warp, recognizer): wall ms per batch of each step;
-* ``cprofile``: the top functions by own time over the sequential loop.
+* ``cprofile``: the top functions by own time over the sequential loop;
+* ``gpu_kernels`` (``--gpu-kernels``): the device's kernel and copy time per batch over the sequential loop
+  (``torch.profiler``), in total and for the top kernels: how much of ``execute`` the GPU itself needs.
 
 Run it twice with different ``PYTHONPATH`` in one device call to A/B two versions of the code::
 
@@ -175,6 +177,35 @@ def profile(stage: Any, batches: list[list[np.ndarray]], top: int) -> list[dict[
     return rows[:top]
 
 
+def gpu_kernels(stage: Any, batches: list[list[np.ndarray]], top: int) -> dict[str, Any]:
+    """Device time per batch (kernels, memcpy, memset) over ``prepare`` + ``execute`` of ``batches``.
+
+    ``device_ms_per_batch`` sums every device activity's duration (overlapping streams count twice), next to
+    the loop's wall time: their ratio bounds how busy the device was.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for pl in batches:
+            stage.execute(stage.prepare(pl))
+        wall = time.perf_counter() - t0
+    by_name: dict[str, float] = {}
+    for ev in prof.events():
+        kind = str(getattr(ev, "device_type", "")).rsplit(".", 1)[-1]
+        if kind == "CUDA" and ev.device_time_total > 0 and not ev.cpu_children:
+            by_name[ev.name] = by_name.get(ev.name, 0.0) + ev.device_time_total / 1e3
+    k = len(batches)
+    total = sum(by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "wall_ms_per_batch": round(1e3 * wall / k, 3),
+        "device_ms_per_batch": round(total / k, 3),
+        "top": [{"name": n[:120], "ms_per_batch": round(t / k, 4)} for n, t in rows],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=Path, required=True, help="folder with JPEGs (LFW layout)")
@@ -186,6 +217,7 @@ def main() -> None:
     ap.add_argument("--compile", default="graphs")
     ap.add_argument("--label", default="", help="stored with the result (e.g. the code version)")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--gpu-kernels", action="store_true", help="also measure device time per batch (torch.profiler)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -202,6 +234,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "env": env_record(**vars(args) | {"images": str(args.images), "out": str(args.out)}),
         "label": args.label,
+        "det_max_batch_pixels": pipe.det_max_batch_pixels,
         "startup_s": round(startup, 2),
         "warmup": pipe.warmup_report,
         "points": [],
@@ -214,6 +247,8 @@ def main() -> None:
         point["pipelined"] = pipelined(stage, batches, args.pipelined_s)
         point["breakdown"] = breakdown(pipe, stage, batches)
         point["cprofile_top"] = profile(stage, batches[: max(5, args.iters // 3)], args.top)
+        if args.gpu_kernels and args.device == "cuda":
+            point["gpu_kernels"] = gpu_kernels(stage, batches[: max(5, args.iters // 3)], args.top)
         result["points"].append(point)
         log.info(
             "batch %d: prepare %.2f ms, execute %.2f ms; pipelined %.0f photos/s",
