@@ -109,6 +109,14 @@ class Settings(BaseSettings):
             "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory_gpu.json)."
         ),
     )
+    photo_detect_in_prepare: bool = Field(
+        True,
+        description=(
+            "CUDA photo stage: enqueue each batch's detector forwards at the end of its prepare step (engine front "
+            "thread), so the device detects batch k+1 while the back thread runs NMS, alignment and the "
+            "recognizer of batch k; off: detect inside execute, as before (benchmarks/photo_profile.py A/B)."
+        ),
+    )
     det_warm_sizes: list[tuple[int, int]] = Field(
         default_factory=lambda: [(250, 250)],
         min_length=1,

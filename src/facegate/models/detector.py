@@ -31,7 +31,7 @@ from facegate.types import Detection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DetBatch", "FaceDetector", "same_device"]
+__all__ = ["DetBatch", "DetPending", "FaceDetector", "same_device"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,24 @@ class DetBatch:
     def input_hw(self) -> tuple[int, int]:
         """The padded network input size ``(Hp, Wp)``."""
         return int(self.images.shape[1]), int(self.images.shape[2])
+
+
+@dataclass(slots=True)
+class DetPending:
+    """Detector batches enqueued on the device by :meth:`FaceDetector.enqueue_many`, not yet finished.
+
+    Attributes:
+        batches: the batches, in order.
+        copies: per batch (CUDA) its pinned host buffer ``(n, p·15 + 1)`` that the candidates are being copied
+            into, and its decoded ``(boxes, landmarks, scores)`` when it ran eagerly (``None`` after a replay).
+        event: recorded after the last copy (CUDA), ``None`` otherwise.
+        done: the detections when they were computed at once (off CUDA), else ``None``.
+    """
+
+    batches: list[DetBatch]
+    copies: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]]
+    event: Any
+    done: list[list[list[Detection]]] | None
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -355,18 +373,27 @@ class FaceDetector:
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
         """:meth:`run` for several batches, with one wait for the device instead of one per batch.
 
-        Every batch's forward (a graph replay when captured) and the device→host copy of its candidates are
-        enqueued first, into pinned host buffers; the host then waits once and finishes all batches. The
-        shared graph pool's :func:`~facegate.engine.graphs.replay_lock` covers only the enqueueing: the
-        copies run on the one default stream right behind their replays, before anything enqueued later.
-        On the H200 the photo stage's 54-photo batches (four detector batches at the default
-        ``det_max_batch_pixels``) used to wait four times, idling the device during host NMS.
+        ``finish_many(enqueue_many(batches))``. On the H200 the photo stage's 54-photo batches (four detector
+        batches at the default ``det_max_batch_pixels``) used to wait four times, idling the device during
+        host NMS.
         """
-        if not batches:
-            return []
-        if self.device.type != "cuda":
-            return [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
-        pending: list[tuple[DetBatch, Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
+        return self.finish_many(self.enqueue_many(batches))
+
+    @torch.inference_mode()
+    def enqueue_many(self, batches: Sequence[DetBatch]) -> DetPending:
+        """Enqueue every batch's forward and the device→host copy of its candidates; do not wait.
+
+        Each forward is a graph replay when captured (else eager), and its candidates are copied into pinned
+        host buffers behind it on the one default stream. The shared graph pool's
+        :func:`~facegate.engine.graphs.replay_lock` covers only the enqueueing: the copies run right behind
+        their replays, before anything enqueued later. :meth:`finish_many` waits and finishes on the host, on
+        any thread: the photo stage enqueues on the engine's front thread and finishes on its back thread, so
+        the device detects while the back thread finishes the previous batch. Off CUDA this runs everything.
+        """
+        if not batches or self.device.type != "cuda":
+            done = [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
+            return DetPending(list(batches), [], None, done)
+        pending: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         with replay_lock(self.device):
             for b in batches:
                 n = len(b.scales)
@@ -382,11 +409,22 @@ class FaceDetector:
                     packed, full = outs[0], None  # the next replay overwrites the graph's outputs
                 host = torch.empty((n, packed.shape[1]), dtype=packed.dtype, pin_memory=True)
                 host.copy_(packed[:n], non_blocking=True)
-                pending.append((b, host, full))
-            done = torch.cuda.Event()
-            done.record()
-        done.synchronize()
-        return [self._finish_host(host.numpy(), b, full) for b, host, full in pending]
+                pending.append((host, full))
+            done_event = torch.cuda.Event()
+            done_event.record()
+        return DetPending(list(batches), pending, done_event, None)
+
+    @torch.inference_mode()
+    def finish_many(self, pending: DetPending) -> list[list[list[Detection]]]:
+        """Wait for :meth:`enqueue_many`'s copies, then NMS and rescale on the host: detections per batch."""
+        if pending.done is not None:
+            return pending.done
+        if pending.event is not None:
+            pending.event.synchronize()
+        return [
+            self._finish_host(host.numpy(), b, full)
+            for b, (host, full) in zip(pending.batches, pending.copies, strict=True)
+        ]
 
     def _rare_candidates(
         self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None

@@ -9,11 +9,13 @@ sends the upload's bytes once, and the engine process
 1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`);
 2. decodes the batch's JPEGs with one nvJPEG call (:func:`run_decode`);
 3. letterboxes each photo onto a device canvas (:func:`prepare_photos`,
-   :meth:`FaceDetector.preprocess_tensors`) — steps 1–3 are the stage's ``prepare``, on the engine's front
-   thread, overlapping the previous batch's ``execute``;
-4. detects (the detector's CUDA graphs when enabled, :meth:`FaceDetector.run_many`): every detector
-   batch and its candidates' device→host copy are enqueued before one wait, then NMS of all photos at
-   once on the host;
+   :meth:`FaceDetector.preprocess_tensors`);
+4. enqueues the detector (its CUDA graphs when enabled, :meth:`FaceDetector.enqueue_many`): every detector
+   batch and its candidates' device→host copy, with no wait — steps 1–4 are the stage's ``prepare``, on
+   the engine's front thread, overlapping the previous batch's ``execute``, so the device detects while
+   the back thread finishes the previous batch (``Settings.photo_detect_in_prepare``; off, step 4 runs
+   at the start of ``execute``). Then one wait for the candidates, and NMS of all photos at once on the
+   host (:meth:`FaceDetector.finish_many`);
 5. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
    to the host once (:func:`faces_on_device`, the stage's ``execute``).
 
@@ -39,6 +41,7 @@ import torch
 
 from facegate.errors import FacegateError, InvalidParameterError
 from facegate.io.decode import plan_decode, run_decode
+from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms
 from facegate.pipeline.align_torch import warp_torch
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
@@ -60,12 +63,15 @@ class PreparedPhotos:
         aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
         det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
             ``det_max_batch_pixels`` per forward (as :meth:`FacePipeline.detect_groups`).
+        det_pending: the detector forwards already enqueued on the device (:meth:`FaceDetector.enqueue_many`,
+            ``Settings.photo_detect_in_prepare``), or ``None``: ``execute`` runs them.
     """
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
     aligned: list[int]
     det_batches: list[tuple[list[int], Any]]
+    det_pending: DetPending | None = None
 
 
 @torch.inference_mode()
@@ -131,7 +137,9 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
     decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     chosen: dict[int, list[Detection]] = {}
-    found = pipe.detector.run_many([batch for _, batch in prepared.det_batches])
+    det = pipe.detector
+    pending = prepared.det_pending
+    found = det.finish_many(pending) if pending else det.run_many([batch for _, batch in prepared.det_batches])
     for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
         for i, dets in zip(idx, per_batch, strict=True):
             try:
@@ -158,8 +166,9 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
 class PhotoStage:
     """Engine stage ``photo``: payload the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`.
 
-    ``prepare`` (engine front thread) decodes (host checks, then nvJPEG) and builds the detector canvases
-    on the device, so it overlaps the previous batch's ``execute`` (back thread: detection, warp, embedding);
+    ``prepare`` (engine front thread) decodes (host checks, then nvJPEG), builds the detector canvases on the
+    device and enqueues the detector, so it overlaps the previous batch's ``execute`` (back thread: NMS,
+    warp, embedding);
     see the module docstring. Each item that fails (bad image, no face) fails alone.
     """
 
@@ -175,7 +184,10 @@ class PhotoStage:
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
         plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
-        return prepare_photos(self.p, run_decode(plan))
+        prepared = prepare_photos(self.p, run_decode(plan))
+        if self.p.photo_detect_in_prepare and prepared.det_batches and self.p.device.type == "cuda":
+            prepared.det_pending = self.p.detector.enqueue_many([b for _, b in prepared.det_batches])
+        return prepared
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
         return faces_on_device(self.p, prepared)

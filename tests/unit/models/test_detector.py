@@ -108,6 +108,21 @@ def test_batch_equals_single(helpers: SimpleNamespace, detector: FaceDetector, l
 
 
 @pytest.mark.lfw
+def test_enqueue_then_finish_equals_run_many(helpers: SimpleNamespace, detector: FaceDetector, lfw_root: Path) -> None:
+    """Off CUDA, enqueue_many computes at once and finish_many hands the same detections back."""
+    images = [helpers.read_rgb(lfw_root, n) for n in helpers.FACES] + [helpers.two_faces(lfw_root)]
+    batches = [detector.preprocess(images[:2]), detector.preprocess(images[2:])]
+    pending = detector.enqueue_many(batches)
+    assert pending.event is None and pending.done is not None
+    got, want = detector.finish_many(pending), detector.run_many(batches)
+    assert [len(d) for b in got for d in b] == [len(d) for b in want for d in b] and sum(map(len, got[1])) >= 2
+    for gb, wb in zip(got, want, strict=True):
+        for g, w in zip(gb, wb, strict=True):
+            helpers.assert_same_dets(g, w, box_px=0, lm_px=0, score=0)
+    assert detector.finish_many(detector.enqueue_many([])) == []
+
+
+@pytest.mark.lfw
 def test_bf16_on_cpu_agrees_with_fp32(helpers: SimpleNamespace, detector: FaceDetector, lfw_root: Path) -> None:
     try:
         low = FaceDetector(load_yunet(), dtype=torch.bfloat16)
@@ -189,3 +204,30 @@ def test_cuda_run_many_equals_run(helpers: SimpleNamespace, lfw_root: Path) -> N
     for gb, wb in zip(small.run_many(batches), want, strict=True):
         for g, w in zip(gb, wb, strict=True):
             helpers.assert_same_dets(g, w, box_px=1e-3, lm_px=1e-3, score=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.lfw
+def test_cuda_enqueue_on_one_thread_finish_on_another(helpers: SimpleNamespace, lfw_root: Path) -> None:
+    """The photo stage's split: batches enqueued on one thread, then more enqueued (overwriting the graph's
+    outputs) before the first are finished on another thread; each batch keeps its own results, also the rows
+    that overflow the prefetch (their graph replays again at finish)."""
+    import threading
+
+    images = [helpers.read_rgb(lfw_root, n) for n in helpers.FACES] + [helpers.two_faces(lfw_root)[:250, :250]]
+    det = FaceDetector(load_yunet(), device="cuda", dtype=torch.float16)
+    det.enable_graphs()
+    det.batch_buckets, det.prefetch = (4,), 2
+    first = [det.preprocess(images[k : k + 3]) for k in range(0, len(images), 3)]
+    second = list(reversed(first))
+    want_first, want_second = [det.run(b) for b in first], [det.run(b) for b in second]
+    pending = [det.enqueue_many(first), det.enqueue_many(second)]
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.extend(det.finish_many(p) for p in pending))
+    worker.start()
+    worker.join(timeout=60)
+    assert len(got) == 2
+    for got_b, want_b in zip(got, (want_first, want_second), strict=True):
+        for gb, wb in zip(got_b, want_b, strict=True):  # type: ignore[call-overload]
+            for g, w in zip(gb, wb, strict=True):
+                helpers.assert_same_dets(g, w, box_px=1e-3, lm_px=1e-3, score=1e-5)

@@ -216,6 +216,19 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
     again = _run(stage, datas[:5])  # the same batch shape again: graphs replayed, same answers
     for a, b in zip(again, got[:5], strict=True):
         assert _cos(a.embedding[0], b.embedding[0]) > 0.9999  # type: ignore[union-attr]
+    # detection enqueued in prepare (default), with the next batch prepared before this one executes, as the
+    # engine's front thread runs ahead; and detection inside execute: the same answers
+    assert gpu.photo_detect_in_prepare
+    half = [np.frombuffer(d, np.uint8) for d in datas[:20]], [np.frombuffer(d, np.uint8) for d in datas[20:]]
+    p1 = stage.prepare(half[0])
+    p2 = stage.prepare(half[1])
+    assert p1.det_pending is not None and p2.det_pending is not None
+    ahead = stage.execute(p1) + stage.execute(p2)
+    gpu.photo_detect_in_prepare = False
+    inline = _run(stage, datas)
+    gpu.photo_detect_in_prepare = True
+    for a, b, c in zip(ahead, inline, got, strict=True):
+        assert _cos(a.embedding[0], c.embedding[0]) > 0.9999 and _cos(b.embedding[0], c.embedding[0]) > 0.9999  # type: ignore[union-attr]
     print(
         f"photo stage vs host path, {len(datas)} LFW photos: cosine mean {np.mean(cosines):.5f} min "
         f"{min(cosines):.5f}; box max {max(box_px):.2f} px; quality |diff| mean {np.mean(dq):.4f} max {max(dq):.4f}"
