@@ -11,7 +11,8 @@
 # the CUDA-graph code run first ($OUT/gpu_tests_http.txt), and a failure stops the call before the servers.
 # (the device's copy of .git is the session's first commit, so the hash must be spelled out)
 #
-# Environment: BUDGET_S (default 420) bounds the benchmark; SERVERS, CONCURRENCY and MP_WORKERS override the
+# Environment: BUDGET_S (default 420) bounds the benchmark; DURATION_S (default 4) is each point's measured time;
+# KEEP_LOGS=1 brings the servers' logs back; SERVERS, CONCURRENCY and MP_WORKERS override the
 # defaults below. Lessons of the last runs: each server takes ~30 s to get ready on a cold machine, so four
 # servers leave ~5 minutes for points; the important concurrencies go first.
 set -uo pipefail
@@ -35,5 +36,10 @@ fi
 timeout $(( ${BUDGET_S:-420} + 60 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --peer-compile graphs --naive-serialize --mp-workers "${MP_WORKERS:-4}" \
   --servers "${SERVERS:-facegate_mp,facegate,litserve,naive}" --images .lfwB/lfw-deepfunneled \
-  --concurrency "${CONCURRENCY:-100,256,16,1}" --duration 4 --budget-s "${BUDGET_S:-420}" ${EXTRA_ARGS:-} \
+  --concurrency "${CONCURRENCY:-100,256,16,1}" --duration "${DURATION_S:-4}" --budget-s "${BUDGET_S:-420}" \
+  $( [ "${KEEP_LOGS:-0}" = 1 ] && echo --keep-logs /tmp/server_logs ) ${EXTRA_ARGS:-} \
   --out "$OUT/http_gpu.json" 2>&1 | grep -v '^\s*$' | tee "$OUT/http_gpu.log" | grep 'ready\|req/s\|bare\|Error'
+# KEEP_LOGS=1: every server's log, in one archive ($OUT takes at most 8 files): $OUT/server_logs.tar.gz
+if [ "${KEEP_LOGS:-0}" = 1 ] && [ -d /tmp/server_logs ]; then
+  tar czf "$OUT/server_logs.tar.gz" -C /tmp server_logs
+fi

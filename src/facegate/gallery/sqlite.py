@@ -131,21 +131,47 @@ class SQLiteGalleryStore:
     Args:
         path: database file (created, with mode 0600, if absent; parent folders too), or ``":memory:"``.
         busy_timeout_s: how long a write waits for another *process* holding the write lock.
+        open_retry_s: how long opening retries (with backoff) while SQLite reports the file busy.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, open_retry_s: float = 60.0
+    ) -> None:
         self._path = str(path)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         memory = self._path == ":memory:"
-        try:
-            if not memory:
+        if not memory:
+            try:
                 p = Path(self._path)
                 p.parent.mkdir(parents=True, exist_ok=True)
                 # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode.
                 os.close(os.open(p, os.O_CREAT | os.O_RDWR, 0o600))
+            except OSError as exc:
+                raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
+        deadline = time.monotonic() + open_retry_s
+        delay = 0.05
+        while True:
+            try:
+                self._conn, mode = self._open(busy_timeout_s, memory)
+                break
+            except GalleryError as exc:
+                # SQLITE_BUSY while opening: another process holds a lock SQLite would not wait for (the busy
+                # handler is skipped where waiting could deadlock), e.g. while a front-end restarts under load
+                busy = exc.detail.get("sqlite_errorname") in ("SQLITE_BUSY", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED")
+                if not busy or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("gallery %s is busy while opening; retrying in %.2f s", self._path, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+        self.journal_mode = mode
+        log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
+
+    def _open(self, busy_timeout_s: float, memory: bool) -> tuple[sqlite3.Connection, str]:
+        """One attempt: connect, set the pragmas, migrate. Returns the connection and the journal mode."""
+        try:
             conn = sqlite3.connect(self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as exc:
+        except sqlite3.Error as exc:
             raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         try:
             mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
@@ -154,18 +180,14 @@ class SQLiteGalleryStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA secure_delete=ON")
-            self._conn = conn
             self._migrate(conn)
         except sqlite3.Error as exc:
             conn.close()
-            self._conn = None
             raise _convert(exc, f"opening {self._path!r}") from exc
         except BaseException:
             conn.close()
-            self._conn = None
             raise
-        self.journal_mode = mode
-        log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
+        return conn, mode
 
     # ------------------------------------------------------------------ plumbing
     @property

@@ -79,6 +79,26 @@ def test_reopen_does_not_remigrate(db: Path) -> None:
         assert [g.name for g in s.list_galleries()] == ["a"]
 
 
+def test_opening_waits_out_a_busy_file(db: Path) -> None:
+    """Another process's write lock held past the busy timeout: opening retries until it is released, and
+    gives up with a GalleryError naming SQLITE_BUSY after ``open_retry_s``."""
+    SQLiteGalleryStore(db).close()
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(GalleryError) as err:
+        SQLiteGalleryStore(db, busy_timeout_s=0.05, open_retry_s=0.3)
+    assert err.value.detail["sqlite_errorname"] == "SQLITE_BUSY"
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        store = SQLiteGalleryStore(db, busy_timeout_s=0.05, open_retry_s=10.0)
+    finally:
+        release.join()
+        holder.close()
+    assert store.journal_mode == "wal"
+    store.close()
+
+
 def test_refuses_foreign_and_newer_files(tmp_path: Path) -> None:
     junk = tmp_path / "junk.sqlite3"
     junk.write_bytes(b"this is not a database" * 100)
