@@ -101,7 +101,8 @@ PEERS = Path(__file__).resolve().parent / "peers"
 SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
     "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
-    "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "facegate_mp_w8_detexec", "facegate_mp_w8_e2_detexec",
+    "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "facegate_mp_w8_e3_det64", "facegate_mp_w8_detexec",
+    "facegate_mp_w8_e2_detexec",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
