@@ -191,6 +191,16 @@ class Settings(BaseSettings):
             "GPU doubles that at the cost of a second copy of the models, graphs and CUDA context in GPU memory."
         ),
     )
+    engine_drain_s: float = Field(
+        15.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "Process model: an engine process that gets SIGTERM/SIGINT while front-ends are still connected (a "
+            "signal to the whole process group, e.g. Ctrl-C) keeps serving until they have gone, for at most this "
+            "long, so their in-flight requests finish; a second signal stops it at once."
+        ),
+    )
     workers: int = Field(
         1,
         ge=1,

@@ -32,15 +32,18 @@ import asyncio
 import bisect
 import concurrent.futures
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
 import queue
 import signal
+import socket
 import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.reduction import ForkingPickler
@@ -238,6 +241,18 @@ class EngineHost:
     def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
         self.info = info
+        self._conn_lock = threading.Lock()
+        self._connections = 0
+
+    @property
+    def connections(self) -> int:
+        """Front-ends connected now."""
+        with self._conn_lock:
+            return self._connections
+
+    def _count(self, delta: int) -> None:
+        with self._conn_lock:
+            self._connections += delta
 
     def serve(self, listener: Listener) -> None:
         """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
@@ -276,6 +291,7 @@ class EngineHost:
         )
         sender.start()
         frames = FrameReader(conn)
+        self._count(1)
         try:
             while True:
                 msgs = frames.recv_many(1024)
@@ -313,6 +329,7 @@ class EngineHost:
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
+            self._count(-1)
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
@@ -400,8 +417,32 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     }  # fmt: skip
     host = EngineHost(service, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
+    first_signal: list[float] = []
+
+    def on_signal() -> None:
+        # A signal to the whole process group (Ctrl-C, a container runtime) reaches the front-ends too; they finish
+        # their requests (uvicorn's graceful shutdown), so the engine serves until they have gone, for at most
+        # engine_drain_s. A later signal (a second Ctrl-C, or the supervisor's once its front-ends are gone) stops
+        # it at once; one within 0.5 s is the same signal arriving twice (process group and parent).
+        now = loop.time()
+        if first_signal:
+            if now - first_signal[0] > 0.5:
+                loop.stop()
+            return
+        first_signal.append(now)
+        if host.connections:
+            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections,
+                     settings.engine_drain_s)  # fmt: skip
+        poll(now + settings.engine_drain_s)
+
+    def poll(deadline: float) -> None:
+        if host.connections == 0 or loop.time() >= deadline:
+            loop.stop()
+        else:
+            loop.call_later(0.05, poll, deadline)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, loop.stop)
+        loop.add_signal_handler(sig, on_signal)
     log.info("engine ready in %.1f s on %s (%s)", info["startup_s"], address, info["device"])
     log.info("engine start-up: build %.1f s, warm-up %s", build_s, {k: v["seconds"] for k, v in info["warmup"].items()})
     ready.send(("ready", info))
@@ -582,6 +623,10 @@ class RemoteEngine:
         """Close the connection and the arena (in-flight requests fail with EngineClosedError)."""
         self._alive = False
         if self._conn is not None:
+            # shut the socket down first: close() alone neither wakes the reader thread blocked in read() nor,
+            # while that read holds the socket, tells the engine this front-end has gone
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 self._conn.close()
         if self._reader is not None:  # a daemon: a recv that close() does not wake is left behind
@@ -589,6 +634,25 @@ class RemoteEngine:
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+
+
+#: The engine a request's items go to, inside :func:`same_engine` (a list shared by the request's tasks).
+_affinity: contextvars.ContextVar[list[RemoteEngine] | None] = contextvars.ContextVar("facegate_engine", default=None)
+
+
+@contextlib.contextmanager
+def same_engine() -> Iterator[None]:
+    """Send every item the current request submits to one engine process (:class:`RemotePool`).
+
+    For requests whose answer needs all their items, e.g. compare's two photos: the least-busy choice per
+    item sends them to two engines, and the answer then waits for the slower of the two. Tasks started
+    inside the block (``asyncio.gather``) share the choice: they copy the context, and with it the one list.
+    """
+    token = _affinity.set([])
+    try:
+        yield
+    finally:
+        _affinity.reset(token)
 
 
 class RemotePool:
@@ -619,10 +683,18 @@ class RemotePool:
         return all(e.ready for e in self.engines)
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
+        """Submit to the engine with the fewest items in flight, or, inside :func:`same_engine`, to the engine
+        the request's first item went to (while it is connected)."""
+        group = _affinity.get()
+        if group and group[0].ready:
+            return await group[0].submit(stage, payload)
         live = [e for e in self.engines if e.ready]
         if not live:
             raise EngineClosedError("no engine process is connected")
-        return await min(live, key=lambda e: len(e._pending)).submit(stage, payload)
+        engine = min(live, key=lambda e: len(e._pending))
+        if group is not None:
+            group[:] = [engine]
+        return await engine.submit(stage, payload)
 
     async def engine_samples(self) -> dict[str, list[Any]]:
         """The engines' metric samples, summed (see ``ServiceStats.merge_samples``)."""

@@ -25,6 +25,7 @@ from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, Upload
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from facegate.engine.remote import same_engine
 from facegate.errors import (
     EmptyInputError,
     FacegateError,
@@ -280,7 +281,8 @@ async def compare(
     async def one(file: UploadFile, i: int) -> Face:
         return (await faces_of_upload(state, service, file, index=i, keep_crops=crops))[0]
 
-    results = await gather_all([one(img1, 0), one(img2, 1)])
+    with same_engine():  # both photos to one engine process: the answer needs both
+        results = await gather_all([one(img1, 0), one(img2, 1)])
     first_error(results)
     a, b = results  # type: ignore[misc]
     res = service.compare(a, b)  # type: ignore[arg-type]

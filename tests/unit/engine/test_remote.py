@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +12,16 @@ import numpy as np
 import pytest
 
 from facegate.config import Settings
-from facegate.engine.remote import Arena, FrameReader, RemoteEngine, RemotePool, error_from_wire, error_to_wire
+from facegate.engine.remote import (
+    Arena,
+    FrameReader,
+    RemoteEngine,
+    RemotePool,
+    _affinity,
+    error_from_wire,
+    error_to_wire,
+    same_engine,
+)
 from facegate.errors import (
     CheckpointError,
     EngineClosedError,
@@ -161,6 +172,33 @@ def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
         proc.stop()
 
 
+def test_a_signalled_engine_serves_until_its_front_ends_have_gone(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group (Ctrl-C) reaches the engine with its front-ends: it keeps answering
+    until they disconnect, then exits at once (well before engine_drain_s)."""
+    import signal
+
+    proc = EngineProcess(Settings(device="cpu", data_dir=tmp_path, engine_drain_s=60.0), tiny=True)
+    proc.start(timeout_s=120)
+
+    async def go() -> None:
+        remote = RemoteEngine(proc.address, proc.authkey)
+        remote.start()
+        os.kill(proc._proc.pid, signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert proc.alive
+        emb, _, _ = await remote.submit("embed", _crops(2))  # still served while this front-end is connected
+        assert emb.shape == (2, 128)
+        t0 = time.monotonic()
+        remote.stop()
+        proc._proc.join(20)
+        assert not proc.alive and proc.exitcode == 0 and time.monotonic() - t0 < 10
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.stop()
+
+
 def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
     """A client that goes away before its batch forms costs the engine nothing (like in one process)."""
     slow = Settings(device="cpu", data_dir=tmp_path, max_wait_ms=400.0, max_batch_size=64)
@@ -216,6 +254,21 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         assert sum(done) == 40 and min(done) > 0, done  # both engines computed some
         merged = dict((await pool.engine_samples())["facegate_items_total"])
         assert merged[("embed",)] == sum(after)
+
+        # same_engine(): each request's items (submitted concurrently, as compare's two photos) go to one engine
+        async def request(i: int) -> list[int]:
+            with same_engine():
+                await asyncio.gather(*[svc._embed(_crops(1, seed=i + k)) for k in range(2)])
+                group = _affinity.get()
+                assert group is not None and len(group) == 1
+                return [pool.engines.index(group[0])]
+
+        chosen = [c[0] for c in await asyncio.gather(*[request(i) for i in range(20)])]
+        final = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        per_engine = [f - a for f, a in zip(final, after, strict=True)]
+        assert per_engine == [2 * chosen.count(k) for k in range(2)], (per_engine, chosen)
+        assert 0 < chosen.count(0) < 20  # the requests themselves still spread over both engines
+        assert _affinity.get() is None
         await svc.stop()
 
     try:
