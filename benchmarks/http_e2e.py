@@ -102,7 +102,7 @@ SERVER_NAMES = (
     "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
     "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
     "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "facegate_mp_w8_e3_det64", "facegate_mp_w8_detexec",
-    "facegate_mp_w8_e2_detexec",
+    "facegate_mp_w8_e2_detexec", "facegate_mp_w8_e3_det64_noaff", "facegate_mp_w8_e2_noaff",
     "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
@@ -496,10 +496,12 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_GPU_PREPROCESS"] = "off"
     if name == "facegate_mp_gc":  # A/B of Settings.gc_freeze: Python's default collector
         env["FACEGATE_GC_FREEZE"] = "false"
-    if name.endswith("_det64"):  # A/B of Settings.det_max_batch_pixels: 64 LFW photos per detector forward
+    if "_det64" in name:  # A/B of Settings.det_max_batch_pixels: 64 LFW photos per detector forward
         env["FACEGATE_DET_MAX_BATCH_PIXELS"] = str(64 * 256 * 256)
     if name.endswith("_detexec"):  # A/B of Settings.photo_detect_in_prepare: detection inside execute
         env["FACEGATE_PHOTO_DETECT_IN_PREPARE"] = "false"
+    if name.endswith("_noaff"):  # A/B of Settings.compare_same_engine: each photo to the least busy engine
+        env["FACEGATE_COMPARE_SAME_ENGINE"] = "false"
     if name == "facegate_mp_h11":  # A/B of Settings.http_parser and event_loop: uvicorn's pure-Python fallbacks
         env.update(FACEGATE_HTTP_PARSER="h11", FACEGATE_EVENT_LOOP="asyncio")
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)

@@ -191,6 +191,14 @@ class Settings(BaseSettings):
             "GPU doubles that at the cost of a second copy of the models, graphs and CUDA context in GPU memory."
         ),
     )
+    compare_same_engine: bool = Field(
+        True,
+        description=(
+            "Process model with several engines: send both photos of a compare to one engine process (the least "
+            "busy when the first is sent). Off: each photo goes to the least busy engine, and the answer waits for "
+            "the slower of the two."
+        ),
+    )
     engine_drain_s: float = Field(
         15.0,
         ge=0.0,

@@ -14,6 +14,7 @@ them, and search refuses a low-quality probe instead of searching with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Sequence
@@ -281,7 +282,8 @@ async def compare(
     async def one(file: UploadFile, i: int) -> Face:
         return (await faces_of_upload(state, service, file, index=i, keep_crops=crops))[0]
 
-    with same_engine():  # both photos to one engine process: the answer needs both
+    # both photos to one engine process (Settings.compare_same_engine): the answer needs both
+    with same_engine() if state.settings.compare_same_engine else contextlib.nullcontext():
         results = await gather_all([one(img1, 0), one(img2, 1)])
     first_error(results)
     a, b = results  # type: ignore[misc]
