@@ -6,7 +6,11 @@ python benchmarks/summarize.py > docs/benchmarks.md
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from acceptance import ACCEPTANCE
 
 R = Path(__file__).resolve().parent / "results"
 
@@ -413,6 +417,42 @@ def photo_profile() -> str:
     return "\n".join(out)
 
 
+def photo_profile_device() -> str:
+    """Run 4 of photo_profile.py (``--gpu-kernels``): 16 against 64 photos per detector forward, in one call."""
+    out = [
+        "| photos per detector forward | photos per batch | prepare ms | execute ms | two threads: photos/s "
+        "| device ms per batch | profiled wall ms per batch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, f in (("16", "photo_profile_run4_det16.json"), ("64", "photo_profile_run4_det64.json")):
+        for pt in load(f)["points"]:
+            sq, g = pt["sequential"], pt["gpu_kernels"]
+            out.append(
+                f"| {label} | {pt['batch']} | {sq['prepare_ms']:.2f} | {sq['execute_ms']:.2f} | "
+                f"{pt['pipelined']['photos_per_s']:,.0f} | {g['device_ms_per_batch']:.2f} | "
+                f"{g['wall_ms_per_batch']:.2f} |"
+            )
+    return "\n".join(out)
+
+
+def photo_top_kernels(name: str, batch: int, n: int = 6) -> str:
+    """The ``n`` device activities with the most time per batch at one batch size of a photo_profile run."""
+    pt = next(p for p in load(name)["points"] if p["batch"] == batch)
+    return "; ".join(f"{_kernel_label(k['name'])} {k['ms_per_batch']:.2f} ms" for k in pt["gpu_kernels"]["top"][:n])
+
+
+def _kernel_label(name: str) -> str:
+    """A CUDA kernel's name shortened to the ATen operation (and dtype) or library kernel it is."""
+    for key in (
+        "prelu_kernel", "CUDAFunctor_add", "conv_depthwise2d_forward_kernel", "launch_clamp_scalar",
+        "max_pool_forward_nchw", "direct_copy_kernel_cuda", "CatArrayBatchedCopy", "implicit_convolve_sgemm",
+    ):  # fmt: skip
+        if key in name:
+            dtype = "fp16" if "Half" in name else "fp32" if "float" in name else ""
+            return f"`{key}` ({dtype})" if dtype else f"`{key}`"
+    return f"`{name.split('(')[0][:48]}`"
+
+
 def pyspy_engine(name: str) -> str:
     """The engine process's GIL samples by thread entry and by function (benchmarks/pyspy_summary.py)."""
     d = load(name)
@@ -439,92 +479,6 @@ def gc_pause() -> str:
         f"{g2b['total_ms']:,.0f} ms, longest {g2b['max_ms']:.0f} ms), {a['wall_s']:.3f} s after `gc.freeze` "
         f"({g2a['collections']} full collections, {g2a['total_ms']:.0f} ms): {d['speedup']:.1f}×."
     )
-
-
-ACCEPTANCE: list[tuple[str, str, str]] = [
-    (
-        "compiled fp16 ≥ 4× eager fp32 at batch 64; ≥ 60k faces/s (SFace)",
-        "`--compile inductor` (max-autotune, freezing, 1×1 convs as matmuls): 61,409 faces/s at batch 64, 4.30× the "
-        "eager fp32 timing taken after it (4.20× on the warm-cache compile); the call's eager fp32 timings were "
-        "3.40–4.48 ms, 3.26× against the fastest. `--compile graphs`: 28,044 faces/s",
-        "60k met; 4× met against the eager fp32 measured at the same point, not against the fastest one",
-    ),
-    (
-        "batch-1 latency ≤ 0.3 ms (SFace) / ≤ 2 ms (IR-SE-64)",
-        "0.29 ms / 1.761 ms (BatchNorm folded, CUDA graphs; 2.137 ms unfolded), 0.964 ms with Inductor",
-        "met",
-    ),
-    (
-        "cold start to `/readyz` ≤ 30 s",
-        "8 front-ends, one engine: **21.6 s** (run 19: torchvision imported beside the warm-up), 24.7 s (run 18: NCHW "
-        "detector, buckets 4/16/64); two engines 21.6 / 28.1 s, three 23.5 s; 4 front-ends 23.5 s (GPU soak). Before "
-        "(detector planned NHWC, 2–4 s per shape): 33.2 s (run 16), 49.2 s (run 15, a slower machine), 31.6–35.7 s "
-        "(runs 12–13). Engine ready in 10.2 s (run 19: build 0.6 s, warm-up 9.4 s, of which SFace's 3 buckets "
-        "8.1 s of cuDNN planning); the front-ends take ~6 s after it. Compile caches play no part with `--compile "
-        "graphs` (nothing is compiled); Inductor: 222 s per shape without cached kernels, 16 s with them (model "
-        "only; serving with it not measured)",
-        "met in runs 18–19 (21.6–28.1 s); earlier machines were up to 1.5× slower, not re-measured",
-    ),
-    (
-        "concurrency 100: ≥ 1.5× LitServe",
-        "run 19: compare 3.87× (one engine), 4.98× (two), 4.90× (three); aligned embed 3.47× / 4.21× / 3.79×. Run 18: "
-        "compare 3.51× / 4.42×, aligned 3.96× / 3.61×. Run 16: 4.04× / 4.59×, 3.48× / 3.83×",
-        "met",
-    ),
-    (
-        "concurrency 100: ≥ 20× naive",
-        "compare: 27.4× / 35.3× / 34.7× (one / two / three engines, run 19), 25.7× / 32.4× (run 18), 45.2× (run 16). "
-        "Aligned embed: 17.8× / **21.7×** / 19.5× (run 19), 19.9× / 18.2× (run 18), 18.3× / **20.1×** (run 16)",
-        "met for compare; aligned embed met with two engines in runs 16 and 19 (20.1×, 21.7×), not in run 18 "
-        "(19.9× with one engine, 18.2× with two)",
-    ),
-    (
-        "concurrency 100: p99 ≤ 50 ms",
-        "aligned embed: 38.0 / 39.9 / 51.9 ms (one / two / three engines, run 19), 30.7 / 43.1 (run 18), 34.5 / 40.4 "
-        "(run 16). Compare: 91.9 / 78.2 / **69.4** ms (run 19), 82.7 / 66.3 (run 18), 71.6 / 61.5 (run 16). "
-        "At c=100 compare is bound by the engine's photo stage, not by the GPU (GPU 31–33 % busy with one engine): "
-        "~56 photos per batch take 12–14 ms to execute and 7–8 ms to prepare",
-        "met for aligned embed with one or two engines; not met for compare (best 61.5 ms)",
-    ),
-    (
-        "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
-        "two engines, 8 crops per request: 11,186 aligned faces/s at c=256 and 13,641 at c=100 (run 18), 13,725 "
-        "(run 16). One crop per request: 6,779 (three engines, run 19), 8,147 (two, run 16). Photos: 6,017 (two "
-        "engines, run 18), 5,966 (three, run 19), 6,117 (run 16); one engine 3,560 (run 18), 3,103 (run 19)",
-        "met with two engines and batch requests of 8 crops; not with one crop per request",
-    ),
-    (
-        "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "engine process at idle, max batch 64: +558 MiB (runs 18–19; +548 in run 16), +704 after HTTP load; "
-        "serve_memory: SFace +548 after warm-up, IR-SE-64 +580 (probe at 4c062fb). By max batch (beside the soak): "
-        "+558 / +364 / +280 MiB at 64 / 32 / 16, the CUDA-graph pool 394 / 206 / 128 MiB (one 64×64×112×112 fp16 "
-        "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces)",
-        "not met (+558 MiB; +280 even at max batch 16)",
-    ),
-    (
-        "no growth over a 10-minute soak",
-        "GPU soak at abef89a (this session's code: photo stage, process model, 4 front-ends, 10.1 min of load, "
-        "~1.48 M requests): 0 failed requests; engine GPU memory 1,376 MiB, +2 MiB once at 5.3 min (torch reserved "
-        "662 → 664), then flat: **+0.0 MiB over the second half**; host RSS of the 7 server processes +0.9 MiB over "
-        "the second half (+0.17 MiB/min). Earlier: photo-stage soak at 6da6043, +2 MiB; CPU soak at e40f741, RSS "
-        "+5.1 MiB. CPU soak at 158d4c6 (front-ends without torch, not yet on the GPU): 0 failed, RSS +2.1 MiB",
-        "met",
-    ),
-    (
-        "fp16 parity (r ≥ 0.999, ≥ 99.9 % verdicts, Δacc ≤ 0.05 %)",
-        "r 0.999997, 100 %, 0.00 %",
-        "met",
-    ),
-    (
-        "GPU preprocessing in serving, agreeing with the CPU path",
-        "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
-        "cosine mean 0.9987, min 0.972, boxes ≤ 1.9 px, quality ≤ 0.021 (runs at 2a726c5 to 6da6043). With two "
-        "engines on one GPU, 1 of 6,911 compare requests found no face in run 17 (suspected: torchvision's CUDA "
-        "decode_jpeg ignoring the caller's stream, pytorch/vision#9606). Since the fix (commit 2ef6462), 0 errors "
-        "in 23,598 two-engine compare requests (run 18) and in 37,724 with two and three engines (run 19)",
-        "done",
-    ),
-]
 
 
 def warmup_probe(name: str) -> str:
@@ -745,6 +699,28 @@ def main() -> None:
                 ("_w8_ratios", "facegate_mp_w8", ("naive", "litserve")),
             ),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
+            photo_profile_device=photo_profile_device(),
+            photo_top_kernels=photo_top_kernels("photo_profile_run4_det16.json", 54),
+            **images_run(
+                "http_gpu20",
+                "http_gpu_run20_detect_in_prepare.json",
+                ("_ratios", "facegate_mp_w8_e2", ("facegate_mp_w8_e2_detexec", "facegate_mp_w8_e2_det64", "naive")),
+                ("_w8_ratios", "facegate_mp_w8", ("facegate_mp_w8_detexec", "naive")),
+            ),
+            **images_run("http_gpu21", "http_gpu_run21_pyspy.json"),
+            pyspy21=pyspy_engine("pyspy_run21_facegate_mp_w8_e2.json"),
+            engine_phases21=engine_phases("http_gpu_run21_pyspy.json", "facegate_mp_w8_e3_det64"),
+            **images_run(
+                "http_gpu22",
+                "http_gpu_run22_affinity.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("naive", "litserve", "facegate_mp_w8_e3_det64_noaff")),
+                ("_e2_ratios", "facegate_mp_w8_e2", ("naive", "litserve")),
+            ),
+            **images_run(
+                "http_gpu23",
+                "http_gpu_run23_affinity_rounds.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_noaff",)),
+            ),
             gc_pause=gc_pause(),
             gc_pause_cmd=load("gc_pause_cpu.json")["command"],
             soak_gpu3_cmd=load("soak_gpu_mp_run3_photo_stage.json")["command"],
