@@ -191,6 +191,16 @@ class Settings(BaseSettings):
             "GPU doubles that at the cost of a second copy of the models, graphs and CUDA context in GPU memory."
         ),
     )
+    gallery_open_retry_s: float = Field(
+        60.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "How long opening the SQLite gallery retries while another process keeps the file locked. Past it, a "
+            "serving process answers without the gallery (gallery routes: 503 gallery_unavailable) and keeps "
+            "retrying in the background; any other gallery error at start-up fails the start-up."
+        ),
+    )
     compare_same_engine: bool = Field(
         True,
         description=(

@@ -119,6 +119,12 @@ class GalleryError(FacegateError):
     code = "gallery_error"
 
 
+class GalleryUnavailableError(GalleryError):
+    """The gallery database is busy and could not be opened yet; the process keeps retrying (HTTP 503)."""
+
+    code = "gallery_unavailable"
+
+
 class GalleryNotFoundError(GalleryError):
     """No gallery with that name."""
 

@@ -152,6 +152,44 @@ def test_quality_gate(client: httpx.Client, server_factory, lfw_root: Path, fg: 
         assert r.status_code == 200 and r.json()["accepted"] == 1 and r.json()["refused"] == []
 
 
+def test_a_busy_gallery_file_degrades_then_recovers(
+    server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the gallery's SQLite write lock past gallery_open_retry_s at start-up: the server
+    is ready and compares, gallery routes answer 503 gallery_unavailable, and once the lock is released the
+    background retry opens the gallery."""
+    import sqlite3
+    import time
+
+    from facegate.gallery.sqlite import SQLiteGalleryStore
+    from facegate.serving import app as app_mod
+
+    monkeypatch.setattr(app_mod, "GALLERY_REOPEN_S", 0.2)
+    data = tmp_path / "busy"
+    SQLiteGalleryStore(data / "gallery.sqlite3").close()
+    holder = sqlite3.connect(data / "gallery.sqlite3", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        srv = server_factory(fg.make_settings(data, lfw_root, gallery_open_retry_s=0.2))
+        with srv.client() as c:
+            assert c.get("/readyz").status_code == 200
+            pair = fg.files(
+                img1=fg.lfw_image(lfw_root, "Colin_Powell", 1), img2=fg.lfw_image(lfw_root, "Tony_Blair", 1)
+            )
+            assert c.post("/api/compare", files=pair).status_code == 200
+            err = fg.assert_error(c.get("/api/galleries"), 503, "gallery_unavailable")
+            assert err["detail"]["cause"]["detail"]["sqlite_errorname"] == "SQLITE_BUSY"
+            holder.execute("COMMIT")
+            deadline = time.monotonic() + 30
+            while (r := c.get("/api/galleries")).status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert r.status_code == 200 and r.json()["galleries"] == [], r.text
+            assert c.post("/api/galleries", json={"name": "staff"}).status_code == 201
+            assert srv.state.gallery_error is None
+    finally:
+        holder.close()
+
+
 @pytest.mark.slow
 def test_restart_keeps_the_gallery_real_models(tmp_path: Path, lfw_root: Path, fg: SimpleNamespace) -> None:
     """`run(settings)` in a child process with the real default models; the gallery survives a restart."""

@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from facegate.config import Settings
-from facegate.errors import EngineClosedError, FacegateError, ImageTooLargeError, InputError, ModelError
+from facegate.errors import (
+    EngineClosedError,
+    FacegateError,
+    GalleryError,
+    GalleryUnavailableError,
+    ImageTooLargeError,
+    InputError,
+    ModelError,
+)
 from facegate.metrics.stats import ServiceStats
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
 
@@ -68,8 +76,11 @@ class ServingState:
         stats: where request metrics go (the service's stats once it exists).
         decode_pool: threads for image decoding (``settings.decode_workers``).
         gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
-        ready: models loaded and warmed, engine running, gallery open.
+        ready: models loaded and warmed, engine running (the gallery may still be unavailable: see
+            ``gallery_error``).
         load_error: why loading failed, if it did.
+        gallery_error: why the gallery is not open while it is retried in the background (its SQLite file
+            stayed busy past ``Settings.gallery_open_retry_s``); ``None`` once it is open.
         on_load_error: called with that error (``run`` uses it to shut the server down).
     """
 
@@ -81,6 +92,8 @@ class ServingState:
     gallery_pool: ThreadPoolExecutor | None = None
     ready: bool = False
     load_error: FacegateError | None = None
+    gallery_error: FacegateError | None = None
+    gallery_task: asyncio.Task[None] | None = None
     owns_service: bool = False
     owns_gallery: bool = False
     service_started: bool = False
@@ -89,13 +102,24 @@ class ServingState:
     #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
     engine: tuple[str | list[str], bytes] | None = None
 
-    def require_ready(self) -> tuple[FaceService, Gallery]:
-        """The service and gallery, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
-        if self.ready and self.service is not None and self.gallery is not None:
-            return self.service, self.gallery
+    def require_service(self) -> FaceService:
+        """The service, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
+        if self.ready and self.service is not None:
+            return self.service
         if self.load_error is not None:
             raise self.load_error
         raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
+
+    def require_ready(self) -> tuple[FaceService, Gallery]:
+        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
+        service = self.require_service()
+        if self.gallery is None:
+            cause = self.gallery_error
+            raise GalleryUnavailableError(
+                "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
+                detail={"cause": cause.to_dict()} if cause else {},
+            )
+        return service, self.gallery
 
     async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run ``fn(*args, **kw)`` on a decode thread and await it without blocking the loop."""
@@ -151,7 +175,7 @@ def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) 
         known.clear()
         known.update(sizes)
 
-    store = SQLiteGalleryStore(gallery_path(settings))
+    store = SQLiteGalleryStore(gallery_path(settings), open_retry_s=settings.gallery_open_retry_s)
     try:
         index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
         return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
@@ -180,10 +204,18 @@ async def _load(state: ServingState) -> None:
             state.owns_service = True
         state.stats = state.service.stats
         if state.gallery is None:
-            state.gallery = await loop.run_in_executor(
-                state.gallery_pool, open_gallery, settings, state.service, state.stats
-            )
-            state.owns_gallery = True
+            try:
+                state.gallery = await loop.run_in_executor(
+                    state.gallery_pool, open_gallery, settings, state.service, state.stats
+                )
+                state.owns_gallery = True
+            except GalleryError as exc:
+                if not _busy(exc):
+                    raise
+                # a file another process keeps locked: serve what needs no gallery, keep trying to open it
+                log.error("the gallery is unavailable (%s); serving without it and retrying", exc.message)
+                state.gallery_error = exc
+                state.gallery_task = asyncio.create_task(_reopen_gallery(state), name="facegate-gallery-open")
         await state.service.start()  # warms the models off the loop, then starts the engine
         state.service_started = True
         state.ready = True
@@ -197,6 +229,32 @@ async def _load(state: ServingState) -> None:
     except Exception as exc:  # a third-party failure while loading: keep serving /healthz, report it
         log.exception("startup failed")
         _load_failed(state, ModelError(f"startup failed: {type(exc).__name__}: {exc}"))
+
+
+#: Seconds between background attempts to open a gallery that was busy at start-up.
+GALLERY_REOPEN_S = 5.0
+
+
+def _busy(exc: FacegateError) -> bool:
+    """Whether a gallery error is SQLite reporting the file busy or locked (transient), not a bad file."""
+    return str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+
+
+async def _reopen_gallery(state: ServingState) -> None:
+    """Retry opening the gallery until it opens (routes that need it answer 503 gallery_unavailable meanwhile)."""
+    loop = asyncio.get_running_loop()
+    while state.gallery is None:
+        await asyncio.sleep(GALLERY_REOPEN_S)
+        try:
+            gallery = await loop.run_in_executor(
+                state.gallery_pool, open_gallery, state.settings, state.service, state.stats
+            )
+        except FacegateError as exc:
+            state.gallery_error = exc
+            log.warning("the gallery is still unavailable: %s", exc.message)
+            continue
+        state.gallery, state.owns_gallery, state.gallery_error = gallery, True, None
+        log.info("the gallery is open")
 
 
 def _load_failed(state: ServingState, exc: FacegateError) -> None:
@@ -220,6 +278,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         state.ready = False
+        if state.gallery_task is not None:
+            state.gallery_task.cancel()
         if not state.load_task.done():
             state.load_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -35,6 +35,7 @@ from facegate.errors import (
     GalleryError,
     GalleryExistsError,
     GalleryNotFoundError,
+    GalleryUnavailableError,
     ImageDecodeError,
     ImageTooLargeError,
     InputError,
@@ -67,6 +68,7 @@ STATUS_BY_ERROR: dict[type[FacegateError], int] = {
     # gallery
     GalleryError: 500,
     GalleryNotFoundError: 404,
+    GalleryUnavailableError: 503,
     SubjectNotFoundError: 404,
     GalleryExistsError: 409,
     DimensionMismatchError: 409,

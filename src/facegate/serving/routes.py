@@ -277,7 +277,7 @@ async def compare(
 ) -> CompareResponse:
     """Compare the largest face of two photos. Refused (never compared) when either face fails the gate."""
     state = _state(request)
-    service, _ = state.require_ready()
+    service = state.require_service()
 
     async def one(file: UploadFile, i: int) -> Face:
         return (await faces_of_upload(state, service, file, index=i, keep_crops=crops))[0]
@@ -307,7 +307,7 @@ async def embed(
 ) -> EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
     state = _state(request)
-    service, _ = state.require_ready()
+    service = state.require_service()
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
@@ -340,7 +340,7 @@ async def embed(
 async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> DetectResponse:
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
     state = _state(request)
-    service, _ = state.require_ready()
+    service = state.require_service()
     img = await decode_upload(state, image)
     dets = await service.detect(img)
     h, w = img.shape[:2]
