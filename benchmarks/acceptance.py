@@ -97,7 +97,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "In run 20 one server (`facegate_mp_w8_e2_detexec`, c=256) answered 7,874 of 20,324 compares "
         'with HTTP 500 `gallery_error` (SQLite "database is locked" while a front-end opened the gallery): a '
         "front-end was started during the load and could not open the file, and its logs were not kept, so why it "
-        "restarted is unknown. Opening now retries for up to 60 s while SQLite reports the file busy",
+        "restarted is unknown. Opening now retries for up to 60 s while SQLite reports the file busy, then the "
+        "process serves without the gallery (gallery routes: 503) and keeps retrying",
         "done; run 20's front-end restart not explained",
     ),
 ]
