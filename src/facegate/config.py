@@ -117,6 +117,15 @@ class Settings(BaseSettings):
             "recognizer of batch k; off: detect inside execute, as before (benchmarks/photo_profile.py A/B)."
         ),
     )
+    photo_select_on_device: bool = Field(
+        False,
+        description=(
+            "Photo stage: run NMS, the largest-face choice and the alignment as tensor operations on the engine's "
+            "device, so the host waits once per batch instead of doing that work between two waits "
+            "(pipeline/photo_select.py; the same rule as the host path, which still answers photos the device "
+            "cannot settle exactly)."
+        ),
+    )
     det_warm_sizes: list[tuple[int, int]] = Field(
         default_factory=lambda: [(250, 250)],
         min_length=1,

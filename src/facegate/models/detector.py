@@ -83,6 +83,10 @@ class DetPending:
     copies: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]]
     event: Any
     done: list[list[list[Detection]]] | None
+    #: ``keep_on_device``: per batch its packed candidates ``(n, p·15 + 1) fp32`` on the device (a copy that
+    #: later replays do not overwrite) and, when it ran eagerly, its decoded outputs (as in ``copies``), for a
+    #: selection on the device; ``copies`` and ``done`` are then empty / None.
+    on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -380,7 +384,7 @@ class FaceDetector:
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
-    def enqueue_many(self, batches: Sequence[DetBatch]) -> DetPending:
+    def enqueue_many(self, batches: Sequence[DetBatch], *, keep_on_device: bool = False) -> DetPending:
         """Enqueue every batch's forward and the device→host copy of its candidates; do not wait.
 
         Each forward is a graph replay when captured (else eager), and its candidates are copied into pinned
@@ -389,7 +393,12 @@ class FaceDetector:
         their replays, before anything enqueued later. :meth:`finish_many` waits and finishes on the host, on
         any thread: the photo stage enqueues on the engine's front thread and finishes on its back thread, so
         the device detects while the back thread finishes the previous batch. Off CUDA this runs everything.
+
+        ``keep_on_device``: no host copy; each batch's packed candidates stay on the device
+        (:attr:`DetPending.on_device`) for a selection there (``pipeline.photo_select``). Works on any device.
         """
+        if keep_on_device:
+            return self._enqueue_on_device(batches)
         if not batches or self.device.type != "cuda":
             done = [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
             return DetPending(list(batches), [], None, done)
@@ -414,11 +423,34 @@ class FaceDetector:
             done_event.record()
         return DetPending(list(batches), pending, done_event, None)
 
+    def _enqueue_on_device(self, batches: Sequence[DetBatch]) -> DetPending:
+        """:meth:`enqueue_many` with ``keep_on_device``: forwards (graph replays when captured) and, per batch, a
+        device copy of its packed candidates, made right behind its replay (later replays overwrite the graph's)."""
+        packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
+        with replay_lock(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            for b in batches:
+                n = len(b.scales)
+                entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
+                if entry is None:
+                    packed, *rest = self._select(self.forward(b), b.input_hw)
+                    packed_list.append((packed[:n], (rest[0], rest[1], rest[2])))
+                else:
+                    g, static_in, outs = entry
+                    static_in.copy_(self._host_batch(b), non_blocking=True)
+                    replay(g)
+                    packed_list.append((outs[0][:n].clone(), None))
+        return DetPending(list(batches), [], None, None, on_device=packed_list)
+
     @torch.inference_mode()
     def finish_many(self, pending: DetPending) -> list[list[list[Detection]]]:
         """Wait for :meth:`enqueue_many`'s copies, then NMS and rescale on the host: detections per batch."""
         if pending.done is not None:
             return pending.done
+        if pending.on_device is not None:  # the host path after all (e.g. rows the device selection cannot do)
+            return [
+                self._finish_host(packed.cpu().numpy(), b, full)
+                for b, (packed, full) in zip(pending.batches, pending.on_device, strict=True)
+            ]
         if pending.event is not None:
             pending.event.synchronize()
         return [

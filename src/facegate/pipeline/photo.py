@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from facegate.errors import FacegateError, InvalidParameterError
+from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
 from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
-from facegate.pipeline.align import CROP_SIZE, estimate_transforms
-from facegate.pipeline.align_torch import warp_torch
+from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
+from facegate.pipeline.align_torch import umeyama_torch, warp_torch
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
 
@@ -150,9 +150,14 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
     if aligned:
         crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
         owners += aligned
-    if not owners:
-        return out
-    res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
+    if owners:
+        res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
+        _fill(out, res, owners, chosen)
+    return out
+
+
+def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
+    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from the recognizer's rows ``res (K, d + 2)`` of it."""
     d = res.shape[1] - 2
     rows: dict[int, list[int]] = {}
     for r, i in enumerate(owners):
@@ -160,6 +165,86 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
     for i, r in rows.items():
         sel = res[r]
         out[i] = PhotoFaces(chosen.get(i, [None]), sel[:, :d].copy(), sel[:, d].copy(), sel[:, d + 1].copy())  # type: ignore[arg-type]
+
+
+@torch.inference_mode()
+def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
+    """:func:`faces_on_device` with NMS, face selection and alignment on the device (:mod:`.photo_select`).
+
+    The host waits once, for one array: per photo its chosen face, whether it has one and whether the device
+    answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
+    (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
+    """
+    from facegate.pipeline.photo_select import select_largest
+    from facegate.pipeline.pipeline import select_faces
+
+    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
+    out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
+    det, pending = pipe.detector, prepared.det_pending
+    assert pending is not None and pending.on_device is not None
+    order = [i for idx, _ in prepared.det_batches for i in idx]
+    meta: list[torch.Tensor] = []
+    crops: list[torch.Tensor] = []
+    owners: list[int] = []
+    if order:
+        sels = [
+            select_largest(packed, batch, det.nms_threshold)
+            for (_, batch), (packed, _) in zip(prepared.det_batches, pending.on_device, strict=True)
+        ]
+        chosen = torch.cat([s.chosen for s in sels])
+        flags = torch.cat([torch.stack([s.found, s.exact], 1) for s in sels]).to(chosen.dtype)
+        # every host→device copy here is non-blocking: a blocking one would wait for all the device's queued work
+        dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(chosen.device, non_blocking=True)
+        m = umeyama_torch(chosen[:, 4:14].reshape(-1, 5, 2), dst)
+        pos = {i: k for k, i in enumerate(order)}
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i in order:
+            by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
+        for idx in by_shape.values():
+            rows = torch.tensor([pos[i] for i in idx]).to(chosen.device, non_blocking=True)
+            warped = warp_torch(torch.stack([photos[i] for i in idx]), m[rows], np.arange(len(idx)))
+            crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+            meta.append(torch.cat([chosen[rows], flags[rows]], 1))
+            owners += idx
+    if aligned:
+        crops.append(torch.stack([decoded[i].permute(1, 2, 0) for i in aligned]))
+        meta.append(torch.zeros((len(aligned), 17), dtype=torch.float32, device=crops[-1].device))
+        owners += aligned
+    if not owners:
+        return out
+    res = pipe.recognize(torch.cat(crops).contiguous())
+    host = torch.cat([torch.cat(meta).to(res.device), res.float()], 1).cpu().numpy()  # the one wait
+    faces: dict[int, list[Detection]] = {}
+    keep: list[int] = []
+    fallback: list[int] = []
+    for r, i in enumerate(owners):
+        if i in photos and not host[r, 16]:
+            fallback.append(i)
+            continue
+        if i in photos and not host[r, 15]:
+            out[i] = NoFaceError("no face found in the image")
+            continue
+        if i in photos:
+            faces[i] = [
+                Detection(
+                    box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14])
+                )
+            ]
+        keep.append(r)
+    _fill(out, host[keep, 17:], [owners[r] for r in keep], faces)
+    if fallback:  # the host rule for the photos the device could not settle exactly
+        found = det.finish_many(pending)
+        chosen_fb: dict[int, list[Detection]] = {}
+        for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
+            for i, dets in zip(idx, per_batch, strict=True):
+                if i in fallback:
+                    try:
+                        chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
+                    except FacegateError as exc:
+                        out[i] = exc
+        fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb)
+        if fb_owners:
+            _fill(out, pipe.recognize(fb_crops.contiguous()).cpu().numpy(), fb_owners, chosen_fb)
     return out
 
 
@@ -185,11 +270,16 @@ class PhotoStage:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
         plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
         prepared = prepare_photos(self.p, run_decode(plan))
-        if self.p.photo_detect_in_prepare and prepared.det_batches and self.p.device.type == "cuda":
-            prepared.det_pending = self.p.detector.enqueue_many([b for _, b in prepared.det_batches])
+        batches = [b for _, b in prepared.det_batches]
+        if self.p.photo_select_on_device:
+            prepared.det_pending = self.p.detector.enqueue_many(batches, keep_on_device=True)
+        elif self.p.photo_detect_in_prepare and batches and self.p.device.type == "cuda":
+            prepared.det_pending = self.p.detector.enqueue_many(batches)
         return prepared
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
+        if prepared.det_pending is not None and prepared.det_pending.on_device is not None:
+            return faces_selected_on_device(self.p, prepared)
         return faces_on_device(self.p, prepared)
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:

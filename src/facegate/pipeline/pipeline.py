@@ -190,6 +190,8 @@ class FacePipeline:
         self.det_max_batch_pixels: int | None = None
         #: the photo stage enqueues detection in ``prepare`` (see Settings.photo_detect_in_prepare)
         self.photo_detect_in_prepare = True
+        #: the photo stage selects and aligns faces on the device (see Settings.photo_select_on_device)
+        self.photo_select_on_device = False
         #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
         self.photo_limits: tuple[int, int] | None = None
         #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.det_warm_sizes)
@@ -304,6 +306,7 @@ class FacePipeline:
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         pipe.photo_detect_in_prepare = settings.photo_detect_in_prepare
+        pipe.photo_select_on_device = settings.photo_select_on_device
         pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
         t_photo = time.perf_counter()
         if device == "cuda" and settings.gpu_preprocess == "auto" and importlib.util.find_spec("torchvision"):

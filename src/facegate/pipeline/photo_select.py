@@ -1,0 +1,130 @@
+"""The photo stage's face selection on the device: NMS, the largest face, its alignment, no host round trip.
+
+Why: with the host path (:func:`facegate.pipeline.photo.faces_on_device`) the engine's execute thread waits for
+the detector's candidates, runs NMS and builds detections in Python, estimates the alignments with NumPy, and
+only then enqueues the warp and the recognizer: about two thirds of a 54-photo batch's execute time on the H200
+was that host work, with the GPU idle (``benchmarks/results/photo_profile_run4_det16.json``). Here the same
+steps run as tensor operations on the device, and the host waits once, for the results
+(``Settings.photo_select_on_device``).
+
+Same rule and arithmetic as the host path, so the same detections:
+
+* greedy NMS (:func:`facegate.models.nms.nms_rows`'s rule, IoU in fp64) over each photo's first
+  :data:`CANDIDATES` candidates, solved as the fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij``
+  by :data:`ITERATIONS` Jacobi steps (the system is triangular, so each step fixes at least one more rank and
+  the fixed point is greedy NMS's unique answer);
+* boxes and landmarks rescaled in fp64 and clipped as :meth:`FaceDetector._finish_rows` does, boxes without
+  area dropped, then the largest box (float32 area, first of equal ones in score order) as
+  :func:`~facegate.pipeline.pipeline.select_faces` picks it;
+* alignment by :func:`~facegate.pipeline.align_torch.umeyama_torch` (the closed form of the host's SVD
+  solution; float32 on accelerators, so crops may differ from the host path's by rounding).
+
+A photo is *not exact* when it has more candidates above the score threshold than :data:`CANDIDATES`, or when
+its NMS has not reached the fixed point after :data:`ITERATIONS` steps (a chain of suppressions that long). The
+stage then takes the host path for that photo, so every answer is the host rule's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from facegate.errors import InvalidParameterError
+from facegate.models.detector import DetBatch
+from facegate.models.nms import NMS_ROWS_MAX
+
+__all__ = ["CANDIDATES", "ITERATIONS", "Selected", "select_largest"]
+
+#: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
+CANDIDATES = NMS_ROWS_MAX
+#: Jacobi steps of the device NMS; a photo whose suppression chain is longer takes the host path.
+ITERATIONS = 8
+
+
+@dataclass(slots=True)
+class Selected:
+    """The largest face of each photo of one detector batch, on the device.
+
+    Attributes:
+        chosen: ``(n, 15) float32``: box ``x1, y1, x2, y2`` (source pixels, clipped), 5 landmarks ``(x, y)``
+            (source pixels), score.
+        found: ``(n,) bool``: the photo has a face.
+        exact: ``(n,) bool``: ``chosen`` / ``found`` are the host rule's answer (else take the host path).
+    """
+
+    chosen: Tensor
+    found: Tensor
+    exact: Tensor
+
+
+def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: int) -> tuple[Tensor, Tensor]:
+    """Greedy NMS of many photos at once: ``boxes (n, c, 4)`` fp64 in score order, ``valid (n, c) bool``.
+
+    Returns ``keep (n, c) bool`` and ``converged (n,) bool`` (keep is greedy NMS's answer where converged).
+
+    Raises:
+        InvalidParameterError: ``iterations < 1``.
+    """
+    if iterations < 1:
+        raise InvalidParameterError(f"the device NMS needs at least one step, got {iterations}")
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    areas = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+    iw = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp(min=0)
+    ih = (torch.minimum(y2[:, :, None], y2[:, None, :]) - torch.maximum(y1[:, :, None], y1[:, None, :])).clamp(min=0)
+    inter = iw * ih
+    union = areas[:, :, None] + areas[:, None, :] - inter
+    iou = torch.where(union > 0, inter / union.clamp(min=torch.finfo(union.dtype).tiny), torch.zeros_like(inter))
+    c = boxes.shape[1]
+    over = (iou > iou_threshold) & torch.ones((c, c), dtype=torch.bool, device=boxes.device).triu(1)
+    keep = valid
+    prev = valid
+    for _ in range(iterations):
+        prev = keep
+        keep = valid & ~(prev[:, :, None] & over).any(1)
+    return keep, (keep == prev).all(1)
+
+
+def select_largest(
+    packed: Tensor,
+    batch: DetBatch,
+    iou_threshold: float,
+    *,
+    candidates: int = CANDIDATES,
+    iterations: int = ITERATIONS,
+) -> Selected:
+    """NMS, rescale, clip and the largest face of every photo of a detector batch, on ``packed``'s device.
+
+    Args:
+        packed: ``(n, p·15 + 1) fp32``: per photo its ``p`` candidates (box, landmarks, score; in the network
+            input's pixels, by descending score), then the count above the score threshold
+            (:meth:`FaceDetector._select`).
+        batch: the detector batch (its sizes rescale to source pixels).
+        iou_threshold: the detector's NMS threshold.
+    """
+    n = len(batch.scales)
+    dev = packed.device
+    p = (packed.shape[1] - 1) // 15
+    c = min(candidates, p)
+    cand = packed[:n, :-1].reshape(n, p, 15)[:, :c]
+    counts = packed[:n, -1].to(torch.int64)
+    valid = torch.arange(c, device=dev)[None, :] < counts[:, None]
+    keep, converged = _greedy_nms(cand[..., :4].double(), valid, iou_threshold, iterations)
+    oh, ow = batch.orig_sizes[:, 0], batch.orig_sizes[:, 1]
+    rh, rw = batch.resized_sizes[:, 0], batch.resized_sizes[:, 1]
+    geo = torch.from_numpy(np.stack([ow / rw, oh / rh, ow, oh], 1).astype(np.float64)).to(dev, non_blocking=True)
+    sx, sy, w, h = geo.unbind(1)
+    boxes = cand[..., :4].double() * torch.stack([sx, sy, sx, sy], -1)[:, None, :]
+    bx = torch.minimum(boxes[..., 0::2].clamp(min=0), w[:, None, None])
+    by = torch.minimum(boxes[..., 1::2].clamp(min=0), h[:, None, None])
+    boxes = torch.stack([bx[..., 0], by[..., 0], bx[..., 1], by[..., 1]], -1)
+    lms = cand[..., 4:14].double().reshape(n, c, 5, 2) * torch.stack([sx, sy], -1)[:, None, None, :]
+    good = keep & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+    b32 = boxes.float()
+    area = (b32[..., 2] - b32[..., 0]) * (b32[..., 3] - b32[..., 1])
+    best = torch.where(good, area, torch.full_like(area, -1.0)).argmax(1)
+    rows = torch.cat([b32, lms.float().reshape(n, c, 10), cand[..., 14:15].float()], -1)
+    chosen = rows.gather(1, best[:, None, None].expand(n, 1, 15))[:, 0]
+    return Selected(chosen, good.any(1), (counts <= c) & converged)
