@@ -561,6 +561,14 @@ def main() -> None:
                 ("_e2_ratios", "facegate_mp_w8_e2", ("naive", "litserve")),
             ),
             **images_run(
+                "http_gpu24",
+                "http_gpu_run24_device_select.json",
+                ("_ratios", "facegate_mp_w8", ("facegate_mp_w8_devsel",)),
+                ("_e3_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_devsel",)),
+            ),
+            engine_phases24=engine_phases("http_gpu_run24_device_select.json", "facegate_mp_w8_devsel"),
+            engine_phases24_host=engine_phases("http_gpu_run24_device_select.json", "facegate_mp_w8"),
+            **images_run(
                 "http_gpu23",
                 "http_gpu_run23_affinity_rounds.json",
                 ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_noaff",)),
