@@ -51,8 +51,10 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "(run 23, three 6-s rounds pooled); two engines 63.1–70.2 (runs 20–22); one engine 70.0–72.3 (run 20). "
         "Session 9 moved the detector into the photo stage's prepare, warps from host thetas and sends both "
         "photos of a compare to one engine (same-run A/Bs: −4 to +8 % compare req/s, p99 within ±6 ms either "
-        "way). At c=100 the engine's photo stage bounds it: 21–28 photos per batch per engine, 9–11 ms execute "
-        "and 6.5–11.6 ms prepare per batch, and the GPU time-sliced between the engine processes (no MPS)",
+        "way). NMS, face choice and alignment as eager GPU tensor operations (run 24) were slower (0.77–0.94× "
+        "compare req/s) and stay off. At c=100 the engine's photo stage bounds it: 21–28 photos per batch per "
+        "engine, 9–11 ms execute and 6.5–11.6 ms prepare per batch, and the GPU time-sliced between the engine "
+        "processes (no MPS)",
         "met for aligned embed (except three engines in run 19: 51.9 ms); not met for compare (best 61.5 ms in "
         "run 16, 62.9 in run 21)",
     ),
