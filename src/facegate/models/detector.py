@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,8 @@ class DetPending:
     #: later replays do not overwrite) and, when it ran eagerly, its decoded outputs (as in ``copies``), for a
     #: selection on the device; ``copies`` and ``done`` are then empty / None.
     on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
+    #: with ``post``: per batch the outputs of ``post`` for its real rows (device copies)
+    post_out: list[tuple[Tensor, ...]] | None = None
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -350,23 +352,44 @@ class FaceDetector:
 
     @property
     def graphed_shapes(self) -> list[tuple[int, int, int]]:
-        """The batch shapes ``(rows, Hp, Wp)`` captured so far."""
-        return sorted(getattr(self, "_graphs", None) or {})
+        """The batch shapes ``(rows, Hp, Wp)`` captured so far (without ``post`` work)."""
+        return sorted(k for k in getattr(self, "_graphs", None) or {} if isinstance(k[0], int))
 
-    def _graph_for(self, shape: tuple[int, int, int]) -> tuple[Any, Tensor, tuple[Tensor, ...]] | None:
+    def _graph_for(
+        self,
+        shape: tuple[int, int, int],
+        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
+        post_width: int = 0,
+    ) -> tuple[Any, ...] | None:
+        """The graph of a batch shape: ``(graph, static_in, outputs)``, captured on first use (up to the cap).
+
+        With ``post``: a graph of its own per ``(shape, post)``, ``(graph, static_in, outputs, static_arg)``,
+        whose outputs are ``_select``'s four, then ``post(packed, static_arg)``'s.
+        """
         graphs = getattr(self, "_graphs", None)
         if graphs is None:
             return None
-        if shape in graphs or len(graphs) >= self._max_graphs:
-            return graphs.get(shape)
+        key: Any = shape if post is None else (shape, post)
+        if key in graphs or len(graphs) >= self._max_graphs:
+            return graphs.get(key)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
         # captured in the process's shared graph pool (engine.graphs): a replay may overwrite other graphs'
         # intermediates but never their outputs, and every replay runs on the one default stream
-        g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
-        graphs[shape] = (g, static_in, outs)
+        if post is None:
+            g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
+            graphs[key] = (g, static_in, outs)
+        else:
+            static_arg = torch.ones((shape[0], post_width), dtype=torch.float64, device=self.device)
+
+            def fn(x: Tensor) -> tuple[Tensor, ...]:
+                sel = self._select(self.model(self._to_input(x)), shape[1:])
+                return (*sel, *post(sel[0], static_arg))
+
+            g, outs = capture_graph(fn, static_in)
+            graphs[key] = (g, static_in, outs, static_arg)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
-        return graphs[shape]
+        return graphs[key]
 
     @torch.inference_mode()
     def run(self, batch: DetBatch) -> list[list[Detection]]:
@@ -384,7 +407,14 @@ class FaceDetector:
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
-    def enqueue_many(self, batches: Sequence[DetBatch], *, keep_on_device: bool = False) -> DetPending:
+    def enqueue_many(
+        self,
+        batches: Sequence[DetBatch],
+        *,
+        keep_on_device: bool = False,
+        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
+        post_args: Sequence[np.ndarray] | None = None,
+    ) -> DetPending:
         """Enqueue every batch's forward and the device→host copy of its candidates; do not wait.
 
         Each forward is a graph replay when captured (else eager), and its candidates are copied into pinned
@@ -396,9 +426,12 @@ class FaceDetector:
 
         ``keep_on_device``: no host copy; each batch's packed candidates stay on the device
         (:attr:`DetPending.on_device`) for a selection there (``pipeline.photo_select``). Works on any device.
+        ``post(packed, arg)`` (with ``keep_on_device``): more device work on each batch's packed candidates
+        ``(rows, p·15 + 1)`` and its ``post_args`` row ``(n, k) float64`` (padded to the batch's rows with
+        ones); with graphs it is captured in the batch shape's graph, so it costs no launches.
         """
         if keep_on_device:
-            return self._enqueue_on_device(batches)
+            return self._enqueue_on_device(batches, post, post_args)
         if not batches or self.device.type != "cuda":
             done = [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
             return DetPending(list(batches), [], None, done)
@@ -423,23 +456,47 @@ class FaceDetector:
             done_event.record()
         return DetPending(list(batches), pending, done_event, None)
 
-    def _enqueue_on_device(self, batches: Sequence[DetBatch]) -> DetPending:
+    def _enqueue_on_device(
+        self,
+        batches: Sequence[DetBatch],
+        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None,
+        post_args: Sequence[np.ndarray] | None,
+    ) -> DetPending:
         """:meth:`enqueue_many` with ``keep_on_device``: forwards (graph replays when captured) and, per batch, a
-        device copy of its packed candidates, made right behind its replay (later replays overwrite the graph's)."""
+        device copy of its packed candidates (and of ``post``'s outputs), made right behind its replay (later
+        replays overwrite the graph's)."""
         packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
+        post_list: list[tuple[Tensor, ...]] = []
+        args = list(post_args) if post_args is not None else [None] * len(batches)
         with replay_lock(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            for b in batches:
-                n = len(b.scales)
-                entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
+            for b, a in zip(batches, args, strict=True):
+                n, rows = len(b.scales), int(b.images.shape[0])
+                arg = None
+                if post is not None:
+                    padded = np.ones((rows, a.shape[1]), np.float64)
+                    padded[:n] = a
+                    arg = torch.from_numpy(padded)
+                    if self.device.type == "cuda":  # pinned: a copy from pageable memory may wait for the device
+                        arg = arg.pin_memory()
+                entry = self._graph_for((rows, *b.input_hw), post, 0 if arg is None else arg.shape[1])
                 if entry is None:
                     packed, *rest = self._select(self.forward(b), b.input_hw)
                     packed_list.append((packed[:n], (rest[0], rest[1], rest[2])))
-                else:
-                    g, static_in, outs = entry
-                    static_in.copy_(self._host_batch(b), non_blocking=True)
-                    replay(g)
-                    packed_list.append((outs[0][:n].clone(), None))
-        return DetPending(list(batches), [], None, None, on_device=packed_list)
+                    if post is not None:
+                        assert arg is not None
+                        post_list.append(tuple(t[:n] for t in post(packed, arg.to(self.device, non_blocking=True))))
+                    continue
+                g, static_in, outs = entry[:3]
+                static_in.copy_(self._host_batch(b), non_blocking=True)
+                if post is not None:
+                    entry[3].copy_(arg, non_blocking=True)
+                replay(g)
+                packed_list.append((outs[0][:n].clone(), None))
+                if post is not None:
+                    post_list.append(tuple(t[:n].clone() for t in outs[4:]))
+        return DetPending(
+            list(batches), [], None, None, on_device=packed_list, post_out=post_list if post is not None else None
+        )
 
     @torch.inference_mode()
     def finish_many(self, pending: DetPending) -> list[list[list[Detection]]]:

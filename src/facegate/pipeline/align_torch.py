@@ -90,8 +90,11 @@ def pad_images_torch(images: Sequence[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _theta_parts(m: Any, in_h: int, in_w: int, size: int, stack: Callable[..., Any]) -> Any:
-    """:func:`_pixel_to_theta`'s arithmetic on ``(K, 2, 3)`` float matrices of NumPy or torch (``stack``)."""
+def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., Any]) -> Any:
+    """:func:`_pixel_to_theta`'s arithmetic on ``(K, 2, 3)`` float matrices of NumPy or torch (``stack``).
+
+    ``in_h`` / ``in_w``: the source size, a number, or one per matrix (``(K,)``, same library and device).
+    """
     a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
     d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
     det = a * e - b * d
@@ -100,14 +103,11 @@ def _theta_parts(m: Any, in_h: int, in_w: int, size: int, stack: Callable[..., A
     id_, ie, if_ = -d / det, a / det, (c * d - a * f) / det
     half = size / 2.0
     off = (size - 1) / 2.0
-    # M⁻¹ · N_out⁻¹: column scale by S/2, translation gains the (S-1)/2 offset on both axes.
-    r0 = stack([ia * half, ib * half, ia * off + ib * off + ic], 1)
-    r1 = stack([id_ * half, ie * half, id_ * off + ie * off + if_], 1)
-    # N_in · (...): row x by 2/W, row y by 2/H, then add (1/L - 1) to the translation.
-    r0 = r0 * (2.0 / in_w)
-    r1 = r1 * (2.0 / in_h)
-    r0[:, 2] += 1.0 / in_w - 1.0
-    r1[:, 2] += 1.0 / in_h - 1.0
+    # M⁻¹ · N_out⁻¹ (column scale by S/2, translation gains the (S-1)/2 offset on both axes), then
+    # N_in · (...): row x by 2/W, row y by 2/H, and (1/L - 1) added to the translation.
+    sx, sy = 2.0 / in_w, 2.0 / in_h
+    r0 = stack([ia * half * sx, ib * half * sx, (ia * off + ib * off + ic) * sx + (1.0 / in_w - 1.0)], 1)
+    r1 = stack([id_ * half * sy, ie * half * sy, (id_ * off + ie * off + if_) * sy + (1.0 / in_h - 1.0)], 1)
     return stack([r0, r1], 1)
 
 
@@ -165,6 +165,22 @@ def _sample_chunk(images_f: torch.Tensor, grid: torch.Tensor, local_idx: torch.T
     return out[0].transpose(0, 1)  # (K, 3, S, S)
 
 
+def _grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """``affine_grid`` of ``theta (K, 2, 3)``: ``(K, size, size, 2)``, non-finite entries sent far outside."""
+    grid = F.affine_grid(theta, [int(theta.shape[0]), 3, size, size], align_corners=False)
+    # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
+    return torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
+
+
+def warp_theta(images: torch.Tensor, theta: torch.Tensor, size: int = CROP_SIZE) -> torch.Tensor:
+    """One crop per image: ``images (K, 3, H, W)`` (uint8 or float) warped by ``theta (K, 2, 3)`` (``affine_grid``
+    parameters, as :func:`_pixel_to_theta` makes them) into ``(K, 3, size, size) float32``, bilinear, zeros
+    outside; a non-finite theta gives an all-zero crop."""
+    return F.grid_sample(
+        images.to(torch.float32), _grid(theta, size), mode="bilinear", padding_mode="zeros", align_corners=False
+    )
+
+
 def warp_torch(
     images: torch.Tensor,
     M: torch.Tensor | np.ndarray,
@@ -218,10 +234,7 @@ def warp_torch(
         return torch.zeros((0, 3, size, size), dtype=torch.float32, device=device)
     host_idx = idx.to(torch.int64) if idx.device.type == "cpu" else None
     idx = idx.to(device=device, dtype=torch.int64, non_blocking=True)
-    theta = _pixel_to_theta(m, h, w, size, device)
-    grid = F.affine_grid(theta, [k, 3, size, size], align_corners=False)
-    # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
-    grid = torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
+    grid = _grid(_pixel_to_theta(m, h, w, size, device), size)
 
     per_image = 3 * h * w * 4
     if b * per_image <= max_float_bytes:

@@ -32,6 +32,7 @@ libjpeg-turbo's and OpenCV's by rounding).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
 from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
-from facegate.pipeline.align_torch import umeyama_torch, warp_torch
+from facegate.pipeline.align_torch import warp_theta, warp_torch
+from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
 
@@ -175,36 +177,34 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
     (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
     """
-    from facegate.pipeline.photo_select import select_largest
     from facegate.pipeline.pipeline import select_faces
 
     decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
-    assert pending is not None and pending.on_device is not None
+    assert pending is not None and pending.post_out is not None
     order = [i for idx, _ in prepared.det_batches for i in idx]
     meta: list[torch.Tensor] = []
     crops: list[torch.Tensor] = []
     owners: list[int] = []
     if order:
-        sels = [
-            select_largest(packed, batch, det.nms_threshold)
-            for (_, batch), (packed, _) in zip(prepared.det_batches, pending.on_device, strict=True)
-        ]
-        chosen = torch.cat([s.chosen for s in sels])
-        flags = torch.cat([torch.stack([s.found, s.exact], 1) for s in sels]).to(chosen.dtype)
-        # every host→device copy here is non-blocking: a blocking one would wait for all the device's queued work
-        dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(chosen.device, non_blocking=True)
-        m = umeyama_torch(chosen[:, 4:14].reshape(-1, 5, 2), dst)
+        chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
         pos = {i: k for k, i in enumerate(order)}
         by_shape: dict[tuple[int, int], list[int]] = {}
         for i in order:
             by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
         for idx in by_shape.values():
-            rows = torch.tensor([pos[i] for i in idx]).to(chosen.device, non_blocking=True)
-            warped = warp_torch(torch.stack([photos[i] for i in idx]), m[rows], np.arange(len(idx)))
+            sel = [pos[i] for i in idx]
+            if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
+                part = slice(sel[0], sel[0] + len(sel))
+                rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
+            else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
+                rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
+                rows = rows.to(chosen.device, non_blocking=True)
+                rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
+            warped = warp_theta(torch.stack([photos[i] for i in idx]), rows_theta)
             crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-            meta.append(torch.cat([chosen[rows], flags[rows]], 1))
+            meta.append(rows_meta)
             owners += idx
     if aligned:
         crops.append(torch.stack([decoded[i].permute(1, 2, 0) for i in aligned]))
@@ -248,6 +248,17 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     return out
 
 
+def _selection_post(pipe: FacePipeline) -> Any:
+    """The detector ``post`` step of :func:`faces_selected_on_device`: one callable per pipeline (the detector
+    captures a CUDA graph per batch shape and ``post``, so every stage object must hand it the same one)."""
+    post = pipe._photo_select_post
+    if post is None:
+        dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(pipe.device)
+        post = functools.partial(choose_and_align, iou_threshold=pipe.detector.nms_threshold, dst=dst)
+        pipe._photo_select_post = post
+    return post
+
+
 class PhotoStage:
     """Engine stage ``photo``: payload the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`.
 
@@ -265,6 +276,7 @@ class PhotoStage:
         self.p = pipeline
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
+        self._post = _selection_post(pipeline)
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
@@ -272,7 +284,9 @@ class PhotoStage:
         prepared = prepare_photos(self.p, run_decode(plan))
         batches = [b for _, b in prepared.det_batches]
         if self.p.photo_select_on_device:
-            prepared.det_pending = self.p.detector.enqueue_many(batches, keep_on_device=True)
+            prepared.det_pending = self.p.detector.enqueue_many(
+                batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
+            )
         elif self.p.photo_detect_in_prepare and batches and self.p.device.type == "cuda":
             prepared.det_pending = self.p.detector.enqueue_many(batches)
         return prepared

@@ -31,8 +31,6 @@ stage then takes the host path for that photo, so every answer is the host rule'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -40,29 +38,15 @@ from torch import Tensor
 from facegate.errors import InvalidParameterError
 from facegate.models.detector import DetBatch
 from facegate.models.nms import NMS_ROWS_MAX
+from facegate.pipeline.align import CROP_SIZE
+from facegate.pipeline.align_torch import _theta_parts, umeyama_torch
 
-__all__ = ["CANDIDATES", "ITERATIONS", "Selected", "select_largest"]
+__all__ = ["CANDIDATES", "ITERATIONS", "choose_and_align", "geometry"]
 
 #: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
 CANDIDATES = NMS_ROWS_MAX
 #: Jacobi steps of the device NMS; a photo whose suppression chain is longer takes the host path.
 ITERATIONS = 8
-
-
-@dataclass(slots=True)
-class Selected:
-    """The largest face of each photo of one detector batch, on the device.
-
-    Attributes:
-        chosen: ``(n, 15) float32``: box ``x1, y1, x2, y2`` (source pixels, clipped), 5 landmarks ``(x, y)``
-            (source pixels), score.
-        found: ``(n,) bool``: the photo has a face.
-        exact: ``(n,) bool``: ``chosen`` / ``found`` are the host rule's answer (else take the host path).
-    """
-
-    chosen: Tensor
-    found: Tensor
-    exact: Tensor
 
 
 def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: int) -> tuple[Tensor, Tensor]:
@@ -92,34 +76,50 @@ def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: 
     return keep, (keep == prev).all(1)
 
 
-def select_largest(
+def geometry(batch: DetBatch) -> np.ndarray:
+    """``(n, 4) float64`` per photo of a detector batch: ``sx, sy`` (source pixels per input pixel), ``W, H``."""
+    oh, ow = batch.orig_sizes[:, 0], batch.orig_sizes[:, 1]
+    rh, rw = batch.resized_sizes[:, 0], batch.resized_sizes[:, 1]
+    return np.stack([ow / rw, oh / rh, ow, oh], 1).astype(np.float64)
+
+
+def choose_and_align(
     packed: Tensor,
-    batch: DetBatch,
-    iou_threshold: float,
+    geo: Tensor,
     *,
+    iou_threshold: float,
+    dst: Tensor,
     candidates: int = CANDIDATES,
     iterations: int = ITERATIONS,
-) -> Selected:
-    """NMS, rescale, clip and the largest face of every photo of a detector batch, on ``packed``'s device.
+    size: int = CROP_SIZE,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """NMS, rescale, clip, the largest face and its warp parameters, for every row of a detector batch.
+
+    Tensor operations only, with no host data and no host wait, so the detector captures them in its CUDA
+    graph (:meth:`FaceDetector.enqueue_many`'s ``post``).
 
     Args:
-        packed: ``(n, p·15 + 1) fp32``: per photo its ``p`` candidates (box, landmarks, score; in the network
+        packed: ``(rows, p·15 + 1) fp32``: per photo its ``p`` candidates (box, landmarks, score; in the network
             input's pixels, by descending score), then the count above the score threshold
             (:meth:`FaceDetector._select`).
-        batch: the detector batch (its sizes rescale to source pixels).
+        geo: ``(rows, 4) float64``: :func:`geometry` (ones for padding rows).
         iou_threshold: the detector's NMS threshold.
+        dst: the alignment template ``(5, 2)`` on the device (:func:`~facegate.pipeline.align.template`).
+
+    Returns:
+        ``chosen (rows, 15) fp32``: box ``x1, y1, x2, y2`` (source pixels, clipped), 5 landmarks (source pixels),
+        score; ``flags (rows, 2) fp32``: has a face, the answer is exact (else take the host path);
+        ``theta (rows, 2, 3) fp32``: the chosen face's ``affine_grid`` parameters in its own photo
+        (:func:`~facegate.pipeline.align_torch.warp_theta`).
     """
-    n = len(batch.scales)
+    n = packed.shape[0]
     dev = packed.device
     p = (packed.shape[1] - 1) // 15
     c = min(candidates, p)
-    cand = packed[:n, :-1].reshape(n, p, 15)[:, :c]
-    counts = packed[:n, -1].to(torch.int64)
+    cand = packed[:, :-1].reshape(n, p, 15)[:, :c]
+    counts = packed[:, -1].to(torch.int64)
     valid = torch.arange(c, device=dev)[None, :] < counts[:, None]
     keep, converged = _greedy_nms(cand[..., :4].double(), valid, iou_threshold, iterations)
-    oh, ow = batch.orig_sizes[:, 0], batch.orig_sizes[:, 1]
-    rh, rw = batch.resized_sizes[:, 0], batch.resized_sizes[:, 1]
-    geo = torch.from_numpy(np.stack([ow / rw, oh / rh, ow, oh], 1).astype(np.float64)).to(dev, non_blocking=True)
     sx, sy, w, h = geo.unbind(1)
     boxes = cand[..., :4].double() * torch.stack([sx, sy, sx, sy], -1)[:, None, :]
     bx = torch.minimum(boxes[..., 0::2].clamp(min=0), w[:, None, None])
@@ -132,4 +132,7 @@ def select_largest(
     best = torch.where(good, area, torch.full_like(area, -1.0)).argmax(1)
     rows = torch.cat([b32, lms.float().reshape(n, c, 10), cand[..., 14:15].float()], -1)
     chosen = rows.gather(1, best[:, None, None].expand(n, 1, 15))[:, 0]
-    return Selected(chosen, good.any(1), (counts <= c) & converged)
+    flags = torch.stack([good.any(1), (counts <= c) & converged], 1).float()
+    m = umeyama_torch(chosen[:, 4:14].reshape(n, 5, 2), dst * (size / CROP_SIZE))
+    theta = _theta_parts(m.to(geo.dtype), h, w, size, torch.stack).float()
+    return chosen, flags, theta

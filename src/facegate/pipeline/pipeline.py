@@ -200,6 +200,8 @@ class FacePipeline:
         self.warmup_report: dict[str, dict[str, float]] = {}
         #: pending check that the ``photo`` stage can run (see :func:`start_photo_check`); warmup() joins it
         self._photo_check: Callable[[], bool] | None = None
+        #: the photo stage's detector ``post`` step when it selects faces on the device (pipeline/photo.py)
+        self._photo_select_post: Any = None
 
     @property
     def device(self) -> torch.device:
