@@ -52,7 +52,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "Session 9 moved the detector into the photo stage's prepare, warps from host thetas and sends both "
         "photos of a compare to one engine (same-run A/Bs: −4 to +8 % compare req/s, p99 within ±6 ms either "
         "way). NMS, face choice and alignment as eager GPU tensor operations (run 24) were slower (0.77–0.94× "
-        "compare req/s) and stay off. At c=100 the engine's photo stage bounds it: 21–28 photos per batch per "
+        "compare req/s); captured in the detector's graph, the photo stage alone ran 1.27× the photos/s (not yet "
+        "measured over HTTP; off). At c=100 the engine's photo stage bounds it: 21–28 photos per batch per "
         "engine, 9–11 ms execute and 6.5–11.6 ms prepare per batch, and the GPU time-sliced between the engine "
         "processes (no MPS)",
         "met for aligned embed (except three engines in run 19: 51.9 ms); not met for compare (best 61.5 ms in "

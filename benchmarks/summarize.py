@@ -283,14 +283,14 @@ def photo_profile() -> str:
     return "\n".join(out)
 
 
-def photo_profile_device() -> str:
-    """Run 4 of photo_profile.py (``--gpu-kernels``): 16 against 64 photos per detector forward, in one call."""
+def photo_profile_device(header: str, runs: tuple[tuple[str, str], ...]) -> str:
+    """photo_profile.py runs of one device call (``--gpu-kernels``), one row per run and batch size."""
     out = [
-        "| photos per detector forward | photos per batch | prepare ms | execute ms | two threads: photos/s "
+        f"| {header} | photos per batch | prepare ms | execute ms | two threads: photos/s "
         "| device ms per batch | profiled wall ms per batch |",
         "|---|---|---|---|---|---|---|",
     ]
-    for label, f in (("16", "photo_profile_run4_det16.json"), ("64", "photo_profile_run4_det64.json")):
+    for label, f in runs:
         for pt in load(f)["points"]:
             sq, g = pt["sequential"], pt["gpu_kernels"]
             out.append(
@@ -543,7 +543,14 @@ def main() -> None:
                 ("_w8_ratios", "facegate_mp_w8", ("naive", "litserve")),
             ),
             pyspy10=pyspy_engine("pyspy_run10_facegate_mp.json"),
-            photo_profile_device=photo_profile_device(),
+            photo_profile_device=photo_profile_device(
+                "photos per detector forward",
+                (("16", "photo_profile_run4_det16.json"), ("64", "photo_profile_run4_det64.json")),
+            ),
+            photo_profile_devsel=photo_profile_device(
+                "face selection",
+                (("host", "photo_profile_run5_devsel_false.json"), ("device", "photo_profile_run5_devsel_true.json")),
+            ),
             photo_top_kernels=photo_top_kernels("photo_profile_run4_det16.json", 54),
             **images_run(
                 "http_gpu20",

@@ -19,10 +19,11 @@ Same rule and arithmetic as the host path, so the same detections:
 * alignment by :func:`~facegate.pipeline.align_torch.umeyama_torch` (the closed form of the host's SVD
   solution; float32 on accelerators, so crops may differ from the host path's by rounding).
 
-Measured on the H200 (run 24, ``docs/benchmarks.md``): 6–23 % *fewer* compare requests than the host path,
-execute 15.0 against 11.4 ms per ~60-photo batch. Each detector batch here costs ~100 small eager kernel
-launches (and a 54-photo batch is four detector batches), more host time than the NumPy NMS they replace. So
-it is off by default; capturing it in the detector's CUDA graph (static shapes per batch) is the way on.
+:func:`choose_and_align` is tensor code with no host data, so the detector captures it in its CUDA graph of each
+batch shape (``FaceDetector.enqueue_many(post=...)``). Run eagerly (H200 run 24) it served 6–23 % *fewer* compare
+requests than the host path: ~100 small kernel launches per detector batch cost more host time than the NumPy
+NMS they replaced. Captured in the graph, the photo stage alone ran 1.27× the photos/s (execute 6.96 against
+10.83 ms per 54 photos, ``docs/benchmarks.md``); not yet measured end to end, so off by default.
 
 A photo is *not exact* when it has more candidates above the score threshold than :data:`CANDIDATES`, or when
 its NMS has not reached the fixed point after :data:`ITERATIONS` steps (a chain of suppressions that long). The
