@@ -126,6 +126,15 @@ def test_device_selection_gives_the_host_paths_answers(
     assert got[25].detections == [None]  # type: ignore[union-attr]
     for a, b in zip(got, want, strict=True):
         _same(a, b)
+    # two photo sizes in one detector batch (both pad to 256×256), interleaved: each size's rows are gathered by
+    # index, not sliced
+    import cv2
+
+    cut = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(datas[1], np.uint8), 1)[:240])[1].tobytes()
+    mixed = [datas[0], cut, datas[2], cut, datas[3]]
+    assert len(dev.detector.preprocess([_decode(d) for d in mixed]).scales) == 5
+    for a, b in zip(_run(dev, mixed), _run(host, mixed), strict=True):
+        _same(a, b)
     # a candidate budget of 1: photos with more candidates are not exact and take the host path
     default = dev._photo_select_post
     assert default is not None
