@@ -184,7 +184,8 @@ def bare_context_mib(gpu: GpuMonitor) -> dict[str, Any]:
 
 #: facegate histogram families whose sum/count deltas show where a request's time goes
 _TIMING = re.compile(
-    r"^facegate_(request_latency_seconds|queue_wait_seconds|compute_seconds|batch_size)_(sum|count)"
+    r"^facegate_(request_latency_seconds|engine_call_seconds|queue_wait_seconds|compute_seconds|batch_size)"
+    r"_(sum|count)"
     r"\{([^}]*)\} ([0-9.e+-]+)",
     re.M,
 )
@@ -227,13 +228,16 @@ def time_breakdown(before: dict[str, Any], after: dict[str, Any], wall_s: float)
     """Where facegate's time went between two snapshots.
 
     ``server_latency_ms``: mean in-server latency per route (client latency minus this ≈ HTTP, parsing and
-    the client); ``queue_wait_ms``: mean wait of an item in each stage's queue; ``phase_ms_per_batch``:
+    the client); ``engine_call_ms``: mean time from a service's submit to the answer per stage (minus the
+    queue wait and the phases ≈ the transport and the waits between phases; one front-end's view in the
+    process model); ``queue_wait_ms``: mean wait of an item in each stage's queue; ``phase_ms_per_batch``:
     mean time per batch of each stage phase; ``phase_busy``: that phase's share of the wall clock
     (execute near 1.0 = the stage's worker is the bottleneck).
     """
     ms = lambda s, c: round(1000.0 * s / c, 3)  # noqa: E731
     return {
         "server_latency_ms": {r: ms(s, c) for r, (s, c) in _deltas(before, after, "request_latency_seconds").items()},
+        "engine_call_ms": {st: ms(s, c) for st, (s, c) in _deltas(before, after, "engine_call_seconds").items()},
         "queue_wait_ms": {st: ms(s, c) for st, (s, c) in _deltas(before, after, "queue_wait_seconds").items()},
         "phase_ms_per_batch": {k: ms(s, c) for k, (s, c) in _deltas(before, after, "compute_seconds").items()},
         "phase_busy": {

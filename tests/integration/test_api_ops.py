@@ -70,6 +70,10 @@ def test_metrics_record_requests_batches_and_quality(client: httpx.Client, lfw_r
     assert fg.parse_metric(after, "facegate_batch_size_count", {"stage": "detect"}) >= 1
     assert fg.parse_metric(after, "facegate_batch_size_count", {"stage": "embed"}) >= 1
     assert fg.parse_metric(after, "facegate_quality_score_count") >= 6
+    # the service's view of each engine round trip: 6 photos detected and 6 faces embedded (at least)
+    for stage in ("detect", "embed"):
+        assert fg.parse_metric(after, "facegate_engine_call_seconds_count", {"stage": stage}) >= 6
+        assert fg.parse_metric(after, "facegate_engine_call_seconds_sum", {"stage": stage}) > 0
     # unknown paths share one label (no unbounded label cardinality)
     client.get("/no/such/path/123")
     assert fg.parse_metric(scrape(), "facegate_requests_total", {"route": "GET unmatched", "status": "404"}) >= 1

@@ -8,6 +8,7 @@ Exposed families (``images/s`` is ``rate(facegate_items_total[1m])``)::
 
     facegate_requests_total{route,status}          counter
     facegate_request_latency_seconds{route}        histogram
+    facegate_engine_call_seconds{stage}            histogram   submit → answer, as the service sees it
     facegate_queue_depth{stage}                    gauge
     facegate_queue_wait_seconds{stage}             histogram
     facegate_batch_size{stage}                     histogram

@@ -361,6 +361,13 @@ class ServiceStats:
         self.request_latency = Histogram(
             "facegate_request_latency_seconds", "HTTP request latency.", ("route",), buckets=LATENCY_BUCKETS
         )
+        self.engine_call = Histogram(
+            "facegate_engine_call_seconds",
+            "From the service submitting an item to an engine stage to its answer (queue, compute and, with "
+            "engine processes, the transport both ways).",
+            ("stage",),
+            buckets=LATENCY_BUCKETS,
+        )
         self.queue_depth = Gauge("facegate_queue_depth", "Items waiting in a stage queue.", ("stage",))
         self.queue_wait = Histogram(
             "facegate_queue_wait_seconds",
@@ -400,6 +407,7 @@ class ServiceStats:
         return [
             self.requests,
             self.request_latency,
+            self.engine_call,
             self.queue_depth,
             self.queue_wait,
             self.batch_size,

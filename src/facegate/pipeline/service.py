@@ -11,7 +11,7 @@ import asyncio
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -160,12 +160,20 @@ class FaceService:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
 
     # ------------------------------------------------------------------ operations
+    async def _submit(self, stage: str, payload: np.ndarray) -> Any:
+        """``engine.submit``, timed into ``facegate_engine_call_seconds{stage}`` (answers and errors alike)."""
+        t0 = time.perf_counter()
+        try:
+            return await self.engine.submit(stage, payload)
+        finally:
+            self.stats.engine_call.labels(stage).observe(time.perf_counter() - t0)
+
     async def detect(self, image: np.ndarray) -> list[Detection]:
         """Detections of one ``(H,W,3) uint8`` RGB image, sorted by score (may be empty)."""
-        return await self.engine.submit("detect", image)
+        return await self._submit("detect", image)
 
     async def _embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return await self.engine.submit("embed", crops)
+        return await self._submit("embed", crops)
 
     def _record(self, faces: list[Face]) -> None:
         for f in faces:
@@ -207,7 +215,7 @@ class FaceService:
         """
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
-        res = await self.engine.submit("photo", np.frombuffer(data, np.uint8))
+        res = await self._submit("photo", np.frombuffer(data, np.uint8))
         faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
         self._record(faces)
         return faces
