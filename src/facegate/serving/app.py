@@ -156,8 +156,12 @@ def gallery_path(settings: Settings) -> str:
     )
 
 
-def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) -> Gallery:
+def open_gallery(
+    settings: Settings, service: FaceService, stats: ServiceStats, open_retry_s: float | None = None
+) -> Gallery:
     """Open the durable gallery the settings describe, with its search index on the service's device.
+
+    ``open_retry_s``: how long to retry a busy file (default ``settings.gallery_open_retry_s``).
 
     The gallery's per-gallery subject counts are mirrored into ``stats`` (facegate_gallery_subjects).
     """
@@ -175,7 +179,8 @@ def open_gallery(settings: Settings, service: FaceService, stats: ServiceStats) 
         known.clear()
         known.update(sizes)
 
-    store = SQLiteGalleryStore(gallery_path(settings), open_retry_s=settings.gallery_open_retry_s)
+    retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
+    store = SQLiteGalleryStore(gallery_path(settings), open_retry_s=retry)
     try:
         index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
         return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
@@ -245,9 +250,10 @@ async def _reopen_gallery(state: ServingState) -> None:
     loop = asyncio.get_running_loop()
     while state.gallery is None:
         await asyncio.sleep(GALLERY_REOPEN_S)
-        try:
+        try:  # short attempts, so that a shutdown never waits long for one on the gallery thread
+            retry = min(GALLERY_REOPEN_S, state.settings.gallery_open_retry_s)
             gallery = await loop.run_in_executor(
-                state.gallery_pool, open_gallery, state.settings, state.service, state.stats
+                state.gallery_pool, open_gallery, state.settings, state.service, state.stats, retry
             )
         except FacegateError as exc:
             state.gallery_error = exc
