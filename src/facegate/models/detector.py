@@ -521,15 +521,20 @@ class FaceDetector:
         """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`.
 
         ``full``: the batch's decoded ``(boxes, landmarks, scores)``; ``None`` after a graph replay, whose
-        outputs later replays overwrote: the batch then runs through its graph again (same input, same
-        kernels, same outputs) under the replay lock.
+        outputs later replays overwrote: the batch then runs through its shape's graph again (same input, same
+        kernels, same outputs) under the replay lock, or eagerly when that graph does not exist (a batch that
+        ran through a ``post`` graph, with the graph cap reached).
         """
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
             if full is None:
-                g, static_in, outs = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))  # type: ignore[misc]
-                static_in.copy_(self._host_batch(batch), non_blocking=True)
-                replay(g)
-                full = (outs[1], outs[2], outs[3])
+                entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
+                if entry is None:
+                    full = tuple(self._select(self.forward(batch), batch.input_hw)[1:])  # type: ignore[assignment]
+                else:
+                    g, static_in, outs = entry
+                    static_in.copy_(self._host_batch(batch), non_blocking=True)
+                    replay(g)
+                    full = (outs[1], outs[2], outs[3])
             boxes, lms, scores = full
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()

@@ -123,6 +123,18 @@ def test_enqueue_then_finish_equals_run_many(helpers: SimpleNamespace, detector:
 
 
 @pytest.mark.lfw
+def test_rare_candidates_without_a_graph_run_the_batch_again(
+    helpers: SimpleNamespace, detector: FaceDetector, lfw_root: Path
+) -> None:
+    """A crowd row's candidates past the prefetch, when neither the decoded outputs nor a graph of the batch's
+    shape are at hand: the batch runs again eagerly, with the same candidates."""
+    batch = detector.preprocess([helpers.two_faces(lfw_root)])
+    _, *full = detector._select(detector.forward(batch), batch.input_hw)
+    want = detector._rare_candidates(batch, 0, 5, (full[0], full[1], full[2]))
+    np.testing.assert_array_equal(detector._rare_candidates(batch, 0, 5, None), want)
+
+
+@pytest.mark.lfw
 def test_bf16_on_cpu_agrees_with_fp32(helpers: SimpleNamespace, detector: FaceDetector, lfw_root: Path) -> None:
     try:
         low = FaceDetector(load_yunet(), dtype=torch.bfloat16)
