@@ -216,10 +216,10 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     host = torch.cat([torch.cat(meta).to(res.device), res.float()], 1).cpu().numpy()  # the one wait
     faces: dict[int, list[Detection]] = {}
     keep: list[int] = []
-    fallback: list[int] = []
+    fallback: set[int] = set()
     for r, i in enumerate(owners):
         if i in photos and not host[r, 16]:
-            fallback.append(i)
+            fallback.add(i)
             continue
         if i in photos and not host[r, 15]:
             out[i] = NoFaceError("no face found in the image")
