@@ -166,6 +166,13 @@ def engines_of(name: str) -> int:
     return int(m.group(1)) if m and name.startswith("facegate_mp") else 1
 
 
+def front_ends_of(name: str, mp_workers: int) -> int:
+    """Front-end (HTTP) processes of a facegate server of SERVER_NAMES (1 unless it is ``facegate_mp*``)."""
+    if not name.startswith("facegate_mp"):
+        return 1
+    return 8 if name.startswith("facegate_mp_w8") else mp_workers
+
+
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
@@ -176,7 +183,7 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
-            argv += ["--workers", str(8 if name.startswith("facegate_mp_w8") else o.mp_workers)]
+            argv += ["--workers", str(front_ends_of(name, o.mp_workers))]
         if engines_of(name) > 1:  # several engine processes on the one GPU
             n = str(engines_of(name))
             argv += ["--engines", n, "--engines-per-gpu", n]
@@ -348,12 +355,13 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     load0 = os.getloadavg()[0]
     with contextlib.suppress(threading.BrokenBarrierError):  # a failed client reports through the queue
         barrier.wait(timeout=wait_s)
-    metrics0 = scrape_facegate(server.url) if is_fg else {}
+    front_ends = front_ends_of(server.name, o.mp_workers)
+    metrics0 = scrape_facegate(server.url, front_ends) if is_fg else {}
     pids = server.pids()
     th0, m0, t0 = thread_ticks(pids), machine_ticks(), time.perf_counter()
     results = [out_q.get(timeout=o.duration + wait_s + 60) for _ in procs]
     t1, th1, m1 = time.perf_counter(), thread_ticks(pids), machine_ticks()
-    metrics1 = scrape_facegate(server.url) if is_fg else {}
+    metrics1 = scrape_facegate(server.url, front_ends) if is_fg else {}
     for p in procs:
         p.join(timeout=10)
     failed = [r["error"] for r in results if "error" in r]

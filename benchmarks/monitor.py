@@ -191,32 +191,71 @@ _TIMING = re.compile(
 )
 
 
-def scrape_facegate(url: str) -> dict[str, Any]:
-    """facegate's histogram sums/counts (latency, queue wait, compute per phase, batch size) and torch
-    GPU memory from ``/metrics``: ``{"hist": {(family, labels): {"sum", "count"}}, "gpu_memory_mib"}``."""
-    out: dict[str, Any] = {"hist": {}, "gpu_memory_mib": {}}
+#: families each front-end process records for itself (the engine families come from the engine processes,
+#: and every front-end exports the same merged copy of them)
+FRONT_END_FAMILIES = ("request_latency_seconds", "engine_call_seconds")
+
+
+def _scrape_once(url: str) -> dict[str, Any] | None:
+    """One ``/metrics`` answer parsed: ``{"pid", "hist", "gpu_memory_mib"}``; None when it failed."""
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
-        return out
+        return None
+    hist: dict[tuple[str, str], dict[str, float]] = {}
     for m in _TIMING.finditer(text):
         labels = ",".join(v for v in re.findall(r'="([^"]*)"', m.group(3)))
-        out["hist"].setdefault((m.group(1), labels), {})[m.group(2)] = float(m.group(4))
-    for m in re.finditer(r'^facegate_gpu_memory_bytes\{kind="(\w+)"\} ([0-9.e+-]+)', text, re.M):
-        out["gpu_memory_mib"][m.group(1)] = round(float(m.group(2)) / 2**20, 1)
+        hist.setdefault((m.group(1), labels), {})[m.group(2)] = float(m.group(4))
+    gpu = {
+        m.group(1): round(float(m.group(2)) / 2**20, 1)
+        for m in re.finditer(r'^facegate_gpu_memory_bytes\{kind="(\w+)"\} ([0-9.e+-]+)', text, re.M)
+    }
+    pid = re.search(r'^facegate_process_info\{pid="(\d+)"\}', text, re.M)
+    return {"pid": pid.group(1) if pid else "?", "hist": hist, "gpu_memory_mib": gpu}
+
+
+def scrape_facegate(url: str, processes: int = 1) -> dict[str, Any]:
+    """facegate's histogram sums/counts (latency, queue wait, compute per phase, batch size) and torch
+    GPU memory from ``/metrics``: ``{"hist": {(family, labels): {"sum", "count"}}, "gpu_memory_mib",
+    "by_pid": {pid: hist}}``.
+
+    ``processes``: the server's front-end processes. They share one port, so one scrape reaches one of them
+    at random; this scrapes until it has seen each (at most ``8 × processes`` scrapes) and keeps every
+    process's own counters in ``by_pid``, which :func:`time_breakdown` adds up for the front-end families.
+    """
+    out: dict[str, Any] = {"hist": {}, "gpu_memory_mib": {}, "by_pid": {}}
+    for _ in range(8 * max(processes, 1)):
+        one = _scrape_once(url)
+        if one is None:
+            continue
+        out["by_pid"].setdefault(one["pid"], one["hist"])
+        out["hist"], out["gpu_memory_mib"] = one["hist"], one["gpu_memory_mib"]
+        if len(out["by_pid"]) >= processes:
+            break
     return out
 
 
 def _deltas(before: dict[str, Any], after: dict[str, Any], family: str) -> dict[str, tuple[float, float]]:
-    """``{labels: (d_sum, d_count)}`` of one histogram family between two snapshots (count > 0 only)."""
-    res = {}
-    for (fam, labels), a in after.get("hist", {}).items():
-        if fam == family:
-            b = before.get("hist", {}).get((fam, labels), {})
-            dc = a.get("count", 0.0) - b.get("count", 0.0)
-            if dc > 0:
-                res[labels] = (a.get("sum", 0.0) - b.get("sum", 0.0), dc)
-    return res
+    """``{labels: (d_sum, d_count)}`` of one histogram family between two snapshots (count > 0 only).
+
+    A front-end family is summed over the processes seen in both snapshots (their own counters); an engine
+    family comes from the last scrape of each snapshot.
+    """
+    pairs = [(before.get("hist", {}), after.get("hist", {}))]
+    if family in FRONT_END_FAMILIES and before.get("by_pid") and after.get("by_pid"):
+        common = sorted(set(before["by_pid"]) & set(after["by_pid"]))
+        pairs = [(before["by_pid"][p], after["by_pid"][p]) for p in common]
+    acc: dict[str, list[float]] = {}
+    for b_hist, a_hist in pairs:
+        for (fam, labels), a in a_hist.items():
+            if fam == family:
+                b = b_hist.get((fam, labels), {})
+                dc = a.get("count", 0.0) - b.get("count", 0.0)
+                if dc > 0:
+                    t = acc.setdefault(labels, [0.0, 0.0])
+                    t[0] += a.get("sum", 0.0) - b.get("sum", 0.0)
+                    t[1] += dc
+    return {labels: (t[0], t[1]) for labels, t in acc.items()}
 
 
 def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -229,9 +268,10 @@ def time_breakdown(before: dict[str, Any], after: dict[str, Any], wall_s: float)
 
     ``server_latency_ms``: mean in-server latency per route (client latency minus this ≈ HTTP, parsing and
     the client); ``engine_call_ms``: mean time from a service's submit to the answer per stage (minus the
-    queue wait and the phases ≈ the transport and the waits between phases; one front-end's view in the
-    process model); ``queue_wait_ms``: mean wait of an item in each stage's queue; ``phase_ms_per_batch``:
-    mean time per batch of each stage phase; ``phase_busy``: that phase's share of the wall clock
+    queue wait and the phases ≈ the transport and the waits between phases). Both are summed over the
+    front-end processes that both snapshots reached (:func:`scrape_facegate`). ``queue_wait_ms``: mean wait
+    of an item in each stage's queue; ``phase_ms_per_batch``: mean time per batch of each stage phase;
+    ``phase_busy``: that phase's share of the wall clock
     (execute near 1.0 = the stage's worker is the bottleneck).
     """
     ms = lambda s, c: round(1000.0 * s / c, 3)  # noqa: E731

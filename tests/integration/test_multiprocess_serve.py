@@ -78,6 +78,11 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
             n_detect = float(detect[0].split()[-1]) if detect else 0.0
             assert (n_detect >= 11) if preprocess == "off" else (n_detect == 0), detect  # photos skip "detect"
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
+            # each front-end labels its scrape with its own process id, so a scraper can tell them apart (a new
+            # connection per scrape: a kept-alive one stays with one front-end)
+            pids = {ln.split('"')[1] for _ in range(32) for ln in httpx.get(url + "/metrics").text.splitlines()
+                    if ln.startswith("facegate_process_info{")}  # fmt: skip
+            assert len(pids) == 2 and all(p.isdigit() and int(p) != proc.pid for p in pids), pids
         assert len(_children(proc.pid)) >= 4  # 2 engines + 2 front-ends (+ the resource tracker)
         # after compares, an enrolment and searches, still only the 2 engines have torch loaded
         spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]

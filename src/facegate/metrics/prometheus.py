@@ -20,6 +20,7 @@ Exposed families (``images/s`` is ``rate(facegate_items_total[1m])``)::
     facegate_refusals_total{reason}                counter
     facegate_gallery_subjects{gallery}             gauge
     facegate_gpu_memory_bytes{kind}                gauge       kind = allocated | reserved | peak
+    facegate_process_info{pid}                     gauge       1; the process that answered the scrape
 """
 
 from __future__ import annotations

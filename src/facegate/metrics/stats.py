@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -346,7 +347,8 @@ class ServiceStats:
     (facegate_dropped_total{stage,reason}), ``stage_errors`` (facegate_stage_errors_total{stage,phase};
     items that got a stage exception), ``quality_score`` (facegate_quality_score), ``refusals``
     (facegate_refusals_total{reason}), ``gallery_subjects`` (facegate_gallery_subjects{gallery}),
-    ``gpu_memory`` (facegate_gpu_memory_bytes{kind}: allocated, reserved, peak).
+    ``gpu_memory`` (facegate_gpu_memory_bytes{kind}: allocated, reserved, peak), ``process``
+    (facegate_process_info{pid}: which process answered the scrape).
 
     Args:
         gpu_memory_fn: optional callable returning ``{"allocated": bytes, "reserved": bytes, "peak": bytes}``;
@@ -397,6 +399,13 @@ class ServiceStats:
         self.refusals = Counter("facegate_refusals_total", "Quality-gate refusals by reason.", ("reason",))
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects enrolled per gallery.", ("gallery",))
         self.gpu_memory = Gauge("facegate_gpu_memory_bytes", "GPU memory of this process.", ("kind",))
+        self.process = Gauge(
+            "facegate_process_info",
+            "1, labelled with the id of the process that answered this scrape (several front-end processes share "
+            "one port: a scraper tells their counters apart by it).",
+            ("pid",),
+        )
+        self.process.labels(str(os.getpid())).set(1.0)
         self._gpu_memory_fn: GpuMemoryFn | None = gpu_memory_fn
         self._stages: list[str] = []
         self._stages_lock = threading.Lock()
@@ -419,6 +428,7 @@ class ServiceStats:
             self.refusals,
             self.gallery_subjects,
             self.gpu_memory,
+            self.process,
         ]
 
     #: Families the engine records (queues, batches, compute, GPU memory): in the process model they live in

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -59,8 +61,10 @@ def test_content_type_and_all_names(stats: ServiceStats) -> None:
         "facegate_refusals_total",
         "facegate_gallery_subjects",
         "facegate_gpu_memory_bytes",
+        "facegate_process_info",
     ):
         assert name in text, name
+    assert f'facegate_process_info{{pid="{os.getpid()}"}} 1.0' in text
     assert "# TYPE facegate_batch_size histogram" in text
     assert "# TYPE facegate_requests_total counter" in text
     assert "# TYPE facegate_queue_depth gauge" in text
