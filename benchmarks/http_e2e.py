@@ -103,7 +103,8 @@ SERVER_NAMES = (
     "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
     "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "facegate_mp_w8_e3_det64", "facegate_mp_w8_detexec",
     "facegate_mp_w8_e2_detexec", "facegate_mp_w8_e3_det64_noaff", "facegate_mp_w8_e2_noaff",
-    "facegate_mp_w8_devsel", "facegate_mp_w8_e3_det64_devsel", "naive", "litserve",
+    "facegate_mp_w8_devsel", "facegate_mp_w8_e3_det64_devsel", "facegate_mp_w8_hostsel",
+    "facegate_mp_w8_e3_det64_hostsel", "facegate_mp_w8_nofuse", "facegate_mp_w8_e3_det64_nofuse", "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
 DEFAULT_KINDS = "compare,embed_aligned"
@@ -510,6 +511,10 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_PHOTO_DETECT_IN_PREPARE"] = "false"
     if name.endswith("_devsel"):  # A/B of Settings.photo_select_on_device: NMS, choice and alignment on the GPU
         env["FACEGATE_PHOTO_SELECT_ON_DEVICE"] = "true"
+    if name.endswith("_hostsel"):  # the same A/B from the other side: NMS, choice and alignment on the host
+        env["FACEGATE_PHOTO_SELECT_ON_DEVICE"] = "false"
+    if name.endswith("_nofuse"):  # A/B of Settings.fused_epilogues: SFace's conv bias and PReLU as two kernels
+        env["FACEGATE_FUSED_EPILOGUES"] = "false"
     if name.endswith("_noaff"):  # A/B of Settings.compare_same_engine: each photo to the least busy engine
         env["FACEGATE_COMPARE_SAME_ENGINE"] = "false"
     if name == "facegate_mp_h11":  # A/B of Settings.http_parser and event_loop: uvicorn's pure-Python fallbacks

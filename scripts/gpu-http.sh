@@ -33,6 +33,7 @@ if [ -n "${PYSPY_SERVER:-}" ] && ls .pyspy/*.whl > /dev/null 2>&1 \
   export FACEGATE_BENCH_WRAP="$PYSPY_SERVER=/tmp/pyspy/bin/py-spy record --subprocesses --gil --nonblocking -r 97 \
 -f raw -o $OUT/pyspy_$PYSPY_SERVER.txt --"
 fi
+rm -rf /tmp/server_logs  # a machine may be handed back warm, with an earlier call's logs there
 # shellcheck disable=SC2086
 timeout $(( ${BUDGET_S:-420} + 60 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --peer-compile graphs --naive-serialize --mp-workers "${MP_WORKERS:-4}" \

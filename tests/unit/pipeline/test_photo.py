@@ -229,12 +229,14 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
     gpu.photo_detect_in_prepare = True
     for a, b, c in zip(ahead, inline, got, strict=True):
         assert _cos(a.embedding[0], c.embedding[0]) > 0.9999 and _cos(b.embedding[0], c.embedding[0]) > 0.9999  # type: ignore[union-attr]
-    # NMS, face choice and alignment on the device (Settings.photo_select_on_device): the same detections
-    gpu.photo_select_on_device = True
+    # NMS, face choice and alignment on the device (Settings.photo_select_on_device, the default) and on the
+    # host: the same detections
+    assert gpu.photo_select_on_device
+    gpu.photo_select_on_device = False
     try:
         selected = _run(stage, datas)
     finally:
-        gpu.photo_select_on_device = False
+        gpu.photo_select_on_device = True
     for a, c in zip(selected, got, strict=True):
         assert isinstance(a, PhotoFaces) and isinstance(c, PhotoFaces)
         np.testing.assert_array_equal(a.detections[0].box, c.detections[0].box)  # type: ignore[union-attr]

@@ -58,8 +58,8 @@ def test_device_nms_equals_the_host_rule() -> None:
 @pytest.fixture(scope="module")
 def pipes() -> tuple[FacePipeline, FacePipeline]:
     """The host path and the device selection, same models (CPU)."""
-    host = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on"))
-    dev = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on", photo_select_on_device=True))
+    host = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on", photo_select_on_device=False))
+    dev = FacePipeline.from_settings(Settings(device="cpu", gpu_preprocess="on"))
     assert dev.photo_select_on_device and not host.photo_select_on_device
     return host, dev
 

@@ -1,0 +1,116 @@
+"""models/epilogue.py: bias + activation in one kernel, and its use in SFace's folded conv blocks."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from facegate.models.epilogue import bias_act_, fused_available, reference, set_fused_epilogues
+from facegate.models.sface import ConvBNPReLU, load_sface, tiny_sface
+
+log = logging.getLogger(__name__)
+
+
+def _inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, channels_last: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(shape[1], generator=g).to(device=device, dtype=dtype)
+    a = (0.25 * torch.rand(shape[1], generator=g)).to(device=device, dtype=dtype)
+    return x, b, a
+
+
+# --------------------------------------------------------------------------- CPU: the torch-operation path
+@pytest.mark.parametrize("act", ["none", "relu", "prelu"])
+def test_cpu_is_the_reference_maths(act: str) -> None:
+    x, b, a = _inputs((2, 8, 5, 7), torch.float32, "cpu", channels_last=False)
+    want = x + b.view(1, -1, 1, 1)
+    want = {"none": want, "relu": F.relu(want), "prelu": F.prelu(want, a)}[act]
+    assert not fused_available(x)
+    got = bias_act_(x.clone(), b, act, a if act == "prelu" else None)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bad_arguments() -> None:
+    x, b, _ = _inputs((1, 4, 3, 3), torch.float32, "cpu", channels_last=False)
+    with pytest.raises(ValueError, match="unknown activation"):
+        bias_act_(x, b, "gelu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="slope"):
+        bias_act_(x, b, "prelu")
+
+
+def test_set_fused_epilogues_reaches_every_conv_block() -> None:
+    m = tiny_sface(0)
+    assert set_fused_epilogues(m, True) == 27  # the stem and 13 depthwise-separable blocks of two
+    assert all(c.fused_epilogue for c in m.modules() if isinstance(c, ConvBNPReLU))
+    assert set_fused_epilogues(m, False) == 27
+    assert not ConvBNPReLU.fused_epilogue  # the class default stays off
+
+
+def test_fused_flag_changes_nothing_on_the_cpu() -> None:
+    m = tiny_sface(0).fuse()
+    x = torch.randn(3, 3, 112, 112)
+    with torch.inference_mode():
+        want, _ = m(x)
+        set_fused_epilogues(m, True)
+        got, _ = m(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- CUDA: the Triton kernel
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("act", ["none", "relu", "prelu"])
+def test_kernel_matches_the_torch_operations(dtype: torch.dtype, channels_last: bool, act: str) -> None:
+    # odd sizes: the last block is partial, and the channel index wraps inside a block
+    x, b, a = _inputs((3, 24, 13, 11), dtype, "cuda", channels_last)
+    assert fused_available(x), "Triton must be importable on the GPU machine"
+    slope = a if act == "prelu" else None
+    want = reference(x.float(), b.float(), act, None if slope is None else slope.float())
+    ptr = x.data_ptr()
+    got = bias_act_(x, b, act, slope)
+    assert got.data_ptr() == ptr and got.is_contiguous(memory_format=torch.channels_last) == channels_last
+    # one rounding of the fp32 result: within half an ulp of the output dtype
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_kernel_inside_a_cuda_graph() -> None:
+    x, b, a = _inputs((4, 32, 8, 8), torch.float16, "cuda", channels_last=True)
+    static = x.clone()
+    bias_act_(static.clone(), b, "prelu", a)  # compile before the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(g, stream=side):
+        bias_act_(static, b, "prelu", a)
+    torch.cuda.current_stream().wait_stream(side)
+    for seed in (1, 2):
+        fresh, _, _ = _inputs((4, 32, 8, 8), torch.float16, "cuda", channels_last=True, seed=seed)
+        static.copy_(fresh)
+        g.replay()
+        torch.cuda.synchronize()
+        want = reference(fresh.float(), b.float(), "prelu", a.float())
+        torch.testing.assert_close(static.float(), want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_sface_fp16_fused_matches_unfused() -> None:
+    base = load_sface().fuse().cuda().half().to(memory_format=torch.channels_last)
+    fused = copy.deepcopy(base)
+    assert set_fused_epilogues(fused, True) == 27
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(16, 3, 112, 112, generator=g).cuda().half().contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        e0, _ = base(x)
+        e1, _ = fused(x)
+    cos = F.cosine_similarity(e0.float(), e1.float())
+    log.info("SFace fp16 fused vs unfused epilogues: cosine min %.6f", cos.min().item())
+    assert cos.min().item() > 0.9999, cos
