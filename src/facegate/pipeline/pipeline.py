@@ -234,8 +234,13 @@ class FacePipeline:
         spec = get_spec(name)
         configure_cpu_threads(settings.cpu_threads, device)
         configure_gemm_workspace(settings.gemm_workspace, device)
+        yunet = load_yunet().to(device)
+        if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
+            from facegate.models.epilogue import set_fused_epilogues
+
+            set_fused_epilogues(yunet, settings.fused_epilogues)
         detector = FaceDetector(
-            load_yunet().to(device),
+            yunet,
             device=device,
             # the detector stays fp32 on every device: it is tiny (53 k parameters), and fp16 landmarks
             # move the alignment enough to cost embedding parity (measured: min cosine 0.85 on LFW)
@@ -272,8 +277,6 @@ class FacePipeline:
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
             # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
-            from facegate.models.epilogue import set_fused_epilogues
-
             set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule

@@ -114,3 +114,33 @@ def test_sface_fp16_fused_matches_unfused() -> None:
     cos = F.cosine_similarity(e0.float(), e1.float())
     log.info("SFace fp16 fused vs unfused epilogues: cosine min %.6f", cos.min().item())
     assert cos.min().item() > 0.9999, cos
+
+
+def test_yunet_blocks_take_the_flag() -> None:
+    from facegate.models.yunet import ConvDPUnit, ConvHead, load_yunet
+
+    m = load_yunet()
+    n = set_fused_epilogues(m, True)
+    assert n == sum(isinstance(c, (ConvDPUnit, ConvHead)) for c in m.modules()) == 27
+    x = torch.rand(2, 3, 64, 64) * 255
+    with torch.inference_mode():
+        got = m(x)
+        set_fused_epilogues(m, False)
+        want = m(x)
+    for g, w in zip(got, want, strict=True):  # the CPU never takes the fused path
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_yunet_fp32_fused_matches_unfused() -> None:
+    from facegate.models.yunet import load_yunet
+
+    base = load_yunet().cuda()
+    fused = copy.deepcopy(base)
+    set_fused_epilogues(fused, True)
+    x = (torch.rand(4, 3, 256, 256, generator=torch.Generator().manual_seed(3)) * 255).cuda()
+    with torch.inference_mode():
+        want = base(x)
+        got = fused(x)
+    for g, w in zip(got, want, strict=True):  # fp32: the same sums, one pass instead of two
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
