@@ -21,6 +21,7 @@ from summary_http import (
     images_run,
     load,
     table_md,
+    time_split,
 )
 
 
@@ -312,6 +313,7 @@ def _kernel_label(name: str) -> str:
     for key in (
         "prelu_kernel", "CUDAFunctor_add", "conv_depthwise2d_forward_kernel", "launch_clamp_scalar",
         "max_pool_forward_nchw", "direct_copy_kernel_cuda", "CatArrayBatchedCopy", "implicit_convolve_sgemm",
+        "bias_act_kernel",
     ):  # fmt: skip
         if key in name:
             dtype = "fp16" if "Half" in name else "fp32" if "float" in name else ""
@@ -552,6 +554,39 @@ def main() -> None:
                 (("host", "photo_profile_run5_devsel_false.json"), ("device", "photo_profile_run5_devsel_true.json")),
             ),
             photo_top_kernels=photo_top_kernels("photo_profile_run4_det16.json", 54),
+            **images_run(
+                "http_gpu25",
+                "http_gpu_run25_devsel_v2.json",
+                ("_ratios", "facegate_mp_w8_devsel", ("facegate_mp_w8",)),
+                ("_e3_ratios", "facegate_mp_w8_e3_det64_devsel", ("facegate_mp_w8_e3_det64",)),
+            ),
+            engine_phases25=engine_phases("http_gpu_run25_devsel_v2.json", "facegate_mp_w8_devsel"),
+            photo_profile_fuse=photo_profile_device(
+                "fused epilogues",
+                (("off", "photo_profile_run6_fuse_false.json"), ("on", "photo_profile_run6_fuse_true.json")),
+            ),
+            photo_top_kernels_fused=photo_top_kernels("photo_profile_run6_fuse_true.json", 54),
+            **images_run(
+                "http_gpu26",
+                "http_gpu_run26_fused_epilogue.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_nofuse",)),
+                ("_w8_ratios", "facegate_mp_w8", ("facegate_mp_w8_nofuse",)),
+            ),
+            time_split26=time_split("http_gpu_run26_fused_epilogue.json"),
+            **images_run(
+                "http_gpu27",
+                "http_gpu_run27_buckets.json",
+                (
+                    "_ratios",
+                    "facegate_mp_w8_e3_det64",
+                    ("facegate_mp_w8_e3_det64_b3", "facegate_mp_w8_e3_det64_nofuse"),
+                ),
+            ),
+            time_split27=time_split("http_gpu_run27_buckets.json"),
+            soak_gpu5_cmd=load("soak_gpu_mp_run5_session10.json")["command"],
+            soak_gpu5=soak_gpu("soak_gpu_mp_run5_session10.json"),
+            serve_memory10_cmd=load("serve_memory_gpu_session10.json")["command"],
+            serve_memory10=serve_memory("serve_memory_gpu_session10.json"),
             **images_run(
                 "http_gpu20",
                 "http_gpu_run20_detect_in_prepare.json",

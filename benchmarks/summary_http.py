@@ -80,6 +80,32 @@ def engine_phases(name: str, server: str) -> str:
     return "\n".join(out)
 
 
+def time_split(name: str) -> str:
+    """Where a compare request's time went, per facegate server and concurrency (runs whose front-ends are
+    told apart by ``facegate_process_info``, from run 26 on): client mean latency; in-server latency; the
+    engine call (submit → answer); and inside the engine the photo stage's queue wait and its prepare and
+    execute time per batch."""
+    out = [
+        "| server | c | client mean ms | in server ms | engine call ms | queue wait ms | prepare ms / batch "
+        "| execute ms / batch | photos per batch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in _rows(name):
+        tb = r.get("time_breakdown")
+        if not tb or r["kind"] != "compare":
+            continue
+        ph = tb["phase_ms_per_batch"]
+        out.append(
+            f"| {r['server']} | {r['concurrency']} | {r['mean_ms']:.1f} | "
+            f"{tb['server_latency_ms'].get('POST /api/compare', float('nan')):.1f} | "
+            f"{tb['engine_call_ms'].get('photo', float('nan')):.1f} | "
+            f"{tb['queue_wait_ms'].get('photo', float('nan')):.1f} | "
+            f"{ph.get('prepare,photo', float('nan')):.2f} | {ph.get('execute,photo', float('nan')):.2f} | "
+            f"{r['mean_batch_size'].get('photo', float('nan')):.1f} |"
+        )
+    return "\n".join(out)
+
+
 def http_gpu_runs() -> str:
     runs = (
         ("1: NHWC detector, 4 shapes × 7 buckets warmed", "http_gpu_run1_nhwc_detector.json"),
