@@ -21,14 +21,14 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "cold start to `/readyz` ≤ 30 s",
-        "Session 10 (fused epilogues, bucket 32): three engines 13.2–19.3 s (run 26), 24.2–24.6 s on run 27's "
-        "slower machine (also for its server with the old buckets); engines ready in 19.7–20.1 s there, SFace's 4 "
-        "buckets 12.6–13.2 s. 8 front-ends: one engine **15.1 s**, two 14.8–16.7 s (run 20); three engines 16.1–20.8 s (runs 21–23). "
-        "Run 19: 21.6 s (one engine), 23.5 s (three); run 18: 24.7 s. Three engines, from run 22's logs: each ready "
-        "in 15.0–16.3 s (build 5.3–5.6 s, warm-up 9.5–10.5 s, of which SFace's 3 buckets 8.1–8.8 s of cuDNN "
-        "planning). Before session 8 (detector planned NHWC, 2–4 s per shape): 33.2 s (run 16), 49.2 s (run 15, a "
-        "slower machine). Compile caches play no part with `--compile graphs` (nothing is compiled); Inductor: 222 s "
-        "per shape without cached kernels, 16 s with them (model only; serving with it not measured)",
+        "Session 10 (fused epilogues, bucket 32): three engines 13.2–19.3 s (run 26), 24.2–24.6 s on run 27's slower "
+        "machine (also for its server with the old buckets); engines ready in 19.7–20.1 s there, SFace's 4 buckets "
+        "12.6–13.2 s. 8 front-ends: one engine **15.1 s**, two 14.8–16.7 s (run 20); three engines 16.1–20.8 s (runs "
+        "21–23). Run 19: 21.6 s (one engine), 23.5 s (three); run 18: 24.7 s. Three engines, from run 22's logs: "
+        "each ready in 15.0–16.3 s (build 5.3–5.6 s, warm-up 9.5–10.5 s, of which SFace's 3 buckets 8.1–8.8 s of "
+        "cuDNN planning). Before session 8 (detector planned NHWC, 2–4 s per shape): 33.2 s (run 16), 49.2 s (run "
+        "15, a slower machine). Compile caches play no part with `--compile graphs` (nothing is compiled); Inductor: "
+        "222 s per shape without cached kernels, 16 s with them (model only; serving with it not measured)",
         "met in runs 18–27 (14.8–28.1 s)",
     ),
     (
@@ -51,27 +51,27 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "Session 10, compare: **51.2 ms** (three engines, fused epilogues, run 26; 64.7 without them in the same "
         "run), 59.0–61.7 ms for three servers on run 27's machine (medians 31–37 ms). Face selection on the device "
         "(run 25): one engine 68.8 against 113.3 ms. The in-engine split at c=100 (run 26, three engines): 33.0 ms "
-        "mean at the client = 2.0 HTTP/client + 2.5 front-end + 28.5 engine call (5.9 queue wait, 10.1 prepare, "
-        "6.7 execute per batch, ~5.8 transport and hand-off). Before: aligned embed: 46.6 ms (three engines) / 46.8 (two) in run 22; 38.0 / 39.9 / 51.9 (one / two / three, run "
-        "19). Compare: **62.9 ms** (three engines, 64 photos per detector forward, run 21), 63.5 (run 22), 70.8 "
-        "(run 23, three 6-s rounds pooled); two engines 63.1–70.2 (runs 20–22); one engine 70.0–72.3 (run 20). "
-        "Session 9 moved the detector into the photo stage's prepare, warps from host thetas and sends both "
-        "photos of a compare to one engine (same-run A/Bs: −4 to +8 % compare req/s, p99 within ±6 ms either "
-        "way). NMS, face choice and alignment as eager GPU tensor operations (run 24) were slower (0.77–0.94× "
-        "compare req/s); captured in the detector's graph, the photo stage alone ran 1.27× the photos/s (not yet "
-        "measured over HTTP; off). At c=100 the engine's photo stage bounds it: 21–28 photos per batch per "
-        "engine, 9–11 ms execute and 6.5–11.6 ms prepare per batch, and the GPU time-sliced between the engine "
-        "processes (no MPS)",
+        "mean at the client = 2.0 HTTP/client + 2.5 front-end + 28.5 engine call (5.9 queue wait, 10.1 prepare, 6.7 "
+        "execute per batch, ~5.8 transport and hand-off). Before: aligned embed: 46.6 ms (three engines) / 46.8 "
+        "(two) in run 22; 38.0 / 39.9 / 51.9 (one / two / three, run 19). Compare: **62.9 ms** (three engines, 64 "
+        "photos per detector forward, run 21), 63.5 (run 22), 70.8 (run 23, three 6-s rounds pooled); two engines "
+        "63.1–70.2 (runs 20–22); one engine 70.0–72.3 (run 20). Session 9 moved the detector into the photo stage's "
+        "prepare, warps from host thetas and sends both photos of a compare to one engine (same-run A/Bs: −4 to +8 % "
+        "compare req/s, p99 within ±6 ms either way). NMS, face choice and alignment as eager GPU tensor operations "
+        "(run 24) were slower (0.77–0.94× compare req/s); captured in the detector's graph, the photo stage alone "
+        "ran 1.27× the photos/s (not yet measured over HTTP; off). At c=100 the engine's photo stage bounds it: "
+        "21–28 photos per batch per engine, 9–11 ms execute and 6.5–11.6 ms prepare per batch, and the GPU "
+        "time-sliced between the engine processes (no MPS)",
         "met for aligned embed (runs 19 and 22; not re-measured in session 10); not met for compare (best 51.2 ms, "
         "run 26)",
     ),
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
         "Session 10: **10,375 photos/s** (three engines, fused epilogues, run 26; 8,054 without them in the same "
-        "run), 9,289 in run 27; one engine 5,514 (run 26). Before: three engines, 8 crops per request: **16,283** aligned faces/s at c=256 and 12,838 at c=100 (run 23, median "
-        "of 3 rounds); two engines 11,186 (run 18). One crop per request: 6,336–6,864 (run 22). Photos: **8,283** "
-        "(three engines, 64 photos per detector forward, run 23), 7,381 (run 22), 5,529 (two engines, run 22); one "
-        "engine 3,999 (run 20)",
+        "run), 9,289 in run 27; one engine 5,514 (run 26). Before: three engines, 8 crops per request: **16,283** "
+        "aligned faces/s at c=256 and 12,838 at c=100 (run 23, median of 3 rounds); two engines 11,186 (run 18). One "
+        "crop per request: 6,336–6,864 (run 22). Photos: **8,283** (three engines, 64 photos per detector forward, "
+        "run 23), 7,381 (run 22), 5,529 (two engines, run 22); one engine 3,999 (run 20)",
         "met with several engines and batch requests of 8 crops; not with one crop per request",
     ),
     (
@@ -81,21 +81,21 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "Before: engine process at idle, max batch 64: +558 MiB (runs 18–19; +548 in run 16), +704 after HTTP load; "
         "serve_memory: SFace +548 after warm-up, IR-SE-64 +580 (probe at 4c062fb). By max batch (beside the soak): "
         "+558 / +364 / +280 MiB at 64 / 32 / 16, the CUDA-graph pool 394 / 206 / 128 MiB (one 64×64×112×112 fp16 "
-        "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces). "
-        "64 photos per detector forward (the fastest compare configuration) costs ~530 MiB more",
+        "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces). 64 "
+        "photos per detector forward (the fastest compare configuration) costs ~530 MiB more",
         "not met (+474 MiB after warm-up at f5f78c4, +552 after load; IR-SE-64 +592 / +682)",
     ),
     (
         "no growth over a 10-minute soak",
         "GPU soak at f5f78c4 (session 10's code: device selection, fused epilogues, bucket 32; one engine, 4 "
-        "front-ends, 10.1 min of load, 40 windows): 0 failed requests; engine GPU memory 1,294 → 1,302 MiB, "
-        "**+0.0 MiB over the second half** (torch reserved 580 → 588, +0.0 over the second half); host RSS of "
-        "the 7 server processes +0.8 MiB over the second half. Earlier: GPU soak at abef89a (photo stage, process model, 4 front-ends, 10.1 min of load, ~1.48 M requests): 0 failed "
-        "requests; engine GPU memory 1,376 MiB, +2 MiB once at 5.3 min (torch reserved 662 → 664), then flat: "
-        "**+0.0 MiB over the second half**; host RSS of the 7 server processes +0.9 MiB over the second half. CPU "
-        "soak at 158d4c6 (front-ends without torch): 0 failed, RSS +2.1 MiB. Session 9's changes (detection in "
-        "prepare, compare affinity, engine drain) were not soaked; runs 21–23 answered all 787,010 facegate "
-        "requests without an error",
+        "front-ends, 10.1 min of load, 40 windows): 0 failed requests; engine GPU memory 1,294 → 1,302 MiB, **+0.0 "
+        "MiB over the second half** (torch reserved 580 → 588, +0.0 over the second half); host RSS of the 7 server "
+        "processes +0.8 MiB over the second half. Earlier: GPU soak at abef89a (photo stage, process model, 4 "
+        "front-ends, 10.1 min of load, ~1.48 M requests): 0 failed requests; engine GPU memory 1,376 MiB, +2 MiB "
+        "once at 5.3 min (torch reserved 662 → 664), then flat: **+0.0 MiB over the second half**; host RSS of the 7 "
+        "server processes +0.9 MiB over the second half. CPU soak at 158d4c6 (front-ends without torch): 0 failed, "
+        "RSS +2.1 MiB. Session 9's changes (detection in prepare, compare affinity, engine drain) were not soaked; "
+        "runs 21–23 answered all 787,010 facegate requests without an error",
         "met (f5f78c4, abef89a)",
     ),
     (
@@ -105,15 +105,15 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "GPU preprocessing in serving, agreeing with the CPU path",
-        "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: "
-        "cosine mean 0.9988, min 0.973, boxes ≤ 1.9 px, quality ≤ 0.021 (run 20 at 2fd793d). Run 17's one compare "
-        "that found no face (two engines; torchvision's CUDA decode_jpeg ignoring the caller's stream, "
-        "pytorch/vision#9606) was followed by 0 errors in runs 18–19 and 21–23 after the fix (commit 2ef6462). "
-        "In run 20 one server (`facegate_mp_w8_e2_detexec`, c=256) answered 7,874 of 20,324 compares "
-        'with HTTP 500 `gallery_error` (SQLite "database is locked" while a front-end opened the gallery): a '
-        "front-end was started during the load and could not open the file, and its logs were not kept, so why it "
-        "restarted is unknown. Opening now retries for up to 60 s while SQLite reports the file busy, then the "
-        "process serves without the gallery (gallery routes: 503) and keeps retrying",
+        "photo stage (nvJPEG, device canvas, device warp) is the CUDA default; vs host path on 40 LFW photos: cosine "
+        "mean 0.9988, min 0.973, boxes ≤ 1.9 px, quality ≤ 0.021 (run 20 at 2fd793d). Run 17's one compare that "
+        "found no face (two engines; torchvision's CUDA decode_jpeg ignoring the caller's stream, "
+        "pytorch/vision#9606) was followed by 0 errors in runs 18–19 and 21–23 after the fix (commit 2ef6462). In "
+        "run 20 one server (`facegate_mp_w8_e2_detexec`, c=256) answered 7,874 of 20,324 compares with HTTP 500 "
+        '`gallery_error` (SQLite "database is locked" while a front-end opened the gallery): a front-end was '
+        "started during the load and could not open the file, and its logs were not kept, so why it restarted is "
+        "unknown. Opening now retries for up to 60 s while SQLite reports the file busy, then the process serves "
+        "without the gallery (gallery routes: 503) and keeps retrying",
         "done; run 20's front-end restart not explained",
     ),
 ]
