@@ -108,7 +108,7 @@ def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
         raise ValueError(f"unknown activation {act!r}; choose from {sorted(_ACT_CODES)}")
     if act == "prelu" and slope is None:
         raise ValueError("act='prelu' needs a slope tensor")
-    if not fused_available(x) or x.shape[1] != bias.numel():
+    if _failed or not fused_available(x) or x.shape[1] != bias.numel():
         return reference(x, bias, act, slope)
     n = x.numel()
     _, c, h, w = x.shape
@@ -116,8 +116,25 @@ def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
     b = bias.contiguous()
     a = slope.contiguous() if slope is not None else b  # unread unless act == "prelu"
     grid = (-(-n // _BLOCK),)
-    kernel[grid](x, b, a, n, c, h * w, CHANNELS_LAST=bool(_layout(x)), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
+    try:
+        kernel[grid](x, b, a, n, c, h * w, CHANNELS_LAST=bool(_layout(x)), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
+    except Exception as exc:  # Triton imports but cannot build or launch (no C compiler, an unsupported GPU)
+        _give_up(exc)
+        return reference(x, bias, act, slope)  # a build failure raises before the kernel touches x
     return x
+
+
+_failed = False
+
+
+def _give_up(exc: BaseException) -> None:
+    """After the kernel failed once, every later call takes the torch operations (logged once)."""
+    global _failed
+    if not _failed:
+        log.warning(
+            "Triton epilogue kernel failed (%s: %s); using torch operations from now on", type(exc).__name__, exc
+        )
+    _failed = True
 
 
 def set_fused_epilogues(module: torch.nn.Module, on: bool) -> int:

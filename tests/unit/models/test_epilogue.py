@@ -144,3 +144,28 @@ def test_yunet_fp32_fused_matches_unfused() -> None:
         got = fused(x)
     for g, w in zip(got, want, strict=True):  # fp32: the same sums, one pass instead of two
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_that_cannot_build_falls_back_for_good(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    from facegate.models import epilogue
+
+    class Broken:
+        launches = 0
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs) -> None:
+                Broken.launches += 1
+                raise RuntimeError("no C compiler")
+
+            return launch
+
+    monkeypatch.setattr(epilogue, "fused_available", lambda x: True)
+    monkeypatch.setattr(epilogue, "_kernel", lambda: Broken())
+    monkeypatch.setattr(epilogue, "_failed", False)
+    x, b, a = _inputs((2, 4, 3, 3), torch.float32, "cpu", channels_last=False)
+    with caplog.at_level(logging.WARNING, logger="facegate.models.epilogue"):
+        for _ in range(3):
+            got = bias_act_(x.clone(), b, "prelu", a)
+            torch.testing.assert_close(got, reference(x, b, "prelu", a), rtol=0, atol=0)
+    assert Broken.launches == 1 and epilogue._failed
+    assert sum("Triton epilogue kernel failed" in r.getMessage() for r in caplog.records) == 1
