@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ from facegate.models.sface import ConvBNPReLU, load_sface, tiny_sface
 log = logging.getLogger(__name__)
 
 
-def _inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, channels_last: bool, seed: int = 0):
+def _inputs(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, channels_last: bool, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random activation ``x`` (channels-last or contiguous), a bias and PReLU slopes in [0, 0.25)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
     if channels_last:
@@ -146,14 +150,16 @@ def test_yunet_fp32_fused_matches_unfused() -> None:
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_a_kernel_that_cannot_build_falls_back_for_good(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_a_kernel_that_cannot_build_falls_back_for_good(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from facegate.models import epilogue
 
     class Broken:
         launches = 0
 
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs) -> None:
+        def __getitem__(self, grid: tuple[int]) -> Callable[..., None]:
+            def launch(*args: object, **kwargs: object) -> None:
                 Broken.launches += 1
                 raise RuntimeError("no C compiler")
 
