@@ -223,6 +223,7 @@ class FacePipeline:
         import torch
 
         from facegate.models.detector import FaceDetector
+        from facegate.models.epilogue import set_fused_epilogues
         from facegate.models.recognizer import build_recognizer, resolve_dtype
         from facegate.models.yunet import load_yunet
 
@@ -236,8 +237,6 @@ class FacePipeline:
         configure_gemm_workspace(settings.gemm_workspace, device)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
-            from facegate.models.epilogue import set_fused_epilogues
-
             set_fused_epilogues(yunet, settings.fused_epilogues)
         detector = FaceDetector(
             yunet,
