@@ -139,6 +139,18 @@ class Settings(BaseSettings):
             "requests at concurrency 100 (p99 69 against 113 ms) and 1.29x at 256; three engines 1.03x and 0.95x."
         ),
     )
+    photo_decode: Literal["nvjpeg", "host"] = Field(
+        "nvjpeg",
+        description=(
+            "Photo stage on CUDA: 'nvjpeg' decodes JPEG uploads on the GPU (torchvision's decoder, which "
+            "synchronises its stream at the start and the end of every batch); 'host' decodes them with Pillow on "
+            "photo_decode_threads threads of the engine process and copies the pixels to the GPU through pinned "
+            "memory without waiting. Not yet measured on the GPU: an A/B for the next device run."
+        ),
+    )
+    photo_decode_threads: int = Field(
+        4, ge=1, le=64, description="Threads of the engine process that decode photos when photo_decode='host'."
+    )
     det_warm_sizes: list[tuple[int, int]] = Field(
         default_factory=lambda: [(250, 250)],
         min_length=1,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -277,10 +278,20 @@ class PhotoStage:
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
         self._post = _selection_post(pipeline)
+        self._decode_pool: ThreadPoolExecutor | None = None
+        if pipeline.photo_decode == "host":  # Settings.photo_decode: Pillow on these threads, not nvJPEG
+            self._decode_pool = ThreadPoolExecutor(pipeline.photo_decode_threads, thread_name_prefix="photo-decode")
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
-        plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+        plan = plan_decode(
+            datas,
+            self.p.device,
+            max_bytes=self.max_bytes,
+            max_pixels=self.max_pixels,
+            nvjpeg=self._decode_pool is None,
+            pool=self._decode_pool,
+        )
         prepared = prepare_photos(self.p, run_decode(plan))
         batches = [b for _, b in prepared.det_batches]
         if self.p.photo_select_on_device:

@@ -192,6 +192,9 @@ class FacePipeline:
         self.photo_detect_in_prepare = True
         #: the photo stage selects and aligns faces on the device (see Settings.photo_select_on_device)
         self.photo_select_on_device = False
+        #: how the photo stage decodes JPEGs: "nvjpeg" or "host" (Settings.photo_decode, photo_decode_threads)
+        self.photo_decode = "nvjpeg"
+        self.photo_decode_threads = 4
         #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
         self.photo_limits: tuple[int, int] | None = None
         #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.det_warm_sizes)
@@ -315,6 +318,7 @@ class FacePipeline:
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         pipe.photo_detect_in_prepare = settings.photo_detect_in_prepare
         pipe.photo_select_on_device = settings.photo_select_on_device
+        pipe.photo_decode, pipe.photo_decode_threads = settings.photo_decode, settings.photo_decode_threads
         pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
         t_photo = time.perf_counter()
         if device == "cuda" and settings.gpu_preprocess == "auto" and importlib.util.find_spec("torchvision"):
