@@ -77,7 +77,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
         "Session 10 (probe beside the soak, f5f78c4, max batch 64, buckets 4/16/32/64): SFace +474 MiB after "
-        "warm-up, +552 after load, CUDA-graph pool 300 MiB (394 before the fused epilogues); IR-SE-64 +592 / +682. "
+        "warm-up, +552 after load, CUDA-graph pool 300 MiB (394 in session 7; the cause not isolated); IR-SE-64 "
+        "+592 / +682. "
         "Before: engine process at idle, max batch 64: +558 MiB (runs 18–19; +548 in run 16), +704 after HTTP load; "
         "serve_memory: SFace +548 after warm-up, IR-SE-64 +580 (probe at 4c062fb). By max batch (beside the soak): "
         "+558 / +364 / +280 MiB at 64 / 32 / 16, the CUDA-graph pool 394 / 206 / 128 MiB (one 64×64×112×112 fp16 "
