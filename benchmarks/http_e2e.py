@@ -105,7 +105,8 @@ SERVER_NAMES = (
     "facegate_mp_w8_e2_detexec", "facegate_mp_w8_e3_det64_noaff", "facegate_mp_w8_e2_noaff",
     "facegate_mp_w8_devsel", "facegate_mp_w8_e3_det64_devsel", "facegate_mp_w8_hostsel",
     "facegate_mp_w8_e3_det64_hostsel", "facegate_mp_w8_nofuse", "facegate_mp_w8_e3_det64_nofuse",
-    "facegate_mp_w8_e3_det64_b3", "facegate_mp_w8_hostdec", "facegate_mp_w8_e3_det64_hostdec", "naive", "litserve",
+    "facegate_mp_w8_e3_det64_b3", "facegate_mp_w8_hostdec", "facegate_mp_w8_e3_det64_hostdec",
+    "facegate_mp_w8_e3_det64_nodw", "facegate_mp_w8_nodw", "naive", "litserve",
 )  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
 DEFAULT_KINDS = "compare,embed_aligned"
@@ -516,6 +517,8 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         env["FACEGATE_PHOTO_SELECT_ON_DEVICE"] = "false"
     if name.endswith("_nofuse"):  # A/B of Settings.fused_epilogues: SFace's conv bias and PReLU as two kernels
         env["FACEGATE_FUSED_EPILOGUES"] = "false"
+    if name.endswith("_nodw"):  # A/B of Settings.fused_depthwise: YuNet's depthwise conv, biases, ReLU unfused
+        env["FACEGATE_FUSED_DEPTHWISE"] = "false"
     if name.endswith("_hostdec"):  # A/B of Settings.photo_decode: Pillow on engine threads instead of nvJPEG
         env["FACEGATE_PHOTO_DECODE"] = "host"
     if name.endswith("_b3"):  # A/B of Settings.graph_buckets: the three buckets before session 10 (no 32)

@@ -84,6 +84,14 @@ class Settings(BaseSettings):
             "against 65 ms), 1.29x at 256. compile='inductor' fuses the recognizer by itself and ignores this for it."
         ),
     )
+    fused_depthwise: bool = Field(
+        True,
+        description=(
+            "CUDA, with fused_epilogues: each of YuNet's depthwise 3x3 convolutions (fp32, NCHW) runs with the "
+            "preceding 1x1 conv's bias, its own bias and its ReLU in one Triton kernel instead of PyTorch's "
+            "generic depthwise kernel plus two passes (models/epilogue.py, depthwise3x3)."
+        ),
+    )
     flip_tta: bool = Field(
         False,
         description="Also embed the mirrored crop and sum both embeddings (2× recognizer compute, +accuracy).",

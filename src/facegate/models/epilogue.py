@@ -9,6 +9,13 @@ the H200 (``benchmarks/photo_profile.py --gpu-kernels``: 0.83 + 0.81 of 6.75 ms 
 Everything else (the CPU, no Triton, other layouts, ``torch.compile`` tracing, which fuses by itself) takes
 the same maths as torch operations, so results agree to the rounding of the intermediate sum (fp16: the
 eager path rounds ``x + bias`` before the activation, the kernel does not).
+
+:func:`depthwise3x3` is the same idea one step further, for YuNet's ``ConvDPUnit`` (1×1 conv, then a
+depthwise 3×3 conv with bias, then ReLU), which runs in fp32 and NCHW on CUDA. PyTorch runs the depthwise conv
+with its generic ``conv_depthwise2d`` kernel and the ReLU as another pass; the 1×1 conv's bias was a third.
+One Triton kernel reads the 1×1 conv's bias-free output once, adds that bias to the taps inside the image
+(zero padding stays zero, as in the unfused maths), convolves in fp32, adds the depthwise bias, applies the
+ReLU and writes once.
 """
 
 from __future__ import annotations
@@ -53,6 +60,105 @@ def _kernel() -> Any | None:
         tl.store(x_ptr + offs, y.to(x_ptr.dtype.element_ty), mask=m)
 
     return bias_act_kernel
+
+
+@functools.cache
+def _dw_kernel() -> Any | None:
+    """The depthwise 3×3 Triton kernel (compiled per block shape on first launch); None without Triton."""
+    if _kernel() is None:
+        return None
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def depthwise3x3_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, b_ptr, p_ptr, y_ptr, C, H, W, TILES_W,
+        PRE_BIAS: tl.constexpr, RELU: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+    ):  # fmt: skip
+        plane = tl.program_id(0)  # n * C + c: one image channel per program row
+        tile = tl.program_id(1)
+        c = plane % C
+        rows = (tile // TILES_W) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+        cols = (tile % TILES_W) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
+        base = plane.to(tl.int64) * H * W
+        acc = tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.float32) + tl.load(b_ptr + c).to(tl.float32)
+        if PRE_BIAS:
+            pre = tl.load(p_ptr + c).to(tl.float32)
+        for dy in tl.static_range(3):
+            r = rows + (dy - 1)
+            for dx in tl.static_range(3):
+                q = cols + (dx - 1)
+                m = (r >= 0) & (r < H) & (q >= 0) & (q < W)
+                v = tl.load(x_ptr + base + r * W + q, mask=m, other=0.0).to(tl.float32)
+                if PRE_BIAS:  # the 1×1 conv's bias, inside the image only: the padding stays zero
+                    v = tl.where(m, v + pre, 0.0)
+                acc += v * tl.load(w_ptr + c * 9 + dy * 3 + dx).to(tl.float32)
+        if RELU:
+            acc = tl.maximum(acc, 0.0)
+        tl.store(y_ptr + base + rows * W + cols, acc.to(y_ptr.dtype.element_ty), mask=(rows < H) & (cols < W))
+
+    return depthwise3x3_kernel
+
+
+def depthwise_reference(
+    x: Tensor, weight: Tensor, bias: Tensor, pre_bias: Tensor | None = None, relu: bool = False
+) -> Tensor:
+    """``relu?(dwconv3x3(x + pre_bias[c]) + bias[c])`` as torch operations (stride 1, zero padding 1).
+
+    Args:
+        x: ``(N, C, H, W)`` float. weight: ``(C, 1, 3, 3)``. bias, pre_bias: ``(C,)``.
+    """
+    if pre_bias is not None:
+        x = x + pre_bias.to(x.dtype).view(1, -1, 1, 1)
+    y = F.conv2d(x, weight.to(x.dtype), bias.to(x.dtype), 1, 1, 1, x.shape[1])
+    return F.relu_(y) if relu else y
+
+
+def depthwise3x3(
+    x: Tensor, weight: Tensor, bias: Tensor, *, pre_bias: Tensor | None = None, relu: bool = False
+) -> Tensor:
+    """A depthwise 3×3 convolution (stride 1, zero padding 1) with its bias, an optional bias added to the
+    input first (the preceding 1×1 conv's) and an optional ReLU: one kernel on CUDA for a contiguous (NCHW)
+    ``x``, torch operations otherwise. Returns a new ``(N, C, H, W)`` tensor of ``x``'s dtype.
+
+    Args:
+        x: ``(N, C, H, W)`` float activation (fp32/fp16/bf16).
+        weight: ``(C, 1, 3, 3)`` depthwise filters. bias: ``(C,)``.
+        pre_bias: ``(C,)`` bias of the layer that produced ``x`` (left out of it), or None.
+        relu: apply ReLU to the output.
+
+    Raises:
+        ValueError: ``weight`` or a bias does not fit ``x``'s channels.
+    """
+    c = x.shape[1] if x.ndim == 4 else -1
+    if weight.shape != (c, 1, 3, 3) or bias.numel() != c or (pre_bias is not None and pre_bias.numel() != c):
+        raise ValueError(f"depthwise3x3: weight {tuple(weight.shape)} / biases do not fit x {tuple(x.shape)}")
+    if _failed or not fused_available(x) or _layout(x) is not False or _dw_kernel() is None:
+        return depthwise_reference(x, weight, bias, pre_bias, relu)
+    n, _, h, w = x.shape
+    y = torch.empty_like(x)
+    bw = min(64, max(4, triton_next_pow2(w)))
+    bh = max(1, min(triton_next_pow2(h), 2048 // bw))  # at most 2048 outputs per program
+    tiles_w = -(-w // bw)
+    grid = (n * c, tiles_w * -(-h // bh))
+    wt = weight.contiguous()
+    b = bias.contiguous()
+    p = pre_bias.contiguous() if pre_bias is not None else b  # unread unless PRE_BIAS
+    try:
+        _dw_kernel()[grid](
+            x, wt, b, p, y, c, h, w, tiles_w,
+            PRE_BIAS=pre_bias is not None, RELU=bool(relu), BLOCK_H=bh, BLOCK_W=bw,
+            num_warps=4 if bh * bw >= 1024 else 2,
+        )  # fmt: skip
+    except Exception as exc:  # see bias_act_
+        _give_up(exc)
+        return depthwise_reference(x, weight, bias, pre_bias, relu)
+    return y
+
+
+def triton_next_pow2(n: int) -> int:
+    """The smallest power of two ≥ ``n`` (≥ 1), a Triton block size."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _layout(x: Tensor) -> bool | None:
@@ -128,7 +234,7 @@ _failed = False
 
 
 def _give_up(exc: BaseException) -> None:
-    """After the kernel failed once, every later call takes the torch operations (logged once)."""
+    """After a kernel (either of them) failed once, every later call takes the torch operations (logged once)."""
     global _failed
     if not _failed:
         log.warning(
@@ -137,12 +243,15 @@ def _give_up(exc: BaseException) -> None:
     _failed = True
 
 
-def set_fused_epilogues(module: torch.nn.Module, on: bool) -> int:
+def set_fused_epilogues(module: torch.nn.Module, on: bool, *, depthwise: bool = True) -> int:
     """Turn :func:`bias_act_` on or off in every submodule that offers it (a ``fused_epilogue`` attribute,
-    e.g. :class:`facegate.models.sface.ConvBNPReLU`); returns how many submodules were set."""
+    e.g. :class:`facegate.models.sface.ConvBNPReLU`), and :func:`depthwise3x3` (``on and depthwise``) in those
+    with a ``fused_depthwise`` attribute (YuNet's ``ConvDPUnit``); returns how many submodules were set."""
     n = 0
     for m in module.modules():
         if hasattr(type(m), "fused_epilogue"):
             m.fused_epilogue = bool(on)
             n += 1
+        if hasattr(type(m), "fused_depthwise"):
+            m.fused_depthwise = bool(on and depthwise)
     return n

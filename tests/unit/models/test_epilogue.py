@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from facegate.models.epilogue import bias_act_, fused_available, reference, set_fused_epilogues
+from facegate.models.epilogue import (
+    bias_act_,
+    depthwise3x3,
+    depthwise_reference,
+    fused_available,
+    reference,
+    set_fused_epilogues,
+)
 from facegate.models.sface import ConvBNPReLU, load_sface, tiny_sface
 
 log = logging.getLogger(__name__)
@@ -146,8 +153,9 @@ def test_yunet_fp32_fused_matches_unfused() -> None:
     with torch.inference_mode():
         want = base(x)
         got = fused(x)
-    for g, w in zip(got, want, strict=True):  # fp32: the same sums, one pass instead of two
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want, strict=True):  # fp32; the depthwise kernel sums its nine taps in another order
+        log.info("YuNet fp32 fused vs unfused: max |diff| %.3g (max |value| %.3g)", (g - w).abs().max(), w.abs().max())
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_that_cannot_build_falls_back_for_good(
@@ -175,3 +183,129 @@ def test_a_kernel_that_cannot_build_falls_back_for_good(
             torch.testing.assert_close(got, reference(x, b, "prelu", a), rtol=0, atol=0)
     assert Broken.launches == 1 and epilogue._failed
     assert sum("Triton epilogue kernel failed" in r.getMessage() for r in caplog.records) == 1
+
+
+# --------------------------------------------------------------------------- depthwise 3×3 (YuNet's ConvDPUnit)
+def _dw_inputs(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x (N, C, H, W)``, depthwise filters ``(C, 1, 3, 3)``, the conv's bias and a preceding layer's bias."""
+    g = torch.Generator().manual_seed(seed)
+    c = shape[1]
+    x, w, b, p = (torch.randn(s, generator=g) for s in (shape, (c, 1, 3, 3), (c,), (c,)))
+    return tuple(t.to(device=device, dtype=dtype) for t in (x, w, b, p))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_depthwise_reference_is_the_unfused_conv_dp_unit(relu: bool) -> None:
+    from facegate.models.yunet import ConvDPUnit
+
+    unit = ConvDPUnit(6, 6, relu=relu).eval()
+    x = torch.randn(2, 6, 9, 7, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = unit(x)
+        got = depthwise_reference(
+            F.conv2d(x, unit.conv1.weight), unit.conv2.weight, unit.conv2.bias, unit.conv1.bias, relu
+        )
+        assert not fused_available(x)
+        fallback = depthwise3x3(
+            F.conv2d(x, unit.conv1.weight), unit.conv2.weight, unit.conv2.bias, pre_bias=unit.conv1.bias, relu=relu
+        )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # bias added before vs inside the 1x1 conv
+    torch.testing.assert_close(fallback, got, rtol=0, atol=0)
+    if relu:
+        assert bool((got >= 0).all())
+
+
+def test_depthwise_padding_is_zero_even_with_a_pre_bias() -> None:
+    # a constant image: the corner output sees 4 of 9 taps, an edge 6, the centre 9; the pre-bias reaches
+    # only the taps inside the image, as it does when the 1x1 conv adds it before the zero-padded conv
+    x = torch.zeros(1, 1, 3, 3)
+    w = torch.ones(1, 1, 3, 3)
+    got = depthwise_reference(x, w, torch.zeros(1), torch.ones(1))
+    assert got[0, 0].tolist() == [[4.0, 6.0, 4.0], [6.0, 9.0, 6.0], [4.0, 6.0, 4.0]]
+
+
+def test_depthwise_bad_arguments() -> None:
+    x, w, b, p = _dw_inputs((1, 4, 5, 5), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="do not fit"):
+        depthwise3x3(x, w[:3], b)
+    with pytest.raises(ValueError, match="do not fit"):
+        depthwise3x3(x, w, b, pre_bias=p[:2])
+    with pytest.raises(ValueError, match="do not fit"):
+        depthwise3x3(x[0], w, b)
+
+
+def test_yunet_depthwise_flag_follows_the_epilogue_flag() -> None:
+    from facegate.models.yunet import ConvDPUnit, load_yunet
+
+    m = load_yunet()
+    units = [c for c in m.modules() if isinstance(c, ConvDPUnit)]
+    set_fused_epilogues(m, True, depthwise=False)
+    assert all(u.fused_epilogue and not u.fused_depthwise for u in units)
+    set_fused_epilogues(m, True)
+    assert all(u.fused_epilogue and u.fused_depthwise for u in units)
+    set_fused_epilogues(m, False)
+    assert not any(u.fused_depthwise for u in units)
+
+
+def test_a_depthwise_kernel_that_cannot_build_falls_back_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.models import epilogue
+
+    launches = []
+
+    class Broken:
+        def __getitem__(self, grid: tuple[int, int]) -> Callable[..., None]:
+            def launch(*args: object, **kwargs: object) -> None:
+                launches.append(grid)
+                raise RuntimeError("out of resources")
+
+            return launch
+
+    monkeypatch.setattr(epilogue, "fused_available", lambda x: True)
+    monkeypatch.setattr(epilogue, "_dw_kernel", lambda: Broken())
+    monkeypatch.setattr(epilogue, "_failed", False)
+    x, w, b, p = _dw_inputs((2, 3, 6, 5), torch.float32, "cpu")
+    for _ in range(2):
+        got = depthwise3x3(x, w, b, pre_bias=p, relu=True)
+        torch.testing.assert_close(got, depthwise_reference(x, w, b, p, True), rtol=0, atol=0)
+    assert len(launches) == 1 and epilogue._failed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5, 13, 11), (2, 16, 128, 128), (4, 64, 8, 8), (1, 2, 1, 1), (2, 3, 70, 130)])
+@pytest.mark.parametrize("pre,relu", [(False, False), (True, True), (True, False)])
+def test_depthwise_kernel_matches_the_torch_operations(
+    dtype: torch.dtype, shape: tuple[int, int, int, int], pre: bool, relu: bool
+) -> None:
+    # partial tiles in both directions, planes smaller than a tile, a 1x1 image (only the centre tap)
+    x, w, b, p = _dw_inputs(shape, dtype, "cuda")
+    assert fused_available(x)
+    want = depthwise_reference(x.double(), w.double(), b.double(), p.double() if pre else None, relu)
+    got = depthwise3x3(x, w, b, pre_bias=p if pre else None, relu=relu)
+    assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+    tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}[dtype]  # fp32 sums, one rounding
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    # a channels-last input takes the torch operations, with the same answer
+    cl = depthwise3x3(x.contiguous(memory_format=torch.channels_last), w, b, pre_bias=p if pre else None, relu=relu)
+    torch.testing.assert_close(cl.double(), want, rtol=tol * 4, atol=tol * 4)
+
+
+@pytest.mark.gpu
+def test_depthwise_kernel_inside_a_cuda_graph() -> None:
+    x, w, b, p = _dw_inputs((4, 32, 24, 24), torch.float32, "cuda")
+    static = x.clone()
+    depthwise3x3(static, w, b, pre_bias=p, relu=True)  # compile before the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(g, stream=side):
+        out = depthwise3x3(static, w, b, pre_bias=p, relu=True)
+    torch.cuda.current_stream().wait_stream(side)
+    for seed in (1, 2):
+        fresh = _dw_inputs((4, 32, 24, 24), torch.float32, "cuda", seed=seed)[0]
+        static.copy_(fresh)
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, depthwise_reference(fresh, w, b, p, True), rtol=1e-5, atol=1e-5)
