@@ -312,3 +312,32 @@ def test_depthwise_kernel_inside_a_cuda_graph() -> None:
         g.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, depthwise_reference(fresh, w, b, p, True), rtol=1e-5, atol=1e-5)
+
+
+def _compiled_variants(fn: object) -> int:
+    """How many variants Triton compiled of a ``@triton.jit`` function (its per-device kernel caches)."""
+    try:
+        return sum(len(entry[0]) for entry in fn.device_caches.values())  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, IndexError) as exc:  # another Triton's internals
+        pytest.skip(f"this Triton keeps its compiled kernels elsewhere ({exc!r})")
+
+
+@pytest.mark.gpu
+def test_new_shapes_compile_no_new_variants() -> None:
+    # every compiled variant is ~0.5 s of start-up per engine process on an empty cache: YuNet's layers and the
+    # detector's input sizes must not add any (Triton specialises integer arguments unless told not to)
+    from facegate.models import epilogue
+    from facegate.models.yunet import load_yunet
+
+    m = load_yunet().cuda()
+    set_fused_epilogues(m, True)
+    with torch.inference_mode():
+        m(torch.rand(2, 3, 64, 64, device="cuda") * 255)
+        torch.cuda.synchronize()
+        before = _compiled_variants(epilogue._dw_kernel()), _compiled_variants(epilogue._kernel())
+        for shape in ((3, 3, 96, 160), (1, 3, 256, 256), (5, 3, 320, 224), (7, 3, 48, 48)):
+            m(torch.rand(shape, device="cuda") * 255)
+        torch.cuda.synchronize()
+    after = _compiled_variants(epilogue._dw_kernel()), _compiled_variants(epilogue._kernel())
+    log.info("compiled variants (depthwise, bias_act): %s after one input size, %s after five", before, after)
+    assert after == before
