@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from acceptance import ACCEPTANCE
 from summary_http import (
+    cold_starts,
     engine_phases,
     gpu_memory,
     http_gpu,
@@ -583,6 +584,51 @@ def main() -> None:
                 ),
             ),
             time_split27=time_split("http_gpu_run27_buckets.json"),
+            **images_run(
+                "http_gpu28",
+                "http_gpu_run28_hostdec.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_hostdec", "naive", "litserve")),
+            ),
+            **images_run(
+                "http_gpu29",
+                "http_gpu_run29_depthwise.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_nodw",)),
+            ),
+            time_split29=time_split("http_gpu_run29_depthwise.json"),
+            photo_profile_dw=photo_profile_device(
+                "depthwise kernel",
+                (
+                    ("off (run 29)", "photo_profile_run7_dw_off.json"),
+                    ("2-D tiles, specialised (run 29)", "photo_profile_run7_dw_on.json"),
+                    ("off (run 31)", "photo_profile_run8_flat_dw_off.json"),
+                    ("flat, unspecialised (run 31)", "photo_profile_run8_flat_dw_on.json"),
+                    ("off (run 32)", "photo_profile_run9_dw_off.json"),
+                    ("2-D tiles, C/H unspecialised (run 32)", "photo_profile_run9_dw_on.json"),
+                ),
+            ),
+            photo_top_kernels_dw=photo_top_kernels("photo_profile_run9_dw_on.json", 54),
+            **images_run(
+                "http_gpu30",
+                "http_gpu_run30_session11.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("naive", "litserve")),
+            ),
+            time_split30=time_split("http_gpu_run30_session11.json"),
+            **images_run(
+                "http_gpu32",
+                "http_gpu_run32_session11_final.json",
+                ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_nodw",)),
+            ),
+            cold_starts11=cold_starts(
+                (
+                    ("30", "http_gpu_run30_session11.json", "facegate_mp_w8_e3_det64", "empty"),
+                    ("30", "http_gpu_run30_warm_triton_cache.json", "facegate_mp_w8_e3_det64", "warm"),
+                    ("31", "http_gpu_run31_flat_kernels.json", "facegate_mp_w8_e3_det64", "empty"),
+                    ("31", "http_gpu_run31_warm_triton_cache.json", "facegate_mp_w8_e3_det64", "warm"),
+                    ("32", "http_gpu_run32_session11_final.json", "facegate_mp_w8_e3_det64", "empty"),
+                    ("32", "http_gpu_run32_session11_final.json", "facegate_mp_w8_e3_det64_nodw", "partly warm"),
+                    ("32", "http_gpu_run32_warm_triton_cache.json", "facegate_mp_w8_e3_det64", "warm"),
+                )
+            ),
             soak_gpu5_cmd=load("soak_gpu_mp_run5_session10.json")["command"],
             soak_gpu5=soak_gpu("soak_gpu_mp_run5_session10.json"),
             serve_memory10_cmd=load("serve_memory_gpu_session10.json")["command"],

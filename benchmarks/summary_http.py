@@ -200,3 +200,13 @@ def images_run(key: str, name: str, *ratios: tuple[str, str, tuple[str, ...]]) -
     for suffix, base, peers in ratios:
         out[f"{key}{suffix}"] = http_ratios(name, base, peers)
     return out
+
+
+def cold_starts(rows: tuple[tuple[str, str, str, str], ...]) -> str:
+    """Seconds to ``/readyz`` from http_e2e runs: one row per ``(run label, result file, server, cache note)``."""
+    out = ["| run | commit | Triton cache | server | cold start s |", "|---|---|---|---|---|"]
+    for label, name, server, cache in rows:
+        d = load(name)
+        commit = d["env"].get("code_commit") or d["env"].get("git_commit", "?")
+        out.append(f"| {label} | {commit[:7]} | {cache} | {server} | {d['servers'][server]['cold_start_s']:.1f} |")
+    return "\n".join(out)
