@@ -23,7 +23,8 @@ Same rule and arithmetic as the host path, so the same detections:
 batch shape (``FaceDetector.enqueue_many(post=...)``). Run eagerly (H200 run 24) it served 6–23 % *fewer* compare
 requests than the host path: ~100 small kernel launches per detector batch cost more host time than the NumPy
 NMS they replaced. Captured in the graph, the photo stage alone ran 1.27× the photos/s (execute 6.96 against
-10.83 ms per 54 photos, ``docs/benchmarks.md``); not yet measured end to end, so off by default.
+10.83 ms per 54 photos, ``docs/benchmarks.md``), and over HTTP (run 25) one engine process served 1.33× the
+compare requests at concurrency 100: on by default (``Settings.photo_select_on_device``).
 
 A photo is *not exact* when it has more candidates above the score threshold than :data:`CANDIDATES`, or when
 its NMS has not reached the fixed point after :data:`ITERATIONS` steps (a chain of suppressions that long). The
