@@ -74,9 +74,9 @@ def _dw_kernel() -> Any | None:
     import triton.language as tl
 
     # 2-D tiles (faster than a flat index with two divisions per element: 0.46 against 0.77 ms per 54 photos,
-    # session 11). C, H and the tile count are not specialised: with them the two kernels left 31 entries in
-    # an empty Triton cache at start-up, and three engines took 36 s to /readyz against 23 s with the cache
-    # warm; W stays specialised (aligned rows)
+    # session 11). C, H and the tile count are not specialised: with them, three engines took 36 s to /readyz
+    # from an empty Triton cache against 23 s with it warm (H200 run 30; 25 against 22 s since, run 32);
+    # W stays specialised (aligned rows)
     @triton.jit(do_not_specialize=["C", "H", "TILES_W"])
     def depthwise3x3_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, b_ptr, p_ptr, y_ptr, C, H, W, TILES_W,
