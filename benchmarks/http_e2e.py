@@ -1,12 +1,7 @@
 """HTTP end-to-end benchmark: facegate against a naive service and LitServe, in one run, one JSON.
 
-Servers (``facegate``, ``facegate_nobatch``, ``facegate_gil5`` (Python's 5 ms GIL switch interval),
-``facegate_mp`` (``--workers --mp-workers``: one engine process, several front-ends), ``facegate_mp_pools`` (the
-same with torch's and OpenCV's default thread pools, ``cpu_threads=0``), ``facegate_mp_hostpre`` (the same with
-``gpu_preprocess=off``: front-ends decode and align photos on the CPU), ``facegate_mp_gc`` (the same with
-``gc_freeze=false``: Python's default garbage collector), ``facegate_mp_h11`` (the same with uvicorn's h11
-parser and the asyncio loop), ``facegate_mp_w8`` (the same with 8 front-ends), ``naive``, ``litserve``:
-``--servers``) start one by one as subprocesses on free loopback ports, each in its own session
+Servers (``--servers``; ``server_variants.py`` lists the names and the setting each one changes: facegate
+variants, ``naive``, ``litserve``) start one by one as subprocesses on free loopback ports, each in its own session
 (cold start = time to the first 200 from ``/readyz``), and stay up, SIGSTOPped while idle (an idle LitServe polls
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
 LFW photos with detection;
@@ -24,7 +19,8 @@ Load: ``--client-procs`` processes (``auto``: see :func:`auto_client_procs`) of
 near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
 ``ok_req_per_server_cpu_s`` (req/s per server CPU core used) stays comparable when other tenants take CPU;
 facegate rows add the mean batch size per stage; multi-process facegate rows add the cores used per role
-(engine, front-end, supervisor: ``monitor.process_roles``) and the role of the busiest thread.
+(engine, front-end, supervisor: ``monitor.process_roles``), the role of the busiest thread, and per round
+each front-end's cores, share of the requests and mean in-server latency (how evenly they share the work).
 With CUDA: each server's driver-reported GPU memory
 (its processes, idle and after load) next to a bare ``torch.cuda.init()`` process measured in the same run,
 and facegate's torch allocated/reserved/peak from ``/metrics``; the parent touches CUDA only at the end.
@@ -50,7 +46,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -83,31 +78,23 @@ from facegate.bench.http import (
 from monitor import (
     GpuMonitor,
     bare_context_mib,
+    cpu_by_role,
+    front_end_spread,
     gpu_index,
     machine_ticks,
     mean_batch,
     process_gpu_mib,
-    process_roles,
     scrape_facegate,
     session_pids,
     thread_ticks,
     time_breakdown,
 )
+from server_variants import engines_of, front_ends_of, is_known, server_env
 
 log = logging.getLogger("http_e2e")
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
-SERVER_NAMES = (
-    "facegate", "facegate_nobatch", "facegate_gil5", "facegate_mp", "facegate_mp_pools", "facegate_mp_hostpre",
-    "facegate_mp_gc", "facegate_mp_h11", "facegate_mp_w8", "facegate_mp_w8_e2", "facegate_mp_w8_e3",
-    "facegate_mp_w8_det64", "facegate_mp_w8_e2_det64", "facegate_mp_w8_e3_det64", "facegate_mp_w8_detexec",
-    "facegate_mp_w8_e2_detexec", "facegate_mp_w8_e3_det64_noaff", "facegate_mp_w8_e2_noaff",
-    "facegate_mp_w8_devsel", "facegate_mp_w8_e3_det64_devsel", "facegate_mp_w8_hostsel",
-    "facegate_mp_w8_e3_det64_hostsel", "facegate_mp_w8_nofuse", "facegate_mp_w8_e3_det64_nofuse",
-    "facegate_mp_w8_e3_det64_b3", "facegate_mp_w8_hostdec", "facegate_mp_w8_e3_det64_hostdec",
-    "facegate_mp_w8_e3_det64_nodw", "facegate_mp_w8_nodw", "naive", "litserve",
-)  # fmt: skip
 KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
 DEFAULT_KINDS = "compare,embed_aligned"
 
@@ -163,19 +150,6 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
     return [*shlex.split(wrap), *argv] if wrap and wrap_name == name else argv
 
 
-def engines_of(name: str) -> int:
-    """Engine processes of a server of SERVER_NAMES (``_eN``: N on the one GPU)."""
-    m = re.search(r"_e(\d+)", name)
-    return int(m.group(1)) if m and name.startswith("facegate_mp") else 1
-
-
-def front_ends_of(name: str, mp_workers: int) -> int:
-    """Front-end (HTTP) processes of a facegate server of SERVER_NAMES (1 unless it is ``facegate_mp*``)."""
-    if not name.startswith("facegate_mp"):
-        return 1
-    return 8 if name.startswith("facegate_mp_w8") else mp_workers
-
-
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
@@ -203,7 +177,7 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if o.litserve_api_servers:
             argv += ["--api-servers", str(o.litserve_api_servers)]
         return argv
-    raise SystemExit(f"unknown server {name!r}; choose from {SERVER_NAMES}")
+    raise SystemExit(f"unknown server {name!r}")
 
 
 @dataclass
@@ -394,27 +368,10 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     if is_fg:
         raw["mean_batch_size"] = mean_batch(metrics0, metrics1)
         raw["time_breakdown"] = time_breakdown(metrics0, metrics1, wall)
+        raw["front_end_spread"] = front_end_spread(metrics0, metrics1)
     if gpu is not None:
         raw.update(gpu.window(t0, t1))
     return raw
-
-
-def cpu_by_role(
-    th0: dict[tuple[int, int], int], th1: dict[tuple[int, int], int], pids: list[int], wall: float, engines: int = 1
-) -> dict[str, Any]:
-    """For a multi-process facegate server: cores per role (engine, front-ends, supervisor), and the role of
-    the busiest thread. Empty for other servers (no spawned children)."""
-    roles = process_roles(pids, engines)
-    if "engine" not in roles.values():
-        return {}
-    cores: Counter[str] = Counter()
-    for (pid, tid), ticks in th1.items():
-        cores[roles.get(pid, "other")] += ticks - th0.get((pid, tid), 0)
-    top = max(th1, key=lambda k: th1[k] - th0.get(k, 0))
-    return {
-        "cores_by_role": {r: round(v / CLK_TCK / wall, 3) for r, v in sorted(cores.items())},
-        "top_thread_role": roles.get(top[0], "other"),
-    }
 
 
 def _add_counts(dicts: Any) -> dict[str, int]:
@@ -457,6 +414,9 @@ def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[st
         row["cores_by_role"] = {k: round(float(np.mean([r["cores_by_role"].get(k, 0.0) for r in rounds])), 3)
                                 for k in roles}  # fmt: skip
         row["top_thread_role"] = Counter(r["top_thread_role"] for r in rounds).most_common(1)[0][0]
+        row["front_end_cores_rounds"] = [r.get("front_end_cores", []) for r in rounds]
+    if "front_end_spread" in rounds[0]:  # per round: each front-end's share of the requests and mean latency
+        row["front_end_spread_rounds"] = [r["front_end_spread"] for r in rounds]
     cores = row["server_cpu_cores"]
     row["ok_req_per_server_cpu_s"] = round(ok_req_s / cores, 2) if cores > 0.05 else None  # robust to CPU share
     if "mean_batch_size" in rounds[0]:
@@ -499,34 +459,7 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
     data_dir = workdir / f"data_{name}"
     data_dir.mkdir(exist_ok=True)
     env = dict(kv.split("=", 1) for kv in o.server_env)
-    if name == "facegate_gil5":  # A/B of Settings.gil_switch_interval_ms: Python's default 5 ms
-        env["FACEGATE_GIL_SWITCH_INTERVAL_MS"] = "5"
-    if name == "facegate_mp_pools":  # A/B of Settings.cpu_threads: torch's and OpenCV's default thread pools
-        env["FACEGATE_CPU_THREADS"] = "0"
-    if name == "facegate_mp_hostpre":  # A/B of Settings.gpu_preprocess: photos decoded and aligned by the front-ends
-        env["FACEGATE_GPU_PREPROCESS"] = "off"
-    if name == "facegate_mp_gc":  # A/B of Settings.gc_freeze: Python's default collector
-        env["FACEGATE_GC_FREEZE"] = "false"
-    if "_det64" in name:  # A/B of Settings.det_max_batch_pixels: 64 LFW photos per detector forward
-        env["FACEGATE_DET_MAX_BATCH_PIXELS"] = str(64 * 256 * 256)
-    if name.endswith("_detexec"):  # A/B of Settings.photo_detect_in_prepare: detection inside execute
-        env["FACEGATE_PHOTO_DETECT_IN_PREPARE"] = "false"
-    if name.endswith("_devsel"):  # A/B of Settings.photo_select_on_device: NMS, choice and alignment on the GPU
-        env["FACEGATE_PHOTO_SELECT_ON_DEVICE"] = "true"
-    if name.endswith("_hostsel"):  # the same A/B from the other side: NMS, choice and alignment on the host
-        env["FACEGATE_PHOTO_SELECT_ON_DEVICE"] = "false"
-    if name.endswith("_nofuse"):  # A/B of Settings.fused_epilogues: SFace's conv bias and PReLU as two kernels
-        env["FACEGATE_FUSED_EPILOGUES"] = "false"
-    if name.endswith("_nodw"):  # A/B of Settings.fused_depthwise: YuNet's depthwise conv, biases, ReLU unfused
-        env["FACEGATE_FUSED_DEPTHWISE"] = "false"
-    if name.endswith("_hostdec"):  # A/B of Settings.photo_decode: Pillow on engine threads instead of nvJPEG
-        env["FACEGATE_PHOTO_DECODE"] = "host"
-    if name.endswith("_b3"):  # A/B of Settings.graph_buckets: the three buckets before session 10 (no 32)
-        env["FACEGATE_GRAPH_BUCKETS"] = "[4,16,64]"
-    if name.endswith("_noaff"):  # A/B of Settings.compare_same_engine: each photo to the least busy engine
-        env["FACEGATE_COMPARE_SAME_ENGINE"] = "false"
-    if name == "facegate_mp_h11":  # A/B of Settings.http_parser and event_loop: uvicorn's pure-Python fallbacks
-        env.update(FACEGATE_HTTP_PARSER="h11", FACEGATE_EVENT_LOOP="asyncio")
+    env.update(server_env(name))  # the setting(s) this server is an A/B of
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
     srv.wrapped = os.environ.get("FACEGATE_BENCH_WRAP", "").partition("=")[0] == name
     srv.info["argv"] = ["python" if a == sys.executable else a for a in srv.argv]
@@ -635,7 +568,7 @@ def ratios(rows: list[dict[str, Any]], base: str = "facegate") -> dict[str, dict
     """``{"facegate/<other>": {kind: {concurrency: ok_req_s ratio}}}`` for every other server present."""
     by = {(r["server"], r["kind"], r["concurrency"]): r for r in rows}
     out: dict[str, dict[str, dict[str, float | None]]] = {}
-    for other in [s for s in SERVER_NAMES if s != base and any(r["server"] == s for r in rows)]:
+    for other in [s for s in dict.fromkeys(r["server"] for r in rows) if s != base]:
         table: dict[str, dict[str, float | None]] = {}
         for (srv, kind, c), r in by.items():
             if srv == base:
@@ -650,7 +583,7 @@ def ratios(rows: list[dict[str, Any]], base: str = "facegate") -> dict[str, dict
 def markdown(result: dict[str, Any]) -> str:
     """Per request kind: req/s (p50 / p99 ms) per server with facegate's ratios, then req per server CPU-second."""
     rows, lines = result["rows"], []
-    servers = [s for s in SERVER_NAMES if any(r["server"] == s for r in rows)]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
 
     def row(s: str, kind: str, c: int) -> dict[str, Any] | None:
         return next((x for x in rows if (x["server"], x["kind"], x["concurrency"]) == (s, kind, c)), None)
@@ -695,7 +628,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--crop-format", default="jpg", choices=["jpg", "png"])
     add("--concurrency", default="1,8,32", help="comma-separated list")
     add("--kinds", default=DEFAULT_KINDS, help=f"subset of {','.join(KIND_CHOICES)}")
-    add("--servers", default="facegate,naive,litserve", help=f"subset of {','.join(SERVER_NAMES)}")
+    add("--servers", default="facegate,naive,litserve", help="comma-separated; server_variants.py says which names")
     add("--budget-s", type=float, default=0.0, help="start no point that would end after this (0: no limit)")
     add("--rounds", type=int, default=1, help="measured rounds per point (req/s: median; percentiles: all)")
     add("--duration", type=float, default=5.0, help="measured seconds per point and round")
@@ -720,9 +653,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.concurrency = [int(x) for x in str(o.concurrency).split(",") if x.strip()]
     o.kinds = [k.strip() for k in o.kinds.split(",") if k.strip()]
     o.servers = [s.strip() for s in o.servers.split(",") if s.strip()]
-    bad = [k for k in o.kinds if k not in KIND_CHOICES] + [x for x in o.servers if x not in SERVER_NAMES]
+    bad = [k for k in o.kinds if k not in KIND_CHOICES] + [x for x in o.servers if not is_known(x)]
     if bad:
-        p.error(f"unknown kind(s)/server(s) {bad}; kinds {KIND_CHOICES}, servers {SERVER_NAMES}")
+        p.error(f"unknown kind(s)/server(s) {bad}; kinds {KIND_CHOICES}, servers: see server_variants.py")
     return o
 
 

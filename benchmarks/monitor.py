@@ -13,10 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
 import numpy as np
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger("http_e2e")
 
@@ -72,6 +75,30 @@ def process_roles(pids: list[int], engines: int = 1) -> dict[int, str]:
     for i, (_, pid) in enumerate(sorted(spawned)):
         roles[pid] = "engine" if i < engines else "front-end"
     return roles
+
+
+def cpu_by_role(
+    th0: dict[tuple[int, int], int], th1: dict[tuple[int, int], int], pids: list[int], wall: float, engines: int = 1
+) -> dict[str, Any]:
+    """For a multi-process facegate server, from two :func:`thread_ticks` snapshots ``wall`` seconds apart:
+    cores per role (engine, front-end, supervisor), the role of the busiest thread, and the cores of each
+    front-end process, busiest first (how evenly the front-ends share the work). Empty for other servers."""
+    roles = process_roles(pids, engines)
+    if "engine" not in roles.values():
+        return {}
+    cores: Counter[str] = Counter()
+    per_front_end: Counter[int] = Counter()
+    for (pid, tid), ticks in th1.items():
+        role = roles.get(pid, "other")
+        cores[role] += ticks - th0.get((pid, tid), 0)
+        if role == "front-end":
+            per_front_end[pid] += ticks - th0.get((pid, tid), 0)
+    top = max(th1, key=lambda k: th1[k] - th0.get(k, 0))
+    return {
+        "cores_by_role": {r: round(v / CLK_TCK / wall, 3) for r, v in sorted(cores.items())},
+        "top_thread_role": roles.get(top[0], "other"),
+        "front_end_cores": sorted((round(v / CLK_TCK / wall, 3) for v in per_front_end.values()), reverse=True),
+    }
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -256,6 +283,24 @@ def _deltas(before: dict[str, Any], after: dict[str, Any], family: str) -> dict[
                     t[0] += a.get("sum", 0.0) - b.get("sum", 0.0)
                     t[1] += dc
     return {labels: (t[0], t[1]) for labels, t in acc.items()}
+
+
+def front_end_spread(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[float]]:
+    """How the requests (``/metrics`` scrapes excluded) spread over the front-end processes that both
+    :func:`scrape_facegate` snapshots reached: each one's share of the requests, largest first, and its mean
+    in-server latency (ms) in the same order. Even shares: the front-ends got equal work."""
+    per: list[tuple[float, float]] = []
+    for pid in sorted(set(before.get("by_pid", {})) & set(after.get("by_pid", {}))):
+        s = c = 0.0
+        for (fam, labels), a in after["by_pid"][pid].items():
+            if fam == "request_latency_seconds" and "/metrics" not in labels:
+                b = before["by_pid"][pid].get((fam, labels), {})
+                s += a.get("sum", 0.0) - b.get("sum", 0.0)
+                c += a.get("count", 0.0) - b.get("count", 0.0)
+        per.append((c, 1000.0 * s / c if c > 0 else 0.0))
+    total = sum(c for c, _ in per) or 1.0
+    per.sort(reverse=True)
+    return {"share": [round(c / total, 3) for c, _ in per], "mean_ms": [round(m, 2) for _, m in per]}
 
 
 def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:

@@ -47,3 +47,29 @@ def test_a_process_seen_in_only_one_snapshot_is_left_out() -> None:
     tb = monitor.time_breakdown(before, after, wall_s=1.0)
     assert tb["server_latency_ms"]["/api/compare"] == pytest.approx(100.0)
     assert tb["engine_call_ms"]["photo"] == pytest.approx(100.0)
+
+
+def test_front_end_spread_gives_each_front_ends_share_and_latency_largest_first() -> None:
+    metrics = {("request_latency_seconds", "GET /metrics"): {"sum": 5.0, "count": 1000}}  # scrapes: left out
+    before = _snapshot(
+        {"11": {**_hist((10.0, 100), (0, 0), (0, 0)), **metrics}, "12": _hist((1.0, 10), (0, 0), (0, 0))}, last="11"
+    )
+    after = _snapshot(
+        {"11": {**_hist((14.0, 150), (0, 0), (0, 0)), **metrics}, "12": _hist((7.0, 160), (0, 0), (0, 0))}, last="12"
+    )
+    spread = monitor.front_end_spread(before, after)
+    # 150 new requests at 40 ms on pid 12, 50 at 80 ms on pid 11
+    assert spread["share"] == [0.75, 0.25]
+    assert spread["mean_ms"] == pytest.approx([40.0, 80.0])
+
+
+def test_cpu_by_role_lists_each_front_ends_cores_busiest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    roles = {1: "supervisor", 2: "engine", 3: "front-end", 4: "front-end"}
+    monkeypatch.setattr(monitor, "process_roles", lambda pids, engines=1: roles)
+    tck = monitor.CLK_TCK
+    th0 = {(2, 20): 0, (3, 30): 0, (3, 31): 0, (4, 40): 0}
+    th1 = {(2, 20): 2 * tck, (3, 30): tck // 2, (3, 31): tck // 2, (4, 40): 3 * tck}
+    out = monitor.cpu_by_role(th0, th1, list(roles), wall=2.0)
+    assert out["cores_by_role"] == {"engine": 1.0, "front-end": 2.0}
+    assert out["front_end_cores"] == [1.5, 0.5]  # pid 4, then pid 3's two threads together
+    assert out["top_thread_role"] == "front-end"

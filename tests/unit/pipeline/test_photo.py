@@ -289,3 +289,25 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
     assert float(np.mean(cosines)) > 0.995 and min(cosines) > 0.96, cosines
     assert max(box_px) < 3.0, box_px
     assert max(dq) < 0.05, dq
+
+
+@pytest.mark.gpu
+def test_warm_up_captures_every_photo_stage_bucket(lfw_root: Path) -> None:
+    """After warm-up, live photo batches of any bucket replay graphs; none is captured while serving."""
+    from facegate.io.decode import gpu_decode_available
+
+    if not gpu_decode_available():
+        pytest.skip("torchvision nvJPEG decode not available")
+    # 64 LFW photos per detector forward, as the benchmarks serve: buckets 4, 16, 32 and 64 all reachable
+    settings = Settings(
+        device="cuda", precision="fp16", compile="graphs", gpu_preprocess="auto", det_max_batch_pixels=64 * 256 * 256
+    )
+    gpu = FacePipeline.from_settings(settings)
+    gpu.warmup()
+    warm = set(gpu.detector._graphs)
+    assert {k[0][0] for k in warm if not isinstance(k[0], int)} == {4, 16, 32, 64}  # (shape, post) keys
+    stage = PhotoStage(gpu, **LIMITS)
+    datas = _lfw_bytes(lfw_root, 40)
+    for n in (3, 10, 20, 40):  # buckets 4, 16, 32, 64
+        assert all(isinstance(g, PhotoFaces) for g in _run(stage, datas[:n]))
+    assert set(gpu.detector._graphs) == warm

@@ -1,0 +1,40 @@
+"""benchmarks/server_variants.py: which server names http_e2e.py accepts and what each changes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+sv = pytest.importorskip("server_variants")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["facegate", "facegate_mp_h11", "naive", "litserve", "facegate_mp_w8", "facegate_mp_w12_e3_det64_sa_nodw"],
+)
+def test_known_names(name: str) -> None:
+    assert sv.is_known(name)
+
+
+@pytest.mark.parametrize("name", ["facegate_mp_w8_e3_det64_bogus", "facegate_mp_wx", "vllm", "facegate_w8"])
+def test_unknown_names(name: str) -> None:
+    assert not sv.is_known(name)
+
+
+def test_a_composed_name_adds_up_its_parts() -> None:
+    name = "facegate_mp_w12_e3_det64_sa_nodw"
+    assert sv.front_ends_of(name, mp_workers=4) == 12
+    assert sv.engines_of(name) == 3
+    env = sv.server_env(name)
+    assert env == {**sv.DET64_ENV, **sv.VARIANT_ENV["sa"], **sv.VARIANT_ENV["nodw"]}
+
+
+def test_bases_and_peers() -> None:
+    assert sv.front_ends_of("facegate_mp", mp_workers=4) == 4
+    assert sv.front_ends_of("facegate", mp_workers=4) == 1
+    assert sv.engines_of("facegate_mp_w8") == 1
+    assert sv.server_env("facegate_mp_gc") == {"FACEGATE_GC_FREEZE": "false"}
+    assert sv.server_env("naive") == {}
