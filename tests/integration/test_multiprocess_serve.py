@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -78,11 +79,27 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
             n_detect = float(detect[0].split()[-1]) if detect else 0.0
             assert (n_detect >= 11) if preprocess == "off" else (n_detect == 0), detect  # photos skip "detect"
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "image_unreadable", bad.text
-            # each front-end labels its scrape with its own process id, so a scraper can tell them apart (a new
-            # connection per scrape: a kept-alive one stays with one front-end)
-            pids = {ln.split('"')[1] for _ in range(32) for ln in httpx.get(url + "/metrics").text.splitlines()
-                    if ln.startswith("facegate_process_info{")}  # fmt: skip
-            assert len(pids) == 2 and all(p.isdigit() and int(p) != proc.pid for p in pids), pids
+            # each front-end labels its scrape with its own process id, so a scraper can tell them apart; balanced
+            # accept (the default) hands each new connection to the front-end with the fewest open ones: with
+            # ``c``'s connection open, 7 more kept-alive connections split 4 + 4
+            others = [httpx.Client(base_url=url, timeout=60) for _ in range(7)]
+            try:
+                pids = [_process_id(o.get("/metrics").text) for o in others] + [_process_id(c.get("/metrics").text)]
+            finally:
+                for o in others:
+                    o.close()
+            assert len(set(pids)) == 2 and all(p.isdigit() and int(p) != proc.pid for p in pids), pids
+            assert sorted(Counter(pids).values()) == [4, 4], pids
+            if preprocess == "off":  # a front-end that dies is replaced; the server keeps answering meanwhile
+                os.kill(int(pids[0]), signal.SIGKILL)
+                deadline = time.monotonic() + 60
+                while True:
+                    with httpx.Client(base_url=url, timeout=60) as a, httpx.Client(base_url=url, timeout=60) as b:
+                        now = {_process_id(a.get("/metrics").text), _process_id(b.get("/metrics").text)}
+                    if len(now) == 2 and pids[0] not in now:
+                        break
+                    assert time.monotonic() < deadline, now
+                    time.sleep(0.5)
         assert len(_children(proc.pid)) >= 4  # 2 engines + 2 front-ends (+ the resource tracker)
         # after compares, an enrolment and searches, still only the 2 engines have torch loaded
         spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
@@ -98,6 +115,11 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
     assert _children(proc.pid) == []
 
 
+def _process_id(metrics: str) -> str:
+    """The front-end process id a ``/metrics`` answer is labelled with."""
+    return next(ln.split('"')[1] for ln in metrics.splitlines() if ln.startswith("facegate_process_info{"))
+
+
 def _loads_torch(pid: int) -> bool:
     """Whether process ``pid`` has torch's C++ library mapped."""
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
@@ -108,10 +130,12 @@ def _start_time(pid: int) -> int:
         return int(fh.read().rsplit(")", 1)[1].split()[19])
 
 
-def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
-    """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error."""
+@pytest.mark.parametrize("accept", ["balanced", "shared"])
+def test_a_dead_engine_takes_the_server_down(tmp_path: Path, accept: str) -> None:
+    """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error
+    (``accept``: Settings.accept, the supervisor's acceptor or uvicorn's shared socket)."""
     port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1", "FACEGATE_ACCEPT": accept}
     argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--port", str(port)]
     proc = subprocess.Popen(
         [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

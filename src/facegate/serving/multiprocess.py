@@ -1,13 +1,16 @@
 """``facegate serve --workers N`` (N ≥ 2): one engine process and N uvicorn front-end processes.
 
 The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`),
-waits until its models are loaded and warm, then runs uvicorn with ``workers=N``: uvicorn's own supervisor
-forks N front-ends that share the listening socket. Each front-end builds its app with :func:`frontend_app`,
+waits until its models are loaded and warm, then opens the port and spawns N front-end processes. With
+``Settings.accept="balanced"`` (the default) a thread of the supervisor accepts each connection and hands it
+to the front-end with the fewest open connections (:mod:`facegate.serving.acceptor`), and the supervisor
+replaces a front-end that exits; with ``"shared"`` uvicorn's own supervisor (``workers=N``) forks front-ends
+that share the listening socket, and uvicorn restarts them. Each front-end builds its app with :func:`frontend_app`,
 which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
 (each front-end keeps its own search index and rebuilds it when another process committed a change,
-:meth:`facegate.gallery.service.Gallery.sync`). When uvicorn returns (SIGINT/SIGTERM), the engine process
-is stopped. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
-systemd or Kubernetes restarts the whole server); uvicorn restarts a front-end that dies.
+:meth:`facegate.gallery.service.Gallery.sync`). On SIGINT/SIGTERM the front-ends stop, then the engine
+process. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
+systemd or Kubernetes restarts the whole server).
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
 ``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
@@ -24,6 +27,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from pathlib import Path
@@ -218,6 +222,76 @@ def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProce
     return engines
 
 
+def frontend_main(control_path: str) -> None:
+    """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
+    :class:`~facegate.serving.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
+    and engine addresses come from the environment, as for uvicorn's workers)."""
+    import uvicorn
+
+    from facegate.serving.acceptor import FrontEndServer
+    from facegate.serving.app import uvicorn_impl
+
+    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
+    config = uvicorn.Config(
+        "facegate.serving.multiprocess:frontend_app",
+        factory=True,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        **uvicorn_impl(settings),
+    )
+    FrontEndServer(config, control_path).run()
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+def serve_balanced(settings: Settings, front_ends: int) -> None:
+    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.serving.acceptor.Acceptor` in
+    this process until SIGINT/SIGTERM; a front-end that exits is replaced. The engines' environment must
+    be exported already."""
+    from facegate.serving.acceptor import Acceptor
+
+    folder = tempfile.mkdtemp(prefix="facegate-accept-")
+    control = os.path.join(folder, "accept.sock")
+    acceptor = Acceptor(listen(settings.host, settings.port), control)
+    acceptor.start()
+    ctx = mp.get_context("spawn")
+
+    def spawn() -> Any:
+        p = ctx.Process(target=frontend_main, args=(control,), name="facegate-front-end", daemon=False)
+        p.start()
+        return p
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    procs = [spawn() for _ in range(front_ends)]
+    try:
+        while not stop.wait(0.5):
+            for i, p in enumerate(procs):
+                if not p.is_alive():
+                    log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
+                    procs[i] = spawn()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        acceptor.stop()
+        for p in procs:  # SIGTERM: uvicorn's graceful shutdown in each
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(15)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("front-ends stopped; %d connections were handed out", acceptor.handed)
+
+
 def run_multiprocess(settings: Settings) -> None:
     """Serve with one engine process and ``settings.workers`` front-end processes until interrupted.
 
@@ -247,24 +321,28 @@ def run_multiprocess(settings: Settings) -> None:
     threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
         log.info(
-            "facegate listening on http://%s:%d with %d front-end processes and %d engine process(es)",
+            "facegate listening on http://%s:%d with %d front-end processes (%s accept) and %d engine process(es)",
             settings.host,
             settings.port,
             max(2, settings.workers),
+            settings.accept,
             len(engines),
         )
-        uvicorn.run(
-            "facegate.serving.multiprocess:frontend_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=max(2, settings.workers),
-            lifespan="on",
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=10,
-            **uvicorn_impl(settings),
-        )
+        if settings.accept == "balanced":
+            serve_balanced(settings, max(2, settings.workers))
+        else:
+            uvicorn.run(
+                "facegate.serving.multiprocess:frontend_app",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=max(2, settings.workers),
+                lifespan="on",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=10,
+                **uvicorn_impl(settings),
+            )
     finally:
         stopping.set()
         for k, v in old.items():

@@ -1,0 +1,257 @@
+"""Balanced accept (``Settings.accept="balanced"``): one acceptor hands each connection to a front-end.
+
+When uvicorn's front-end processes share one listening socket, whichever process wakes first accepts
+every connection waiting in the backlog. On the H200 (run 33, 100 keep-alive clients, 8 front-ends) two
+front-ends took 49 % and 45 % of the requests at one core each while five took none, and the saturated
+pair set the tail latency. libuv's ``UV_TCP_SINGLE_ACCEPT`` and 12 front-ends did not even it out.
+
+Here the supervisor owns the listening socket. :class:`Acceptor` (a thread in the supervisor) accepts
+each connection and passes its file descriptor (``SCM_RIGHTS`` over a Unix ``SOCK_SEQPACKET`` socket) to
+the front-end that has the fewest open connections (ties go round-robin). Each front-end is a
+:class:`FrontEndServer`: a uvicorn server that listens on nothing, registers with the acceptor once its app
+has started, serves the connections it is handed, and reports each one closed, so the counts stay exact.
+A front-end that dies drops out (its control socket closes) until its replacement registers.
+
+Wire format, one datagram each: acceptor → front-end ``b"c"`` with one descriptor; front-end → acceptor
+``b"x"`` per closed connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+HAND = b"c"
+CLOSED = b"x"
+
+
+def pick_front_end(open_counts: list[int], start: int) -> int:
+    """Index of the front-end with the fewest open connections; among equals, the first at or after
+    ``start`` (round-robin). ``open_counts`` must not be empty."""
+    n = len(open_counts)
+    low = min(open_counts)
+    return next(i % n for i in range(start, start + n) if open_counts[i % n] == low)
+
+
+class Acceptor:
+    """Accepts on ``listener`` and hands each connection to the least busy registered front-end.
+
+    Args:
+        listener: the bound, listening public socket (the acceptor makes it non-blocking and closes it).
+        control_path: the Unix socket path front-ends connect to (in a private directory).
+    """
+
+    def __init__(self, listener: socket.socket, control_path: str) -> None:
+        self.listener = listener
+        self.control_path = control_path
+        self.handed = 0
+        self._control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._control.bind(control_path)
+        self._control.listen(64)
+        self._front_ends: list[socket.socket] = []
+        self._open: list[int] = []
+        self._next = 0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="facegate-acceptor", daemon=True)
+
+    def start(self) -> None:
+        """Start the acceptor thread (connections wait in the backlog until a front-end registers)."""
+        self.listener.setblocking(False)
+        self._control.setblocking(False)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, close the listening and control sockets (front-ends see their control socket close)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"!")
+        self._thread.join(5)
+
+    def open_connections(self) -> list[int]:
+        """Open connections per registered front-end, in registration order."""
+        with self._lock:
+            return list(self._open)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, "stop")
+        sel.register(self._control, selectors.EVENT_READ, "control")
+        listening = False
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.data == "stop":
+                        return
+                    if key.data == "control":
+                        self._register(sel)
+                    elif key.data == "listen":
+                        self._accept_all()
+                    else:
+                        self._read_front_end(sel, key.fileobj)  # type: ignore[arg-type]
+                if bool(self._front_ends) != listening:  # no front-end: connections wait in the backlog
+                    listening = not listening
+                    if listening:
+                        sel.register(self.listener, selectors.EVENT_READ, "listen")
+                    else:
+                        sel.unregister(self.listener)
+        except Exception:  # the server cannot accept any more: make that loud
+            log.exception("the acceptor thread failed")
+            raise
+        finally:
+            sel.close()
+            for s in (self.listener, self._control, self._wake_r, self._wake_w, *self._front_ends):
+                s.close()
+
+    def _register(self, sel: selectors.BaseSelector) -> None:
+        with contextlib.suppress(BlockingIOError):
+            conn, _ = self._control.accept()
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ, "front-end")
+            with self._lock:
+                self._front_ends.append(conn)
+                self._open.append(0)
+            log.debug("acceptor: front-end %d registered", len(self._front_ends))
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        with self._lock:
+            if conn in self._front_ends:
+                i = self._front_ends.index(conn)
+                del self._front_ends[i], self._open[i]
+        conn.close()
+        log.warning("acceptor: a front-end went away; %d left", len(self._front_ends))
+
+    def _read_front_end(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        closed = 0
+        while True:
+            try:
+                msg = conn.recv(16)
+            except BlockingIOError:
+                break
+            except OSError:
+                msg = b""
+            if not msg:  # the front-end process is gone
+                self._drop(sel, conn)
+                return
+            closed += msg.count(CLOSED)
+        with self._lock:
+            i = self._front_ends.index(conn)
+            self._open[i] = max(0, self._open[i] - closed)
+
+    def _accept_all(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: leave the rest in the backlog for the next wake-up
+                log.error("acceptor: accept failed: %s", exc)
+                return
+            with client:
+                if client.family in (socket.AF_INET, socket.AF_INET6):
+                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._hand(client)
+
+    def _hand(self, client: socket.socket) -> None:
+        """Pass ``client`` to a front-end (its descriptor is duplicated there; the caller closes ours)."""
+        tried: set[int] = set()
+        with self._lock:
+            while len(tried) < len(self._front_ends):
+                counts = [c if i not in tried else 1 << 30 for i, c in enumerate(self._open)]
+                i = pick_front_end(counts, self._next)
+                try:
+                    socket.send_fds(self._front_ends[i], [HAND], [client.fileno()])
+                except OSError as exc:  # full (the front-end is not reading) or gone: try the next one
+                    log.debug("acceptor: front-end %d refused a connection: %s", i, exc)
+                    tried.add(i)
+                    continue
+                self._open[i] += 1
+                self._next = (i + 1) % len(self._front_ends)
+                self.handed += 1
+                return
+        log.error("acceptor: no front-end took a connection; closing it")
+
+
+class FrontEndServer(uvicorn.Server):
+    """A uvicorn server that listens on nothing and serves the connections an :class:`Acceptor` hands it.
+
+    The HTTP protocol objects are built as uvicorn builds them for its own listeners (the configured
+    protocol class with the server's config, shared state and lifespan state), so graceful shutdown, the
+    connection limit and keep-alive behave as with a listening socket.
+    """
+
+    def __init__(self, config: Any, control_path: str) -> None:
+        super().__init__(config)
+        self.control_path = control_path
+        self._ctrl: socket.socket | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])  # the app's lifespan start-up; no listener of its own
+        if self.should_exit:
+            return
+        ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ctrl.connect(self.control_path)  # registered: connections come from now on
+        ctrl.setblocking(False)
+        self._ctrl = ctrl
+        asyncio.get_running_loop().add_reader(ctrl.fileno(), self._on_control)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._ctrl is not None:
+            asyncio.get_running_loop().remove_reader(self._ctrl.fileno())
+            self._ctrl.close()
+            self._ctrl = None
+        await super().shutdown(sockets=sockets)
+
+    def _protocol(self) -> asyncio.Protocol:
+        proto = self.config.http_protocol_class(
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+        lost = proto.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            try:
+                lost(exc)
+            finally:
+                self._report_closed()
+
+        proto.connection_lost = connection_lost
+        return proto  # type: ignore[no-any-return]
+
+    def _report_closed(self) -> None:
+        if self._ctrl is not None:
+            with contextlib.suppress(OSError):
+                self._ctrl.send(CLOSED)
+
+    def _on_control(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._ctrl is not None
+        while True:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self._ctrl, 16, 8)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                msg, fds = b"", []
+            if not msg and not fds:  # the acceptor (the supervisor) is gone: stop serving
+                log.warning("the acceptor closed the control socket; shutting down")
+                loop.remove_reader(self._ctrl.fileno())
+                self.should_exit = True
+                return
+            for fd in fds:
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                task = loop.create_task(loop.connect_accepted_socket(self._protocol, sock))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
