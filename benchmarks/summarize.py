@@ -21,6 +21,7 @@ from summary_http import (
     http_run,
     images_run,
     load,
+    session12_fields,
     table_md,
     time_split,
 )
@@ -618,6 +619,9 @@ def main() -> None:
                 "http_gpu_run32_session11_final.json",
                 ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_nodw",)),
             ),
+            **session12_fields(),
+            soak_gpu6=soak_gpu("soak_gpu_mp_run6_session12.json"),
+            serve_memory12=serve_memory("serve_memory_gpu_session12.json"),
             cold_starts11=cold_starts(
                 (
                     ("30", "http_gpu_run30_session11.json", "facegate_mp_w8_e3_det64", "empty"),

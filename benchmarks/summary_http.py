@@ -210,3 +210,43 @@ def cold_starts(rows: tuple[tuple[str, str, str, str], ...]) -> str:
         commit = d["env"].get("code_commit") or d["env"].get("git_commit", "?")
         out.append(f"| {label} | {commit[:7]} | {cache} | {server} | {d['servers'][server]['cold_start_s']:.1f} |")
     return "\n".join(out)
+
+
+def front_end_balance(name: str, kinds: tuple[str, ...] = ("compare",)) -> str:
+    """Per round: each front-end process's CPU cores, busiest first, with the row's req/s and p99 (http_e2e
+    ``front_end_cores_rounds``): how evenly the front-ends shared the work."""
+    out = ["| server | kind | c | round | req/s | front-end cores, busiest first | p99 ms (all rounds) |"]
+    out.append("|---|---|---|---|---|---|---|")
+    for r in _rows(name):
+        if r["kind"] not in kinds:
+            continue
+        rounds = zip(r.get("front_end_cores_rounds", []), r["ok_req_s_rounds"], strict=True)
+        for i, (cores, rate) in enumerate(rounds, 1):
+            cells = " ".join(f"{c:.2f}" for c in cores)
+            head = f"| {r['server']} | {r['kind']} | {r['concurrency']} | {i} | {rate:,.0f}"
+            out.append(f"{head} | {cells} | {r['p99_ms']:.1f} |")
+    return "\n".join(out)
+
+
+def session12_fields() -> dict[str, str]:
+    """Template fields of session 12 (runs 33–36): uneven accept, balanced accept, the full table, cold start."""
+    e3 = "facegate_mp_w8_e3_det64"
+    out = {
+        **images_run("http_gpu33", "http_gpu_run33_accept_imbalance.json"),
+        "balance33": front_end_balance("http_gpu_run33_accept_imbalance.json"),
+        **images_run("http_gpu34", "http_gpu_run34_balanced_accept.json", ("_ratios", e3, (f"{e3}_shared",))),
+        "balance34": front_end_balance(
+            "http_gpu_run34_balanced_accept.json", ("compare", "embed_aligned", "embed_aligned_batch")
+        ),
+        **images_run("http_gpu35", "http_gpu_run35_session12.json", ("_ratios", e3, ("naive", "litserve"))),
+        "time_split35": time_split("http_gpu_run35_session12.json"),
+        "soak_gpu6_cmd": load("soak_gpu_mp_run6_session12.json")["command"],
+        "serve_memory12_cmd": load("serve_memory_gpu_session12.json")["command"],
+        "cold_starts12": cold_starts(
+            (
+                ("35", "http_gpu_run35_session12.json", e3, "empty"),
+                ("35", "http_gpu_run35_warm_triton_cache.json", e3, "warm"),
+            )
+        ),
+    }
+    return out

@@ -245,7 +245,7 @@ class FrontEndServer(uvicorn.Server):
             except OSError:
                 msg, fds = b"", []
             if not msg and not fds:  # the acceptor (the supervisor) is gone: stop serving
-                log.warning("the acceptor closed the control socket; shutting down")
+                log.info("the supervisor closed the control socket (it is stopping): shutting down")
                 loop.remove_reader(self._ctrl.fileno())
                 self.should_exit = True
                 return

@@ -273,7 +273,7 @@ def serve_balanced(settings: Settings, front_ends: int) -> None:
     try:
         while not stop.wait(0.5):
             for i, p in enumerate(procs):
-                if not p.is_alive():
+                if not p.is_alive() and not stop.is_set():  # (Ctrl-C reaches the front-ends too)
                     log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
                     procs[i] = spawn()
     finally:
