@@ -178,4 +178,12 @@ class EngineClosedError(EngineError):
     code = "engine_closed"
 
 
+# --------------------------------------------------------------------------- process model
+class ServerError(FacegateError):
+    """The multi-process server cannot keep serving: front-end processes keep exiting at start-up, or the
+    acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""
+
+    code = "server_error"
+
+
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

@@ -24,6 +24,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -75,6 +76,11 @@ class Acceptor:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"!")
         self._thread.join(5)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the acceptor thread is running (False after :meth:`stop` or a failure)."""
+        return self._thread.is_alive()
 
     def open_connections(self) -> list[int]:
         """Open connections per registered front-end, in registration order."""
@@ -155,8 +161,9 @@ class Acceptor:
                 client, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # e.g. EMFILE: leave the rest in the backlog for the next wake-up
+            except OSError as exc:  # e.g. EMFILE: leave the rest in the backlog, and do not spin on it
                 log.error("acceptor: accept failed: %s", exc)
+                time.sleep(0.05)
                 return
             with client:
                 if client.family in (socket.AF_INET, socket.AF_INET6):

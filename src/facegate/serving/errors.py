@@ -45,6 +45,7 @@ from facegate.errors import (
     PathNotAllowedError,
     QualityRejectedError,
     QueueFullError,
+    ServerError,
     SubjectNotFoundError,
 )
 
@@ -77,6 +78,8 @@ STATUS_BY_ERROR: dict[type[FacegateError], int] = {
     QueueFullError: 503,
     EngineClosedError: 503,
     DeadlineExceededError: 504,
+    # process model
+    ServerError: 500,
 }
 
 INTERNAL_ERROR_CODE = "internal_error"

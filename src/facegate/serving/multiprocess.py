@@ -30,6 +30,8 @@ import signal
 import socket
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from fastapi import FastAPI
 
 from facegate.config import Settings
 from facegate.engine.remote import error_from_wire
-from facegate.errors import InvalidParameterError, ModelError
+from facegate.errors import InvalidParameterError, ModelError, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +252,21 @@ def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
-def serve_balanced(settings: Settings, front_ends: int) -> None:
+#: a front-end that exits within this many seconds of its start counts as failing at start-up
+QUICK_EXIT_S = 10.0
+#: this many such exits in a row stop the server (ServerError) instead of restarting front-ends forever
+MAX_QUICK_EXITS = 5
+
+
+def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str], None] | None = None) -> None:
     """Run ``front_ends`` front-end processes fed by an :class:`~facegate.serving.acceptor.Acceptor` in
     this process until SIGINT/SIGTERM; a front-end that exits is replaced. The engines' environment must
-    be exported already."""
+    be exported already. ``target``: the front-end's entry point (:func:`frontend_main`; tests swap it).
+
+    Raises:
+        ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
+            start, or the acceptor thread stopped.
+    """
     from facegate.serving.acceptor import Acceptor
 
     folder = tempfile.mkdtemp(prefix="facegate-accept-")
@@ -262,28 +275,39 @@ def serve_balanced(settings: Settings, front_ends: int) -> None:
     acceptor.start()
     ctx = mp.get_context("spawn")
 
-    def spawn() -> Any:
-        p = ctx.Process(target=frontend_main, args=(control,), name="facegate-front-end", daemon=False)
+    def spawn() -> tuple[Any, float]:
+        p = ctx.Process(target=target or frontend_main, args=(control,), name="facegate-front-end", daemon=False)
         p.start()
-        return p
+        return p, time.monotonic()
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     procs = [spawn() for _ in range(front_ends)]
+    quick = 0
     try:
         while not stop.wait(0.5):
-            for i, p in enumerate(procs):
-                if not p.is_alive() and not stop.is_set():  # (Ctrl-C reaches the front-ends too)
-                    log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
-                    procs[i] = spawn()
+            if not acceptor.alive:
+                raise ServerError("the acceptor thread stopped: no connection can be accepted (see the log)")
+            for i, (p, started) in enumerate(procs):
+                if p.is_alive() or stop.is_set():  # (Ctrl-C reaches the front-ends too)
+                    continue
+                quick = quick + 1 if time.monotonic() - started < QUICK_EXIT_S else 0
+                if quick >= MAX_QUICK_EXITS:
+                    raise ServerError(
+                        f"{quick} front-end processes in a row exited within {QUICK_EXIT_S:.0f} s of their start "
+                        f"(last exit code {p.exitcode}); see the log",
+                        detail={"exit_code": p.exitcode},
+                    )
+                log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
+                procs[i] = spawn()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         acceptor.stop()
-        for p in procs:  # SIGTERM: uvicorn's graceful shutdown in each
+        for p, _ in procs:  # SIGTERM: uvicorn's graceful shutdown in each
             if p.is_alive():
                 p.terminate()
-        for p in procs:
+        for p, _ in procs:
             p.join(15)
             if p.is_alive():
                 p.kill()

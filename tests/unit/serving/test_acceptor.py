@@ -124,3 +124,15 @@ def test_front_end_server_serves_handed_connections_and_reports_closes(acceptor:
         server.should_exit = True
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_stop_ends_the_thread_and_closes_the_port(tmp_path: Path) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    a = Acceptor(listener, str(tmp_path / "accept.sock"))
+    a.start()
+    assert a.alive
+    a.stop()
+    assert not a.alive
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)

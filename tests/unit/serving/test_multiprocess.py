@@ -1,0 +1,31 @@
+"""facegate.serving.multiprocess: the balanced-accept supervisor (front-end processes that fail at start-up)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+
+from facegate.config import Settings
+from facegate.errors import ServerError
+from facegate.serving.multiprocess import MAX_QUICK_EXITS, serve_balanced
+
+
+def exit_at_once(control_path: str) -> None:
+    """A front-end entry point that fails at start-up (run in a spawned process)."""
+    sys.exit(3)
+
+
+def test_front_ends_that_keep_failing_at_start_up_stop_the_server() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=f"{MAX_QUICK_EXITS} front-end processes in a row") as info:
+        serve_balanced(Settings(host="127.0.0.1", port=port), 2, target=exit_at_once)
+    assert info.value.detail == {"exit_code": 3}
+    assert time.monotonic() - t0 < 60
+    with socket.socket() as s:  # the port was closed on the way out
+        s.bind(("127.0.0.1", port))
