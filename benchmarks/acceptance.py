@@ -89,7 +89,9 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "concurrency 256: ≥ 10k aligned faces/s, ≥ 3k LFW photos/s",
         "Session 12 (run 35, balanced accept): **11,696 photos/s**; aligned **19,827 faces/s** with 8 crops per "
-        "request, 9,467 with one crop per request (the 8 front-ends at 1.02 cores each). "
+        "request, 9,467 with one crop per request (the 8 front-ends at 1.02 cores each; the aligned-crop fast path "
+        "added after the last device call halves a front-end's GIL time per such request on the 2-core box, not "
+        "yet measured on the GPU). "
         "Session 11: **10,517 photos/s** (run 30), 11,058 (run 29), 10,209 (run 32, final code); aligned embed "
         "with one crop per request 6,942 faces/s (run 30). "
         "Session 10: **10,375 photos/s** (three engines, fused epilogues, run 26; 8,054 without them in the same "

@@ -114,6 +114,7 @@ def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: P
         bench.wait(timeout=a.seconds + 60)
         res = json.loads(bench_out.read_text())
         samples, shares = inclusive_shares(raw.read_text())
+        top = top_inclusive(raw.read_text(), 30)
     finally:
         srv.terminate()
         srv.wait(timeout=30)
@@ -121,7 +122,7 @@ def run_variant(label: str, src: Path, a: argparse.Namespace, crop: Path, tmp: P
     log.info("%s: %.1f req/s, %d GIL samples, %.4f per request", label, res["ok_req_s"], samples, per_req)
     return {"variant": label, "src": str(src), "target": a.target, "ok_req_s": res["ok_req_s"],
             "errors": res["errors"], "gil_samples": samples, "gil_samples_per_request": per_req,
-            "inclusive_share": shares, "engine_phases": phases}  # fmt: skip
+            "inclusive_share": shares, "top_inclusive": top, "engine_phases": phases}  # fmt: skip
 
 
 #: Functions whose inclusive share of the front-end's GIL samples each row reports.
@@ -132,6 +133,22 @@ WATCH = (
     "EngineHost._reader", "EngineHost._sender", "Connection.recv", "FrameReader.recv_many", "ForkingPickler.dumps",
     "EmbedStage.prepare", "EmbedStage.execute", "_StageRunner._front", "_StageRunner._back",
 )  # fmt: skip
+
+
+def top_inclusive(raw: str, n: int) -> list[tuple[str, float]]:
+    """The ``n`` frames (``function (file:line)``) with the largest inclusive share of a ``py-spy -f raw`` file,
+    leaving out the frames every sample of a thread shares (bootstrap, event loop)."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in raw.splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not stack or not num.isdigit():
+            continue
+        total += int(num)
+        for frame in set(stack.split(";")):
+            counts[frame] = counts.get(frame, 0) + int(num)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    return [(f, round(c / total, 4)) for f, c in ranked if c < 0.9 * total][:n] if total else []
 
 
 def inclusive_shares(raw: str) -> tuple[int, dict[str, float]]:

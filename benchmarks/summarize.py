@@ -120,8 +120,8 @@ def compile_variants() -> str:
     return "\n".join(out)
 
 
-def frontend_gil() -> str:
-    d = load("frontend_gil_cpu.json")
+def frontend_gil(name: str = "frontend_gil_cpu.json") -> str:
+    d = load(name)
     parts = []
     for label, med in d["median_gil_samples_per_request"].items():
         vals = [r["gil_samples_per_request"] for r in d["rows"] if r["variant"] == label]
@@ -491,6 +491,8 @@ def main() -> None:
             compile_variants=compile_variants(),
             client_cost=client_cost(),
             frontend_gil=frontend_gil(),
+            frontend_gil_fast=frontend_gil("frontend_gil_cpu_fastpath.json"),
+            frontend_gil_fast_cmd=load("frontend_gil_cpu_fastpath.json")["command"],
             frontend_gil_cmd=load("frontend_gil_cpu.json")["command"],
             http_gpu12_cmd=load("http_gpu_run12_raw_client.json")["command"],
             http_gpu12=http_gpu_images("http_gpu_run12_raw_client.json"),

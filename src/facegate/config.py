@@ -273,6 +273,14 @@ class Settings(BaseSettings):
             "shared memory (facegate.engine.remote), so the engine's threads do not compete for one GIL."
         ),
     )
+    fast_path: bool = Field(
+        True,
+        description=(
+            "Serve aligned-crop embeds (POST /api/embed, aligned=true, images only) below FastAPI's routing, "
+            "with the route's own function and JSON (facegate.serving.fastpath); other requests are unchanged. "
+            "Off: every request goes through FastAPI."
+        ),
+    )
     accept: Literal["balanced", "shared"] = Field(
         "balanced",
         description=(

@@ -44,6 +44,7 @@ from facegate.errors import (
 )
 from facegate.metrics.stats import ServiceStats
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
+from facegate.serving.fastpath import serve_embed_aligned, wants_fast_path
 
 if TYPE_CHECKING:
     from facegate.gallery.service import Gallery
@@ -402,7 +403,11 @@ class ServingMiddleware:
                 await send_response(facegate_error_response(_too_large(declared, limit)))
                 return
             try:
-                await self.app(scope, wrapped_receive, wrapped_send)
+                app_receive: Receive | None = wrapped_receive
+                if self.state.settings.fast_path and wants_fast_path(scope):  # aligned crops skip FastAPI
+                    app_receive = await serve_embed_aligned(self.state, scope, wrapped_receive, wrapped_send)
+                if app_receive is not None:
+                    await self.app(scope, app_receive, wrapped_send)
             except asyncio.CancelledError:
                 if not cancelled_by_disconnect:
                     raise

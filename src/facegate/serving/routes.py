@@ -307,7 +307,19 @@ async def embed(
 ) -> EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
     state = _state(request)
-    service = state.require_service()
+    return await embed_response(state, state.require_service(), images, paths, select, aligned)
+
+
+async def embed_response(
+    state: ServingState,
+    service: FaceService,
+    images: list[UploadFile] | None,
+    paths: list[str] | None,
+    select: Literal["largest", "all"],
+    aligned: bool,
+) -> EmbedResponse:
+    """What ``POST /api/embed`` answers for these form values (the route's body; the aligned-crop fast path,
+    :mod:`facegate.serving.fastpath`, calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])

@@ -1,0 +1,121 @@
+"""A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
+
+Aligned crops are the least GPU work per request facegate serves, so the front-ends' Python per request sets
+their rate. On the H200 (run 35) 8 front-ends at one core each served 9,467 one-crop requests/s while the
+GPU was 66 % busy. On a 2-core box (``benchmarks/frontend_gil.py``), FastAPI's stack above the endpoint —
+routing, dependency solving, form reading, response validation — was most of a front-end's GIL time for such a
+request; the endpoint's own work was about a tenth of it.
+
+:class:`~facegate.serving.app.ServingMiddleware` (limits, disconnects, metrics) calls
+:func:`serve_embed_aligned` for ``POST /api/embed`` with a small multipart body. It answers the request
+when the form is 1..``max_images_per_request`` ``images`` files with ``aligned`` true and at most a
+``select``, through the route's own function (:func:`facegate.serving.routes.embed_response`) and the
+route's JSON (``by_alias``, ``exclude_unset``). Any other request goes to FastAPI with its body replayed, so
+FastAPI gives it the answers and errors it always did. ``Settings.fast_path`` turns it off.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from starlette.datastructures import UploadFile
+from starlette.types import Message, Receive, Scope, Send
+
+from facegate.errors import FacegateError
+from facegate.serving.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
+
+if TYPE_CHECKING:
+    from facegate.serving.app import ServingState
+
+PATH = "/api/embed"
+#: what ``scope["route"]`` holds for the request metrics (the route's path template)
+ROUTE = SimpleNamespace(path=PATH)
+#: the strings pydantic reads as a true ``bool`` (FastAPI's form field ``aligned``)
+TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+SELECT = frozenset({"largest", "all"})
+#: the multipart limits FastAPI's form reading applies by default (files, fields, bytes per field)
+FORM_LIMITS = {"max_files": 1000, "max_fields": 1000, "max_part_size": 1024 * 1024}
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return b""
+
+
+def wants_fast_path(scope: Scope) -> bool:
+    """Whether a request may take the fast path: ``POST /api/embed`` with a multipart body whose declared
+    length fits :data:`~facegate.serving.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
+    if scope["method"] != "POST" or scope["path"] != PATH:
+        return False
+    length = _header(scope, b"content-length")
+    return (
+        _header(scope, b"content-type").startswith(b"multipart/form-data")
+        and length.isdigit()
+        and int(length) <= FAST_FORM_MAX_BYTES
+    )
+
+
+def aligned_images(form: object, max_images: int) -> list[UploadFile] | None:
+    """The uploads of a parsed form that the fast path serves, or None (then FastAPI serves it)."""
+    if form is None:
+        return None
+    images: list[UploadFile] = []
+    aligned = False
+    for key, value in form.multi_items():  # type: ignore[attr-defined]
+        if key == "images" and isinstance(value, UploadFile):
+            images.append(value)
+        elif key == "aligned" and isinstance(value, str) and value.lower() in TRUE and not aligned:
+            aligned = True
+        elif not (key == "select" and value in SELECT):
+            return None  # another field, a repeated or non-true ``aligned``, an invalid ``select``
+    return images if aligned and 1 <= len(images) <= max_images else None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive callable that gives ``body`` once, then defers to ``receive``."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    """Answer an aligned-crop embed request (None), or return the receive callable that replays its body
+    for FastAPI. A request whose body did not arrive (a disconnect, or over the route's limit) is left to
+    the caller (None)."""
+    from facegate.serving.errors import facegate_error_response
+    from facegate.serving.routes import embed_response
+
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    ctype = _header(scope, b"content-type").decode("latin-1")
+    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), state.settings.max_images_per_request)
+    if images is None:
+        return _replay(body, receive)
+    scope["route"] = ROUTE
+    try:
+        out = await embed_response(state, state.require_service(), images, None, "largest", True)
+    except FacegateError as exc:
+        await facegate_error_response(exc)(scope, receive, send)
+        return None
+    payload = out.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+    return None
