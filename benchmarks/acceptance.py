@@ -105,7 +105,9 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
         "Session 12 (probe beside the soak, cfd05ff): SFace +454 MiB after warm-up, +552 after load; IR-SE-64 "
-        "+572 / +682. Session 10 (probe beside the soak, f5f78c4, max batch 64, buckets 4/16/32/64): SFace "
+        "+572 / +682. From the models' shapes (activation_floor.py): one forward of 64 crops needs at least 214 "
+        "MiB (SFace) / 287 MiB (IR-SE-64) for its weights and largest layer alone. Session 10 (probe beside the "
+        "soak, f5f78c4, max batch 64, buckets 4/16/32/64): SFace "
         "+474 MiB after warm-up, +552 after load, CUDA-graph pool 300 MiB (394 in session 7; the cause not "
         "isolated); IR-SE-64 +592 / +682. "
         "Before: engine process at idle, max batch 64: +558 MiB (runs 18–19; +548 in run 16), +704 after HTTP load; "
@@ -113,7 +115,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "+558 / +364 / +280 MiB at 64 / 32 / 16, the CUDA-graph pool 394 / 206 / 128 MiB (one 64×64×112×112 fp16 "
         "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces). 64 "
         "photos per detector forward (the fastest compare configuration) costs ~530 MiB more",
-        "not met (+454 MiB after warm-up at cfd05ff, +552 after load; IR-SE-64 +572 / +682)",
+        "not met (+454 MiB after warm-up at cfd05ff, +552 after load; IR-SE-64 +572 / +682); a batch of 64 alone "
+        "needs more than the budget, so it can only describe an idle process (not measured)",
     ),
     (
         "no growth over a 10-minute soak",

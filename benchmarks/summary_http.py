@@ -228,6 +228,17 @@ def front_end_balance(name: str, kinds: tuple[str, ...] = ("compare",)) -> str:
     return "\n".join(out)
 
 
+def activation_floor(name: str = "activation_floor.json") -> str:
+    """Per recognizer and batch: weights + the largest layer's input and output, from shapes alone."""
+    out = ["| model | batch | weights MiB | largest layer (in + out) MiB | floor MiB |", "|---|---|---|---|---|"]
+    for r in load(name)["rows"]:
+        out.append(
+            f"| {r['model']} | {r['batch']} | {r['weights_mib']:.1f} | {r['peak_in_out_mib']:.1f} "
+            f"(`{r['peak_layer_type']}` {r['peak_layer_out_shape']}) | {r['floor_mib']:.1f} |"
+        )
+    return "\n".join(out)
+
+
 def session12_fields() -> dict[str, str]:
     """Template fields of session 12 (runs 33–36): uneven accept, balanced accept, the full table, cold start."""
     e3 = "facegate_mp_w8_e3_det64"
@@ -240,6 +251,8 @@ def session12_fields() -> dict[str, str]:
         ),
         **images_run("http_gpu35", "http_gpu_run35_session12.json", ("_ratios", e3, ("naive", "litserve"))),
         "time_split35": time_split("http_gpu_run35_session12.json"),
+        "activation_floor12": activation_floor(),
+        "activation_floor12_cmd": load("activation_floor.json")["command"],
         "soak_gpu6_cmd": load("soak_gpu_mp_run6_session12.json")["command"],
         "serve_memory12_cmd": load("serve_memory_gpu_session12.json")["command"],
         "cold_starts12": cold_starts(
