@@ -44,7 +44,7 @@ from facegate.errors import (
 )
 from facegate.metrics.stats import ServiceStats
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.serving.fastpath import serve_embed_aligned, wants_fast_path
+from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
 
 if TYPE_CHECKING:
     from facegate.gallery.service import Gallery
@@ -440,13 +440,8 @@ class ServingMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    for key, value in scope.get("headers", ()):
-        if key == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    value = header(scope, b"content-length")
+    return int(value) if value.isdigit() else None
 
 
 def _too_large(size: int, limit: int) -> ImageTooLargeError:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.types import Message, Receive, Scope, Send
 
 from facegate.errors import FacegateError
@@ -38,7 +38,8 @@ SELECT = frozenset({"largest", "all"})
 FORM_LIMITS = {"max_files": 1000, "max_fields": 1000, "max_part_size": 1024 * 1024}
 
 
-def _header(scope: Scope, name: bytes) -> bytes:
+def header(scope: Scope, name: bytes) -> bytes:
+    """The value of request header ``name`` (lower-case bytes), or ``b""``."""
     for key, value in scope.get("headers", ()):
         if key == name:
             return bytes(value)
@@ -50,21 +51,21 @@ def wants_fast_path(scope: Scope) -> bool:
     length fits :data:`~facegate.serving.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
     if scope["method"] != "POST" or scope["path"] != PATH:
         return False
-    length = _header(scope, b"content-length")
+    length = header(scope, b"content-length")
     return (
-        _header(scope, b"content-type").startswith(b"multipart/form-data")
+        header(scope, b"content-type").startswith(b"multipart/form-data")
         and length.isdigit()
         and int(length) <= FAST_FORM_MAX_BYTES
     )
 
 
-def aligned_images(form: object, max_images: int) -> list[UploadFile] | None:
+def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] | None:
     """The uploads of a parsed form that the fast path serves, or None (then FastAPI serves it)."""
     if form is None:
         return None
     images: list[UploadFile] = []
     aligned = False
-    for key, value in form.multi_items():  # type: ignore[attr-defined]
+    for key, value in form.multi_items():
         if key == "images" and isinstance(value, UploadFile):
             images.append(value)
         elif key == "aligned" and isinstance(value, str) and value.lower() in TRUE and not aligned:
@@ -104,7 +105,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
         if not message.get("more_body", False):
             break
     body = b"".join(chunks)
-    ctype = _header(scope, b"content-type").decode("latin-1")
+    ctype = header(scope, b"content-type").decode("latin-1")
     images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), state.settings.max_images_per_request)
     if images is None:
         return _replay(body, receive)
