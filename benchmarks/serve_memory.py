@@ -70,6 +70,10 @@ settings = Settings(**spec["settings"])
 pipe = FacePipeline.from_settings(settings)
 out["build_s"] = round(time.perf_counter() - t, 3)
 out["model"] = pipe.spec.name
+rec = getattr(pipe.recognizer, "module", pipe.recognizer)  # under a GraphedModule
+plan = getattr(rec, "activation_plan", None)
+if plan is not None:  # how a batch of spec["batch"] crops splits (Settings.activation_budget_mib)
+    out["activation_split"] = dict(zip(("stages_in_sub_batches", "sub_batch"), plan.split(spec["batch"])))
 cuda = pipe.device.type == "cuda"
 def mem(tag):
     if cuda:
@@ -130,6 +134,10 @@ def median_ms(fn, n=50):
 crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
 out["embed_batch_ms"] = median_ms(lambda: pipe.embed(crops))
 out["detect_16_ms"] = median_ms(lambda: pipe.detect(photos[:16]))
+if stage is not None:  # the photo stage: decode + detect + align + embed of spec["batch"] JPEGs
+    payloads = [np.frombuffer(j, np.uint8) for j in jpegs]
+    out["photo_batch_ms"] = median_ms(lambda: stage.execute(stage.prepare(payloads)), n=20)
+mem("after_timing")
 print(json.dumps(out))
 """
 
@@ -208,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **fields}
         child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches}
         row = {"variant": v, "settings": settings, "env": env, **run_child(child, o.timeout, env)}
-        for tag in ("after_build", "after_warmup", "after_load"):
+        for tag in ("after_build", "after_warmup", "after_load", "after_timing"):
             if bare is not None and (row.get(tag) or {}).get("driver_mib") is not None:
                 row[tag]["above_bare_mib"] = round(row[tag]["driver_mib"] - bare, 1)
         print(v, json.dumps(row), flush=True)

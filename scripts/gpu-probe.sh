@@ -10,8 +10,8 @@
 set -uo pipefail
 . scripts/device-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia_smi.txt" 2>&1
-if [ "${TESTS_S:-200}" != 0 ]; then  # TESTS_S=0: memory only
-  FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu tests/unit -p no:cacheprovider \
+if [ "${TESTS_S:-200}" != 0 ]; then  # TESTS_S=0: memory only; TESTS: pytest paths (default tests/unit)
+  FACEGATE_LFW_ROOT=.lfwT timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu ${TESTS:-tests/unit} -p no:cacheprovider \
     > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
 fi

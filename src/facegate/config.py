@@ -53,6 +53,28 @@ class Settings(BaseSettings):
             "only GEMMs are their embedding heads. 'default': PyTorch's workspaces."
         ),
     )
+    activation_budget_mib: float | None = Field(
+        None,
+        ge=1.0,
+        le=65536.0,
+        description=(
+            "Bound on the recognizer's activations per forward, in MiB: its full-resolution first stages run in "
+            "sub-batches sized to fit, the rest on the whole batch (models/chunked.py), so a batch of "
+            "max_batch_size needs far less GPU memory at some cost in speed (docs/benchmarks.md, memory). "
+            "None: every batch in one pass."
+        ),
+    )
+    gpu_memory_limit_mib: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 22,
+        description=(
+            "CUDA: cap on the GPU memory PyTorch's allocator of the engine process may hold, weights, CUDA-graph "
+            "pools and cache included (torch.cuda.set_per_process_memory_fraction). Past it the allocator first "
+            "returns its cached blocks; a batch that still does not fit fails with HTTP 503 (engine_error), and "
+            "the engine keeps serving. The CUDA context and the libraries' kernels come on top. None: no cap."
+        ),
+    )
     graph_buckets: list[int] = Field(
         default_factory=lambda: [4, 16, 32, 64],
         min_length=1,

@@ -189,6 +189,11 @@ class IRSE64RTS(nn.Module):
         """Flattened body output: ``(N, 3, S, S) → (N, feature_dim)`` (25088 for the full model)."""
         return self.features(x)
 
+    def stages(self) -> list[nn.Module]:
+        """The trunk as a list of modules applied in order (stem, each unit, the output BN + flatten):
+        ``(N, 3, S, S)`` → ``(N, feature_dim)``, the same as :meth:`forward_features`."""
+        return [self.features[0], *self.features[1], self.features[2]]
+
     def heads(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Embedding and RTS logvar from flattened features: ``(N, F) → ((N, D), (N, 1))``."""
         return self.features_backbone(features), self.logvar_rts_backbone(features)

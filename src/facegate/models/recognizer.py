@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.models.chunked import ActivationPlan, run_trunk
 from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
 from facegate.models.quality import QualityCalibration, RTSQualityHead, bn_logvar_calibration, load_head
 from facegate.models.quality_features import head_input_dim, sface_head_input
@@ -127,6 +128,9 @@ class Recognizer(nn.Module):
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         self._flip = spec.colour == "BGR"  # crops arrive RGB
+        #: with an activation budget (:meth:`set_activation_budget`), how the trunk splits into sub-batches
+        self.activation_plan: ActivationPlan | None = None
+        self._stages: list[nn.Module] = []
 
     @property
     def embedding_dim(self) -> int:
@@ -176,6 +180,41 @@ class Recognizer(nn.Module):
             x = x.contiguous()
         return x
 
+    def _input(self, crops: Tensor) -> Tensor:
+        """The backbone's input for ``crops``: :meth:`preprocess`, then the mirrored rows after them when
+        :attr:`flip_tta`."""
+        x = self.preprocess(crops)
+        return torch.cat([x, x.flip(3)]) if self.flip_tta else x
+
+    def set_activation_budget(self, mib: float | None) -> ActivationPlan | None:
+        """Bound the trunk's activations per forward to about ``mib`` MiB (``None``: no bound), by running its
+        high-resolution stages in sub-batches (:mod:`facegate.models.chunked`). Measures the stages' sizes
+        with one crop on the model's device; call it after moving the model and before capturing graphs.
+
+        Raises:
+            ModelError: the backbone has no ``stages()`` to split.
+        """
+        if mib is None:
+            self.activation_plan, self._stages = None, []
+            return None
+        if not hasattr(self.backbone, "stages"):
+            raise ModelError(f"{type(self.backbone).__name__} has no stages(); it cannot run in sub-batches")
+        h, w = self.spec.input_size
+        self._stages = list(self.backbone.stages())  # a plain list: not registered as submodules again
+        with torch.inference_mode():
+            probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
+            self.activation_plan = ActivationPlan.measure(self._stages, probe, mib * 2**20)
+        split, chunk = self.activation_plan.split(64)
+        log.info(
+            "activation budget %.0f MiB: per-crop stage peaks %s elements; a batch of 64 runs %d stages in "
+            "sub-batches of %d",
+            mib,
+            list(self.activation_plan.stage_peak),
+            split,
+            chunk,
+        )
+        return self.activation_plan
+
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Embed and score aligned crops in one pass.
 
@@ -186,16 +225,19 @@ class Recognizer(nn.Module):
         Returns:
             ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``.
         """
-        x = self.preprocess(crops)
-        n = x.shape[0]
-        if self.flip_tta:
-            x = torch.cat([x, x.flip(3)])
+        n = crops.shape[0]
         logvar: Tensor | None = None
-        if self._is_irse:
-            feats = self.backbone.forward_features(x)
+        if self.activation_plan is not None:  # the trunk's first stages in sub-batches (models/chunked.py)
+            feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
+            if self._is_irse:
+                emb_raw, logvar = self.backbone.heads(feats)
+            else:
+                emb_raw = self.backbone.heads(feats)
+        elif self._is_irse:
+            feats = self.backbone.forward_features(self._input(crops))
             emb_raw, logvar = self.backbone.heads(feats)
         else:
-            emb_raw, feats = self.backbone(x)
+            emb_raw, feats = self.backbone(self._input(crops))
         if self.flip_tta:
             emb_sum = emb_raw[:n] + emb_raw[n:]
             emb_raw, feats = emb_raw[:n], feats[:n]

@@ -191,8 +191,16 @@ class SFace(nn.Module):
             )
         x = x.to(self.pre_fc1.weight.dtype)
         feat = torch.flatten(self.bn1(self.blocks(self.stem(x))), 1)
-        emb = self.fc1(self.pre_fc1(self.dropout(feat)))
-        return emb, feat
+        return self.heads(feat), feat
+
+    def stages(self) -> list[nn.Module]:
+        """The trunk as a list of modules applied in order: ``(N, 3, S, S)`` normalised input →
+        ``(N, feature_dim)`` flattened ``bn1`` output (what :meth:`forward` returns as ``features``)."""
+        return [self.stem, *self.blocks, nn.Sequential(self.bn1, nn.Flatten())]
+
+    def heads(self, features: Tensor) -> Tensor:
+        """``(N, feature_dim)`` → the raw embedding ``(N, embedding_dim)``, not L2-normalised."""
+        return self.fc1(self.pre_fc1(self.dropout(features)))
 
     @torch.no_grad()
     def fuse(self) -> SFace:

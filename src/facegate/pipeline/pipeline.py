@@ -94,6 +94,28 @@ def configure_gemm_workspace(mode: str, device: str) -> dict[str, str]:
     return set_now
 
 
+def limit_gpu_memory(mib: int, device: int | None = None) -> float:
+    """Apply ``Settings.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
+    ``device`` (the current one by default) at ``mib`` MiB; returns the fraction of the device's memory set.
+
+    Raises:
+        InvalidParameterError: the device has less memory than that.
+    """
+    import torch
+
+    dev = torch.cuda.current_device() if device is None else device
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if mib * 2**20 > total:
+        raise InvalidParameterError(
+            f"gpu_memory_limit_mib={mib} exceeds the device's {total / 2**20:.0f} MiB",
+            detail={"limit_mib": mib, "device_mib": round(total / 2**20)},
+        )
+    fraction = mib * 2**20 / total
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    log.info("GPU memory: the allocator of this process holds at most %d MiB (%.4f of device %d)", mib, fraction, dev)
+    return fraction
+
+
 def photo_stage_enabled(mode: str, device: str) -> bool:
     """Whether ``Settings.gpu_preprocess`` = ``mode`` gives a pipeline on ``device`` the ``photo`` stage."""
     if mode == "on":
@@ -238,6 +260,8 @@ class FacePipeline:
         spec = get_spec(name)
         configure_cpu_threads(settings.cpu_threads, device)
         configure_gemm_workspace(settings.gemm_workspace, device)
+        if device == "cuda" and settings.gpu_memory_limit_mib is not None:
+            limit_gpu_memory(settings.gpu_memory_limit_mib)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
             set_fused_epilogues(yunet, settings.fused_epilogues, depthwise=settings.fused_depthwise)
@@ -280,6 +304,8 @@ class FacePipeline:
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
             # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
             set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
+        if settings.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
+            recognizer.set_activation_budget(settings.activation_budget_mib)
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 

@@ -309,3 +309,48 @@ def test_start_photo_check_answers_from_its_thread(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(decode, "gpu_decode_available", boom)
     assert start_photo_check()() is False  # a thread that died answers False
+
+
+def test_activation_budget_setting_reaches_the_recognizer() -> None:
+    crops = np.random.default_rng(4).integers(0, 255, (12, 112, 112, 3), dtype=np.uint8)
+    want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
+    pipe = FacePipeline.from_settings(Settings(device="cpu", activation_budget_mib=4))
+    plan = pipe.recognizer.activation_plan
+    assert plan is not None and plan.split(12)[1] < 4  # sub-batches below cpu_chunk's 4
+    for got, ref in zip(pipe.embed(crops), want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_limit_gpu_memory_sets_the_fraction_and_refuses_more_than_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from facegate.pipeline import pipeline as pl
+
+    calls: list[tuple[float, int]] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=1024 * 2**20))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    assert pl.limit_gpu_memory(256) == 0.25 and calls == [(0.25, 0)]
+    with pytest.raises(InvalidParameterError, match="exceeds"):
+        pl.limit_gpu_memory(2048)
+    assert len(calls) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
+    """CUDA graphs + a 16 MiB activation budget + a 96 MiB allocator cap: a batch of 64 embeds as on the CPU,
+    and the allocator never holds more than the cap."""
+    crops = np.random.default_rng(5).integers(0, 255, (64, 112, 112, 3), dtype=np.uint8)
+    want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
+    pipe = FacePipeline.from_settings(
+        Settings(device="cuda", precision="fp16", compile="graphs", activation_budget_mib=16, gpu_memory_limit_mib=96)
+    )
+    try:
+        pipe.warmup()
+        for _ in range(3):
+            emb, q, _ = pipe.embed(crops)
+        assert float((emb * want[0]).sum(1).min()) > 0.99
+        assert float(np.abs(q - want[1]).max()) < 0.03
+        assert torch.cuda.memory_reserved() <= 96 * 2**20
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

@@ -1,0 +1,164 @@
+"""Bounded-activation trunks (models/chunked.py): the split rule, and outputs equal to the unsplit forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from facegate.errors import InvalidParameterError, ModelError
+from facegate.models.chunked import ActivationPlan, run_trunk
+from facegate.models.irse import IRSE64RTS
+from facegate.models.recognizer import Recognizer, build_recognizer
+from facegate.models.registry import IRSE64_RTS, SFACE, WeightsSource
+
+TINY_IRSE = dataclasses.replace(IRSE64_RTS, weights=WeightsSource("random"))
+TINY_SFACE = dataclasses.replace(SFACE, weights=WeightsSource("random"))
+
+
+def _crops(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 112, 112, 3), dtype=torch.uint8, generator=g)
+
+
+def test_split_runs_the_large_stages_in_sub_batches() -> None:
+    # per-crop peaks fall 16x across four stages; outputs likewise
+    plan = ActivationPlan(stage_peak=(160, 40, 10, 10), stage_out=(40, 10, 10, 5), budget_elems=640)
+    assert plan.split(4) == (0, 4)  # 4 x 160 fits: one pass
+    assert plan.split(16) == (1, 4)  # stage 0 in fours; 16 x 40 from stage 1 on fits
+    assert plan.split(64) == (2, 4)  # 64 x 10 fits only from stage 2
+    assert plan.split(128) == (4, 4)  # nothing fits the whole batch: every stage in sub-batches
+    tight = dataclasses.replace(plan, budget_elems=100)
+    assert tight.split(8) == (2, 1)  # stage 0 one crop at a time: never fewer, even past the budget
+
+
+def test_plan_rejects_bad_shapes() -> None:
+    with pytest.raises(InvalidParameterError):
+        ActivationPlan(stage_peak=(), stage_out=(), budget_elems=10)
+    with pytest.raises(InvalidParameterError):
+        ActivationPlan(stage_peak=(1, 2), stage_out=(1,), budget_elems=10)
+    with pytest.raises(InvalidParameterError):
+        ActivationPlan(stage_peak=(1,), stage_out=(1,), budget_elems=0)
+    with pytest.raises(InvalidParameterError):
+        ActivationPlan.measure([nn.Identity()], torch.zeros(2, 3, 4, 4), 1024)
+
+
+def test_measure_counts_the_stage_input_and_its_largest_layer() -> None:
+    stages = [nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), nn.ReLU()), nn.Sequential(nn.Conv2d(8, 4, 3, 2, 1), nn.Flatten())]
+    plan = ActivationPlan.measure(stages, torch.zeros(1, 3, 8, 8), budget_bytes=4096)
+    assert plan.stage_out == (8 * 64, 4 * 16)
+    # stage input + the largest layer's input + output (the ReLU's: 8 x 64 each; the second conv's: 512 + 64)
+    assert plan.stage_peak == (3 * 64 + 2 * 8 * 64, 8 * 64 + 8 * 64 + 4 * 16)
+    assert plan.budget_elems == 1024  # fp32: 4 bytes an element
+
+
+def test_run_trunk_places_mirrored_rows_after_the_originals() -> None:
+    stages = [nn.Sequential(nn.Conv2d(3, 6, 3, 1, 1)), nn.Sequential(nn.Conv2d(6, 2, 3, 2, 1), nn.Flatten())]
+    x = torch.randn(10, 3, 8, 8)
+    rows = lambda a, b: torch.cat([x[a:b], x[a:b].flip(3)])  # noqa: E731
+    whole = rows(0, 10)
+    for stage in stages:
+        whole = stage(whole)
+    plan = ActivationPlan.measure(stages, x[:1], budget_bytes=4 * 1200)
+    assert plan.split(10) == (2, 1)
+    torch.testing.assert_close(run_trunk(stages, plan, 10, rows), whole, rtol=1e-5, atol=1e-6)
+    assert plan.split(10)[1] < 10  # it did run in sub-batches
+
+
+@pytest.mark.parametrize("spec", [TINY_IRSE, TINY_SFACE], ids=["irse64_rts", "sface"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_recognizer_with_a_budget_equals_the_unsplit_forward(spec: object, flip: bool) -> None:
+    rec = build_recognizer(spec).eval()  # type: ignore[arg-type]
+    rec.flip_tta = flip
+    crops = _crops(9, seed=3)
+    with torch.inference_mode():
+        want = rec(crops)
+        for mib in (0.5, 2.0, 8.0):  # every stage in ones; some stages; (nearly) none
+            plan = rec.set_activation_budget(mib)
+            assert plan is not None
+            got = rec(crops)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        assert rec.set_activation_budget(0.5).split(9)[1] == 1  # type: ignore[union-attr]
+        assert rec.set_activation_budget(None) is None and rec.activation_plan is None
+        for g, w in zip(rec(crops), want, strict=True):
+            torch.testing.assert_close(g, w)
+
+
+def test_the_budget_is_not_a_registered_submodule() -> None:
+    rec = build_recognizer(TINY_SFACE).eval()
+    keys = set(rec.state_dict())
+    rec.set_activation_budget(1.0)
+    assert set(rec.state_dict()) == keys
+
+
+def test_real_sface_plan_at_fp16_sizes() -> None:
+    """SFace's first stages hold ~1.5-3.8 MiB per crop in fp16; a 16 MiB budget runs a batch of 64 four at a time
+    through most stages, 64 MiB leaves the last half at the whole batch."""
+    rec = build_recognizer(SFACE).eval()
+    rec.backbone.fuse()
+    plan = rec.set_activation_budget(16.0)
+    assert plan is not None
+    fp16 = dataclasses.replace(plan, budget_elems=16 * 2**20 // 2)
+    split, chunk = fp16.split(64)
+    assert chunk == 4 and split >= 12
+    wide = dataclasses.replace(plan, budget_elems=64 * 2**20 // 2)
+    assert wide.split(64)[0] < split and wide.split(64)[1] > chunk
+    assert max(plan.stage_peak) * 2 / 2**20 == pytest.approx(3.83, abs=0.01)
+
+
+def test_backbone_without_stages_is_refused() -> None:
+    class Plain(nn.Module):
+        feature_dim = 8
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            f = x.mean((2, 3)).repeat(1, 3)[:, :8]
+            return f[:, : SFACE.embedding_dim], f
+
+    rec = Recognizer(
+        TINY_SFACE,
+        Plain(),
+        quality_source="feature_norm",
+        calibration=build_recognizer(TINY_SFACE).calibration,
+    )
+    with pytest.raises(ModelError, match="stages"):
+        rec.set_activation_budget(4.0)
+
+
+def test_irse_stages_compose_to_forward_features() -> None:
+    m = IRSE64RTS(units=(1, 1, 1, 1), widths=(16, 16, 32, 32)).eval()
+    x = torch.randn(2, 3, 112, 112)
+    with torch.inference_mode():
+        h = x
+        for s in m.stages():
+            h = s(h)
+        torch.testing.assert_close(h, m.forward_features(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [SFACE, TINY_IRSE], ids=["sface", "irse64_rts_random"])
+def test_cuda_budget_bounds_the_forward_peak(spec: object) -> None:
+    """fp16 on CUDA at batch 64: with a 16 MiB budget the forward's peak allocation above the weights is a
+    fraction of the unsplit forward's, and the embeddings agree."""
+    rec = build_recognizer(spec, device="cuda", dtype="fp16", channels_last=True).eval()  # type: ignore[arg-type]
+    rec.backbone.fuse()
+    x = _crops(64, seed=1).cuda()
+
+    def peak_above_base() -> tuple[float, tuple[torch.Tensor, ...]]:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode():
+            out = rec(x)
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20, out
+
+    full_mib, want = peak_above_base()
+    rec.set_activation_budget(16.0)
+    split_mib, got = peak_above_base()
+    assert split_mib < 0.5 * full_mib, (split_mib, full_mib)
+    assert split_mib <= 16.0 * 1.5, split_mib  # the estimate's margin: cuDNN workspaces come on top
+    assert float((got[0] * want[0]).sum(1).min()) > 0.999
+    assert float((got[1] - want[1]).abs().max()) < 0.01
