@@ -83,7 +83,7 @@ def mem(tag):
                     "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1), "driver_mib": nvml_mib()}
 mem("after_build")
 t = time.perf_counter()
-out["warmup"] = pipe.warmup()
+out["warmup"] = pipe.warmup(driver_mib=nvml_mib)
 out["warmup_s"] = round(time.perf_counter() - t, 3)
 from facegate.engine import graphs as _graphs
 out["captures"] = list(_graphs.capture_records)

@@ -9,9 +9,9 @@ cheap low-resolution layers at small batches too. :class:`ActivationPlan` splits
   copied into one preallocated buffer of the whole batch;
 * the **suffix** (the remaining stages) runs on the whole batch at once.
 
-``split`` is the first stage boundary from which the whole batch fits the budget; ``chunk`` is the most
-crops the prefix's largest stage holds within it. Each kernel then gets a similar number of elements: a
-sub-batch of 6 at 112 × 112 is as large a tensor as a batch of 96 at 28 × 28.
+``split`` is the first stage boundary from which the whole batch fits half the budget; ``chunk`` is the most
+crops the prefix's largest stage holds within what the buffer leaves of it. Each kernel then gets a similar
+number of elements: a sub-batch of 6 at 112 × 112 is as large a tensor as a batch of 96 at 28 × 28.
 
 The estimate of what one stage holds per crop is ``its input + the largest input + output of one of its
 leaf layers`` (a residual unit keeps its input alive while its layers run), measured once with forward hooks
@@ -87,16 +87,21 @@ class ActivationPlan:
 
     def split(self, n: int) -> tuple[int, int]:
         """``(split, chunk)`` for a batch of ``n`` crops: stages ``[0, split)`` run ``chunk`` crops at a time,
-        the rest on the whole batch. ``split == 0`` means the whole batch fits: no sub-batches."""
-        stages = len(self.stage_peak)
-        for s in range(stages + 1):
-            suffix = max(self.stage_peak[s:], default=0)
-            buffer = self.stage_out[s - 1] if s > 0 else 0
-            if n * max(suffix, buffer) <= self.budget_elems:
-                break
-        if s == 0:
+        the rest on the whole batch. ``split == 0`` means the whole batch fits: no sub-batches.
+
+        The whole batch runs from the first stage whose remaining stages, and the buffer of the prefix's
+        output, fit in half the budget; the sub-batches get what the buffer leaves (so at least the other
+        half). When no stage boundary fits, every stage runs in sub-batches into a buffer of the features.
+        """
+        if n * self.stage_peak[0] <= self.budget_elems:
             return 0, n
-        chunk = max(1, min(n, self.budget_elems // max(self.stage_peak[:s])))
+        stages = len(self.stage_peak)
+        for s in range(1, stages + 1):
+            suffix = max(self.stage_peak[s:], default=0)
+            if 2 * n * max(suffix, self.stage_out[s - 1]) <= self.budget_elems:
+                break
+        room = self.budget_elems - n * self.stage_out[s - 1]
+        chunk = max(1, min(n, room // max(self.stage_peak[:s])))
         return (0, n) if chunk >= n else (s, chunk)
 
 

@@ -531,11 +531,14 @@ class FacePipeline:
             stages.append(PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1]))
         return stages
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> dict[str, dict[str, float]]:
+    def warmup(
+        self, batch_sizes: Sequence[int] = (1,), *, driver_mib: Callable[[], float | None] | None = None
+    ) -> dict[str, dict[str, float]]:
         """Capture CUDA graphs (if configured) and run every stage once per batch size.
 
         Returns (and keeps in :attr:`warmup_report`) per step the seconds it took and, on CUDA, torch's
-        allocated and reserved MiB after it: where cold start and resident memory go.
+        allocated and reserved MiB after it: where cold start and resident memory go. ``driver_mib``, when
+        given, is called after each step too (e.g. NVML's figure for this process, what nvidia-smi shows).
         """
         import torch
 
@@ -548,6 +551,9 @@ class FacePipeline:
                 torch.cuda.synchronize()
                 row["allocated_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
                 row["reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+                got = driver_mib() if driver_mib is not None else None
+                if got is not None:
+                    row["driver_mib"] = round(got, 1)
             report[name] = row
 
         t = time.perf_counter()

@@ -27,11 +27,11 @@ def test_split_runs_the_large_stages_in_sub_batches() -> None:
     # per-crop peaks fall 16x across four stages; outputs likewise
     plan = ActivationPlan(stage_peak=(160, 40, 10, 10), stage_out=(40, 10, 10, 5), budget_elems=640)
     assert plan.split(4) == (0, 4)  # 4 x 160 fits: one pass
-    assert plan.split(16) == (1, 4)  # stage 0 in fours; 16 x 40 from stage 1 on fits
-    assert plan.split(64) == (2, 4)  # 64 x 10 fits only from stage 2
-    assert plan.split(128) == (4, 4)  # nothing fits the whole batch: every stage in sub-batches
-    tight = dataclasses.replace(plan, budget_elems=100)
-    assert tight.split(8) == (2, 1)  # stage 0 one crop at a time: never fewer, even past the budget
+    assert plan.split(8) == (1, 2)  # 8 x 40 from stage 1 on fits half; the sub-batches get the other 320
+    assert plan.split(16) == (2, 3)  # 16 x 10 from stage 2 on; (640 - 16 x 10) // 160 = 3 crops at a time
+    assert plan.split(64) == (4, 2)  # no boundary fits: every stage in sub-batches into the features' buffer
+    assert plan.split(128) == (4, 1)  # the buffer fills the budget: one crop at a time, never fewer
+    assert dataclasses.replace(plan, budget_elems=100).split(8) == (4, 1)
 
 
 def test_plan_rejects_bad_shapes() -> None:
@@ -62,7 +62,7 @@ def test_run_trunk_places_mirrored_rows_after_the_originals() -> None:
     for stage in stages:
         whole = stage(whole)
     plan = ActivationPlan.measure(stages, x[:1], budget_bytes=4 * 1200)
-    assert plan.split(10) == (2, 1)
+    assert plan.split(10) == (2, 1), plan
     torch.testing.assert_close(run_trunk(stages, plan, 10, rows), whole, rtol=1e-5, atol=1e-6)
     assert plan.split(10)[1] < 10  # it did run in sub-batches
 
@@ -95,18 +95,15 @@ def test_the_budget_is_not_a_registered_submodule() -> None:
 
 
 def test_real_sface_plan_at_fp16_sizes() -> None:
-    """SFace's first stages hold ~1.5-3.8 MiB per crop in fp16; a 16 MiB budget runs a batch of 64 four at a time
-    through most stages, 64 MiB leaves the last half at the whole batch."""
+    """SFace's first stages hold ~1.5-3.8 MiB per crop in fp16 and its features 0.1 MiB: a 24 MiB budget runs a
+    batch of 64 four at a time through every stage, 64 MiB runs its last stages on the whole batch."""
     rec = build_recognizer(SFACE).eval()
     rec.backbone.fuse()
     plan = rec.set_activation_budget(16.0)
     assert plan is not None
-    fp16 = dataclasses.replace(plan, budget_elems=16 * 2**20 // 2)
-    split, chunk = fp16.split(64)
-    assert chunk == 4 and split >= 12
-    wide = dataclasses.replace(plan, budget_elems=64 * 2**20 // 2)
-    assert wide.split(64)[0] < split and wide.split(64)[1] > chunk
     assert max(plan.stage_peak) * 2 / 2**20 == pytest.approx(3.83, abs=0.01)
+    assert dataclasses.replace(plan, budget_elems=24 * 2**20 // 2).split(64) == (len(plan.stage_peak), 4)
+    assert dataclasses.replace(plan, budget_elems=64 * 2**20 // 2).split(64) == (12, 13)
 
 
 def test_backbone_without_stages_is_refused() -> None:
@@ -140,8 +137,8 @@ def test_irse_stages_compose_to_forward_features() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", [SFACE, TINY_IRSE], ids=["sface", "irse64_rts_random"])
 def test_cuda_budget_bounds_the_forward_peak(spec: object) -> None:
-    """fp16 on CUDA at batch 64: with a 16 MiB budget the forward's peak allocation above the weights is a
-    fraction of the unsplit forward's, and the embeddings agree."""
+    """fp16 on CUDA at batch 64: with a 16 MiB budget the forward's peak allocation above the weights is at most
+    1.25x the budget and under half the unsplit forward's, and the embeddings agree."""
     rec = build_recognizer(spec, device="cuda", dtype="fp16", channels_last=True).eval()  # type: ignore[arg-type]
     rec.backbone.fuse()
     x = _crops(64, seed=1).cuda()
@@ -159,6 +156,6 @@ def test_cuda_budget_bounds_the_forward_peak(spec: object) -> None:
     rec.set_activation_budget(16.0)
     split_mib, got = peak_above_base()
     assert split_mib < 0.5 * full_mib, (split_mib, full_mib)
-    assert split_mib <= 16.0 * 1.5, split_mib  # the estimate's margin: cuDNN workspaces come on top
+    assert split_mib <= 16.0 * 1.25, split_mib  # the estimate's margin: cuDNN workspaces come on top
     assert float((got[0] * want[0]).sum(1).min()) > 0.999
     assert float((got[1] - want[1]).abs().max()) < 0.01

@@ -338,12 +338,14 @@ def test_limit_gpu_memory_sets_the_fraction_and_refuses_more_than_the_device(mon
 
 @pytest.mark.gpu
 def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
-    """CUDA graphs + a 16 MiB activation budget + a 96 MiB allocator cap: a batch of 64 embeds as on the CPU,
-    and the allocator never holds more than the cap."""
+    """The low-memory recipe (CUDA graphs, a 24 MiB activation budget, small detector batches, host photo
+    decoding) under a 96 MiB allocator cap: a batch of 64 embeds as on the CPU, and the allocator never holds
+    more than the cap."""
     crops = np.random.default_rng(5).integers(0, 255, (64, 112, 112, 3), dtype=np.uint8)
     want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
+    lean = {"activation_budget_mib": 24, "det_max_batch_pixels": 640 * 640, "gpu_preprocess": "off"}
     pipe = FacePipeline.from_settings(
-        Settings(device="cuda", precision="fp16", compile="graphs", activation_budget_mib=16, gpu_memory_limit_mib=96)
+        Settings(device="cuda", precision="fp16", compile="graphs", gpu_memory_limit_mib=96, **lean)
     )
     try:
         pipe.warmup()
