@@ -116,6 +116,21 @@ stage = None
 if pipe.photo_limits is not None:  # the serving path of photo uploads (Settings.gpu_preprocess)
     from facegate.pipeline.photo import PhotoStage
     stage = PhotoStage(pipe, max_bytes=pipe.photo_limits[0], max_pixels=pipe.photo_limits[1])
+def peak_of(name, fn):  # torch's peak allocation while fn runs, above what was allocated before (MiB)
+    if cuda:
+        torch.cuda.synchronize(); base = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+        out["load_peaks_mib"][name] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+out["load_peaks_mib"] = {}
+crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
+peak_of("detect", lambda: pipe.detect(photos))
+peak_of("embed", lambda: pipe.embed(crops))
+if stage is not None:
+    peak_of("photo_stage", lambda: stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs])))
+if cuda:
+    torch.cuda.reset_peak_memory_stats()
 t = time.perf_counter()
 for _ in range(spec["load_batches"]):
     dets = pipe.detect(photos)
