@@ -60,6 +60,18 @@ if spec.get("bare"):
             torch.nn.functional.conv2d(x.contiguous(memory_format=torch.channels_last), w, padding=1)
             torch.cuda.synchronize()
             steps["cudnn_conv_fp16_nhwc"] = nvml_mib()
+        # what CUDA graphs cost the driver by themselves: two captures of one convolution on a side stream
+        side = torch.cuda.Stream()
+        for k in (1, 2):
+            with torch.cuda.stream(side), torch.inference_mode():
+                torch.nn.functional.conv2d(x, w, padding=1)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=side), torch.inference_mode():
+                torch.nn.functional.conv2d(x, w, padding=1)
+            g.replay(); torch.cuda.synchronize()
+            steps[f"cuda_graph_{k}"] = nvml_mib()
+            globals()[f"_graph_{k}"] = g
         out["steps_driver_mib"] = steps
         out["torch_reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
     print(json.dumps(out)); sys.exit(0)
@@ -171,13 +183,16 @@ def run_child(spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None
 
 def parse_variant(text: str) -> tuple[dict[str, Any], dict[str, str]]:
     """``key=value`` pairs → (Settings fields, environment): UPPER-CASE keys (e.g. ``CUDNN_CONV_WSCAP_DBG``,
-    PyTorch's cap on a cuDNN workspace in MiB) go to the child's environment."""
+    PyTorch's cap on a cuDNN workspace in MiB) go to the child's environment. A list value is written
+    ``[16|64]`` (commas separate the pairs)."""
     out: dict[str, Any] = {}
     env: dict[str, str] = {}
     for kv in filter(None, text.split(",")):
         k, v = kv.split("=", 1)
         if k.isupper():
             env[k] = v
+        elif v.startswith("[") and v.endswith("]"):
+            out[k] = [int(x) for x in v[1:-1].split("|") if x]
         else:
             out[k] = {"true": True, "false": False}.get(v.lower(), v)
     return out, env

@@ -75,6 +75,14 @@ class Settings(BaseSettings):
             "the engine keeps serving. The CUDA context and the libraries' kernels come on top. None: no cap."
         ),
     )
+    gpu_allocator: Literal["default", "expandable"] = Field(
+        "default",
+        description=(
+            "CUDA: PyTorch's caching allocator. 'expandable' sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "(unless the variable is set): segments grow in 2 MiB pages instead of a new 20 MiB segment for "
+            "every 1-10 MiB request, which is what lets a small gpu_memory_limit_mib hold. 'default': as is."
+        ),
+    )
     graph_buckets: list[int] = Field(
         default_factory=lambda: [4, 16, 32, 64],
         min_length=1,
@@ -144,12 +152,13 @@ class Settings(BaseSettings):
     )
     det_max_batch_pixels: int = Field(
         16 * 256 * 256,
-        ge=640 * 640,
+        ge=256 * 256,
         le=2**28,
         description=(
             "Largest detector forward, in padded input pixels (rows × height × width): batches are split so "
             "activation memory stays bounded (the default fits 16 LFW photos or 2 photos of 640×640; 64 LFW "
-            "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory_gpu.json)."
+            "photos cost ~530 MiB more GPU memory on the H200, benchmarks/results/serve_memory_gpu.json). A "
+            "photo larger than this still runs, alone. YuNet's fp32 activations peak near 12 MiB per LFW photo."
         ),
     )
     photo_detect_in_prepare: bool = Field(

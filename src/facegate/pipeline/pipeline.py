@@ -94,6 +94,30 @@ def configure_gemm_workspace(mode: str, device: str) -> dict[str, str]:
     return set_now
 
 
+#: What ``Settings.gpu_allocator="expandable"`` sets: PyTorch's expandable segments.
+EXPANDABLE_ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def configure_allocator(mode: str, device: str) -> dict[str, str]:
+    """Apply ``Settings.gpu_allocator`` to this process; returns the variables it set.
+
+    The allocator reads its configuration when CUDA starts; when CUDA is already started here, the setting
+    goes through ``torch.cuda.memory._set_allocator_settings`` instead. A variable the user set is left alone.
+    """
+    if device != "cuda" or mode != "expandable":
+        return {}
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        log.info("CUDA allocator: expandable segments (set at run time)")
+        return {}
+    set_now = {k: v for k, v in EXPANDABLE_ALLOCATOR.items() if k not in os.environ}
+    os.environ.update(set_now)
+    log.info("CUDA allocator: %s", set_now or "PYTORCH_CUDA_ALLOC_CONF already set, left as is")
+    return set_now
+
+
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:
     """Apply ``Settings.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
     ``device`` (the current one by default) at ``mib`` MiB; returns the fraction of the device's memory set.
@@ -260,6 +284,7 @@ class FacePipeline:
         spec = get_spec(name)
         configure_cpu_threads(settings.cpu_threads, device)
         configure_gemm_workspace(settings.gemm_workspace, device)
+        configure_allocator(settings.gpu_allocator, device)
         if device == "cuda" and settings.gpu_memory_limit_mib is not None:
             limit_gpu_memory(settings.gpu_memory_limit_mib)
         yunet = load_yunet().to(device)

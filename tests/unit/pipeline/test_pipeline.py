@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -356,3 +357,20 @@ def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
         assert torch.cuda.memory_reserved() <= 96 * 2**20
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_configure_allocator_sets_expandable_segments_before_cuda_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.pipeline import pipeline as pl
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert pl.configure_allocator("expandable", "cpu") == {}  # CPU: nothing to configure
+    assert pl.configure_allocator("default", "cuda") == {}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert pl.configure_allocator("expandable", "cuda") == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    assert pl.configure_allocator("expandable", "cuda") == {}  # the user's own setting stays
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    assert pl.configure_allocator("expandable", "cuda") == {} and calls == ["expandable_segments:True"]
