@@ -10,17 +10,10 @@ import torch
 from torch import Tensor, nn
 
 
-def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``.
-
-    Computed in fp64 on the host and returned in ``weight``'s dtype, on its device: an fp64 copy of a large
-    layer on the GPU (SFace's ``pre_fc1``: 49 MiB, twice over) would stay reserved by the caching allocator.
-    ``weight``: ``(C_out, ...)``; ``bias``: ``(C_out,)`` or ``None``; returns ``(weight' (C_out, ...), bias'
-    (C_out,))``.
-    """
+def _fold_host(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
+    """The folded weight and bias in fp64, on the host (on ``meta`` for meta tensors: shapes only)."""
     assert bn.running_mean is not None and bn.running_var is not None
-
-    host = weight.device if weight.device.type == "meta" else torch.device("cpu")  # meta: shapes only
+    host = weight.device if weight.device.type == "meta" else torch.device("cpu")
 
     def f64(t: Tensor) -> Tensor:
         return t.detach().to(host, torch.float64)
@@ -29,18 +22,35 @@ def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._Batch
     b = f64(bias) if bias is not None else torch.zeros_like(scale)
     new_w = f64(weight) * scale.reshape(-1, *([1] * (weight.ndim - 1)))
     new_b = (b - f64(bn.running_mean)) * scale + f64(bn.bias)
+    return new_w, new_b
+
+
+def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
+    """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``.
+
+    Computed in fp64 on the host and returned in ``weight``'s dtype, on its device. ``weight``: ``(C_out, ...)``;
+    ``bias``: ``(C_out,)`` or ``None``; returns ``(weight' (C_out, ...), bias' (C_out,))``.
+    """
+    new_w, new_b = _fold_host(weight, bias, bn)
     return new_w.to(weight.device, weight.dtype), new_b.to(weight.device, weight.dtype)
 
 
 @torch.no_grad()
 def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
-    """Fold ``bn`` (which follows ``layer``) into ``layer`` in place; ``layer`` gains a bias if it had none."""
-    w, b = fold_bn(layer.weight, layer.bias, bn)
-    layer.weight.copy_(w)
+    """Fold ``bn`` (which follows ``layer``) into ``layer`` in place; ``layer`` gains a bias if it had none.
+
+    The fold runs on the host, and the result is cast there and copied into the layer's own storage: on a GPU
+    nothing but the layer's weights is allocated (an fp64 copy of SFace's ``pre_fc1`` would take 49 MiB twice
+    over, and the caching allocator would keep that peak reserved).
+    """
+    w, b = _fold_host(layer.weight, layer.bias, bn)
+    layer.weight.copy_(w.to(layer.weight.dtype))
     if layer.bias is None:
-        layer.bias = nn.Parameter(b, requires_grad=layer.weight.requires_grad)
+        layer.bias = nn.Parameter(
+            b.to(layer.weight.device, layer.weight.dtype), requires_grad=layer.weight.requires_grad
+        )
     else:
-        layer.bias.copy_(b)
+        layer.bias.copy_(b.to(layer.bias.dtype))
 
 
 __all__ = ["fold_bn", "fold_into"]
