@@ -339,22 +339,25 @@ def test_limit_gpu_memory_sets_the_fraction_and_refuses_more_than_the_device(mon
 
 @pytest.mark.gpu
 def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
-    """The low-memory recipe (CUDA graphs, a 24 MiB activation budget, small detector batches, host photo
-    decoding) under a 96 MiB allocator cap: a batch of 64 embeds as on the CPU, and the allocator never holds
-    more than the cap."""
+    """Eager fp16 with a 16 MiB activation budget under a 256 MiB allocator cap: a batch of 64 embeds as on the
+    CPU, its forward allocates at most ~1.25x the budget beyond its input, and the cap holds."""
     crops = np.random.default_rng(5).integers(0, 255, (64, 112, 112, 3), dtype=np.uint8)
     want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
-    lean = {"activation_budget_mib": 24, "det_max_batch_pixels": 640 * 640, "gpu_preprocess": "off"}
+    lean = {"activation_budget_mib": 16, "det_max_batch_pixels": 2 * 256 * 256, "gpu_preprocess": "off"}
     pipe = FacePipeline.from_settings(
-        Settings(device="cuda", precision="fp16", compile="graphs", gpu_memory_limit_mib=96, **lean)
+        Settings(device="cuda", precision="fp16", compile="off", gpu_memory_limit_mib=256, **lean)
     )
     try:
         pipe.warmup()
-        for _ in range(3):
-            emb, q, _ = pipe.embed(crops)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        emb, q, _ = pipe.embed(crops)
+        peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+        assert peak_mib <= 16 * 1.25 + crops.nbytes / 2**20, peak_mib
         assert float((emb * want[0]).sum(1).min()) > 0.99
         assert float(np.abs(q - want[1]).max()) < 0.03
-        assert torch.cuda.memory_reserved() <= 96 * 2**20
+        assert torch.cuda.memory_reserved() <= 256 * 2**20
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
 
