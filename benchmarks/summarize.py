@@ -25,6 +25,7 @@ from summary_http import (
     table_md,
     time_split,
 )
+from summary_memory import session13_fields
 
 
 def models_gpu() -> str:
@@ -622,6 +623,7 @@ def main() -> None:
                 ("_ratios", "facegate_mp_w8_e3_det64", ("facegate_mp_w8_e3_det64_nodw",)),
             ),
             **session12_fields(),
+            **session13_fields(),
             soak_gpu6=soak_gpu("soak_gpu_mp_run6_session12.json"),
             serve_memory12=serve_memory("serve_memory_gpu_session12.json"),
             cold_starts11=cold_starts(

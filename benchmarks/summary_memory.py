@@ -1,0 +1,98 @@
+"""Session 13's tables for docs/benchmarks.md: the low-memory settings against issue #4's memory budget, and the
+aligned-crop fast path on the GPU (every figure from a committed JSON file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from summary_http import images_run, load
+
+IRSE = "rts_checkpoint=/tmp/irse64.pt"
+
+
+def _short(variant: str) -> str:
+    return variant.replace(IRSE, "IR-SE-64").replace(",", ", ")
+
+
+def _failure(error: str) -> str:
+    """Where a variant's child failed: the last facegate frame and the exception's first words."""
+    lines = error.strip().splitlines()
+    if "ValidationError" in error:  # the settings were refused before anything ran
+        at = next((i for i, ln in enumerate(lines) if "validation error for Settings" in ln), len(lines) - 2)
+        field, why = [*lines[at + 1 : at + 3], "?", "?"][:2]
+        return f"not run: the settings refused `{field.strip()}` ({why.strip()[:40]})"
+    frames = [ln.strip() for ln in lines if 'File "' in ln and "/facegate/" in ln]
+    where = frames[-1].split("/facegate/")[-1].split('"')[0] if frames else "?"
+    func = frames[-1].rsplit(" in ", 1)[-1] if frames else "?"
+    kind = "out of memory" if "OutOfMemoryError" in error else (error.strip().splitlines() or ["?"])[-1][:60]
+    return f"{kind} in `{where}` ({func})"
+
+
+def memory_variants(runs: tuple[tuple[str, str], ...]) -> str:
+    """One row per serve_memory variant of each ``(run label, file)``: driver MiB above the bare context after
+    build / warm-up / load, torch's reserved MiB and what the driver holds beyond it after load, and the speed
+    of a batch of 64 crops and of 16 photos. A failed variant shows where it ran out."""
+    out = [
+        "| run | commit | variant (fp16, max batch 64) | above bare: build / warm-up / load MiB | torch reserved "
+        "after load | beyond torch | sub-batches (stages × crops) | embed 64 ms | detect 16 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, name in runs:
+        d = load(name)
+        bare = d["bare_context"]["driver_mib"]
+        commit = d["env"].get("code_commit", "?")[:7]
+        for v in d["variants"]:
+            head = f"| {label} | {commit} | `{_short(v['variant'])}`"
+            if "error" in v:
+                why = _failure(v["error"])
+                out.append(f"{head} | {why if why.startswith('not run') else 'failed: ' + why} | | | | | |")
+                continue
+            above = " / ".join(f"{v[t]['above_bare_mib']:+.0f}" for t in ("after_build", "after_warmup", "after_load"))
+            load_ = v["after_load"]
+            beyond = load_["driver_mib"] - load_["reserved_mib"] - bare
+            split = v.get("activation_split")
+            sub = f"{split['stages_in_sub_batches']} × {split['sub_batch']}" if split else "none"
+            out.append(
+                f"{head} | {above} | {load_['reserved_mib']:.0f} | {beyond:+.0f} | {sub} | {v['embed_batch_ms']:.2f} "
+                f"| {v['detect_16_ms']:.2f} |"
+            )
+    return "\n".join(out)
+
+
+def graph_cost(name: str) -> str:
+    """A bare process's driver MiB after one cuDNN convolution and then after two CUDA-graph captures of it,
+    with PyTorch's default cuBLAS workspaces and without them."""
+    d = load(name)
+    bare = d["bare_context"]["driver_mib"]
+    out = [
+        "| cuBLAS workspaces | bare | after conv + GEMM (fp32, fp16) | after graph 1 | after graph 2 "
+        "| torch reserved |",
+        "|---|---|---|---|---|---|",
+    ]
+    cases: list[tuple[str, dict[str, Any]]] = [("PyTorch's default", d["libraries"])]
+    cases += [("none (`gemm_workspace=none`, the default)", e) for e in d.get("libraries_env", [])]
+    for label, lib in cases:
+        s = lib["steps_driver_mib"]
+        out.append(
+            f"| {label} | {bare:.0f} | {s['cudnn_conv_fp16_nhwc']:.0f} ({s['cudnn_conv_fp16_nhwc'] - bare:+.0f}) "
+            f"| {s['cuda_graph_1']:.0f} ({s['cuda_graph_1'] - s['cudnn_conv_fp16_nhwc']:+.0f}) "
+            f"| {s['cuda_graph_2']:.0f} ({s['cuda_graph_2'] - s['cuda_graph_1']:+.0f}) "
+            f"| {lib['torch_reserved_mib']:.0f} |"
+        )
+    return "\n".join(out)
+
+
+def session13_fields() -> dict[str, str]:
+    """Template fields of session 13 (runs 37–42)."""
+    e3 = "facegate_mp_w8_e3_det64"
+    runs = (
+        ("39", "serve_memory_gpu_run39.json"),
+        ("40", "serve_memory_gpu_run40.json"),
+        ("41", "serve_memory_gpu_run41.json"),
+    )
+    return {
+        "memory13": memory_variants(runs),
+        "memory13_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in runs),
+        "graph_cost13": graph_cost("serve_memory_gpu_run40.json"),
+        **images_run("http_gpu42", "http_gpu_run42_fastpath.json", ("_ratios", e3, (f"{e3}_nofast",))),
+    }

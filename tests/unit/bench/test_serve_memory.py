@@ -1,0 +1,35 @@
+"""benchmarks/serve_memory.py's variant syntax, and session 13's memory tables (benchmarks/summary_memory.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from facegate.config import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from serve_memory import parse_variant
+from summary_memory import _failure, memory_variants
+
+
+def test_parse_variant_splits_settings_environment_and_lists() -> None:
+    fields, env = parse_variant("compile=graphs,graph_buckets=[16|64],det_graphs=false,CUDNN_CONV_WSCAP_DBG=8")
+    assert fields == {"compile": "graphs", "graph_buckets": [16, 64], "det_graphs": False}
+    assert env == {"CUDNN_CONV_WSCAP_DBG": "8"}
+    assert Settings(device="cpu", **fields).graph_buckets == [16, 64]  # what run 39 could not pass
+
+
+def test_failure_names_the_frame_or_the_refused_setting() -> None:
+    oom = (
+        'Traceback (most recent call last):\n  File "/work/main/src/facegate/models/detector.py", line 296, in '
+        "_to_input\n    return x.contiguous()\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB."
+    )
+    assert _failure(oom) == "out of memory in `models/detector.py` (_to_input)"
+    refused = "pydantic_core.ValidationError: 1 validation error for Settings\ngraph_buckets\n  Input should be a list"
+    assert _failure(refused).startswith("not run: the settings refused `graph_buckets`")
+
+
+def test_memory_table_has_a_row_per_variant_of_each_run() -> None:
+    table = memory_variants((("41", "serve_memory_gpu_run41.json"),)).splitlines()
+    assert len(table) == 2 + 7  # header, rule, seven variants
+    assert table[2].startswith("| 41 | 7b9153b | `compile=graphs` | +24 / +454 / +552 | 450 | +102 |")
