@@ -100,7 +100,9 @@ out["warmup_s"] = round(time.perf_counter() - t, 3)
 from facegate.engine import graphs as _graphs
 out["captures"] = list(_graphs.capture_records)
 mem("after_warmup")
-if cuda:  # where the reserved memory sits: CUDA-graph pools vs the regular cache, by stream
+native = "cudaMallocAsync" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+out["allocator_backend"] = "native" if native else "cudaMallocAsync"
+if cuda and native:  # where the reserved memory sits: CUDA-graph pools vs the regular cache, by stream
     pools = {}
     for seg in torch.cuda.memory_snapshot():
         pool = seg.get("segment_pool_id", (0, 0))
