@@ -105,14 +105,15 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "Session 13 (runs 37–41): the low-memory settings. With `activation_budget_mib` (the recognizer's "
+        "Session 13 (runs 37–41, 43): the low-memory settings. With `activation_budget_mib` (the recognizer's "
         "full-resolution stages in sub-batches), host photo decoding and small detector batches, SFace served a "
         "batch of 64 at **+38 MiB after warm-up, eager** (+94 to +138 after load: the caching allocator keeps the "
         "detector's and recognizer's transients) at 25.8 ms per 64 crops, 18.7× the default's 1.38 ms in the same "
         "run; under CUDA graphs +244 to +258 MiB at 3.7–3.9 ms. A bare process's first CUDA-graph capture alone "
         "costs the driver +72 MiB (one convolution, run 40), so the graph path cannot meet 60 MiB with any activation "
         "budget. Caps of 40–52 MiB (SFace) and 128 MiB (IR-SE-64) failed with out-of-memory: the allocator's "
-        "20 MiB segments for 1–10 MiB requests. Also fixed: BatchNorm folding held an fp64 copy of the largest "
+        "20 MiB segments for 1–10 MiB requests; CUDA's own pool allocator (cudaMallocAsync) held more still (run "
+        "43). Also fixed: BatchNorm folding held an fp64 copy of the largest "
         "layer on the GPU (+100 MiB SFace, +196 MiB IR-SE-64 kept reserved after build), now folded on the host. "
         "Session 12 (probe beside the soak, cfd05ff): SFace +454 MiB after warm-up, +552 after load; IR-SE-64 "
         "+572 / +682. From the models' shapes (activation_floor.py): one forward of 64 crops needs at least 214 "

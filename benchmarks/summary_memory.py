@@ -21,6 +21,8 @@ def _failure(error: str) -> str:
         at = next((i for i, ln in enumerate(lines) if "validation error for Settings" in ln), len(lines) - 2)
         field, why = [*lines[at + 1 : at + 3], "?", "?"][:2]
         return f"not run: the settings refused `{field.strip()}` ({why.strip()[:40]})"
+    if "Py_FinalizeEx" in error and 'File "' not in error:
+        return "crashed at interpreter exit (a C++ tensor destructor; the output was lost)"
     frames = [ln.strip() for ln in lines if 'File "' in ln and "/facegate/" in ln]
     where = frames[-1].split("/facegate/")[-1].split('"')[0] if frames else "?"
     func = frames[-1].rsplit(" in ", 1)[-1] if frames else "?"
@@ -83,12 +85,13 @@ def graph_cost(name: str) -> str:
 
 
 def session13_fields() -> dict[str, str]:
-    """Template fields of session 13 (runs 37–42)."""
+    """Template fields of session 13 (runs 37–43)."""
     e3 = "facegate_mp_w8_e3_det64"
     runs = (
         ("39", "serve_memory_gpu_run39.json"),
         ("40", "serve_memory_gpu_run40.json"),
         ("41", "serve_memory_gpu_run41.json"),
+        ("43", "serve_memory_gpu_run43.json"),
     )
     return {
         "memory13": memory_variants(runs),

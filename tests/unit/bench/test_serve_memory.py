@@ -27,6 +27,7 @@ def test_failure_names_the_frame_or_the_refused_setting() -> None:
     assert _failure(oom) == "out of memory in `models/detector.py` (_to_input)"
     refused = "pydantic_core.ValidationError: 1 validation error for Settings\ngraph_buckets\n  Input should be a list"
     assert _failure(refused).startswith("not run: the settings refused `graph_buckets`")
+    assert _failure("frame #21: Py_FinalizeEx + 0xad").startswith("crashed at interpreter exit")
 
 
 def test_memory_table_has_a_row_per_variant_of_each_run() -> None:
