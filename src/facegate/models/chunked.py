@@ -24,15 +24,12 @@ the kernels' rounding (different batch sizes can select different cuDNN kernels)
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from facegate.errors import InvalidParameterError
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -415,8 +415,8 @@ def build_recognizer(
         channels_last=channels_last,
     )
     # cast and re-layout on the host, then move: converting on the device would hold the fp32 weights and
-    # their fp16 copy there at once (a 118 MiB peak for SFace, 290 MiB for IR-SE-64 on the H200), and the
-    # caching allocator keeps that peak reserved
+    # their fp16 copy there at once (by their sizes ~55 MiB for SFace, ~275 MiB for IR-SE-64), and the
+    # caching allocator would keep that peak reserved
     rec.backbone.to(dtype=dt)
     # the head stays fp32 whatever the backbone's dtype: it reads fp32 features (1 k weights, no cost)
     if channels_last:
