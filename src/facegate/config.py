@@ -72,7 +72,8 @@ class Settings(BaseSettings):
             "CUDA: cap on the GPU memory PyTorch's allocator of the engine process may hold, weights, CUDA-graph "
             "pools and cache included (torch.cuda.set_per_process_memory_fraction). Past it the allocator first "
             "returns its cached blocks; a batch that still does not fit fails with HTTP 503 (engine_error), and "
-            "the engine keeps serving. The CUDA context and the libraries' kernels come on top. None: no cap."
+            "the engine keeps serving. A cap too small to load and warm up the models stops the start-up with an "
+            "error that names it. The CUDA context and the libraries' kernels come on top. None: no cap."
         ),
     )
     gpu_allocator: Literal["default", "expandable"] = Field(

@@ -7,6 +7,7 @@ No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, resul
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -14,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,22 @@ def configure_allocator(mode: str, device: str) -> dict[str, str]:
     os.environ.update(set_now)
     log.info("CUDA allocator: %s", set_now or "PYTORCH_CUDA_ALLOC_CONF already set, left as is")
     return set_now
+
+
+@contextlib.contextmanager
+def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
+    """Start-up under ``Settings.gpu_memory_limit_mib``: a CUDA out-of-memory error while ``what`` runs becomes
+    an :class:`InvalidParameterError` that names the limit (the limit is the setting to change)."""
+    try:
+        yield
+    except Exception as exc:
+        if limit_mib is None or type(exc).__name__ != "OutOfMemoryError":
+            raise
+        first = str(exc).split(". ", 2)
+        raise InvalidParameterError(
+            f"gpu_memory_limit_mib={limit_mib} is too small to {what}: {'. '.join(first[:2])}",
+            detail={"limit_mib": limit_mib, "during": what},
+        ) from exc
 
 
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:

@@ -21,7 +21,7 @@ from facegate.errors import InvalidParameterError
 from facegate.metrics.stats import ServiceStats
 from facegate.models.registry import ModelSpec
 from facegate.pipeline.align import is_aligned_crop
-from facegate.pipeline.pipeline import FacePipeline, select_faces
+from facegate.pipeline.pipeline import FacePipeline, select_faces, within_memory_limit
 from facegate.types import CompareResult, Detection, Face, FaceSelect
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ class FaceService:
     def build(cls, settings: Settings) -> FaceService:
         """Real models, as the settings describe (logs the seconds of each half: part of the cold start)."""
         t0 = time.perf_counter()
-        pipeline = FacePipeline.from_settings(settings)
+        with within_memory_limit(settings.gpu_memory_limit_mib, "load the models"):
+            pipeline = FacePipeline.from_settings(settings)
         t1 = time.perf_counter()
         service = cls(pipeline, settings)
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
@@ -146,7 +147,8 @@ class FaceService:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if isinstance(self.engine, Engine):  # a remote engine warmed its own models
-            await loop.run_in_executor(None, self.pipeline.warmup)
+            with within_memory_limit(self.settings.gpu_memory_limit_mib, "warm the models up"):
+                await loop.run_in_executor(None, self.pipeline.warmup)
             self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
         if self.settings.gc_freeze:

@@ -377,3 +377,17 @@ def test_configure_allocator_sets_expandable_segments_before_cuda_starts(monkeyp
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
     assert pl.configure_allocator("expandable", "cuda") == {} and calls == ["expandable_segments:True"]
+
+
+def test_out_of_memory_at_start_up_names_the_memory_limit() -> None:
+    from facegate.pipeline.pipeline import within_memory_limit
+
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of ...")
+    too_small = r"gpu_memory_limit_mib=48 is too small to load the models"
+    with pytest.raises(InvalidParameterError, match=too_small) as ei, within_memory_limit(48, "load the models"):
+        raise oom
+    assert "Tried to allocate 20.00 MiB" in str(ei.value) and ei.value.__cause__ is oom
+    with pytest.raises(torch.OutOfMemoryError), within_memory_limit(None, "load the models"):
+        raise oom  # no limit set: not the setting's fault, left as it is
+    with pytest.raises(ValueError), within_memory_limit(48, "load the models"):
+        raise ValueError("other errors pass through")
