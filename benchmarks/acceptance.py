@@ -105,12 +105,14 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
     ),
     (
         "GPU memory ≤ 60 MiB above the bare context (default models) / ≤ 150 MiB (IR-SE-64)",
-        "Session 13 (runs 37–41, 43): the low-memory settings. With `activation_budget_mib` (the recognizer's "
+        "Session 13 (runs 37–44): the low-memory settings. With `activation_budget_mib` (the recognizer's "
         "full-resolution stages in sub-batches), host photo decoding and small detector batches, SFace served a "
         "batch of 64 at **+38 MiB after warm-up, eager** (+94 to +138 after load: the caching allocator keeps the "
         "detector's and recognizer's transients) at 25.8 ms per 64 crops, 18.7× the default's 1.38 ms in the same "
-        "run; under CUDA graphs +244 to +258 MiB at 3.7–3.9 ms. A bare process's first CUDA-graph capture alone "
-        "costs the driver +72 MiB (one convolution, run 40), so the graph path cannot meet 60 MiB with any activation "
+        "run; under CUDA graphs +244 to +258 MiB at 3.7–3.9 ms. IR-SE-64 eager: +126 MiB after warm-up, +162 to "
+        "+206 after load, 101 ms per 64 crops (run 44) against 5.9 under CUDA graphs in run 41. A bare "
+        "process's first CUDA-graph capture alone costs the driver +72 MiB (one convolution, run 40), so the "
+        "graph path cannot meet 60 MiB with any activation "
         "budget. Caps of 40–52 MiB (SFace) and 128 MiB (IR-SE-64) failed with out-of-memory: the allocator's "
         "20 MiB segments for 1–10 MiB requests; CUDA's own pool allocator (cudaMallocAsync) held more still (run "
         "43). Also fixed: BatchNorm folding held an fp64 copy of the largest "
@@ -127,7 +129,8 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "activation of SFace is 98 MiB); the cuDNN + cuBLAS floor is +128 MiB (+32 without cuBLAS workspaces). 64 "
         "photos per detector forward (the fastest compare configuration) costs ~530 MiB more",
         "not met under load. Met only by an idle eager process with an activation budget (SFace +38 MiB after "
-        "warm-up, run 39), which grows to +94–138 MiB once it has served (runs 39–40) and computes 18.7× slower; "
+        "warm-up, run 39; IR-SE-64 +126, run 44), which grows once it has served (SFace +94–138, IR-SE-64 "
+        "+162–206 MiB) and computes 17–19× slower (IR-SE-64's ratio across two calls); "
         "the serving default stays +454 / +552 MiB (run 41: SFace; IR-SE-64 +572 / +682)",
     ),
     (

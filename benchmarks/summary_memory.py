@@ -85,13 +85,14 @@ def graph_cost(name: str) -> str:
 
 
 def session13_fields() -> dict[str, str]:
-    """Template fields of session 13 (runs 37–43)."""
+    """Template fields of session 13 (runs 37–44)."""
     e3 = "facegate_mp_w8_e3_det64"
     runs = (
         ("39", "serve_memory_gpu_run39.json"),
         ("40", "serve_memory_gpu_run40.json"),
         ("41", "serve_memory_gpu_run41.json"),
         ("43", "serve_memory_gpu_run43.json"),
+        ("44", "serve_memory_gpu_run44.json"),
     )
     return {
         "memory13": memory_variants(runs),
