@@ -74,6 +74,38 @@ if spec.get("bare"):
             globals()[f"_graph_{k}"] = g
         out["steps_driver_mib"] = steps
         out["torch_reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
+    if spec.get("graph_probe"):  # what a first CUDA-graph capture costs, with no cuDNN/cuBLAS kernel in it
+        steps = {}
+        def rec(tag):
+            torch.cuda.synchronize()
+            steps[tag] = {"driver_mib": nvml_mib(), "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
+        side = torch.cuda.Stream()
+        x = torch.randn(8, 16, 64, 64, device="cuda")
+        rec("start")
+        with torch.cuda.stream(side):
+            y = x * 2
+        rec("elementwise_eager_side_stream")
+        graphs = []
+        for k in (1, 2):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=side):
+                y = x * 2
+            g.replay(); graphs.append(g); rec(f"elementwise_graph_{k}")
+        g = torch.cuda.CUDAGraph()  # a third graph in the first one's memory pool
+        with torch.cuda.graph(g, stream=side, pool=graphs[0].pool()):
+            y = x * 3
+        g.replay(); graphs.append(g); rec("elementwise_graph_shared_pool")
+        w = torch.randn(16, 16, 3, 3, device="cuda")
+        with torch.cuda.stream(side), torch.inference_mode():
+            torch.nn.functional.conv2d(x, w, padding=1)
+        rec("conv_eager_side_stream")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side), torch.inference_mode():
+            torch.nn.functional.conv2d(x, w, padding=1)
+        g.replay(); graphs.append(g); rec("conv_graph")
+        del graphs, g, y
+        torch.cuda.synchronize(); torch.cuda.empty_cache(); rec("graphs_deleted_cache_emptied")
+        out["graph_steps"] = steps
     print(json.dumps(out)); sys.exit(0)
 from facegate.config import Settings
 from facegate.pipeline.pipeline import FacePipeline
@@ -130,10 +162,16 @@ stage = None
 if pipe.photo_limits is not None:  # the serving path of photo uploads (Settings.gpu_preprocess)
     from facegate.pipeline.photo import PhotoStage
     stage = PhotoStage(pipe, max_bytes=pipe.photo_limits[0], max_pixels=pipe.photo_limits[1])
+import contextlib
+if spec.get("trace") and cuda:  # which allocations make up each load peak (benchmarks/memory_trace.py)
+    sys.path.insert(0, spec["bench_dir"])
+    from memory_trace import traced
+    out["trace"] = {}
 def peak_of(name, fn):  # torch's peak allocation while fn runs, above what was allocated before (MiB)
     if cuda:
         torch.cuda.synchronize(); base = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
-    fn()
+    with traced(out["trace"], name) if "trace" in out else contextlib.nullcontext():
+        fn()
     if cuda:
         torch.cuda.synchronize()
         out["load_peaks_mib"][name] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
@@ -209,6 +247,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also measure the cuDNN/cuBLAS floor under this environment (comma-separated KEY=VALUE pairs)",
     )
+    p.add_argument(
+        "--graph-probe",
+        action="store_true",
+        help="also measure what a bare process's first CUDA-graph captures cost (elementwise, then a conv), "
+        "under the default environment and each --libraries-env",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record the allocator during each load peak and report the blocks alive at it, by code site "
+        "(benchmarks/memory_trace.py)",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--batch", type=int, default=64)
@@ -242,11 +292,19 @@ def main(argv: list[str] | None = None) -> int:
             env = parse_variant(text)[1]
             res["libraries_env"].append({"env": env, **run_child({"bare": True, "libraries": True}, o.timeout, env)})
             print("libraries", env, res["libraries_env"][-1], flush=True)
+        if o.graph_probe:
+            res["graph_probe"] = []
+            for text in ["", *o.libraries_env]:
+                env = parse_variant(text)[1]
+                probe = run_child({"bare": True, "graph_probe": True}, o.timeout, env)
+                res["graph_probe"].append({"env": env, **probe})
+                print("graph probe", res["graph_probe"][-1], flush=True)
         bare = res["bare_context"].get("driver_mib")
     for v in variants:
         fields, env = parse_variant(v)
         settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **fields}
-        child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches}
+        child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches, "trace": o.trace,
+                 "bench_dir": str(Path(__file__).resolve().parent)}  # fmt: skip
         row = {"variant": v, "settings": settings, "env": env, **run_child(child, o.timeout, env)}
         for tag in ("after_build", "after_warmup", "after_load", "after_timing"):
             if bare is not None and (row.get(tag) or {}).get("driver_mib") is not None:

@@ -19,8 +19,9 @@ fi
 # compile=graphs,det_max_batch_pixels=1048576 and compile=off,precision=fp32.
 VARIANTS=${VARIANTS:-"compile=graphs compile=graphs,det_graphs=false compile=off \
 rts_checkpoint=/tmp/irse64.pt,compile=graphs rts_checkpoint=/tmp/irse64.pt,compile=off"}
+# MEMORY_ARGS: more serve_memory.py arguments (word-split), e.g. "--trace --graph-probe"
 args=()
 for v in $VARIANTS; do args+=(--variant "$v"); done
 for e in ${LIBRARIES_ENV:-}; do args+=(--libraries-env "$e"); done
 timeout "${MEMORY_S:-330}" python3 benchmarks/serve_memory.py --make-irse64 /tmp/irse64.pt --out "$OUT/serve_memory.json" \
-  "${args[@]}" 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
+  "${args[@]}" ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/serve_memory.log" | cut -c1-300
