@@ -166,6 +166,9 @@ class FaceDetector:
         #: otherwise makes cuDNN plan its convolutions again (measured on the H200: batched detection under
         #: load fell to a few requests/s while new shapes kept arriving).
         self.batch_buckets: tuple[int, ...] | None = None
+        #: Largest forward in padded input pixels (rows × Hp × Wp; ``Settings.det_max_batch_pixels``): padding
+        #: to a bucket never goes past it. None: no cap.
+        self.max_batch_pixels: int | None = None
 
     # ------------------------------------------------------------------ preprocess (CPU)
     def padded_hw(self, height: int, width: int) -> tuple[int, int]:
@@ -205,7 +208,7 @@ class FaceDetector:
         hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         # rows past len(imgs) are zero padding; postprocess ignores them
-        shape = (self._batch_rows(len(imgs)), hp, wp, 3)
+        shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
         pinned = None
         if self.device.type == "cuda":  # build the batch straight into pinned memory
             pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
@@ -222,11 +225,15 @@ class FaceDetector:
             pinned=pinned,
         )
 
-    def _batch_rows(self, n: int) -> int:
-        """Rows of a batch of ``n`` images: the next batch bucket (zero rows pad it), else ``n``."""
-        if self.batch_buckets:
-            return next((b for b in sorted(self.batch_buckets) if b >= n), n)
-        return n
+    def _batch_rows(self, n: int, hp: int, wp: int) -> int:
+        """Rows of a batch of ``n`` images padded to ``(hp, wp)``: the next batch bucket (zero rows pad it) that
+        stays within :attr:`max_batch_pixels`, else as many rows as that cap holds (at least ``n``: one photo
+        larger than the cap runs alone), else ``n``."""
+        if not self.batch_buckets:
+            return n
+        cap = self.max_batch_pixels // (hp * wp) if self.max_batch_pixels else None
+        fits = [b for b in sorted(self.batch_buckets) if b >= n and (cap is None or b <= cap)]
+        return fits[0] if fits else max(n, cap or n)
 
     @torch.inference_mode()
     def preprocess_tensors(self, images: Sequence[Tensor]) -> DetBatch:
@@ -271,7 +278,7 @@ class FaceDetector:
             resized.append(img)
         hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
         wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        canvas = torch.zeros((self._batch_rows(len(images)), hp, wp, 3), dtype=torch.uint8, device=self.device)
+        canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
         while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
             h, w = resized[k].shape[1:]

@@ -249,8 +249,7 @@ class FacePipeline:
         self.operating = operating
         #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
         self.chunk: int | None = None
-        #: largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap
-        self.det_max_batch_pixels: int | None = None
+        self._det_max_batch_pixels: int | None = None
         #: the photo stage enqueues detection in ``prepare`` (see Settings.photo_detect_in_prepare)
         self.photo_detect_in_prepare = True
         #: the photo stage selects and aligns faces on the device (see Settings.photo_select_on_device)
@@ -268,6 +267,18 @@ class FacePipeline:
         self._photo_check: Callable[[], bool] | None = None
         #: the photo stage's detector ``post`` step when it selects faces on the device (pipeline/photo.py)
         self._photo_select_post: Any = None
+
+    @property
+    def det_max_batch_pixels(self) -> int | None:
+        """Largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap. The
+        detector holds it too: its padding of a batch to a bucket stays within it."""
+        return self._det_max_batch_pixels
+
+    @det_max_batch_pixels.setter
+    def det_max_batch_pixels(self, value: int | None) -> None:
+        self._det_max_batch_pixels = value
+        if self.detector is not None:
+            self.detector.max_batch_pixels = value
 
     @property
     def device(self) -> torch.device:
@@ -348,6 +359,11 @@ class FacePipeline:
             set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
         if settings.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
             recognizer.set_activation_budget(settings.activation_budget_mib)
+        if device == "cuda" and settings.gpu_pack_weights:  # one allocation, before graphs see the addresses
+            from facegate.models.packing import pack_parameters
+
+            pack_parameters([detector.model, recognizer], device)
+            torch.cuda.empty_cache()  # the weights' old segments
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 

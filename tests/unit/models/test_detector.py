@@ -36,6 +36,23 @@ def test_preprocess_resizes_pads_and_validates(detector: FaceDetector) -> None:
     assert detector.detect([]) == []
 
 
+def test_bucket_padding_stays_within_the_pixel_cap(detector: FaceDetector) -> None:
+    buckets, cap = detector.batch_buckets, detector.max_batch_pixels
+    detector.batch_buckets = (4, 16, 64)
+    px = 256 * 256  # an LFW photo's padded size
+    try:
+        detector.max_batch_pixels = None
+        assert [detector._batch_rows(n, 256, 256) for n in (1, 5, 70)] == [4, 16, 70]
+        detector.max_batch_pixels = px  # one photo per forward: never padded to 4 rows (run 45: 4× the memory)
+        assert detector._batch_rows(1, 256, 256) == 1
+        assert detector.preprocess([np.zeros((250, 250, 3), np.uint8)]).images.shape[0] == 1
+        detector.max_batch_pixels = 10 * px  # 4 fits; past it, the rows the cap holds (one shape, warmed up)
+        assert [detector._batch_rows(n, 256, 256) for n in (1, 4, 5, 10)] == [4, 4, 10, 10]
+        assert detector._batch_rows(1, 1024, 1024) == 1  # a photo over the cap runs alone
+    finally:
+        detector.batch_buckets, detector.max_batch_pixels = buckets, cap
+
+
 def test_same_device(monkeypatch: pytest.MonkeyPatch) -> None:
     d = torch.device
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)

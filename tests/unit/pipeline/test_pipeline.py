@@ -184,8 +184,12 @@ def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipe
     pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
     try:
         assert pipeline.detector_warm_batches(250, 250) == [1, 4, 16]  # 64 LFW photos run as forwards of 16
-        assert pipeline.detector_warm_batches(480, 640) == [1, 3]  # 3 fit one forward; its rows pad to 4
+        assert pipeline.detector_warm_batches(480, 640) == [1, 3]  # 3 fit one forward: 2 or 3 photos pad to 3
         assert pipeline.detector_warm_batches(720, 1280) == [1, 4]  # scaled to 360×640, padded to 384×640
+        # the rows a forward of 1..cap photos gets are the shapes warm-up ran (the pipeline hands the cap on)
+        assert pipeline.detector.max_batch_pixels == 16 * 256 * 256
+        assert {pipeline.detector._batch_rows(n, 480, 640) for n in (1, 2, 3)} == {1, 3}
+        assert {pipeline.detector._batch_rows(n, 256, 256) for n in range(1, 17)} == {1, 4, 16}
     finally:
         pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = buckets, cap
 
