@@ -84,14 +84,6 @@ class Settings(BaseSettings):
             "it did not make caps of 44-48 MiB hold (runs 40-41: out of memory either way). 'default': as is."
         ),
     )
-    gpu_pack_weights: bool = Field(
-        True,
-        description=(
-            "CUDA: copy all weights of the detector and the recognizer into one allocation (models/packing.py). "
-            "The caching allocator otherwise serves each 1-10 MiB tensor from a 20 MiB segment: SFace + YuNet's "
-            "18.6 MiB of weights held 26 MiB, IR-SE-64's 92.3 MiB held 114 MiB (H200, run 45)."
-        ),
-    )
     graph_buckets: list[int] = Field(
         default_factory=lambda: [4, 16, 32, 64],
         min_length=1,

@@ -359,11 +359,6 @@ class FacePipeline:
             set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
         if settings.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
             recognizer.set_activation_budget(settings.activation_budget_mib)
-        if device == "cuda" and settings.gpu_pack_weights:  # one allocation, before graphs see the addresses
-            from facegate.models.packing import pack_parameters
-
-            pack_parameters([detector.model, recognizer], device)
-            torch.cuda.empty_cache()  # the weights' old segments
         if device == "cuda" and settings.compile != "off":
             from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
