@@ -134,16 +134,19 @@ out["captures"] = list(_graphs.capture_records)
 mem("after_warmup")
 native = "cudaMallocAsync" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 out["allocator_backend"] = "native" if native else "cudaMallocAsync"
-if cuda and native:  # where the reserved memory sits: CUDA-graph pools vs the regular cache, by stream
+def pools_now():  # where the reserved memory sits: CUDA-graph pools vs the regular cache, by stream
     pools = {}
     for seg in torch.cuda.memory_snapshot():
         pool = seg.get("segment_pool_id", (0, 0))
         key = ("regular" if tuple(pool) == (0, 0) else "graph_pool") + f"/stream {seg.get('stream', 0)}"
-        agg = pools.setdefault(key, {"segments": 0, "total_mib": 0.0, "allocated_mib": 0.0})
+        agg = pools.setdefault(key, {"segments": 0, "total_mib": 0.0, "allocated_mib": 0.0, "sizes_mib": []})
         agg["segments"] += 1
+        agg["sizes_mib"].append(round(seg["total_size"] / 2**20, 1))
         agg["total_mib"] = round(agg["total_mib"] + seg["total_size"] / 2**20, 1)
         agg["allocated_mib"] = round(agg["allocated_mib"] + seg["allocated_size"] / 2**20, 1)
-    out["reserved_by_pool_after_warmup"] = pools
+    return pools
+if cuda and native:
+    out["reserved_by_pool_after_warmup"] = pools_now()
 if cuda:
     torch.cuda.reset_peak_memory_stats()  # after_load's peak is the peak under load
 rng = np.random.default_rng(0)
@@ -192,6 +195,8 @@ for _ in range(spec["load_batches"]):
         stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs]))
 out["load_s"] = round(time.perf_counter() - t, 3)
 mem("after_load")
+if cuda and native:
+    out["reserved_by_pool_after_load"] = pools_now()
 # steady-state timings (does a variant cost speed?): median of 50 calls each
 def median_ms(fn, n=50):
     ts = []

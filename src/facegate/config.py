@@ -76,6 +76,18 @@ class Settings(BaseSettings):
             "error that names it. The CUDA context and the libraries' kernels come on top. None: no cap."
         ),
     )
+    gpu_arena_mib: int | None = Field(
+        None,
+        ge=2,
+        le=1 << 20,
+        description=(
+            "CUDA: reserve one allocator segment of this many MiB before the models load (reserve_arena). "
+            "PyTorch's caching allocator gives each new group of 1-10 MiB blocks a fresh 20 MiB segment; "
+            "with an arena the weights' and the activations' large blocks are carved from the one segment "
+            "instead. Size it to the large weights plus the largest forward's activations (for a small "
+            "footprint, with activation_budget_mib; docs/benchmarks.md, memory). None: no arena."
+        ),
+    )
     gpu_allocator: Literal["default", "expandable"] = Field(
         "default",
         description=(

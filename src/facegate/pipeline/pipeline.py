@@ -135,6 +135,25 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
         ) from exc
 
 
+def reserve_arena(mib: int, device: int | None = None) -> int:
+    """Apply ``Settings.gpu_arena_mib``: leave one free segment of ``mib`` MiB in PyTorch's CUDA caching allocator
+    of this process (on ``device``, the current one by default); returns the bytes the allocator reserved after.
+
+    The allocator carves later blocks larger than 1 MiB from its cached free blocks before it asks the driver
+    for a new segment, so the weights and activations loaded after this share the arena (blocks of at most 1 MiB
+    come from their own 2 MiB segments). ``torch.cuda.empty_cache()`` hands the arena back while nothing is in
+    it: call this right before the models load.
+    """
+    import torch
+
+    dev = torch.cuda.current_device() if device is None else device
+    block = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
+    del block  # back to the allocator's cache, one free block of the whole segment
+    reserved = int(torch.cuda.memory_reserved(dev))
+    log.info("GPU memory: a %d MiB arena on device %d (the allocator holds %.1f MiB)", mib, dev, reserved / 2**20)
+    return reserved
+
+
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:
     """Apply ``Settings.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
     ``device`` (the current one by default) at ``mib`` MiB; returns the fraction of the device's memory set.
@@ -315,6 +334,8 @@ class FacePipeline:
         configure_allocator(settings.gpu_allocator, device)
         if device == "cuda" and settings.gpu_memory_limit_mib is not None:
             limit_gpu_memory(settings.gpu_memory_limit_mib)
+        if device == "cuda" and settings.gpu_arena_mib is not None:
+            reserve_arena(settings.gpu_arena_mib)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
             set_fused_epilogues(yunet, settings.fused_epilogues, depthwise=settings.fused_depthwise)

@@ -366,6 +366,21 @@ def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
         torch.cuda.set_per_process_memory_fraction(1.0)
 
 
+@pytest.mark.gpu
+def test_reserve_arena_leaves_one_segment_that_later_large_blocks_share() -> None:
+    from facegate.pipeline import pipeline as pl
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    after = pl.reserve_arena(32)
+    assert after >= before + 32 * 2**20  # one free 32 MiB block in the cache
+    blocks = [torch.empty(4 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(6)]  # 1-10 MiB blocks
+    assert torch.cuda.memory_reserved() == after  # carved from the arena: no new 20 MiB segment
+    del blocks
+    torch.cuda.empty_cache()  # nothing in it any more: it goes back to the driver
+    assert torch.cuda.memory_reserved() <= before
+
+
 def test_configure_allocator_sets_expandable_segments_before_cuda_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     from facegate.pipeline import pipeline as pl
 
