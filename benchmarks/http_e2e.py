@@ -155,7 +155,9 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
     dev = o.device
     if name.startswith("facegate"):
         argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--device", dev]
-        argv += ["--precision", o.precision, "--compile", o.compile, "--data-dir", str(data_dir)]
+        argv += ["--precision", o.precision, "--data-dir", str(data_dir)]
+        if "FACEGATE_COMPILE" not in server_env(name):  # a flag would override the server's own setting
+            argv += ["--compile", o.compile]
         argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]

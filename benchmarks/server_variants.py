@@ -16,6 +16,14 @@ BASE_ENV: dict[str, dict[str, str]] = {
     "facegate": {},
     "facegate_nobatch": {},  # --no-batching
     "facegate_gil5": {"FACEGATE_GIL_SWITCH_INTERVAL_MS": "5"},  # Settings.gil_switch_interval_ms: Python's 5 ms
+    # the smallest GPU footprint of the default models (run 47: +54 MiB above the bare context after load)
+    "facegate_lowmem": {
+        "FACEGATE_COMPILE": "off",
+        "FACEGATE_ACTIVATION_BUDGET_MIB": "16",
+        "FACEGATE_GPU_ARENA_MIB": "32",
+        "FACEGATE_DET_MAX_BATCH_PIXELS": str(256 * 256),
+        "FACEGATE_GPU_PREPROCESS": "off",
+    },
     "facegate_mp": {},
     "facegate_mp_pools": {"FACEGATE_CPU_THREADS": "0"},  # torch's and OpenCV's default thread pools
     "facegate_mp_hostpre": {"FACEGATE_GPU_PREPROCESS": "off"},  # photos decoded and aligned by the front-ends

@@ -38,3 +38,20 @@ def test_bases_and_peers() -> None:
     assert sv.engines_of("facegate_mp_w8") == 1
     assert sv.server_env("facegate_mp_gc") == {"FACEGATE_GC_FREEZE": "false"}
     assert sv.server_env("naive") == {}
+
+
+def test_the_low_memory_server_is_valid_settings_and_keeps_its_own_compile_mode() -> None:
+    from types import SimpleNamespace
+
+    from facegate.config import Settings
+
+    env = sv.server_env("facegate_lowmem")
+    fields = {k.removeprefix("FACEGATE_").lower(): v for k, v in env.items()}
+    s = Settings(device="cpu", **fields)  # every value is one the settings accept
+    assert s.compile == "off" and s.gpu_arena_mib == 32 and s.activation_budget_mib == 16
+    http_e2e = pytest.importorskip("http_e2e")
+    o = SimpleNamespace(device="cuda", precision="fp16", compile="graphs", max_batch_size=64, max_wait_ms=None)
+    low = http_e2e._server_argv("facegate_lowmem", 1234, o, Path("/tmp/x"))
+    assert "--compile" not in low  # the benchmark's --compile would override FACEGATE_COMPILE
+    assert low[low.index("--precision") + 1] == "fp16"
+    assert "graphs" in http_e2e._server_argv("facegate", 1234, o, Path("/tmp/x"))
