@@ -178,22 +178,31 @@ def peak_of(name, fn):  # torch's peak allocation while fn runs, above what was 
     if cuda:
         torch.cuda.synchronize()
         out["load_peaks_mib"][name] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
-out["load_peaks_mib"] = {}
-crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
-peak_of("detect", lambda: pipe.detect(photos))
-peak_of("embed", lambda: pipe.embed(crops))
-if stage is not None:
-    peak_of("photo_stage", lambda: stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs])))
-if cuda:
-    torch.cuda.reset_peak_memory_stats()
-t = time.perf_counter()
-for _ in range(spec["load_batches"]):
-    dets = pipe.detect(photos)
+def load():  # the load, on this thread or (spec["load_thread"]) on another, as an engine's worker runs it
+    out["load_peaks_mib"] = {}
     crops = rng.integers(0, 255, (spec["batch"], 112, 112, 3), dtype=np.uint8)
-    pipe.embed(crops)
+    peak_of("detect", lambda: pipe.detect(photos))
+    peak_of("embed", lambda: pipe.embed(crops))
     if stage is not None:
-        stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs]))
-out["load_s"] = round(time.perf_counter() - t, 3)
+        peak_of("photo_stage", lambda: stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs])))
+    if spec.get("embed_sizes"):  # embed batches of other sizes too (the engine pads them to its buckets)
+        peak_of("embed_sizes", lambda: [pipe.embed(crops[:n]) for n in spec["embed_sizes"]])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    for _ in range(spec["load_batches"]):
+        pipe.detect(photos)
+        for n in spec.get("embed_sizes") or [spec["batch"]]:
+            pipe.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
+        if stage is not None:
+            stage.execute(stage.prepare([np.frombuffer(j, np.uint8) for j in jpegs]))
+    out["load_s"] = round(time.perf_counter() - t, 3)
+if spec.get("load_thread"):
+    import threading
+    worker = threading.Thread(target=load, name="load")
+    worker.start(); worker.join()
+else:
+    load()
 mem("after_load")
 if cuda and native:
     out["reserved_by_pool_after_load"] = pools_now()
@@ -264,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         help="record the allocator during each load peak and report the blocks alive at it, by code site "
         "(benchmarks/memory_trace.py)",
     )
+    p.add_argument(
+        "--load-thread", action="store_true", help="run the load on a thread other than warm-up's (as an engine does)"
+    )
+    p.add_argument(
+        "--embed-sizes",
+        default="",
+        help="comma-separated crop counts: the load also embeds batches of these sizes (default: --batch only)",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--batch", type=int, default=64)
@@ -309,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         fields, env = parse_variant(v)
         settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **fields}
         child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches, "trace": o.trace,
+                 "load_thread": o.load_thread, "embed_sizes": [int(x) for x in o.embed_sizes.split(",") if x],
                  "bench_dir": str(Path(__file__).resolve().parent)}  # fmt: skip
         row = {"variant": v, "settings": settings, "env": env, **run_child(child, o.timeout, env)}
         for tag in ("after_build", "after_warmup", "after_load", "after_timing"):
