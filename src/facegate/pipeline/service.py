@@ -11,7 +11,6 @@ import asyncio
 import gc
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,13 +147,8 @@ class FaceService:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if isinstance(self.engine, Engine):  # a remote engine warmed its own models
-            # on a thread that ends after it: its cuDNN and cuBLAS handles go back to PyTorch's pools for the
-            # engine's worker to reuse; a pool thread that lived on kept a second set (+8 MiB on the H200, run 49)
-            with (
-                within_memory_limit(self.settings.gpu_memory_limit_mib, "warm the models up"),
-                ThreadPoolExecutor(1, thread_name_prefix="facegate-warmup") as warm,
-            ):
-                await loop.run_in_executor(warm, self.pipeline.warmup)
+            with within_memory_limit(self.settings.gpu_memory_limit_mib, "warm the models up"):
+                await loop.run_in_executor(None, self.pipeline.warmup)
             self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
         if self.settings.gc_freeze:

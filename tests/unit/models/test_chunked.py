@@ -10,6 +10,7 @@ from torch import nn
 
 from facegate.errors import InvalidParameterError, ModelError
 from facegate.models.chunked import ActivationPlan, run_trunk
+from facegate.models.epilogue import set_fused_epilogues
 from facegate.models.irse import IRSE64RTS
 from facegate.models.recognizer import Recognizer, build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, WeightsSource
@@ -32,6 +33,14 @@ def test_split_runs_the_large_stages_in_sub_batches() -> None:
     assert plan.split(64) == (4, 2)  # no boundary fits: every stage in sub-batches into the features' buffer
     assert plan.split(128) == (4, 1)  # the buffer fills the budget: one crop at a time, never fewer
     assert dataclasses.replace(plan, budget_elems=100).split(8) == (4, 1)
+
+
+def test_a_later_stage_larger_than_the_first_splits_the_batch() -> None:
+    """SFace's first block holds more per crop than its stem: the whole batch runs in one pass only when every
+    stage fits (run 50: 10 crops fitted the stem's peak and ran unsplit at 31 MiB under a 16 MiB budget)."""
+    plan = ActivationPlan(stage_peak=(100, 400, 10), stage_out=(100, 50, 5), budget_elems=1000)
+    assert plan.split(2) == (0, 2)  # 2 x 400 fits
+    assert plan.split(10) == (2, 1)  # 10 x 100 fits the stem, not the block: (1000 - 10 x 50) // 400 = 1
 
 
 def test_plan_rejects_bad_shapes() -> None:
@@ -141,6 +150,7 @@ def test_cuda_budget_bounds_the_forward_peak(spec: object) -> None:
     1.25x the budget and under half the unsplit forward's, and the embeddings agree."""
     rec = build_recognizer(spec, device="cuda", dtype="fp16", channels_last=True).eval()  # type: ignore[arg-type]
     rec.backbone.fuse()
+    set_fused_epilogues(rec.backbone, True)  # as the pipeline runs it: conv bias + PReLU in one kernel
     x = _crops(64, seed=1).cuda()
 
     def peak_above_base() -> tuple[float, tuple[torch.Tensor, ...]]:
