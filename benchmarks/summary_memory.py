@@ -100,3 +100,92 @@ def session13_fields() -> dict[str, str]:
         "graph_cost13": graph_cost("serve_memory_gpu_run40.json"),
         **images_run("http_gpu42", "http_gpu_run42_fastpath.json", ("_ratios", e3, (f"{e3}_nofast",))),
     }
+
+
+# --------------------------------------------------------------------------- session 14 (runs 45–51)
+def graph_probe(name: str) -> str:
+    """A bare process's driver and torch-reserved MiB after each step of serve_memory's ``--graph-probe``, per
+    environment: what a side stream, a CUDA-graph capture and a shared pool cost, with no cuDNN kernel at first."""
+    d = load(name)
+    bare = d["bare_context"]["driver_mib"]
+    out = ["| environment | step | driver MiB (step's change) | torch reserved | outside torch, above bare |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for probe in d["graph_probe"]:
+        env = ", ".join(f"`{k}={v}`" for k, v in probe["env"].items()) or "default"
+        prev = probe["driver_mib"]
+        out.append(f"| {env} | bare context of this process | {prev:.0f} | | |")
+        for step, s in probe["graph_steps"].items():
+            beyond = s["driver_mib"] - s["reserved_mib"] - probe["driver_mib"]
+            out.append(
+                f"| {env} | {step.replace('_', ' ')} | {s['driver_mib']:.0f} ({s['driver_mib'] - prev:+.0f}) "
+                f"| {s['reserved_mib']:.0f} | {beyond:+.0f} |"
+            )
+            prev = s["driver_mib"]
+    del bare
+    return "\n".join(out)
+
+
+def trace_peaks(runs: tuple[tuple[str, str], ...], top: int = 3) -> str:
+    """Per variant and load phase of ``--trace`` runs: the allocation peak of the phase, how far the allocator's
+    segments grew, and the ``top`` code sites alive at the peak (MiB, with the largest block)."""
+    out = ["| run | variant | phase | peak MiB | segments grown MiB | alive at the peak: site MiB (largest block) |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, name in runs:
+        for v in load(name)["variants"]:
+            for phase, t in (v.get("trace") or {}).items():
+                sites = "; ".join(
+                    f"`{r['site'].removeprefix('facegate/')}` {r['mib']:.1f} ({r['largest_mib']:.2f})"
+                    for r in t["live_at_peak"][:top]
+                )
+                out.append(
+                    f"| {label} | `{_short(v['variant'])}` | {phase} | {t['peak_mib']:.1f} "
+                    f"| {t['segments_grown_mib']:.0f} | {sites} |"
+                )
+    return "\n".join(out)
+
+
+def http_memory(runs: tuple[tuple[str, str], ...]) -> str:
+    """Per http_e2e run and server: driver MiB above the run's bare context when idle and after the load, torch's
+    reserved MiB then, and req/s (p99 ms) per kind at each concurrency."""
+    out = ["| run | commit | server | above bare: idle / after load MiB | torch reserved: idle / after load | "
+           "req/s (p99 ms) per kind and concurrency |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, name in runs:
+        d = load(name)
+        bare = d["bare_cuda_context"]["mib"]
+        commit = d["env"].get("code_commit", "?")[:7]
+        for server, info in d["servers"].items():
+            idle, after = info["gpu_memory_idle"]["mib"], info["gpu_memory_after_load"]["mib"]
+            t0, t1 = info["torch_memory_idle_mib"]["reserved"], info["torch_memory_after_load_mib"]["reserved"]
+            points = "; ".join(
+                f"{r['kind']} c={r['concurrency']}: {r['ok_req_s']:.0f} ({r['p99_ms']:.0f})"
+                for r in sorted(d["rows"], key=lambda r: (r["kind"], -r["concurrency"]))
+                if r["server"] == server
+            )
+            out.append(
+                f"| {label} | {commit} | {server} | {idle - bare:+.0f} / {after - bare:+.0f} | {t0:.0f} / {t1:.0f} "
+                f"| {points} |"
+            )
+    return "\n".join(out)
+
+
+def session14_fields() -> dict[str, str]:
+    """Template fields of session 14 (runs 45–51)."""
+    runs = (
+        ("45", "serve_memory_gpu_run45.json"),
+        ("46", "serve_memory_gpu_run46.json"),
+        ("47", "serve_memory_gpu_run47.json"),
+        ("49 (same thread)", "serve_memory_gpu_run49_same_thread.json"),
+        ("49 (load thread)", "serve_memory_gpu_run49_load_thread.json"),
+        ("50", "serve_memory_gpu_run50.json"),
+        ("51", "serve_memory_gpu_run51.json"),
+    )
+    http = (("48", "http_gpu_run48_lowmem.json"), ("50", "http_gpu_run50_lowmem.json"),
+            ("51", "http_gpu_run51_lowmem.json"))  # fmt: skip
+    return {
+        "memory14": memory_variants(runs),
+        "memory14_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in runs),
+        "graph_probe14": graph_probe("serve_memory_gpu_run45.json"),
+        "trace14": trace_peaks((("45", "serve_memory_gpu_run45.json"), ("51", "serve_memory_gpu_run51.json"))),
+        "http_memory14": http_memory(http),
+        "http_memory14_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in http),
+    }

@@ -9,7 +9,7 @@ from facegate.config import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from serve_memory import parse_variant
-from summary_memory import _failure, memory_variants
+from summary_memory import _failure, graph_probe, http_memory, memory_variants, trace_peaks
 
 
 def test_parse_variant_splits_settings_environment_and_lists() -> None:
@@ -34,3 +34,14 @@ def test_memory_table_has_a_row_per_variant_of_each_run() -> None:
     table = memory_variants((("41", "serve_memory_gpu_run41.json"),)).splitlines()
     assert len(table) == 2 + 7  # header, rule, seven variants
     assert table[2].startswith("| 41 | 7b9153b | `compile=graphs` | +24 / +454 / +552 | 450 | +102 |")
+
+
+def test_session14_tables_read_the_committed_runs() -> None:
+    probe = graph_probe("serve_memory_gpu_run45.json").splitlines()
+    assert len(probe) == 2 + 2 * 9  # two environments, the bare row and eight steps each
+    assert "| default | elementwise graph 2 | 742 (+0) | 62 | +68 |" in probe  # a second capture adds nothing
+    http = http_memory((("51", "http_gpu_run51_lowmem.json"),)).splitlines()
+    assert http[2].startswith("| 51 | 3a760b1 | facegate_lowmem | +48 / +76 | 38 / 46 |")
+    trace = trace_peaks((("51", "serve_memory_gpu_run51.json"),)).splitlines()
+    assert len(trace) == 2 + 3  # detect, embed, embed at every size
+    assert all("| 14.6 |" in row or "| detect | 4.0 |" in row for row in trace[2:])  # the budget held at every size
