@@ -106,6 +106,47 @@ if spec.get("bare"):
         del graphs, g, y
         torch.cuda.synchronize(); torch.cuda.empty_cache(); rec("graphs_deleted_cache_emptied")
         out["graph_steps"] = steps
+    if spec.get("threads_probe"):  # what each thread that launches cuDNN/cuBLAS work costs, and a first stream
+        import threading
+        steps = {}
+        def rec(tag):
+            torch.cuda.synchronize()
+            steps[tag] = {"driver_mib": nvml_mib(), "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
+        x = torch.randn(8, 16, 64, 64, device="cuda", dtype=torch.float16)
+        w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.float16)
+        a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        conv = lambda: torch.nn.functional.conv2d(x, w, padding=1)
+        gemm = lambda: a @ a
+        both = lambda: (conv(), gemm())
+        release = threading.Event()
+        def hold(fn):  # run fn on a new thread that stays alive (as an engine's worker does) until released
+            done = threading.Event()
+            def body():
+                with torch.inference_mode():
+                    fn(); torch.cuda.synchronize()
+                done.set(); release.wait()
+            t = threading.Thread(target=body); t.start(); done.wait(); return t
+        rec("start")
+        with torch.inference_mode():
+            both()
+        rec("main_conv_gemm")
+        live = [hold(both)]; rec("live_thread_1_conv_gemm")
+        live.append(hold(both)); rec("live_thread_2_conv_gemm")
+        live.append(hold(conv)); rec("live_thread_3_conv_only")
+        live.append(hold(gemm)); rec("live_thread_4_gemm_only")
+        release.set()
+        for t in live:
+            t.join()
+        rec("live_threads_ended")
+        release.clear()
+        live = [hold(both)]; rec("new_thread_after_others_ended")  # PyTorch's handle pools hand theirs on
+        release.set(); live[0].join()
+        side = torch.cuda.Stream(); rec("first_side_stream")
+        with torch.cuda.stream(side), torch.inference_mode():
+            both()
+        rec("conv_gemm_on_side_stream")
+        side2 = torch.cuda.Stream(); rec("second_side_stream")
+        out["thread_steps"] = steps
     print(json.dumps(out)); sys.exit(0)
 from facegate.config import Settings
 from facegate.pipeline.pipeline import FacePipeline
@@ -268,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         "under the default environment and each --libraries-env",
     )
     p.add_argument(
+        "--threads-probe",
+        action="store_true",
+        help="also measure, in a bare process, what each live thread that runs a cuDNN conv and a cuBLAS gemm "
+        "costs the driver, and what the first side stream costs",
+    )
+    p.add_argument(
         "--trace",
         action="store_true",
         help="record the allocator during each load peak and report the blocks alive at it, by code site "
@@ -321,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                 probe = run_child({"bare": True, "graph_probe": True}, o.timeout, env)
                 res["graph_probe"].append({"env": env, **probe})
                 print("graph probe", res["graph_probe"][-1], flush=True)
+        if o.threads_probe:
+            res["threads_probe"] = run_child({"bare": True, "threads_probe": True}, o.timeout)
+            print("threads probe", res["threads_probe"], flush=True)
         bare = res["bare_context"].get("driver_mib")
     for v in variants:
         fields, env = parse_variant(v)

@@ -11,18 +11,33 @@ from __future__ import annotations
 
 import re
 
+#: the low-memory settings (docs/benchmarks.md, memory; serve_memory runs 47-51 measured all but the last)
+LOWMEM_ENV: dict[str, str] = {
+    "FACEGATE_COMPILE": "off",
+    "FACEGATE_ACTIVATION_BUDGET_MIB": "16",
+    "FACEGATE_GPU_ARENA_MIB": "32",
+    "FACEGATE_DET_MAX_BATCH_PIXELS": str(256 * 256),
+    "FACEGATE_GPU_PREPROCESS": "off",
+    "FACEGATE_SHARED_DEVICE_THREAD": "true",
+}
+
 #: bases whose whole name is one A/B: name → environment of the server's processes
 BASE_ENV: dict[str, dict[str, str]] = {
     "facegate": {},
     "facegate_nobatch": {},  # --no-batching
     "facegate_gil5": {"FACEGATE_GIL_SWITCH_INTERVAL_MS": "5"},  # Settings.gil_switch_interval_ms: Python's 5 ms
-    # the smallest GPU footprint of the default models (run 47: +54 MiB above the bare context after load)
-    "facegate_lowmem": {
-        "FACEGATE_COMPILE": "off",
-        "FACEGATE_ACTIVATION_BUDGET_MIB": "16",
-        "FACEGATE_GPU_ARENA_MIB": "32",
-        "FACEGATE_DET_MAX_BATCH_PIXELS": str(256 * 256),
-        "FACEGATE_GPU_PREPROCESS": "off",
+    # the smallest GPU footprint of the default models: one device thread for the build, warm-up and every stage
+    "facegate_lowmem": LOWMEM_ENV,
+    # ... with a device thread per engine stage, as before session 15 (HTTP run 51: +76 MiB after load)
+    "facegate_lowmem_perstage": {**LOWMEM_ENV, "FACEGATE_SHARED_DEVICE_THREAD": "false"},
+    # IR-SE-64's smallest footprint (random weights, written by serve_memory.py --make-irse64 /tmp/irse64.pt;
+    # no quality gate, so random-weight scores refuse nothing)
+    "facegate_lowmem_irse": {
+        **LOWMEM_ENV,
+        "FACEGATE_RTS_CHECKPOINT": "/tmp/irse64.pt",
+        "FACEGATE_ACTIVATION_BUDGET_MIB": "24",
+        "FACEGATE_GPU_ARENA_MIB": "112",
+        "FACEGATE_QUALITY_THRESHOLD": "0.0",
     },
     "facegate_mp": {},
     "facegate_mp_pools": {"FACEGATE_CPU_THREADS": "0"},  # torch's and OpenCV's default thread pools

@@ -249,6 +249,14 @@ class Settings(BaseSettings):
         30.0, gt=0.0, le=3600.0, description="Per-request deadline; expired work is dropped before compute (504)."
     )
     batching: bool = Field(True, description="Cross-request dynamic batching; False runs each request alone.")
+    shared_device_thread: bool = Field(
+        False,
+        description=(
+            "Run every engine stage's device work, and the warm-up, on one thread instead of a thread per stage. "
+            "Each thread that launches cuDNN/cuBLAS work holds its own library handles in GPU memory; one thread "
+            "is the low-memory layout (docs/benchmarks.md, memory). Off: the stages overlap their launch work."
+        ),
+    )
     cpu_chunk: int = Field(
         4,
         ge=1,

@@ -13,6 +13,11 @@ engine runs a vLLM-style loop on two threads, so host work overlaps device work:
 * **execute** (device): the only call that touches the GPU.
 * **deliver** (host): split the batch result into per-item results, in input order.
 
+With a ``device_thread`` the stages keep their own front threads but one :class:`DeviceThread` runs
+every stage's execute + deliver (and, through :attr:`Engine.device_executor`, the warm-up), in the order the
+batches were prepared. Each thread that launches cuDNN/cuBLAS work holds its own library handles in device
+memory, so this is the low-memory layout; stages then no longer overlap their host-side launch work.
+
 At most ``pipeline_depth`` prepared batches wait for the device, so batches are formed as late as
 possible. With ``adaptive_wait`` (opt-in) the front thread also keeps the next batch open while the
 device is still busy with the current one (it closes it shortly before the device is expected to be
@@ -121,8 +126,69 @@ def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
         )
 
 
+class DeviceThread(concurrent.futures.Executor):
+    """One worker thread that runs what is submitted to it, in order: the shared execute thread of an engine
+    with ``shared_device_thread`` (and its warm-up, so one thread's library handles serve everything).
+
+    The thread starts with the first :meth:`submit`. After :meth:`shutdown` a submit raises
+    :class:`EngineClosedError`; what was queued before still runs.
+    """
+
+    def __init__(self, name: str = "facegate-device") -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the engine's device thread was shut down")
+            if not self._started:
+                self._thread.start()
+                self._started = True
+            self._queue.put((fut, fn, args, kwargs))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            msg = self._queue.get()
+            if msg is _STOP:
+                return
+            fut, fn, args, kwargs = msg
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking work; the thread ends after what was queued (``wait``: join it)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if self._started:
+                    self._queue.put(_STOP)
+        if wait:
+            self.join(None)
+
+    def join(self, deadline: float | None) -> bool:
+        """Wait for the thread until ``deadline`` (``time.monotonic()``; None: forever); whether it ended."""
+        if self._started:
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        """Not started yet, or running."""
+        return not self._started or self._thread.is_alive()
+
+
 class _StageRunner:
-    """The two worker threads, queue and handoff of one stage."""
+    """The worker threads, queue and handoff of one stage: a front thread, and its own back thread unless
+    ``device`` (a shared :class:`DeviceThread`) runs the execute phase."""
 
     def __init__(
         self,
@@ -135,8 +201,10 @@ class _StageRunner:
         pipeline_depth: int,
         adaptive_wait: bool,
         stats: ServiceStats,
+        device: DeviceThread | None = None,
     ) -> None:
         self.stage = stage
+        self._device = device
         self.name: str = stage.name
         stage_max = getattr(stage, "max_batch_size", None)
         limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
@@ -160,10 +228,9 @@ class _StageRunner:
         self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
-        self._threads = [
-            threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True),
-            threading.Thread(target=self._back, name=f"facegate-{self.name}-execute", daemon=True),
-        ]
+        self._threads = [threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)]
+        if device is None:
+            self._threads.append(threading.Thread(target=self._back, name=f"facegate-{self.name}-execute", daemon=True))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -220,7 +287,10 @@ class _StageRunner:
                 dt = time.perf_counter() - t0
                 self._h_prepare.observe(dt)
                 self._ewma_prepare = _ewma(self._ewma_prepare, dt)
-                self._handoff.put((items, prepared))
+                if self._device is None:
+                    self._handoff.put((items, prepared))
+                else:
+                    self._device.submit(self._dispatch, items, prepared)
         except BaseException:  # pragma: no cover - a bug in the engine itself
             log.exception("stage %s: front thread crashed", self.name)
             raise
@@ -232,13 +302,16 @@ class _StageRunner:
             msg = self._handoff.get()
             if msg is _STOP:
                 return
-            self._slots.release()
-            items, prepared = msg
-            try:
-                self._run_batch(items, prepared)
-            except BaseException:  # pragma: no cover - a bug in the engine itself
-                log.exception("stage %s: back thread error", self.name)
-                fail(items, EngineError(f"internal engine error in stage {self.name!r}"))
+            self._dispatch(*msg)
+
+    def _dispatch(self, items: list[WorkItem], prepared: Any) -> None:
+        """Execute and deliver one prepared batch (on the back thread or the shared device thread)."""
+        self._slots.release()
+        try:
+            self._run_batch(items, prepared)
+        except BaseException:  # pragma: no cover - a bug in the engine itself
+            log.exception("stage %s: back thread error", self.name)
+            fail(items, EngineError(f"internal engine error in stage {self.name!r}"))
 
     def _run_batch(self, items: list[WorkItem], prepared: Any) -> None:
         name = self.name
@@ -324,6 +397,9 @@ class Engine:
         adaptive_wait: keep the next batch open while the device is busy (see module docstring). Off by
             default: on a shared 2-core CPU box a sleep simulation showed a small p50 gain only, within
             noise for throughput; enable it after an A/B on the GPU machine.
+        device_thread: a :class:`DeviceThread` that runs every stage's execute + deliver instead of a back
+            thread per stage (:attr:`device_executor`; see the module docstring). ``None`` (default): one back
+            thread per stage. The engine shuts it down when it stops.
     """
 
     def __init__(
@@ -338,6 +414,7 @@ class Engine:
         stats: ServiceStats | None = None,
         pipeline_depth: int = 1,
         adaptive_wait: bool = False,
+        device_thread: DeviceThread | None = None,
     ) -> None:
         if not stages:
             raise InvalidParameterError("the engine needs at least one stage")
@@ -361,6 +438,7 @@ class Engine:
         self.max_queue = int(max_queue)
         self.request_timeout_s = float(request_timeout_s)
         self.batching = bool(batching)
+        self._device = device_thread
         self._runners: dict[str, _StageRunner] = {
             s.name: _StageRunner(
                 s,
@@ -371,6 +449,7 @@ class Engine:
                 pipeline_depth=int(pipeline_depth),
                 adaptive_wait=adaptive_wait,
                 stats=self.stats,
+                device=self._device,
             )
             for s in stages
         }
@@ -388,7 +467,14 @@ class Engine:
             request_timeout_s=settings.request_timeout_s,
             batching=settings.batching,
             stats=stats,
+            device_thread=DeviceThread() if settings.shared_device_thread else None,
         )
+
+    @property
+    def device_executor(self) -> concurrent.futures.Executor | None:
+        """The shared device thread (``shared_device_thread``), e.g. to run the warm-up where the batches will
+        run; ``None`` when each stage has its own back thread."""
+        return self._device
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -430,12 +516,17 @@ class Engine:
             r.batcher.close()
             if not drain:
                 fail(r.batcher.drain(), EngineClosedError("engine stopped", detail={"stage": r.name}))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if was != "new":
+            for r in self._runners.values():
+                if not r.join(deadline):
+                    log.error("stage %s did not stop within %s s", r.name, timeout_s)
+        if self._device is not None:  # after the front threads: they hand it their last batches
+            self._device.shutdown(wait=False)
+            if not self._device.join(deadline):
+                log.error("the device thread did not stop within %s s", timeout_s)
         if was == "new":
             return
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for r in self._runners.values():
-            if not r.join(deadline):
-                log.error("stage %s did not stop within %s s", r.name, timeout_s)
         log.info("engine stopped (drain=%s)", drain)
 
     def __enter__(self) -> Engine:
@@ -448,7 +539,8 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Running, and every stage's worker threads are alive."""
-        return self._state == "running" and all(r.alive() for r in self._runners.values())
+        device_ok = self._device is None or self._device.alive()
+        return self._state == "running" and device_ok and all(r.alive() for r in self._runners.values())
 
     @property
     def stage_names(self) -> list[str]:

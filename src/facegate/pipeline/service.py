@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from facegate.config import Settings
-from facegate.engine.engine import Engine
+from facegate.engine.engine import DeviceThread, Engine
 from facegate.errors import InvalidParameterError
 from facegate.metrics.stats import ServiceStats
 from facegate.models.registry import ModelSpec
@@ -52,7 +52,10 @@ class FaceService:
         stats: ServiceStats | None = None,
         *,
         engine: RemoteEngine | RemotePool | None = None,
+        device_thread: DeviceThread | None = None,
     ) -> None:
+        """``device_thread``: the engine's shared device thread (``settings.shared_device_thread``; made here
+        when that is on and none is given), e.g. the one :meth:`build` loaded the models on."""
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
@@ -69,6 +72,7 @@ class FaceService:
             request_timeout_s=settings.request_timeout_s,
             batching=settings.batching,
             stats=self.stats,
+            device_thread=device_thread or (DeviceThread() if settings.shared_device_thread else None),
         )
         self._ready = False
         self.startup_seconds: float | None = None
@@ -77,13 +81,22 @@ class FaceService:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def build(cls, settings: Settings) -> FaceService:
-        """Real models, as the settings describe (logs the seconds of each half: part of the cold start)."""
+    def build(cls, settings: Settings, *, tiny: bool = False) -> FaceService:
+        """Real models, as the settings describe (logs the seconds of each half: part of the cold start).
+        ``tiny``: real detector, tiny random-weight recognizer (:meth:`build_tiny`).
+
+        With ``settings.shared_device_thread`` the models load on the engine's device thread: the build's
+        probing forwards (``activation_budget_mib``) then take no library handles on another thread.
+        """
         t0 = time.perf_counter()
+        device_thread = DeviceThread() if settings.shared_device_thread else None
         with within_memory_limit(settings.gpu_memory_limit_mib, "load the models"):
-            pipeline = FacePipeline.from_settings(settings)
+            if device_thread is None:
+                pipeline = FacePipeline.from_settings(settings, tiny=tiny)
+            else:
+                pipeline = device_thread.submit(FacePipeline.from_settings, settings, tiny=tiny).result()
         t1 = time.perf_counter()
-        service = cls(pipeline, settings)
+        service = cls(pipeline, settings, device_thread=device_thread)
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
         return service
 
@@ -118,7 +131,7 @@ class FaceService:
     @classmethod
     def build_tiny(cls, settings: Settings) -> FaceService:
         """Real detector, tiny random-weight recognizer: for tests of serving mechanics only."""
-        return cls(FacePipeline.from_settings(settings, tiny=True), settings)
+        return cls.build(settings, tiny=True)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -147,8 +160,9 @@ class FaceService:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if isinstance(self.engine, Engine):  # a remote engine warmed its own models
+            # on the shared device thread when there is one: its library handles then serve the batches too
             with within_memory_limit(self.settings.gpu_memory_limit_mib, "warm the models up"):
-                await loop.run_in_executor(None, self.pipeline.warmup)
+                await loop.run_in_executor(self.engine.device_executor, self.pipeline.warmup)
             self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
         if self.settings.gc_freeze:

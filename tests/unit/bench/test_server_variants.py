@@ -55,3 +55,19 @@ def test_the_low_memory_server_is_valid_settings_and_keeps_its_own_compile_mode(
     assert "--compile" not in low  # the benchmark's --compile would override FACEGATE_COMPILE
     assert low[low.index("--precision") + 1] == "fp16"
     assert "graphs" in http_e2e._server_argv("facegate", 1234, o, Path("/tmp/x"))
+
+
+@pytest.mark.parametrize(
+    ("name", "shared", "budget", "rts"),
+    [("facegate_lowmem", True, 16, False), ("facegate_lowmem_perstage", False, 16, False),
+     ("facegate_lowmem_irse", True, 24, True)],
+)  # fmt: skip
+def test_the_low_memory_variants_differ_in_one_thing_each(name: str, shared: bool, budget: int, rts: bool) -> None:
+    from facegate.config import Settings
+
+    env = sv.server_env(name)
+    fields = {k.removeprefix("FACEGATE_").lower(): v for k, v in env.items()}
+    s = Settings(device="cpu", **fields)
+    assert sv.is_known(name) and s.compile == "off" and s.gpu_preprocess == "off"
+    assert s.shared_device_thread is shared and s.activation_budget_mib == budget
+    assert (s.rts_checkpoint == Path("/tmp/irse64.pt")) is rts and (s.quality_threshold == 0.0) is rts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from facegate.engine.engine import Engine, Stage
+from facegate.engine.engine import DeviceThread, Engine, Stage
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -61,6 +62,8 @@ class FakeStage:
         self.executed_ids: list[list[int]] = []
         self.prep_spans: list[tuple[float, float]] = []
         self.exec_spans: list[tuple[float, float]] = []
+        self.prep_threads: set[str] = set()
+        self.exec_threads: set[str] = set()
         self.gate = threading.Event()
         self.gate_id: int | None = None
         self.gate_entered = threading.Event()
@@ -69,6 +72,7 @@ class FakeStage:
         t0 = time.monotonic()
         ids = [int(p[0][0]) for p in payloads]
         self.prepared_ids.append(ids)
+        self.prep_threads.add(threading.current_thread().name)
         if self.gate_id is not None and self.gate_id in ids:
             self.gate_entered.set()
             assert self.gate.wait(10)
@@ -82,6 +86,7 @@ class FakeStage:
         t0 = time.monotonic()
         ids, x = prepared
         self.executed_ids.append(ids)
+        self.exec_threads.add(threading.current_thread().name)
         if self.exec_s:
             time.sleep(self.exec_s)
         if self.execute_error is not None:
@@ -492,3 +497,79 @@ def test_item_cost_limits_rows_per_batch_and_counts_rows() -> None:
     assert all(n <= 16 for n in stage.batch_rows if n != 40)
     assert engine.stats.items.value("rows") == total
     assert engine.stats.batch_size.snapshot("rows").sum == total
+
+
+# --------------------------------------------------------------------------- one shared device thread
+async def _both_stages(engine: Engine, n: int) -> tuple[list[Any], list[Any]]:
+    a = asyncio.gather(*(engine.submit("a", item(i)) for i in range(n)))
+    b = asyncio.gather(*(engine.submit("b", item(i)) for i in range(n)))
+    return await a, await b
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_device_thread_runs_every_stage_execute_on_one_thread(shared: bool) -> None:
+    sa, sb = FakeStage("a", exec_s=0.003), FakeStage("b", exec_s=0.003)
+    device = DeviceThread() if shared else None
+    engine = Engine([sa, sb], max_batch_size=8, max_wait_ms=2.0, stats=ServiceStats(), device_thread=device)
+    assert engine.device_executor is device
+    with engine:
+        assert engine.ready
+        ra, rb = asyncio.run(_both_stages(engine, 40))
+    for i in range(40):
+        assert np.array_equal(ra[i], alone(payload(i))) and np.array_equal(rb[i], alone(payload(i)))
+    assert sa.prep_threads == {"facegate-a-prepare"} and sb.prep_threads == {"facegate-b-prepare"}
+    if shared:
+        assert sa.exec_threads == sb.exec_threads == {"facegate-device"}
+        spans = sorted(sa.exec_spans + sb.exec_spans)  # one thread: the two stages never execute at once
+        assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans))
+    else:
+        assert sa.exec_threads == {"facegate-a-execute"} and sb.exec_threads == {"facegate-b-execute"}
+    assert not engine.ready
+
+
+def test_shared_device_thread_runs_submitted_work_first_and_stops_with_the_engine() -> None:
+    stage = FakeStage("a", exec_s=0.005)
+    device = DeviceThread()
+    engine = Engine([stage], stats=ServiceStats(), device_thread=device)
+    warm = device.submit(threading.current_thread)  # the warm-up's place: before the engine starts
+    assert warm.result(5).name == "facegate-device"
+    engine.start()
+
+    async def main() -> list[Any]:
+        tasks = [asyncio.create_task(engine.submit("a", item(i))) for i in range(10)]
+        await asyncio.sleep(0)
+        await asyncio.to_thread(engine.stop, True)  # drain: everything queued is computed
+        return await asyncio.gather(*tasks)
+
+    res = asyncio.run(main())
+    assert all(np.array_equal(r, alone(payload(i))) for i, r in enumerate(res))
+    assert device.join(time.monotonic() + 5) and not device.alive()
+    with pytest.raises(EngineClosedError):
+        device.submit(print)
+
+
+def test_device_thread_passes_exceptions_and_ends_unstarted() -> None:
+    device = DeviceThread(name="t-dev")
+
+    def boom() -> None:
+        raise ValueError("x")
+
+    with pytest.raises(ValueError, match="x"):
+        device.submit(boom).result(5)
+    assert device.submit(lambda a, b=0: a + b, 2, b=3).result(5) == 5
+    device.shutdown(wait=True)
+    assert not device.alive()
+    idle = DeviceThread()
+    assert idle.alive()  # not started: nothing to be dead
+    idle.shutdown(wait=True)
+    assert idle.join(None)
+
+
+def test_engine_stopped_before_start_shuts_its_device_thread_down() -> None:
+    device = DeviceThread()
+    engine = Engine([FakeStage("a")], stats=ServiceStats(), device_thread=device)
+    device.submit(lambda: None).result(5)  # started by a warm-up
+    engine.stop()
+    assert device.join(time.monotonic() + 5)
+    with pytest.raises(EngineClosedError):
+        engine.start()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, NoFaceError
+from facegate.pipeline.pipeline import FacePipeline
 from facegate.pipeline.service import FaceService
 
 
@@ -42,6 +45,35 @@ def test_service_batches_and_matches_sequential() -> None:
         assert not svc.ready
 
     asyncio.run(main())
+
+
+def test_shared_device_thread_builds_warms_and_computes_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings.shared_device_thread: the build, the warm-up and every stage's execute run on one thread."""
+    seen: dict[str, set[str]] = {"build": set(), "warmup": set(), "embed": set()}
+    build, warmup, recognize = FacePipeline.from_settings, FacePipeline.warmup, FacePipeline.recognize
+
+    def spy(key: str, fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            seen[key].add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(FacePipeline, "from_settings", staticmethod(spy("build", build)))
+    monkeypatch.setattr(FacePipeline, "warmup", spy("warmup", warmup))
+    monkeypatch.setattr(FacePipeline, "recognize", spy("embed", recognize))
+
+    async def main() -> None:
+        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=0.0, shared_device_thread=True))
+        assert svc.engine.device_executor is not None
+        await svc.start()
+        try:
+            await asyncio.gather(*[svc.face_aligned(np.roll(_face_like(), k, axis=0)) for k in range(8)])
+        finally:
+            await svc.stop()
+
+    asyncio.run(main())
+    assert seen == {"build": {"facegate-device"}, "warmup": {"facegate-device"}, "embed": {"facegate-device"}}
 
 
 def test_service_compare_refused_below_gate() -> None:
