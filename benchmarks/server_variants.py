@@ -58,7 +58,8 @@ VARIANT_ENV: dict[str, dict[str, str]] = {
     "b3": {"FACEGATE_GRAPH_BUCKETS": "[4,16,64]"},  # the three buckets before session 10 (no 32)
     "noaff": {"FACEGATE_COMPARE_SAME_ENGINE": "false"},  # each photo to the least busy engine
     "nofast": {"FACEGATE_FAST_PATH": "false"},  # aligned-crop embeds through FastAPI's routing as well
-    "onedev": {"FACEGATE_SHARED_DEVICE_THREAD": "true"},  # one device thread for every stage and the warm-up
+    "onedev": {"FACEGATE_SHARED_DEVICE_THREAD": "true"},  # one device thread (the default since run 53)
+    "perstage": {"FACEGATE_SHARED_DEVICE_THREAD": "false"},  # a device thread per stage (default before session 15)
     "shared": {"FACEGATE_ACCEPT": "shared"},  # uvicorn's shared listening socket instead of balanced accept
     "sa": {"FACEGATE_ACCEPT": "shared", "UV_TCP_SINGLE_ACCEPT": "1"},  # ... with libuv sleeping after each accept
 }

@@ -25,7 +25,7 @@ from summary_http import (
     table_md,
     time_split,
 )
-from summary_memory import session13_fields, session14_fields
+from summary_memory import session13_fields, session14_fields, session15_fields
 
 
 def models_gpu() -> str:
@@ -625,6 +625,7 @@ def main() -> None:
             **session12_fields(),
             **session13_fields(),
             **session14_fields(),
+            **session15_fields(),
             soak_gpu6=soak_gpu("soak_gpu_mp_run6_session12.json"),
             serve_memory12=serve_memory("serve_memory_gpu_session12.json"),
             cold_starts11=cold_starts(

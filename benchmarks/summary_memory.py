@@ -189,3 +189,35 @@ def session14_fields() -> dict[str, str]:
         "http_memory14": http_memory(http),
         "http_memory14_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in http),
     }
+
+
+# --------------------------------------------------------------------------- session 15 (runs 52–53)
+def threads_probe(name: str) -> str:
+    """A bare process's driver and torch-reserved MiB after each step of serve_memory's ``--threads-probe``: the
+    first cuDNN conv and cuBLAS gemm, then each further live thread that runs them, then a first side stream."""
+    probe = load(name)["threads_probe"]
+    out = ["| step | driver MiB (step's change) | torch reserved (change) | outside torch, change |",
+           "|---|---|---|---|"]  # fmt: skip
+    prev, prev_r = probe["driver_mib"], 0.0
+    out.append(f"| bare context of this process | {prev:.0f} | | |")
+    for step, st in probe["thread_steps"].items():
+        d, r = st["driver_mib"], st["reserved_mib"]
+        out.append(
+            f"| {step.replace('_', ' ')} | {d:.0f} ({d - prev:+.0f}) | {r:.0f} ({r - prev_r:+.0f}) "
+            f"| {(d - prev) - (r - prev_r):+.0f} |"
+        )
+        prev, prev_r = d, r
+    return "\n".join(out)
+
+
+def session15_fields() -> dict[str, str]:
+    """Template fields of session 15 (runs 52–53)."""
+    http = (("52", "http_gpu_run52_lowmem.json"), ("53", "http_gpu_run53_onedev.json"))
+    runs = (("52", "serve_memory_gpu_run52.json"),)
+    return {
+        "threads15": threads_probe("serve_memory_gpu_run52.json"),
+        "memory15": memory_variants(runs),
+        "memory15_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in runs),
+        "http_memory15": http_memory(http),
+        "http_memory15_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in http),
+    }

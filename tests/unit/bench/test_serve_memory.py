@@ -9,7 +9,7 @@ from facegate.config import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from serve_memory import parse_variant
-from summary_memory import _failure, graph_probe, http_memory, memory_variants, trace_peaks
+from summary_memory import _failure, graph_probe, http_memory, memory_variants, threads_probe, trace_peaks
 
 
 def test_parse_variant_splits_settings_environment_and_lists() -> None:
@@ -45,3 +45,16 @@ def test_session14_tables_read_the_committed_runs() -> None:
     trace = trace_peaks((("51", "serve_memory_gpu_run51.json"),)).splitlines()
     assert len(trace) == 2 + 3  # detect, embed, embed at every size
     assert all("| 14.6 |" in row or "| detect | 4.0 |" in row for row in trace[2:])  # the budget held at every size
+
+
+def test_session15_tables_read_the_committed_runs() -> None:
+    threads = threads_probe("serve_memory_gpu_run52.json").splitlines()
+    assert len(threads) == 2 + 1 + 11  # header, rule, bare row, eleven steps
+    assert "| live thread 3 conv only | 958 (+8) | 120 (+0) | +8 |" in threads
+    assert "| first side stream | 1124 (+70) | 152 (+0) | +70 |" in threads
+    assert "| second side stream | 1178 (+0) | 206 (+0) | +0 |" in threads
+    http = http_memory((("52", "http_gpu_run52_lowmem.json"),)).splitlines()
+    rows = {row.split(" | ")[2]: row for row in http[2:]}
+    assert "| +48 / +52 | 38 / 42 |" in rows["facegate_lowmem"]  # one device thread: within 60 MiB
+    assert "| +48 / +76 | 38 / 46 |" in rows["facegate_lowmem_perstage"]
+    assert "| +132 / +138 | 120 / 126 |" in rows["facegate_lowmem_irse"]
