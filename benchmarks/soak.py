@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu = GpuMonitor()
     clients = ProcessPoolExecutor(o.clients, mp_context=mp.get_context("spawn")) if o.clients > 1 else None
     res: dict[str, Any] = {"benchmark": "soak", "command": " ".join([sys.executable, *sys.argv]), "server": cmd}
+    # the settings given to the server through the environment (scripts/gpu-soak.sh's SOAK_ENV)
+    given = sorted(env.items())
+    res["server_env"] = {k: v for k, v in given if k.startswith("FACEGATE_") and k != "FACEGATE_CODE_COMMIT"}
     try:
         t0 = time.monotonic()
         while True:

@@ -16,6 +16,8 @@
 # scripts/gpu-photo.sh with SOAK_S=600 is another "start". SKIP_TESTS=1 skips the tests (carry .whlrun and .lfwB
 # only, LFW_PROBE=.lfwB for the memory probe's photos); MEMORY_S=0 skips the memory probe.
 # SOAK_IMAGES=.lfwT: the soak sends the GPU tests' 477 photos (carry .whlrun and .lfwT only, under the 64 MiB limit).
+# SOAK_ARGS replaces the server's flags; SOAK_ENV ("KEY=VALUE ...") is the server's environment only (not the tests'),
+# e.g. the low-memory mode: SOAK_ARGS="--device cuda --precision fp16 --compile off" SOAK_ENV="FACEGATE_ACTIVATION_BUDGET_MIB=16 ..."
 set -uo pipefail
 . scripts/device-env.sh
 SOAK=/tmp/fg-soak
@@ -31,9 +33,10 @@ start)
     tail -1 "$OUT/gpu_tests_photo.txt"
   fi
   echo "soak with FACEGATE_GPU_PREPROCESS=${FACEGATE_GPU_PREPROCESS:-auto}"
-  setsid nohup python3 benchmarks/soak.py --duration "${SOAK_S:-600}" --window 15 --clients 6 --concurrency 64 \
-    --images "${SOAK_IMAGES:-.lfwB}/lfw-deepfunneled" --out "$SOAK/soak_gpu_mp.json" -- --device cuda --precision fp16 \
-    --compile graphs --workers 4 > "$SOAK/soak_gpu.log" 2>&1 < /dev/null &
+  # shellcheck disable=SC2086
+  setsid nohup env ${SOAK_ENV:-} python3 benchmarks/soak.py --duration "${SOAK_S:-600}" --window 15 --clients 6 \
+    --concurrency 64 --images "${SOAK_IMAGES:-.lfwB}/lfw-deepfunneled" --out "$SOAK/soak_gpu_mp.json" -- \
+    ${SOAK_ARGS:---device cuda --precision fp16 --compile graphs --workers 4} > "$SOAK/soak_gpu.log" 2>&1 < /dev/null &
   echo "soak started (pid $!)"
   unset FACEGATE_GPU_PREPROCESS
   if [ "${SKIP_TESTS:-0}" != 1 ]; then
