@@ -627,6 +627,12 @@ def main() -> None:
             **session14_fields(),
             **session15_fields(),
             soak_gpu6=soak_gpu("soak_gpu_mp_run6_session12.json"),
+            soak_gpu15=soak_gpu("soak_gpu_lowmem_run54.json"),
+            soak_gpu15_env=", ".join(
+                f"`{k}={v}`"
+                for k, v in load("soak_gpu_lowmem_run54.json")["server_env"].items()
+                if k != "FACEGATE_LOG_LEVEL"
+            ),
             serve_memory12=serve_memory("serve_memory_gpu_session12.json"),
             cold_starts11=cold_starts(
                 (
