@@ -60,6 +60,7 @@ VARIANT_ENV: dict[str, dict[str, str]] = {
     "nofast": {"FACEGATE_FAST_PATH": "false"},  # aligned-crop embeds through FastAPI's routing as well
     "onedev": {"FACEGATE_SHARED_DEVICE_THREAD": "true"},  # one device thread (the default since run 53)
     "perstage": {"FACEGATE_SHARED_DEVICE_THREAD": "false"},  # a device thread per stage (default before session 15)
+    "warpall": {"FACEGATE_PHOTO_WARP_MIB": "1048576"},  # the photo stage warps a whole batch at once (as before)
     "shared": {"FACEGATE_ACCEPT": "shared"},  # uvicorn's shared listening socket instead of balanced accept
     "sa": {"FACEGATE_ACCEPT": "shared", "UV_TCP_SINGLE_ACCEPT": "1"},  # ... with libuv sleeping after each accept
 }

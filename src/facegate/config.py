@@ -192,6 +192,17 @@ class Settings(BaseSettings):
             "requests at concurrency 100 (p99 69 against 113 ms) and 1.29x at 256; three engines 1.03x and 0.95x."
         ),
     )
+    photo_warp_mib: int | None = Field(
+        16,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Photo stage on a device: convert at most this many MiB of photos to float32 at once to warp their faces "
+            "(runs of photos of that size; None: a whole batch at once). 64 LFW photos are 46 MiB in float32, the "
+            "largest block of the stage's peak (run 45); the warp is exact either way, a run costs a few kernel "
+            "launches."
+        ),
+    )
     photo_decode: Literal["nvjpeg", "host"] = Field(
         "nvjpeg",
         description=(

@@ -45,7 +45,7 @@ from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
 from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
-from facegate.pipeline.align_torch import warp_theta, warp_torch
+from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
@@ -103,10 +103,21 @@ def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | Facegate
     return PreparedPhotos(list(decoded), photos, aligned, batches)
 
 
-def _warp(images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]]) -> tuple[torch.Tensor, list[int]]:
+def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` runs covering ``n`` photos shaped like ``photo (3, H, W)`` whose float32 copy fits in
+    ``max_float_bytes`` (at least one photo per run; ``None``: one run of all ``n``)."""
+    per = 4 * photo.numel()
+    step = n if max_float_bytes is None else max(1, max_float_bytes // per)
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def _warp(
+    images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]], max_float_bytes: int | None
+) -> tuple[torch.Tensor, list[int]]:
     """Crops of the chosen faces: ``(K, 112, 112, 3) uint8`` on the images' device, and each crop's image.
 
-    Images of one exact size are warped together (one ``grid_sample`` call, no padding to a common size).
+    Images of one exact size are warped together (``grid_sample`` over runs of at most ``max_float_bytes`` of
+    float32 images, :func:`warp_torch`; no padding to a common size).
     """
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i in chosen:
@@ -121,7 +132,8 @@ def _warp(images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]]) -
                 img_index.append(b)
                 owners.append(i)
         stack = torch.stack([images[i] for i in idx])
-        crops = warp_torch(stack, estimate_transforms(np.stack(lms)), np.array(img_index))
+        limit = DEFAULT_MAX_FLOAT_BYTES if max_float_bytes is None else max_float_bytes
+        crops = warp_torch(stack, estimate_transforms(np.stack(lms)), np.array(img_index), max_float_bytes=limit)
         parts.append(crops.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
     if not parts:
         return torch.zeros((0, CROP_SIZE, CROP_SIZE, 3), dtype=torch.uint8), owners
@@ -149,7 +161,7 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
                 chosen[i] = select_faces(dets, FaceSelect.LARGEST)
             except FacegateError as exc:
                 out[i] = exc
-    crops, owners = _warp(photos, chosen)
+    crops, owners = _warp(photos, chosen, pipe.photo_warp_bytes)
     if aligned:
         crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
         owners += aligned
@@ -203,8 +215,9 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
                 rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
                 rows = rows.to(chosen.device, non_blocking=True)
                 rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
-            warped = warp_theta(torch.stack([photos[i] for i in idx]), rows_theta)
-            crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+            for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
+                warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
+                crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
             meta.append(rows_meta)
             owners += idx
     if aligned:
@@ -243,7 +256,7 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
                         chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
                     except FacegateError as exc:
                         out[i] = exc
-        fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb)
+        fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
         if fb_owners:
             _fill(out, pipe.recognize(fb_crops.contiguous()).cpu().numpy(), fb_owners, chosen_fb)
     return out

@@ -273,6 +273,8 @@ class FacePipeline:
         self.photo_detect_in_prepare = True
         #: the photo stage selects and aligns faces on the device (see Settings.photo_select_on_device)
         self.photo_select_on_device = False
+        #: float32 bytes of photos the photo stage warps at once (Settings.photo_warp_mib); None = a whole batch
+        self.photo_warp_bytes: int | None = None
         #: how the photo stage decodes JPEGs: "nvjpeg" or "host" (Settings.photo_decode, photo_decode_threads)
         self.photo_decode = "nvjpeg"
         self.photo_decode_threads = 4
@@ -418,6 +420,7 @@ class FacePipeline:
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         pipe.photo_detect_in_prepare = settings.photo_detect_in_prepare
         pipe.photo_select_on_device = settings.photo_select_on_device
+        pipe.photo_warp_bytes = None if settings.photo_warp_mib is None else settings.photo_warp_mib * 2**20
         pipe.photo_decode, pipe.photo_decode_threads = settings.photo_decode, settings.photo_decode_threads
         pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
         t_photo = time.perf_counter()

@@ -15,12 +15,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
-from facegate.pipeline.photo import PhotoFaces, PhotoStage
+from facegate.pipeline.photo import PhotoFaces, PhotoStage, warp_runs
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.pipeline.service import FaceService
 from facegate.types import Detection, Face
@@ -168,6 +169,37 @@ def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: 
     assert min(cosines) > 0.995, cosines
 
 
+def test_warp_runs_bound_the_float_copy() -> None:
+    photo = torch.zeros((3, 250, 250), dtype=torch.uint8)  # 750,000 bytes in float32
+    assert warp_runs(photo, 64, None) == [(0, 64)]
+    runs = warp_runs(photo, 64, 16 * 2**20)
+    assert runs == [(0, 22), (22, 44), (44, 64)]  # 22 photos = 16.5 MB <= 16 MiB
+    assert warp_runs(photo, 3, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one photo per run
+    assert warp_runs(photo, 0, 1) == []
+    assert Settings().photo_warp_mib == 16 and Settings(photo_warp_mib=None).photo_warp_mib is None
+
+
+@pytest.mark.parametrize("select_on_device", [True, False])
+def test_warping_in_runs_gives_the_same_answers_to_the_bit(
+    pipe: FacePipeline, lfw_root: Path, select_on_device: bool
+) -> None:
+    """Settings.photo_warp_mib: one photo per float32 run against the whole batch at once."""
+    datas = _lfw_bytes(lfw_root, 6)
+    before = pipe.photo_warp_bytes, pipe.photo_select_on_device
+    pipe.photo_select_on_device = select_on_device
+    try:
+        pipe.photo_warp_bytes = None
+        whole = _run(PhotoStage(pipe, **LIMITS), datas)
+        pipe.photo_warp_bytes = 1
+        runs = _run(PhotoStage(pipe, **LIMITS), datas)
+    finally:
+        pipe.photo_warp_bytes, pipe.photo_select_on_device = before
+    assert all(isinstance(w, PhotoFaces) for w in whole)
+    for a, b in zip(runs, whole, strict=True):
+        np.testing.assert_array_equal(a.embedding, b.embedding)  # type: ignore[union-attr]
+        np.testing.assert_array_equal(a.quality, b.quality)  # type: ignore[union-attr]
+
+
 def test_every_item_gets_its_own_answer(pipe: FacePipeline, lfw_root: Path) -> None:
     photo = _lfw_bytes(lfw_root, 1)[0]
     rgb = decode_image(photo, **LIMITS)
@@ -260,6 +292,17 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
         assert isinstance(a, PhotoFaces) and isinstance(c, PhotoFaces)
         np.testing.assert_array_equal(a.detections[0].box, c.detections[0].box)  # type: ignore[union-attr]
         assert _cos(a.embedding[0], c.embedding[0]) > 0.999
+
+    # Settings.photo_warp_mib: the default warps in runs of 16 MiB of float32 photos; the whole batch at once
+    # gives the same crops, so the same answers to the bit
+    assert gpu.photo_warp_bytes == 16 * 2**20
+    gpu.photo_warp_bytes = None
+    try:
+        whole = _run(stage, datas)
+    finally:
+        gpu.photo_warp_bytes = 16 * 2**20
+    for a, c in zip(whole, got, strict=True):
+        np.testing.assert_array_equal(a.embedding, c.embedding)  # type: ignore[union-attr]
 
     # Settings.photo_decode = "host": Pillow on the engine's threads, pinned asynchronous uploads; the same
     # decoder as the host path, so at least as close to it as nvJPEG
