@@ -112,7 +112,10 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "+76 with a thread per stage in the same call), IR-SE-64 (random weights, budget 24, arena 112) **+132 / "
         "+138** (run 52); 90 compare and 701 aligned-crop req/s at concurrency 100 for SFace. Default serving "
         "mode, one call (run 53): +594 MiB after load with one device thread against +640, req/s 0.98–1.08×. "
-        "The first side stream of a process costs 70 MiB outside torch, a second 0 (run 52). "
+        "The first side stream of a process costs 70 MiB outside torch, a second 0 (run 52). The photo stage now "
+        "warps in runs of 16 MiB of float32 photos (`photo_warp_mib`): its peak 53.8 instead of 97.2 MiB, the "
+        "default mode +568 MiB after load over HTTP against +594–608 (runs 55–56), compare req/s 1.01× (run 56, "
+        "3 rounds). "
         "Session 14 (runs 45–51): traced the load peaks and fixed three leaks of the budget (the detector padded "
         "a one-photo forward to 4 rows; eager detection kept every batch's decoded candidates; the activation "
         "plan ran a whole batch when its first stage fitted). `gpu_arena_mib` lets the weights and activations "
@@ -151,7 +154,7 @@ ACCEPTANCE: list[tuple[str, str, str]] = [
         "met over HTTP in the low-memory mode: SFace +52 MiB after load (run 52) and in every window of a 10-minute "
         "soak (run 54), IR-SE-64 +138 (run 52), at 0.075× the "
         "default's compare req/s and 0.30× its aligned crops (run 50) and ~33× its time per batch. Not met by the "
-        "serving default: +454 idle / +594 after load (SFace, run 53; IR-SE-64 +572 / +682 in session 12)",
+        "serving default: +454 idle / +568 after load (SFace, runs 55–56; IR-SE-64 +572 / +682 in session 12)",
     ),
     (
         "no growth over a 10-minute soak",

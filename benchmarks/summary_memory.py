@@ -214,7 +214,13 @@ def session15_fields() -> dict[str, str]:
     """Template fields of session 15 (runs 52–53)."""
     http = (("52", "http_gpu_run52_lowmem.json"), ("53", "http_gpu_run53_onedev.json"))
     runs = (("52", "serve_memory_gpu_run52.json"),)
+    warp_http = (("55", "http_gpu_run55_warp.json"), ("56", "http_gpu_run56_warp_rounds.json"))
+    warp = (("55", "serve_memory_gpu_run55_warp.json"),)
     return {
+        "warp15": memory_variants(warp),
+        "warp15_trace": trace_peaks(warp),
+        "warp15_http": http_memory(warp_http),
+        "warp15_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in (*warp, *warp_http)),
         "threads15": threads_probe("serve_memory_gpu_run52.json"),
         "memory15": memory_variants(runs),
         "memory15_cmds": "\n".join(f"- run {label}: `{load(name)['command']}`" for label, name in runs),
