@@ -166,7 +166,9 @@ class DeviceThread(concurrent.futures.Executor):
                 fut.set_exception(exc)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking work; the thread ends after what was queued (``wait``: join it)."""
+        """Stop taking work; the thread ends after what was queued (``wait``: join it). ``cancel_futures`` is
+        accepted for the :class:`~concurrent.futures.Executor` interface and ignored: queued work always runs (an
+        engine fails the items of batches it will not compute itself, see :meth:`Engine.stop`)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
