@@ -13,8 +13,8 @@ every request. The JSON is rewritten after every point (``complete`` false until
 outer ``timeout``) stops the servers and keeps the results; ``--budget-s`` starts no point ending past it.
 
 Load: ``--client-procs`` processes (``auto``: see :func:`auto_client_procs`) of
-``concurrency/procs`` clients each (``--transport``: the lean ``facegate.bench.rawhttp`` client, or httpx as in runs
-1–11), released together by a barrier; latency samples are merged.
+``concurrency/procs`` clients each (``--transport``: the lean ``facegate.bench.rawhttp`` client, or httpx),
+released together by a barrier; latency samples are merged.
 ``limits`` flags what plausibly capped a row: a client process near 1 core, the server's busiest thread
 near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
 ``ok_req_per_server_cpu_s`` (req/s per server CPU core used) stays comparable when other tenants take CPU;
@@ -28,12 +28,14 @@ Images: ``--n-images`` photos spread over ``--images`` (LFW layout; default
 ``$FACEGATE_LFW_ROOT/lfw-deepfunneled``) where the detector finds a face; crops: the largest face of each,
 aligned once on the CPU by the pipeline's alignment, JPEG q95 (``--crop-format png``: lossless).
 
-CPU (issue 3; a 2-core box, short):
-  python benchmarks/http_e2e.py --device cpu --servers facegate,facegate_nobatch,naive --concurrency 1,8,32 \
-      --duration 5 --rounds 2 --warmup 2 --server-env OMP_WAIT_POLICY=PASSIVE --out benchmarks/results/http_cpu.json
-GPU (issue 4, < 5 minutes; the important concurrencies first, so a budget cut drops c=1):
-  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images DIR \
-      --concurrency 100,256,16,1 --duration 4 --budget-s 250 --out benchmarks/results/http_gpu.json
+CPU (a 2-core box, short):
+  python benchmarks/http_e2e.py --device cpu --servers facegate_default,facegate,naive --concurrency 1,8,32 \
+      --duration 5 --rounds 2 --warmup 2 --server-env OMP_WAIT_POLICY=PASSIVE \
+      --out benchmarks/results/http_e2e-cpu2.json
+GPU (< 10 minutes; the important concurrencies first, so a budget cut drops the last):
+  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --peer-compile graphs \
+      --servers facegate_default,facegate_mp_w8_e3_det64,naive,litserve --concurrency 100,256 --duration 4 \
+      --budget-s 420 --images DIR --out benchmarks/results/http_e2e-h200.json
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ from monitor import (
     thread_ticks,
     time_breakdown,
 )
-from server_variants import engines_of, front_ends_of, is_known, server_env
+from server_variants import engines_of, front_ends_of, is_known, profile_of, server_env, untuned
 
 log = logging.getLogger("http_e2e")
 
@@ -154,11 +156,16 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
     py = sys.executable
     dev = o.device
     if name.startswith("facegate"):
-        argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--device", dev]
-        argv += ["--precision", o.precision, "--data-dir", str(data_dir)]
+        argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+        if (profile := profile_of(name)) is not None:
+            return [*argv, "--profile", profile]
+        if untuned(name):  # what `facegate serve` does with no tuning flag
+            return argv
+        argv += ["--device", dev, "--precision", o.precision]
         if "FACEGATE_COMPILE" not in server_env(name):  # a flag would override the server's own setting
             argv += ["--compile", o.compile]
-        argv += ["--max-batch-size", str(o.max_batch_size)]
+        if o.max_batch_size is not None:
+            argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
         if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
@@ -166,7 +173,7 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if engines_of(name) > 1:  # several engine processes on the one GPU
             n = str(engines_of(name))
             argv += ["--engines", n, "--engines-per-gpu", n]
-        return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
+        return argv
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
         return [*argv, "--serialize"] if o.naive_serialize else argv
@@ -623,7 +630,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--compile", default="off", choices=["off", "graphs", "inductor"], help="facegate's compile mode")
     add("--peer-precision", default=None, help="LitServe's precision (default: --precision; naive is always fp32)")
     add("--peer-compile", default="off", choices=["off", "graphs", "inductor"], help="LitServe's compile mode")
-    add("--max-batch-size", type=int, default=64, help="facegate's engine batch size")
+    add("--max-batch-size", type=int, default=None, help="facegate's engine batch size (default: its config)")
     add("--max-wait-ms", type=float, default=None, help="facegate's batch fill wait (default: its config)")
     add("--images", type=Path, default=None, help="folder of LFW-layout photos")
     add("--n-images", type=int, default=256)
@@ -646,7 +653,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-api-servers", type=int, default=None)
     add("--mp-workers", type=int, default=4, help="front-end processes of the facegate_mp server")
     add("--transport", choices=TRANSPORTS, default="raw",
-        help="load generator's HTTP client: raw (facegate.bench.rawhttp, lean) or httpx (runs 1-11)")  # fmt: skip
+        help="load generator's HTTP client: raw (facegate.bench.rawhttp, lean) or httpx")  # fmt: skip
     add("--naive-serialize", action="store_true", help="naive: one request in the model at a time")
     add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")

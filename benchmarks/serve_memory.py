@@ -9,7 +9,7 @@ It reports torch's allocated / reserved / peak MiB and the driver's MiB for its 
 nvidia-smi shows) after warm-up and after the load. A bare ``torch.cuda.init()`` child is measured first,
 in the same run, as the baseline the issue's "above the bare context" means.
 
-  python benchmarks/serve_memory.py --out benchmarks/results/serve_memory_gpu.json \\
+  python benchmarks/serve_memory.py --out benchmarks/results/serve_memory-h200.json \\
       --variant compile=graphs --variant compile=graphs,det_graphs=false --variant compile=off
 """
 
@@ -74,79 +74,6 @@ if spec.get("bare"):
             globals()[f"_graph_{k}"] = g
         out["steps_driver_mib"] = steps
         out["torch_reserved_mib"] = round(torch.cuda.memory_reserved() / 2**20, 1)
-    if spec.get("graph_probe"):  # what a first CUDA-graph capture costs, with no cuDNN/cuBLAS kernel in it
-        steps = {}
-        def rec(tag):
-            torch.cuda.synchronize()
-            steps[tag] = {"driver_mib": nvml_mib(), "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
-        side = torch.cuda.Stream()
-        x = torch.randn(8, 16, 64, 64, device="cuda")
-        rec("start")
-        with torch.cuda.stream(side):
-            y = x * 2
-        rec("elementwise_eager_side_stream")
-        graphs = []
-        for k in (1, 2):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=side):
-                y = x * 2
-            g.replay(); graphs.append(g); rec(f"elementwise_graph_{k}")
-        g = torch.cuda.CUDAGraph()  # a third graph in the first one's memory pool
-        with torch.cuda.graph(g, stream=side, pool=graphs[0].pool()):
-            y = x * 3
-        g.replay(); graphs.append(g); rec("elementwise_graph_shared_pool")
-        w = torch.randn(16, 16, 3, 3, device="cuda")
-        with torch.cuda.stream(side), torch.inference_mode():
-            torch.nn.functional.conv2d(x, w, padding=1)
-        rec("conv_eager_side_stream")
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=side), torch.inference_mode():
-            torch.nn.functional.conv2d(x, w, padding=1)
-        g.replay(); graphs.append(g); rec("conv_graph")
-        del graphs, g, y
-        torch.cuda.synchronize(); torch.cuda.empty_cache(); rec("graphs_deleted_cache_emptied")
-        out["graph_steps"] = steps
-    if spec.get("threads_probe"):  # what each thread that launches cuDNN/cuBLAS work costs, and a first stream
-        import threading
-        steps = {}
-        def rec(tag):
-            torch.cuda.synchronize()
-            steps[tag] = {"driver_mib": nvml_mib(), "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
-        x = torch.randn(8, 16, 64, 64, device="cuda", dtype=torch.float16)
-        w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.float16)
-        a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
-        conv = lambda: torch.nn.functional.conv2d(x, w, padding=1)
-        gemm = lambda: a @ a
-        both = lambda: (conv(), gemm())
-        release = threading.Event()
-        def hold(fn):  # run fn on a new thread that stays alive (as an engine's worker does) until released
-            done = threading.Event()
-            def body():
-                with torch.inference_mode():
-                    fn(); torch.cuda.synchronize()
-                done.set(); release.wait()
-            t = threading.Thread(target=body); t.start(); done.wait(); return t
-        rec("start")
-        with torch.inference_mode():
-            both()
-        rec("main_conv_gemm")
-        live = [hold(both)]; rec("live_thread_1_conv_gemm")
-        live.append(hold(both)); rec("live_thread_2_conv_gemm")
-        live.append(hold(conv)); rec("live_thread_3_conv_only")
-        live.append(hold(gemm)); rec("live_thread_4_gemm_only")
-        release.set()
-        for t in live:
-            t.join()
-        rec("live_threads_ended")
-        release.clear()
-        live = [hold(both)]; rec("new_thread_after_others_ended")  # PyTorch's handle pools hand theirs on
-        release.set(); live[0].join()
-        side = torch.cuda.Stream(); rec("first_side_stream")
-        with torch.cuda.stream(side), torch.inference_mode():
-            both()
-        rec("conv_gemm_on_side_stream")
-        side2 = torch.cuda.Stream(); rec("second_side_stream")
-        out["thread_steps"] = steps
     print(json.dumps(out)); sys.exit(0)
 from facegate.config import Settings
 from facegate.pipeline.pipeline import FacePipeline
@@ -206,16 +133,10 @@ stage = None
 if pipe.photo_limits is not None:  # the serving path of photo uploads (Settings.gpu_preprocess)
     from facegate.pipeline.photo import PhotoStage
     stage = PhotoStage(pipe, max_bytes=pipe.photo_limits[0], max_pixels=pipe.photo_limits[1])
-import contextlib
-if spec.get("trace") and cuda:  # which allocations make up each load peak (benchmarks/memory_trace.py)
-    sys.path.insert(0, spec["bench_dir"])
-    from memory_trace import traced
-    out["trace"] = {}
 def peak_of(name, fn):  # torch's peak allocation while fn runs, above what was allocated before (MiB)
     if cuda:
         torch.cuda.synchronize(); base = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
-    with traced(out["trace"], name) if "trace" in out else contextlib.nullcontext():
-        fn()
+    fn()
     if cuda:
         torch.cuda.synchronize()
         out["load_peaks_mib"][name] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
@@ -303,24 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the cuDNN/cuBLAS floor under this environment (comma-separated KEY=VALUE pairs)",
     )
     p.add_argument(
-        "--graph-probe",
-        action="store_true",
-        help="also measure what a bare process's first CUDA-graph captures cost (elementwise, then a conv), "
-        "under the default environment and each --libraries-env",
-    )
-    p.add_argument(
-        "--threads-probe",
-        action="store_true",
-        help="also measure, in a bare process, what each live thread that runs a cuDNN conv and a cuBLAS gemm "
-        "costs the driver, and what the first side stream costs",
-    )
-    p.add_argument(
-        "--trace",
-        action="store_true",
-        help="record the allocator during each load peak and report the blocks alive at it, by code site "
-        "(benchmarks/memory_trace.py)",
-    )
-    p.add_argument(
         "--load-thread", action="store_true", help="run the load on a thread other than warm-up's (as an engine does)"
     )
     p.add_argument(
@@ -340,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write a random-weight IR-SE-64 RTS state_dict here first (memory does not depend on the weights); "
         "variants then name it with rts_checkpoint=PATH",
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory_gpu.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_memory-h200.json"))
     o = p.parse_args(argv)
     variants = o.variant or ["compile=graphs"]
     res: dict[str, Any] = {"benchmark": "serve_memory", "command": " ".join(sys.argv), "variants": []}
@@ -361,23 +264,13 @@ def main(argv: list[str] | None = None) -> int:
             env = parse_variant(text)[1]
             res["libraries_env"].append({"env": env, **run_child({"bare": True, "libraries": True}, o.timeout, env)})
             print("libraries", env, res["libraries_env"][-1], flush=True)
-        if o.graph_probe:
-            res["graph_probe"] = []
-            for text in ["", *o.libraries_env]:
-                env = parse_variant(text)[1]
-                probe = run_child({"bare": True, "graph_probe": True}, o.timeout, env)
-                res["graph_probe"].append({"env": env, **probe})
-                print("graph probe", res["graph_probe"][-1], flush=True)
-        if o.threads_probe:
-            res["threads_probe"] = run_child({"bare": True, "threads_probe": True}, o.timeout)
-            print("threads probe", res["threads_probe"], flush=True)
         bare = res["bare_context"].get("driver_mib")
     for v in variants:
         fields, env = parse_variant(v)
         settings = {"device": o.device, "precision": o.precision, "max_batch_size": o.batch, **fields}
-        child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches, "trace": o.trace,
-                 "load_thread": o.load_thread, "embed_sizes": [int(x) for x in o.embed_sizes.split(",") if x],
-                 "bench_dir": str(Path(__file__).resolve().parent)}  # fmt: skip
+        sizes = [int(x) for x in o.embed_sizes.split(",") if x]
+        child = {"settings": settings, "batch": o.batch, "load_batches": o.load_batches,
+                 "load_thread": o.load_thread, "embed_sizes": sizes}  # fmt: skip
         row = {"variant": v, "settings": settings, "env": env, **run_child(child, o.timeout, env)}
         for tag in ("after_build", "after_warmup", "after_load", "after_timing"):
             if bare is not None and (row.get(tag) or {}).get("driver_mib") is not None:

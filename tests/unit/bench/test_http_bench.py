@@ -110,14 +110,17 @@ def test_duration_mode_latency_and_throughput(fake: tuple[str, FakeState], trans
     res = run_http_bench(
         url, kind="compare", images=[JPEG], concurrency=c, duration_s=2.0, warmup=4, transport=transport
     )
-    expected_rps = c / DELAY_S  # closed loop: concurrency / latency = 40 req/s
     assert res.errors == {}
     assert res.n == res.n_ok == len(state.calls) - 4  # warm-up requests reached the server but are not counted
-    assert res.p50_ms is not None and res.p95_ms is not None and res.p99_ms is not None
-    assert DELAY_S * 1000 * 0.95 <= res.p50_ms <= DELAY_S * 1000 * 1.6, res.summary()
+    assert res.p50_ms is not None and res.p95_ms is not None and res.p99_ms is not None and res.mean_ms is not None
+    assert res.p50_ms >= DELAY_S * 1000 * 0.95, res.summary()  # no answer comes before the server's sleep
     assert res.p50_ms <= res.p95_ms <= res.p99_ms <= res.max_ms  # type: ignore[operator]
-    assert 0.6 * expected_rps <= res.req_s <= 1.1 * expected_rps, res.summary()
-    assert 1.9 <= res.elapsed_s <= 2.5
+    # closed loop: c clients each waiting one latency, so req/s follows the latency measured in the same run
+    # (Little's law), whatever a loaded machine made that latency; and it can never beat c / sleep
+    assert res.req_s == pytest.approx(c / (res.mean_ms / 1000), rel=0.3), res.summary()
+    assert res.req_s <= 1.1 * c / DELAY_S, res.summary()
+    assert res.req_s == pytest.approx(res.n / res.elapsed_s, rel=0.01)
+    assert res.elapsed_s >= 1.9  # duration mode measures for at least the duration
     assert res.images_s == pytest.approx(2 * res.ok_req_s)
     d = json.loads(json.dumps(res.to_dict()))
     assert d["settings"]["kind"] == "compare" and d["settings"]["concurrency"] == c
@@ -132,9 +135,10 @@ def test_throughput_scales_with_concurrency(fake: tuple[str, FakeState]) -> None
     one = run_http_bench(url, kind="compare", images=[JPEG], concurrency=1, n_requests=12)
     eight = run_http_bench(url, kind="compare", images=[JPEG], concurrency=8, n_requests=96)
     assert one.n == 12 and eight.n == 96
-    assert 0.6 / DELAY_S <= one.req_s <= 1.1 / DELAY_S, one.summary()
+    assert one.req_s <= 1.1 / DELAY_S, one.summary()  # one client can never beat one answer per sleep
+    # ratios of the same run: eight clients serve several times one client's rate at about its latency
     assert eight.req_s > 4.5 * one.req_s, (one.summary(), eight.summary())
-    assert eight.p50_ms is not None and eight.p50_ms < 2.5 * DELAY_S * 1000  # latency stays near the sleep
+    assert one.p50_ms is not None and eight.p50_ms is not None and eight.p50_ms < 2.5 * one.p50_ms
 
 
 def test_n_requests_exact_and_errors_by_status(fake: tuple[str, FakeState], transport: str) -> None:

@@ -415,7 +415,7 @@ def test_stop_without_drain_fails_pending_with_engine_closed() -> None:
 
 # --------------------------------------------------------------------------- overlap
 def test_prepare_overlaps_execute() -> None:
-    """10 batches of prepare 20 ms + execute 20 ms: serial would take >= 400 ms, pipelined ~220 ms."""
+    """10 batches of prepare 20 ms + execute 20 ms: serial takes the sum of the spans, pipelined about half."""
     stage = FakeStage(prep_s=0.02, exec_s=0.02)
     engine = make_engine(stage, batching=False)
     with engine:
@@ -427,7 +427,9 @@ def test_prepare_overlaps_execute() -> None:
 
         elapsed = asyncio.run(main())
     assert len(stage.executed_ids) == 10
-    assert elapsed < 0.34, f"no overlap: {elapsed:.3f} s"
+    # against the serial time of the same run's own spans, so a loaded machine slows both sides alike
+    serial = sum(p1 - p0 for p0, p1 in stage.prep_spans) + sum(e1 - e0 for e0, e1 in stage.exec_spans)
+    assert elapsed < 0.85 * serial, f"no overlap: {elapsed:.3f} s of {serial:.3f} s serial"
     overlaps = sum(1 for p0, p1 in stage.prep_spans for e0, e1 in stage.exec_spans if min(p1, e1) - max(p0, e0) > 0.005)
     assert overlaps >= 5
     ex = engine.stats.compute_seconds.snapshot("fake", "execute")
