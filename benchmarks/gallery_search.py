@@ -4,7 +4,7 @@ Galleries of random unit-norm 128-d templates; per (gallery size S, queries Q) t
 ``GalleryIndex.search`` (k = 10) over ``--iters`` calls after one warm-up, backends alternating per round.
 The front-ends search with the NumPy backend (they never import torch); torch serves CUDA and half precision.
 
-    OMP_NUM_THREADS=1 python benchmarks/gallery_search.py --out benchmarks/results/gallery_search_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/gallery_search.py --out benchmarks/results/gallery_search-cpu2.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def make_index(backend: str, ids: list[str], templates: np.ndarray) -> GalleryIndex:
     idx = GalleryIndex("cpu")
     if backend == "torch":
-        idx._ops = _TorchOps("cpu", "float32")  # what a CPU index held before session 8
+        idx._ops = _TorchOps("cpu", "float32")  # the torch backend on the CPU, for comparison
     idx.load_gallery("g", templates.shape[1], ids, templates)
     return idx
 

@@ -8,7 +8,7 @@ Reports images/s, ms per batch, TFLOP/s (FLOPs counted with FlopCounterMode) aga
 matmul peak of the card, and the peak allocated memory. IR-SE-64 runs with random weights (no RTS
 checkpoint is reachable); throughput does not depend on weight values.
 
-  python benchmarks/models_gpu.py --out benchmarks/results/models_gpu.json
+  python benchmarks/models_gpu.py --out benchmarks/results/models_gpu-h200.json
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--inductor", action="store_true")
     ap.add_argument("--inductor-batches", default="1,64")
     ap.add_argument("--inductor-mode", default="max-autotune-no-cudagraphs")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/models_gpu.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/models_gpu-h200.json"))
     args = ap.parse_args()
     res = run(args)
     write_json(args.out, {"env": env_record(**vars(args) | {"out": str(args.out)}), **res})

