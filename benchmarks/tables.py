@@ -168,8 +168,10 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
 
 def results() -> list[tuple[str, str, str, Path]]:
     """(benchmark, machine, profile, path) of every committed product result, in page order."""
-    found = [(m["bench"], m["machine"], m["profile"] or "", p)
-             for p in sorted(RESULTS.glob("*.json")) if (m := NAME.match(p.name)) and m["bench"] in BENCHMARKS]  # fmt: skip
+    found = []
+    for p in sorted(RESULTS.glob("*.json")):
+        if (m := NAME.match(p.name)) and m["bench"] in BENCHMARKS:
+            found.append((m["bench"], m["machine"], m["profile"] or "", p))
     order = list(BENCHMARKS)
     return sorted(found, key=lambda f: (order.index(f[0]), f[1], f[2]))
 
