@@ -37,7 +37,7 @@ def test_split_runs_the_large_stages_in_sub_batches() -> None:
 
 def test_a_later_stage_larger_than_the_first_splits_the_batch() -> None:
     """SFace's first block holds more per crop than its stem: the whole batch runs in one pass only when every
-    stage fits (run 50: 10 crops fitted the stem's peak and ran unsplit at 31 MiB under a 16 MiB budget)."""
+    stage fits (10 SFace crops fit the stem's peak under a 16 MiB budget but not the first block's)."""
     plan = ActivationPlan(stage_peak=(100, 400, 10), stage_out=(100, 50, 5), budget_elems=1000)
     assert plan.split(2) == (0, 2)  # 2 x 400 fits
     assert plan.split(10) == (2, 1)  # 10 x 100 fits the stem, not the block: (1000 - 10 x 50) // 400 = 1
@@ -170,7 +170,7 @@ def test_cuda_budget_bounds_the_forward_peak(spec: object) -> None:
     assert float((got[0] * want[0]).sum(1).min()) > 0.999
     assert float((got[1] - want[1]).abs().max()) < 0.01
     # every batch size keeps to it, not only the largest: the engine pads batches to 4, 16, 32 and 64 crops
-    # (run 49: measured by hooks alone, 10 SFace crops ran unsplit and peaked at 30.6 MiB)
+    # (a budget checked at the largest batch alone once let 10 SFace crops run unsplit, past the budget)
     full = x
     for n in (2, 4, 10, 16, 20, 32):
         x = full[:n]

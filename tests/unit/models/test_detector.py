@@ -43,7 +43,7 @@ def test_bucket_padding_stays_within_the_pixel_cap(detector: FaceDetector) -> No
     try:
         detector.max_batch_pixels = None
         assert [detector._batch_rows(n, 256, 256) for n in (1, 5, 70)] == [4, 16, 70]
-        detector.max_batch_pixels = px  # one photo per forward: never padded to 4 rows (run 45: 4× the memory)
+        detector.max_batch_pixels = px  # one photo per forward: never padded to 4 rows (4× the memory)
         assert detector._batch_rows(1, 256, 256) == 1
         assert detector.preprocess([np.zeros((250, 250, 3), np.uint8)]).images.shape[0] == 1
         detector.max_batch_pixels = 10 * px  # 4 fits; past it, the rows the cap holds (one shape, warmed up)
