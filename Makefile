@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 LFW_DEFAULT := $(abspath ../shared/data/lfw)
 export FACEGATE_LFW_ROOT ?= $(if $(wildcard $(LFW_DEFAULT)/pairs.txt),$(LFW_DEFAULT),)
 
-.PHONY: setup serve test lint bench-cpu clean
+.PHONY: setup serve test lint docs clean
 
 setup: $(VENV)/.facegate-installed
 
@@ -23,6 +23,11 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+
+# the generated pages: configuration from the Settings class, benchmark tables from benchmarks/results/
+docs: setup
+	$(PY) scripts/gen_config_docs.py > docs/configuration.md
+	$(PY) benchmarks/tables.py > docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
