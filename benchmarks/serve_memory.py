@@ -7,7 +7,7 @@ crops) and, when the pipeline has the engine's ``photo`` stage (``gpu_preprocess
 JPEG bytes. The photos are LFW's first ``--batch`` when ``FACEGATE_LFW_ROOT`` is set, else noise.
 It reports torch's allocated / reserved / peak MiB and the driver's MiB for its own pid (NVML, what
 nvidia-smi shows) after warm-up and after the load. A bare ``torch.cuda.init()`` child is measured first,
-in the same run, as the baseline the issue's "above the bare context" means.
+in the same run, as the baseline that "above the bare context" figures are measured from.
 
   python benchmarks/serve_memory.py --out benchmarks/results/serve_memory-h200.json \\
       --variant compile=graphs --variant compile=graphs,det_graphs=false --variant compile=off
