@@ -35,10 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cuda_time, env_record, write_json
-from facegate.engine.graphs import GraphedModule
 from facegate.models.irse import IRSE64RTS
 from facegate.models.recognizer import Recognizer, build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE
+from facegate.runtime.graphs import GraphedModule
 
 log = logging.getLogger("compile_variants")
 VARIANTS = ("graphs", "graphs-nchw", "graphs-unfused", "inductor", "inductor-max-autotune")

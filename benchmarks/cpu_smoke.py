@@ -1,6 +1,6 @@
 """CPU smoke benchmark for CI: fails when cross-request batching stops paying off.
 
-Two :class:`~facegate.pipeline.service.FaceService` instances in one process, identical except for
+Two :class:`~facegate.service.faces.FaceService` instances in one process, identical except for
 ``batching`` (on: the engine forms batches of up to 64 within ``max_wait_ms``; off: every item runs alone),
 each driven by ``concurrency`` (32) closed-loop asyncio clients calling ``face_aligned`` (the path of
 ``POST /api/embed`` with ``aligned=true``: engine ``embed`` stage → recognizer → quality gate). The two arms
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from facegate.config import Settings
-from facegate.pipeline.service import FaceService
+from facegate.service.faces import FaceService
 
 log = logging.getLogger("cpu_smoke")
 

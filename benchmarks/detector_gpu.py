@@ -42,9 +42,9 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 def recognizer_layouts(iters: int, out: Path, res: dict[str, Any]) -> list[dict[str, Any]]:
     """SFace fp16 (BN folded): first call per new batch shape and steady time, NCHW vs NHWC, eager and graphs."""
-    from facegate.engine.graphs import GraphedModule
     from facegate.models.recognizer import build_recognizer
     from facegate.models.registry import SFACE
+    from facegate.runtime.graphs import GraphedModule
 
     torch.backends.cudnn.benchmark = False
     rows: list[dict[str, Any]] = []

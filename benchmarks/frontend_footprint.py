@@ -4,7 +4,7 @@ Two measurements per variant (``head``: this checkout's ``src``; ``baseline``: a
 ``git archive <commit> src | tar -x -C /tmp/fg_base``), each in fresh processes:
 
 * ``probe`` (``--rounds`` times, variants alternating): a Python process imports what a front-end imports
-  (``facegate.serving.app``, the service, the pipeline, the gallery index), builds a CPU gallery index,
+  (``facegate.api.app``, the service, the pipeline, the gallery index), builds a CPU gallery index,
   and reports the seconds, its peak resident memory (``VmHWM``) and whether torch got loaded.
 * ``serve``: ``facegate serve --workers 2 --device cpu``; once ``/readyz`` answers, the resident memory
   (``VmRSS``) of each spawned process, and which of them map torch's library. The engine is the first spawned.
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys, time
 t = time.perf_counter()
-import facegate.serving.app, facegate.pipeline.service, facegate.pipeline.pipeline
+import facegate.api.app, facegate.service.faces, facegate.pipeline.pipeline
 from facegate.gallery.index import GalleryIndex
 GalleryIndex("cpu").load_gallery("g", 4, ["a"], [[1.0, 0.0, 0.0, 0.0]])
 # VmHWM, not ru_maxrss: Linux carries the forking parent's peak into a child's ru_maxrss across exec

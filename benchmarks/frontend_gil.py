@@ -43,14 +43,14 @@ import os, sys, tempfile
 from pathlib import Path
 import uvicorn
 from facegate.config import Settings
-from facegate.serving.multiprocess import environment, start_engines
+from facegate.api.multiprocess import environment, start_engines
 
 if __name__ == "__main__":
     settings = Settings(device="cpu", data_dir=Path(tempfile.mkdtemp()), max_wait_ms=1.0, cpu_chunk=64)
     engines = start_engines(settings, tiny=True)
     os.environ.update(environment(engines))
     try:
-        uvicorn.run("facegate.serving.multiprocess:frontend_app", factory=True, host="127.0.0.1",
+        uvicorn.run("facegate.api.multiprocess:frontend_app", factory=True, host="127.0.0.1",
                     port=int(sys.argv[1]), lifespan="on", access_log=False, http="httptools", loop="uvloop",
                     log_level="warning")
     finally:

@@ -3,7 +3,7 @@
 Builds the real face service (default models, CPU), then allocates what the engine process allocates per
 request (a ``concurrent.futures.Future``, as :meth:`Engine.enqueue`'s callers do) and records every
 collection with ``gc.callbacks``: count and milliseconds per generation, and the wall time of the loop.
-Then the same after :func:`facegate.pipeline.service.freeze_gc`. One process, one run, one JSON:
+Then the same after :func:`facegate.service.faces.freeze_gc`. One process, one run, one JSON:
 
     python benchmarks/gc_pause.py --out benchmarks/results/gc_pause_cpu.json
 """
@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.config import Settings
-from facegate.pipeline.service import FaceService, freeze_gc
+from facegate.service.faces import FaceService, freeze_gc
 
 log = logging.getLogger("gc_pause")
 

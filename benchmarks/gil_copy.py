@@ -63,7 +63,7 @@ def reader_cases(repeat: int) -> dict[str, float]:
     (two reads, each giving the GIL away) against :class:`FrameReader` (one read for the lot)."""
     import multiprocessing as mp
 
-    from facegate.engine.remote import FrameReader
+    from facegate.transport.remote import FrameReader
 
     msg = ("submit", 12345, "embed", 4096, (1, 112, 112, 3), "uint8", None)
     out: dict[str, float] = {}

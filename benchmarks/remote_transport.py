@@ -23,9 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
+from facegate.api.multiprocess import EngineProcess
 from facegate.config import Settings
-from facegate.pipeline.service import FaceService
-from facegate.serving.multiprocess import EngineProcess
+from facegate.service.faces import FaceService
 
 log = logging.getLogger("remote_transport")
 

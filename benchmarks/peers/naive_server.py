@@ -29,12 +29,12 @@ import numpy as np
 from fastapi import FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import JSONResponse, Response
 
+from facegate.api.errors import error_dict, facegate_error_response
+from facegate.api.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.serving.errors import error_dict, facegate_error_response
-from facegate.serving.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.types import Face, FaceSelect
 
 log = logging.getLogger("naive_server")

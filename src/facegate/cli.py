@@ -114,7 +114,7 @@ def serve(
     engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU (default 1)")] = None,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
-    from facegate.serving.app import run
+    from facegate.api.app import run
 
     _setup_logging()
     # environment variables (FACEGATE_*) apply; flags given here override them

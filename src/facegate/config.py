@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     fused_epilogues: bool = Field(
         True,
         description=(
-            "CUDA: SFace's conv bias and PReLU in one Triton kernel per layer (models/epilogue.py) instead of "
+            "CUDA: SFace's conv bias and PReLU in one Triton kernel per layer (runtime/kernels.py) instead of "
             "two PyTorch kernels, and YuNet's 1x1-conv biases (and its stem's ReLU) in one vectorised pass "
             "instead of a broadcast add; the same maths as torch operations where Triton is missing. H200, "
             "run 26: three engine processes served 1.28x the compare requests at concurrency 100 (p99 51 "
@@ -132,7 +132,7 @@ class Settings(BaseSettings):
         description=(
             "CUDA, with fused_epilogues: each of YuNet's depthwise 3x3 convolutions (fp32, NCHW) runs with the "
             "preceding 1x1 conv's bias, its own bias and its ReLU in one Triton kernel instead of PyTorch's "
-            "generic depthwise kernel plus two passes (models/epilogue.py, depthwise3x3). H200: photo-stage device "
+            "generic depthwise kernel plus two passes (runtime/kernels.py, depthwise3x3). H200: photo-stage device "
             "time 0.85x; compare req/s 1.06x/1.13x at concurrency 100/256 in run 29, 1.01x/1.03x in run 32."
         ),
     )
@@ -335,14 +335,14 @@ class Settings(BaseSettings):
         description=(
             "Front-end processes. 1: one process does HTTP, decoding and the engine. ≥ 2: one engine process "
             "owns the device and this many front-end processes (HTTP, decode, align, gallery) feed it through "
-            "shared memory (facegate.engine.remote), so the engine's threads do not compete for one GIL."
+            "shared memory (facegate.transport.remote), so the engine's threads do not compete for one GIL."
         ),
     )
     fast_path: bool = Field(
         True,
         description=(
             "Serve aligned-crop embeds (POST /api/embed, aligned=true, images only) below FastAPI's routing, "
-            "with the route's own function and JSON (facegate.serving.fastpath); other requests are unchanged. "
+            "with the route's own function and JSON (facegate.api.fastpath); other requests are unchanged. "
             "Off: every request goes through FastAPI."
         ),
     )
@@ -351,7 +351,7 @@ class Settings(BaseSettings):
         description=(
             "How connections reach the front-end processes (workers ≥ 2). balanced: the supervisor accepts "
             "each connection and hands it to the front-end with the fewest open connections "
-            "(facegate.serving.acceptor). shared: every front-end accepts on one shared socket, uvicorn's way; "
+            "(facegate.api.acceptor). shared: every front-end accepts on one shared socket, uvicorn's way; "
             "on the H200 two of 8 front-ends then took 94 % of 100 keep-alive clients (run 33)."
         ),
     )

@@ -4,7 +4,7 @@
   Python Playwright with ``executable_path``; ``playwright install`` is never needed. Tests skip with a
   reason when chromium or the ``playwright`` package is missing (``bash scripts/install-e2e.sh`` installs
   both).
-* The server is :func:`facegate.serving.app.create_app` on ``uvicorn.Server`` in a thread of this process,
+* The server is :func:`facegate.api.app.create_app` on ``uvicorn.Server`` in a thread of this process,
   on a free 127.0.0.1 port, with a SQLite gallery under a temporary ``data_dir``. Models:
   ``FaceService.build_tiny`` (real YuNet detector, tiny random-weight recognizer) by default;
   ``FACEGATE_E2E_MODELS=real`` runs the real default models instead (slower to start; the tests then
@@ -85,8 +85,8 @@ def start_server(data_dir: Path, **overrides: Any) -> E2EServer:
     """Start the real app on a free loopback port and wait for ``/readyz`` (fails the test on timeout)."""
     import uvicorn
 
-    from facegate.pipeline.service import FaceService
-    from facegate.serving.app import create_app, uvicorn_config
+    from facegate.api.app import create_app, uvicorn_config
+    from facegate.service.faces import FaceService
 
     kw: dict[str, Any] = {
         "device": "cpu",

@@ -1,4 +1,4 @@
-"""facegate.serving.fastpath: aligned-crop embeds served below FastAPI give the route's own answers.
+"""facegate.api.fastpath: aligned-crop embeds served below FastAPI give the route's own answers.
 
 Two servers share one tiny-model service's settings but differ in ``fast_path``; every request gets the same
 status and JSON from both, and the fast path answers without FastAPI's route (a broken route still works).
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from facegate.serving.fastpath import aligned_images, wants_fast_path
-from facegate.serving.forms import parse_small_multipart
+from facegate.api.fastpath import aligned_images, wants_fast_path
+from facegate.api.forms import parse_small_multipart
 
 
 def _jpeg(rgb: np.ndarray) -> bytes:

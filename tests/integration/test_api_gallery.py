@@ -161,8 +161,8 @@ def test_a_busy_gallery_file_degrades_then_recovers(
     import sqlite3
     import time
 
+    from facegate.api import app as app_mod
     from facegate.gallery.sqlite import SQLiteGalleryStore
-    from facegate.serving import app as app_mod
 
     monkeypatch.setattr(app_mod, "GALLERY_REOPEN_S", 0.2)
     data = tmp_path / "busy"

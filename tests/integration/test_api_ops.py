@@ -153,8 +153,8 @@ def test_uvicorn_gets_the_http_parser_and_event_loop_settings() -> None:
     import httptools  # noqa: F401  - a dependency: uvicorn's 'auto' takes it
     import uvicorn
 
+    from facegate.api.app import create_app, uvicorn_config
     from facegate.config import Settings
-    from facegate.serving.app import create_app, uvicorn_config
 
     app = create_app(Settings(device="cpu"))
     auto = uvicorn_config(app, Settings(device="cpu"))

@@ -78,7 +78,7 @@ def _serve_plain(app: FastAPI, port: int) -> tuple[Any, threading.Thread]:
 def test_throughput_parity_at_concurrency_1(
     server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace, record_property
 ) -> None:
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
     settings = fg.make_settings(tmp_path / "parity", max_upload_bytes=1 << 20)
     service = FaceService.build(settings)  # the real default models

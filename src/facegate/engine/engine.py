@@ -646,7 +646,7 @@ class Engine:
         The future is completed from the engine's back thread (its done-callbacks run there). Unlike
         :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller sweeps
         ``item.deadline`` (an item still queued at its deadline is failed by the engine, never computed).
-        The engine process's connection readers use this (:class:`~facegate.engine.remote.EngineHost`): no
+        The engine process's connection readers use this (:class:`~facegate.transport.remote.EngineHost`): no
         event-loop task per request.
 
         Raises:

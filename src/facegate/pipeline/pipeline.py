@@ -321,9 +321,9 @@ class FacePipeline:
         import torch
 
         from facegate.models.detector import FaceDetector
-        from facegate.models.epilogue import set_fused_epilogues
         from facegate.models.recognizer import build_recognizer, resolve_dtype
         from facegate.models.yunet import load_yunet
+        from facegate.runtime.kernels import set_fused_epilogues
 
         device = settings.resolved_device()
         dtype = resolve_dtype(settings.precision)
@@ -383,7 +383,7 @@ class FacePipeline:
         if settings.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
             recognizer.set_activation_budget(settings.activation_budget_mib)
         if device == "cuda" and settings.compile != "off":
-            from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
+            from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
             if settings.det_graphs:
                 detector.enable_graphs()

@@ -23,7 +23,7 @@ from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterE
 from facegate.io.decode import decode_image
 from facegate.pipeline.photo import PhotoFaces, PhotoStage, warp_runs
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.pipeline.service import FaceService
+from facegate.service.faces import FaceService
 from facegate.types import Detection, Face
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}

@@ -1,9 +1,10 @@
 """``facegate serve --workers N`` (N ≥ 2): one engine process and N uvicorn front-end processes.
 
-The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`),
+The supervisor (the ``facegate serve`` process) starts the engine process
+(:func:`facegate.transport.remote.engine_main`),
 waits until its models are loaded and warm, then opens the port and spawns N front-end processes. With
 ``Settings.accept="balanced"`` (the default) a thread of the supervisor accepts each connection and hands it
-to the front-end with the fewest open connections (:mod:`facegate.serving.acceptor`), and the supervisor
+to the front-end with the fewest open connections (:mod:`facegate.api.acceptor`), and the supervisor
 replaces a front-end that exits; with ``"shared"`` uvicorn's own supervisor (``workers=N``) forks front-ends
 that share the listening socket, and uvicorn restarts them. Each front-end builds its app with :func:`frontend_app`,
 which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
@@ -38,8 +39,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from facegate.config import Settings
-from facegate.engine.remote import error_from_wire
 from facegate.errors import InvalidParameterError, ModelError, ServerError
+from facegate.transport.remote import error_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
 
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
-    from facegate.serving.app import create_app
+    from facegate.api.app import create_app
 
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -90,7 +91,7 @@ class EngineProcess:
 
     def spawn(self) -> None:
         """Start the process (returns at once; :meth:`wait` for it). ``cuda_device`` becomes its only GPU."""
-        from facegate.engine.remote import engine_main
+        from facegate.transport.remote import engine_main
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
@@ -226,16 +227,16 @@ def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProce
 
 def frontend_main(control_path: str) -> None:
     """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
-    :class:`~facegate.serving.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
+    :class:`~facegate.api.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
     and engine addresses come from the environment, as for uvicorn's workers)."""
     import uvicorn
 
-    from facegate.serving.acceptor import FrontEndServer
-    from facegate.serving.app import uvicorn_impl
+    from facegate.api.acceptor import FrontEndServer
+    from facegate.api.app import uvicorn_impl
 
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     config = uvicorn.Config(
-        "facegate.serving.multiprocess:frontend_app",
+        "facegate.api.multiprocess:frontend_app",
         factory=True,
         lifespan="on",
         log_config=None,
@@ -259,7 +260,7 @@ MAX_QUICK_EXITS = 5
 
 
 def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str], None] | None = None) -> None:
-    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.serving.acceptor.Acceptor` in
+    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.api.acceptor.Acceptor` in
     this process until SIGINT/SIGTERM; a front-end that exits is replaced. The engines' environment must
     be exported already. ``target``: the front-end's entry point (:func:`frontend_main`; tests swap it).
 
@@ -267,7 +268,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
             start, or the acceptor thread stopped.
     """
-    from facegate.serving.acceptor import Acceptor
+    from facegate.api.acceptor import Acceptor
 
     folder = tempfile.mkdtemp(prefix="facegate-accept-")
     control = os.path.join(folder, "accept.sock")
@@ -324,7 +325,7 @@ def run_multiprocess(settings: Settings) -> None:
     """
     import uvicorn
 
-    from facegate.serving.app import uvicorn_impl
+    from facegate.api.app import uvicorn_impl
 
     engines = start_engines(settings)
     env = environment(engines)
@@ -356,7 +357,7 @@ def run_multiprocess(settings: Settings) -> None:
             serve_balanced(settings, max(2, settings.workers))
         else:
             uvicorn.run(
-                "facegate.serving.multiprocess:frontend_app",
+                "facegate.api.multiprocess:frontend_app",
                 factory=True,
                 host=settings.host,
                 port=settings.port,

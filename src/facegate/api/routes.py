@@ -2,9 +2,9 @@
 
 Every route is ``async`` and never blocks the event loop: uploads are read with ``await file.read()``
 (bounded by ``settings.max_upload_bytes``), images are decoded on the decode thread pool, inference goes
-through the async :class:`~facegate.pipeline.service.FaceService` (batched across requests by the engine)
+through the async :class:`~facegate.service.faces.FaceService` (batched across requests by the engine)
 and gallery calls run on the gallery thread. Routes raise :class:`~facegate.errors.FacegateError`
-subclasses; :mod:`facegate.serving.errors` turns them into HTTP responses.
+subclasses; :mod:`facegate.api.errors` turns them into HTTP responses.
 
 The quality gate is visible everywhere: every face carries its verdict, compare refuses (never compares
 silently) when either face is below the gate, enrolment refuses low-quality faces by default and lists
@@ -26,19 +26,10 @@ from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, Upload
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from facegate.engine.remote import same_engine
-from facegate.errors import (
-    EmptyInputError,
-    FacegateError,
-    ImageTooLargeError,
-    InvalidParameterError,
-    PathNotAllowedError,
-    QualityRejectedError,
-)
-from facegate.serving.app import ServingState, get_state
-from facegate.serving.errors import error_dict
-from facegate.serving.forms import FastFormRoute
-from facegate.serving.schemas import (
+from facegate.api.app import ServingState, get_state
+from facegate.api.errors import error_dict
+from facegate.api.forms import FastFormRoute
+from facegate.api.schemas import (
     CompareResponse,
     CreateGalleryRequest,
     DeletedGallery,
@@ -61,16 +52,25 @@ from facegate.serving.schemas import (
     SubjectListResponse,
     SubjectOut,
 )
+from facegate.errors import (
+    EmptyInputError,
+    FacegateError,
+    ImageTooLargeError,
+    InvalidParameterError,
+    PathNotAllowedError,
+    QualityRejectedError,
+)
+from facegate.transport.remote import same_engine
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: serving/forms.py
+router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/forms.py
 
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
@@ -235,8 +235,8 @@ async def readyz(request: Request) -> ReadyResponse:
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
-    from facegate.engine.remote import RemoteEngine, RemotePool
     from facegate.metrics.prometheus import render_latest
+    from facegate.transport.remote import RemoteEngine, RemotePool
 
     state = _state(request)
     remote = None
@@ -319,7 +319,7 @@ async def embed_response(
     aligned: bool,
 ) -> EmbedResponse:
     """What ``POST /api/embed`` answers for these form values (the route's body; the aligned-crop fast path,
-    :mod:`facegate.serving.fastpath`, calls it too)."""
+    :mod:`facegate.api.fastpath`, calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])

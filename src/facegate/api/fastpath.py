@@ -6,10 +6,10 @@ GPU was 66 % busy. On a 2-core box (``benchmarks/frontend_gil.py``), FastAPI's s
 routing, dependency solving, form reading, response validation — was most of a front-end's GIL time for such a
 request; the endpoint's own work was about a tenth of it.
 
-:class:`~facegate.serving.app.ServingMiddleware` (limits, disconnects, metrics) calls
+:class:`~facegate.api.app.ServingMiddleware` (limits, disconnects, metrics) calls
 :func:`serve_embed_aligned` for ``POST /api/embed`` with a small multipart body. It answers the request
 when the form is 1..``max_images_per_request`` ``images`` files with ``aligned`` true and at most a
-``select``, through the route's own function (:func:`facegate.serving.routes.embed_response`) and the
+``select``, through the route's own function (:func:`facegate.api.routes.embed_response`) and the
 route's JSON (``by_alias``, ``exclude_unset``). Any other request goes to FastAPI with its body replayed, so
 FastAPI gives it the answers and errors it always did. ``Settings.fast_path`` turns it off.
 """
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 from starlette.datastructures import FormData, UploadFile
 from starlette.types import Message, Receive, Scope, Send
 
+from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
 from facegate.errors import FacegateError
-from facegate.serving.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
 
 if TYPE_CHECKING:
-    from facegate.serving.app import ServingState
+    from facegate.api.app import ServingState
 
 PATH = "/api/embed"
 #: what ``scope["route"]`` holds for the request metrics (the route's path template)
@@ -48,7 +48,7 @@ def header(scope: Scope, name: bytes) -> bytes:
 
 def wants_fast_path(scope: Scope) -> bool:
     """Whether a request may take the fast path: ``POST /api/embed`` with a multipart body whose declared
-    length fits :data:`~facegate.serving.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
+    length fits :data:`~facegate.api.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
     if scope["method"] != "POST" or scope["path"] != PATH:
         return False
     length = header(scope, b"content-length")
@@ -93,8 +93,8 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     """Answer an aligned-crop embed request (None), or return the receive callable that replays its body
     for FastAPI. A request whose body did not arrive (a disconnect, or over the route's limit) is left to
     the caller (None)."""
-    from facegate.serving.errors import facegate_error_response
-    from facegate.serving.routes import embed_response
+    from facegate.api.errors import facegate_error_response
+    from facegate.api.routes import embed_response
 
     chunks: list[bytes] = []
     while True:

@@ -234,7 +234,7 @@ class EngineHost:
     """The engine process's side: accepts front-end connections and feeds their payloads to ``service``.
 
     Args:
-        service: a started :class:`~facegate.pipeline.service.FaceService` (owns the engine and the models).
+        service: a started :class:`~facegate.service.faces.FaceService` (owns the engine and the models).
         info: what ``hello`` answers (model name, operating thresholds, device).
     """
 
@@ -385,7 +385,7 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     ``tiny``: real detector, random-weight tiny recognizer (tests of the process model only).
     """
     from facegate.config import Settings
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
     logging.basicConfig(
         level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),

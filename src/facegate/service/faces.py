@@ -25,7 +25,7 @@ from facegate.pipeline.pipeline import FacePipeline, select_faces, within_memory
 from facegate.types import CompareResult, Detection, Face, FaceSelect
 
 if TYPE_CHECKING:
-    from facegate.engine.remote import RemoteEngine, RemotePool
+    from facegate.transport.remote import RemoteEngine, RemotePool
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +104,13 @@ class FaceService:
     def connect(cls, settings: Settings, address: str | list[str], authkey: bytes) -> FaceService:
         """A front-end's service: the models live in the engine process(es) at ``address`` (blocking connect).
 
-        Several addresses (one engine per GPU) make a :class:`~facegate.engine.remote.RemotePool`. The model
+        Several addresses (one engine per GPU) make a :class:`~facegate.transport.remote.RemotePool`. The model
         spec and the operating thresholds come from the engine, so every front-end gates and compares
         exactly as the engine's pipeline would.
         """
-        from facegate.engine.remote import RemoteEngine, RemotePool
         from facegate.models.registry import get_spec
         from facegate.pipeline.pipeline import Operating, configure_cpu_threads
+        from facegate.transport.remote import RemoteEngine, RemotePool
 
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (

@@ -3,7 +3,7 @@
 ``create_app(settings)`` returns a FastAPI app whose lifespan
 
 1. creates the decode thread pool (``settings.decode_workers`` threads) and the gallery threads;
-2. starts a background task that builds the :class:`~facegate.pipeline.service.FaceService` (real models,
+2. starts a background task that builds the :class:`~facegate.service.faces.FaceService` (real models,
    unless one was passed in), opens the gallery, and starts (= warms, then runs) the batching engine;
    ``/healthz`` answers at once, ``/readyz`` answers 503 until that task has finished;
 3. on shutdown stops the engine, closes the gallery (when it opened them) and the pools.
@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
+from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
+from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
 from facegate.config import Settings
 from facegate.errors import (
     EngineClosedError,
@@ -43,12 +45,10 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.metrics.stats import ServiceStats
-from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
 
 if TYPE_CHECKING:
     from facegate.gallery.service import Gallery
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
@@ -197,13 +197,13 @@ async def _load(state: ServingState) -> None:
     t0 = time.perf_counter()
     try:
         if state.service is None and state.engine is not None:
-            from facegate.pipeline.service import FaceService
+            from facegate.service.faces import FaceService
 
             log.info("connecting to the engine process at %s", state.engine[0])
             state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine)
             state.owns_service = True
         elif state.service is None:
-            from facegate.pipeline.service import FaceService
+            from facegate.service.faces import FaceService
 
             log.info("loading models (model=%s device=%s)", settings.model, settings.device)
             state.service = await loop.run_in_executor(None, FaceService.build, settings)
@@ -467,11 +467,11 @@ def create_app(
             models from ``settings`` in the lifespan.
         gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
             when passed in).
-        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.engine.remote`;
+        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.transport.remote`;
             several: one per GPU): the app is then a front-end that loads no models.
     """
     from facegate import __version__
-    from facegate.serving.routes import install_routes
+    from facegate.api.routes import install_routes
 
     state = ServingState(settings=settings, service=service, gallery=gallery, engine=engine)
     if service is not None:
@@ -530,7 +530,7 @@ def run(settings: Settings) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.workers > 1 or settings.engines > 1:
-        from facegate.serving.multiprocess import run_multiprocess
+        from facegate.api.multiprocess import run_multiprocess
 
         return run_multiprocess(settings)
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)

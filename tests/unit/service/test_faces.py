@@ -12,7 +12,7 @@ import pytest
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, NoFaceError
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.pipeline.service import FaceService
+from facegate.service.faces import FaceService
 
 
 def _face_like() -> np.ndarray:
@@ -134,7 +134,7 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "import pickle, sys\n"
         "got = pickle.loads(sys.stdin.buffer.read())\n"
         "assert got[1].detections[0].score > 0.89 and len(got[0]) == 3, got\n"
-        "import facegate.serving.app, facegate.pipeline.service\n"
+        "import facegate.api.app, facegate.service.faces\n"
         "from facegate.gallery.index import GalleryIndex\n"
         "from facegate.models.registry import get_spec\n"
         "from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads\n"

@@ -1,4 +1,4 @@
-"""The engine process and its front-end client (facegate.engine.remote, facegate.serving.multiprocess)."""
+"""The engine process and its front-end client (facegate.transport.remote, facegate.api.multiprocess)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from facegate.api.multiprocess import EngineProcess, cuda_devices, engine_devices
 from facegate.config import Settings
-from facegate.engine.remote import (
-    Arena,
-    FrameReader,
-    RemoteEngine,
-    RemotePool,
-    _affinity,
-    error_from_wire,
-    error_to_wire,
-    same_engine,
-)
 from facegate.errors import (
     CheckpointError,
     EngineClosedError,
@@ -33,8 +24,17 @@ from facegate.errors import (
     QueueFullError,
 )
 from facegate.metrics.stats import ServiceStats
-from facegate.pipeline.service import FaceService
-from facegate.serving.multiprocess import EngineProcess, cuda_devices, engine_devices
+from facegate.service.faces import FaceService
+from facegate.transport.remote import (
+    Arena,
+    FrameReader,
+    RemoteEngine,
+    RemotePool,
+    _affinity,
+    error_from_wire,
+    error_to_wire,
+    same_engine,
+)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -298,7 +298,7 @@ def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatc
     """The engine shares the supervisor's tracker: registering the front-end's block there broke its unlink."""
     from multiprocessing import resource_tracker
 
-    from facegate.engine.remote import attach
+    from facegate.transport.remote import attach
 
     arena = Arena(256)
     calls: list[tuple[str, str]] = []
@@ -322,7 +322,7 @@ def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytes
     import cv2
     import torch
 
-    from facegate.engine.remote import RemoteEngine
+    from facegate.transport.remote import RemoteEngine
 
     info = {"model": "sface", "device": "cuda:0",
             "operating": {"match_threshold": 0.4, "match_fmr": 1e-3, "quality_threshold": 0.5}}  # fmt: skip
@@ -367,7 +367,7 @@ def test_the_sender_answers_in_bursts_and_fails_items_past_their_deadline() -> N
     import time
 
     from facegate.engine.batcher import WorkItem
-    from facegate.engine.remote import EngineHost
+    from facegate.transport.remote import EngineHost
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     sent: list[tuple] = []
