@@ -2,8 +2,8 @@
 
 A server runs the real app (:func:`facegate.api.app.create_app`) on ``uvicorn.Server`` in a thread of
 this process (its own event loop), on a free 127.0.0.1 port, with the real
-:class:`~facegate.service.faces.FaceService`: ``build_tiny`` (real YuNet detector, tiny random-weight
-recognizer) for serving mechanics, and the real default models where a test says so. The gallery is the
+:class:`~facegate.service.faces.FaceService` of the registry's ``sface-tiny`` model (real YuNet detector,
+tiny random-weight recognizer) for serving mechanics, and the real default models where a test says so. The gallery is the
 real SQLite gallery under a temporary ``data_dir``.
 """
 
@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 import pytest
 
-from facegate.config import Settings
+from facegate.config import EngineSettings, Limits, Settings
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,18 @@ def make_settings(tmp: Path, lfw_root: Path | None = None, **overrides: Any) -> 
         "host": "127.0.0.1",
         "port": free_port(),
         "data_dir": tmp,
+        "lfw_root": lfw_root,
+    }
+    limits: dict[str, Any] = {
         "max_upload_bytes": TEST_MAX_UPLOAD_BYTES,
         "max_pixels": TEST_MAX_PIXELS,
         "max_images_per_request": 64,
-        "decode_workers": 2,
         "allowed_roots": [lfw_root / "lfw-deepfunneled"] if lfw_root is not None else [],
-        "lfw_root": lfw_root,
     }
-    kw.update(overrides)
-    return Settings(**kw)
+    engine: dict[str, Any] = {}
+    for k, v in overrides.items():  # flat names of the nested groups' fields go to their group
+        (limits if k in Limits.model_fields else engine if k in EngineSettings.model_fields else kw)[k] = v
+    return Settings(**kw, limits=limits, engine=engine)
 
 
 @dataclass
@@ -215,7 +218,7 @@ def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerP
         }
     )
     env.update({f"FACEGATE_{k.upper()}": v for k, v in env_settings.items()})
-    code = "from facegate.config import Settings; from facegate.api.app import run; run(Settings())"
+    code = "from facegate.config import Settings; from facegate.api.server import run; run(Settings())"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT)
     return ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
@@ -225,7 +228,7 @@ def tiny_service(settings: Settings) -> Any:
     """The real FaceService with the real detector and the tiny random-weight recognizer."""
     from facegate.service.faces import FaceService
 
-    return FaceService.build_tiny(settings)
+    return FaceService.build(settings.model_copy(update={"model": "sface-tiny"}))
 
 
 @pytest.fixture

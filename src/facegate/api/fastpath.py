@@ -11,7 +11,7 @@ request; the endpoint's own work was about a tenth of it.
 when the form is 1..``max_images_per_request`` ``images`` files with ``aligned`` true and at most a
 ``select``, through the route's own function (:func:`facegate.api.routes.embed_response`) and the
 route's JSON (``by_alias``, ``exclude_unset``). Any other request goes to FastAPI with its body replayed, so
-FastAPI gives it the answers and errors it always did. ``Settings.fast_path`` turns it off.
+FastAPI gives it the answers and errors it always did.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
 from facegate.errors import FacegateError
 
 if TYPE_CHECKING:
-    from facegate.api.app import ServingState
+    from facegate.api.state import ServingState
 
 PATH = "/api/embed"
 #: what ``scope["route"]`` holds for the request metrics (the route's path template)
@@ -106,7 +106,8 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
             break
     body = b"".join(chunks)
     ctype = header(scope, b"content-type").decode("latin-1")
-    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), state.settings.max_images_per_request)
+    limit = state.settings.limits.max_images_per_request
+    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
     if images is None:
         return _replay(body, receive)
     scope["route"] = ROUTE
