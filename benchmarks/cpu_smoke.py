@@ -123,8 +123,9 @@ async def measure_async(
     crops = np.random.default_rng(0).integers(0, 256, (64, 112, 112, 3), dtype=np.uint8)
     services: dict[str, FaceService] = {}
     for arm, batching in (("on", on_batching), ("off", False)):
-        s = Settings(device="cpu", precision="fp32", batching=batching, max_batch_size=64, max_wait_ms=max_wait_ms)
-        svc = FaceService.build_tiny(s) if tiny else FaceService.build(s)
+        engine = {"max_batch_size": 64 if batching else 1, "max_wait_ms": max_wait_ms}
+        s = Settings(device="cpu", precision="fp32", model="sface-tiny" if tiny else "sface", engine=engine)
+        svc = FaceService.build(s)
         await svc.start()
         services[arm] = svc
     res = SmokeResult(concurrency, duration_s, rounds, threads, "tiny" if tiny else services["on"].spec.name)

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(device=a.device, precision="fp32", compile="off", batching=False)
+    settings = Settings(device=a.device, precision="fp32", compile="off", engine={"max_batch_size": 1})
     app = create_naive_app(settings, serialize=a.serialize)
     uvicorn.run(app, host=a.host, port=a.port, workers=1, log_level=a.log_level, access_log=False)
 

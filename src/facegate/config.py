@@ -189,8 +189,12 @@ class Settings(BaseSettings):
 
     # ------------------------------------------------------------------ groups
     limits: Limits = Field(default_factory=Limits, description="What one request may ask for, and its deadline.")
-    engine: EngineSettings = Field(default_factory=EngineSettings, description="How the engine batches work, stops, and caps its GPU memory.")
-    detector: DetectorSettings = Field(default_factory=DetectorSettings, description="The face detector's decision rule and warm-up sizes.")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="How the engine batches work, stops, and caps its GPU memory."
+    )
+    detector: DetectorSettings = Field(
+        default_factory=DetectorSettings, description="The face detector's decision rule and warm-up sizes."
+    )
 
     # ------------------------------------------------------------------ serving / storage
     host: str = Field("127.0.0.1", description="Bind address of `facegate serve`.")

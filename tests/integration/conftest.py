@@ -3,8 +3,8 @@
 A server runs the real app (:func:`facegate.api.app.create_app`) on ``uvicorn.Server`` in a thread of
 this process (its own event loop), on a free 127.0.0.1 port, with the real
 :class:`~facegate.service.faces.FaceService` of the registry's ``sface-tiny`` model (real YuNet detector,
-tiny random-weight recognizer) for serving mechanics, and the real default models where a test says so. The gallery is the
-real SQLite gallery under a temporary ``data_dir``.
+tiny random-weight recognizer) for serving mechanics, and the real default models where a test says so. The
+gallery is the real SQLite gallery under a temporary ``data_dir``.
 """
 
 from __future__ import annotations
