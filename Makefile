@@ -23,6 +23,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	PYTHONPATH=src $(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -35,6 +35,7 @@ from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
+from facegate.tuning import make_plan
 from facegate.types import Face, FaceSelect
 
 log = logging.getLogger("naive_server")
@@ -85,7 +86,7 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         holder["svc"] = NaiveService(settings, serialize=serialize)  # blocks startup: naive on purpose
-        log.info("naive service ready (device=%s, fp32, no batching)", settings.resolved_device())
+        log.info("naive service ready (device=%s, fp32, no batching)", make_plan(settings).device)
         yield
 
     app = FastAPI(title="naive face service", lifespan=lifespan)
@@ -96,7 +97,7 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
 
     @app.get("/readyz")
     def readyz() -> dict[str, str]:
-        return {"status": "ready", "model": holder["svc"].pipeline.spec.name, "device": settings.resolved_device()}
+        return {"status": "ready", "model": holder["svc"].pipeline.spec.name, "device": make_plan(settings).device}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

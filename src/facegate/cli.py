@@ -70,6 +70,13 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _auto_device() -> str:
+    """``'cuda'`` or ``'cpu'``, as the serving plan resolves ``--device auto`` (without importing torch)."""
+    from facegate.tuning import detect_machine
+
+    return "cuda" if detect_machine().gpus > 0 else "cpu"
+
+
 def _settings(**kw: Any) -> Settings:
     return Settings(**{k: v for k, v in kw.items() if v is not None})
 
@@ -453,7 +460,7 @@ def train_quality_cmd(
         src,
         out,
         config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
-        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        device=device if device != "auto" else _auto_device(),
         n_random=n_random,
         save_features=save_features,
         match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
@@ -487,7 +494,7 @@ def eval_quality_cmd(
         plot=plot,
         ship_head=ship_head,
         match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
-        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        device=device if device != "auto" else _auto_device(),
         command=" ".join(["facegate", *sys.argv[1:]]),
     )
     summary = rep.get("summary", rep) if isinstance(rep, dict) else rep

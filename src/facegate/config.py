@@ -217,11 +217,3 @@ class Settings(BaseSettings):
     lfw_root: Path | None = Field(
         None, description="LFW root (holds lfw-deepfunneled/ and pairs.txt); for eval and tests only."
     )
-
-    def resolved_device(self) -> str:
-        """``'cuda'`` or ``'cpu'`` after resolving ``'auto'``, without importing torch (:mod:`facegate.tuning`)."""
-        if self.device != "auto":
-            return self.device
-        from facegate.tuning import detect_machine
-
-        return "cuda" if detect_machine().gpus > 0 else "cpu"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,12 +41,10 @@ from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
+from facegate.pipeline.base import PipelineView, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
-
-if TYPE_CHECKING:
-    from facegate.pipeline.pipeline import FacePipeline
 
 __all__ = [
     "PhotoFaces",
@@ -67,7 +65,7 @@ class PreparedPhotos:
         photos: index → tensor of the photos to detect in (not errors, not 112×112 crops).
         aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
         det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
-            ``det_max_batch_pixels`` per forward (as :meth:`FacePipeline.detect_groups`).
+            ``det_max_batch_pixels`` per forward (as :meth:`PipelineView.detect_groups`).
         det_pending: the detector forwards enqueued on the device by ``prepare``
             (:meth:`FaceDetector.enqueue_many`).
     """
@@ -80,7 +78,7 @@ class PreparedPhotos:
 
 
 @torch.inference_mode()
-def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
+def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
     """Sort decoded photos into crops, photos and errors, and build the detector canvases on the device."""
     det = pipe.detector
     photos: dict[int, torch.Tensor] = {}
@@ -154,7 +152,7 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 
 
 @torch.inference_mode()
-def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
+def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> list[Any]:
     """Detect, select the largest face, align and embed the photos of a :func:`prepare_photos` batch, with NMS,
     face selection and alignment on the device (:mod:`.photo_select`).
 
@@ -165,8 +163,6 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
     (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
     """
-    from facegate.pipeline.pipeline import select_faces
-
     decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
@@ -237,7 +233,7 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     return out
 
 
-def _selection_post(pipe: FacePipeline) -> Any:
+def _selection_post(pipe: PipelineView) -> Any:
     """The detector ``post`` step of :func:`faces_selected_on_device`: one callable per pipeline (the detector
     captures a CUDA graph per batch shape and ``post``, so every stage object must hand it the same one)."""
     post = pipe._photo_select_post
@@ -259,7 +255,7 @@ class PhotoStage:
 
     name = "photo"
 
-    def __init__(self, pipeline: FacePipeline, *, max_bytes: int, max_pixels: int) -> None:
+    def __init__(self, pipeline: PipelineView, *, max_bytes: int, max_pixels: int) -> None:
         if pipeline.detector is None or pipeline.recognizer is None:
             raise InvalidParameterError("the photo stage needs a pipeline with models")
         self.p = pipeline

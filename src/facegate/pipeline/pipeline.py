@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from facegate.config import Settings
-from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
+from facegate.pipeline.base import select_faces
 from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
 
@@ -32,30 +33,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-
-def select_faces(
-    detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
-) -> list[Detection]:
-    """Apply a face-selection policy to one image's detections (sorted by score, descending).
-
-    Raises:
-        NoFaceError: no detection at all.
-        FaceSelectionError: ``face_index`` missing or out of range for ``FaceSelect.INDEX``.
-    """
-    select = FaceSelect(select)
-    if not detections:
-        raise NoFaceError("no face found in the image")
-    if select is FaceSelect.ALL:
-        return list(detections)
-    if select is FaceSelect.LARGEST:
-        return [max(detections, key=lambda d: d.area)]
-    if face_index is None or not 0 <= face_index < len(detections):
-        raise FaceSelectionError(
-            f"face_index {face_index} is out of range: {len(detections)} face(s) found",
-            detail={"faces": len(detections), "face_index": face_index},
-        )
-    return [detections[face_index]]
 
 
 def configure_cpu_threads(threads: int | None) -> int | None:

@@ -7,18 +7,16 @@ front-ends that unpickle it never import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
+from facegate.pipeline.base import PipelineView
 from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
-
-if TYPE_CHECKING:
-    from facegate.pipeline.pipeline import FacePipeline
 
 
 class DetectStage:
@@ -26,7 +24,7 @@ class DetectStage:
 
     name = "detect"
 
-    def __init__(self, pipeline: FacePipeline) -> None:
+    def __init__(self, pipeline: PipelineView) -> None:
         self.p = pipeline
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
@@ -54,7 +52,7 @@ class EmbedStage:
     #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
     STAGING_ROWS = 64
 
-    def __init__(self, pipeline: FacePipeline) -> None:
+    def __init__(self, pipeline: PipelineView) -> None:
         self.p = pipeline
         self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
         self._turn = 0

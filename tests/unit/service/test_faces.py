@@ -138,7 +138,7 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "import facegate.api.app, facegate.api.server, facegate.api.multiprocess, facegate.service.faces\n"
         "from facegate.config import Settings\n"
         "from facegate.tuning import make_plan\n"
-        "assert make_plan(Settings()).device in ('cpu', 'cuda') and Settings().resolved_device()\n"
+        "assert make_plan(Settings()).device in ('cpu', 'cuda')\n"
         "from facegate.gallery.index import GalleryIndex\n"
         "from facegate.models.registry import get_spec\n"
         "from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads\n"
