@@ -1,10 +1,8 @@
 """A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
 
 Aligned crops are the least GPU work per request facegate serves, so the front-ends' Python per request sets
-their rate. On the H200 (run 35) 8 front-ends at one core each served 9,467 one-crop requests/s while the
-GPU was 66 % busy. On a 2-core box (``benchmarks/frontend_gil.py``), FastAPI's stack above the endpoint —
-routing, dependency solving, form reading, response validation — was most of a front-end's GIL time for such a
-request; the endpoint's own work was about a tenth of it.
+their rate, with the GPU partly idle. FastAPI's stack above the endpoint (routing, dependency solving, form
+reading, response validation) costs a front-end several times the endpoint's own work for such a request.
 
 :class:`~facegate.api.app.ServingMiddleware` (limits, disconnects, metrics) calls
 :func:`serve_embed_aligned` for ``POST /api/embed`` with a small multipart body. It answers the request

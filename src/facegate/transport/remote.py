@@ -277,9 +277,8 @@ class EngineHost:
         Every message waiting on the socket is read in one burst. Each payload is queued with
         :meth:`Engine.enqueue` and a ``concurrent.futures.Future``, whose done-callback (run on the engine's
         back thread) hands the answer to this connection's sender thread; the sender sends everything that
-        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: in the
-        H200 profile of run 9 (``benchmarks/results/pyspy_run9_facegate_mp.json``) the event loop that did this
-        before held the engine process's GIL 24 % of the time under load.
+        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: an event
+        loop doing this holds the engine process's GIL a large share of the time under load.
         """
         send_lock = threading.Lock()
         shm: shared_memory.SharedMemory | None = None
