@@ -6,7 +6,7 @@
   both).
 * The server is :func:`facegate.api.app.create_app` on ``uvicorn.Server`` in a thread of this process,
   on a free 127.0.0.1 port, with a SQLite gallery under a temporary ``data_dir``. Models:
-  ``FaceService.build_tiny`` (real YuNet detector, tiny random-weight recognizer) by default;
+  the registry's ``sface-tiny`` (real YuNet detector, tiny random-weight recognizer) by default;
   ``FACEGATE_E2E_MODELS=real`` runs the real default models instead (slower to start; the tests then
   also check that two photos of one person match).
 """
@@ -94,12 +94,12 @@ def start_server(data_dir: Path, **overrides: Any) -> E2EServer:
         "host": "127.0.0.1",
         "port": free_port(),
         "data_dir": data_dir,
-        "decode_workers": 2,
     }
     kw.update(overrides)
     settings = Settings(**kw)
     real = use_real_models()
-    service = None if real else FaceService.build_tiny(settings)  # None: the app builds the real models
+    tiny = settings.model_copy(update={"model": "sface-tiny"})
+    service = None if real else FaceService.build(tiny)  # None: the app builds the real models
     app = create_app(settings, service)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"e2e-uvicorn-{settings.port}", daemon=True)

@@ -127,13 +127,11 @@ async def _load(state: ServingState) -> None:
 
             log.info("connecting to the engine process at %s", state.engine[0])
             state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine, state.plan)
-            state.owns_service = True
         elif state.service is None:
             from facegate.service.faces import FaceService
 
             log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
-            state.owns_service = True
         state.stats = state.service.stats
         if state.gallery is None:
             try:

@@ -49,7 +49,6 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    owns_service: bool = False
     owns_gallery: bool = False
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None

@@ -307,11 +307,6 @@ class Batcher:
             self._set_depth_locked()
         return batch, dropped
 
-    def wakeup(self) -> None:
-        """Make a waiting :meth:`collect` re-evaluate its window (e.g. the device became free)."""
-        with self._cond:
-            self._cond.notify_all()
-
     def close(self) -> None:
         """Refuse new work; a blocked :meth:`collect` returns what is left, then ``[]``."""
         with self._cond:
