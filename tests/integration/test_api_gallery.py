@@ -20,7 +20,7 @@ def test_gallery_lifecycle(client: httpx.Client, lfw_root: Path, fg: SimpleNames
     assert r.status_code == 201, r.text
     g = r.json()
     assert set(g) == GALLERY_KEYS
-    assert (g["name"], g["model"], g["dim"], g["subjects"]) == ("staff", "sface", 128, 0)
+    assert (g["name"], g["model"], g["dim"], g["subjects"]) == ("staff", "sface-tiny", 128, 0)
     assert "staff" in [x["name"] for x in client.get("/api/galleries").json()["galleries"]]
 
     r = client.post(

@@ -32,7 +32,12 @@ CONTRACT_ROUTES = {
 
 def test_health_ready_docs_page(client: httpx.Client, fg: SimpleNamespace) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "model": "sface", "device": "cpu", "precision": "fp32"}
+    assert client.get("/readyz").json() == {
+        "status": "ready",
+        "model": "sface-tiny",
+        "device": "cpu",
+        "precision": "fp32",
+    }
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     spec = client.get("/openapi.json").json()

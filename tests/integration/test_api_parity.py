@@ -84,7 +84,7 @@ def test_throughput_parity_at_concurrency_1(
     service = FaceService.build(settings)  # the real default models
     facegate = server_factory(settings, service=service)
     plain_server, plain_thread = _serve_plain(
-        plain_app(service.pipeline, settings.max_upload_bytes, settings.max_pixels), fg.free_port()
+        plain_app(service.pipeline, settings.limits.max_upload_bytes, settings.limits.max_pixels), fg.free_port()
     )
     plain_url = f"http://127.0.0.1:{plain_server.config.port}"
     pairs = [
