@@ -153,11 +153,13 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
+    if name == "facegate_auto":  # `facegate serve` with no tuning flags: the serving plan chosen for the machine
+        return [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
     if name.startswith("facegate"):
         argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--device", dev]
-        argv += ["--precision", o.precision, "--data-dir", str(data_dir)]
-        if "FACEGATE_COMPILE" not in server_env(name):  # a flag would override the server's own setting
-            argv += ["--compile", o.compile]
+        argv += ["--data-dir", str(data_dir)]
+        if "FACEGATE_PROFILE" not in server_env(name):  # a flag would override the profile's own choice
+            argv += ["--precision", o.precision, "--compile", o.compile]
         argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
@@ -166,7 +168,9 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if engines_of(name) > 1:  # several engine processes on the one GPU
             n = str(engines_of(name))
             argv += ["--engines", n, "--engines-per-gpu", n]
-        return [*argv, "--no-batching" if name == "facegate_nobatch" else "--batching"]
+        if name == "facegate_nobatch":  # every item alone
+            argv[argv.index("--max-batch-size") + 1] = "1"
+        return argv
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]
         return [*argv, "--serialize"] if o.naive_serialize else argv

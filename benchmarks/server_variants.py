@@ -1,6 +1,6 @@
 """The servers ``http_e2e.py`` can start, by name, and the settings each name changes.
 
-A facegate name is a base (``facegate``, ``facegate_nobatch``, ``facegate_gil5``, ``facegate_mp`` and its
+A facegate name is a base (``facegate``, ``facegate_nobatch``, ``facegate_lowmem``, ``facegate_mp`` and its
 single-change variants) or a composed multi-process name ``facegate_mp_w<N>[_e<N>][_det64][_<variant>...]``:
 ``N`` front-end processes, ``N`` engine processes on the one GPU, 64 LFW photos per detector forward, then
 any of :data:`VARIANT_ENV`'s suffixes, each an A/B of one setting against the default. The peers are
@@ -11,61 +11,33 @@ from __future__ import annotations
 
 import re
 
-#: the low-memory settings (docs/benchmarks.md, memory; serve_memory runs 47-51 measured all but the last)
-LOWMEM_ENV: dict[str, str] = {
-    "FACEGATE_COMPILE": "off",
-    "FACEGATE_ACTIVATION_BUDGET_MIB": "16",
-    "FACEGATE_GPU_ARENA_MIB": "32",
-    "FACEGATE_DET_MAX_BATCH_PIXELS": str(256 * 256),
-    "FACEGATE_GPU_PREPROCESS": "off",
-    "FACEGATE_SHARED_DEVICE_THREAD": "true",
-}
+#: the low-memory serving plan (facegate.tuning: eager fp16, bounded activations in one arena, host photos)
+LOWMEM_ENV: dict[str, str] = {"FACEGATE_PROFILE": "low-memory"}
 
 #: bases whose whole name is one A/B: name → environment of the server's processes
 BASE_ENV: dict[str, dict[str, str]] = {
     "facegate": {},
-    "facegate_nobatch": {},  # --no-batching
-    "facegate_gil5": {"FACEGATE_GIL_SWITCH_INTERVAL_MS": "5"},  # Settings.gil_switch_interval_ms: Python's 5 ms
-    # the smallest GPU footprint of the default models: one device thread for the build, warm-up and every stage
+    "facegate_auto": {},  # no tuning flags: the serving plan (facegate.tuning) chosen for the machine
+    "facegate_nobatch": {},  # --max-batch-size 1
     "facegate_lowmem": LOWMEM_ENV,
-    # ... with a device thread per engine stage, as before session 15 (HTTP run 51: +76 MiB after load)
-    "facegate_lowmem_perstage": {**LOWMEM_ENV, "FACEGATE_SHARED_DEVICE_THREAD": "false"},
     # IR-SE-64's smallest footprint (random weights, written by serve_memory.py --make-irse64 /tmp/irse64.pt;
-    # no quality gate, so random-weight scores refuse nothing)
+    # no quality gate, so random-weight scores refuse nothing); the plan sizes its budget and arena
     "facegate_lowmem_irse": {
         **LOWMEM_ENV,
         "FACEGATE_RTS_CHECKPOINT": "/tmp/irse64.pt",
-        "FACEGATE_ACTIVATION_BUDGET_MIB": "24",
-        "FACEGATE_GPU_ARENA_MIB": "112",
         "FACEGATE_QUALITY_THRESHOLD": "0.0",
     },
     "facegate_mp": {},
-    "facegate_mp_pools": {"FACEGATE_CPU_THREADS": "0"},  # torch's and OpenCV's default thread pools
     "facegate_mp_hostpre": {"FACEGATE_GPU_PREPROCESS": "off"},  # photos decoded and aligned by the front-ends
-    "facegate_mp_gc": {"FACEGATE_GC_FREEZE": "false"},  # Python's default garbage collector
-    # uvicorn's pure-Python fallbacks for the HTTP parser and the event loop
-    "facegate_mp_h11": {"FACEGATE_HTTP_PARSER": "h11", "FACEGATE_EVENT_LOOP": "asyncio"},
 }
 
 #: suffix of a composed name → environment of the server's processes (one setting against its default)
 VARIANT_ENV: dict[str, dict[str, str]] = {
-    "detexec": {"FACEGATE_PHOTO_DETECT_IN_PREPARE": "false"},  # detection inside execute
-    "devsel": {"FACEGATE_PHOTO_SELECT_ON_DEVICE": "true"},  # NMS, choice and alignment on the GPU
-    "hostsel": {"FACEGATE_PHOTO_SELECT_ON_DEVICE": "false"},  # ... and on the host
-    "nofuse": {"FACEGATE_FUSED_EPILOGUES": "false"},  # SFace's conv bias and PReLU as two kernels
-    "nodw": {"FACEGATE_FUSED_DEPTHWISE": "false"},  # YuNet's depthwise conv, biases and ReLU unfused
-    "hostdec": {"FACEGATE_PHOTO_DECODE": "host"},  # Pillow on engine threads instead of nvJPEG
-    "b3": {"FACEGATE_GRAPH_BUCKETS": "[4,16,64]"},  # the three buckets before session 10 (no 32)
-    "noaff": {"FACEGATE_COMPARE_SAME_ENGINE": "false"},  # each photo to the least busy engine
-    "nofast": {"FACEGATE_FAST_PATH": "false"},  # aligned-crop embeds through FastAPI's routing as well
-    "onedev": {"FACEGATE_SHARED_DEVICE_THREAD": "true"},  # one device thread (the default since run 53)
-    "perstage": {"FACEGATE_SHARED_DEVICE_THREAD": "false"},  # a device thread per stage (default before session 15)
-    "warpall": {"FACEGATE_PHOTO_WARP_MIB": "1048576"},  # the photo stage warps a whole batch at once (as before)
-    "shared": {"FACEGATE_ACCEPT": "shared"},  # uvicorn's shared listening socket instead of balanced accept
-    "sa": {"FACEGATE_ACCEPT": "shared", "UV_TCP_SINGLE_ACCEPT": "1"},  # ... with libuv sleeping after each accept
+    "hostpre": {"FACEGATE_GPU_PREPROCESS": "off"},  # photos decoded and aligned by the front-ends
 }
 
-DET64_ENV = {"FACEGATE_DET_MAX_BATCH_PIXELS": str(64 * 256 * 256)}
+#: ``_det64``: 64 LFW photos per detector forward, which the throughput plan already uses on CUDA
+DET64_ENV: dict[str, str] = {}
 PEERS = ("naive", "litserve")
 _COMPOSED = re.compile(r"^facegate_mp_w(\d+)(?:_e(\d+))?(_det64)?((?:_[a-z0-9]+)*)$")
 

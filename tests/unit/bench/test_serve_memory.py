@@ -13,10 +13,11 @@ from summary_memory import _failure, graph_probe, http_memory, memory_variants, 
 
 
 def test_parse_variant_splits_settings_environment_and_lists() -> None:
-    fields, env = parse_variant("compile=graphs,graph_buckets=[16|64],det_graphs=false,CUDNN_CONV_WSCAP_DBG=8")
-    assert fields == {"compile": "graphs", "graph_buckets": [16, 64], "det_graphs": False}
+    fields, env = parse_variant("compile=graphs,profile=low-memory,flip_tta=false,CUDNN_CONV_WSCAP_DBG=8")
+    assert fields == {"compile": "graphs", "profile": "low-memory", "flip_tta": False}
     assert env == {"CUDNN_CONV_WSCAP_DBG": "8"}
-    assert Settings(device="cpu", **fields).graph_buckets == [16, 64]  # what run 39 could not pass
+    assert Settings(device="cpu", **fields).profile == "low-memory"
+    assert parse_variant("a=[16|64]")[0] == {"a": [16, 64]}
 
 
 def test_failure_names_the_frame_or_the_refused_setting() -> None:
