@@ -39,10 +39,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from facegate.api.acceptor import Acceptor, FrontEndServer
+from facegate.api.app import create_app, uvicorn_config
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, ModelError, ServerError
-from facegate.transport.remote import error_from_wire
-from facegate.tuning import ServingPlan
+from facegate.service.faces import FaceService
+from facegate.transport.remote import engine_main, error_from_wire
+from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,6 @@ ENV_PLAN = "FACEGATE_PLAN_JSON"
 
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
-    from facegate.api.app import create_app
-
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
@@ -83,8 +84,6 @@ class EngineProcess:
         cuda_device: str | None = None,
         authkey: bytes | None = None,
     ) -> None:
-        from facegate.tuning import make_plan
-
         self.settings = settings
         self.plan = plan or make_plan(settings)
         self.cuda_device = cuda_device
@@ -97,9 +96,6 @@ class EngineProcess:
 
     def spawn(self) -> None:
         """Start the process (returns at once; :meth:`wait` for it). ``cuda_device`` becomes its only GPU."""
-        from facegate.service.faces import FaceService
-        from facegate.transport.remote import engine_main
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
         plan_json = json.dumps(self.plan.to_dict())
@@ -177,8 +173,6 @@ def cuda_devices(n: int) -> list[str]:
     Raises:
         InvalidParameterError: fewer visible devices than ``n``.
     """
-    from facegate.tuning import detect_machine
-
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if not visible:  # the driver's count, without importing torch in the supervisor
         visible = [str(i) for i in range(detect_machine().gpus or n)]
@@ -214,8 +208,6 @@ def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[E
     Raises:
         FacegateError: an engine failed to start (the others are stopped).
     """
-    from facegate.tuning import make_plan
-
     plan = plan or make_plan(settings)
     devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
@@ -236,9 +228,6 @@ def frontend_main(control_path: str) -> None:
     """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
     :class:`~facegate.api.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
     and engine addresses come from the environment, as for uvicorn's workers)."""
-    from facegate.api.acceptor import FrontEndServer
-    from facegate.api.app import uvicorn_config
-
     config = uvicorn_config("facegate.api.multiprocess:frontend_app", factory=True)
     FrontEndServer(config, control_path).run()
 
@@ -264,8 +253,6 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
             start, or the acceptor thread stopped.
     """
-    from facegate.api.acceptor import Acceptor
-
     folder = tempfile.mkdtemp(prefix="facegate-accept-")
     control = os.path.join(folder, "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)

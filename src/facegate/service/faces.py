@@ -11,7 +11,7 @@ import asyncio
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,14 +19,18 @@ from facegate.config import Settings
 from facegate.engine.engine import DeviceThread, Engine
 from facegate.errors import InvalidParameterError
 from facegate.metrics.stats import ServiceStats
-from facegate.models.registry import ModelSpec
+from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import is_aligned_crop
-from facegate.pipeline.pipeline import FacePipeline, select_faces, within_memory_limit
+from facegate.pipeline.pipeline import (
+    FacePipeline,
+    Operating,
+    configure_cpu_threads,
+    select_faces,
+    within_memory_limit,
+)
+from facegate.transport.remote import RemoteEngine, RemotePool
 from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect
-
-if TYPE_CHECKING:
-    from facegate.transport.remote import RemoteEngine, RemotePool
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +110,6 @@ class FaceService:
         spec and the operating thresholds come from the engine, so every front-end gates and compares
         exactly as the engine's pipeline would.
         """
-        from facegate.models.registry import get_spec
-        from facegate.pipeline.pipeline import Operating, configure_cpu_threads
-        from facegate.transport.remote import RemoteEngine, RemotePool
-
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (
             RemoteEngine(addresses[0], authkey)

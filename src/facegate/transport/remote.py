@@ -56,6 +56,7 @@ from facegate.config import Settings
 from facegate.engine.batcher import WorkItem
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 from facegate.io.memcopy import copy_in, copy_out
+from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan
 
 log = logging.getLogger(__name__)
@@ -710,8 +711,6 @@ class RemotePool:
 
     async def engine_samples(self) -> dict[str, list[Any]]:
         """The engines' metric samples, summed (see ``ServiceStats.merge_samples``)."""
-        from facegate.metrics.stats import ServiceStats
-
         parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
         return ServiceStats.merge_samples(parts)
 
