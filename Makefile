@@ -23,6 +23,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	PYTHONPATH=src $(VENV)/bin/lint-imports
 
 # the generated pages: configuration from the Settings class, benchmark tables from benchmarks/results/
 docs: setup

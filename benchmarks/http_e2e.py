@@ -162,7 +162,9 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
         if untuned(name):  # what `facegate serve` does with no tuning flag
             return argv
         argv += ["--device", dev, "--precision", o.precision]
-        if "FACEGATE_COMPILE" not in server_env(name):  # a flag would override the server's own setting
+        if "FACEGATE_PROFILE" in server_env(name):  # a flag would override the profile's own choice
+            argv = [a for a in argv if a not in ("--precision", o.precision)]
+        else:
             argv += ["--compile", o.compile]
         if o.max_batch_size is not None:
             argv += ["--max-batch-size", str(o.max_batch_size)]

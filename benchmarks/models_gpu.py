@@ -25,10 +25,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cuda_time, env_record, measured_peak_tflops, write_json
-from facegate.engine.graphs import GraphedModule
 from facegate.models.irse import IRSE64RTS
 from facegate.models.recognizer import build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE
+from facegate.runtime.graphs import GraphedModule
 
 log = logging.getLogger("models_gpu")
 

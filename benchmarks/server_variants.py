@@ -19,32 +19,27 @@ from __future__ import annotations
 import re
 
 #: the low-memory settings: eager kernels, small activation and arena budgets, host preprocessing
-LOWMEM_ENV: dict[str, str] = {
-    "FACEGATE_COMPILE": "off",
-    "FACEGATE_ACTIVATION_BUDGET_MIB": "16",
-    "FACEGATE_GPU_ARENA_MIB": "32",
-    "FACEGATE_DET_MAX_BATCH_PIXELS": str(256 * 256),
-    "FACEGATE_GPU_PREPROCESS": "off",
-}
+LOWMEM_ENV: dict[str, str] = {"FACEGATE_PROFILE": "low-memory"}
 
 #: names whose whole meaning is their environment: name → environment of the server's processes
 BASE_ENV: dict[str, dict[str, str]] = {
     "facegate": {},
     "facegate_default": {},
+    "facegate_auto": {},
     "facegate_lowmem": LOWMEM_ENV,
     # IR-SE-64's smallest footprint (random weights, written by serve_memory.py --make-irse64 /tmp/irse64.pt;
     # no quality gate, so random-weight scores refuse nothing)
     "facegate_lowmem_irse": {
         **LOWMEM_ENV,
         "FACEGATE_RTS_CHECKPOINT": "/tmp/irse64.pt",
-        "FACEGATE_ACTIVATION_BUDGET_MIB": "24",
-        "FACEGATE_GPU_ARENA_MIB": "112",
         "FACEGATE_QUALITY_THRESHOLD": "0.0",
     },
     "facegate_mp": {},
 }
 
-DET64_ENV = {"FACEGATE_DET_MAX_BATCH_PIXELS": str(64 * 256 * 256)}
+#: ``_det64``: 64 LFW photos per detector forward; the throughput plan (facegate.tuning) now sets this itself,
+#: so the suffix adds no environment and only keeps result names comparable
+DET64_ENV: dict[str, str] = {}
 PEERS = ("naive", "litserve")
 PROFILES = ("auto", "throughput", "low_memory", "cpu")
 _COMPOSED = re.compile(r"^facegate_mp_w(\d+)(?:_e(\d+))?(_det64)?$")

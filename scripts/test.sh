@@ -6,6 +6,8 @@ set -euo pipefail
 VENV=${1:-.venv}
 bash scripts/install-e2e.sh "$VENV" || echo "test.sh: e2e prerequisites incomplete; browser tests will skip"
 "$VENV/bin/ruff" check src tests benchmarks
+# the package's layers run one way (contracts in pyproject.toml, [tool.importlinter])
+PYTHONPATH=src "$VENV/bin/lint-imports"
 # one OpenMP thread per process on small CPU boxes: several torch processes (test server + client)
 # share the cores, and oversubscription made CPU inference several times slower here
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -45,13 +45,13 @@ import litserve as ls
 import numpy as np
 from fastapi.responses import JSONResponse, Response
 
+from facegate.api.errors import error_dict, facegate_error_response
+from facegate.api.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
 from facegate.io.decode import decode_image
 from facegate.pipeline.align import is_aligned_crop
 from facegate.pipeline.pipeline import FacePipeline, select_faces
-from facegate.serving.errors import error_dict, facegate_error_response
-from facegate.serving.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.types import Detection, Face, FaceSelect
 
 log = logging.getLogger("litserve_server")

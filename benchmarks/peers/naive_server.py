@@ -29,12 +29,13 @@ import numpy as np
 from fastapi import FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import JSONResponse, Response
 
+from facegate.api.errors import error_dict, facegate_error_response
+from facegate.api.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.serving.errors import error_dict, facegate_error_response
-from facegate.serving.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
+from facegate.tuning import make_plan
 from facegate.types import Face, FaceSelect
 
 log = logging.getLogger("naive_server")
@@ -85,7 +86,7 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         holder["svc"] = NaiveService(settings, serialize=serialize)  # blocks startup: naive on purpose
-        log.info("naive service ready (device=%s, fp32, no batching)", settings.resolved_device())
+        log.info("naive service ready (device=%s, fp32, no batching)", make_plan(settings).device)
         yield
 
     app = FastAPI(title="naive face service", lifespan=lifespan)
@@ -96,7 +97,7 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
 
     @app.get("/readyz")
     def readyz() -> dict[str, str]:
-        return {"status": "ready", "model": holder["svc"].pipeline.spec.name, "device": settings.resolved_device()}
+        return {"status": "ready", "model": holder["svc"].pipeline.spec.name, "device": make_plan(settings).device}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(device=a.device, precision="fp32", compile="off", batching=False)
+    settings = Settings(device=a.device, precision="fp32", compile="off", engine={"max_batch_size": 1})
     app = create_naive_app(settings, serialize=a.serialize)
     uvicorn.run(app, host=a.host, port=a.port, workers=1, log_level=a.log_level, access_log=False)
 

@@ -70,6 +70,13 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _auto_device() -> str:
+    """``'cuda'`` or ``'cpu'``, as the serving plan resolves ``--device auto`` (without importing torch)."""
+    from facegate.tuning import detect_machine
+
+    return "cuda" if detect_machine().gpus > 0 else "cpu"
+
+
 def _settings(**kw: Any) -> Settings:
     return Settings(**{k: v for k, v in kw.items() if v is not None})
 
@@ -77,6 +84,8 @@ def _settings(**kw: Any) -> Settings:
 def _pipeline(settings: Settings):
     from facegate.pipeline.pipeline import FacePipeline
 
+    if settings.compile == "auto":  # one-shot commands: no graph capture at start-up
+        settings = settings.model_copy(update={"compile": "off"})
     return FacePipeline.from_settings(settings)
 
 
@@ -88,7 +97,7 @@ def _read(path: Path, settings: Settings):
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ImageDecodeError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
-    return decode_image(data, max_bytes=settings.max_upload_bytes, max_pixels=settings.max_pixels)
+    return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
 # ---------------------------------------------------------------------------------------------- serve
@@ -98,38 +107,44 @@ def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 7860)")] = None,
     device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="auto | throughput | low-memory | cpu (the serving plan)")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 (default: the plan's)")
+    ] = None,
     model: ModelOpt = "sface",
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
     data_dir: Annotated[Path | None, typer.Option(help="gallery data folder")] = None,
     max_batch_size: Annotated[int | None, typer.Option(help="engine batch size")] = None,
     max_wait_ms: Annotated[float | None, typer.Option(help="batch fill wait")] = None,
-    batching: Annotated[bool | None, typer.Option("--batching/--no-batching")] = None,
     compile: Annotated[str | None, typer.Option("--compile", help="off | graphs | inductor (CUDA only)")] = None,
     workers: Annotated[
-        int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into one engine process")
+        int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into engine processes")
     ] = None,
-    engines: Annotated[int | None, typer.Option(help="engine processes, one per GPU (implies --workers ≥ 2)")] = None,
-    engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU (default 1)")] = None,
+    engines: Annotated[int | None, typer.Option(help="engine processes in all (implies --workers ≥ 2)")] = None,
+    engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU")] = None,
 ) -> None:
-    """Serve the HTTP API and the web page (default http://127.0.0.1:7860)."""
-    from facegate.serving.app import run
+    """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
+    this machine (``--profile`` overrides it; explicit flags override the plan)."""
+    from facegate.api.server import run
 
     _setup_logging()
     # environment variables (FACEGATE_*) apply; flags given here override them
+    batch = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms}
+    env = Settings()
     s = _settings(
         host=host,
         port=port,
         device=device if device != "auto" else None,
-        precision=precision if precision != "fp32" else None,
+        profile=profile,
+        precision=precision,
         model=model if model != "sface" else None,
         rts_checkpoint=rts_checkpoint,
         quality_head=quality_head,
         data_dir=data_dir,
-        max_batch_size=max_batch_size,
-        max_wait_ms=max_wait_ms,
-        batching=batching,
+        engine=env.engine.model_copy(update={k: v for k, v in batch.items() if v is not None}),
         compile=compile,
         workers=workers,
         engines=engines,
@@ -285,7 +300,10 @@ def _env_info(settings: Settings) -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         commit = ""
-    dev = settings.resolved_device()
+    from facegate.tuning import make_plan
+
+    plan = make_plan(settings)
+    dev = plan.device
     return {
         "git_commit": commit,
         "torch": torch.__version__,
@@ -293,7 +311,7 @@ def _env_info(settings: Settings) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "precision": settings.precision,
+        "precision": plan.precision,
         "model": settings.model if settings.rts_checkpoint is None else "irse64_rts",
     }
 
@@ -442,7 +460,7 @@ def train_quality_cmd(
         src,
         out,
         config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
-        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        device=device if device != "auto" else _auto_device(),
         n_random=n_random,
         save_features=save_features,
         match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
@@ -476,7 +494,7 @@ def eval_quality_cmd(
         plot=plot,
         ship_head=ship_head,
         match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
-        device=device if device != "auto" else Settings(device="auto").resolved_device(),
+        device=device if device != "auto" else _auto_device(),
         command=" ".join(["facegate", *sys.argv[1:]]),
     )
     summary = rep.get("summary", rep) if isinstance(rep, dict) else rep

@@ -4,7 +4,7 @@ Every error facegate raises on purpose is a :class:`FacegateError`. Third-party 
 (OpenCV, Pillow, torch, sqlite3, onnx) are converted into one of these at the module boundary
 where they occur, so callers only ever catch this tree. Each class carries a stable,
 machine-readable ``code``; HTTP status codes are mapped from these classes in exactly one place,
-:mod:`facegate.serving.errors`.
+:mod:`facegate.api.errors`.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
   Python Playwright with ``executable_path``; ``playwright install`` is never needed. Tests skip with a
   reason when chromium or the ``playwright`` package is missing (``bash scripts/install-e2e.sh`` installs
   both).
-* The server is :func:`facegate.serving.app.create_app` on ``uvicorn.Server`` in a thread of this process,
+* The server is :func:`facegate.api.app.create_app` on ``uvicorn.Server`` in a thread of this process,
   on a free 127.0.0.1 port, with a SQLite gallery under a temporary ``data_dir``. Models:
-  ``FaceService.build_tiny`` (real YuNet detector, tiny random-weight recognizer) by default;
+  the registry's ``sface-tiny`` (real YuNet detector, tiny random-weight recognizer) by default;
   ``FACEGATE_E2E_MODELS=real`` runs the real default models instead (slower to start; the tests then
   also check that two photos of one person match).
 """
@@ -85,8 +85,8 @@ def start_server(data_dir: Path, **overrides: Any) -> E2EServer:
     """Start the real app on a free loopback port and wait for ``/readyz`` (fails the test on timeout)."""
     import uvicorn
 
-    from facegate.pipeline.service import FaceService
-    from facegate.serving.app import create_app, uvicorn_config
+    from facegate.api.app import create_app, uvicorn_config
+    from facegate.service.faces import FaceService
 
     kw: dict[str, Any] = {
         "device": "cpu",
@@ -94,12 +94,12 @@ def start_server(data_dir: Path, **overrides: Any) -> E2EServer:
         "host": "127.0.0.1",
         "port": free_port(),
         "data_dir": data_dir,
-        "decode_workers": 2,
     }
     kw.update(overrides)
     settings = Settings(**kw)
     real = use_real_models()
-    service = None if real else FaceService.build_tiny(settings)  # None: the app builds the real models
+    tiny = settings.model_copy(update={"model": "sface-tiny"})
+    service = None if real else FaceService.build(tiny)  # None: the app builds the real models
     app = create_app(settings, service)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"e2e-uvicorn-{settings.port}", daemon=True)

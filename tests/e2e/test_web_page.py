@@ -96,7 +96,7 @@ def test_page_assets_are_served(server: Any) -> None:
         assert html.status_code == 200 and 'data-testid="compare-button"' in html.text
         for asset, kind in (("/static/app.js", "javascript"), ("/static/style.css", "css")):
             r = c.get(asset)
-            assert r.status_code == 200, f"{asset}: HTTP {r.status_code} (is serving/static mounted at /static?)"
+            assert r.status_code == 200, f"{asset}: HTTP {r.status_code} (is api/static mounted at /static?)"
             assert kind in r.headers["content-type"]
     assert "http://" not in html.text.replace("http://www.w3.org", "") and "https://" not in html.text
 

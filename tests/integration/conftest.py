@@ -1,10 +1,10 @@
 """Integration fixtures: real uvicorn servers on loopback, driven with httpx.
 
-A server runs the real app (:func:`facegate.serving.app.create_app`) on ``uvicorn.Server`` in a thread of
+A server runs the real app (:func:`facegate.api.app.create_app`) on ``uvicorn.Server`` in a thread of
 this process (its own event loop), on a free 127.0.0.1 port, with the real
-:class:`~facegate.pipeline.service.FaceService`: ``build_tiny`` (real YuNet detector, tiny random-weight
-recognizer) for serving mechanics, and the real default models where a test says so. The gallery is the
-real SQLite gallery under a temporary ``data_dir``.
+:class:`~facegate.service.faces.FaceService` of the registry's ``sface-tiny`` model (real YuNet detector,
+tiny random-weight recognizer) for serving mechanics, and the real default models where a test says so. The
+gallery is the real SQLite gallery under a temporary ``data_dir``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 import pytest
 
-from facegate.config import Settings
+from facegate.config import EngineSettings, Limits, Settings
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,18 @@ def make_settings(tmp: Path, lfw_root: Path | None = None, **overrides: Any) -> 
         "host": "127.0.0.1",
         "port": free_port(),
         "data_dir": tmp,
+        "lfw_root": lfw_root,
+    }
+    limits: dict[str, Any] = {
         "max_upload_bytes": TEST_MAX_UPLOAD_BYTES,
         "max_pixels": TEST_MAX_PIXELS,
         "max_images_per_request": 64,
-        "decode_workers": 2,
         "allowed_roots": [lfw_root / "lfw-deepfunneled"] if lfw_root is not None else [],
-        "lfw_root": lfw_root,
     }
-    kw.update(overrides)
-    return Settings(**kw)
+    engine: dict[str, Any] = {}
+    for k, v in overrides.items():  # flat names of the nested groups' fields go to their group
+        (limits if k in Limits.model_fields else engine if k in EngineSettings.model_fields else kw)[k] = v
+    return Settings(**kw, limits=limits, engine=engine)
 
 
 @dataclass
@@ -109,7 +112,7 @@ class Server:
 
     @property
     def state(self) -> Any:
-        from facegate.serving.app import get_state
+        from facegate.api.app import get_state
 
         return get_state(self.app)
 
@@ -140,7 +143,7 @@ def start_server(settings: Settings, service: Any = None, gallery: Any = None, *
     """Start ``create_app(settings, service, gallery)`` on uvicorn in a thread; wait for it to listen."""
     import uvicorn
 
-    from facegate.serving.app import create_app, uvicorn_config
+    from facegate.api.app import create_app, uvicorn_config
 
     app = create_app(settings, service, gallery)
     config = uvicorn_config(app, settings, log_level="warning")
@@ -160,7 +163,7 @@ def start_server(settings: Settings, service: Any = None, gallery: Any = None, *
 
 @dataclass
 class ServerProcess:
-    """``facegate.serving.app.run(settings)`` in a child process (real default models, real lifespan)."""
+    """``facegate.api.app.run(settings)`` in a child process (real default models, real lifespan)."""
 
     url: str
     proc: subprocess.Popen[bytes]
@@ -215,7 +218,7 @@ def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerP
         }
     )
     env.update({f"FACEGATE_{k.upper()}": v for k, v in env_settings.items()})
-    code = "from facegate.config import Settings; from facegate.serving.app import run; run(Settings())"
+    code = "from facegate.config import Settings; from facegate.api.server import run; run(Settings())"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT)
     return ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
@@ -223,9 +226,9 @@ def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerP
 
 def tiny_service(settings: Settings) -> Any:
     """The real FaceService with the real detector and the tiny random-weight recognizer."""
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
-    return FaceService.build_tiny(settings)
+    return FaceService.build(settings.model_copy(update={"model": "sface-tiny"}))
 
 
 @pytest.fixture

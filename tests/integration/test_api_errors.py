@@ -177,7 +177,7 @@ def test_unexpected_exception_is_a_clean_500(server_factory, lfw_root: Path, fg:
         raise RuntimeError("simulated bug deep inside")
 
     service.detect = broken_detect  # fault injection on the real service instance
-    with srv.client() as c, caplog.at_level("ERROR", logger="facegate.serving.app"):
+    with srv.client() as c, caplog.at_level("ERROR", logger="facegate.api.app"):
         r = c.post("/api/detect", files=fg.files(image=fg.lfw_image(lfw_root, "Colin_Powell", 1)))
         err = fg.assert_error(r, 500, "internal_error")
         assert "simulated bug" not in r.text
@@ -228,7 +228,7 @@ def test_serve_exits_when_models_cannot_load(tmp_path: Path, fg: SimpleNamespace
 def test_every_error_class_maps_to_the_documented_status() -> None:
     """serving.errors is the one mapping; every class of the tree resolves to the status of the contract."""
     import facegate.errors as E
-    from facegate.serving.errors import status_for
+    from facegate.api.errors import status_for
 
     expected = {
         E.EmptyInputError: 400, E.ImageDecodeError: 400, E.InputError: 400, E.ImageTooLargeError: 413,

@@ -40,7 +40,7 @@ def test_compare_two_people(client: httpx.Client, lfw_root: Path, fg: SimpleName
     assert set(body) == {
         "similarity", "match", "verdict", "threshold", "fmr", "refused", "reason", "faces", "model",
     }  # fmt: skip
-    assert body["model"] == "sface"
+    assert body["model"] == "sface-tiny"
     assert body["refused"] is False and body["reason"] is None  # the sface gate is 0.0: every face passes
     assert -1.0 <= body["similarity"] <= 1.0
     assert body["match"] == (body["similarity"] >= body["threshold"])
@@ -72,7 +72,7 @@ def test_embed_uploads_paths_and_partial_errors(client: httpx.Client, lfw_root: 
     r = client.post("/api/embed", files=fg.many("images", imgs))
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["model"] == "sface" and body["dim"] == 128
+    assert body["model"] == "sface-tiny" and body["dim"] == 128
     assert [x["index"] for x in body["results"]] == [0, 1, 2]
     embs = []
     for item in body["results"]:

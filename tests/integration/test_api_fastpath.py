@@ -1,7 +1,7 @@
-"""facegate.serving.fastpath: aligned-crop embeds served below FastAPI give the route's own answers.
+"""facegate.api.fastpath: aligned-crop embeds served below FastAPI give the route's own answers.
 
-Two servers share one tiny-model service's settings but differ in ``fast_path``; every request gets the same
-status and JSON from both, and the fast path answers without FastAPI's route (a broken route still works).
+One tiny-model server answers every request twice, with the fast path and with it switched off below the app
+(the route alone): the same status and JSON, and the fast path answers without FastAPI's route.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from facegate.serving.fastpath import aligned_images, wants_fast_path
-from facegate.serving.forms import parse_small_multipart
+from facegate.api.fastpath import aligned_images, wants_fast_path
+from facegate.api.forms import parse_small_multipart
 
 
 def _jpeg(rgb: np.ndarray) -> bytes:
@@ -59,13 +59,16 @@ def _answers(client: httpx.Client, requests: list[dict[str, Any]]) -> list[tuple
 
 
 def test_fast_path_answers_as_the_route_does(
-    server_factory: Callable[..., Any], crops: list[bytes], fg: SimpleNamespace
+    server_factory: Callable[..., Any], crops: list[bytes], fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fast = server_factory(fast_path=True)
-    slow = server_factory(fast_path=False)
+    import facegate.api.app
+
+    srv = server_factory()
     requests = _requests(crops, fg)
-    with fast.client() as f, slow.client() as s:
-        got, want = _answers(f, requests), _answers(s, requests)
+    with srv.client() as c:
+        got = _answers(c, requests)
+        monkeypatch.setattr(facegate.api.app, "wants_fast_path", lambda scope: False)  # every request: the route
+        want = _answers(c, requests)
     assert [g[0] for g in got] == [w[0] for w in want]
     for (_, g), (_, w) in zip(got, want, strict=True):
         assert g == w
@@ -88,7 +91,7 @@ def test_the_fast_path_does_not_use_the_route(
         return await original(*args, **kw)
 
     monkeypatch.setattr(fastapi.routing, "solve_dependencies", counting)
-    fast = server_factory(fast_path=True)
+    fast = server_factory()
     with fast.client() as c:
         ok = c.post("/api/embed", files=fg.many("images", crops[:2]), data={"aligned": "true"})
         assert ok.status_code == 200 and len(ok.json()["results"]) == 2

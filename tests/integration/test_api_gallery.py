@@ -20,7 +20,7 @@ def test_gallery_lifecycle(client: httpx.Client, lfw_root: Path, fg: SimpleNames
     assert r.status_code == 201, r.text
     g = r.json()
     assert set(g) == GALLERY_KEYS
-    assert (g["name"], g["model"], g["dim"], g["subjects"]) == ("staff", "sface", 128, 0)
+    assert (g["name"], g["model"], g["dim"], g["subjects"]) == ("staff", "sface-tiny", 128, 0)
     assert "staff" in [x["name"] for x in client.get("/api/galleries").json()["galleries"]]
 
     r = client.post(
@@ -161,8 +161,8 @@ def test_a_busy_gallery_file_degrades_then_recovers(
     import sqlite3
     import time
 
+    from facegate.api import app as app_mod
     from facegate.gallery.sqlite import SQLiteGalleryStore
-    from facegate.serving import app as app_mod
 
     monkeypatch.setattr(app_mod, "GALLERY_REOPEN_S", 0.2)
     data = tmp_path / "busy"

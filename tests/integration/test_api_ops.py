@@ -32,7 +32,12 @@ CONTRACT_ROUTES = {
 
 def test_health_ready_docs_page(client: httpx.Client, fg: SimpleNamespace) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "model": "sface", "device": "cpu", "precision": "fp32"}
+    assert client.get("/readyz").json() == {
+        "status": "ready",
+        "model": "sface-tiny",
+        "device": "cpu",
+        "precision": "fp32",
+    }
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     spec = client.get("/openapi.json").json()
@@ -148,19 +153,18 @@ def test_client_disconnect_cancels_queued_work(server_factory, lfw_root: Path, f
         assert r.status_code == 200 and len(r.json()["faces"]) >= 1
 
 
-def test_uvicorn_gets_the_http_parser_and_event_loop_settings() -> None:
-    """Settings.http_parser / event_loop reach uvicorn; 'auto' picks httptools and uvloop (dependencies)."""
+def test_uvicorn_takes_the_c_http_parser_and_event_loop() -> None:
+    """The one uvicorn configuration leaves uvicorn 'auto', which picks httptools and uvloop (dependencies)."""
     import httptools  # noqa: F401  - a dependency: uvicorn's 'auto' takes it
     import uvicorn
 
+    from facegate.api.app import create_app, uvicorn_config
     from facegate.config import Settings
-    from facegate.serving.app import create_app, uvicorn_config
 
     app = create_app(Settings(device="cpu"))
     auto = uvicorn_config(app, Settings(device="cpu"))
     assert (auto.http, auto.loop) == ("auto", "auto")
-    slow = uvicorn_config(app, Settings(device="cpu", http_parser="h11", event_loop="asyncio"))
-    assert (slow.http, slow.loop) == ("h11", "asyncio")
+    assert (auto.host, auto.port, auto.lifespan, auto.access_log) == ("127.0.0.1", 7860, "on", False)
     auto.load()  # resolves 'auto' to the implementations it found
     assert auto.http_protocol_class.__name__ == "HttpToolsProtocol", auto.http_protocol_class
     assert uvicorn.__version__

@@ -78,13 +78,13 @@ def _serve_plain(app: FastAPI, port: int) -> tuple[Any, threading.Thread]:
 def test_throughput_parity_at_concurrency_1(
     server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace, record_property
 ) -> None:
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
     settings = fg.make_settings(tmp_path / "parity", max_upload_bytes=1 << 20)
     service = FaceService.build(settings)  # the real default models
     facegate = server_factory(settings, service=service)
     plain_server, plain_thread = _serve_plain(
-        plain_app(service.pipeline, settings.max_upload_bytes, settings.max_pixels), fg.free_port()
+        plain_app(service.pipeline, settings.limits.max_upload_bytes, settings.limits.max_pixels), fg.free_port()
     )
     plain_url = f"http://127.0.0.1:{plain_server.config.port}"
     pairs = [

@@ -130,13 +130,12 @@ def _start_time(pid: int) -> int:
         return int(fh.read().rsplit(")", 1)[1].split()[19])
 
 
-@pytest.mark.parametrize("accept", ["balanced", "shared"])
-def test_a_dead_engine_takes_the_server_down(tmp_path: Path, accept: str) -> None:
-    """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error
-    (``accept``: Settings.accept, the supervisor's acceptor or uvicorn's shared socket)."""
+def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
+    """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error.
+    Neither the supervisor nor the front-ends load torch (``--device auto``: the plan resolves it without)."""
     port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1", "FACEGATE_ACCEPT": accept}
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--port", str(port)]
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--port", str(port)]
     proc = subprocess.Popen(
         [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -155,6 +154,10 @@ def test_a_dead_engine_takes_the_server_down(tmp_path: Path, accept: str) -> Non
         engine = min(spawned, key=_start_time)  # spawned first, before uvicorn's workers
         # only the engine loads torch: the front-ends decode, align, search and answer without it
         assert [c for c in spawned if _loads_torch(c)] == [engine], [(c, _loads_torch(c)) for c in spawned]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            assert all(c.get("/readyz").status_code == 200 for _ in range(4))  # /readyz does not load it either
+        assert [c for c in spawned if _loads_torch(c)] == [engine]
+        assert not _loads_torch(proc.pid)  # nor the supervisor
         os.kill(engine, signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
     finally:

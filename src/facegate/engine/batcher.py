@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from facegate.errors import DeadlineExceededError, EngineClosedError, InvalidParameterError, QueueFullError
@@ -232,13 +232,7 @@ class Batcher:
             self._finish_dropped(dropped)
 
     # ------------------------------------------------------------------ consumer side
-    def collect(
-        self,
-        max_batch: int,
-        max_wait_s: float,
-        *,
-        hold_until: Callable[[], float] | None = None,
-    ) -> list[WorkItem]:
+    def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
         """Take the next batch of live items, oldest first.
 
         Blocks until at least one live item is queued, then keeps gathering until the batch's total
@@ -251,9 +245,6 @@ class Batcher:
             max_batch: largest total cost of a batch (>= 1); with unit costs, the most items. The
                 first item is always taken, even when its own cost is larger.
             max_wait_s: batching window, measured from the first item's enqueue time.
-            hold_until: optional callable returning a ``time.monotonic()`` instant before which the
-                batch should stay open even after ``max_wait_s`` (the engine passes "when the device is
-                expected to be free"); re-evaluated whenever :meth:`wakeup` is called.
 
         Returns:
             live items in FIFO order, or ``[]`` once closed and empty.
@@ -261,7 +252,7 @@ class Batcher:
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         while True:
-            batch, dropped = self._collect_once(max_batch, max_wait_s, hold_until)
+            batch, dropped = self._collect_once(max_batch, max_wait_s)
             self._finish_dropped(dropped)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
@@ -276,9 +267,7 @@ class Batcher:
             if self._closed and not self._q:
                 return []
 
-    def _collect_once(
-        self, max_batch: int, max_wait_s: float, hold_until: Callable[[], float] | None
-    ) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
+    def _collect_once(self, max_batch: int, max_wait_s: float) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
         batch: list[WorkItem] = []
         dropped: list[tuple[WorkItem, str]] = []
         cost = 0
@@ -309,10 +298,7 @@ class Batcher:
                         break
                     self._cond.wait()
                     continue
-                close_at = batch[0].enqueued_at + max_wait_s
-                if hold_until is not None:
-                    close_at = max(close_at, hold_until())
-                remaining = close_at - now
+                remaining = batch[0].enqueued_at + max_wait_s - now
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
@@ -320,11 +306,6 @@ class Batcher:
                 self._taken.append((time.monotonic(), len(batch)))
             self._set_depth_locked()
         return batch, dropped
-
-    def wakeup(self) -> None:
-        """Make a waiting :meth:`collect` re-evaluate its window (e.g. the device became free)."""
-        with self._cond:
-            self._cond.notify_all()
 
     def close(self) -> None:
         """Refuse new work; a blocked :meth:`collect` returns what is left, then ``[]``."""

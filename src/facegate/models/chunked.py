@@ -99,8 +99,9 @@ class ActivationPlan:
         output, fit in half the budget; the sub-batches get what the buffer leaves (so at least the other
         half). When no stage boundary fits, every stage runs in sub-batches into a buffer of the features.
         """
-        if n * max(self.stage_peak) <= self.budget_elems:  # every stage, not the first (run 50: 10 SFace
-            return 0, n  # crops passed on the stem's peak and held 31 MiB in the next stage under a 16 MiB budget
+        # every stage's peak, not only the first: a batch that fits the stem's peak can overrun the budget later
+        if n * max(self.stage_peak) <= self.budget_elems:
+            return 0, n
         stages = len(self.stage_peak)
         for s in range(1, stages + 1):
             suffix = max(self.stage_peak[s:], default=0)

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from facegate.engine.graphs import capture_graph, replay, replay_lock
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, RawOutputs, YuNet, decode_yunet
+from facegate.runtime.graphs import capture_graph, replay, replay_lock
 from facegate.types import Detection
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,7 @@ class FaceDetector:
         the common ones), up to ``max_graphs`` shapes; other shapes run eagerly. Replaying a graph costs one
         launch instead of ~150 kernel launches, i.e. far less Python (GIL) time in the serving process.
         Graphs have static buffers and share the device's graph pool with the recognizer's, so a graphed batch
-        holds :func:`~facegate.engine.graphs.replay_lock` until its candidates are on the host (the engine's
+        holds :func:`~facegate.runtime.graphs.replay_lock` until its candidates are on the host (the engine's
         detect and photo threads both detect). No-op off CUDA.
         """
         if self.device.type == "cuda":
@@ -426,7 +426,7 @@ class FaceDetector:
 
         Each forward is a graph replay when captured (else eager), and its candidates are copied into pinned
         host buffers behind it on the one default stream. The shared graph pool's
-        :func:`~facegate.engine.graphs.replay_lock` covers only the enqueueing: the copies run right behind
+        :func:`~facegate.runtime.graphs.replay_lock` covers only the enqueueing: the copies run right behind
         their replays, before anything enqueued later. :meth:`finish_many` waits and finishes on the host, on
         any thread: the photo stage enqueues on the engine's front thread and finishes on its back thread, so
         the device detects while the back thread finishes the previous batch. Off CUDA this runs everything.
@@ -450,8 +450,8 @@ class FaceDetector:
                 full: tuple[Tensor, Tensor, Tensor] | None
                 if entry is None:
                     # the decoded candidates are not kept, as after a replay: a row with more than ``prefetch``
-                    # runs its batch again (rare), and a call of many photos does not hold them all (run 46:
-                    # 4.8 MiB for 64 LFW photos at one photo per forward, over half the detect peak)
+                    # runs its batch again (rare), and a call of many photos does not hold them all (for 64 LFW
+                    # photos at one photo per forward they would be over half the detect peak)
                     packed = self._select(self.forward(b), b.input_hw)[0]
                     full = None
                 else:

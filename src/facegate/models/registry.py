@@ -184,3 +184,14 @@ IRSE64_RTS = register(
         quality_source="logvar",
     )
 )
+
+#: A test double: SFace's architecture at a fraction of its widths with random weights (nothing to load), for
+#: tests of the serving mechanics; its embeddings and quality scores mean nothing, so its quality gate is 0.
+SFACE_TINY = register(
+    dataclasses.replace(
+        SFACE,
+        name="sface-tiny",
+        weights=WeightsSource("random", license="random test weights"),
+        thresholds=dataclasses.replace(SFACE.thresholds, quality=0.0, source="random weights: not calibrated"),
+    )
+)

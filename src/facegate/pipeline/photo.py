@@ -2,8 +2,7 @@
 
 Why: with the host path, every photo is decoded (libjpeg-turbo), resized and padded, and its faces
 warped (OpenCV) on the CPU of the serving processes, and each request makes two trips through the engine
-(``detect``, then ``embed``). On the H200 that cost the front-ends 10–22 ms of CPU per compare request,
-and the CPU, not the GPU, bounded throughput (``docs/benchmarks.md``, run 5). With this stage a request
+(``detect``, then ``embed``), and the front-ends' CPU, not the GPU, bounds throughput. With this stage a request
 sends the upload's bytes once, and the engine process
 
 1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`);
@@ -13,18 +12,15 @@ sends the upload's bytes once, and the engine process
 4. enqueues the detector (its CUDA graphs when enabled, :meth:`FaceDetector.enqueue_many`): every detector
    batch and its candidates' device→host copy, with no wait — steps 1–4 are the stage's ``prepare``, on
    the engine's front thread, overlapping the previous batch's ``execute``, so the device detects while
-   the back thread finishes the previous batch (``Settings.photo_detect_in_prepare``; off, step 4 runs
-   at the start of ``execute``). Then one wait for the candidates, and NMS of all photos at once on the
-   host (:meth:`FaceDetector.finish_many`);
-5. warps the selected faces on the device (:func:`warp_torch`), embeds them, and copies the results
-   to the host once (:func:`faces_on_device`, the stage's ``execute``).
-
-In the first H200 run, with steps 1–2 only in ``prepare``, the execute thread took ~0.5 ms per photo with
-the GPU 20 % busy (``docs/benchmarks.md``, run 6): that is why steps 2–3 moved to ``prepare``.
+   the back thread finishes the previous batch. The detector's graph also runs NMS, the largest-face
+   choice and the alignment transform (:mod:`facegate.pipeline.photo_select`);
+5. warps the selected faces on the device (:func:`warp_theta`), embeds them, and copies the results
+   to the host once (:func:`faces_selected_on_device`, the stage's ``execute``); photos the device cannot
+   settle exactly take the host rule.
 
 A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
 :meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
-take the host path, and so do uploads that are not JPEGs (``serving.routes.faces_of_upload``), which
+take the host path, and so do uploads that are not JPEGs (``api.routes.faces_of_upload``), which
 the stage would decode on the engine process's CPU. The host and device paths agree within the tolerances of
 ``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler differ from
 libjpeg-turbo's and OpenCV's by rounding).
@@ -34,9 +30,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,14 +41,19 @@ from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
+from facegate.pipeline.base import PipelineView, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.types import Detection, FaceSelect
 
-if TYPE_CHECKING:
-    from facegate.pipeline.pipeline import FacePipeline
-
-__all__ = ["PhotoFaces", "PhotoStage", "PreparedPhotos", "faces_on_device", "prepare_photos", "unpack_photo_faces"]
+__all__ = [
+    "PhotoFaces",
+    "PhotoStage",
+    "PreparedPhotos",
+    "faces_selected_on_device",
+    "prepare_photos",
+    "unpack_photo_faces",
+]
 
 
 @dataclass(slots=True)
@@ -65,9 +65,9 @@ class PreparedPhotos:
         photos: index → tensor of the photos to detect in (not errors, not 112×112 crops).
         aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
         det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
-            ``det_max_batch_pixels`` per forward (as :meth:`FacePipeline.detect_groups`).
-        det_pending: the detector forwards already enqueued on the device (:meth:`FaceDetector.enqueue_many`,
-            ``Settings.photo_detect_in_prepare``), or ``None``: ``execute`` runs them.
+            ``det_max_batch_pixels`` per forward (as :meth:`PipelineView.detect_groups`).
+        det_pending: the detector forwards enqueued on the device by ``prepare``
+            (:meth:`FaceDetector.enqueue_many`).
     """
 
     decoded: list[Any]
@@ -78,7 +78,7 @@ class PreparedPhotos:
 
 
 @torch.inference_mode()
-def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
+def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
     """Sort decoded photos into crops, photos and errors, and build the detector canvases on the device."""
     det = pipe.detector
     photos: dict[int, torch.Tensor] = {}
@@ -140,37 +140,6 @@ def _warp(
     return torch.cat(parts), owners
 
 
-@torch.inference_mode()
-def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
-    """Detect, select the largest face, align and embed the photos of a :func:`prepare_photos` batch.
-
-    Returns:
-        Per photo a :class:`PhotoFaces`, or its :class:`FacegateError` (decode error, ``NoFaceError``).
-    """
-    from facegate.pipeline.pipeline import select_faces
-
-    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
-    out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
-    chosen: dict[int, list[Detection]] = {}
-    det = pipe.detector
-    pending = prepared.det_pending
-    found = det.finish_many(pending) if pending else det.run_many([batch for _, batch in prepared.det_batches])
-    for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
-        for i, dets in zip(idx, per_batch, strict=True):
-            try:
-                chosen[i] = select_faces(dets, FaceSelect.LARGEST)
-            except FacegateError as exc:
-                out[i] = exc
-    crops, owners = _warp(photos, chosen, pipe.photo_warp_bytes)
-    if aligned:
-        crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
-        owners += aligned
-    if owners:
-        res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
-        _fill(out, res, owners, chosen)
-    return out
-
-
 def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
     """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from the recognizer's rows ``res (K, d + 2)`` of it."""
     d = res.shape[1] - 2
@@ -183,15 +152,17 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 
 
 @torch.inference_mode()
-def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
-    """:func:`faces_on_device` with NMS, face selection and alignment on the device (:mod:`.photo_select`).
+def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> list[Any]:
+    """Detect, select the largest face, align and embed the photos of a :func:`prepare_photos` batch, with NMS,
+    face selection and alignment on the device (:mod:`.photo_select`).
+
+    Returns:
+        Per photo a :class:`PhotoFaces`, or its :class:`FacegateError` (decode error, ``NoFaceError``).
 
     The host waits once, for one array: per photo its chosen face, whether it has one and whether the device
     answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
     (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
     """
-    from facegate.pipeline.pipeline import select_faces
-
     decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
@@ -262,7 +233,7 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     return out
 
 
-def _selection_post(pipe: FacePipeline) -> Any:
+def _selection_post(pipe: PipelineView) -> Any:
     """The detector ``post`` step of :func:`faces_selected_on_device`: one callable per pipeline (the detector
     captures a CUDA graph per batch shape and ``post``, so every stage object must hand it the same one)."""
     post = pipe._photo_select_post
@@ -284,41 +255,26 @@ class PhotoStage:
 
     name = "photo"
 
-    def __init__(self, pipeline: FacePipeline, *, max_bytes: int, max_pixels: int) -> None:
+    def __init__(self, pipeline: PipelineView, *, max_bytes: int, max_pixels: int) -> None:
         if pipeline.detector is None or pipeline.recognizer is None:
             raise InvalidParameterError("the photo stage needs a pipeline with models")
         self.p = pipeline
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
         self._post = _selection_post(pipeline)
-        self._decode_pool: ThreadPoolExecutor | None = None
-        if pipeline.photo_decode == "host":  # Settings.photo_decode: Pillow on these threads, not nvJPEG
-            self._decode_pool = ThreadPoolExecutor(pipeline.photo_decode_threads, thread_name_prefix="photo-decode")
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
-        plan = plan_decode(
-            datas,
-            self.p.device,
-            max_bytes=self.max_bytes,
-            max_pixels=self.max_pixels,
-            nvjpeg=self._decode_pool is None,
-            pool=self._decode_pool,
-        )
+        plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
         prepared = prepare_photos(self.p, run_decode(plan))
         batches = [b for _, b in prepared.det_batches]
-        if self.p.photo_select_on_device:
-            prepared.det_pending = self.p.detector.enqueue_many(
-                batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
-            )
-        elif self.p.photo_detect_in_prepare and batches and self.p.device.type == "cuda":
-            prepared.det_pending = self.p.detector.enqueue_many(batches)
+        prepared.det_pending = self.p.detector.enqueue_many(
+            batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
+        )
         return prepared
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
-        if prepared.det_pending is not None and prepared.det_pending.on_device is not None:
-            return faces_selected_on_device(self.p, prepared)
-        return faces_on_device(self.p, prepared)
+        return faces_selected_on_device(self.p, prepared)
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result

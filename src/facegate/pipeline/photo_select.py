@@ -1,11 +1,9 @@
 """The photo stage's face selection on the device: NMS, the largest face, its alignment, no host round trip.
 
-Why: with the host path (:func:`facegate.pipeline.photo.faces_on_device`) the engine's execute thread waits for
-the detector's candidates, runs NMS and builds detections in Python, estimates the alignments with NumPy, and
-only then enqueues the warp and the recognizer: about two thirds of a 54-photo batch's execute time on the H200
-was that host work, with the GPU idle (``benchmarks/results/photo_profile_run4_det16.json``). Here the same
-steps run as tensor operations on the device, and the host waits once, for the results
-(``Settings.photo_select_on_device``).
+Why: on the host, the engine's execute thread would wait for the detector's candidates, run NMS and build
+detections in Python, estimate the alignments with NumPy, and only then enqueue the warp and the recognizer,
+with the device idle meanwhile. Here the same steps run as tensor operations on the device, and the host waits
+once, for the results.
 
 Same rule and arithmetic as the host path, so the same detections:
 
@@ -20,11 +18,8 @@ Same rule and arithmetic as the host path, so the same detections:
   solution; float32 on accelerators, so crops may differ from the host path's by rounding).
 
 :func:`choose_and_align` is tensor code with no host data, so the detector captures it in its CUDA graph of each
-batch shape (``FaceDetector.enqueue_many(post=...)``). Run eagerly (H200 run 24) it served 6–23 % *fewer* compare
-requests than the host path: ~100 small kernel launches per detector batch cost more host time than the NumPy
-NMS they replaced. Captured in the graph, the photo stage alone ran 1.27× the photos/s (execute 6.96 against
-10.83 ms per 54 photos, ``docs/benchmarks.md``), and over HTTP (run 25) one engine process served 1.33× the
-compare requests at concurrency 100: on by default (``Settings.photo_select_on_device``).
+batch shape (``FaceDetector.enqueue_many(post=...)``): run eagerly, its ~100 small kernel launches per detector
+batch would cost more host time than the NumPy NMS they replace.
 
 A photo is *not exact* when it has more candidates above the score threshold than :data:`CANDIDATES`, or when
 its NMS has not reached the fixed point after :data:`ITERATIONS` steps (a chain of suppressions that long). The

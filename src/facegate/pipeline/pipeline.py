@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from facegate.config import Settings
-from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
+from facegate.pipeline.base import select_faces
+from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
 
 if TYPE_CHECKING:
@@ -33,38 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def select_faces(
-    detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
-) -> list[Detection]:
-    """Apply a face-selection policy to one image's detections (sorted by score, descending).
+def configure_cpu_threads(threads: int | None) -> int | None:
+    """Set OpenCV's and, where torch is loaded, torch's intra-op thread counts (``ServingPlan.cpu_threads``).
 
-    Raises:
-        NoFaceError: no detection at all.
-        FaceSelectionError: ``face_index`` missing or out of range for ``FaceSelect.INDEX``.
+    ``None`` leaves the libraries' defaults. With a CUDA engine the CPU side only decodes and preprocesses, in
+    small per-image operations after each of which idle pool threads spin: one thread is faster there. A
+    process that has not imported torch (an HTTP front-end) does not import it for this. Returns ``threads``.
     """
-    select = FaceSelect(select)
-    if not detections:
-        raise NoFaceError("no face found in the image")
-    if select is FaceSelect.ALL:
-        return list(detections)
-    if select is FaceSelect.LARGEST:
-        return [max(detections, key=lambda d: d.area)]
-    if face_index is None or not 0 <= face_index < len(detections):
-        raise FaceSelectionError(
-            f"face_index {face_index} is out of range: {len(detections)} face(s) found",
-            detail={"faces": len(detections), "face_index": face_index},
-        )
-    return [detections[face_index]]
-
-
-def configure_cpu_threads(threads: int | None, device: str) -> int | None:
-    """Set OpenCV's and, where torch is loaded, torch's intra-op thread counts (see ``Settings.cpu_threads``).
-
-    ``None``: 1 on CUDA, unchanged on the CPU; ``0``: unchanged; ``n``: ``n``. Returns the count set, or
-    ``None`` when the libraries' defaults were left alone. A process that has not imported torch (an HTTP
-    front-end) does not import it for this.
-    """
-    n = (1 if device == "cuda" else None) if threads is None else (threads or None)
+    n = threads
     if n is not None:
         import cv2
 
@@ -76,52 +54,27 @@ def configure_cpu_threads(threads: int | None, device: str) -> int | None:
     return n
 
 
-#: What ``Settings.gemm_workspace="none"`` sets in the environment: no cuBLAS / cuBLASLt workspaces.
+#: No cuBLAS / cuBLASLt workspaces: PyTorch otherwise keeps one per thread and stream that ran a GEMM (tens of
+#: MiB of GPU memory each), and the models' only GEMMs are their small embedding heads.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
 
 
-def configure_gemm_workspace(mode: str, device: str) -> dict[str, str]:
-    """Apply ``Settings.gemm_workspace`` to this process; returns the variables it set.
+def configure_gemm_workspace(device: str) -> dict[str, str]:
+    """Turn the cuBLAS workspaces off in this process (CUDA); returns the variables it set.
 
     PyTorch reads these once, at the process's first GEMM, so this runs before the models are built; a
     variable the user set already is left alone.
     """
-    if device != "cuda" or mode != "none":
+    if device != "cuda":
         return {}
     set_now = {k: v for k, v in NO_GEMM_WORKSPACE.items() if k not in os.environ}
     os.environ.update(set_now)
-    if set_now:
-        log.info("cuBLAS workspaces off: %s", set_now)
-    return set_now
-
-
-#: What ``Settings.gpu_allocator="expandable"`` sets: PyTorch's expandable segments.
-EXPANDABLE_ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-
-
-def configure_allocator(mode: str, device: str) -> dict[str, str]:
-    """Apply ``Settings.gpu_allocator`` to this process; returns the variables it set.
-
-    The allocator reads its configuration when CUDA starts; when CUDA is already started here, the setting
-    goes through ``torch.cuda.memory._set_allocator_settings`` instead. A variable the user set is left alone.
-    """
-    if device != "cuda" or mode != "expandable":
-        return {}
-    import torch
-
-    if torch.cuda.is_initialized():
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-        log.info("CUDA allocator: expandable segments (set at run time)")
-        return {}
-    set_now = {k: v for k, v in EXPANDABLE_ALLOCATOR.items() if k not in os.environ}
-    os.environ.update(set_now)
-    log.info("CUDA allocator: %s", set_now or "PYTORCH_CUDA_ALLOC_CONF already set, left as is")
     return set_now
 
 
 @contextlib.contextmanager
 def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
-    """Start-up under ``Settings.gpu_memory_limit_mib``: a CUDA out-of-memory error while ``what`` runs becomes
+    """Start-up under ``Settings.engine.gpu_memory_limit_mib``: a CUDA out-of-memory error while ``what`` runs becomes
     an :class:`InvalidParameterError` that names the limit (the limit is the setting to change)."""
     try:
         yield
@@ -136,7 +89,7 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
 
 
 def reserve_arena(mib: int, device: int | None = None) -> int:
-    """Apply ``Settings.gpu_arena_mib``: leave one free segment of ``mib`` MiB in PyTorch's CUDA caching allocator
+    """Apply ``ServingPlan.gpu_arena_mib``: leave one free segment of ``mib`` MiB in PyTorch's CUDA caching allocator
     of this process (on ``device``, the current one by default); returns the bytes the allocator reserved after.
 
     The allocator carves later blocks larger than 1 MiB from its cached free blocks before it asks the driver
@@ -155,7 +108,7 @@ def reserve_arena(mib: int, device: int | None = None) -> int:
 
 
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:
-    """Apply ``Settings.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
+    """Apply ``Settings.engine.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
     ``device`` (the current one by default) at ``mib`` MiB; returns the fraction of the device's memory set.
 
     Raises:
@@ -177,7 +130,7 @@ def limit_gpu_memory(mib: int, device: int | None = None) -> float:
 
 
 def photo_stage_enabled(mode: str, device: str) -> bool:
-    """Whether ``Settings.gpu_preprocess`` = ``mode`` gives a pipeline on ``device`` the ``photo`` stage."""
+    """Whether ``ServingPlan.photo_stage`` = ``mode`` gives a pipeline on ``device`` the ``photo`` stage."""
     if mode == "on":
         return True
     if mode == "off" or device != "cuda":
@@ -266,21 +219,16 @@ class FacePipeline:
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
-        #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
+        #: largest sub-batch per forward on the CPU (ServingPlan.cpu_chunk); None = no split
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
-        #: the photo stage enqueues detection in ``prepare`` (see Settings.photo_detect_in_prepare)
-        self.photo_detect_in_prepare = True
-        #: the photo stage selects and aligns faces on the device (see Settings.photo_select_on_device)
-        self.photo_select_on_device = False
-        #: float32 bytes of photos the photo stage warps at once (Settings.photo_warp_mib); None = a whole batch
+        #: recognizer precision of the plan ("fp32", "fp16", "bf16")
+        self.precision = "fp32"
+        #: float32 bytes of photos the photo stage warps at once (ServingPlan.photo_warp_mib); None = a whole batch
         self.photo_warp_bytes: int | None = None
-        #: how the photo stage decodes JPEGs: "nvjpeg" or "host" (Settings.photo_decode, photo_decode_threads)
-        self.photo_decode = "nvjpeg"
-        self.photo_decode_threads = 4
-        #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (Settings.gpu_preprocess); None = no stage
+        #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (ServingPlan.photo_stage); None = no stage
         self.photo_limits: tuple[int, int] | None = None
-        #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.det_warm_sizes)
+        #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.detector.warm_sizes)
         self.det_warm_sizes: list[tuple[int, int]] = [(250, 250)]
         #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
@@ -291,7 +239,7 @@ class FacePipeline:
 
     @property
     def det_max_batch_pixels(self) -> int | None:
-        """Largest detector forward in padded pixels (see Settings.det_max_batch_pixels); None = no cap. The
+        """Largest detector forward in padded pixels (ServingPlan.det_max_batch_pixels); None = no cap. The
         detector holds it too: its padding of a batch to a bucket stays within it."""
         return self._det_max_batch_pixels
 
@@ -312,94 +260,81 @@ class FacePipeline:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_settings(cls, settings: Settings, *, tiny: bool = False) -> FacePipeline:
-        """Build the pipeline the settings describe (real weights unless ``tiny``).
-
-        ``tiny`` keeps the real (53 k-parameter) YuNet detector but swaps the recognizer for a
-        random-weight tiny model: for fast tests of serving mechanics only; its embeddings mean nothing.
-        """
+    def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
+        """Build the pipeline the settings and the serving plan (:func:`facegate.tuning.make_plan`) describe."""
         import torch
 
         from facegate.models.detector import FaceDetector
-        from facegate.models.epilogue import set_fused_epilogues
         from facegate.models.recognizer import build_recognizer, resolve_dtype
         from facegate.models.yunet import load_yunet
+        from facegate.runtime.kernels import set_fused_epilogues
 
-        device = settings.resolved_device()
-        dtype = resolve_dtype(settings.precision)
+        plan = plan or make_plan(settings)
+        device = plan.device
+        dtype = resolve_dtype(plan.precision)
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
         spec = get_spec(name)
-        configure_cpu_threads(settings.cpu_threads, device)
-        configure_gemm_workspace(settings.gemm_workspace, device)
-        configure_allocator(settings.gpu_allocator, device)
-        if device == "cuda" and settings.gpu_memory_limit_mib is not None:
-            limit_gpu_memory(settings.gpu_memory_limit_mib)
-        if device == "cuda" and settings.gpu_arena_mib is not None:
-            reserve_arena(settings.gpu_arena_mib)
+        max_batch = settings.engine.max_batch_size
+        configure_cpu_threads(plan.cpu_threads)
+        configure_gemm_workspace(device)
+        if device == "cuda" and settings.engine.gpu_memory_limit_mib is not None:
+            limit_gpu_memory(settings.engine.gpu_memory_limit_mib)
+        if device == "cuda" and plan.gpu_arena_mib is not None:
+            reserve_arena(plan.gpu_arena_mib)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
-            set_fused_epilogues(yunet, settings.fused_epilogues, depthwise=settings.fused_depthwise)
+            set_fused_epilogues(yunet, plan.fused_kernels, depthwise=plan.fused_kernels)
+        det = settings.detector
         detector = FaceDetector(
             yunet,
             device=device,
             # the detector stays fp32 on every device: it is tiny (53 k parameters), and fp16 landmarks
             # move the alignment enough to cost embedding parity (measured: min cosine 0.85 on LFW)
             dtype=torch.float32,
-            score_threshold=settings.det_score_threshold,
-            nms_threshold=settings.det_nms_threshold,
-            top_k=settings.det_top_k,
-            max_side=settings.det_max_side,
-            # NCHW on CUDA: cuDNN plans an NHWC convolution in 2–4 s per new input shape and thread (the
-            # plan cache is thread-local), NCHW in ~10 ms, at equal or better steady-state speed
-            # (benchmarks/results/detector_gpu.json); NHWC stays on the CPU, where it is several times faster
-            channels_last=device == "cpu" if settings.det_channels_last is None else settings.det_channels_last,
+            score_threshold=det.score_threshold,
+            nms_threshold=det.nms_threshold,
+            top_k=det.top_k,
+            max_side=det.max_side,
+            # NCHW on CUDA: cuDNN plans an NHWC convolution in seconds per new input shape and thread (the
+            # plan cache is thread-local), NCHW in milliseconds, at equal steady-state speed; NHWC on the CPU,
+            # where it is several times faster
+            channels_last=plan.det_channels_last,
         )
-        if device == "cuda":
-            # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
-            detector.batch_buckets = tuple(
-                sorted({b for b in settings.graph_buckets if b <= settings.max_batch_size} | {settings.max_batch_size})
-            )
-        if tiny:
-            from facegate.models.recognizer import build_tiny_recognizer
-
-            recognizer = build_tiny_recognizer(spec, device=device, dtype=dtype)
-        else:
-            recognizer = build_recognizer(
-                spec,
-                checkpoint=settings.rts_checkpoint,
-                quality_head=settings.quality_head,
-                device=device,
-                dtype=dtype,
-                channels_last=device == "cuda" and dtype is not torch.float32 and settings.channels_last,
-            )
+        buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
+        if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
+            detector.batch_buckets = tuple(buckets)
+        recognizer = build_recognizer(
+            spec,
+            checkpoint=settings.rts_checkpoint,
+            quality_head=settings.quality_head,
+            device=device,
+            dtype=dtype,
+            channels_last=plan.channels_last and dtype is not torch.float32,
+        )
         recognizer.eval()
         recognizer.flip_tta = settings.flip_tta
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
             # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
-            set_fused_epilogues(recognizer.backbone, settings.fused_epilogues and settings.compile != "inductor")
-        if settings.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
-            recognizer.set_activation_budget(settings.activation_budget_mib)
-        if device == "cuda" and settings.compile != "off":
-            from facegate.engine.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
+            set_fused_epilogues(recognizer.backbone, plan.fused_kernels and plan.compile != "inductor")
+        if plan.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
+            recognizer.set_activation_budget(plan.activation_budget_mib)
+        if device == "cuda" and plan.compile != "off":
+            from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
-            if settings.det_graphs:
+            if plan.det_graphs:
                 detector.enable_graphs()
-            buckets = sorted(
-                {b for b in settings.graph_buckets if b <= settings.max_batch_size} | {settings.max_batch_size}
-            )
             recognizer = GraphedModule(
                 recognizer,
                 (*spec.input_size, 3),
                 torch.uint8,
                 buckets=buckets,
-                compile_mode="max-autotune-no-cudagraphs" if settings.compile == "inductor" else None,
-                compile_options=INDUCTOR_SERVING_OPTIONS if settings.compile == "inductor" else None,
+                compile_mode="max-autotune-no-cudagraphs" if plan.compile == "inductor" else None,
+                compile_options=INDUCTOR_SERVING_OPTIONS if plan.compile == "inductor" else None,
             )
-        # a tiny random-weight recognizer's quality means nothing: its gate defaults to 0 unless set
-        default_q = 0.0 if tiny else spec.thresholds.quality
+        default_q = spec.thresholds.quality
         operating = Operating(
             match_threshold=(
                 settings.match_threshold if settings.match_threshold is not None else spec.thresholds.match
@@ -411,28 +346,27 @@ class FacePipeline:
             "pipeline: model=%s device=%s precision=%s match>=%.4f (FMR %.0e) quality>=%.3f",
             spec.name,
             device,
-            settings.precision,
+            plan.precision,
             operating.match_threshold,
             operating.match_fmr,
             operating.quality_threshold,
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
-        pipe.det_max_batch_pixels = settings.det_max_batch_pixels
-        pipe.photo_detect_in_prepare = settings.photo_detect_in_prepare
-        pipe.photo_select_on_device = settings.photo_select_on_device
-        pipe.photo_warp_bytes = None if settings.photo_warp_mib is None else settings.photo_warp_mib * 2**20
-        pipe.photo_decode, pipe.photo_decode_threads = settings.photo_decode, settings.photo_decode_threads
-        pipe.det_warm_sizes = [tuple(sz) for sz in settings.det_warm_sizes]  # type: ignore[misc]
+        pipe.precision = plan.precision
+        pipe.det_max_batch_pixels = plan.det_max_batch_pixels
+        pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
+        pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]
+        limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
         t_photo = time.perf_counter()
-        if device == "cuda" and settings.gpu_preprocess == "auto" and importlib.util.find_spec("torchvision"):
-            # importing torchvision takes seconds (4.4 s on the H200 host, run 18): it runs on a thread beside
-            # the warm-up's graph captures (cuDNN planning releases the GIL), and warmup() confirms the stage
-            pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
+        if device == "cuda" and plan.photo_stage == "auto" and importlib.util.find_spec("torchvision"):
+            # importing torchvision takes seconds: it runs on a thread beside the warm-up's graph captures
+            # (cuDNN planning releases the GIL), and warmup() confirms the stage
+            pipe.photo_limits = limits
             pipe._photo_check = start_photo_check()
             log.info("photo stage: checking torchvision's nvJPEG decoder beside the warm-up")
         else:
-            if photo_stage_enabled(settings.gpu_preprocess, device):
-                pipe.photo_limits = (settings.max_upload_bytes, settings.max_pixels)
+            if photo_stage_enabled(plan.photo_stage, device):
+                pipe.photo_limits = limits
             if device == "cuda":
                 log.info(
                     "photo stage %s (checked in %.2f s)",
@@ -440,10 +374,9 @@ class FacePipeline:
                     time.perf_counter() - t_photo,
                 )
         if device == "cpu":
-            pipe.chunk = settings.cpu_chunk
+            pipe.chunk = plan.cpu_chunk
         return pipe
 
-    # ------------------------------------------------------------------ batched stages
     def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
         """Preprocess ``images`` as one detector batch per padded input size: ``[(indices, DetBatch)]``.
 
@@ -702,7 +635,7 @@ class FacePipeline:
 
         With device-side selection the detector captures a graph per (batch shape, selection) pair, apart
         from the plain detector's: a bucket not run here would be captured by the first live batch of its
-        size (0.05–0.1 s on the H200, run 32's logs, three engines at once)."""
+        size, a stall of that batch)."""
         import cv2
 
         from facegate.pipeline.photo import PhotoStage

@@ -20,9 +20,8 @@ class EmbedOut(tuple):  # type: ignore[type-arg]
     """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
 
     A plain tuple to its users; pickled (engine process → front-end) as the one contiguous block instead
-    of three strided arrays: 2.5 instead of 5.1 µs per item on the dev CPU (``benchmarks/micro_serialise.py``).
-    Pickling results was most of the engine's sender thread in run 13's py-spy profile (13 % of the process's
-    GIL samples, photo and embed results together).
+    of three strided arrays, half the pickling time per item: pickling results is most of the engine's sender
+    thread's work.
     """
 
     block: np.ndarray
@@ -72,8 +71,8 @@ class PhotoFaces:
         return out
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
-        """Pickled as one array, not a tree of objects: pickling held 11 % of the engine process's GIL under
-        load before, 5 % after (py-spy, ``benchmarks/results/pyspy_run9/10_facegate_mp.json``)."""
+        """Pickled as one array, not a tree of objects: pickling a tree holds the engine process's GIL about
+        twice as long under load."""
         return unpack_photo_faces, (self.pack(),)
 
 

@@ -7,18 +7,16 @@ front-ends that unpickle it never import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
+from facegate.pipeline.base import PipelineView
 from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
-
-if TYPE_CHECKING:
-    from facegate.pipeline.pipeline import FacePipeline
 
 
 class DetectStage:
@@ -26,7 +24,7 @@ class DetectStage:
 
     name = "detect"
 
-    def __init__(self, pipeline: FacePipeline) -> None:
+    def __init__(self, pipeline: PipelineView) -> None:
         self.p = pipeline
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
@@ -54,7 +52,7 @@ class EmbedStage:
     #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
     STAGING_ROWS = 64
 
-    def __init__(self, pipeline: FacePipeline) -> None:
+    def __init__(self, pipeline: PipelineView) -> None:
         self.p = pipeline
         self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
         self._turn = 0
@@ -77,11 +75,10 @@ class EmbedStage:
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
 
-        On CUDA the crops are copied once, straight into a pinned staging buffer (run 13 concatenated, then
-        pinned a fresh block: 7.1–7.4 ms per batch of 64 crops; with the ring 6.3–6.8 ms, run 15). Each
-        request's crops are one ``memcpy`` with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
-        ``np.concatenate`` gave the GIL away once per request and had to win it back from the engine's other
-        threads each time. That change is measured on the CPU only (``benchmarks/gil_copy.py``).
+        On CUDA the crops are copied once, straight into a pinned staging buffer of a ring (not concatenated,
+        then pinned into a fresh block). Each request's crops are one ``memcpy`` with the GIL held
+        (:func:`~facegate.io.memcopy.pack_rows`): ``np.concatenate`` would give the GIL away once per request
+        and have to win it back from the engine's other threads each time.
         """
         sizes = [len(c) for c in payloads]
         n = sum(sizes)

@@ -642,7 +642,7 @@ def extract_folder(
     if not paths:
         raise InvalidParameterError(f"no <identity>/<image> files under {root}", detail={"root": str(root)})
     plan = plan_variants(paths, n_random, 0, seed)
-    pipe = FacePipeline.from_settings(Settings(device=device, precision="fp32"))
+    pipe = FacePipeline.from_settings(Settings(device=device, precision="fp32", compile="off"))
     n = sum(len(v) for v in plan)
     with tqdm(total=n, desc="features", unit="face", file=sys.stderr) as bar:
         cols = extract(pipe, root, sorted(paths), plan, batch_size=batch_size, seed=seed, progress=bar.update)

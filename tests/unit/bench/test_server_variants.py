@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from facegate.config import Settings
+from facegate.tuning import Machine, make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 sv = pytest.importorskip("server_variants")
@@ -62,9 +63,9 @@ def test_the_default_server_gets_no_tuning_flag() -> None:
 )
 def test_the_low_memory_servers_keep_their_own_compile_mode(name: str, budget: int, rts: bool) -> None:
     fields = {k.removeprefix("FACEGATE_").lower(): v for k, v in sv.server_env(name).items()}
-    s = Settings(device="cpu", **fields)  # every value is one the settings accept
-    assert s.compile == "off" and s.gpu_preprocess == "off" and s.activation_budget_mib == budget
+    s = Settings(device="cuda", **fields)  # every value is one the settings accept
+    plan = make_plan(s, Machine(gpus=1, cores=16))
+    assert plan.compile == "off" and plan.photo_stage == "off" and plan.activation_budget_mib == budget
     assert (s.rts_checkpoint == Path("/tmp/irse64.pt")) is rts and (s.quality_threshold == 0.0) is rts
     a = argv(name)
-    assert "--compile" not in a  # the benchmark's --compile would override FACEGATE_COMPILE
-    assert a[a.index("--precision") + 1] == "fp16"
+    assert "--compile" not in a and "--precision" not in a  # flags would override the profile's own choice

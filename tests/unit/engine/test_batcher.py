@@ -168,23 +168,6 @@ def test_drain_returns_everything() -> None:
     assert b.depth == 0 and stats.queue_depth.value("s") == 0
 
 
-def test_hold_until_keeps_batch_open_and_wakeup_reevaluates() -> None:
-    b, _ = _batcher()
-    busy = {"until": time.monotonic() + 10.0}
-    b.put(_item(0))
-    out: list[list[WorkItem]] = []
-    t = threading.Thread(target=lambda: out.append(b.collect(8, 0.0, hold_until=lambda: busy["until"])))
-    t.start()
-    time.sleep(0.05)
-    b.put(_item(1))  # joins the held batch
-    time.sleep(0.05)
-    assert not out
-    busy["until"] = 0.0  # "device free"
-    b.wakeup()
-    t.join(2)
-    assert [it.payload for it in out[0]] == [0, 1]
-
-
 def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:
     b, stats = _batcher()
 

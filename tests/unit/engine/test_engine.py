@@ -131,7 +131,7 @@ async def submit_n(engine: Engine, n: int, stage: str = "fake") -> list[Any]:
 @pytest.mark.parametrize("batching", [True, False])
 def test_64_concurrent_submits_exact_results(batching: bool) -> None:
     stage = FakeStage(exec_s=0.005)
-    engine = make_engine(stage, batching=batching, max_wait_ms=20.0)
+    engine = make_engine(stage, max_batch_size=64 if batching else 1, max_wait_ms=20.0)
     with engine:
         results = asyncio.run(submit_n(engine, 64))
     for i, r in enumerate(results):
@@ -151,10 +151,10 @@ def test_64_concurrent_submits_exact_results(batching: bool) -> None:
     assert engine.stats.queue_wait.snapshot("fake").count == 64
 
 
-def test_batching_on_and_off_give_identical_results() -> None:
+def test_batches_of_one_and_of_many_give_identical_results() -> None:
     outs = []
     for batching in (True, False):
-        engine = make_engine(FakeStage(exec_s=0.002), batching=batching, max_wait_ms=10.0)
+        engine = make_engine(FakeStage(exec_s=0.002), max_batch_size=64 if batching else 1, max_wait_ms=10.0)
         with engine:
             outs.append(asyncio.run(submit_n(engine, 64)))
     for a, b in zip(*outs, strict=True):
@@ -285,7 +285,7 @@ def test_stage_exception_is_isolated_to_its_batch() -> None:
         return RuntimeError("kaboom") if 5 in ids else None
 
     stage = FakeStage(execute_error=boom)
-    engine = make_engine(stage, batching=False)
+    engine = make_engine(stage, max_batch_size=1)
     with engine:
 
         async def main() -> list[Any]:
@@ -340,7 +340,7 @@ def test_per_item_exceptions_from_deliver_and_bad_deliver_length() -> None:
         def deliver(self, result: np.ndarray, n: int) -> list[Any]:
             return super().deliver(result, n)[:-1]
 
-    with make_engine(PartlyFailing(), batching=False) as engine:
+    with make_engine(PartlyFailing(), max_batch_size=1) as engine:
         res = asyncio.run(engine.submit_many("fake", [item(i) for i in range(4)], return_exceptions=True))
     odd = [int(alone(payload(i))[0]) % 2 == 1 for i in range(4)]
     for r, is_odd in zip(res, odd, strict=True):
@@ -373,7 +373,7 @@ def test_lifecycle_ready_and_closed_errors() -> None:
 
 def test_stop_with_drain_completes_everything_queued() -> None:
     stage = FakeStage(exec_s=0.01)
-    engine = make_engine(stage, batching=False)
+    engine = make_engine(stage, max_batch_size=1)
     engine.start()
 
     async def main() -> list[Any]:
@@ -417,7 +417,7 @@ def test_stop_without_drain_fails_pending_with_engine_closed() -> None:
 def test_prepare_overlaps_execute() -> None:
     """10 batches of prepare 20 ms + execute 20 ms: serial takes the sum of the spans, pipelined about half."""
     stage = FakeStage(prep_s=0.02, exec_s=0.02)
-    engine = make_engine(stage, batching=False)
+    engine = make_engine(stage, max_batch_size=1)
     with engine:
 
         async def main() -> float:
@@ -434,29 +434,6 @@ def test_prepare_overlaps_execute() -> None:
     assert overlaps >= 5
     ex = engine.stats.compute_seconds.snapshot("fake", "execute")
     assert ex.count == 10 and ex.sum >= 0.2
-
-
-@pytest.mark.parametrize("adaptive", [True, False])
-def test_adaptive_wait_keeps_batch_open_while_device_busy(adaptive: bool) -> None:
-    """Items arriving while the device runs a 120 ms batch join one batch only with adaptive_wait."""
-    stage = FakeStage(exec_s=0.12)
-    engine = make_engine(stage, max_wait_ms=1.0, adaptive_wait=adaptive)
-    with engine:
-        engine.submit_sync("fake", item(99))  # warm-up: gives the engine its execute-time estimate
-
-        async def main() -> None:
-            tasks = [asyncio.create_task(engine.submit("fake", item(0)))]
-            await asyncio.to_thread(wait_for, lambda: len(stage.executed_ids) == 2)  # item 0 on the device
-            for i in (1, 2, 3):
-                await asyncio.sleep(0.01)
-                tasks.append(asyncio.create_task(engine.submit("fake", item(i))))
-            await asyncio.gather(*tasks)
-
-        asyncio.run(main())
-    if adaptive:
-        assert stage.executed_ids[1:] == [[0], [1, 2, 3]]
-    else:
-        assert stage.executed_ids[1:] == [[0], [1], [2, 3]]
 
 
 class RowsStage:
@@ -508,24 +485,22 @@ async def _both_stages(engine: Engine, n: int) -> tuple[list[Any], list[Any]]:
     return await a, await b
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_shared_device_thread_runs_every_stage_execute_on_one_thread(shared: bool) -> None:
+@pytest.mark.parametrize("given", [True, False])
+def test_one_device_thread_runs_every_stage_execute(given: bool) -> None:
     sa, sb = FakeStage("a", exec_s=0.003), FakeStage("b", exec_s=0.003)
-    device = DeviceThread() if shared else None
+    device = DeviceThread() if given else None
     engine = Engine([sa, sb], max_batch_size=8, max_wait_ms=2.0, stats=ServiceStats(), device_thread=device)
-    assert engine.device_executor is device
+    assert isinstance(engine.device_executor, DeviceThread)
+    assert engine.device_executor is device or not given
     with engine:
         assert engine.ready
         ra, rb = asyncio.run(_both_stages(engine, 40))
     for i in range(40):
         assert np.array_equal(ra[i], alone(payload(i))) and np.array_equal(rb[i], alone(payload(i)))
     assert sa.prep_threads == {"facegate-a-prepare"} and sb.prep_threads == {"facegate-b-prepare"}
-    if shared:
-        assert sa.exec_threads == sb.exec_threads == {"facegate-device"}
-        spans = sorted(sa.exec_spans + sb.exec_spans)  # one thread: the two stages never execute at once
-        assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans))
-    else:
-        assert sa.exec_threads == {"facegate-a-execute"} and sb.exec_threads == {"facegate-b-execute"}
+    assert sa.exec_threads == sb.exec_threads == {"facegate-device"}
+    spans = sorted(sa.exec_spans + sb.exec_spans)  # one thread: the two stages never execute at once
+    assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans))
     assert not engine.ready
 
 

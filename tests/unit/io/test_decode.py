@@ -541,46 +541,6 @@ def test_batch_decode_cuda_matches_cpu(jpeg_bytes: bytes, png_bytes: bytes) -> N
     assert max(diffs.values()) < 8.0, diffs
 
 
-def test_host_plan_decodes_everything_on_threads_and_uploads_without_waiting(
-    monkeypatch: pytest.MonkeyPatch, jpeg_bytes: bytes, png_bytes: bytes
-) -> None:
-    """Settings.photo_decode = "host": no item goes to nvJPEG even where it could, the threads give the
-    same arrays as one thread, bad items keep their errors, and only a CUDA plan uploads asynchronously."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from facegate.io import decode as mod
-
-    monkeypatch.setattr(mod, "_use_nvjpeg", lambda device: True)  # nvJPEG "available": host mode must not use it
-    datas = [jpeg_bytes, png_bytes, jpeg_bytes[:700], b"", *[_encode(_pattern(), "JPEG", quality=90)] * 3]
-    with ThreadPoolExecutor(3) as pool:
-        threaded = mod.plan_decode(datas, "cpu", **LIMITS, nvjpeg=False, pool=pool)
-    single = mod.plan_decode(datas, "cpu", **LIMITS, nvjpeg=False)
-    assert threaded.gpu_items == {} and single.gpu_items == {} and not threaded.upload_async
-    assert sorted(threaded.done) == list(range(len(datas)))
-    for i, data in enumerate(datas):
-        a, b = threaded.done[i], single.done[i]
-        if isinstance(b, np.ndarray):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(a, decode_image(data, **LIMITS))
-        else:
-            assert type(a) is type(b)
-    assert isinstance(threaded.done[2], ImageDecodeError) and isinstance(threaded.done[3], EmptyInputError)
-    out = mod.run_decode(threaded)
-    assert [type(t).__name__ for t in out[:4]] == ["Tensor", "Tensor", "ImageDecodeError", "EmptyInputError"]
-    assert mod.plan_decode([jpeg_bytes], "cpu", **LIMITS).gpu_items  # the default still hands JPEGs to nvJPEG
-
-
-@pytest.mark.gpu
-def test_async_upload_matches_the_blocking_one(jpeg_bytes: bytes) -> None:
-    from facegate.io import decode as mod
-
-    arr = decode_image(jpeg_bytes, **LIMITS)
-    a = mod._to_device(arr, torch.device("cuda"), non_blocking=True)
-    b = mod._to_device(arr, torch.device("cuda"))
-    assert a.is_contiguous() and a.shape == b.shape == (3, *arr.shape[:2])
-    assert torch.equal(a, b)
-
-
 def test_errors_are_facegate_errors_only() -> None:
     """Fuzz: random mutations of valid files never leak a third-party exception."""
     rng = np.random.default_rng(3)

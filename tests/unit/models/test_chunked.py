@@ -10,10 +10,10 @@ from torch import nn
 
 from facegate.errors import InvalidParameterError, ModelError
 from facegate.models.chunked import ActivationPlan, run_trunk
-from facegate.models.epilogue import set_fused_epilogues
 from facegate.models.irse import IRSE64RTS
 from facegate.models.recognizer import Recognizer, build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, WeightsSource
+from facegate.runtime.kernels import set_fused_epilogues
 
 TINY_IRSE = dataclasses.replace(IRSE64_RTS, weights=WeightsSource("random"))
 TINY_SFACE = dataclasses.replace(SFACE, weights=WeightsSource("random"))

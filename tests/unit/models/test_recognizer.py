@@ -304,7 +304,7 @@ def test_cuda_half_precision_and_compile_match_cpu(arch_spec: ModelSpec, precisi
     torch.testing.assert_close(rc, r, rtol=0.02, atol=0.0)
     assert float((qc - q).abs().max()) < 0.02
     # the BatchNorm-folded backbone the CUDA pipeline serves, captured as CUDA graphs (channels_last views)
-    from facegate.engine.graphs import GraphedModule
+    from facegate.runtime.graphs import GraphedModule
 
     fused = copy.deepcopy(rec)
     fused.backbone.fuse()

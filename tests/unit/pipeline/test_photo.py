@@ -23,7 +23,8 @@ from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterE
 from facegate.io.decode import decode_image
 from facegate.pipeline.photo import PhotoFaces, PhotoStage, warp_runs
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.pipeline.service import FaceService
+from facegate.service.faces import FaceService
+from facegate.tuning import make_plan
 from facegate.types import Detection, Face
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
@@ -112,25 +113,6 @@ def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:
         assert abs(float(res.quality[0]) - ref.quality.score) < 1e-5
 
 
-def test_host_decode_setting_gives_the_same_answers_on_the_cpu(pipe: FacePipeline) -> None:
-    """Settings.photo_decode = "host" decodes on the stage's own threads; on the CPU both settings decode on
-    the host, so the answers are the same to the bit."""
-    rng = np.random.default_rng(5)
-    datas = [_png(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)) for _ in range(3)] + [b"", b"junk"]
-    assert Settings().photo_decode == "nvjpeg"
-    pipe.photo_decode = "host"
-    try:
-        stage = PhotoStage(pipe, **LIMITS)
-    finally:
-        pipe.photo_decode = "nvjpeg"
-    assert stage._decode_pool is not None and PhotoStage(pipe, **LIMITS)._decode_pool is None
-    got, want = _run(stage, datas), _run(PhotoStage(pipe, **LIMITS), datas)
-    for g, w in zip(got, want, strict=True):
-        assert type(g) is type(w)
-        if isinstance(w, PhotoFaces):
-            np.testing.assert_array_equal(g.embedding, w.embedding)  # type: ignore[union-attr]
-
-
 def test_photo_faces_pickle_as_one_array() -> None:
     """The engine process pickles results as one float32 array each; the front-end gets equal objects."""
     rng = np.random.default_rng(5)
@@ -176,24 +158,20 @@ def test_warp_runs_bound_the_float_copy() -> None:
     assert runs == [(0, 22), (22, 44), (44, 64)]  # 22 photos = 16.5 MB <= 16 MiB
     assert warp_runs(photo, 3, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one photo per run
     assert warp_runs(photo, 0, 1) == []
-    assert Settings().photo_warp_mib == 16 and Settings(photo_warp_mib=None).photo_warp_mib is None
+    assert make_plan(Settings()).photo_warp_mib == 16
 
 
-@pytest.mark.parametrize("select_on_device", [True, False])
-def test_warping_in_runs_gives_the_same_answers_to_the_bit(
-    pipe: FacePipeline, lfw_root: Path, select_on_device: bool
-) -> None:
-    """Settings.photo_warp_mib: one photo per float32 run against the whole batch at once."""
+def test_warping_in_runs_gives_the_same_answers_to_the_bit(pipe: FacePipeline, lfw_root: Path) -> None:
+    """ServingPlan.photo_warp_mib: one photo per float32 run against the whole batch at once."""
     datas = _lfw_bytes(lfw_root, 6)
-    before = pipe.photo_warp_bytes, pipe.photo_select_on_device
-    pipe.photo_select_on_device = select_on_device
+    before = pipe.photo_warp_bytes
     try:
         pipe.photo_warp_bytes = None
         whole = _run(PhotoStage(pipe, **LIMITS), datas)
         pipe.photo_warp_bytes = 1
         runs = _run(PhotoStage(pipe, **LIMITS), datas)
     finally:
-        pipe.photo_warp_bytes, pipe.photo_select_on_device = before
+        pipe.photo_warp_bytes = before
     assert all(isinstance(w, PhotoFaces) for w in whole)
     for a, b in zip(runs, whole, strict=True):
         np.testing.assert_array_equal(a.embedding, b.embedding)  # type: ignore[union-attr]
@@ -222,7 +200,7 @@ def test_every_item_gets_its_own_answer(pipe: FacePipeline, lfw_root: Path) -> N
 
 
 def test_service_photo_faces_equals_faces(lfw_root: Path) -> None:
-    service = FaceService.build(Settings(device="cpu", gpu_preprocess="on", max_wait_ms=1.0))
+    service = FaceService.build(Settings(device="cpu", gpu_preprocess="on", engine={"max_wait_ms": 1.0}))
     datas = _lfw_bytes(lfw_root, 3)
 
     async def go() -> tuple[list[list[Face]], list[list[Face]], BaseException | None]:
@@ -267,33 +245,17 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
     again = _run(stage, datas[:5])  # the same batch shape again: graphs replayed, same answers
     for a, b in zip(again, got[:5], strict=True):
         assert _cos(a.embedding[0], b.embedding[0]) > 0.9999  # type: ignore[union-attr]
-    # detection enqueued in prepare (default), with the next batch prepared before this one executes, as the
-    # engine's front thread runs ahead; and detection inside execute: the same answers
-    assert gpu.photo_detect_in_prepare
+    # detection enqueued in prepare, with the next batch prepared before this one executes, as the engine's
+    # front thread runs ahead: the same answers
     half = [np.frombuffer(d, np.uint8) for d in datas[:20]], [np.frombuffer(d, np.uint8) for d in datas[20:]]
     p1 = stage.prepare(half[0])
     p2 = stage.prepare(half[1])
     assert p1.det_pending is not None and p2.det_pending is not None
     ahead = stage.execute(p1) + stage.execute(p2)
-    gpu.photo_detect_in_prepare = False
-    inline = _run(stage, datas)
-    gpu.photo_detect_in_prepare = True
-    for a, b, c in zip(ahead, inline, got, strict=True):
-        assert _cos(a.embedding[0], c.embedding[0]) > 0.9999 and _cos(b.embedding[0], c.embedding[0]) > 0.9999  # type: ignore[union-attr]
-    # NMS, face choice and alignment on the device (Settings.photo_select_on_device, the default) and on the
-    # host: the same detections
-    assert gpu.photo_select_on_device
-    gpu.photo_select_on_device = False
-    try:
-        selected = _run(stage, datas)
-    finally:
-        gpu.photo_select_on_device = True
-    for a, c in zip(selected, got, strict=True):
-        assert isinstance(a, PhotoFaces) and isinstance(c, PhotoFaces)
-        np.testing.assert_array_equal(a.detections[0].box, c.detections[0].box)  # type: ignore[union-attr]
-        assert _cos(a.embedding[0], c.embedding[0]) > 0.999
+    for a, c in zip(ahead, got, strict=True):
+        assert _cos(a.embedding[0], c.embedding[0]) > 0.9999  # type: ignore[union-attr]
 
-    # Settings.photo_warp_mib: the default warps in runs of 16 MiB of float32 photos; the whole batch at once
+    # ServingPlan.photo_warp_mib: the default warps in runs of 16 MiB of float32 photos; the whole batch at once
     # gives the same crops, so the same answers to the bit
     assert gpu.photo_warp_bytes == 16 * 2**20
     gpu.photo_warp_bytes = None
@@ -303,23 +265,6 @@ def test_photo_stage_on_cuda_agrees_with_the_host_path(lfw_root: Path) -> None:
         gpu.photo_warp_bytes = 16 * 2**20
     for a, c in zip(whole, got, strict=True):
         np.testing.assert_array_equal(a.embedding, c.embedding)  # type: ignore[union-attr]
-
-    # Settings.photo_decode = "host": Pillow on the engine's threads, pinned asynchronous uploads; the same
-    # decoder as the host path, so at least as close to it as nvJPEG
-    gpu.photo_decode = "host"
-    try:
-        host_stage = PhotoStage(gpu, **LIMITS)
-    finally:
-        gpu.photo_decode = "nvjpeg"
-    assert host_stage._decode_pool is not None
-    host_decoded = _run(host_stage, datas)
-    assert all(isinstance(g, PhotoFaces) for g in host_decoded)
-    h_cos, h_box, h_dq = _compare(gpu, datas, host_decoded)
-    print(f"host-decoded photo stage vs host path: cosine min {min(h_cos):.5f}, box max {max(h_box):.2f} px")
-    # on the H200 with these 40 photos: min cosine 0.97129, box max 1.97 px, the same order as
-    # nvJPEG's below: the resize and the warp on the device, not the decoder, make most of the difference
-    assert float(np.mean(h_cos)) > 0.995 and min(h_cos) > 0.96, h_cos
-    assert max(h_box) < 3.0 and max(h_dq) < 0.05, (h_box, h_dq)
 
     print(
         f"photo stage vs host path, {len(datas)} LFW photos: cosine mean {np.mean(cosines):.5f} min "
@@ -342,10 +287,10 @@ def test_warm_up_captures_every_photo_stage_bucket(lfw_root: Path) -> None:
     if not gpu_decode_available():
         pytest.skip("torchvision nvJPEG decode not available")
     # 64 LFW photos per detector forward, as the benchmarks serve: buckets 4, 16, 32 and 64 all reachable
-    settings = Settings(
-        device="cuda", precision="fp16", compile="graphs", gpu_preprocess="auto", det_max_batch_pixels=64 * 256 * 256
-    )
-    gpu = FacePipeline.from_settings(settings)
+    settings = Settings(device="cuda", precision="fp16", compile="graphs", gpu_preprocess="auto")
+    plan = make_plan(settings)
+    assert plan.det_max_batch_pixels == 64 * 256 * 256  # the throughput plan's detector batch
+    gpu = FacePipeline.from_settings(settings, plan)
     gpu.warmup()
     warm = set(gpu.detector._graphs)
     assert {k[0][0] for k in warm if not isinstance(k[0], int)} == {4, 16, 32, 64}  # (shape, post) keys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces, start_photo_check
+from facegate.tuning import make_plan
 from facegate.types import Detection, FaceSelect
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
@@ -194,16 +196,17 @@ def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipe
         pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = buckets, cap
 
 
-def test_detector_layout_follows_the_setting() -> None:
-    assert FacePipeline.from_settings(Settings(device="cpu")).detector.channels_last  # automatic: NHWC on CPU
-    pipe = FacePipeline.from_settings(Settings(device="cpu", det_channels_last=False))
+def test_detector_layout_follows_the_plan() -> None:
+    assert FacePipeline.from_settings(Settings(device="cpu")).detector.channels_last  # the CPU plan: NHWC
+    settings = Settings(device="cpu")
+    pipe = FacePipeline.from_settings(settings, dataclasses.replace(make_plan(settings), det_channels_last=False))
     assert not pipe.detector.channels_last
     batch = pipe.detector.preprocess([np.zeros((64, 64, 3), np.uint8)])
     assert pipe.detector._to_input(pipe.detector._host_batch(batch)).is_contiguous()  # NCHW all the way in
 
 
 def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    pipe = FacePipeline.from_settings(Settings(device="cpu", det_warm_sizes=[(250, 250), (480, 640)]))
+    pipe = FacePipeline.from_settings(Settings(device="cpu", detector={"warm_sizes": [(250, 250), (480, 640)]}))
     assert pipe.det_warm_sizes == [(250, 250), (480, 640)]
     pipe.detector.batch_buckets = (1, 4, 16, 64)  # as on CUDA
     pipe.det_max_batch_pixels = 16 * 256 * 256
@@ -223,32 +226,31 @@ def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.Monke
 
 
 def test_configure_gemm_workspace_sets_only_unset_variables_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
 
     from facegate.pipeline.pipeline import NO_GEMM_WORKSPACE, configure_gemm_workspace
 
     for k in NO_GEMM_WORKSPACE:
         monkeypatch.delenv(k, raising=False)
-    assert configure_gemm_workspace("none", "cpu") == {} and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-    assert configure_gemm_workspace("default", "cuda") == {} and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert configure_gemm_workspace("cpu") == {} and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")  # the user's own choice stays
-    assert configure_gemm_workspace("none", "cuda") == {"CUBLAS_WORKSPACE_CONFIG": ":0:0"}
+    assert configure_gemm_workspace("cuda") == {"CUBLAS_WORKSPACE_CONFIG": ":0:0"}
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:0" and os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
 
 
-def test_configure_cpu_threads_follows_the_setting() -> None:
+def test_configure_cpu_threads_follows_the_plan() -> None:
     import cv2
 
     from facegate.pipeline.pipeline import configure_cpu_threads
 
     before_torch, before_cv2 = torch.get_num_threads(), cv2.getNumThreads()
     try:
-        assert configure_cpu_threads(None, "cpu") is None  # the CPU device keeps the libraries' defaults
-        assert configure_cpu_threads(0, "cuda") is None  # 0: defaults, whatever the device
+        assert make_plan(Settings(device="cpu")).cpu_threads is None  # the CPU plan keeps the defaults
+        assert configure_cpu_threads(None) is None
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (before_torch, before_cv2)
-        assert configure_cpu_threads(None, "cuda") == 1  # CUDA: one thread, the CPU only preprocesses
+        assert make_plan(Settings(device="cuda")).cpu_threads == 1  # CUDA: one thread, the CPU only preprocesses
+        assert configure_cpu_threads(1) == 1
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
-        assert configure_cpu_threads(2, "cpu") == 2
+        assert configure_cpu_threads(2) == 2
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (2, 2)
     finally:
         torch.set_num_threads(before_torch)
@@ -316,10 +318,11 @@ def test_start_photo_check_answers_from_its_thread(monkeypatch: pytest.MonkeyPat
     assert start_photo_check()() is False  # a thread that died answers False
 
 
-def test_activation_budget_setting_reaches_the_recognizer() -> None:
+def test_the_plans_activation_budget_reaches_the_recognizer() -> None:
     crops = np.random.default_rng(4).integers(0, 255, (12, 112, 112, 3), dtype=np.uint8)
-    want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
-    pipe = FacePipeline.from_settings(Settings(device="cpu", activation_budget_mib=4))
+    settings = Settings(device="cpu")
+    want = FacePipeline.from_settings(settings).embed(crops)
+    pipe = FacePipeline.from_settings(settings, dataclasses.replace(make_plan(settings), activation_budget_mib=4))
     plan = pipe.recognizer.activation_plan
     assert plan is not None and plan.split(12)[1] < 4  # sub-batches below cpu_chunk's 4
     for got, ref in zip(pipe.embed(crops), want, strict=True):
@@ -347,10 +350,9 @@ def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
     CPU, its forward allocates at most ~1.25x the budget beyond its input, and the cap holds."""
     crops = np.random.default_rng(5).integers(0, 255, (64, 112, 112, 3), dtype=np.uint8)
     want = FacePipeline.from_settings(Settings(device="cpu")).embed(crops)
-    lean = {"activation_budget_mib": 16, "det_max_batch_pixels": 2 * 256 * 256, "gpu_preprocess": "off"}
-    pipe = FacePipeline.from_settings(
-        Settings(device="cuda", precision="fp16", compile="off", gpu_memory_limit_mib=256, **lean)
-    )
+    settings = Settings(device="cuda", profile="low-memory", engine={"gpu_memory_limit_mib": 256})
+    lean = {"activation_budget_mib": 16, "gpu_arena_mib": None, "det_max_batch_pixels": 2 * 256 * 256}
+    pipe = FacePipeline.from_settings(settings, dataclasses.replace(make_plan(settings), **lean))
     try:
         pipe.warmup()
         torch.cuda.synchronize()
@@ -379,23 +381,6 @@ def test_reserve_arena_leaves_one_segment_that_later_large_blocks_share() -> Non
     del blocks
     torch.cuda.empty_cache()  # nothing in it any more: it goes back to the driver
     assert torch.cuda.memory_reserved() <= before
-
-
-def test_configure_allocator_sets_expandable_segments_before_cuda_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from facegate.pipeline import pipeline as pl
-
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert pl.configure_allocator("expandable", "cpu") == {}  # CPU: nothing to configure
-    assert pl.configure_allocator("default", "cuda") == {}
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert pl.configure_allocator("expandable", "cuda") == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
-    assert pl.configure_allocator("expandable", "cuda") == {}  # the user's own setting stays
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
-    calls: list[str] = []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
-    assert pl.configure_allocator("expandable", "cuda") == {} and calls == ["expandable_segments:True"]
 
 
 def test_out_of_memory_at_start_up_names_the_memory_limit() -> None:

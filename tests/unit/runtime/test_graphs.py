@@ -1,4 +1,4 @@
-"""facegate.engine.graphs: bucketed CUDA-graph execution, one side stream and one memory pool per device."""
+"""facegate.runtime.graphs: bucketed CUDA-graph execution, one side stream and one memory pool per device."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from facegate.engine import graphs
-from facegate.engine.graphs import GraphedModule, capture_graph, replay
 from facegate.errors import EngineError
+from facegate.runtime import graphs
+from facegate.runtime.graphs import GraphedModule, capture_graph, replay
 
 
 class _Net(nn.Module):

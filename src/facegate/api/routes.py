@@ -1,10 +1,10 @@
 """HTTP routes (v1, docs/dev/http-api.md).
 
 Every route is ``async`` and never blocks the event loop: uploads are read with ``await file.read()``
-(bounded by ``settings.max_upload_bytes``), images are decoded on the decode thread pool, inference goes
-through the async :class:`~facegate.pipeline.service.FaceService` (batched across requests by the engine)
+(bounded by ``settings.limits.max_upload_bytes``), images are decoded on the decode thread pool, inference goes
+through the async :class:`~facegate.service.faces.FaceService` (batched across requests by the engine)
 and gallery calls run on the gallery thread. Routes raise :class:`~facegate.errors.FacegateError`
-subclasses; :mod:`facegate.serving.errors` turns them into HTTP responses.
+subclasses; :mod:`facegate.api.errors` turns them into HTTP responses.
 
 The quality gate is visible everywhere: every face carries its verdict, compare refuses (never compares
 silently) when either face is below the gate, enrolment refuses low-quality faces by default and lists
@@ -14,7 +14,6 @@ them, and search refuses a low-quality probe instead of searching with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Sequence
@@ -26,19 +25,9 @@ from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, Upload
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from facegate.engine.remote import same_engine
-from facegate.errors import (
-    EmptyInputError,
-    FacegateError,
-    ImageTooLargeError,
-    InvalidParameterError,
-    PathNotAllowedError,
-    QualityRejectedError,
-)
-from facegate.serving.app import ServingState, get_state
-from facegate.serving.errors import error_dict
-from facegate.serving.forms import FastFormRoute
-from facegate.serving.schemas import (
+from facegate.api.errors import error_dict
+from facegate.api.forms import FastFormRoute
+from facegate.api.schemas import (
     CompareResponse,
     CreateGalleryRequest,
     DeletedGallery,
@@ -61,16 +50,26 @@ from facegate.serving.schemas import (
     SubjectListResponse,
     SubjectOut,
 )
+from facegate.api.state import ServingState, get_state
+from facegate.errors import (
+    EmptyInputError,
+    FacegateError,
+    ImageTooLargeError,
+    InvalidParameterError,
+    PathNotAllowedError,
+    QualityRejectedError,
+)
+from facegate.transport.remote import same_engine
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: serving/forms.py
+router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/forms.py
 
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
@@ -116,7 +115,7 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
     :data:`~facegate.io.decode.INLINE_DECODE_PIXELS` (an aligned crop), else on the decode pool."""
     from facegate.io.decode import decode_if_small, decode_image
 
-    s = state.settings
+    s = state.settings.limits
     small = decode_if_small(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
     if small is not None:
         return small
@@ -125,7 +124,7 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
 
 async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
     """Read and decode one upload → ``(H, W, 3) uint8`` RGB (decoding on the decode pool)."""
-    return await decode_bytes(state, await read_upload(file, state.settings.max_upload_bytes, index=index))
+    return await decode_bytes(state, await read_upload(file, state.settings.limits.max_upload_bytes, index=index))
 
 
 async def faces_of_upload(
@@ -147,17 +146,17 @@ async def faces_of_upload(
     if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
         image = await decode_upload(state, file, index=index)
         return await service.faces(image, select=select, keep_crops=keep_crops)
-    data = await read_upload(file, state.settings.max_upload_bytes, index=index)
+    data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
     if data[:3] == b"\xff\xd8\xff":  # a JPEG's SOI marker followed by its first segment's marker
         return await service.photo_faces(data)
     return await service.faces(await decode_bytes(state, data), select=select)
 
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
-    """Read and decode one server-side file inside ``settings.allowed_roots`` (on the decode pool)."""
+    """Read and decode one server-side file inside ``settings.limits.allowed_roots`` (on the decode pool)."""
     from facegate.io.decode import read_image_file
 
-    s = state.settings
+    s = state.settings.limits
     return await state.in_decode_pool(
         read_image_file, path, allowed_roots=s.allowed_roots, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels
     )
@@ -228,15 +227,14 @@ async def readyz(request: Request) -> ReadyResponse:
                 f"not ready: startup failed ({state.load_error.code})", detail={"cause": state.load_error.to_dict()}
             )
         raise EngineClosedError("not ready: models are loading and warming up")
-    s = state.settings
-    return ReadyResponse(model=state.service.spec.name, device=s.resolved_device(), precision=s.precision)
+    return ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
-    from facegate.engine.remote import RemoteEngine, RemotePool
     from facegate.metrics.prometheus import render_latest
+    from facegate.transport.remote import RemoteEngine, RemotePool
 
     state = _state(request)
     remote = None
@@ -282,8 +280,8 @@ async def compare(
     async def one(file: UploadFile, i: int) -> Face:
         return (await faces_of_upload(state, service, file, index=i, keep_crops=crops))[0]
 
-    # both photos to one engine process (Settings.compare_same_engine): the answer needs both
-    with same_engine() if state.settings.compare_same_engine else contextlib.nullcontext():
+    # both photos to one engine process: the answer needs both, and would wait for the slower of two engines
+    with same_engine():
         results = await gather_all([one(img1, 0), one(img2, 1)])
     first_error(results)
     a, b = results  # type: ignore[misc]
@@ -319,11 +317,11 @@ async def embed_response(
     aligned: bool,
 ) -> EmbedResponse:
     """What ``POST /api/embed`` answers for these form values (the route's body; the aligned-crop fast path,
-    :mod:`facegate.serving.fastpath`, calls it too)."""
+    :mod:`facegate.api.fastpath`, calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
-    _check_count(n, state.settings.max_images_per_request, "images")
+    _check_count(n, state.settings.limits.max_images_per_request, "images")
 
     async def one(i: int) -> list[Face]:
         if images and not aligned:
@@ -445,7 +443,7 @@ async def enrol(
     service, gallery = state.require_ready()
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta)
-    _check_count(len(images), state.settings.max_images_per_request, "images")
+    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
     await _gallery_for_service(state, name)
 
     async def one(i: int) -> Face:

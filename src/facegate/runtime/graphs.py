@@ -26,9 +26,7 @@ outputs have been copied out (the copies enqueued on that stream), no other grap
 a graph captured later may keep its outputs in memory that an earlier capture used for intermediates and
 freed, so replaying the earlier graph overwrites them. :func:`replay_lock` is that rule's lock, one per
 device, held by :class:`GraphedModule` and the detector from copy-in to copy-out. Without it, the
-serving engine's detect and embed threads interleaved replays: on the H200 a share of compare requests
-found no face (HTTP 422) on the host path, where detection and embedding run on different threads, and
-none on the photo stage's single thread (``docs/benchmarks.md``, run 6).
+serving engine's detect and embed stages interleave replays, and a share of photos would find no face.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
 #: Inductor options ``compile=inductor`` serves with, on top of the ``max-autotune-no-cudagraphs`` mode:
 #: ``freezing`` (weights become constants, so Inductor can fold and re-layout them) and ``conv_1x1_as_mm``
 #: (SFace's pointwise convolutions become matmuls whose Triton templates absorb bias and PReLU). With them
-#: SFace fp16 ran 61.4k faces/s at batch 64 on the H200, 2.2× the eager kernels under CUDA graphs
-#: (``benchmarks/results/compile_variants_run1_sface_cold.json``), after 222 s of autotuning while the
-#: compile cache held none of its kernels, and 16 s once it did.
+#: SFace fp16 runs about twice the eager kernels' rate under CUDA graphs, after minutes of autotuning while
+#: the compile cache holds none of its kernels, and seconds once it does.
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
 
 #: One record per capture of this process (bounded: buckets and detector shapes are few): where a capture's

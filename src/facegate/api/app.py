@@ -2,8 +2,8 @@
 
 ``create_app(settings)`` returns a FastAPI app whose lifespan
 
-1. creates the decode thread pool (``settings.decode_workers`` threads) and the gallery threads;
-2. starts a background task that builds the :class:`~facegate.pipeline.service.FaceService` (real models,
+1. creates the decode thread pool (``plan.decode_workers`` threads) and the gallery threads;
+2. starts a background task that builds the :class:`~facegate.service.faces.FaceService` (real models,
    unless one was passed in), opens the gallery, and starts (= warms, then runs) the batching engine;
    ``/healthz`` answers at once, ``/readyz`` answers 503 until that task has finished;
 3. on shutdown stops the engine, closes the gallery (when it opened them) and the pools.
@@ -23,32 +23,31 @@ import asyncio
 import contextlib
 import logging
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
+from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
+from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
+from facegate.api.routes import install_routes
+from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
-    EngineClosedError,
     FacegateError,
     GalleryError,
-    GalleryUnavailableError,
     ImageTooLargeError,
     InputError,
     ModelError,
 )
 from facegate.metrics.stats import ServiceStats
-from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
+from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
     from facegate.gallery.service import Gallery
-    from facegate.pipeline.service import FaceService
+    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
@@ -66,79 +65,6 @@ SMALL_BODY_BYTES = 1024 * 1024
 CLIENT_CLOSED_STATUS = 499
 
 
-@dataclass
-class ServingState:
-    """Everything the routes need, stored on ``app.state.facegate``.
-
-    Attributes:
-        settings: the one Settings object.
-        service: the async face service; ``None`` until the lifespan has built it.
-        gallery: the gallery; ``None`` until the lifespan has opened it.
-        stats: where request metrics go (the service's stats once it exists).
-        decode_pool: threads for image decoding (``settings.decode_workers``).
-        gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
-        ready: models loaded and warmed, engine running (the gallery may still be unavailable: see
-            ``gallery_error``).
-        load_error: why loading failed, if it did.
-        gallery_error: why the gallery is not open while it is retried in the background (its SQLite file
-            stayed busy past ``Settings.gallery_open_retry_s``); ``None`` once it is open.
-        on_load_error: called with that error (``run`` uses it to shut the server down).
-    """
-
-    settings: Settings
-    service: FaceService | None = None
-    gallery: Gallery | None = None
-    stats: ServiceStats = field(default_factory=ServiceStats)
-    decode_pool: ThreadPoolExecutor | None = None
-    gallery_pool: ThreadPoolExecutor | None = None
-    ready: bool = False
-    load_error: FacegateError | None = None
-    gallery_error: FacegateError | None = None
-    gallery_task: asyncio.Task[None] | None = None
-    owns_service: bool = False
-    owns_gallery: bool = False
-    service_started: bool = False
-    load_task: asyncio.Task[None] | None = None
-    on_load_error: Callable[[FacegateError], None] | None = None
-    #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
-    engine: tuple[str | list[str], bytes] | None = None
-
-    def require_service(self) -> FaceService:
-        """The service, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
-        if self.ready and self.service is not None:
-            return self.service
-        if self.load_error is not None:
-            raise self.load_error
-        raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
-
-    def require_ready(self) -> tuple[FaceService, Gallery]:
-        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
-        service = self.require_service()
-        if self.gallery is None:
-            cause = self.gallery_error
-            raise GalleryUnavailableError(
-                "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
-                detail={"cause": cause.to_dict()} if cause else {},
-            )
-        return service, self.gallery
-
-    async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run ``fn(*args, **kw)`` on a decode thread and await it without blocking the loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
-
-    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run a gallery call on the gallery thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
-
-
-def get_state(app: Any) -> ServingState:
-    """The :class:`ServingState` of an app made by :func:`create_app`."""
-    return app.state.facegate  # type: ignore[no-any-return]
-
-
-# --------------------------------------------------------------------------- lifespan
 def gallery_path(settings: Settings) -> str:
     """The SQLite file the settings name: ``gallery_url`` (``sqlite:///path``) or ``<data_dir>/gallery.sqlite3``.
 
@@ -197,17 +123,15 @@ async def _load(state: ServingState) -> None:
     t0 = time.perf_counter()
     try:
         if state.service is None and state.engine is not None:
-            from facegate.pipeline.service import FaceService
+            from facegate.service.faces import FaceService
 
             log.info("connecting to the engine process at %s", state.engine[0])
-            state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine)
-            state.owns_service = True
+            state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine, state.plan)
         elif state.service is None:
-            from facegate.pipeline.service import FaceService
+            from facegate.service.faces import FaceService
 
-            log.info("loading models (model=%s device=%s)", settings.model, settings.device)
-            state.service = await loop.run_in_executor(None, FaceService.build, settings)
-            state.owns_service = True
+            log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
+            state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
         if state.gallery is None:
             try:
@@ -275,9 +199,9 @@ def _load_failed(state: ServingState, exc: FacegateError) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Pools up, background load + warm, and an orderly shutdown."""
     state = get_state(app)
-    settings = state.settings
-    state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="facegate-decode")
-    state.gallery_pool = ThreadPoolExecutor(min(4, settings.decode_workers), thread_name_prefix="facegate-gallery")
+    workers = state.plan.decode_workers
+    state.decode_pool = ThreadPoolExecutor(workers, thread_name_prefix="facegate-decode")
+    state.gallery_pool = ThreadPoolExecutor(min(4, workers), thread_name_prefix="facegate-gallery")
     state.load_task = asyncio.create_task(_load(state), name="facegate-load")
     if state.engine is not None:  # a front-end: connecting takes well under a second; accept only once connected,
         await asyncio.shield(state.load_task)  # so no worker answers 503 while its siblings already serve
@@ -321,8 +245,8 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
     """Largest request body (bytes) the route at ``method path`` can accept."""
     for m, pattern, kind in _IMAGE_ROUTES:
         if method == m and pattern.match(path):
-            n = {"one": 1, "two": 2}.get(kind, settings.max_images_per_request)
-            return n * settings.max_upload_bytes + MULTIPART_SLACK_BYTES
+            n = {"one": 1, "two": 2}.get(kind, settings.limits.max_images_per_request)
+            return n * settings.limits.max_upload_bytes + MULTIPART_SLACK_BYTES
     return SMALL_BODY_BYTES
 
 
@@ -404,7 +328,7 @@ class ServingMiddleware:
                 return
             try:
                 app_receive: Receive | None = wrapped_receive
-                if self.state.settings.fast_path and wants_fast_path(scope):  # aligned crops skip FastAPI
+                if wants_fast_path(scope):  # aligned crops skip FastAPI
                     app_receive = await serve_embed_aligned(self.state, scope, wrapped_receive, wrapped_send)
                 if app_receive is not None:
                     await self.app(scope, app_receive, wrapped_send)
@@ -458,6 +382,7 @@ def create_app(
     gallery: Gallery | None = None,
     *,
     engine: tuple[str | list[str], bytes] | None = None,
+    plan: ServingPlan | None = None,
 ) -> FastAPI:
     """The facegate HTTP app (OpenAPI at ``/docs``).
 
@@ -467,13 +392,15 @@ def create_app(
             models from ``settings`` in the lifespan.
         gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
             when passed in).
-        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.engine.remote`;
+        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.transport.remote`;
             several: one per GPU): the app is then a front-end that loads no models.
+        plan: the serving plan; ``None``: :func:`facegate.tuning.make_plan` of ``settings``.
     """
     from facegate import __version__
-    from facegate.serving.routes import install_routes
 
-    state = ServingState(settings=settings, service=service, gallery=gallery, engine=engine)
+    state = ServingState(
+        settings=settings, plan=plan or make_plan(settings), service=service, gallery=gallery, engine=engine
+    )
     if service is not None:
         state.stats = service.stats
     app = FastAPI(
@@ -492,57 +419,20 @@ def create_app(
     return app
 
 
-def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> Any:
-    """The uvicorn configuration ``run`` uses: one worker, lifespan on, settings' host and port."""
+def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any) -> Any:
+    """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
+    logging, no access log, 10 s of graceful shutdown; ``settings``' host and port when given. uvicorn's
+    ``auto`` parser and loop take httptools and uvloop (dependencies of facegate)."""
     import uvicorn
 
     kw: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
         "workers": 1,
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
         "timeout_graceful_shutdown": 10,
-        **uvicorn_impl(settings),
     }
+    if settings is not None:
+        kw.update(host=settings.host, port=settings.port)
     kw.update(overrides)
     return uvicorn.Config(app, **kw)
-
-
-def uvicorn_impl(settings: Settings) -> dict[str, str]:
-    """uvicorn's ``http`` and ``loop`` options from ``Settings.http_parser`` and ``Settings.event_loop``."""
-    return {"http": settings.http_parser, "loop": settings.event_loop}
-
-
-def run(settings: Settings) -> None:
-    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM).
-
-    Models load in the background (``/healthz`` answers at once, ``/readyz`` once they are warm). If
-    loading fails, the server shuts down and the error is raised here (the CLI prints it as JSON and
-    exits non-zero), so a misconfigured server does not linger unready.
-
-    Raises:
-        FacegateError: models or gallery could not be loaded (e.g. ModelError, GalleryError).
-    """
-    import uvicorn
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.workers > 1 or settings.engines > 1:
-        from facegate.serving.multiprocess import run_multiprocess
-
-        return run_multiprocess(settings)
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn_config(app, settings))
-    state = get_state(app)
-
-    def stop_on_load_error(exc: FacegateError) -> None:
-        server.should_exit = True
-
-    state.on_load_error = stop_on_load_error
-    log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
-    server.run()
-    if state.load_error is not None:
-        raise state.load_error

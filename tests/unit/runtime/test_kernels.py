@@ -1,4 +1,4 @@
-"""models/epilogue.py: bias + activation in one kernel, and its use in SFace's folded conv blocks."""
+"""runtime/kernels.py: bias + activation in one kernel, and its use in SFace's folded conv blocks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from facegate.models.epilogue import (
+from facegate.models.sface import ConvBNPReLU, load_sface, tiny_sface
+from facegate.runtime.kernels import (
     bias_act_,
     depthwise3x3,
     depthwise_reference,
@@ -18,7 +19,6 @@ from facegate.models.epilogue import (
     reference,
     set_fused_epilogues,
 )
-from facegate.models.sface import ConvBNPReLU, load_sface, tiny_sface
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def test_yunet_fp32_fused_matches_unfused() -> None:
 def test_a_kernel_that_cannot_build_falls_back_for_good(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from facegate.models import epilogue
+    from facegate.runtime import kernels as epilogue
 
     class Broken:
         launches = 0
@@ -180,7 +180,7 @@ def test_a_kernel_that_cannot_build_falls_back_for_good(
     monkeypatch.setattr(epilogue, "_kernel", lambda: Broken())
     monkeypatch.setattr(epilogue, "_failed", False)
     x, b, a = _inputs((2, 4, 3, 3), torch.float32, "cpu", channels_last=False)
-    with caplog.at_level(logging.WARNING, logger="facegate.models.epilogue"):
+    with caplog.at_level(logging.WARNING, logger="facegate.runtime.kernels"):
         for _ in range(3):
             got = bias_act_(x.clone(), b, "prelu", a)
             torch.testing.assert_close(got, reference(x, b, "prelu", a), rtol=0, atol=0)
@@ -253,7 +253,7 @@ def test_yunet_depthwise_flag_follows_the_epilogue_flag() -> None:
 
 
 def test_a_depthwise_kernel_that_cannot_build_falls_back_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
-    from facegate.models import epilogue
+    from facegate.runtime import kernels as epilogue
 
     launches = []
 
@@ -327,8 +327,8 @@ def test_the_depthwise_kernel_compiles_a_few_variants() -> None:
     # every compiled variant is ~0.4 s of start-up per engine process on an empty cache. On a 256×256 canvas
     # YuNet's planes are 128..8 pixels wide: four block shapes (and W = 8 not divisible by 16) with ReLU, three
     # without (the heads); neither the channel count nor the batch size may add variants
-    from facegate.models import epilogue
     from facegate.models.yunet import load_yunet
+    from facegate.runtime import kernels as epilogue
 
     m = load_yunet().cuda()
     set_fused_epilogues(m, True)

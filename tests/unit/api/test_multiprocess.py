@@ -1,4 +1,4 @@
-"""facegate.serving.multiprocess: the balanced-accept supervisor (front-end processes that fail at start-up)."""
+"""facegate.api.multiprocess: the balanced-accept supervisor (front-end processes that fail at start-up)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from facegate.api.multiprocess import MAX_QUICK_EXITS, serve_balanced
 from facegate.config import Settings
 from facegate.errors import ServerError
-from facegate.serving.multiprocess import MAX_QUICK_EXITS, serve_balanced
 
 
 def exit_at_once(control_path: str) -> None:

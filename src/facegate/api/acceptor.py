@@ -1,9 +1,8 @@
-"""Balanced accept (``Settings.accept="balanced"``): one acceptor hands each connection to a front-end.
+"""Balanced accept: one acceptor hands each connection to a front-end.
 
 When uvicorn's front-end processes share one listening socket, whichever process wakes first accepts
-every connection waiting in the backlog. On the H200 (run 33, 100 keep-alive clients, 8 front-ends) two
-front-ends took 49 % and 45 % of the requests at one core each while five took none, and the saturated
-pair set the tail latency. libuv's ``UV_TCP_SINGLE_ACCEPT`` and 12 front-ends did not even it out.
+every connection waiting in the backlog: with keep-alive clients a few front-ends end up with most
+connections, saturate their one core each and set the tail latency, while the others idle.
 
 Here the supervisor owns the listening socket. :class:`Acceptor` (a thread in the supervisor) accepts
 each connection and passes its file descriptor (``SCM_RIGHTS`` over a Unix ``SOCK_SEQPACKET`` socket) to

@@ -1,4 +1,4 @@
-"""facegate.serving.forms: the small-body multipart reader answers as Starlette's parser, or hands over."""
+"""facegate.api.forms: the small-body multipart reader answers as Starlette's parser, or hands over."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
+from facegate.api.forms import FastFormRequest, parse_small_multipart
 from facegate.bench.rawhttp import encode_multipart
-from facegate.serving.forms import FastFormRequest, parse_small_multipart
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3 + b"\r\n--not-the-boundary\r\n"
 

@@ -1,13 +1,12 @@
 """One engine process per GPU, fed by several front-end processes through shared memory.
 
-Why: on the H200, one serving process kept the GPU 8–9 % busy. Its engine threads spent most of their time
-waiting for the GIL, which the HTTP event loop and the decode threads of the same process held
-(``docs/benchmarks.md``, "HTTP end to end on the GPU"). With ``Settings.workers`` ≥ 2, ``facegate serve``
-therefore runs:
+Why: in one serving process the engine threads spend most of their time waiting for the GIL, which the HTTP
+event loop and the decode threads of the same process hold, and the GPU idles. With ``workers`` ≥ 2 in the
+serving plan, ``facegate serve`` therefore runs:
 
 * one **engine process** that owns the device: the models, the batching :class:`~facegate.engine.engine.Engine`
   and nothing else (no HTTP, no JSON, no decoding). :func:`engine_main` is its entry point;
-* ``workers`` **front-end processes** (uvicorn workers sharing the port): HTTP, multipart parsing, image
+* ``workers`` **front-end processes** (uvicorn servers fed by the supervisor's acceptor): HTTP, multipart parsing, image
   decoding, alignment, the quality gate and the gallery. Each talks to the engine through a
   :class:`RemoteEngine`, which has the engine's small interface (``start``, ``ready``, ``submit``, ``stop``).
 
@@ -34,6 +33,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import itertools
+import json
 import logging
 import os
 import queue
@@ -43,7 +43,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.reduction import ForkingPickler
@@ -52,9 +52,12 @@ from typing import Any
 import numpy as np
 
 from facegate import errors as fg_errors
+from facegate.config import Settings
 from facegate.engine.batcher import WorkItem
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 from facegate.io.memcopy import copy_in, copy_out
+from facegate.metrics.stats import ServiceStats
+from facegate.tuning import ServingPlan
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,9 @@ _SWEEP_S = 0.5
 #: Shared memory per front-end process: room for ~350 decoded 640×480 photos in flight.
 ARENA_BYTES = 128 * 2**20
 _ALIGN = 64
+#: ``sys.setswitchinterval`` of the serving processes (Python's default is 5 ms): a thread that waits for the
+#: GIL, such as the engine's device thread behind the connection threads, gets it back within this.
+SWITCH_INTERVAL_S = 0.001
 
 
 # --------------------------------------------------------------------------- errors across processes
@@ -234,7 +240,7 @@ class EngineHost:
     """The engine process's side: accepts front-end connections and feeds their payloads to ``service``.
 
     Args:
-        service: a started :class:`~facegate.pipeline.service.FaceService` (owns the engine and the models).
+        service: a started :class:`~facegate.service.faces.FaceService` (owns the engine and the models).
         info: what ``hello`` answers (model name, operating thresholds, device).
     """
 
@@ -272,9 +278,8 @@ class EngineHost:
         Every message waiting on the socket is read in one burst. Each payload is queued with
         :meth:`Engine.enqueue` and a ``concurrent.futures.Future``, whose done-callback (run on the engine's
         back thread) hands the answer to this connection's sender thread; the sender sends everything that
-        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: in the
-        H200 profile of run 9 (``benchmarks/results/pyspy_run9_facegate_mp.json``) the event loop that did this
-        before held the engine process's GIL 24 % of the time under load.
+        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: an event
+        loop doing this holds the engine process's GIL a large share of the time under load.
         """
         send_lock = threading.Lock()
         shm: shared_memory.SharedMemory | None = None
@@ -378,25 +383,33 @@ class EngineHost:
                             )
 
 
-def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connection, tiny: bool = False) -> None:
+def engine_main(
+    settings_json: str,
+    plan_json: str,
+    address: str,
+    authkey: bytes,
+    ready: Connection,
+    build: Callable[[Settings, ServingPlan], Any],
+) -> None:
     """Entry point of the engine process: load and warm, listen on ``address``, serve until SIGTERM/SIGINT.
 
+    ``build(settings, plan)`` returns the not yet started face service that owns the models
+    (:meth:`facegate.service.faces.FaceService.build`; passed in, so this layer does not import the service).
     Sends ``("ready", info)`` or ``("error", class name, message, detail, extra)`` on ``ready`` once.
-    ``tiny``: real detector, random-weight tiny recognizer (tests of the process model only).
     """
-    from facegate.config import Settings
-    from facegate.pipeline.service import FaceService
-
     logging.basicConfig(
         level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
     )
     settings = Settings.model_validate_json(settings_json)
+    plan = ServingPlan.from_dict(json.loads(plan_json))
+    # the engine's device thread gets the GIL back from the connection threads within a millisecond
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     t0 = time.perf_counter()
     try:
-        service = FaceService.build_tiny(settings) if tiny else FaceService.build(settings)
+        service = build(settings, plan)
         build_s = time.perf_counter() - t0
         loop.run_until_complete(service.start())
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
@@ -422,8 +435,8 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
     def on_signal() -> None:
         # A signal to the whole process group (Ctrl-C, a container runtime) reaches the front-ends too; they finish
         # their requests (uvicorn's graceful shutdown), so the engine serves until they have gone, for at most
-        # engine_drain_s. A later signal (a second Ctrl-C, or the supervisor's once its front-ends are gone) stops
-        # it at once; one within 0.5 s is the same signal arriving twice (process group and parent).
+        # Settings.engine.drain_s. A later signal (a second Ctrl-C, or the supervisor's once its front-ends are
+        # gone) stops it at once; one within 0.5 s is the same signal arriving twice (process group and parent).
         now = loop.time()
         if first_signal:
             if now - first_signal[0] > 0.5:
@@ -432,8 +445,8 @@ def engine_main(settings_json: str, address: str, authkey: bytes, ready: Connect
         first_signal.append(now)
         if host.connections:
             log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections,
-                     settings.engine_drain_s)  # fmt: skip
-        poll(now + settings.engine_drain_s)
+                     settings.engine.drain_s)  # fmt: skip
+        poll(now + settings.engine.drain_s)
 
     def poll(deadline: float) -> None:
         if host.connections == 0 or loop.time() >= deadline:
@@ -698,8 +711,6 @@ class RemotePool:
 
     async def engine_samples(self) -> dict[str, list[Any]]:
         """The engines' metric samples, summed (see ``ServiceStats.merge_samples``)."""
-        from facegate.metrics.stats import ServiceStats
-
         parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
         return ServiceStats.merge_samples(parts)
 

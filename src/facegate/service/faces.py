@@ -11,7 +11,7 @@ import asyncio
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,23 +19,29 @@ from facegate.config import Settings
 from facegate.engine.engine import DeviceThread, Engine
 from facegate.errors import InvalidParameterError
 from facegate.metrics.stats import ServiceStats
-from facegate.models.registry import ModelSpec
+from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import is_aligned_crop
-from facegate.pipeline.pipeline import FacePipeline, select_faces, within_memory_limit
+from facegate.pipeline.pipeline import (
+    FacePipeline,
+    Operating,
+    configure_cpu_threads,
+    select_faces,
+    within_memory_limit,
+)
+from facegate.transport.remote import RemoteEngine, RemotePool
+from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect
-
-if TYPE_CHECKING:
-    from facegate.engine.remote import RemoteEngine, RemotePool
 
 log = logging.getLogger(__name__)
 
 
 def freeze_gc() -> int:
-    """Collect, then move every live object to the collector's permanent generation (``Settings.gc_freeze``).
+    """Collect, then move every live object to the collector's permanent generation.
 
-    Full collections then walk only what was allocated after start-up. Cyclic garbage among the frozen
-    objects is never collected (reference counting still frees the rest), which is why this runs once the
-    process has loaded everything it keeps. Returns the number of frozen objects.
+    A serving process holds some 200k start-up objects (torch, the models), and every full collection would
+    walk them all with the GIL held; frozen, full collections walk only what was allocated after start-up.
+    Cyclic garbage among the frozen objects is never collected (reference counting still frees the rest),
+    which is why this runs once the process has loaded everything it keeps. Returns the number frozen.
     """
     gc.collect()
     gc.freeze()
@@ -54,8 +60,8 @@ class FaceService:
         engine: RemoteEngine | RemotePool | None = None,
         device_thread: DeviceThread | None = None,
     ) -> None:
-        """``device_thread``: the engine's shared device thread (``settings.shared_device_thread``; made here
-        when that is on and none is given), e.g. the one :meth:`build` loaded the models on."""
+        """``device_thread``: the engine's device thread, e.g. the one :meth:`build` loaded the models on (the
+        engine makes one when none is given)."""
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
@@ -66,52 +72,44 @@ class FaceService:
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
         self.engine: Engine | RemoteEngine | RemotePool = engine or Engine(
             pipeline.stages(),
-            max_batch_size=settings.max_batch_size,
-            max_wait_ms=settings.max_wait_ms,
-            max_queue=settings.max_queue,
-            request_timeout_s=settings.request_timeout_s,
-            batching=settings.batching,
+            max_batch_size=settings.engine.max_batch_size,
+            max_wait_ms=settings.engine.max_wait_ms,
+            max_queue=settings.limits.max_queue,
+            request_timeout_s=settings.limits.request_timeout_s,
             stats=self.stats,
-            device_thread=device_thread or (DeviceThread() if settings.shared_device_thread else None),
+            device_thread=device_thread,
         )
         self._ready = False
         self.startup_seconds: float | None = None
-        #: whether the engine has the ``photo`` stage (Settings.gpu_preprocess): see :meth:`photo_faces`
+        #: whether the engine has the ``photo`` stage (ServingPlan.photo_stage): see :meth:`photo_faces`
         self.photo_on_device = pipeline.photo_limits is not None
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def build(cls, settings: Settings, *, tiny: bool = False) -> FaceService:
-        """Real models, as the settings describe (logs the seconds of each half: part of the cold start).
-        ``tiny``: real detector, tiny random-weight recognizer (:meth:`build_tiny`).
-
-        With ``settings.shared_device_thread`` the models load on the engine's device thread: the build's
-        probing forwards (``activation_budget_mib``) then take no library handles on another thread.
-        """
+    def build(cls, settings: Settings, plan: ServingPlan | None = None) -> FaceService:
+        """Real models, as the settings and the serving plan describe (logs the seconds of each half: part of
+        the cold start). The models load on the engine's device thread, so that the build's probing forwards
+        take no library handles on another thread."""
         t0 = time.perf_counter()
-        device_thread = DeviceThread() if settings.shared_device_thread else None
-        with within_memory_limit(settings.gpu_memory_limit_mib, "load the models"):
-            if device_thread is None:
-                pipeline = FacePipeline.from_settings(settings, tiny=tiny)
-            else:
-                pipeline = device_thread.submit(FacePipeline.from_settings, settings, tiny=tiny).result()
+        plan = plan or make_plan(settings)
+        device_thread = DeviceThread()
+        with within_memory_limit(settings.engine.gpu_memory_limit_mib, "load the models"):
+            pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()
         service = cls(pipeline, settings, device_thread=device_thread)
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
         return service
 
     @classmethod
-    def connect(cls, settings: Settings, address: str | list[str], authkey: bytes) -> FaceService:
+    def connect(
+        cls, settings: Settings, address: str | list[str], authkey: bytes, plan: ServingPlan | None = None
+    ) -> FaceService:
         """A front-end's service: the models live in the engine process(es) at ``address`` (blocking connect).
 
-        Several addresses (one engine per GPU) make a :class:`~facegate.engine.remote.RemotePool`. The model
+        Several addresses (one engine per GPU) make a :class:`~facegate.transport.remote.RemotePool`. The model
         spec and the operating thresholds come from the engine, so every front-end gates and compares
         exactly as the engine's pipeline would.
         """
-        from facegate.engine.remote import RemoteEngine, RemotePool
-        from facegate.models.registry import get_spec
-        from facegate.pipeline.pipeline import Operating, configure_cpu_threads
-
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (
             RemoteEngine(addresses[0], authkey)
@@ -119,19 +117,13 @@ class FaceService:
             else RemotePool([RemoteEngine(a, authkey) for a in addresses])
         )
         info = remote.start()
-        # decoding and alignment run here: the same thread setting as the engine's process (with a GPU
-        # engine, one thread; idle OpenCV/OpenMP workers spin, benchmarks/results/cpu_pool_spin.json)
-        configure_cpu_threads(settings.cpu_threads, "cuda" if str(info["device"]).startswith("cuda") else "cpu")
+        # decoding and alignment run here: the same thread setting as the engine's process
+        configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
         service = cls(pipeline, settings, engine=remote)
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
-
-    @classmethod
-    def build_tiny(cls, settings: Settings) -> FaceService:
-        """Real detector, tiny random-weight recognizer: for tests of serving mechanics only."""
-        return cls.build(settings, tiny=True)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -160,13 +152,12 @@ class FaceService:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if isinstance(self.engine, Engine):  # a remote engine warmed its own models
-            # on the shared device thread when there is one: its library handles then serve the batches too
-            with within_memory_limit(self.settings.gpu_memory_limit_mib, "warm the models up"):
+            # on the device thread: its library handles then serve the batches too
+            with within_memory_limit(self.settings.engine.gpu_memory_limit_mib, "warm the models up"):
                 await loop.run_in_executor(self.engine.device_executor, self.pipeline.warmup)
             self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
-        if self.settings.gc_freeze:
-            log.info("froze %d start-up objects out of the garbage collector's reach", freeze_gc())
+        log.info("froze %d start-up objects out of the garbage collector's reach", freeze_gc())
         self._ready = True
         self.startup_seconds = time.perf_counter() - t0
         log.info("face service ready in %.2f s", self.startup_seconds)

@@ -1,11 +1,12 @@
-"""``facegate serve --workers N`` (N ≥ 2): one engine process and N uvicorn front-end processes.
+"""The process model (a serving plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
 
-The supervisor (the ``facegate serve`` process) starts the engine process (:func:`facegate.engine.remote.engine_main`),
-waits until its models are loaded and warm, then opens the port and spawns N front-end processes. With
-``Settings.accept="balanced"`` (the default) a thread of the supervisor accepts each connection and hands it
-to the front-end with the fewest open connections (:mod:`facegate.serving.acceptor`), and the supervisor
-replaces a front-end that exits; with ``"shared"`` uvicorn's own supervisor (``workers=N``) forks front-ends
-that share the listening socket, and uvicorn restarts them. Each front-end builds its app with :func:`frontend_app`,
+The supervisor (the ``facegate serve`` process) starts the engine processes
+(:func:`facegate.transport.remote.engine_main`), waits until their models are loaded and warm, then opens
+the port and spawns N front-end processes. A thread of the supervisor accepts each connection and hands it
+to the front-end with the fewest open connections (:mod:`facegate.api.acceptor`: with one shared listening
+socket, whichever process wakes first takes most connections), and the supervisor replaces a front-end
+that exits. Neither the supervisor nor the front-ends import torch. Each front-end builds its app with
+:func:`frontend_app`,
 which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
 (each front-end keeps its own search index and rebuilds it when another process committed a change,
 :meth:`facegate.gallery.service.Gallery.sync`). On SIGINT/SIGTERM the front-ends stop, then the engine
@@ -21,6 +22,7 @@ its queued work in the engine process, as in one process.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -37,29 +39,33 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from facegate.api.acceptor import Acceptor, FrontEndServer
+from facegate.api.app import create_app, uvicorn_config
 from facegate.config import Settings
-from facegate.engine.remote import error_from_wire
 from facegate.errors import InvalidParameterError, ModelError, ServerError
+from facegate.service.faces import FaceService
+from facegate.transport.remote import engine_main, error_from_wire
+from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
 
 ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
 ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
 ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
+ENV_PLAN = "FACEGATE_PLAN_JSON"
 
 
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
-    from facegate.serving.app import create_app
-
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
             format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
         )
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
+    plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
     addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
-    return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])))
+    return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])), plan=plan)
 
 
 class EngineProcess:
@@ -67,19 +73,19 @@ class EngineProcess:
 
     Args:
         settings: the serving settings (the engine builds its models from them).
-        tiny: a random-weight tiny recognizer (tests of the process model only).
+        plan: the serving plan; ``None``: :func:`facegate.tuning.make_plan` of ``settings``.
     """
 
     def __init__(
         self,
         settings: Settings,
+        plan: ServingPlan | None = None,
         *,
-        tiny: bool = False,
         cuda_device: str | None = None,
         authkey: bytes | None = None,
     ) -> None:
         self.settings = settings
-        self.tiny = tiny
+        self.plan = plan or make_plan(settings)
         self.cuda_device = cuda_device
         self.dir = Path(tempfile.mkdtemp(prefix="facegate-engine-"))
         self.address = str(self.dir / "engine.sock")
@@ -90,13 +96,12 @@ class EngineProcess:
 
     def spawn(self) -> None:
         """Start the process (returns at once; :meth:`wait` for it). ``cuda_device`` becomes its only GPU."""
-        from facegate.engine.remote import engine_main
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
+        plan_json = json.dumps(self.plan.to_dict())
         self._proc = ctx.Process(
             target=engine_main,
-            args=(self.settings.model_dump_json(), self.address, self.authkey, child, self.tiny),
+            args=(self.settings.model_dump_json(), plan_json, self.address, self.authkey, child, FaceService.build),
             name="facegate-engine",
             daemon=False,
         )
@@ -169,13 +174,8 @@ def cuda_devices(n: int) -> list[str]:
         InvalidParameterError: fewer visible devices than ``n``.
     """
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if not visible:
-        try:
-            import torch
-
-            visible = [str(i) for i in range(torch.cuda.device_count())]
-        except Exception:  # no usable torch.cuda here: trust the count given
-            visible = [str(i) for i in range(n)]
+    if not visible:  # the driver's count, without importing torch in the supervisor
+        visible = [str(i) for i in range(detect_machine().gpus or n)]
     if len(visible) < n:
         raise InvalidParameterError(f"{n} engines need {n} GPUs, {len(visible)} visible", detail={"visible": visible})
     return visible[:n]
@@ -197,21 +197,21 @@ def environment(engines: list[EngineProcess]) -> dict[str, str]:
         ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
         ENV_AUTHKEY: engines[0].authkey.hex(),
         ENV_SETTINGS: engines[0].settings.model_dump_json(),
+        ENV_PLAN: json.dumps(engines[0].plan.to_dict()),
     }
 
 
-def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProcess]:
-    """``settings.engines`` engine processes (``engines_per_gpu`` per GPU on CUDA), started together; returns
+def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[EngineProcess]:
+    """``plan.engines`` engine processes (``plan.engines_per_gpu`` per GPU on CUDA), started together; returns
     once all are ready.
 
     Raises:
         FacegateError: an engine failed to start (the others are stopped).
     """
-    n = settings.engines
-    on_cuda = settings.device == "cuda" or (settings.device == "auto" and settings.resolved_device() == "cuda")
-    devices = engine_devices(n, settings.engines_per_gpu, on_cuda)
+    plan = plan or make_plan(settings)
+    devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
-    engines = [EngineProcess(settings, tiny=tiny, cuda_device=d, authkey=key) for d in devices]
+    engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     try:
         for e in engines:
             e.spawn()
@@ -226,23 +226,9 @@ def start_engines(settings: Settings, *, tiny: bool = False) -> list[EngineProce
 
 def frontend_main(control_path: str) -> None:
     """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
-    :class:`~facegate.serving.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
+    :class:`~facegate.api.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
     and engine addresses come from the environment, as for uvicorn's workers)."""
-    import uvicorn
-
-    from facegate.serving.acceptor import FrontEndServer
-    from facegate.serving.app import uvicorn_impl
-
-    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    config = uvicorn.Config(
-        "facegate.serving.multiprocess:frontend_app",
-        factory=True,
-        lifespan="on",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        **uvicorn_impl(settings),
-    )
+    config = uvicorn_config("facegate.api.multiprocess:frontend_app", factory=True)
     FrontEndServer(config, control_path).run()
 
 
@@ -259,7 +245,7 @@ MAX_QUICK_EXITS = 5
 
 
 def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str], None] | None = None) -> None:
-    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.serving.acceptor.Acceptor` in
+    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.api.acceptor.Acceptor` in
     this process until SIGINT/SIGTERM; a front-end that exits is replaced. The engines' environment must
     be exported already. ``target``: the front-end's entry point (:func:`frontend_main`; tests swap it).
 
@@ -267,8 +253,6 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
             start, or the acceptor thread stopped.
     """
-    from facegate.serving.acceptor import Acceptor
-
     folder = tempfile.mkdtemp(prefix="facegate-accept-")
     control = os.path.join(folder, "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
@@ -316,17 +300,13 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         log.info("front-ends stopped; %d connections were handed out", acceptor.handed)
 
 
-def run_multiprocess(settings: Settings) -> None:
-    """Serve with one engine process and ``settings.workers`` front-end processes until interrupted.
+def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
+    """Serve with ``plan.engines`` engine processes and ``plan.workers`` front-end processes until interrupted.
 
     Raises:
         FacegateError: the engine could not start (models, settings).
     """
-    import uvicorn
-
-    from facegate.serving.app import uvicorn_impl
-
-    engines = start_engines(settings)
+    engines = start_engines(settings, plan)
     env = environment(engines)
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -344,29 +324,15 @@ def run_multiprocess(settings: Settings) -> None:
 
     threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
+        front_ends = max(2, plan.workers)
         log.info(
-            "facegate listening on http://%s:%d with %d front-end processes (%s accept) and %d engine process(es)",
+            "facegate listening on http://%s:%d with %d front-end processes and %d engine process(es)",
             settings.host,
             settings.port,
-            max(2, settings.workers),
-            settings.accept,
+            front_ends,
             len(engines),
         )
-        if settings.accept == "balanced":
-            serve_balanced(settings, max(2, settings.workers))
-        else:
-            uvicorn.run(
-                "facegate.serving.multiprocess:frontend_app",
-                factory=True,
-                host=settings.host,
-                port=settings.port,
-                workers=max(2, settings.workers),
-                lifespan="on",
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=10,
-                **uvicorn_impl(settings),
-            )
+        serve_balanced(settings, front_ends)
     finally:
         stopping.set()
         for k, v in old.items():

@@ -1,4 +1,4 @@
-"""facegate.serving.acceptor: least-connections hand-off of accepted sockets to front-end processes."""
+"""facegate.api.acceptor: least-connections hand-off of accepted sockets to front-end processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from facegate.serving.acceptor import CLOSED, HAND, Acceptor, FrontEndServer, pick_front_end
+from facegate.api.acceptor import CLOSED, HAND, Acceptor, FrontEndServer, pick_front_end
 
 
 def test_pick_front_end_least_open_then_round_robin() -> None:

@@ -12,7 +12,7 @@ import pytest
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, NoFaceError
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.pipeline.service import FaceService
+from facegate.service.faces import FaceService
 
 
 def _face_like() -> np.ndarray:
@@ -23,7 +23,9 @@ def _face_like() -> np.ndarray:
 
 def test_service_batches_and_matches_sequential() -> None:
     async def main() -> None:
-        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=0.0, max_wait_ms=20))
+        svc = FaceService.build(
+            Settings(model="sface-tiny", device="cpu", quality_threshold=0.0, engine={"max_wait_ms": 20})
+        )
         await svc.start()
         try:
             assert svc.ready
@@ -47,8 +49,8 @@ def test_service_batches_and_matches_sequential() -> None:
     asyncio.run(main())
 
 
-def test_shared_device_thread_builds_warms_and_computes_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings.shared_device_thread: the build, the warm-up and every stage's execute run on one thread."""
+def test_the_build_the_warm_up_and_every_execute_run_on_one_device_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread that runs cuDNN/cuBLAS work holds its own handles: the service uses one for all of it."""
     seen: dict[str, set[str]] = {"build": set(), "warmup": set(), "embed": set()}
     build, warmup, recognize = FacePipeline.from_settings, FacePipeline.warmup, FacePipeline.recognize
 
@@ -64,7 +66,7 @@ def test_shared_device_thread_builds_warms_and_computes_on_one_thread(monkeypatc
     monkeypatch.setattr(FacePipeline, "recognize", spy("embed", recognize))
 
     async def main() -> None:
-        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=0.0, shared_device_thread=True))
+        svc = FaceService.build(Settings(model="sface-tiny", device="cpu", quality_threshold=0.0))
         assert svc.engine.device_executor is not None
         await svc.start()
         try:
@@ -78,7 +80,7 @@ def test_shared_device_thread_builds_warms_and_computes_on_one_thread(monkeypatc
 
 def test_service_compare_refused_below_gate() -> None:
     async def main() -> None:
-        svc = FaceService.build_tiny(Settings(device="cpu", quality_threshold=1.0))
+        svc = FaceService.build(Settings(model="sface-tiny", device="cpu", quality_threshold=1.0))
         await svc.start()
         try:
             a = await svc.face_aligned(_face_like())
@@ -94,20 +96,19 @@ def test_service_compare_refused_below_gate() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("freeze", [True, False])
-def test_start_freezes_the_start_up_objects_out_of_the_collector(freeze: bool) -> None:
-    """Settings.gc_freeze: after start, full collections no longer walk the start-up objects."""
+def test_start_freezes_the_start_up_objects_out_of_the_collector() -> None:
+    """After start, full collections no longer walk the start-up objects."""
     import gc
 
     gc.unfreeze()
 
     async def main() -> None:
-        svc = FaceService.build_tiny(Settings(device="cpu", gc_freeze=freeze))
+        svc = FaceService.build(Settings(model="sface-tiny", device="cpu"))
         await svc.start()
         try:
             assert svc.ready
             frozen = gc.get_freeze_count()
-            assert (frozen > 10_000) if freeze else frozen == 0, frozen
+            assert frozen > 10_000, frozen
         finally:
             await svc.stop()
 
@@ -134,11 +135,14 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "import pickle, sys\n"
         "got = pickle.loads(sys.stdin.buffer.read())\n"
         "assert got[1].detections[0].score > 0.89 and len(got[0]) == 3, got\n"
-        "import facegate.serving.app, facegate.pipeline.service\n"
+        "import facegate.api.app, facegate.api.server, facegate.api.multiprocess, facegate.service.faces\n"
+        "from facegate.config import Settings\n"
+        "from facegate.tuning import make_plan\n"
+        "assert make_plan(Settings()).device in ('cpu', 'cuda')\n"
         "from facegate.gallery.index import GalleryIndex\n"
         "from facegate.models.registry import get_spec\n"
         "from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads\n"
-        "configure_cpu_threads(None, 'cuda')\n"
+        "configure_cpu_threads(1)\n"
         "p = FacePipeline(get_spec('sface'), None, None, device='cpu', operating=Operating(0.3, 1e-3, 0.5))\n"
         "GalleryIndex(p.device_name).load_gallery('g', 2, ['a'], [[1.0, 0.0]])\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"

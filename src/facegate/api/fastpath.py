@@ -1,17 +1,15 @@
 """A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
 
 Aligned crops are the least GPU work per request facegate serves, so the front-ends' Python per request sets
-their rate. On the H200 (run 35) 8 front-ends at one core each served 9,467 one-crop requests/s while the
-GPU was 66 % busy. On a 2-core box (``benchmarks/frontend_gil.py``), FastAPI's stack above the endpoint —
-routing, dependency solving, form reading, response validation — was most of a front-end's GIL time for such a
-request; the endpoint's own work was about a tenth of it.
+their rate, with the GPU partly idle. FastAPI's stack above the endpoint (routing, dependency solving, form
+reading, response validation) costs a front-end several times the endpoint's own work for such a request.
 
-:class:`~facegate.serving.app.ServingMiddleware` (limits, disconnects, metrics) calls
+:class:`~facegate.api.app.ServingMiddleware` (limits, disconnects, metrics) calls
 :func:`serve_embed_aligned` for ``POST /api/embed`` with a small multipart body. It answers the request
 when the form is 1..``max_images_per_request`` ``images`` files with ``aligned`` true and at most a
-``select``, through the route's own function (:func:`facegate.serving.routes.embed_response`) and the
+``select``, through the route's own function (:func:`facegate.api.routes.embed_response`) and the
 route's JSON (``by_alias``, ``exclude_unset``). Any other request goes to FastAPI with its body replayed, so
-FastAPI gives it the answers and errors it always did. ``Settings.fast_path`` turns it off.
+FastAPI gives it the answers and errors it always did.
 """
 
 from __future__ import annotations
@@ -22,11 +20,11 @@ from typing import TYPE_CHECKING
 from starlette.datastructures import FormData, UploadFile
 from starlette.types import Message, Receive, Scope, Send
 
+from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
 from facegate.errors import FacegateError
-from facegate.serving.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
 
 if TYPE_CHECKING:
-    from facegate.serving.app import ServingState
+    from facegate.api.state import ServingState
 
 PATH = "/api/embed"
 #: what ``scope["route"]`` holds for the request metrics (the route's path template)
@@ -48,7 +46,7 @@ def header(scope: Scope, name: bytes) -> bytes:
 
 def wants_fast_path(scope: Scope) -> bool:
     """Whether a request may take the fast path: ``POST /api/embed`` with a multipart body whose declared
-    length fits :data:`~facegate.serving.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
+    length fits :data:`~facegate.api.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
     if scope["method"] != "POST" or scope["path"] != PATH:
         return False
     length = header(scope, b"content-length")
@@ -93,8 +91,8 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     """Answer an aligned-crop embed request (None), or return the receive callable that replays its body
     for FastAPI. A request whose body did not arrive (a disconnect, or over the route's limit) is left to
     the caller (None)."""
-    from facegate.serving.errors import facegate_error_response
-    from facegate.serving.routes import embed_response
+    from facegate.api.errors import facegate_error_response
+    from facegate.api.routes import embed_response
 
     chunks: list[bytes] = []
     while True:
@@ -106,7 +104,8 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
             break
     body = b"".join(chunks)
     ctype = header(scope, b"content-type").decode("latin-1")
-    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), state.settings.max_images_per_request)
+    limit = state.settings.limits.max_images_per_request
+    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
     if images is None:
         return _replay(body, receive)
     scope["route"] = ROUTE

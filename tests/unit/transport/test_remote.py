@@ -1,4 +1,4 @@
-"""The engine process and its front-end client (facegate.engine.remote, facegate.serving.multiprocess)."""
+"""The engine process and its front-end client (facegate.transport.remote, facegate.api.multiprocess)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from facegate.api.multiprocess import EngineProcess, cuda_devices, engine_devices
 from facegate.config import Settings
-from facegate.engine.remote import (
-    Arena,
-    FrameReader,
-    RemoteEngine,
-    RemotePool,
-    _affinity,
-    error_from_wire,
-    error_to_wire,
-    same_engine,
-)
 from facegate.errors import (
     CheckpointError,
     EngineClosedError,
@@ -33,8 +24,18 @@ from facegate.errors import (
     QueueFullError,
 )
 from facegate.metrics.stats import ServiceStats
-from facegate.pipeline.service import FaceService
-from facegate.serving.multiprocess import EngineProcess, cuda_devices, engine_devices
+from facegate.service.faces import FaceService
+from facegate.transport.remote import (
+    Arena,
+    FrameReader,
+    RemoteEngine,
+    RemotePool,
+    _affinity,
+    error_from_wire,
+    error_to_wire,
+    same_engine,
+)
+from facegate.tuning import Machine, make_plan
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -67,12 +68,16 @@ def test_errors_cross_the_boundary_with_their_class_and_attributes() -> None:
 
 
 # --------------------------------------------------------------------------- a real engine process
+#: the registry's random-weight test double: real detector, tiny recognizer
+TINY = {"device": "cpu", "model": "sface-tiny"}
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    settings = Settings(device="cpu", data_dir=tmp_path_factory.mktemp("engine"), max_wait_ms=1.0)
-    proc = EngineProcess(settings, tiny=True)
+    settings = Settings(**TINY, data_dir=tmp_path_factory.mktemp("engine"), engine={"max_wait_ms": 1.0})
+    proc = EngineProcess(settings)
     info = proc.start(timeout_s=120)
-    assert info["device"] == "cpu" and info["model"] == "sface"
+    assert info["device"] == "cpu" and info["model"] == "sface-tiny"
     yield proc
     proc.stop()
     assert not proc.alive
@@ -84,7 +89,7 @@ def _crops(n: int, seed: int = 0) -> np.ndarray:
 
 def test_front_ends_get_the_engines_results(engine: EngineProcess) -> None:
     """Two front-ends submit concurrently; results equal an in-process tiny service's (same seed)."""
-    local = FaceService.build_tiny(Settings(device="cpu"))
+    local = FaceService.build(Settings(**TINY))
     ref_emb, ref_q, _ = local.pipeline.embed(_crops(5))
     photo = np.full((240, 320, 3), 127, np.uint8)
 
@@ -148,7 +153,7 @@ def test_engine_startup_errors_reach_the_supervisor(tmp_path: Path) -> None:
 
 
 def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
-    proc = EngineProcess(Settings(device="cpu", data_dir=tmp_path), tiny=True)
+    proc = EngineProcess(Settings(**TINY, data_dir=tmp_path))
     proc.start(timeout_s=120)
 
     async def go() -> None:
@@ -177,7 +182,7 @@ def test_a_signalled_engine_serves_until_its_front_ends_have_gone(tmp_path: Path
     until they disconnect, then exits at once (well before engine_drain_s)."""
     import signal
 
-    proc = EngineProcess(Settings(device="cpu", data_dir=tmp_path, engine_drain_s=60.0), tiny=True)
+    proc = EngineProcess(Settings(**TINY, data_dir=tmp_path, engine={"drain_s": 60.0}))
     proc.start(timeout_s=120)
 
     async def go() -> None:
@@ -201,8 +206,8 @@ def test_a_signalled_engine_serves_until_its_front_ends_have_gone(tmp_path: Path
 
 def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
     """A client that goes away before its batch forms costs the engine nothing (like in one process)."""
-    slow = Settings(device="cpu", data_dir=tmp_path, max_wait_ms=400.0, max_batch_size=64)
-    proc = EngineProcess(slow, tiny=True)
+    slow = Settings(**TINY, data_dir=tmp_path, engine={"max_wait_ms": 400.0, "max_batch_size": 64})
+    proc = EngineProcess(slow)
     proc.start(timeout_s=120)
 
     async def go() -> None:
@@ -236,9 +241,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
     engine: EngineProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One engine per GPU: a front-end sends each request to the least busy engine."""
-    second = EngineProcess(
-        Settings(device="cpu", data_dir=tmp_path, max_wait_ms=1.0), tiny=True, authkey=engine.authkey
-    )
+    second = EngineProcess(Settings(**TINY, data_dir=tmp_path, engine={"max_wait_ms": 1.0}), authkey=engine.authkey)
     second.start(timeout_s=120)
 
     async def go() -> None:
@@ -298,7 +301,7 @@ def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatc
     """The engine shares the supervisor's tracker: registering the front-end's block there broke its unlink."""
     from multiprocessing import resource_tracker
 
-    from facegate.engine.remote import attach
+    from facegate.transport.remote import attach
 
     arena = Arena(256)
     calls: list[tuple[str, str]] = []
@@ -318,23 +321,24 @@ def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Front-ends decode and align; with a CUDA engine they take its one-thread setting (cpu_threads=None)."""
+    """Front-ends decode and align; with a CUDA engine they take the plan's one intra-op thread."""
     import cv2
     import torch
 
-    from facegate.engine.remote import RemoteEngine
+    from facegate.transport.remote import RemoteEngine
 
     info = {"model": "sface", "device": "cuda:0",
             "operating": {"match_threshold": 0.4, "match_fmr": 1e-3, "quality_threshold": 0.5}}  # fmt: skip
     monkeypatch.setattr(RemoteEngine, "start", lambda self: info)
     before = torch.get_num_threads(), cv2.getNumThreads()
     try:
-        FaceService.connect(Settings(device="cpu"), "/nonexistent.sock", b"k")
+        gpu = make_plan(Settings(device="cuda"), Machine(gpus=1, cores=16))
+        FaceService.connect(Settings(device="cuda"), "/nonexistent.sock", b"k", gpu)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
         torch.set_num_threads(before[0])
         cv2.setNumThreads(before[1])
         info["device"] = "cpu"
-        FaceService.connect(Settings(device="cpu"), "/nonexistent.sock", b"k")
+        FaceService.connect(Settings(device="cpu"), "/nonexistent.sock", b"k", make_plan(Settings(device="cpu")))
         assert (torch.get_num_threads(), cv2.getNumThreads()) == before  # a CPU engine: defaults stay
     finally:
         torch.set_num_threads(before[0])
@@ -367,7 +371,7 @@ def test_the_sender_answers_in_bursts_and_fails_items_past_their_deadline() -> N
     import time
 
     from facegate.engine.batcher import WorkItem
-    from facegate.engine.remote import EngineHost
+    from facegate.transport.remote import EngineHost
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     sent: list[tuple] = []

@@ -46,8 +46,8 @@ def _kernel() -> Any | None:
         return None
 
     # Triton specialises the integer arguments ("is 1", "divisible by 16"); here that is what lets it vectorise
-    # the loads and stores (session 11: without it this kernel took 2.1-2.4x as long on the H200, other kernels
-    # within 1 % in the same two calls), and SFace's and YuNet's layers need only a few variants of it
+    # the loads and stores (without it this kernel takes about twice as long), and SFace's and YuNet's layers
+    # need only a few variants of it
     @triton.jit
     def bias_act_kernel(  # type: ignore[no-untyped-def]
         x_ptr, b_ptr, a_ptr, n, C, HW, CHANNELS_LAST: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr
@@ -73,10 +73,9 @@ def _dw_kernel() -> Any | None:
     import triton
     import triton.language as tl
 
-    # 2-D tiles (faster than a flat index with two divisions per element: 0.46 against 0.77 ms per 54 photos,
-    # session 11). C, H and the tile count are not specialised: with them, three engines took 36 s to /readyz
-    # from an empty Triton cache against 23 s with it warm (H200 run 30; 25 against 22 s since, run 32);
-    # W stays specialised (aligned rows)
+    # 2-D tiles: faster than a flat index with two divisions per element. C, H and the tile count are not
+    # specialised: each specialisation is another compile at start-up from an empty Triton cache, for every
+    # engine process; W stays specialised (aligned rows)
     @triton.jit(do_not_specialize=["C", "H", "TILES_W"])
     def depthwise3x3_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, b_ptr, p_ptr, y_ptr, C, H, W, TILES_W,

@@ -185,7 +185,7 @@ async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app``.
 
-    The catch-all for unexpected exceptions lives in :class:`facegate.serving.app.ServingMiddleware`,
+    The catch-all for unexpected exceptions lives in :class:`facegate.api.app.ServingMiddleware`,
     which calls :func:`internal_error_response`, so that it is logged once and counted in the metrics.
     """
     app.add_exception_handler(FacegateError, _facegate_handler)

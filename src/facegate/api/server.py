@@ -1,0 +1,52 @@
+"""``facegate serve``: plan, then serve in one process or as a supervisor of engines and front-ends."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from facegate.api.app import create_app, uvicorn_config
+from facegate.api.state import get_state
+from facegate.config import Settings
+from facegate.errors import FacegateError
+from facegate.transport.remote import SWITCH_INTERVAL_S
+from facegate.tuning import make_plan
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: Settings) -> None:
+    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM).
+
+    The serving plan (:func:`facegate.tuning.make_plan`) decides between one process and the process
+    model (:mod:`facegate.api.multiprocess`); it is logged in one line. Models load in the background
+    (``/healthz`` answers at once, ``/readyz`` once they are warm). If loading fails, the server shuts down
+    and the error is raised here (the CLI prints it as JSON and exits non-zero), so a misconfigured server
+    does not linger unready.
+
+    Raises:
+        FacegateError: models or gallery could not be loaded (e.g. ModelError, GalleryError).
+    """
+    import uvicorn
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    plan = make_plan(settings)
+    log.info("%s", plan.summary())
+    if plan.workers > 1 or plan.engines > 1:
+        from facegate.api.multiprocess import run_multiprocess
+
+        return run_multiprocess(settings, plan)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    app = create_app(settings, plan=plan)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    state = get_state(app)
+
+    def stop_on_load_error(exc: FacegateError) -> None:
+        server.should_exit = True
+
+    state.on_load_error = stop_on_load_error
+    log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
+    server.run()
+    if state.load_error is not None:
+        raise state.load_error

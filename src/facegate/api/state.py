@@ -1,0 +1,94 @@
+"""The state an app's routes share, stored on ``app.state.facegate``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from facegate.config import Settings
+from facegate.errors import EngineClosedError, FacegateError, GalleryUnavailableError
+from facegate.metrics.stats import ServiceStats
+from facegate.tuning import ServingPlan
+
+if TYPE_CHECKING:
+    from facegate.gallery.service import Gallery
+    from facegate.service.faces import FaceService
+
+
+@dataclass
+class ServingState:
+    """Everything the routes need, stored on ``app.state.facegate``.
+
+    Attributes:
+        settings: the one Settings object.
+        plan: the serving plan (:func:`facegate.tuning.make_plan`).
+        service: the async face service; ``None`` until the lifespan has built it.
+        gallery: the gallery; ``None`` until the lifespan has opened it.
+        stats: where request metrics go (the service's stats once it exists).
+        decode_pool: threads for image decoding (``plan.decode_workers``).
+        gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
+        ready: models loaded and warmed, engine running (the gallery may still be unavailable: see
+            ``gallery_error``).
+        load_error: why loading failed, if it did.
+        gallery_error: why the gallery is not open while it is retried in the background (its SQLite file
+            stayed busy past ``Settings.gallery_open_retry_s``); ``None`` once it is open.
+        on_load_error: called with that error (``run`` uses it to shut the server down).
+    """
+
+    settings: Settings
+    plan: ServingPlan
+    service: FaceService | None = None
+    gallery: Gallery | None = None
+    stats: ServiceStats = field(default_factory=ServiceStats)
+    decode_pool: ThreadPoolExecutor | None = None
+    gallery_pool: ThreadPoolExecutor | None = None
+    ready: bool = False
+    load_error: FacegateError | None = None
+    gallery_error: FacegateError | None = None
+    gallery_task: asyncio.Task[None] | None = None
+    owns_gallery: bool = False
+    service_started: bool = False
+    load_task: asyncio.Task[None] | None = None
+    on_load_error: Callable[[FacegateError], None] | None = None
+    #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
+    engine: tuple[str | list[str], bytes] | None = None
+
+    def require_service(self) -> FaceService:
+        """The service, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
+        if self.ready and self.service is not None:
+            return self.service
+        if self.load_error is not None:
+            raise self.load_error
+        raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
+
+    def require_ready(self) -> tuple[FaceService, Gallery]:
+        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
+        service = self.require_service()
+        if self.gallery is None:
+            cause = self.gallery_error
+            raise GalleryUnavailableError(
+                "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
+                detail={"cause": cause.to_dict()} if cause else {},
+            )
+        return service, self.gallery
+
+    async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run ``fn(*args, **kw)`` on a decode thread and await it without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
+
+    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run a gallery call on the gallery thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
+
+
+def get_state(app: Any) -> ServingState:
+    """The :class:`ServingState` of an app made by :func:`create_app`."""
+    return app.state.facegate  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- lifespan

@@ -1,0 +1,60 @@
+"""What the pipeline's stages share below :class:`~facegate.pipeline.pipeline.FacePipeline`: the face-selection
+rule and the view of a pipeline that the stages use (so that they need not import the pipeline module)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from facegate.errors import FaceSelectionError, NoFaceError
+from facegate.types import Detection, FaceSelect
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PipelineView", "select_faces"]
+
+
+class PipelineView(Protocol):
+    """The parts of a :class:`~facegate.pipeline.pipeline.FacePipeline` its engine stages use."""
+
+    detector: Any
+    recognizer: Any
+    photo_warp_bytes: int | None
+    _photo_select_post: Any
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def det_max_batch_pixels(self) -> int | None: ...
+
+    def recognize(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def detect_groups(self, images: Sequence[Any]) -> list[tuple[list[int], Any]]: ...
+
+    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]: ...
+
+
+def select_faces(
+    detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
+) -> list[Detection]:
+    """Apply a face-selection policy to one image's detections (sorted by score, descending).
+
+    Raises:
+        NoFaceError: no detection at all.
+        FaceSelectionError: ``face_index`` missing or out of range for ``FaceSelect.INDEX``.
+    """
+    select = FaceSelect(select)
+    if not detections:
+        raise NoFaceError("no face found in the image")
+    if select is FaceSelect.ALL:
+        return list(detections)
+    if select is FaceSelect.LARGEST:
+        return [max(detections, key=lambda d: d.area)]
+    if face_index is None or not 0 <= face_index < len(detections):
+        raise FaceSelectionError(
+            f"face_index {face_index} is out of range: {len(detections)} face(s) found",
+            detail={"faces": len(detections), "face_index": face_index},
+        )
+    return [detections[face_index]]

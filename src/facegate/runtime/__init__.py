@@ -1,0 +1,1 @@
+"""Device helpers under the models: CUDA-graph capture and replay, fused Triton kernels."""

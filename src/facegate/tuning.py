@@ -1,0 +1,244 @@
+"""The serving plan: every internal tuning value, derived in one place from the settings and the machine.
+
+:func:`make_plan` is the only place that turns the user's :class:`~facegate.config.Settings` plus what the
+machine has (a usable CUDA build and GPUs, CPU cores) into a frozen :class:`ServingPlan`. Nothing here is read
+from the environment, and nothing here imports torch: the supervisor and the HTTP front-ends plan too, and
+they must stay light. The engine process gets the supervisor's plan, so every process runs the same one.
+
+Profiles:
+
+- ``throughput`` (the default on CUDA): fp16, CUDA graphs, fused kernels, the detector in graphs, three engine
+  processes per GPU and about one front-end per two cores, large detector batches.
+- ``low-memory``: the smallest GPU footprint: eager fp16, a bounded recognizer activation budget inside one
+  pre-reserved allocator segment, small detector batches, host-side photo preprocessing, one process.
+- ``cpu`` (the default without CUDA): fp32, small sub-batches per forward, NHWC detector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from facegate.config import Settings
+
+PlanProfile = Literal["throughput", "low-memory", "cpu"]
+
+#: Engine processes per GPU in the throughput plan: one engine process's threads share one GIL, which bounds
+#: it near one CPU core; three keep one GPU busy under photo load.
+ENGINES_PER_GPU = 3
+#: Largest detector forward of the throughput plan, in padded input pixels: 64 LFW-sized photos.
+THROUGHPUT_DET_BATCH_PIXELS = 4_194_304
+#: The default detector forward bound elsewhere: 16 LFW-sized photos, or 2 of 640×640.
+DEFAULT_DET_BATCH_PIXELS = 16 * 256 * 256
+#: Low-memory detector forwards: one LFW-sized photo at a time.
+LOW_MEMORY_DET_BATCH_PIXELS = 65_536
+#: Low-memory recognizer activation budget and allocator arena in MiB, per model (the rest: the default key).
+LOW_MEMORY_BUDGET_MIB = {"irse64_rts": (24.0, 112), "default": (16.0, 32)}
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """What the planner knows about this machine.
+
+    Attributes:
+        gpus: usable CUDA devices (0 without a CUDA build of torch or without a driver).
+        cores: CPU cores this process may run on.
+    """
+
+    gpus: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    """Every internal tuning value of one ``facegate serve`` (or one in-process pipeline).
+
+    Attributes:
+        profile: the resolved profile.
+        device: ``"cuda"`` or ``"cpu"``.
+        precision: recognizer precision (``"fp32"``, ``"fp16"``, ``"bf16"``); the detector is always fp32.
+        compile: ``"off"``, ``"graphs"`` or ``"inductor"`` (CUDA only; ``"off"`` on the CPU).
+        workers: front-end processes (1: a single process serves HTTP and runs the engine).
+        engines: engine processes in all; engines_per_gpu of them per GPU.
+        engines_per_gpu: engine processes sharing one GPU.
+        fused_kernels: Triton kernels for the models' bias + activation epilogues and YuNet's depthwise convs.
+        channels_last: recognizer in NHWC (CUDA at fp16/bf16: tensor cores).
+        det_channels_last: detector in NHWC (the CPU: its depthwise convs run several times faster there).
+        det_graphs: the detector runs as CUDA graphs too (when ``compile`` is not ``"off"``).
+        det_max_batch_pixels: largest detector forward, in padded input pixels (rows × height × width).
+        graph_buckets: batch sizes captured as CUDA graphs; batches pad up to the next one.
+        photo_stage: ``"auto"``, ``"on"`` or ``"off"``: whether photos are decoded and aligned in the engine.
+        photo_warp_mib: MiB of float32 photos the photo stage warps at once (bounds its peak memory).
+        activation_budget_mib: bound on the recognizer's activations per forward (sub-batches); None: no bound.
+        gpu_arena_mib: one allocator segment reserved before the models load; None: none.
+        cpu_chunk: on the CPU, the largest sub-batch one forward gets (per-face speed falls at large batches).
+        cpu_threads: intra-op threads of torch and OpenCV; None: the libraries' defaults.
+        decode_workers: threads of a front-end that decode and align uploads.
+    """
+
+    profile: PlanProfile
+    device: str
+    precision: str
+    compile: str
+    workers: int
+    engines: int
+    engines_per_gpu: int
+    fused_kernels: bool
+    channels_last: bool
+    det_channels_last: bool
+    det_graphs: bool
+    det_max_batch_pixels: int
+    graph_buckets: tuple[int, ...]
+    photo_stage: str
+    photo_warp_mib: int
+    activation_budget_mib: float | None
+    gpu_arena_mib: int | None
+    cpu_chunk: int
+    cpu_threads: int | None
+    decode_workers: int
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        mem = (
+            f" activation_budget={self.activation_budget_mib}MiB arena={self.gpu_arena_mib}MiB"
+            if self.activation_budget_mib is not None
+            else ""
+        )
+        return (
+            f"serving plan: profile={self.profile} device={self.device} precision={self.precision} "
+            f"compile={self.compile} workers={self.workers} engines={self.engines} "
+            f"(per GPU {self.engines_per_gpu}) fused_kernels={self.fused_kernels} "
+            f"det_max_batch_pixels={self.det_max_batch_pixels} photo_stage={self.photo_stage}{mem}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServingPlan:
+        return cls(**{**data, "graph_buckets": tuple(data["graph_buckets"])})
+
+
+def _cuda_build_present() -> bool:
+    """Whether the installed torch is a CUDA build, without importing it (its CUDA library is on disk)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return any(lib.glob("libtorch_cuda*")) or any(lib.glob("torch_cuda*.dll"))
+
+
+def _driver_gpus() -> int:
+    """GPUs the NVIDIA driver shows (``/proc/driver/nvidia/gpus``, else ``nvidia-smi -L``), before
+    ``CUDA_VISIBLE_DEVICES``."""
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        return sum(1 for _ in proc.iterdir())
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+@functools.cache
+def detect_machine() -> Machine:
+    """GPUs and cores of this machine, without importing torch (cached: it does not change under a process)."""
+    gpus = _driver_gpus() if _cuda_build_present() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and gpus:
+        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        gpus = min(gpus, len(ids))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return Machine(gpus=gpus, cores=max(cores, 1))
+
+
+def _resolve_profile(settings: Settings, device: str) -> PlanProfile:
+    if settings.profile != "auto":
+        return settings.profile
+    return "throughput" if device == "cuda" else "cpu"
+
+
+def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan:
+    """The serving plan for ``settings`` on ``machine`` (this one by default).
+
+    Explicit settings win over the profile: ``precision``, ``compile``, ``workers``, ``engines``,
+    ``engines_per_gpu`` and ``gpu_preprocess`` set to anything but their ``auto``/None default are kept.
+    """
+    m = machine or detect_machine()
+    if settings.device != "auto":
+        device = settings.device
+    else:
+        device = "cuda" if m.gpus > 0 and settings.profile != "cpu" else "cpu"
+    profile = _resolve_profile(settings, device)
+    if device == "cpu" and profile != "cpu":
+        profile = "cpu"  # the GPU profiles mean nothing without a GPU
+    gpus = max(m.gpus, 1)
+    model = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
+    budget, arena = LOW_MEMORY_BUDGET_MIB.get(model, LOW_MEMORY_BUDGET_MIB["default"])
+
+    if profile == "throughput":
+        per_gpu = min(ENGINES_PER_GPU, max(1, 16 // gpus)) if m.cores >= 8 else 1
+        base: dict[str, Any] = dict(
+            precision="fp16", compile="graphs", engines_per_gpu=per_gpu, engines=per_gpu * gpus,
+            workers=min(64, max(2, m.cores // 2)) if m.cores >= 4 else 1, fused_kernels=True,
+            det_graphs=True, det_max_batch_pixels=THROUGHPUT_DET_BATCH_PIXELS, photo_stage="auto",
+            activation_budget_mib=None, gpu_arena_mib=None,
+        )  # fmt: skip
+    elif profile == "low-memory":
+        base = dict(
+            precision="fp16", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=True,
+            det_graphs=False, det_max_batch_pixels=LOW_MEMORY_DET_BATCH_PIXELS, photo_stage="off",
+            activation_budget_mib=budget, gpu_arena_mib=arena,
+        )  # fmt: skip
+    else:
+        base = dict(
+            precision="fp32", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=False,
+            det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
+            activation_budget_mib=None, gpu_arena_mib=None,
+        )  # fmt: skip
+
+    if device == "cpu":
+        base.update(fused_kernels=False, det_graphs=False, compile="off")
+        if base["precision"] == "fp16":
+            base["precision"] = "fp32"
+    explicit = {
+        "precision": None if settings.precision == "auto" else settings.precision,
+        "compile": None if settings.compile == "auto" else settings.compile,
+        "workers": settings.workers,
+        "engines": settings.engines,
+        "engines_per_gpu": settings.engines_per_gpu,
+        "photo_stage": None if settings.gpu_preprocess == "auto" else settings.gpu_preprocess,
+    }
+    base.update({k: v for k, v in explicit.items() if v is not None})
+    if settings.engines is not None and settings.engines_per_gpu is None:
+        base["engines_per_gpu"] = min(base["engines_per_gpu"], settings.engines)
+    if base["engines"] > 1 and base["workers"] < 2:
+        base["workers"] = 2 if settings.workers is None else base["workers"]
+    if device == "cpu":
+        base["compile"] = "off"
+    return ServingPlan(
+        profile=profile,
+        device=device,
+        channels_last=device == "cuda" and base["precision"] != "fp32",
+        det_channels_last=device == "cpu",
+        graph_buckets=(4, 16, 32, 64),
+        photo_warp_mib=16,
+        cpu_chunk=4,
+        cpu_threads=1 if device == "cuda" else None,
+        decode_workers=4,
+        **base,
+    )

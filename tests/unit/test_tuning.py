@@ -1,0 +1,88 @@
+"""The serving plan: one frozen object, derived from the settings and the machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from facegate.config import Settings
+from facegate.tuning import Machine, ServingPlan, detect_machine, make_plan
+
+H200_HOST = Machine(gpus=1, cores=16)
+
+
+def test_auto_on_a_16_core_cuda_host_is_the_tuned_gpu_configuration() -> None:
+    plan = make_plan(Settings(), H200_HOST)
+    assert (plan.profile, plan.device, plan.precision, plan.compile) == ("throughput", "cuda", "fp16", "graphs")
+    assert (plan.workers, plan.engines, plan.engines_per_gpu) == (8, 3, 3)
+    assert plan.det_max_batch_pixels == 4_194_304 and plan.fused_kernels and plan.det_graphs
+    assert plan.photo_stage == "auto" and plan.activation_budget_mib is None
+
+
+def test_process_counts_follow_cores_and_gpus() -> None:
+    assert make_plan(Settings(), Machine(gpus=2, cores=32)).engines == 6
+    small = make_plan(Settings(), Machine(gpus=1, cores=4))
+    assert (small.workers, small.engines, small.engines_per_gpu) == (2, 1, 1)
+    big = make_plan(Settings(), Machine(gpus=8, cores=128))
+    assert big.engines <= 16 and big.engines == 8 * big.engines_per_gpu and big.workers <= 64
+
+
+def test_low_memory_profile() -> None:
+    plan = make_plan(Settings(profile="low-memory"), H200_HOST)
+    assert (plan.compile, plan.activation_budget_mib, plan.gpu_arena_mib) == ("off", 16.0, 32)
+    assert (plan.det_max_batch_pixels, plan.photo_stage, plan.workers, plan.engines) == (65_536, "off", 1, 1)
+    irse = make_plan(Settings(profile="low-memory", model="irse64_rts"), H200_HOST)
+    assert (irse.activation_budget_mib, irse.gpu_arena_mib) == (24.0, 112)
+
+
+def test_cpu_plan_without_a_gpu_and_with_profile_cpu() -> None:
+    for plan in (make_plan(Settings(), Machine(0, 2)), make_plan(Settings(profile="cpu"), H200_HOST)):
+        assert (plan.profile, plan.device, plan.precision, plan.compile, plan.workers) == (
+            "cpu", "cpu", "fp32", "off", 1
+        )  # fmt: skip
+        assert plan.det_channels_last and not plan.fused_kernels and plan.cpu_chunk == 4
+
+
+def test_explicit_settings_win_over_the_profile() -> None:
+    s = Settings(precision="fp32", compile="off", workers=3, engines=2, gpu_preprocess="off")
+    plan = make_plan(s, H200_HOST)
+    assert (plan.precision, plan.compile, plan.workers, plan.engines, plan.engines_per_gpu) == ("fp32", "off", 3, 2, 2)
+    assert plan.photo_stage == "off"
+    assert make_plan(Settings(engines=2, workers=1), H200_HOST).workers == 1  # explicit, even if odd
+    assert make_plan(Settings(device="cpu", precision="fp16"), H200_HOST).precision == "fp16"  # refused at build
+
+
+def test_the_plan_is_frozen_and_round_trips() -> None:
+    plan = make_plan(Settings(), H200_HOST)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.workers = 1  # type: ignore[misc]
+    assert ServingPlan.from_dict(plan.to_dict()) == plan
+    line = plan.summary()
+    assert "\n" not in line and "profile=throughput" in line and "workers=8" in line
+
+
+def test_detecting_the_machine_does_not_import_torch() -> None:
+    code = "import sys; from facegate.tuning import detect_machine; m = detect_machine(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    m = detect_machine()
+    assert m.cores >= 1 and m.gpus >= 0
+
+
+def test_cuda_visible_devices_bounds_the_gpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    import facegate.tuning as tuning
+
+    monkeypatch.setattr(tuning, "_cuda_build_present", lambda: True)
+    monkeypatch.setattr(tuning, "_driver_gpus", lambda: 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    tuning.detect_machine.cache_clear()
+    try:
+        assert tuning.detect_machine().gpus == 2
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        tuning.detect_machine.cache_clear()
+        assert tuning.detect_machine().gpus == 0
+    finally:
+        tuning.detect_machine.cache_clear()
