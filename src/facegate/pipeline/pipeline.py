@@ -76,6 +76,33 @@ def configure_cpu_threads(threads: int | None, device: str) -> int | None:
     return n
 
 
+def configure_omp_wait(device: str) -> str | None:
+    """Off CUDA (``device`` "cpu" or "auto"), make torch's idle OpenMP threads sleep instead of spin
+    (``OMP_WAIT_POLICY=PASSIVE``) unless the environment names a policy; returns the policy in effect, or
+    ``None`` on CUDA.
+
+    Spinning threads hold their cores between operations: a serving process's HTTP, decode and alignment
+    threads then wait for them, and whenever another process holds a core, each parallel region waits for a
+    descheduled spinner (``benchmarks/cpu_e2e.py``: compare req/s several times lower with spinning waits on a
+    loaded 2-core box). OpenMP reads the variable once, when torch loads it: this must run before the first
+    ``import torch`` of the process; an engine process spawned later inherits the variable.
+    """
+    if device == "cuda":  # a CUDA engine runs one intra-op thread: no pool threads to wait
+        return None
+    policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" in sys.modules and policy == "PASSIVE":
+        log.debug("torch was loaded before OMP_WAIT_POLICY was set: its OpenMP threads keep their wait policy")
+    return policy
+
+
+def use_onnx_cpu(device: str) -> bool:
+    """Whether a pipeline on ``device`` runs its detector network with ONNX Runtime: on the CPU, when
+    onnxruntime is installed. ORT runs the graph exported from facegate's own YuNet module several times
+    faster than PyTorch eager there (``benchmarks/cpu_models.py``); PyTorch stays the reference and the GPU
+    path. The serving plan passes its choice to :meth:`FacePipeline.from_settings` (``onnx_cpu``)."""
+    return device == "cpu" and importlib.util.find_spec("onnxruntime") is not None
+
+
 #: What ``Settings.gemm_workspace="none"`` sets in the environment: no cuBLAS / cuBLASLt workspaces.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
 
@@ -312,12 +339,17 @@ class FacePipeline:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_settings(cls, settings: Settings, *, tiny: bool = False) -> FacePipeline:
+    def from_settings(cls, settings: Settings, *, tiny: bool = False, onnx_cpu: bool | None = None) -> FacePipeline:
         """Build the pipeline the settings describe (real weights unless ``tiny``).
+
+        ``onnx_cpu``: run the detector network with ONNX Runtime on the CPU (exported from the loaded module
+        and checked against it at start-up, :mod:`facegate.models.onnx_backend`); ``None``:
+        :func:`use_onnx_cpu`. Ignored off the CPU.
 
         ``tiny`` keeps the real (53 k-parameter) YuNet detector but swaps the recognizer for a
         random-weight tiny model: for fast tests of serving mechanics only; its embeddings mean nothing.
         """
+        configure_omp_wait(settings.device)  # "cpu" or "auto": before resolving the device loads torch
         import torch
 
         from facegate.models.detector import FaceDetector
@@ -356,6 +388,10 @@ class FacePipeline:
             # (benchmarks/results/detector_gpu.json); NHWC stays on the CPU, where it is several times faster
             channels_last=device == "cpu" if settings.det_channels_last is None else settings.det_channels_last,
         )
+        if device == "cpu" and (use_onnx_cpu(device) if onnx_cpu is None else onnx_cpu):
+            from facegate.models.onnx_backend import attach_onnx_detector
+
+            attach_onnx_detector(detector)
         if device == "cuda":
             # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(

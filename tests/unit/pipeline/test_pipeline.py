@@ -195,8 +195,9 @@ def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipe
 
 
 def test_detector_layout_follows_the_setting() -> None:
-    assert FacePipeline.from_settings(Settings(device="cpu")).detector.channels_last  # automatic: NHWC on CPU
-    pipe = FacePipeline.from_settings(Settings(device="cpu", det_channels_last=False))
+    torch_cpu = FacePipeline.from_settings(Settings(device="cpu"), onnx_cpu=False)
+    assert torch_cpu.detector.channels_last  # automatic: NHWC for PyTorch's CPU kernels
+    pipe = FacePipeline.from_settings(Settings(device="cpu", det_channels_last=False), onnx_cpu=False)
     assert not pipe.detector.channels_last
     batch = pipe.detector.preprocess([np.zeros((64, 64, 3), np.uint8)])
     assert pipe.detector._to_input(pipe.detector._host_batch(batch)).is_contiguous()  # NCHW all the way in
