@@ -40,8 +40,9 @@ engines agree (embedding cosines, detection counts and IoU) so that the speed ro
 
 ``facegate_onnx`` is facegate's CPU detector as it serves (:mod:`facegate.models.onnx_backend`: the graph
 exported from facegate's own YuNet module at start-up, run by ONNX Runtime), and ``facegate_onnx_net`` its
-network alone; ``facegate_nchw_net`` is the PyTorch network on NCHW input. Recognition adds the cheap PyTorch
-variants (:func:`recognizer_variants`: BatchNorm folded, channels-last, TorchScript frozen, bf16) and
+graph alone (on the uint8 RGB batch: unlike the other network rows it includes the cast and channel flip);
+``facegate_nchw_net`` is the PyTorch network on NCHW input. Recognition adds the cheap PyTorch variants
+(:func:`recognizer_variants`: BatchNorm folded, channels-last, TorchScript frozen, bf16) and
 ``facegate_onnx``, facegate's own recognizer exported by :mod:`facegate.export` and run by ONNX Runtime.
 
   python benchmarks/cpu_models.py --threads 1,2 --batches 1,4 --seconds 1 --rounds 3
@@ -250,7 +251,8 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
         engines[f"facegate_onnx@{b}"] = (lambda i, g=groups: onnx_det.detect(g[i % len(g)]), b)
         engines[f"facegate_net@{b}"] = (lambda i, x=nets_cl: _torch_net(ours.model, x[i % len(x)]), b)
         engines[f"facegate_nchw_net@{b}"] = (lambda i, x=nets: _torch_net(ours.model, x[i % len(x)]), b)
-        engines[f"facegate_onnx_net@{b}"] = (lambda i, x=nets_np: own.session.run(None, {"input": x[i % len(x)]}), b)
+        hosts = [p.images for p in prepared]  # uint8 RGB: facegate's graph does the cast and flip itself
+        engines[f"facegate_onnx_net@{b}"] = (lambda i, x=hosts: own.session.run(None, {"images": x[i % len(x)]}), b)
         engines[f"onnxruntime_net@{b}"] = (lambda i, x=nets_np: sess.run(None, {"input": x[i % len(x)]}), b)
         engines[f"onnxruntime_folded_net@{b}"] = (lambda i, x=nets_np: folded.run(None, {"input": x[i % len(x)]}), b)
         vgroups = _batches(bgrs, b)
@@ -265,7 +267,7 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     net_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref, strict=True))
     ref_f = folded.run(["cls_8", "obj_8", "bbox_8"], {"input": x.numpy()})
     fold_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref_f, strict=True))
-    own_diff = yunet_parity(ours.model, own.session, x.numpy())
+    own_diff = yunet_parity(ours.model, own.session, ours.preprocess(rgbs[:4]).images)
     same_dets = sum(
         len(a) == len(b_) and all(np.abs(p.box - q.box).max() < 0.01 for p, q in zip(a, b_, strict=True))
         for a, b_ in zip(ours.detect(rgbs), onnx_det.detect(rgbs), strict=True)

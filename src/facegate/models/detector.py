@@ -316,7 +316,10 @@ class FaceDetector:
 
         Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
         """
-        return self.model(self._to_input(self._host_batch(batch)))
+        x = self._host_batch(batch)
+        if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
+            return self.model(x)
+        return self.model(self._to_input(x))
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Decode + threshold count + top-``prefetch`` candidates of every row, on the device.

@@ -74,9 +74,13 @@ def ort_session(model: bytes, threads: int) -> Any:
 
 
 def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
-    """The ONNX graph of a YuNet module, serialised: input ``input (N, 3, H, W) float32`` BGR 0..255 with
-    symbolic N/H/W; outputs ``cls_8 … kps_32`` as the module's :data:`~facegate.models.yunet.RawOutputs`
-    (``(N, H/s·W/s, C)`` float32).
+    """The ONNX graph of a YuNet module behind the detector's input conversion, serialised.
+
+    Input ``images (N, H, W, 3) uint8`` RGB (a :class:`~facegate.models.detector.DetBatch`'s canvas) with
+    symbolic N/H/W; the graph transposes it to NCHW, flips it to BGR and casts it to float32, as
+    ``FaceDetector._to_input`` does, then runs the network. Outputs ``cls_8 … kps_32``: the module's
+    :data:`~facegate.models.yunet.RawOutputs`, ``(N, H/s·W/s, C)`` float32. The conversion is in the graph
+    because PyTorch's channel flip and cast of a 256×256 photo cost a third of ORT's whole forward.
 
     The module is exported as it is (fp32, on the host, NCHW: the channels-last 1×1 path is a PyTorch CPU
     speed trick that would only add transposes to the graph).
@@ -85,18 +89,18 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
         ModelError: the export failed.
     """
     ref = _host_fp32_copy(model)
-    x = torch.zeros((1, 3, 64, 64), dtype=torch.float32)
-    axes: dict[str, dict[int, str]] = {"input": {0: "N", 2: "H", 3: "W"}}
+    x = torch.zeros((1, 64, 64, 3), dtype=torch.uint8)
+    axes: dict[str, dict[int, str]] = {"images": {0: "N", 1: "H", 2: "W"}}
     axes.update({name: {0: "N", 1: f"A_{name}"} for name in _OUTPUTS})
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings(), torch.inference_mode():
             warnings.simplefilter("ignore")  # the legacy tracer warns about the shape checks it constant-folds
             torch.onnx.export(
-                _FlatYuNet(ref),
+                _HostBatchYuNet(ref),
                 (x,),
                 buf,
-                input_names=["input"],
+                input_names=["images"],
                 output_names=_OUTPUTS,
                 dynamic_axes=axes,
                 opset_version=opset,
@@ -107,15 +111,22 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
     return buf.getvalue()
 
 
-class _FlatYuNet(nn.Module):
-    """YuNet with its four lists of outputs flattened into one tuple (ONNX outputs are flat)."""
+def _to_network_input(images: Tensor) -> Tensor:
+    """``(N, H, W, 3) uint8`` RGB → ``(N, 3, H, W) float32`` BGR on 0..255 (``FaceDetector._to_input``)."""
+    bgr = torch.tensor([2, 1, 0], device=images.device)
+    return images.permute(0, 3, 1, 2).index_select(1, bgr).to(torch.float32)
+
+
+class _HostBatchYuNet(nn.Module):
+    """YuNet on the detector's uint8 RGB batch, its four lists of outputs flattened into one tuple (ONNX
+    outputs are flat)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
-        return tuple(t for group in self.model(x) for t in group)
+    def forward(self, images: Tensor) -> tuple[Tensor, ...]:
+        return tuple(t for group in self.model(_to_network_input(images)) for t in group)
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
@@ -127,46 +138,49 @@ def _host_fp32_copy(model: nn.Module) -> nn.Module:
 
 
 def parity_input(height: int = 256, width: int = 256, seed: int = 0) -> np.ndarray:
-    """A fixed detector input ``(1, 3, height, width) float32`` on 0..255: smooth blobs plus noise, so that
-    every level's activations and the score sigmoids move away from their saturated ends."""
+    """A fixed detector batch ``(1, height, width, 3) uint8`` RGB: smooth blobs plus noise, so that every
+    level's activations and the score sigmoids move away from their saturated ends."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    img = np.zeros((3, height, width), np.float32)
+    img = np.zeros((height, width, 3), np.float32)
     for c in range(3):
         for _ in range(6):
             cy, cx = rng.uniform(0, height), rng.uniform(0, width)
             r = rng.uniform(8, 48)
-            img[c] += rng.uniform(60, 200) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
+            img[..., c] += rng.uniform(60, 200) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
     img += rng.normal(0, 12, img.shape).astype(np.float32)
-    return np.clip(img, 0, 255)[None].astype(np.float32)
+    return np.clip(img, 0, 255).round().astype(np.uint8)[None]
 
 
-def yunet_parity(model: nn.Module, session: Any, x: np.ndarray | None = None) -> float:
-    """Max |ONNX Runtime − PyTorch| over every YuNet output on ``x`` (default :func:`parity_input`)."""
-    x = parity_input() if x is None else x
+def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = None) -> float:
+    """Max |ONNX Runtime − PyTorch| over every YuNet output on ``images`` (``(N, H, W, 3) uint8`` RGB, default
+    :func:`parity_input`); PyTorch runs the module on the detector's own input conversion."""
+    images = parity_input() if images is None else images
     ref = _host_fp32_copy(model)
     with torch.inference_mode():
-        expected = [t.numpy() for group in ref(torch.from_numpy(x)) for t in group]
-    got = session.run(_OUTPUTS, {"input": x})
+        expected = [t.numpy() for group in ref(_to_network_input(torch.from_numpy(images))) for t in group]
+    got = session.run(_OUTPUTS, {"images": images})
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
 class OrtYuNet:
-    """A YuNet forward run by ONNX Runtime, called as the module is: ``(N, 3, H, W)`` float BGR on 0..255 (a
-    host tensor, any memory format) → :data:`~facegate.models.yunet.RawOutputs` of ``(N, A, C)`` float32 host
-    tensors that share ORT's output buffers.
+    """A YuNet forward run by ONNX Runtime on the detector's host batch: ``(N, H, W, 3) uint8`` RGB (a host
+    tensor) → :data:`~facegate.models.yunet.RawOutputs` of ``(N, A, C)`` float32 host tensors that share ORT's
+    output buffers. :attr:`takes_host_batch` tells :meth:`FaceDetector.forward` to skip its own conversion.
 
     ``torch_model`` is the PyTorch module the graph was exported from (the reference; kept for inspection).
     """
+
+    takes_host_batch = True
 
     def __init__(self, session: Any, torch_model: nn.Module, *, threads: int) -> None:
         self.session = session
         self.torch_model = torch_model
         self.threads = threads
 
-    def __call__(self, x: Tensor) -> RawOutputs:
-        arr = np.ascontiguousarray(x.detach().to(torch.float32).numpy())
-        outs = [torch.from_numpy(o) for o in self.session.run(_OUTPUTS, {"input": arr})]
+    def __call__(self, images: Tensor) -> RawOutputs:
+        arr = np.ascontiguousarray(images.detach().numpy())
+        outs = [torch.from_numpy(o) for o in self.session.run(_OUTPUTS, {"images": arr})]
         k = len(STRIDES)
         return outs[0:k], outs[k : 2 * k], outs[2 * k : 3 * k], outs[3 * k : 4 * k]
 
@@ -180,7 +194,7 @@ def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) 
 
     ``detector`` must be a fp32 CPU detector. ``threads``: ORT intra-op threads (default: torch's current
     intra-op count, which :func:`~facegate.pipeline.pipeline.configure_cpu_threads` set). The detector's input
-    becomes NCHW-contiguous (its channels-last layout only served PyTorch's kernels).
+    conversion moves into the graph (its channels-last layout only served PyTorch's kernels).
 
     Raises:
         ModelError: onnxruntime is missing, the export failed, or the graph's outputs differ from PyTorch's by

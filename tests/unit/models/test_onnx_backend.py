@@ -35,14 +35,16 @@ def pair() -> tuple[FaceDetector, FaceDetector]:
 
 
 def test_exported_graph_matches_the_module_at_other_shapes() -> None:
-    """Batch, height and width are symbolic: a 2×320×192 input (not the traced 1×64×64) gives the same outputs."""
+    """Batch, height and width are symbolic: a 2×320×192 batch (not the traced 1×64×64) gives the same outputs
+    as the PyTorch module on the detector's own input conversion."""
     model = load_yunet()
     session = ort_session(export_yunet_onnx(model), threads=1)
-    x = np.concatenate([parity_input(320, 192, seed=1), parity_input(320, 192, seed=2)])
-    assert yunet_parity(model, session, x) <= PARITY_MAX_ABS_DIFF
+    images = np.concatenate([parity_input(320, 192, seed=1), parity_input(320, 192, seed=2)])
+    assert yunet_parity(model, session, images) <= PARITY_MAX_ABS_DIFF
+    det = FaceDetector(load_yunet(), device="cpu", channels_last=False)
     with torch.inference_mode():
-        ref = model(torch.from_numpy(x))
-    got = OrtYuNet(session, model, threads=1)(torch.from_numpy(x).contiguous(memory_format=torch.channels_last))
+        ref = model(det._to_input(torch.from_numpy(images)))
+    got = OrtYuNet(session, model, threads=1)(torch.from_numpy(images))
     for ref_level, got_level in zip(ref, got, strict=True):
         for r, g in zip(ref_level, got_level, strict=True):
             assert g.shape == r.shape and g.dtype == torch.float32
