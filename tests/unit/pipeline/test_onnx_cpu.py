@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -59,3 +60,13 @@ def test_detect_align_embed_match_pytorch(pipelines: tuple[FacePipeline, FacePip
     ref_same = reference.compare_faces(*(f[0] for f in want[:2]))
     assert same.similarity is not None and ref_same.similarity is not None
     assert abs(same.similarity - ref_same.similarity) < 1e-4
+
+
+def test_idle_openmp_threads_sleep_off_cuda_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.pipeline.pipeline import configure_omp_wait
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert configure_omp_wait("cuda") is None and "OMP_WAIT_POLICY" not in os.environ
+    assert configure_omp_wait("cpu") == "PASSIVE" == os.environ["OMP_WAIT_POLICY"]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # an operator's choice stands
+    assert configure_omp_wait("auto") == "ACTIVE"
