@@ -314,7 +314,8 @@ class FaceDetector:
     def forward(self, batch: DetBatch) -> RawOutputs:
         """One host→device copy (pinned, non-blocking on CUDA), RGB→BGR flip and cast on the device, forward.
 
-        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
+        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype. A network that
+        takes the uint8 batch itself (:class:`~facegate.models.onnx_backend.OrtYuNet`) gets it unconverted.
         """
         x = self._host_batch(batch)
         if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
