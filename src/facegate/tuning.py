@@ -81,6 +81,8 @@ class ServingPlan:
         cpu_chunk: on the CPU, the largest sub-batch one forward gets (per-face speed falls at large batches).
         cpu_threads: intra-op threads of torch and OpenCV; None: the libraries' defaults.
         decode_workers: threads of a front-end that decode and align uploads.
+        onnx_cpu: on the CPU, run the detector network with ONNX Runtime (the graph exported from facegate's own
+            YuNet at start-up and checked against it); faster there than PyTorch eager (benchmarks/cpu_models.py).
     """
 
     profile: PlanProfile
@@ -103,6 +105,7 @@ class ServingPlan:
     cpu_chunk: int
     cpu_threads: int | None
     decode_workers: int
+    onnx_cpu: bool = False
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -240,5 +243,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         cpu_chunk=4,
         cpu_threads=1 if device == "cuda" else None,
         decode_workers=4,
+        onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
         **base,
     )

@@ -314,9 +314,13 @@ class FaceDetector:
     def forward(self, batch: DetBatch) -> RawOutputs:
         """One host→device copy (pinned, non-blocking on CUDA), RGB→BGR flip and cast on the device, forward.
 
-        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype.
+        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype. A network that
+        takes the uint8 batch itself (:class:`~facegate.models.onnx_backend.OrtYuNet`) gets it unconverted.
         """
-        return self.model(self._to_input(self._host_batch(batch)))
+        x = self._host_batch(batch)
+        if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
+            return self.model(x)
+        return self.model(self._to_input(x))
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Decode + threshold count + top-``prefetch`` candidates of every row, on the device.

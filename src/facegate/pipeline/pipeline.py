@@ -54,6 +54,41 @@ def configure_cpu_threads(threads: int | None) -> int | None:
     return n
 
 
+def configure_omp_wait(device: str) -> str | None:
+    """Off CUDA (``device`` "cpu" or "auto"), make torch's idle OpenMP threads sleep instead of spin
+    (``OMP_WAIT_POLICY=PASSIVE``) unless the environment names a policy; returns the policy in effect, or
+    ``None`` on CUDA.
+
+    Spinning threads hold their cores between operations: a serving process's HTTP, decode and alignment
+    threads then wait for them, and whenever another process holds a core, each parallel region waits for a
+    descheduled spinner (``benchmarks/cpu_e2e.py``: compare req/s several times lower with spinning waits on a
+    loaded 2-core box). OpenMP reads the variable once, when torch loads it: this must run before the first
+    ``import torch`` of the process; an engine process spawned later inherits the variable.
+    """
+    if device == "cuda":  # a CUDA engine runs one intra-op thread: no pool threads to wait
+        return None
+    policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" in sys.modules and policy == "PASSIVE":
+        log.debug("torch was loaded before OMP_WAIT_POLICY was set: its OpenMP threads keep their wait policy")
+    return policy
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX), where oneDNN runs a bf16 recognizer
+    several times faster than fp32 (``benchmarks/cpu_models.py``, ``facegate_bf16``); without it bf16 is
+    emulated and slower than fp32. An input for the serving plan's CPU precision. Imports torch."""
+    import torch
+
+    cpu = torch.cpu
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and (
+            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        )
+    )
+
+
 #: No cuBLAS / cuBLASLt workspaces: PyTorch otherwise keeps one per thread and stream that ran a GEMM (tens of
 #: MiB of GPU memory each), and the models' only GEMMs are their small embedding heads.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
@@ -262,6 +297,8 @@ class FacePipeline:
     @classmethod
     def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
         """Build the pipeline the settings and the serving plan (:func:`facegate.tuning.make_plan`) describe."""
+        plan = plan or make_plan(settings)
+        configure_omp_wait(plan.device)  # before the first import of torch in this process
         import torch
 
         from facegate.models.detector import FaceDetector
@@ -269,7 +306,6 @@ class FacePipeline:
         from facegate.models.yunet import load_yunet
         from facegate.runtime.kernels import set_fused_epilogues
 
-        plan = plan or make_plan(settings)
         device = plan.device
         dtype = resolve_dtype(plan.precision)
         if device == "cpu" and dtype is torch.float16:
@@ -313,6 +349,10 @@ class FacePipeline:
             dtype=dtype,
             channels_last=plan.channels_last and dtype is not torch.float32,
         )
+        if device == "cpu" and plan.onnx_cpu:
+            from facegate.models.onnx_backend import attach_onnx_detector
+
+            attach_onnx_detector(detector)
         recognizer.eval()
         recognizer.flip_tta = settings.flip_tta
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):

@@ -197,9 +197,10 @@ def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipe
 
 
 def test_detector_layout_follows_the_plan() -> None:
-    assert FacePipeline.from_settings(Settings(device="cpu")).detector.channels_last  # the CPU plan: NHWC
+    assert make_plan(Settings(device="cpu")).det_channels_last  # the CPU plan: NHWC for PyTorch's CPU kernels
     settings = Settings(device="cpu")
-    pipe = FacePipeline.from_settings(settings, dataclasses.replace(make_plan(settings), det_channels_last=False))
+    plan = dataclasses.replace(make_plan(settings), det_channels_last=False, onnx_cpu=False)
+    pipe = FacePipeline.from_settings(settings, plan)
     assert not pipe.detector.channels_last
     batch = pipe.detector.preprocess([np.zeros((64, 64, 3), np.uint8)])
     assert pipe.detector._to_input(pipe.detector._host_batch(batch)).is_contiguous()  # NCHW all the way in
