@@ -219,6 +219,19 @@ class GalleryIndex:
         with self._guard:
             self._entries[gallery] = entry
 
+    def dim(self, gallery: str) -> int:
+        """A loaded gallery's embedding size D."""
+        return self._entry(gallery).dim
+
+    def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
+        """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
+        fresh = {
+            name: self._make_entry(int(dim), ids, np.asarray(t, dtype=np.float32))
+            for name, (dim, ids, t) in galleries.items()
+        }
+        with self._guard:
+            self._entries = fresh
+
     def drop(self, gallery: str) -> None:
         """Forget a gallery (no-op when absent)."""
         with self._guard:

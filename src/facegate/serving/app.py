@@ -140,21 +140,8 @@ def get_state(app: Any) -> ServingState:
 
 # --------------------------------------------------------------------------- lifespan
 def gallery_path(settings: Settings) -> str:
-    """The SQLite file the settings name: ``gallery_url`` (``sqlite:///path``) or ``<data_dir>/gallery.sqlite3``.
-
-    Raises:
-        InvalidParameterError: a ``gallery_url`` of another scheme (only SQLite is implemented).
-    """
-    from facegate.errors import InvalidParameterError
-
-    url = settings.gallery_url
-    if url is None:
-        return str(settings.data_dir / "gallery.sqlite3")
-    if url.startswith("sqlite:///"):
-        return url[len("sqlite:///") :] or ":memory:"
-    raise InvalidParameterError(
-        f"unsupported gallery_url {url!r}: only sqlite:///<path> is implemented", detail={"field": "gallery_url"}
-    )
+    """The gallery URL the settings name: ``gallery_url``, or SQLite at ``<data_dir>/gallery.sqlite3``."""
+    return settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
 
 
 def open_gallery(
@@ -166,9 +153,9 @@ def open_gallery(
 
     The gallery's per-gallery subject counts are mirrored into ``stats`` (facegate_gallery_subjects).
     """
+    from facegate.gallery import open_store
     from facegate.gallery.index import GalleryIndex
     from facegate.gallery.service import Gallery
-    from facegate.gallery.sqlite import SQLiteGalleryStore
 
     known: set[str] = set()
 
@@ -181,10 +168,12 @@ def open_gallery(
         known.update(sizes)
 
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
-    store = SQLiteGalleryStore(gallery_path(settings), open_retry_s=retry)
+    store = open_store(gallery_path(settings), open_retry_s=retry)
     try:
         index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
-        return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
+        return Gallery(
+            store, index, match_threshold=service.match_threshold, stats_hook=hook, lag_hook=stats.observe_feed_lag
+        )
     except BaseException:
         store.close()
         raise
@@ -242,7 +231,10 @@ GALLERY_REOPEN_S = 5.0
 
 
 def _busy(exc: FacegateError) -> bool:
-    """Whether a gallery error is SQLite reporting the file busy or locked (transient), not a bad file."""
+    """Whether a gallery error is transient (SQLite reporting the file busy or locked, or a database server
+    that cannot be reached), not a bad file or a bad setting."""
+    if isinstance(exc, GalleryUnavailableError):
+        return True
     return str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 

@@ -62,7 +62,7 @@ def test_pragmas_schema_and_protocol(store: SQLiteGalleryStore, db: Path) -> Non
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert c.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables == {"galleries", "subjects", "embeddings"}
+    assert tables == {"galleries", "subjects", "embeddings", "changes", "sqlite_sequence"}
     conn = store._conn  # per-connection settings: check on the store's own connection
     assert conn is not None
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
