@@ -61,6 +61,10 @@ class IndexFollower:
         """The last change the index reflects."""
         return self._seq
 
+    def set_lag_hook(self, hook: LagHook | None) -> None:
+        """Install (or remove) the feed-lag hook."""
+        self._lag_hook = hook
+
     @property
     def index(self) -> GalleryIndex:
         """The followed index."""

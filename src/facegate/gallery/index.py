@@ -325,16 +325,15 @@ class GalleryIndex:
         order = sorted(range(len(ids)), key=ids.__getitem__)
         return [ids[i] for i in order], mat[order] if ids else mat
 
-    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
-        """Exact cosine top-k.
+    def search_raw(self, gallery: str, queries: np.ndarray, k: int) -> tuple[list[tuple[list[str], np.ndarray]], int]:
+        """Exact cosine top-k of a batch: one matrix product and one top-k.
 
         Args:
             queries: ``(Q, D) float32`` embeddings (normalised here, so any non-zero scale works).
             k: hits per query, ``>= 1``; fewer when the gallery has fewer subjects.
-            threshold: ``match = score >= threshold``.
 
         Returns:
-            ``Q`` lists of :class:`SearchHit`, each sorted by descending score.
+            per query ``(subject_ids, (k,) float32 scores)`` by descending score, and the gallery's size N.
         """
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
             raise InvalidParameterError(f"k must be an integer >= 1, got {k!r}", detail={"field": "k"})
@@ -351,19 +350,24 @@ class GalleryIndex:
             )
         if not np.isfinite(q).all():
             raise InvalidParameterError("queries contain NaN or inf", detail={"field": "queries"})
-        thr = float(threshold)
         q64 = q.astype(np.float64)
         qn = (q64 / np.maximum(np.linalg.norm(q64, axis=1, keepdims=True), 1e-12)).astype(np.float32)
         with entry.lock:
             n = entry.n
             if n == 0:
-                return [[] for _ in range(q.shape[0])]
+                return [([], np.zeros(0, np.float32)) for _ in range(q.shape[0])], 0
             kk = min(int(k), n)
             vals, rows = self._ops.topk(qn, entry.mat[:n], kk)
             ids = [[entry.ids[int(j)] for j in row] for row in rows]
+        return [(i, v.astype(np.float32)) for i, v in zip(ids, vals, strict=True)], n
+
+    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
+        """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
+        thr = float(threshold)
+        hits, _ = self.search_raw(gallery, queries, k)
         return [
             [SearchHit(sid, float(v), bool(v >= thr)) for sid, v in zip(ids_row, v_row, strict=True)]
-            for ids_row, v_row in zip(ids, vals, strict=True)
+            for ids_row, v_row in hits
         ]
 
     def __repr__(self) -> str:

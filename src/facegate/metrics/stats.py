@@ -449,6 +449,7 @@ class ServiceStats:
         "facegate_dropped_total",
         "facegate_stage_errors_total",
         "facegate_gpu_memory_bytes",
+        "facegate_gallery_feed_lag_seconds",
     )
 
     def engine_samples(self) -> dict[str, list[tuple[LabelValues, Any]]]:
@@ -525,6 +526,21 @@ class ServiceStats:
     def set_gallery_size(self, gallery: str, subjects: int) -> None:
         """Current number of subjects in a gallery."""
         self.gallery_subjects.labels(gallery).set(subjects)
+
+    def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
+        """A hook for :class:`~facegate.gallery.service.Gallery` that mirrors ``{gallery: size}`` into
+        ``facegate_gallery_subjects`` (forgetting galleries that disappeared)."""
+        known: set[str] = set()
+
+        def hook(sizes: dict[str, int]) -> None:
+            for name in known - set(sizes):
+                self.remove_gallery(name)
+            for name, n in sizes.items():
+                self.set_gallery_size(name, n)
+            known.clear()
+            known.update(sizes)
+
+        return hook
 
     def observe_feed_lag(self, lag_s: float, changes: int) -> None:
         """A batch of ``changes`` gallery changes applied ``lag_s`` seconds after the newest one committed."""

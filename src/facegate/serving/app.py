@@ -47,8 +47,8 @@ from facegate.serving.errors import facegate_error_response, install_error_handl
 from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
 
 if TYPE_CHECKING:
-    from facegate.gallery.service import Gallery
     from facegate.pipeline.service import FaceService
+    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ServingState:
 
     settings: Settings
     service: FaceService | None = None
-    gallery: Gallery | None = None
+    gallery: GalleryFront | None = None
     stats: ServiceStats = field(default_factory=ServiceStats)
     decode_pool: ThreadPoolExecutor | None = None
     gallery_pool: ThreadPoolExecutor | None = None
@@ -111,7 +111,7 @@ class ServingState:
             raise self.load_error
         raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
 
-    def require_ready(self) -> tuple[FaceService, Gallery]:
+    def require_ready(self) -> tuple[FaceService, GalleryFront]:
         """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
         service = self.require_service()
         if self.gallery is None:
@@ -146,34 +146,20 @@ def gallery_path(settings: Settings) -> str:
 
 def open_gallery(
     settings: Settings, service: FaceService, stats: ServiceStats, open_retry_s: float | None = None
-) -> Gallery:
-    """Open the durable gallery the settings describe, with its search index on the service's device.
+) -> GalleryFront:
+    """Open this front-end's connection to the gallery store the settings name (it holds no templates:
+    searches run on the engine's index, :mod:`facegate.pipeline.search`).
 
-    ``open_retry_s``: how long to retry a busy file (default ``settings.gallery_open_retry_s``).
-
-    The gallery's per-gallery subject counts are mirrored into ``stats`` (facegate_gallery_subjects).
+    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``).
     """
     from facegate.gallery import open_store
-    from facegate.gallery.index import GalleryIndex
-    from facegate.gallery.service import Gallery
+    from facegate.service.gallery import GalleryFront
 
-    known: set[str] = set()
-
-    def hook(sizes: dict[str, int]) -> None:
-        for name in known - set(sizes):
-            stats.remove_gallery(name)
-        for name, n in sizes.items():
-            stats.set_gallery_size(name, n)
-        known.clear()
-        known.update(sizes)
-
+    del stats  # gallery sizes are the engine's (its index), exported with the engine's families
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
     store = open_store(gallery_path(settings), open_retry_s=retry)
     try:
-        index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
-        return Gallery(
-            store, index, match_threshold=service.match_threshold, stats_hook=hook, lag_hook=stats.observe_feed_lag
-        )
+        return GalleryFront(store, service)
     except BaseException:
         store.close()
         raise
@@ -447,7 +433,7 @@ def _too_large(size: int, limit: int) -> ImageTooLargeError:
 def create_app(
     settings: Settings,
     service: FaceService | None = None,
-    gallery: Gallery | None = None,
+    gallery: GalleryFront | None = None,
     *,
     engine: tuple[str | list[str], bytes] | None = None,
 ) -> FastAPI:

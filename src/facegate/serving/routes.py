@@ -35,6 +35,7 @@ from facegate.errors import (
     PathNotAllowedError,
     QualityRejectedError,
 )
+from facegate.service.gallery import decide_enrolment, refusal_reason
 from facegate.serving.app import ServingState, get_state
 from facegate.serving.errors import error_dict
 from facegate.serving.forms import FastFormRoute
@@ -199,10 +200,6 @@ def _check_count(n: int, limit: int, what: str) -> None:
         raise InvalidParameterError(
             f"{n} {what} exceed the limit of {limit} per request", detail={"field": what, "limit": limit}
         )
-
-
-def _refusal_reason(face: Face) -> str:
-    return face.quality.reason or f"quality {face.quality.score:.2f} is below the gate {face.quality.threshold:.2f}"
 
 
 def _record_refusal(state: ServingState, reason: str) -> None:
@@ -399,16 +396,9 @@ async def delete_gallery(request: Request, name: str) -> DeletedGallery:
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
     """The gallery's info, checked against the served model (404 if missing, 409 if another model)."""
-    from facegate.errors import DimensionMismatchError
-
-    service, gallery = state.require_ready()
+    _, gallery = state.require_ready()
     info = await state.in_gallery_pool(gallery.get_gallery, name)
-    if info.model != service.spec.name or info.dim != service.spec.embedding_dim:
-        raise DimensionMismatchError(
-            f"gallery {name!r} holds {info.model} embeddings (dim {info.dim}); the server runs "
-            f"{service.spec.name} (dim {service.spec.embedding_dim})",
-            detail={"gallery_model": info.model, "gallery_dim": info.dim, "model": service.spec.name},
-        )
+    gallery.check_model(info)
     return info
 
 
@@ -452,29 +442,14 @@ async def enrol(
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await gather_all([one(i) for i in range(len(images))])
-    accepted: list[Face] = []
-    refused: list[RefusedImage] = []
-    errors: list[FacegateError] = []
-    for i, r in enumerate(results):
-        if isinstance(r, FacegateError):
-            errors.append(r)
-            refused.append(RefusedImage(index=i, reason=r.message, code=r.code))
-        elif isinstance(r, BaseException):
-            raise r
-        elif state.settings.enrol_requires_quality and not r.quality.accepted:
-            refused.append(RefusedImage(index=i, reason=_refusal_reason(r), code=QualityRejectedError.code))
+    decision = decide_enrolment(subject_id, results, requires_quality=state.settings.enrol_requires_quality)
+    refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
+    for x in decision.refused:
+        if x.code == QualityRejectedError.code:
             _record_refusal(state, "enrol_low_quality")
-        else:
-            accepted.append(r)
-    if not accepted:
-        detail = {"refused": [x.model_dump() for x in refused]}
-        if any(x.code == QualityRejectedError.code for x in refused) or not errors:
-            raise QualityRejectedError(
-                f"no image of {subject_id!r} has a face that passes the quality gate; retake", detail=detail
-            )
-        err = errors[0]
-        err.detail = {**err.detail, **detail}
-        raise err
+    if decision.error is not None:
+        raise decision.error
+    accepted = decision.accepted
     emb = np.stack([f.embedding for f in accepted]).astype(np.float32)
     qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
     info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
@@ -527,32 +502,45 @@ async def search(
     name: str,
     image: Annotated[UploadFile, File(description="the probe photo")],
     k: Annotated[int, Query(ge=1, le=100, description="how many candidates")] = 5,
+    fpir: Annotated[
+        float | None,
+        Query(gt=0, lt=1, description="false-positive identification rate the match threshold is set for"),
+    ] = None,
 ) -> SearchResponse:
-    """1:N search with the largest face. A probe below the quality gate is refused, never searched."""
+    """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
+    never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state = _state(request)
     service, gallery = state.require_ready()
-    await _gallery_for_service(state, name)
+    info = await _gallery_for_service(state, name)
     face = (await faces_of_upload(state, service, image))[0]
-    threshold, fmr = service.match_threshold, service.match_fmr
     if not face.quality.accepted:
         _record_refusal(state, "search_low_quality")
+        threshold, op = gallery.operating_point(info.subjects, fpir)
         return SearchResponse(
             face=FaceOut.from_face(face),
             refused=True,
-            reason=_refusal_reason(face),
+            reason=refusal_reason(face),
             hits=[],
             threshold=threshold,
-            fmr=fmr,
+            fmr=float(op["fmr"]),
+            fpir=float(op["fpir"]),
+            n=info.subjects,
+            extrapolated=bool(op["extrapolated"]),
         )
-    queries = np.asarray(face.embedding, dtype=np.float32)[None]
-    hits = (await state.in_gallery_pool(gallery.search, name, queries, k, threshold))[0]
+    ans = await gallery.search(name, face.embedding, k, fpir)
+    state.stats.set_gallery_size(name, ans.n)
     return SearchResponse(
         face=FaceOut.from_face(face),
         refused=False,
         reason=None,
-        hits=[SearchHit(**h.to_dict()) for h in hits],
-        threshold=threshold,
-        fmr=fmr,
+        hits=[
+            SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
+        ],
+        threshold=ans.threshold,
+        fmr=ans.fmr,
+        fpir=ans.fpir,
+        n=ans.n,
+        extrapolated=ans.extrapolated,
     )
 
 

@@ -227,8 +227,9 @@ class DeletedSubject(_Model):
 
 
 class SearchHit(_Model):
-    """One candidate: its best cosine similarity and whether it clears the match threshold."""
+    """One candidate: its rank (1 = best), cosine similarity, and whether it clears the match threshold."""
 
+    rank: int
     subject_id: str
     score: float
     match: bool
@@ -241,8 +242,11 @@ class SearchResponse(_Model):
     refused: bool
     reason: str | None
     hits: list[SearchHit]
-    threshold: float
-    fmr: float
+    threshold: float = Field(description="cosine similarity a hit must reach to be a match")
+    fmr: float = Field(description="the threshold's false-match rate per comparison")
+    fpir: float = Field(description="the threshold's false-positive identification rate at gallery size n")
+    n: int = Field(description="subjects in the gallery when it was searched")
+    extrapolated: bool = Field(description="FMR(threshold) lies beyond what the LFW impostor pairs measured")
 
 
 # --------------------------------------------------------------------------- health
