@@ -55,6 +55,8 @@ from facegate.serving.schemas import (
     GalleryListResponse,
     GalleryOut,
     HealthResponse,
+    ImportTemplatesRequest,
+    ImportTemplatesResponse,
     ReadyResponse,
     RefusedImage,
     SearchHit,
@@ -454,6 +456,30 @@ async def enrol(
     qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
     info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
     return EnrolResponse(subject=_subject_out(info), accepted=len(accepted), refused=refused)
+
+
+@router.post(
+    "/api/galleries/{name}/templates",
+    response_model=ImportTemplatesResponse,
+    responses=_GALLERY_ERRORS,
+    tags=["galleries"],
+)
+async def import_templates(request: Request, name: str, body: ImportTemplatesRequest) -> ImportTemplatesResponse:
+    """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
+    a subject that exists starts over from its imported template."""
+    state = _state(request)
+    _, gallery = state.require_ready()
+    info = await _gallery_for_service(state, name)
+    emb = np.asarray(body.embeddings, dtype=np.float32)
+    if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
+        raise InvalidParameterError(
+            f"embeddings must be {len(body.subject_ids)} rows of {info.dim} numbers",
+            detail={"field": "embeddings", "expected": [len(body.subject_ids), info.dim]},
+        )
+    emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
+    n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
+    return ImportTemplatesResponse(imported=n)
 
 
 @router.get(

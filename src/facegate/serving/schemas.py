@@ -164,6 +164,20 @@ class CreateGalleryRequest(_Model):
     name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
 
 
+class ImportTemplatesRequest(_Model):
+    """Body of ``POST /api/galleries/{name}/templates``: bulk enrolment without photos."""
+
+    subject_ids: list[str] = Field(min_length=1, max_length=10_000, description="one id per template, unique")
+    embeddings: list[list[float]] = Field(description="one template per id, of the gallery's dimension")
+    qualities: list[float] | None = Field(None, description="calibrated qualities in [0, 1]; default 1")
+
+
+class ImportTemplatesResponse(_Model):
+    """Answer of ``POST /api/galleries/{name}/templates``."""
+
+    imported: int
+
+
 class GalleryOut(_Model):
     """A gallery: the model and embedding dimension it was built with, and its subject count."""
 

@@ -1,0 +1,50 @@
+"""The gallery API on a real PostgreSQL server, template import over HTTP, and a store that is down."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+
+def test_postgres_gallery_with_template_import(
+    postgres_url: str, server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace
+) -> None:
+    srv = server_factory(fg.make_settings(tmp_path / "d", lfw_root, gallery_url=postgres_url))
+    with srv.client() as c:
+        assert c.post("/api/galleries", json={"name": "staff"}).status_code == 201
+        dim = c.get("/api/galleries").json()["galleries"][0]["dim"]
+        photo = fg.lfw_image(lfw_root, "Tony_Blair", 1)
+        r = c.post("/api/galleries/staff/subjects/tony", files=fg.many("images", [photo]))
+        assert r.status_code == 200, r.text
+        rng = np.random.default_rng(0)
+        emb = rng.standard_normal((100, dim)).tolist()
+        r = c.post(
+            "/api/galleries/staff/templates", json={"subject_ids": [f"s{i}" for i in range(100)], "embeddings": emb}
+        )
+        assert r.status_code == 200 and r.json() == {"imported": 100}, r.text
+        s = c.post("/api/galleries/staff/search", params={"k": 3}, files=fg.files(image=photo)).json()
+        assert s["n"] == 101 and s["hits"][0]["subject_id"] == "tony" and s["hits"][0]["rank"] == 1
+        assert s["hits"][0]["score"] == pytest.approx(1.0, abs=2e-3)
+        bad = c.post("/api/galleries/staff/templates", json={"subject_ids": ["x"], "embeddings": [[1.0, 2.0]]})
+        fg.assert_error(bad, 422, "invalid_parameter")
+        assert c.delete("/api/galleries/staff/subjects/tony").status_code == 200
+        s = c.post("/api/galleries/staff/search", params={"k": 3}, files=fg.files(image=photo)).json()
+        assert "tony" not in [h["subject_id"] for h in s["hits"]] and s["n"] == 100
+
+
+def test_unreachable_store_gives_503_on_gallery_routes_only(
+    server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace
+) -> None:
+    url = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
+    srv = server_factory(fg.make_settings(tmp_path / "d", lfw_root, gallery_url=url, gallery_open_retry_s=1.0))
+    with srv.client() as c:
+        pair = fg.files(img1=fg.lfw_image(lfw_root, "Colin_Powell", 1), img2=fg.lfw_image(lfw_root, "Tony_Blair", 1))
+        t0 = time.monotonic()
+        assert c.post("/api/compare", files=pair).status_code == 200
+        assert time.monotonic() - t0 < 30
+        fg.assert_error(c.get("/api/galleries"), 503, "gallery_unavailable")
+        fg.assert_error(c.post("/api/galleries", json={"name": "g"}), 503, "gallery_unavailable")
