@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import (
+    ErasureIncompleteError,
     GalleryError,
     GalleryExistsError,
     GalleryNotFoundError,
@@ -286,16 +287,31 @@ class SQLiteGalleryStore:
                 raise _convert(exc, "data_version") from exc
 
     def _checkpoint_truncate(self) -> None:
-        """Copy the WAL into the database and truncate it (best effort; used after erasures)."""
+        """Copy the WAL into the database file and truncate it, so erased bytes leave every file SQLite owns.
+
+        With ``secure_delete`` the deleted rows' space is zeroed in the new page versions; the checkpoint
+        writes those over the old pages and empties the WAL that held earlier versions. It waits (busy
+        timeout) for readers of older snapshots; if one still holds its snapshot after that, the delete
+        stays committed and :class:`ErasureIncompleteError` says the bytes are not gone yet (the next
+        delete, or :meth:`erase_pending`, finishes the job).
+        """
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
             try:
                 busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if busy:
-                    log.warning("gallery %s: WAL checkpoint after delete was blocked by a reader", self._path)
-            except sqlite3.Error:
-                log.exception("gallery %s: WAL checkpoint after delete failed", self._path)
+            except sqlite3.Error as exc:
+                raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
+            if busy:
+                raise ErasureIncompleteError(
+                    "deleted, and no search returns it any more, but another connection holds a read snapshot, "
+                    "so its bytes are still in the gallery's -wal file; retry to finish the erasure",
+                    detail={"path": self._path},
+                )
+
+    def erase_pending(self) -> None:
+        """Finish an erasure that :class:`ErasureIncompleteError` reported (checkpoint and truncate the WAL)."""
+        self._checkpoint_truncate()
 
     @staticmethod
     def _log(conn: sqlite3.Connection, op: str, gallery: str, subject_id: str | None, now: float) -> None:
