@@ -560,12 +560,19 @@ def eval_quality_cmd(
 @app.command()
 @guarded
 def models() -> None:
-    """List the model registry with weights sources and calibrated thresholds."""
+    """List the model registry with weights sources, calibrated thresholds and 1:N operating points
+    (the search threshold for a named FPIR at gallery sizes 1k-1M)."""
     from dataclasses import asdict
 
     from facegate.models.registry import list_specs
+    from facegate.service.fpir import ImpostorTail, operating_points
 
-    typer.echo(json.dumps([asdict(s) for s in list_specs()], indent=2, default=str))
+    out = []
+    for spec in list_specs():
+        tail = ImpostorTail.load(spec.name, fallback=(spec.thresholds.match, spec.thresholds.match_fmr))
+        points = operating_points(tail, (1_000, 10_000, 100_000, 1_000_000), (1e-2, 1e-3))
+        out.append({**asdict(spec), "search_operating_points": points})
+    typer.echo(json.dumps(out, indent=2, default=str))
 
 
 def main() -> None:
