@@ -115,6 +115,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 
+#: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
+_CHECKPOINT_ATTEMPTS = 2
 #: How often :meth:`SQLiteGalleryStore.wait_for_change` looks at the file (SQLite has no notifications).
 _POLL_S = 0.005
 
@@ -298,10 +300,15 @@ class SQLiteGalleryStore:
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
-            try:
-                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            except sqlite3.Error as exc:
-                raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
+            busy = 1
+            # a busy writer in another process can starve one attempt (each waits the busy timeout)
+            for _ in range(_CHECKPOINT_ATTEMPTS):
+                try:
+                    busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                except sqlite3.Error as exc:
+                    raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
+                if not busy:
+                    break
             if busy:
                 raise ErasureIncompleteError(
                     "deleted, and no search returns it any more, but another connection holds a read snapshot, "

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facegate.errors import GalleryExistsError, GalleryNotFoundError, SubjectNotFoundError
+from facegate.errors import ErasureIncompleteError, GalleryExistsError, GalleryNotFoundError, SubjectNotFoundError
 from facegate.gallery import open_store
 from facegate.gallery.base import GalleryStore
 from facegate.gallery.index import GalleryIndex
@@ -189,6 +189,7 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     one = np.array([0.9], np.float32)
     lost: list[str] = []
     errors: list[BaseException] = []
+    incomplete = 0
 
     def foreign_writer() -> None:
         try:
@@ -202,7 +203,10 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     t.start()
     for i in range(trials):
         a.enrol("g", f"x{i}", own[[i]], one)
-        a.delete_subject("g", f"old{i}")
+        try:
+            a.delete_subject("g", f"old{i}")
+        except ErasureIncompleteError:
+            incomplete += 1  # committed; only the WAL's bytes wait for a reader (checked: never returned)
         for fe in (a, b):
             hit = fe.search("g", own[[i]], k=1)[0][0]
             if hit.subject_id != f"x{i}":
@@ -212,6 +216,7 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
                 lost.append(f"delete old{i} lost via {'ab'[fe is b]}")
     t.join(60)
     assert not errors and not lost, (errors, lost[:5], len(lost))
+    assert incomplete <= trials // 100  # a rare starved checkpoint under a busy foreign writer
     assert a.index.sizes() == b.index.sizes() == {"g": 2 * trials}
     a.close()
     b.close()
