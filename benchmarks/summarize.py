@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from acceptance import ACCEPTANCE
@@ -412,13 +413,23 @@ def frontend_footprint() -> str:
 
 
 def gallery_search() -> str:
-    """``gallery_search.py``: the CPU index's search, NumPy backend against torch, per gallery size and queries."""
+    """``gallery_search.py``: engine search stage (64 queries, top-10), one query, one applied change, start-up."""
     d = load("gallery_search_cpu.json")
-    out = ["| gallery | queries | NumPy ms | torch ms | NumPy / torch | same hits |", "|---|---|---|---|---|---|"]
+
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else "–"
+
+    out = [
+        "| backend | gallery | engine batch of 64 ms | index batch of 64 ms | one query ms | apply one change ms "
+        "| start-up load s | import subjects/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in d["rows"]:
         out.append(
-            f"| {r['gallery']:,} | {r['queries']} | {r['numpy_ms']:.2f} | {r['torch_ms']:.2f} | "
-            f"{r['numpy_over_torch']:.2f}× | {'yes' if r['same_hits'] else 'no'} |"
+            f"| {r['backend']} | {r['gallery']:,} | {cell(r, 'engine_batch64_ms', '.1f')} | "
+            f"{cell(r, 'index_batch64_ms', '.1f')} | {cell(r, 'single_query_ms', '.2f')} | "
+            f"{cell(r, 'apply_one_change_ms', '.3f')} | {cell(r, 'full_load_s', '.2f')} | "
+            f"{cell(r, 'import_subjects_per_s', ',.0f')} |"
         )
     return "\n".join(out)
 
