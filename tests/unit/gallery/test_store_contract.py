@@ -220,3 +220,23 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     assert a.index.sizes() == b.index.sizes() == {"g": 2 * trials}
     a.close()
     b.close()
+
+
+def test_create_then_enrol_through_two_front_ends_logs_no_error(
+    make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gallery is created through one front-end and enrolled into through another: no ERROR, and the
+    second front-end's index has both changes."""
+    import logging
+
+    rng = np.random.default_rng(7)
+    a, b = gallery_of(make_store), gallery_of(make_store)
+    with caplog.at_level(logging.WARNING):
+        a.create_gallery("g", "m", D)
+        e = unit(rng, 1)
+        b.enrol("g", "x", e, np.array([0.8], np.float32))
+        assert a.search("g", e, k=1)[0][0].subject_id == "x"
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING and "facegate" in r.name] == []
+    assert b.index.sizes() == {"g": 1}
+    a.close()
+    b.close()
