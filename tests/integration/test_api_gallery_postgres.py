@@ -48,3 +48,23 @@ def test_unreachable_store_gives_503_on_gallery_routes_only(
         assert time.monotonic() - t0 < 30
         fg.assert_error(c.get("/api/galleries"), 503, "gallery_unavailable")
         fg.assert_error(c.post("/api/galleries", json={"name": "g"}), 503, "gallery_unavailable")
+
+
+def test_photo_search_is_one_engine_trip(server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace) -> None:
+    """With the engine's photo stage (gpu_preprocess=on, here on the CPU) a JPEG probe is decoded, detected,
+    embedded and searched by the engine's photo_search stage: one trip, no separate search call."""
+    srv = server_factory(fg.make_settings(tmp_path / "d", lfw_root, gpu_preprocess="on"))
+    with srv.client() as c:
+        assert c.post("/api/galleries", json={"name": "staff"}).status_code == 201
+        photo = fg.lfw_image(lfw_root, "Colin_Powell", 1)
+        assert c.post("/api/galleries/staff/subjects/colin", files=fg.many("images", [photo])).status_code == 200
+        s = c.post("/api/galleries/staff/search", files=fg.files(image=photo)).json()
+        assert s["hits"][0]["subject_id"] == "colin" and s["n"] == 1
+        m = c.get("/metrics").text
+        assert fg.parse_metric(m, "facegate_items_total", {"stage": "photo_search"}) == 1
+        assert fg.parse_metric(m, "facegate_items_total", {"stage": "search"}) == 0
+        fg.assert_error(
+            c.post("/api/galleries/staff/search", params={"fpir": 0}, files=fg.files(image=photo)),
+            422,
+            "invalid_parameter",
+        )

@@ -55,3 +55,25 @@ class SearchOut:
     scores: np.ndarray = field(compare=False)
     size: int
     seq: int
+
+
+_PHOTO_MAGIC = b"FGPS"
+
+
+def encode_photo_search(gallery: str, data: bytes, k: int) -> np.ndarray:
+    """A photo search request as one ``uint8`` array: gallery name, ``k`` and the encoded photo's bytes."""
+    name = validate_gallery_name(gallery).encode("ascii")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise InvalidParameterError(f"k must be an integer >= 1, got {k!r}", detail={"field": "k"})
+    return np.frombuffer(HEADER.pack(_PHOTO_MAGIC, int(k), len(name), name) + bytes(data), np.uint8)
+
+
+def decode_photo_search(buf: np.ndarray) -> tuple[str, int, np.ndarray]:
+    """Inverse of :func:`encode_photo_search`: ``(gallery, k, (n,) uint8 photo bytes)``."""
+    arr = np.ascontiguousarray(buf, np.uint8)
+    if arr.size < HEADER.size:
+        raise InvalidParameterError("malformed photo search request", detail={"bytes": int(arr.size)})
+    magic, k, n, name = HEADER.unpack_from(arr[: HEADER.size].tobytes())
+    if magic != _PHOTO_MAGIC or n > len(name):
+        raise InvalidParameterError("malformed photo search request header")
+    return name[:n].decode("ascii"), int(k), arr[HEADER.size :]

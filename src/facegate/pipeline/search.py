@@ -89,28 +89,33 @@ class SearchStage:
         return out
 
     def execute(self, prepared: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
+        return self.search_many(prepared)
+
+    def search_many(self, items: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
+        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error; one matrix
+        product and one top-k per gallery, after one catch-up with the store."""
         gallery = self._ensure()
         gallery.sync()  # the batch sees every write acknowledged before it formed
         seq = gallery.follower.seq
         index = gallery.index
-        results: list[Any] = list(prepared)
+        results: list[Any] = list(items)
         groups: dict[str, list[int]] = defaultdict(list)
-        for i, item in enumerate(prepared):
+        for i, item in enumerate(items):
             if not isinstance(item, FacegateError):
                 groups[item[0]].append(i)
         for name, rows in groups.items():
             try:
                 if not index.has(name):
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
-                queries = np.stack([prepared[i][2] for i in rows])  # type: ignore[index]
-                k = max(prepared[i][1] for i in rows)  # type: ignore[index]
+                queries = np.stack([items[i][2] for i in rows])  # type: ignore[index]
+                k = max(items[i][1] for i in rows)  # type: ignore[index]
                 hits, n = index.search_raw(name, queries, k)
             except FacegateError as exc:
                 for i in rows:
                     results[i] = exc
                 continue
             for j, i in enumerate(rows):
-                kk = prepared[i][1]  # type: ignore[index]
+                kk = items[i][1]  # type: ignore[index]
                 ids, scores = hits[j]
                 results[i] = SearchOut(ids[:kk], scores[:kk], n, seq)
         return results
@@ -147,3 +152,53 @@ class SearchStage:
             if self._gallery is not None:
                 self._gallery.close()
                 self._gallery = None
+
+
+class PhotoSearchStage:
+    """Engine stage ``photo_search``: an encoded photo → its largest face → embedding → search, in one trip.
+
+    Payload: :func:`~facegate.gallery.query.encode_photo_search`. Answer per item: ``(PhotoFaces,
+    SearchOut)``, or the item's error. Every photo with a face is searched; the front-end's policy refuses
+    (and drops the hits of) a probe below the quality gate.
+
+    Args:
+        photo: the engine's :class:`~facegate.pipeline.photo.PhotoStage` logic (decode, detect, warp, embed).
+        search: the engine's :class:`SearchStage` (its index and store).
+    """
+
+    name = "photo_search"
+
+    def __init__(self, photo: Any, search: SearchStage) -> None:
+        self._photo = photo
+        self._search = search
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any]:
+        from facegate.gallery.query import decode_photo_search
+
+        heads: list[Any] = []
+        photos: list[np.ndarray] = []
+        for p in payloads:
+            try:
+                gallery, k, data = decode_photo_search(p)
+                heads.append((gallery, k, len(photos)))
+                photos.append(data)
+            except FacegateError as exc:
+                heads.append(exc)
+        return heads, (self._photo.prepare(photos) if photos else None)
+
+    def execute(self, prepared: tuple[list[Any], Any]) -> list[Any]:
+        heads, photo_prepared = prepared
+        faces = self._photo.execute(photo_prepared) if photo_prepared is not None else []
+        items: list[Any] = []
+        for h in heads:
+            if isinstance(h, FacegateError):
+                items.append(h)
+            elif isinstance(faces[h[2]], BaseException):
+                items.append(faces[h[2]])
+            else:
+                items.append((h[0], h[1], np.asarray(faces[h[2]].embedding[0], np.float32)))
+        found = self._search.search_many(items)
+        return [r if isinstance(r, BaseException) else (faces[h[2]], r) for h, r in zip(heads, found, strict=True)]
+
+    def deliver(self, result: list[Any], n: int) -> list[Any]:
+        return result

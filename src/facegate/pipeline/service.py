@@ -67,8 +67,16 @@ class FaceService:
 
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
+        stages = pipeline.stages() if engine is None else []
+        if search_stage is not None:
+            stages.append(search_stage)
+            photo = next((st for st in stages if st.name == "photo"), None)
+            if photo is not None:
+                from facegate.pipeline.search import PhotoSearchStage
+
+                stages.append(PhotoSearchStage(photo, search_stage))
         self.engine: Engine | RemoteEngine | RemotePool = engine or Engine(
-            [*pipeline.stages(), *([search_stage] if search_stage is not None else [])],
+            stages,
             max_batch_size=settings.max_batch_size,
             max_wait_ms=settings.max_wait_ms,
             max_queue=settings.max_queue,
@@ -185,6 +193,16 @@ class FaceService:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
         if self.search_stage is not None:
             self.search_stage.close()
+
+    async def photo_search(self, data: bytes, gallery: str, k: int) -> tuple[list[Face], Any]:
+        """The largest face of one encoded photo and its top-``k`` in ``gallery``, in one engine trip
+        (the engine's ``photo_search`` stage; only when :attr:`photo_on_device`)."""
+        from facegate.gallery.query import encode_photo_search
+
+        res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
+        self._record(faces)
+        return faces, out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a

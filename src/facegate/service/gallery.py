@@ -202,7 +202,12 @@ class GalleryFront:
     async def search(self, gallery: str, embedding: np.ndarray, k: int, fpir: float | None = None) -> SearchAnswer:
         """Top-``k`` of one ``(D,) float32`` embedding on the engine's index, thresholded at ``fpir``."""
         target = DEFAULT_FPIR if fpir is None else check_fpir(fpir)
-        out = await self._svc.search(gallery, np.asarray(embedding, np.float32), k)
+        return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), target)
+
+    def answer(self, out: Any, fpir: float | None = None) -> SearchAnswer:
+        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
+        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched."""
+        target = DEFAULT_FPIR if fpir is None else check_fpir(fpir)
         t, info = self.operating_point(out.size, target)
         hits = [
             Hit(r + 1, sid, float(s), bool(s >= t))

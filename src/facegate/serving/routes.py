@@ -538,7 +538,18 @@ async def search(
     state = _state(request)
     service, gallery = state.require_ready()
     info = await _gallery_for_service(state, name)
-    face = (await faces_of_upload(state, service, image))[0]
+    if fpir is not None:
+        gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
+    found = None
+    if service.photo_on_device:
+        data = await read_upload(image, state.settings.max_upload_bytes)
+        if data[:3] == b"\xff\xd8\xff":  # a JPEG: photo -> face -> embedding -> search in one engine trip
+            faces, found = await service.photo_search(data, name, k)
+            face = faces[0]
+        else:
+            face = (await service.faces(await decode_bytes(state, data)))[0]
+    else:
+        face = (await faces_of_upload(state, service, image))[0]
     if not face.quality.accepted:
         _record_refusal(state, "search_low_quality")
         threshold, op = gallery.operating_point(info.subjects, fpir)
@@ -553,7 +564,7 @@ async def search(
             n=info.subjects,
             extrapolated=bool(op["extrapolated"]),
         )
-    ans = await gallery.search(name, face.embedding, k, fpir)
+    ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
     state.stats.set_gallery_size(name, ans.n)
     return SearchResponse(
         face=FaceOut.from_face(face),
