@@ -305,7 +305,7 @@ class Settings(BaseSettings):
         ge=0.0,
         le=3600.0,
         description=(
-            "How long opening the SQLite gallery retries while another process keeps the file locked. Past it, a "
+            "How long opening the gallery store retries while it is locked or unreachable. Past it, a "
             "serving process answers without the gallery (gallery routes: 503 gallery_unavailable) and keeps "
             "retrying in the background; any other gallery error at start-up fails the start-up."
         ),
@@ -415,7 +415,11 @@ class Settings(BaseSettings):
     port: int = Field(7860, ge=1, le=65535, description="Port of `facegate serve`.")
     data_dir: Path = Field(Path("./data"), description="Where the SQLite gallery and caches live.")
     gallery_url: str | None = Field(
-        None, description="Gallery database URL; None means SQLite at `<data_dir>/gallery.sqlite3`."
+        None,
+        description=(
+            "Gallery store: `postgresql://user:password@host/db` for PostgreSQL (several engines or hosts share it), "
+            "`sqlite:///path` for SQLite on one host; None means SQLite at `<data_dir>/gallery.sqlite3`."
+        ),
     )
 
     # ------------------------------------------------------------------ evaluation
