@@ -89,14 +89,18 @@ class _TorchOps:
         self.device = torch.device(device)
 
     def zeros(self, rows: int, dim: int) -> Any:
-        return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
+        # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
+        # into it later, outside inference mode
+        with self.torch.inference_mode(False):
+            return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
 
     def from_numpy(self, arr: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
+        with self.torch.inference_mode(False):
+            return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
-    @staticmethod
-    def copy(x: Any) -> Any:
-        return x.clone()
+    def copy(self, x: Any) -> Any:
+        with self.torch.inference_mode(False):
+            return x.clone()
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.to("cpu", self.torch.float32).numpy().copy()
