@@ -24,6 +24,7 @@ CONTRACT_ROUTES = {
     ("get", "/api/galleries/{name}/subjects"),
     ("delete", "/api/galleries/{name}/subjects/{subject_id}"),
     ("post", "/api/galleries/{name}/search"),
+    ("post", "/api/galleries/{name}/templates"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
