@@ -68,3 +68,29 @@ def test_photo_search_is_one_engine_trip(server_factory, tmp_path: Path, lfw_roo
             422,
             "invalid_parameter",
         )
+
+
+def test_batch_enrolment_over_http(client, lfw_root: Path, fg: SimpleNamespace) -> None:
+    """Several subjects in one request; a broken photo is refused with its subject, the others enrolled."""
+    import json
+
+    assert client.post("/api/galleries", json={"name": "batch"}).status_code == 201
+    photos = [
+        fg.lfw_image(lfw_root, "Colin_Powell", 1),
+        fg.lfw_image(lfw_root, "Colin_Powell", 2),
+        fg.lfw_image(lfw_root, "Tony_Blair", 1),
+        b"not an image",
+    ]
+    ids = ["colin", "colin", "tony", "ghost"]
+    r = client.post(
+        "/api/galleries/batch/enrolments", files=fg.many("images", photos), data={"subject_ids": json.dumps(ids)}
+    )
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert {s["subject_id"]: s["n_embeddings"] for s in out["enrolled"]} == {"colin": 2, "tony": 1}
+    assert [(x["index"], x["subject_id"]) for x in out["refused"]] == [(3, "ghost")]
+    bad = client.post(
+        "/api/galleries/batch/enrolments", files=fg.many("images", photos[:1]), data={"subject_ids": "[1, 2]"}
+    )
+    fg.assert_error(bad, 422, "invalid_parameter")
+    assert client.delete("/api/galleries/batch").status_code == 200

@@ -25,6 +25,7 @@ CONTRACT_ROUTES = {
     ("delete", "/api/galleries/{name}/subjects/{subject_id}"),
     ("post", "/api/galleries/{name}/search"),
     ("post", "/api/galleries/{name}/templates"),
+    ("post", "/api/galleries/{name}/enrolments"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -40,6 +40,8 @@ from facegate.serving.app import ServingState, get_state
 from facegate.serving.errors import error_dict
 from facegate.serving.forms import FastFormRoute
 from facegate.serving.schemas import (
+    BatchEnrolResponse,
+    BatchRefusal,
     CompareResponse,
     CreateGalleryRequest,
     DeletedGallery,
@@ -456,6 +458,54 @@ async def enrol(
     qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
     info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
     return EnrolResponse(subject=_subject_out(info), accepted=len(accepted), refused=refused)
+
+
+@router.post(
+    "/api/galleries/{name}/enrolments",
+    response_model=BatchEnrolResponse,
+    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
+    tags=["galleries"],
+)
+async def enrol_batch(
+    request: Request,
+    name: str,
+    images: Annotated[list[UploadFile], File(description="photos of several subjects")],
+    subject_ids: Annotated[str, Form(description="JSON list: the subject of each photo, in order")],
+) -> BatchEnrolResponse:
+    """Enrol several subjects in one request: every photo goes through the engine at once (batched with
+    other requests), each subject is written in its own transaction, refused photos are listed."""
+    from facegate.gallery.base import validate_subject_id
+
+    state = _state(request)
+    service, gallery = state.require_ready()
+    try:
+        ids = json.loads(subject_ids)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"subject_ids is not JSON: {exc.msg}", detail={"field": "subject_ids"}) from None
+    if not isinstance(ids, list) or len(ids) != len(images):
+        raise InvalidParameterError(
+            "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
+        )
+    ids = [validate_subject_id(x) for x in ids]
+    _check_count(len(images), state.settings.max_images_per_request, "images")
+    await _gallery_for_service(state, name)
+    results = await gather_all([faces_of_upload(state, service, images[i], index=i) for i in range(len(images))])
+    by_subject: dict[str, list[int]] = {}
+    for i, sid in enumerate(ids):
+        by_subject.setdefault(sid, []).append(i)
+    enrolled: list[SubjectOut] = []
+    refused: list[BatchRefusal] = []
+    for sid, rows in by_subject.items():
+        mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
+        decision = decide_enrolment(sid, mine, requires_quality=state.settings.enrol_requires_quality)
+        refused += [
+            BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
+        ]
+        if decision.error is None:
+            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
+            qual = np.asarray([f.quality.score for f in decision.accepted], dtype=np.float32)
+            enrolled.append(_subject_out(await state.in_gallery_pool(gallery.enrol, name, sid, emb, qual, None)))
+    return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
 
 
 @router.post(

@@ -164,6 +164,22 @@ class CreateGalleryRequest(_Model):
     name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
 
 
+class BatchRefusal(_Model):
+    """An image of a batch enrolment that was not used, and why."""
+
+    index: int
+    subject_id: str
+    reason: str
+    code: str | None = None
+
+
+class BatchEnrolResponse(_Model):
+    """Answer of ``POST /api/galleries/{name}/enrolments``: the subjects written and the images refused."""
+
+    enrolled: list[SubjectOut]
+    refused: list[BatchRefusal]
+
+
 class ImportTemplatesRequest(_Model):
     """Body of ``POST /api/galleries/{name}/templates``: bulk enrolment without photos."""
 
