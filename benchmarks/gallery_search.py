@@ -1,80 +1,202 @@
-"""Exact 1:N search on the CPU: the gallery index's NumPy backend against its torch backend, same process.
+"""1:N gallery at scale: engine search, CPU single-query search, applying one change, start-up load.
 
-Galleries of random unit-norm 128-d templates; per (gallery size S, queries Q) the median milliseconds of
-``GalleryIndex.search`` (k = 10) over ``--iters`` calls after one warm-up, backends alternating per round.
-The front-ends search with the NumPy backend (they never import torch); torch serves CUDA and half precision.
+Synthetic unit-norm templates (``--dim``, 128 = sface), imported in bulk. Per gallery size S:
 
-    OMP_NUM_THREADS=1 python benchmarks/gallery_search.py --out benchmarks/results/gallery_search-cpu2.json
+* ``engine_batch64_ms``: the engine's search stage (:class:`facegate.pipeline.search.SearchStage`) answering
+  one batch of 64 queries, top-10, with its per-batch catch-up (one ``max(seq)``) included; and
+  ``index_batch64_ms``, the matrix product + top-k alone (fp16 on CUDA, float32 BLAS on the CPU);
+* ``single_query_ms``: one query, top-10, on the index;
+* ``apply_one_change_ms``: the index applying one enrolment committed by another connection (feed read
+  included), and ``full_load_s``: start-up (one snapshot read + index load), from SQLite and, when a
+  PostgreSQL server is available (``--postgres-url``, or the Debian binaries to start one), PostgreSQL;
+* ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU.
+
+Medians over ``--iters`` calls after a warm-up. Writes one JSON named by environment::
+
+    python benchmarks/gallery_search.py --device cpu --sizes 100000                      # 2-core CPU
+    python benchmarks/gallery_search.py --device cuda --sizes 1000000 --index-only-sizes 10000000
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.gallery.index import GalleryIndex, _TorchOps
+from facegate.gallery import open_store
+from facegate.gallery.index import GalleryIndex
+from facegate.gallery.query import encode_search
+from facegate.gallery.service import Gallery
+from facegate.pipeline.search import SearchStage
 
 log = logging.getLogger("gallery_search")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_index(backend: str, ids: list[str], templates: np.ndarray) -> GalleryIndex:
-    idx = GalleryIndex("cpu")
-    if backend == "torch":
-        idx._ops = _TorchOps("cpu", "float32")  # the torch backend on the CPU, for comparison
-    idx.load_gallery("g", templates.shape[1], ids, templates)
-    return idx
+def median_ms(fn: Callable[[], Any], iters: int) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 3)
+
+
+def templates(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    t = rng.standard_normal((n, dim), dtype=np.float32)
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    return t
+
+
+@contextmanager
+def postgres(url: str | None) -> Iterator[str | None]:
+    """``url``, or a throw-away local server (run as the ``postgres`` user when root), or None."""
+    if url:
+        yield url
+        return
+    initdb = shutil.which("initdb") or "/usr/local/bin/initdb"
+    pg_ctl = shutil.which("pg_ctl") or "/usr/local/bin/pg_ctl"
+    if not (Path(initdb).exists() and Path(pg_ctl).exists()):
+        yield None
+        return
+    base = Path(tempfile.mkdtemp(prefix="facegate-bench-pg-"))
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if prefix:
+        shutil.chown(base, "postgres", "postgres")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = base / "data"
+    subprocess.run([*prefix, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+    subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"], check=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def build(url: str, size: int, dim: int, rng: np.random.Generator) -> float:
+    """Fill gallery ``g`` with ``size`` subjects; returns subjects/s of the import."""
+    store = open_store(url)
+    store.create_gallery("g", "bench", dim)
+    t0 = time.perf_counter()
+    for s in range(0, size, 10_000):
+        n = min(10_000, size - s)
+        store.import_templates("g", [f"s{i}" for i in range(s, s + n)], templates(rng, n, dim), np.ones(n, np.float32))
+    rate = size / (time.perf_counter() - t0)
+    store.close()
+    return rate
+
+
+def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
+    row: dict[str, Any] = {"backend": backend, "gallery": size}
+    row["import_subjects_per_s"] = round(build(url, size, o.dim, rng))
+    cuda = o.device.startswith("cuda")
+    t0 = time.perf_counter()
+    gal = Gallery(open_store(url), GalleryIndex(o.device, "float16" if cuda else "float32"), match_threshold=1.0)
+    row["full_load_s"] = round(time.perf_counter() - t0, 3)
+    stage = SearchStage(lambda: gal)
+    q = templates(rng, 64, o.dim)
+    batch = stage.prepare([encode_search("g", x, 10) for x in q])
+    row["engine_batch64_ms"] = median_ms(lambda: stage.execute(batch), o.iters)
+    row["index_batch64_ms"] = median_ms(lambda: gal.index.search_raw("g", q, 10), o.iters)
+    row["single_query_ms"] = median_ms(lambda: gal.index.search_raw("g", q[:1], 10), o.iters)
+    writer = open_store(url)
+    one = np.ones(1, np.float32)
+    costs = []
+    for i in range(o.iters):
+        writer.add_embeddings("g", f"new{i}", templates(rng, 1, o.dim), one)
+        t0 = time.perf_counter()
+        gal.follower.catch_up()
+        costs.append((time.perf_counter() - t0) * 1000)
+    row["apply_one_change_ms"] = round(statistics.median(costs), 3)
+    writer.close()
+    gal.close()
+    return row
+
+
+def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
+    cuda = o.device.startswith("cuda")
+    idx = GalleryIndex(o.device, "float16" if cuda else "float32")
+    chunks = [templates(rng, min(1_000_000, size - s), o.dim) for s in range(0, size, 1_000_000)]
+    idx.ensure_gallery("g", o.dim)
+    entry_ids = [f"s{i}" for i in range(size)]
+    idx.load_gallery("g", o.dim, entry_ids, np.concatenate(chunks))
+    del chunks
+    q = templates(rng, 64, o.dim)
+    return {
+        "backend": "index_only",
+        "gallery": size,
+        "index_batch64_ms": median_ms(lambda: idx.search_raw("g", q, 10), o.iters),
+        "single_query_ms": median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="10000,200000")
-    p.add_argument("--queries", default="1,16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--sizes", default="100000", help="gallery sizes measured through the stores")
+    p.add_argument("--index-only-sizes", default="", help="sizes measured on the index alone")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--postgres-url", default=None)
+    p.add_argument("--no-postgres", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
     o = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rng = np.random.default_rng(0)
     rows = []
-    for size in (int(x) for x in o.sizes.split(",")):
-        t = rng.standard_normal((size, 128)).astype(np.float32)
-        t /= np.linalg.norm(t, axis=1, keepdims=True)
-        ids = [str(i) for i in range(size)]
-        indexes = {b: make_index(b, ids, t) for b in ("numpy", "torch")}
-        for n_q in (int(x) for x in o.queries.split(",")):
-            q = rng.standard_normal((n_q, 128)).astype(np.float32)
-            hits = {b: idx.search("g", q, 10, 0.3) for b, idx in indexes.items()}  # warm-up, and agreement
-            same = [[h.subject_id for h in r] for r in hits["numpy"]] == [
-                [h.subject_id for h in r] for r in hits["torch"]
-            ]
-            times: dict[str, list[float]] = {b: [] for b in indexes}
-            for _ in range(o.rounds):
-                for b, idx in indexes.items():
-                    for _ in range(o.iters):
-                        t0 = time.perf_counter()
-                        idx.search("g", q, 10, 0.3)
-                        times[b].append((time.perf_counter() - t0) * 1000)
-            row = {"gallery": size, "queries": n_q, "same_hits": same}
-            row.update({f"{b}_ms": round(statistics.median(v), 3) for b, v in times.items()})
-            row["numpy_over_torch"] = round(row["numpy_ms"] / row["torch_ms"], 2)
-            rows.append(row)
-            log.info("%s", row)
-    payload = {
-        "benchmark": "gallery_search",
-        "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
-        "rows": rows,
-        "env": env_record(sizes=o.sizes, queries=o.queries, iters=o.iters, rounds=o.rounds),
-    }
-    write_json(o.out, payload)
+    with (
+        tempfile.TemporaryDirectory(prefix="facegate-bench-") as tmp,
+        postgres(None if o.no_postgres else o.postgres_url) as pg,
+    ):
+        for size in (int(x) for x in o.sizes.split(",") if x):
+            rows.append(store_rows(str(Path(tmp) / f"g{size}.sqlite3"), "sqlite", size, o, rng))
+            log.info("%s", rows[-1])
+            if pg and not o.no_postgres:
+                import psycopg
+
+                db = f"bench_{size}"
+                with psycopg.connect(pg, autocommit=True) as c:
+                    c.execute(f"DROP DATABASE IF EXISTS {db}")
+                    c.execute(f"CREATE DATABASE {db}")
+                rows.append(store_rows(pg.rsplit("/", 1)[0] + "/" + db, "postgresql", size, o, rng))
+                log.info("%s", rows[-1])
+        for size in (int(x) for x in o.index_only_sizes.split(",") if x):
+            rows.append(index_rows(size, o, rng))
+            log.info("%s", rows[-1])
+    env = env_record(device=o.device, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters)
+    kind = "cuda" if o.device.startswith("cuda") else "cpu"
+    out = o.out or ROOT / "benchmarks" / "results" / f"gallery_search_{kind}.json"
+    write_json(
+        out,
+        {
+            "benchmark": "gallery_search",
+            "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
+            "rows": rows,
+            "env": env,
+        },
+    )
+    log.info("wrote %s", out)
     return 0
 
 

@@ -64,12 +64,12 @@ def _read_upload(upload: Any, settings: Settings) -> np.ndarray:
     """A Starlette ``UploadFile`` from the form → ``(H, W, 3) uint8`` RGB (raises FacegateError)."""
     if upload is None or not hasattr(upload, "file"):
         raise InvalidParameterError("expected a file upload")
-    data = upload.file.read(settings.max_upload_bytes + 1)
-    if len(data) > settings.max_upload_bytes:
-        raise ImageTooLargeError(f"upload exceeds the limit of {settings.max_upload_bytes} bytes")
+    data = upload.file.read(settings.limits.max_upload_bytes + 1)
+    if len(data) > settings.limits.max_upload_bytes:
+        raise ImageTooLargeError(f"upload exceeds the limit of {settings.limits.max_upload_bytes} bytes")
     if not data:
         raise EmptyInputError("the uploaded file is empty (0 bytes)")
-    return decode_image(data, max_bytes=settings.max_upload_bytes, max_pixels=settings.max_pixels)
+    return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
 class _PipelineAPI(ls.LitAPI):
@@ -166,8 +166,8 @@ class EmbedAPI(_PipelineAPI):
         select = str(request.get("select", "largest"))
         if not uploads:
             return EmptyInputError("no images given", detail={"field": "images"})
-        if len(uploads) > self.settings.max_images_per_request:
-            return InvalidParameterError(f"more than {self.settings.max_images_per_request} images")
+        if len(uploads) > self.settings.limits.max_images_per_request:
+            return InvalidParameterError(f"more than {self.settings.limits.max_images_per_request} images")
         if select not in ("largest", "all"):
             return InvalidParameterError("select must be 'largest' or 'all'", detail={"field": "select"})
         items: list[np.ndarray | FacegateError] = []

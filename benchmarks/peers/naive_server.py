@@ -64,7 +64,7 @@ class NaiveService:
 
     def read(self, file: UploadFile) -> np.ndarray:
         """Read and decode one upload synchronously → ``(H, W, 3) uint8`` RGB."""
-        s = self.settings
+        s = self.settings.limits
         data = file.file.read(s.max_upload_bytes + 1)
         if len(data) > s.max_upload_bytes:
             raise ImageTooLargeError(f"upload exceeds the limit of {s.max_upload_bytes} bytes")
@@ -122,8 +122,8 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
         aligned: Annotated[bool, Form()] = False,
     ) -> EmbedResponse | Response:
         svc = holder["svc"]
-        if not 1 <= len(images) <= settings.max_images_per_request:
-            raise InvalidParameterError(f"give 1..{settings.max_images_per_request} images")
+        if not 1 <= len(images) <= settings.limits.max_images_per_request:
+            raise InvalidParameterError(f"give 1..{settings.limits.max_images_per_request} images")
         if select not in ("largest", "all"):
             raise InvalidParameterError("select must be 'largest' or 'all'")
         items: list[EmbedItem] = []

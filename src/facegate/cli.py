@@ -1,4 +1,4 @@
-"""The ``facegate`` command line: serve | compare | embed | eval | train-quality | bench | export | models.
+"""The ``facegate`` command line: serve | compare | embed | enrol | eval | train-quality | bench | export | models.
 
 Every command takes ``--device cpu|cuda|auto`` and ``--precision fp32|fp16|bf16`` where models run.
 Errors print a JSON error object to stderr and exit with status 2 (bad input) or 1 (anything else);
@@ -280,6 +280,79 @@ def embed(
     typer.echo(json.dumps({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}))
 
 
+# ---------------------------------------------------------------------------------------------- enrol
+@app.command()
+@guarded
+def enrol(
+    source: Annotated[Path, typer.Argument(help="folder per subject, a path,subject_id CSV, or a templates .npz")],
+    gallery: Annotated[str, typer.Option("--gallery", help="gallery name (created when missing)")],
+    gallery_url: Annotated[
+        str | None, typer.Option("--gallery-url", help="store URL (default: FACEGATE_GALLERY_URL, else SQLite)")
+    ] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="write the refused images (JSON) here")] = None,
+    device: DeviceOpt = "cpu",
+    precision: PrecisionOpt = "fp32",
+    model: ModelOpt = "sface",
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="photos per pipeline batch")] = 64,
+) -> None:
+    """Bulk-enrol photos (resumable: subjects already enrolled from the same files are skipped) or import
+    templates (.npz from `facegate embed`, or `ids` + `embeddings`)."""
+    from tqdm import tqdm
+
+    from facegate.errors import GalleryNotFoundError
+    from facegate.gallery import open_store
+    from facegate.models.registry import get_spec
+    from facegate.service import enrol as bulk
+
+    _setup_logging()
+    s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
+    store = open_store(s.gallery_url, data_dir=s.data_dir)
+    try:
+        spec = get_spec(s.model)
+        try:
+            store.get_gallery(gallery)
+        except GalleryNotFoundError:
+            store.create_gallery(gallery, spec.name, spec.embedding_dim)
+        t0 = time.perf_counter()
+        if source.suffix == ".npz":
+            ids, emb, q = bulk.read_templates(source)
+            with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:
+                n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
+            out: dict[str, object] = {"subjects_imported": n}
+        else:
+            subjects = bulk.plan(source)
+            p = _pipeline(s)
+            faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
+            total = sum(len(v) for v in subjects.values())
+            refusals = 0
+            with tqdm(total=total, unit="img", desc="enrol", file=sys.stderr) as bar:
+
+                def progress(photos: int, faces: int, refused: int) -> None:
+                    nonlocal refusals
+                    refusals += refused
+                    bar.update(photos)
+                    bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
+
+                rep = bulk.enrol_photos(
+                    store,
+                    gallery,
+                    subjects,
+                    faces_of,
+                    batch_size=batch_size,
+                    requires_quality=s.enrol_requires_quality,
+                    progress=progress,
+                )
+            out = rep.to_dict()
+            if report is not None:
+                report.write_text(json.dumps(out["refused"], indent=1))
+            out.pop("refused")
+        out["seconds"] = round(time.perf_counter() - t0, 2)
+        out["gallery"] = store.get_gallery(gallery).to_dict()
+        typer.echo(json.dumps(out))
+    finally:
+        store.close()
+
+
 # ---------------------------------------------------------------------------------------------- eval lfw
 def _lfw_root(root: Path | None) -> Path:
     r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
@@ -505,12 +578,19 @@ def eval_quality_cmd(
 @app.command()
 @guarded
 def models() -> None:
-    """List the model registry with weights sources and calibrated thresholds."""
+    """List the model registry with weights sources, calibrated thresholds and 1:N operating points
+    (the search threshold for a named FPIR at gallery sizes 1k-1M)."""
     from dataclasses import asdict
 
     from facegate.models.registry import list_specs
+    from facegate.service.fpir import ImpostorTail, operating_points
 
-    typer.echo(json.dumps([asdict(s) for s in list_specs()], indent=2, default=str))
+    out = []
+    for spec in list_specs():
+        tail = ImpostorTail.load(spec.name, fallback=(spec.thresholds.match, spec.thresholds.match_fmr))
+        points = operating_points(tail, (1_000, 10_000, 100_000, 1_000_000), (1e-2, 1e-3))
+        out.append({**asdict(spec), "search_operating_points": points})
+    typer.echo(json.dumps(out, indent=2, default=str))
 
 
 def main() -> None:

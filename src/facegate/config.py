@@ -201,14 +201,18 @@ class Settings(BaseSettings):
     port: int = Field(7860, ge=1, le=65535, description="Port of `facegate serve`.")
     data_dir: Path = Field(Path("./data"), description="Where the SQLite gallery and caches live.")
     gallery_url: str | None = Field(
-        None, description="Gallery database URL; None means SQLite at `<data_dir>/gallery.sqlite3`."
+        None,
+        description=(
+            "Gallery store: `postgresql://user:password@host/db` for PostgreSQL (several engines or hosts share it), "
+            "`sqlite:///path` for SQLite on one host; None means SQLite at `<data_dir>/gallery.sqlite3`."
+        ),
     )
     gallery_open_retry_s: float = Field(
         60.0,
         ge=0.0,
         le=3600.0,
         description=(
-            "Seconds opening the SQLite gallery retries while another process holds its lock; past it the server "
+            "Seconds opening the gallery store retries while it is locked or unreachable; past it the server "
             "answers gallery routes with 503 gallery_unavailable and keeps retrying in the background."
         ),
     )

@@ -125,6 +125,13 @@ class GalleryUnavailableError(GalleryError):
     code = "gallery_unavailable"
 
 
+class ErasureIncompleteError(GalleryError):
+    """A delete committed (no search returns the subject) but its bytes could not yet be removed from the
+    database files, because another connection held a read snapshot past the wait (HTTP 503; retry)."""
+
+    code = "erasure_incomplete"
+
+
 class GalleryNotFoundError(GalleryError):
     """No gallery with that name."""
 

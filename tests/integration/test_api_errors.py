@@ -237,7 +237,7 @@ def test_every_error_class_maps_to_the_documented_status() -> None:
         E.GalleryExistsError: 409, E.DimensionMismatchError: 409, E.QueueFullError: 503,
         E.DeadlineExceededError: 504, E.EngineClosedError: 503, E.ModelError: 500, E.WeightsNotFoundError: 500,
         E.WeightsIntegrityError: 500, E.CheckpointError: 500, E.GalleryError: 500, E.EngineError: 503,
-        E.GalleryUnavailableError: 503, E.ServerError: 500,
+        E.GalleryUnavailableError: 503, E.ErasureIncompleteError: 503, E.ServerError: 500,
         E.FacegateError: 500,
     }  # fmt: skip
     classes = [getattr(E, n) for n in E.__all__ if issubclass(getattr(E, n), E.FacegateError)]

@@ -53,7 +53,9 @@ def test_gallery_lifecycle(client: httpx.Client, lfw_root: Path, fg: SimpleNames
     r = client.post("/api/galleries/staff/search", params={"k": 5}, files=fg.files(image=img("Tony_Blair", 1)))
     assert r.status_code == 200, r.text
     s = r.json()
-    assert set(s) == {"face", "refused", "reason", "hits", "threshold", "fmr"}
+    assert set(s) == {"face", "refused", "reason", "hits", "threshold", "fmr", "fpir", "n", "extrapolated"}
+    assert s["n"] == 2 and [h["rank"] for h in s["hits"]] == [1, 2]
+    assert s["fpir"] == pytest.approx(1 - (1 - s["fmr"]) ** 2, rel=1e-6) and s["fpir"] <= 1e-2 * 1.001
     assert s["refused"] is False and s["reason"] is None
     assert s["face"]["quality"]["accepted"] is True
     assert s["hits"][0]["subject_id"] == "tony" and len(s["hits"]) == 2
@@ -62,6 +64,10 @@ def test_gallery_lifecycle(client: httpx.Client, lfw_root: Path, fg: SimpleNames
     assert s["hits"][0]["score"] >= s["hits"][1]["score"]
     r1 = client.post("/api/galleries/staff/search", params={"k": 1}, files=fg.files(image=img("Tony_Blair", 1)))
     assert len(r1.json()["hits"]) == 1
+    lax = client.post("/api/galleries/staff/search", params={"fpir": 0.5}, files=fg.files(image=img("Tony_Blair", 1)))
+    assert lax.status_code == 200 and lax.json()["threshold"] <= s["threshold"]
+    bad = client.post("/api/galleries/staff/search", params={"fpir": 2}, files=fg.files(image=img("Tony_Blair", 1)))
+    assert bad.status_code == 422 and "error" in bad.json()
 
     m = client.get("/metrics").text
     assert fg.parse_metric(m, "facegate_gallery_subjects", {"gallery": "staff"}) == 2

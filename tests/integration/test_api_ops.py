@@ -24,6 +24,8 @@ CONTRACT_ROUTES = {
     ("get", "/api/galleries/{name}/subjects"),
     ("delete", "/api/galleries/{name}/subjects/{subject_id}"),
     ("post", "/api/galleries/{name}/search"),
+    ("post", "/api/galleries/{name}/templates"),
+    ("post", "/api/galleries/{name}/enrolments"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -22,6 +22,9 @@ def test_models_lists_registry_with_threshold_sources() -> None:
     assert {"sface", "sface_rts", "irse64_rts"} <= set(specs)
     assert specs["sface"]["thresholds"]["match_fmr"] == 1e-3
     assert "FMR 1e-3" in specs["sface"]["thresholds"]["source"]
+    points = specs["sface"]["search_operating_points"]
+    assert {(p["n"], p["fpir_target"]) for p in points} >= {(1_000, 1e-2), (1_000_000, 1e-3)}
+    assert all({"threshold", "fpir", "fmr", "extrapolated", "basis"} <= set(p) for p in points)
 
 
 def test_compare_bad_file_is_a_json_error(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from facegate.config import Settings
 from facegate.errors import (
     FacegateError,
     GalleryError,
+    GalleryUnavailableError,
     ImageTooLargeError,
     InputError,
     ModelError,
@@ -46,8 +47,8 @@ from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
-    from facegate.gallery.service import Gallery
     from facegate.service.faces import FaceService
+    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -66,51 +67,26 @@ CLIENT_CLOSED_STATUS = 499
 
 
 def gallery_path(settings: Settings) -> str:
-    """The SQLite file the settings name: ``gallery_url`` (``sqlite:///path``) or ``<data_dir>/gallery.sqlite3``.
-
-    Raises:
-        InvalidParameterError: a ``gallery_url`` of another scheme (only SQLite is implemented).
-    """
-    from facegate.errors import InvalidParameterError
-
-    url = settings.gallery_url
-    if url is None:
-        return str(settings.data_dir / "gallery.sqlite3")
-    if url.startswith("sqlite:///"):
-        return url[len("sqlite:///") :] or ":memory:"
-    raise InvalidParameterError(
-        f"unsupported gallery_url {url!r}: only sqlite:///<path> is implemented", detail={"field": "gallery_url"}
-    )
+    """The gallery URL the settings name: ``gallery_url``, or SQLite at ``<data_dir>/gallery.sqlite3``."""
+    return settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
 
 
 def open_gallery(
     settings: Settings, service: FaceService, stats: ServiceStats, open_retry_s: float | None = None
-) -> Gallery:
-    """Open the durable gallery the settings describe, with its search index on the service's device.
+) -> GalleryFront:
+    """Open this front-end's connection to the gallery store the settings name (it holds no templates:
+    searches run on the engine's index, :mod:`facegate.pipeline.search`).
 
-    ``open_retry_s``: how long to retry a busy file (default ``settings.gallery_open_retry_s``).
-
-    The gallery's per-gallery subject counts are mirrored into ``stats`` (facegate_gallery_subjects).
+    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``).
     """
-    from facegate.gallery.index import GalleryIndex
-    from facegate.gallery.service import Gallery
-    from facegate.gallery.sqlite import SQLiteGalleryStore
+    from facegate.gallery import open_store
+    from facegate.service.gallery import GalleryFront
 
-    known: set[str] = set()
-
-    def hook(sizes: dict[str, int]) -> None:
-        for name in known - set(sizes):
-            stats.remove_gallery(name)
-        for name, n in sizes.items():
-            stats.set_gallery_size(name, n)
-        known.clear()
-        known.update(sizes)
-
+    del stats  # gallery sizes are the engine's (its index), exported with the engine's families
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
-    store = SQLiteGalleryStore(gallery_path(settings), open_retry_s=retry)
+    store = open_store(gallery_path(settings), open_retry_s=retry)
     try:
-        index = GalleryIndex(device=service.pipeline.device_name)  # a front-end's light pipeline: the CPU
-        return Gallery(store, index, match_threshold=service.match_threshold, stats_hook=hook)
+        return GalleryFront(store, service)
     except BaseException:
         store.close()
         raise
@@ -166,7 +142,10 @@ GALLERY_REOPEN_S = 5.0
 
 
 def _busy(exc: FacegateError) -> bool:
-    """Whether a gallery error is SQLite reporting the file busy or locked (transient), not a bad file."""
+    """Whether a gallery error is transient (SQLite reporting the file busy or locked, or a database server
+    that cannot be reached), not a bad file or a bad setting."""
+    if isinstance(exc, GalleryUnavailableError):
+        return True
     return str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
@@ -379,7 +358,7 @@ def _too_large(size: int, limit: int) -> ImageTooLargeError:
 def create_app(
     settings: Settings,
     service: FaceService | None = None,
-    gallery: Gallery | None = None,
+    gallery: GalleryFront | None = None,
     *,
     engine: tuple[str | list[str], bytes] | None = None,
     plan: ServingPlan | None = None,

@@ -7,9 +7,9 @@ to the front-end with the fewest open connections (:mod:`facegate.api.acceptor`:
 socket, whichever process wakes first takes most connections), and the supervisor replaces a front-end
 that exits. Neither the supervisor nor the front-ends import torch. Each front-end builds its app with
 :func:`frontend_app`,
-which connects to the engine through shared memory and a Unix socket, and opens the same SQLite gallery
-(each front-end keeps its own search index and rebuilds it when another process committed a change,
-:meth:`facegate.gallery.service.Gallery.sync`). On SIGINT/SIGTERM the front-ends stop, then the engine
+which connects to the engine through shared memory and a Unix socket, and opens a connection to the gallery
+store for its writes; front-ends hold no templates: searches run on the engine's one index, which follows
+the store's change feed (:mod:`facegate.pipeline.search`). On SIGINT/SIGTERM the front-ends stop, then the engine
 process. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
 systemd or Kubernetes restarts the whole server).
 

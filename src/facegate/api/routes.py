@@ -28,6 +28,8 @@ from fastapi.staticfiles import StaticFiles
 from facegate.api.errors import error_dict
 from facegate.api.forms import FastFormRoute
 from facegate.api.schemas import (
+    BatchEnrolResponse,
+    BatchRefusal,
     CompareResponse,
     CreateGalleryRequest,
     DeletedGallery,
@@ -43,6 +45,8 @@ from facegate.api.schemas import (
     GalleryListResponse,
     GalleryOut,
     HealthResponse,
+    ImportTemplatesRequest,
+    ImportTemplatesResponse,
     ReadyResponse,
     RefusedImage,
     SearchHit,
@@ -59,6 +63,7 @@ from facegate.errors import (
     PathNotAllowedError,
     QualityRejectedError,
 )
+from facegate.service.gallery import decide_enrolment, refusal_reason
 from facegate.transport.remote import same_engine
 from facegate.types import Face, FaceSelect
 
@@ -198,10 +203,6 @@ def _check_count(n: int, limit: int, what: str) -> None:
         raise InvalidParameterError(
             f"{n} {what} exceed the limit of {limit} per request", detail={"field": what, "limit": limit}
         )
-
-
-def _refusal_reason(face: Face) -> str:
-    return face.quality.reason or f"quality {face.quality.score:.2f} is below the gate {face.quality.threshold:.2f}"
 
 
 def _record_refusal(state: ServingState, reason: str) -> None:
@@ -397,16 +398,9 @@ async def delete_gallery(request: Request, name: str) -> DeletedGallery:
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
     """The gallery's info, checked against the served model (404 if missing, 409 if another model)."""
-    from facegate.errors import DimensionMismatchError
-
-    service, gallery = state.require_ready()
+    _, gallery = state.require_ready()
     info = await state.in_gallery_pool(gallery.get_gallery, name)
-    if info.model != service.spec.name or info.dim != service.spec.embedding_dim:
-        raise DimensionMismatchError(
-            f"gallery {name!r} holds {info.model} embeddings (dim {info.dim}); the server runs "
-            f"{service.spec.name} (dim {service.spec.embedding_dim})",
-            detail={"gallery_model": info.model, "gallery_dim": info.dim, "model": service.spec.name},
-        )
+    gallery.check_model(info)
     return info
 
 
@@ -450,33 +444,90 @@ async def enrol(
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await gather_all([one(i) for i in range(len(images))])
-    accepted: list[Face] = []
-    refused: list[RefusedImage] = []
-    errors: list[FacegateError] = []
-    for i, r in enumerate(results):
-        if isinstance(r, FacegateError):
-            errors.append(r)
-            refused.append(RefusedImage(index=i, reason=r.message, code=r.code))
-        elif isinstance(r, BaseException):
-            raise r
-        elif state.settings.enrol_requires_quality and not r.quality.accepted:
-            refused.append(RefusedImage(index=i, reason=_refusal_reason(r), code=QualityRejectedError.code))
+    decision = decide_enrolment(subject_id, results, requires_quality=state.settings.enrol_requires_quality)
+    refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
+    for x in decision.refused:
+        if x.code == QualityRejectedError.code:
             _record_refusal(state, "enrol_low_quality")
-        else:
-            accepted.append(r)
-    if not accepted:
-        detail = {"refused": [x.model_dump() for x in refused]}
-        if any(x.code == QualityRejectedError.code for x in refused) or not errors:
-            raise QualityRejectedError(
-                f"no image of {subject_id!r} has a face that passes the quality gate; retake", detail=detail
-            )
-        err = errors[0]
-        err.detail = {**err.detail, **detail}
-        raise err
+    if decision.error is not None:
+        raise decision.error
+    accepted = decision.accepted
     emb = np.stack([f.embedding for f in accepted]).astype(np.float32)
     qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
     info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
     return EnrolResponse(subject=_subject_out(info), accepted=len(accepted), refused=refused)
+
+
+@router.post(
+    "/api/galleries/{name}/enrolments",
+    response_model=BatchEnrolResponse,
+    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
+    tags=["galleries"],
+)
+async def enrol_batch(
+    request: Request,
+    name: str,
+    images: Annotated[list[UploadFile], File(description="photos of several subjects")],
+    subject_ids: Annotated[str, Form(description="JSON list: the subject of each photo, in order")],
+) -> BatchEnrolResponse:
+    """Enrol several subjects in one request: every photo goes through the engine at once (batched with
+    other requests), each subject is written in its own transaction, refused photos are listed."""
+    from facegate.gallery.base import validate_subject_id
+
+    state = _state(request)
+    service, gallery = state.require_ready()
+    try:
+        ids = json.loads(subject_ids)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"subject_ids is not JSON: {exc.msg}", detail={"field": "subject_ids"}) from None
+    if not isinstance(ids, list) or len(ids) != len(images):
+        raise InvalidParameterError(
+            "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
+        )
+    ids = [validate_subject_id(x) for x in ids]
+    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
+    await _gallery_for_service(state, name)
+    results = await gather_all([faces_of_upload(state, service, images[i], index=i) for i in range(len(images))])
+    by_subject: dict[str, list[int]] = {}
+    for i, sid in enumerate(ids):
+        by_subject.setdefault(sid, []).append(i)
+    enrolled: list[SubjectOut] = []
+    refused: list[BatchRefusal] = []
+    for sid, rows in by_subject.items():
+        mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
+        decision = decide_enrolment(sid, mine, requires_quality=state.settings.enrol_requires_quality)
+        refused += [
+            BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
+        ]
+        if decision.error is None:
+            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
+            qual = np.asarray([f.quality.score for f in decision.accepted], dtype=np.float32)
+            enrolled.append(_subject_out(await state.in_gallery_pool(gallery.enrol, name, sid, emb, qual, None)))
+    return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
+
+
+@router.post(
+    "/api/galleries/{name}/templates",
+    response_model=ImportTemplatesResponse,
+    responses=_GALLERY_ERRORS,
+    tags=["galleries"],
+)
+async def import_templates(request: Request, name: str, body: ImportTemplatesRequest) -> ImportTemplatesResponse:
+    """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
+    a subject that exists starts over from its imported template."""
+    state = _state(request)
+    _, gallery = state.require_ready()
+    info = await _gallery_for_service(state, name)
+    emb = np.asarray(body.embeddings, dtype=np.float32)
+    if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
+        raise InvalidParameterError(
+            f"embeddings must be {len(body.subject_ids)} rows of {info.dim} numbers",
+            detail={"field": "embeddings", "expected": [len(body.subject_ids), info.dim]},
+        )
+    emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
+    n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
+    return ImportTemplatesResponse(imported=n)
 
 
 @router.get(
@@ -525,32 +576,56 @@ async def search(
     name: str,
     image: Annotated[UploadFile, File(description="the probe photo")],
     k: Annotated[int, Query(ge=1, le=100, description="how many candidates")] = 5,
+    fpir: Annotated[
+        float | None,
+        Query(gt=0, lt=1, description="false-positive identification rate the match threshold is set for"),
+    ] = None,
 ) -> SearchResponse:
-    """1:N search with the largest face. A probe below the quality gate is refused, never searched."""
+    """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
+    never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state = _state(request)
     service, gallery = state.require_ready()
-    await _gallery_for_service(state, name)
-    face = (await faces_of_upload(state, service, image))[0]
-    threshold, fmr = service.match_threshold, service.match_fmr
+    info = await _gallery_for_service(state, name)
+    if fpir is not None:
+        gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
+    found = None
+    if service.photo_on_device:
+        data = await read_upload(image, state.settings.limits.max_upload_bytes)
+        if data[:3] == b"\xff\xd8\xff":  # a JPEG: photo -> face -> embedding -> search in one engine trip
+            faces, found = await service.photo_search(data, name, k)
+            face = faces[0]
+        else:
+            face = (await service.faces(await decode_bytes(state, data)))[0]
+    else:
+        face = (await faces_of_upload(state, service, image))[0]
     if not face.quality.accepted:
         _record_refusal(state, "search_low_quality")
+        threshold, op = gallery.operating_point(info.subjects, fpir)
         return SearchResponse(
             face=FaceOut.from_face(face),
             refused=True,
-            reason=_refusal_reason(face),
+            reason=refusal_reason(face),
             hits=[],
             threshold=threshold,
-            fmr=fmr,
+            fmr=float(op["fmr"]),
+            fpir=float(op["fpir"]),
+            n=info.subjects,
+            extrapolated=bool(op["extrapolated"]),
         )
-    queries = np.asarray(face.embedding, dtype=np.float32)[None]
-    hits = (await state.in_gallery_pool(gallery.search, name, queries, k, threshold))[0]
+    ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
+    state.stats.set_gallery_size(name, ans.n)
     return SearchResponse(
         face=FaceOut.from_face(face),
         refused=False,
         reason=None,
-        hits=[SearchHit(**h.to_dict()) for h in hits],
-        threshold=threshold,
-        fmr=fmr,
+        hits=[
+            SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
+        ],
+        threshold=ans.threshold,
+        fmr=ans.fmr,
+        fpir=ans.fpir,
+        n=ans.n,
+        extrapolated=ans.extrapolated,
     )
 
 

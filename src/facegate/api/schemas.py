@@ -164,6 +164,36 @@ class CreateGalleryRequest(_Model):
     name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
 
 
+class BatchRefusal(_Model):
+    """An image of a batch enrolment that was not used, and why."""
+
+    index: int
+    subject_id: str
+    reason: str
+    code: str | None = None
+
+
+class BatchEnrolResponse(_Model):
+    """Answer of ``POST /api/galleries/{name}/enrolments``: the subjects written and the images refused."""
+
+    enrolled: list[SubjectOut]
+    refused: list[BatchRefusal]
+
+
+class ImportTemplatesRequest(_Model):
+    """Body of ``POST /api/galleries/{name}/templates``: bulk enrolment without photos."""
+
+    subject_ids: list[str] = Field(min_length=1, max_length=10_000, description="one id per template, unique")
+    embeddings: list[list[float]] = Field(description="one template per id, of the gallery's dimension")
+    qualities: list[float] | None = Field(None, description="calibrated qualities in [0, 1]; default 1")
+
+
+class ImportTemplatesResponse(_Model):
+    """Answer of ``POST /api/galleries/{name}/templates``."""
+
+    imported: int
+
+
 class GalleryOut(_Model):
     """A gallery: the model and embedding dimension it was built with, and its subject count."""
 
@@ -227,8 +257,9 @@ class DeletedSubject(_Model):
 
 
 class SearchHit(_Model):
-    """One candidate: its best cosine similarity and whether it clears the match threshold."""
+    """One candidate: its rank (1 = best), cosine similarity, and whether it clears the match threshold."""
 
+    rank: int
     subject_id: str
     score: float
     match: bool
@@ -241,8 +272,11 @@ class SearchResponse(_Model):
     refused: bool
     reason: str | None
     hits: list[SearchHit]
-    threshold: float
-    fmr: float
+    threshold: float = Field(description="cosine similarity a hit must reach to be a match")
+    fmr: float = Field(description="the threshold's false-match rate per comparison")
+    fpir: float = Field(description="the threshold's false-positive identification rate at gallery size n")
+    n: int = Field(description="subjects in the gallery when it was searched")
+    extrapolated: bool = Field(description="FMR(threshold) lies beyond what the LFW impostor pairs measured")
 
 
 # --------------------------------------------------------------------------- health

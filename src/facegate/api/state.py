@@ -14,8 +14,8 @@ from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan
 
 if TYPE_CHECKING:
-    from facegate.gallery.service import Gallery
     from facegate.service.faces import FaceService
+    from facegate.service.gallery import GalleryFront
 
 
 @dataclass
@@ -41,7 +41,7 @@ class ServingState:
     settings: Settings
     plan: ServingPlan
     service: FaceService | None = None
-    gallery: Gallery | None = None
+    gallery: GalleryFront | None = None
     stats: ServiceStats = field(default_factory=ServiceStats)
     decode_pool: ThreadPoolExecutor | None = None
     gallery_pool: ThreadPoolExecutor | None = None
@@ -64,7 +64,7 @@ class ServingState:
             raise self.load_error
         raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
 
-    def require_ready(self) -> tuple[FaceService, Gallery]:
+    def require_ready(self) -> tuple[FaceService, GalleryFront]:
         """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
         service = self.require_service()
         if self.gallery is None:

@@ -5,8 +5,11 @@ A subject holds one or more embeddings (one per enrolment image) and a single **
 search. This module defines:
 
 * the frozen result types :class:`GalleryInfo`, :class:`SubjectInfo`, :class:`SearchHit`;
-* the :class:`GalleryStore` protocol: what a backend (SQLite now, PostgreSQL + pgvector later) must
-  provide, so callers never depend on the backend;
+* the :class:`GalleryStore` protocol: what a backend (SQLite, PostgreSQL) must provide, so callers never
+  depend on the backend;
+* the change feed (:class:`Change`, :class:`StoreSnapshot`): every mutation commits in the same
+  transaction as a change-log row with a monotonic sequence number, so an index loads in full once and
+  then applies only what changed after its last sequence number;
 * the validation and template math every backend must use, so all backends agree bit for bit.
 
 Template definition (quality-weighted mean direction)::
@@ -128,6 +131,49 @@ class SearchHit:
         return {"subject_id": self.subject_id, "score": round(float(self.score), 6), "match": self.match}
 
 
+#: Change-log operations. A subject change is *state-based*: the feed carries the subject's template as the
+#: store holds it when the feed is read (``None`` once the subject is gone), so replaying changes in
+#: sequence order always converges on the store's state, and no erased template lives on in the log.
+CHANGE_OPS = ("create_gallery", "delete_gallery", "enrol", "delete_subject")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change-log entry, as read from the feed.
+
+    Attributes:
+        seq: the monotonic sequence number (commit order; gap-free on every backend).
+        op: one of :data:`CHANGE_OPS`.
+        gallery: the gallery the change is about.
+        subject_id: the subject (``None`` for gallery changes).
+        committed_at: commit time, Unix seconds (for the feed-lag metric).
+        dim: the gallery's dim when it exists at read time, else ``None``.
+        template: the subject's current ``(D,) float32`` template at read time, ``None`` when the subject
+            (or its gallery) no longer exists.
+    """
+
+    seq: int
+    op: str
+    gallery: str
+    subject_id: str | None
+    committed_at: float
+    dim: int | None = None
+    template: np.ndarray | None = field(default=None, hash=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    """Every gallery's templates as of change ``seq`` (one read transaction).
+
+    Attributes:
+        seq: the last change the snapshot includes.
+        galleries: ``{name: (dim, subject_ids, (S, D) float32 templates)}``.
+    """
+
+    seq: int
+    galleries: dict[str, tuple[int, list[str], np.ndarray]] = field(hash=False)
+
+
 @runtime_checkable
 class GalleryStore(Protocol):
     """Durable gallery storage. Every method is thread-safe and each write is one transaction.
@@ -192,6 +238,35 @@ class GalleryStore(Protocol):
 
     def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
         """Every template of a gallery: ``(subject_ids, (S, D) float32)`` in matching order."""
+        ...
+
+    def import_templates(
+        self,
+        gallery: str,
+        subject_ids: list[str],
+        templates: np.ndarray,
+        qualities: np.ndarray,
+    ) -> int:
+        """Bulk enrolment without photos: each ``(S, D) float32`` unit-norm row becomes a subject's only
+        embedding (replacing what a subject of that id held). One transaction, one change row per subject.
+        Returns the number of subjects written."""
+        ...
+
+    def current_seq(self) -> int:
+        """The sequence number of the last committed change (0 when none). A cheap read."""
+        ...
+
+    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
+        """Up to ``limit`` changes after ``seq``, in sequence order, read in one snapshot."""
+        ...
+
+    def load_snapshot(self) -> StoreSnapshot:
+        """Every gallery's templates and the sequence number they are current at (start-up load)."""
+        ...
+
+    def wait_for_change(self, after: int, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until a change after ``after`` may have committed (PostgreSQL: a
+        LISTEN/NOTIFY wake-up; SQLite: polling). Returns whether one did (spurious ``True`` allowed)."""
         ...
 
     def close(self) -> None:
@@ -299,6 +374,22 @@ def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tupl
     if not np.isfinite(q32).all() or np.any(q32 < 0.0) or np.any(q32 > 1.0):
         raise InvalidParameterError("qualities must be calibrated values in [0, 1]", detail={"field": "qualities"})
     return emb32, q32
+
+
+def validate_import(subject_ids: object, templates: object, qualities: object) -> list[str]:
+    """Check the ids of a template import: valid, unique, one per row of ``templates``."""
+    if not isinstance(subject_ids, list | tuple) or not subject_ids:
+        raise InvalidParameterError("subject_ids must be a non-empty list", detail={"field": "subject_ids"})
+    ids = [validate_subject_id(s) for s in subject_ids]
+    if len(set(ids)) != len(ids):
+        raise InvalidParameterError("subject_ids must be unique within one import", detail={"field": "subject_ids"})
+    rows = getattr(templates, "shape", (None,))[0]
+    if rows != len(ids) or getattr(qualities, "shape", (None,))[0] != len(ids):
+        raise InvalidParameterError(
+            f"{len(ids)} subject ids need as many template rows and qualities",
+            detail={"field": "templates", "ids": len(ids), "rows": rows},
+        )
+    return ids
 
 
 # --------------------------------------------------------------------------- template math

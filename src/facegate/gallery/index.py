@@ -89,14 +89,18 @@ class _TorchOps:
         self.device = torch.device(device)
 
     def zeros(self, rows: int, dim: int) -> Any:
-        return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
+        # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
+        # into it later, outside inference mode
+        with self.torch.inference_mode(False):
+            return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
 
     def from_numpy(self, arr: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
+        with self.torch.inference_mode(False):
+            return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
-    @staticmethod
-    def copy(x: Any) -> Any:
-        return x.clone()
+    def copy(self, x: Any) -> Any:
+        with self.torch.inference_mode(False):
+            return x.clone()
 
     def to_host(self, x: Any) -> np.ndarray:
         return x.to("cpu", self.torch.float32).numpy().copy()
@@ -219,6 +223,19 @@ class GalleryIndex:
         with self._guard:
             self._entries[gallery] = entry
 
+    def dim(self, gallery: str) -> int:
+        """A loaded gallery's embedding size D."""
+        return self._entry(gallery).dim
+
+    def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
+        """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
+        fresh = {
+            name: self._make_entry(int(dim), ids, np.asarray(t, dtype=np.float32))
+            for name, (dim, ids, t) in galleries.items()
+        }
+        with self._guard:
+            self._entries = fresh
+
     def drop(self, gallery: str) -> None:
         """Forget a gallery (no-op when absent)."""
         with self._guard:
@@ -312,16 +329,15 @@ class GalleryIndex:
         order = sorted(range(len(ids)), key=ids.__getitem__)
         return [ids[i] for i in order], mat[order] if ids else mat
 
-    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
-        """Exact cosine top-k.
+    def search_raw(self, gallery: str, queries: np.ndarray, k: int) -> tuple[list[tuple[list[str], np.ndarray]], int]:
+        """Exact cosine top-k of a batch: one matrix product and one top-k.
 
         Args:
             queries: ``(Q, D) float32`` embeddings (normalised here, so any non-zero scale works).
             k: hits per query, ``>= 1``; fewer when the gallery has fewer subjects.
-            threshold: ``match = score >= threshold``.
 
         Returns:
-            ``Q`` lists of :class:`SearchHit`, each sorted by descending score.
+            per query ``(subject_ids, (k,) float32 scores)`` by descending score, and the gallery's size N.
         """
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
             raise InvalidParameterError(f"k must be an integer >= 1, got {k!r}", detail={"field": "k"})
@@ -338,19 +354,24 @@ class GalleryIndex:
             )
         if not np.isfinite(q).all():
             raise InvalidParameterError("queries contain NaN or inf", detail={"field": "queries"})
-        thr = float(threshold)
         q64 = q.astype(np.float64)
         qn = (q64 / np.maximum(np.linalg.norm(q64, axis=1, keepdims=True), 1e-12)).astype(np.float32)
         with entry.lock:
             n = entry.n
             if n == 0:
-                return [[] for _ in range(q.shape[0])]
+                return [([], np.zeros(0, np.float32)) for _ in range(q.shape[0])], 0
             kk = min(int(k), n)
             vals, rows = self._ops.topk(qn, entry.mat[:n], kk)
             ids = [[entry.ids[int(j)] for j in row] for row in rows]
+        return [(i, v.astype(np.float32)) for i, v in zip(ids, vals, strict=True)], n
+
+    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
+        """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
+        thr = float(threshold)
+        hits, _ = self.search_raw(gallery, queries, k)
         return [
             [SearchHit(sid, float(v), bool(v >= thr)) for sid, v in zip(ids_row, v_row, strict=True)]
-            for ids_row, v_row in zip(ids, vals, strict=True)
+            for ids_row, v_row in hits
         ]
 
     def __repr__(self) -> str:

@@ -1,14 +1,13 @@
-"""The gallery service: a durable store and an on-device search index that never disagree.
+"""The gallery service: a store of record with a change feed, and a search index that follows it.
 
-Writes are *write-through* under one lock per gallery: the store (the source of truth) commits first,
-then the index is updated from what the store holds. If the index update fails after the commit, that
-gallery is rebuilt from the store; if even that fails the gallery is dropped from the index and is
-reloaded from the store on its next use. So a search never answers from an index that differs from an
-acknowledged database state, and a failed store write leaves the index untouched.
+Every write goes to the store (the truth), which commits it with a change-log row; the index then
+applies the feed up to the store's current sequence number (:class:`~facegate.gallery.feed.IndexFollower`).
+A search first catches the index up to the store's current sequence number (a cheap ``max(seq)``), so a
+write acknowledged by any process sharing the store is visible to every later search: read your writes
+across front-ends, engines and hosts. The index is never rebuilt after start-up.
 
-Searches take no gallery lock (the index has its own per-gallery lock that makes each update atomic
-for readers). The service knows nothing about HTTP or models: callers pass embeddings, and must check
-that :attr:`GalleryInfo.model` is the recognizer that produced them (the store only checks ``dim``).
+The service knows nothing about HTTP or models: callers pass embeddings, and must check that
+:attr:`GalleryInfo.model` is the recognizer that produced them (the store only checks ``dim``).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from facegate.errors import GalleryNotFoundError, InvalidParameterError
+from facegate.errors import InvalidParameterError
 from facegate.gallery.base import (
     GalleryInfo,
     GalleryStore,
@@ -29,6 +28,7 @@ from facegate.gallery.base import (
     SubjectInfo,
     validate_gallery_name,
 )
+from facegate.gallery.feed import IndexFollower, LagHook
 from facegate.gallery.index import GalleryIndex
 
 log = logging.getLogger(__name__)
@@ -49,14 +49,16 @@ def _check_threshold(value: object) -> float:
 
 
 class Gallery:
-    """Durable 1:N gallery with exact on-device search.
+    """Durable 1:N gallery with exact search, current with the store at every search.
 
     Args:
-        store: the durable backend (e.g. :class:`~facegate.gallery.sqlite.SQLiteGalleryStore`).
-        index: the search index; it is (re)loaded from ``store`` here.
+        store: the store of record (:func:`facegate.gallery.open_store`).
+        index: the search index; it is loaded from ``store`` here, once.
         match_threshold: default cosine threshold for :attr:`SearchHit.match` (``score >= threshold``).
         stats_hook: optional callable receiving ``{gallery: size}`` after start-up and every write; calls
             are serialised (never concurrent); its exceptions are logged, not raised.
+        lag_hook: optional callable receiving ``(seconds from commit to index, changes)`` per applied batch.
+        follow: also apply foreign changes in a background thread as the store signals them.
     """
 
     def __init__(
@@ -66,39 +68,26 @@ class Gallery:
         *,
         match_threshold: float,
         stats_hook: StatsHook | None = None,
+        lag_hook: LagHook | None = None,
+        follow: bool = False,
     ) -> None:
         self._store = store
         self._index = index
         self._threshold = _check_threshold(match_threshold)
         self._stats_hook = stats_hook
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._sync_lock = threading.Lock()
-        self._version = self._store_version()
-        self._index.rebuild(store)
+        self._follower = IndexFollower(store, index, lag_hook=lag_hook)
+        self._follower.load()
+        if follow:
+            self._follower.start()
         self._emit_stats()
 
-    def _store_version(self) -> int | None:
-        """The store's optional ``data_version()`` (SQLite's; changes on other processes' commits), or None."""
-        fn = getattr(self._store, "data_version", None)
-        return None if fn is None else fn()
-
-    def sync(self) -> bool:
-        """Rebuild the index if another process committed to the store since the last look (several
-        front-end processes share one SQLite file; each holds its own index). Returns whether it rebuilt."""
-        version = self._store_version()
-        if version is None or version == self._version:
-            return False
-        with self._sync_lock:
-            version = self._store_version()
-            if version == self._version:
-                return False
-            log.info("gallery store changed in another process: rebuilding the index")
-            self._index.rebuild(self._store)
-            self._version = version
-        self._emit_stats()
-        return True
+    def sync(self) -> int:
+        """Apply every change committed since the index's last one; returns how many."""
+        n = self._follower.catch_up(self._store.current_seq())
+        if n:
+            self._emit_stats()
+        return n
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -116,18 +105,15 @@ class Gallery:
         """The search index."""
         return self._index
 
+    @property
+    def follower(self) -> IndexFollower:
+        """What keeps the index current."""
+        return self._follower
+
     def set_stats_hook(self, hook: StatsHook | None) -> None:
         """Install (or remove) the stats hook and call it once with the current sizes."""
         self._stats_hook = hook
         self._emit_stats()
-
-    def _lock_for(self, gallery: str) -> threading.Lock:
-        validate_gallery_name(gallery)  # never grow the lock table for junk names
-        with self._locks_guard:
-            lock = self._locks.get(gallery)
-            if lock is None:
-                lock = self._locks[gallery] = threading.Lock()
-            return lock
 
     def _emit_stats(self) -> None:
         """Call the hook, serialised; sizes are read under the same lock, so the last call is the newest."""
@@ -140,37 +126,22 @@ class Gallery:
             except Exception:
                 log.exception("gallery stats hook failed")
 
-    def _apply_to_index(self, gallery: str, update: Callable[[], object]) -> None:
-        """Run an index update after a committed store write; on failure, resync from the store.
+    def _written(self) -> None:
+        """After a committed write: bring the index up to it (and whatever committed before it).
 
-        Must be called with the gallery's lock held.
-        """
+        The write is durable and is acknowledged even if the index cannot apply it now: the change stays
+        in the feed and the next search applies it first (or fails, rather than answer without it)."""
         try:
-            update()
-        except Exception:
-            log.exception("index update of gallery %r failed after the database write; rebuilding it", gallery)
-            try:
-                self._index.rebuild_gallery(self._store, gallery)
-            except GalleryNotFoundError:
-                self._index.drop(gallery)
-            except Exception:
-                log.exception("rebuilding gallery %r failed; dropped from the index until next use", gallery)
-                self._index.drop(gallery)
-
-    def _recover(self, gallery: str) -> None:
-        """Load a gallery the index lacks (dropped after a failure); GalleryNotFoundError if unknown."""
-        with self._lock_for(gallery):
-            if not self._index.has(gallery):
-                self._index.rebuild_gallery(self._store, gallery)
-                log.warning("gallery %r was missing from the index; reloaded from the database", gallery)
+            self._follower.catch_up()
+        except Exception as exc:
+            log.warning("gallery index: a committed change is not applied yet (%s); the next search applies it", exc)
+        self._emit_stats()
 
     # ------------------------------------------------------------------ galleries
     def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
         """Create an empty gallery for ``model`` embeddings of size ``dim``."""
-        with self._lock_for(name):
-            info = self._store.create_gallery(name, model, dim)
-            self._apply_to_index(name, lambda: self._index.ensure_gallery(name, info.dim))
-        self._emit_stats()
+        info = self._store.create_gallery(name, model, dim)
+        self._written()
         return info
 
     def list_galleries(self) -> list[GalleryInfo]:
@@ -183,10 +154,8 @@ class Gallery:
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery and everything in it, from the store and the index."""
-        with self._lock_for(name):
-            self._store.delete_gallery(name)
-            self._index.drop(name)
-        self._emit_stats()
+        self._store.delete_gallery(name)
+        self._written()
 
     # ------------------------------------------------------------------ subjects
     def enrol(
@@ -200,16 +169,20 @@ class Gallery:
         """Add ``(k, D) float32`` unit-norm embeddings with ``(k,)`` calibrated qualities to a subject.
 
         The subject is created if new; its quality-weighted template is recomputed from all its stored
-        embeddings and pushed to the index. ``meta`` replaces the stored meta when given.
+        embeddings. ``meta`` replaces the stored meta when given.
         """
-        with self._lock_for(gallery):
-            info = self._store.add_embeddings(gallery, subject_id, embeddings, qualities, meta)
-            self._apply_to_index(
-                gallery,
-                lambda: self._index.upsert(gallery, subject_id, self._store.get_template(gallery, subject_id)),
-            )
-        self._emit_stats()
+        info = self._store.add_embeddings(gallery, subject_id, embeddings, qualities, meta)
+        self._written()
         return info
+
+    def import_templates(
+        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
+    ) -> int:
+        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1). Returns S."""
+        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
+        n = self._store.import_templates(gallery, list(subject_ids), templates, q)
+        self._written()
+        return n
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
         """One subject."""
@@ -221,15 +194,8 @@ class Gallery:
 
     def delete_subject(self, gallery: str, subject_id: str) -> None:
         """Erase a subject and its embeddings from the store, then from the index."""
-
-        def _remove() -> None:
-            if not self._index.remove(gallery, subject_id):
-                raise RuntimeError(f"subject {subject_id!r} was not in the index of {gallery!r}")
-
-        with self._lock_for(gallery):
-            self._store.delete_subject(gallery, subject_id)
-            self._apply_to_index(gallery, _remove)
-        self._emit_stats()
+        self._store.delete_subject(gallery, subject_id)
+        self._written()
 
     # ------------------------------------------------------------------ search
     def search(
@@ -237,15 +203,14 @@ class Gallery:
     ) -> list[list[SearchHit]]:
         """Exact cosine top-``k`` of ``(Q, D) float32`` queries; ``Q`` lists sorted by descending score.
 
-        ``threshold`` overrides the default match threshold for this call.
+        ``threshold`` overrides the default match threshold for this call. The index first catches up
+        with the store, so every write acknowledged before this call is reflected.
         """
         thr = self._threshold if threshold is None else _check_threshold(threshold)
         validate_gallery_name(gallery)
         self.sync()
-        try:
-            return self._index.search(gallery, queries, k, thr)
-        except GalleryNotFoundError:
-            self._recover(gallery)  # raises the store's GalleryNotFoundError if the gallery does not exist
+        if not self._index.has(gallery):
+            self._store.get_gallery(gallery)  # the store's GalleryNotFoundError
         return self._index.search(gallery, queries, k, thr)
 
     def sizes(self) -> dict[str, int]:
@@ -253,5 +218,6 @@ class Gallery:
         return self._index.sizes()
 
     def close(self) -> None:
-        """Close the store (the index is plain memory)."""
+        """Stop following and close the store (the index is plain memory)."""
+        self._follower.stop()
         self._store.close()

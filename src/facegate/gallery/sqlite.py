@@ -41,13 +41,16 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import (
+    ErasureIncompleteError,
     GalleryError,
     GalleryExistsError,
     GalleryNotFoundError,
     SubjectNotFoundError,
 )
 from facegate.gallery.base import (
+    Change,
     GalleryInfo,
+    StoreSnapshot,
     SubjectInfo,
     decode_meta,
     encode_meta,
@@ -56,6 +59,7 @@ from facegate.gallery.base import (
     validate_dim,
     validate_embeddings,
     validate_gallery_name,
+    validate_import,
     validate_page,
     validate_subject_id,
 )
@@ -65,7 +69,7 @@ log = logging.getLogger(__name__)
 #: ``PRAGMA application_id`` of facegate gallery files (ASCII "FGGL").
 APPLICATION_ID = 0x4647474C
 #: Current schema version (``PRAGMA user_version``).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: ``version -> DDL statements`` that bring a file from ``version - 1`` to ``version``.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -98,7 +102,23 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
            )""",
         "CREATE INDEX embeddings_by_subject ON embeddings(subject_pk)",
     ),
+    2: (
+        # the change feed: AUTOINCREMENT never reuses a number, and writers are serialised by
+        # BEGIN IMMEDIATE, so sequence order is commit order
+        """CREATE TABLE changes (
+               seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+               op           TEXT    NOT NULL,
+               gallery      TEXT    NOT NULL,
+               subject_id   TEXT,
+               committed_at REAL    NOT NULL
+           )""",
+    ),
 }
+
+#: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
+_CHECKPOINT_ATTEMPTS = 2
+#: How often :meth:`SQLiteGalleryStore.wait_for_change` looks at the file (SQLite has no notifications).
+_POLL_S = 0.005
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
@@ -123,6 +143,17 @@ def _from_blob(blob: bytes, dim: int) -> np.ndarray:
             detail={"bytes": len(blob), "dim": dim},
         )
     return np.frombuffer(blob, dtype="<f4").astype(np.float32)
+
+
+def _templates_of(rows: list[tuple[Any, bytes]], dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` from ``(subject_id, template BLOB)`` rows."""
+    ids = [str(r[0]) for r in rows]
+    if not rows:
+        return ids, np.zeros((0, dim), dtype=np.float32)
+    blob = b"".join(r[1] for r in rows)
+    if len(blob) != 4 * dim * len(rows):
+        raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
+    return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
 
 
 class SQLiteGalleryStore:
@@ -258,16 +289,44 @@ class SQLiteGalleryStore:
                 raise _convert(exc, "data_version") from exc
 
     def _checkpoint_truncate(self) -> None:
-        """Copy the WAL into the database and truncate it (best effort; used after erasures)."""
+        """Copy the WAL into the database file and truncate it, so erased bytes leave every file SQLite owns.
+
+        With ``secure_delete`` the deleted rows' space is zeroed in the new page versions; the checkpoint
+        writes those over the old pages and empties the WAL that held earlier versions. It waits (busy
+        timeout) for readers of older snapshots; if one still holds its snapshot after that, the delete
+        stays committed and :class:`ErasureIncompleteError` says the bytes are not gone yet (the next
+        delete, or :meth:`erase_pending`, finishes the job).
+        """
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
-            try:
-                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if busy:
-                    log.warning("gallery %s: WAL checkpoint after delete was blocked by a reader", self._path)
-            except sqlite3.Error:
-                log.exception("gallery %s: WAL checkpoint after delete failed", self._path)
+            busy = 1
+            # a busy writer in another process can starve one attempt (each waits the busy timeout)
+            for _ in range(_CHECKPOINT_ATTEMPTS):
+                try:
+                    busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                except sqlite3.Error as exc:
+                    raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
+                if not busy:
+                    break
+            if busy:
+                raise ErasureIncompleteError(
+                    "deleted, and no search returns it any more, but another connection holds a read snapshot, "
+                    "so its bytes are still in the gallery's -wal file; retry to finish the erasure",
+                    detail={"path": self._path},
+                )
+
+    def erase_pending(self) -> None:
+        """Finish an erasure that :class:`ErasureIncompleteError` reported (checkpoint and truncate the WAL)."""
+        self._checkpoint_truncate()
+
+    @staticmethod
+    def _log(conn: sqlite3.Connection, op: str, gallery: str, subject_id: str | None, now: float) -> None:
+        """Append a change-log row inside the caller's write transaction."""
+        conn.execute(
+            "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?)",
+            (op, gallery, subject_id, now),
+        )
 
     @staticmethod
     def _gallery_row(conn: sqlite3.Connection, name: str) -> tuple[int, str, int, float]:
@@ -303,6 +362,7 @@ class SQLiteGalleryStore:
             conn.execute(
                 "INSERT INTO galleries (name, model, dim, created_at) VALUES (?, ?, ?, ?)", (name, model, dim, now)
             )
+            self._log(conn, "create_gallery", name, None, now)
         return GalleryInfo(name=name, model=model, dim=dim, created_at=now, subjects=0)
 
     def list_galleries(self) -> list[GalleryInfo]:
@@ -329,6 +389,7 @@ class SQLiteGalleryStore:
         with self._tx(f"deleting gallery {name!r}", write=True) as conn:
             gid = self._gallery_row(conn, name)[0]
             conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
+            self._log(conn, "delete_gallery", name, None, time.time())
         self._checkpoint_truncate()
 
     # ------------------------------------------------------------------ subjects
@@ -379,6 +440,7 @@ class SQLiteGalleryStore:
                 "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
                 (_to_blob(template), template_quality(all_q), len(stored), now, spk),
             )
+            self._log(conn, "enrol", gallery, subject_id, now)
             out = conn.execute(f"SELECT {self._SUBJECT_COLS} FROM subjects WHERE id = ?", (spk,)).fetchone()
         return self._subject_info(out)
 
@@ -439,6 +501,7 @@ class SQLiteGalleryStore:
                     f"no subject {subject_id!r} in gallery {gallery!r}",
                     detail={"gallery": gallery, "subject_id": subject_id},
                 )
+            self._log(conn, "delete_subject", gallery, subject_id, time.time())
         self._checkpoint_truncate()
 
     def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
@@ -449,13 +512,84 @@ class SQLiteGalleryStore:
             rows = conn.execute(
                 "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
             ).fetchall()
-        ids = [str(r[0]) for r in rows]
-        if not rows:
-            return ids, np.zeros((0, dim), dtype=np.float32)
-        blob = b"".join(r[1] for r in rows)
-        if len(blob) != 4 * dim * len(rows):
-            raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
-        return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
+        return _templates_of(rows, dim, gallery)
+
+    def import_templates(
+        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray
+    ) -> int:
+        """Bulk-write ``(S, D) float32`` unit-norm templates as single-embedding subjects (one transaction)."""
+        validate_gallery_name(gallery)
+        ids = validate_import(subject_ids, templates, qualities)
+        with self._tx(f"importing {len(ids)} templates into {gallery!r}", write=True) as conn:
+            gid, _, dim, _ = self._gallery_row(conn, gallery)
+            emb, q = validate_embeddings(templates, qualities, dim)
+            now = time.time()
+            # a re-imported subject starts over from the imported template
+            conn.executemany(
+                "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids]
+            )
+            blobs = [_to_blob(e) for e in emb]
+            before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
+            conn.executemany(
+                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+                " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
+                [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
+            )
+            conn.execute(
+                "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
+                " SELECT id, template, template_quality, created_at FROM subjects WHERE id > ?",
+                (before,),
+            )
+            conn.executemany(
+                "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES ('enrol', ?, ?, ?)",
+                [(gallery, sid, now) for sid in ids],
+            )
+        return len(ids)
+
+    # ------------------------------------------------------------------ change feed
+    def current_seq(self) -> int:
+        """The last committed change's sequence number (0 when none)."""
+        with self._tx("reading the change sequence", write=False) as conn:
+            return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+
+    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
+        """Up to ``limit`` changes after ``seq`` with the current state they refer to (one snapshot)."""
+        with self._tx("reading the change feed", write=False) as conn:
+            rows = conn.execute(
+                "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
+                " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
+                " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
+                " WHERE c.seq > ? ORDER BY c.seq LIMIT ?",
+                (int(seq), int(limit)),
+            ).fetchall()
+        out = []
+        for sq, op, gal, sid, at, dim, blob in rows:
+            tpl = _from_blob(blob, int(dim)) if blob is not None and dim is not None else None
+            out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
+        return out
+
+    def load_snapshot(self) -> StoreSnapshot:
+        """Every gallery's templates and the sequence number they are current at (one read transaction)."""
+        galleries: dict[str, tuple[int, list[str], np.ndarray]] = {}
+        with self._tx("loading every gallery", write=False) as conn:
+            seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+            for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
+                rows = conn.execute(
+                    "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
+                ).fetchall()
+                galleries[str(name)] = (int(dim), *_templates_of(rows, int(dim), str(name)))
+        return StoreSnapshot(seq=seq, galleries=galleries)
+
+    def wait_for_change(self, after: int, timeout_s: float) -> bool:
+        """Poll the change sequence every few milliseconds, up to ``timeout_s``; whether it moved past ``after``."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            if self.current_seq() > after:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(_POLL_S, left))
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -398,6 +398,12 @@ class ServiceStats:
         )
         self.refusals = Counter("facegate_refusals_total", "Quality-gate refusals by reason.", ("reason",))
         self.gallery_subjects = Gauge("facegate_gallery_subjects", "Subjects enrolled per gallery.", ("gallery",))
+        self.gallery_feed_lag = Histogram(
+            "facegate_gallery_feed_lag_seconds",
+            "Seconds from a gallery change's commit in the store to its application in this process's index.",
+            (),
+            buckets=QUEUE_WAIT_BUCKETS,
+        )
         self.gpu_memory = Gauge("facegate_gpu_memory_bytes", "GPU memory of this process.", ("kind",))
         self.process = Gauge(
             "facegate_process_info",
@@ -427,6 +433,7 @@ class ServiceStats:
             self.quality_score,
             self.refusals,
             self.gallery_subjects,
+            self.gallery_feed_lag,
             self.gpu_memory,
             self.process,
         ]
@@ -442,6 +449,7 @@ class ServiceStats:
         "facegate_dropped_total",
         "facegate_stage_errors_total",
         "facegate_gpu_memory_bytes",
+        "facegate_gallery_feed_lag_seconds",
     )
 
     def engine_samples(self) -> dict[str, list[tuple[LabelValues, Any]]]:
@@ -518,6 +526,26 @@ class ServiceStats:
     def set_gallery_size(self, gallery: str, subjects: int) -> None:
         """Current number of subjects in a gallery."""
         self.gallery_subjects.labels(gallery).set(subjects)
+
+    def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
+        """A hook for :class:`~facegate.gallery.service.Gallery` that mirrors ``{gallery: size}`` into
+        ``facegate_gallery_subjects`` (forgetting galleries that disappeared)."""
+        known: set[str] = set()
+
+        def hook(sizes: dict[str, int]) -> None:
+            for name in known - set(sizes):
+                self.remove_gallery(name)
+            for name, n in sizes.items():
+                self.set_gallery_size(name, n)
+            known.clear()
+            known.update(sizes)
+
+        return hook
+
+    def observe_feed_lag(self, lag_s: float, changes: int) -> None:
+        """A batch of ``changes`` gallery changes applied ``lag_s`` seconds after the newest one committed."""
+        del changes  # the lag of a batch is its newest change's
+        self.gallery_feed_lag.observe(lag_s)
 
     def remove_gallery(self, gallery: str) -> None:
         """Forget a deleted gallery's series."""

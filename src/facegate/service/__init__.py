@@ -1,1 +1,1 @@
-"""Policy shared by the HTTP API and the CLI: the face service over the engine (quality gate, compare)."""
+"""facegate.service: policy shared by the HTTP API and the command line."""

@@ -59,19 +59,30 @@ class FaceService:
         *,
         engine: RemoteEngine | RemotePool | None = None,
         device_thread: DeviceThread | None = None,
+        search_stage: Any = None,
     ) -> None:
         """``device_thread``: the engine's device thread, e.g. the one :meth:`build` loaded the models on (the
         engine makes one when none is given)."""
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
+        #: the engine's gallery search stage (:mod:`facegate.pipeline.search`), when this process owns the engine
+        self.search_stage = search_stage
         if pipeline.device_name.startswith("cuda"):
             from facegate.metrics.stats import torch_cuda_memory_fn
 
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
+        stages = pipeline.stages() if engine is None else []
+        if search_stage is not None:
+            stages.append(search_stage)
+            photo = next((st for st in stages if st.name == "photo"), None)
+            if photo is not None:
+                from facegate.pipeline.search import PhotoSearchStage
+
+                stages.append(PhotoSearchStage(photo, search_stage))
         self.engine: Engine | RemoteEngine | RemotePool = engine or Engine(
-            pipeline.stages(),
+            stages,
             max_batch_size=settings.engine.max_batch_size,
             max_wait_ms=settings.engine.max_wait_ms,
             max_queue=settings.limits.max_queue,
@@ -96,7 +107,13 @@ class FaceService:
         with within_memory_limit(settings.engine.gpu_memory_limit_mib, "load the models"):
             pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()
-        service = cls(pipeline, settings, device_thread=device_thread)
+        from facegate.pipeline.search import SearchStage
+
+        search = SearchStage.from_settings(settings, pipeline.device_name)
+        service = cls(pipeline, settings, device_thread=device_thread, search_stage=search)
+        if search.gallery is not None:
+            search.gallery.set_stats_hook(service.stats.gallery_sizes_hook())
+            search.gallery.follower.set_lag_hook(service.stats.observe_feed_lag)
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
         return service
 
@@ -165,6 +182,25 @@ class FaceService:
     async def stop(self) -> None:
         self._ready = False
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+        if self.search_stage is not None:
+            self.search_stage.close()
+
+    async def photo_search(self, data: bytes, gallery: str, k: int) -> tuple[list[Face], Any]:
+        """The largest face of one encoded photo and its top-``k`` in ``gallery``, in one engine trip
+        (the engine's ``photo_search`` stage; only when :attr:`photo_on_device`)."""
+        from facegate.gallery.query import encode_photo_search
+
+        res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
+        self._record(faces)
+        return faces, out
+
+    async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
+        """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
+        :class:`~facegate.gallery.query.SearchOut` (current with every write acknowledged before the call)."""
+        from facegate.gallery.query import encode_search
+
+        return await self._submit("search", encode_search(gallery, query, k))
 
     # ------------------------------------------------------------------ operations
     async def _submit(self, stage: str, payload: np.ndarray) -> Any:

@@ -289,3 +289,22 @@ def test_numpy_and_torch_backends_agree(k: int) -> None:
     assert a.snapshot("g")[0] == b.snapshot("g")[0]
     np.testing.assert_array_equal(a.snapshot("g")[1], b.snapshot("g")[1])
     assert len(ha[0]) == min(k, 300 - 43 + 1)
+
+
+def test_torch_index_grown_in_inference_mode_takes_later_writes() -> None:
+    """A search thread may apply changes (and grow the matrix) inside inference mode; the feed thread's
+    later in-place writes outside it must still work."""
+    import torch
+
+    idx = GalleryIndex("cpu", "float16")  # the torch backend, as on CUDA
+    idx.ensure_gallery("g", 8)
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((200, 8)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    with torch.inference_mode():
+        for i in range(100):  # grows past the first buffer
+            idx.upsert("g", f"s{i}", vecs[i])
+    for i in range(100, 200):
+        idx.upsert("g", f"s{i}", vecs[i])
+    assert idx.remove("g", "s3")
+    assert idx.search("g", vecs[[150]], 1, 0.5)[0][0].subject_id == "s150"

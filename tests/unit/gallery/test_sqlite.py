@@ -62,7 +62,7 @@ def test_pragmas_schema_and_protocol(store: SQLiteGalleryStore, db: Path) -> Non
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert c.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables == {"galleries", "subjects", "embeddings"}
+    assert tables == {"galleries", "subjects", "embeddings", "changes", "sqlite_sequence"}
     conn = store._conn  # per-connection settings: check on the store's own connection
     assert conn is not None
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -400,3 +400,40 @@ def test_concurrent_writers(store: SQLiteGalleryStore, db: Path) -> None:
         e = np.vstack([x for x, _ in items])
         q = np.hstack([y for _, y in items])
         np.testing.assert_allclose(store.get_template("g", sid), reference_template(e, q), atol=1e-5)
+
+
+def test_delete_erases_while_another_connection_reads(db: Path) -> None:
+    """A reader holding a snapshot: the delete waits for it (busy timeout) and then erases; a reader that
+    outlasts the wait gets a clear erasure_incomplete error, and the bytes go once it has finished."""
+    import threading
+
+    from facegate.errors import ErasureIncompleteError
+
+    rng = np.random.default_rng(9)
+    store = SQLiteGalleryStore(db, busy_timeout_s=0.5)
+    store.create_gallery("g", "sface", 32)
+    for sid in ("a", "b"):
+        store.add_embeddings("g", sid, unit(rng, 1, 32), np.array([0.7], np.float32))
+    blobs = {sid: store.get_template("g", sid).tobytes() for sid in ("a", "b")}
+
+    def on_disk(sid: str) -> bool:
+        return any(blobs[sid] in f.read_bytes() for f in db.parent.iterdir())
+
+    reader = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM subjects").fetchone()  # holds a read snapshot
+    threading.Timer(0.15, lambda: reader.execute("COMMIT")).start()
+    store.delete_subject("g", "a")  # waits for the reader, then checkpoints
+    assert not on_disk("a")
+
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM subjects").fetchone()
+    with pytest.raises(ErasureIncompleteError):
+        store.delete_subject("g", "b")  # the reader outlasts the 0.5 s wait
+    with pytest.raises(SubjectNotFoundError):
+        store.get_subject("g", "b")  # the delete itself is committed
+    reader.execute("COMMIT")
+    store.erase_pending()
+    assert not on_disk("b")
+    reader.close()
+    store.close()

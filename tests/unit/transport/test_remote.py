@@ -128,7 +128,7 @@ def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: Engi
             assert dict(samples["facegate_items_total"])[("embed",)] >= 3
             with pytest.raises(EngineError, match="unknown stage") as info:
                 await remote.submit("no-such-stage", _crops(1))
-            assert type(info.value) is EngineError and info.value.detail == {"known": ["detect", "embed"]}
+            assert type(info.value) is EngineError and info.value.detail == {"known": ["detect", "embed", "search"]}
             assert remote._arena is not None and remote._arena.free_bytes == 4096  # every slot given back
         finally:
             remote.stop()

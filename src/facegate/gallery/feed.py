@@ -1,0 +1,166 @@
+"""Keeps a :class:`~facegate.gallery.index.GalleryIndex` current from the store's change feed.
+
+The index is loaded in full once (:meth:`IndexFollower.load`, one snapshot and the sequence number it
+is current at) and from then on only applies the changes after its last sequence number, at a cost
+proportional to the change: an enrolment is one row write, a delete one swap-remove.
+
+Read your writes: :meth:`IndexFollower.catch_up` with ``target=store.current_seq()`` (a cheap
+``max(seq)``) before a search makes every change that committed before the search began visible to it,
+whichever process or host wrote it. A writer calls it after its own commit for the same reason. Because
+changes are state-based (each carries the subject's template as the store holds it when the feed is
+read) and applied in sequence order under one lock, a write can never be overwritten by a stale
+snapshot, which was how a front-end lost its own write when it landed during a full rebuild.
+
+A background thread (:meth:`IndexFollower.start`) also applies foreign changes as they commit, woken by
+the store (PostgreSQL ``LISTEN``/``NOTIFY``, SQLite polling), so searches rarely find work to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from facegate.errors import DimensionMismatchError, GalleryError
+from facegate.gallery.base import Change, GalleryStore
+from facegate.gallery.index import GalleryIndex
+
+log = logging.getLogger(__name__)
+
+#: Changes read per round trip while catching up.
+FEED_BATCH = 10_000
+
+#: ``(seconds from commit to index, number of changes applied)`` after each applied batch.
+LagHook = Callable[[float, int], None]
+
+
+class IndexFollower:
+    """One index following one store.
+
+    Args:
+        store: the store of record.
+        index: the index to keep current (it is replaced wholesale only by :meth:`load`).
+        lag_hook: optional callable receiving ``(lag_s, n_changes)`` after each applied batch, where
+            ``lag_s`` is the seconds from the newest applied change's commit to its application.
+    """
+
+    def __init__(self, store: GalleryStore, index: GalleryIndex, *, lag_hook: LagHook | None = None) -> None:
+        self._store = store
+        self._index = index
+        self._lag_hook = lag_hook
+        self._seq = 0
+        self._loaded = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.applied = 0
+
+    @property
+    def seq(self) -> int:
+        """The last change the index reflects."""
+        return self._seq
+
+    def set_lag_hook(self, hook: LagHook | None) -> None:
+        """Install (or remove) the feed-lag hook."""
+        self._lag_hook = hook
+
+    @property
+    def index(self) -> GalleryIndex:
+        """The followed index."""
+        return self._index
+
+    def load(self) -> None:
+        """Full load from one store snapshot (start-up only)."""
+        t0 = time.perf_counter()
+        snap = self._store.load_snapshot()
+        with self._lock:
+            self._index.load_all(snap.galleries)
+            self._seq = snap.seq
+            self._loaded = True
+        log.info(
+            "index: loaded %d galleries, %d subjects at change %d in %.2f s",
+            len(snap.galleries),
+            sum(len(ids) for _, ids, _ in snap.galleries.values()),
+            snap.seq,
+            time.perf_counter() - t0,
+        )
+
+    def catch_up(self, target: int | None = None) -> int:
+        """Apply every change after :attr:`seq`; returns how many were applied.
+
+        Args:
+            target: when given and already reached, return at once without reading the feed (the caller
+                looked up ``store.current_seq()``, or knows the sequence number of its own write).
+        """
+        if not self._loaded:
+            raise GalleryError("the gallery index is not loaded yet")
+        if target is not None and self._seq >= target:
+            return 0
+        n = 0
+        with self._lock:
+            while target is None or self._seq < target:
+                batch = self._store.changes_since(self._seq, FEED_BATCH)
+                if not batch:
+                    break
+                for change in batch:
+                    self._apply(change)
+                    self._seq = change.seq  # a failure part-way resumes here (applying is idempotent)
+                n += len(batch)
+                if self._lag_hook is not None:
+                    self._lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
+                if len(batch) < FEED_BATCH:
+                    break
+            self.applied += n
+        return n
+
+    def _apply(self, c: Change) -> None:
+        """Bring one gallery or subject to the state the change carries (idempotent)."""
+        idx = self._index
+        if c.op == "delete_gallery":
+            idx.drop(c.gallery)
+        elif c.op == "create_gallery":
+            if c.dim is not None:
+                # a gallery deleted and re-created under this name before the feed was read: the later
+                # delete_gallery/create_gallery changes bring the index to the final state
+                if idx.has(c.gallery) and idx.dim(c.gallery) != c.dim:
+                    idx.drop(c.gallery)
+                idx.ensure_gallery(c.gallery, c.dim)
+        elif c.subject_id is not None and idx.has(c.gallery):
+            if c.template is None:
+                idx.remove(c.gallery, c.subject_id)
+            else:
+                try:
+                    idx.upsert(c.gallery, c.subject_id, c.template)
+                except DimensionMismatchError:
+                    # the gallery was re-created with another dim; a later change drops and re-adds it
+                    log.debug("index: skipped %s of %r in re-created gallery %r", c.op, c.subject_id, c.gallery)
+
+    # ------------------------------------------------------------------ background follower
+    def start(self, wait_s: float = 1.0) -> None:
+        """Follow the feed in a daemon thread, applying changes as the store signals them."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(wait_s,), name="gallery-feed", daemon=True)
+        self._thread.start()
+
+    def _run(self, wait_s: float) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                if self._store.wait_for_change(self._seq, wait_s) and not self._stop.is_set():
+                    self.catch_up()
+                backoff = 0.1
+            except GalleryError as exc:
+                # the store is down: searches answer 503 meanwhile; retry with backoff
+                log.warning("gallery feed: %s; retrying in %.1f s", exc.message, backoff)
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, 5.0)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the background thread (it exits at its next wake-up, within ``wait_s``)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)

@@ -1,0 +1,204 @@
+"""The engine's ``search`` stage: 1:N search over the engine's one gallery index, batched like ``embed``.
+
+One index per engine process (fp16 torch tensor on CUDA, float32 BLAS on the CPU), kept current from the
+store's change feed (:class:`~facegate.gallery.service.Gallery`). Front-ends hold no templates: they
+submit :func:`~facegate.gallery.query.encode_search` requests and get
+:class:`~facegate.gallery.query.SearchOut` answers.
+
+Per batch the stage first catches the index up to the store's current sequence number (one cheap
+``max(seq)`` per batch, not per query): every write acknowledged before a query was submitted is
+therefore reflected in its answer, whichever front-end or host wrote it. Then, per gallery in the batch,
+one matrix product of the stacked queries and one top-k.
+
+The store is opened when the stage is made; if that fails (a database that is down), the stage answers
+:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and tries again at the next batch, at most
+every :data:`REOPEN_S` seconds, while the other stages keep working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
+from facegate.gallery.query import SearchOut, decode_search
+
+log = logging.getLogger(__name__)
+
+#: Least seconds between two attempts to open a store that was unreachable.
+REOPEN_S = 2.0
+
+
+class SearchStage:
+    """Engine stage: payload ``uint8`` search request → :class:`SearchOut` (or its error).
+
+    Args:
+        open_gallery: makes the engine's :class:`~facegate.gallery.service.Gallery` (store + index +
+            follower); called now and again after a failure.
+    """
+
+    name = "search"
+
+    def __init__(self, open_gallery: Callable[[], Any]) -> None:
+        self._open = open_gallery
+        self._gallery: Any = None
+        self._error: FacegateError | None = None
+        self._last_try = 0.0
+        self._lock = threading.Lock()
+        with contextlib.suppress(GalleryUnavailableError):  # answered per batch until the store opens
+            self._ensure()
+
+    @property
+    def gallery(self) -> Any:
+        """The engine's gallery, or ``None`` while its store is unreachable."""
+        return self._gallery
+
+    def _ensure(self) -> Any:
+        with self._lock:
+            if self._gallery is not None:
+                return self._gallery
+            now = time.monotonic()
+            if self._error is None or now - self._last_try >= REOPEN_S:
+                self._last_try = now
+                try:
+                    self._gallery = self._open()
+                    self._error = None
+                    return self._gallery
+                except GalleryError as exc:
+                    log.error("search stage: the gallery store is unavailable: %s", exc.message)
+                    self._error = exc
+            raise GalleryUnavailableError(
+                "the gallery store is unavailable: " + (self._error.message if self._error else "not open"),
+                detail={"cause": self._error.to_dict() if self._error else None},
+            )
+
+    def prepare(self, payloads: list[np.ndarray]) -> list[tuple[str, int, np.ndarray] | FacegateError]:
+        out: list[tuple[str, int, np.ndarray] | FacegateError] = []
+        for p in payloads:
+            try:
+                out.append(decode_search(p))
+            except FacegateError as exc:
+                out.append(exc)
+        return out
+
+    def execute(self, prepared: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
+        return self.search_many(prepared)
+
+    def search_many(self, items: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
+        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error; one matrix
+        product and one top-k per gallery, after one catch-up with the store."""
+        gallery = self._ensure()
+        gallery.sync()  # the batch sees every write acknowledged before it formed
+        seq = gallery.follower.seq
+        index = gallery.index
+        results: list[Any] = list(items)
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            if not isinstance(item, FacegateError):
+                groups[item[0]].append(i)
+        for name, rows in groups.items():
+            try:
+                if not index.has(name):
+                    gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
+                queries = np.stack([items[i][2] for i in rows])  # type: ignore[index]
+                k = max(items[i][1] for i in rows)  # type: ignore[index]
+                hits, n = index.search_raw(name, queries, k)
+            except FacegateError as exc:
+                for i in rows:
+                    results[i] = exc
+                continue
+            for j, i in enumerate(rows):
+                kk = items[i][1]  # type: ignore[index]
+                ids, scores = hits[j]
+                results[i] = SearchOut(ids[:kk], scores[:kk], n, seq)
+        return results
+
+    @classmethod
+    def from_settings(cls, settings: Any, device: str) -> SearchStage:
+        """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA)."""
+
+        def open_gallery() -> Any:
+            from facegate.gallery import open_store
+            from facegate.gallery.index import GalleryIndex
+            from facegate.gallery.service import Gallery
+
+            url = settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
+            # short: a batch waits on this while the store is down (other stages keep running)
+            store = open_store(url, open_retry_s=min(settings.gallery_open_retry_s, REOPEN_S))
+            try:
+                cuda = str(device).startswith("cuda")
+                index = GalleryIndex(device, "float16" if cuda else "float32")
+                # match flags are the front-end's (the FPIR policy); the stage returns raw scores
+                return Gallery(store, index, match_threshold=1.0, follow=True)
+            except BaseException:
+                store.close()
+                raise
+
+        return cls(open_gallery)
+
+    def deliver(self, result: list[Any], n: int) -> list[Any]:
+        return result
+
+    def close(self) -> None:
+        """Close the engine's gallery store."""
+        with self._lock:
+            if self._gallery is not None:
+                self._gallery.close()
+                self._gallery = None
+
+
+class PhotoSearchStage:
+    """Engine stage ``photo_search``: an encoded photo → its largest face → embedding → search, in one trip.
+
+    Payload: :func:`~facegate.gallery.query.encode_photo_search`. Answer per item: ``(PhotoFaces,
+    SearchOut)``, or the item's error. Every photo with a face is searched; the front-end's policy refuses
+    (and drops the hits of) a probe below the quality gate.
+
+    Args:
+        photo: the engine's :class:`~facegate.pipeline.photo.PhotoStage` logic (decode, detect, warp, embed).
+        search: the engine's :class:`SearchStage` (its index and store).
+    """
+
+    name = "photo_search"
+
+    def __init__(self, photo: Any, search: SearchStage) -> None:
+        self._photo = photo
+        self._search = search
+
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any]:
+        from facegate.gallery.query import decode_photo_search
+
+        heads: list[Any] = []
+        photos: list[np.ndarray] = []
+        for p in payloads:
+            try:
+                gallery, k, data = decode_photo_search(p)
+                heads.append((gallery, k, len(photos)))
+                photos.append(data)
+            except FacegateError as exc:
+                heads.append(exc)
+        return heads, (self._photo.prepare(photos) if photos else None)
+
+    def execute(self, prepared: tuple[list[Any], Any]) -> list[Any]:
+        heads, photo_prepared = prepared
+        faces = self._photo.execute(photo_prepared) if photo_prepared is not None else []
+        items: list[Any] = []
+        for h in heads:
+            if isinstance(h, FacegateError):
+                items.append(h)
+            elif isinstance(faces[h[2]], BaseException):
+                items.append(faces[h[2]])
+            else:
+                items.append((h[0], h[1], np.asarray(faces[h[2]].embedding[0], np.float32)))
+        found = self._search.search_many(items)
+        return [r if isinstance(r, BaseException) else (faces[h[2]], r) for h, r in zip(heads, found, strict=True)]
+
+    def deliver(self, result: list[Any], n: int) -> list[Any]:
+        return result

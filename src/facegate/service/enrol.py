@@ -1,0 +1,289 @@
+"""Bulk enrolment, shared by ``facegate enrol`` and the HTTP batch endpoint.
+
+Two sources:
+
+* **photos**: a folder with one sub-folder per subject (``DIR/<subject_id>/*.jpg``), or a CSV of
+  ``path,subject_id`` rows. Photos go through the pipeline in full batches; each subject's accepted
+  faces are written in one transaction once its photos are done, so an acknowledged subject survives a
+  crash and a rerun resumes: a subject whose stored ``meta.source_digest`` matches the digest of the same
+  files is skipped.
+* **templates**: an ``.npz`` from ``facegate embed`` (``paths`` + ``embeddings`` + ``quality``; the
+  subject is the photo's parent folder), or ``ids`` + ``embeddings`` (one unit-norm template per id),
+  imported in transactions of :data:`IMPORT_CHUNK` subjects; no photos needed (how benchmarks build
+  1M-subject galleries).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from facegate.errors import (
+    EmptyInputError,
+    FacegateError,
+    GalleryNotFoundError,
+    InvalidParameterError,
+    SubjectNotFoundError,
+)
+from facegate.gallery.base import GalleryStore, validate_subject_id
+
+log = logging.getLogger(__name__)
+
+#: Image file suffixes a folder walk picks up.
+IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+#: Subjects per transaction of a template import.
+IMPORT_CHUNK = 10_000
+
+
+@dataclass
+class EnrolReport:
+    """What a bulk enrolment did.
+
+    Attributes:
+        subjects_enrolled / subjects_skipped / subjects_refused: per-subject outcomes (skipped: already
+            enrolled from the same files; refused: no photo passed).
+        faces: faces enrolled.
+        refused: ``[{"path", "subject_id", "code", "reason"}]`` of every image not used.
+    """
+
+    subjects_enrolled: int = 0
+    subjects_skipped: int = 0
+    subjects_refused: int = 0
+    faces: int = 0
+    refused: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "subjects_enrolled": self.subjects_enrolled,
+            "subjects_skipped": self.subjects_skipped,
+            "subjects_refused": self.subjects_refused,
+            "faces": self.faces,
+            "images_refused": len(self.refused),
+            "refused": self.refused,
+        }
+
+
+def plan(source: Path) -> dict[str, list[Path]]:
+    """``{subject_id: [photo paths]}`` from a folder per subject or a ``path,subject_id`` CSV, sorted."""
+    subjects: dict[str, list[Path]] = {}
+    if source.is_file() and source.suffix.lower() == ".csv":
+        with open(source, newline="") as fh:
+            for i, row in enumerate(csv.reader(fh)):
+                if not row or (i == 0 and row[:2] == ["path", "subject_id"]):
+                    continue
+                if len(row) < 2:
+                    raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
+                p = Path(row[0]) if Path(row[0]).is_absolute() else source.parent / row[0]
+                subjects.setdefault(validate_subject_id(row[1].strip()), []).append(p)
+    elif source.is_dir():
+        for sub in sorted(d for d in source.iterdir() if d.is_dir()):
+            files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
+            if files:
+                subjects[validate_subject_id(sub.name)] = files
+    else:
+        raise InvalidParameterError(f"{source} is neither a folder nor a .csv file", detail={"path": str(source)})
+    if not subjects:
+        raise EmptyInputError(f"no subjects with photos under {source}")
+    return {k: sorted(v) for k, v in sorted(subjects.items())}
+
+
+def source_digest(paths: list[Path]) -> str:
+    """SHA-256 over the photos' names and bytes: the same files give the same digest."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def already_enrolled(store: GalleryStore, gallery: str, subject_id: str, digest: str) -> bool:
+    """Whether the subject exists and was enrolled from files with this digest."""
+    try:
+        return store.get_subject(gallery, subject_id).meta.get("source_digest") == digest
+    except SubjectNotFoundError:
+        return False
+
+
+#: ``(photo paths of many subjects) -> per photo: a Face or the FacegateError of that photo``.
+FaceFn = Callable[[list[Path]], list[Any]]
+
+
+def enrol_photos(
+    store: GalleryStore,
+    gallery: str,
+    subjects: dict[str, list[Path]],
+    faces_of: FaceFn,
+    *,
+    batch_size: int,
+    requires_quality: bool,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> EnrolReport:
+    """Enrol every subject's photos, ``batch_size`` photos per pipeline call (across subjects).
+
+    ``progress(photos, faces, refusals)`` is called after each batch.
+    """
+    from facegate.service.gallery import decide_enrolment
+
+    store.get_gallery(gallery)  # GalleryNotFoundError before any work
+    report = EnrolReport()
+    todo: list[tuple[str, list[Path], str]] = []
+    for sid, paths in subjects.items():
+        digest = source_digest(paths)
+        if already_enrolled(store, gallery, sid, digest):
+            report.subjects_skipped += 1
+        else:
+            todo.append((sid, paths, digest))
+    for group in _batches(todo, batch_size):
+        paths = [p for _, ps, _ in group for p in ps]
+        results = faces_of(paths)
+        start, n_faces, n_ref = 0, 0, 0
+        for sid, ps, digest in group:
+            mine = results[start : start + len(ps)]
+            start += len(ps)
+            decision = decide_enrolment(sid, mine, requires_quality=requires_quality)
+            for r in decision.refused:
+                report.refused.append(
+                    {"path": str(ps[r.index]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
+                )
+            n_ref += len(decision.refused)
+            if decision.error is not None:
+                report.subjects_refused += 1
+                continue
+            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
+            q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
+            meta = {"source_digest": digest, "source_files": len(ps)}
+            # a subject enrolled before from other files gets these faces added (a re-enrolment)
+            store.add_embeddings(gallery, sid, emb, q, meta)  # one transaction: acknowledged from here on
+            report.subjects_enrolled += 1
+            report.faces += len(emb)
+            n_faces += len(emb)
+        if progress is not None:
+            progress(len(paths), n_faces, n_ref)
+    return report
+
+
+def _batches(todo: list[tuple[str, list[Path], str]], size: int) -> Iterator[list[tuple[str, list[Path], str]]]:
+    """Groups of whole subjects with about ``size`` photos each."""
+    group: list[tuple[str, list[Path], str]] = []
+    n = 0
+    for item in todo:
+        group.append(item)
+        n += len(item[1])
+        if n >= size:
+            yield group
+            group, n = [], 0
+    if group:
+        yield group
+
+
+def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None)`` from an ``.npz``.
+
+    ``ids`` + ``embeddings``: one template per id. ``paths`` + ``embeddings`` (``facegate embed``): the
+    subject is each photo's parent folder; rows of one subject are kept apart for :func:`import_templates`.
+    """
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InvalidParameterError(f"cannot read templates from {path}: {exc}", detail={"path": str(path)}) from None
+    if "embeddings" not in z:
+        raise InvalidParameterError(f"{path} has no 'embeddings' array", detail={"path": str(path)})
+    emb = np.asarray(z["embeddings"], np.float32)
+    if "ids" in z:
+        ids = [str(x) for x in z["ids"]]
+    elif "paths" in z:
+        ids = [Path(str(p)).parent.name for p in z["paths"]]
+    else:
+        raise InvalidParameterError(f"{path} needs 'ids' or 'paths' beside 'embeddings'", detail={"path": str(path)})
+    q = np.asarray(z["quality"], np.float32) if "quality" in z else None
+    return ids, emb, q
+
+
+def import_templates(
+    store: GalleryStore,
+    gallery: str,
+    ids: list[str],
+    embeddings: np.ndarray,
+    qualities: np.ndarray | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
+
+    Rows sharing an id (several photos of one subject) are enrolled together: their quality-weighted
+    template is what the subject gets.
+    """
+    store.get_gallery(gallery)
+    n = len(ids)
+    if embeddings.ndim != 2 or embeddings.shape[0] != n:
+        raise InvalidParameterError(f"{n} ids need {n} embedding rows, got {embeddings.shape}")
+    q = np.ones(n, np.float32) if qualities is None else np.clip(np.asarray(qualities, np.float32), 0.0, 1.0)
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    emb = (embeddings / np.maximum(norms, 1e-12)).astype(np.float32)
+    unique = len(set(ids)) == n
+    written = 0
+    if unique:
+        for s in range(0, n, IMPORT_CHUNK):
+            written += store.import_templates(
+                gallery, ids[s : s + IMPORT_CHUNK], emb[s : s + IMPORT_CHUNK], q[s : s + IMPORT_CHUNK]
+            )
+            if progress is not None:
+                progress(min(IMPORT_CHUNK, n - s))
+        return written
+    rows: dict[str, list[int]] = {}
+    for i, sid in enumerate(ids):
+        rows.setdefault(sid, []).append(i)
+    for sid, idx in rows.items():
+        try:
+            store.add_embeddings(gallery, sid, emb[idx], q[idx])
+            written += 1
+        except FacegateError as exc:
+            if isinstance(exc, GalleryNotFoundError):
+                raise
+            log.warning("template import: subject %r refused: %s", sid, exc.message)
+        if progress is not None:
+            progress(len(idx))
+    return written
+
+
+def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
+    """A :data:`FaceFn` over an in-process pipeline: the largest face of each photo, every photo of a call
+    detected and embedded as one batch; a photo that cannot be read or has no face gets its error."""
+    from facegate.io.decode import decode_image
+    from facegate.pipeline.pipeline import select_faces
+
+    def faces_of(paths: list[Path]) -> list[Any]:
+        out: list[Any] = [None] * len(paths)
+        images, owners = [], []
+        for i, p in enumerate(paths):
+            try:
+                images.append(decode_image(p.read_bytes(), max_bytes=max_bytes, max_pixels=max_pixels))
+                owners.append(i)
+            except OSError as exc:
+                out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
+            except FacegateError as exc:
+                out[i] = exc
+        chosen, crop_owner, crop_image = [], [], []
+        for j, dets in enumerate(pipeline.detect(images) if images else []):
+            try:
+                chosen.append(select_faces(dets)[0])
+                crop_owner.append(owners[j])
+                crop_image.append(j)
+            except FacegateError as exc:
+                out[owners[j]] = exc
+        if chosen:
+            crops = pipeline.align(images, chosen, crop_image)
+            emb, q, raw = pipeline.embed(crops)
+            for face, i in zip(pipeline.make_faces(chosen, None, emb, q, raw), crop_owner, strict=True):
+                out[i] = face
+        return out
+
+    return faces_of

@@ -1,0 +1,133 @@
+"""The 1:N operating point: a search threshold from a named false-positive identification rate (FPIR).
+
+A non-mated probe searched against N independent impostor templates is a false positive when any of
+them scores at or above the threshold t, so::
+
+    FPIR(t, N) ≈ 1 − (1 − FMR(t))^N          and, for a named FPIR,   FMR* = 1 − (1 − FPIR)^(1/N)
+
+A 1:1 threshold (FMR 1e-3) used for 1:N gives FPIR ≈ 63 % at N = 1,000; the threshold has to rise with N.
+
+FMR(t) comes from the model's impostor distribution on LFW (:data:`IMPOSTOR_DIR`/``<model>.json``,
+written by ``benchmarks/lfw_open_set.py`` from every pair of images of different people): measured
+down to the smallest FMR those pairs can show; beyond it a stated tail model (log FMR linear in t,
+fitted on the measured tail) extrapolates, and answers say so (``extrapolated``). A model without a
+table falls back to its registry calibration point only (the threshold at FMR 1e-3) and answers with
+the FPIR that point implies, flagged ``basis="registry_point"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facegate.errors import InvalidParameterError
+
+#: Where the per-model impostor tables live (shipped with the package).
+IMPOSTOR_DIR = Path(__file__).resolve().parents[1] / "models" / "impostors"
+#: The FPIR a search uses when the request names none.
+DEFAULT_FPIR = 1e-2
+
+
+@dataclass(frozen=True, slots=True)
+class ImpostorTail:
+    """FMR(t) of one model.
+
+    Attributes:
+        model: registry name.
+        thresholds: ``(m,)`` increasing thresholds where FMR was measured.
+        fmr: ``(m,)`` decreasing measured FMR at those thresholds.
+        min_measured_fmr: the smallest FMR the impostor pairs measured; below it the tail model is used.
+        slope, intercept: tail model ``log FMR(t) = intercept + slope·t`` (slope < 0).
+        basis: ``"lfw_impostors"`` (a measured table) or ``"registry_point"`` (one calibrated point).
+    """
+
+    model: str
+    thresholds: np.ndarray
+    fmr: np.ndarray
+    min_measured_fmr: float
+    slope: float
+    intercept: float
+    basis: str
+
+    @classmethod
+    def load(cls, model: str, *, fallback: tuple[float, float] | None = None) -> ImpostorTail:
+        """The shipped table of ``model``; without one, ``fallback=(threshold, fmr)`` (the registry point)."""
+        path = IMPOSTOR_DIR / f"{model}.json"
+        if path.is_file():
+            d = json.loads(path.read_text())
+            return cls(
+                model=model,
+                thresholds=np.asarray(d["thresholds"], np.float64),
+                fmr=np.asarray(d["fmr"], np.float64),
+                min_measured_fmr=float(d["min_measured_fmr"]),
+                slope=float(d["tail"]["slope"]),
+                intercept=float(d["tail"]["intercept"]),
+                basis="lfw_impostors",
+            )
+        if fallback is None:
+            raise InvalidParameterError(f"no impostor table for model {model!r}", detail={"model": model})
+        t, f = fallback
+        return cls(model, np.array([t]), np.array([f]), float(f), float("nan"), float("nan"), "registry_point")
+
+    def fmr_at(self, t: float) -> tuple[float, bool]:
+        """``(FMR(t), extrapolated)``."""
+        if self.basis == "registry_point":
+            return float(self.fmr[0]), True
+        if t <= self.thresholds[-1]:
+            return float(np.exp(np.interp(t, self.thresholds, np.log(self.fmr)))), False
+        return float(math.exp(self.intercept + self.slope * t)), True
+
+    def threshold_at(self, fmr: float) -> tuple[float, bool]:
+        """``(t, extrapolated)`` with ``FMR(t) = fmr``."""
+        if self.basis == "registry_point":
+            return float(self.thresholds[0]), True
+        if fmr >= self.min_measured_fmr:
+            # np.interp needs increasing x: log FMR decreases along the thresholds
+            lf = np.log(self.fmr[::-1])
+            return float(np.interp(math.log(fmr), lf, self.thresholds[::-1])), False
+        return float((math.log(fmr) - self.intercept) / self.slope), True
+
+
+def check_fpir(fpir: object) -> float:
+    """A named FPIR must be a number in ``(0, 1)``."""
+    if isinstance(fpir, bool) or not isinstance(fpir, int | float) or not 0.0 < float(fpir) < 1.0:
+        raise InvalidParameterError(f"fpir must be a rate in (0, 1), got {fpir!r}", detail={"field": "fpir"})
+    return float(fpir)
+
+
+def fpir_of(tail: ImpostorTail, n: int, t: float) -> tuple[float, bool]:
+    """``(FPIR of threshold t at gallery size n, extrapolated)``."""
+    f, ext = tail.fmr_at(t)
+    return float(-math.expm1(max(1, n) * math.log1p(-min(f, 1 - 1e-16)))), ext
+
+
+def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[str, object]]:
+    """The threshold for a named FPIR at gallery size ``n`` (``n < 1`` counts as 1), and what it rests on:
+    ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the threshold gives."""
+    fpir = check_fpir(fpir)
+    n_eff = max(1, int(n))
+    target = -math.expm1(math.log1p(-fpir) / n_eff)
+    t, ext = tail.threshold_at(target)
+    t = min(max(t, -1.0), 1.0)
+    achieved, ext2 = fpir_of(tail, n_eff, t)
+    return t, {
+        "fpir": achieved,
+        "fmr": tail.fmr_at(t)[0],
+        "n": int(n),
+        "extrapolated": bool(ext or ext2),
+        "basis": tail.basis,
+    }
+
+
+def operating_points(tail: ImpostorTail, sizes: tuple[int, ...], fpirs: tuple[float, ...]) -> list[dict[str, object]]:
+    """A table of thresholds by gallery size and FPIR (for ``facegate models``)."""
+    rows = []
+    for n in sizes:
+        for f in fpirs:
+            t, info = threshold_for(tail, n, f)
+            rows.append({"n": n, "fpir_target": f, "threshold": round(t, 4), **info})
+    return rows

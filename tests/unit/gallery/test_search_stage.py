@@ -1,0 +1,96 @@
+"""The engine's search stage: batched across requests and galleries, current with the store per batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facegate.errors import GalleryNotFoundError, GalleryUnavailableError, InvalidParameterError
+from facegate.gallery import open_store
+from facegate.gallery.index import GalleryIndex
+from facegate.gallery.query import SearchOut, decode_search, encode_search
+from facegate.gallery.service import Gallery
+from facegate.pipeline.search import SearchStage
+
+D = 16
+
+
+def unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal((n, D)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def run(stage: SearchStage, payloads: list[np.ndarray]) -> list[object]:
+    return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+
+
+def test_wire_roundtrip_and_malformed() -> None:
+    q = np.arange(D, dtype=np.float32)
+    name, k, back = decode_search(encode_search("g-1.x", q, 7))
+    assert (name, k) == ("g-1.x", 7) and back.tobytes() == q.tobytes()
+    with pytest.raises(InvalidParameterError):
+        decode_search(np.zeros(10, np.uint8))
+    with pytest.raises(InvalidParameterError):
+        encode_search("bad name", q, 1)
+
+
+def test_one_batch_mixes_galleries_and_sees_foreign_writes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    url = str(tmp_path / "g.sqlite3")
+    writer = open_store(url)  # a front-end's connection: writes only
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    writer.create_gallery("a", "m", D)
+    writer.create_gallery("b", "m", D)
+    ta, tb = unit(rng, 50), unit(rng, 30)
+    writer.import_templates("a", [f"a{i}" for i in range(50)], ta, np.ones(50, np.float32))
+    writer.import_templates("b", [f"b{i}" for i in range(30)], tb, np.ones(30, np.float32))
+    out = run(
+        stage,
+        [
+            encode_search("a", ta[3], 1),
+            encode_search("b", tb[4], 5),
+            encode_search("a", ta[7], 3),
+            encode_search("nope", ta[0], 1),
+            np.zeros(3, np.uint8),
+        ],
+    )
+    assert isinstance(out[0], SearchOut) and out[0].subject_ids == ["a3"] and out[0].size == 50
+    assert out[1].subject_ids[0] == "b4" and len(out[1].subject_ids) == 5 and out[1].size == 30
+    assert out[2].subject_ids[0] == "a7" and np.all(np.diff(out[2].scores) <= 0)
+    assert isinstance(out[3], GalleryNotFoundError) and isinstance(out[4], InvalidParameterError)
+    # a write acknowledged by another connection is seen by the next batch, and so is a delete
+    e = unit(rng, 1)
+    writer.add_embeddings("a", "new", e, np.ones(1, np.float32))
+    writer.delete_subject("a", "a3")
+    got = run(stage, [encode_search("a", e[0], 1), encode_search("a", ta[3], 1)])
+    assert got[0].subject_ids == ["new"] and got[1].subject_ids != ["a3"] and got[0].size == 50
+    assert got[0].seq == writer.current_seq()
+    stage.close()
+    writer.close()
+
+
+def test_store_down_answers_unavailable_then_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import facegate.pipeline.search as search_mod
+
+    monkeypatch.setattr(search_mod, "REOPEN_S", 0.0)
+    url = str(tmp_path / "g.sqlite3")
+    calls: list[int] = []
+
+    def opener() -> Gallery:
+        calls.append(1)
+        if len(calls) <= 2:  # down at start-up and at the first batch
+            return open_store("postgresql://nobody@127.0.0.1:1/none", open_retry_s=1)  # type: ignore[return-value]
+        return Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0)
+
+    stage = SearchStage(opener)
+    assert stage.gallery is None
+    with pytest.raises(GalleryUnavailableError):
+        stage.execute([])
+    w = open_store(url)
+    w.create_gallery("g", "m", D)
+    out = run(stage, [encode_search("g", np.ones(D, np.float32), 1)])
+    assert out[0].subject_ids == [] and out[0].size == 0
+    stage.close()
+    w.close()

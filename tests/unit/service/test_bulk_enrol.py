@@ -1,0 +1,61 @@
+"""Bulk enrolment: photos by folder or CSV (resumable, refusals reported) and template import, via the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from facegate.cli import app
+from facegate.gallery import open_store
+
+runner = CliRunner()
+
+
+def test_template_import_from_ids_and_embeddings(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((2500, 128)).astype(np.float32)
+    np.savez(tmp_path / "t.npz", ids=np.array([f"s{i}" for i in range(2500)]), embeddings=emb)
+    url = str(tmp_path / "g.sqlite3")
+    res = runner.invoke(app, ["enrol", str(tmp_path / "t.npz"), "--gallery", "big", "--gallery-url", url])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["subjects_imported"] == 2500 and out["gallery"]["subjects"] == 2500
+    store = open_store(url)
+    t = store.get_template("big", "s7")
+    np.testing.assert_allclose(t, emb[7] / np.linalg.norm(emb[7]), atol=1e-6)
+    store.close()
+    bad = runner.invoke(app, ["enrol", str(tmp_path / "g.sqlite3"), "--gallery", "big", "--gallery-url", url])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_photo_enrolment_resumes_and_reports_refusals(lfw_root: Path, tmp_path: Path) -> None:
+    base = lfw_root / "lfw-deepfunneled"
+    src = tmp_path / "people"
+    for name in ("Colin_Powell", "Tony_Blair"):
+        (src / name).mkdir(parents=True)
+        for i in (1, 2):
+            shutil.copy(base / name / f"{name}_{i:04d}.jpg", src / name)
+    (src / "nobody").mkdir()
+    (src / "nobody" / "broken.jpg").write_bytes(b"not an image")
+    url = str(tmp_path / "g.sqlite3")
+    args = ["enrol", str(src), "--gallery", "staff", "--gallery-url", url, "--report", str(tmp_path / "r.json")]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.stdout.strip().splitlines()[-1])
+    assert out["subjects_enrolled"] == 2 and out["subjects_refused"] == 1 and out["faces"] == 4
+    refused = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["subject_id"], r["code"]) for r in refused] == [("nobody", "image_unreadable")]
+    again = json.loads(runner.invoke(app, args).stdout.strip().splitlines()[-1])
+    assert again["subjects_skipped"] == 2 and again["subjects_enrolled"] == 0
+    store = open_store(url)
+    assert store.get_subject("staff", "Tony_Blair").n_embeddings == 2  # not enrolled twice
+    store.close()
+    # a CSV of path,subject_id works the same
+    csv = tmp_path / "list.csv"
+    csv.write_text(f"path,subject_id\n{src / 'Colin_Powell' / 'Colin_Powell_0001.jpg'},colin\n")
+    res = runner.invoke(app, ["enrol", str(csv), "--gallery", "staff", "--gallery-url", url])
+    assert json.loads(res.stdout.strip().splitlines()[-1])["subjects_enrolled"] == 1
