@@ -22,12 +22,12 @@ sends the upload's bytes once, and the engine process
 In the first H200 run, with steps 1–2 only in ``prepare``, the execute thread took ~0.5 ms per photo with
 the GPU 20 % busy (``docs/benchmarks.md``, run 6): that is why steps 2–3 moved to ``prepare``.
 
-A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
-:meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
-take the host path, and so do uploads that are not JPEGs (``serving.routes.faces_of_upload``), which
-the stage would decode on the engine process's CPU. The host and device paths agree within the tolerances of
-``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler differ from
-libjpeg-turbo's and OpenCV's by rounding).
+Every photo is detected, whatever its size: a photo is taken as an aligned crop only when the client says so
+(``aligned=true``), and those go to the ``embed`` stage, not here. Only the ``largest`` face policy and no
+crops in the answer: other requests take the host path, and so do uploads that are not JPEGs
+(``serving.routes.faces_of_upload``), which the stage would decode on the engine process's CPU. The host and
+device paths agree within the tolerances of ``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the
+bilinear sampler differ from libjpeg-turbo's and OpenCV's by rounding).
 """
 
 from __future__ import annotations
@@ -62,8 +62,7 @@ class PreparedPhotos:
 
     Attributes:
         decoded: per photo its ``(3, H, W) uint8`` tensor, or its error.
-        photos: index → tensor of the photos to detect in (not errors, not 112×112 crops).
-        aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
+        photos: index → tensor of the photos to detect in (not errors).
         det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
             ``det_max_batch_pixels`` per forward (as :meth:`FacePipeline.detect_groups`).
         det_pending: the detector forwards already enqueued on the device (:meth:`FaceDetector.enqueue_many`,
@@ -72,23 +71,18 @@ class PreparedPhotos:
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
-    aligned: list[int]
     det_batches: list[tuple[list[int], Any]]
     det_pending: DetPending | None = None
 
 
 @torch.inference_mode()
 def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
-    """Sort decoded photos into crops, photos and errors, and build the detector canvases on the device."""
+    """Sort decoded photos from errors, and build the detector canvases on the device."""
     det = pipe.detector
     photos: dict[int, torch.Tensor] = {}
-    aligned: list[int] = []
     groups: dict[tuple[int, int], list[int]] = {}
     for i, t in enumerate(decoded):
         if isinstance(t, FacegateError):
-            continue
-        if tuple(t.shape[1:]) == (CROP_SIZE, CROP_SIZE):
-            aligned.append(i)
             continue
         photos[i] = t
         groups.setdefault(det.padded_hw(int(t.shape[1]), int(t.shape[2])), []).append(i)
@@ -100,7 +94,7 @@ def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | Facegate
         for k in range(0, len(idx), step):
             sub = idx[k : k + step]
             batches.append((sub, det.preprocess_tensors([photos[i] for i in sub])))
-    return PreparedPhotos(list(decoded), photos, aligned, batches)
+    return PreparedPhotos(list(decoded), photos, batches)
 
 
 def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[tuple[int, int]]:
@@ -149,7 +143,7 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
     """
     from facegate.pipeline.pipeline import select_faces
 
-    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
+    decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     chosen: dict[int, list[Detection]] = {}
     det = pipe.detector
@@ -162,9 +156,6 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
             except FacegateError as exc:
                 out[i] = exc
     crops, owners = _warp(photos, chosen, pipe.photo_warp_bytes)
-    if aligned:
-        crops = torch.cat([crops.to(pipe.device), torch.stack([decoded[i].permute(1, 2, 0) for i in aligned])])
-        owners += aligned
     if owners:
         res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
         _fill(out, res, owners, chosen)
@@ -192,7 +183,7 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     """
     from facegate.pipeline.pipeline import select_faces
 
-    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
+    decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
     assert pending is not None and pending.post_out is not None
@@ -220,10 +211,6 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
                 crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
             meta.append(rows_meta)
             owners += idx
-    if aligned:
-        crops.append(torch.stack([decoded[i].permute(1, 2, 0) for i in aligned]))
-        meta.append(torch.zeros((len(aligned), 17), dtype=torch.float32, device=crops[-1].device))
-        owners += aligned
     if not owners:
         return out
     res = pipe.recognize(torch.cat(crops).contiguous())
@@ -232,18 +219,15 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
     keep: list[int] = []
     fallback: set[int] = set()
     for r, i in enumerate(owners):
-        if i in photos and not host[r, 16]:
+        if not host[r, 16]:
             fallback.add(i)
             continue
-        if i in photos and not host[r, 15]:
+        if not host[r, 15]:
             out[i] = NoFaceError("no face found in the image")
             continue
-        if i in photos:
-            faces[i] = [
-                Detection(
-                    box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14])
-                )
-            ]
+        faces[i] = [
+            Detection(box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14]))
+        ]
         keep.append(r)
     _fill(out, host[keep, 17:], [owners[r] for r in keep], faces)
     if fallback:  # the host rule for the photos the device could not settle exactly

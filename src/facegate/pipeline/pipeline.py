@@ -554,14 +554,22 @@ class FacePipeline:
         select: FaceSelect | str = FaceSelect.LARGEST,
         face_index: int | None = None,
         keep_crops: bool = False,
-        skip_aligned: bool = True,
+        aligned: bool = False,
     ) -> list[list[Face]]:
         """All stages for a batch of images; per image, the selected faces.
 
-        A ``112×112`` image is taken as a pre-aligned crop and skips detection when ``skip_aligned``.
+        With ``aligned`` every image must be a ``(112, 112, 3) uint8`` aligned crop and skips detection;
+        without it every image is detected, whatever its size (a 112×112 photo is a photo).
         Raises :class:`NoFaceError` (for the first image without a face) like the service does.
         """
-        det_idx = [i for i, im in enumerate(images) if not (skip_aligned and is_aligned_crop(im))]
+        if aligned:
+            bad = [i for i, im in enumerate(images) if not is_aligned_crop(im)]
+            if bad:
+                raise InvalidParameterError(
+                    f"an aligned crop must be 112×112×3 uint8, got {images[bad[0]].shape} {images[bad[0]].dtype}",
+                    detail={"index": bad[0]},
+                )
+        det_idx = [] if aligned else list(range(len(images)))
         dets_all = self.detect([images[i] for i in det_idx]) if det_idx else []
         chosen: list[Detection | None] = []
         owner: list[int] = []

@@ -207,10 +207,9 @@ class FaceService:
     ) -> list[Face]:
         """Detect, select, align, embed and gate the faces of one image.
 
-        A 112×112 image is taken as a pre-aligned crop. Raises :class:`NoFaceError` when none is found.
+        Every image is detected, whatever its size: only the caller knows that an upload is an aligned crop
+        (:meth:`face_aligned`). Raises :class:`NoFaceError` when none is found.
         """
-        if is_aligned_crop(image):
-            return [await self.face_aligned(image, keep_crop=keep_crops)]
         dets = await self.detect(image)
         chosen = select_faces(dets, select, face_index)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
