@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -18,10 +18,40 @@ Precision = Literal["fp32", "fp16", "bf16"]
 CompileMode = Literal["off", "graphs", "inductor"]
 
 
+class QualitySettings(BaseModel):
+    """The quality gates and the limits behind a face's reasons (``Settings.quality``).
+
+    Environment: ``FACEGATE_QUALITY__MIN_IOD_PX=32`` (or the whole group as JSON in ``FACEGATE_QUALITY``).
+    Each limit is measured on labelled LFW variants (``docs/quality.md``); a face that misses one is told why.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refuse_on_reasons: bool = Field(
+        True,
+        description="Refuse a face that misses any limit below, as well as one below the quality gate. Off: "
+        "the reasons are still listed, and only the quality score gates.",
+    )
+    min_iod_px: float = Field(12.0, ge=0.0, description="Least distance between the eyes, in source pixels.")
+    max_yaw_deg: float = Field(50.0, ge=0.0, le=90.0, description="Largest left-right head turn, in degrees.")
+    max_pitch_deg: float = Field(40.0, ge=0.0, le=90.0, description="Largest up-down head tilt, in degrees.")
+    min_sharpness: float = Field(
+        30.0, ge=0.0, description="Least sharpness: variance of the Laplacian of the aligned face's grey levels."
+    )
+    min_luma: float = Field(40.0, ge=0.0, le=255.0, description="Least mean brightness of the face (0-255).")
+    max_luma: float = Field(215.0, ge=0.0, le=255.0, description="Largest mean brightness of the face (0-255).")
+    max_flat: float = Field(
+        0.25, ge=0.0, le=1.0, description="Largest fraction of the face hidden under flat, textureless areas."
+    )
+    min_det_score: float = Field(0.6, ge=0.0, le=1.0, description="Least detector confidence.")
+
+
 class Settings(BaseSettings):
     """All facegate settings. Environment prefix: ``FACEGATE_``."""
 
-    model_config = SettingsConfigDict(env_prefix="FACEGATE_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FACEGATE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
 
     # ------------------------------------------------------------------ models
     model: str = Field("sface", min_length=1, description="Recognizer name in the model registry.")
@@ -249,6 +279,9 @@ class Settings(BaseSettings):
         None, ge=0.0, le=1.0, description="Quality gate in [0,1]; None uses the model's calibrated one."
     )
     enrol_requires_quality: bool = Field(True, description="Enrolment refuses faces below the quality gate.")
+    quality: QualitySettings = Field(
+        default_factory=QualitySettings, description="Quality gates and the limits behind a face's reasons."
+    )
 
     # ------------------------------------------------------------------ engine / batching
     max_batch_size: int = Field(64, ge=1, le=4096, description="Largest batch the engine forms for one stage.")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 FACE_KEYS = {"detection", "quality"}
-QUALITY_KEYS = {"score", "raw", "threshold", "accepted", "reason"}
+QUALITY_KEYS = {"score", "raw", "threshold", "accepted", "reason", "reasons"}
 
 
 def _check_face(face: dict, *, width: int = 250, height: int = 250) -> None:

@@ -48,6 +48,7 @@ from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
+from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS
 from facegate.types import Detection, FaceSelect
 
 if TYPE_CHECKING:
@@ -95,6 +96,19 @@ def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | Facegate
             sub = idx[k : k + step]
             batches.append((sub, det.preprocess_tensors([photos[i] for i in sub])))
     return PreparedPhotos(list(decoded), photos, batches)
+
+
+def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
+    """:func:`facegate.quality_reasons.crop_stats` on the device: ``(K, 112, 112, 3) uint8 → (K, 3) float32``."""
+    w = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float32, device=crops.device)
+    grey = crops[:, FACE_ROWS, FACE_COLS].float() @ w
+    lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
+    k, h, wd = grey.shape
+    bh, bw = h // FLAT_BLOCK, wd // FLAT_BLOCK
+    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
+    flat = (blocks.std(dim=(2, 4), unbiased=False) < FLAT_STD).float().mean(dim=(1, 2))
+    sharp = lap.flatten(1).var(dim=1, unbiased=False)
+    return torch.stack([sharp, grey.mean(dim=(1, 2)), flat], 1)
 
 
 def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[tuple[int, int]]:
@@ -157,20 +171,28 @@ def faces_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> list[Any]:
                 out[i] = exc
     crops, owners = _warp(photos, chosen, pipe.photo_warp_bytes)
     if owners:
-        res = pipe.recognize(crops.contiguous()).cpu().numpy()  # the one device→host copy of the results
+        crops = crops.contiguous()
+        res = torch.cat([pipe.recognize(crops).float(), crop_stats_torch(crops)], 1).cpu().numpy()  # one copy
         _fill(out, res, owners, chosen)
     return out
 
 
 def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
-    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from the recognizer's rows ``res (K, d + 2)`` of it."""
-    d = res.shape[1] - 2
+    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from its rows of ``res (K, d + 2 + N_STATS)``: the
+    recognizer's outputs, then the crop's statistics."""
+    d = res.shape[1] - 2 - N_STATS
     rows: dict[int, list[int]] = {}
     for r, i in enumerate(owners):
         rows.setdefault(i, []).append(r)
     for i, r in rows.items():
         sel = res[r]
-        out[i] = PhotoFaces(chosen.get(i, [None]), sel[:, :d].copy(), sel[:, d].copy(), sel[:, d + 1].copy())  # type: ignore[arg-type]
+        out[i] = PhotoFaces(
+            chosen.get(i, [None]),  # type: ignore[arg-type]
+            sel[:, :d].copy(),
+            sel[:, d].copy(),
+            sel[:, d + 1].copy(),
+            sel[:, d + 2 :].copy(),
+        )
 
 
 @torch.inference_mode()
@@ -213,8 +235,9 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
             owners += idx
     if not owners:
         return out
-    res = pipe.recognize(torch.cat(crops).contiguous())
-    host = torch.cat([torch.cat(meta).to(res.device), res.float()], 1).cpu().numpy()  # the one wait
+    crop_all = torch.cat(crops).contiguous()
+    res = torch.cat([pipe.recognize(crop_all).float(), crop_stats_torch(crop_all)], 1)
+    host = torch.cat([torch.cat(meta).to(res.device), res], 1).cpu().numpy()  # the one wait
     faces: dict[int, list[Detection]] = {}
     keep: list[int] = []
     fallback: set[int] = set()
@@ -242,7 +265,9 @@ def faces_selected_on_device(pipe: FacePipeline, prepared: PreparedPhotos) -> li
                         out[i] = exc
         fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
         if fb_owners:
-            _fill(out, pipe.recognize(fb_crops.contiguous()).cpu().numpy(), fb_owners, chosen_fb)
+            fb_crops = fb_crops.contiguous()
+            fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1)
+            _fill(out, fb_res.cpu().numpy(), fb_owners, chosen_fb)
     return out
 
 

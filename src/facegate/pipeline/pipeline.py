@@ -25,7 +25,8 @@ from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
-from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
+from facegate.quality_reasons import ReasonThresholds, crop_stats, face_reasons, refusal_message
+from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityReason, QualityVerdict
 
 if TYPE_CHECKING:
     import torch
@@ -222,14 +223,32 @@ def start_photo_check() -> Callable[[], bool]:
     return wait
 
 
-def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
-    """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
-    accepted = bool(score >= threshold)
+def quality_verdict(
+    score: float,
+    raw: float,
+    threshold: float,
+    reasons: tuple[QualityReason, ...] = (),
+    *,
+    refuse_on_reasons: bool = True,
+) -> QualityVerdict:
+    """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
+    refuse with a 'retake' message that names the reasons."""
+    accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
     reason = None
     if not accepted:
-        reason = f"retake: quality {score:.2f} is below the gate {threshold:.2f}"
+        shown = reasons or (
+            QualityReason(
+                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
+            ),
+        )
+        reason = refusal_message(shown)
     return QualityVerdict(
-        score=float(score), raw=float(raw), threshold=float(threshold), accepted=accepted, reason=reason
+        score=float(score),
+        raw=float(raw),
+        threshold=float(threshold),
+        accepted=accepted,
+        reason=reason,
+        reasons=reasons,
     )
 
 
@@ -266,6 +285,9 @@ class FacePipeline:
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
+        #: the limits behind each face's reasons, and whether missing one refuses the face (``Settings.quality``)
+        self.reason_limits = ReasonThresholds.from_settings()
+        self.refuse_on_reasons = True
         #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
@@ -417,6 +439,7 @@ class FacePipeline:
             operating.quality_threshold,
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
+        pipe.set_quality(settings)
         pipe.det_max_batch_pixels = settings.det_max_batch_pixels
         pipe.photo_detect_in_prepare = settings.photo_detect_in_prepare
         pipe.photo_select_on_device = settings.photo_select_on_device
@@ -521,9 +544,21 @@ class FacePipeline:
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def gate(self, score: float, raw: float) -> QualityVerdict:
-        """The quality gate at the operating threshold."""
-        return quality_verdict(score, raw, self.operating.quality_threshold)
+    def set_quality(self, settings: Settings) -> None:
+        """Take the reasons' limits from ``settings.quality``."""
+        self.reason_limits = ReasonThresholds.from_settings(settings.quality)
+        self.refuse_on_reasons = settings.quality.refuse_on_reasons
+
+    def gate(
+        self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
+    ) -> QualityVerdict:
+        """The quality gate at the operating threshold, with the face's reasons (:mod:`facegate.quality_reasons`).
+
+        ``stats``: the face's ``(3,)`` row of :func:`~facegate.quality_reasons.crop_stats`, ``None`` if unseen.
+        """
+        q = self.operating.quality_threshold
+        reasons = face_reasons(detection, stats, score, q, self.reason_limits)
+        return quality_verdict(score, raw, q, reasons, refuse_on_reasons=self.refuse_on_reasons)
 
     def make_faces(
         self,
@@ -534,13 +569,20 @@ class FacePipeline:
         raw: np.ndarray,
         *,
         keep_crops: bool = False,
+        stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """Assemble :class:`Face` results (gate applied) from stage outputs."""
+        """Assemble :class:`Face` results (gate and reasons applied) from stage outputs.
+
+        ``stats``: ``(K, 3) float32`` :func:`~facegate.quality_reasons.crop_stats` of crops seen elsewhere (the
+        photo stage); computed here from ``crops`` when they are given.
+        """
+        if crops is not None and len(crops):
+            stats = crop_stats(crops)
         return [
             Face(
                 detection=det,
                 embedding=emb[i],
-                quality=self.gate(float(quality[i]), float(raw[i])),
+                quality=self.gate(float(quality[i]), float(raw[i]), det, None if stats is None else stats[i]),
                 crop=crops[i] if keep_crops and crops is not None else None,
             )
             for i, det in enumerate(detections)

@@ -124,6 +124,7 @@ class FaceService:
         configure_cpu_threads(settings.cpu_threads, "cuda" if str(info["device"]).startswith("cuda") else "cpu")
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
+        pipeline.set_quality(settings)
         service = cls(pipeline, settings, engine=remote)
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
@@ -231,7 +232,7 @@ class FaceService:
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
         self._record(faces)
         return faces
 

@@ -51,6 +51,19 @@ class DetectionOut(_Model):
         return cls(**det.to_dict())  # type: ignore[arg-type]
 
 
+class ReasonOut(_Model):
+    """One cause of a poor face: a measured value against its limit."""
+
+    code: str = Field(
+        description="too_small, pose, blur, too_dark, too_bright, occluded, low_confidence or out_of_distribution"
+    )
+    message: str = Field(
+        description="what to tell the person, e.g. 'face too small (38 px between the eyes, 24 needed)'"
+    )
+    value: float = Field(description="the measured value (pixels, degrees, sharpness, brightness, fraction, score)")
+    threshold: float = Field(description="the limit it missed")
+
+
 class QualityOut(_Model):
     """The quality gate's verdict for one face."""
 
@@ -59,6 +72,7 @@ class QualityOut(_Model):
     threshold: float
     accepted: bool
     reason: str | None
+    reasons: list[ReasonOut] = Field(description="every cause of a poor face found (empty for a good face)")
 
     @classmethod
     def from_verdict(cls, q: QualityVerdict) -> QualityOut:

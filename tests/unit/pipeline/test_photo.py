@@ -143,6 +143,7 @@ def test_photo_faces_pickle_as_one_array() -> None:
         rng.normal(size=(2, 128)).astype(np.float32),
         rng.uniform(size=2).astype(np.float32),
         rng.uniform(size=2).astype(np.float32),
+        rng.uniform(size=(2, 3)).astype(np.float32),
     )
     back = pickle.loads(pickle.dumps(faces, protocol=5))
     assert back.detections[1] is None and back.detections[0] is not None
@@ -150,10 +151,10 @@ def test_photo_faces_pickle_as_one_array() -> None:
     np.testing.assert_array_equal(back.detections[0].box, det.box)
     np.testing.assert_array_equal(back.detections[0].landmarks, det.landmarks)
     assert back.detections[0].box.dtype == np.float32 and back.detections[0].landmarks.shape == (5, 2)
-    for name in ("embedding", "quality", "raw"):
+    for name in ("embedding", "quality", "raw", "stats"):
         np.testing.assert_array_equal(getattr(back, name), getattr(faces, name))
         assert getattr(back, name).dtype == np.float32
-    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 18) * 4 + 250  # one array plus its header
+    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 21) * 4 + 250  # one array plus its header
 
 
 def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:

@@ -1,0 +1,244 @@
+"""Why a face is poor: causes a person can act on, each a measured value against a threshold.
+
+The quality score says *how likely* a face is to be recognised; the reasons say *why not*. Each reason is
+computed from what the pipeline already has, with no extra model and no torch (front-end processes run it):
+
+* ``too_small``: inter-ocular distance in source pixels, from the detector's eye landmarks;
+* ``pose``: yaw and pitch in degrees, estimated from the 5 landmarks (nose offset from the eye-mouth axis);
+* ``blur``: variance of the Laplacian of the aligned crop's grey levels (low is blurred);
+* ``too_dark`` / ``too_bright``: mean grey level of the crop's central face region (0–255);
+* ``occluded``: the fraction of the crop's face region covered by flat (textureless) blocks, as a mask,
+  a hand or a sticker leaves;
+* ``low_confidence``: the detector's score;
+* ``out_of_distribution``: the calibrated quality score below the gate (the recognizer does not know this face).
+
+The thresholds are measured on labelled LFW variants (``benchmarks/quality_reasons.py``, ``docs/quality.md``);
+:class:`ReasonThresholds` holds the shipped values and ``Settings.quality`` lets a deployment change them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from facegate.config import QualitySettings
+from facegate.types import Detection, QualityReason
+
+#: Columns of :func:`crop_stats`.
+STAT_BLUR, STAT_LUMA, STAT_FLAT = 0, 1, 2
+N_STATS = 3
+#: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
+FACE_ROWS = slice(24, 108)
+FACE_COLS = slice(20, 92)
+#: Side of the blocks whose grey-level spread decides "flat", and the spread (grey levels) below which one is.
+FLAT_BLOCK = 12
+FLAT_STD = 2.5
+#: Depth of the nose tip in front of the eyes, in inter-ocular distances, and the nose's place between the eye
+#: line and the mouth line on a frontal face (the ArcFace template), for the landmark pose estimate.
+NOSE_DEPTH_IOD = 0.6
+NOSE_FRONTAL_T = 0.495
+EYE_MOUTH_PER_IOD = 40.6 / 35.2
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonThresholds:
+    """The limits a face must meet; a reason is given for every one it misses (``Settings.quality`` documents
+    each, and holds the shipped values).
+
+    Attributes:
+        min_iod_px: least inter-ocular distance in source pixels.
+        max_yaw_deg: largest absolute yaw (left-right head turn), degrees.
+        max_pitch_deg: largest absolute pitch (up-down tilt), degrees.
+        min_sharpness: least variance of the Laplacian of the aligned crop's grey levels.
+        min_luma: least mean grey level (0–255) of the crop's face region.
+        max_luma: largest mean grey level of the crop's face region.
+        max_flat: largest fraction of the face region in flat blocks (occlusion, mask).
+        min_det_score: least detector confidence.
+    """
+
+    min_iod_px: float
+    max_yaw_deg: float
+    max_pitch_deg: float
+    min_sharpness: float
+    min_luma: float
+    max_luma: float
+    max_flat: float
+    min_det_score: float
+
+    @classmethod
+    def from_settings(cls, quality: QualitySettings | None = None) -> ReasonThresholds:
+        """The limits of a :class:`~facegate.config.QualitySettings` (default: the shipped ones)."""
+        q = quality if quality is not None else QualitySettings()
+        return cls(**{f: getattr(q, f) for f in cls.__dataclass_fields__})
+
+
+def crop_stats(crops: np.ndarray) -> np.ndarray:
+    """Per aligned crop: sharpness, luminance and flat fraction.
+
+    Args:
+        crops: ``(K, 112, 112, 3) uint8`` RGB aligned crops.
+
+    Returns:
+        ``(K, 3) float32``: variance of the 4-neighbour Laplacian of the grey face region, its mean grey level
+        (0–255), and the fraction of its ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD``.
+    """
+    if crops.ndim != 4 or crops.shape[-1] != 3:
+        raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
+    grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
+    lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
+    k, h, w = grey.shape
+    bh, bw = h // FLAT_BLOCK, w // FLAT_BLOCK
+    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
+    flat = (blocks.std(axis=(2, 4)) < FLAT_STD).mean(axis=(1, 2))
+    return np.stack([lap.var(axis=(1, 2)), grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
+
+
+def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
+    """``(iod_px, yaw_deg, pitch_deg)`` from ``(5, 2)`` landmarks in source pixels (order in :mod:`facegate.types`).
+
+    Yaw: the nose tip's signed offset from the eye-mouth axis, over the projected inter-ocular distance, read as
+    ``tan(yaw) · NOSE_DEPTH_IOD``. Pitch: the nose's place between the eye line and the mouth line against a
+    frontal face's. Both are coarse (a few degrees near frontal, worse past 45°): enough to tell a person to
+    face the camera.
+    """
+    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
+    eyes = (lm[0] + lm[1]) / 2.0
+    mouth = (lm[3] + lm[4]) / 2.0
+    iod = float(np.linalg.norm(lm[1] - lm[0]))
+    axis = mouth - eyes
+    height = float(np.linalg.norm(axis))
+    if iod < 1e-6 or height < 1e-6:
+        return iod, 0.0, 0.0
+    u = axis / height
+    rel = lm[2] - eyes
+    across = float(u[0] * rel[1] - u[1] * rel[0])  # signed distance of the nose from the eye-mouth line
+    along = float(np.dot(rel, u)) / height
+    # the larger of the two face sizes: the eye distance shrinks with yaw, the eye-mouth height with pitch
+    size = max(iod, height / EYE_MOUTH_PER_IOD)
+    yaw = math.degrees(math.atan2(-across / size, NOSE_DEPTH_IOD))
+    pitch_ratio = (along - NOSE_FRONTAL_T) * EYE_MOUTH_PER_IOD / NOSE_DEPTH_IOD
+    pitch = math.degrees(math.asin(max(-1.0, min(1.0, pitch_ratio))))
+    return iod, yaw, pitch
+
+
+def face_reasons(
+    detection: Detection | None,
+    stats: np.ndarray | None,
+    score: float,
+    gate: float,
+    limits: ReasonThresholds,
+) -> tuple[QualityReason, ...]:
+    """Every limit this face misses, most actionable first.
+
+    Args:
+        detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
+        stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
+        score: calibrated quality in ``[0, 1]``.
+        gate: the quality gate it is held to.
+        limits: the thresholds.
+    """
+    out: list[QualityReason] = []
+    if detection is not None:
+        iod, yaw, pitch = landmark_geometry(detection.landmarks)
+        if iod < limits.min_iod_px:
+            out.append(
+                QualityReason(
+                    "too_small",
+                    f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
+                    iod,
+                    limits.min_iod_px,
+                )
+            )
+        if abs(yaw) > limits.max_yaw_deg:
+            out.append(
+                QualityReason(
+                    "pose",
+                    f"face turned aside ({abs(yaw):.0f}° yaw, at most {limits.max_yaw_deg:.0f}°): face the camera",
+                    abs(yaw),
+                    limits.max_yaw_deg,
+                )
+            )
+        if abs(pitch) > limits.max_pitch_deg:
+            out.append(
+                QualityReason(
+                    "pose",
+                    f"face tilted ({abs(pitch):.0f}° pitch, at most {limits.max_pitch_deg:.0f}°): face the camera",
+                    abs(pitch),
+                    limits.max_pitch_deg,
+                )
+            )
+    if stats is not None:
+        sharp, luma, flat = (float(v) for v in stats[:N_STATS])
+        if luma < limits.min_luma:
+            out.append(
+                QualityReason(
+                    "too_dark",
+                    f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
+                    luma,
+                    limits.min_luma,
+                )
+            )
+        elif luma > limits.max_luma:
+            out.append(
+                QualityReason(
+                    "too_bright",
+                    f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
+                    luma,
+                    limits.max_luma,
+                )
+            )
+        if flat > limits.max_flat:
+            out.append(
+                QualityReason(
+                    "occluded",
+                    f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
+                    "remove masks, hands or glasses",
+                    flat,
+                    limits.max_flat,
+                )
+            )
+        if sharp < limits.min_sharpness:
+            out.append(
+                QualityReason(
+                    "blur",
+                    f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
+                    sharp,
+                    limits.min_sharpness,
+                )
+            )
+    if detection is not None and detection.score < limits.min_det_score:
+        out.append(
+            QualityReason(
+                "low_confidence",
+                f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
+                float(detection.score),
+                limits.min_det_score,
+            )
+        )
+    if score < gate:
+        out.append(
+            QualityReason(
+                "out_of_distribution",
+                f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
+                float(score),
+                float(gate),
+            )
+        )
+    return tuple(out)
+
+
+def refusal_message(reasons: tuple[QualityReason, ...]) -> str:
+    """``"retake: <reason>; <reason>"``: what a refused person reads."""
+    return "retake: " + "; ".join(r.message for r in reasons)
+
+
+__all__ = [
+    "N_STATS",
+    "ReasonThresholds",
+    "crop_stats",
+    "face_reasons",
+    "landmark_geometry",
+    "refusal_message",
+]
