@@ -5,10 +5,10 @@ computed from what the pipeline already has, with no extra model and no torch (f
 
 * ``too_small``: inter-ocular distance in source pixels, from the detector's eye landmarks;
 * ``pose``: yaw and pitch in degrees, estimated from the 5 landmarks (nose offset from the eye-mouth axis);
-* ``blur``: variance of the Laplacian of the aligned crop's grey levels (low is blurred);
+* ``blur``: variance of the Laplacian of the aligned crop's grey levels over their variance (low is blurred);
 * ``too_dark`` / ``too_bright``: mean grey level of the crop's central face region (0–255);
-* ``occluded``: the fraction of the crop's face region covered by flat (textureless) blocks, as a mask,
-  a hand or a sticker leaves;
+* ``occluded``: the fraction of the crop's face region covered by flat blocks (flat for the face's own contrast),
+  as a mask, a hand or dark glasses leave;
 * ``low_confidence``: the detector's score;
 * ``out_of_distribution``: the calibrated quality score below the gate (the recognizer does not know this face).
 
@@ -18,8 +18,10 @@ The thresholds are measured on labelled LFW variants (``benchmarks/quality_reaso
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,9 +34,14 @@ N_STATS = 3
 #: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
 FACE_ROWS = slice(24, 108)
 FACE_COLS = slice(20, 92)
-#: Side of the blocks whose grey-level spread decides "flat", and the spread (grey levels) below which one is.
+#: Side of the blocks whose grey-level spread decides "flat", and the spread below which one is, as a share of the
+#: whole face region's spread: a mask or a hand is flat against the face's own contrast, so the test does not fire
+#: on a dark or low-contrast photo, whose every block is dim.
 FLAT_BLOCK = 12
-FLAT_STD = 2.5
+FLAT_STD = 0.06
+#: Sharpness is the Laplacian's variance over the grey levels' variance (times this scale): a blurred face has
+#: little high-frequency energy *for its contrast*, while a dark face has little of either.
+SHARP_SCALE = 100.0
 #: Depth of the nose tip in front of the eyes, in inter-ocular distances, and the nose's place between the eye
 #: line and the mouth line on a frontal face (the ArcFace template), for the landmark pose estimate.
 NOSE_DEPTH_IOD = 0.6
@@ -81,8 +88,9 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
         crops: ``(K, 112, 112, 3) uint8`` RGB aligned crops.
 
     Returns:
-        ``(K, 3) float32``: variance of the 4-neighbour Laplacian of the grey face region, its mean grey level
-        (0–255), and the fraction of its ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD``.
+        ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
+        region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
+        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's.
     """
     if crops.ndim != 4 or crops.shape[-1] != 3:
         raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
@@ -91,8 +99,10 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
     k, h, w = grey.shape
     bh, bw = h // FLAT_BLOCK, w // FLAT_BLOCK
     blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
-    flat = (blocks.std(axis=(2, 4)) < FLAT_STD).mean(axis=(1, 2))
-    return np.stack([lap.var(axis=(1, 2)), grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
+    spread = grey.std(axis=(1, 2))
+    flat = (blocks.std(axis=(2, 4)) < FLAT_STD * (spread[:, None, None] + 1.0)).mean(axis=(1, 2))
+    sharp = SHARP_SCALE * lap.var(axis=(1, 2)) / (spread**2 + 1.0)
+    return np.stack([sharp, grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
 
 
 def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
@@ -189,7 +199,8 @@ def face_reasons(
                     limits.max_luma,
                 )
             )
-        if flat > limits.max_flat:
+        exposed = not (limits.min_luma <= luma <= limits.max_luma)
+        if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
             out.append(
                 QualityReason(
                     "occluded",
@@ -229,16 +240,70 @@ def face_reasons(
     return tuple(out)
 
 
+#: The enrolment gate chosen on held-out LFW folds (``benchmarks/quality_reasons.py``, ``docs/quality.md``): the
+#: largest quality that refuses at most 2 % of clean faces.
+ENROL_GATE = 0.75
+
+
+def enrol_gate(verify_gate: float, setting: float | None) -> float:
+    """The enrolment gate in force: the setting, else :data:`ENROL_GATE` when a verify gate is in force (a model
+    without a meaningful quality runs with gate 0, and then no stricter gate either); never below the verify gate."""
+    if setting is not None:
+        return max(float(setting), verify_gate)
+    return max(ENROL_GATE, verify_gate) if verify_gate > 0 else verify_gate
+
+
+#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_reasons.py`` writes them).
+RELIABILITY_FILES = {"sface": Path(__file__).parent / "models" / "heads" / "sface_reliability_v1.json"}
+RELIABILITY_FEATURES = ("bias", "verdict_margin", "margin", "logit_qmin", "logit_qmax", "verdict_logit_qmin")
+_Q_EPS = 1e-4
+
+
+def reliability_features(qa: np.ndarray, qb: np.ndarray, sim: np.ndarray, threshold: float) -> np.ndarray:
+    """``(P, 6) float64`` inputs of the reliability model, in the order of :data:`RELIABILITY_FEATURES`:
+    ``1, m·d, d, logit q_min, logit q_max, m·logit q_min`` with ``d = similarity − threshold`` and ``m = ±1`` the
+    verdict (match / no match)."""
+    qa, qb = np.atleast_1d(np.asarray(qa, np.float64)), np.atleast_1d(np.asarray(qb, np.float64))
+    lo = np.clip(np.minimum(qa, qb), _Q_EPS, 1 - _Q_EPS)
+    hi = np.clip(np.maximum(qa, qb), _Q_EPS, 1 - _Q_EPS)
+    d = np.atleast_1d(np.asarray(sim, np.float64)) - threshold
+    m = np.where(d >= 0, 1.0, -1.0)
+    llo, lhi = np.log(lo / (1 - lo)), np.log(hi / (1 - hi))
+    return np.stack([np.ones_like(d), m * d, d, llo, lhi, m * llo], axis=1)
+
+
+def load_reliability(model: str) -> np.ndarray | None:
+    """The shipped reliability weights ``(6,) float64`` of ``model``, or ``None`` when it has none."""
+    path = RELIABILITY_FILES.get(model)
+    if path is None or not path.is_file():
+        return None
+    obj = json.loads(path.read_text())
+    if obj.get("features") != list(RELIABILITY_FEATURES):
+        raise ValueError(f"{path}: reliability features {obj.get('features')} are not {list(RELIABILITY_FEATURES)}")
+    return np.asarray(obj["weights"], np.float64)
+
+
+def reliability(qa: float, qb: float, sim: float, threshold: float, weights: np.ndarray) -> float:
+    """Calibrated probability that the verdict ``sim >= threshold`` is right, given both faces' qualities."""
+    z = float(reliability_features(qa, qb, sim, threshold)[0] @ weights)
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
 def refusal_message(reasons: tuple[QualityReason, ...]) -> str:
     """``"retake: <reason>; <reason>"``: what a refused person reads."""
     return "retake: " + "; ".join(r.message for r in reasons)
 
 
 __all__ = [
+    "ENROL_GATE",
     "N_STATS",
     "ReasonThresholds",
     "crop_stats",
+    "enrol_gate",
     "face_reasons",
     "landmark_geometry",
+    "load_reliability",
     "refusal_message",
+    "reliability",
+    "reliability_features",
 ]

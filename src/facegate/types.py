@@ -148,6 +148,8 @@ class CompareResult:
         faces: the two faces.
         refused: whether the quality gate refused the comparison.
         reason: refusal reason, ``None`` if compared.
+        reliability: calibrated probability that ``match`` is right, given both qualities and the similarity;
+            ``None`` when refused or when the model has no reliability fit.
     """
 
     similarity: float | None
@@ -157,3 +159,4 @@ class CompareResult:
     faces: tuple[Face, Face]
     refused: bool
     reason: str | None = None
+    reliability: float | None = None

@@ -41,15 +41,17 @@ def test_each_reason_names_its_value_and_limit() -> None:
     assert r[0].value == pytest.approx(8.81, abs=0.1) and r[0].threshold == LIMITS.min_iod_px
     r = face_reasons(_det(ARCFACE_TEMPLATE, score=0.4), None, 0.3, 0.5, LIMITS)
     assert [x.code for x in r] == ["low_confidence", "out_of_distribution"]
-    dark = np.array([500.0, 12.0, 0.0], np.float32)
-    bright = np.array([500.0, 240.0, 0.0], np.float32)
-    covered = np.array([500.0, 120.0, 0.6], np.float32)
-    blurred = np.array([3.0, 120.0, 0.0], np.float32)
+    dark = np.array([8.0, 12.0, 0.0], np.float32)
+    bright = np.array([8.0, 240.0, 0.0], np.float32)
+    covered = np.array([8.0, 120.0, 0.6], np.float32)
+    blurred = np.array([0.2, 120.0, 0.0], np.float32)
     assert [x.code for x in face_reasons(None, dark, 0.9, 0.5, LIMITS)] == ["too_dark"]
     assert [x.code for x in face_reasons(None, bright, 0.9, 0.5, LIMITS)] == ["too_bright"]
     assert [x.code for x in face_reasons(None, covered, 0.9, 0.5, LIMITS)] == ["occluded"]
     assert [x.code for x in face_reasons(None, blurred, 0.9, 0.5, LIMITS)] == ["blur"]
-    assert face_reasons(_det(ARCFACE_TEMPLATE * 2), np.array([500.0, 120.0, 0.0]), 0.9, 0.5, LIMITS) == ()
+    # clipped highlights are flat as well: the exposure is named, not an occlusion
+    assert [x.code for x in face_reasons(None, np.array([8.0, 240.0, 0.6]), 0.9, 0.5, LIMITS)] == ["too_bright"]
+    assert face_reasons(_det(ARCFACE_TEMPLATE * 2), np.array([8.0, 120.0, 0.0]), 0.9, 0.5, LIMITS) == ()
 
 
 def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
@@ -76,6 +78,21 @@ def test_crop_stats_on_the_host_and_on_the_device_agree(lfw_root: Path) -> None:
     np.testing.assert_allclose(dev, host, rtol=1e-4, atol=1e-3)
     sharp, luma, flat = host.T
     assert sharp[1] < sharp[0] / 5 and luma[2] < 0.15 * luma[0] and flat[3] > flat[0] + 0.4
+
+
+def test_enrolment_gate_and_reliability() -> None:
+    from facegate.quality_reasons import ENROL_GATE, enrol_gate, load_reliability, reliability
+
+    assert enrol_gate(0.5, None) == ENROL_GATE > 0.5 and enrol_gate(0.0, None) == 0.0
+    assert enrol_gate(0.5, 0.3) == 0.5 and enrol_gate(0.5, 0.9) == 0.9
+    w = load_reliability("sface")
+    assert w is not None and load_reliability("no-such-model") is None
+    thr = 0.3582
+    sure = reliability(0.95, 0.95, 0.8, thr, w)
+    near = reliability(0.95, 0.95, thr + 0.01, thr, w)
+    poor = reliability(0.1, 0.95, 0.2, thr, w)  # a no-match of a poor face is less certain than one of good faces
+    good = reliability(0.95, 0.95, 0.2, thr, w)
+    assert 0.9 < sure <= 1.0 and near < sure and poor < good
 
 
 def test_settings_hold_the_limits() -> None:

@@ -48,7 +48,7 @@ from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
-from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS
+from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS, SHARP_SCALE
 from facegate.types import Detection, FaceSelect
 
 if TYPE_CHECKING:
@@ -106,8 +106,9 @@ def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
     k, h, wd = grey.shape
     bh, bw = h // FLAT_BLOCK, wd // FLAT_BLOCK
     blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
-    flat = (blocks.std(dim=(2, 4), unbiased=False) < FLAT_STD).float().mean(dim=(1, 2))
-    sharp = lap.flatten(1).var(dim=1, unbiased=False)
+    spread = grey.flatten(1).std(dim=1, unbiased=False)
+    flat = (blocks.std(dim=(2, 4), unbiased=False) < FLAT_STD * (spread[:, None, None] + 1.0)).float().mean(dim=(1, 2))
+    sharp = SHARP_SCALE * lap.flatten(1).var(dim=1, unbiased=False) / (spread**2 + 1.0)
     return torch.stack([sharp, grey.mean(dim=(1, 2)), flat], 1)
 
 

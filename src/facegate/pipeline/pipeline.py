@@ -25,7 +25,15 @@ from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
-from facegate.quality_reasons import ReasonThresholds, crop_stats, face_reasons, refusal_message
+from facegate.quality_reasons import (
+    ReasonThresholds,
+    crop_stats,
+    enrol_gate,
+    face_reasons,
+    load_reliability,
+    refusal_message,
+    reliability,
+)
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityReason, QualityVerdict
 
 if TYPE_CHECKING:
@@ -288,6 +296,9 @@ class FacePipeline:
         #: the limits behind each face's reasons, and whether missing one refuses the face (``Settings.quality``)
         self.reason_limits = ReasonThresholds.from_settings()
         self.refuse_on_reasons = True
+        self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
+        #: per-comparison reliability weights (only for the model they were fitted on, at its own threshold)
+        self.reliability_weights = load_reliability(spec.name) if spec is not None else None
         #: largest sub-batch per forward on the CPU (see Settings.cpu_chunk); None = no split
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
@@ -548,6 +559,26 @@ class FacePipeline:
         """Take the reasons' limits from ``settings.quality``."""
         self.reason_limits = ReasonThresholds.from_settings(settings.quality)
         self.refuse_on_reasons = settings.quality.refuse_on_reasons
+        self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
+
+    def enrol_verdict(self, face: Face) -> QualityVerdict:
+        """The face's verdict at the enrolment gate: its own verdict when it passes, else a refusal that names the
+        enrolment gate and the face's reasons."""
+        q = face.quality
+        if q.accepted and q.score >= self.enrol_threshold:
+            return q
+        shown = q.reasons
+        if q.score < self.enrol_threshold and not any(r.code == "out_of_distribution" for r in q.reasons):
+            shown = (
+                *q.reasons,
+                QualityReason(
+                    "below_enrol_gate",
+                    f"quality {q.score:.2f} is below the enrolment gate {self.enrol_threshold:.2f}",
+                    q.score,
+                    self.enrol_threshold,
+                ),
+            )
+        return QualityVerdict(q.score, q.raw, self.enrol_threshold, False, refusal_message(shown), shown)
 
     def gate(
         self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
@@ -643,7 +674,12 @@ class FacePipeline:
             reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
             return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
         sim = cosine(a.embedding, b.embedding)
-        return CompareResult(sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False)
+        rel = None
+        if self.reliability_weights is not None:
+            rel = reliability(a.quality.score, b.quality.score, sim, op.match_threshold, self.reliability_weights)
+        return CompareResult(
+            sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False, reliability=rel
+        )
 
     # ------------------------------------------------------------------ engine stages
     def stages(self) -> list[Any]:

@@ -461,8 +461,8 @@ async def enrol(
             refused.append(RefusedImage(index=i, reason=r.message, code=r.code))
         elif isinstance(r, BaseException):
             raise r
-        elif state.settings.enrol_requires_quality and not r.quality.accepted:
-            refused.append(RefusedImage(index=i, reason=_refusal_reason(r), code=QualityRejectedError.code))
+        elif state.settings.enrol_requires_quality and not (verdict := service.pipeline.enrol_verdict(r)).accepted:
+            refused.append(RefusedImage(index=i, reason=verdict.reason or "", code=QualityRejectedError.code))
             _record_refusal(state, "enrol_low_quality")
         else:
             accepted.append(r)

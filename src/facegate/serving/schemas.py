@@ -127,6 +127,10 @@ class CompareResponse(_Model):
     fmr: float
     refused: bool
     reason: str | None
+    reliability: float | None = Field(
+        description="calibrated probability that the verdict is right, given both faces' qualities and the "
+        "similarity (for a 1:1 mix of genuine and impostor comparisons); null when refused"
+    )
     faces: list[FaceOut] = Field(min_length=2, max_length=2)
     model: str
 
@@ -142,6 +146,7 @@ class CompareResponse(_Model):
             fmr=float(r.fmr),
             refused=bool(r.refused),
             reason=r.reason,
+            reliability=None if r.reliability is None else round(float(r.reliability), 4),
             faces=[FaceOut.from_face(f, crops=crops) for f in r.faces],
             model=model,
         )
