@@ -250,10 +250,8 @@ def main() -> None:
             "",
         ]
     lines += reasons_section(r) + gates_section(r) + reliability_section(r) + edc_section(e)
-    # the head's recipe and the experiments behind the score's choice do not change with a run: kept as prose
-    lines += (Path(__file__).with_name("quality_doc_static.md").read_text().rstrip("\n") + "\n").splitlines()
     lines += [
-        "## Reproduce",
+        "## Reproduce the reasons, gates and reliability",
         "",
         "```",
         r["command"],
@@ -261,6 +259,8 @@ def main() -> None:
         "```",
         "",
     ]
+    # the head's recipe and the experiments behind the score's choice do not change with a run: kept as prose
+    lines += [*Path(__file__).with_name("quality_doc_static.md").read_text().rstrip("\n").splitlines(), ""]
     args.out.write_text("\n".join(lines))
 
 
