@@ -189,6 +189,50 @@ def reliability_section(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def p1_section(r: dict[str, Any]) -> list[str]:
+    """P1's metrics on the reasons study's genuine comparisons (only the scores that table holds)."""
+    p = r["p1_metrics"]
+    tag = " (reduced run)" if r["reduced"] else ""
+    out = [
+        f"## P1 metrics on the reference-versus-probe comparisons{tag}",
+        "",
+        f"{p['genuine_comparisons']} genuine comparisons (clean reference against a clean or severity ≤ 3 probe),",
+        f"both faces found; FNMR before discard {100 * p['fnmr_at_0']:.2f} %. `facegate.eval.p1`: pair quality =",
+        "min of the faces'; E = (pAUC − best) / (random − best), random averaged over 20 seeds; the last column is",
+        "the paired bootstrap over identities (1,000 draws) of pAUC@20 % minus the norm's, with its 95 % CI. The",
+        "per-face oracle gives each face the lowest similarity of its comparisons; a reference photo shared by",
+        "many probes then takes its worst probe's, so here it is pessimistic.",
+        "",
+        "| pair quality | pAUC@20 % | pAUC@10 % | FNMR at 5 % discard | pAUC@20 % − best | E@20 % | "
+        "Δ pAUC@20 % vs norm |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    labels = {
+        "norm": "feature norm (shipped quality)",
+        "detector": "detector score (probe)",
+        "random": "random (20 seeds)",
+        "pair_oracle": "pair oracle (similarity)",
+        "per_face_oracle": "per-face oracle",
+    }
+    for k, label in labels.items():
+        m = p["all"][k]
+        raw, mb, e = m["raw"], m["minus_best"], m["E"]
+        d = m.get("pauc20_minus_norm")
+        ds = "–" if d is None else f"{d['value']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+        es = "–" if e["pauc20"] is None else f"{e['pauc20']:.3f}"
+        out.append(
+            f"| {label} | {raw['pauc20']:.4f} | {raw['pauc10']:.4f} | {raw['fnmr5']:.4f} | {mb['pauc20']:.4f} | "
+            f"{es} | {ds} |"
+        )
+    out += [
+        "",
+        "The full protocol P1 (LFW's pairs, every baseline: verifyface's heuristic, the RTS head, analytic SER-FIQ,",
+        "flip consistency; the real-pose stratum; FMR 1e-4 check) is not run yet; these figures are not P1's.",
+        "",
+    ]
+    return out
+
+
 def edc_section(e: dict[str, Any]) -> list[str]:
     m, s = e["mean"], e["std"]
     names = {
@@ -249,7 +293,7 @@ def main() -> None:
             "`python benchmarks/quality_doc.py --reasons benchmarks/results/quality_reasons.json`.",
             "",
         ]
-    lines += reasons_section(r) + gates_section(r) + reliability_section(r) + edc_section(e)
+    lines += reasons_section(r) + gates_section(r) + reliability_section(r) + p1_section(r) + edc_section(e)
     lines += [
         "## Reproduce the reasons, gates and reliability",
         "",

@@ -36,6 +36,8 @@ from facegate.eval.degrade import FACE_DEGRADATIONS, blur, downscale, overexpose
 from facegate.eval.features import path_rng
 from facegate.eval.gates import gate_study, reliability_study, save_reliability
 from facegate.eval.lfw import centre_most, read_pairs
+from facegate.eval.p1 import per_face_oracle
+from facegate.eval.p1 import study as p1_study
 from facegate.eval.quality import PairSet, identity_folds
 from facegate.models.registry import get_spec
 from facegate.pipeline.pipeline import FacePipeline
@@ -309,7 +311,28 @@ def analyse_comparisons(t: dict[str, np.ndarray], folds: dict[str, int], args: a
     )
     found = ok  # the reliability of a verdict needs both faces found; a miss is a failure to acquire
     rel, weights = reliability_study(faces["quality"], ps, sim, threshold)
+    # P1's EDC metrics on these genuine comparisons (both faces found; misses are the failure to acquire above).
+    # Only the scores this table holds: the quality (a monotone map of the feature norm), the probe's detector
+    # score, and the oracles; the full P1 baselines need `facegate eval quality`'s feature files.
+    g = ps.same & ok
+    det = np.concatenate([np.nan_to_num(t["det"], nan=0.0), np.ones(len(faces["quality"]) - len(t["det"]))])
+    pair_q = {
+        "norm": np.minimum(faces["quality"][ps.a], faces["quality"][ps.b])[g],
+        "detector": det[ps.b][g],
+        "pair_oracle": sim[g],
+        "per_face_oracle": per_face_oracle(ps.a[g], ps.b[g], sim[g]),
+    }
+    fail = sim[g] < threshold
+    ident = faces["identity"][ps.a][g]
+    clean_g = ~ps.degraded[g]
+    p1 = {
+        "all": p1_study(fail, pair_q, ident, draws=args.draws),
+        "clean_only": p1_study(fail[clean_g], {k: v[clean_g] for k, v in pair_q.items()}, ident[clean_g], draws=200),
+        "fnmr_at_0": float(fail.mean()),
+        "genuine_comparisons": int(g.sum()),
+    }
     return {
+        "p1_metrics": p1,
         "comparisons": {"genuine": int(ps.same.sum()), "impostor": int((~ps.same).sum())},
         "failure_to_acquire": float(1.0 - found.mean()),
         "gates": gates,
