@@ -257,9 +257,12 @@ def edc_section(e: dict[str, Any]) -> list[str]:
     out += [
         "",
         "This set cannot separate methods: its FNMR before discard is above the 20 % window, and even the pair",
-        "oracle is only 2.9 % below the norm. The feature norm stays the shipped score. Protocol P1 (severity ≤ 3,",
-        "misses reported as failure to acquire, a per-face oracle, analytic SER-FIQ and flip consistency as",
-        "baselines, a paired bootstrap by identity) is not implemented yet.",
+        "oracle is only 2.9 % below the norm. The feature norm stays the shipped score. `facegate eval quality` now",
+        "also writes P1's metrics under `p1` (`facegate.eval.p1`: severity ≤ 3, both faces found, misses as failure",
+        "to acquire, the per-face oracle, FMR 1e-4 check, paired identity bootstrap against the norm) for the",
+        "baselines its feature files hold (norm, detector, verifyface heuristic, RTS head); they have not been",
+        "re-run, and analytic SER-FIQ, flip consistency, the downscaled and landmark-masked degradations and the",
+        "real-pose stratum are not in those files yet.",
         "",
     ]
     return out

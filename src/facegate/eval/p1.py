@@ -124,3 +124,67 @@ def study(
         out[name] = row
     out["best"] = {"raw": best}
     return out
+
+
+def p1_report(
+    *,
+    a: np.ndarray,
+    b: np.ndarray,
+    same: np.ndarray,
+    found: np.ndarray,
+    severity: np.ndarray,
+    degradation: np.ndarray,
+    identity: np.ndarray,
+    sim: np.ndarray,
+    face_scores: Mapping[str, np.ndarray],
+    threshold: float,
+    threshold_check: float | None = None,
+    max_severity: int = 3,
+    reference: str = "feature_norm",
+    draws: int = 1000,
+) -> dict[str, object]:
+    """P1 over a feature table's comparisons.
+
+    Args:
+        a, b: ``(P,)`` row indices of the two faces of each comparison.
+        same: ``(P,)`` genuine comparison.
+        found, severity, degradation, identity: per face row (``severity`` 0 for a clean photo).
+        sim: ``(P,)`` similarity.
+        face_scores: method → ``(N,)`` per-face quality (higher is better).
+        threshold: the operating threshold (FMR 1e-3); ``threshold_check`` a second one (FMR 1e-4).
+        max_severity: degraded sides above it are left out.
+    """
+    keep = same & (severity[a] <= max_severity) & (severity[b] <= max_severity)
+    both = keep & found[a] & found[b]
+    out: dict[str, object] = {
+        "genuine_comparisons": int(keep.sum()),
+        "failure_to_acquire": float(1.0 - both.sum() / max(1, keep.sum())),
+        "max_severity": max_severity,
+        "threshold": threshold,
+    }
+    ia, ib, s = a[both], b[both], sim[both]
+    pair_q = {m: np.minimum(v[ia], v[ib]) for m, v in face_scores.items()}
+    pair_q["pair_oracle"] = s
+    pair_q["per_face_oracle"] = per_face_oracle(ia, ib, s)
+    ident = identity[ia]
+    fail = s < threshold
+    out["fnmr_at_0"] = float(fail.mean()) if fail.size else None
+    out["all"] = study(fail, pair_q, ident, reference=reference, draws=draws)
+    clean = (severity[ia] == 0) & (severity[ib] == 0)
+    out["clean_only"] = study(
+        fail[clean], {k: v[clean] for k, v in pair_q.items()}, ident[clean], reference=reference, draws=draws // 5
+    )
+    side = np.where(severity[ia] > 0, degradation[ia], degradation[ib])
+    strata = {}
+    for name in sorted(set(side[~clean].tolist())):
+        m = side == name
+        if m.sum() >= 20:
+            strata[name] = study(
+                fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], reference=reference, draws=200
+            )
+    out["by_degradation"] = strata
+    if threshold_check is not None:
+        f4 = s < threshold_check
+        out["check_threshold"] = threshold_check
+        out["check"] = {k: metrics(f4, v) for k, v in pair_q.items()}
+    return out
