@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from facegate.config import QualitySettings
-from facegate.types import Detection, QualityReason
+from facegate.types import Detection, QualityReason, QualityVerdict
 
 #: Columns of :func:`crop_stats`.
 STAT_BLUR, STAT_LUMA, STAT_FLAT = 0, 1, 2
@@ -294,15 +294,62 @@ def refusal_message(reasons: tuple[QualityReason, ...]) -> str:
     return "retake: " + "; ".join(r.message for r in reasons)
 
 
+def quality_verdict(
+    score: float,
+    raw: float,
+    threshold: float,
+    reasons: tuple[QualityReason, ...] = (),
+    *,
+    refuse_on_reasons: bool = True,
+) -> QualityVerdict:
+    """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
+    refuse with a 'retake' message that names the reasons."""
+    accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
+    reason = None
+    if not accepted:
+        shown = reasons or (
+            QualityReason(
+                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
+            ),
+        )
+        reason = refusal_message(shown)
+    return QualityVerdict(
+        score=float(score),
+        raw=float(raw),
+        threshold=float(threshold),
+        accepted=accepted,
+        reason=reason,
+        reasons=reasons,
+    )
+
+
+def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
+    """``q`` at the enrolment gate: ``q`` itself when it passes, else a refusal that names the enrolment gate (unless
+    the quality gate's reason already says the score is too low) and the face's other reasons."""
+    if q.accepted and q.score >= gate:
+        return q
+    shown = q.reasons
+    if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
+        shown = (
+            *q.reasons,
+            QualityReason(
+                "below_enrol_gate", f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}", q.score, gate
+            ),
+        )
+    return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)
+
+
 __all__ = [
     "ENROL_GATE",
     "N_STATS",
     "ReasonThresholds",
     "crop_stats",
     "enrol_gate",
+    "enrol_verdict",
     "face_reasons",
     "landmark_geometry",
     "load_reliability",
+    "quality_verdict",
     "refusal_message",
     "reliability",
     "reliability_features",

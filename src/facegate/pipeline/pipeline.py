@@ -29,12 +29,13 @@ from facegate.quality_reasons import (
     ReasonThresholds,
     crop_stats,
     enrol_gate,
+    enrol_verdict,
     face_reasons,
     load_reliability,
-    refusal_message,
+    quality_verdict,
     reliability,
 )
-from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityReason, QualityVerdict
+from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
 
 if TYPE_CHECKING:
     import torch
@@ -229,35 +230,6 @@ def start_photo_check() -> Callable[[], bool]:
         return bool(answer and answer[0])
 
     return wait
-
-
-def quality_verdict(
-    score: float,
-    raw: float,
-    threshold: float,
-    reasons: tuple[QualityReason, ...] = (),
-    *,
-    refuse_on_reasons: bool = True,
-) -> QualityVerdict:
-    """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
-    refuse with a 'retake' message that names the reasons."""
-    accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
-    reason = None
-    if not accepted:
-        shown = reasons or (
-            QualityReason(
-                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
-            ),
-        )
-        reason = refusal_message(shown)
-    return QualityVerdict(
-        score=float(score),
-        raw=float(raw),
-        threshold=float(threshold),
-        accepted=accepted,
-        reason=reason,
-        reasons=reasons,
-    )
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -562,23 +534,8 @@ class FacePipeline:
         self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
 
     def enrol_verdict(self, face: Face) -> QualityVerdict:
-        """The face's verdict at the enrolment gate: its own verdict when it passes, else a refusal that names the
-        enrolment gate and the face's reasons."""
-        q = face.quality
-        if q.accepted and q.score >= self.enrol_threshold:
-            return q
-        shown = q.reasons
-        if q.score < self.enrol_threshold and not any(r.code == "out_of_distribution" for r in q.reasons):
-            shown = (
-                *q.reasons,
-                QualityReason(
-                    "below_enrol_gate",
-                    f"quality {q.score:.2f} is below the enrolment gate {self.enrol_threshold:.2f}",
-                    q.score,
-                    self.enrol_threshold,
-                ),
-            )
-        return QualityVerdict(q.score, q.raw, self.enrol_threshold, False, refusal_message(shown), shown)
+        """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""
+        return enrol_verdict(face.quality, self.enrol_threshold)
 
     def gate(
         self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
