@@ -100,8 +100,9 @@ def prepare_photos(pipe: FacePipeline, decoded: Sequence[torch.Tensor | Facegate
 
 def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
     """:func:`facegate.quality_reasons.crop_stats` on the device: ``(K, 112, 112, 3) uint8 → (K, 3) float32``."""
-    w = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float32, device=crops.device)
-    grey = crops[:, FACE_ROWS, FACE_COLS].float() @ w
+    face = crops[:, FACE_ROWS, FACE_COLS].float()
+    # Python-scalar weights: a weight tensor made here would be a host→device copy per batch
+    grey = 0.299 * face[..., 0] + 0.587 * face[..., 1] + 0.114 * face[..., 2]
     lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
     k, h, wd = grey.shape
     bh, bw = h // FLAT_BLOCK, wd // FLAT_BLOCK
