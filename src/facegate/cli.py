@@ -340,6 +340,7 @@ def enrol(
                     faces_of,
                     batch_size=batch_size,
                     requires_quality=s.enrol_requires_quality,
+                    verdict=p.enrol_verdict,
                     progress=progress,
                 )
             out = rep.to_dict()

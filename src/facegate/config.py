@@ -111,6 +111,45 @@ class DetectorSettings(BaseModel):
     )
 
 
+class QualitySettings(BaseModel):
+    """The quality gates and the limits behind a face's reasons (``Settings.quality``).
+
+    Environment: ``FACEGATE_QUALITY__MIN_IOD_PX=32`` (or the whole group as JSON in ``FACEGATE_QUALITY``).
+    Each limit is measured on labelled LFW variants (``docs/quality.md``); a face that misses one is told why.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refuse_on_reasons: bool = Field(
+        True,
+        description="Refuse a face that misses any limit below, as well as one below the quality gate. Off: "
+        "the reasons are still listed, and only the quality score gates.",
+    )
+    min_iod_px: float = Field(14.0, ge=0.0, description="Least distance between the eyes, in source pixels.")
+    max_yaw_deg: float = Field(50.0, ge=0.0, le=90.0, description="Largest left-right head turn, in degrees.")
+    max_pitch_deg: float = Field(40.0, ge=0.0, le=90.0, description="Largest up-down head tilt, in degrees.")
+    min_sharpness: float = Field(
+        0.5,
+        ge=0.0,
+        description="Least sharpness: 100 × the variance of the Laplacian of the aligned face's grey levels over "
+        "their variance (clean LFW faces score 3-24).",
+    )
+    min_luma: float = Field(24.0, ge=0.0, le=255.0, description="Least mean brightness of the face (0-255).")
+    max_luma: float = Field(210.0, ge=0.0, le=255.0, description="Largest mean brightness of the face (0-255).")
+    max_flat: float = Field(
+        0.13, ge=0.0, le=1.0, description="Largest fraction of the face hidden under flat, textureless areas."
+    )
+    min_det_score: float = Field(0.6, ge=0.0, le=1.0, description="Least detector confidence.")
+    enrol_gate: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Least quality an enrolment photo needs. Stricter than the verify gate (quality_threshold), "
+        "since a poor enrolment hurts every later comparison. None: the measured enrolment gate when a verify "
+        "gate is in force, else no stricter gate.",
+    )
+
+
 class Settings(BaseSettings):
     """All user settings. Environment prefix: ``FACEGATE_``."""
 
@@ -186,6 +225,9 @@ class Settings(BaseSettings):
         None, ge=0.0, le=1.0, description="Quality gate in [0,1]; None uses the model's calibrated one."
     )
     enrol_requires_quality: bool = Field(True, description="Enrolment refuses faces below the quality gate.")
+    quality: QualitySettings = Field(
+        default_factory=QualitySettings, description="Quality gates and the limits behind a face's reasons."
+    )
 
     # ------------------------------------------------------------------ groups
     limits: Limits = Field(default_factory=Limits, description="What one request may ask for, and its deadline.")

@@ -50,6 +50,34 @@ class Detection:
 
 
 @dataclass(frozen=True, slots=True)
+class QualityReason:
+    """One cause of a poor face, as a measured value against its limit.
+
+    Attributes:
+        code: stable identifier (``too_small``, ``pose``, ``blur``, ``too_dark``, ``too_bright``, ``occluded``,
+            ``low_confidence``, ``out_of_distribution``).
+        message: what a person reads, e.g. ``face too small (38 px between the eyes, 60 needed)``.
+        value: the measured value (units per code: pixels, degrees, Laplacian variance, grey level, fraction,
+            detector score, quality score).
+        threshold: the limit it missed.
+    """
+
+    code: str
+    message: str
+    value: float
+    threshold: float
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "value": round(float(self.value), 4),
+            "threshold": round(float(self.threshold), 4),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class QualityVerdict:
     """The quality gate's decision for one face.
 
@@ -57,8 +85,9 @@ class QualityVerdict:
         score: calibrated quality in ``[0, 1]`` (higher is better).
         raw: the model's raw quality signal before calibration (model-specific units).
         threshold: the gate's threshold the score was compared with.
-        accepted: ``score >= threshold``.
-        reason: ``None`` when accepted, else a human-readable refusal ("retake: ...").
+        accepted: ``score >= threshold`` and no reason given.
+        reason: ``None`` when accepted, else a human-readable refusal ("retake: ...") naming the reasons.
+        reasons: every cause of a poor face found (empty for a good one).
     """
 
     score: float
@@ -66,6 +95,7 @@ class QualityVerdict:
     threshold: float
     accepted: bool
     reason: str | None = None
+    reasons: tuple[QualityReason, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form."""
@@ -75,6 +105,7 @@ class QualityVerdict:
             "threshold": self.threshold,
             "accepted": self.accepted,
             "reason": self.reason,
+            "reasons": [r.to_dict() for r in self.reasons],
         }
 
 
@@ -117,6 +148,8 @@ class CompareResult:
         faces: the two faces.
         refused: whether the quality gate refused the comparison.
         reason: refusal reason, ``None`` if compared.
+        reliability: calibrated probability that ``match`` is right, given both qualities and the similarity;
+            ``None`` when refused or when the model has no reliability fit.
     """
 
     similarity: float | None
@@ -126,3 +159,4 @@ class CompareResult:
     faces: tuple[Face, Face]
     refused: bool
     reason: str | None = None
+    reliability: float | None = None

@@ -213,6 +213,11 @@ def test_compare_refused_shows_reason(
     assert page.is_hidden(tid("compare-simbar"))
     assert "below gate" in page.inner_text(tid("compare-quality-1"))
     assert page.inner_text(tid("compare-face-reason-1")).startswith("retake:")
+    # each reason is listed with its measured value and limit; this one is the gate's
+    reasons = page.locator(f"{tid('compare-face-reasons-1')} li")
+    assert reasons.count() >= 1 and page.is_visible(tid("compare-face-reasons-1"))
+    ood = page.locator(f"{tid('compare-face-reasons-1')} li[data-code='out_of_distribution']")
+    assert "below the gate 1.00" in ood.inner_text()
     assert crop_state(page, "compare-crop-1")[:3] == [True, 112, 112]
     shot = tmp_path / "refused.png"
     page.screenshot(path=str(shot), full_page=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 FACE_KEYS = {"detection", "quality"}
-QUALITY_KEYS = {"score", "raw", "threshold", "accepted", "reason"}
+QUALITY_KEYS = {"score", "raw", "threshold", "accepted", "reason", "reasons"}
 
 
 def _check_face(face: dict, *, width: int = 250, height: int = 250) -> None:
@@ -38,7 +38,7 @@ def test_compare_two_people(client: httpx.Client, lfw_root: Path, fg: SimpleName
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {
-        "similarity", "match", "verdict", "threshold", "fmr", "refused", "reason", "faces", "model",
+        "similarity", "match", "verdict", "threshold", "fmr", "refused", "reason", "reliability", "faces", "model",
     }  # fmt: skip
     assert body["model"] == "sface-tiny"
     assert body["refused"] is False and body["reason"] is None  # the sface gate is 0.0: every face passes

@@ -46,6 +46,19 @@ def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
     assert out["verdict"] == "match" and out["similarity"] > out["threshold"]
     assert len(out["faces"]) == 2 and len(out["faces"][0]["detection"]["landmarks"]) == 5
     assert 0.0 <= out["faces"][0]["quality"]["score"] <= 1.0
+    assert out["faces"][0]["quality"]["reasons"] == []  # a good face has no reasons
+
+    # a photo shrunk until its eyes are a few pixels apart is refused, and the refusal says why
+    import cv2
+
+    small = tmp_path / "small.png"
+    img = cv2.imread(str(a))
+    cv2.imwrite(str(small), cv2.resize(img, (56, 56), interpolation=cv2.INTER_AREA))
+    res = runner.invoke(app, ["compare", str(small), str(b)])
+    out = json.loads(res.stdout)
+    codes = [r["code"] for r in out["faces"][0]["quality"]["reasons"]]
+    assert out["verdict"] == "refused" and "too_small" in codes, out["faces"][0]["quality"]
+    assert "px between the eyes" in out["reason"]
 
     folder = tmp_path / "photos"
     (folder / "sub").mkdir(parents=True)

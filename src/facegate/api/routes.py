@@ -444,7 +444,12 @@ async def enrol(
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await gather_all([one(i) for i in range(len(images))])
-    decision = decide_enrolment(subject_id, results, requires_quality=state.settings.enrol_requires_quality)
+    decision = decide_enrolment(
+        subject_id,
+        results,
+        requires_quality=state.settings.enrol_requires_quality,
+        verdict=service.pipeline.enrol_verdict,
+    )
     refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     for x in decision.refused:
         if x.code == QualityRejectedError.code:
@@ -495,7 +500,9 @@ async def enrol_batch(
     refused: list[BatchRefusal] = []
     for sid, rows in by_subject.items():
         mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
-        decision = decide_enrolment(sid, mine, requires_quality=state.settings.enrol_requires_quality)
+        decision = decide_enrolment(
+            sid, mine, requires_quality=state.settings.enrol_requires_quality, verdict=service.pipeline.enrol_verdict
+        )
         refused += [
             BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]

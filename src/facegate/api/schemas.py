@@ -51,6 +51,19 @@ class DetectionOut(_Model):
         return cls(**det.to_dict())  # type: ignore[arg-type]
 
 
+class ReasonOut(_Model):
+    """One cause of a poor face: a measured value against its limit."""
+
+    code: str = Field(
+        description="too_small, pose, blur, too_dark, too_bright, occluded, low_confidence or out_of_distribution"
+    )
+    message: str = Field(
+        description="what to tell the person, e.g. 'face too small (38 px between the eyes, 24 needed)'"
+    )
+    value: float = Field(description="the measured value (pixels, degrees, sharpness, brightness, fraction, score)")
+    threshold: float = Field(description="the limit it missed")
+
+
 class QualityOut(_Model):
     """The quality gate's verdict for one face."""
 
@@ -59,6 +72,7 @@ class QualityOut(_Model):
     threshold: float
     accepted: bool
     reason: str | None
+    reasons: list[ReasonOut] = Field(description="every cause of a poor face found (empty for a good face)")
 
     @classmethod
     def from_verdict(cls, q: QualityVerdict) -> QualityOut:
@@ -113,6 +127,10 @@ class CompareResponse(_Model):
     fmr: float
     refused: bool
     reason: str | None
+    reliability: float | None = Field(
+        description="calibrated probability that the verdict is right, given both faces' qualities and the "
+        "similarity (for a 1:1 mix of genuine and impostor comparisons); null when refused"
+    )
     faces: list[FaceOut] = Field(min_length=2, max_length=2)
     model: str
 
@@ -128,6 +146,7 @@ class CompareResponse(_Model):
             fmr=float(r.fmr),
             refused=bool(r.refused),
             reason=r.reason,
+            reliability=None if r.reliability is None else round(float(r.reliability), 4),
             faces=[FaceOut.from_face(f, crops=crops) for f in r.faces],
             model=model,
         )

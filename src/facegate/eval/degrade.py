@@ -87,3 +87,48 @@ def random_variant(rng: np.random.Generator) -> tuple[str, int]:
     """A random (degradation name, severity in 1..5)."""
     names = list(DEGRADATIONS)
     return names[int(rng.integers(len(names)))], int(rng.integers(1, 6))
+
+
+# --------------------------------------------------------------------------- degradations that need the face
+def downscale(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
+    """A genuinely small face: the photo shrunk (area filter) and *not* brought back to its size."""
+    f = [0.6, 0.45, 0.33, 0.25, 0.18][s - 1]
+    h, w = img.shape[:2]
+    return cv2.resize(img, (max(1, round(w * f)), max(1, round(h * f))), interpolation=cv2.INTER_AREA)
+
+
+def mask(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
+    """A face mask drawn from the landmarks: a flat-coloured polygon over the lower face whose top edge rises
+    with the severity from the mouth (1) to just under the eyes (5)."""
+    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
+    eyes, mouth = (lm[0] + lm[1]) / 2, (lm[3] + lm[4]) / 2
+    iod = float(np.linalg.norm(lm[1] - lm[0]))
+    down = (mouth - eyes) / max(1e-6, float(np.linalg.norm(mouth - eyes)))
+    side = np.array([-down[1], down[0]])
+    top_t = [0.9, 0.7, 0.5, 0.35, 0.2][s - 1]  # along eyes → mouth
+    top = eyes + top_t * (mouth - eyes)
+    chin = mouth + 0.9 * iod * down
+    half = 1.05 * iod
+    poly = np.array([top - half * side, top + half * side, chin + 0.8 * half * side, chin - 0.8 * half * side])
+    out = img.copy()
+    colour = tuple(int(v) for v in rng.integers(60, 230, 3))
+    cv2.fillPoly(out, [np.round(poly).astype(np.int32)], colour)
+    return out
+
+
+def eyeband(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
+    """Dark glasses or a hand across the eyes, from the landmarks: a flat band whose height grows with severity."""
+    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
+    iod = float(np.linalg.norm(lm[1] - lm[0]))
+    h = [0.25, 0.35, 0.5, 0.65, 0.8][s - 1] * iod
+    across = (lm[1] - lm[0]) / max(1e-6, iod)
+    up = np.array([across[1], -across[0]])
+    a, b = lm[0] - 0.55 * iod * across, lm[1] + 0.55 * iod * across
+    poly = np.array([a + h / 2 * up, b + h / 2 * up, b - h / 2 * up, a - h / 2 * up])
+    out = img.copy()
+    cv2.fillPoly(out, [np.round(poly).astype(np.int32)], tuple(int(v) for v in rng.integers(0, 60, 3)))
+    return out
+
+
+#: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
+FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband}

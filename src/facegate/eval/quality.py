@@ -35,6 +35,7 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.eval.lfw import Pair, evaluate_scores, read_pairs, threshold_at_fmr
+from facegate.eval.p1 import p1_report
 from facegate.models.quality import save_head
 from facegate.training.rts import (
     RTSConfig,
@@ -545,6 +546,19 @@ def eval_quality(
         "rts_head": gating_table(table, ps, sim, xf.quality, threshold, q_candidates),
         "feature_norm": gating_table(table, ps, sim, xf.norm_quality, threshold, q_candidates),
     }
+    p1 = p1_report(
+        a=ps.a,
+        b=ps.b,
+        same=ps.same,
+        found=table["found"],
+        severity=table["severity"].astype(np.int64),
+        degradation=table["degradation"],
+        identity=table["identity"],
+        sim=sim,
+        face_scores=scores,
+        threshold=threshold,
+        threshold_check=threshold_at_fmr(sim[~ps.same], 1e-4),
+    )
     lbl = np.array([p.same for p in pairs])
     clean_sim = sim[clean]
     verif: dict[str, Any] = {}
@@ -585,6 +599,7 @@ def eval_quality(
         "gating": gating,
         "folds": xf.folds,
         "lfw_verification_clean": verif,
+        "p1": p1,
         "config": asdict(config),
         "edc_curve_mean": {
             "x": grid[::10].round(4).tolist(),

@@ -18,12 +18,12 @@ sends the upload's bytes once, and the engine process
    to the host once (:func:`faces_selected_on_device`, the stage's ``execute``); photos the device cannot
    settle exactly take the host rule.
 
-A decoded image of exactly 112×112 is taken as a pre-aligned crop (no detection), as in
-:meth:`FaceService.faces`. Only the ``largest`` face policy and no crops in the answer: other requests
-take the host path, and so do uploads that are not JPEGs (``api.routes.faces_of_upload``), which
-the stage would decode on the engine process's CPU. The host and device paths agree within the tolerances of
-``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler differ from
-libjpeg-turbo's and OpenCV's by rounding).
+Every photo is detected, whatever its size: a photo is taken as an aligned crop only when the client says so
+(``aligned=true``), and those go to the ``embed`` stage, not here. Only the ``largest`` face policy and no
+crops in the answer: other requests take the host path, and so do uploads that are not JPEGs
+(``api.routes.faces_of_upload``), which the stage would decode on the engine process's CPU. The host and
+device paths agree within the tolerances of ``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the
+bilinear sampler differ from libjpeg-turbo's and OpenCV's by rounding).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, w
 from facegate.pipeline.base import PipelineView, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
+from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS, SHARP_SCALE
 from facegate.types import Detection, FaceSelect
 
 __all__ = [
@@ -62,8 +63,7 @@ class PreparedPhotos:
 
     Attributes:
         decoded: per photo its ``(3, H, W) uint8`` tensor, or its error.
-        photos: index → tensor of the photos to detect in (not errors, not 112×112 crops).
-        aligned: indices of the decoded 112×112 inputs, taken as pre-aligned crops.
+        photos: index → tensor of the photos to detect in (not errors).
         det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
             ``det_max_batch_pixels`` per forward (as :meth:`PipelineView.detect_groups`).
         det_pending: the detector forwards enqueued on the device by ``prepare``
@@ -72,23 +72,18 @@ class PreparedPhotos:
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
-    aligned: list[int]
     det_batches: list[tuple[list[int], Any]]
     det_pending: DetPending | None = None
 
 
 @torch.inference_mode()
 def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
-    """Sort decoded photos into crops, photos and errors, and build the detector canvases on the device."""
+    """Sort decoded photos from errors, and build the detector canvases on the device."""
     det = pipe.detector
     photos: dict[int, torch.Tensor] = {}
-    aligned: list[int] = []
     groups: dict[tuple[int, int], list[int]] = {}
     for i, t in enumerate(decoded):
         if isinstance(t, FacegateError):
-            continue
-        if tuple(t.shape[1:]) == (CROP_SIZE, CROP_SIZE):
-            aligned.append(i)
             continue
         photos[i] = t
         groups.setdefault(det.padded_hw(int(t.shape[1]), int(t.shape[2])), []).append(i)
@@ -100,7 +95,22 @@ def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | Facegate
         for k in range(0, len(idx), step):
             sub = idx[k : k + step]
             batches.append((sub, det.preprocess_tensors([photos[i] for i in sub])))
-    return PreparedPhotos(list(decoded), photos, aligned, batches)
+    return PreparedPhotos(list(decoded), photos, batches)
+
+
+def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
+    """:func:`facegate.quality_reasons.crop_stats` on the device: ``(K, 112, 112, 3) uint8 → (K, 3) float32``."""
+    face = crops[:, FACE_ROWS, FACE_COLS].float()
+    # Python-scalar weights: a weight tensor made here would be a host→device copy per batch
+    grey = 0.299 * face[..., 0] + 0.587 * face[..., 1] + 0.114 * face[..., 2]
+    lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
+    k, h, wd = grey.shape
+    bh, bw = h // FLAT_BLOCK, wd // FLAT_BLOCK
+    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
+    spread = grey.flatten(1).std(dim=1, unbiased=False)
+    flat = (blocks.std(dim=(2, 4), unbiased=False) < FLAT_STD * (spread[:, None, None] + 1.0)).float().mean(dim=(1, 2))
+    sharp = SHARP_SCALE * lap.flatten(1).var(dim=1, unbiased=False) / (spread**2 + 1.0)
+    return torch.stack([sharp, grey.mean(dim=(1, 2)), flat], 1)
 
 
 def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[tuple[int, int]]:
@@ -141,14 +151,21 @@ def _warp(
 
 
 def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
-    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from the recognizer's rows ``res (K, d + 2)`` of it."""
-    d = res.shape[1] - 2
+    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from its rows of ``res (K, d + 2 + N_STATS)``: the
+    recognizer's outputs, then the crop's statistics."""
+    d = res.shape[1] - 2 - N_STATS
     rows: dict[int, list[int]] = {}
     for r, i in enumerate(owners):
         rows.setdefault(i, []).append(r)
     for i, r in rows.items():
         sel = res[r]
-        out[i] = PhotoFaces(chosen.get(i, [None]), sel[:, :d].copy(), sel[:, d].copy(), sel[:, d + 1].copy())  # type: ignore[arg-type]
+        out[i] = PhotoFaces(
+            chosen.get(i, [None]),  # type: ignore[arg-type]
+            sel[:, :d].copy(),
+            sel[:, d].copy(),
+            sel[:, d + 1].copy(),
+            sel[:, d + 2 :].copy(),
+        )
 
 
 @torch.inference_mode()
@@ -163,7 +180,7 @@ def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> li
     answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
     (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
     """
-    decoded, photos, aligned = prepared.decoded, prepared.photos, prepared.aligned
+    decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
     assert pending is not None and pending.post_out is not None
@@ -191,30 +208,24 @@ def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> li
                 crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
             meta.append(rows_meta)
             owners += idx
-    if aligned:
-        crops.append(torch.stack([decoded[i].permute(1, 2, 0) for i in aligned]))
-        meta.append(torch.zeros((len(aligned), 17), dtype=torch.float32, device=crops[-1].device))
-        owners += aligned
     if not owners:
         return out
-    res = pipe.recognize(torch.cat(crops).contiguous())
-    host = torch.cat([torch.cat(meta).to(res.device), res.float()], 1).cpu().numpy()  # the one wait
+    crop_all = torch.cat(crops).contiguous()
+    res = torch.cat([pipe.recognize(crop_all).float(), crop_stats_torch(crop_all)], 1)
+    host = torch.cat([torch.cat(meta).to(res.device), res], 1).cpu().numpy()  # the one wait
     faces: dict[int, list[Detection]] = {}
     keep: list[int] = []
     fallback: set[int] = set()
     for r, i in enumerate(owners):
-        if i in photos and not host[r, 16]:
+        if not host[r, 16]:
             fallback.add(i)
             continue
-        if i in photos and not host[r, 15]:
+        if not host[r, 15]:
             out[i] = NoFaceError("no face found in the image")
             continue
-        if i in photos:
-            faces[i] = [
-                Detection(
-                    box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14])
-                )
-            ]
+        faces[i] = [
+            Detection(box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14]))
+        ]
         keep.append(r)
     _fill(out, host[keep, 17:], [owners[r] for r in keep], faces)
     if fallback:  # the host rule for the photos the device could not settle exactly
@@ -229,7 +240,9 @@ def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> li
                         out[i] = exc
         fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
         if fb_owners:
-            _fill(out, pipe.recognize(fb_crops.contiguous()).cpu().numpy(), fb_owners, chosen_fb)
+            fb_crops = fb_crops.contiguous()
+            fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1)
+            _fill(out, fb_res.cpu().numpy(), fb_owners, chosen_fb)
     return out
 
 

@@ -26,6 +26,16 @@ from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
 from facegate.pipeline.base import select_faces
+from facegate.quality_reasons import (
+    ReasonThresholds,
+    crop_stats,
+    enrol_gate,
+    enrol_verdict,
+    face_reasons,
+    load_reliability,
+    quality_verdict,
+    reliability,
+)
 from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
 
@@ -210,17 +220,6 @@ def start_photo_check() -> Callable[[], bool]:
     return wait
 
 
-def quality_verdict(score: float, raw: float, threshold: float) -> QualityVerdict:
-    """The gate: accept when ``score >= threshold``, else refuse with a 'retake' reason."""
-    accepted = bool(score >= threshold)
-    reason = None
-    if not accepted:
-        reason = f"retake: quality {score:.2f} is below the gate {threshold:.2f}"
-    return QualityVerdict(
-        score=float(score), raw=float(raw), threshold=float(threshold), accepted=accepted, reason=reason
-    )
-
-
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two L2-normalised ``(D,) float32`` embeddings."""
     return float(np.dot(a.astype(np.float64), b.astype(np.float64)))
@@ -254,6 +253,12 @@ class FacePipeline:
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
+        #: the limits behind each face's reasons, and whether missing one refuses the face (``Settings.quality``)
+        self.reason_limits = ReasonThresholds.from_settings()
+        self.refuse_on_reasons = True
+        self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
+        #: per-comparison reliability weights (only for the model they were fitted on, at its own threshold)
+        self.reliability_weights = load_reliability(spec.name) if spec is not None else None
         #: largest sub-batch per forward on the CPU (ServingPlan.cpu_chunk); None = no split
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
@@ -392,6 +397,7 @@ class FacePipeline:
             operating.quality_threshold,
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
+        pipe.set_quality(settings)
         pipe.precision = plan.precision
         pipe.det_max_batch_pixels = plan.det_max_batch_pixels
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
@@ -494,9 +500,26 @@ class FacePipeline:
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def gate(self, score: float, raw: float) -> QualityVerdict:
-        """The quality gate at the operating threshold."""
-        return quality_verdict(score, raw, self.operating.quality_threshold)
+    def set_quality(self, settings: Settings) -> None:
+        """Take the reasons' limits from ``settings.quality``."""
+        self.reason_limits = ReasonThresholds.from_settings(settings.quality)
+        self.refuse_on_reasons = settings.quality.refuse_on_reasons
+        self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
+
+    def enrol_verdict(self, face: Face) -> QualityVerdict:
+        """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""
+        return enrol_verdict(face.quality, self.enrol_threshold)
+
+    def gate(
+        self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
+    ) -> QualityVerdict:
+        """The quality gate at the operating threshold, with the face's reasons (:mod:`facegate.quality_reasons`).
+
+        ``stats``: the face's ``(3,)`` row of :func:`~facegate.quality_reasons.crop_stats`, ``None`` if unseen.
+        """
+        q = self.operating.quality_threshold
+        reasons = face_reasons(detection, stats, score, q, self.reason_limits)
+        return quality_verdict(score, raw, q, reasons, refuse_on_reasons=self.refuse_on_reasons)
 
     def make_faces(
         self,
@@ -507,13 +530,20 @@ class FacePipeline:
         raw: np.ndarray,
         *,
         keep_crops: bool = False,
+        stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """Assemble :class:`Face` results (gate applied) from stage outputs."""
+        """Assemble :class:`Face` results (gate and reasons applied) from stage outputs.
+
+        ``stats``: ``(K, 3) float32`` :func:`~facegate.quality_reasons.crop_stats` of crops seen elsewhere (the
+        photo stage); computed here from ``crops`` when they are given.
+        """
+        if crops is not None and len(crops):
+            stats = crop_stats(crops)
         return [
             Face(
                 detection=det,
                 embedding=emb[i],
-                quality=self.gate(float(quality[i]), float(raw[i])),
+                quality=self.gate(float(quality[i]), float(raw[i]), det, None if stats is None else stats[i]),
                 crop=crops[i] if keep_crops and crops is not None else None,
             )
             for i, det in enumerate(detections)
@@ -527,14 +557,22 @@ class FacePipeline:
         select: FaceSelect | str = FaceSelect.LARGEST,
         face_index: int | None = None,
         keep_crops: bool = False,
-        skip_aligned: bool = True,
+        aligned: bool = False,
     ) -> list[list[Face]]:
         """All stages for a batch of images; per image, the selected faces.
 
-        A ``112×112`` image is taken as a pre-aligned crop and skips detection when ``skip_aligned``.
+        With ``aligned`` every image must be a ``(112, 112, 3) uint8`` aligned crop and skips detection;
+        without it every image is detected, whatever its size (a 112×112 photo is a photo).
         Raises :class:`NoFaceError` (for the first image without a face) like the service does.
         """
-        det_idx = [i for i, im in enumerate(images) if not (skip_aligned and is_aligned_crop(im))]
+        if aligned:
+            bad = [i for i, im in enumerate(images) if not is_aligned_crop(im)]
+            if bad:
+                raise InvalidParameterError(
+                    f"an aligned crop must be 112×112×3 uint8, got {images[bad[0]].shape} {images[bad[0]].dtype}",
+                    detail={"index": bad[0]},
+                )
+        det_idx = [] if aligned else list(range(len(images)))
         dets_all = self.detect([images[i] for i in det_idx]) if det_idx else []
         chosen: list[Detection | None] = []
         owner: list[int] = []
@@ -566,7 +604,12 @@ class FacePipeline:
             reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
             return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
         sim = cosine(a.embedding, b.embedding)
-        return CompareResult(sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False)
+        rel = None
+        if self.reliability_weights is not None:
+            rel = reliability(a.quality.score, b.quality.score, sim, op.match_threshold, self.reliability_weights)
+        return CompareResult(
+            sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False, reliability=rel
+        )
 
     # ------------------------------------------------------------------ engine stages
     def stages(self) -> list[Any]:

@@ -41,25 +41,27 @@ class PhotoFaces:
     """The selected faces of one photo, as the photo stage returns them (picklable: crosses processes).
 
     Attributes:
-        detections: per face its :class:`Detection`, or ``None`` for a pre-aligned 112×112 input.
+        detections: per face its :class:`Detection`.
         embedding: ``(k, D) float32`` L2-normalised embeddings.
         quality: ``(k,) float32`` quality scores in [0, 1].
         raw: ``(k,) float32`` raw quality scores.
+        stats: ``(k, 3) float32`` :func:`~facegate.quality_reasons.crop_stats` of the aligned crops.
     """
 
     detections: list[Detection | None]
     embedding: np.ndarray
     quality: np.ndarray
     raw: np.ndarray
+    stats: np.ndarray
 
     def pack(self) -> np.ndarray:
-        """``(k, D + 18) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score.
+        """``(k, D + 21) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score, stats.
 
         Every field is float32 already (a detection's score is a float32 value), so :func:`unpack_photo_faces`
         rebuilds an equal object.
         """
         k, d = self.embedding.shape
-        out = np.zeros((k, d + 18), np.float32)
+        out = np.zeros((k, d + 21), np.float32)
         out[:, :d] = self.embedding
         out[:, d], out[:, d + 1] = self.quality, self.raw
         for r, det in enumerate(self.detections):
@@ -68,6 +70,7 @@ class PhotoFaces:
                 out[r, d + 3 : d + 7] = det.box
                 out[r, d + 7 : d + 17] = det.landmarks.reshape(10)
                 out[r, d + 17] = det.score
+        out[:, d + 18 :] = self.stats
         return out
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
@@ -78,11 +81,13 @@ class PhotoFaces:
 
 def unpack_photo_faces(packed: np.ndarray) -> PhotoFaces:
     """The inverse of :meth:`PhotoFaces.pack`."""
-    d = packed.shape[1] - 18
+    d = packed.shape[1] - 21
     dets: list[Detection | None] = [
         Detection(box=r[d + 3 : d + 7].copy(), landmarks=r[d + 7 : d + 17].reshape(5, 2).copy(), score=float(r[d + 17]))
         if r[d + 2]
         else None
         for r in packed
     ]
-    return PhotoFaces(dets, packed[:, :d].copy(), packed[:, d].copy(), packed[:, d + 1].copy())
+    return PhotoFaces(
+        dets, packed[:, :d].copy(), packed[:, d].copy(), packed[:, d + 1].copy(), packed[:, d + 18 :].copy()
+    )

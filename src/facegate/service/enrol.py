@@ -124,9 +124,12 @@ def enrol_photos(
     *,
     batch_size: int,
     requires_quality: bool,
+    verdict: Callable[[Any], Any] | None = None,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> EnrolReport:
     """Enrol every subject's photos, ``batch_size`` photos per pipeline call (across subjects).
+
+    ``verdict(face)``: the enrolment gate (:func:`facegate.service.gallery.decide_enrolment`).
 
     ``progress(photos, faces, refusals)`` is called after each batch.
     """
@@ -148,7 +151,7 @@ def enrol_photos(
         for sid, ps, digest in group:
             mine = results[start : start + len(ps)]
             start += len(ps)
-            decision = decide_enrolment(sid, mine, requires_quality=requires_quality)
+            decision = decide_enrolment(sid, mine, requires_quality=requires_quality, verdict=verdict)
             for r in decision.refused:
                 report.refused.append(
                     {"path": str(ps[r.index]), "subject_id": sid, "code": str(r.code), "reason": r.reason}

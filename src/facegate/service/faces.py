@@ -138,6 +138,7 @@ class FaceService:
         configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
         operating = Operating(**info["operating"])
         pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
+        pipeline.set_quality(settings)
         service = cls(pipeline, settings, engine=remote)
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
@@ -234,10 +235,9 @@ class FaceService:
     ) -> list[Face]:
         """Detect, select, align, embed and gate the faces of one image.
 
-        A 112×112 image is taken as a pre-aligned crop. Raises :class:`NoFaceError` when none is found.
+        Every image is detected, whatever its size: only the caller knows that an upload is an aligned crop
+        (:meth:`face_aligned`). Raises :class:`NoFaceError` when none is found.
         """
-        if is_aligned_crop(image):
-            return [await self.face_aligned(image, keep_crop=keep_crops)]
         dets = await self.detect(image)
         chosen = select_faces(dets, select, face_index)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
@@ -259,7 +259,7 @@ class FaceService:
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
         self._record(faces)
         return faces
 

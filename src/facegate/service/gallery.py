@@ -9,7 +9,7 @@ follows the store's change feed and is current with every acknowledged write.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
 from facegate.gallery.base import GalleryInfo, GalleryStore, SubjectInfo
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
+from facegate.types import QualityVerdict
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,18 @@ class EnrolDecision:
     error: FacegateError | None = None
 
 
-def decide_enrolment(subject_id: str, results: Sequence[Any], *, requires_quality: bool) -> EnrolDecision:
+def decide_enrolment(
+    subject_id: str,
+    results: Sequence[Any],
+    *,
+    requires_quality: bool,
+    verdict: Callable[[Any], QualityVerdict] | None = None,
+) -> EnrolDecision:
     """Split per-image results (a Face or the FacegateError of that image) into accepted and refused.
 
-    A face below the quality gate is refused when ``requires_quality``. With nothing accepted the
+    A face below the enrolment gate is refused when ``requires_quality``: ``verdict(face)`` is that gate
+    (the pipeline's :meth:`~facegate.pipeline.pipeline.FacePipeline.enrol_verdict`, stricter than the verify
+    gate); without it, the face's own verdict. With nothing accepted the
     decision carries :class:`QualityRejectedError` (when any refusal was the gate's, or there were no
     errors) or the first image's error, with every refusal in its detail.
     """
@@ -67,7 +76,9 @@ def decide_enrolment(subject_id: str, results: Sequence[Any], *, requires_qualit
             refused.append(Refusal(i, r.message, r.code))
         elif isinstance(r, BaseException):
             raise r
-        elif requires_quality and not r.quality.accepted:
+        elif requires_quality and verdict is not None and not (v := verdict(r)).accepted:
+            refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
+        elif requires_quality and verdict is None and not r.quality.accepted:
             refused.append(Refusal(i, refusal_reason(r), QualityRejectedError.code))
         else:
             accepted.append(r)

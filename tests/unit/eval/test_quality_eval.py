@@ -225,3 +225,10 @@ def test_eval_quality_end_to_end(tmp_path: Path) -> None:
     for m in (*fq.METHODS, "oracle"):
         assert 0 <= rep["mean"][m] <= 1
     assert rep["mean"]["oracle"] <= min(rep["mean"][m] for m in fq.METHODS) + 1e-12
+    # protocol P1: found-only comparisons at severity <= 3, every method against the norm, E between 0 and 1
+    p1 = saved["p1"]
+    assert p1["genuine_comparisons"] > 0 and 0.0 <= p1["failure_to_acquire"] <= 1.0 and p1["max_severity"] == 3
+    for m in ("rts_head", "detector", "heuristic", "pair_oracle", "per_face_oracle", "random"):
+        assert m in p1["all"], m
+    assert p1["all"]["pair_oracle"]["minus_best"]["pauc20"] == pytest.approx(0.0, abs=1e-12)
+    assert "pauc20_minus_feature_norm" in p1["all"]["rts_head"] and "check" in p1

@@ -98,7 +98,7 @@ def test_no_photo_stage_unless_asked_on_the_cpu() -> None:
 
 
 def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:
-    """Errors, a photo without a face and a pre-aligned crop (runs where LFW is absent, as in a clean CI)."""
+    """Errors, a photo without a face and a 112×112 photo (runs where LFW is absent, as in a clean CI)."""
     rng = np.random.default_rng(4)
     crop = rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)
     grey = np.full((240, 320, 3), 128, np.uint8)
@@ -106,11 +106,10 @@ def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:
     got = _run(PhotoStage(pipe, **LIMITS), datas)
     assert isinstance(got[1], EmptyInputError), got[1]
     assert isinstance(got[2], ImageDecodeError) and isinstance(got[3], NoFaceError)
-    ref = pipe.faces([crop])[0][0]  # a 112×112 image is taken as an aligned crop on both paths
-    for res in (got[0], got[4]):
-        assert isinstance(res, PhotoFaces) and res.detections == [None]
-        np.testing.assert_allclose(res.embedding[0], ref.embedding, atol=1e-5)
-        assert abs(float(res.quality[0]) - ref.quality.score) < 1e-5
+    # a 112×112 upload is a photo like any other: detected, and this noise holds no face
+    assert isinstance(got[0], NoFaceError) and isinstance(got[4], NoFaceError)
+    with pytest.raises(NoFaceError):
+        pipe.faces([crop])
 
 
 def test_photo_faces_pickle_as_one_array() -> None:
@@ -126,6 +125,7 @@ def test_photo_faces_pickle_as_one_array() -> None:
         rng.normal(size=(2, 128)).astype(np.float32),
         rng.uniform(size=2).astype(np.float32),
         rng.uniform(size=2).astype(np.float32),
+        rng.uniform(size=(2, 3)).astype(np.float32),
     )
     back = pickle.loads(pickle.dumps(faces, protocol=5))
     assert back.detections[1] is None and back.detections[0] is not None
@@ -133,10 +133,10 @@ def test_photo_faces_pickle_as_one_array() -> None:
     np.testing.assert_array_equal(back.detections[0].box, det.box)
     np.testing.assert_array_equal(back.detections[0].landmarks, det.landmarks)
     assert back.detections[0].box.dtype == np.float32 and back.detections[0].landmarks.shape == (5, 2)
-    for name in ("embedding", "quality", "raw"):
+    for name in ("embedding", "quality", "raw", "stats"):
         np.testing.assert_array_equal(getattr(back, name), getattr(faces, name))
         assert getattr(back, name).dtype == np.float32
-    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 18) * 4 + 250  # one array plus its header
+    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 21) * 4 + 250  # one array plus its header
 
 
 def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:
@@ -193,7 +193,7 @@ def test_every_item_gets_its_own_answer(pipe: FacePipeline, lfw_root: Path) -> N
     ok = [0, 2, 4, 5]
     cosines, box_px, dq = _compare(pipe, [datas[i] for i in ok], [got[i] for i in ok])
     assert max(dq) < 0.05, dq
-    assert got[4].detections == [None]  # type: ignore[union-attr]  # 112×112: a pre-aligned crop
+    assert got[4].detections[0] is not None  # type: ignore[union-attr]  # 112×112: detected like any photo
     assert min(cosines[:3]) > 0.995, cosines
     # the 1000-px photo is shrunk by torch's area filter here and OpenCV's INTER_AREA there
     assert box_px[3] < 4.0 and cosines[3] > 0.98, (box_px, cosines)

@@ -87,11 +87,24 @@ def test_batched_equals_single(pipeline: FacePipeline, photos: dict[str, np.ndar
     np.testing.assert_allclose(batched[1][0].detection.box, single[0][0].detection.box, atol=0.5)
 
 
-def test_aligned_crop_skips_detection(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+def test_aligned_crop_skips_detection_only_when_asked(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
     face = pipeline.faces([photos["a1"]], keep_crops=True)[0][0]
-    again = pipeline.faces([face.crop])[0][0]
+    again = pipeline.faces([face.crop], aligned=True)[0][0]
     assert again.detection is None
     assert float(np.dot(face.embedding, again.embedding)) > 0.9999
+    with pytest.raises(InvalidParameterError):
+        pipeline.faces([photos["a1"]], aligned=True)
+
+
+def test_a_112_pixel_photo_is_detected(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+    """Only ``aligned=True`` marks an image as an aligned crop: a photo shrunk to 112×112 is detected."""
+    import cv2
+
+    small = cv2.resize(photos["a1"], (112, 112), interpolation=cv2.INTER_AREA)
+    face = pipeline.faces([small])[0][0]
+    assert face.detection is not None
+    ref = pipeline.faces([photos["a1"]])[0][0]
+    assert float(np.dot(face.embedding, ref.embedding)) >= pipeline.operating.match_threshold
 
 
 def test_gate_refuses_and_never_compares(photos: dict[str, np.ndarray]) -> None:

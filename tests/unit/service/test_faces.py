@@ -130,7 +130,9 @@ def test_the_front_end_side_never_imports_torch() -> None:
 
     det = Detection(box=np.arange(4, dtype=np.float32), landmarks=np.ones((5, 2), np.float32), score=0.9)
     emb = np.ones((1, 4), np.float32)
-    results = pickle.dumps([EmbedOut(np.ones((2, 6), np.float32)), PhotoFaces([det], emb, emb[:, 0], emb[:, 1])])
+    results = pickle.dumps(
+        [EmbedOut(np.ones((2, 6), np.float32)), PhotoFaces([det], emb, emb[:, 0], emb[:, 1], emb[:, :3])]
+    )
     code = (
         "import pickle, sys\n"
         "got = pickle.loads(sys.stdin.buffer.read())\n"

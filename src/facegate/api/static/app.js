@@ -147,6 +147,18 @@
     );
   }
 
+  /** List a face's quality reasons (each a measured value against its limit); empty for a good face. */
+  function setReasons(list, quality) {
+    const items = (quality?.reasons || []).map((r) => {
+      const li = document.createElement("li");
+      li.dataset.code = r.code;
+      li.textContent = r.message;
+      return li;
+    });
+    list.replaceChildren(...items);
+    list.hidden = items.length === 0;
+  }
+
   const qualityText = (q) =>
     q ? `quality ${fmt(q.score, 2)} (gate ${fmt(q.threshold, 2)}) · ${q.accepted ? "passes" : "below gate"}` : "–";
 
@@ -341,6 +353,7 @@
         tid(`compare-quality-${n}`, this.result).textContent = qualityText(face.quality);
         setQualityBar(tid(`compare-qbar-${n}`, this.result), face.quality);
         tid(`compare-face-reason-${n}`, this.result).textContent = face.quality?.reason || "";
+        setReasons(tid(`compare-face-reasons-${n}`, this.result), face.quality);
         tid(`compare-face-${n}`, this.result).classList.toggle("refused", face.quality && !face.quality.accepted);
       });
       show(this.result, true);

@@ -1,0 +1,218 @@
+"""Choosing the verify and enrolment gates on held-out folds, and fitting per-comparison reliability.
+
+Both read a feature table of LFW faces (:func:`facegate.eval.features.extract`) and its comparisons
+(:func:`facegate.eval.quality.build_pairs`: clean pairs plus one-side-degraded pairs).
+
+**Gates.** A gate is the least quality ``q*`` a face needs. The *verify* gate (compare, search) is the largest
+``q*`` that refuses at most ``verify_max_clean`` (0.5 %) of clean faces on the training folds; the *enrolment*
+gate is the largest that refuses at most ``enrol_max_clean`` (2 %) of them: stricter, because a poor enrolment
+hurts every later comparison, and an enrolling person can retake a photo at once. Each fold's gates are chosen on
+the other nine folds and applied to it; the report pools the held-out folds, with 95 % CIs from a bootstrap over
+identities.
+
+**Reliability.** ``P(the verdict is right | q_a, q_b, similarity)`` by logistic regression on
+``[1, m·d, d, logit q_min, logit q_max, m·logit q_min]`` where ``d = (similarity − threshold)`` and ``m = ±1`` is
+the verdict (match / no match); cross-fitted (each fold scored by the fit of the other nine), with held-out ECE
+and Brier score. The probability is for LFW's 1:1 mix of genuine and impostor comparisons.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from facegate.eval.quality import PairSet
+from facegate.quality_reasons import RELIABILITY_FEATURES, reliability_features
+
+log = logging.getLogger(__name__)
+
+RELIABILITY_FORMAT = "facegate.reliability"
+
+
+# --------------------------------------------------------------------------- gates
+def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
+    """The largest ``q*`` with ``mean(q_clean < q*) <= max_refusal`` (``q_clean``: clean faces' qualities)."""
+    q = np.sort(np.asarray(q_clean, np.float64))
+    if q.size == 0:
+        return 0.0
+    k = math.floor(max_refusal * q.size)  # at most k faces may fall below the gate
+    return float(q[k]) if k < q.size else 1.0
+
+
+def _bootstrap(values: dict[str, np.ndarray], groups: np.ndarray, stat, draws: int, seed: int) -> tuple[float, float]:
+    """95 % percentile interval of ``stat(**values[idx])`` over resampled groups (identities)."""
+    rng = np.random.default_rng(seed)
+    uniq, inv = np.unique(groups, return_inverse=True)
+    members = [np.flatnonzero(inv == g) for g in range(uniq.size)]
+    out = []
+    for _ in range(draws):
+        pick = rng.integers(0, uniq.size, uniq.size)
+        idx = np.concatenate([members[g] for g in pick])
+        out.append(stat(**{k: v[idx] for k, v in values.items()}))
+    lo, hi = np.nanpercentile(np.asarray(out, np.float64), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def gate_study(
+    q: np.ndarray,
+    clean: np.ndarray,
+    identity: np.ndarray,
+    fold_of_row: np.ndarray,
+    ps: PairSet,
+    sim: np.ndarray,
+    threshold: float,
+    *,
+    verify_max_clean: float = 0.005,
+    enrol_max_clean: float = 0.02,
+    draws: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Gates chosen per held-out fold, and what they do there.
+
+    Args:
+        q: ``(N,)`` face quality (0 where no face was found).
+        clean: ``(N,)`` bool, the clean photos.
+        identity: ``(N,)`` identity per face (the bootstrap's unit).
+        fold_of_row: ``(N,)`` the face's fold.
+        ps: the comparisons; side ``a`` is the enrolled photo, side ``b`` the probe.
+        sim: ``(P,)`` similarity (−1 where a face is missing).
+        threshold: the match threshold.
+    """
+    folds = sorted(set(ps.fold.tolist()))
+    gv = np.zeros(len(ps.same))
+    ge = np.zeros(len(ps.same))
+    rows = []
+    face_gv = np.zeros(q.size)
+    face_ge = np.zeros(q.size)
+    for f in folds:
+        train = clean & (fold_of_row != f) & (q > 0)
+        v, e = choose_gate(q[train], verify_max_clean), choose_gate(q[train], enrol_max_clean)
+        gv[ps.fold == f], ge[ps.fold == f] = v, e
+        face_gv[fold_of_row == f], face_ge[fold_of_row == f] = v, e
+        rows.append({"fold": f, "verify_gate": v, "enrol_gate": e})
+    qa, qb = q[ps.a], q[ps.b]
+    pair_id = identity[ps.a]
+    out: dict[str, Any] = {"folds": rows, "threshold": threshold}
+    for name, ok in {
+        "no_gate": np.ones(len(ps.same), bool),
+        "verify": (qa >= gv) & (qb >= gv),
+        "enrol_then_verify": (qa >= ge) & (qb >= gv),
+    }.items():
+        vals = {"ok": ok, "same": ps.same, "match": sim >= threshold, "clean_pair": ~ps.degraded}
+
+        def refusal(ok, same, match, clean_pair):
+            return float(1.0 - ok[same].mean())
+
+        def fnmr(ok, same, match, clean_pair):
+            m = ok & same
+            return float((~match[m]).mean()) if m.any() else float("nan")
+
+        def fmr(ok, same, match, clean_pair):
+            m = ok & ~same
+            return float(match[m].mean()) if m.any() else float("nan")
+
+        def clean_refusal(ok, same, match, clean_pair):
+            m = same & clean_pair
+            return float(1.0 - ok[m].mean()) if m.any() else float("nan")
+
+        out[name] = {
+            k: {"value": fn(**vals), "ci95": _bootstrap(vals, pair_id, fn, draws, seed)}
+            for k, fn in (
+                ("genuine_refusal", refusal),
+                ("fnmr", fnmr),
+                ("fmr", fmr),
+                ("clean_pair_refusal", clean_refusal),
+            )
+        }
+    found = q > 0
+    out["faces"] = {
+        "clean_refused_at_verify": float((q[clean & found] < face_gv[clean & found]).mean()),
+        "clean_refused_at_enrol": float((q[clean & found] < face_ge[clean & found]).mean()),
+        "degraded_refused_at_verify": float((q[~clean & found] < face_gv[~clean & found]).mean()),
+        "degraded_refused_at_enrol": float((q[~clean & found] < face_ge[~clean & found]).mean()),
+    }
+    all_clean = clean & found
+    out["shipped"] = {
+        "verify_gate": choose_gate(q[all_clean], verify_max_clean),
+        "enrol_gate": choose_gate(q[all_clean], enrol_max_clean),
+    }
+    return out
+
+
+# --------------------------------------------------------------------------- reliability
+def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
+    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` weights (the first
+    column, the bias, is not penalised)."""
+    w = np.zeros(x.shape[1])
+    reg = l2 * x.shape[0] * np.eye(x.shape[1])
+    reg[0, 0] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        g = x.T @ (p - y) + reg @ w
+        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(x.shape[1])
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return w
+
+
+def ece(p: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
+    """Expected calibration error over ``bins`` equal-width bins of ``p``."""
+    edges = np.linspace(0, 1, bins + 1)
+    idx = np.clip(np.digitize(p, edges) - 1, 0, bins - 1)
+    total = 0.0
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            total += m.mean() * abs(p[m].mean() - y[m].mean())
+    return float(total)
+
+
+def reliability_study(
+    q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: float, *, found_only: bool = True
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Cross-fitted reliability: held-out ECE and Brier per fold, and the weights fitted on every fold."""
+    ok = (sim > -1) if found_only else np.ones(sim.size, bool)
+    x = reliability_features(q[ps.a], q[ps.b], sim, threshold)
+    y = ((sim >= threshold) == ps.same).astype(np.float64)
+    p = np.full(sim.size, np.nan)
+    rows = []
+    for f in sorted(set(ps.fold.tolist())):
+        train, test = ok & (ps.fold != f), ok & (ps.fold == f)
+        w = fit_logistic_nd(x[train], y[train])
+        p[test] = 1.0 / (1.0 + np.exp(-(x[test] @ w)))
+        rows.append({"fold": f, "ece": ece(p[test], y[test]), "brier": float(np.mean((p[test] - y[test]) ** 2))})
+    w_all = fit_logistic_nd(x[ok], y[ok])
+    held = ok & np.isfinite(p)
+    report = {
+        "features": list(RELIABILITY_FEATURES),
+        "folds": rows,
+        "held_out_ece_mean": float(np.mean([r["ece"] for r in rows])),
+        "held_out_ece_pooled": ece(p[held], y[held]),
+        "held_out_brier_pooled": float(np.mean((p[held] - y[held]) ** 2)),
+        "verdict_right_rate": float(y[ok].mean()),
+        "comparisons": int(ok.sum()),
+        "weights": [float(v) for v in w_all],
+    }
+    return report, w_all
+
+
+def save_reliability(path: Path, weights: Sequence[float], *, model: str, threshold: float, meta: dict) -> None:
+    """Write the shipped reliability weights as JSON (read by :func:`facegate.quality_reasons.load_reliability`)."""
+    payload = {
+        "format": RELIABILITY_FORMAT,
+        "version": 1,
+        "model": model,
+        "threshold": threshold,
+        "features": list(RELIABILITY_FEATURES),
+        "weights": [float(v) for v in weights],
+        "meta": meta,
+    }
+    Path(path).write_text(json.dumps(payload, indent=1) + "\n")

@@ -1,0 +1,190 @@
+"""EDC metrics of protocol P1: comparisons with both faces found, pAUC at 20 % and 10 % discard, FNMR at 5 %,
+each raw, above the theoretical best and as the normalised excess over a true random baseline, with a paired
+bootstrap over identities against the feature norm.
+
+Inputs are per comparison (genuine only): a similarity and the two faces' qualities, plus an identity for the
+bootstrap. Comparisons where a face was not found are *not* in the EDC: the caller reports them as failure to
+acquire, so no method (random included) gets to discard them first.
+
+- **Pair quality**: ``min(q_a, q_b)``; ties are broken at random (seeded).
+- **Theoretical best**: discard exactly the failing comparisons first, ``FNMR(x) = max(0, (F0 − x) / (1 − x))``.
+- **Pair oracle**: discard by the comparison's own similarity (equal to the best at a fixed threshold).
+- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons; combined with ``min``
+  this is a floor for any per-face score.
+- **Random**: uniform scores, averaged over ``random_seeds`` (20) seeds.
+- **E** = (pAUC − best) / (random − best): 0 is the best possible, 1 is random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+DISCARDS = {"pauc20": 0.20, "pauc10": 0.10}
+FNMR_AT = 0.05
+
+
+def edc_curve(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, fnmr)`` step curve: after discarding the ``k`` lowest-quality comparisons, ``k = 0..n-1``.
+
+    Args:
+        fail: ``(n,)`` bool, the genuine comparison fails at the threshold.
+        pair_q: ``(n,)`` pair quality (higher is kept longer).
+    """
+    n = fail.size
+    tie = np.random.default_rng(seed).random(n)
+    order = np.lexsort((tie, pair_q))  # ascending quality: discarded first
+    f = fail[order].astype(np.float64)
+    kept_fail = f.sum() - np.concatenate([[0.0], np.cumsum(f)[:-1]])
+    kept = n - np.arange(n)
+    return np.arange(n) / n, kept_fail / kept
+
+
+def pauc(x: np.ndarray, fnmr: np.ndarray, x_max: float) -> float:
+    """Mean FNMR over discard fractions ``[0, x_max]`` of the step curve (FNMR units)."""
+    edges = np.append(x, 1.0)
+    widths = np.clip(np.minimum(edges[1:], x_max) - edges[:-1], 0.0, None)
+    return float((widths * fnmr).sum() / x_max)
+
+
+def fnmr_at(x: np.ndarray, fnmr: np.ndarray, discard: float) -> float:
+    """FNMR after discarding the fraction ``discard``."""
+    return float(fnmr[max(0, int(np.searchsorted(x, discard, side="right")) - 1)])
+
+
+def best_metrics(fail: np.ndarray) -> dict[str, float]:
+    """The theoretical best's metrics: failures discarded first."""
+    return metrics(fail, (~fail).astype(np.float64))
+
+
+def metrics(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> dict[str, float]:
+    """pAUC@20 %, pAUC@10 % and FNMR at 5 % discard of one pair quality."""
+    x, f = edc_curve(fail, pair_q, seed=seed)
+    out = {k: pauc(x, f, v) for k, v in DISCARDS.items()}
+    out["fnmr5"] = fnmr_at(x, f, FNMR_AT)
+    return out
+
+
+def per_face_oracle(face_a: np.ndarray, face_b: np.ndarray, sim: np.ndarray) -> np.ndarray:
+    """Per comparison ``min(o_a, o_b)`` where a face's ``o`` is the lowest similarity of its comparisons."""
+    n_faces = int(max(face_a.max(initial=-1), face_b.max(initial=-1))) + 1
+    low = np.full(n_faces, np.inf)
+    np.minimum.at(low, face_a, sim)
+    np.minimum.at(low, face_b, sim)
+    return np.minimum(low[face_a], low[face_b])
+
+
+def study(
+    fail: np.ndarray,
+    scores: Mapping[str, np.ndarray],
+    identity: np.ndarray,
+    *,
+    reference: str = "norm",
+    random_seeds: int = 20,
+    draws: int = 1000,
+    seed: int = 0,
+) -> dict[str, dict[str, object]]:
+    """Every method's metrics (raw, minus the best, E), and a paired bootstrap over identities of its difference
+    from ``reference``.
+
+    Args:
+        fail: ``(n,)`` bool per genuine comparison with both faces found.
+        scores: method → ``(n,)`` pair quality (``random`` is added here).
+        identity: ``(n,)`` identity per comparison (the bootstrap's unit).
+    """
+    best = best_metrics(fail)
+    rand = [metrics(fail, np.random.default_rng(seed + 1000 + k).random(fail.size)) for k in range(random_seeds)]
+    random_mean = {k: float(np.mean([r[k] for r in rand])) for k in best}
+    raw = {name: metrics(fail, q, seed=seed) for name, q in scores.items()}
+    raw["random"] = random_mean
+    uniq, inv = np.unique(identity, return_inverse=True)
+    members = [np.flatnonzero(inv == g) for g in range(uniq.size)]
+    rng = np.random.default_rng(seed)
+    diffs: dict[str, list[float]] = {name: [] for name in scores if name != reference}
+    for _ in range(draws):
+        idx = np.concatenate([members[g] for g in rng.integers(0, uniq.size, uniq.size)])
+        ref = metrics(fail[idx], scores[reference][idx], seed=seed)["pauc20"]
+        for name in diffs:
+            diffs[name].append(metrics(fail[idx], scores[name][idx], seed=seed)["pauc20"] - ref)
+    out: dict[str, dict[str, object]] = {}
+    for name, m in raw.items():
+        row: dict[str, object] = {
+            "raw": m,
+            "minus_best": {k: m[k] - best[k] for k in m},
+            "E": {k: (m[k] - best[k]) / (random_mean[k] - best[k]) if random_mean[k] > best[k] else None for k in m},
+        }
+        if name in diffs:
+            d = np.asarray(diffs[name])
+            lo, hi = np.percentile(d, [2.5, 97.5])
+            row[f"pauc20_minus_{reference}"] = {
+                "value": m["pauc20"] - raw[reference]["pauc20"],
+                "ci95": [float(lo), float(hi)],
+            }
+        out[name] = row
+    out["best"] = {"raw": best}
+    return out
+
+
+def p1_report(
+    *,
+    a: np.ndarray,
+    b: np.ndarray,
+    same: np.ndarray,
+    found: np.ndarray,
+    severity: np.ndarray,
+    degradation: np.ndarray,
+    identity: np.ndarray,
+    sim: np.ndarray,
+    face_scores: Mapping[str, np.ndarray],
+    threshold: float,
+    threshold_check: float | None = None,
+    max_severity: int = 3,
+    reference: str = "feature_norm",
+    draws: int = 1000,
+) -> dict[str, object]:
+    """P1 over a feature table's comparisons.
+
+    Args:
+        a, b: ``(P,)`` row indices of the two faces of each comparison.
+        same: ``(P,)`` genuine comparison.
+        found, severity, degradation, identity: per face row (``severity`` 0 for a clean photo).
+        sim: ``(P,)`` similarity.
+        face_scores: method → ``(N,)`` per-face quality (higher is better).
+        threshold: the operating threshold (FMR 1e-3); ``threshold_check`` a second one (FMR 1e-4).
+        max_severity: degraded sides above it are left out.
+    """
+    keep = same & (severity[a] <= max_severity) & (severity[b] <= max_severity)
+    both = keep & found[a] & found[b]
+    out: dict[str, object] = {
+        "genuine_comparisons": int(keep.sum()),
+        "failure_to_acquire": float(1.0 - both.sum() / max(1, keep.sum())),
+        "max_severity": max_severity,
+        "threshold": threshold,
+    }
+    ia, ib, s = a[both], b[both], sim[both]
+    pair_q = {m: np.minimum(v[ia], v[ib]) for m, v in face_scores.items()}
+    pair_q["pair_oracle"] = s
+    pair_q["per_face_oracle"] = per_face_oracle(ia, ib, s)
+    ident = identity[ia]
+    fail = s < threshold
+    out["fnmr_at_0"] = float(fail.mean()) if fail.size else None
+    out["all"] = study(fail, pair_q, ident, reference=reference, draws=draws)
+    clean = (severity[ia] == 0) & (severity[ib] == 0)
+    out["clean_only"] = study(
+        fail[clean], {k: v[clean] for k, v in pair_q.items()}, ident[clean], reference=reference, draws=draws // 5
+    )
+    side = np.where(severity[ia] > 0, degradation[ia], degradation[ib])
+    strata = {}
+    for name in sorted(set(side[~clean].tolist())):
+        m = side == name
+        if m.sum() >= 20:
+            strata[name] = study(
+                fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], reference=reference, draws=200
+            )
+    out["by_degradation"] = strata
+    if threshold_check is not None:
+        f4 = s < threshold_check
+        out["check_threshold"] = threshold_check
+        out["check"] = {k: metrics(f4, v) for k, v in pair_q.items()}
+    return out

@@ -1,0 +1,356 @@
+"""Why a face is poor: causes a person can act on, each a measured value against a threshold.
+
+The quality score says *how likely* a face is to be recognised; the reasons say *why not*. Each reason is
+computed from what the pipeline already has, with no extra model and no torch (front-end processes run it):
+
+* ``too_small``: inter-ocular distance in source pixels, from the detector's eye landmarks;
+* ``pose``: yaw and pitch in degrees, estimated from the 5 landmarks (nose offset from the eye-mouth axis);
+* ``blur``: variance of the Laplacian of the aligned crop's grey levels over their variance (low is blurred);
+* ``too_dark`` / ``too_bright``: mean grey level of the crop's central face region (0–255);
+* ``occluded``: the fraction of the crop's face region covered by flat blocks (flat for the face's own contrast),
+  as a mask, a hand or dark glasses leave;
+* ``low_confidence``: the detector's score;
+* ``out_of_distribution``: the calibrated quality score below the gate (the recognizer does not know this face).
+
+The thresholds are measured on labelled LFW variants (``benchmarks/quality_reasons.py``, ``docs/quality.md``);
+:class:`ReasonThresholds` holds the shipped values and ``Settings.quality`` lets a deployment change them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facegate.config import QualitySettings
+from facegate.types import Detection, QualityReason, QualityVerdict
+
+#: Columns of :func:`crop_stats`.
+STAT_BLUR, STAT_LUMA, STAT_FLAT = 0, 1, 2
+N_STATS = 3
+#: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
+FACE_ROWS = slice(24, 108)
+FACE_COLS = slice(20, 92)
+#: Side of the blocks whose grey-level spread decides "flat", and the spread below which one is, as a share of the
+#: whole face region's spread: a mask or a hand is flat against the face's own contrast, so the test does not fire
+#: on a dark or low-contrast photo, whose every block is dim.
+FLAT_BLOCK = 12
+FLAT_STD = 0.06
+#: Sharpness is the Laplacian's variance over the grey levels' variance (times this scale): a blurred face has
+#: little high-frequency energy *for its contrast*, while a dark face has little of either.
+SHARP_SCALE = 100.0
+#: Depth of the nose tip in front of the eyes, in inter-ocular distances, and the nose's place between the eye
+#: line and the mouth line on a frontal face (the ArcFace template), for the landmark pose estimate.
+NOSE_DEPTH_IOD = 0.6
+NOSE_FRONTAL_T = 0.495
+EYE_MOUTH_PER_IOD = 40.6 / 35.2
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonThresholds:
+    """The limits a face must meet; a reason is given for every one it misses (``Settings.quality`` documents
+    each, and holds the shipped values).
+
+    Attributes:
+        min_iod_px: least inter-ocular distance in source pixels.
+        max_yaw_deg: largest absolute yaw (left-right head turn), degrees.
+        max_pitch_deg: largest absolute pitch (up-down tilt), degrees.
+        min_sharpness: least variance of the Laplacian of the aligned crop's grey levels.
+        min_luma: least mean grey level (0–255) of the crop's face region.
+        max_luma: largest mean grey level of the crop's face region.
+        max_flat: largest fraction of the face region in flat blocks (occlusion, mask).
+        min_det_score: least detector confidence.
+    """
+
+    min_iod_px: float
+    max_yaw_deg: float
+    max_pitch_deg: float
+    min_sharpness: float
+    min_luma: float
+    max_luma: float
+    max_flat: float
+    min_det_score: float
+
+    @classmethod
+    def from_settings(cls, quality: QualitySettings | None = None) -> ReasonThresholds:
+        """The limits of a :class:`~facegate.config.QualitySettings` (default: the shipped ones)."""
+        q = quality if quality is not None else QualitySettings()
+        return cls(**{f: getattr(q, f) for f in cls.__dataclass_fields__})
+
+
+def crop_stats(crops: np.ndarray) -> np.ndarray:
+    """Per aligned crop: sharpness, luminance and flat fraction.
+
+    Args:
+        crops: ``(K, 112, 112, 3) uint8`` RGB aligned crops.
+
+    Returns:
+        ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
+        region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
+        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's.
+    """
+    if crops.ndim != 4 or crops.shape[-1] != 3:
+        raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
+    grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
+    lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
+    k, h, w = grey.shape
+    bh, bw = h // FLAT_BLOCK, w // FLAT_BLOCK
+    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
+    spread = grey.std(axis=(1, 2))
+    flat = (blocks.std(axis=(2, 4)) < FLAT_STD * (spread[:, None, None] + 1.0)).mean(axis=(1, 2))
+    sharp = SHARP_SCALE * lap.var(axis=(1, 2)) / (spread**2 + 1.0)
+    return np.stack([sharp, grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
+
+
+def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
+    """``(iod_px, yaw_deg, pitch_deg)`` from ``(5, 2)`` landmarks in source pixels (order in :mod:`facegate.types`).
+
+    Yaw: the nose tip's signed offset from the eye-mouth axis, over the projected inter-ocular distance, read as
+    ``tan(yaw) · NOSE_DEPTH_IOD``. Pitch: the nose's place between the eye line and the mouth line against a
+    frontal face's. Both are coarse (a few degrees near frontal, worse past 45°): enough to tell a person to
+    face the camera.
+    """
+    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
+    eyes = (lm[0] + lm[1]) / 2.0
+    mouth = (lm[3] + lm[4]) / 2.0
+    iod = float(np.linalg.norm(lm[1] - lm[0]))
+    axis = mouth - eyes
+    height = float(np.linalg.norm(axis))
+    if iod < 1e-6 or height < 1e-6:
+        return iod, 0.0, 0.0
+    u = axis / height
+    rel = lm[2] - eyes
+    across = float(u[0] * rel[1] - u[1] * rel[0])  # signed distance of the nose from the eye-mouth line
+    along = float(np.dot(rel, u)) / height
+    # the larger of the two face sizes: the eye distance shrinks with yaw, the eye-mouth height with pitch
+    size = max(iod, height / EYE_MOUTH_PER_IOD)
+    yaw = math.degrees(math.atan2(-across / size, NOSE_DEPTH_IOD))
+    pitch_ratio = (along - NOSE_FRONTAL_T) * EYE_MOUTH_PER_IOD / NOSE_DEPTH_IOD
+    pitch = math.degrees(math.asin(max(-1.0, min(1.0, pitch_ratio))))
+    return iod, yaw, pitch
+
+
+def face_reasons(
+    detection: Detection | None,
+    stats: np.ndarray | None,
+    score: float,
+    gate: float,
+    limits: ReasonThresholds,
+) -> tuple[QualityReason, ...]:
+    """Every limit this face misses, most actionable first.
+
+    Args:
+        detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
+        stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
+        score: calibrated quality in ``[0, 1]``.
+        gate: the quality gate it is held to.
+        limits: the thresholds.
+    """
+    out: list[QualityReason] = []
+    if detection is not None:
+        iod, yaw, pitch = landmark_geometry(detection.landmarks)
+        if iod < limits.min_iod_px:
+            out.append(
+                QualityReason(
+                    "too_small",
+                    f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
+                    iod,
+                    limits.min_iod_px,
+                )
+            )
+        if abs(yaw) > limits.max_yaw_deg:
+            out.append(
+                QualityReason(
+                    "pose",
+                    f"face turned aside ({abs(yaw):.0f}° yaw, at most {limits.max_yaw_deg:.0f}°): face the camera",
+                    abs(yaw),
+                    limits.max_yaw_deg,
+                )
+            )
+        if abs(pitch) > limits.max_pitch_deg:
+            out.append(
+                QualityReason(
+                    "pose",
+                    f"face tilted ({abs(pitch):.0f}° pitch, at most {limits.max_pitch_deg:.0f}°): face the camera",
+                    abs(pitch),
+                    limits.max_pitch_deg,
+                )
+            )
+    if stats is not None:
+        sharp, luma, flat = (float(v) for v in stats[:N_STATS])
+        if luma < limits.min_luma:
+            out.append(
+                QualityReason(
+                    "too_dark",
+                    f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
+                    luma,
+                    limits.min_luma,
+                )
+            )
+        elif luma > limits.max_luma:
+            out.append(
+                QualityReason(
+                    "too_bright",
+                    f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
+                    luma,
+                    limits.max_luma,
+                )
+            )
+        exposed = not (limits.min_luma <= luma <= limits.max_luma)
+        if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
+            out.append(
+                QualityReason(
+                    "occluded",
+                    f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
+                    "remove masks, hands or glasses",
+                    flat,
+                    limits.max_flat,
+                )
+            )
+        if sharp < limits.min_sharpness:
+            out.append(
+                QualityReason(
+                    "blur",
+                    f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
+                    sharp,
+                    limits.min_sharpness,
+                )
+            )
+    if detection is not None and detection.score < limits.min_det_score:
+        out.append(
+            QualityReason(
+                "low_confidence",
+                f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
+                float(detection.score),
+                limits.min_det_score,
+            )
+        )
+    if score < gate:
+        out.append(
+            QualityReason(
+                "out_of_distribution",
+                f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
+                float(score),
+                float(gate),
+            )
+        )
+    return tuple(out)
+
+
+#: The enrolment gate chosen on held-out LFW folds (``benchmarks/quality_reasons.py``, ``docs/quality.md``): the
+#: largest quality that refuses at most 2 % of clean faces.
+ENROL_GATE = 0.75
+
+
+def enrol_gate(verify_gate: float, setting: float | None) -> float:
+    """The enrolment gate in force: the setting, else :data:`ENROL_GATE` when a verify gate is in force (a model
+    without a meaningful quality runs with gate 0, and then no stricter gate either); never below the verify gate."""
+    if setting is not None:
+        return max(float(setting), verify_gate)
+    return max(ENROL_GATE, verify_gate) if verify_gate > 0 else verify_gate
+
+
+#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_reasons.py`` writes them).
+RELIABILITY_FILES = {"sface": Path(__file__).parent / "models" / "heads" / "sface_reliability_v1.json"}
+RELIABILITY_FEATURES = ("bias", "verdict_margin", "margin", "logit_qmin", "logit_qmax", "verdict_logit_qmin")
+_Q_EPS = 1e-4
+
+
+def reliability_features(qa: np.ndarray, qb: np.ndarray, sim: np.ndarray, threshold: float) -> np.ndarray:
+    """``(P, 6) float64`` inputs of the reliability model, in the order of :data:`RELIABILITY_FEATURES`:
+    ``1, m·d, d, logit q_min, logit q_max, m·logit q_min`` with ``d = similarity − threshold`` and ``m = ±1`` the
+    verdict (match / no match)."""
+    qa, qb = np.atleast_1d(np.asarray(qa, np.float64)), np.atleast_1d(np.asarray(qb, np.float64))
+    lo = np.clip(np.minimum(qa, qb), _Q_EPS, 1 - _Q_EPS)
+    hi = np.clip(np.maximum(qa, qb), _Q_EPS, 1 - _Q_EPS)
+    d = np.atleast_1d(np.asarray(sim, np.float64)) - threshold
+    m = np.where(d >= 0, 1.0, -1.0)
+    llo, lhi = np.log(lo / (1 - lo)), np.log(hi / (1 - hi))
+    return np.stack([np.ones_like(d), m * d, d, llo, lhi, m * llo], axis=1)
+
+
+def load_reliability(model: str) -> np.ndarray | None:
+    """The shipped reliability weights ``(6,) float64`` of ``model``, or ``None`` when it has none."""
+    path = RELIABILITY_FILES.get(model)
+    if path is None or not path.is_file():
+        return None
+    obj = json.loads(path.read_text())
+    if obj.get("features") != list(RELIABILITY_FEATURES):
+        raise ValueError(f"{path}: reliability features {obj.get('features')} are not {list(RELIABILITY_FEATURES)}")
+    return np.asarray(obj["weights"], np.float64)
+
+
+def reliability(qa: float, qb: float, sim: float, threshold: float, weights: np.ndarray) -> float:
+    """Calibrated probability that the verdict ``sim >= threshold`` is right, given both faces' qualities."""
+    z = float(reliability_features(qa, qb, sim, threshold)[0] @ weights)
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def refusal_message(reasons: tuple[QualityReason, ...]) -> str:
+    """``"retake: <reason>; <reason>"``: what a refused person reads."""
+    return "retake: " + "; ".join(r.message for r in reasons)
+
+
+def quality_verdict(
+    score: float,
+    raw: float,
+    threshold: float,
+    reasons: tuple[QualityReason, ...] = (),
+    *,
+    refuse_on_reasons: bool = True,
+) -> QualityVerdict:
+    """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
+    refuse with a 'retake' message that names the reasons."""
+    accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
+    reason = None
+    if not accepted:
+        shown = reasons or (
+            QualityReason(
+                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
+            ),
+        )
+        reason = refusal_message(shown)
+    return QualityVerdict(
+        score=float(score),
+        raw=float(raw),
+        threshold=float(threshold),
+        accepted=accepted,
+        reason=reason,
+        reasons=reasons,
+    )
+
+
+def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
+    """``q`` at the enrolment gate: ``q`` itself when it passes, else a refusal that names the enrolment gate (unless
+    the quality gate's reason already says the score is too low) and the face's other reasons."""
+    if q.accepted and q.score >= gate:
+        return q
+    shown = q.reasons
+    if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
+        shown = (
+            *q.reasons,
+            QualityReason(
+                "below_enrol_gate", f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}", q.score, gate
+            ),
+        )
+    return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)
+
+
+__all__ = [
+    "ENROL_GATE",
+    "N_STATS",
+    "ReasonThresholds",
+    "crop_stats",
+    "enrol_gate",
+    "enrol_verdict",
+    "face_reasons",
+    "landmark_geometry",
+    "load_reliability",
+    "quality_verdict",
+    "refusal_message",
+    "reliability",
+    "reliability_features",
+]

@@ -1,0 +1,101 @@
+"""Quality reasons: each cause fires on the degradation it names, from landmarks and crop statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from facegate.config import QualitySettings, Settings
+from facegate.pipeline.align import ARCFACE_TEMPLATE
+from facegate.pipeline.photo import crop_stats_torch
+from facegate.pipeline.pipeline import quality_verdict
+from facegate.quality_reasons import ReasonThresholds, crop_stats, face_reasons, landmark_geometry
+from facegate.types import Detection
+
+LIMITS = ReasonThresholds.from_settings()
+
+
+def _det(landmarks: np.ndarray, score: float = 0.9) -> Detection:
+    return Detection(box=np.array([0, 0, 112, 112], np.float32), landmarks=landmarks.astype(np.float32), score=score)
+
+
+def test_geometry_of_the_template_and_of_a_turned_face() -> None:
+    iod, yaw, pitch = landmark_geometry(ARCFACE_TEMPLATE)
+    assert iod == pytest.approx(35.24, abs=0.05) and abs(yaw) < 0.5 and abs(pitch) < 0.5
+    turned = ARCFACE_TEMPLATE.copy()
+    turned[2, 0] += 0.6 * 35.24  # nose tip one depth unit aside: tan(yaw) = 1
+    assert abs(landmark_geometry(turned)[1]) == pytest.approx(45.0, abs=1.0)
+    big = ARCFACE_TEMPLATE * 3.0
+    assert landmark_geometry(big)[0] == pytest.approx(3 * 35.24, abs=0.1)
+
+
+def test_each_reason_names_its_value_and_limit() -> None:
+    small = _det(ARCFACE_TEMPLATE * 0.25)  # 9 px between the eyes
+    r = face_reasons(small, None, 0.9, 0.5, LIMITS)
+    assert [x.code for x in r] == ["too_small"]
+    assert r[0].message == f"face too small (9 px between the eyes, {LIMITS.min_iod_px:.0f} needed)"
+    assert r[0].value == pytest.approx(8.81, abs=0.1) and r[0].threshold == LIMITS.min_iod_px
+    r = face_reasons(_det(ARCFACE_TEMPLATE, score=0.4), None, 0.3, 0.5, LIMITS)
+    assert [x.code for x in r] == ["low_confidence", "out_of_distribution"]
+    dark = np.array([8.0, 12.0, 0.0], np.float32)
+    bright = np.array([8.0, 240.0, 0.0], np.float32)
+    covered = np.array([8.0, 120.0, 0.6], np.float32)
+    blurred = np.array([0.2, 120.0, 0.0], np.float32)
+    assert [x.code for x in face_reasons(None, dark, 0.9, 0.5, LIMITS)] == ["too_dark"]
+    assert [x.code for x in face_reasons(None, bright, 0.9, 0.5, LIMITS)] == ["too_bright"]
+    assert [x.code for x in face_reasons(None, covered, 0.9, 0.5, LIMITS)] == ["occluded"]
+    assert [x.code for x in face_reasons(None, blurred, 0.9, 0.5, LIMITS)] == ["blur"]
+    # clipped highlights are flat as well: the exposure is named, not an occlusion
+    assert [x.code for x in face_reasons(None, np.array([8.0, 240.0, 0.6]), 0.9, 0.5, LIMITS)] == ["too_bright"]
+    assert face_reasons(_det(ARCFACE_TEMPLATE * 2), np.array([8.0, 120.0, 0.0]), 0.9, 0.5, LIMITS) == ()
+
+
+def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
+    r = face_reasons(_det(ARCFACE_TEMPLATE * 0.25), None, 0.9, 0.5, LIMITS)
+    v = quality_verdict(0.9, 11.0, 0.5, r)
+    assert (
+        not v.accepted and v.reason == f"retake: face too small (9 px between the eyes, {LIMITS.min_iod_px:.0f} needed)"
+    )
+    assert v.to_dict()["reasons"] == [
+        {"code": "too_small", "message": r[0].message, "value": round(r[0].value, 4), "threshold": LIMITS.min_iod_px}
+    ]
+    advisory = quality_verdict(0.9, 11.0, 0.5, r, refuse_on_reasons=False)
+    assert advisory.accepted and advisory.reason is None and advisory.reasons == r
+    assert quality_verdict(0.2, 5.0, 0.5).reason == "retake: quality 0.20 is below the gate 0.50"
+
+
+def test_crop_stats_on_the_host_and_on_the_device_agree(lfw_root: Path) -> None:
+    img = cv2.cvtColor(cv2.imread(str(lfw_root / "lfw-deepfunneled/Colin_Powell/Colin_Powell_0001.jpg")), 4)
+    crop = np.ascontiguousarray(cv2.resize(img[60:190, 60:190], (112, 112)))
+    crops = np.stack([crop, cv2.GaussianBlur(crop, (0, 0), 3.0), (crop * 0.1).astype(np.uint8), crop])
+    crops[3, 60:108, 20:92] = 128  # a flat mask over the lower face
+    host = crop_stats(crops)
+    dev = crop_stats_torch(torch.from_numpy(crops)).numpy()
+    np.testing.assert_allclose(dev, host, rtol=1e-4, atol=1e-3)
+    sharp, luma, flat = host.T
+    assert sharp[1] < sharp[0] / 5 and luma[2] < 0.15 * luma[0] and flat[3] > flat[0] + 0.4
+
+
+def test_enrolment_gate_and_reliability() -> None:
+    from facegate.quality_reasons import ENROL_GATE, enrol_gate, load_reliability, reliability
+
+    assert enrol_gate(0.5, None) == ENROL_GATE > 0.5 and enrol_gate(0.0, None) == 0.0
+    assert enrol_gate(0.5, 0.3) == 0.5 and enrol_gate(0.5, 0.9) == 0.9
+    w = load_reliability("sface")
+    assert w is not None and load_reliability("no-such-model") is None
+    thr = 0.3582
+    sure = reliability(0.95, 0.95, 0.8, thr, w)
+    near = reliability(0.95, 0.95, thr + 0.01, thr, w)
+    poor = reliability(0.1, 0.95, 0.2, thr, w)  # a no-match of a poor face is less certain than one of good faces
+    good = reliability(0.95, 0.95, 0.2, thr, w)
+    assert 0.9 < sure <= 1.0 and near < sure and poor < good
+
+
+def test_settings_hold_the_limits() -> None:
+    s = Settings(quality=QualitySettings(min_iod_px=40.0))
+    assert ReasonThresholds.from_settings(s.quality).min_iod_px == 40.0
+    assert ReasonThresholds.from_settings().min_iod_px == QualitySettings().min_iod_px
