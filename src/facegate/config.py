@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -21,7 +21,9 @@ CompileMode = Literal["off", "graphs", "inductor"]
 class Settings(BaseSettings):
     """All facegate settings. Environment prefix: ``FACEGATE_``."""
 
-    model_config = SettingsConfigDict(env_prefix="FACEGATE_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FACEGATE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
 
     # ------------------------------------------------------------------ models
     model: str = Field("sface", min_length=1, description="Recognizer name in the model registry.")
@@ -423,6 +425,16 @@ class Settings(BaseSettings):
         None, description="LFW root (holds lfw-deepfunneled/ and pairs.txt); for eval and tests only."
     )
 
+    # ------------------------------------------------------------------ groups
+    security: SecuritySettings = Field(
+        default_factory=lambda: SecuritySettings(),
+        description="API keys, browser safety, rate limits (FACEGATE_SECURITY__<FIELD>).",
+    )
+    limits: LimitsSettings = Field(
+        default_factory=lambda: LimitsSettings(),
+        description="Admission and memory bounds of the HTTP front-end (FACEGATE_LIMITS__<FIELD>).",
+    )
+
     def resolved_device(self) -> str:
         """``'cuda'`` or ``'cpu'`` after resolving ``'auto'``."""
         if self.device != "auto":
@@ -430,3 +442,98 @@ class Settings(BaseSettings):
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SecuritySettings(BaseModel):
+    """Who may call the API, and what browsers may do with it (``Settings.security``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys_file: Path | None = Field(
+        None,
+        description=(
+            "File of hashed API keys (`facegate keys create|list|revoke`). None: `<data_dir>/api_keys.json`. "
+            "With at least one key every /api route needs one; with none the server listens on loopback only."
+        ),
+    )
+    no_auth: bool = Field(
+        False,
+        description=(
+            "Serve without API keys on any address (`facegate serve --no-auth`): every client may enrol, "
+            "delete and search. Without it, binding a non-loopback address with no keys refuses to start."
+        ),
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Browser origins (`https://app.example`) besides the server's own that may send state-changing "
+            "requests (POST, PUT, PATCH, DELETE); a request from any other Origin gets 403."
+        ),
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host header values the server answers (`facegate.example`, `10.0.0.5:7860`; `*` for any), against "
+            "DNS rebinding. Empty: loopback names only when bound to loopback, any host otherwise."
+        ),
+    )
+    metrics_access: Literal["open", "key"] = Field(
+        "open", description="/metrics: 'open' to anyone, or 'key': only with a valid API key (any scope)."
+    )
+    rate_limit_per_s: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e6,
+        description=(
+            "Requests per second each API key (or each client address, without keys) may make on average to "
+            "/api routes; beyond it 429 with Retry-After. None: no rate limit."
+        ),
+    )
+    rate_limit_burst: int = Field(
+        20, ge=1, le=1_000_000, description="Requests a key may make at once above its rate (token-bucket size)."
+    )
+
+
+class LimitsSettings(BaseModel):
+    """Bounds on the work and memory one request, and one front-end process, may take (``Settings.limits``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_admitted: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "/api requests one front-end process works on at once. More are answered 503 with Retry-After "
+            "at once, before their body is read. Each request must finish within request_timeout_s of its "
+            "arrival, so keep this near what the engine finishes in that time."
+        ),
+    )
+    request_pixels: int = Field(
+        100_000_000,
+        ge=4096,
+        le=10_000_000_000,
+        description=(
+            "Decoded pixels (width × height, read from the image headers before decoding) one request may "
+            "carry summed over its images; beyond it 413. An RGB pixel takes 3 bytes once decoded."
+        ),
+    )
+    decode_pixels_in_flight: int = Field(
+        400_000_000,
+        ge=4096,
+        le=100_000_000_000,
+        description=(
+            "Decoded pixels all requests of one front-end process may hold at once; a request waits (within "
+            "its deadline) until its images fit. Bounds the decode memory of a process at about 3 bytes each."
+        ),
+    )
+    json_max_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024, description="Largest JSON body or JSON form field, in bytes."
+    )
+    json_max_depth: int = Field(32, ge=2, le=1000, description="Deepest nesting of arrays and objects in JSON.")
+    json_max_number_digits: int = Field(
+        64, ge=8, le=4300, description="Longest number literal in JSON, in characters; longer ones get 4xx."
+    )
+
+
+Settings.model_rebuild()

@@ -42,6 +42,7 @@ from facegate.errors import (
     InputError,
     ModelError,
 )
+from facegate.logs import escape
 from facegate.metrics.stats import ServiceStats
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
@@ -414,10 +415,10 @@ class ServingMiddleware:
                 status = CLIENT_CLOSED_STATUS
                 if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
                     raise
-                log.info("%s %s: client disconnected; request cancelled", scope["method"], scope["path"])
+                log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
                 return
             except Exception:
-                log.exception("unhandled error in %s %s", scope["method"], scope["path"])
+                log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
                 if not response_started and not too_large:
                     await send_response(internal_error_response())
                     return
@@ -472,6 +473,7 @@ def create_app(
     """
     from facegate import __version__
     from facegate.serving.routes import install_routes
+    from facegate.serving.security import install_headers, install_security
 
     state = ServingState(settings=settings, service=service, gallery=gallery, engine=engine)
     if service is not None:
@@ -482,13 +484,16 @@ def create_app(
         description="Face recognition with a built-in quality gate. Errors: "
         '`{"error": {"code", "message", "detail"}}`.',
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served from packaged assets by facegate.serving.security (works offline)
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.facegate = state
     install_error_handlers(app)
     install_routes(app)
+    install_security(app, settings, facegate_error_response)  # access checks, admission, docs
     app.add_middleware(ServingMiddleware, state=state)
+    install_headers(app)  # outermost: security headers on every response
     return app
 
 
@@ -527,8 +532,14 @@ def run(settings: Settings) -> None:
     """
     import uvicorn
 
+    from facegate.service.keys import KeyStore
+    from facegate.serving.security import check_bind
+
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from facegate.logs import configure_logging
+
+        configure_logging()
+    check_bind(settings, KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file))
     if settings.workers > 1 or settings.engines > 1:
         from facegate.serving.multiprocess import run_multiprocess
 

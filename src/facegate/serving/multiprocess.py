@@ -53,10 +53,9 @@ def frontend_app() -> FastAPI:
     from facegate.serving.app import create_app
 
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
-            format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
-        )
+        from facegate.logs import configure_logging
+
+        configure_logging()
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
     return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])))

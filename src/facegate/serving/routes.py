@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Sequence
 from pathlib import Path as FilePath
@@ -74,6 +73,9 @@ router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: serving
 
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
+
+#: Largest subject-list offset (the store's integers are 64-bit; no gallery holds more subjects).
+MAX_OFFSET = 2**31 - 1
 
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -412,13 +414,12 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
     return info
 
 
-def _parse_meta(meta: str | None) -> dict[str, Any] | None:
+def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
+    from facegate.serving.limits import loads_limited
+
     if meta is None or meta == "":
         return None
-    try:
-        value = json.loads(meta)
-    except json.JSONDecodeError as exc:
-        raise InvalidParameterError(f"meta is not valid JSON: {exc.msg}", detail={"field": "meta"}) from None
+    value = loads_limited(meta, state.settings.limits, field="meta")  # bounded size, depth and numbers
     if not isinstance(value, dict):
         raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
     return value
@@ -444,7 +445,7 @@ async def enrol(
     state = _state(request)
     service, gallery = state.require_ready()
     validate_subject_id(subject_id)
-    meta_obj = _parse_meta(meta)
+    meta_obj = _parse_meta(meta, state)
     _check_count(len(images), state.settings.max_images_per_request, "images")
     await _gallery_for_service(state, name)
 
@@ -490,7 +491,7 @@ async def enrol(
 async def list_subjects(
     request: Request,
     name: str,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
