@@ -145,7 +145,9 @@ def test_cross_site_requests_and_hosts(server_factory, fg: SimpleNamespace) -> N
 
 
 def test_allowed_origins_and_hosts_settings(server_factory, fg: SimpleNamespace) -> None:
-    srv = server_factory(security={"allowed_origins": ["https://app.example"], "allowed_hosts": ["api.example", "127.0.0.1"]})
+    srv = server_factory(
+        security={"allowed_origins": ["https://app.example"], "allowed_hosts": ["api.example", "127.0.0.1"]}
+    )
     with srv.client() as c:
         r = c.post(
             "/api/galleries", json={"name": "g"}, headers={"Origin": "https://app.example", "Host": "api.example"}
