@@ -500,13 +500,13 @@ class LimitsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_admitted: int = Field(
-        64,
+        512,
         ge=1,
         le=1_000_000,
         description=(
-            "/api requests one front-end process works on at once. More are answered 503 with Retry-After "
-            "at once, before their body is read. Each request must finish within request_timeout_s of its "
-            "arrival, so keep this near what the engine finishes in that time."
+            "Most /api requests one front-end process works on at once. Below it the process also admits no "
+            "more than it finishes in the time of one request plus half a second, measured as it runs. "
+            "Excess requests get 503 with Retry-After at once, before their body is read."
         ),
     )
     request_pixels: int = Field(

@@ -41,4 +41,6 @@ def test_ten_times_capacity(tmp_path: Path, lfw_root: Path, fg: SimpleNamespace)
     assert o["ok_p99_s"] <= 10.0, out  # within the deadline
     assert o["shed_p99_s"] is not None and o["shed_p99_s"] <= 0.05, out
     assert o["other"] == {}, out  # every request answered 2xx or 503
-    assert out["recovery_s"] is not None and out["recovery_s"] <= 1.0, out
+    # once the load stops, a request waits at most about a second more than it takes on an idle server
+    assert out["recovery_s"] is not None and out["recovery_s"] <= 1.0 + 2 * out["unloaded_p50_s"], out
+    assert out["rss_growth"] is not None and out["rss_growth"] <= 0.25, out

@@ -80,7 +80,10 @@ async def closed_loop(url: str, path: str, files: list[Any], *, concurrency: int
 
         async def worker() -> None:
             while time.perf_counter() < end:
+                shed = len(phase.shed)
                 await _one(client, path, files, phase)
+                if len(phase.shed) > shed:  # told to come back later: a polite client pauses
+                    await asyncio.sleep(0.05)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return phase
@@ -136,6 +139,7 @@ async def overload_run(
     """Capacity (closed loop), then ``factor`` × capacity (open loop) with RSS sampled; the figures as JSON."""
     await closed_loop(url, path, files, concurrency=concurrency, seconds=min(3.0, capacity_s))  # warm-up
     idle_rss = rss_bytes(pid) if pid else None
+    alone = await closed_loop(url, path, files, concurrency=1, seconds=3.0)  # one request at a time
     cap = await closed_loop(url, path, files, concurrency=concurrency, seconds=capacity_s)
     capacity = len(cap.ok) / cap.seconds
     peak = [0]
@@ -164,6 +168,7 @@ async def overload_run(
         "peak_rss_mib": round(peak[0] / 2**20, 1) if peak[0] else None,
         "rss_growth": round(peak[0] / idle_rss - 1, 3) if idle_rss and peak[0] else None,
         "recovery_s": recovery_s,
+        "unloaded_p50_s": _pct(alone.ok, 0.5),
     }
 
 

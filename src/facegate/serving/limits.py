@@ -12,12 +12,13 @@ then the request holds that many pixels of the process's ``limits.decode_pixels_
 ends, waiting (within its deadline) while other requests hold them.
 
 :class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
-process. The check runs when the request's headers have arrived, before its body is read; an excess
-request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An admitted request
-runs under one deadline counted from its arrival (``Settings.request_timeout_s``), which covers the
-upload, decoding, every engine stage and the gallery: when it passes the request's task is cancelled
-(the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``. JSON bodies are
-checked with :func:`loads_limited` before the route sees them.
+process, and no more than it finishes in the time of one request plus half a second
+(:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
+read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An admitted request runs under one deadline
+counted from its arrival (``Settings.request_timeout_s``), which covers the upload, decoding, every
+engine stage and the gallery: when it passes the request's task is cancelled (the engine drops cancelled
+work) and the client gets 504 ``deadline_exceeded``. JSON bodies are checked with :func:`loads_limited`
+before the route sees them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -224,14 +226,64 @@ def _is_json(scope: Scope) -> bool:
     return False
 
 
+class AdmissionLimit:
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes
+    in the time of one request plus :data:`TARGET_WAIT_S` (Little's law: requests in progress = rate ×
+    time each spends; the time of one request is the fastest of the last :data:`WINDOW_S` seconds).
+
+    A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
+    finish within the deadline: the admitted requests then time out after using the device, and goodput
+    falls. Bounding by the measured completion rate keeps the admitted wait near the target whatever the
+    capacity, and a server that stops being overloaded answers new requests within about that long. The
+    rate is counted over the last :data:`WINDOW_S` seconds; the bound never falls below :data:`FLOOR`, so
+    that an idle server admits requests and the rate can grow again.
+    """
+
+    #: Seconds an admitted request should wait at most for the requests ahead of it.
+    TARGET_WAIT_S = 0.5
+    WINDOW_S = 4.0
+    FLOOR = 2
+    _SLOTS = 8
+
+    def __init__(self, max_admitted: int, deadline_s: float) -> None:
+        self.max_admitted = max_admitted
+        self.target_s = min(self.TARGET_WAIT_S, deadline_s / 4)
+        self._width = self.WINDOW_S / self._SLOTS
+        self._counts = [0] * self._SLOTS
+        self._slot_ids = [-1] * self._SLOTS
+        self._fastest = [math.inf] * self._SLOTS
+        self._started = time.monotonic()
+
+    def finished(self, now: float, seconds: float) -> None:
+        """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
+        sid = int(now / self._width)
+        i = sid % self._SLOTS
+        if self._slot_ids[i] != sid:
+            self._slot_ids[i], self._counts[i], self._fastest[i] = sid, 0, math.inf
+        self._counts[i] += 1
+        self._fastest[i] = min(self._fastest[i], seconds)
+
+    def limit(self, now: float) -> int:
+        """The bound now: the completion rate × (the fastest recent request + the target wait)."""
+        if now - self._started < self.WINDOW_S:
+            return self.max_admitted  # no rate measured yet
+        sid = int(now / self._width)
+        live = [i for i, s in enumerate(self._slot_ids) if sid - s < self._SLOTS]
+        done = sum(self._counts[i] for i in live)
+        # the fastest request of the window: its time without queueing, the best estimate of the work itself
+        work_s = min((self._fastest[i] for i in live), default=0.0)
+        by_rate = math.ceil(done / self.WINDOW_S * (work_s + self.target_s))
+        return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
+
+
 class AdmissionMiddleware:
     """Admission bound, end-to-end deadline and JSON-body limits (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, respond: Callable[[Exception], Any]) -> None:
         self.app = app
         self.settings = settings
-        self.max_admitted = settings.limits.max_admitted
         self.deadline_s = settings.request_timeout_s
+        self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
         self.admitted = 0
         self.respond = respond  # FacegateError → Response (facegate.serving.errors)
 
@@ -240,21 +292,23 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        if self.admitted >= self.max_admitted:
+        limit = self.bound.limit(time.monotonic())
+        if self.admitted >= limit:
             exc = OverloadedError(
-                f"the server is at its limit of {self.max_admitted} requests in progress; retry later",
+                f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,
-                detail={"limit": self.max_admitted, "retry_after_s": RETRY_AFTER_S},
+                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
             )
             await self.respond(exc)(scope, receive, send)
             return
         self.admitted += 1
         started = False
+        status = 0
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
-                started = True
+                started, status = True, int(message["status"])
             await send(message)
 
         try:
@@ -276,6 +330,8 @@ class AdmissionMiddleware:
                 await self.respond(exc2)(scope, receive, send)
         finally:
             self.admitted -= 1
+            if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
+                self.bound.finished(time.monotonic(), time.perf_counter() - t0)
 
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
