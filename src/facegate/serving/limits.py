@@ -14,11 +14,11 @@ ends, waiting (within its deadline) while other requests hold them.
 :class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
 process, and no more than it finishes in the time of one request plus half a second
 (:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
-read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An admitted request runs under one deadline
-counted from its arrival (``Settings.request_timeout_s``), which covers the upload, decoding, every
-engine stage and the gallery: when it passes the request's task is cancelled (the engine drops cancelled
-work) and the client gets 504 ``deadline_exceeded``. JSON bodies are checked with :func:`loads_limited`
-before the route sees them.
+read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An
+admitted request runs under one deadline counted from its arrival (``Settings.request_timeout_s``),
+which covers the upload, decoding, every engine stage and the gallery: when it passes the request's task
+is cancelled (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``. JSON bodies
+are checked with :func:`loads_limited` before the route sees them.
 """
 
 from __future__ import annotations
