@@ -235,8 +235,9 @@ class AdmissionLimit:
     finish within the deadline: the admitted requests then time out after using the device, and goodput
     falls. Bounding by the measured completion rate keeps the admitted wait near the target whatever the
     capacity, and a server that stops being overloaded answers new requests within about that long. The
-    rate is counted over the last :data:`WINDOW_S` seconds; the bound never falls below :data:`FLOOR`, so
-    that an idle server admits requests and the rate can grow again.
+    rate is counted over the last :data:`WINDOW_S` seconds, and used only while requests are being shed
+    (otherwise it measures the offered load, not what the process can do, and a burst on a quiet server
+    is admitted whole); the bound never falls below :data:`FLOOR`.
     """
 
     #: Seconds an admitted request should wait at most for the requests ahead of it.
@@ -253,6 +254,7 @@ class AdmissionLimit:
         self._slot_ids = [-1] * self._SLOTS
         self._fastest = [math.inf] * self._SLOTS
         self._started = time.monotonic()
+        self._last_shed = -math.inf
 
     def finished(self, now: float, seconds: float) -> None:
         """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
@@ -263,10 +265,16 @@ class AdmissionLimit:
         self._counts[i] += 1
         self._fastest[i] = min(self._fastest[i], seconds)
 
+    def shed(self, now: float) -> None:
+        """Note that a request was refused at ``now``: the process is saturated."""
+        self._last_shed = now
+
     def limit(self, now: float) -> int:
-        """The bound now: the completion rate × (the fastest recent request + the target wait)."""
-        if now - self._started < self.WINDOW_S:
-            return self.max_admitted  # no rate measured yet
+        """The bound now: ``max_admitted`` unless a request was shed in the last window (then the completion
+        rate is the capacity, not just the offered load), else the rate × (the fastest recent request + the
+        target wait)."""
+        if now - self._started < self.WINDOW_S or now - self._last_shed > self.WINDOW_S:
+            return self.max_admitted  # not saturated (or no rate measured yet): a burst may come in whole
         sid = int(now / self._width)
         live = [i for i, s in enumerate(self._slot_ids) if sid - s < self._SLOTS]
         done = sum(self._counts[i] for i in live)
@@ -292,8 +300,10 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        limit = self.bound.limit(time.monotonic())
+        now = time.monotonic()
+        limit = self.bound.limit(now)
         if self.admitted >= limit:
+            self.bound.shed(now)
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,
