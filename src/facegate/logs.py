@@ -99,6 +99,8 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     handler.setFormatter(formatter(fmt))
     root.handlers[:] = [handler]
     root.setLevel((level or os.environ.get("FACEGATE_LOG_LEVEL", "INFO")).upper())
+    # python-multipart warns once per malformed part header: a client could fill the log with them
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 
 __all__ = ["EscapingFormatter", "JsonFormatter", "configure_logging", "escape", "formatter", "redact_paths"]

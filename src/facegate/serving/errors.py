@@ -132,7 +132,9 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
 
     # 503 (not ready, queue full) can come in floods under load or while polling /readyz: debug only
     level = logging.WARNING if status == 500 else logging.INFO if status == 504 else logging.DEBUG
-    log.log(level, "%s -> %d: %s", exc.code, status, escape(exc.message))
+    if level > logging.DEBUG:  # messages may name subjects (e-mail addresses): those only at DEBUG
+        log.log(level, "%s -> %d (%s)", exc.code, status, type(exc).__name__)
+    log.debug("%s -> %d: %s", exc.code, status, escape(exc.message))
     try:
         content = error_body(exc.code, exc.message, exc.detail)
         if status >= 500:  # a server-side failure may name server files (the gallery database): never show them
