@@ -12,8 +12,8 @@ then the request holds that many pixels of the process's ``limits.decode_pixels_
 ends, waiting (within its deadline) while other requests hold them.
 
 :class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
-process, and no more than it finishes in the time of one request plus half a second
-(:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
+process, and no more than it can finish in the time of one request plus a quarter of the
+deadline (:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
 read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An
 admitted request runs under one deadline counted from its arrival (``Settings.request_timeout_s``),
 which covers the upload, decoding, every engine stage and the gallery: when it passes the request's task
@@ -227,34 +227,33 @@ def _is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes
-    in the time of one request plus :data:`TARGET_WAIT_S` (Little's law: requests in progress = rate ×
-    time each spends; the time of one request is the fastest of the last :data:`WINDOW_S` seconds).
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it can
+    finish in the time of one request plus a quarter of the deadline (Little's law: requests in progress
+    = rate × time each spends).
 
     A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
     finish within the deadline: the admitted requests then time out after using the device, and goodput
-    falls. Bounding by the measured completion rate keeps the admitted wait near the target whatever the
-    capacity, and a server that stops being overloaded answers new requests within about that long. The
-    rate is counted over the last :data:`WINDOW_S` seconds, and used only while requests are being shed
-    (otherwise it measures the offered load, not what the process can do, and a burst on a quiet server
-    is admitted whole); the bound never falls below :data:`FLOOR`.
+    falls. The rate used is the best completion rate of :data:`WINDOW_S` seconds seen lately (it decays
+    by :data:`DECAY` per window, so a process that became slower is believed within a minute or so); the
+    time of one request is the fastest of the last window. Until a rate has been measured the bound is
+    ``max_admitted``; it never falls below :data:`FLOOR`.
     """
 
-    #: Seconds an admitted request should wait at most for the requests ahead of it.
-    TARGET_WAIT_S = 0.5
     WINDOW_S = 4.0
+    DECAY = 0.9
     FLOOR = 2
     _SLOTS = 8
 
     def __init__(self, max_admitted: int, deadline_s: float) -> None:
         self.max_admitted = max_admitted
-        self.target_s = min(self.TARGET_WAIT_S, deadline_s / 4)
+        self.target_s = deadline_s / 4
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
         self._fastest = [math.inf] * self._SLOTS
         self._started = time.monotonic()
-        self._last_shed = -math.inf
+        self._best = 0.0
+        self._best_sid = -1
 
     def finished(self, now: float, seconds: float) -> None:
         """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
@@ -265,22 +264,22 @@ class AdmissionLimit:
         self._counts[i] += 1
         self._fastest[i] = min(self._fastest[i], seconds)
 
-    def shed(self, now: float) -> None:
-        """Note that a request was refused at ``now``: the process is saturated."""
-        self._last_shed = now
-
     def limit(self, now: float) -> int:
-        """The bound now: ``max_admitted`` unless a request was shed in the last window (then the completion
-        rate is the capacity, not just the offered load), else the rate × (the fastest recent request + the
-        target wait)."""
-        if now - self._started < self.WINDOW_S or now - self._last_shed > self.WINDOW_S:
-            return self.max_admitted  # not saturated (or no rate measured yet): a burst may come in whole
+        """The bound now."""
+        if now - self._started < self.WINDOW_S:
+            return self.max_admitted  # no rate measured yet
         sid = int(now / self._width)
-        live = [i for i, s in enumerate(self._slot_ids) if sid - s < self._SLOTS]
-        done = sum(self._counts[i] for i in live)
+        live = [i for i, s in enumerate(self._slot_ids) if 0 < sid - s < self._SLOTS]  # completed slots
+        if sid != self._best_sid:  # once per slot: decay the best rate, then take the window's if higher
+            rate = sum(self._counts[i] for i in live) / (self.WINDOW_S - self._width)
+            steps = min(self._SLOTS * 100, sid - self._best_sid) if self._best_sid >= 0 else 1
+            self._best = max(rate, self._best * self.DECAY ** (steps / self._SLOTS))
+            self._best_sid = sid
+        if self._best <= 0.0:
+            return self.max_admitted
         # the fastest request of the window: its time without queueing, the best estimate of the work itself
         work_s = min((self._fastest[i] for i in live), default=0.0)
-        by_rate = math.ceil(done / self.WINDOW_S * (work_s + self.target_s))
+        by_rate = math.ceil(self._best * (work_s + self.target_s))
         return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
 
 
@@ -303,7 +302,6 @@ class AdmissionMiddleware:
         now = time.monotonic()
         limit = self.bound.limit(now)
         if self.admitted >= limit:
-            self.bound.shed(now)
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -11,23 +12,24 @@ from facegate.serving.limits import AdmissionLimit, PixelBudget
 from facegate.serving.security import TokenBuckets, required_scope
 
 
-def test_admission_limit_follows_the_completion_rate_only_while_shedding() -> None:
-    bound = AdmissionLimit(max_admitted=100, deadline_s=30.0)
-    t = bound._started + AdmissionLimit.WINDOW_S + 1
-    for i in range(40):  # 10 requests/s of 0.2 s each over the window
+def test_admission_limit_follows_the_best_completion_rate() -> None:
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=2.0)  # target wait: 0.5 s
+    t0 = bound._started
+    assert bound.limit(t0 + 1) == 1000  # nothing measured yet
+    width = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
+    t = math.ceil((t0 + 10.0) / width) * width  # at a slot boundary: the window's 7 completed slots are whole
+    for i in range(40):  # 10 requests/s of 0.2 s each over the window before t
         bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1, 0.2)
-    assert bound.limit(t) == 100  # nothing shed: a burst may come in whole
-    bound.shed(t)
-    assert bound.limit(t) == 7  # ceil(10/s × (0.2 + 0.5) s)
-    assert bound.limit(t + 2 * AdmissionLimit.WINDOW_S) == 100  # quiet again
-    bound.shed(t + 3 * AdmissionLimit.WINDOW_S)
-    assert bound.limit(t + 3 * AdmissionLimit.WINDOW_S) == AdmissionLimit.FLOOR  # nothing finished lately
+    assert bound.limit(t) == 7  # 35 completions in the 3.5 s of completed slots: 10/s × (0.2 + 0.5) s
+    # a quiet minute later the best rate has decayed but is not forgotten at once
+    later = bound.limit(t + 60)
+    assert AdmissionLimit.FLOOR <= later < bound.max_admitted
 
 
 def test_admission_limit_never_exceeds_max() -> None:
     bound = AdmissionLimit(max_admitted=1, deadline_s=1.0)
     t = bound._started + 10
-    bound.shed(t)
+    bound.finished(t - 1, 0.01)
     assert bound.limit(t) == 1
 
 
