@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import time
@@ -68,3 +69,24 @@ def test_a_broken_file_keeps_the_keys_read_before(tmp_path: Path, monkeypatch: p
     time.sleep(0.01)
     (tmp_path / "api_keys.json").write_text("{not json")
     assert store.verify(token) is not None
+
+
+def test_keys_cli(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from facegate.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["keys", "create", "--name", "desk", "--scope", "enrol", "--data-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    made = json.loads(r.stdout)
+    assert made["scopes"] == ["enrol"] and made["key"].startswith("fg_")
+    listed = json.loads(runner.invoke(app, ["keys", "list", "--data-dir", str(tmp_path)]).stdout)
+    assert [k["id"] for k in listed] == [made["id"]] and "key" not in listed[0] and "sha256" not in listed[0]
+    bad = runner.invoke(app, ["keys", "create", "--scope", "root", "--data-dir", str(tmp_path)])
+    assert bad.exit_code == 2
+    r = runner.invoke(app, ["keys", "revoke", made["id"], "--data-dir", str(tmp_path)])
+    assert (
+        r.exit_code == 0 and json.loads(runner.invoke(app, ["keys", "list", "--data-dir", str(tmp_path)]).stdout) == []
+    )
+    assert KeyStore.for_data_dir(tmp_path).verify(made["key"]) is None
