@@ -234,9 +234,11 @@ class AdmissionLimit:
     A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
     finish within the deadline: the admitted requests then time out after using the device, and goodput
     falls. The rate used is the best completion rate of :data:`WINDOW_S` seconds seen lately (it decays
-    by :data:`DECAY` per window, so a process that became slower is believed within a minute or so); the
-    time of one request is the fastest of the last window. Until a rate has been measured the bound is
-    ``max_admitted``; it never falls below :data:`FLOOR`.
+    by :data:`DECAY` per window), so that a burst on a quiet server is admitted up to what the process
+    has shown it can do; while requests are being shed it is the last window's rate, what the process
+    does under this load (the shedding itself takes some of the CPU). The time of one request is the
+    fastest of the last window. Until a rate has been measured the bound is ``max_admitted``; it never
+    falls below :data:`FLOOR`.
     """
 
     WINDOW_S = 4.0
@@ -253,7 +255,9 @@ class AdmissionLimit:
         self._fastest = [math.inf] * self._SLOTS
         self._started = time.monotonic()
         self._best = 0.0
+        self._rate = 0.0
         self._best_sid = -1
+        self._last_shed = -math.inf
 
     def finished(self, now: float, seconds: float) -> None:
         """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
@@ -263,6 +267,10 @@ class AdmissionLimit:
             self._slot_ids[i], self._counts[i], self._fastest[i] = sid, 0, math.inf
         self._counts[i] += 1
         self._fastest[i] = min(self._fastest[i], seconds)
+
+    def shed(self, now: float) -> None:
+        """Note that a request was refused at ``now``."""
+        self._last_shed = now
 
     def limit(self, now: float) -> int:
         """The bound now."""
@@ -274,12 +282,15 @@ class AdmissionLimit:
             rate = sum(self._counts[i] for i in live) / (self.WINDOW_S - self._width)
             steps = min(self._SLOTS * 100, sid - self._best_sid) if self._best_sid >= 0 else 1
             self._best = max(rate, self._best * self.DECAY ** (steps / self._SLOTS))
-            self._best_sid = sid
-        if self._best <= 0.0:
-            return self.max_admitted
+            self._best_sid, self._rate = sid, rate
+        rate = self._best
+        if now - self._last_shed < self.WINDOW_S:  # shedding: the window's rate is what the process does now
+            rate = min(rate, self._rate)
+        if rate <= 0.0:
+            return self.max_admitted if self._best <= 0.0 else min(self.FLOOR, self.max_admitted)
         # the fastest request of the window: its time without queueing, the best estimate of the work itself
         work_s = min((self._fastest[i] for i in live), default=0.0)
-        by_rate = math.ceil(self._best * (work_s + self.target_s))
+        by_rate = math.ceil(rate * (work_s + self.target_s))
         return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
 
 
@@ -302,6 +313,7 @@ class AdmissionMiddleware:
         now = time.monotonic()
         limit = self.bound.limit(now)
         if self.admitted >= limit:
+            self.bound.shed(now)
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,
