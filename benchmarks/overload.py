@@ -6,6 +6,10 @@ capacity in a closed loop of ``--concurrency`` clients; then ``--factor`` × cap
 ``--seconds``, with the server's RSS sampled and, when the arrivals stop, the time until a new request
 is answered. Writes one JSON (``--out``, default ``benchmarks/results/overload_<device>.json``).
 
+The load comes from one Python process (httpx): on the 2-core CPU box it sent about 80 requests/s at
+most, so an offered rate above that measures the client, not the server (its latencies grow in the
+client's own queue). Check ``overload.sent / seconds`` against ``offered_per_s`` before reading the rest.
+
     PYTHONPATH=src python benchmarks/overload.py --device cpu --seconds 60
     PYTHONPATH=src python benchmarks/overload.py --device cuda --seconds 60 --concurrency 256 \\
         --serve-args "--precision fp16 --compile graphs --workers 8"
