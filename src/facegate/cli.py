@@ -27,9 +27,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: fa
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluations on LFW.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 export_app = typer.Typer(no_args_is_help=True, help="Export models.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the server (stored hashed in the data folder).")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
 app.add_typer(export_app, name="export")
+app.add_typer(keys_app, name="keys")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,8 +44,9 @@ FlipOpt = Annotated[bool, typer.Option("--flip-tta/--no-flip-tta", help="also em
 
 
 def _setup_logging() -> None:
-    level = os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from facegate.logs import configure_logging
+
+    configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
 
 
 def guarded(fn: F) -> F:
@@ -125,6 +128,9 @@ def serve(
     ] = None,
     engines: Annotated[int | None, typer.Option(help="engine processes in all (implies --workers ≥ 2)")] = None,
     engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU")] = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="serve a non-loopback address without API keys (anyone may enrol)")
+    ] = False,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
@@ -150,7 +156,50 @@ def serve(
         engines=engines,
         engines_per_gpu=engines_per_gpu,
     )
+    if no_auth:
+        s = s.model_copy(update={"security": s.security.model_copy(update={"no_auth": True})})
     run(s)
+
+
+# ---------------------------------------------------------------------------------------------- keys
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="data folder (default FACEGATE_DATA_DIR)")]
+
+
+def _key_store(data_dir: Path | None):
+    from facegate.service.keys import KeyStore
+
+    s = _settings(data_dir=data_dir)
+    return KeyStore.for_data_dir(s.data_dir, s.security.keys_file)
+
+
+@keys_app.command("create")
+@guarded
+def keys_create(
+    name: Annotated[str, typer.Option("--name", help="a label for the key (who or what uses it)")] = "",
+    scope: Annotated[
+        list[str] | None, typer.Option("--scope", help="read | enrol | admin (repeat for several; default read)")
+    ] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Create a key and print it once (JSON: key, id, scopes); only its hash is stored."""
+    token, record = _key_store(data_dir).create(name, scope or ["read"])
+    typer.echo(json.dumps({"key": token, **record.public()}))
+
+
+@keys_app.command("list")
+@guarded
+def keys_list(data_dir: DataDirOpt = None) -> None:
+    """List the keys (ids, names, scopes, creation times; never the keys)."""
+    typer.echo(json.dumps([k.public() for k in _key_store(data_dir).list_keys()], indent=2))
+
+
+@keys_app.command("revoke")
+@guarded
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="the key's id (from `facegate keys list`)")], data_dir: DataDirOpt = None
+) -> None:
+    """Revoke a key: a running server refuses it within a second."""
+    typer.echo(json.dumps({"revoked": _key_store(data_dir).revoke(key_id).public()}))
 
 
 # ---------------------------------------------------------------------------------------------- compare
@@ -339,7 +388,7 @@ def enrol(
                     subjects,
                     faces_of,
                     batch_size=batch_size,
-                    requires_quality=s.enrol_requires_quality,
+                    requires_quality=s.quality.enrol_requires_quality,
                     verdict=p.enrol_verdict,
                     progress=progress,
                 )

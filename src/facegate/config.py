@@ -51,6 +51,41 @@ class Limits(BaseModel):
         default_factory=list,
         description="Server-side folders the API may read images from by path; empty forbids paths.",
     )
+    max_admitted: int = Field(
+        512,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most /api requests one front-end process works on at once. Below it the process also admits no "
+            "more than it finishes in the time of one request plus half a second, measured as it runs. "
+            "Excess requests get 503 with Retry-After at once, before their body is read."
+        ),
+    )
+    request_pixels: int = Field(
+        100_000_000,
+        ge=4096,
+        le=10_000_000_000,
+        description=(
+            "Decoded pixels (width × height, read from the image headers before decoding) one request may "
+            "carry summed over its images; beyond it 413. An RGB pixel takes 3 bytes once decoded."
+        ),
+    )
+    decode_pixels_in_flight: int = Field(
+        400_000_000,
+        ge=4096,
+        le=100_000_000_000,
+        description=(
+            "Decoded pixels all requests of one front-end process may hold at once; a request waits (within "
+            "its deadline) until its images fit. Bounds the decode memory of a process at about 3 bytes each."
+        ),
+    )
+    json_max_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024, description="Largest JSON body or JSON form field, in bytes."
+    )
+    json_max_depth: int = Field(32, ge=2, le=1000, description="Deepest nesting of arrays and objects in JSON.")
+    json_max_number_digits: int = Field(
+        64, ge=8, le=4300, description="Longest number literal in JSON, in characters; longer ones get 4xx."
+    )
 
 
 class EngineSettings(BaseModel):
@@ -125,12 +160,13 @@ class QualitySettings(BaseModel):
         description="Refuse a face that misses any limit below, as well as one below the quality gate. Off: "
         "the reasons are still listed, and only the quality score gates.",
     )
-    min_iod_px: float = Field(14.0, ge=0.0, description="Least distance between the eyes, in source pixels.")
+    min_iod_px: float = Field(14.0, ge=0.0, le=1000.0, description="Least distance between the eyes, in source pixels.")
     max_yaw_deg: float = Field(50.0, ge=0.0, le=90.0, description="Largest left-right head turn, in degrees.")
     max_pitch_deg: float = Field(40.0, ge=0.0, le=90.0, description="Largest up-down head tilt, in degrees.")
     min_sharpness: float = Field(
         0.5,
         ge=0.0,
+        le=1000.0,
         description="Least sharpness: 100 × the variance of the Laplacian of the aligned face's grey levels over "
         "their variance (clean LFW faces score 3-24).",
     )
@@ -147,6 +183,59 @@ class QualitySettings(BaseModel):
         description="Least quality an enrolment photo needs. Stricter than the verify gate (quality_threshold), "
         "since a poor enrolment hurts every later comparison. None: the measured enrolment gate when a verify "
         "gate is in force, else no stricter gate.",
+    )
+    enrol_requires_quality: bool = Field(
+        True, description="Enrolment refuses faces below the enrolment gate; False enrols every face found."
+    )
+
+
+class SecuritySettings(BaseModel):
+    """Who may call the API, and what browsers may do with it (``Settings.security``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys_file: Path | None = Field(
+        None,
+        description=(
+            "File of hashed API keys (`facegate keys create|list|revoke`). None: `<data_dir>/api_keys.json`. "
+            "With at least one key every /api route needs one; with none the server listens on loopback only."
+        ),
+    )
+    no_auth: bool = Field(
+        False,
+        description=(
+            "Serve without API keys on any address (`facegate serve --no-auth`): every client may enrol, "
+            "delete and search. Without it, binding a non-loopback address with no keys refuses to start."
+        ),
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Browser origins (`https://app.example`) besides the server's own that may send state-changing "
+            "requests (POST, PUT, PATCH, DELETE); a request from any other Origin gets 403."
+        ),
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host header values the server answers (`facegate.example`, `10.0.0.5:7860`; `*` for any), against "
+            "DNS rebinding. Empty: loopback names only when bound to loopback, any host otherwise."
+        ),
+    )
+    metrics_access: Literal["open", "key"] = Field(
+        "open", description="/metrics: 'open' to anyone, or 'key': only with a valid API key (any scope)."
+    )
+    rate_limit_per_s: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e6,
+        description=(
+            "Requests per second each API key (or each client address, without keys) may make on average to "
+            "/api routes; beyond it 429 with Retry-After. None: no rate limit."
+        ),
+    )
+    rate_limit_burst: int = Field(
+        20, ge=1, le=1_000_000, description="Requests a key may make at once above its rate (token-bucket size)."
     )
 
 
@@ -224,7 +313,6 @@ class Settings(BaseSettings):
     quality_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="Quality gate in [0,1]; None uses the model's calibrated one."
     )
-    enrol_requires_quality: bool = Field(True, description="Enrolment refuses faces below the quality gate.")
     quality: QualitySettings = Field(
         default_factory=QualitySettings, description="Quality gates and the limits behind a face's reasons."
     )
@@ -258,8 +346,6 @@ class Settings(BaseSettings):
             "answers gallery routes with 503 gallery_unavailable and keeps retrying in the background."
         ),
     )
-
-    # ------------------------------------------------------------------ evaluation
-    lfw_root: Path | None = Field(
-        None, description="LFW root (holds lfw-deepfunneled/ and pairs.txt); for eval and tests only."
+    security: SecuritySettings = Field(
+        default_factory=SecuritySettings, description="API keys, browser safety and rate limits."
     )

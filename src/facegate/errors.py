@@ -87,6 +87,47 @@ class QualityRejectedError(InputError):
     code = "low_quality"
 
 
+class BodyTooLargeError(ImageTooLargeError):
+    """A JSON body or JSON form field is larger than ``limits.json_max_bytes`` (HTTP 413)."""
+
+    code = "body_too_large"
+
+
+# --------------------------------------------------------------------------- access (HTTP front-end)
+class UnauthorizedError(InputError):
+    """No API key, or one the server does not know (HTTP 401)."""
+
+    code = "unauthorized"
+
+
+class ForbiddenError(InputError):
+    """The API key lacks the scope the route needs (HTTP 403)."""
+
+    code = "forbidden"
+
+
+class OriginNotAllowedError(InputError):
+    """A state-changing request sent by another site's page (HTTP 403)."""
+
+    code = "origin_not_allowed"
+
+
+class HostNotAllowedError(InputError):
+    """The ``Host`` header names a host this server does not answer for (HTTP 400)."""
+
+    code = "host_not_allowed"
+
+
+class RateLimitedError(InputError):
+    """The API key (or client address) made more requests than its rate allows (HTTP 429 with Retry-After)."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+
 # --------------------------------------------------------------------------- model errors
 class ModelError(FacegateError):
     """Model weights or checkpoints cannot be found, verified or loaded."""
@@ -171,6 +212,13 @@ class QueueFullError(EngineError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after_s = retry_after_s
+
+
+class OverloadedError(QueueFullError):
+    """The front-end already works on ``limits.max_admitted`` requests; shed before the body is read
+    (HTTP 503 with Retry-After)."""
+
+    code = "overloaded"
 
 
 class DeadlineExceededError(EngineError):

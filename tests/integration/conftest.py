@@ -27,8 +27,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
-from facegate.config import EngineSettings, Limits, Settings
+from facegate.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,14 @@ def grey_image(h: int = 240, w: int = 320, value: int = 128) -> np.ndarray:
     return np.full((h, w, 3), value, np.uint8)
 
 
+#: Settings' nested groups, by field name
+GROUPS: dict[str, Any] = {
+    name: f.annotation
+    for name, f in Settings.model_fields.items()
+    if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+}
+
+
 def make_settings(tmp: Path, lfw_root: Path | None = None, **overrides: Any) -> Settings:
     """Settings for a test server: CPU, fp32, loopback, free port, data under ``tmp``."""
     kw: dict[str, Any] = {
@@ -83,7 +92,6 @@ def make_settings(tmp: Path, lfw_root: Path | None = None, **overrides: Any) -> 
         "host": "127.0.0.1",
         "port": free_port(),
         "data_dir": tmp,
-        "lfw_root": lfw_root,
     }
     limits: dict[str, Any] = {
         "max_upload_bytes": TEST_MAX_UPLOAD_BYTES,
@@ -91,10 +99,18 @@ def make_settings(tmp: Path, lfw_root: Path | None = None, **overrides: Any) -> 
         "max_images_per_request": 64,
         "allowed_roots": [lfw_root / "lfw-deepfunneled"] if lfw_root is not None else [],
     }
-    engine: dict[str, Any] = {}
-    for k, v in overrides.items():  # flat names of the nested groups' fields go to their group
-        (limits if k in Limits.model_fields else engine if k in EngineSettings.model_fields else kw)[k] = v
-    return Settings(**kw, limits=limits, engine=engine)
+    groups: dict[str, dict[str, Any]] = {"limits": limits}
+    for k, v in overrides.items():
+        if k in GROUPS:  # a whole group: merged into the test's defaults
+            groups.setdefault(k, {}).update(v)
+            continue
+        # a flat name of a nested group's field goes to its group
+        group = next((g for g, model in GROUPS.items() if k in model.model_fields), None)
+        if group is None:
+            kw[k] = v
+        else:
+            groups.setdefault(group, {})[k] = v
+    return Settings(**kw, **groups)
 
 
 @dataclass

@@ -238,10 +238,12 @@ def test_every_error_class_maps_to_the_documented_status() -> None:
         E.DeadlineExceededError: 504, E.EngineClosedError: 503, E.ModelError: 500, E.WeightsNotFoundError: 500,
         E.WeightsIntegrityError: 500, E.CheckpointError: 500, E.GalleryError: 500, E.EngineError: 503,
         E.GalleryUnavailableError: 503, E.ErasureIncompleteError: 503, E.ServerError: 500,
+        E.BodyTooLargeError: 413, E.UnauthorizedError: 401, E.ForbiddenError: 403, E.OriginNotAllowedError: 403,
+        E.HostNotAllowedError: 400, E.RateLimitedError: 429, E.OverloadedError: 503,
         E.FacegateError: 500,
     }  # fmt: skip
     classes = [getattr(E, n) for n in E.__all__ if issubclass(getattr(E, n), E.FacegateError)]
     assert set(classes) <= set(expected), set(classes) - set(expected)
     for cls, status in expected.items():
-        exc = cls("x") if cls is not E.QueueFullError else cls("x", retry_after_s=2.5)
+        exc = cls("x", retry_after_s=2.5) if cls in (E.QueueFullError, E.OverloadedError) else cls("x")
         assert status_for(exc) == status, cls

@@ -133,7 +133,7 @@ def test_client_disconnect_cancels_queued_work(server_factory, lfw_root: Path, f
 
         with socket.create_connection((srv.settings.host, srv.settings.port)) as s:
             head = (
-                b"POST /api/detect HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype
+                b"POST /api/detect HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + ctype
                 + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
             )  # fmt: skip
             s.sendall(head + body)

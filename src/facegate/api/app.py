@@ -43,6 +43,7 @@ from facegate.errors import (
     InputError,
     ModelError,
 )
+from facegate.logs import escape
 from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan, make_plan
 
@@ -317,10 +318,10 @@ class ServingMiddleware:
                 status = CLIENT_CLOSED_STATUS
                 if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
                     raise
-                log.info("%s %s: client disconnected; request cancelled", scope["method"], scope["path"])
+                log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
                 return
             except Exception:
-                log.exception("unhandled error in %s %s", scope["method"], scope["path"])
+                log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
                 if not response_started and not too_large:
                     await send_response(internal_error_response())
                     return
@@ -376,6 +377,7 @@ def create_app(
         plan: the serving plan; ``None``: :func:`facegate.tuning.make_plan` of ``settings``.
     """
     from facegate import __version__
+    from facegate.api.security import install_headers, install_security
 
     state = ServingState(
         settings=settings, plan=plan or make_plan(settings), service=service, gallery=gallery, engine=engine
@@ -388,13 +390,16 @@ def create_app(
         description="Face recognition with a built-in quality gate. Errors: "
         '`{"error": {"code", "message", "detail"}}`.',
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served from packaged assets by facegate.api.security (works offline)
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.facegate = state
     install_error_handlers(app)
     install_routes(app)
+    install_security(app, settings, facegate_error_response)  # access checks, admission, docs
     app.add_middleware(ServingMiddleware, state=state)
+    install_headers(app)  # outermost: security headers on every response
     return app
 
 

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from facegate.errors import (
+    BodyTooLargeError,
     DeadlineExceededError,
     DimensionMismatchError,
     EmptyInputError,
@@ -33,22 +34,29 @@ from facegate.errors import (
     ErasureIncompleteError,
     FacegateError,
     FaceSelectionError,
+    ForbiddenError,
     GalleryError,
     GalleryExistsError,
     GalleryNotFoundError,
     GalleryUnavailableError,
+    HostNotAllowedError,
     ImageDecodeError,
     ImageTooLargeError,
     InputError,
     InvalidParameterError,
     ModelError,
     NoFaceError,
+    OriginNotAllowedError,
+    OverloadedError,
     PathNotAllowedError,
     QualityRejectedError,
     QueueFullError,
+    RateLimitedError,
     ServerError,
     SubjectNotFoundError,
+    UnauthorizedError,
 )
+from facegate.logs import escape, redact_paths
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,13 @@ STATUS_BY_ERROR: dict[type[FacegateError], int] = {
     FaceSelectionError: 422,
     QualityRejectedError: 422,
     PathNotAllowedError: 403,
+    BodyTooLargeError: 413,
+    # access
+    UnauthorizedError: 401,
+    ForbiddenError: 403,
+    OriginNotAllowedError: 403,
+    HostNotAllowedError: 400,
+    RateLimitedError: 429,
     # models
     ModelError: 500,
     # gallery
@@ -78,6 +93,7 @@ STATUS_BY_ERROR: dict[type[FacegateError], int] = {
     # engine
     EngineError: 503,
     QueueFullError: 503,
+    OverloadedError: 503,
     EngineClosedError: 503,
     DeadlineExceededError: 504,
     # process model
@@ -111,13 +127,20 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
     """The HTTP response for a facegate error (status from :data:`STATUS_BY_ERROR`)."""
     status = status_for(exc)
     headers: dict[str, str] = {}
-    if isinstance(exc, QueueFullError):
+    if isinstance(exc, QueueFullError | RateLimitedError):
         headers["Retry-After"] = str(max(1, math.ceil(float(exc.retry_after_s))))
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = 'Bearer realm="facegate"'
+
     # 503 (not ready, queue full) can come in floods under load or while polling /readyz: debug only
     level = logging.WARNING if status == 500 else logging.INFO if status == 504 else logging.DEBUG
-    log.log(level, "%s -> %d: %s", exc.code, status, exc.message)
+    if level > logging.DEBUG:  # messages may name subjects (e-mail addresses): those only at DEBUG
+        log.log(level, "%s -> %d (%s)", exc.code, status, type(exc).__name__)
+    log.debug("%s -> %d: %s", exc.code, status, escape(exc.message))
     try:
         content = error_body(exc.code, exc.message, exc.detail)
+        if status >= 500:  # a server-side failure may name server files (the gallery database): never show them
+            content = redact_paths(content)
         return JSONResponse(content, status_code=status, headers=headers)
     except (TypeError, ValueError):  # a detail that is not JSON-serialisable must not turn into a 500
         content = error_body(exc.code, exc.message, {"detail": repr(exc.detail)})

@@ -15,7 +15,7 @@ FastAPI gives it the answers and errors it always did.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.types import Message, Receive, Scope, Send
@@ -73,6 +73,12 @@ def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] |
     return images if aligned and 1 <= len(images) <= max_images else None
 
 
+def state_pixels(scope: Scope) -> Any:
+    """The app's :class:`~facegate.api.limits.PixelBudget`, or None."""
+    app = scope.get("app")
+    return getattr(getattr(app, "state", None), "facegate_pixels", None)
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive callable that gives ``body`` once, then defers to ``receive``."""
     given = False
@@ -109,8 +115,17 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     if images is None:
         return _replay(body, receive)
     scope["route"] = ROUTE
+    budget = state_pixels(scope)  # limits.request_pixels / decode_pixels_in_flight, as for FastAPI's routes
+    pixels = 0
     try:
-        out = await embed_response(state, state.require_service(), images, None, "largest", True)
+        if budget is not None:
+            pixels = budget.measure(images)
+            await budget.acquire(pixels)
+        try:
+            out = await embed_response(state, state.require_service(), images, None, "largest", True)
+        finally:
+            if budget is not None:
+                budget.release(pixels)
     except FacegateError as exc:
         await facegate_error_response(exc)(scope, receive, send)
         return None

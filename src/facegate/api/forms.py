@@ -141,7 +141,21 @@ class FastFormRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def fast_form_handler(request: Request) -> Response:
-            return await handler(FastFormRequest(request.scope, request.receive, request._send))
+            req = FastFormRequest(request.scope, request.receive, request._send)
+            budget = getattr(request.app.state, "facegate_pixels", None)
+            if budget is None or not req.headers.get("content-type", "").startswith("multipart/form-data"):
+                return await handler(req)
+            try:
+                form = await req.form()
+            except Exception:  # a malformed body: FastAPI parses it again and gives its own 4xx answer
+                return await handler(req)
+            # the images' sizes from their headers, before anything is decoded (limits.request_pixels)
+            pixels = budget.measure(v for _, v in form.multi_items() if isinstance(v, UploadFile))
+            await budget.acquire(pixels)
+            try:
+                return await handler(req)
+            finally:
+                budget.release(pixels)
 
         return fast_form_handler
 

@@ -58,10 +58,9 @@ ENV_PLAN = "FACEGATE_PLAN_JSON"
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
-            format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
-        )
+        from facegate.logs import configure_logging
+
+        configure_logging()
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
     addresses = os.environ[ENV_ADDRESS].split(os.pathsep)

@@ -79,6 +79,9 @@ router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/for
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
 
+#: Largest subject-list offset (the store's integers are 64-bit; no gallery holds more subjects).
+MAX_OFFSET = 2**31 - 1
+
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
@@ -404,13 +407,12 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
     return info
 
 
-def _parse_meta(meta: str | None) -> dict[str, Any] | None:
+def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
+    from facegate.api.limits import loads_limited
+
     if meta is None or meta == "":
         return None
-    try:
-        value = json.loads(meta)
-    except json.JSONDecodeError as exc:
-        raise InvalidParameterError(f"meta is not valid JSON: {exc.msg}", detail={"field": "meta"}) from None
+    value = loads_limited(meta, state.settings.limits, field="meta")  # bounded size, depth and numbers
     if not isinstance(value, dict):
         raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
     return value
@@ -436,7 +438,7 @@ async def enrol(
     state = _state(request)
     service, gallery = state.require_ready()
     validate_subject_id(subject_id)
-    meta_obj = _parse_meta(meta)
+    meta_obj = _parse_meta(meta, state)
     _check_count(len(images), state.settings.limits.max_images_per_request, "images")
     await _gallery_for_service(state, name)
 
@@ -447,7 +449,7 @@ async def enrol(
     decision = decide_enrolment(
         subject_id,
         results,
-        requires_quality=state.settings.enrol_requires_quality,
+        requires_quality=state.settings.quality.enrol_requires_quality,
         verdict=service.pipeline.enrol_verdict,
     )
     refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
@@ -501,7 +503,10 @@ async def enrol_batch(
     for sid, rows in by_subject.items():
         mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
         decision = decide_enrolment(
-            sid, mine, requires_quality=state.settings.enrol_requires_quality, verdict=service.pipeline.enrol_verdict
+            sid,
+            mine,
+            requires_quality=state.settings.quality.enrol_requires_quality,
+            verdict=service.pipeline.enrol_verdict,
         )
         refused += [
             BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
@@ -546,7 +551,7 @@ async def import_templates(request: Request, name: str, body: ImportTemplatesReq
 async def list_subjects(
     request: Request,
     name: str,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""

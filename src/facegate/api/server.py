@@ -29,8 +29,14 @@ def run(settings: Settings) -> None:
     """
     import uvicorn
 
+    from facegate.api.security import check_bind
+    from facegate.service.keys import KeyStore
+
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from facegate.logs import configure_logging
+
+        configure_logging()
+    check_bind(settings, KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file))
     plan = make_plan(settings)
     log.info("%s", plan.summary())
     if plan.workers > 1 or plan.engines > 1:

@@ -24,9 +24,25 @@
     }
   }
 
-  /** fetch() wrapper: JSON in/out; a non-2xx answer throws ApiError built from {"error": {...}}. */
-  async function api(method, path, { form, json } = {}) {
+  const KEY_ITEM = "facegate.apiKey";
+
+  /** Ask for an API key (the server answered 401); kept for this browser tab only. */
+  function askForKey(message) {
+    const key = window.prompt(`${message}\n\nThis server needs an API key (facegate keys create):`, "");
+    if (key && key.trim()) {
+      sessionStorage.setItem(KEY_ITEM, key.trim());
+      return true;
+    }
+    return false;
+  }
+
+  /** fetch() wrapper: JSON in/out; a non-2xx answer throws ApiError built from {"error": {...}}.
+   *  A 401 asks for an API key once and retries with it. */
+  async function api(method, path, opts = {}, retried = false) {
+    const { form, json } = opts;
     const init = { method, headers: { Accept: "application/json" } };
+    const key = sessionStorage.getItem(KEY_ITEM);
+    if (key) init.headers.Authorization = `Bearer ${key}`;
     if (json !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(json);
@@ -48,6 +64,10 @@
     }
     if (!resp.ok) {
       const e = data && typeof data.error === "object" && data.error ? data.error : null;
+      if (resp.status === 401 && !retried) {
+        sessionStorage.removeItem(KEY_ITEM);
+        if (askForKey(e ? e.message : "Unauthorized")) return api(method, path, opts, true);
+      }
       const err = e
         ? new ApiError(resp.status, e.code || `http_${resp.status}`, e.message || resp.statusText, e.detail)
         : new ApiError(resp.status, `http_${resp.status}`, (text || resp.statusText).slice(0, 300), {});

@@ -1,0 +1,409 @@
+"""Input limits of the HTTP front-end: bounded JSON, decoded-pixel budgets, and admission before any work.
+
+:func:`loads_limited` parses JSON (request bodies and JSON form fields such as enrol's ``meta``) under
+:class:`~facegate.config.Limits`: size, nesting depth, length of number literals; ``NaN`` /
+``Infinity`` and lone UTF-16 surrogates (``"\\ud800"``, which no UTF-8 store can hold) are refused. Each
+failure is an :class:`~facegate.errors.InvalidParameterError` (422) or, for size, an
+:class:`~facegate.errors.ImageTooLargeError`-style 413 (:class:`BodyTooLargeError`).
+
+:class:`PixelBudget` bounds decoded memory: a request's images are measured from their headers
+(Pillow's lazy open reads no pixel data) and the sum must fit ``limits.request_pixels`` (413 otherwise),
+then the request holds that many pixels of the process's ``limits.decode_pixels_in_flight`` until it
+ends, waiting (within its deadline) while other requests hold them.
+
+:class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
+process, and no more than it can finish in the time of one request plus a quarter of the
+deadline (:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
+read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An
+admitted request runs under one deadline counted from its arrival (``Settings.request_timeout_s``),
+which covers the upload, decoding, every engine stage and the gallery: when it passes the request's task
+is cancelled (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``. JSON bodies
+are checked with :func:`loads_limited` before the route sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.datastructures import UploadFile
+
+from facegate.config import Limits, Settings
+from facegate.errors import (
+    BodyTooLargeError,
+    DeadlineExceededError,
+    ImageTooLargeError,
+    InvalidParameterError,
+    OverloadedError,
+)
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
+RETRY_AFTER_S = 1
+
+
+# --------------------------------------------------------------------------- JSON
+def _bad_json(message: str, field: str) -> InvalidParameterError:
+    return InvalidParameterError(message, detail={"field": field})
+
+
+def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> Any:
+    """``json.loads`` under ``limits``: the value, or a 4xx error.
+
+    Raises:
+        BodyTooLargeError: more than ``json_max_bytes`` bytes.
+        InvalidParameterError: not UTF-8, not JSON, nested deeper than ``json_max_depth``, a number literal
+            longer than ``json_max_number_digits``, NaN/Infinity, or a lone surrogate in a string.
+    """
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.json_max_bytes:
+        raise BodyTooLargeError(
+            f"{field}: {size} bytes of JSON exceed the limit of {limits.json_max_bytes}",
+            detail={"field": field, "bytes": size, "limit": limits.json_max_bytes},
+        )
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad_json(f"{field} is not UTF-8", field) from None
+    _check_depth(text, limits.json_max_depth, field)
+    digits = limits.json_max_number_digits
+
+    def number(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+        def parse(literal: str) -> Any:
+            if len(literal) > digits:
+                raise _bad_json(f"{field}: a number of {len(literal)} characters exceeds the limit of {digits}", field)
+            return kind(literal)
+
+        return parse
+
+    def constant(name: str) -> Any:
+        raise _bad_json(f"{field}: {name} is not a JSON number", field)
+
+    try:
+        value = json.loads(text, parse_int=number(int), parse_float=number(float), parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise _bad_json(f"{field} is not valid JSON: {exc.msg} at position {exc.pos}", field) from None
+    except RecursionError:  # _check_depth bounds nesting first; this is only a second line
+        raise _bad_json(f"{field}: JSON nested too deeply", field) from None
+    _check_strings(value, field)
+    return value
+
+
+def _check_depth(text: str, max_depth: int, field: str) -> None:
+    """Refuse nesting deeper than ``max_depth`` by scanning brackets outside strings (before parsing)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return
+    depth = 0
+    # strings may hold brackets: drop them first (escapes included), then count what is left
+    for ch in re.sub(r'"(?:[^"\\]|\\.)*"', "", text):
+        if ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise _bad_json(f"{field}: JSON nested deeper than {max_depth} levels", field)
+        elif ch in "]}":
+            depth -= 1
+
+
+def _check_strings(value: Any, field: str) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                raise _bad_json(f"{field}: a string holds a lone UTF-16 surrogate", field)
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if _SURROGATE.search(k):
+                    raise _bad_json(f"{field}: a key holds a lone UTF-16 surrogate", field)
+                stack.append(item)
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+# --------------------------------------------------------------------------- pixels
+def header_pixels(file: UploadFile) -> int:
+    """``width × height`` of an uploaded image from its header (no pixel data is decoded); 0 when the
+    header cannot be read (the decoder then answers the request's error)."""
+    from PIL import Image
+
+    from facegate.io.decode import FORMATS
+
+    f = file.file
+    try:
+        f.seek(0)
+        with Image.open(f, formats=FORMATS) as img:
+            w, h = img.size
+        return int(w) * int(h)
+    except Image.DecompressionBombError:
+        return 2 * (Image.MAX_IMAGE_PIXELS or 0) + 1
+    except Exception:  # not an image, truncated header, ...: the decoder reports it properly
+        return 0
+    finally:
+        f.seek(0)
+
+
+class PixelBudget:
+    """The decoded pixels one process may hold (``limits.decode_pixels_in_flight``), shared by its requests."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.per_request = limits.request_pixels
+        self.total = limits.decode_pixels_in_flight
+        self.held = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def measure(self, uploads: Iterable[UploadFile]) -> int:
+        """Summed header pixels of ``uploads``.
+
+        Raises:
+            ImageTooLargeError: the sum exceeds ``request_pixels`` (checked as each header is read, so a
+                request of many huge images stops at the first one past the budget).
+        """
+        total = 0
+        for i, upload in enumerate(uploads):
+            total += header_pixels(upload)
+            if total > self.per_request:
+                raise ImageTooLargeError(
+                    f"the request's images have more than {self.per_request} pixels in all (after image {i})",
+                    detail={"unit": "pixels", "limit": self.per_request, "index": i},
+                )
+        return total
+
+    async def acquire(self, pixels: int) -> None:
+        """Hold ``pixels`` of the process budget, waiting (first come, first served) while others hold too
+        many. Cancellable: a request whose deadline passes while it waits holds nothing."""
+        pixels = min(pixels, self.total)
+        if not self._waiters and self.held + pixels <= self.total:
+            self.held += pixels
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (pixels, fut)
+        self._waiters.append(entry)
+        try:
+            await fut  # _wake adds the pixels to held before it resolves the future
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(pixels)  # granted, but the waiter went away at the same moment
+            else:
+                self._waiters.remove(entry)
+                self._wake()
+            raise
+
+    def release(self, pixels: int) -> None:
+        """Give back what :meth:`acquire` took (synchronous, so that it also runs in a cancelled task)."""
+        self.held -= min(pixels, self.total)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.held + self._waiters[0][0] <= self.total:
+            pixels, fut = self._waiters.popleft()
+            if not fut.done():
+                self.held += pixels
+                fut.set_result(None)
+
+
+# --------------------------------------------------------------------------- admission
+def _is_json(scope: Scope) -> bool:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-type":
+            ctype = bytes(value).split(b";", 1)[0].strip().lower()
+            return ctype == b"application/json" or ctype.endswith(b"+json")
+    return False
+
+
+class AdmissionLimit:
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it can
+    finish in the time of one request plus a quarter of the deadline (Little's law: requests in progress
+    = rate × time each spends).
+
+    A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
+    finish within the deadline: the admitted requests then time out after using the device, and goodput
+    falls. The rate used is the best completion rate of :data:`WINDOW_S` seconds seen lately (it decays
+    by :data:`DECAY` per window), so that a burst on a quiet server is admitted up to what the process
+    has shown it can do; while requests are being shed it is the last window's rate, what the process
+    does under this load (the shedding itself takes some of the CPU). The time of one request is the
+    fastest of the last window. Until a rate has been measured the bound is ``max_admitted``; it never
+    falls below :data:`FLOOR`.
+    """
+
+    WINDOW_S = 4.0
+    DECAY = 0.9
+    FLOOR = 2
+    _SLOTS = 8
+
+    def __init__(self, max_admitted: int, deadline_s: float) -> None:
+        self.max_admitted = max_admitted
+        self.target_s = deadline_s / 4
+        self._width = self.WINDOW_S / self._SLOTS
+        self._counts = [0] * self._SLOTS
+        self._slot_ids = [-1] * self._SLOTS
+        self._fastest = [math.inf] * self._SLOTS
+        self._started = time.monotonic()
+        self._best = 0.0
+        self._rate = 0.0
+        self._best_sid = -1
+        self._last_shed = -math.inf
+
+    def finished(self, now: float, seconds: float) -> None:
+        """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
+        sid = int(now / self._width)
+        i = sid % self._SLOTS
+        if self._slot_ids[i] != sid:
+            self._slot_ids[i], self._counts[i], self._fastest[i] = sid, 0, math.inf
+        self._counts[i] += 1
+        self._fastest[i] = min(self._fastest[i], seconds)
+
+    def shed(self, now: float) -> None:
+        """Note that a request was refused at ``now``."""
+        self._last_shed = now
+
+    def limit(self, now: float) -> int:
+        """The bound now."""
+        if now - self._started < self.WINDOW_S:
+            return self.max_admitted  # no rate measured yet
+        sid = int(now / self._width)
+        live = [i for i, s in enumerate(self._slot_ids) if 0 < sid - s < self._SLOTS]  # completed slots
+        if sid != self._best_sid:  # once per slot: decay the best rate, then take the window's if higher
+            rate = sum(self._counts[i] for i in live) / (self.WINDOW_S - self._width)
+            steps = min(self._SLOTS * 100, sid - self._best_sid) if self._best_sid >= 0 else 1
+            self._best = max(rate, self._best * self.DECAY ** (steps / self._SLOTS))
+            self._best_sid, self._rate = sid, rate
+        rate = self._best
+        if now - self._last_shed < self.WINDOW_S:  # shedding: the window's rate is what the process does now
+            rate = min(rate, self._rate)
+        if rate <= 0.0:
+            return self.max_admitted if self._best <= 0.0 else min(self.FLOOR, self.max_admitted)
+        # the fastest request of the window: its time without queueing, the best estimate of the work itself
+        work_s = min((self._fastest[i] for i in live), default=0.0)
+        by_rate = math.ceil(rate * (work_s + self.target_s))
+        return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
+
+
+class AdmissionMiddleware:
+    """Admission bound, end-to-end deadline and JSON-body limits (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, respond: Callable[[Exception], Any]) -> None:
+        self.app = app
+        self.settings = settings
+        self.deadline_s = settings.limits.request_timeout_s
+        self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
+        self.admitted = 0
+        self.respond = respond  # FacegateError → Response (facegate.api.errors)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        limit = self.bound.limit(now)
+        if self.admitted >= limit:
+            self.bound.shed(now)
+            exc = OverloadedError(
+                f"the server is at its limit of {limit} requests in progress; retry later",
+                retry_after_s=RETRY_AFTER_S,
+                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
+            )
+            await self.respond(exc)(scope, receive, send)
+            return
+        self.admitted += 1
+        started = False
+        status = 0
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started, status
+            if message["type"] == "http.response.start":
+                started, status = True, int(message["status"])
+            await send(message)
+
+        try:
+            app_receive = receive
+            if scope["method"] in ("POST", "PUT", "PATCH") and _is_json(scope):
+                body = await self._read_json(scope, receive, tracking_send)
+                if body is None:
+                    return
+                app_receive = _replay(body, receive)
+            async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
+                await self.app(scope, app_receive, tracking_send)
+        except TimeoutError:
+            log.info("%s %s: deadline of %.1f s passed", scope["method"], _safe_path(scope), self.deadline_s)
+            if not started:
+                exc2 = DeadlineExceededError(
+                    f"the request did not finish within its deadline of {self.deadline_s:g} s",
+                    detail={"deadline_s": self.deadline_s},
+                )
+                await self.respond(exc2)(scope, receive, send)
+        finally:
+            self.admitted -= 1
+            if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
+                self.bound.finished(time.monotonic(), time.perf_counter() - t0)
+
+    async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
+        limits = self.settings.limits
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        try:
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None  # the client went away
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.json_max_bytes:
+                    raise BodyTooLargeError(
+                        f"a JSON body of more than {limits.json_max_bytes} bytes",
+                        detail={"field": "body", "limit": limits.json_max_bytes},
+                    )
+                chunks.append(chunk)
+                more = bool(message.get("more_body", False))
+            body = b"".join(chunks)
+            if body:
+                loads_limited(body, limits)
+        except (InvalidParameterError, ImageTooLargeError) as exc:
+            await self.respond(exc)(scope, receive, send)
+            return None
+        return body
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _safe_path(scope: Scope) -> str:
+    from facegate.logs import escape
+
+    return escape(scope.get("path", ""))
+
+
+__all__ = [
+    "AdmissionMiddleware",
+    "PixelBudget",
+    "header_pixels",
+    "loads_limited",
+]

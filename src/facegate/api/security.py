@@ -1,0 +1,432 @@
+"""Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
+security headers, the OpenAPI security scheme and the offline API docs.
+
+Two pure-ASGI middlewares (no task hop, no body buffering):
+
+- :class:`SecurityHeadersMiddleware`, outermost, adds ``Content-Security-Policy``, ``X-Frame-Options:
+  DENY``, ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer`` to every response,
+  errors included.
+- :class:`AccessMiddleware`, inside the request metrics, answers before any body is read:
+
+  1. ``Host`` not in the allowed hosts → 400 ``host_not_allowed`` (DNS rebinding: a page of another site
+     that resolves its own name to this server sends that name as ``Host``);
+  2. a state-changing method (POST, PUT, PATCH, DELETE) whose ``Origin`` is neither this server's nor an
+     allowed one, or with ``Sec-Fetch-Site: cross-site`` → 403 ``origin_not_allowed`` (a browser posts a
+     cross-site form without asking first);
+  3. with API keys configured, a ``/api`` route (and ``/metrics`` when so configured) needs
+     ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``: missing or unknown → 401 ``unauthorized``,
+     a key without the route's scope → 403 ``forbidden``;
+  4. per-key (or, without keys, per-client-address) token buckets → 429 ``rate_limited`` with
+     ``Retry-After``.
+
+Scopes of the routes (:func:`required_scope`): ``read`` for compare, detect, embed, search and listing
+galleries; ``enrol`` for enrolling, listing and deleting subjects; ``admin`` for creating and deleting
+galleries. Probes, the web page, its assets and the docs are open.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import ipaddress
+import logging
+import re
+import time
+from base64 import b64encode
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from facegate.config import Settings
+from facegate.errors import (
+    FacegateError,
+    ForbiddenError,
+    HostNotAllowedError,
+    OriginNotAllowedError,
+    RateLimitedError,
+    ServerError,
+    UnauthorizedError,
+)
+from facegate.service.keys import ApiKey, KeyStore, Scope
+
+log = logging.getLogger(__name__)
+
+AsgiScope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
+
+
+# --------------------------------------------------------------------------- scopes of routes
+_ROUTE_SCOPES: list[tuple[frozenset[str], re.Pattern[str], Scope]] = [
+    (frozenset({"POST"}), re.compile(r"^/api/(compare|detect|embed)/?$"), "read"),
+    (frozenset({"POST"}), re.compile(r"^/api/galleries/[^/]+/search/?$"), "read"),
+    (frozenset({"GET", "HEAD"}), re.compile(r"^/api/galleries/?$"), "read"),
+    (frozenset({"GET", "HEAD"}), re.compile(r"^/api/galleries/[^/]+/subjects/?$"), "enrol"),
+    (frozenset({"POST", "DELETE"}), re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), "enrol"),
+]
+_STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def required_scope(method: str, path: str, settings: Settings) -> Scope | None:
+    """The scope ``method path`` needs, or ``None`` for an open route. Unlisted ``/api`` routes need ``admin``."""
+    if path.startswith("/api/"):
+        for methods, pattern, scope in _ROUTE_SCOPES:
+            if method in methods and pattern.match(path):
+                return scope
+        return "admin"
+    if path.rstrip("/") == "/metrics" and settings.security.metrics_access == "key":
+        return "read"
+    return None
+
+
+# --------------------------------------------------------------------------- hosts and origins
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is loopback-only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if host.strip("[]") in ("localhost", "::1"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """``Host`` header value → lower-case host without the port (``[::1]:80`` → ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def allowed_host_names(settings: Settings) -> frozenset[str] | None:
+    """The Host values accepted (lower case, without port; ``None``: any)."""
+    configured = settings.security.allowed_hosts
+    if configured:
+        if "*" in configured:
+            return None
+        return frozenset(_host_name(h) for h in configured)
+    if is_loopback(settings.host):
+        return _LOOPBACK_NAMES | {settings.host.lower()}
+    return None
+
+
+def check_bind(settings: Settings, keys: KeyStore) -> None:
+    """Refuse to serve a non-loopback address without API keys, unless ``security.no_auth``; say how it runs.
+
+    Raises:
+        ServerError: a non-loopback bind address with no keys and no ``--no-auth``.
+    """
+    if len(keys):
+        log.info("API keys: %d configured (%s); /api routes need one", len(keys), keys.path.name)
+        return
+    if settings.security.no_auth:
+        log.warning(
+            "authentication is OFF (--no-auth): anyone who reaches %s may enrol, delete and search", settings.host
+        )
+        return
+    if not is_loopback(settings.host):
+        raise ServerError(
+            f"refusing to listen on {settings.host} without API keys: create one with `facegate keys create "
+            "--scope read` (keys live in the data folder), or pass --no-auth to serve without authentication",
+            detail={"host": settings.host},
+        )
+    log.warning("no API keys configured: authentication is off; listening on loopback (%s) only", settings.host)
+
+
+# --------------------------------------------------------------------------- rate limits
+class TokenBuckets:
+    """Token buckets by client identity (at most ``max_clients`` tracked; the least recently seen go first)."""
+
+    def __init__(self, rate_per_s: float, burst: int, max_clients: int = 10_000) -> None:
+        self.rate = float(rate_per_s)
+        self.burst = float(burst)
+        self.max_clients = max_clients
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def take(self, who: str, now: float | None = None) -> float:
+        """Take one token for ``who``: 0.0 when allowed, else the seconds until a token is there."""
+        now = time.monotonic() if now is None else now
+        tokens, last = self._buckets.pop(who, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        wait = 0.0
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) / self.rate
+        self._buckets[who] = (tokens, now)
+        if len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+# --------------------------------------------------------------------------- middlewares
+def _header(scope: AsgiScope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def presented_key(scope: AsgiScope) -> str | None:
+    """The API key of a request: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
+    auth = _header(scope, b"authorization")
+    if auth is not None:
+        kind, _, token = auth.strip().partition(" ")
+        if kind.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = _header(scope, b"x-api-key")
+    return key.strip() if key else None
+
+
+class AccessMiddleware:
+    """Host, Origin, API key and rate-limit checks (see the module docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, settings: Settings, keys: KeyStore, respond: Callable[[FacegateError], Any]
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.keys = keys
+        self.respond = respond
+        self.hosts = allowed_host_names(settings)
+        self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
+        sec = settings.security
+        self.buckets = TokenBuckets(sec.rate_limit_per_s, sec.rate_limit_burst) if sec.rate_limit_per_s else None
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            key = self._check(scope)
+        except FacegateError as exc:
+            await self.respond(exc)(scope, receive, send)
+            return
+        if key is not None:
+            scope["facegate.key"] = key
+        await self.app(scope, receive, send)
+
+    def _check(self, scope: AsgiScope) -> ApiKey | None:
+        method, path = scope["method"], scope["path"]
+        host = _header(scope, b"host") or ""
+        if self.hosts is not None and _host_name(host) not in self.hosts:
+            raise HostNotAllowedError(
+                "this server does not answer for the host named in the Host header",
+                detail={"allowed": sorted(self.hosts)},
+            )
+        if method in _STATE_CHANGING:
+            self._check_origin(scope, host)
+        scope_needed = required_scope(method, path, self.settings)
+        if scope_needed is None:
+            return None
+        key: ApiKey | None = None
+        if not self.settings.security.no_auth and len(self.keys):
+            token = presented_key(scope)
+            if token is None:
+                raise UnauthorizedError(
+                    "this route needs an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
+                    detail={"scope": scope_needed},
+                )
+            key = self.keys.verify(token)
+            if key is None:
+                raise UnauthorizedError("the API key is not valid (unknown or revoked)", detail={"scope": scope_needed})
+            if not key.allows(scope_needed):
+                raise ForbiddenError(
+                    f"the API key {key.id} lacks the scope {scope_needed!r} this route needs",
+                    detail={"scope": scope_needed, "key_scopes": list(key.scopes), "key": key.id},
+                )
+        if self.buckets is not None and path.startswith("/api/"):
+            who = f"key:{key.id}" if key is not None else f"addr:{(scope.get('client') or ('?',))[0]}"
+            wait = self.buckets.take(who)
+            if wait > 0.0:
+                raise RateLimitedError(
+                    f"rate limit of {self.buckets.rate:g} requests/s exceeded; retry in {wait:.2f} s",
+                    retry_after_s=wait,
+                    detail={"retry_after_s": round(wait, 3), "rate_per_s": self.buckets.rate},
+                )
+        return key
+
+    def _check_origin(self, scope: AsgiScope, host: str) -> None:
+        origin = _header(scope, b"origin")
+        if origin is None:
+            # no Origin: not a browser's cross-site request, unless the browser says so (old forms, some redirects)
+            if (_header(scope, b"sec-fetch-site") or "").lower() == "cross-site":
+                raise OriginNotAllowedError(
+                    "cross-site requests may not change state", detail={"sec_fetch_site": "cross-site"}
+                )
+            return
+        normal = origin.strip().rstrip("/").lower()
+        if normal in self.origins:
+            return
+        if normal != "null" and urlsplit(normal).netloc == host.strip().lower():
+            return  # the page this server served
+        raise OriginNotAllowedError(
+            "requests that change state must come from this server's own pages or an allowed origin",
+            detail={"allowed": sorted(self.origins)},
+        )
+
+
+#: The policy of every response: own-origin resources only (images may be data:/blob: URLs), no framing.
+CSP = (
+    "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+
+
+def _csp_hash(script: str) -> str:
+    return "'sha256-" + b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
+
+
+class SecurityHeadersMiddleware:
+    """CSP, X-Frame-Options, nosniff and Referrer-Policy on every response (``docs_csp`` for the doc pages)."""
+
+    def __init__(self, app: ASGIApp, docs_csp: dict[str, str] | None = None) -> None:
+        self.app = app
+        self.docs_csp = {p: c.encode() for p, c in (docs_csp or {}).items()}
+        self.fixed = [
+            (b"x-frame-options", b"DENY"),
+            (b"x-content-type-options", b"nosniff"),
+            (b"referrer-policy", b"no-referrer"),
+        ]
+        self.csp = CSP.encode()
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = self.docs_csp.get(scope["path"], self.csp)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"content-security-policy"]
+                message["headers"] = [*headers, (b"content-security-policy", csp), *self.fixed]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+# --------------------------------------------------------------------------- OpenAPI and docs
+DOCS_ASSETS = "/docs-assets"
+
+
+def docs_assets_dir() -> Path:
+    """Swagger UI and ReDoc files shipped by the ``fastapi-offline`` package (MIT)."""
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).resolve().parent / "static"
+
+
+def install_docs(app: FastAPI) -> dict[str, str]:
+    """``/docs`` (Swagger UI) and ``/redoc`` from packaged assets; returns each page's CSP (with the hash of
+    its inline script, so that no other inline script runs)."""
+    swagger = get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="facegate API",
+        swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
+    ).body.decode()
+    redoc = get_redoc_html(
+        openapi_url="/openapi.json",
+        title="facegate API",
+        redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+        redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        with_google_fonts=False,
+    ).body.decode()
+    inline = re.findall(r"<script>(.*?)</script>", swagger, flags=re.S)
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return HTMLResponse(swagger)
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc_ui() -> HTMLResponse:
+        return HTMLResponse(redoc)
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=docs_assets_dir()), name="docs-assets")
+    base = "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'"
+    hashes = " ".join(_csp_hash(s) for s in inline)
+    return {
+        "/docs": f"{base}; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'",
+        "/redoc": f"{base}; script-src 'self'; style-src 'self' 'unsafe-inline'; worker-src 'self' blob:",
+    }
+
+
+def install_openapi_security(app: FastAPI, settings: Settings) -> None:
+    """Declare the two ways to send a key in OpenAPI, and each operation's need of one."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "`facegate keys create`"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+        for path, ops in schema.get("paths", {}).items():
+            for method, op in ops.items():
+                needed = required_scope(method.upper(), path, settings)
+                if needed is None:
+                    op["security"] = []
+                else:
+                    op["security"] = [{"bearer": []}, {"apiKey": []}]
+                    op["description"] = (op.get("description") or "") + f"\n\nAPI key scope: `{needed}`."
+                    for status, what in (("401", "no or unknown API key"), ("403", "key lacks the scope, or origin")):
+                        op.setdefault("responses", {}).setdefault(
+                            status,
+                            {"description": what, "content": {"application/json": {"schema": {"$ref": _ERROR_REF}}}},
+                        )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_ERROR_REF = "#/components/schemas/ErrorResponse"
+
+
+def install_security(app: FastAPI, settings: Settings, respond: Callable[[FacegateError], Any]) -> KeyStore:
+    """Add the access middleware, the offline docs and the OpenAPI security scheme; returns the key store.
+
+    Call before adding the request-metrics middleware (so that refusals are counted) and call
+    :func:`install_headers` after it (so that every response, its own errors included, has the headers).
+    """
+    from facegate.api.limits import AdmissionMiddleware, PixelBudget
+
+    keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+    app.state.facegate_keys = keys
+    app.state.facegate_pixels = PixelBudget(settings.limits)
+    app.state.facegate_docs_csp = install_docs(app)
+    install_openapi_security(app, settings)
+    app.add_middleware(AdmissionMiddleware, settings=settings, respond=respond)
+    app.add_middleware(AccessMiddleware, settings=settings, keys=keys, respond=respond)
+    return keys
+
+
+def install_headers(app: FastAPI) -> None:
+    """The outermost middleware: security headers on every response."""
+    app.add_middleware(SecurityHeadersMiddleware, docs_csp=app.state.facegate_docs_csp)
+
+
+__all__ = [
+    "AccessMiddleware",
+    "SecurityHeadersMiddleware",
+    "check_bind",
+    "install_headers",
+    "install_security",
+    "is_loopback",
+    "required_scope",
+]

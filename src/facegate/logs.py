@@ -1,0 +1,106 @@
+"""Logging setup: one line per record, control characters escaped, optional JSON, no server paths in errors.
+
+A request path or header can carry ``%0a``; logged as is, it would start a forged line (say, one that
+looks like a CRITICAL entry). :class:`EscapingFormatter` writes every control character of a record's
+message (and of its exception text, except the traceback's own line breaks) as ``\\xNN``, so one record
+is always one line. :class:`JsonFormatter` writes one JSON object per line (``json.dumps`` escapes them).
+
+Environment (read by :func:`configure_logging`, which ``facegate serve`` and the front-end processes call):
+
+- ``FACEGATE_LOG_LEVEL``: ``DEBUG``, ``INFO`` (default), ``WARNING``, ``ERROR``;
+- ``FACEGATE_LOG_FORMAT``: ``text`` (default) or ``json``.
+
+Subject ids (they may be e-mail addresses) and image contents are never logged above DEBUG.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from typing import Any
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: An absolute POSIX path of two or more components (``/srv/facegate/data/gallery.sqlite3``).
+_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+~-]+/)+[\w.@+~-]*")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character (line breaks included) written as ``\\xNN`` / ``\\uNNNN``."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
+    )
+
+
+def redact_paths(value: Any) -> Any:
+    """A copy of a JSON-ready value with absolute file paths in its strings replaced by ``<path>``."""
+    if isinstance(value, str):
+        return _PATH.sub("<path>", value)
+    if isinstance(value, dict):
+        return {k: redact_paths(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_paths(v) for v in value]
+    return value
+
+
+class EscapingFormatter(logging.Formatter):
+    """The text format, one line per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        s = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            # keep the traceback readable, but no line of it may pass for a record of its own
+            s += "\n" + "\n".join("    | " + escape(line) for line in record.exc_text.splitlines())
+        if record.stack_info:
+            s += "\n" + "\n".join("    | " + escape(line) for line in self.formatStack(record.stack_info).splitlines())
+        return s
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time``, ``level``, ``logger``, ``message`` and, with one, ``exception``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.process,
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=True, default=str)
+
+
+def formatter(fmt: str | None = None) -> logging.Formatter:
+    """The formatter for ``fmt`` (``text`` | ``json``; default ``FACEGATE_LOG_FORMAT``, else ``text``)."""
+    fmt = (fmt or os.environ.get("FACEGATE_LOG_FORMAT", "text")).lower()
+    return JsonFormatter() if fmt == "json" else EscapingFormatter(TEXT_FORMAT)
+
+
+def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
+    """Log to stderr at ``level`` (default ``FACEGATE_LOG_LEVEL``, else INFO) in ``fmt`` (see :func:`formatter`).
+
+    Replaces the root logger's handlers; uvicorn's loggers propagate to it.
+    """
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    root.handlers[:] = [handler]
+    root.setLevel((level or os.environ.get("FACEGATE_LOG_LEVEL", "INFO")).upper())
+    # python-multipart warns once per malformed part header: a client could fill the log with them
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
+
+
+__all__ = ["EscapingFormatter", "JsonFormatter", "configure_logging", "escape", "formatter", "redact_paths"]

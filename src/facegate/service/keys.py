@@ -1,0 +1,216 @@
+"""API keys with scopes, stored hashed in the data folder.
+
+A key is ``fg_<id>_<secret>``: ``id`` is 8 random hex digits that name the key in listings and logs, and
+``secret`` is 32 random bytes (``secrets.token_urlsafe``). Only the SHA-256 of the whole key is stored, in
+``<data_dir>/api_keys.json`` (mode 0600); the key itself is shown once, by ``facegate keys create``. A
+plain hash is enough: the secret has 256 bits of entropy, so there is nothing for a slow hash to protect
+against a guess.
+
+Scopes:
+
+- ``read``: compare, detect, embed, search and listing galleries;
+- ``enrol``: enrol, list and delete subjects;
+- ``admin``: create and delete galleries, manage keys; it includes the other two.
+
+:class:`KeyStore` re-reads the file when its modification time changes (checked at most once per
+:data:`RELOAD_INTERVAL_S`), so keys created or revoked with the CLI take effect on a running server
+without a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from facegate.errors import InvalidParameterError
+
+log = logging.getLogger(__name__)
+
+Scope = Literal["read", "enrol", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "enrol", "admin")
+KEYS_FILE = "api_keys.json"
+#: Seconds between checks of the keys file for changes made by another process.
+RELOAD_INTERVAL_S = 1.0
+_PREFIX = "fg_"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One stored key (never the secret).
+
+    Attributes:
+        id: 8 hex digits, public; names the key in listings, logs and rate limits.
+        name: the operator's label.
+        scopes: what the key may do.
+        sha256: hex digest of the whole key.
+        created: Unix time of creation.
+    """
+
+    id: str
+    name: str
+    scopes: tuple[Scope, ...]
+    sha256: str
+    created: float
+
+    def allows(self, scope: Scope) -> bool:
+        """Whether this key grants ``scope`` (``admin`` grants every scope)."""
+        return scope in self.scopes or "admin" in self.scopes
+
+    def public(self) -> dict[str, Any]:
+        """The listing form: everything but the digest."""
+        d = asdict(self)
+        d.pop("sha256")
+        d["scopes"] = list(self.scopes)
+        return d
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def parse_scopes(scopes: Iterable[str]) -> tuple[Scope, ...]:
+    """Validated, de-duplicated scopes in canonical order.
+
+    Raises:
+        InvalidParameterError: an unknown scope, or none.
+    """
+    given = {s.strip() for s in scopes if s.strip()}
+    unknown = given - set(SCOPES)
+    if unknown or not given:
+        raise InvalidParameterError(
+            f"scopes must be a non-empty subset of {', '.join(SCOPES)}; got {sorted(given)}",
+            detail={"field": "scopes", "allowed": list(SCOPES)},
+        )
+    return tuple(s for s in SCOPES if s in given)
+
+
+class KeyStore:
+    """The keys file of one data folder; thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._by_digest: dict[str, ApiKey] = {}
+        self._mtime: float | None = None
+        self._checked = 0.0
+        self._load()
+
+    @classmethod
+    def for_data_dir(cls, data_dir: Path, path: Path | None = None) -> KeyStore:
+        """The store at ``path``, or ``<data_dir>/api_keys.json``."""
+        return cls(path if path is not None else Path(data_dir) / KEYS_FILE)
+
+    # ------------------------------------------------------------------ reading
+    def _load(self) -> None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._by_digest, self._mtime = {}, None
+            return
+        if st.st_mtime == self._mtime:
+            return
+        raw = json.loads(self.path.read_text(encoding="utf-8"))
+        keys = [
+            ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
+            for k in raw.get("keys", [])
+        ]
+        self._by_digest = {k.sha256: k for k in keys}
+        self._mtime = st.st_mtime
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < RELOAD_INTERVAL_S:
+            return
+        with self._lock:
+            self._checked = now
+            try:
+                self._load()
+            except (OSError, ValueError, KeyError, TypeError):
+                log.exception("cannot read the API keys file; keeping the keys read before")
+
+    def list_keys(self) -> list[ApiKey]:
+        """Every key, oldest first."""
+        self._refresh()
+        return sorted(self._by_digest.values(), key=lambda k: (k.created, k.id))
+
+    def __len__(self) -> int:
+        self._refresh()
+        return len(self._by_digest)
+
+    def verify(self, token: str) -> ApiKey | None:
+        """The key ``token`` is, or ``None`` (unknown, revoked, malformed)."""
+        if not token.startswith(_PREFIX) or len(token) > 128:
+            return None
+        self._refresh()
+        digest = _digest(token)
+        key = self._by_digest.get(digest)
+        # the dict lookup is by a hash of a 256-bit secret; compare_digest keeps the final check constant-time
+        if key is not None and hmac.compare_digest(key.sha256, digest):
+            return key
+        return None
+
+    # ------------------------------------------------------------------ writing (CLI)
+    def _write(self, keys: list[ApiKey]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"keys": [{**asdict(k), "scopes": list(k.scopes)} for k in keys]}, indent=2)
+        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)  # atomic: a server never reads half a file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with self._lock:
+            self._mtime = None
+            self._checked = 0.0
+            self._load()
+
+    def create(self, name: str, scopes: Iterable[str]) -> tuple[str, ApiKey]:
+        """A new key: ``(the key, shown once; its stored record)``."""
+        parsed = parse_scopes(scopes)
+        with self._lock:
+            self._load()
+            existing = list(self._by_digest.values())
+        ids = {k.id for k in existing}
+        key_id = secrets.token_hex(4)
+        while key_id in ids:
+            key_id = secrets.token_hex(4)
+        token = f"{_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        record = ApiKey(key_id, name, parsed, _digest(token), time.time())
+        self._write([*existing, record])
+        return token, record
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Remove the key with this id.
+
+        Raises:
+            InvalidParameterError: no key has that id.
+        """
+        with self._lock:
+            self._load()
+            existing = list(self._by_digest.values())
+        match = [k for k in existing if k.id == key_id]
+        if not match:
+            raise InvalidParameterError(f"no API key with id {key_id!r}", detail={"field": "id"})
+        self._write([k for k in existing if k.id != key_id])
+        return match[0]
+
+
+__all__ = ["KEYS_FILE", "SCOPES", "ApiKey", "KeyStore", "Scope", "parse_scopes"]

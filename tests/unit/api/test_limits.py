@@ -1,0 +1,94 @@
+"""Admission bound, pixel budget, token buckets and route scopes, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from facegate.api.limits import AdmissionLimit, PixelBudget
+from facegate.api.security import TokenBuckets, required_scope
+from facegate.config import Limits, Settings
+
+
+def test_admission_limit_follows_the_best_completion_rate() -> None:
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=2.0)  # target wait: 0.5 s
+    t0 = bound._started
+    assert bound.limit(t0 + 1) == 1000  # nothing measured yet
+    width = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
+    t = math.ceil((t0 + 10.0) / width) * width  # at a slot boundary: the window's 7 completed slots are whole
+    for i in range(40):  # 10 requests/s of 0.2 s each over the window before t
+        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1, 0.2)
+    assert bound.limit(t) == 7  # 35 completions in the 3.5 s of completed slots: 10/s × (0.2 + 0.5) s
+    # a quiet minute later the best rate has decayed but is not forgotten at once
+    later = bound.limit(t + 60)
+    assert AdmissionLimit.FLOOR <= later < bound.max_admitted
+
+
+def test_admission_limit_never_exceeds_max() -> None:
+    bound = AdmissionLimit(max_admitted=1, deadline_s=1.0)
+    t = bound._started + 10
+    bound.finished(t - 1, 0.01)
+    assert bound.limit(t) == 1
+
+
+def test_pixel_budget_waits_and_is_first_come_first_served() -> None:
+    async def run() -> list[str]:
+        budget = PixelBudget(Limits(request_pixels=10_000, decode_pixels_in_flight=10_000))
+        order: list[str] = []
+        await budget.acquire(8000)
+
+        async def want(name: str, n: int) -> None:
+            await budget.acquire(n)
+            order.append(name)
+            budget.release(n)
+
+        a = asyncio.create_task(want("a", 5000))
+        b = asyncio.create_task(want("b", 1000))
+        c = asyncio.create_task(want("c", 9000))
+        await asyncio.sleep(0.01)
+        assert order == [] and budget.held == 8000  # b fits, but waits behind a
+        c.cancel()  # a waiter that goes away holds nothing
+        budget.release(8000)
+        await asyncio.gather(a, b, return_exceptions=True)
+        assert budget.held == 0
+        return order
+
+    assert asyncio.run(run()) == ["a", "b"]
+
+
+def test_token_buckets() -> None:
+    tb = TokenBuckets(rate_per_s=2.0, burst=2, max_clients=2)
+    assert tb.take("k", now=0.0) == 0.0 and tb.take("k", now=0.0) == 0.0
+    assert tb.take("k", now=0.0) == pytest.approx(0.5)
+    assert tb.take("k", now=0.5) == 0.0  # one token back after 0.5 s
+    assert tb.take("other", now=0.5) == 0.0
+    tb.take("third", now=0.5)
+    assert len(tb._buckets) == 2  # bounded memory
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "scope"),
+    [
+        ("POST", "/api/compare", "read"),
+        ("POST", "/api/embed/", "read"),
+        ("POST", "/api/galleries/g/search", "read"),
+        ("GET", "/api/galleries", "read"),
+        ("POST", "/api/galleries", "admin"),
+        ("DELETE", "/api/galleries/g", "admin"),
+        ("POST", "/api/galleries/g/subjects/s", "enrol"),
+        ("DELETE", "/api/galleries/g/subjects/s", "enrol"),
+        ("GET", "/api/galleries/g/subjects", "enrol"),
+        ("GET", "/api/anything-new", "admin"),
+        ("GET", "/healthz", None),
+        ("GET", "/docs", None),
+        ("GET", "/metrics", None),
+    ],
+)
+def test_route_scopes(method: str, path: str, scope: str | None) -> None:
+    assert required_scope(method, path, Settings()) == scope
+
+
+def test_metrics_behind_a_key_when_configured() -> None:
+    assert required_scope("GET", "/metrics", Settings(security={"metrics_access": "key"})) == "read"
