@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -18,10 +18,44 @@ Precision = Literal["fp32", "fp16", "bf16"]
 CompileMode = Literal["off", "graphs", "inductor"]
 
 
+class ServerSettings(BaseModel):
+    """How the HTTP server stops. Environment: ``FACEGATE_SERVER__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drain_timeout_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "On SIGTERM/SIGINT the server stops accepting and lets the requests already admitted run for at most "
+            "this many seconds; requests that arrive meanwhile, and those still running then, get a JSON 503 "
+            "`shutting_down`. The process then exits with status 0. Set it below your orchestrator's kill grace "
+            "period (Kubernetes: terminationGracePeriodSeconds, systemd: TimeoutStopSec) minus a few seconds."
+        ),
+    )
+
+
+class MetricsSettings(BaseModel):
+    """What ``/metrics`` exposes. Environment: ``FACEGATE_METRICS__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gallery_labels: bool = Field(
+        False,
+        description=(
+            'Export each gallery\'s subject count as `facegate_gallery_subjects{gallery="<name>"}`. Off, only the '
+            "total over all galleries is exported (no label), so a scrape does not reveal gallery names."
+        ),
+    )
+
+
 class Settings(BaseSettings):
     """All facegate settings. Environment prefix: ``FACEGATE_``."""
 
-    model_config = SettingsConfigDict(env_prefix="FACEGATE_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FACEGATE_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
 
     # ------------------------------------------------------------------ models
     model: str = Field("sface", min_length=1, description="Recognizer name in the model registry.")
@@ -417,6 +451,9 @@ class Settings(BaseSettings):
     gallery_url: str | None = Field(
         None, description="Gallery database URL; None means SQLite at `<data_dir>/gallery.sqlite3`."
     )
+
+    server: ServerSettings = Field(default_factory=ServerSettings, description="Shutdown: the drain of requests.")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description="What /metrics exposes.")
 
     # ------------------------------------------------------------------ evaluation
     lfw_root: Path | None = Field(

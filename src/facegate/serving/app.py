@@ -43,6 +43,7 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.metrics.stats import ServiceStats
+from facegate.serving.drain import DRAIN, DrainMiddleware, exit_quietly_on_sigterm, uvicorn_timeout_s, watch_signals
 from facegate.serving.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.serving.fastpath import header, serve_embed_aligned, wants_fast_path
 
@@ -279,6 +280,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="facegate-decode")
     state.gallery_pool = ThreadPoolExecutor(min(4, settings.decode_workers), thread_name_prefix="facegate-gallery")
     state.load_task = asyncio.create_task(_load(state), name="facegate-load")
+    watch_signals(settings.server.drain_timeout_s, asyncio.get_running_loop())  # after uvicorn installed its handlers
     if state.engine is not None:  # a front-end: connecting takes well under a second; accept only once connected,
         await asyncio.shield(state.load_task)  # so no worker answers 503 while its siblings already serve
     try:
@@ -410,6 +412,8 @@ class ServingMiddleware:
                     await self.app(scope, app_receive, wrapped_send)
             except asyncio.CancelledError:
                 if not cancelled_by_disconnect:
+                    if DRAIN.expired:  # cut short by the drain, which answers 503 (serving/drain.py)
+                        status = 503
                     raise
                 status = CLIENT_CLOSED_STATUS
                 if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
@@ -489,6 +493,7 @@ def create_app(
     install_error_handlers(app)
     install_routes(app)
     app.add_middleware(ServingMiddleware, state=state)
+    app.add_middleware(DrainMiddleware)  # outermost: it also covers the fast path
     return app
 
 
@@ -503,7 +508,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> Any:
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
-        "timeout_graceful_shutdown": 10,
+        "timeout_graceful_shutdown": uvicorn_timeout_s(settings.server.drain_timeout_s),
         **uvicorn_impl(settings),
     }
     kw.update(overrides)
@@ -529,6 +534,7 @@ def run(settings: Settings) -> None:
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exit_quietly_on_sigterm()
     if settings.workers > 1 or settings.engines > 1:
         from facegate.serving.multiprocess import run_multiprocess
 

@@ -28,11 +28,9 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -40,6 +38,8 @@ from fastapi import FastAPI
 from facegate.config import Settings
 from facegate.engine.remote import error_from_wire
 from facegate.errors import InvalidParameterError, ModelError, ServerError
+from facegate.serving import runfiles
+from facegate.serving.drain import uvicorn_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class EngineProcess:
         self.settings = settings
         self.tiny = tiny
         self.cuda_device = cuda_device
-        self.dir = Path(tempfile.mkdtemp(prefix="facegate-engine-"))
+        self.dir = runfiles.make("engine")
         self.address = str(self.dir / "engine.sock")
         self.authkey = authkey or secrets.token_bytes(32)
         self.info: dict[str, Any] = {}
@@ -240,7 +240,7 @@ def frontend_main(control_path: str) -> None:
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=uvicorn_timeout_s(settings.server.drain_timeout_s),
         **uvicorn_impl(settings),
     )
     FrontEndServer(config, control_path).run()
@@ -269,8 +269,8 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
     """
     from facegate.serving.acceptor import Acceptor
 
-    folder = tempfile.mkdtemp(prefix="facegate-accept-")
-    control = os.path.join(folder, "accept.sock")
+    folder = runfiles.make("accept")
+    control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
     acceptor.start()
     ctx = mp.get_context("spawn")
@@ -308,7 +308,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
             if p.is_alive():
                 p.terminate()
         for p, _ in procs:
-            p.join(15)
+            p.join(uvicorn_timeout_s(settings.server.drain_timeout_s) + 5)
             if p.is_alive():
                 p.kill()
                 p.join(5)
@@ -326,6 +326,7 @@ def run_multiprocess(settings: Settings) -> None:
 
     from facegate.serving.app import uvicorn_impl
 
+    runfiles.remove_stale()
     engines = start_engines(settings)
     env = environment(engines)
     old = {k: os.environ.get(k) for k in env}
@@ -364,7 +365,7 @@ def run_multiprocess(settings: Settings) -> None:
                 lifespan="on",
                 log_config=None,
                 access_log=False,
-                timeout_graceful_shutdown=10,
+                timeout_graceful_shutdown=uvicorn_timeout_s(settings.server.drain_timeout_s),
                 **uvicorn_impl(settings),
             )
     finally:
