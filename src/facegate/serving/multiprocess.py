@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
 ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
 ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
+#: prometheus_client's multiprocess folder (facegate.metrics.prometheus.MULTIPROC_ENV; not imported here)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def frontend_app() -> FastAPI:
@@ -57,6 +59,9 @@ def frontend_app() -> FastAPI:
             level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
             format=f"%(asctime)s %(levelname)s %(name)s[front-end {os.getpid()}]: %(message)s",
         )
+    from facegate.metrics.prometheus import enable_multiprocess
+
+    enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
     return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])))
@@ -267,6 +272,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
             start, or the acceptor thread stopped.
     """
+    from facegate.metrics.prometheus import process_exited
     from facegate.serving.acceptor import Acceptor
 
     folder = runfiles.make("accept")
@@ -299,6 +305,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
                         detail={"exit_code": p.exitcode},
                     )
                 log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
+                process_exited(p.pid)
                 procs[i] = spawn()
     finally:
         for sig, handler in previous.items():
@@ -327,8 +334,13 @@ def run_multiprocess(settings: Settings) -> None:
     from facegate.serving.app import uvicorn_impl
 
     runfiles.remove_stale()
-    engines = start_engines(settings)
-    env = environment(engines)
+    metrics_dir = runfiles.make("metrics")  # this run's prometheus_client multiprocess files
+    try:
+        engines = start_engines(settings)
+    except BaseException:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        raise
+    env = {**environment(engines), MULTIPROC_ENV: str(metrics_dir)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     stopping = threading.Event()
@@ -378,5 +390,6 @@ def run_multiprocess(settings: Settings) -> None:
                     os.environ[k] = v
         for engine in engines:
             engine.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     if died:
         raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})
