@@ -87,8 +87,8 @@ def test_kill_9_leaves_no_shared_memory_or_folders_and_loses_no_acknowledged_wri
                 break
             stop = threading.Event()
 
-            def write(round_: int = round_) -> None:
-                with httpx.Client(base_url=server.url, timeout=30) as c:
+            def write(round_: int = round_, url: str = server.url, stop: threading.Event = stop) -> None:
+                with httpx.Client(base_url=url, timeout=30) as c:
                     for i in range(1000):
                         if stop.is_set():
                             return

@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest, values
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 

@@ -85,7 +85,10 @@ def _check_labels(names: LabelValues, values: Sequence[object]) -> LabelValues:
 
 # --------------------------------------------------------------------------- children (one series)
 class CounterChild:
-    """One counter series. Monotonic; thread-safe. ``shared``: where the increments also go (see :func:`share_values`)."""
+    """One counter series. Monotonic; thread-safe.
+
+    ``shared``: where the increments also go (see :func:`share_values`).
+    """
 
     __slots__ = ("_lock", "_shared", "_value")
 
