@@ -160,11 +160,10 @@ class Arena:
             socket.send_fds(sock, [b"m"], [self.fd])
 
     def close(self) -> None:
-        """Zero, unmap and close the block (idempotent)."""
+        """Unmap and close the block (idempotent). Not zeroed here: touching every page of a mostly unused
+        block would cost a second, and its pages are freed, unreadable, once the engine has unmapped it too."""
         if self.fd < 0:
             return
-        with contextlib.suppress(Exception):
-            self._bytes[:] = 0
         del self._bytes
         with contextlib.suppress(BufferError, ValueError):
             self.buf.release()

@@ -295,6 +295,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await state.load_task
         if state.service is not None and state.service_started:
             try:
+                if DRAIN.active:  # every request is answered (or was cut short): queued work has nobody waiting
+                    engine = state.service.engine
+                    await asyncio.get_running_loop().run_in_executor(None, lambda: engine.stop(False))
                 await state.service.stop()
             except Exception:
                 log.exception("stopping the face service failed")

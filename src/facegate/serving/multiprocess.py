@@ -13,9 +13,12 @@ process. If the engine process dies, the supervisor stops the front-ends and exi
 systemd or Kubernetes restarts the whole server).
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
-``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
-batches, compute, GPU memory) fetched from the engine at each scrape. A client that disconnects cancels
-its queued work in the engine process, as in one process.
+``/metrics`` of any front-end covers the whole server: every front-end's counters and histograms (summed
+from prometheus_client multiprocess files in a folder of this run, :mod:`facegate.metrics.prometheus`), plus
+the engine process's stage families (queues, batches, compute, GPU memory) fetched at each scrape. SIGTERM
+drains (:mod:`facegate.serving.drain`); the run's socket and metrics folders are named after the supervisor's
+pid, and those of a run that was killed are removed at the next start (:mod:`facegate.serving.runfiles`).
+A client that disconnects cancels its queued work in the engine process, as in one process.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ def test_dockerfile_has_a_cpu_and_a_cuda_image_running_as_a_user() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     targets = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", text, re.M))
     assert {"cpu", "cuda"} <= targets, targets
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in text  # the CPU build
+    assert "ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu" in text  # the CPU build...
+    assert "--index-url ${TORCH_CPU_INDEX} torch==2.13.0" in text  # ...of torch 2.13.0
     assert re.search(r"^USER\s+10001", text, re.M) and "STOPSIGNAL SIGTERM" in text
     assert "/readyz" in text  # the health check asks whether the models are warm
 
