@@ -40,11 +40,15 @@ def _shm_mappings(pids: list[int]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_metrics_of_any_front_end_count_every_request(fg: SimpleNamespace, tmp_path: Path) -> None:
+@pytest.mark.lfw
+def test_metrics_of_any_front_end_count_every_request(fg: SimpleNamespace, lfw_root: Path, tmp_path: Path) -> None:
     server = fg.ServeProcess(tmp_path, workers=2)
     try:
         server.wait_ready()
         assert httpx.post(server.url + "/api/galleries", json={"name": "staff-secret"}).status_code == 201
+        photo = fg.lfw_image(lfw_root, "Tony_Blair").read_bytes()  # enrolled through one front-end...
+        r = httpx.post(server.url + "/api/galleries/staff-secret/subjects/s1", files={"images": ("a.jpg", photo)})
+        assert r.status_code in (200, 201), r.text
         for _ in range(N):  # a new connection each: the acceptor spreads them over both front-ends
             assert httpx.get(server.url + "/healthz", headers={"connection": "close"}).status_code == 200
         seen: dict[str, float] = {}
@@ -52,8 +56,9 @@ def test_metrics_of_any_front_end_count_every_request(fg: SimpleNamespace, tmp_p
             text = httpx.get(server.url + "/metrics", headers={"connection": "close"}).text
             pid = next(line for line in text.splitlines() if line.startswith("facegate_process_info{"))
             seen[pid] = fg.parse_metric(text, "facegate_requests_total", {"route": "GET /healthz", "status": "200"})
+            assert fg.parse_metric(text, "facegate_requests_total", {"route": "POST /api/galleries"}) == 1
             assert "staff-secret" not in text  # gallery names are not labels unless the setting allows it
-            assert fg.parse_metric(text, "facegate_gallery_subjects") == 0
+            assert fg.parse_metric(text, "facegate_gallery_subjects") == 1  # ...counted by every front-end
     finally:
         server.close()
     assert len(seen) == 2, seen  # both front-ends answered a scrape...

@@ -248,6 +248,11 @@ async def metrics(request: Request) -> Response:
             remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
         except (FacegateError, TimeoutError):
             log.warning("engine metrics unavailable for this scrape")
+    if state.gallery is not None:  # another front-end may have enrolled since: report the store's sizes
+        try:
+            await state.in_gallery_pool(state.gallery.sync)
+        except Exception:
+            log.warning("gallery sizes may be stale in this scrape: the gallery could not be synced")
     body, content_type = render_latest(state.stats, remote, gallery_labels=state.settings.metrics.gallery_labels)
     return Response(body, media_type=content_type)
 
