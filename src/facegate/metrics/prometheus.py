@@ -31,6 +31,8 @@ Exposed families (``images/s`` is ``rate(facegate_items_total[1m])``)::
     facegate_gallery_subjects{gallery}             gauge
     facegate_gpu_memory_bytes{kind}                gauge       kind = allocated | reserved | peak
     facegate_process_info{pid}                     gauge       1; the process that answered the scrape
+    facegate_process_requests_total{pid}           counter     with several front-ends: this one's requests
+    facegate_process_request_seconds_total{pid}    counter     ... and their in-server seconds
 """
 
 from __future__ import annotations
@@ -137,6 +139,26 @@ class ServiceStatsCollector(Collector):
                     ]
                     h.add_metric(list(values), buckets, snap.sum)
                 yield h
+        if self.shared:
+            yield from self._own_share()
+
+    def _own_share(self) -> Iterator[Metric]:
+        """This front-end's own requests (scrapes excluded): the families above are the whole server's, so
+        these two tell how evenly the front-ends share the work."""
+        own = [snap for values, snap in self.stats.request_latency.samples() if "/metrics" not in values[0]]
+        pid = str(os.getpid())
+        n = CounterMetricFamily(
+            "facegate_process_requests", "Requests this front-end process answered (scrapes excluded).", labels=["pid"]
+        )
+        n.add_metric([pid], float(sum(s.count for s in own)))
+        t = CounterMetricFamily(
+            "facegate_process_request_seconds",
+            "In-server seconds of the requests this front-end process answered (scrapes excluded).",
+            labels=["pid"],
+        )
+        t.add_metric([pid], float(sum(s.sum for s in own)))
+        yield n
+        yield t
 
 
 def make_registry(
