@@ -238,7 +238,12 @@ def _scrape_once(url: str) -> dict[str, Any] | None:
         for m in re.finditer(r'^facegate_gpu_memory_bytes\{kind="(\w+)"\} ([0-9.e+-]+)', text, re.M)
     }
     pid = re.search(r'^facegate_process_info\{pid="(\d+)"\}', text, re.M)
-    return {"pid": pid.group(1) if pid else "?", "hist": hist, "gpu_memory_mib": gpu}
+    own = {
+        k: float(m.group(1))
+        for k, name in (("count", "requests"), ("sum", "request_seconds"))
+        if (m := re.search(rf"^facegate_process_{name}_total\{{[^}}]*\}} ([0-9.e+-]+)", text, re.M))
+    }
+    return {"pid": pid.group(1) if pid else "?", "hist": hist, "gpu_memory_mib": gpu, "own": own}
 
 
 def scrape_facegate(url: str, processes: int = 1) -> dict[str, Any]:
@@ -256,6 +261,8 @@ def scrape_facegate(url: str, processes: int = 1) -> dict[str, Any]:
         if one is None:
             continue
         out["by_pid"].setdefault(one["pid"], one["hist"])
+        if one["own"]:  # a server whose every scrape is the whole server's, with each front-end's own share
+            out.setdefault("own_by_pid", {}).setdefault(one["pid"], one["own"])
         out["hist"], out["gpu_memory_mib"] = one["hist"], one["gpu_memory_mib"]
         if len(out["by_pid"]) >= processes:
             break
@@ -269,7 +276,8 @@ def _deltas(before: dict[str, Any], after: dict[str, Any], family: str) -> dict[
     family comes from the last scrape of each snapshot.
     """
     pairs = [(before.get("hist", {}), after.get("hist", {}))]
-    if family in FRONT_END_FAMILIES and before.get("by_pid") and after.get("by_pid"):
+    whole_server = "own_by_pid" in after  # every scrape already sums the front-ends
+    if family in FRONT_END_FAMILIES and not whole_server and before.get("by_pid") and after.get("by_pid"):
         common = sorted(set(before["by_pid"]) & set(after["by_pid"]))
         pairs = [(before["by_pid"][p], after["by_pid"][p]) for p in common]
     acc: dict[str, list[float]] = {}
@@ -290,7 +298,12 @@ def front_end_spread(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
     :func:`scrape_facegate` snapshots reached: each one's share of the requests, largest first, and its mean
     in-server latency (ms) in the same order. Even shares: the front-ends got equal work."""
     per: list[tuple[float, float]] = []
-    for pid in sorted(set(before.get("by_pid", {})) & set(after.get("by_pid", {}))):
+    if "own_by_pid" in before and "own_by_pid" in after:
+        for pid in sorted(set(before["own_by_pid"]) & set(after["own_by_pid"])):
+            b, a = before["own_by_pid"][pid], after["own_by_pid"][pid]
+            c, s = a.get("count", 0.0) - b.get("count", 0.0), a.get("sum", 0.0) - b.get("sum", 0.0)
+            per.append((c, 1000.0 * s / c if c > 0 else 0.0))
+    for pid in sorted(set(before.get("by_pid", {})) & set(after.get("by_pid", {}))) if not per else []:
         s = c = 0.0
         for (fam, labels), a in after["by_pid"][pid].items():
             if fam == "request_latency_seconds" and "/metrics" not in labels:

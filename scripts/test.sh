@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Run the whole test suite (unit, integration, e2e). GPU tests skip without CUDA; LFW tests skip
 # without FACEGATE_LFW_ROOT (the Makefile points it at ../shared/data/lfw when that exists); browser
-# tests skip when Debian's chromium or playwright cannot be installed.
+# tests skip when Debian's chromium or playwright cannot be installed; the Prometheus test skips when Debian's
+# prometheus cannot be installed (it fails instead under CI=true).
 set -euo pipefail
 VENV=${1:-.venv}
 bash scripts/install-e2e.sh "$VENV" || echo "test.sh: e2e prerequisites incomplete; browser tests will skip"
+# Debian's prometheus for the scrape test of the Grafana dashboard (about 30 s to install)
+bash scripts/install-prometheus.sh || echo "test.sh: prometheus not installed; its test skips (fails under CI=true)"
 "$VENV/bin/ruff" check src tests benchmarks
 # the package's layers run one way (contracts in pyproject.toml, [tool.importlinter])
 PYTHONPATH=src "$VENV/bin/lint-imports"

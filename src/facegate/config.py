@@ -100,15 +100,6 @@ class EngineSettings(BaseModel):
         le=1000.0,
         description="How long, in ms, the engine waits after a batch's first item for more to fill it.",
     )
-    drain_s: float = Field(
-        15.0,
-        ge=0.0,
-        le=600.0,
-        description=(
-            "On SIGTERM/SIGINT, how long in seconds an engine process keeps serving connected front-ends so that "
-            "their in-flight requests finish; a second signal stops it at once."
-        ),
-    )
     gpu_memory_limit_mib: int | None = Field(
         None,
         ge=16,
@@ -224,6 +215,13 @@ class SecuritySettings(BaseModel):
     )
     metrics_access: Literal["open", "key"] = Field(
         "open", description="/metrics: 'open' to anyone, or 'key': only with a valid API key (any scope)."
+    )
+    metrics_gallery_labels: bool = Field(
+        False,
+        description=(
+            'Export each gallery\'s subject count as `facegate_gallery_subjects{gallery="<name>"}`. Off, only the '
+            "total over all galleries is exported (no label), so a scrape does not reveal gallery names."
+        ),
     )
     rate_limit_per_s: float | None = Field(
         None,
@@ -346,6 +344,18 @@ class Settings(BaseSettings):
             "answers gallery routes with 503 gallery_unavailable and keeps retrying in the background."
         ),
     )
+    drain_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "On SIGTERM/SIGINT the server stops accepting and lets the requests already admitted run for at most "
+            "this many seconds; requests that arrive meanwhile, and those still running then, get a JSON 503 "
+            "`shutting_down`, and the process exits with status 0. Engine processes keep serving their front-ends "
+            "until these have stopped. Set it a few seconds below your orchestrator's kill grace period "
+            "(Kubernetes: terminationGracePeriodSeconds, systemd: TimeoutStopSec)."
+        ),
+    )
     security: SecuritySettings = Field(
-        default_factory=SecuritySettings, description="API keys, browser safety and rate limits."
+        default_factory=SecuritySettings, description="API keys, browser safety, rate limits and /metrics access."
     )

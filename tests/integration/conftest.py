@@ -344,6 +344,67 @@ def parse_metric(text: str, name: str, labels: dict[str, str] | None = None) -> 
     return total
 
 
+# --------------------------------------------------------------------------- `facegate serve` as a child process
+# Signals are handled on a process's main thread only, so tests of SIGTERM, kill -9 and the process model run
+# the real command line (real models on the CPU) instead of the in-thread servers above.
+class ServeProcess:
+    """One ``facegate serve`` process group (supervisor, and engine and front-ends when ``workers`` ≥ 2)."""
+
+    def __init__(self, data_dir: Path, *, workers: int = 1, env: dict[str, str] | None = None, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / f"serve-{self.port}.log"
+        argv = [sys.executable, "-m", "facegate", "serve", "--device", "cpu", "--port", str(self.port)]
+        if workers > 1:
+            argv += ["--workers", str(workers)]
+        full_env = {**os.environ, "FACEGATE_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1", **(env or {})}
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [*argv, "--data-dir", str(data_dir)],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill of the group reaches every process of it
+        )
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.log()[-3000:]}"
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f} s"
+            time.sleep(0.2)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def pids(self) -> list[int]:
+        """Every live process of the group."""
+        out = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        return [int(x) for x in out]
+
+    def kill_group(self) -> None:
+        """SIGKILL every process of the group and wait until they are gone."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._log.close()
+
+    def close(self) -> Any:
+        if self.proc.poll() is None:
+            self.kill_group()
+        self._log.close()
+        return self.proc.returncode
+
+
 @pytest.fixture(scope="session")
 def fg() -> SimpleNamespace:
     """The helpers of this module, for test files (``fg.files(...)``, ``fg.assert_error(...)``, ...)."""
@@ -352,6 +413,7 @@ def fg() -> SimpleNamespace:
         TEST_MAX_UPLOAD_BYTES=TEST_MAX_UPLOAD_BYTES,
         TEST_MAX_PIXELS=TEST_MAX_PIXELS,
         Server=Server,
+        ServeProcess=ServeProcess,
         assert_error=assert_error,
         files=files,
         free_port=free_port,

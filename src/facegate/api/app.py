@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
+from facegate.api.drain import DRAIN, DrainMiddleware, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
 from facegate.api.routes import install_routes
@@ -183,6 +184,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.decode_pool = ThreadPoolExecutor(workers, thread_name_prefix="facegate-decode")
     state.gallery_pool = ThreadPoolExecutor(min(4, workers), thread_name_prefix="facegate-gallery")
     state.load_task = asyncio.create_task(_load(state), name="facegate-load")
+    watch_signals(state.settings.drain_s, asyncio.get_running_loop())  # after uvicorn installed its handlers
     if state.engine is not None:  # a front-end: connecting takes well under a second; accept only once connected,
         await asyncio.shield(state.load_task)  # so no worker answers 503 while its siblings already serve
     try:
@@ -197,6 +199,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await state.load_task
         if state.service is not None and state.service_started:
             try:
+                if DRAIN.active:  # every request is answered (or was cut short): queued work has nobody waiting
+                    engine = state.service.engine
+                    await asyncio.get_running_loop().run_in_executor(None, lambda: engine.stop(False))
                 await state.service.stop()
             except Exception:
                 log.exception("stopping the face service failed")
@@ -314,6 +319,8 @@ class ServingMiddleware:
                     await self.app(scope, app_receive, wrapped_send)
             except asyncio.CancelledError:
                 if not cancelled_by_disconnect:
+                    if DRAIN.expired:  # cut short by the drain, which answers 503 (serving/drain.py)
+                        status = 503
                     raise
                 status = CLIENT_CLOSED_STATUS
                 if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
@@ -399,14 +406,15 @@ def create_app(
     install_routes(app)
     install_security(app, settings, facegate_error_response)  # access checks, admission, docs
     app.add_middleware(ServingMiddleware, state=state)
+    app.add_middleware(DrainMiddleware)  # drain before any other work, the fast path too
     install_headers(app)  # outermost: security headers on every response
     return app
 
 
 def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
-    logging, no access log, 10 s of graceful shutdown; ``settings``' host and port when given. uvicorn's
-    ``auto`` parser and loop take httptools and uvloop (dependencies of facegate)."""
+    logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port when
+    given. uvicorn's ``auto`` parser and loop take httptools and uvloop (dependencies of facegate)."""
     import uvicorn
 
     kw: dict[str, Any] = {
@@ -414,7 +422,9 @@ def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any)
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
-        "timeout_graceful_shutdown": 10,
+        "timeout_graceful_shutdown": uvicorn_timeout_s(
+            settings.drain_s if settings is not None else Settings.model_fields["drain_s"].default
+        ),
     }
     if settings is not None:
         kw.update(host=settings.host, port=settings.port)

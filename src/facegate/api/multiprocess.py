@@ -14,9 +14,12 @@ process. If the engine process dies, the supervisor stops the front-ends and exi
 systemd or Kubernetes restarts the whole server).
 
 Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
-``/metrics`` of a front-end covers its own requests, plus the engine process's stage families (queues,
-batches, compute, GPU memory) fetched from the engine at each scrape. A client that disconnects cancels
-its queued work in the engine process, as in one process.
+``/metrics`` of any front-end covers the whole server: every front-end's counters and histograms (summed
+from prometheus_client multiprocess files in a folder of this run, :mod:`facegate.metrics.prometheus`), plus
+the engine process's stage families (queues, batches, compute, GPU memory) fetched at each scrape. SIGTERM
+drains (:mod:`facegate.api.drain`); the run's socket and metrics folders are named after the supervisor's
+pid, and those of a run that was killed are removed at the next start (:mod:`facegate.api.runfiles`).
+A client that disconnects cancels its queued work in the engine process, as in one process.
 """
 
 from __future__ import annotations
@@ -30,17 +33,17 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
+from facegate.api import runfiles
 from facegate.api.acceptor import Acceptor, FrontEndServer
 from facegate.api.app import create_app, uvicorn_config
+from facegate.api.drain import uvicorn_timeout_s
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, ModelError, ServerError
 from facegate.service.faces import FaceService
@@ -53,6 +56,8 @@ ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
 ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
 ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
 ENV_PLAN = "FACEGATE_PLAN_JSON"
+#: prometheus_client's multiprocess folder (facegate.metrics.prometheus.MULTIPROC_ENV; not imported here)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def frontend_app() -> FastAPI:
@@ -61,6 +66,9 @@ def frontend_app() -> FastAPI:
         from facegate.logs import configure_logging
 
         configure_logging()
+    from facegate.metrics.prometheus import enable_multiprocess
+
+    enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
     addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
@@ -86,7 +94,7 @@ class EngineProcess:
         self.settings = settings
         self.plan = plan or make_plan(settings)
         self.cuda_device = cuda_device
-        self.dir = Path(tempfile.mkdtemp(prefix="facegate-engine-"))
+        self.dir = runfiles.make("engine")
         self.address = str(self.dir / "engine.sock")
         self.authkey = authkey or secrets.token_bytes(32)
         self.info: dict[str, Any] = {}
@@ -227,7 +235,12 @@ def frontend_main(control_path: str) -> None:
     """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
     :class:`~facegate.api.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
     and engine addresses come from the environment, as for uvicorn's workers)."""
-    config = uvicorn_config("facegate.api.multiprocess:frontend_app", factory=True)
+    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
+    config = uvicorn_config(
+        "facegate.api.multiprocess:frontend_app",
+        factory=True,
+        timeout_graceful_shutdown=uvicorn_timeout_s(settings.drain_s),
+    )
     FrontEndServer(config, control_path).run()
 
 
@@ -252,8 +265,10 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
         ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
             start, or the acceptor thread stopped.
     """
-    folder = tempfile.mkdtemp(prefix="facegate-accept-")
-    control = os.path.join(folder, "accept.sock")
+    from facegate.metrics.prometheus import process_exited
+
+    folder = runfiles.make("accept")
+    control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
     acceptor.start()
     ctx = mp.get_context("spawn")
@@ -282,6 +297,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
                         detail={"exit_code": p.exitcode},
                     )
                 log.warning("front-end process %s exited (code %s); starting another", p.pid, p.exitcode)
+                process_exited(p.pid)
                 procs[i] = spawn()
     finally:
         for sig, handler in previous.items():
@@ -291,7 +307,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
             if p.is_alive():
                 p.terminate()
         for p, _ in procs:
-            p.join(15)
+            p.join(uvicorn_timeout_s(settings.drain_s) + 5)
             if p.is_alive():
                 p.kill()
                 p.join(5)
@@ -305,8 +321,14 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     Raises:
         FacegateError: the engine could not start (models, settings).
     """
-    engines = start_engines(settings, plan)
-    env = environment(engines)
+    runfiles.remove_stale()
+    metrics_dir = runfiles.make("metrics")  # this run's prometheus_client multiprocess files
+    try:
+        engines = start_engines(settings, plan)
+    except BaseException:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        raise
+    env = {**environment(engines), MULTIPROC_ENV: str(metrics_dir)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     stopping = threading.Event()
@@ -342,5 +364,6 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
                     os.environ[k] = v
         for engine in engines:
             engine.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     if died:
         raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})

@@ -250,7 +250,9 @@ async def metrics(request: Request) -> Response:
             remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
         except (FacegateError, TimeoutError):
             log.warning("engine metrics unavailable for this scrape")
-    body, content_type = render_latest(state.stats, remote)
+    body, content_type = render_latest(
+        state.stats, remote, gallery_labels=state.settings.security.metrics_gallery_labels
+    )
     return Response(body, media_type=content_type)
 
 

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from facegate.api.app import create_app, uvicorn_config
+from facegate.api.drain import exit_quietly_on_sigterm
 from facegate.api.state import get_state
 from facegate.config import Settings
 from facegate.errors import FacegateError
@@ -36,6 +37,7 @@ def run(settings: Settings) -> None:
         from facegate.logs import configure_logging
 
         configure_logging()
+    exit_quietly_on_sigterm()
     check_bind(settings, KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file))
     plan = make_plan(settings)
     log.info("%s", plan.summary())

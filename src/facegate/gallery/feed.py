@@ -43,12 +43,21 @@ class IndexFollower:
         index: the index to keep current (it is replaced wholesale only by :meth:`load`).
         lag_hook: optional callable receiving ``(lag_s, n_changes)`` after each applied batch, where
             ``lag_s`` is the seconds from the newest applied change's commit to its application.
+        on_applied: optional callable run after a catch-up that applied changes (the gallery-size metrics).
     """
 
-    def __init__(self, store: GalleryStore, index: GalleryIndex, *, lag_hook: LagHook | None = None) -> None:
+    def __init__(
+        self,
+        store: GalleryStore,
+        index: GalleryIndex,
+        *,
+        lag_hook: LagHook | None = None,
+        on_applied: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
         self._index = index
         self._lag_hook = lag_hook
+        self._on_applied = on_applied
         self._seq = 0
         self._loaded = False
         self._lock = threading.Lock()
@@ -112,6 +121,8 @@ class IndexFollower:
                 if len(batch) < FEED_BATCH:
                     break
             self.applied += n
+        if n and self._on_applied is not None:
+            self._on_applied()
         return n
 
     def _apply(self, c: Change) -> None:

@@ -76,7 +76,7 @@ class Gallery:
         self._threshold = _check_threshold(match_threshold)
         self._stats_hook = stats_hook
         self._stats_lock = threading.Lock()
-        self._follower = IndexFollower(store, index, lag_hook=lag_hook)
+        self._follower = IndexFollower(store, index, lag_hook=lag_hook, on_applied=self._emit_stats)
         self._follower.load()
         if follow:
             self._follower.start()
@@ -132,7 +132,8 @@ class Gallery:
         The write is durable and is acknowledged even if the index cannot apply it now: the change stays
         in the feed and the next search applies it first (or fails, rather than answer without it)."""
         try:
-            self._follower.catch_up()
+            if self._follower.catch_up():
+                return  # the follower reported the new sizes
         except Exception as exc:
             log.warning("gallery index: a committed change is not applied yet (%s); the next search applies it", exc)
         self._emit_stats()

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from facegate.errors import FacegateError
 
@@ -54,6 +54,29 @@ PHASES: tuple[str, ...] = ("prepare", "execute", "deliver")
 DROP_REASONS: tuple[str, ...] = ("expired", "cancelled")
 
 
+class SharedValue(Protocol):
+    """A value other processes can read (a prometheus_client multiprocess value)."""
+
+    def inc(self, amount: float) -> None: ...
+
+
+#: ``factory(kind, family, sample name, label names, label values, doc)`` → a :class:`SharedValue`.
+SharedValueFactory = Callable[[str, str, str, LabelValues, LabelValues, str], SharedValue]
+_shared_factory: SharedValueFactory | None = None
+
+
+def share_values(factory: SharedValueFactory | None) -> None:
+    """Also write every counter and histogram series created from now on in this process through ``factory``.
+
+    Several front-end processes answer one port; each records its own requests. With a factory from
+    :func:`facegate.metrics.prometheus.enable_multiprocess` their series are summed at every scrape, so any
+    front-end's ``/metrics`` shows the whole server. Gauges stay per process (the gallery sizes each
+    front-end reads from the shared store are already the whole server's). ``None``: process-local only.
+    """
+    global _shared_factory
+    _shared_factory = factory
+
+
 def _check_labels(names: LabelValues, values: Sequence[object]) -> LabelValues:
     if len(values) != len(names):
         raise FacegateError(f"expected label values for {names}, got {tuple(values)}")
@@ -62,13 +85,17 @@ def _check_labels(names: LabelValues, values: Sequence[object]) -> LabelValues:
 
 # --------------------------------------------------------------------------- children (one series)
 class CounterChild:
-    """One counter series. Monotonic; thread-safe."""
+    """One counter series. Monotonic; thread-safe.
 
-    __slots__ = ("_lock", "_value")
+    ``shared``: where the increments also go (see :func:`share_values`).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_lock", "_shared", "_value")
+
+    def __init__(self, shared: SharedValue | None = None) -> None:
         self._lock = threading.Lock()
         self._value = 0.0
+        self._shared = shared
 
     def inc(self, amount: float = 1.0) -> None:
         """Add ``amount`` (>= 0)."""
@@ -76,6 +103,8 @@ class CounterChild:
             raise FacegateError(f"a counter cannot decrease (amount={amount})")
         with self._lock:
             self._value += amount
+        if self._shared is not None:
+            self._shared.inc(amount)
 
     def get(self) -> float:
         """Current value."""
@@ -180,16 +209,21 @@ class HistogramSnapshot:
 
 
 class HistogramChild:
-    """One histogram series with fixed buckets. Thread-safe."""
+    """One histogram series with fixed buckets. Thread-safe.
 
-    __slots__ = ("_bounds", "_count", "_counts", "_lock", "_sum")
+    ``shared``: one value per bucket (the last is ``+Inf``) and one for the sum, where observations also go
+    (see :func:`share_values`).
+    """
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    __slots__ = ("_bounds", "_count", "_counts", "_lock", "_shared", "_sum")
+
+    def __init__(self, bounds: tuple[float, ...], shared: tuple[list[SharedValue], SharedValue] | None = None) -> None:
         self._bounds = bounds
         self._lock = threading.Lock()
         self._counts = [0] * (len(bounds) + 1)
         self._sum = 0.0
         self._count = 0
+        self._shared = shared
 
     def observe(self, value: float) -> None:
         """Record one observation (``value <= le`` falls into bucket ``le``)."""
@@ -198,6 +232,9 @@ class HistogramChild:
             self._counts[i] += 1
             self._sum += value
             self._count += 1
+        if self._shared is not None:
+            self._shared[0][i].inc(1.0)
+            self._shared[1].inc(value)
 
     def observe_many(self, values: Sequence[float]) -> None:
         """Record several observations under one lock acquisition."""
@@ -208,6 +245,10 @@ class HistogramChild:
                 self._counts[i] += 1
             self._sum += total
             self._count += len(idx)
+        if self._shared is not None:
+            for i in idx:
+                self._shared[0][i].inc(1.0)
+            self._shared[1].inc(total)
 
     def snapshot(self) -> HistogramSnapshot:
         """A consistent copy."""
@@ -229,7 +270,7 @@ class _Family(Generic[C]):
         self._lock = threading.Lock()
         self._children: dict[LabelValues, C] = {}
 
-    def _new_child(self) -> C:  # pragma: no cover - abstract
+    def _new_child(self, key: LabelValues) -> C:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def labels(self, *values: object) -> C:
@@ -240,7 +281,7 @@ class _Family(Generic[C]):
             with self._lock:
                 child = self._children.get(key)
                 if child is None:
-                    child = self._new_child()
+                    child = self._new_child(key)
                     self._children[key] = child
         return child
 
@@ -278,8 +319,11 @@ class Counter(_ScalarFamily[CounterChild]):
 
     kind = "counter"
 
-    def _new_child(self) -> CounterChild:
-        return CounterChild()
+    def _new_child(self, key: LabelValues) -> CounterChild:
+        if _shared_factory is None:
+            return CounterChild()
+        base = self.name.removesuffix("_total")  # prometheus_client names a counter without its sample suffix
+        return CounterChild(_shared_factory("counter", base, self.name, self.labelnames, key, self.doc))
 
     def inc(self, amount: float = 1.0) -> None:
         """Unlabelled shortcut for ``labels().inc(amount)``."""
@@ -291,7 +335,7 @@ class Gauge(_ScalarFamily[GaugeChild]):
 
     kind = "gauge"
 
-    def _new_child(self) -> GaugeChild:
+    def _new_child(self, key: LabelValues) -> GaugeChild:
         return GaugeChild()
 
     def set(self, value: float) -> None:
@@ -311,8 +355,15 @@ class Histogram(_Family[HistogramChild]):
             raise FacegateError(f"histogram {name}: buckets must be strictly increasing, got {tuple(buckets)}")
         self.bounds = bounds
 
-    def _new_child(self) -> HistogramChild:
-        return HistogramChild(self.bounds)
+    def _new_child(self, key: LabelValues) -> HistogramChild:
+        f = _shared_factory
+        if f is None:
+            return HistogramChild(self.bounds)
+        les = (*(repr(float(b)) for b in self.bounds), "+Inf")
+        names = (*self.labelnames, "le")
+        buckets = [f("histogram", self.name, f"{self.name}_bucket", names, (*key, le), self.doc) for le in les]
+        total = f("histogram", self.name, f"{self.name}_sum", self.labelnames, key, self.doc)
+        return HistogramChild(self.bounds, (buckets, total))
 
     def observe(self, value: float) -> None:
         """Unlabelled shortcut for ``labels().observe(value)``."""
@@ -450,6 +501,7 @@ class ServiceStats:
         "facegate_stage_errors_total",
         "facegate_gpu_memory_bytes",
         "facegate_gallery_feed_lag_seconds",
+        "facegate_gallery_subjects",  # the engine's index, kept current by the store's change feed
     )
 
     def engine_samples(self) -> dict[str, list[tuple[LabelValues, Any]]]:

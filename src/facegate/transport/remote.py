@@ -19,7 +19,8 @@ arrives. A payload that does not fit in the arena travels inline in the message.
 as ``(class name, message, detail, extra)`` and come back as the same :class:`~facegate.errors.FacegateError`
 subclass, so HTTP statuses are unchanged.
 
-Messages (pickled tuples). Front-end → engine: ``("hello", pid, shm_name)``;
+Messages (pickled tuples). Front-end → engine: one byte carrying the arena's descriptor (``SCM_RIGHTS``), then
+``("hello", pid, arena_bytes)``;
 ``("submit", rid, stage, offset | None, shape, dtype, inline)``; ``("cancel", rid)``; ``("stats", rid)``.
 Engine → front-end: ``("hello", info)``;
 ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
@@ -35,16 +36,17 @@ import contextvars
 import itertools
 import json
 import logging
+import mmap
 import os
 import queue
 import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -69,6 +71,9 @@ _ALIGN = 64
 #: ``sys.setswitchinterval`` of the serving processes (Python's default is 5 ms): a thread that waits for the
 #: GIL, such as the engine's device thread behind the connection threads, gets it back within this.
 SWITCH_INTERVAL_S = 0.001
+#: An engine process outlasts its front-ends' drain (Settings.drain_s) by this much, in seconds: they stop
+#: within drain_s plus uvicorn's own margin, and their last answers still need the engine.
+ENGINE_DRAIN_MARGIN_S = 5.0
 
 
 # --------------------------------------------------------------------------- errors across processes
@@ -97,7 +102,13 @@ def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict
 
 # --------------------------------------------------------------------------- shared memory
 class Arena:
-    """First-fit allocator over one shared-memory block (created by a front-end, read by the engine).
+    """First-fit allocator over one anonymous shared-memory block (created by a front-end, read by the engine).
+
+    The block has no name: it is a ``memfd`` (an unlinked temporary file where ``memfd_create`` is missing),
+    and the engine receives its descriptor over the Unix socket (:meth:`send_to`). So nothing in
+    ``/dev/shm`` outlives the two processes, whatever way they end (a kill -9 included): the kernel frees the
+    memory once the last mapping and descriptor are gone. Freed ranges are zeroed, so a decoded photo stays in
+    the block only while its request is in flight.
 
     Thread-safe. Offsets are multiples of 64 bytes. :meth:`alloc` returns ``None`` when no free range is
     large enough; the caller then sends the payload inline.
@@ -106,14 +117,13 @@ class Arena:
     def __init__(self, size: int = ARENA_BYTES) -> None:
         if size < _ALIGN:
             raise ValueError(f"arena size must be >= {_ALIGN} bytes")
-        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.fd = anonymous_fd(size)
+        self._map = mmap.mmap(self.fd, size)
+        self.buf = memoryview(self._map)
+        self._bytes = np.frombuffer(self._map, np.uint8)
         self.size = size
         self._free: list[tuple[int, int]] = [(0, size)]  # sorted by offset: (offset, length)
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.shm.name
 
     @staticmethod
     def _round(n: int) -> int:
@@ -133,8 +143,9 @@ class Arena:
         return None
 
     def free(self, offset: int, nbytes: int) -> None:
-        """Give back a range from :meth:`alloc`; neighbouring free ranges are merged."""
+        """Zero a range from :meth:`alloc` and give it back; neighbouring free ranges are merged."""
         n = self._round(nbytes)
+        self._bytes[offset : offset + n] = 0  # no face stays in shared memory after its request
         with self._lock:
             i = bisect.bisect_left(self._free, (offset, 0))
             self._free.insert(i, (offset, n))
@@ -151,14 +162,49 @@ class Arena:
             return sum(ln for _, ln in self._free)
 
     def write(self, offset: int, arr: np.ndarray) -> None:
-        copy_in(self.shm.buf, offset, arr)
+        copy_in(self.buf, offset, arr)
+
+    def send_to(self, conn: Connection) -> None:
+        """Pass the block's descriptor to the peer of ``conn`` (one byte with ``SCM_RIGHTS``; see :func:`receive`)."""
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            socket.send_fds(sock, [b"m"], [self.fd])
 
     def close(self) -> None:
-        """Unmap and unlink the block (idempotent)."""
-        with contextlib.suppress(Exception):
-            self.shm.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.shm.unlink()
+        """Unmap and close the block (idempotent). Not zeroed here: touching every page of a mostly unused
+        block would cost a second, and its pages are freed, unreadable, once the engine has unmapped it too."""
+        if self.fd < 0:
+            return
+        del self._bytes
+        with contextlib.suppress(BufferError, ValueError):
+            self.buf.release()
+            self._map.close()
+        os.close(self.fd)
+        self.fd = -1
+
+
+def anonymous_fd(size: int) -> int:
+    """A descriptor of ``size`` bytes of shared memory that no path names (``memfd``; else an unlinked
+    temporary file, in ``/dev/shm`` when it exists)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - platforms without memfd
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fd = os.dup(fh.fileno())
+    os.ftruncate(fd, size)
+    return fd
+
+
+def receive(conn: Connection) -> mmap.mmap:
+    """Map the whole block a front-end passed with :meth:`Arena.send_to`; the received descriptor is closed."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        raise EOFError("the front-end closed the connection before passing its shared-memory block")
+    try:
+        return mmap.mmap(fds[0], 0)
+    finally:
+        os.close(fds[0])
 
 
 class FrameReader:
@@ -213,28 +259,6 @@ class FrameReader:
             del buf[:pos]
 
 
-def attach(name: str) -> shared_memory.SharedMemory:
-    """Attach to a front-end's arena without registering it with a resource tracker.
-
-    The engine and the front-ends are spawned by one supervisor and share its resource tracker. Had the
-    engine registered (and unregistered) the block, the front-end's own unregister at unlink would fail
-    inside the tracker (a ``KeyError`` traceback at every shutdown). Python ≥ 3.13 says so with
-    ``track=False``; before that, registration is skipped for the duration of the attach.
-    """
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-    with _attach_lock:
-        register = resource_tracker.register
-        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
-        try:
-            return shared_memory.SharedMemory(name=name)
-        finally:
-            resource_tracker.register = register  # type: ignore[assignment]
-
-
-_attach_lock = threading.Lock()
-
-
 # --------------------------------------------------------------------------- engine process
 class EngineHost:
     """The engine process's side: accepts front-end connections and feeds their payloads to ``service``.
@@ -282,7 +306,8 @@ class EngineHost:
         loop doing this holds the engine process's GIL a large share of the time under load.
         """
         send_lock = threading.Lock()
-        shm: shared_memory.SharedMemory | None = None
+        shm: memoryview | None = None
+        block: mmap.mmap | None = None
         pending: dict[int, WorkItem] = {}  # rid -> item, until answered
         done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         engine = self.service.engine
@@ -298,6 +323,8 @@ class EngineHost:
         frames = FrameReader(conn)
         self._count(1)
         try:
+            block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
+            shm = memoryview(block)
             while True:
                 msgs = frames.recv_many(1024)
                 for msg in msgs:
@@ -309,7 +336,7 @@ class EngineHost:
                                 payload = inline
                             else:
                                 assert shm is not None, "submit before hello"
-                                payload = copy_out(shm.buf, offset, shape, dtype)  # GIL held: see memcopy
+                                payload = copy_out(shm, offset, shape, dtype)  # GIL held: see memcopy
                             pending[rid] = engine.enqueue(stage, payload, fut)
                         except BaseException as exc:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))
@@ -327,8 +354,7 @@ class EngineHost:
                             out = ("err", msg[1], *error_to_wire(exc))
                         send(("batch", [out]))
                     elif msg[0] == "hello":
-                        _, pid, name = msg
-                        shm = attach(name)
+                        pid = msg[1]
                         log.info("engine: front-end pid %d connected", pid)
                         send(("hello", self.info))
         except (EOFError, OSError):
@@ -338,9 +364,10 @@ class EngineHost:
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
-            if shm is not None:
+            if shm is not None and block is not None:
                 with contextlib.suppress(Exception):
-                    shm.close()
+                    shm.release()
+                    block.close()
             conn.close()
 
     @staticmethod
@@ -435,8 +462,9 @@ def engine_main(
     def on_signal() -> None:
         # A signal to the whole process group (Ctrl-C, a container runtime) reaches the front-ends too; they finish
         # their requests (uvicorn's graceful shutdown), so the engine serves until they have gone, for at most
-        # Settings.engine.drain_s. A later signal (a second Ctrl-C, or the supervisor's once its front-ends are
-        # gone) stops it at once; one within 0.5 s is the same signal arriving twice (process group and parent).
+        # Settings.drain_s plus ENGINE_DRAIN_MARGIN_S. A later signal (a second Ctrl-C, or the supervisor's once
+        # its front-ends are gone) stops it at once; one within 0.5 s is the same signal arriving twice (process
+        # group and parent).
         now = loop.time()
         if first_signal:
             if now - first_signal[0] > 0.5:
@@ -445,8 +473,8 @@ def engine_main(
         first_signal.append(now)
         if host.connections:
             log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections,
-                     settings.engine.drain_s)  # fmt: skip
-        poll(now + settings.engine.drain_s)
+                     (settings.drain_s + ENGINE_DRAIN_MARGIN_S))  # fmt: skip
+        poll(now + (settings.drain_s + ENGINE_DRAIN_MARGIN_S))
 
     def poll(deadline: float) -> None:
         if host.connections == 0 or loop.time() >= deadline:
@@ -463,6 +491,9 @@ def engine_main(
         loop.run_forever()
     finally:
         listener.close()
+        # once every front-end has gone nobody waits for queued work: fail it instead of computing it, so the
+        # server's exit after a drain is not held up by a full queue
+        service.engine.stop(drain=host.connections > 0)
         loop.run_until_complete(service.stop())
         log.info("engine stopped")
 
@@ -526,7 +557,8 @@ class RemoteEngine:
                     raise EngineClosedError(f"no engine at {self.address}: {exc}") from None
                 time.sleep(0.1)
         self._arena = Arena(self.arena_bytes)
-        conn.send(("hello", os.getpid(), self._arena.name))
+        self._arena.send_to(conn)
+        conn.send(("hello", os.getpid(), self._arena.size))
         kind, info = conn.recv()
         if kind != "hello":
             raise ModelError(f"unexpected engine answer {kind!r}")

@@ -53,7 +53,7 @@ def test_arena_first_fit_alloc_free_and_merge() -> None:
         assert arena.free_bytes == 1024 and arena.alloc(1024) == 0  # every range merged back into one
         x = np.arange(12, dtype=np.uint8).reshape(3, 4)
         arena.write(0, x)
-        np.testing.assert_array_equal(np.ndarray((3, 4), np.uint8, buffer=arena.shm.buf, offset=0), x)
+        np.testing.assert_array_equal(np.ndarray((3, 4), np.uint8, buffer=arena.buf, offset=0), x)
     finally:
         arena.close()
 
@@ -182,7 +182,7 @@ def test_a_signalled_engine_serves_until_its_front_ends_have_gone(tmp_path: Path
     until they disconnect, then exits at once (well before engine_drain_s)."""
     import signal
 
-    proc = EngineProcess(Settings(**TINY, data_dir=tmp_path, engine={"drain_s": 60.0}))
+    proc = EngineProcess(Settings(**TINY, data_dir=tmp_path, drain_s=60.0))
     proc.start(timeout_s=120)
 
     async def go() -> None:
@@ -297,27 +297,33 @@ def test_engines_per_gpu_share_the_visible_gpus_in_order(monkeypatch: pytest.Mon
         engine_devices(6, 2, on_cuda=True)
 
 
-def test_attach_leaves_the_resource_tracker_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine shares the supervisor's tracker: registering the front-end's block there broke its unlink."""
-    from multiprocessing import resource_tracker
+def test_the_arena_has_no_name_reaches_its_peer_and_is_zeroed_after_use() -> None:
+    """The block travels as a descriptor over the Unix socket: nothing appears in /dev/shm, the peer maps the
+    same memory, and a freed range (a request's photo) reads back as zeros on both sides."""
+    from multiprocessing import Pipe
 
-    from facegate.transport.remote import attach
+    from facegate.transport.remote import receive
 
-    arena = Arena(256)
-    calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(resource_tracker, "register", lambda name, rtype: calls.append((name, rtype)))
-    monkeypatch.setattr(resource_tracker, "unregister", lambda name, rtype: calls.append((name, rtype)))
-    before = resource_tracker.register
+    before = set(os.listdir("/dev/shm"))
+    arena = Arena(4096)
+    ours, theirs = Pipe()
     try:
-        shm = attach(arena.shm.name)
-        arena.write(0, np.full(4, 7, np.uint8))
-        assert bytes(shm.buf[:4]) == b"\x07" * 4  # the same memory
-        shm.close()
-        assert calls == []
-        assert resource_tracker.register is before  # attach restored what it found
+        arena.send_to(ours)
+        block = receive(theirs)
+        assert len(block) == 4096
+        off = arena.alloc(100)
+        assert off is not None
+        arena.write(off, np.full(100, 7, np.uint8))
+        assert block[off : off + 100] == b"\x07" * 100  # the same memory
+        assert set(os.listdir("/dev/shm")) == before  # no named segment
+        arena.free(off, 100)
+        assert block[:] == bytes(4096)
+        block.close()
     finally:
-        monkeypatch.undo()
         arena.close()
+        ours.close()
+        theirs.close()
+    assert arena.fd == -1
 
 
 def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,182 @@
+"""Graceful drain on SIGTERM/SIGINT: admitted requests finish, the rest get a JSON 503, the process exits 0.
+
+uvicorn's own shutdown stops accepting connections and closes idle keep-alive ones, then waits
+``timeout_graceful_shutdown`` for the requests in flight and cancels what is left. A cancelled request is
+answered by uvicorn itself with a plain-text ``500 Internal Server Error`` and a traceback in the log, and
+uvicorn re-raises the signal when it returns, so the process dies of SIGTERM (exit status 143).
+
+Here the process's :data:`DRAIN` starts at the signal (:func:`watch_signals` wraps the handler uvicorn
+installed). From then on:
+
+* a request that reaches the app gets ``503 {"error": {"code": "shutting_down", ...}}`` with
+  ``Connection: close`` and ``Retry-After`` (another replica, or this one restarted, will take it);
+* requests already admitted run on; at ``drain_s`` after the signal those still running are
+  cancelled (their engine work is dropped) and answered with the same JSON 503.
+
+uvicorn's own timeout (:func:`uvicorn_timeout_s`) is a little longer than the drain's, so it never cancels a
+request first, and ``run`` replaces the default SIGTERM disposition so that uvicorn's re-raise ends in a
+normal exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+#: What a request refused or cut short by the drain is answered with.
+SHUTTING_DOWN = "shutting_down"
+#: uvicorn's graceful-shutdown timeout is this much longer than the drain, so the drain answers first.
+UVICORN_MARGIN_S = 1.0
+
+
+class Drain:
+    """One process's drain state: requests in flight, and whether (and until when) it is draining."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[asyncio.Task[Any], list[bool]] = {}
+        self._lock = threading.Lock()
+        self.started_at: float | None = None
+        self.expired = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the process is draining (no new request is admitted)."""
+        return self.started_at is not None
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._tasks)
+
+    def begin(self, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Start draining: at ``timeout_s`` from now the requests still in flight are cut short (idempotent)."""
+        if self.started_at is not None:
+            return
+        self.started_at = time.monotonic()
+        log.info("draining: %d request(s) in flight get %.1f s to finish", self.in_flight, timeout_s)
+        self._timer = loop.call_later(timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        with self._lock:
+            tasks = list(self._tasks.items())
+        if tasks:
+            log.warning("drain timeout: answering %d unfinished request(s) with 503 %s", len(tasks), SHUTTING_DOWN)
+        for task, flag in tasks:
+            flag[0] = True
+            task.cancel()
+
+    def reset(self) -> None:
+        """Back to serving (tests that reuse a process)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.started_at, self.expired, self._timer = None, False, None
+
+    @contextlib.contextmanager
+    def track(self, task: asyncio.Task[Any]) -> Any:
+        """Count ``task`` in flight; yields a one-item list that becomes ``[True]`` if the drain cancelled it."""
+        flag = [False]
+        with self._lock:
+            self._tasks[task] = flag
+        try:
+            yield flag
+        finally:
+            with self._lock:
+                self._tasks.pop(task, None)
+
+
+#: The drain of this process (one server per process).
+DRAIN = Drain()
+
+
+def uvicorn_timeout_s(drain_timeout_s: float) -> float:
+    """uvicorn's ``timeout_graceful_shutdown`` for a drain of ``drain_timeout_s``."""
+    return drain_timeout_s + UVICORN_MARGIN_S
+
+
+def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop, drain: Drain = DRAIN) -> None:
+    """Make SIGTERM and SIGINT start ``drain`` before the handler already installed (uvicorn's) runs.
+
+    Call it from the event loop's thread once the server has installed its handlers (the app's lifespan
+    start-up). Off the main thread (a server run in a test's thread) signals cannot be handled: no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(drain.begin, timeout_s, loop)
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(sig, handler)
+
+
+def exit_quietly_on_sigterm() -> None:
+    """Replace the default SIGTERM disposition (death by signal) with a no-op, so that the signal uvicorn
+    re-raises after its graceful shutdown ends in a normal exit (status 0). Main thread only."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+
+
+def _body(message: str) -> bytes:
+    return json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
+
+
+async def _send_503(send: Send, message: str) -> None:
+    body = _body(message)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        (b"retry-after", b"1"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class DrainMiddleware:
+    """Refuses requests while draining and answers those the drain cut short (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain = DRAIN) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.drain.active:
+            await _send_503(send, "the server is shutting down; retry on another replica or later")
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        with self.drain.track(task) as cut:
+            try:
+                await self.app(scope, receive, tracked_send)
+            except asyncio.CancelledError:
+                if not cut[0] or task.uncancel() > 0:  # a disconnect, or uvicorn's own cancel as well
+                    raise
+                if not started:
+                    await _send_503(send, "the server shut down before this request finished")

@@ -1,0 +1,82 @@
+"""Private folders of one multi-process server run, and the removal of those a crashed run left behind.
+
+A run of ``facegate serve --workers N`` keeps its Unix sockets (``facegate-engine-*``, ``facegate-accept-*``)
+and its Prometheus multiprocess files (``facegate-metrics-*``) in folders of the temporary directory. Each
+folder's name carries the supervisor's pid (``facegate-engine-<pid>-<random>``), so that the next start can
+tell a folder of a running server from one whose supervisor was killed (kill -9, OOM killer, power loss of a
+container), whose ``finally`` never ran: :func:`remove_stale` deletes the latter. Shared memory needs no such
+sweep: the engine transport's blocks have no name (:class:`facegate.transport.remote.Arena`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: The kinds of run folder (the word after ``facegate-``).
+KINDS = ("engine", "accept", "metrics")
+_NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+
+
+def make(kind: str) -> Path:
+    """A new private (mode 0700) run folder of ``kind`` (one of :data:`KINDS`) named after this process."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown run folder kind {kind!r}")
+    return Path(tempfile.mkdtemp(prefix=f"facegate-{kind}-{os.getpid()}-"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _serving(folder: Path) -> bool:
+    """Whether a Unix socket in ``folder`` accepts connections (a folder named without a pid)."""
+    for path in folder.glob("*.sock"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(path))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def remove_stale(root: Path | None = None) -> list[Path]:
+    """Delete this user's run folders whose supervisor is gone; returns the folders removed.
+
+    A folder named with a pid is stale when no process has that pid; one named without (older versions)
+    when no socket in it accepts a connection.
+    """
+    root = Path(root or tempfile.gettempdir())
+    removed: list[Path] = []
+    uid = os.getuid()
+    for folder in root.glob("facegate-*-*"):
+        m = _NAME.match(folder.name)
+        try:
+            if m is None or not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        pid = m.group(1)
+        if pid is not None and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+            continue
+        if pid is None and _serving(folder):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    if removed:
+        log.info("removed %d run folder(s) left by a server that did not stop cleanly", len(removed))
+    return removed
