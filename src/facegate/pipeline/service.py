@@ -109,8 +109,6 @@ class FaceService:
         exactly as the engine's pipeline would.
         """
         from facegate.engine.remote import RemoteEngine, RemotePool
-        from facegate.models.registry import get_spec
-        from facegate.pipeline.pipeline import Operating, configure_cpu_threads
 
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (
@@ -118,7 +116,18 @@ class FaceService:
             if len(addresses) == 1
             else RemotePool([RemoteEngine(a, authkey) for a in addresses])
         )
-        info = remote.start()
+        remote.start()
+        return cls.over_engine(settings, remote)
+
+    @classmethod
+    def over_engine(cls, settings: Settings, remote: Any) -> FaceService:
+        """A front-end's service over a started engine client (``RemoteEngine``, ``RemotePool``, ``RayEngine``:
+        anything with their ``info``, ``ready``, ``submit``, ``stop``); models and thresholds come from its info.
+        """
+        from facegate.models.registry import get_spec
+        from facegate.pipeline.pipeline import Operating, configure_cpu_threads
+
+        info = remote.info
         # decoding and alignment run here: the same thread setting as the engine's process (with a GPU
         # engine, one thread; idle OpenCV/OpenMP workers spin, benchmarks/results/cpu_pool_spin.json)
         configure_cpu_threads(settings.cpu_threads, "cuda" if str(info["device"]).startswith("cuda") else "cpu")
