@@ -312,5 +312,11 @@ def run(
         stop.wait()
         log.info("stopping: draining the replicas")
     finally:
-        serve.shutdown()
+        # A signal to the whole process group (Ctrl-C, a container runtime) also stops the Ray processes this
+        # one started; Serve's shutdown then waits on a controller that is gone. Bound the wait by the drain.
+        closer = threading.Thread(target=serve.shutdown, name="facegate-serve-shutdown", daemon=True)
+        closer.start()
+        closer.join(settings.engine_drain_s + 10.0)
+        if closer.is_alive():
+            log.warning("Ray Serve did not shut down in %.0f s; stopping Ray", settings.engine_drain_s + 10.0)
         ray.shutdown()
