@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Prepare the Ray Serve wheels for the GPU machine (Python 3.12, no internet, at most 64 MiB carried per call),
 # in git-ignored folders of this checkout, next to scripts/device-prep.sh's .whlrun and .lfwT:
-#   .whlrayA/ .whlrayB/ .whlrayC/   the ray wheel (~79 MB) cut in three pieces, one per call
-#   .whlraydeps/                    ray[serve]'s other wheels that .whlrun and the device image lack (~31 MB)
-# Carry them over three calls of one warm machine (scripts/gpu-ray.sh says how); the third call joins the
-# pieces, installs everything into /tmp/site and runs the benchmark.
+#   .whlray/ray.zip   the ray wheel without its Java worker (~47 of 79 MB), to unpack into /tmp/site
+#   .whlraydeps/      ray[serve]'s other wheels that .whlrun and the device image lack (~35 MB)
+# Carry them in two calls of one warm machine (scripts/gpu-ray.sh says how).
 # Usage: bash scripts/device-prep-ray.sh [RAY_VERSION]   (default: the version in .venv)
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 VERSION=${1:-$("$PY" -c 'import ray; print(ray.__version__)')}
-for d in /.whlrayA/ /.whlrayB/ /.whlrayC/ /.whlraydeps/ /.raystash/; do
+for d in /.whlray/ /.whlraydeps/ /.raystash/; do
   grep -qxF "$d" "$(git rev-parse --git-common-dir)/info/exclude" || echo "$d" >> "$(git rev-parse --git-common-dir)/info/exclude"
 done
 tmp=$(mktemp -d)
@@ -17,12 +16,16 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   -d "$tmp" "ray[serve]==$VERSION"
-rm -rf .whlrayA .whlrayB .whlrayC .whlraydeps && mkdir -p .whlrayA .whlrayB .whlrayC .whlraydeps
+rm -rf .whlrayA .whlrayB .whlrayC .whlray .whlraydeps && mkdir -p .whlray .whlraydeps
 wheel=$(ls "$tmp"/ray-"$VERSION"-*.whl)
-# pieces of a third each, rounded up: `cat .raystash/ray.whl.part-*` joins them again
-split -n 3 -d "$wheel" "$tmp/ray.whl.part-"
-mv "$tmp/ray.whl.part-00" .whlrayA/ && mv "$tmp/ray.whl.part-01" .whlrayB/ && mv "$tmp/ray.whl.part-02" .whlrayC/
-basename "$wheel" > .whlrayC/NAME
+# the wheel without its Java worker (ray/jars, 32 of its 79 MB), unpacked on the device instead of pip-installed
+python3 - "$wheel" .whlray/ray.zip <<'PYEOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_DEFLATED) as dst:
+    for info in src.infolist():
+        if not info.filename.startswith("ray/jars/"):
+            dst.writestr(info, src.read(info))
+PYEOF
 rm "$wheel"
 # numpy is on the device; .whlrun (scripts/device-prep.sh) brings the web stack
 for w in "$tmp"/*.whl; do
@@ -32,4 +35,4 @@ for w in "$tmp"/*.whl; do
   mv "$w" .whlraydeps/
 done
 rm -rf "$tmp"
-du -sh .whlrayA .whlrayB .whlrayC .whlraydeps
+du -sh .whlray .whlraydeps

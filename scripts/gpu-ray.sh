@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # Ray Serve with one engine replica against `facegate serve` (one process) and its multi-process form, in one
-# run on the GPU machine: compare req/s at concurrency 100 and 256 with LFW photos -> $OUT/ray_http_gpu.json.
+# run on the GPU machine: compare req/s at concurrency 100 and 256 with LFW photos -> $OUT/ray_http_gpu.json
+# (rewritten after every point) and $OUT/ray_http_gpu.log.
 #
 #   bash scripts/device-prep.sh && bash scripts/device-prep-ray.sh      # here, once (git-ignored folders)
-#   run(command="STAGE=1 bash scripts/gpu-ray.sh", carry=[".whlrayA", ".whlrun", ".lfwT"])
-#   run(command="STAGE=2 bash scripts/gpu-ray.sh", carry=[".whlrayB", ".whlraydeps"])
-#   run(command="bash scripts/gpu-ray.sh", carry=[".whlrayC"], timeout_s=600)
-# The three calls must reach one warm machine: the first two only stash their pieces in .raystash/ (git-
-# ignored, kept between calls). SERVERS, CONCURRENCY, DURATION_S and BUDGET_S override the defaults below.
+#   run(command="STAGE=1 bash scripts/gpu-ray.sh", carry=[".whlray", ".lfwT"])
+#   run(command="bash scripts/gpu-ray.sh", carry=[".whlraydeps", ".whlrun"], timeout_s=600)
+# Both calls must reach one warm machine (it goes back after ~30 s idle: send the second at once): the first
+# only stashes ray and the photos in .raystash/ (git-ignored, kept between calls). SERVERS, CONCURRENCY,
+# DURATION_S and BUDGET_S override the defaults below.
 set -uo pipefail
 mkdir -p .raystash
-case "${STAGE:-3}" in
-  1) cp -r .whlrayA/. .whlrun .lfwT .raystash/ && du -sh .raystash && exit 0 ;;
-  2) cp -r .whlrayB/. .raystash/ && cp .whlraydeps/*.whl .raystash/ && du -sh .raystash && exit 0 ;;
-esac
-cp -r .whlrayC/. .raystash/
-cat .raystash/ray.whl.part-* > "/tmp/$(cat .raystash/NAME)" || exit 2
+if [ "${STAGE:-2}" = 1 ]; then
+  cp .whlray/ray.zip .raystash/ && cp -r .lfwT .raystash/ && du -sh .raystash
+  exit 0
+fi
+[ -f .raystash/ray.zip ] || { echo "no .raystash/ray.zip: run STAGE=1 on this machine first"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .raystash/.whlrun/*.whl .raystash/*.whl "/tmp/$(cat .raystash/NAME)" || exit 3
+  .whlrun/*.whl .whlraydeps/*.whl || exit 3
+# unpack with the files' modes (the raylet and GCS binaries are executables; `python -m zipfile` drops modes)
+python3 - <<'PYEOF' || exit 3
+import os, zipfile
+with zipfile.ZipFile(".raystash/ray.zip") as z:
+    for info in z.infolist():
+        path = z.extract(info, "/tmp/site")
+        if info.external_attr >> 16:
+            os.chmod(path, (info.external_attr >> 16) & 0o777)
+PYEOF
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 FACEGATE_LOG_LEVEL=WARNING RAY_USAGE_STATS_ENABLED=0
 export PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/out}
