@@ -15,7 +15,7 @@ Two deployments make one Serve application (:func:`build_app`, or ``deploy/ray/s
 
 Every response carries ``x-facegate-replica`` (the ingress replica) and, when the request reached the
 engine, ``x-facegate-engine-replicas`` (the engine replicas that computed it), so an operator can tell which
-replica answered.
+replica answered; ``x-facegate-engine-retries`` counts calls sent again because their replica died.
 
 Health: each replica's ``check_health`` fails once its engine stopped (or, for the ingress, once its start-up
 failed); Serve then replaces it. Drain: Serve stops routing to a replica being removed, waits for its
@@ -51,6 +51,39 @@ ENGINE_ONGOING_PER_BATCH = 4
 INGRESS_ONGOING = 1024
 #: Name of the Serve application.
 APP_NAME = "facegate"
+
+
+def _bind_replica_grpc_to_node_address() -> None:
+    """Make Serve replicas' inter-deployment gRPC server listen on the node's Ray address, not on every interface.
+
+    Ray Serve starts that server in each replica on ``[::]:0`` whatever the node's address (replica.py,
+    ``_on_initialized``), so a cluster bound to 127.0.0.1 still had one port per replica open on all
+    interfaces. This module is imported in every replica before that server starts (the deployment classes
+    live here); the wrapper swaps ``[::]`` for the node's address (``ray.util.get_node_ip_address()``, the
+    address the node was started with), on which handles reach the replica. Nothing changes when the
+    private name is not there (another Ray version): the server then keeps Ray's default.
+    """
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return
+    original = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "_facegate_node_bound", False):
+        return
+
+    def add_port(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            import ray.util
+
+            host = ray.util.get_node_ip_address()
+            address = f"[{host}]:{address[5:]}" if ":" in host else f"{host}:{address[5:]}"
+        return int(original(server, address))
+
+    add_port._facegate_node_bound = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = add_port
+
+
+_bind_replica_grpc_to_node_address()
 
 
 def _replica_id() -> str:
@@ -132,7 +165,8 @@ class EngineReplica:
 
 # --------------------------------------------------------------------------- ingress deployment
 class ReplicaHeaders:
-    """ASGI wrapper: adds ``x-facegate-replica`` and ``x-facegate-engine-replicas`` to every HTTP response."""
+    """ASGI wrapper: adds ``x-facegate-replica``, ``x-facegate-engine-replicas`` and (when an engine call was sent
+    again after its replica died) ``x-facegate-engine-retries`` to every HTTP response."""
 
     def __init__(self, app: Any, replica: str) -> None:
         self.app = app
@@ -147,8 +181,11 @@ class ReplicaHeaders:
             async def send_with_headers(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
                     headers = [*message.get("headers", []), (b"x-facegate-replica", self.replica)]
-                    if served:
-                        headers.append((b"x-facegate-engine-replicas", ",".join(dict.fromkeys(served)).encode()))
+                    if served.replicas:
+                        replicas = ",".join(dict.fromkeys(served.replicas)).encode()
+                        headers.append((b"x-facegate-engine-replicas", replicas))
+                    if served.retries:
+                        headers.append((b"x-facegate-engine-retries", str(served.retries).encode()))
                     message = {**message, "headers": headers}
                 await send(message)
 

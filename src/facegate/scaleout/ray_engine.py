@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,14 +33,23 @@ from facegate.errors import EngineClosedError, QueueFullError
 
 log = logging.getLogger(__name__)
 
-#: Replicas that served the current request's engine calls, inside :func:`record_replicas`.
-_served: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("facegate_ray_served", default=None)
+
+@dataclass
+class Served:
+    """The engine replicas that answered a request's calls, and how many calls were sent again."""
+
+    replicas: list[str] = field(default_factory=list)
+    retries: int = 0
+
+
+#: What the current request's engine calls did, inside :func:`record_replicas`.
+_served: contextvars.ContextVar[Served | None] = contextvars.ContextVar("facegate_ray_served", default=None)
 
 
 @contextlib.contextmanager
-def record_replicas() -> Iterator[list[str]]:
-    """Collect the ids of the engine replicas that answer the calls made inside the block (and its tasks)."""
-    served: list[str] = []
+def record_replicas() -> Iterator[Served]:
+    """Record which engine replicas answer the calls made inside the block (and its tasks), and the retries."""
+    served = Served()
     token = _served.set(served)
     try:
         yield served
@@ -113,14 +123,15 @@ class RayEngine:
             except self._gone as exc:
                 if attempt < self.retries:
                     attempt += 1
+                    if (served := _served.get()) is not None:
+                        served.retries += 1
                     log.warning("engine replica lost during %s (%s); retrying on another", method, type(exc).__name__)
                     continue
                 raise EngineClosedError(
                     "the engine replica serving this request is gone", detail={"cause": type(exc).__name__}
                 ) from None
-            served = _served.get()
-            if served is not None:
-                served.append(replica)
+            if (served := _served.get()) is not None:
+                served.replicas.append(replica)
             if kind == "ok":
                 return rest[0]
             raise error_from_wire(*rest)
