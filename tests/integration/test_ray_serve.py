@@ -106,11 +106,10 @@ def ray_facegate(lfw_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     ray_constants.ENABLE_RAY_CLUSTER = False  # the environment switch above, should ray have been imported before
     before = set(_descendants(os.getpid()))
     shared = tmp_path_factory.mktemp("ray-gallery")
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     node = {"node_ip_address": "127.0.0.1", "include_dashboard": False, "num_cpus": 4}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # replicas inherit it: one thread each on small boxes
-    t0 = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args=node)
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "metrics_export_port": metrics_port})
     cluster.add_node(**node)
     try:
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
@@ -138,7 +137,7 @@ def ray_facegate(lfw_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         assert sockets, "found no listening socket of the Ray processes"
         exposed = [(pid, a) for pid, a in sockets if not a.startswith(("127.", "::1:", "::ffff:127."))]
         assert not exposed, f"listening beyond loopback: {exposed}"
-        yield {"url": url, "engine": engine, "cluster": cluster, "startup_s": time.monotonic() - t0}
+        yield {"url": url, "engine": engine, "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -223,11 +222,29 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
         assert crossed, "no enrolment was searched through the other engine replica"
         assert len(engines) == ENGINE_REPLICAS and len(ingresses) == INGRESS_REPLICAS, (engines, ingresses)
 
+        assert [g["name"] for g in c.get("/api/galleries").json()["galleries"]] == ["staff"]
+        assert c.get("/").status_code == 200 and "/api/compare" in c.get("/openapi.json").json()["paths"]
         d = c.delete(f"/api/galleries/staff/subjects/{people[0].lower()}-0")
         assert d.status_code == 200, d.text
         for _ in range(4):  # through every replica: the deleted subject is gone
             s = c.post("/api/galleries/staff/search", files={"image": ("q.jpg", p(people[0], 1))}, params={"k": 20})
             assert f"{people[0].lower()}-0" not in [h["subject_id"] for h in s.json()["hits"]], s.json()
+        assert c.post("/api/galleries", json={"name": "gone"}).status_code == 201
+        assert c.delete("/api/galleries/gone").status_code == 200
+        assert c.get("/api/galleries/gone/subjects").json()["error"]["code"] == "gallery_not_found"
+
+
+def test_ray_metrics_endpoint(ray_facegate: dict[str, Any]) -> None:
+    """Ray's Prometheus endpoint of the head node (loopback) carries Serve's metrics of the application."""
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:  # the metrics agent exports every few seconds
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(ray_facegate["metrics"], timeout=5).text
+            if 'application="facegate"' in text and "ray_serve_" in text:
+                return
+        time.sleep(1)
+    pytest.fail(f"no Serve metrics on {ray_facegate['metrics']} within 60 s: {text[:300]!r}")
 
 
 def test_a_killed_engine_replica_under_load(ray_facegate: dict[str, Any], lfw_root: Path) -> None:

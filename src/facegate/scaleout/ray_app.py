@@ -332,7 +332,7 @@ def run(
             kw["_metrics_export_port"] = metrics_port
         ray.init(**kw)
     else:
-        ray.init(address=address, include_dashboard=False)
+        ray.init(address=address)  # the cluster's own settings (dashboard, addresses) apply
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
