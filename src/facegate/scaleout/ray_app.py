@@ -349,11 +349,31 @@ def run(
         stop.wait()
         log.info("stopping: draining the replicas")
     finally:
-        # A signal to the whole process group (Ctrl-C, a container runtime) also stops the Ray processes this
-        # one started; Serve's shutdown then waits on a controller that is gone. Bound the wait by the drain.
-        closer = threading.Thread(target=serve.shutdown, name="facegate-serve-shutdown", daemon=True)
-        closer.start()
-        closer.join(settings.engine_drain_s + 10.0)
-        if closer.is_alive():
-            log.warning("Ray Serve did not shut down in %.0f s; stopping Ray", settings.engine_drain_s + 10.0)
+        if address is None and _local_node_lost():
+            # a signal to the whole process group (Ctrl-C, a container runtime) stopped the Ray node this process
+            # started as well: there is no controller left to drain the replicas
+            log.warning("the local Ray node has stopped; shutting down without a drain")
+        else:
+            closer = threading.Thread(target=serve.shutdown, name="facegate-serve-shutdown", daemon=True)
+            closer.start()
+            closer.join(settings.engine_drain_s + 10.0)  # bounded: a cluster that went away cannot answer
+            if closer.is_alive():
+                log.warning("Ray Serve did not shut down in %.0f s; stopping Ray", settings.engine_drain_s + 10.0)
         ray.shutdown()
+
+
+def _local_node_lost(wait_s: float = 1.0) -> bool:
+    """Whether a process of the Ray node that ``ray.init`` started here has exited (polled for ``wait_s``: the
+    signal that stops them may still be arriving)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is None or not hasattr(node, "dead_processes"):
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        if node.dead_processes():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
