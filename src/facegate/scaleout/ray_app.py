@@ -103,6 +103,9 @@ def _node_id() -> str:
 class EngineReplica:
     """One facegate engine (models, batching engine) as a Serve replica.
 
+    It gets the whole settings (``gallery_url`` included), so an engine that holds a gallery index opens and
+    follows the store they name: a shared ``FACEGATE_GALLERY_URL`` makes every replica follow one gallery.
+
     Every method answers ``("ok", replica id, result)`` or ``("err", replica id, *error_to_wire(exc))``, so a
     facegate error reaches the ingress as the same class (and HTTP status) rather than a Ray task error.
 
