@@ -91,7 +91,7 @@ from monitor import (
     thread_ticks,
     time_breakdown,
 )
-from server_variants import engines_of, front_ends_of, is_known, profile_of, server_env, untuned
+from server_variants import engines_of, front_ends_of, is_known, profile_of, ray_ingresses, server_env, untuned
 
 log = logging.getLogger("http_e2e")
 
@@ -155,6 +155,10 @@ def server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> 
 def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) -> list[str]:
     py = sys.executable
     dev = o.device
+    if ray_ingresses(name) is not None:  # facegate on Ray Serve (a local head node): the same settings, by env
+        return [py, str(ROOT / "benchmarks" / "ray_http.py"), "--port", str(port), "--device", dev,
+                "--precision", o.precision, "--compile", o.compile, "--max-batch-size", str(o.max_batch_size),
+                "--ingress-replicas", str(ray_ingresses(name)), "--data-dir", str(data_dir)]  # fmt: skip
     if name.startswith("facegate"):
         argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
         if (profile := profile_of(name)) is not None:

@@ -59,9 +59,19 @@ def _has_profiles() -> bool:
     return "profile" in Settings.model_fields
 
 
+#: ``facegate ray``: Ray Serve with one engine replica and ``N`` ingress replicas (``facegate_ray`` alone: 1).
+RAY_NAME = re.compile(r"^facegate_ray(?:_w(\d+))?$")
+
+
+def ray_ingresses(name: str) -> int | None:
+    """Ingress replicas of a ``facegate_ray[_wN]`` server, or None when ``name`` is not one."""
+    m = RAY_NAME.match(name)
+    return None if m is None else int(m.group(1) or 1)
+
+
 def is_known(name: str) -> bool:
     """Whether ``http_e2e.py`` can start a server called ``name``."""
-    if name in BASE_ENV or name in PEERS or _COMPOSED.match(name):
+    if name in BASE_ENV or name in PEERS or _COMPOSED.match(name) or ray_ingresses(name) is not None:
         return True
     return profile_of(name) is not None and _has_profiles()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create the virtual environment and install facegate with its dev extras.
+# Create the virtual environment and install facegate with its dev and ray extras.
 # On a machine without an NVIDIA GPU, install the CPU build of torch first (torch==2.13.0), so that
 # pyproject's torch range is already satisfied and pip never pulls a multi-GB CUDA build.
 set -euo pipefail
@@ -16,5 +16,6 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
     "$PY" -m pip install -q torch==2.13.0
   fi
 fi
-"$PY" -m pip install -q -e '.[dev]'
+# the ray extra: the Ray Serve tests (tests/integration/test_ray_serve.py) run in CI, they skip only outside it
+"$PY" -m pip install -q -e '.[dev,ray]'
 echo "facegate installed in $VENV (torch $("$PY" -c 'import torch; print(torch.__version__)'))"

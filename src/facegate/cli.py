@@ -1,4 +1,5 @@
-"""The ``facegate`` command line: serve | compare | embed | enrol | eval | train-quality | bench | export | models.
+"""The ``facegate`` command line: serve | ray | compare | embed | enrol | keys | eval | train-quality | bench | export |
+models.
 
 Every command takes ``--device cpu|cuda|auto`` and ``--precision fp32|fp16|bf16`` where models run.
 Errors print a JSON error object to stderr and exit with status 2 (bad input) or 1 (anything else);
@@ -200,6 +201,44 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: a running server refuses it within a second."""
     typer.echo(json.dumps({"revoked": _key_store(data_dir).revoke(key_id).public()}))
+
+
+@app.command("ray")
+@guarded
+def ray_cmd(
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to deploy on (host:port, ray://…, auto); default: a local one")
+    ] = None,
+    engine_replicas: Annotated[
+        int, typer.Option(min=1, help="engine replicas (one GPU each where there are GPUs)")
+    ] = 1,
+    max_engine_replicas: Annotated[
+        int | None, typer.Option(help="autoscale the engine replicas up to this many")
+    ] = None,
+    ingress_replicas: Annotated[int, typer.Option(min=1, help="HTTP ingress replicas (CPU)")] = 1,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Ray's Prometheus endpoint port of the local node started here")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="bind address of Ray Serve's HTTP proxy")] = None,
+    port: Annotated[int | None, typer.Option(help="port of Ray Serve's HTTP proxy (default 7860)")] = None,
+) -> None:
+    """Serve the HTTP API on Ray Serve: ingress and engine replicas across a Ray cluster (extra ``ray``)."""
+    try:
+        from facegate.scaleout.ray_app import run as ray_run
+    except ImportError as exc:
+        from facegate.errors import ServerError
+
+        raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
+    _setup_logging()
+    s = _settings(host=host, port=port)
+    ray_run(
+        s,
+        address=address,
+        engine_replicas=engine_replicas,
+        max_engine_replicas=max_engine_replicas,
+        ingress_replicas=ingress_replicas,
+        metrics_port=metrics_port,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- compare

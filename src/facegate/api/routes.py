@@ -238,14 +238,12 @@ async def readyz(request: Request) -> ReadyResponse:
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
     from facegate.metrics.prometheus import render_latest
-    from facegate.transport.remote import RemoteEngine, RemotePool
 
     state = _state(request)
     remote = None
     engine = getattr(state.service, "engine", None)
-    if (
-        isinstance(engine, RemoteEngine | RemotePool) and engine.ready
-    ):  # a front-end: the engine's families come from it
+    # a front-end (engine process, engine pool, Ray engine deployment): the engine's families come from it
+    if callable(getattr(engine, "engine_samples", None)) and engine.ready:
         try:
             remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
         except (FacegateError, TimeoutError):

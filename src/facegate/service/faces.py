@@ -133,7 +133,15 @@ class FaceService:
             if len(addresses) == 1
             else RemotePool([RemoteEngine(a, authkey) for a in addresses])
         )
-        info = remote.start()
+        remote.start()
+        return cls.over_engine(settings, remote, plan)
+
+    @classmethod
+    def over_engine(cls, settings: Settings, remote: Any, plan: ServingPlan | None = None) -> FaceService:
+        """A front-end's service over a started engine client (``RemoteEngine``, ``RemotePool``, ``RayEngine``:
+        anything with their ``info``, ``ready``, ``submit``, ``stop``); models and thresholds come from its info.
+        """
+        info = remote.info
         # decoding and alignment run here: the same thread setting as the engine's process
         configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
         operating = Operating(**info["operating"])

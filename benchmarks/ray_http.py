@@ -1,0 +1,47 @@
+"""Start ``facegate ray`` (a local Ray head on 127.0.0.1, one engine replica) with ``facegate serve``'s flags.
+
+``http_e2e.py`` starts it for the server names ``facegate_ray`` (1 ingress replica) and ``facegate_ray_wN``
+(N ingress replicas), so Ray Serve and ``facegate serve`` are measured in one run, on the same photos and
+load generator. The flags become the ``FACEGATE_*`` settings every replica reads; SIGTERM drains and stops
+the application and the Ray node.
+
+GPU (one H200; Ray with one engine replica against facegate serve and its multi-process form, compare at
+concurrency 100 and 256 with LFW photos):
+  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images .lfwB/lfw-deepfunneled \
+      --servers facegate,facegate_mp,facegate_ray,facegate_ray_w4 --kinds compare --concurrency 100,256 \
+      --duration 4 --budget-s 400 --out benchmarks/results/ray_http_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--compile", default=None)
+    ap.add_argument("--max-batch-size", type=int, default=None)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--ingress-replicas", type=int, default=1)
+    ap.add_argument("--engine-replicas", type=int, default=1)
+    o = ap.parse_args(argv)
+    env = {"FACEGATE_DEVICE": o.device, "FACEGATE_PRECISION": o.precision, "FACEGATE_COMPILE": o.compile,
+           "FACEGATE_MAX_BATCH_SIZE": o.max_batch_size, "FACEGATE_DATA_DIR": o.data_dir}  # fmt: skip
+    for k, v in env.items():
+        if v is not None:
+            os.environ.setdefault(k, str(v))  # a server variant's own environment wins
+    from facegate.cli import main as facegate_main
+
+    sys.argv = ["facegate", "ray", "--host", "127.0.0.1", "--port", str(o.port),
+                "--ingress-replicas", str(o.ingress_replicas), "--engine-replicas", str(o.engine_replicas)]  # fmt: skip
+    facegate_main()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

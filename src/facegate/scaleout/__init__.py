@@ -1,0 +1,1 @@
+"""Scale-out beyond one host: the facegate engine as Ray Serve replicas (optional extra ``ray``)."""
