@@ -335,7 +335,7 @@ def test_a_front_end_of_a_gpu_engine_runs_one_intra_op_thread(monkeypatch: pytes
 
     info = {"model": "sface", "device": "cuda:0",
             "operating": {"match_threshold": 0.4, "match_fmr": 1e-3, "quality_threshold": 0.5}}  # fmt: skip
-    monkeypatch.setattr(RemoteEngine, "start", lambda self: info)
+    monkeypatch.setattr(RemoteEngine, "start", lambda self: setattr(self, "info", info) or info)
     before = torch.get_num_threads(), cv2.getNumThreads()
     try:
         gpu = make_plan(Settings(device="cuda"), Machine(gpus=1, cores=16))
