@@ -156,9 +156,10 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
     py = sys.executable
     dev = o.device
     if ray_ingresses(name) is not None:  # facegate on Ray Serve (a local head node): the same settings, by env
-        return [py, str(ROOT / "benchmarks" / "ray_http.py"), "--port", str(port), "--device", dev,
-                "--precision", o.precision, "--compile", o.compile, "--max-batch-size", str(o.max_batch_size),
-                "--ingress-replicas", str(ray_ingresses(name)), "--data-dir", str(data_dir)]  # fmt: skip
+        ray = [py, str(ROOT / "benchmarks" / "ray_http.py"), "--port", str(port), "--device", dev,
+               "--precision", o.precision, "--compile", o.compile,
+               "--ingress-replicas", str(ray_ingresses(name)), "--data-dir", str(data_dir)]  # fmt: skip
+        return ray if o.max_batch_size is None else [*ray, "--max-batch-size", str(o.max_batch_size)]
     if name.startswith("facegate"):
         argv = [py, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
         if (profile := profile_of(name)) is not None:
@@ -174,11 +175,12 @@ def _server_argv(name: str, port: int, o: argparse.Namespace, data_dir: Path) ->
             argv += ["--max-batch-size", str(o.max_batch_size)]
         if o.max_wait_ms is not None:
             argv += ["--max-wait-ms", str(o.max_wait_ms)]
-        if name.startswith("facegate_mp"):  # one engine process fed by --mp-workers front-end processes
-            argv += ["--workers", str(front_ends_of(name, o.mp_workers))]
-        if engines_of(name) > 1:  # several engine processes on the one GPU
-            n = str(engines_of(name))
-            argv += ["--engines", n, "--engines-per-gpu", n]
+        # process counts spelled out, so that the serving plan does not choose them: ``facegate`` is one process,
+        # ``facegate_mp*`` its front-ends and engines as named
+        n = str(engines_of(name))
+        workers = str(front_ends_of(name, o.mp_workers)) if name.startswith("facegate_mp") else "1"
+        if "FACEGATE_PROFILE" not in server_env(name):
+            argv += ["--workers", workers, "--engines", n, "--engines-per-gpu", n]
         return argv
     if name == "naive":
         argv = [py, str(PEERS / "naive_server.py"), "--port", str(port), "--device", dev]

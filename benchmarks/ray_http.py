@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-replicas", type=int, default=1)
     o = ap.parse_args(argv)
     env = {"FACEGATE_DEVICE": o.device, "FACEGATE_PRECISION": o.precision, "FACEGATE_COMPILE": o.compile,
-           "FACEGATE_MAX_BATCH_SIZE": o.max_batch_size, "FACEGATE_DATA_DIR": o.data_dir}  # fmt: skip
+           "FACEGATE_ENGINE__MAX_BATCH_SIZE": o.max_batch_size, "FACEGATE_DATA_DIR": o.data_dir}  # fmt: skip
     for k, v in env.items():
         if v is not None:
             os.environ.setdefault(k, str(v))  # a server variant's own environment wins

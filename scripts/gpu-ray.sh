@@ -7,21 +7,22 @@
 #   run(command="STAGE=1 bash scripts/gpu-ray.sh", carry=[".whlray", ".lfwT"])
 #   run(command="bash scripts/gpu-ray.sh", carry=[".whlraydeps", ".whlrun"], timeout_s=600)
 # Both calls must reach one warm machine (it goes back after ~30 s idle: send the second at once): the first
-# only stashes ray and the photos in .raystash/ (git-ignored, kept between calls). SERVERS, CONCURRENCY,
+# only stashes ray and the photos in $STASH (default /tmp/raystash, kept on a warm machine). SERVERS, CONCURRENCY,
 # DURATION_S and BUDGET_S override the defaults below.
 set -uo pipefail
-mkdir -p .raystash
+STASH=${STASH:-/tmp/raystash}  # outside the checkout: a warm machine keeps /tmp between calls
+mkdir -p "$STASH"
 if [ "${STAGE:-2}" = 1 ]; then
-  cp .whlray/ray.zip .raystash/ && cp -r .lfwT .raystash/ && du -sh .raystash
+  cp .whlray/ray.zip "$STASH"/ && cp -r .lfwT "$STASH"/ && du -sh "$STASH"
   exit 0
 fi
-[ -f .raystash/ray.zip ] || { echo "no .raystash/ray.zip: run STAGE=1 on this machine first"; exit 2; }
+[ -f "$STASH/ray.zip" ] || { echo "no $STASH/ray.zip: run STAGE=1 on this machine first"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whlrun/*.whl .whlraydeps/*.whl || exit 3
 # unpack with the files' modes (the raylet and GCS binaries are executables; `python -m zipfile` drops modes)
-python3 - <<'PYEOF' || exit 3
+STASH="$STASH" python3 - <<'PYEOF' || exit 3
 import os, zipfile
-with zipfile.ZipFile(".raystash/ray.zip") as z:
+with zipfile.ZipFile(os.environ["STASH"] + "/ray.zip") as z:
     for info in z.infolist():
         path = z.extract(info, "/tmp/site")
         if info.external_attr >> 16:
@@ -34,7 +35,7 @@ mkdir -p "$OUT"
 python3 -c 'import ray, ray.serve; print("ray", ray.__version__)' || exit 4
 timeout $(( ${BUDGET_S:-420} + 90 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --servers "${SERVERS:-facegate,facegate_ray,facegate_mp,facegate_ray_w4}" --kinds compare \
-  --images .raystash/.lfwT/lfw-deepfunneled --concurrency "${CONCURRENCY:-100,256}" --duration "${DURATION_S:-4}" \
+  --images "$STASH/.lfwT/lfw-deepfunneled" --concurrency "${CONCURRENCY:-100,256}" --duration "${DURATION_S:-4}" \
   --budget-s "${BUDGET_S:-420}" --keep-logs /tmp/server_logs --out "$OUT/ray_http_gpu.json" 2>&1 \
   | grep -v '^\s*$' | tee "$OUT/ray_http_gpu.log" | grep 'ready\|req/s\|Error\|facegate'
 [ -d /tmp/server_logs ] && tar czf "$OUT/server_logs.tar.gz" -C /tmp server_logs
