@@ -242,7 +242,12 @@ def test_gallery_enrol_search_delete(
 
     page.fill(tid("gallery-name"), "e2e-people")
     page.click(tid("gallery-create"))
-    page.wait_for_function("document.querySelector('[data-testid=gallery-select]').value === 'e2e-people'")
+    # polled from here: a string predicate would be evaluated inside the page, which its CSP forbids
+    for _ in range(100):
+        if page.input_value(tid("gallery-select")) == "e2e-people":
+            break
+        page.wait_for_timeout(100)
+    assert page.input_value(tid("gallery-select")) == "e2e-people"
     page.wait_for_selector(f'{tid("gallery-info")}:has-text("0 subjects")')
 
     # creating it again: the 409 JSON error body is shown

@@ -19,7 +19,7 @@ replica answered; ``x-facegate-engine-retries`` counts calls sent again because 
 
 Health: each replica's ``check_health`` fails once its engine stopped (or, for the ingress, once its start-up
 failed); Serve then replaces it. Drain: Serve stops routing to a replica being removed, waits for its
-ongoing calls (``graceful_shutdown_timeout_s``: the settings' ``engine_drain_s``), then the replica stops its
+ongoing calls (``graceful_shutdown_timeout_s``: the settings' ``drain_s``), then the replica stops its
 engine. Metrics: ``GET /metrics`` of the ingress exports the ingress's families and one engine replica's
 engine families; Ray's own metrics (``ray_serve_*``: replicas, queue lengths, latencies) are on each node's
 Prometheus endpoint (``--metrics-export-port``).
