@@ -8,7 +8,8 @@ serving plan, ``facegate serve`` therefore runs:
   and nothing else (no HTTP, no JSON, no decoding). :func:`engine_main` is its entry point;
 * ``workers`` **front-end processes** (uvicorn servers fed by the supervisor's acceptor): HTTP, multipart parsing, image
   decoding, alignment, the quality gate and gallery writes (the gallery index lives in the engine). Each talks to
-  the engine through a :class:`RemoteEngine`, which has the engine's small interface (``start``, ``ready``, ``submit``, ``stop``).
+  the engine through a :class:`RemoteEngine`, which has the engine's small interface (``start``, ``ready``,
+  ``submit``, ``stop``).
 
 Transport: each front-end creates one shared-memory :class:`Arena` and writes every payload (a decoded
 image or a stack of crops, ``uint8``) into it. A small message on a Unix socket
