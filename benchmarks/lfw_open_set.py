@@ -8,7 +8,8 @@ over every pair of images of different people (≈ 87 M pairs), as FMR(t) on a g
 smallest FMR those pairs can measure, and a stated tail model for FMRs beyond it (see
 :mod:`facegate.service.fpir`).
 
-Step 3 runs the open-set protocol and writes ``benchmarks/results/lfw_open_set_<model>.json``:
+Step 3 runs the open-set protocol and writes ``benchmarks/results/lfw_open_set-<machine>-<model>.json``
+(``--machine``, e.g. ``cpu2``):
 
 * gallery: one photo (the first) of each identity with at least 2 photos, for gallery sizes N drawn at
   random from those identities;
@@ -145,6 +146,7 @@ def main() -> None:
     global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="sface")
+    ap.add_argument("--machine", default="cpu2", help="machine name in the result's file name (h200, cpu2, ...)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--root", default=os.environ.get("FACEGATE_LFW_ROOT"))
     ap.add_argument("--sizes", default="100,300,1000,1680")
@@ -164,7 +166,7 @@ def main() -> None:
     dest.write_text(json.dumps(table, indent=1) + "\n")
     log.info("wrote %s (%d impostor pairs)", dest, n)
     rows = open_set(paths, emb, [int(x) for x in args.sizes.split(",")])
-    res = REPO / "benchmarks" / "results" / f"lfw_open_set_{args.model}.json"
+    res = REPO / "benchmarks" / "results" / f"lfw_open_set-{args.machine}-{args.model.replace('_', '')}.json"
     res.write_text(
         json.dumps(
             {
