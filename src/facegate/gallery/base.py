@@ -10,7 +10,9 @@ search. This module defines:
 * the change feed (:class:`Change`, :class:`StoreSnapshot`): every mutation commits in the same
   transaction as a change-log row with a monotonic sequence number, so an index loads in full once and
   then applies only what changed after its last sequence number;
-* the validation and template math every backend must use, so all backends agree bit for bit.
+* the validation and template math every backend must use, so all backends agree bit for bit;
+* the row conversions the SQL backends share (vector packing, subject and change rows), so each backend
+  keeps only its SQL and its transaction handling.
 
 Template definition (quality-weighted mean direction)::
 
@@ -33,7 +35,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from facegate.errors import DimensionMismatchError, InvalidParameterError
+from facegate.errors import (
+    DimensionMismatchError,
+    GalleryError,
+    GalleryNotFoundError,
+    InvalidParameterError,
+    SubjectNotFoundError,
+)
 
 #: Gallery and model names: 1–64 characters of ``A–Z a–z 0–9 _ . -``.
 GALLERY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -424,3 +432,96 @@ def decode_meta(text: str | None) -> dict[str, Any]:
         return {}
     value = json.loads(text)
     return value if isinstance(value, dict) else {}
+
+
+# --------------------------------------------------------------------------- shared by the SQL backends
+def validate_new_gallery(name: object, model: object, dim: object) -> int:
+    """Check the arguments of :meth:`GalleryStore.create_gallery`; returns ``dim`` as int."""
+    validate_gallery_name(name)
+    validate_gallery_name(model, what="model name")
+    return validate_dim(dim)
+
+
+def validate_subject_ref(gallery: object, subject_id: object) -> None:
+    """Check a ``(gallery, subject_id)`` pair an operation on one subject names."""
+    validate_gallery_name(gallery)
+    validate_subject_id(subject_id)
+
+
+def pack_vector(vec: np.ndarray) -> bytes:
+    """Raw little-endian float32 bytes of a vector (how the SQL backends store embeddings and templates)."""
+    return np.ascontiguousarray(vec, dtype="<f4").tobytes()
+
+
+def unpack_vector(blob: bytes | bytearray | memoryview, dim: int) -> np.ndarray:
+    """``(dim,) float32`` from bytes written by :func:`pack_vector`; raises GalleryError on a wrong length."""
+    if len(blob) != 4 * dim:
+        raise GalleryError(
+            f"corrupt vector in the gallery database: {len(blob)} bytes, expected {4 * dim}",
+            detail={"bytes": len(blob), "dim": dim},
+        )
+    return np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32)
+
+
+def unpack_templates(rows: list[tuple[Any, Any]], dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` from ``(subject_id, template bytes)`` rows."""
+    ids = [str(r[0]) for r in rows]
+    if not rows:
+        return ids, np.zeros((0, dim), dtype=np.float32)
+    blob = b"".join(bytes(r[1]) for r in rows)
+    if len(blob) != 4 * dim * len(rows):
+        raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
+    return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
+
+
+def rebuild_template(stored: list[tuple[Any, Any]], dim: int) -> tuple[bytes, float]:
+    """A subject's packed template and its quality from all its stored ``(vector bytes, quality)`` rows."""
+    all_e = np.stack([unpack_vector(v, dim) for v, _ in stored])
+    all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
+    return pack_vector(quality_weighted_template(all_e, all_q)), template_quality(all_q)
+
+
+#: Columns, in order, that :func:`subject_info_from_row` reads.
+SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
+
+
+def subject_info_from_row(row: tuple[Any, ...]) -> SubjectInfo:
+    """A :class:`SubjectInfo` from a row of :data:`SUBJECT_COLS`."""
+    sid, n, tq, meta, created, updated = row
+    return SubjectInfo(
+        subject_id=str(sid),
+        n_embeddings=int(n),
+        template_quality=float(tq),
+        meta=decode_meta(meta),
+        created_at=float(created),
+        updated_at=float(updated),
+    )
+
+
+def gallery_from_row(row: tuple[Any, ...] | None, name: str) -> tuple[int, str, int, float]:
+    """``(id, model, dim, created_at)`` of a gallery's row; raises GalleryNotFoundError when it is ``None``."""
+    if row is None:
+        raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
+    return int(row[0]), str(row[1]), int(row[2]), float(row[3])
+
+
+def subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:
+    """The error for a subject a gallery does not hold."""
+    return SubjectNotFoundError(
+        f"no subject {subject_id!r} in gallery {gallery!r}", detail={"gallery": gallery, "subject_id": subject_id}
+    )
+
+
+def changes_from_rows(rows: list[tuple[Any, ...]]) -> list[Change]:
+    """Feed entries from ``(seq, op, gallery, subject_id, committed_at, dim, template bytes)`` rows, where
+    ``dim`` and the template are ``NULL`` once the gallery or subject is gone."""
+    out = []
+    for sq, op, gal, sid, at, dim, blob in rows:
+        tpl = unpack_vector(blob, int(dim)) if blob is not None and dim is not None else None
+        out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
+    return out
+
+
+def gallery_infos(rows: list[tuple[Any, ...]]) -> list[GalleryInfo]:
+    """:class:`GalleryInfo` from ``(name, model, dim, created_at, subjects)`` rows."""
+    return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]

@@ -21,43 +21,24 @@ later write overwrites it; see ``docs/gallery.md``. :meth:`PostgresGalleryStore.
 no older snapshot (a long-running transaction anywhere on the server) still needs them.
 
 Every psycopg exception becomes a :class:`~facegate.errors.GalleryError`; a server that cannot be reached
-becomes :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503).
+becomes :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503). The calls whose logic every SQL
+backend shares live in :class:`facegate.gallery.sqlstore.SQLGalleryStore`; this module holds the PostgreSQL
+SQL, transactions, change numbering and erasure.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from facegate.errors import (
-    GalleryError,
-    GalleryExistsError,
-    GalleryNotFoundError,
-    GalleryUnavailableError,
-    SubjectNotFoundError,
-)
-from facegate.gallery.base import (
-    Change,
-    GalleryInfo,
-    StoreSnapshot,
-    SubjectInfo,
-    decode_meta,
-    encode_meta,
-    quality_weighted_template,
-    template_quality,
-    validate_dim,
-    validate_embeddings,
-    validate_gallery_name,
-    validate_import,
-    validate_page,
-    validate_subject_id,
-)
+from facegate.errors import GalleryError, GalleryUnavailableError
+from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
+from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
 
 log = logging.getLogger(__name__)
 
@@ -106,25 +87,8 @@ _DDL = (
        )""",
 )
 
-_SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
 
-
-def _to_blob(vec: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vec, dtype="<f4").tobytes()
-
-
-def _from_blob(blob: bytes, dim: int) -> np.ndarray:
-    if len(blob) != 4 * dim:
-        raise GalleryError(f"corrupt vector in the gallery database: {len(blob)} bytes, expected {4 * dim}")
-    return np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32)
-
-
-def _subject_info(row: tuple[Any, ...]) -> SubjectInfo:
-    sid, n, tq, meta, created, updated = row
-    return SubjectInfo(str(sid), int(n), float(tq), decode_meta(meta), float(created), float(updated))
-
-
-class PostgresGalleryStore:
+class PostgresGalleryStore(SQLGalleryStore):
     """:class:`~facegate.gallery.base.GalleryStore` on a PostgreSQL database (see the module docstring).
 
     Args:
@@ -215,8 +179,7 @@ class PostgresGalleryStore:
                     detail={"schema": int(row[0]), "supported": SCHEMA_VERSION},
                 )
 
-    @staticmethod
-    def _log(conn: Any, rows: list[tuple[str, str, str | None]], now: float) -> None:
+    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         """Append change rows ``(op, gallery, subject_id)`` numbered after the current maximum (the caller
         holds :data:`WRITE_LOCK`), and notify the followers (delivered at commit)."""
         base = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
@@ -227,18 +190,66 @@ class PostgresGalleryStore:
             )
         conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(base + len(rows))))
 
-    @staticmethod
-    def _gallery_row(conn: Any, name: str) -> tuple[int, str, int, float]:
-        row = conn.execute("SELECT id, model, dim, created_at FROM galleries WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
-        return int(row[0]), str(row[1]), int(row[2]), float(row[3])
+    # ------------------------------------------------------------------ SQL of the shared calls
+    _SQL_GALLERY_EXISTS = "SELECT 1 FROM galleries WHERE name = %s"
+    _SQL_INSERT_GALLERY = "INSERT INTO galleries (name, model, dim, created_at) VALUES (%s, %s, %s, %s)"
+    _SQL_GALLERY_ROW = "SELECT id, model, dim, created_at FROM galleries WHERE name = %s"
+    _SQL_LIST_GALLERIES = (
+        "SELECT g.name, g.model, g.dim, g.created_at,"
+        " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
+        " FROM galleries g ORDER BY g.name"
+    )
+    _SQL_GALLERY_IDS = "SELECT id, name, dim FROM galleries ORDER BY name"
+    _SQL_COUNT_SUBJECTS = "SELECT COUNT(*) FROM subjects WHERE gallery_id = %s"
+    _SQL_DELETE_GALLERY = "DELETE FROM galleries WHERE id = %s"
+    _SQL_SUBJECT_PK = "SELECT id FROM subjects WHERE gallery_id = %s AND subject_id = %s"
+    _SQL_SET_META = "UPDATE subjects SET meta = %s WHERE id = %s"
+    _SQL_STORED_EMBEDDINGS = "SELECT vector, quality FROM embeddings WHERE subject_pk = %s ORDER BY id"
+    _SQL_SET_TEMPLATE = (
+        "UPDATE subjects SET template = %s, template_quality = %s, n_embeddings = %s, updated_at = %s WHERE id = %s"
+    )
+    _SQL_SUBJECT_BY_PK = f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = %s"
+    _SQL_SUBJECT = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = %s AND subject_id = %s"
+    _SQL_TEMPLATE = "SELECT template FROM subjects WHERE gallery_id = %s AND subject_id = %s"
+    # byte order, as SQLite's default BINARY collation, whatever the database's locale
+    _SQL_SUBJECT_PAGE = (
+        f'SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C" LIMIT %s OFFSET %s'
+    )
+    _SQL_DELETE_SUBJECT = "DELETE FROM subjects WHERE gallery_id = %s AND subject_id = %s"
+    _SQL_CURRENT_SEQ = "SELECT COALESCE(MAX(seq), 0) FROM changes"
+    _SQL_CHANGES = (
+        "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
+        " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
+        " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
+        " WHERE c.seq > %s ORDER BY c.seq LIMIT %s"
+    )
 
-    @staticmethod
-    def _missing(gallery: str, subject_id: str) -> SubjectNotFoundError:
-        return SubjectNotFoundError(
-            f"no subject {subject_id!r} in gallery {gallery!r}", detail={"gallery": gallery, "subject_id": subject_id}
+    def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
+        return int(
+            conn.execute(
+                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+                " n_embeddings, created_at, updated_at) VALUES (%s, %s, %s, '', 0, 0, %s, %s) RETURNING id",
+                (gid, subject_id, meta_text, now, now),
+            ).fetchone()[0]
         )
+
+    def _insert_embeddings(self, conn: Any, rows: list[tuple[int, bytes, float, float]]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (%s, %s, %s, %s)", rows
+            )
+
+    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+        with conn.cursor(binary=True) as cur:
+            cur.execute(
+                'SELECT subject_id, template FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C"',
+                (gid,),
+            )
+            rows = cur.fetchall()
+        return unpack_templates(rows, dim, gallery)
+
+    def _erase_deleted(self) -> None:
+        self._vacuum()
 
     def _vacuum(self) -> None:
         """Prune the dead tuples a delete left (best effort: an older snapshot elsewhere can keep them)."""
@@ -252,234 +263,26 @@ class PostgresGalleryStore:
         except (self._psycopg.Error, self._pool_timeout):
             log.exception("gallery: VACUUM after a delete failed")
 
-    # ------------------------------------------------------------------ galleries
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        """Create an empty gallery; raises GalleryExistsError / InvalidParameterError."""
-        validate_gallery_name(name)
-        validate_gallery_name(model, what="model name")
-        dim = validate_dim(dim)
-        now = time.time()
-        with self._tx(f"creating gallery {name!r}", write=True) as conn:
-            if conn.execute("SELECT 1 FROM galleries WHERE name = %s", (name,)).fetchone():
-                raise GalleryExistsError(f"gallery {name!r} already exists", detail={"gallery": name})
-            conn.execute(
-                "INSERT INTO galleries (name, model, dim, created_at) VALUES (%s, %s, %s, %s)", (name, model, dim, now)
-            )
-            self._log(conn, [("create_gallery", name, None)], now)
-        return GalleryInfo(name=name, model=model, dim=dim, created_at=now, subjects=0)
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        """All galleries, ordered by name."""
-        with self._tx("listing galleries", write=False) as conn:
-            rows = conn.execute(
-                "SELECT g.name, g.model, g.dim, g.created_at,"
-                " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
-                " FROM galleries g ORDER BY g.name"
-            ).fetchall()
-        return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        """One gallery; raises GalleryNotFoundError."""
-        validate_gallery_name(name)
-        with self._tx(f"reading gallery {name!r}", write=False) as conn:
-            gid, model, dim, created = self._gallery_row(conn, name)
-            n = conn.execute("SELECT COUNT(*) FROM subjects WHERE gallery_id = %s", (gid,)).fetchone()[0]
-        return GalleryInfo(name=name, model=model, dim=dim, created_at=created, subjects=int(n))
-
-    def delete_gallery(self, name: str) -> None:
-        """Delete a gallery, its subjects and their embeddings; raises GalleryNotFoundError."""
-        validate_gallery_name(name)
-        with self._tx(f"deleting gallery {name!r}", write=True) as conn:
-            gid = self._gallery_row(conn, name)[0]
-            conn.execute("DELETE FROM galleries WHERE id = %s", (gid,))
-            self._log(conn, [("delete_gallery", name, None)], time.time())
-        self._vacuum()
-
     # ------------------------------------------------------------------ subjects
-    def add_embeddings(
-        self,
-        gallery: str,
-        subject_id: str,
-        embeddings: np.ndarray,
-        qualities: np.ndarray,
-        meta: dict[str, Any] | None = None,
-    ) -> SubjectInfo:
-        """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities; recompute the template."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        meta_text = encode_meta(meta)
-        with self._tx(f"enrolling {subject_id!r} in {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(embeddings, qualities, dim)
-            now = time.time()
-            row = conn.execute(
-                "SELECT id FROM subjects WHERE gallery_id = %s AND subject_id = %s", (gid, subject_id)
-            ).fetchone()
-            if row is None:
-                spk = int(
-                    conn.execute(
-                        "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                        " n_embeddings, created_at, updated_at) VALUES (%s, %s, %s, '', 0, 0, %s, %s) RETURNING id",
-                        (gid, subject_id, meta_text or "{}", now, now),
-                    ).fetchone()[0]
-                )
-            else:
-                spk = int(row[0])
-                if meta_text is not None:
-                    conn.execute("UPDATE subjects SET meta = %s WHERE id = %s", (meta_text, spk))
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (%s, %s, %s, %s)",
-                    [(spk, _to_blob(e), float(qi), now) for e, qi in zip(emb, q, strict=True)],
-                )
-            stored = conn.execute(
-                "SELECT vector, quality FROM embeddings WHERE subject_pk = %s ORDER BY id", (spk,)
-            ).fetchall()
-            all_e = np.stack([_from_blob(v, dim) for v, _ in stored])
-            all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
-            template = quality_weighted_template(all_e, all_q)
-            conn.execute(
-                "UPDATE subjects SET template = %s, template_quality = %s, n_embeddings = %s, updated_at = %s"
-                " WHERE id = %s",
-                (_to_blob(template), template_quality(all_q), len(stored), now, spk),
-            )
-            self._log(conn, [("enrol", gallery, subject_id)], now)
-            out = conn.execute(f"SELECT {_SUBJECT_COLS} FROM subjects WHERE id = %s", (spk,)).fetchone()
-        return _subject_info(out)
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray
-    ) -> int:
-        """Bulk-write ``(S, D) float32`` unit-norm templates as single-embedding subjects (one transaction)."""
-        validate_gallery_name(gallery)
-        ids = validate_import(subject_ids, templates, qualities)
-        with self._tx(f"importing {len(ids)} templates into {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(templates, qualities, dim)
-            now = time.time()
-            conn.execute("DELETE FROM subjects WHERE gallery_id = %s AND subject_id = ANY(%s)", (gid, ids))
-            before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
-            with (
-                conn.cursor() as cur,
-                cur.copy(
-                    "COPY subjects (gallery_id, subject_id, template, template_quality, n_embeddings,"
-                    " created_at, updated_at) FROM STDIN"
-                ) as copy,
-            ):
-                for sid, e, qi in zip(ids, emb, q, strict=True):
-                    copy.write_row((gid, sid, _to_blob(e), float(qi), 1, now, now))
-            conn.execute(
-                "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-                " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = %s AND id > %s",
-                (gid, before),
-            )
-            self._log(conn, [("enrol", gallery, sid) for sid in ids], now)
-        return len(ids)
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        """One subject; raises GalleryNotFoundError / SubjectNotFoundError."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"reading {subject_id!r} in {gallery!r}", write=False) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            row = conn.execute(
-                f"SELECT {_SUBJECT_COLS} FROM subjects WHERE gallery_id = %s AND subject_id = %s", (gid, subject_id)
-            ).fetchone()
-        if row is None:
-            raise self._missing(gallery, subject_id)
-        return _subject_info(row)
-
-    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
-        """A subject's stored ``(D,) float32`` template."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"reading template of {subject_id!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            row = conn.execute(
-                "SELECT template FROM subjects WHERE gallery_id = %s AND subject_id = %s", (gid, subject_id)
-            ).fetchone()
-        if row is None:
-            raise self._missing(gallery, subject_id)
-        return _from_blob(row[0], dim)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        """A page of subjects ordered by ``subject_id``."""
-        validate_gallery_name(gallery)
-        offset, limit = validate_page(offset, limit)
-        with self._tx(f"listing subjects of {gallery!r}", write=False) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            rows = conn.execute(
-                f"SELECT {_SUBJECT_COLS} FROM subjects WHERE gallery_id = %s"
-                ' ORDER BY subject_id COLLATE "C" LIMIT %s OFFSET %s',
-                (gid, limit, offset),
-            ).fetchall()
-        return [_subject_info(r) for r in rows]
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject and (by cascade) its embeddings, then VACUUM (see the module docstring)."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"deleting {subject_id!r} from {gallery!r}", write=True) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            cur = conn.execute("DELETE FROM subjects WHERE gallery_id = %s AND subject_id = %s", (gid, subject_id))
-            if cur.rowcount == 0:
-                raise self._missing(gallery, subject_id)
-            self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
-        self._vacuum()
-
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32 templates)`` of a gallery, ordered by ``subject_id``."""
-        validate_gallery_name(gallery)
-        with self._tx(f"loading templates of {gallery!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            return self._templates(conn, gid, dim, gallery)
-
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        with conn.cursor(binary=True) as cur:
-            cur.execute(
-                'SELECT subject_id, template FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C"',
-                (gid,),
-            )
-            rows = cur.fetchall()
-        ids = [str(r[0]) for r in rows]
-        if not rows:
-            return ids, np.zeros((0, dim), dtype=np.float32)
-        blob = b"".join(bytes(r[1]) for r in rows)
-        if len(blob) != 4 * dim * len(rows):
-            raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
-        return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
+    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
+        conn.execute("DELETE FROM subjects WHERE gallery_id = %s AND subject_id = ANY(%s)", (gid, ids))
+        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                "COPY subjects (gallery_id, subject_id, template, template_quality, n_embeddings,"
+                " created_at, updated_at) FROM STDIN"
+            ) as copy,
+        ):
+            for sid, e, qi in zip(ids, emb, q, strict=True):
+                copy.write_row((gid, sid, pack_vector(e), float(qi), 1, now, now))
+        conn.execute(
+            "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
+            " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = %s AND id > %s",
+            (gid, before),
+        )
 
     # ------------------------------------------------------------------ change feed
-    def current_seq(self) -> int:
-        """The last committed change's sequence number (0 when none)."""
-        with self._tx("reading the change sequence", write=False) as conn:
-            return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-
-    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
-        """Up to ``limit`` changes after ``seq`` with the current state they refer to (one snapshot)."""
-        with self._tx("reading the change feed", write=False, snapshot=True) as conn:
-            rows = conn.execute(
-                "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
-                " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
-                " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
-                " WHERE c.seq > %s ORDER BY c.seq LIMIT %s",
-                (int(seq), int(limit)),
-            ).fetchall()
-        out = []
-        for sq, op, gal, sid, at, dim, blob in rows:
-            tpl = _from_blob(blob, int(dim)) if blob is not None and dim is not None else None
-            out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
-        return out
-
-    def load_snapshot(self) -> StoreSnapshot:
-        """Every gallery's templates and the sequence number they are current at (one snapshot)."""
-        galleries: dict[str, tuple[int, list[str], np.ndarray]] = {}
-        with self._tx("loading every gallery", write=False, snapshot=True) as conn:
-            seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-            for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
-                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name)))
-        return StoreSnapshot(seq=seq, galleries=galleries)
-
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         """Wait for a NOTIFY on :data:`CHANNEL` (up to ``timeout_s``); whether the sequence moved past ``after``."""
         with self._listen_lock:
@@ -509,12 +312,6 @@ class PostgresGalleryStore:
                 self._listen.close()
                 self._listen = None
         self._pool.close()
-
-    def __enter__(self) -> PostgresGalleryStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"PostgresGalleryStore({self.redacted_url!r})"

@@ -23,7 +23,9 @@ deterministically (thread-local connections of finished threads would leak), and
 connection of ours holds a read snapshot when the post-delete ``wal_checkpoint(TRUNCATE)`` runs.
 ``busy_timeout`` still covers other processes opening the same file.
 
-Every ``sqlite3`` exception is converted to a :class:`~facegate.errors.GalleryError` here.
+Every ``sqlite3`` exception is converted to a :class:`~facegate.errors.GalleryError` here. The calls whose
+logic every SQL backend shares live in :class:`facegate.gallery.sqlstore.SQLGalleryStore`; this module
+holds the SQLite SQL, transactions and erasure.
 """
 
 from __future__ import annotations
@@ -36,33 +38,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from facegate.errors import (
-    ErasureIncompleteError,
-    GalleryError,
-    GalleryExistsError,
-    GalleryNotFoundError,
-    SubjectNotFoundError,
-)
-from facegate.gallery.base import (
-    Change,
-    GalleryInfo,
-    StoreSnapshot,
-    SubjectInfo,
-    decode_meta,
-    encode_meta,
-    quality_weighted_template,
-    template_quality,
-    validate_dim,
-    validate_embeddings,
-    validate_gallery_name,
-    validate_import,
-    validate_page,
-    validate_subject_id,
-)
+from facegate.errors import ErasureIncompleteError, GalleryError
+from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
+from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
 
 log = logging.getLogger(__name__)
 
@@ -130,33 +111,7 @@ def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
     )
 
 
-def _to_blob(vec: np.ndarray) -> bytes:
-    """Raw little-endian float32 bytes of a vector."""
-    return np.ascontiguousarray(vec, dtype="<f4").tobytes()
-
-
-def _from_blob(blob: bytes, dim: int) -> np.ndarray:
-    """``(dim,) float32`` from a BLOB written by :func:`_to_blob`."""
-    if len(blob) != 4 * dim:
-        raise GalleryError(
-            f"corrupt vector in the gallery database: {len(blob)} bytes, expected {4 * dim}",
-            detail={"bytes": len(blob), "dim": dim},
-        )
-    return np.frombuffer(blob, dtype="<f4").astype(np.float32)
-
-
-def _templates_of(rows: list[tuple[Any, bytes]], dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` from ``(subject_id, template BLOB)`` rows."""
-    ids = [str(r[0]) for r in rows]
-    if not rows:
-        return ids, np.zeros((0, dim), dtype=np.float32)
-    blob = b"".join(r[1] for r in rows)
-    if len(blob) != 4 * dim * len(rows):
-        raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
-    return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
-
-
-class SQLiteGalleryStore:
+class SQLiteGalleryStore(SQLGalleryStore):
     """:class:`~facegate.gallery.base.GalleryStore` on one SQLite file (see the module docstring).
 
     Args:
@@ -256,8 +211,11 @@ class SQLiteGalleryStore:
             raise
 
     @contextmanager
-    def _tx(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction under the store lock; sqlite3 errors become GalleryError."""
+    def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """One transaction under the store lock; sqlite3 errors become GalleryError.
+
+        ``snapshot`` needs nothing here: every SQLite transaction reads from one snapshot of the file.
+        """
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -320,266 +278,85 @@ class SQLiteGalleryStore:
         """Finish an erasure that :class:`ErasureIncompleteError` reported (checkpoint and truncate the WAL)."""
         self._checkpoint_truncate()
 
-    @staticmethod
-    def _log(conn: sqlite3.Connection, op: str, gallery: str, subject_id: str | None, now: float) -> None:
-        """Append a change-log row inside the caller's write transaction."""
-        conn.execute(
+    def _log(self, conn: sqlite3.Connection, rows: list[ChangeRow], now: float) -> None:
+        """Append change-log rows inside the caller's write transaction (AUTOINCREMENT numbers them)."""
+        conn.executemany(
             "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?)",
-            (op, gallery, subject_id, now),
+            [(op, g, s, now) for op, g, s in rows],
         )
 
-    @staticmethod
-    def _gallery_row(conn: sqlite3.Connection, name: str) -> tuple[int, str, int, float]:
-        row = conn.execute("SELECT id, model, dim, created_at FROM galleries WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
-        return int(row[0]), str(row[1]), int(row[2]), float(row[3])
+    # ------------------------------------------------------------------ SQL of the shared calls
+    _SQL_GALLERY_EXISTS = "SELECT 1 FROM galleries WHERE name = ?"
+    _SQL_INSERT_GALLERY = "INSERT INTO galleries (name, model, dim, created_at) VALUES (?, ?, ?, ?)"
+    _SQL_GALLERY_ROW = "SELECT id, model, dim, created_at FROM galleries WHERE name = ?"
+    _SQL_LIST_GALLERIES = (
+        "SELECT g.name, g.model, g.dim, g.created_at,"
+        " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
+        " FROM galleries g ORDER BY g.name"
+    )
+    _SQL_GALLERY_IDS = "SELECT id, name, dim FROM galleries ORDER BY name"
+    _SQL_COUNT_SUBJECTS = "SELECT COUNT(*) FROM subjects WHERE gallery_id = ?"
+    _SQL_DELETE_GALLERY = "DELETE FROM galleries WHERE id = ?"
+    _SQL_SUBJECT_PK = "SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+    _SQL_SET_META = "UPDATE subjects SET meta = ? WHERE id = ?"
+    _SQL_STORED_EMBEDDINGS = "SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id"
+    _SQL_SET_TEMPLATE = (
+        "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?"
+    )
+    _SQL_SUBJECT_BY_PK = f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = ?"
+    _SQL_SUBJECT = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+    _SQL_TEMPLATE = "SELECT template FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+    # SQLite compares TEXT with BINARY collation by default: byte order, as PostgreSQL's COLLATE "C"
+    _SQL_SUBJECT_PAGE = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? ORDER BY subject_id LIMIT ? OFFSET ?"
+    _SQL_DELETE_SUBJECT = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+    _SQL_CURRENT_SEQ = "SELECT COALESCE(MAX(seq), 0) FROM changes"
+    _SQL_CHANGES = (
+        "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
+        " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
+        " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
+        " WHERE c.seq > ? ORDER BY c.seq LIMIT ?"
+    )
 
-    @staticmethod
-    def _subject_info(row: tuple[Any, ...]) -> SubjectInfo:
-        sid, n, tq, meta, created, updated = row
-        return SubjectInfo(
-            subject_id=str(sid),
-            n_embeddings=int(n),
-            template_quality=float(tq),
-            meta=decode_meta(meta),
-            created_at=float(created),
-            updated_at=float(updated),
+    def _insert_subject(self, conn: sqlite3.Connection, gid: int, subject_id: str, meta_text: str, now: float) -> int:
+        cur = conn.execute(
+            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+            " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, x'', 0, 0, ?, ?)",
+            (gid, subject_id, meta_text, now, now),
         )
+        return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    _SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
+    def _insert_embeddings(self, conn: sqlite3.Connection, rows: list[tuple[int, bytes, float, float]]) -> None:
+        conn.executemany("INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)", rows)
 
-    # ------------------------------------------------------------------ galleries
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        """Create an empty gallery; raises GalleryExistsError / InvalidParameterError."""
-        validate_gallery_name(name)
-        validate_gallery_name(model, what="model name")
-        dim = validate_dim(dim)
-        now = time.time()
-        with self._tx(f"creating gallery {name!r}", write=True) as conn:
-            if conn.execute("SELECT 1 FROM galleries WHERE name = ?", (name,)).fetchone():
-                raise GalleryExistsError(f"gallery {name!r} already exists", detail={"gallery": name})
-            conn.execute(
-                "INSERT INTO galleries (name, model, dim, created_at) VALUES (?, ?, ?, ?)", (name, model, dim, now)
-            )
-            self._log(conn, "create_gallery", name, None, now)
-        return GalleryInfo(name=name, model=model, dim=dim, created_at=now, subjects=0)
+    def _templates(self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+        rows = conn.execute(
+            "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
+        ).fetchall()
+        return unpack_templates(rows, dim, gallery)
 
-    def list_galleries(self) -> list[GalleryInfo]:
-        """All galleries, ordered by name."""
-        with self._tx("listing galleries", write=False) as conn:
-            rows = conn.execute(
-                "SELECT g.name, g.model, g.dim, g.created_at,"
-                " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
-                " FROM galleries g ORDER BY g.name"
-            ).fetchall()
-        return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        """One gallery; raises GalleryNotFoundError."""
-        validate_gallery_name(name)
-        with self._tx(f"reading gallery {name!r}", write=False) as conn:
-            gid, model, dim, created = self._gallery_row(conn, name)
-            n = conn.execute("SELECT COUNT(*) FROM subjects WHERE gallery_id = ?", (gid,)).fetchone()[0]
-        return GalleryInfo(name=name, model=model, dim=dim, created_at=created, subjects=int(n))
-
-    def delete_gallery(self, name: str) -> None:
-        """Delete a gallery, its subjects and their embeddings; raises GalleryNotFoundError."""
-        validate_gallery_name(name)
-        with self._tx(f"deleting gallery {name!r}", write=True) as conn:
-            gid = self._gallery_row(conn, name)[0]
-            conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
-            self._log(conn, "delete_gallery", name, None, time.time())
+    def _erase_deleted(self) -> None:
         self._checkpoint_truncate()
 
     # ------------------------------------------------------------------ subjects
-    def add_embeddings(
-        self,
-        gallery: str,
-        subject_id: str,
-        embeddings: np.ndarray,
-        qualities: np.ndarray,
-        meta: dict[str, Any] | None = None,
-    ) -> SubjectInfo:
-        """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities; recompute the template.
-
-        ``meta`` replaces the stored meta when not ``None``. One ``BEGIN IMMEDIATE`` transaction.
-        """
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        meta_text = encode_meta(meta)
-        with self._tx(f"enrolling {subject_id!r} in {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(embeddings, qualities, dim)
-            now = time.time()
-            row = conn.execute(
-                "SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, subject_id)
-            ).fetchone()
-            if row is None:
-                cur = conn.execute(
-                    "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                    " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, x'', 0, 0, ?, ?)",
-                    (gid, subject_id, meta_text or "{}", now, now),
-                )
-                spk = int(cur.lastrowid)  # type: ignore[arg-type]
-            else:
-                spk = int(row[0])
-                if meta_text is not None:
-                    conn.execute("UPDATE subjects SET meta = ? WHERE id = ?", (meta_text, spk))
-            conn.executemany(
-                "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)",
-                [(spk, _to_blob(e), float(qi), now) for e, qi in zip(emb, q, strict=True)],
-            )
-            stored = conn.execute(
-                "SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id", (spk,)
-            ).fetchall()
-            all_e = np.stack([_from_blob(v, dim) for v, _ in stored])
-            all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
-            template = quality_weighted_template(all_e, all_q)
-            conn.execute(
-                "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
-                (_to_blob(template), template_quality(all_q), len(stored), now, spk),
-            )
-            self._log(conn, "enrol", gallery, subject_id, now)
-            out = conn.execute(f"SELECT {self._SUBJECT_COLS} FROM subjects WHERE id = ?", (spk,)).fetchone()
-        return self._subject_info(out)
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        """One subject; raises GalleryNotFoundError / SubjectNotFoundError."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"reading {subject_id!r} in {gallery!r}", write=False) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            row = conn.execute(
-                f"SELECT {self._SUBJECT_COLS} FROM subjects WHERE gallery_id = ? AND subject_id = ?",
-                (gid, subject_id),
-            ).fetchone()
-        if row is None:
-            raise SubjectNotFoundError(
-                f"no subject {subject_id!r} in gallery {gallery!r}",
-                detail={"gallery": gallery, "subject_id": subject_id},
-            )
-        return self._subject_info(row)
-
-    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
-        """A subject's stored ``(D,) float32`` template."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"reading template of {subject_id!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            row = conn.execute(
-                "SELECT template FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, subject_id)
-            ).fetchone()
-        if row is None:
-            raise SubjectNotFoundError(
-                f"no subject {subject_id!r} in gallery {gallery!r}",
-                detail={"gallery": gallery, "subject_id": subject_id},
-            )
-        return _from_blob(row[0], dim)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        """A page of subjects ordered by ``subject_id``."""
-        validate_gallery_name(gallery)
-        offset, limit = validate_page(offset, limit)
-        with self._tx(f"listing subjects of {gallery!r}", write=False) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            rows = conn.execute(
-                f"SELECT {self._SUBJECT_COLS} FROM subjects WHERE gallery_id = ? ORDER BY subject_id LIMIT ? OFFSET ?",
-                (gid, limit, offset),
-            ).fetchall()
-        return [self._subject_info(r) for r in rows]
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject and (by cascade) all its embedding rows; then truncate the WAL."""
-        validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        with self._tx(f"deleting {subject_id!r} from {gallery!r}", write=True) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            cur = conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, subject_id))
-            if cur.rowcount == 0:
-                raise SubjectNotFoundError(
-                    f"no subject {subject_id!r} in gallery {gallery!r}",
-                    detail={"gallery": gallery, "subject_id": subject_id},
-                )
-            self._log(conn, "delete_subject", gallery, subject_id, time.time())
-        self._checkpoint_truncate()
-
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32 templates)`` of a gallery, ordered by ``subject_id``."""
-        validate_gallery_name(gallery)
-        with self._tx(f"loading templates of {gallery!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            rows = conn.execute(
-                "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
-            ).fetchall()
-        return _templates_of(rows, dim, gallery)
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray
-    ) -> int:
-        """Bulk-write ``(S, D) float32`` unit-norm templates as single-embedding subjects (one transaction)."""
-        validate_gallery_name(gallery)
-        ids = validate_import(subject_ids, templates, qualities)
-        with self._tx(f"importing {len(ids)} templates into {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(templates, qualities, dim)
-            now = time.time()
-            # a re-imported subject starts over from the imported template
-            conn.executemany(
-                "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids]
-            )
-            blobs = [_to_blob(e) for e in emb]
-            before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
-            conn.executemany(
-                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
-                [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
-            )
-            conn.execute(
-                "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-                " SELECT id, template, template_quality, created_at FROM subjects WHERE id > ?",
-                (before,),
-            )
-            conn.executemany(
-                "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES ('enrol', ?, ?, ?)",
-                [(gallery, sid, now) for sid in ids],
-            )
-        return len(ids)
+    def _write_imported(
+        self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
+    ) -> None:
+        # a re-imported subject starts over from the imported template
+        conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
+        blobs = [pack_vector(e) for e in emb]
+        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
+        conn.executemany(
+            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+            " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
+            [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
+        )
+        conn.execute(
+            "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
+            " SELECT id, template, template_quality, created_at FROM subjects WHERE id > ?",
+            (before,),
+        )
 
     # ------------------------------------------------------------------ change feed
-    def current_seq(self) -> int:
-        """The last committed change's sequence number (0 when none)."""
-        with self._tx("reading the change sequence", write=False) as conn:
-            return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-
-    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
-        """Up to ``limit`` changes after ``seq`` with the current state they refer to (one snapshot)."""
-        with self._tx("reading the change feed", write=False) as conn:
-            rows = conn.execute(
-                "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
-                " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
-                " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
-                " WHERE c.seq > ? ORDER BY c.seq LIMIT ?",
-                (int(seq), int(limit)),
-            ).fetchall()
-        out = []
-        for sq, op, gal, sid, at, dim, blob in rows:
-            tpl = _from_blob(blob, int(dim)) if blob is not None and dim is not None else None
-            out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
-        return out
-
-    def load_snapshot(self) -> StoreSnapshot:
-        """Every gallery's templates and the sequence number they are current at (one read transaction)."""
-        galleries: dict[str, tuple[int, list[str], np.ndarray]] = {}
-        with self._tx("loading every gallery", write=False) as conn:
-            seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-            for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
-                rows = conn.execute(
-                    "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
-                ).fetchall()
-                galleries[str(name)] = (int(dim), *_templates_of(rows, int(dim), str(name)))
-        return StoreSnapshot(seq=seq, galleries=galleries)
-
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         """Poll the change sequence every few milliseconds, up to ``timeout_s``; whether it moved past ``after``."""
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -602,12 +379,6 @@ class SQLiteGalleryStore:
                 conn.close()
             except sqlite3.Error as exc:
                 raise _convert(exc, "closing") from exc
-
-    def __enter__(self) -> SQLiteGalleryStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SQLiteGalleryStore({self._path!r})"
