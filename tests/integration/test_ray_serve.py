@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,9 +51,20 @@ INGRESS_REPLICAS = 2
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port below the kernel's ephemeral range and above Ray's worker ports (10002-19999).
+
+    Ray's own processes bind many ephemeral ports (port 0) while the cluster starts; a port the kernel handed
+    out here could be taken by one of them before Serve's proxy binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def _descendants(pid: int) -> list[int]:
