@@ -18,9 +18,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import FormData, UploadFile
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart
+from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart, replay_body
 from facegate.errors import FacegateError
 
 if TYPE_CHECKING:
@@ -79,20 +79,6 @@ def state_pixels(scope: Scope) -> Any:
     return getattr(getattr(app, "state", None), "facegate_pixels", None)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive callable that gives ``body`` once, then defers to ``receive``."""
-    given = False
-
-    async def replay() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
     """Answer an aligned-crop embed request (None), or return the receive callable that replays its body
     for FastAPI. A request whose body did not arrive (a disconnect, or over the route's limit) is left to
@@ -113,7 +99,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     limit = state.settings.limits.max_images_per_request
     images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
     if images is None:
-        return _replay(body, receive)
+        return replay_body(body, receive)
     scope["route"] = ROUTE
     budget = state_pixels(scope)  # limits.request_pixels / decode_pixels_in_flight, as for FastAPI's routes
     pixels = 0

@@ -25,6 +25,7 @@ from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
@@ -161,3 +162,17 @@ class FastFormRoute(APIRoute):
 
 
 __all__ = ["FAST_FORM_MAX_BYTES", "FastFormRequest", "FastFormRoute", "parse_small_multipart"]
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A receive callable that gives ``body`` (read already, whole) once, then defers to ``receive``."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -30,11 +30,13 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.datastructures import UploadFile
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from facegate.api.forms import replay_body
 from facegate.config import Limits, Settings
 from facegate.errors import (
     BodyTooLargeError,
@@ -46,11 +48,6 @@ from facegate.errors import (
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
@@ -337,7 +334,7 @@ class AdmissionMiddleware:
                 body = await self._read_json(scope, receive, tracking_send)
                 if body is None:
                     return
-                app_receive = _replay(body, receive)
+                app_receive = replay_body(body, receive)
             async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
                 await self.app(scope, app_receive, tracking_send)
         except TimeoutError:
@@ -380,19 +377,6 @@ class AdmissionMiddleware:
             await self.respond(exc)(scope, receive, send)
             return None
         return body
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _safe_path(scope: Scope) -> str:

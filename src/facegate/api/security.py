@@ -33,7 +33,7 @@ import logging
 import re
 import time
 from base64 import b64encode
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +42,8 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from facegate.config import Settings
 from facegate.errors import (
@@ -56,12 +58,6 @@ from facegate.errors import (
 from facegate.service.keys import ApiKey, KeyStore, Scope
 
 log = logging.getLogger(__name__)
-
-AsgiScope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
 # --------------------------------------------------------------------------- scopes of routes
