@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -12,6 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def free_port() -> int:
+    """A free loopback TCP port (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def env_record(**config: Any) -> dict[str, Any]:

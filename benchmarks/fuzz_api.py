@@ -9,7 +9,7 @@ loopback port in this process, then
 2. feeds ``--decoder-inputs`` random and mutated images to the decoders (the contract: an image or an
    input error, never another exception).
 
-Writes one JSON (``--out``, default ``benchmarks/results/fuzz_api_<host>.json``).
+Writes one JSON (``--out``, default ``benchmarks/results/fuzz_api-cpu<cores>.json``).
 
     PYTHONPATH=src python benchmarks/fuzz_api.py --requests 10000 --decoder-inputs 100000
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
 import sys
 import tempfile
 import threading
@@ -29,17 +28,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record, write_json
+from common import env_record, free_port, write_json
 from facegate.bench.fuzz import FuzzReport, fuzz_api, fuzz_decoders
 from facegate.config import Settings
 
 log = logging.getLogger("fuzz_api")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -56,7 +49,7 @@ def main() -> None:
     from facegate.api.app import create_app, uvicorn_config
 
     data = Path(tempfile.mkdtemp(prefix="facegate-fuzz-"))
-    settings = Settings(device="cpu", host="127.0.0.1", port=_free_port(), data_dir=data, decode_workers=2)
+    settings = Settings(device="cpu", host="127.0.0.1", port=free_port(), data_dir=data)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -94,11 +87,12 @@ def main() -> None:
     dec = fuzz_decoders(args.decoder_inputs, seed=args.seed)
     crashes = sum(n for s, n in dec.statuses.items() if s.startswith("crash"))
     out = {
+        "command": " ".join(["python", *sys.argv]),
         "env": env_record(requests=args.requests, decoder_inputs=args.decoder_inputs, seed=args.seed),
         "api": {**api.to_dict(), "server_alive_after": alive},
         "decoders": {**dec.to_dict(), "crashes": crashes},
     }
-    path = args.out or Path(__file__).resolve().parent / "results" / f"fuzz_api_{socket.gethostname()}.json"
+    path = args.out or Path(__file__).resolve().parent / "results" / f"fuzz_api-cpu{os.cpu_count()}.json"
     write_json(path, out)
     print(json.dumps({"api_requests": api.requests, "api_5xx": api.server_errors, "decoder_inputs": dec.requests,
                       "decoder_crashes": crashes, "out": str(path)}))  # fmt: skip

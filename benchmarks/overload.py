@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record, write_json
+from common import env_record, free_port, write_json
 from facegate.bench.overload import overload_run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -63,7 +56,7 @@ def main() -> None:
         if args.route == "/api/compare"
         else [("image", ("a.jpg", a, "image/jpeg"))]
     )
-    port = _free_port()
+    port = free_port()
     data = tempfile.mkdtemp(prefix="facegate-overload-")
     cmd = [sys.executable, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--device", args.device, "--data-dir", data, *shlex.split(args.serve_args)]  # fmt: skip
