@@ -262,7 +262,8 @@ class Batcher:
                 batch = [it for it in batch if not it.dead(now)]
             if batch:
                 if self._stats is not None:
-                    self._wait_hist.observe_many([now - it.enqueued_at for it in batch])
+                    for it in batch:
+                        self._wait_hist.observe(now - it.enqueued_at)
                 return batch
             if self._closed and not self._q:
                 return []

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import Counter, Gauge, Histogram
 
 from facegate.metrics.prometheus import render_latest
-from facegate.metrics.stats import Counter, Gauge, Histogram, ServiceStats
+from facegate.metrics.stats import ServiceStats
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "facegate-dashboard.json"
 METRIC_RE = re.compile(r"\bfacegate_[a-z0-9_]+\b")
@@ -33,8 +34,8 @@ def dashboard() -> dict[str, Any]:
 def exported() -> dict[str, set[str]]:
     """Sample name → its label names, as written by the exporter (one sample in every family)."""
     stats = ServiceStats()
-    for fam in stats.families():
-        child = fam.labels(*["x"] * len(fam.labelnames))
+    for fam, labelnames in stats.families.values():
+        child = fam.labels(*["x"] * len(labelnames)) if labelnames else fam
         if isinstance(fam, Counter):
             child.inc()
         elif isinstance(fam, Gauge):

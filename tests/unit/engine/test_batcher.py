@@ -29,11 +29,11 @@ def test_fifo_and_max_batch() -> None:
     b, stats = _batcher()
     for i in range(10):
         b.put(_item(i))
-    assert stats.queue_depth.value("s") == 10
+    assert stats.value("facegate_queue_depth", stage="s") == 10
     assert [it.payload for it in b.collect(4, 0.0)] == [0, 1, 2, 3]
     assert [it.payload for it in b.collect(100, 0.0)] == [4, 5, 6, 7, 8, 9]
-    assert stats.queue_depth.value("s") == 0
-    assert stats.queue_wait.snapshot("s").count == 10
+    assert stats.value("facegate_queue_depth", stage="s") == 0
+    assert stats.value("facegate_queue_wait_seconds_count", stage="s") == 10
 
 
 def test_queue_full_raises_with_retry_after() -> None:
@@ -65,7 +65,7 @@ def test_full_queue_purges_dead_items_first() -> None:
     a.cancel()
     b.put(_item("new"))  # succeeds: the cancelled item made room
     assert [it.payload for it in b.collect(10, 0.0)] == ["c", "new"]
-    assert stats.dropped.value("s", "cancelled") == 1
+    assert stats.value("facegate_dropped_total", stage="s", reason="cancelled") == 1
 
 
 def test_expired_item_dropped_before_compute_with_deadline_error() -> None:
@@ -78,8 +78,8 @@ def test_expired_item_dropped_before_compute_with_deadline_error() -> None:
     assert [it.payload for it in batch] == ["fresh"]
     with pytest.raises(DeadlineExceededError):
         old.future.result(timeout=1)
-    assert stats.dropped.value("s", "expired") == 1
-    assert stats.dropped.value("s", "cancelled") == 0
+    assert stats.value("facegate_dropped_total", stage="s", reason="expired") == 1
+    assert stats.value("facegate_dropped_total", stage="s", reason="cancelled") == 0
 
 
 def test_window_waits_max_wait_after_first_item() -> None:
@@ -165,7 +165,7 @@ def test_drain_returns_everything() -> None:
     for i in range(5):
         b.put(_item(i))
     assert [it.payload for it in b.drain()] == [0, 1, 2, 3, 4]
-    assert b.depth == 0 and stats.queue_depth.value("s") == 0
+    assert b.depth == 0 and stats.value("facegate_queue_depth", stage="s") == 0
 
 
 def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:
@@ -191,7 +191,7 @@ def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:
     assert item.cancelled()
     b.put(_item("live"))
     assert [it.payload for it in b.collect(8, 0.0)] == ["live"]
-    assert stats.dropped.value("s", "cancelled") == 1
+    assert stats.value("facegate_dropped_total", stage="s", reason="cancelled") == 1
 
 
 def test_resolve_from_worker_thread_completes_asyncio_futures_in_order() -> None:

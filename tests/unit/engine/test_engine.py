@@ -147,8 +147,8 @@ def test_64_concurrent_submits_exact_results(batching: bool) -> None:
     # Order within every batch is the submission (FIFO) order.
     for ids in stage.executed_ids:
         assert ids == sorted(ids)
-    assert engine.stats.items.value("fake") == 64
-    assert engine.stats.queue_wait.snapshot("fake").count == 64
+    assert engine.stats.value("facegate_items_total", stage="fake") == 64
+    assert engine.stats.value("facegate_queue_wait_seconds_count", stage="fake") == 64
 
 
 def test_batches_of_one_and_of_many_give_identical_results() -> None:
@@ -231,7 +231,7 @@ def test_expired_item_is_dropped_before_compute() -> None:
     seen = [i for b in stage.prepared_ids for i in b]
     assert 1 not in seen and 2 not in seen  # the stage never saw the expired items
     assert seen == [0, 3]
-    assert engine.stats.dropped.value("fake", "expired") == 2
+    assert engine.stats.value("facegate_dropped_total", stage="fake", reason="expired") == 2
 
 
 def test_cancelled_task_item_is_dropped() -> None:
@@ -259,7 +259,7 @@ def test_cancelled_task_item_is_dropped() -> None:
         stage.gate.set()
         engine.stop()
     assert [i for b in stage.prepared_ids for i in b] == [0, 2]
-    assert engine.stats.dropped.value("fake", "cancelled") == 1
+    assert engine.stats.value("facegate_dropped_total", stage="fake", reason="cancelled") == 1
 
 
 def test_batch_whose_items_all_left_skips_the_device() -> None:
@@ -276,7 +276,7 @@ def test_batch_whose_items_all_left_skips_the_device() -> None:
         stage.gate.set()
         engine.stop()
     assert stage.executed_ids == [[1]]
-    assert engine.stats.dropped.value("fake", "expired") == 1
+    assert engine.stats.value("facegate_dropped_total", stage="fake", reason="expired") == 1
 
 
 # --------------------------------------------------------------------------- errors
@@ -300,7 +300,7 @@ def test_stage_exception_is_isolated_to_its_batch() -> None:
     for i, r in enumerate(res):
         if i != 5:
             assert np.array_equal(r, alone(payload(i)))
-    assert engine.stats.stage_errors.value("fake", "execute") == 1
+    assert engine.stats.value("facegate_stage_errors_total", stage="fake", phase="execute") == 1
 
 
 def test_exception_goes_to_every_item_of_the_batch_and_facegate_errors_pass_through() -> None:
@@ -432,8 +432,8 @@ def test_prepare_overlaps_execute() -> None:
     assert elapsed < 0.85 * serial, f"no overlap: {elapsed:.3f} s of {serial:.3f} s serial"
     overlaps = sum(1 for p0, p1 in stage.prep_spans for e0, e1 in stage.exec_spans if min(p1, e1) - max(p0, e0) > 0.005)
     assert overlaps >= 5
-    ex = engine.stats.compute_seconds.snapshot("fake", "execute")
-    assert ex.count == 10 and ex.sum >= 0.2
+    assert engine.stats.value("facegate_compute_seconds_count", stage="fake", phase="execute") == 10
+    assert engine.stats.value("facegate_compute_seconds_sum", stage="fake", phase="execute") >= 0.2
 
 
 class RowsStage:
@@ -474,8 +474,8 @@ def test_item_cost_limits_rows_per_batch_and_counts_rows() -> None:
     total = sum(len(r) for r in reqs)
     assert sum(stage.batch_rows) == total and 40 in stage.batch_rows
     assert all(n <= 16 for n in stage.batch_rows if n != 40)
-    assert engine.stats.items.value("rows") == total
-    assert engine.stats.batch_size.snapshot("rows").sum == total
+    assert engine.stats.value("facegate_items_total", stage="rows") == total
+    assert engine.stats.value("facegate_batch_size_sum", stage="rows") == total
 
 
 # --------------------------------------------------------------------------- one shared device thread

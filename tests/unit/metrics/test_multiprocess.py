@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import values
 from prometheus_client.parser import text_string_to_metric_families
 
 from facegate.metrics import prometheus as prom
-from facegate.metrics import stats as stats_module
 from facegate.metrics.stats import ServiceStats
 
 
@@ -27,7 +27,8 @@ def _record(s: ServiceStats) -> None:
     s.record_request("POST /api/compare", 422, 0.02)
     s.record_quality(0.7)
     s.record_refusal("low_quality")
-    s.engine_call.labels("embed").observe_many([0.001, 0.004, 12.0])
+    for v in (0.001, 0.004, 12.0):
+        s.engine_call.labels("embed").observe(v)
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def shared_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     try:
         yield tmp_path
     finally:
-        stats_module.share_values(None)
+        values.ValueClass = values.MutexValue
         prom._multiproc_dir = None
 
 
@@ -45,7 +46,7 @@ def test_shared_counters_and_histograms_expose_the_same_samples_as_local_ones(sh
     shared = ServiceStats()
     _record(shared)
     body, _ = prom.render_latest(shared)
-    stats_module.share_values(None)
+    values.ValueClass = values.MutexValue
     prom._multiproc_dir = None
     local = ServiceStats()
     _record(local)
