@@ -32,7 +32,6 @@ class FacegateError(Exception):
         return {"code": self.code, "message": self.message, "detail": self.detail}
 
 
-# --------------------------------------------------------------------------- input (client) errors
 class InputError(FacegateError):
     """The caller sent something facegate cannot use (maps to 4xx)."""
 
@@ -93,7 +92,6 @@ class BodyTooLargeError(ImageTooLargeError):
     code = "body_too_large"
 
 
-# --------------------------------------------------------------------------- access (HTTP front-end)
 class UnauthorizedError(InputError):
     """No API key, or one the server does not know (HTTP 401)."""
 
@@ -128,7 +126,6 @@ class RateLimitedError(InputError):
         self.retry_after_s = retry_after_s
 
 
-# --------------------------------------------------------------------------- model errors
 class ModelError(FacegateError):
     """Model weights or checkpoints cannot be found, verified or loaded."""
 
@@ -153,7 +150,6 @@ class CheckpointError(ModelError):
     code = "checkpoint_mismatch"
 
 
-# --------------------------------------------------------------------------- gallery errors
 class GalleryError(FacegateError):
     """Gallery storage problems."""
 
@@ -197,7 +193,6 @@ class DimensionMismatchError(GalleryError):
     code = "dimension_mismatch"
 
 
-# --------------------------------------------------------------------------- engine errors
 class EngineError(FacegateError):
     """The inference engine cannot take or finish the work."""
 
@@ -233,7 +228,6 @@ class EngineClosedError(EngineError):
     code = "engine_closed"
 
 
-# --------------------------------------------------------------------------- process model
 class ServerError(FacegateError):
     """The multi-process server cannot keep serving: front-end processes keep exiting at start-up, or the
     acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""

@@ -1,14 +1,10 @@
-"""Bounded queue policy of the inference engine: work items and the batch collector.
+"""The engine's bounded queue policy: work items and the batch collector.
 
-A :class:`WorkItem` is one request's unit of work for one stage (one image to detect on, one crop to
-embed). Its result travels back through a future: an :class:`asyncio.Future` for the async API (completed
-on its own event loop via ``loop.call_soon_threadsafe``) or a :class:`concurrent.futures.Future` for the
-sync API. A :class:`Batcher` is one stage's bounded FIFO queue: ``put`` refuses work beyond ``max_queue``
-(:class:`~facegate.errors.QueueFullError`, HTTP 503 + Retry-After) and ``collect`` forms the next batch.
-
-Items whose deadline passed, and items nobody waits for any more (the awaiting task was cancelled because
-the HTTP client went away, or the waiter timed out), are dropped *before* compute and counted in
-:class:`~facegate.metrics.stats.ServiceStats` (``facegate_dropped_total{reason="expired"|"cancelled"}``).
+A :class:`WorkItem` is one request's unit of work for one stage; its result goes to an asyncio or a
+concurrent.futures future. A :class:`Batcher` is one stage's bounded FIFO queue: ``put`` refuses work beyond
+``max_queue`` (:class:`~facegate.errors.QueueFullError`, HTTP 503 + Retry-After) and ``collect`` forms the next
+batch. Expired items and items nobody waits for any more (client gone, waiter timed out) are dropped *before*
+compute and counted (``facegate_dropped_total{reason="expired"|"cancelled"}``).
 """
 
 from __future__ import annotations
@@ -34,12 +30,11 @@ class WorkItem:
     """One unit of work for one stage.
 
     Attributes:
-        payload: whatever the stage's ``prepare`` takes per item (e.g. an ``(H, W, 3) uint8`` image).
-        future: where the result (or exception) goes; asyncio or concurrent.futures.
-        deadline: ``time.monotonic()`` instant after which the work is useless and is not computed.
-        enqueued_at: ``time.monotonic()`` instant the item entered the queue (set by :meth:`Batcher.put`).
-        cost: the item's share of a batch (rows it adds, e.g. face crops); 1 by default. A batch's
-            total cost never exceeds ``max_batch`` unless a single item alone is larger.
+        payload: what the stage's ``prepare`` takes per item (e.g. an ``(H, W, 3) uint8`` image).
+        future: where the result (or exception) goes.
+        deadline / enqueued_at: ``time.monotonic()`` instants; past the deadline the work is not computed.
+        cost: rows the item adds to a batch (e.g. face crops); a batch's total stays within ``max_batch`` unless
+            one item alone is larger.
     """
 
     __slots__ = ("_cancelled", "cost", "deadline", "enqueued_at", "future", "payload")
@@ -64,16 +59,12 @@ class WorkItem:
         self._cancelled = True
 
     def cancelled(self) -> bool:
-        """Whether nobody waits for the result any more.
-
-        True after :meth:`cancel`, or when the future was cancelled, which is what happens to an
-        awaited asyncio future when the awaiting task is cancelled (e.g. the HTTP client disconnected).
-        Safe to call from any thread.
-        """
+        """Whether nobody waits any more: :meth:`cancel` was called or the future was cancelled (the awaiting
+        task was, e.g. the HTTP client disconnected). Any thread."""
         return self._cancelled or self.future.cancelled()
 
     def expired(self, now: float | None = None) -> bool:
-        """Whether the deadline has passed (``now`` defaults to ``time.monotonic()``)."""
+        """Whether the deadline has passed."""
         return (time.monotonic() if now is None else now) >= self.deadline
 
     def dead(self, now: float | None = None) -> bool:
@@ -86,7 +77,6 @@ class WorkItem:
         )
 
 
-# --------------------------------------------------------------------------- completing futures
 def _set_cf(fut: concurrent.futures.Future[Any], ok: bool, value: Any) -> None:
     if fut.done():
         return
@@ -113,9 +103,8 @@ def _set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> N
 def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
     """Complete many items' futures from any thread: ``(item, ok, value_or_exception)`` triples.
 
-    asyncio futures are grouped by event loop and completed with **one** ``call_soon_threadsafe`` per
-    loop (one self-pipe wake-up per batch instead of one per item). Futures that are already done
-    (cancelled, timed out) are skipped. A closed loop is ignored: nobody can be waiting on it.
+    asyncio futures are completed with one ``call_soon_threadsafe`` per event loop (one wake-up per batch).
+    Futures already done are skipped; a closed loop is ignored (nobody can be waiting on it).
     """
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
     for item, ok, value in outcomes:
@@ -136,17 +125,10 @@ def fail(items: Iterable[WorkItem], exc: BaseException) -> None:
     resolve((it, False, exc) for it in items)
 
 
-# --------------------------------------------------------------------------- the queue policy
 class Batcher:
-    """One stage's bounded FIFO queue and batch collector. Thread-safe.
+    """One stage's bounded FIFO queue and batch collector (thread-safe); ``stats`` records depth, wait and drops."""
 
-    Args:
-        name: the stage name (used for errors and stats labels).
-        max_queue: most items waiting; ``put`` beyond it raises :class:`QueueFullError`.
-        stats: where queue depth, queue wait and drops are recorded (optional).
-    """
-
-    def __init__(self, name: str, *, max_queue: int, stats: ServiceStats | None = None) -> None:
+    def __init__(self, name: str, *, max_queue: int, stats: ServiceStats) -> None:
         if max_queue < 1:
             raise InvalidParameterError(f"max_queue must be >= 1, got {max_queue}")
         self.name = name
@@ -154,23 +136,12 @@ class Batcher:
         self._q: collections.deque[WorkItem] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
-        self._stats = stats
         # Recent (time, n_taken) of collect() calls, to estimate the drain rate for Retry-After.
         self._taken: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
-        if stats is not None:
-            self._depth_gauge = stats.queue_depth.labels(name)
-            self._wait_hist = stats.queue_wait.labels(name)
-            self._dropped_expired = stats.dropped.labels(name, "expired")
-            self._dropped_cancelled = stats.dropped.labels(name, "cancelled")
-
-    # ------------------------------------------------------------------ introspection
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called (``put`` refuses; ``collect`` drains then returns ``[]``)."""
-        return self._closed
-
-    def __len__(self) -> int:
-        return len(self._q)
+        self._depth_gauge = stats.queue_depth.labels(name)
+        self._wait_hist = stats.queue_wait.labels(name)
+        self._dropped_expired = stats.dropped.labels(name, "expired")
+        self._dropped_cancelled = stats.dropped.labels(name, "cancelled")
 
     @property
     def depth(self) -> int:
@@ -178,10 +149,7 @@ class Batcher:
         return len(self._q)
 
     def retry_after_s(self) -> float:
-        """Estimated seconds until the current queue has drained, clamped to ``[0.1, 30]``.
-
-        Based on the items taken by ``collect`` over the last (up to) 64 batches; 1 s before any.
-        """
+        """Seconds until the queue has drained at the rate of the last 64 batches, in ``[0.1, 30]``; 1 s before any."""
         with self._cond:
             return self._retry_after_locked()
 
@@ -194,14 +162,8 @@ class Batcher:
             return 1.0
         return float(min(30.0, max(0.1, len(self._q) / (n / span))))
 
-    # ------------------------------------------------------------------ producer side
     def put(self, item: WorkItem) -> None:
-        """Enqueue one item (sets ``item.enqueued_at``).
-
-        Raises:
-            EngineClosedError: the batcher is closed.
-            QueueFullError: ``max_queue`` items are already waiting (dead ones are purged first).
-        """
+        """Enqueue one item; EngineClosedError once closed, QueueFullError with ``max_queue`` live items waiting."""
         self.put_many((item,))
 
     def put_many(self, items: Sequence[WorkItem]) -> None:
@@ -231,23 +193,13 @@ class Batcher:
         finally:
             self._finish_dropped(dropped)
 
-    # ------------------------------------------------------------------ consumer side
     def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
-        """Take the next batch of live items, oldest first.
+        """The next batch of live items, oldest first; ``[]`` once closed and empty.
 
-        Blocks until at least one live item is queued, then keeps gathering until the batch's total
-        ``cost`` reaches ``max_batch`` (or the next item would not fit), or ``max_wait_s`` has passed
-        since the *first* item was enqueued (so an item that already waited while the worker was
-        busy does not wait again). Expired items get
-        :class:`DeadlineExceededError`; cancelled ones are dropped silently; both are counted.
-
-        Args:
-            max_batch: largest total cost of a batch (>= 1); with unit costs, the most items. The
-                first item is always taken, even when its own cost is larger.
-            max_wait_s: batching window, measured from the first item's enqueue time.
-
-        Returns:
-            live items in FIFO order, or ``[]`` once closed and empty.
+        Blocks for a first live item, then gathers until the total ``cost`` reaches ``max_batch`` (the first
+        item is always taken) or ``max_wait_s`` has passed since the *first* item was enqueued (an item that
+        waited while the worker was busy does not wait again). Expired items get DeadlineExceededError,
+        cancelled ones are dropped silently; both are counted.
         """
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
@@ -261,9 +213,8 @@ class Batcher:
                 self._finish_dropped([(it, self._reason(it, now)) for it in late])
                 batch = [it for it in batch if not it.dead(now)]
             if batch:
-                if self._stats is not None:
-                    for it in batch:
-                        self._wait_hist.observe(now - it.enqueued_at)
+                for it in batch:
+                    self._wait_hist.observe(now - it.enqueued_at)
                 return batch
             if self._closed and not self._q:
                 return []
@@ -323,7 +274,6 @@ class Batcher:
             self._cond.notify_all()
         return items
 
-    # ------------------------------------------------------------------ helpers
     @staticmethod
     def _reason(item: WorkItem, now: float) -> str:
         return "expired" if item.expired(now) else "cancelled"
@@ -343,8 +293,7 @@ class Batcher:
         return dead
 
     def _set_depth_locked(self) -> None:
-        if self._stats is not None:
-            self._depth_gauge.set(len(self._q))
+        self._depth_gauge.set(len(self._q))
 
     def _finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
         """Outside the lock: count drops, give expired items DeadlineExceededError."""
@@ -352,11 +301,10 @@ class Batcher:
             return
         expired = [it for it, reason in dropped if reason == "expired"]
         n_cancelled = len(dropped) - len(expired)
-        if self._stats is not None:
-            if expired:
-                self._dropped_expired.inc(len(expired))
-            if n_cancelled:
-                self._dropped_cancelled.inc(n_cancelled)
+        if expired:
+            self._dropped_expired.inc(len(expired))
+        if n_cancelled:
+            self._dropped_cancelled.inc(n_cancelled)
         if expired:
             resolve(
                 (

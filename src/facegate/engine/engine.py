@@ -1,30 +1,18 @@
-"""Model-agnostic inference engine: cross-request dynamic batching behind a small interface.
+"""Model-agnostic inference engine: cross-request dynamic batching over pluggable :class:`Stage` objects.
 
-Any number of :class:`Stage` objects (e.g. the face detector and the embedder) plug in. Per stage the
-engine runs a vLLM-style loop on two threads, so host work overlaps device work::
+Per stage, host work overlaps device work::
 
-    front thread:  collect(batch k+1) -> prepare(k+1) --handoff--+
-    back  thread:                       execute(k) -> deliver(k) -+-> futures
+    front thread (one per stage):  collect(batch k+1) -> prepare(k+1) --handoff--+
+    device thread (shared):                              execute(k) -> deliver(k) -+-> futures
 
-* **collect** (:meth:`Batcher.collect`): block for the first item, gather up to ``max_batch_size`` items
-  (or rows, when the stage defines ``item_cost``) or until ``max_wait_ms`` after the first one arrived;
-  drop expired and cancelled items before compute.
-* **prepare** (CPU): stack / resize / fill pinned host buffers. Runs while the previous batch executes.
-* **execute** (device): the only call that touches the GPU.
-* **deliver** (host): split the batch result into per-item results, in input order.
+``collect`` (:meth:`Batcher.collect`) gathers up to ``max_batch_size`` items (or rows, with ``item_cost``) or
+until ``max_wait_ms`` after the first; ``prepare`` does host work; ``execute`` is the only call that touches the
+GPU; ``deliver`` splits the result per item. One :class:`DeviceThread` runs every stage's execute + deliver (and
+the model build and warm-up): each thread that launches cuDNN/cuBLAS work holds its own handles in device memory.
+At most ``pipeline_depth`` prepared batches wait for the device, so batches form as late as possible.
 
-Every stage has its own front thread, and one :class:`DeviceThread` runs every stage's execute + deliver
-(and, through :attr:`Engine.device_executor`, the model build and warm-up), in the order the batches were
-prepared: each thread that launches cuDNN/cuBLAS work holds its own library handles in device memory, so one
-thread holds the least.
-
-At most ``pipeline_depth`` prepared batches wait for the device, so batches are formed as late as
-possible.
-
-Failures are isolated to a batch: an exception in a stage goes to every item of that batch (a
-:class:`FacegateError` unchanged, anything else as :class:`EngineError` with the original message) and the
-engine keeps running. A stage may also fail single items by returning exception instances from
-``deliver``.
+A stage exception fails only its batch (a :class:`FacegateError` unchanged, anything else as
+:class:`EngineError`); ``deliver`` may fail single items by returning exception instances.
 """
 
 from __future__ import annotations
@@ -59,23 +47,18 @@ class Stage(Protocol):
 
     Attributes:
         name: unique stage name (``submit(name, ...)``; the ``stage`` label in metrics).
-        max_batch_size: optional attribute; when present the engine never forms larger batches for
-            this stage (it uses ``min(engine max_batch_size, stage max_batch_size)``).
-        item_cost: optional method ``item_cost(payload) -> int``: how many rows one payload adds to a
-            batch (e.g. ``len(crops)`` for a request's ``(k, 112, 112, 3)`` crops). Batches are then
-            limited by total cost instead of item count (an item larger than the limit runs alone),
-            and ``facegate_batch_size`` / ``facegate_items_total`` count rows. Default: 1 per item.
+        max_batch_size: optional; caps this stage's batches below the engine's.
+        item_cost: optional method ``item_cost(payload) -> int``: rows one payload adds to a batch (e.g.
+            ``len(crops)``); batches are then limited by rows, which the metrics count. Default: 1 per item.
 
-    Threading contract: ``prepare`` is always called from the stage's front thread and ``execute`` /
-    ``deliver`` from its back thread; ``prepare`` of batch k+1 may run while ``execute`` of batch k
-    runs, so they must not share mutable buffers without double-buffering (``pipeline_depth + 1``
-    buffers suffice).
+    ``prepare`` of batch k+1 (front thread) may run while ``execute`` of batch k runs (device thread): they
+    must not share mutable buffers without double-buffering (``pipeline_depth + 1`` buffers suffice).
     """
 
     name: str
 
     def prepare(self, payloads: list[Any]) -> Any:
-        """Host-side batching of ``len(payloads) >= 1`` payloads (stacking, resizing, pinned buffers)."""
+        """Host-side batching of ``len(payloads) >= 1`` payloads."""
         ...
 
     def execute(self, prepared: Any) -> Any:
@@ -83,10 +66,7 @@ class Stage(Protocol):
         ...
 
     def deliver(self, result: Any, n: int) -> list[Any]:
-        """Split :meth:`execute`'s result into ``n`` per-item results in input order.
-
-        An element that is an exception instance fails only that item.
-        """
+        """``n`` per-item results in input order; an exception instance fails only that item."""
         ...
 
 
@@ -110,12 +90,8 @@ def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
 
 
 class DeviceThread(concurrent.futures.Executor):
-    """One worker thread that runs what is submitted to it, in order: the shared execute thread of an engine
-    (and its model build and warm-up, so one thread's library handles serve everything).
-
-    The thread starts with the first :meth:`submit`. After :meth:`shutdown` a submit raises
-    :class:`EngineClosedError`; what was queued before still runs.
-    """
+    """One worker thread running what is submitted, in order (started by the first :meth:`submit`). After
+    :meth:`shutdown` a submit raises :class:`EngineClosedError`; what was queued before still runs."""
 
     def __init__(self, name: str = "facegate-device") -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -149,9 +125,8 @@ class DeviceThread(concurrent.futures.Executor):
                 fut.set_exception(exc)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking work; the thread ends after what was queued (``wait``: join it). ``cancel_futures`` is
-        accepted for the :class:`~concurrent.futures.Executor` interface and ignored: queued work always runs (an
-        engine fails the items of batches it will not compute itself, see :meth:`Engine.stop`)."""
+        """Stop taking work; the thread ends after what was queued. ``cancel_futures`` is ignored: queued work
+        always runs (:meth:`Engine.stop` fails the items it will not compute)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -205,7 +180,6 @@ class _StageRunner:
         self._c_items = stats.items.labels(self.name)
         self._threads = [threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)]
 
-    # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         for t in self._threads:
             t.start()
@@ -229,7 +203,6 @@ class _StageRunner:
         except Exception as exc:
             raise as_facegate_error(exc, self.name, "item_cost") from exc
 
-    # ------------------------------------------------------------------ threads
     def _front(self) -> None:
         try:
             while True:
@@ -318,20 +291,16 @@ class _StageRunner:
 
 
 class Engine:
-    """Cross-request dynamic batching over pluggable stages.
+    """Cross-request dynamic batching over pluggable stages (unique names).
 
     Args:
-        stages: the stages; names must be unique.
-        max_batch_size: largest batch per stage, in items or, for stages with ``item_cost``, in rows
-            (a stage's own ``max_batch_size`` may lower it).
+        max_batch_size: largest batch per stage, in items or, with ``item_cost``, rows.
         max_wait_ms: batching window after the first item of a batch arrived.
         max_queue: bounded queue size per stage; beyond it :class:`QueueFullError`.
-        request_timeout_s: default per-item deadline (``submit(..., timeout_s=...)`` overrides it).
-        stats: where metrics go (a fresh :class:`ServiceStats` by default).
+        request_timeout_s: default per-item deadline.
         pipeline_depth: prepared batches that may wait for the device (1 = double buffering).
-        device_thread: the :class:`DeviceThread` that runs every stage's execute + deliver
-            (:attr:`device_executor`), e.g. the one the models were built on; a new one by default. The
-            engine shuts it down when it stops.
+        device_thread: runs every stage's execute + deliver, e.g. the one the models were built on (a new one
+            by default); stopped with the engine.
     """
 
     def __init__(
@@ -388,7 +357,6 @@ class Engine:
         """The device thread, e.g. to run the warm-up where the batches will run."""
         return self._device
 
-    # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the worker threads (idempotent while running; an engine cannot restart after stop)."""
         with self._lock:
@@ -409,12 +377,9 @@ class Engine:
     def stop(self, drain: bool = True, *, timeout_s: float | None = 30.0) -> None:
         """Stop accepting work and shut the threads down (idempotent).
 
-        Args:
-            drain: ``True`` computes everything already queued first; ``False`` fails queued and
-                prepared-but-not-executed items with :class:`EngineClosedError` (a batch already on the
-                device still completes normally).
-            timeout_s: how long to wait for the threads (``None``: forever). A stage stuck in
-                ``execute`` cannot be interrupted; its daemon threads are then left behind (logged).
+        ``drain``: compute everything queued first; else fail queued and prepared items with
+        :class:`EngineClosedError` (a batch on the device still completes). ``timeout_s``: how long to wait for
+        the threads (None: forever); a stage stuck in ``execute`` leaves its daemon threads behind (logged).
         """
         with self._lock:
             was = self._state
@@ -452,20 +417,10 @@ class Engine:
         """Running, and every stage's worker threads are alive."""
         return self._state == "running" and self._device.alive() and all(r.alive() for r in self._runners.values())
 
-    @property
-    def stage_names(self) -> list[str]:
-        """Names of the plugged-in stages."""
-        return list(self._runners)
-
-    def queue_depth(self, stage: str) -> int:
-        """Items waiting in one stage's queue."""
-        return self._lookup(stage).batcher.depth
-
     def max_batch(self, stage: str) -> int:
         """The effective largest batch of one stage."""
         return self._lookup(stage).max_batch
 
-    # ------------------------------------------------------------------ submitting work
     def _lookup(self, stage: str) -> _StageRunner:
         try:
             return self._runners[stage]
@@ -484,17 +439,11 @@ class Engine:
         return t
 
     async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
-        """Compute one item on ``stage`` and return its result (what ``deliver`` gave for it).
+        """Compute one item on ``stage`` and return what ``deliver`` gave for it.
 
-        Cancelling the awaiting task (client disconnect) cancels the item: it is not computed if it has
-        not been yet.
-
-        Raises:
-            QueueFullError: the stage's queue is full (``retry_after_s`` set).
-            DeadlineExceededError: no result within ``timeout_s`` (default ``request_timeout_s``).
-            EngineClosedError: not started, stopped, or stopped without drain before it ran.
-            FacegateError: whatever the stage raised for this item's batch (non-facegate errors arrive
-                as :class:`EngineError`).
+        Cancelling the awaiting task (client disconnect) cancels the item if not yet computed. Raises
+        QueueFullError (``retry_after_s`` set), DeadlineExceededError (no result within ``timeout_s``),
+        EngineClosedError, or what the stage raised for the batch.
         """
         runner = self._runner(stage)
         timeout = self._timeout(timeout_s)
@@ -549,16 +498,11 @@ class Engine:
     def enqueue(
         self, stage: str, payload: Any, future: concurrent.futures.Future[Any], *, timeout_s: float | None = None
     ) -> WorkItem:
-        """Queue one item without waiting; its result or exception goes to ``future``. Thread-safe.
+        """Queue one item without waiting (thread-safe); its result goes to ``future`` from the device thread.
 
-        The future is completed from the engine's back thread (its done-callbacks run there). Unlike
-        :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller sweeps
-        ``item.deadline`` (an item still queued at its deadline is failed by the engine, never computed).
-        The engine process's connection readers use this (:class:`~facegate.transport.remote.EngineHost`): no
-        event-loop task per request.
-
-        Raises:
-            QueueFullError, EngineClosedError: as :meth:`submit`; InvalidParameterError: unknown stage.
+        Unlike :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller
+        sweeps ``item.deadline`` (an item still queued at it is failed, never computed). Used by the engine
+        process's connection readers: no event-loop task per request.
         """
         runner = self._runner(stage)
         item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))

@@ -46,11 +46,9 @@ log = logging.getLogger(__name__)
 
 
 def configure_cpu_threads(threads: int | None) -> int | None:
-    """Set OpenCV's and, where torch is loaded, torch's intra-op thread counts (``ServingPlan.cpu_threads``).
+    """Set OpenCV's and, if loaded, torch's intra-op thread counts (``ServingPlan.cpu_threads``; None: defaults).
 
-    ``None`` leaves the libraries' defaults. With a CUDA engine the CPU side only decodes and preprocesses, in
-    small per-image operations after each of which idle pool threads spin: one thread is faster there. A
-    process that has not imported torch (an HTTP front-end) does not import it for this. Returns ``threads``.
+    Does not import torch (front-ends stay torch-free). Returns ``threads``.
     """
     n = threads
     if n is not None:
@@ -65,15 +63,11 @@ def configure_cpu_threads(threads: int | None) -> int | None:
 
 
 def configure_omp_wait(device: str) -> str | None:
-    """Off CUDA (``device`` "cpu" or "auto"), make torch's idle OpenMP threads sleep instead of spin
-    (``OMP_WAIT_POLICY=PASSIVE``) unless the environment names a policy; returns the policy in effect, or
-    ``None`` on CUDA.
+    """Off CUDA, make torch's idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) unless the
+    environment names a policy; returns the policy in effect, or ``None`` on CUDA.
 
-    Spinning threads hold their cores between operations: a serving process's HTTP, decode and alignment
-    threads then wait for them, and whenever another process holds a core, each parallel region waits for a
-    descheduled spinner (``benchmarks/cpu_e2e.py``: compare req/s several times lower with spinning waits on a
-    loaded 2-core box). OpenMP reads the variable once, when torch loads it: this must run before the first
-    ``import torch`` of the process; an engine process spawned later inherits the variable.
+    Spinning threads hold cores the serving process's HTTP, decode and alignment threads need. OpenMP reads the
+    variable when torch loads: call this before the process's first ``import torch``.
     """
     if device == "cuda":  # a CUDA engine runs one intra-op thread: no pool threads to wait
         return None
@@ -84,9 +78,8 @@ def configure_omp_wait(device: str) -> str | None:
 
 
 def native_bf16_cpu() -> bool:
-    """Whether this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX), where oneDNN runs a bf16 recognizer
-    several times faster than fp32 (``benchmarks/cpu_models.py``, ``facegate_bf16``); without it bf16 is
-    emulated and slower than fp32. An input for the serving plan's CPU precision. Imports torch."""
+    """Whether this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); without it bf16 is emulated and slower
+    than fp32. Imports torch."""
     import torch
 
     cpu = torch.cpu
@@ -105,10 +98,9 @@ NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE
 
 
 def configure_gemm_workspace(device: str) -> dict[str, str]:
-    """Turn the cuBLAS workspaces off in this process (CUDA); returns the variables it set.
+    """Turn the cuBLAS workspaces off in this process (CUDA, before the first GEMM); returns the variables it set.
 
-    PyTorch reads these once, at the process's first GEMM, so this runs before the models are built; a
-    variable the user set already is left alone.
+    A variable the user set already is left alone.
     """
     if device != "cuda":
         return {}
@@ -119,8 +111,8 @@ def configure_gemm_workspace(device: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
-    """Start-up under ``Settings.engine.gpu_memory_limit_mib``: a CUDA out-of-memory error while ``what`` runs becomes
-    an :class:`InvalidParameterError` that names the limit (the limit is the setting to change)."""
+    """A CUDA out-of-memory error while ``what`` runs under ``engine.gpu_memory_limit_mib`` becomes an
+    :class:`InvalidParameterError` that names the limit (the setting to change)."""
     try:
         yield
     except Exception as exc:
@@ -134,13 +126,11 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
 
 
 def reserve_arena(mib: int, device: int | None = None) -> int:
-    """Apply ``ServingPlan.gpu_arena_mib``: leave one free segment of ``mib`` MiB in PyTorch's CUDA caching allocator
-    of this process (on ``device``, the current one by default); returns the bytes the allocator reserved after.
+    """Leave one free segment of ``mib`` MiB (``ServingPlan.gpu_arena_mib``) in PyTorch's CUDA caching allocator on
+    ``device``; returns the bytes the allocator reserved after.
 
-    The allocator carves later blocks larger than 1 MiB from its cached free blocks before it asks the driver
-    for a new segment, so the weights and activations loaded after this share the arena (blocks of at most 1 MiB
-    come from their own 2 MiB segments). ``torch.cuda.empty_cache()`` hands the arena back while nothing is in
-    it: call this right before the models load.
+    Later blocks over 1 MiB are carved from it, so the weights and activations share the arena. Call it right
+    before the models load: ``torch.cuda.empty_cache()`` hands an empty arena back.
     """
     import torch
 
@@ -153,12 +143,8 @@ def reserve_arena(mib: int, device: int | None = None) -> int:
 
 
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:
-    """Apply ``Settings.engine.gpu_memory_limit_mib``: cap what PyTorch's CUDA allocator of this process may hold on
-    ``device`` (the current one by default) at ``mib`` MiB; returns the fraction of the device's memory set.
-
-    Raises:
-        InvalidParameterError: the device has less memory than that.
-    """
+    """Cap PyTorch's CUDA allocator of this process on ``device`` at ``mib`` MiB (``engine.gpu_memory_limit_mib``);
+    returns the fraction of the device's memory set. InvalidParameterError if the device has less."""
     import torch
 
     dev = torch.cuda.current_device() if device is None else device
@@ -199,10 +185,8 @@ def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def start_photo_check() -> Callable[[], bool]:
-    """Run :func:`~facegate.io.decode.gpu_decode_available` (it imports torchvision) on a daemon thread.
-
-    Returns a function that waits for the answer (``False`` too if the thread died).
-    """
+    """Run :func:`~facegate.io.decode.gpu_decode_available` (it imports torchvision, seconds) on a daemon thread;
+    returns a function that waits for the answer (``False`` if the thread died)."""
     answer: list[bool] = []
 
     def check() -> None:
@@ -249,38 +233,31 @@ class FacePipeline:
         self.spec = spec
         self.detector = detector
         self.recognizer = recognizer
-        #: ``"cpu"`` / ``"cuda"`` as given; :attr:`device` is the torch device (front-ends never need torch)
+        #: ``"cpu"`` / ``"cuda"``; :attr:`device` is the torch device
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
-        #: the limits behind each face's reasons, and whether missing one refuses the face (``Settings.quality``)
         self.reason_limits = ReasonThresholds.from_settings()
         self.refuse_on_reasons = True
         self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
-        #: per-comparison reliability weights (only for the model they were fitted on, at its own threshold)
         self.reliability_weights = load_reliability(spec.name) if spec is not None else None
-        #: largest sub-batch per forward on the CPU (ServingPlan.cpu_chunk); None = no split
+        #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
-        #: recognizer precision of the plan ("fp32", "fp16", "bf16")
         self.precision = "fp32"
-        #: float32 bytes of photos the photo stage warps at once (ServingPlan.photo_warp_mib); None = a whole batch
+        #: float32 bytes of photos the photo stage warps at once; None = a whole batch
         self.photo_warp_bytes: int | None = None
-        #: ``(max_bytes, max_pixels)`` of the engine's ``photo`` stage (ServingPlan.photo_stage); None = no stage
+        #: ``(max_bytes, max_pixels)`` of the ``photo`` stage; None = no stage
         self.photo_limits: tuple[int, int] | None = None
-        #: photo sizes ``(h, w)`` whose detector batch shapes :meth:`warmup` captures (Settings.detector.warm_sizes)
         self.det_warm_sizes: list[tuple[int, int]] = [(250, 250)]
-        #: what :meth:`warmup` measured per step (seconds; on CUDA, torch memory after the step)
         self.warmup_report: dict[str, dict[str, float]] = {}
-        #: pending check that the ``photo`` stage can run (see :func:`start_photo_check`); warmup() joins it
+        #: pending check that the ``photo`` stage can run (:func:`start_photo_check`); warmup() joins it
         self._photo_check: Callable[[], bool] | None = None
-        #: the photo stage's detector ``post`` step when it selects faces on the device (pipeline/photo.py)
         self._photo_select_post: Any = None
 
     @property
     def det_max_batch_pixels(self) -> int | None:
-        """Largest detector forward in padded pixels (ServingPlan.det_max_batch_pixels); None = no cap. The
-        detector holds it too: its padding of a batch to a bucket stays within it."""
+        """Largest detector forward in padded pixels; None = no cap. The detector's bucket padding keeps within it."""
         return self._det_max_batch_pixels
 
     @det_max_batch_pixels.setter
@@ -298,7 +275,6 @@ class FacePipeline:
             self._device = torch.device(self.device_name)
         return self._device
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
         """Build the pipeline the settings and the serving plan (:func:`facegate.tuning.make_plan`) describe."""
@@ -549,7 +525,6 @@ class FacePipeline:
             for i, det in enumerate(detections)
         ]
 
-    # ------------------------------------------------------------------ sync convenience (CLI, eval)
     def faces(
         self,
         images: Sequence[np.ndarray],
@@ -611,7 +586,6 @@ class FacePipeline:
             sim, op.match_threshold, op.match_fmr, sim >= op.match_threshold, (a, b), False, reliability=rel
         )
 
-    # ------------------------------------------------------------------ engine stages
     def stages(self) -> list[Any]:
         """The engine stages: ``detect`` (image → detections), ``embed`` (crops → outputs) and, when
         :attr:`photo_limits` is set, ``photo`` (encoded photo → faces, :mod:`facegate.pipeline.photo`)."""

@@ -356,7 +356,7 @@ def test_lifecycle_ready_and_closed_errors() -> None:
     with pytest.raises(EngineClosedError):
         engine.submit_sync("fake", item(0))
     engine.start()
-    assert engine.ready and engine.stage_names == ["fake"]
+    assert engine.ready
     with pytest.raises(EngineError, match="unknown stage"):
         engine.submit_sync("nope", item(0))
     with pytest.raises(InvalidParameterError):
