@@ -1,36 +1,17 @@
-"""Five-point face alignment: similarity estimation and warping, on the CPU (OpenCV) and in torch.
+"""Five-point face alignment: similarity estimation (NumPy) and warping on the CPU (OpenCV).
 
-Everything here is a pure function of its inputs. Two warping paths produce the same crops:
+:mod:`facegate.pipeline.align_torch` warps the same way in torch for accelerators (a module of its own so that
+the front-ends, which align on the host, never import torch). Conventions shared by both:
 
-* **CPU** — :func:`warp_cpu` / :func:`align_cpu` use ``cv2.warpAffine`` (``INTER_LINEAR``).
-* **torch** — :func:`~facegate.pipeline.align_torch.warp_torch` (its own module, so that the HTTP
-  front-ends, which align on the host, never import torch) uses ``F.affine_grid`` + ``F.grid_sample`` (bilinear,
-  ``align_corners=False``) on any device, for whole batches at once: one sampling call for K faces from
-  B images, with no per-face image copy and no host sync (see ``align_torch._sample_chunk``). It is meant for
-  accelerators: on the CPU, :func:`align_cpu` was measured ~19× faster (64 faces from four 640×480
-  images: 19.5 ms vs 369 ms on a shared 2-core machine).
+* pixel centres at integers (OpenCV's): the image spans ``[-0.5, W - 0.5]``;
+* a transform ``M`` is a ``(2, 3)`` matrix mapping **source** pixels to **crop** pixels (``crop = M @ [x, y, 1]``);
+* samples outside the source read **zeros** (as insightface's ``norm_crop``), so a crop near an edge fades to
+  black; a batch of differently-sized images may therefore be zero-padded at the bottom and right and warp to
+  the same crops (never pad at the top/left: that shifts coordinates);
+* landmark order (:mod:`facegate.types`): right eye (image left), left eye, nose tip, right and left mouth corner.
 
-Conventions shared by both paths:
-
-* Coordinates are **pixel coordinates with pixel centres at integers** (OpenCV's convention): the
-  centre of the top-left pixel is ``(0, 0)``, the image spans ``[-0.5, W - 0.5]``.
-* A transform ``M`` is a ``(2, 3)`` matrix mapping **source** pixel coordinates to **crop** pixel
-  coordinates (``crop = M @ [x, y, 1]``), as ``cv2.warpAffine`` expects without ``WARP_INVERSE_MAP``.
-* **Border**: samples outside the source image read **zeros** (``cv2.BORDER_CONSTANT`` with
-  ``borderValue=0``, the same as insightface's ``face_align.norm_crop``; ``padding_mode="zeros"`` in
-  ``grid_sample``). A crop near an image edge therefore fades to black, never to smeared edge pixels.
-  Because the border is zeros, a batch of differently-sized images may be zero-padded at the bottom
-  and right (:func:`~facegate.pipeline.align_torch.pad_images_torch`): the padding is sampled exactly
-  like the zero border, so a padded image warps to the same crop as the unpadded one. Padding with
-  anything but zeros, or padding at the top/left (which would shift pixel coordinates), breaks that
-  equivalence.
-* Landmark order is the YuNet/ArcFace order (see :mod:`facegate.types`): right eye (image left), left
-  eye, nose tip, right mouth corner, left mouth corner.
-
-The similarity (rotation + uniform scale + translation, never a reflection) is the least-squares
-solution of Umeyama (1991) with the reflection fix. :func:`umeyama` computes it by SVD of stacked
-2×2 covariances; in 2-D it also has a closed form (:func:`similarity_closed_form`,
-:func:`~facegate.pipeline.align_torch.umeyama_torch`) which the tests check equals the SVD result.
+The similarity (rotation + uniform scale + translation, never a reflection) is Umeyama's (1991) least-squares
+solution with the reflection fix.
 """
 
 from __future__ import annotations
@@ -64,7 +45,6 @@ ARCFACE_TEMPLATE.setflags(write=False)
 _DEGENERATE_VAR = 1e-12
 
 
-# --------------------------------------------------------------------------- estimation (NumPy)
 def _check_size(size: int) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 8:
         raise InvalidParameterError(f"crop size must be an integer >= 8, got {size!r}", detail={"size": str(size)})
@@ -110,11 +90,10 @@ def _check_degenerate(src_centred: np.ndarray, src: np.ndarray) -> np.ndarray:
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Least-squares similarity transforms mapping each ``src[n]`` onto ``dst``, batched.
+    """Least-squares similarity transforms mapping each ``src[n]`` onto ``dst``, batched (Umeyama 1991).
 
-    Umeyama (1991), "Least-squares estimation of transformation parameters between two point
-    patterns", with the reflection fix: the rotation ``U diag(1, d) Vᵀ`` uses ``d = sign(det U · det V)``
-    so the result never mirrors, and the scale is ``trace(diag(σ) diag(1, d)) / var(src)``.
+    The rotation ``U diag(1, d) Vᵀ`` with ``d = sign(det U · det V)`` never mirrors; the scale is
+    ``trace(diag(σ) diag(1, d)) / var(src)``.
 
     Args:
         src: ``(N, P, 2)`` source points (``P >= 2``, normally the 5 detected landmarks), any real dtype.
@@ -146,31 +125,6 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return np.concatenate([a, t[:, :, None]], axis=2)
 
 
-def similarity_closed_form(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """The same least-squares similarity as :func:`umeyama`, by the 2-D closed form (no SVD).
-
-    On centred points ``p = src - mean``, ``q = dst - mean``:
-    ``a = Σ(pₓqₓ + p_yq_y) / Σ|p|²``, ``b = Σ(pₓq_y − p_yqₓ) / Σ|p|²``, ``A = [[a, −b], [b, a]]``,
-    ``t = mean(dst) − A mean(src)``. ``A`` is a scaled rotation, so it can never reflect.
-
-    Args / returns / raises: as :func:`umeyama` (``(N, 2, 3) float64``).
-    """
-    src, dst = _check_points(src, dst)
-    if src.shape[0] == 0:
-        return np.zeros((0, 2, 3), np.float64)
-    mu_s = src.mean(axis=1)
-    mu_d = dst.mean(axis=1)
-    sc = src - mu_s[:, None, :]
-    dc = dst - mu_d[:, None, :]
-    _check_degenerate(sc, src)
-    norm = (sc**2).sum(axis=(1, 2))
-    a = (sc * dc).sum(axis=(1, 2)) / norm
-    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(axis=1) / norm
-    lin = np.stack([np.stack([a, -b], axis=1), np.stack([b, a], axis=1)], axis=1)  # (N, 2, 2)
-    t = mu_d - np.einsum("nij,nj->ni", lin, mu_s)
-    return np.concatenate([lin, t[:, :, None]], axis=2)
-
-
 def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
     """Similarity transforms taking detected landmarks onto the ArcFace template.
 
@@ -189,7 +143,6 @@ def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndar
     return umeyama(lm, template(size)).astype(np.float32)
 
 
-# --------------------------------------------------------------------------- warping (CPU / OpenCV)
 def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
     """Warp one image into a ``size``×``size`` crop with ``cv2.warpAffine``.
 

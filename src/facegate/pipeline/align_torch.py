@@ -1,16 +1,11 @@
-"""Five-point face alignment in torch: the batched path of :mod:`facegate.pipeline.align` for accelerators.
-
-The conventions (pixel centres, source→crop matrices, zero border, landmark order) are those of
-:mod:`facegate.pipeline.align`, whose CPU functions these match: :func:`umeyama_torch` is the 2-D closed
-form of :func:`~facegate.pipeline.align.umeyama`, and :func:`warp_torch` warps as
-:func:`~facegate.pipeline.align.warp_cpu` does (``F.affine_grid`` + ``F.grid_sample``, bilinear,
-``align_corners=False``, zeros outside the image). A module of its own so that processes that align on
-the host (the HTTP front-ends) never import torch.
+"""Five-point face alignment in torch, batched, for accelerators: the conventions of
+:mod:`facegate.pipeline.align`, whose CPU warp :func:`warp_torch` matches (``F.affine_grid`` + ``F.grid_sample``,
+bilinear, ``align_corners=False``, zeros outside the image).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,16 +25,12 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 
 
 def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Batched least-squares similarity in torch, by the 2-D closed form (no SVD, no host sync).
+    """The least-squares similarity of :func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD,
+    no host sync): ``a = Σ(p·q) / Σ|p|²``, ``b = Σ(p × q) / Σ|p|²`` on centred points, ``A = [[a, −b], [b, a]]``.
 
-    Args:
-        src: ``(K, P, 2)`` source points on any device (``P >= 2``; normally 5 landmarks).
-        dst: ``(P, 2)`` or ``(K, P, 2)`` target points (Tensor or array), e.g. :func:`template`.
-
-    Returns:
-        ``(K, 2, 3) float32`` on ``src.device``; computed in float64 on the CPU and float32 on other
-        devices. Unlike :func:`umeyama` this does not check for degenerate input (that would need a
-        device→host sync): a point set whose points all coincide yields a zero linear part.
+    ``src (K, P>=2, 2)`` on any device, ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``
+    (computed in float64 on the CPU). No degenerate-input check (it would sync): coincident points give a zero
+    linear part.
     """
     if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
         raise InvalidParameterError(
@@ -67,27 +58,6 @@ def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Te
     ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
     m = torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1)
     return m.to(torch.float32)
-
-
-def pad_images_torch(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack ``(3, H_b, W_b)`` images into ``(B, 3, max H, max W)``, zero-padded at bottom/right.
-
-    The padding keeps every image's pixel coordinates (its top-left pixel stays at ``(0, 0)``), and
-    zeros are exactly what :func:`warp_torch` reads outside an image, so crops are unaffected.
-    """
-    if len(images) == 0:
-        raise InvalidParameterError("need at least one image to pad")
-    for im in images:
-        if im.ndim != 3 or im.shape[0] != 3:
-            raise InvalidParameterError(
-                f"each image must be (3, H, W), got {tuple(im.shape)}", detail={"shape": list(im.shape)}
-            )
-    h = max(int(im.shape[1]) for im in images)
-    w = max(int(im.shape[2]) for im in images)
-    out = images[0].new_zeros((len(images), 3, h, w))
-    for i, im in enumerate(images):
-        out[i, :, : im.shape[1], : im.shape[2]] = im
-    return out
 
 
 def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., Any]) -> Any:
@@ -123,8 +93,7 @@ def _pixel_to_theta(
 
     Args:
         M: ``(K, 2, 3)`` source→crop pixel matrices: a host array (computed in float64 with NumPy, then one
-            host→device copy: ~30 tiny device kernels fewer, 0.57 ms of the photo stage's 54-photo batch on
-            the H200) or a tensor on any device (computed there, in float64 on the CPU, float32 elsewhere).
+            host→device copy instead of ~30 tiny kernels) or a tensor on any device (computed there).
         device: where the thetas go.
 
     Returns:
@@ -192,8 +161,8 @@ def warp_torch(
     """Warp K faces out of a batch of images with ``affine_grid`` + ``grid_sample``; matches :func:`warp_cpu`.
 
     Args:
-        images: ``(B, 3, H, W)`` uint8 or floating, on any device. Differently-sized images must be
-            zero-padded at the bottom/right (:func:`pad_images_torch`); see the module docstring.
+        images: ``(B, 3, H, W)`` uint8 or floating, on any device; differently-sized images zero-padded at the
+            bottom/right (see :mod:`facegate.pipeline.align`).
         M: ``(K, 2, 3)`` source→crop pixel matrices (OpenCV convention), moved to ``images.device``.
         image_index: ``(K,)`` int64, face ``k`` is cut from ``images[image_index[k]]``. Range-checked
             only when it is on the CPU (a check on the device would sync).

@@ -1,29 +1,18 @@
 """The photo stage: encoded photos → decoded, detected, aligned and embedded faces in one engine step.
 
-Why: with the host path, every photo is decoded (libjpeg-turbo), resized and padded, and its faces
-warped (OpenCV) on the CPU of the serving processes, and each request makes two trips through the engine
-(``detect``, then ``embed``), and the front-ends' CPU, not the GPU, bounds throughput. With this stage a request
-sends the upload's bytes once, and the engine process
+A request sends the upload's bytes once and the engine process does the rest on the device, instead of the
+front-ends' CPUs decoding and warping and two engine round trips (``detect``, then ``embed``):
 
-1. checks the headers and decodes what nvJPEG will not take on the host (:func:`plan_decode`);
-2. decodes the batch's JPEGs with one nvJPEG call (:func:`run_decode`);
-3. letterboxes each photo onto a device canvas (:func:`prepare_photos`,
-   :meth:`FaceDetector.preprocess_tensors`);
-4. enqueues the detector (its CUDA graphs when enabled, :meth:`FaceDetector.enqueue_many`): every detector
-   batch and its candidates' device→host copy, with no wait — steps 1–4 are the stage's ``prepare``, on
-   the engine's front thread, overlapping the previous batch's ``execute``, so the device detects while
-   the back thread finishes the previous batch. The detector's graph also runs NMS, the largest-face
-   choice and the alignment transform (:mod:`facegate.pipeline.photo_select`);
-5. warps the selected faces on the device (:func:`warp_theta`), embeds them, and copies the results
-   to the host once (:func:`faces_selected_on_device`, the stage's ``execute``); photos the device cannot
-   settle exactly take the host rule.
+* ``prepare`` (front thread, overlapping the previous batch's ``execute``): check the headers
+  (:func:`plan_decode`), decode the batch's JPEGs with one nvJPEG call (:func:`run_decode`), letterbox them onto
+  device canvases (:func:`prepare_photos`) and enqueue the detector with no wait; its CUDA graph also runs NMS,
+  the largest-face choice and the alignment transform (:mod:`facegate.pipeline.photo_select`);
+* ``execute``: warp the chosen faces on the device, embed them and copy the results to the host once
+  (:func:`faces_selected_on_device`); photos the device cannot settle exactly take the host rule.
 
-Every photo is detected, whatever its size: a photo is taken as an aligned crop only when the client says so
-(``aligned=true``), and those go to the ``embed`` stage, not here. Only the ``largest`` face policy and no
-crops in the answer: other requests take the host path, and so do uploads that are not JPEGs
-(``api.routes.faces_of_upload``), which the stage would decode on the engine process's CPU. The host and
-device paths agree within the tolerances of ``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the
-bilinear sampler differ from libjpeg-turbo's and OpenCV's by rounding).
+Only JPEG uploads, the ``largest`` face policy and no crops in the answer come here; aligned crops go to
+``embed``, everything else takes the host path. Host and device paths agree within the tolerances of
+``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler round differently).
 """
 
 from __future__ import annotations
@@ -170,15 +159,12 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 
 @torch.inference_mode()
 def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> list[Any]:
-    """Detect, select the largest face, align and embed the photos of a :func:`prepare_photos` batch, with NMS,
-    face selection and alignment on the device (:mod:`.photo_select`).
-
-    Returns:
-        Per photo a :class:`PhotoFaces`, or its :class:`FacegateError` (decode error, ``NoFaceError``).
+    """Per photo of a :func:`prepare_photos` batch a :class:`PhotoFaces` (its largest face), or its
+    :class:`FacegateError` (decode error, ``NoFaceError``).
 
     The host waits once, for one array: per photo its chosen face, whether it has one and whether the device
-    answer is exact, and every crop's embedding, quality and raw score. Photos whose device answer is not exact
-    (crowds, long suppression chains) then take the host path (:meth:`FaceDetector.finish_many`).
+    answer is exact, then every crop's embedding, quality, raw score and statistics. Photos whose answer is not
+    exact (crowds, long suppression chains) take the host rule (:meth:`FaceDetector.finish_many`).
     """
     decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]

@@ -1,29 +1,20 @@
-"""The photo stage's face selection on the device: NMS, the largest face, its alignment, no host round trip.
-
-Why: on the host, the engine's execute thread would wait for the detector's candidates, run NMS and build
-detections in Python, estimate the alignments with NumPy, and only then enqueue the warp and the recognizer,
-with the device idle meanwhile. Here the same steps run as tensor operations on the device, and the host waits
-once, for the results.
+"""The photo stage's face selection on the device: NMS, the largest face and its alignment, no host round trip.
 
 Same rule and arithmetic as the host path, so the same detections:
 
 * greedy NMS (:func:`facegate.models.nms.nms_rows`'s rule, IoU in fp64) over each photo's first
-  :data:`CANDIDATES` candidates, solved as the fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij``
-  by :data:`ITERATIONS` Jacobi steps (the system is triangular, so each step fixes at least one more rank and
-  the fixed point is greedy NMS's unique answer);
-* boxes and landmarks rescaled in fp64 and clipped as :meth:`FaceDetector._finish_rows` does, boxes without
-  area dropped, then the largest box (float32 area, first of equal ones in score order) as
-  :func:`~facegate.pipeline.pipeline.select_faces` picks it;
-* alignment by :func:`~facegate.pipeline.align_torch.umeyama_torch` (the closed form of the host's SVD
-  solution; float32 on accelerators, so crops may differ from the host path's by rounding).
+  :data:`CANDIDATES` candidates, as the fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij`` after
+  :data:`ITERATIONS` Jacobi steps (the system is triangular: each step fixes at least one more rank, and the
+  fixed point is greedy NMS's unique answer);
+* boxes and landmarks rescaled in fp64 and clipped as :meth:`FaceDetector._finish_rows` does, boxes without area
+  dropped, then the largest box (float32 area, first of equal ones in score order);
+* alignment by :func:`~facegate.pipeline.align_torch.umeyama_torch` (float32 on accelerators: crops may differ
+  from the host's by rounding).
 
-:func:`choose_and_align` is tensor code with no host data, so the detector captures it in its CUDA graph of each
-batch shape (``FaceDetector.enqueue_many(post=...)``): run eagerly, its ~100 small kernel launches per detector
-batch would cost more host time than the NumPy NMS they replace.
-
-A photo is *not exact* when it has more candidates above the score threshold than :data:`CANDIDATES`, or when
-its NMS has not reached the fixed point after :data:`ITERATIONS` steps (a chain of suppressions that long). The
-stage then takes the host path for that photo, so every answer is the host rule's.
+:func:`choose_and_align` has no host data, so the detector captures it in its CUDA graph per batch shape: eager,
+its ~100 small kernels per batch would cost more host time than the NumPy NMS they replace. A photo is *not
+exact* when it has more than :data:`CANDIDATES` candidates above the threshold or its NMS has not converged after
+:data:`ITERATIONS` steps; it then takes the host path, so every answer is the host rule's.
 """
 
 from __future__ import annotations

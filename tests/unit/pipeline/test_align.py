@@ -16,12 +16,11 @@ from facegate.pipeline.align import (
     align_cpu,
     estimate_transforms,
     is_aligned_crop,
-    similarity_closed_form,
     template,
     umeyama,
     warp_cpu,
 )
-from facegate.pipeline.align_torch import pad_images_torch, umeyama_torch, warp_torch
+from facegate.pipeline.align_torch import umeyama_torch, warp_torch
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +84,30 @@ def _agreement(cpu: np.ndarray, tch: np.ndarray) -> tuple[float, float, float]:
 
 
 # --------------------------------------------------------------------------- estimation
+def similarity_closed_form(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Reference: the 2-D closed form of the least-squares similarity (no SVD), ``(N, 2, 3) float64``."""
+    src = np.asarray(src, np.float64)
+    dst = np.broadcast_to(np.asarray(dst, np.float64), src.shape)
+    mu_s, mu_d = src.mean(axis=1), dst.mean(axis=1)
+    sc, dc = src - mu_s[:, None, :], dst - mu_d[:, None, :]
+    norm = (sc**2).sum(axis=(1, 2))
+    a = (sc * dc).sum(axis=(1, 2)) / norm
+    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(axis=1) / norm
+    lin = np.stack([np.stack([a, -b], axis=1), np.stack([b, a], axis=1)], axis=1)
+    t = mu_d - np.einsum("nij,nj->ni", lin, mu_s)
+    return np.concatenate([lin, t[:, :, None]], axis=2)
+
+
+def pad_images_torch(images: list[torch.Tensor]) -> torch.Tensor:
+    """Stack ``(3, H_b, W_b)`` images into ``(B, 3, max H, max W)``, zero-padded at the bottom and right."""
+    h = max(int(im.shape[1]) for im in images)
+    w = max(int(im.shape[2]) for im in images)
+    out = images[0].new_zeros((len(images), 3, h, w))
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[1], : im.shape[2]] = im
+    return out
+
+
 def test_template_constant() -> None:
     assert ARCFACE_TEMPLATE.shape == (5, 2) and ARCFACE_TEMPLATE.dtype == np.float32
     np.testing.assert_allclose(ARCFACE_TEMPLATE[0], [38.2946, 51.6963], atol=1e-4)
