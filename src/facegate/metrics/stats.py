@@ -212,21 +212,9 @@ class ServiceStats:
         self.requests.labels(route, status).inc()
         self.request_latency.labels(route).observe(latency_s)
 
-    def record_batch(
-        self, stage: str, size: int, *, prepare_s: float, execute_s: float, deliver_s: float = 0.0
-    ) -> None:
-        """One executed batch of ``size`` items and its per-phase seconds."""
-        self.batch_size.labels(stage).observe(size)
-        self.items.labels(stage).inc(size)
-        self.compute_seconds.labels(stage, "prepare").observe(prepare_s)
-        self.compute_seconds.labels(stage, "execute").observe(execute_s)
-        self.compute_seconds.labels(stage, "deliver").observe(deliver_s)
-
     def record_quality(self, score: float) -> None:
         """One calibrated quality score in [0, 1]."""
         self.quality_score.observe(score)
-
-    observe_quality = record_quality  #: alias used by :class:`facegate.service.faces.FaceService`
 
     def record_refusal(self, reason: str) -> None:
         """One quality-gate refusal (a short, bounded vocabulary of reasons)."""

@@ -307,16 +307,14 @@ class FacePipeline:
         detector = FaceDetector(
             yunet,
             device=device,
-            # the detector stays fp32 on every device: it is tiny (53 k parameters), and fp16 landmarks
-            # move the alignment enough to cost embedding parity (measured: min cosine 0.85 on LFW)
+            # fp32 on every device: it is tiny, and fp16 landmarks move the alignment enough to cost embedding parity
             dtype=torch.float32,
             score_threshold=det.score_threshold,
             nms_threshold=det.nms_threshold,
             top_k=det.top_k,
             max_side=det.max_side,
-            # NCHW on CUDA: cuDNN plans an NHWC convolution in seconds per new input shape and thread (the
-            # plan cache is thread-local), NCHW in milliseconds, at equal steady-state speed; NHWC on the CPU,
-            # where it is several times faster
+            # NCHW on CUDA: cuDNN plans an NHWC convolution in seconds per new shape and thread, NCHW in ms, at
+            # equal steady-state speed; NHWC on the CPU, where it is several times faster
             channels_last=plan.det_channels_last,
         )
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
@@ -400,11 +398,8 @@ class FacePipeline:
         return pipe
 
     def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
-        """Preprocess ``images`` as one detector batch per padded input size: ``[(indices, DetBatch)]``.
-
-        Images are only batched with images of the same padded size, so each result equals the one the
-        image gets alone (see :meth:`FaceDetector.padded_hw`).
-        """
+        """Preprocess ``images`` as detector batches of one padded input size each: ``[(indices, DetBatch)]`` (so
+        each result equals the one the image gets alone, see :meth:`FaceDetector.padded_hw`)."""
         groups: dict[tuple[int, int], list[int]] = {}
         for i, im in enumerate(images):
             if not isinstance(im, np.ndarray) or im.ndim != 3:
@@ -463,10 +458,8 @@ class FacePipeline:
         return out[:, :d], out[:, d], out[:, d + 1]
 
     def recognize(self, x: torch.Tensor) -> torch.Tensor:
-        """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` = embedding | quality | raw.
-
-        On the CPU the batch runs in sub-batches of :attr:`chunk` (cache-friendly); on CUDA in one call.
-        """
+        """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` = embedding | quality | raw, in
+        sub-batches of :attr:`chunk` (the CPU; cache-friendly)."""
         import torch
 
         parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
@@ -508,11 +501,8 @@ class FacePipeline:
         keep_crops: bool = False,
         stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """Assemble :class:`Face` results (gate and reasons applied) from stage outputs.
-
-        ``stats``: ``(K, 3) float32`` :func:`~facegate.quality_reasons.crop_stats` of crops seen elsewhere (the
-        photo stage); computed here from ``crops`` when they are given.
-        """
+        """:class:`Face` results (gate and reasons applied) from stage outputs. ``stats``: ``(K, 3) float32``
+        :func:`~facegate.quality_reasons.crop_stats` of crops seen elsewhere (the photo stage); else from ``crops``."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
         return [
@@ -534,11 +524,10 @@ class FacePipeline:
         keep_crops: bool = False,
         aligned: bool = False,
     ) -> list[list[Face]]:
-        """All stages for a batch of images; per image, the selected faces.
+        """All stages for a batch of images; per image, the selected faces (NoFaceError for the first without).
 
-        With ``aligned`` every image must be a ``(112, 112, 3) uint8`` aligned crop and skips detection;
-        without it every image is detected, whatever its size (a 112×112 photo is a photo).
-        Raises :class:`NoFaceError` (for the first image without a face) like the service does.
+        With ``aligned`` every image must be a ``(112, 112, 3) uint8`` aligned crop and skips detection; without
+        it every image is detected, whatever its size.
         """
         if aligned:
             bad = [i for i, im in enumerate(images) if not is_aligned_crop(im)]
@@ -603,9 +592,8 @@ class FacePipeline:
     ) -> dict[str, dict[str, float]]:
         """Capture CUDA graphs (if configured) and run every stage once per batch size.
 
-        Returns (and keeps in :attr:`warmup_report`) per step the seconds it took and, on CUDA, torch's
-        allocated and reserved MiB after it: where cold start and resident memory go. ``driver_mib``, when
-        given, is called after each step too (e.g. NVML's figure for this process, what nvidia-smi shows).
+        Returns (and keeps in :attr:`warmup_report`) per step its seconds and, on CUDA, torch's allocated and
+        reserved MiB after it, and ``driver_mib()`` if given (e.g. NVML's figure for this process).
         """
         import torch
 
@@ -663,10 +651,10 @@ class FacePipeline:
         return report
 
     def confirm_photo_stage(self) -> bool:
-        """Wait for the pending photo-stage check (if any); without nvJPEG, drop the stage (host path).
+        """Wait for the pending photo-stage check (if any); without nvJPEG, drop the stage. Returns whether it is on.
 
-        A stage list taken before (an engine's) keeps an idle ``photo`` stage that nothing routes to:
-        the front-ends learn the stages from :meth:`stages` after warm-up. Returns whether the stage is on.
+        An engine built before keeps an idle ``photo`` stage nothing routes to: front-ends learn the stages after
+        warm-up.
         """
         check, self._photo_check = self._photo_check, None
         if check is not None and not check():
@@ -688,11 +676,8 @@ class FacePipeline:
         return sorted(set(fit))
 
     def warmup_photo(self, rng: np.random.Generator) -> None:
-        """Run the ``photo`` stage on 250×250 noise (no face) once alone and once per detector batch bucket.
-
-        With device-side selection the detector captures a graph per (batch shape, selection) pair, apart
-        from the plain detector's: a bucket not run here would be captured by the first live batch of its
-        size, a stall of that batch)."""
+        """Run the ``photo`` stage on 250×250 noise once alone and once per detector batch bucket: the detector
+        captures a graph per (batch shape, selection) pair, and a bucket not run here would stall its first batch."""
         import cv2
 
         from facegate.pipeline.photo import PhotoStage

@@ -1,8 +1,6 @@
-"""The async face service: the pipeline's stages behind the batching engine.
+"""The async face service: the pipeline's stages behind the engine, which batches across concurrent requests.
 
-Routes and other async callers use this; every device computation goes through
-:class:`facegate.engine.engine.Engine`, which batches work across concurrent requests. Alignment of
-the few faces of one request runs inline (tens of microseconds per face on the CPU).
+Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU).
 """
 
 from __future__ import annotations
@@ -36,12 +34,10 @@ log = logging.getLogger(__name__)
 
 
 def freeze_gc() -> int:
-    """Collect, then move every live object to the collector's permanent generation.
+    """Collect, then move every live object to the collector's permanent generation; returns the number frozen.
 
-    A serving process holds some 200k start-up objects (torch, the models), and every full collection would
-    walk them all with the GIL held; frozen, full collections walk only what was allocated after start-up.
-    Cyclic garbage among the frozen objects is never collected (reference counting still frees the rest),
-    which is why this runs once the process has loaded everything it keeps. Returns the number frozen.
+    Full collections would otherwise walk the ~200k start-up objects (torch, the models) with the GIL held. Cycles
+    among frozen objects are never collected, so this runs once the process has loaded everything it keeps.
     """
     gc.collect()
     gc.freeze()
@@ -61,8 +57,6 @@ class FaceService:
         device_thread: DeviceThread | None = None,
         search_stage: Any = None,
     ) -> None:
-        """``device_thread``: the engine's device thread, e.g. the one :meth:`build` loaded the models on (the
-        engine makes one when none is given)."""
         self.pipeline = pipeline
         self.settings = settings
         self.stats = stats or ServiceStats()
@@ -95,12 +89,10 @@ class FaceService:
         #: whether the engine has the ``photo`` stage (ServingPlan.photo_stage): see :meth:`photo_faces`
         self.photo_on_device = pipeline.photo_limits is not None
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def build(cls, settings: Settings, plan: ServingPlan | None = None) -> FaceService:
-        """Real models, as the settings and the serving plan describe (logs the seconds of each half: part of
-        the cold start). The models load on the engine's device thread, so that the build's probing forwards
-        take no library handles on another thread."""
+        """Real models, as the settings and the serving plan describe. They load on the engine's device thread, so
+        the build's probing forwards take no library handles on another thread."""
         t0 = time.perf_counter()
         plan = plan or make_plan(settings)
         device_thread = DeviceThread()
@@ -121,12 +113,8 @@ class FaceService:
     def connect(
         cls, settings: Settings, address: str | list[str], authkey: bytes, plan: ServingPlan | None = None
     ) -> FaceService:
-        """A front-end's service: the models live in the engine process(es) at ``address`` (blocking connect).
-
-        Several addresses (one engine per GPU) make a :class:`~facegate.transport.remote.RemotePool`. The model
-        spec and the operating thresholds come from the engine, so every front-end gates and compares
-        exactly as the engine's pipeline would.
-        """
+        """A front-end's service over the engine process(es) at ``address`` (several: a
+        :class:`~facegate.transport.remote.RemotePool`); blocking connect."""
         addresses = [address] if isinstance(address, str) else list(address)
         remote: RemoteEngine | RemotePool = (
             RemoteEngine(addresses[0], authkey)
@@ -138,9 +126,8 @@ class FaceService:
 
     @classmethod
     def over_engine(cls, settings: Settings, remote: Any, plan: ServingPlan | None = None) -> FaceService:
-        """A front-end's service over a started engine client (``RemoteEngine``, ``RemotePool``, ``RayEngine``:
-        anything with their ``info``, ``ready``, ``submit``, ``stop``); models and thresholds come from its info.
-        """
+        """A front-end's service over a started engine client (anything with ``info``, ``ready``, ``submit``,
+        ``stop``); the model spec and thresholds come from its info, so front-ends gate as the engine would."""
         info = remote.info
         # decoding and alignment run here: the same thread setting as the engine's process
         configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
@@ -151,7 +138,6 @@ class FaceService:
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
 
-    # ------------------------------------------------------------------ properties
     @property
     def spec(self) -> ModelSpec:
         return self.pipeline.spec
@@ -172,7 +158,6 @@ class FaceService:
     def ready(self) -> bool:
         return self._ready and self.engine.ready
 
-    # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Warm the models (off the event loop), then start the engine."""
         t0 = time.perf_counter()
@@ -211,7 +196,6 @@ class FaceService:
 
         return await self._submit("search", encode_search(gallery, query, k))
 
-    # ------------------------------------------------------------------ operations
     async def _submit(self, stage: str, payload: np.ndarray) -> Any:
         """``engine.submit``, timed into ``facegate_engine_call_seconds{stage}`` (answers and errors alike)."""
         t0 = time.perf_counter()
@@ -229,7 +213,7 @@ class FaceService:
 
     def _record(self, faces: list[Face]) -> None:
         for f in faces:
-            self.stats.observe_quality(f.quality.score)
+            self.stats.record_quality(f.quality.score)
             if not f.quality.accepted:
                 self.stats.record_refusal("low_quality")
 
@@ -255,15 +239,9 @@ class FaceService:
         return faces
 
     async def photo_faces(self, data: bytes) -> list[Face]:
-        """:meth:`faces` (largest face, no crops) of one *encoded* photo, in one trip through the engine.
-
-        The engine's ``photo`` stage decodes (nvJPEG for JPEGs), detects, aligns and embeds on its device
-        (:mod:`facegate.pipeline.photo`); this process does no decoding. Only when :attr:`photo_on_device`.
-
-        Raises:
-            ImageDecodeError, ImageTooLargeError, ...: the upload is not a usable image.
-            NoFaceError: no face was found.
-        """
+        """:meth:`faces` (largest face, no crops) of one *encoded* photo in one engine trip: the ``photo`` stage
+        decodes, detects, aligns and embeds on the device (only when :attr:`photo_on_device`). Raises the upload's
+        ImageDecodeError, ImageTooLargeError, ..., or NoFaceError."""
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))

@@ -31,8 +31,11 @@ def stats() -> ServiceStats:
     s.record_request("/api/compare", 200, 0.02)
     s.record_request("/api/compare", 200, 0.2)
     s.record_request("/api/compare", 503, 0.001)
-    s.record_batch("embed", 8, prepare_s=0.001, execute_s=0.01, deliver_s=0.0002)
-    s.record_batch("embed", 2, prepare_s=0.001, execute_s=0.004, deliver_s=0.0001)
+    for size, prepare_s, execute_s, deliver_s in ((8, 0.001, 0.01, 0.0002), (2, 0.001, 0.004, 0.0001)):
+        s.batch_size.labels("embed").observe(size)
+        s.items.labels("embed").inc(size)
+        for phase, seconds in (("prepare", prepare_s), ("execute", execute_s), ("deliver", deliver_s)):
+            s.compute_seconds.labels("embed", phase).observe(seconds)
     s.queue_depth.labels("embed").set(5)
     s.queue_wait.labels("embed").observe(0.0005)
     s.queue_wait.labels("embed").observe(0.003)

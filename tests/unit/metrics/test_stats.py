@@ -9,6 +9,16 @@ import pytest
 from facegate.metrics.stats import ServiceStats
 
 
+def record_batch(
+    stats: ServiceStats, stage: str, size: int, prepare_s: float, execute_s: float, deliver_s: float
+) -> None:
+    """What the engine records for one executed batch."""
+    stats.batch_size.labels(stage).observe(size)
+    stats.items.labels(stage).inc(size)
+    for phase, seconds in (("prepare", prepare_s), ("execute", execute_s), ("deliver", deliver_s)):
+        stats.compute_seconds.labels(stage, phase).observe(seconds)
+
+
 def test_labels_are_strings_and_counters_never_decrease() -> None:
     stats = ServiceStats()
     stats.requests.labels("/a", 200).inc()
@@ -59,8 +69,8 @@ def test_mean_batch_size_and_record_batch() -> None:
     assert stats.value("facegate_dropped_total", stage="embed", reason="expired") == 0.0
     assert stats.registry.get_sample_value("facegate_items_total", {"stage": "embed"}) == 0.0  # exists at zero
     assert stats.mean_batch_size("embed") == 0.0
-    stats.record_batch("embed", 4, prepare_s=0.001, execute_s=0.01, deliver_s=0.0001)
-    stats.record_batch("embed", 8, prepare_s=0.002, execute_s=0.02)
+    record_batch(stats, "embed", 4, 0.001, 0.01, 0.0001)
+    record_batch(stats, "embed", 8, 0.002, 0.02, 0.0)
     assert stats.mean_batch_size("embed") == pytest.approx(6.0)
     assert stats.value("facegate_items_total", stage="embed") == 12
     assert stats.value("facegate_compute_seconds_count", stage="embed", phase="execute") == 2
