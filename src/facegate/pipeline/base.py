@@ -3,7 +3,7 @@ rule and the view of a pipeline that the stages use (so that they need not impor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from facegate.errors import FaceSelectionError, NoFaceError
@@ -12,7 +12,7 @@ from facegate.types import Detection, FaceSelect
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PipelineView", "select_faces"]
+__all__ = ["PipelineView", "detector_batches", "select_faces"]
 
 
 class PipelineView(Protocol):
@@ -34,6 +34,26 @@ class PipelineView(Protocol):
     def detect_groups(self, images: Sequence[Any]) -> list[tuple[list[int], Any]]: ...
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]: ...
+
+
+def detector_batches(
+    sizes: Sequence[tuple[int, int]],
+    padded_hw: Callable[[int, int], tuple[int, int]],
+    max_rows: int | None,
+    max_pixels: int | None,
+) -> list[list[int]]:
+    """Image indices per detector forward: images of one padded size (so each result equals the one the image gets
+    alone), at most ``max_rows`` images and ``max_pixels`` padded pixels per forward (at least one image)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (h, w) in enumerate(sizes):
+        groups.setdefault(padded_hw(h, w), []).append(i)
+    out = []
+    for (hp, wp), idx in groups.items():
+        step = max_rows or len(idx)
+        if max_pixels:
+            step = min(step, max(1, max_pixels // (hp * wp)))
+        out += [idx[k : k + step] for k in range(0, len(idx), step)]
+    return out
 
 
 def select_faces(

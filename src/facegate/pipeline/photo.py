@@ -30,7 +30,7 @@ from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
-from facegate.pipeline.base import PipelineView, select_faces
+from facegate.pipeline.base import PipelineView, detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
 from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS, SHARP_SCALE
@@ -68,22 +68,13 @@ class PreparedPhotos:
 @torch.inference_mode()
 def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
     """Sort decoded photos from errors, and build the detector canvases on the device."""
-    det = pipe.detector
-    photos: dict[int, torch.Tensor] = {}
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, t in enumerate(decoded):
-        if isinstance(t, FacegateError):
-            continue
-        photos[i] = t
-        groups.setdefault(det.padded_hw(int(t.shape[1]), int(t.shape[2])), []).append(i)
-    batches: list[tuple[list[int], Any]] = []
-    for (hp, wp), idx in groups.items():
-        step = len(idx)
-        if pipe.det_max_batch_pixels:
-            step = min(step, max(1, pipe.det_max_batch_pixels // (hp * wp)))
-        for k in range(0, len(idx), step):
-            sub = idx[k : k + step]
-            batches.append((sub, det.preprocess_tensors([photos[i] for i in sub])))
+    photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
+    keys = list(photos)
+    sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
+    batches = [
+        ([keys[j] for j in idx], pipe.detector.preprocess_tensors([photos[keys[j]] for j in idx]))
+        for idx in detector_batches(sizes, pipe.detector.padded_hw, None, pipe.det_max_batch_pixels)
+    ]
     return PreparedPhotos(list(decoded), photos, batches)
 
 

@@ -25,7 +25,7 @@ from facegate.config import Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu, is_aligned_crop
-from facegate.pipeline.base import select_faces
+from facegate.pipeline.base import detector_batches, select_faces
 from facegate.quality_reasons import (
     ReasonThresholds,
     crop_stats,
@@ -398,23 +398,13 @@ class FacePipeline:
         return pipe
 
     def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
-        """Preprocess ``images`` as detector batches of one padded input size each: ``[(indices, DetBatch)]`` (so
-        each result equals the one the image gets alone, see :meth:`FaceDetector.padded_hw`)."""
-        groups: dict[tuple[int, int], list[int]] = {}
+        """Preprocess ``images`` as :func:`detector_batches`: ``[(indices, DetBatch)]``."""
         for i, im in enumerate(images):
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
-            groups.setdefault(self.detector.padded_hw(im.shape[0], im.shape[1]), []).append(i)
-        out = []
-        for (hp, wp), idx in groups.items():
-            step = self.chunk or max(len(images), 1)
-            if self.det_max_batch_pixels:
-                step = min(step, max(1, self.det_max_batch_pixels // (hp * wp)))
-            out += [
-                (idx[k : k + step], self.detector.preprocess([images[i] for i in idx[k : k + step]]))
-                for k in range(0, len(idx), step)
-            ]
-        return out
+        sizes = [im.shape[:2] for im in images]
+        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.det_max_batch_pixels)
+        return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
         """Forward + postprocess each group; results back in input order."""
