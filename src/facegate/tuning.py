@@ -45,12 +45,7 @@ LOW_MEMORY_BUDGET_MIB = {"irse64_rts": (24.0, 112), "default": (16.0, 32)}
 
 @dataclass(frozen=True, slots=True)
 class Machine:
-    """What the planner knows about this machine.
-
-    Attributes:
-        gpus: usable CUDA devices (0 without a CUDA build of torch or without a driver).
-        cores: CPU cores this process may run on.
-    """
+    """Usable CUDA devices (0 without a CUDA build of torch or a driver) and the CPU cores this process may use."""
 
     gpus: int
     cores: int
@@ -81,8 +76,8 @@ class ServingPlan:
         cpu_chunk: on the CPU, the largest sub-batch one forward gets (per-face speed falls at large batches).
         cpu_threads: intra-op threads of torch and OpenCV; None: the libraries' defaults.
         decode_workers: threads of a front-end that decode and align uploads.
-        onnx_cpu: on the CPU, run the detector network with ONNX Runtime (the graph exported from facegate's own
-            YuNet at start-up and checked against it); faster there than PyTorch eager (benchmarks/cpu_models.py).
+        onnx_cpu: on the CPU, run the detector network with ONNX Runtime (exported from facegate's own YuNet at
+            start-up and checked against it): faster there than PyTorch eager.
     """
 
     profile: PlanProfile
@@ -169,12 +164,6 @@ def detect_machine() -> Machine:
     return Machine(gpus=gpus, cores=max(cores, 1))
 
 
-def _resolve_profile(settings: Settings, device: str) -> PlanProfile:
-    if settings.profile != "auto":
-        return settings.profile
-    return "throughput" if device == "cuda" else "cpu"
-
-
 def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan:
     """The serving plan for ``settings`` on ``machine`` (this one by default).
 
@@ -186,9 +175,9 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         device = settings.device
     else:
         device = "cuda" if m.gpus > 0 and settings.profile != "cpu" else "cpu"
-    profile = _resolve_profile(settings, device)
-    if device == "cpu" and profile != "cpu":
-        profile = "cpu"  # the GPU profiles mean nothing without a GPU
+    profile: PlanProfile = "cpu"  # the GPU profiles mean nothing without a GPU
+    if device == "cuda":
+        profile = "throughput" if settings.profile == "auto" else settings.profile
     gpus = max(m.gpus, 1)
     model = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
     budget, arena = LOW_MEMORY_BUDGET_MIB.get(model, LOW_MEMORY_BUDGET_MIB["default"])

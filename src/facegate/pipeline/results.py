@@ -17,12 +17,8 @@ __all__ = ["EmbedOut", "PhotoFaces", "unpack_photo_faces"]
 
 
 class EmbedOut(tuple):  # type: ignore[type-arg]
-    """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block.
-
-    A plain tuple to its users; pickled (engine process → front-end) as the one contiguous block instead
-    of three strided arrays, half the pickling time per item: pickling results is most of the engine's sender
-    thread's work.
-    """
+    """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block, pickled as that
+    one contiguous block (pickling results is most of the engine's sender thread's work)."""
 
     block: np.ndarray
 
@@ -55,11 +51,8 @@ class PhotoFaces:
     stats: np.ndarray
 
     def pack(self) -> np.ndarray:
-        """``(k, D + 21) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score, stats.
-
-        Every field is float32 already (a detection's score is a float32 value), so :func:`unpack_photo_faces`
-        rebuilds an equal object.
-        """
+        """``(k, D + 21) float32``: per face embedding, quality, raw, has-detection, box, landmarks, score, stats
+        (every field is float32 already, so :func:`unpack_photo_faces` rebuilds an equal object)."""
         k, d = self.embedding.shape
         out = np.zeros((k, d + 21), np.float32)
         out[:, :d] = self.embedding
@@ -74,8 +67,7 @@ class PhotoFaces:
         return out
 
     def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
-        """Pickled as one array, not a tree of objects: pickling a tree holds the engine process's GIL about
-        twice as long under load."""
+        """Pickled as one array: a tree of objects holds the engine process's GIL longer."""
         return unpack_photo_faces, (self.pack(),)
 
 

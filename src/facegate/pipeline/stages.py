@@ -1,9 +1,5 @@
-"""The engine stages of a :class:`~facegate.pipeline.pipeline.FacePipeline`: ``detect`` and ``embed``.
-
-Engine-side only (they import torch); the ``photo`` stage is :mod:`facegate.pipeline.photo`. What the
-``embed`` stage delivers, :class:`~facegate.pipeline.results.EmbedOut`, lives in a torch-free module, so the
-front-ends that unpickle it never import torch.
-"""
+"""The ``detect`` and ``embed`` engine stages of a :class:`~facegate.pipeline.pipeline.FacePipeline` (engine-side:
+they import torch; what they deliver lives in the torch-free :mod:`facegate.pipeline.results`)."""
 
 from __future__ import annotations
 
@@ -73,13 +69,9 @@ class EmbedStage:
         return buf
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
-        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (pinned on CUDA), and each request's count.
-
-        On CUDA the crops are copied once, straight into a pinned staging buffer of a ring (not concatenated,
-        then pinned into a fresh block). Each request's crops are one ``memcpy`` with the GIL held
-        (:func:`~facegate.io.memcopy.pack_rows`): ``np.concatenate`` would give the GIL away once per request
-        and have to win it back from the engine's other threads each time.
-        """
+        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (on CUDA in a pinned staging buffer of the ring),
+        and each request's count. One ``memcpy`` per request with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
+        ``np.concatenate`` would give the GIL away once per request."""
         sizes = [len(c) for c in payloads]
         n = sum(sizes)
         cuda = self.p.device.type == "cuda"
