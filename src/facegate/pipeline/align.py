@@ -133,7 +133,7 @@ def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndar
         size: crop side; the template is scaled by ``size / 112``.
 
     Returns:
-        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / ``align_torch.warp_torch``.
+        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / ``align_torch.pixel_to_theta``.
     """
     lm = np.asarray(landmarks)
     if lm.ndim != 3 or lm.shape[1:] != (5, 2):

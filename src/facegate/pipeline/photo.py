@@ -29,7 +29,7 @@ from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
 from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
-from facegate.pipeline.align_torch import DEFAULT_MAX_FLOAT_BYTES, warp_theta, warp_torch
+from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
 from facegate.pipeline.base import PipelineView, detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
@@ -106,25 +106,20 @@ def _warp(
 ) -> tuple[torch.Tensor, list[int]]:
     """Crops of the chosen faces: ``(K, 112, 112, 3) uint8`` on the images' device, and each crop's image.
 
-    Images of one exact size are warped together (``grid_sample`` over runs of at most ``max_float_bytes`` of
-    float32 images, :func:`warp_torch`; no padding to a common size).
+    Faces of photos of one size are warped together, in runs of at most ``max_float_bytes`` of float32 photos.
     """
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for i in chosen:
-        by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).append(i)
+    by_shape: dict[tuple[int, int], list[tuple[int, Detection]]] = {}
+    for i, dets in chosen.items():
+        by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).extend((i, d) for d in dets)
     parts: list[torch.Tensor] = []
     owners: list[int] = []
-    for idx in by_shape.values():
-        lms, img_index = [], []
-        for b, i in enumerate(idx):
-            for d in chosen[i]:
-                lms.append(d.landmarks)
-                img_index.append(b)
-                owners.append(i)
-        stack = torch.stack([images[i] for i in idx])
-        limit = DEFAULT_MAX_FLOAT_BYTES if max_float_bytes is None else max_float_bytes
-        crops = warp_torch(stack, estimate_transforms(np.stack(lms)), np.array(img_index), max_float_bytes=limit)
-        parts.append(crops.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+    for (h, w), faces in by_shape.items():
+        first = images[faces[0][0]]
+        theta = pixel_to_theta(estimate_transforms(np.stack([d.landmarks for _, d in faces])), h, w, first.device)
+        for a, b in warp_runs(first, len(faces), max_float_bytes):
+            warped = warp_theta(torch.stack([images[i] for i, _ in faces[a:b]]), theta[a:b])
+            parts.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+        owners += [i for i, _ in faces]
     if not parts:
         return torch.zeros((0, CROP_SIZE, CROP_SIZE, 3), dtype=torch.uint8), owners
     return torch.cat(parts), owners

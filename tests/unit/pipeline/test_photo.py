@@ -21,7 +21,8 @@ from PIL import Image
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
-from facegate.pipeline.photo import PhotoFaces, PhotoStage, warp_runs
+from facegate.pipeline.align import ARCFACE_TEMPLATE, align_cpu
+from facegate.pipeline.photo import PhotoFaces, PhotoStage, _warp, warp_runs
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.service.faces import FaceService
 from facegate.tuning import make_plan
@@ -159,6 +160,27 @@ def test_warp_runs_bound_the_float_copy() -> None:
     assert warp_runs(photo, 3, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one photo per run
     assert warp_runs(photo, 0, 1) == []
     assert make_plan(Settings()).photo_warp_mib == 16
+
+
+def test_host_rule_crops_equal_the_host_alignment() -> None:
+    """The crops of photos the device could not settle exactly (warped per photo size, in float32 runs) are the
+    host path's crops up to rounding, in the order of their owners."""
+    rng = np.random.default_rng(5)
+    shapes = [(240, 320), (200, 180), (240, 320)]
+    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+    chosen = {
+        i: [Detection(np.zeros(4, np.float32), (ARCFACE_TEMPLATE * s + o).astype(np.float32), 0.9)]
+        for i, (s, o) in enumerate(((1.5, 20.0), (1.2, -8.0), (0.9, 100.0)))
+    }
+    tensors = {i: torch.from_numpy(im).permute(2, 0, 1).contiguous() for i, im in enumerate(images)}
+    for max_float_bytes in (None, 1):
+        crops, owners = _warp(tensors, chosen, max_float_bytes)
+        assert sorted(owners) == [0, 1, 2] and crops.shape == (3, 112, 112, 3) and crops.dtype == torch.uint8
+        lms = np.stack([chosen[i][0].landmarks for i in owners])
+        host = align_cpu(images, lms, np.array(owners))
+        diff = np.abs(crops.numpy().astype(np.int64) - host.astype(np.int64))
+        assert diff.max() <= 2 and diff.mean() < 0.1
+    assert _warp(tensors, {}, None)[0].shape == (0, 112, 112, 3)
 
 
 def test_warping_in_runs_gives_the_same_answers_to_the_bit(pipe: FacePipeline, lfw_root: Path) -> None:
