@@ -160,17 +160,6 @@ def limit_gpu_memory(mib: int, device: int | None = None) -> float:
     return fraction
 
 
-def photo_stage_enabled(mode: str, device: str) -> bool:
-    """Whether ``ServingPlan.photo_stage`` = ``mode`` gives a pipeline on ``device`` the ``photo`` stage."""
-    if mode == "on":
-        return True
-    if mode == "off" or device != "cuda":
-        return False
-    from facegate.io.decode import gpu_decode_available
-
-    return gpu_decode_available()
-
-
 def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.inference_mode()`` as a decorator that imports torch at the first call, not at import time."""
 
@@ -377,22 +366,16 @@ class FacePipeline:
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
         pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]
         limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
-        t_photo = time.perf_counter()
         if device == "cuda" and plan.photo_stage == "auto" and importlib.util.find_spec("torchvision"):
             # importing torchvision takes seconds: it runs on a thread beside the warm-up's graph captures
             # (cuDNN planning releases the GIL), and warmup() confirms the stage
             pipe.photo_limits = limits
             pipe._photo_check = start_photo_check()
             log.info("photo stage: checking torchvision's nvJPEG decoder beside the warm-up")
-        else:
-            if photo_stage_enabled(plan.photo_stage, device):
-                pipe.photo_limits = limits
-            if device == "cuda":
-                log.info(
-                    "photo stage %s (checked in %.2f s)",
-                    "on" if pipe.photo_limits else "off",
-                    time.perf_counter() - t_photo,
-                )
+        elif plan.photo_stage == "on":  # "auto" without torchvision: no nvJPEG, no stage
+            pipe.photo_limits = limits
+        if device == "cuda" and pipe._photo_check is None:
+            log.info("photo stage %s", "on" if pipe.photo_limits else "off")
         if device == "cpu":
             pipe.chunk = plan.cpu_chunk
         return pipe

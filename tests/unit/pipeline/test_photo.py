@@ -90,10 +90,12 @@ def pipe() -> FacePipeline:
 def test_no_photo_stage_unless_asked_on_the_cpu() -> None:
     s = Settings(device="cpu")
     assert s.gpu_preprocess == "auto"
-    from facegate.pipeline.pipeline import photo_stage_enabled
-
-    assert not photo_stage_enabled("auto", "cpu") and not photo_stage_enabled("off", "cuda")
-    assert photo_stage_enabled("on", "cpu")
+    assert FacePipeline.from_settings(Settings(device="cpu", model="sface-tiny")).photo_limits is None
+    assert (
+        FacePipeline.from_settings(Settings(device="cpu", model="sface-tiny", gpu_preprocess="off")).photo_limits
+        is None
+    )
+    assert FacePipeline.from_settings(Settings(device="cpu", model="sface-tiny", gpu_preprocess="on")).photo_limits
     with pytest.raises(InvalidParameterError):
         PhotoStage(FacePipeline(None, None, None, device="cpu", operating=None), max_bytes=1, max_pixels=1)  # type: ignore[arg-type]
 
