@@ -1,18 +1,13 @@
 """The engine's ``search`` stage: 1:N search over the engine's one gallery index, batched like ``embed``.
 
-One index per engine process (fp16 torch tensor on CUDA, float32 BLAS on the CPU), kept current from the
-store's change feed (:class:`~facegate.gallery.service.Gallery`). Front-ends hold no templates: they
-submit :func:`~facegate.gallery.query.encode_search` requests and get
-:class:`~facegate.gallery.query.SearchOut` answers.
+One index per engine process (fp16 on CUDA, float32 BLAS on the CPU), kept current from the store's change
+feed (:class:`~facegate.gallery.service.Gallery`); front-ends hold no templates. Each batch first catches
+the index up to the store's sequence number (one ``max(seq)`` per batch), so every write acknowledged
+before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
 
-Per batch the stage first catches the index up to the store's current sequence number (one cheap
-``max(seq)`` per batch, not per query): every write acknowledged before a query was submitted is
-therefore reflected in its answer, whichever front-end or host wrote it. Then, per gallery in the batch,
-one matrix product of the stacked queries and one top-k.
-
-The store is opened when the stage is made; if that fails (a database that is down), the stage answers
-:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and tries again at the next batch, at most
-every :data:`REOPEN_S` seconds, while the other stages keep working.
+While the store cannot be opened (a database that is down) the stage answers
+:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and retries at most every :data:`REOPEN_S`
+seconds; the other stages keep working.
 """
 
 from __future__ import annotations
@@ -31,6 +26,14 @@ from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
 from facegate.gallery.query import SearchOut, decode_search
 
 log = logging.getLogger(__name__)
+
+
+def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except FacegateError as exc:
+        return exc
+
 
 #: Least seconds between two attempts to open a store that was unreachable.
 REOPEN_S = 2.0
@@ -80,16 +83,7 @@ class SearchStage:
             )
 
     def prepare(self, payloads: list[np.ndarray]) -> list[tuple[str, int, np.ndarray] | FacegateError]:
-        out: list[tuple[str, int, np.ndarray] | FacegateError] = []
-        for p in payloads:
-            try:
-                out.append(decode_search(p))
-            except FacegateError as exc:
-                out.append(exc)
-        return out
-
-    def execute(self, prepared: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
-        return self.search_many(prepared)
+        return [_try(decode_search, p) for p in payloads]
 
     def search_many(self, items: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
         """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error; one matrix
@@ -119,6 +113,8 @@ class SearchStage:
                 ids, scores = hits[j]
                 results[i] = SearchOut(ids[:kk], scores[:kk], n, seq)
         return results
+
+    execute = search_many
 
     @classmethod
     def from_settings(cls, settings: Any, device: str) -> SearchStage:
@@ -178,12 +174,11 @@ class PhotoSearchStage:
         heads: list[Any] = []
         photos: list[np.ndarray] = []
         for p in payloads:
-            try:
-                gallery, k, data = decode_photo_search(p)
-                heads.append((gallery, k, len(photos)))
-                photos.append(data)
-            except FacegateError as exc:
-                heads.append(exc)
+            head = _try(decode_photo_search, p)
+            if not isinstance(head, FacegateError):
+                photos.append(head[2])
+                head = (head[0], head[1], len(photos) - 1)
+            heads.append(head)
         return heads, (self._photo.prepare(photos) if photos else None)
 
     def execute(self, prepared: tuple[list[Any], Any]) -> list[Any]:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from facegate.errors import DimensionMismatchError, GalleryNotFoundError, InvalidParameterError
-from facegate.gallery.base import GalleryInfo
 from facegate.gallery.index import GalleryIndex
 
 
@@ -45,33 +44,13 @@ def assert_matches_reference(hits, ids: list[str], T: np.ndarray, Q: np.ndarray,
     assert n_swapped <= max(1, len(hits) * k // 100), n_swapped
 
 
-class FakeStore:
-    """Minimal TemplateSource."""
-
-    def __init__(self, data: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
-        self.data = data
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        return [GalleryInfo(n, "m", d, 0.0, len(ids)) for n, (d, ids, _) in sorted(self.data.items())]
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        if name not in self.data:
-            raise GalleryNotFoundError(name)
-        d, ids, _ = self.data[name]
-        return GalleryInfo(name, "m", d, 0.0, len(ids))
-
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        _, ids, T = self.data[gallery]
-        return list(ids), T
-
-
 def test_search_equals_numpy_brute_force_10k() -> None:
     rng = np.random.default_rng(0)
     S, D, k = 10_000, 128, 10
     T = unit(rng, S, D)
     ids = [f"s{i}" for i in range(S)]
     idx = GalleryIndex("cpu")
-    idx.rebuild(FakeStore({"g": (D, ids, T)}))
+    idx.load_all({"g": (D, ids, T)})
     # queries: noisy copies of known subjects (realistic: one clear winner) plus pure noise
     Q = np.vstack([T[:32] + 0.3 * unit(rng, 32, D), unit(rng, 32, D)]).astype(np.float32)
     hits = idx.search("g", Q, k, threshold=0.5)
@@ -160,23 +139,18 @@ def test_incremental_updates_match_a_reference_dict() -> None:
                 assert_matches_reference(idx.search("g", Q, 5, 0.0), ids, T, Q, 5, atol=2e-6)
     assert max(capacities) >= 256 and capacities[-1] < max(capacities)  # grew several times, then shrank
     assert not idx.remove("g", "never-there")
-    assert idx.size("g") == len(ref)
     assert idx.sizes() == {"g": len(ref)}
 
 
-def test_rebuild_replaces_everything_and_drop() -> None:
+def test_load_all_replaces_everything_and_drop() -> None:
     rng = np.random.default_rng(4)
     idx = GalleryIndex()
     idx.load_gallery("stale", 4, ["x"], unit(rng, 1, 4))
-    store = FakeStore({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
-    idx.rebuild(store)
+    idx.load_all({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.sizes() == {"a": 2, "b": 0}
     assert not idx.has("stale")
-    store.data["a"] = (4, ["r"], unit(rng, 1, 4))
-    idx.rebuild_gallery(store, "a")
-    assert idx.snapshot("a")[0] == ["r"]
-    with pytest.raises(GalleryNotFoundError):
-        idx.rebuild_gallery(store, "zzz")
+    idx.load_gallery("a", 4, ["r"], unit(rng, 1, 4))
+    assert idx.snapshot("a")[0] == ["r"] and idx.dim("a") == 4
     idx.drop("a")
     idx.drop("a")
     assert idx.sizes() == {"b": 0}
@@ -239,7 +213,7 @@ def test_concurrent_search_and_updates() -> None:
 @pytest.mark.gpu
 def test_cuda_search_matches_cpu() -> None:
     rng = np.random.default_rng(8)
-    T = unit(rng, 20_000, 512)
+    T = unit(rng, 100_000, 512)  # above BLOCK_MIN: the two-level top-k
     ids = [str(i) for i in range(len(T))]
     Q = unit(rng, 64, 512)
     cpu, gpu = GalleryIndex("cpu"), GalleryIndex("cuda")
@@ -308,3 +282,28 @@ def test_torch_index_grown_in_inference_mode_takes_later_writes() -> None:
         idx.upsert("g", f"s{i}", vecs[i])
     assert idx.remove("g", "s3")
     assert idx.search("g", vecs[[150]], 1, 0.5)[0][0].subject_id == "s150"
+
+
+@pytest.mark.parametrize(("n", "k", "block"), [(70_001, 10, 1024), (70_001, 100, 4096), (80_000, 1, 256)])
+def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int) -> None:
+    """The block-max top-k of a large gallery returns exactly what one ``torch.topk`` over all scores does,
+    also with a partial last block and with k above the number of blocks."""
+    from facegate.gallery.index import BLOCK_MIN, _TorchOps
+
+    assert n > BLOCK_MIN
+    rng = np.random.default_rng(10)
+    T = unit(rng, n, 16)
+    ids = [f"s{i}" for i in range(n)]
+    two, plain = GalleryIndex("cpu"), GalleryIndex("cpu")
+    two._ops, plain._ops = _TorchOps("cpu", "float32", block), _TorchOps("cpu", "float32", 0)
+    for idx in (two, plain):
+        idx.load_gallery("g", 16, ids, T)
+        idx.remove("g", "s5")  # the last row moves into the hole
+    Q = np.vstack([T[[n - 1, 7]], unit(rng, 6, 16)])
+    (ha, na), (hb, nb) = two.search_raw("g", Q, k), plain.search_raw("g", Q, k)
+    assert na == nb == n - 1
+    for (ia, va), (ib, vb) in zip(ha, hb, strict=True):
+        assert ia == ib
+        np.testing.assert_array_equal(va, vb)
+    assert ha[0][0][0] == f"s{n - 1}" and ha[1][0][0] == "s7"
+    assert_matches_reference(two.search("g", Q, k, 0.5), *two.snapshot("g"), Q, k, atol=2e-6)
