@@ -61,13 +61,26 @@ def median_ms(fn: Callable[[], Any], iters: int) -> float:
     return round(statistics.median(times), 3)
 
 
-def variants(idx: GalleryIndex, q: np.ndarray, o: argparse.Namespace) -> dict[str, Any]:
-    """Interleaved medians of the 64-query search per top-k variant (torch index only; see the docstring)."""
+def variants(
+    idx: GalleryIndex, q: np.ndarray, o: argparse.Namespace, engine: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """Interleaved medians of the 64-query search per top-k variant (torch index only; see the docstring),
+    and of ``engine`` (the search stage's batch) at the default block size."""
     from facegate.gallery.index import _TorchOps
 
     ops = idx._ops
-    if not isinstance(ops, _TorchOps):
-        return {}
+    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads, 1 against 2, for one query and for 64
+        cpu: dict[str, list[float]] = {}
+        for _ in range(o.rounds):
+            for t in (1, 2):
+                ops.threads = t  # type: ignore[union-attr]
+                cpu.setdefault(f"single_threads{t}", []).append(
+                    median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters)
+                )
+                cpu.setdefault(f"batch64_threads{t}", []).append(median_ms(lambda: idx.search_raw("g", q, 10), o.iters))
+        ops.threads = max(1, (os.cpu_count() or 1) // 2)  # type: ignore[union-attr]
+        return {"blas_threads_ms": {name: round(statistics.median(v), 3) for name, v in cpu.items()},
+                "blas_threads_rounds_ms": cpu}  # fmt: skip
     torch, mat, n = ops.torch, idx._entry("g").mat, idx.sizes()["g"]
     qd = torch.from_numpy(q).to(ops.device, ops.dtype)
 
@@ -76,15 +89,17 @@ def variants(idx: GalleryIndex, q: np.ndarray, o: argparse.Namespace) -> dict[st
         if ops.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def with_block(b: int) -> Callable[[], Any]:
+    def with_block(b: int | None) -> Callable[[], Any]:
         def fn() -> Any:
             ops.block = b
             return idx.search_raw("g", q, 10)
 
         return fn
 
-    fns: dict[str, Callable[[], Any]] = {"floor": floor, "plain": with_block(0)}
+    fns: dict[str, Callable[[], Any]] = {"floor": floor, "plain": with_block(0), "block_auto": with_block(None)}
     fns.update({f"block{b}": with_block(b) for b in (256, 1024, 4096)})
+    if engine is not None:
+        fns["engine"] = lambda: (setattr(ops, "block", None), engine())
     runs: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(o.rounds):
         for name, fn in fns.items():
@@ -97,9 +112,9 @@ def variants(idx: GalleryIndex, q: np.ndarray, o: argparse.Namespace) -> dict[st
         got = fns[name]()[0]
         same_scores[name] = all(np.array_equal(a[1], b[1]) for a, b in zip(got, ref, strict=True))
         same_ids[name] = sum(len(set(a[0]) ^ set(b[0])) for a, b in zip(got, ref, strict=True)) // 2
-    ops.block = 1024
+    ops.block = None
     return {"variants_batch64_ms": out, "same_scores_as_plain": same_scores, "ids_differing_from_plain": same_ids,
-            "plain_over_block1024": round(out["plain"] / out["block1024"], 2)}  # fmt: skip
+            "plain_over_block_auto": round(out["plain"] / out["block_auto"], 2)}  # fmt: skip
 
 
 def templates(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -164,7 +179,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     row["engine_batch64_ms"] = median_ms(lambda: stage.execute(batch), o.iters)
     row["index_batch64_ms"] = median_ms(lambda: gal.index.search_raw("g", q, 10), o.iters)
     row["single_query_ms"] = median_ms(lambda: gal.index.search_raw("g", q[:1], 10), o.iters)
-    row.update(variants(gal.index, q, o))
+    row.update(variants(gal.index, q, o, lambda: stage.execute(batch)))
     writer = open_store(url)
     one = np.ones(1, np.float32)
     costs = []

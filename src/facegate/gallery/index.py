@@ -7,13 +7,14 @@ product ``(Q, D) @ (D, n)`` and one top-k. Each gallery has a lock held by write
 never sees a half-applied update.
 
 On torch, a gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of
-``block`` scores by their maximum, then the top ``k`` of those blocks' scores. (The ``k`` best scores lie in
-at most ``k`` blocks, whose maxima are among the ``k`` largest.) One ``amax`` pass is far cheaper than
-``torch.topk`` over millions of columns.
+``b`` scores by their maximum, then the top ``k`` of those blocks' scores. (The ``k`` best scores lie in at
+most ``k`` blocks, whose maxima are among the ``k`` largest.) One ``amax`` pass is far cheaper than
+``torch.topk`` over millions of columns; ``b`` grows with the gallery so that there are 2,048-4,096 blocks.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,21 @@ _DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 class _NumpyOps:
-    """Template matrices as NumPy arrays (CPU, float32/float64)."""
+    """Template matrices as NumPy arrays (CPU, float32/float64).
+
+    The matrix product runs on ``threads`` BLAS threads, half the cores: the engine's model stages use the
+    rest, and OpenBLAS threads that spin on a busy core slow a search down many times over.
+    """
+
+    _blas: Any = None  # one threadpoolctl controller per process (finding the BLAS libraries takes ~10 ms)
 
     def __init__(self, dtype: str) -> None:
+        from threadpoolctl import ThreadpoolController
+
         self.dtype = np.dtype(dtype)
+        self.threads = max(1, (os.cpu_count() or 1) // 2)
+        if _NumpyOps._blas is None:
+            _NumpyOps._blas = ThreadpoolController()
 
     def zeros(self, rows: int, dim: int) -> np.ndarray:
         return np.zeros((rows, dim), self.dtype)
@@ -49,7 +61,8 @@ class _NumpyOps:
 
     def topk(self, q: np.ndarray, mat: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(Q, k)`` scores, descending, and ``(Q, k) int64`` rows of ``mat[:n]``."""
-        scores = self.from_numpy(q) @ mat[:n].T
+        with self._blas.limit(limits=self.threads, user_api="blas"):
+            scores = self.from_numpy(q) @ mat[:n].T
         idx = np.argpartition(scores, n - k, axis=1)[:, n - k :] if k < n else np.argsort(-scores, axis=1)
         vals = np.take_along_axis(scores, idx, axis=1)
         order = np.argsort(-vals, axis=1, kind="stable")
@@ -59,10 +72,11 @@ class _NumpyOps:
 class _TorchOps:
     """Template matrices as torch tensors on ``device`` (torch imported here, on first use).
 
-    ``block``: scores per block of the two-level top-k (a divisor of :data:`ALIGN`; 0 turns it off).
+    ``block``: scores per block of the two-level top-k (a divisor of :data:`ALIGN`; 0 turns it off; None:
+    by gallery size).
     """
 
-    def __init__(self, device: Any, dtype: str, block: int = 1024) -> None:
+    def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
         import torch
 
         self.torch = torch
@@ -85,6 +99,8 @@ class _TorchOps:
 
     def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         torch, b = self.torch, self.block
+        if b is None:
+            b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
         with torch.inference_mode():
             qd = torch.from_numpy(q).to(self.device).to(self.dtype)
             if b and n > BLOCK_MIN:
