@@ -199,7 +199,7 @@ def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> di
     chunks = [templates(rng, min(1_000_000, size - s), o.dim) for s in range(0, size, 1_000_000)]
     idx.ensure_gallery("g", o.dim)
     entry_ids = [f"s{i}" for i in range(size)]
-    idx.load_gallery("g", o.dim, entry_ids, np.concatenate(chunks))
+    idx.load_all({"g": (o.dim, entry_ids, np.concatenate(chunks))})
     del chunks
     q = templates(rng, 64, o.dim)
     return {

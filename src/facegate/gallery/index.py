@@ -1,15 +1,9 @@
 """Exact 1:N cosine search over every gallery's templates: NumPy BLAS on the CPU, torch on an accelerator.
 
-Per gallery a ``(capacity, D)`` matrix holds the unit-norm templates in rows ``[0, n)``, the subject ids in
-row order and an ``id -> row`` dict. An upsert overwrites or appends a row (doubling a full buffer); a
-remove moves the last row into the hole (halving a buffer under a quarter full). A search is one matrix
-product ``(Q, D) @ (D, n)`` and one top-k. Each gallery has a lock held by writes and searches, so a search
-never sees a half-applied update.
-
-On torch, a gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of
-``b`` scores by their maximum, then the top ``k`` of those blocks' scores. (The ``k`` best scores lie in at
-most ``k`` blocks, whose maxima are among the ``k`` largest.) One ``amax`` pass is far cheaper than
-``torch.topk`` over millions of columns; ``b`` grows with the gallery so that there are 2,048-4,096 blocks.
+Per gallery a ``(capacity, D)`` matrix holds the unit-norm templates in rows ``[0, n)`` (zero beyond), the
+ids in row order and an ``id -> row`` dict. An upsert overwrites or appends a row (doubling a full buffer);
+a remove moves the last row into the hole (halving a buffer under a quarter full). A search is one matrix
+product ``(Q, D) @ (D, n)`` and one top-k, under the gallery's lock (so it never sees a half-applied write).
 """
 
 from __future__ import annotations
@@ -27,17 +21,14 @@ from facegate.gallery.base import SearchHit
 #: Smallest buffer, in rows; buffers above :data:`ALIGN` rows are a multiple of it (so blocks tile them).
 _MIN_CAPACITY = 64
 ALIGN = 4096
-#: Galleries above this many rows use the two-level top-k on torch.
-BLOCK_MIN = 65_536
+BLOCK_MIN = 65_536  # galleries above this many rows take the two-level top-k on torch
 _DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 class _NumpyOps:
-    """Template matrices as NumPy arrays (CPU, float32/float64).
-
-    The matrix product runs on ``threads`` BLAS threads, half the cores: the engine's model stages use the
-    rest, and OpenBLAS threads that spin on a busy core slow a search down many times over.
-    """
+    """Template matrices as NumPy arrays (CPU, float32/float64). The matrix product runs on half the cores'
+    worth of BLAS threads: the model stages use the rest, and BLAS threads spinning on a busy core make a
+    search many times slower."""
 
     _blas: Any = None  # one threadpoolctl controller per process (finding the BLAS libraries takes ~10 ms)
 
@@ -55,10 +46,6 @@ class _NumpyOps:
     def from_numpy(self, arr: np.ndarray) -> np.ndarray:
         return np.asarray(arr, self.dtype)
 
-    @staticmethod
-    def to_host(x: np.ndarray) -> np.ndarray:
-        return np.array(x, np.float32)
-
     def topk(self, q: np.ndarray, mat: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(Q, k)`` scores, descending, and ``(Q, k) int64`` rows of ``mat[:n]``."""
         with self._blas.limit(limits=self.threads, user_api="blas"):
@@ -72,8 +59,11 @@ class _NumpyOps:
 class _TorchOps:
     """Template matrices as torch tensors on ``device`` (torch imported here, on first use).
 
-    ``block``: scores per block of the two-level top-k (a divisor of :data:`ALIGN`; 0 turns it off; None:
-    by gallery size).
+    A gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of ``block``
+    scores by their maximum, then the top ``k`` of those blocks' scores (the ``k`` best scores lie in at most
+    ``k`` blocks, whose maxima are among the ``k`` largest). One ``amax`` pass costs far less than a
+    ``torch.topk`` over millions of columns. ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096
+    blocks.
     """
 
     def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
@@ -93,9 +83,6 @@ class _TorchOps:
     def from_numpy(self, arr: np.ndarray) -> Any:
         with self.torch.inference_mode(False):
             return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
-
-    def to_host(self, x: Any) -> np.ndarray:
-        return x.to("cpu", self.torch.float32).numpy().copy()
 
     def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         torch, b = self.torch, self.block
@@ -134,14 +121,9 @@ class _Entry:
 
 
 class GalleryIndex:
-    """Exact cosine top-k over every gallery's templates, on ``device``.
-
-    Args:
-        device: where the matrices live and the search runs (``"cpu"``, ``"cuda"``, a ``torch.device``).
-        dtype: storage/compute dtype, a name or a torch dtype: ``float32`` (default), ``float64``, or
-            ``float16``/``bfloat16`` (half the memory at ~1e-3 score error). CPU with float32/float64
-            uses NumPy; anything else torch.
-    """
+    """Exact cosine top-k over every gallery's templates, on ``device`` (``"cpu"``, ``"cuda"``, a
+    ``torch.device``), stored as ``dtype`` (a name or a torch dtype): ``float32``, ``float64``, or
+    ``float16``/``bfloat16`` (half the memory, ~1e-3 score error). NumPy on the CPU in float32/float64."""
 
     def __init__(self, device: Any = "cpu", dtype: Any = "float32") -> None:
         name = str(dtype).removeprefix("torch.")
@@ -188,14 +170,11 @@ class GalleryIndex:
                 f"templates of shape {templates.shape} do not fit {len(ids)} ids x dim {dim}",
                 detail={"expected": [len(ids), dim], "got": list(templates.shape)},
             )
-        if len(set(ids)) != len(ids):
-            raise GalleryError("duplicate subject ids in the templates loaded for the index")
         mat = self._alloc(len(ids), dim)
         if ids:
             mat[: len(ids)] = self._ops.from_numpy(templates)
         return _Entry(dim=dim, mat=mat, ids=list(ids), pos={s: i for i, s in enumerate(ids)})
 
-    # ------------------------------------------------------------------ galleries
     def has(self, gallery: str) -> bool:
         """Whether ``gallery`` is loaded."""
         with self._guard:
@@ -213,12 +192,6 @@ class GalleryIndex:
                     detail={"expected": entry.dim, "got": dim},
                 )
 
-    def load_gallery(self, gallery: str, dim: int, subject_ids: list[str], templates: np.ndarray) -> None:
-        """Replace a gallery's contents with ``templates`` ``(S, D) float32`` (row i = ``subject_ids[i]``)."""
-        entry = self._make_entry(dim, subject_ids, templates)
-        with self._guard:
-            self._entries[gallery] = entry
-
     def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
         """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
         fresh = {name: self._make_entry(int(dim), ids, t) for name, (dim, ids, t) in galleries.items()}
@@ -234,7 +207,6 @@ class GalleryIndex:
         """A loaded gallery's embedding size D."""
         return self._entry(gallery).dim
 
-    # ------------------------------------------------------------------ subjects
     def upsert(self, gallery: str, subject_id: str, template: np.ndarray) -> None:
         """Insert or overwrite one subject's template ``(D,) float32`` (unit norm)."""
         entry = self._entry(gallery)
@@ -274,7 +246,6 @@ class GalleryIndex:
                 self._resize(entry, 2 * entry.n)
             return True
 
-    # ------------------------------------------------------------------ queries
     def sizes(self) -> dict[str, int]:
         """``{gallery: number of subjects}`` of every loaded gallery."""
         with self._guard:
@@ -286,35 +257,28 @@ class GalleryIndex:
         entry = self._entry(gallery)
         with entry.lock:
             ids = list(entry.ids)
-            mat = self._ops.to_host(entry.mat[: entry.n])
+            mat = entry.mat[: entry.n]
+            mat = np.array(mat if isinstance(mat, np.ndarray) else mat.float().cpu().numpy(), np.float32)
         order = sorted(range(len(ids)), key=ids.__getitem__)
-        return [ids[i] for i in order], mat[order] if ids else mat
+        return [ids[i] for i in order], mat[order]
 
     def search_raw(self, gallery: str, queries: np.ndarray, k: int) -> tuple[list[tuple[list[str], np.ndarray]], int]:
-        """Exact cosine top-k of a batch.
-
-        Args:
-            queries: ``(Q, D)`` float embeddings (normalised here, so any non-zero scale works).
-            k: hits per query, ``>= 1``; fewer when the gallery has fewer subjects.
-
-        Returns:
-            per query ``(subject_ids, (k,) float32 scores)`` by descending score, and the gallery's size N.
-        """
+        """Exact cosine top-k of ``(Q, D)`` float ``queries`` (normalised here) with ``k >= 1`` hits each (fewer
+        in a smaller gallery): per query ``(subject_ids, (k,) float32 scores)`` by descending score, and N."""
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
             raise InvalidParameterError(f"k must be an integer >= 1, got {k!r}", detail={"field": "k"})
         entry = self._entry(gallery)
         q = np.asarray(queries)
-        if q.ndim != 2 or q.shape[0] < 1 or not np.issubdtype(q.dtype, np.floating):
+        if q.ndim != 2 or q.shape[0] < 1 or not np.issubdtype(q.dtype, np.floating) or not np.isfinite(q).all():
             raise InvalidParameterError(
-                f"queries must be a non-empty (Q, D) float array, got shape {q.shape}", detail={"field": "queries"}
+                f"queries must be a non-empty (Q, D) array of finite floats, got shape {q.shape}",
+                detail={"field": "queries"},
             )
         if q.shape[1] != entry.dim:
             raise DimensionMismatchError(
                 f"query dimension {q.shape[1]} does not match gallery {gallery!r} ({entry.dim})",
                 detail={"expected": entry.dim, "got": int(q.shape[1])},
             )
-        if not np.isfinite(q).all():
-            raise InvalidParameterError("queries contain NaN or inf", detail={"field": "queries"})
         q = q.astype(np.float32)
         q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         with entry.lock:
@@ -322,11 +286,9 @@ class GalleryIndex:
             if n == 0:
                 return [([], np.zeros(0, np.float32)) for _ in q], 0
             vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
-            ids = entry.ids
-            names = [ids[j] for j in rows.ravel().tolist()]
+            names = [entry.ids[j] for j in rows.ravel().tolist()]
         kk = rows.shape[1]
-        vals = vals.astype(np.float32, copy=False)
-        return [(names[i * kk : (i + 1) * kk], vals[i]) for i in range(len(q))], n
+        return [(names[i * kk : (i + 1) * kk], vals[i].astype(np.float32)) for i in range(len(q))], n
 
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""

@@ -71,7 +71,7 @@ def test_small_and_empty_galleries() -> None:
     idx.ensure_gallery("e", 8)
     assert idx.search("e", unit(rng, 3, 8), 5, 0.3) == [[], [], []]
     T = unit(rng, 3, 8)
-    idx.load_gallery("g", 8, ["a", "b", "c"], T)
+    idx.load_all({"g": (8, ["a", "b", "c"], T)})
     hits = idx.search("g", T, 10, 0.99)  # k > S: clamps to S
     assert [len(r) for r in hits] == [3, 3, 3]
     assert [r[0].subject_id for r in hits] == ["a", "b", "c"]
@@ -85,7 +85,7 @@ def test_small_and_empty_galleries() -> None:
 def test_search_errors() -> None:
     rng = np.random.default_rng(2)
     idx = GalleryIndex()
-    idx.load_gallery("g", 8, ["a"], unit(rng, 1, 8))
+    idx.load_all({"g": (8, ["a"], unit(rng, 1, 8))})
     with pytest.raises(GalleryNotFoundError):
         idx.search("nope", unit(rng, 1, 8), 1, 0.3)
     with pytest.raises(DimensionMismatchError):
@@ -101,7 +101,7 @@ def test_search_errors() -> None:
     with pytest.raises(DimensionMismatchError):
         idx.ensure_gallery("g", 16)
     with pytest.raises(DimensionMismatchError):
-        idx.load_gallery("h", 8, ["a", "b"], unit(rng, 3, 8))
+        idx.load_all({"h": (8, ["a", "b"], unit(rng, 3, 8))})
     with pytest.raises(InvalidParameterError):
         GalleryIndex(dtype=torch.int8)
 
@@ -145,11 +145,11 @@ def test_incremental_updates_match_a_reference_dict() -> None:
 def test_load_all_replaces_everything_and_drop() -> None:
     rng = np.random.default_rng(4)
     idx = GalleryIndex()
-    idx.load_gallery("stale", 4, ["x"], unit(rng, 1, 4))
+    idx.load_all({"stale": (4, ["x"], unit(rng, 1, 4))})
     idx.load_all({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.sizes() == {"a": 2, "b": 0}
     assert not idx.has("stale")
-    idx.load_gallery("a", 4, ["r"], unit(rng, 1, 4))
+    idx.load_all({"a": (4, ["r"], unit(rng, 1, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.snapshot("a")[0] == ["r"] and idx.dim("a") == 4
     idx.drop("a")
     idx.drop("a")
@@ -161,7 +161,7 @@ def test_bfloat16_index_ranks_well_separated_data() -> None:
     T = unit(rng, 500, 64)
     ids = [str(i) for i in range(500)]
     idx = GalleryIndex("cpu", torch.bfloat16)
-    idx.load_gallery("g", 64, ids, T)
+    idx.load_all({"g": (64, ids, T)})
     hits = idx.search("g", T[:20] + 0.1 * unit(rng, 20, 64), 1, 0.5)
     assert [r[0].subject_id for r in hits] == ids[:20]
 
@@ -172,7 +172,7 @@ def test_concurrent_search_and_updates() -> None:
     D = 32
     idx = GalleryIndex()
     base = unit(rng, 300, D)
-    idx.load_gallery("g", D, [f"b{i}" for i in range(300)], base)
+    idx.load_all({"g": (D, [f"b{i}" for i in range(300)], base)})
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -218,11 +218,11 @@ def test_cuda_search_matches_cpu() -> None:
     Q = unit(rng, 64, 512)
     cpu, gpu = GalleryIndex("cpu"), GalleryIndex("cuda")
     for idx in (cpu, gpu):
-        idx.load_gallery("g", 512, ids, T)
+        idx.load_all({"g": (512, ids, T)})
     assert_matches_reference(gpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=1e-4)
     assert_matches_reference(cpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=2e-6)
     half = GalleryIndex("cuda", torch.float16)
-    half.load_gallery("g", 512, ids, T)
+    half.load_all({"g": (512, ids, T)})
     top1 = [r[0].subject_id for r in half.search("g", T[:64], 1, 0.3)]
     assert top1 == ids[:64]
 
@@ -252,7 +252,7 @@ def test_numpy_and_torch_backends_agree(k: int) -> None:
     a, b = GalleryIndex("cpu"), GalleryIndex("cpu")
     b._ops = _TorchOps("cpu", "float32")
     for idx in (a, b):
-        idx.load_gallery("g", 32, ids, T)
+        idx.load_all({"g": (32, ids, T)})
         for i in range(0, 300, 7):
             assert idx.remove("g", f"s{i}")
         idx.upsert("g", "new", T[0])
@@ -297,7 +297,7 @@ def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int | None) -> 
     two, plain = GalleryIndex("cpu"), GalleryIndex("cpu")
     two._ops, plain._ops = _TorchOps("cpu", "float32", block), _TorchOps("cpu", "float32", 0)
     for idx in (two, plain):
-        idx.load_gallery("g", 16, ids, T)
+        idx.load_all({"g": (16, ids, T)})
         idx.remove("g", "s5")  # the last row moves into the hole
     Q = np.vstack([T[[n - 1, 7]], unit(rng, 6, 16)])
     (ha, na), (hb, nb) = two.search_raw("g", Q, k), plain.search_raw("g", Q, k)
