@@ -288,7 +288,8 @@ class GalleryIndex:
             vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
             names = [entry.ids[j] for j in rows.ravel().tolist()]
         kk = rows.shape[1]
-        return [(names[i * kk : (i + 1) * kk], vals[i].astype(np.float32)) for i in range(len(q))], n
+        vals = vals.astype(np.float32, copy=False)
+        return [(names[i * kk : (i + 1) * kk], vals[i]) for i in range(len(q))], n
 
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
