@@ -9,7 +9,11 @@ Synthetic unit-norm templates (``--dim``, 128 = sface), imported in bulk. Per ga
 * ``apply_one_change_ms``: the index applying one enrolment committed by another connection (feed read
   included), and ``full_load_s``: start-up (one snapshot read + index load), from SQLite and, when a
   PostgreSQL server is available (``--postgres-url``, or the Debian binaries to start one), PostgreSQL;
-* ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU.
+* ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU;
+* ``variants_batch64_ms`` (torch index): the 64-query search with the two-level top-k at several block sizes
+  against one ``torch.topk`` over every score (``plain``), interleaved over ``--rounds``, with
+  ``floor``, the bare matrix product + ``torch.topk`` on the device (no host copies), and whether every
+  variant returned the same ids as ``plain``.
 
 Medians over ``--iters`` calls after a warm-up. Writes one JSON named by environment::
 
@@ -55,6 +59,62 @@ def median_ms(fn: Callable[[], Any], iters: int) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1000)
     return round(statistics.median(times), 3)
+
+
+def variants(
+    idx: GalleryIndex, q: np.ndarray, o: argparse.Namespace, engine: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """Interleaved medians of the 64-query search per top-k variant (torch index only; see the docstring),
+    and of ``engine`` (the search stage's batch) at the default block size."""
+    from facegate.gallery.index import _TorchOps
+
+    ops = idx._ops
+    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads, 1 against 2, for one query and for 64
+        cpu: dict[str, list[float]] = {}
+        for _ in range(o.rounds):
+            for t in (1, 2):
+                ops.threads = t  # type: ignore[union-attr]
+                cpu.setdefault(f"single_threads{t}", []).append(
+                    median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters)
+                )
+                cpu.setdefault(f"batch64_threads{t}", []).append(median_ms(lambda: idx.search_raw("g", q, 10), o.iters))
+        ops.threads = max(1, (os.cpu_count() or 1) // 2)  # type: ignore[union-attr]
+        return {"blas_threads_ms": {name: round(statistics.median(v), 3) for name, v in cpu.items()},
+                "blas_threads_rounds_ms": cpu}  # fmt: skip
+    torch, mat, n = ops.torch, idx._entry("g").mat, idx.sizes()["g"]
+    qd = torch.from_numpy(q).to(ops.device, ops.dtype)
+
+    def floor() -> None:
+        torch.topk(qd @ mat[:n].T, 10, dim=1)
+        if ops.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def with_block(b: int | None) -> Callable[[], Any]:
+        def fn() -> Any:
+            ops.block = b
+            return idx.search_raw("g", q, 10)
+
+        return fn
+
+    fns: dict[str, Callable[[], Any]] = {"floor": floor, "plain": with_block(0), "block_auto": with_block(None)}
+    fns.update({f"block{b}": with_block(b) for b in (256, 1024, 4096)})
+    if engine is not None:
+        fns["engine"] = lambda: (setattr(ops, "block", None), engine())
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(o.rounds):
+        for name, fn in fns.items():
+            runs[name].append(median_ms(fn, o.iters))
+    out: dict[str, Any] = {name: round(statistics.median(v), 3) for name, v in runs.items()}
+    # fp16 scores tie often: the same scores, and the same ids up to the order of equal scores
+    ref = with_block(0)()[0]
+    same_scores, same_ids = {}, {}
+    for name in [x for x in fns if x.startswith("block")]:
+        got = fns[name]()[0]
+        same_scores[name] = all(np.array_equal(a[1], b[1]) for a, b in zip(got, ref, strict=True))
+        same_ids[name] = sum(len(set(a[0]) ^ set(b[0])) for a, b in zip(got, ref, strict=True)) // 2
+    ops.block = None
+    return {"variants_batch64_ms": out, "same_scores_as_plain": same_scores, "ids_differing_from_plain": same_ids,
+            "plain_over_block_auto": round(out["plain"] / out["block_auto"], 2)}  # fmt: skip
 
 
 def templates(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -110,9 +170,8 @@ def build(url: str, size: int, dim: int, rng: np.random.Generator) -> float:
 def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
     row: dict[str, Any] = {"backend": backend, "gallery": size}
     row["import_subjects_per_s"] = round(build(url, size, o.dim, rng))
-    cuda = o.device.startswith("cuda")
     t0 = time.perf_counter()
-    gal = Gallery(open_store(url), GalleryIndex(o.device, "float16" if cuda else "float32"), match_threshold=1.0)
+    gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype), match_threshold=1.0)
     row["full_load_s"] = round(time.perf_counter() - t0, 3)
     stage = SearchStage(lambda: gal)
     q = templates(rng, 64, o.dim)
@@ -120,6 +179,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     row["engine_batch64_ms"] = median_ms(lambda: stage.execute(batch), o.iters)
     row["index_batch64_ms"] = median_ms(lambda: gal.index.search_raw("g", q, 10), o.iters)
     row["single_query_ms"] = median_ms(lambda: gal.index.search_raw("g", q[:1], 10), o.iters)
+    row.update(variants(gal.index, q, o, lambda: stage.execute(batch)))
     writer = open_store(url)
     one = np.ones(1, np.float32)
     costs = []
@@ -135,12 +195,11 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
 
 
 def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
-    cuda = o.device.startswith("cuda")
-    idx = GalleryIndex(o.device, "float16" if cuda else "float32")
+    idx = GalleryIndex(o.device, o.dtype)
     chunks = [templates(rng, min(1_000_000, size - s), o.dim) for s in range(0, size, 1_000_000)]
     idx.ensure_gallery("g", o.dim)
     entry_ids = [f"s{i}" for i in range(size)]
-    idx.load_gallery("g", o.dim, entry_ids, np.concatenate(chunks))
+    idx.load_all({"g": (o.dim, entry_ids, np.concatenate(chunks))})
     del chunks
     q = templates(rng, 64, o.dim)
     return {
@@ -148,6 +207,7 @@ def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> di
         "gallery": size,
         "index_batch64_ms": median_ms(lambda: idx.search_raw("g", q, 10), o.iters),
         "single_query_ms": median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters),
+        **variants(idx, q, o),
     }
 
 
@@ -158,10 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="100000", help="gallery sizes measured through the stores")
     p.add_argument("--index-only-sizes", default="", help="sizes measured on the index alone")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the top-k variants")
+    p.add_argument("--dtype", default=None, help="index dtype (default: float16 on CUDA, float32 on the CPU)")
     p.add_argument("--postgres-url", default=None)
     p.add_argument("--no-postgres", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     o = p.parse_args(argv)
+    o.dtype = o.dtype or ("float16" if o.device.startswith("cuda") else "float32")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rng = np.random.default_rng(0)
     rows = []
@@ -184,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(x) for x in o.index_only_sizes.split(",") if x):
             rows.append(index_rows(size, o, rng))
             log.info("%s", rows[-1])
-    env = env_record(device=o.device, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters)
+    env = env_record(
+        device=o.device, dtype=o.dtype, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters
+    )
     kind = "cuda" if o.device.startswith("cuda") else "cpu"
     out = o.out or ROOT / "benchmarks" / "results" / f"gallery_search_{kind}.json"
     write_json(

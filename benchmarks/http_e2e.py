@@ -6,7 +6,10 @@ variants, ``naive``, ``litserve``) start one by one as subprocesses on free loop
 its queues). Points go round-robin over them: per concurrency (in the order given), per kind (``compare``: two
 LFW photos with detection;
 ``embed_aligned``: one 112×112 aligned crop, ``aligned=true``; ``embed_aligned_batch``: ``--batch-images`` crops
-in one request, as a batch-embedding client sends them), facegate's closed-loop load generator
+in one request, as a batch-embedding client sends them; ``search``: one LFW photo, detection included, against
+a facegate gallery of ``--gallery-size`` synthetic unit-norm templates (imported in bulk into the server's
+store before it starts) plus some LFW identities enrolled through the API, top-10; ``enrol``: ``--enrol-photos``
+LFW photos per ``POST …/enrolments`` request, one new subject per photo), facegate's closed-loop load generator
 (:mod:`facegate.bench.http`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
 times, so other tenants' load hits every server alike. req/s is the median over rounds; percentiles cover
 every request. The JSON is rewritten after every point (``complete`` false until the end); SIGTERM (an
@@ -44,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import math
 import multiprocessing as mp
@@ -77,6 +81,7 @@ from facegate.bench.http import (
     merge_error_samples,
     open_sender,
 )
+from facegate.bench.rawhttp import encode_multipart, encode_request
 from monitor import (
     GpuMonitor,
     bare_context_mib,
@@ -97,14 +102,101 @@ log = logging.getLogger("http_e2e")
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
-KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch")
+KIND_CHOICES = ("compare", "embed_aligned", "embed_aligned_batch", "search", "enrol")
+GALLERY_KINDS = {"search", "enrol"}
+#: galleries a facegate server gets when a gallery kind is measured: searched, and enrolled into
+SEARCH_GALLERY, ENROL_GALLERY = "bench", "bench_enrol"
 DEFAULT_KINDS = "compare,embed_aligned"
 
 
 def images_per_request(kind: str, o: argparse.Namespace) -> int:
     """Images in one request of ``kind``: 2 photos (compare), ``--images-per-request`` crops (embed_aligned) or
-    ``--batch-images`` crops (embed_aligned_batch)."""
-    return {"compare": 2, "embed_aligned": o.images_per_request, "embed_aligned_batch": o.batch_images}[kind]
+    ``--batch-images`` crops (embed_aligned_batch), one photo (search) or ``--enrol-photos`` photos (enrol)."""
+    return {"compare": 2, "embed_aligned": o.images_per_request, "embed_aligned_batch": o.batch_images, "search": 1,
+            "enrol": o.enrol_photos}[kind]  # fmt: skip
+
+
+class GalleryRequests(_RequestMaker):
+    """The gallery kinds' requests: ``search`` (photo ``i`` of the pool, top-10, against :data:`SEARCH_GALLERY`)
+    and ``enrol`` (``k`` photos into :data:`ENROL_GALLERY`, one new subject per photo: never cached, since every
+    request enrols new ids)."""
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        n = len(self.pool)
+        if self.kind == "search":
+            return {"url": f"/api/galleries/{SEARCH_GALLERY}/search", "files": [("image", self.pool[i % n])],
+                    "params": {"k": "10"}}  # fmt: skip
+        files = [("images", self.pool[(i * self.k + j) % n]) for j in range(self.k)]
+        ids = json.dumps([f"r{i}-{j}" for j in range(self.k)])
+        return {"url": f"/api/galleries/{ENROL_GALLERY}/enrolments", "files": files, "data": {"subject_ids": ids}}
+
+    def encoded(self, i: int, host: str) -> bytes:
+        if self.kind == "search":
+            return super().encoded(i % len(self.pool), host)
+        kw = self(i)
+        body, ctype = encode_multipart(kw["data"], kw["files"])
+        return encode_request("POST", host, kw["url"], body=body, content_type=ctype)
+
+
+def request_maker(kind: str, pool: list[ImageItem], k: int) -> _RequestMaker:
+    if kind in GALLERY_KINDS:
+        return GalleryRequests(kind, pool, k, False)  # type: ignore[arg-type]
+    return _RequestMaker(kind, pool, k, False)  # type: ignore[arg-type]
+
+
+def identity(item: ImageItem) -> str:
+    """An LFW photo's person (``Aaron_Peirsol_0001.jpg`` → ``Aaron_Peirsol``)."""
+    return item[0].rsplit("_", 1)[0]
+
+
+def prefill_gallery(path: Path, o: argparse.Namespace) -> dict[str, Any]:
+    """Create the two benchmark galleries in the store at ``path`` and bulk-import ``--gallery-size``
+    synthetic unit-norm templates into :data:`SEARCH_GALLERY` (the store's own template import, 10,000 a
+    transaction, as ``facegate enrol templates.npz`` does)."""
+    from facegate.gallery import open_store
+
+    store = open_store(str(path))
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    try:
+        for name in (SEARCH_GALLERY, ENROL_GALLERY):
+            store.create_gallery(name, o.gallery_model, o.gallery_dim)
+        for s in range(0, o.gallery_size, 10_000):
+            m = min(10_000, o.gallery_size - s)
+            t = rng.standard_normal((m, o.gallery_dim), dtype=np.float32)
+            t /= np.linalg.norm(t, axis=1, keepdims=True)
+            store.import_templates(SEARCH_GALLERY, [f"syn{x}" for x in range(s, s + m)], t, np.ones(m, np.float32))
+    finally:
+        store.close()
+    return {"synthetic_templates": o.gallery_size, "import_s": round(time.perf_counter() - t0, 2)}
+
+
+def enrol_identities(url: str, photos: list[ImageItem], n: int) -> dict[str, Any]:
+    """Enrol the first photo of up to ``n`` pool identities that have two or more, through the batch endpoint,
+    then search with each one's second photo: the rank-1 identification rate shows the search path is right."""
+    by: dict[str, list[ImageItem]] = {}
+    for item in photos:
+        by.setdefault(identity(item), []).append(item)
+    pairs = [(name, items[0], items[1]) for name, items in by.items() if len(items) >= 2][:n]
+    enrolled, rank1 = 0, 0
+    with httpx.Client(base_url=url, timeout=60.0) as c:
+        for s in range(0, len(pairs), 16):
+            chunk = pairs[s : s + 16]
+            r = c.post(f"/api/galleries/{SEARCH_GALLERY}/enrolments", files=[("images", p[1]) for p in chunk],
+                       data={"subject_ids": json.dumps([p[0] for p in chunk])})  # fmt: skip
+            r.raise_for_status()
+            enrolled += len(r.json()["enrolled"])
+        for name, _, probe in pairs:
+            r = c.post(f"/api/galleries/{SEARCH_GALLERY}/search", files=[("image", probe)], params={"k": "10"})
+            hits = r.json().get("hits", []) if r.status_code == 200 else []
+            rank1 += bool(hits) and hits[0]["subject_id"] == name
+        subjects = c.get(f"/api/galleries/{SEARCH_GALLERY}/subjects", params={"limit": 1}).json()["total"]
+    return {"lfw_identities_enrolled": enrolled, "lfw_probes": len(pairs), "lfw_rank1": rank1, "subjects": subjects}
+
+
+def gallery_subjects(url: str, name: str) -> int:
+    with httpx.Client(base_url=url, timeout=30.0) as c:
+        return int(c.get(f"/api/galleries/{name}/subjects", params={"limit": 1}).json()["total"])
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -294,7 +386,7 @@ def _client_main(spec: dict[str, Any], barrier: Any, out_q: Any) -> None:
 
 async def _client_async(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
     c = spec["concurrency"]
-    make = _RequestMaker(spec["kind"], spec["pool"], spec["images_per_request"], False)
+    make = request_maker(spec["kind"], spec["pool"], spec["images_per_request"])
     opened = open_sender(spec["url"], make, transport=spec["transport"], concurrency=c, timeout_s=spec["timeout_s"])
     async with opened as send:
         phase = functools.partial(_phase, send, make, concurrency=c, n_requests=None, progress=None)
@@ -332,10 +424,11 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
     barrier, out_q, procs = ctx.Barrier(procs_n + 1), ctx.Queue(), []
     k = 1 if kind == "compare" else images_per_request(kind, o)
+    request_kind = kind if kind in ("compare", *GALLERY_KINDS) else "embed_aligned"
     wait_s = o.warmup + o.timeout + 60
     for i in range(procs_n):
         spec = {
-            "proc": i, "url": server.url, "kind": "compare" if kind == "compare" else "embed_aligned", "pool": pool,
+            "proc": i, "url": server.url, "kind": request_kind, "pool": pool,
             "images_per_request": k,
             "concurrency": concurrency // procs_n + (1 if i < concurrency % procs_n else 0),
             "warmup_s": o.warmup, "duration_s": o.duration, "timeout_s": o.timeout,
@@ -350,11 +443,13 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         barrier.wait(timeout=wait_s)
     front_ends = front_ends_of(server.name, o.mp_workers)
     metrics0 = scrape_facegate(server.url, front_ends) if is_fg else {}
+    subjects0 = gallery_subjects(server.url, ENROL_GALLERY) if kind == "enrol" else 0
     pids = server.pids()
     th0, m0, t0 = thread_ticks(pids), machine_ticks(), time.perf_counter()
     results = [out_q.get(timeout=o.duration + wait_s + 60) for _ in procs]
     t1, th1, m1 = time.perf_counter(), thread_ticks(pids), machine_ticks()
     metrics1 = scrape_facegate(server.url, front_ends) if is_fg else {}
+    subjects1 = gallery_subjects(server.url, ENROL_GALLERY) if kind == "enrol" else 0
     for p in procs:
         p.join(timeout=10)
     failed = [r["error"] for r in results if "error" in r]
@@ -381,6 +476,8 @@ def run_point(server: Server, *, kind: str, pool: list[ImageItem], concurrency: 
         "machine_cpu_busy": (m1[0] - m0[0]) / max(m1[1] - m0[1], 1),
         "loadavg_1m": (load0 + os.getloadavg()[0]) / 2,
     }
+    if kind == "enrol":  # subjects the store took in the measured window (a refused photo enrols none)
+        raw["enrolled_subjects_s"] = (subjects1 - subjects0) / wall
     if is_fg:
         raw["mean_batch_size"] = mean_batch(metrics0, metrics1)
         raw["time_breakdown"] = time_breakdown(metrics0, metrics1, wall)
@@ -425,6 +522,8 @@ def summarise(server: str, kind: str, c: int, per_req: int, rounds: list[dict[st
         "server_processes": rounds[0]["server_processes"], "machine_cpu_busy": avg("machine_cpu_busy"),
         "loadavg_1m": avg("loadavg_1m"),
     }  # fmt: skip
+    if "enrolled_subjects_s" in rounds[0]:
+        row["enrolled_subjects_s"] = avg("enrolled_subjects_s")
     if "cores_by_role" in rounds[0]:
         roles = sorted({k for r in rounds for k in r.get("cores_by_role", {})})
         row["cores_by_role"] = {k: round(float(np.mean([r["cores_by_role"].get(k, 0.0) for r in rounds])), 3)
@@ -469,11 +568,20 @@ def limits_of(row: dict[str, Any]) -> list[str]:
     return [k for k, v in flags.items() if v]
 
 
-def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonitor | None) -> Server:
-    """Start ``name``, wait for /readyz, record cold start and idle memory; raises RuntimeError on failure."""
+def start_server(
+    name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonitor | None, photos: list[ImageItem]
+) -> Server:
+    """Start ``name``, wait for /readyz, record cold start and idle memory; raises RuntimeError on failure.
+
+    With a gallery kind, a facegate server's store gets its galleries first (:func:`prefill_gallery`), and
+    LFW identities are enrolled once it is ready (:func:`enrol_identities`)."""
     port = free_port()
     data_dir = workdir / f"data_{name}"
     data_dir.mkdir(exist_ok=True)
+    gallery: dict[str, Any] = {}
+    if name.startswith("facegate") and GALLERY_KINDS & set(o.kinds):
+        gallery = prefill_gallery(data_dir / "gallery.sqlite3", o)
+        log.info("%s: gallery prefilled %s", name, gallery)
     env = dict(kv.split("=", 1) for kv in o.server_env)
     env.update(server_env(name))  # the setting(s) this server is an A/B of
     srv = Server(name, server_argv(name, port, o, data_dir), port, workdir / f"{name}.log", env=env)
@@ -488,6 +596,14 @@ def start_server(name: str, o: argparse.Namespace, workdir: Path, gpu: GpuMonito
         srv.stop()
         raise
     log.info("%s ready in %.1f s", name, srv.info["cold_start_s"])
+    if gallery:
+        try:
+            gallery.update(enrol_identities(srv.url, photos, o.gallery_identities))
+        except httpx.HTTPError:
+            srv.stop()
+            raise
+        srv.info["gallery"] = gallery
+        log.info("%s: gallery %s", name, gallery)
     if gpu is not None:
         time.sleep(0.5)
         srv.info["gpu_memory_idle"] = process_gpu_mib(gpu, srv.pids())
@@ -549,8 +665,8 @@ def run_all(
                 skipped.append(f"{name}: not started (budget)")
                 continue
             try:
-                srv = start_server(name, o, workdir, gpu)
-            except RuntimeError as exc:
+                srv = start_server(name, o, workdir, gpu, pools["compare"])
+            except (RuntimeError, httpx.HTTPError) as exc:
                 log.error("%s failed to start: %s", name, exc)
                 infos[name] = {"error": str(exc)[-2000:]}
                 continue
@@ -651,6 +767,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=float, default=1.0, help="unrecorded seconds before each measured round")
     add("--images-per-request", type=int, default=1, help="images per embed_aligned request")
     add("--batch-images", type=int, default=8, help="crops per embed_aligned_batch request")
+    add("--gallery-size", type=int, default=100_000, help="search: synthetic templates in the searched gallery")
+    add("--gallery-identities", type=int, default=100, help="search: LFW identities enrolled from the pool")
+    add("--gallery-model", default="sface", help="search/enrol: the served recognizer (the galleries' model)")
+    add("--gallery-dim", type=int, default=128, help="search/enrol: its embedding size")
+    add("--enrol-photos", type=int, default=16, help="photos per enrol request")
     add("--keep-logs", type=Path, default=None, help="copy every server's log into this folder at the end")
     add("--client-procs", default="auto", help="'auto' or a number of client processes")
     add("--timeout", type=float, default=60.0, help="per-request client timeout")
@@ -718,7 +839,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["bare_cuda_context"] = bare_context_mib(gpu)
                 log.info("bare CUDA context: %s", result["bare_cuda_context"])
         with tempfile.TemporaryDirectory(prefix="http_e2e_") as tmp:
-            pools = {"compare": photos, "embed_aligned": crops, "embed_aligned_batch": crops}
+            pools = {"compare": photos, "embed_aligned": crops, "embed_aligned_batch": crops, "search": photos,
+                     "enrol": photos}  # fmt: skip
             run_all(o, pools, Path(tmp), gpu, state, save)
     except KeyboardInterrupt as exc:
         log.warning("interrupted (%s): writing what was measured", exc)

@@ -1,18 +1,13 @@
 """The engine's ``search`` stage: 1:N search over the engine's one gallery index, batched like ``embed``.
 
-One index per engine process (fp16 torch tensor on CUDA, float32 BLAS on the CPU), kept current from the
-store's change feed (:class:`~facegate.gallery.service.Gallery`). Front-ends hold no templates: they
-submit :func:`~facegate.gallery.query.encode_search` requests and get
-:class:`~facegate.gallery.query.SearchOut` answers.
+One index per engine process (fp16 on CUDA, float32 BLAS on the CPU), kept current from the store's change
+feed (:class:`~facegate.gallery.service.Gallery`); front-ends hold no templates. Each batch first catches
+the index up to the store's sequence number (one ``max(seq)`` per batch), so every write acknowledged
+before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
 
-Per batch the stage first catches the index up to the store's current sequence number (one cheap
-``max(seq)`` per batch, not per query): every write acknowledged before a query was submitted is
-therefore reflected in its answer, whichever front-end or host wrote it. Then, per gallery in the batch,
-one matrix product of the stacked queries and one top-k.
-
-The store is opened when the stage is made; if that fails (a database that is down), the stage answers
-:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and tries again at the next batch, at most
-every :data:`REOPEN_S` seconds, while the other stages keep working.
+While the store cannot be opened (a database that is down) the stage answers
+:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and retries at most every :data:`REOPEN_S`
+seconds; the other stages keep working.
 """
 
 from __future__ import annotations
@@ -28,12 +23,19 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
-from facegate.gallery.query import SearchOut, decode_search
+from facegate.gallery.query import SearchOut, decode_photo_search, decode_search
 
 log = logging.getLogger(__name__)
 
 #: Least seconds between two attempts to open a store that was unreachable.
 REOPEN_S = 2.0
+
+
+def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except FacegateError as exc:
+        return exc
 
 
 class SearchStage:
@@ -48,77 +50,61 @@ class SearchStage:
 
     def __init__(self, open_gallery: Callable[[], Any]) -> None:
         self._open = open_gallery
-        self._gallery: Any = None
+        self.gallery: Any = None  # the engine's Gallery, None while its store is unreachable
         self._error: FacegateError | None = None
-        self._last_try = 0.0
+        self._last_try = -REOPEN_S
         self._lock = threading.Lock()
         with contextlib.suppress(GalleryUnavailableError):  # answered per batch until the store opens
             self._ensure()
 
-    @property
-    def gallery(self) -> Any:
-        """The engine's gallery, or ``None`` while its store is unreachable."""
-        return self._gallery
-
     def _ensure(self) -> Any:
         with self._lock:
-            if self._gallery is not None:
-                return self._gallery
-            now = time.monotonic()
-            if self._error is None or now - self._last_try >= REOPEN_S:
-                self._last_try = now
+            if self.gallery is None and time.monotonic() - self._last_try >= REOPEN_S:
+                self._last_try = time.monotonic()
                 try:
-                    self._gallery = self._open()
-                    self._error = None
-                    return self._gallery
+                    self.gallery = self._open()
                 except GalleryError as exc:
                     log.error("search stage: the gallery store is unavailable: %s", exc.message)
                     self._error = exc
+            if self.gallery is not None:
+                return self.gallery
             raise GalleryUnavailableError(
                 "the gallery store is unavailable: " + (self._error.message if self._error else "not open"),
                 detail={"cause": self._error.to_dict() if self._error else None},
             )
 
     def prepare(self, payloads: list[np.ndarray]) -> list[tuple[str, int, np.ndarray] | FacegateError]:
-        out: list[tuple[str, int, np.ndarray] | FacegateError] = []
-        for p in payloads:
-            try:
-                out.append(decode_search(p))
-            except FacegateError as exc:
-                out.append(exc)
-        return out
+        return [_try(decode_search, p) for p in payloads]
 
-    def execute(self, prepared: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
-        return self.search_many(prepared)
-
-    def search_many(self, items: list[tuple[str, int, np.ndarray] | FacegateError]) -> list[Any]:
-        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error; one matrix
-        product and one top-k per gallery, after one catch-up with the store."""
+    def search_many(self, items: list[Any]) -> list[Any]:
+        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error (an item that
+        is an error stays one); one matrix product and one top-k per gallery, after one catch-up."""
         gallery = self._ensure()
         gallery.sync()  # the batch sees every write acknowledged before it formed
-        seq = gallery.follower.seq
-        index = gallery.index
-        results: list[Any] = list(items)
+        seq, index = gallery.follower.seq, gallery.index
+        results = list(items)
         groups: dict[str, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
-            if not isinstance(item, FacegateError):
+            if not isinstance(item, BaseException):
                 groups[item[0]].append(i)
         for name, rows in groups.items():
             try:
                 if not index.has(name):
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
-                queries = np.stack([items[i][2] for i in rows])  # type: ignore[index]
-                k = max(items[i][1] for i in rows)  # type: ignore[index]
-                hits, n = index.search_raw(name, queries, k)
+                k = max(items[i][1] for i in rows)
+                hits, n = index.search_raw(name, np.stack([items[i][2] for i in rows]), k)
             except FacegateError as exc:
                 for i in rows:
                     results[i] = exc
                 continue
-            for j, i in enumerate(rows):
-                kk = items[i][1]  # type: ignore[index]
-                ids, scores = hits[j]
-                results[i] = SearchOut(ids[:kk], scores[:kk], n, seq)
+            for (ids, scores), i in zip(hits, rows, strict=True):
+                results[i] = SearchOut(ids[: items[i][1]], scores[: items[i][1]], n, seq)
         return results
+
+    execute = search_many
+
+    def deliver(self, result: list[Any], n: int) -> list[Any]:
+        return result
 
     @classmethod
     def from_settings(cls, settings: Any, device: str) -> SearchStage:
@@ -133,8 +119,7 @@ class SearchStage:
             # short: a batch waits on this while the store is down (other stages keep running)
             store = open_store(url, open_retry_s=min(settings.gallery_open_retry_s, REOPEN_S))
             try:
-                cuda = str(device).startswith("cuda")
-                index = GalleryIndex(device, "float16" if cuda else "float32")
+                index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores
                 return Gallery(store, index, match_threshold=1.0, follow=True)
             except BaseException:
@@ -143,15 +128,12 @@ class SearchStage:
 
         return cls(open_gallery)
 
-    def deliver(self, result: list[Any], n: int) -> list[Any]:
-        return result
-
     def close(self) -> None:
         """Close the engine's gallery store."""
         with self._lock:
-            if self._gallery is not None:
-                self._gallery.close()
-                self._gallery = None
+            if self.gallery is not None:
+                self.gallery.close()
+                self.gallery = None
 
 
 class PhotoSearchStage:
@@ -173,32 +155,20 @@ class PhotoSearchStage:
         self._search = search
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any]:
-        from facegate.gallery.query import decode_photo_search
-
-        heads: list[Any] = []
-        photos: list[np.ndarray] = []
-        for p in payloads:
-            try:
-                gallery, k, data = decode_photo_search(p)
-                heads.append((gallery, k, len(photos)))
-                photos.append(data)
-            except FacegateError as exc:
-                heads.append(exc)
+        heads = [_try(decode_photo_search, p) for p in payloads]
+        photos = [h[2] for h in heads if not isinstance(h, FacegateError)]
         return heads, (self._photo.prepare(photos) if photos else None)
 
     def execute(self, prepared: tuple[list[Any], Any]) -> list[Any]:
         heads, photo_prepared = prepared
-        faces = self._photo.execute(photo_prepared) if photo_prepared is not None else []
-        items: list[Any] = []
-        for h in heads:
-            if isinstance(h, FacegateError):
-                items.append(h)
-            elif isinstance(faces[h[2]], BaseException):
-                items.append(faces[h[2]])
-            else:
-                items.append((h[0], h[1], np.asarray(faces[h[2]].embedding[0], np.float32)))
+        faces = iter(self._photo.execute(photo_prepared) if photo_prepared is not None else [])
+        got = [h if isinstance(h, FacegateError) else next(faces) for h in heads]  # per head: its face or error
+        items = [
+            f if isinstance(f, BaseException) else (h[0], h[1], np.asarray(f.embedding[0], np.float32))
+            for h, f in zip(heads, got, strict=True)
+        ]
         found = self._search.search_many(items)
-        return [r if isinstance(r, BaseException) else (faces[h[2]], r) for h, r in zip(heads, found, strict=True)]
+        return [r if isinstance(r, BaseException) else (f, r) for f, r in zip(got, found, strict=True)]
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result

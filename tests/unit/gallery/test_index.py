@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from facegate.errors import DimensionMismatchError, GalleryNotFoundError, InvalidParameterError
-from facegate.gallery.base import GalleryInfo
 from facegate.gallery.index import GalleryIndex
 
 
@@ -45,33 +44,13 @@ def assert_matches_reference(hits, ids: list[str], T: np.ndarray, Q: np.ndarray,
     assert n_swapped <= max(1, len(hits) * k // 100), n_swapped
 
 
-class FakeStore:
-    """Minimal TemplateSource."""
-
-    def __init__(self, data: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
-        self.data = data
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        return [GalleryInfo(n, "m", d, 0.0, len(ids)) for n, (d, ids, _) in sorted(self.data.items())]
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        if name not in self.data:
-            raise GalleryNotFoundError(name)
-        d, ids, _ = self.data[name]
-        return GalleryInfo(name, "m", d, 0.0, len(ids))
-
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        _, ids, T = self.data[gallery]
-        return list(ids), T
-
-
 def test_search_equals_numpy_brute_force_10k() -> None:
     rng = np.random.default_rng(0)
     S, D, k = 10_000, 128, 10
     T = unit(rng, S, D)
     ids = [f"s{i}" for i in range(S)]
     idx = GalleryIndex("cpu")
-    idx.rebuild(FakeStore({"g": (D, ids, T)}))
+    idx.load_all({"g": (D, ids, T)})
     # queries: noisy copies of known subjects (realistic: one clear winner) plus pure noise
     Q = np.vstack([T[:32] + 0.3 * unit(rng, 32, D), unit(rng, 32, D)]).astype(np.float32)
     hits = idx.search("g", Q, k, threshold=0.5)
@@ -92,7 +71,7 @@ def test_small_and_empty_galleries() -> None:
     idx.ensure_gallery("e", 8)
     assert idx.search("e", unit(rng, 3, 8), 5, 0.3) == [[], [], []]
     T = unit(rng, 3, 8)
-    idx.load_gallery("g", 8, ["a", "b", "c"], T)
+    idx.load_all({"g": (8, ["a", "b", "c"], T)})
     hits = idx.search("g", T, 10, 0.99)  # k > S: clamps to S
     assert [len(r) for r in hits] == [3, 3, 3]
     assert [r[0].subject_id for r in hits] == ["a", "b", "c"]
@@ -106,7 +85,7 @@ def test_small_and_empty_galleries() -> None:
 def test_search_errors() -> None:
     rng = np.random.default_rng(2)
     idx = GalleryIndex()
-    idx.load_gallery("g", 8, ["a"], unit(rng, 1, 8))
+    idx.load_all({"g": (8, ["a"], unit(rng, 1, 8))})
     with pytest.raises(GalleryNotFoundError):
         idx.search("nope", unit(rng, 1, 8), 1, 0.3)
     with pytest.raises(DimensionMismatchError):
@@ -122,7 +101,7 @@ def test_search_errors() -> None:
     with pytest.raises(DimensionMismatchError):
         idx.ensure_gallery("g", 16)
     with pytest.raises(DimensionMismatchError):
-        idx.load_gallery("h", 8, ["a", "b"], unit(rng, 3, 8))
+        idx.load_all({"h": (8, ["a", "b"], unit(rng, 3, 8))})
     with pytest.raises(InvalidParameterError):
         GalleryIndex(dtype=torch.int8)
 
@@ -160,23 +139,18 @@ def test_incremental_updates_match_a_reference_dict() -> None:
                 assert_matches_reference(idx.search("g", Q, 5, 0.0), ids, T, Q, 5, atol=2e-6)
     assert max(capacities) >= 256 and capacities[-1] < max(capacities)  # grew several times, then shrank
     assert not idx.remove("g", "never-there")
-    assert idx.size("g") == len(ref)
     assert idx.sizes() == {"g": len(ref)}
 
 
-def test_rebuild_replaces_everything_and_drop() -> None:
+def test_load_all_replaces_everything_and_drop() -> None:
     rng = np.random.default_rng(4)
     idx = GalleryIndex()
-    idx.load_gallery("stale", 4, ["x"], unit(rng, 1, 4))
-    store = FakeStore({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
-    idx.rebuild(store)
+    idx.load_all({"stale": (4, ["x"], unit(rng, 1, 4))})
+    idx.load_all({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.sizes() == {"a": 2, "b": 0}
     assert not idx.has("stale")
-    store.data["a"] = (4, ["r"], unit(rng, 1, 4))
-    idx.rebuild_gallery(store, "a")
-    assert idx.snapshot("a")[0] == ["r"]
-    with pytest.raises(GalleryNotFoundError):
-        idx.rebuild_gallery(store, "zzz")
+    idx.load_all({"a": (4, ["r"], unit(rng, 1, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
+    assert idx.snapshot("a")[0] == ["r"] and idx.dim("a") == 4
     idx.drop("a")
     idx.drop("a")
     assert idx.sizes() == {"b": 0}
@@ -187,7 +161,7 @@ def test_bfloat16_index_ranks_well_separated_data() -> None:
     T = unit(rng, 500, 64)
     ids = [str(i) for i in range(500)]
     idx = GalleryIndex("cpu", torch.bfloat16)
-    idx.load_gallery("g", 64, ids, T)
+    idx.load_all({"g": (64, ids, T)})
     hits = idx.search("g", T[:20] + 0.1 * unit(rng, 20, 64), 1, 0.5)
     assert [r[0].subject_id for r in hits] == ids[:20]
 
@@ -198,7 +172,7 @@ def test_concurrent_search_and_updates() -> None:
     D = 32
     idx = GalleryIndex()
     base = unit(rng, 300, D)
-    idx.load_gallery("g", D, [f"b{i}" for i in range(300)], base)
+    idx.load_all({"g": (D, [f"b{i}" for i in range(300)], base)})
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -239,16 +213,16 @@ def test_concurrent_search_and_updates() -> None:
 @pytest.mark.gpu
 def test_cuda_search_matches_cpu() -> None:
     rng = np.random.default_rng(8)
-    T = unit(rng, 20_000, 512)
+    T = unit(rng, 100_000, 512)  # above BLOCK_MIN: the two-level top-k
     ids = [str(i) for i in range(len(T))]
     Q = unit(rng, 64, 512)
     cpu, gpu = GalleryIndex("cpu"), GalleryIndex("cuda")
     for idx in (cpu, gpu):
-        idx.load_gallery("g", 512, ids, T)
+        idx.load_all({"g": (512, ids, T)})
     assert_matches_reference(gpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=1e-4)
     assert_matches_reference(cpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=2e-6)
     half = GalleryIndex("cuda", torch.float16)
-    half.load_gallery("g", 512, ids, T)
+    half.load_all({"g": (512, ids, T)})
     top1 = [r[0].subject_id for r in half.search("g", T[:64], 1, 0.3)]
     assert top1 == ids[:64]
 
@@ -278,7 +252,7 @@ def test_numpy_and_torch_backends_agree(k: int) -> None:
     a, b = GalleryIndex("cpu"), GalleryIndex("cpu")
     b._ops = _TorchOps("cpu", "float32")
     for idx in (a, b):
-        idx.load_gallery("g", 32, ids, T)
+        idx.load_all({"g": (32, ids, T)})
         for i in range(0, 300, 7):
             assert idx.remove("g", f"s{i}")
         idx.upsert("g", "new", T[0])
@@ -308,3 +282,28 @@ def test_torch_index_grown_in_inference_mode_takes_later_writes() -> None:
         idx.upsert("g", f"s{i}", vecs[i])
     assert idx.remove("g", "s3")
     assert idx.search("g", vecs[[150]], 1, 0.5)[0][0].subject_id == "s150"
+
+
+@pytest.mark.parametrize(("n", "k", "block"), [(70_001, 10, 1024), (70_001, 100, 4096), (80_000, 1, None)])
+def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int | None) -> None:
+    """The block-max top-k of a large gallery returns exactly what one ``torch.topk`` over all scores does,
+    also with a partial last block and with k above the number of blocks."""
+    from facegate.gallery.index import BLOCK_MIN, _TorchOps
+
+    assert n > BLOCK_MIN
+    rng = np.random.default_rng(10)
+    T = unit(rng, n, 16)
+    ids = [f"s{i}" for i in range(n)]
+    two, plain = GalleryIndex("cpu"), GalleryIndex("cpu")
+    two._ops, plain._ops = _TorchOps("cpu", "float32", block), _TorchOps("cpu", "float32", 0)
+    for idx in (two, plain):
+        idx.load_all({"g": (16, ids, T)})
+        idx.remove("g", "s5")  # the last row moves into the hole
+    Q = np.vstack([T[[n - 1, 7]], unit(rng, 6, 16)])
+    (ha, na), (hb, nb) = two.search_raw("g", Q, k), plain.search_raw("g", Q, k)
+    assert na == nb == n - 1
+    for (ia, va), (ib, vb) in zip(ha, hb, strict=True):
+        assert ia == ib
+        np.testing.assert_array_equal(va, vb)
+    assert ha[0][0][0] == f"s{n - 1}" and ha[1][0][0] == "s7"
+    assert_matches_reference(two.search("g", Q, k, 0.5), *two.snapshot("g"), Q, k, atol=2e-6)

@@ -94,3 +94,52 @@ def test_store_down_answers_unavailable_then_recovers(tmp_path: Path, monkeypatc
     assert out[0].subject_ids == [] and out[0].size == 0
     stage.close()
     w.close()
+
+
+class _PhotoByIndex:
+    """A photo stage over fixed embeddings: photo bytes ``[i]`` give gallery row ``i``'s face; ``[255]`` a
+    photo with no face (its error)."""
+
+    def __init__(self, emb: np.ndarray) -> None:
+        self.emb = emb
+
+    def prepare(self, photos: list[np.ndarray]) -> list[int]:
+        return [int(p[0]) for p in photos]
+
+    def execute(self, rows: list[int]) -> list[object]:
+        from types import SimpleNamespace
+
+        from facegate.errors import NoFaceError
+
+        return [NoFaceError("no face") if r == 255 else SimpleNamespace(embedding=self.emb[r : r + 1]) for r in rows]
+
+
+def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
+    """Photos with a face are searched in one batch; a malformed request and a photo without a face get
+    their own errors, in place."""
+    from facegate.errors import NoFaceError
+    from facegate.gallery.query import encode_photo_search
+    from facegate.pipeline.search import PhotoSearchStage
+
+    rng = np.random.default_rng(3)
+    url = str(tmp_path / "g.sqlite3")
+    writer = open_store(url)
+    writer.create_gallery("a", "m", D)
+    t = unit(rng, 20)
+    writer.import_templates("a", [f"a{i}" for i in range(20)], t, np.ones(20, np.float32))
+    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    stage = PhotoSearchStage(_PhotoByIndex(t), search)
+    payloads = [
+        encode_photo_search("a", bytes([4]), 2),
+        np.zeros(3, np.uint8),
+        encode_photo_search("a", bytes([255]), 1),
+        encode_photo_search("a", bytes([9]), 1),
+    ]
+    out = stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    assert out[0][1].subject_ids[0] == "a4" and len(out[0][1].subject_ids) == 2
+    assert out[0][0].embedding.shape == (1, D)
+    assert isinstance(out[1], InvalidParameterError)
+    assert isinstance(out[2], NoFaceError)
+    assert out[3][1].subject_ids == ["a9"] and out[3][1].size == 20
+    search.close()
+    writer.close()

@@ -145,7 +145,7 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads\n"
         "configure_cpu_threads(1)\n"
         "p = FacePipeline(get_spec('sface'), None, None, device='cpu', operating=Operating(0.3, 1e-3, 0.5))\n"
-        "GalleryIndex(p.device_name).load_gallery('g', 2, ['a'], [[1.0, 0.0]])\n"
+        "GalleryIndex(p.device_name).load_all({'g': (2, ['a'], [[1.0, 0.0]])})\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
         "p.device  # the engine side's torch device: imports torch now\n"
         "assert 'torch' in sys.modules\n"
