@@ -6,31 +6,36 @@ Two deployments make one Serve application (:func:`build_app`, or ``deploy/ray/s
 * :class:`EngineReplica`: one facegate engine per replica (``num_gpus=1`` each where the cluster has GPUs).
   It is the engine process of ``facegate serve --workers N``: a :class:`~facegate.service.faces.FaceService`
   built from the settings, so batching, CUDA graphs, the photo stage, deadlines and cancellation are
-  facegate's own. Serve only routes calls to it (no ``@serve.batch``): ``max_ongoing_requests`` is set high
-  enough (:data:`ENGINE_ONGOING_PER_BATCH` batches) for the engine to fill its batches from many callers.
+  facegate's own. Serve only routes calls to it (no ``@serve.batch``); each call carries many requests'
+  items (:class:`~facegate.scaleout.ray_engine.RayEngine`), which join the engine's batcher.
 * :class:`Ingress`: the FastAPI app of ``facegate serve`` (:func:`~facegate.api.app.create_app`: the same
-  routes, limits, errors and metrics) whose engine is a :class:`~facegate.scaleout.ray_engine.RayEngine` over
-  the engine deployment's handle. It loads no model and imports no torch. It opens the gallery the
-  settings name (``FACEGATE_GALLERY_URL``), so every ingress replica shares one store of record.
+  routes, limits, errors and metrics) served by uvicorn on ``settings.host:settings.port`` in each replica,
+  whose engine is a :class:`~facegate.scaleout.ray_engine.RayEngine` over the engine deployment's handle.
+  It loads no model and imports no torch. It opens the gallery the settings name (``FACEGATE_GALLERY_URL``),
+  so every ingress replica shares one store of record. Serve's HTTP proxy is not used (see :class:`Ingress`).
 
 Every response carries ``x-facegate-replica`` (the ingress replica) and, when the request reached the
 engine, ``x-facegate-engine-replicas`` (the engine replicas that computed it), so an operator can tell which
 replica answered; ``x-facegate-engine-retries`` counts calls sent again because their replica died.
 
-Health: each replica's ``check_health`` fails once its engine stopped (or, for the ingress, once its start-up
-failed); Serve then replaces it. Drain: Serve stops routing to a replica being removed, waits for its
-ongoing calls (``graceful_shutdown_timeout_s``: the settings' ``drain_s``), then the replica stops its
-engine. Metrics: ``GET /metrics`` of the ingress exports the ingress's families and one engine replica's
-engine families; Ray's own metrics (``ray_serve_*``: replicas, queue lengths, latencies) are on each node's
-Prometheus endpoint (``--metrics-export-port``).
+Health: each replica's ``check_health`` fails once its engine stopped (or, for the ingress, once its server
+stopped or its start-up failed); Serve then replaces it. Drain: Serve stops routing to a replica being
+removed, waits for its ongoing calls (``graceful_shutdown_timeout_s``: the settings' ``drain_s``), then the
+replica stops its engine; an ingress drains its HTTP requests as ``facegate serve`` does. Metrics:
+``GET /metrics`` of the ingress exports the ingress's families and one engine replica's engine families;
+Ray's own metrics (``ray_serve_*``: replicas, queue lengths) are on each node's Prometheus endpoint
+(``--metrics-export-port``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -44,11 +49,8 @@ from facegate.transport.remote import error_to_wire
 
 log = logging.getLogger(__name__)
 
-#: Engine calls a replica accepts at once, in batches of ``max_batch_size``: one batch computing, one being
-#: prepared, and the next ones filling; fewer would cap the batches the engine can form.
-ENGINE_ONGOING_PER_BATCH = 4
-#: Calls an ingress replica takes at once (an asyncio front-end: facegate's own limits shed load, not Serve).
-INGRESS_ONGOING = 1024
+#: Engine calls a replica accepts at once (each of many items: the engine's own queue bound sheds load).
+ENGINE_ONGOING = 256
 #: Name of the Serve application.
 APP_NAME = "facegate"
 
@@ -115,41 +117,53 @@ class EngineReplica:
 
     async def __init__(self, settings_json: str) -> None:
         from facegate.service.faces import FaceService
+        from facegate.tuning import make_plan
 
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        # the build is blocking (weights, warm-up forwards): keep the replica's event loop free meanwhile
-        self.service = await loop.run_in_executor(None, lambda: FaceService.build(settings))
+        plan = make_plan(settings)  # for the GPU Ray gave this replica (its only visible one)
+        if plan.cpu_threads is None:  # a CPU engine: the node's cores, as `facegate serve`, not Ray's OMP_NUM_THREADS=1
+            plan = dataclasses.replace(plan, cpu_threads=len(os.sched_getaffinity(0)))
+        self.processes: list[Any] = []
+        # the builds block (weights, warm-up forwards): the replica's event loop stays free meanwhile
+        if plan.engines_per_gpu > 1:  # what `facegate serve` runs on this GPU: that many engine processes
+            from facegate.api.multiprocess import start_engines
+            from facegate.transport.remote import RemoteEngine, RemotePool
+
+            plan = dataclasses.replace(plan, engines=plan.engines_per_gpu)
+            self.processes = await loop.run_in_executor(None, start_engines, settings, plan)
+            pool = RemotePool([RemoteEngine(e.address, e.authkey) for e in self.processes])
+            info = await loop.run_in_executor(None, pool.start)
+            self.service = FaceService.over_engine(settings, pool, plan)
+        else:
+            self.service = await loop.run_in_executor(None, FaceService.build, settings, plan)
+            p = self.service.pipeline
+            info = {"model": p.spec.name, "device": str(p.device), "stages": [st.name for st in p.stages()],
+                    "operating": {"match_threshold": p.operating.match_threshold, "match_fmr": p.operating.match_fmr,
+                                  "quality_threshold": p.operating.quality_threshold}}  # fmt: skip
         await self.service.start()
         self.replica = _replica_id()
-        op = self.service.pipeline.operating
-        self._info = {
-            "model": self.service.spec.name,
-            "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
-                          "quality_threshold": op.quality_threshold},
-            "device": str(self.service.pipeline.device),
-            "stages": [st.name for st in self.service.pipeline.stages()],
-            "startup_s": round(time.perf_counter() - t0, 3),
-            "replica": self.replica,
-            "pid": os.getpid(),
-            "node": _node_id(),
-        }  # fmt: skip
-        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], self._info["device"])
+        self._info = {**info, "replica": self.replica, "pid": os.getpid(), "node": _node_id(),
+                      "startup_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
+        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], info["device"])
 
     async def info(self) -> tuple[Any, ...]:
         """The engine's info: model, operating thresholds, device, stages, replica id, pid, Ray node id."""
         return ("ok", self.replica, self._info)
 
-    async def submit(self, stage: str, payload: Any) -> tuple[Any, ...]:
-        """``payload`` through the engine's ``stage`` (batched with every other caller's items)."""
-        try:
-            return ("ok", self.replica, await self.service.engine.submit(stage, payload))
-        except Exception as exc:  # CancelledError passes: the caller went away, the engine dropped the item
-            return ("err", self.replica, *error_to_wire(exc))
+    async def submit_many(self, stage: str, payloads: list[Any]) -> tuple[Any, ...]:
+        """``payloads`` through the engine's ``stage``, batched with every other caller's items: one
+        ``("ok", result)`` or ``("err", *error_to_wire(exc))`` per payload."""
+        submit = self.service.engine.submit
+        results = await asyncio.gather(*[submit(stage, p) for p in payloads], return_exceptions=True)
+        answers = [("err", *error_to_wire(r)) if isinstance(r, BaseException) else ("ok", r) for r in results]
+        return ("ok", self.replica, answers)
 
     async def engine_samples(self) -> tuple[Any, ...]:
         """This replica's samples of the engine metric families."""
+        if self.processes:
+            return ("ok", self.replica, await self.service.engine.engine_samples())
         return ("ok", self.replica, self.service.stats.engine_samples())
 
     async def check_health(self) -> None:
@@ -162,6 +176,8 @@ class EngineReplica:
         service = getattr(self, "service", None)
         if service is not None:
             await service.stop()
+            for e in self.processes:
+                await asyncio.get_running_loop().run_in_executor(None, e.stop)
             log.info("engine replica %s stopped", getattr(self, "replica", "?"))
 
 
@@ -194,38 +210,65 @@ class ReplicaHeaders:
             await self.app(scope, receive, send_with_headers)
 
 
-@serve.ingress()
+def _shared_socket(host: str, port: int) -> socket.socket:
+    """The ingress replicas' listening socket, with ``SO_REUSEPORT``: the replicas of one node share
+    ``host:port`` and the kernel spreads their connections (Linux lets only the same user share it)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
+
+
 class Ingress:
-    """The facegate HTTP app, its engine calls going to the engine deployment.
+    """The facegate HTTP app on ``settings.host:settings.port``, its engine calls going to the engine deployment.
+
+    Each replica serves HTTP itself (uvicorn, as ``facegate serve``) rather than behind Serve's HTTP proxy:
+    the proxy is one process per node and took 4.7 ms of CPU per compare on a 2-core box (about 200 req/s at
+    most, against 2,400 for four ``facegate serve`` front-ends on the H200), and each request cost one more
+    handle call from it to the ingress. Serve still places, checks, replaces and drains the replicas.
 
     Args:
         engine: the engine deployment's handle.
-        settings_json: the :class:`~facegate.config.Settings` as JSON (gallery, limits, auth).
+        settings_json: the :class:`~facegate.config.Settings` as JSON (gallery, limits, auth, host, port).
     """
 
     async def __init__(self, engine: DeploymentHandle, settings_json: str) -> None:
-        from facegate.api.app import create_app
+        import uvicorn
+
+        from facegate.api.app import create_app, uvicorn_config
         from facegate.service.faces import FaceService
 
         remote = RayEngine(engine)
         info = await remote.astart()
         # the device is the engine's: this process never resolves "auto" itself (that would import torch)
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
-        settings = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
+        self.settings = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
         self.replica = _replica_id()
-        self.fastapi = create_app(settings, service=FaceService.over_engine(settings, remote))
-        log.info("ingress replica %s: engine %s on %s", self.replica, info["model"], info["device"])
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return ReplicaHeaders(self.fastapi, self.replica)
+        self.fastapi = create_app(self.settings, service=FaceService.over_engine(self.settings, remote))
+        self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), self.settings))
+        sock = _shared_socket(self.settings.host, self.settings.port)
+        self.serving = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started:  # the app's lifespan start-up (a failure ends serve())
+            if self.serving.done():
+                raise RuntimeError(f"ingress replica {self.replica}: uvicorn stopped") from self.serving.exception()
+            await asyncio.sleep(0.05)
+        log.info("ingress replica %s on %s:%d: engine %s on %s", self.replica, self.settings.host,
+                 self.settings.port, info["model"], info["device"])  # fmt: skip
 
     async def check_health(self) -> None:
-        """Raise (Serve then replaces the replica) when the app's start-up failed."""
+        """Raise (Serve then replaces the replica) when the server stopped or the app's start-up failed."""
         from facegate.api.app import get_state
 
         state = get_state(self.fastapi)
-        if state.load_error is not None:
-            raise RuntimeError(f"ingress replica {self.replica}: {state.load_error.message}")
+        if self.serving.done() or state.load_error is not None:
+            raise RuntimeError(f"ingress replica {self.replica}: not serving ({state.load_error})")
+
+    async def __del__(self) -> None:
+        # Serve calls this when it removes the replica: drain as `facegate serve` does on SIGTERM
+        from facegate.api.drain import DRAIN
+
+        DRAIN.begin(self.settings.drain_s, asyncio.get_running_loop())
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await self.serving
 
 
 # --------------------------------------------------------------------------- application
@@ -242,8 +285,7 @@ def build_app(
     Args:
         settings: the settings every replica runs with.
         engine_replicas: engine replicas (the minimum, when autoscaling).
-        max_engine_replicas: above ``engine_replicas``: autoscale between the two on ongoing calls per replica
-            (target: two batches each).
+        max_engine_replicas: above ``engine_replicas``: autoscale between the two on ongoing calls per replica.
         ingress_replicas: ingress replicas (CPU only).
         engine_gpus: GPUs per engine replica; ``None``: 1 when the cluster has GPUs, else 0.
     """
@@ -251,20 +293,19 @@ def build_app(
 
     if engine_gpus is None:
         engine_gpus = 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    batch = settings.engine.max_batch_size
     scaling: dict[str, Any] = {"num_replicas": engine_replicas}
     if max_engine_replicas is not None and max_engine_replicas > engine_replicas:
         scaling = {
             "autoscaling_config": {
                 "min_replicas": engine_replicas,
                 "max_replicas": max_engine_replicas,
-                "target_ongoing_requests": 2 * batch,
+                "target_ongoing_requests": 8,  # two ingresses' calls in flight
                 "upscale_delay_s": 10,
                 "downscale_delay_s": 300,
             }
         }
     engine = serve.deployment(EngineReplica, name="engine").options(
-        max_ongoing_requests=ENGINE_ONGOING_PER_BATCH * batch,
+        max_ongoing_requests=ENGINE_ONGOING,
         max_queued_requests=settings.limits.max_queue,
         ray_actor_options={"num_gpus": engine_gpus, "num_cpus": 1},
         health_check_period_s=5,
@@ -276,11 +317,9 @@ def build_app(
     )
     ingress = serve.deployment(Ingress, name="ingress").options(
         num_replicas=ingress_replicas,
-        max_ongoing_requests=INGRESS_ONGOING,
         ray_actor_options={"num_cpus": 1, "num_gpus": 0},
         health_check_period_s=5,
         graceful_shutdown_timeout_s=settings.drain_s,
-        logging_config={"enable_access_log": False},  # facegate_requests_total counts requests
     )
     settings_json = settings.model_dump_json()
     return ingress.bind(engine.bind(settings_json), settings_json)
@@ -320,7 +359,7 @@ def run(
     """Serve the facegate application on Ray until SIGINT/SIGTERM (``facegate ray``).
 
     ``address``: a running cluster (``ray://…`` or ``host:port``; ``auto`` for the local one); ``None``
-    starts a single-node cluster on 127.0.0.1 for this process. The HTTP proxy listens on
+    starts a single-node cluster on 127.0.0.1 for this process. The ingress replicas listen on
     ``settings.host:settings.port``. ``metrics_port``: Ray's Prometheus endpoint of a node started here.
     """
     import ray
@@ -337,14 +376,14 @@ def run(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.start(proxy_location="Disabled")  # the ingress replicas serve HTTP (see Ingress)
         app = build_app(
             settings,
             engine_replicas=engine_replicas,
             max_engine_replicas=max_engine_replicas,
             ingress_replicas=ingress_replicas,
         )
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        serve.run(app, name=APP_NAME, route_prefix=None)
         log.info("facegate on Ray Serve: http://%s:%d", settings.host, settings.port)
         stop.wait()
         log.info("stopping: draining the replicas")
