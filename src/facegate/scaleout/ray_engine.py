@@ -1,24 +1,18 @@
-"""The engine interface over a Ray Serve handle: what a front-end (the Ray ingress) talks to.
+"""The engine interface over a Ray Serve handle, for the Ray ingress (imports no torch).
 
-:class:`RayEngine` has the small interface of :class:`~facegate.transport.remote.RemoteEngine`
-(``start``, ``ready``, ``submit``, ``engine_samples``, ``stop``), so a
-:class:`~facegate.service.faces.FaceService` and the HTTP routes use it unchanged.
+:class:`RayEngine` has the interface of :class:`~facegate.transport.remote.RemoteEngine` (``start``, ``ready``,
+``submit``, ``engine_samples``, ``stop``), so a :class:`~facegate.service.faces.FaceService` uses it unchanged.
 
-Batching. A Serve handle call costs about 1 ms of CPU on each side (a 2-core box: 600 calls/s between two
-replicas, against 10,000 items/s at 32 items per call), so one call per item caps a replica far below its
-device. Items submitted on one stage while :attr:`RayEngine.max_calls` calls are in flight wait and leave
-together in the next call (``EngineReplica.submit_many``, at most ``max_items``), where they join the
-engine's own batcher with every other caller's items. An idle engine gets each item at once. An item whose
-request goes away is dropped while it waits; once sent, it is computed and its answer dropped.
+Batching: a handle call costs about 1 ms of CPU on each side (a 2-core box: 600 calls/s between two replicas,
+10,000 items/s at 32 items per call), so items do not travel one per call. While :attr:`RayEngine.max_calls`
+calls of a stage are in flight, new items wait and leave together (``EngineReplica.submit_many``), where they
+join the engine's own batcher; an idle engine gets each item at once. An item whose request goes away is
+dropped while it waits; once sent, it is computed and its answer dropped.
 
-Failures. Every engine stage is a pure function of its payload (decode, detect, embed): nothing is written
-in an engine, so a call whose replica died (its actor is gone, or unreachable) is sent once more to another
-replica. If that fails too, or no replica is up, the call raises :class:`EngineClosedError` (HTTP 503);
-Ray Serve's back-pressure raises :class:`QueueFullError` (503 with Retry-After). Gallery writes happen in
-the front-end, after the engine answered: a replica's death can fail an enrolment, never lose an
-acknowledged one.
-
-The module imports no torch: it runs in front-end processes.
+Failures: engine stages are pure (nothing is written in an engine), so a call whose replica died is sent once
+more, to another replica; then, or with no replica up, :class:`EngineClosedError` (503). Serve's back-pressure
+is :class:`QueueFullError` (503, Retry-After). Gallery writes happen in the front-end after the engine
+answered: a replica's death can fail an enrolment, never lose an acknowledged one.
 """
 
 from __future__ import annotations
@@ -48,7 +42,6 @@ class Served:
     retries: int = 0
 
 
-#: What the current request's engine calls did, inside :func:`record_replicas`.
 _served: contextvars.ContextVar[Served | None] = contextvars.ContextVar("facegate_ray_served", default=None)
 
 
@@ -67,8 +60,8 @@ class RayEngine:
     """The engine interface over a :class:`ray.serve.handle.DeploymentHandle` to the engine deployment.
 
     Args:
-        handle: the engine deployment's handle (what ``.bind()`` passed to the ingress).
-        retries: how many more times a call whose replica died is sent again (another replica takes it).
+        handle: the engine deployment's handle.
+        retries: how many more times a call whose replica died is sent (another replica takes it).
         max_calls: calls in flight per stage; more items wait for the next call.
         max_items: items per call.
     """
@@ -81,7 +74,6 @@ class RayEngine:
         self.retries, self.max_calls, self.max_items = retries, max_calls, max_items
         self.info: dict[str, Any] = {}
         self._alive = False
-        # a call whose replica died or could not be reached: sent again (engine calls are pure)
         self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError)
         self._pending: defaultdict[str, list[tuple[np.ndarray, asyncio.Future[Any]]]] = defaultdict(list)
         self._in_flight: defaultdict[str, int] = defaultdict(int)
@@ -94,7 +86,7 @@ class RayEngine:
         return self.info
 
     def start(self) -> dict[str, Any]:
-        """The info from :meth:`astart` (the ingress starts the client on its event loop, before the app)."""
+        """The info from :meth:`astart` (which the ingress awaits before it builds the app)."""
         if not self._alive:
             raise EngineClosedError("the Ray engine client was not started (RayEngine.astart)")
         return self.info
@@ -111,8 +103,8 @@ class RayEngine:
         entry = (np.ascontiguousarray(payload), loop.create_future())
         pending = self._pending[stage]
         pending.append(entry)
-        if len(pending) == 1:
-            loop.call_soon(self._flush, stage, context=contextvars.Context())  # after this turn's other submits
+        if len(pending) == 1:  # sent after this turn's other submits, outside this request's context
+            loop.call_soon(self._flush, stage, context=contextvars.Context())
         try:
             replica, retries, (kind, *rest) = await entry[1]
         except asyncio.CancelledError:
@@ -160,7 +152,7 @@ class RayEngine:
             response = getattr(self._handle, method).remote(*args)
             try:
                 kind, replica, *rest = await response
-            except asyncio.CancelledError:  # the client went away: the replica's task is cancelled too
+            except asyncio.CancelledError:  # the caller went away: the replica's task is cancelled too
                 response.cancel()
                 raise
             except BackPressureError as exc:
