@@ -1,15 +1,15 @@
-"""Start ``facegate ray`` (a local Ray head on 127.0.0.1, one engine replica) with ``facegate serve``'s flags.
+"""Start ``facegate ray`` (a local Ray head on 127.0.0.1, one GPU's engine replicas) with ``facegate serve``'s flags.
 
 ``http_e2e.py`` starts it for the server names ``facegate_ray`` (1 ingress replica) and ``facegate_ray_wN``
 (N ingress replicas), so Ray Serve and ``facegate serve`` are measured in one run, on the same photos and
-load generator. The flags become the ``FACEGATE_*`` settings every replica reads; SIGTERM drains and stops
-the application and the Ray node.
+load generator. The flags become the ``FACEGATE_*`` settings every replica reads; SIGTERM stops the
+application and the Ray node.
 
-GPU (one H200; Ray with one engine replica against facegate serve and its multi-process form, compare at
-concurrency 100 and 256 with LFW photos):
-  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images .lfwB/lfw-deepfunneled \
-      --servers facegate,facegate_mp,facegate_ray,facegate_ray_w4 --kinds compare --concurrency 100,256 \
-      --duration 4 --budget-s 400 --out benchmarks/results/ray_http_gpu.json
+GPU (one H200: ``facegate serve`` with no flags against Ray with 8 ingress replicas, compare at concurrency
+100 and 256 with LFW photos; scripts/gpu-ray.sh runs it on the lent machine):
+  python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images .lfwT/lfw-deepfunneled \
+      --servers facegate_default,facegate_ray_w8 --kinds compare --concurrency 100,256 --duration 4 \
+      --budget-s 300 --out benchmarks/results/http_e2e-h200-ray.json
 """
 
 from __future__ import annotations

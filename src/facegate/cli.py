@@ -219,8 +219,8 @@ def ray_cmd(
     metrics_port: Annotated[
         int | None, typer.Option(help="Ray's Prometheus endpoint port of the local node started here")
     ] = None,
-    host: Annotated[str | None, typer.Option(help="bind address of Ray Serve's HTTP proxy")] = None,
-    port: Annotated[int | None, typer.Option(help="port of Ray Serve's HTTP proxy (default 7860)")] = None,
+    host: Annotated[str | None, typer.Option(help="bind address of the HTTP ingress replicas")] = None,
+    port: Annotated[int | None, typer.Option(help="port of the HTTP ingress replicas (default 7860)")] = None,
 ) -> None:
     """Serve the HTTP API on Ray Serve: ingress and engine replicas across a Ray cluster (extra ``ray``)."""
     try:

@@ -1,8 +1,9 @@
 """facegate on Ray Serve: a local two-node Ray cluster, 2 ingress and 2 engine replicas, real models on the CPU.
 
-Every process binds 127.0.0.1 (the nodes, Serve's HTTP proxy); the gallery is the SQLite store in a
-temporary folder that every ingress replica opens (``FACEGATE_GALLERY_URL``). The cluster is shut down at
-the end and the test checks that none of the processes it started is left.
+Every process binds 127.0.0.1 (the nodes, the ingress replicas' shared HTTP port); the gallery is a real
+PostgreSQL server (the ``postgres_server`` fixture) that every replica opens (``FACEGATE_GALLERY_URL``) and
+whose change feed every engine replica's index follows. The cluster is shut down at the end and the test
+checks that none of the processes it started is left.
 """
 
 from __future__ import annotations
@@ -39,10 +40,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.lfw]
 # process the test starts. No usage reports either.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Serve's proxy sends HTTP requests to ingress replicas on its own node when it can; the test wants both
-# ingress replicas (one per node) to take requests from the one proxy
-os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
-os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_AZ_ROUTING"] = "0"
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +51,7 @@ def _free_port() -> int:
     """A free loopback port below the kernel's ephemeral range and above Ray's worker ports (10002-19999).
 
     Ray's own processes bind many ephemeral ports (port 0) while the cluster starts; a port the kernel handed
-    out here could be taken by one of them before Serve's proxy binds it."""
+    out here could be taken by one of them before the ingress replicas bind it."""
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(20000, 32000)
@@ -106,7 +103,22 @@ def _photo(lfw_root: Path, name: str, i: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def ray_facegate(lfw_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def gallery_db(postgres_server: str) -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL server for this module's cluster; dropped after it."""
+    import psycopg
+
+    name = "ray_" + os.urandom(6).hex()
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield postgres_server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def ray_facegate(gallery_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     import ray
     from ray import serve
     from ray._private import ray_constants
@@ -125,15 +137,10 @@ def ray_facegate(lfw_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.add_node(**node)
     try:
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-        settings = Settings(
-            device="cpu",
-            port=port,
-            data_dir=shared,
-            gallery_url=f"sqlite:///{shared / 'gallery.sqlite3'}",
-        )
+        serve.start(proxy_location="Disabled")  # as `facegate ray`: the ingress replicas serve HTTP
+        settings = Settings(device="cpu", host="127.0.0.1", port=port, data_dir=shared, gallery_url=gallery_db)
         app = build_app(settings, engine_replicas=ENGINE_REPLICAS, ingress_replicas=INGRESS_REPLICAS, engine_gpus=0)
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        serve.run(app, name=APP_NAME, route_prefix=None)
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url, timeout=60) as c:
             deadline = time.monotonic() + 120
@@ -141,7 +148,7 @@ def ray_facegate(lfw_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                 assert time.monotonic() < deadline, "not ready within 120 s"
                 time.sleep(0.2)
         engine = serve.get_deployment_handle("engine", app_name=APP_NAME)
-        # every socket that the cluster's processes listen on is on loopback (nodes, GCS, workers, proxy)
+        # every socket that the cluster's processes listen on is on loopback (nodes, GCS, workers, ingresses)
         ours = set(_descendants(os.getpid())) - before
         sockets = _listening(ours | {os.getpid()})
         assert sockets, "found no listening socket of the Ray processes"
@@ -187,7 +194,8 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
     p = lambda name, i: _photo(lfw_root, name, i)  # noqa: E731
     engines: Counter[str] = Counter()
     ingresses: Counter[str] = Counter()
-    with httpx.Client(base_url=ray_facegate["url"], timeout=60) as c:
+    # one connection per request: the kernel spreads connections over the ingress replicas' shared port
+    with httpx.Client(base_url=ray_facegate["url"], timeout=60, headers={"connection": "close"}) as c:
         for _ in range(8):
             same = c.post(
                 "/api/compare", files={"img1": ("a.jpg", p("Colin_Powell", 1)), "img2": ("b.jpg", p("Colin_Powell", 2))}
@@ -211,15 +219,19 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
 
         # enrol through one replica, search through whichever answers next; until both crossings were seen
         crossed: set[tuple[str, str]] = set()
+        visible_ms: list[float] = []
         people = ["Tony_Blair", "George_W_Bush", "Gerhard_Schroeder", "Donald_Rumsfeld", "Colin_Powell"]
         for n, name in enumerate(people * 2):
             sid = f"{name.lower()}-{n}"
             r = c.post(f"/api/galleries/staff/subjects/{sid}", files=[("images", ("e.jpg", p(name, 1)))])
             assert r.status_code in (200, 201), r.text
+            acked = time.perf_counter()
             s = c.post("/api/galleries/staff/search", files={"image": ("q.jpg", p(name, 1))}, params={"k": 20})
             assert s.status_code == 200, s.text
-            # the first search after the acknowledgment sees the enrolment, whichever replicas served the two
+            # the first search after the acknowledgment sees the enrolment, whichever replicas served the two: the
+            # other replica's index had it by the time the search reached it, less than the search's time later
             assert sid in [h["subject_id"] for h in s.json()["hits"]], s.json()
+            visible_ms.append(1000 * (time.perf_counter() - acked))
             for a in _engine_of(r):
                 for b in _engine_of(s):
                     if a != b:
@@ -230,6 +242,7 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
             if len(crossed) >= 2 and n >= len(people):
                 break
         assert crossed, "no enrolment was searched through the other engine replica"
+        log.info("acknowledged enrolment → search that found it, ms: %s", [round(v) for v in visible_ms])
         assert len(engines) == ENGINE_REPLICAS and len(ingresses) == INGRESS_REPLICAS, (engines, ingresses)
 
         assert [g["name"] for g in c.get("/api/galleries").json()["galleries"]] == ["staff"]

@@ -1,36 +1,30 @@
-"""facegate on Ray Serve: an HTTP ingress deployment in front of an engine deployment, on one host or many.
+"""facegate on Ray Serve (:func:`build_app`; ``deploy/ray/serve.yaml`` through :func:`app_builder`):
 
-Two deployments make one Serve application (:func:`build_app`, or ``deploy/ray/serve.yaml`` through
-:func:`app_builder`):
+* :class:`EngineReplica`: one facegate engine per replica, the engine process of ``facegate serve --workers N``
+  (batching, CUDA graphs, the photo stage, deadlines are facegate's own; no ``@serve.batch``). A GPU takes as
+  many replicas as ``facegate serve`` runs engine processes on it (the plan's ``engines_per_gpu``). Each call
+  carries many requests' items (:class:`~facegate.scaleout.ray_engine.RayEngine`).
+* :class:`Ingress`: the FastAPI app of ``facegate serve`` (the same routes, limits, errors and metrics),
+  served by uvicorn in each replica, over a ``RayEngine``. It imports no torch. It opens the gallery the
+  settings name (``FACEGATE_GALLERY_URL``), which every replica shares and every engine index follows.
 
-* :class:`EngineReplica`: one facegate engine per replica (``num_gpus=1`` each where the cluster has GPUs).
-  It is the engine process of ``facegate serve --workers N``: a :class:`~facegate.service.faces.FaceService`
-  built from the settings, so batching, CUDA graphs, the photo stage, deadlines and cancellation are
-  facegate's own. Serve only routes calls to it (no ``@serve.batch``): ``max_ongoing_requests`` is set high
-  enough (:data:`ENGINE_ONGOING_PER_BATCH` batches) for the engine to fill its batches from many callers.
-* :class:`Ingress`: the FastAPI app of ``facegate serve`` (:func:`~facegate.api.app.create_app`: the same
-  routes, limits, errors and metrics) whose engine is a :class:`~facegate.scaleout.ray_engine.RayEngine` over
-  the engine deployment's handle. It loads no model and imports no torch. It opens the gallery the
-  settings name (``FACEGATE_GALLERY_URL``), so every ingress replica shares one store of record.
-
-Every response carries ``x-facegate-replica`` (the ingress replica) and, when the request reached the
-engine, ``x-facegate-engine-replicas`` (the engine replicas that computed it), so an operator can tell which
-replica answered; ``x-facegate-engine-retries`` counts calls sent again because their replica died.
-
-Health: each replica's ``check_health`` fails once its engine stopped (or, for the ingress, once its start-up
-failed); Serve then replaces it. Drain: Serve stops routing to a replica being removed, waits for its
-ongoing calls (``graceful_shutdown_timeout_s``: the settings' ``drain_s``), then the replica stops its
-engine. Metrics: ``GET /metrics`` of the ingress exports the ingress's families and one engine replica's
-engine families; Ray's own metrics (``ray_serve_*``: replicas, queue lengths, latencies) are on each node's
-Prometheus endpoint (``--metrics-export-port``).
+Responses carry ``x-facegate-replica`` (the ingress replica), ``x-facegate-engine-replicas`` (the engine
+replicas that computed them) and ``x-facegate-engine-retries`` (calls sent again because a replica died).
+Health: a replica whose engine or HTTP server stopped fails ``check_health``; Serve replaces it. Drain: Serve
+stops routing to a replica it removes and waits ``drain_s`` for its calls; an ingress drains its requests as
+``facegate serve`` does. Metrics: the ingress's ``GET /metrics`` (with one engine replica's engine families);
+Ray's ``ray_serve_*`` on each node's Prometheus endpoint (``--metrics-export-port``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -44,43 +38,40 @@ from facegate.transport.remote import error_to_wire
 
 log = logging.getLogger(__name__)
 
-#: Engine calls a replica accepts at once, in batches of ``max_batch_size``: one batch computing, one being
-#: prepared, and the next ones filling; fewer would cap the batches the engine can form.
-ENGINE_ONGOING_PER_BATCH = 4
-#: Calls an ingress replica takes at once (an asyncio front-end: facegate's own limits shed load, not Serve).
-INGRESS_ONGOING = 1024
-#: Name of the Serve application.
+#: Engine calls a replica accepts at once (each of many items: the engine's own queue bound sheds load).
+ENGINE_ONGOING = 256
+#: A replica's code and its handles' router on Serve's one event loop (Serve's throughput setting): two thread
+#: hops less per handle call, about twice the items/s between two replicas on a 2-core box.
+SAME_LOOP = {
+    "env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+}
 APP_NAME = "facegate"
 
 
 def _bind_replica_grpc_to_node_address() -> None:
-    """Make Serve replicas' inter-deployment gRPC server listen on the node's Ray address, not on every interface.
+    """Make the replicas' inter-deployment gRPC server listen on the node's Ray address, not on every interface.
 
-    Ray Serve starts that server in each replica on ``[::]:0`` whatever the node's address (replica.py,
-    ``_on_initialized``), so a cluster bound to 127.0.0.1 still had one port per replica open on all
-    interfaces. This module is imported in every replica before that server starts (the deployment classes
-    live here); the wrapper swaps ``[::]`` for the node's address (``ray.util.get_node_ip_address()``, the
-    address the node was started with), on which handles reach the replica. Nothing changes when the
-    private name is not there (another Ray version): the server then keeps Ray's default.
+    Serve starts it on ``[::]:0`` whatever the node's address (replica.py, ``_on_initialized``); this module is
+    imported in every replica before that, and swaps ``[::]`` for ``ray.util.get_node_ip_address()``. Another
+    Ray version without the private name keeps Ray's default.
     """
-    try:
+    with contextlib.suppress(ImportError):
         from ray.serve._private import replica as serve_replica
-    except ImportError:
-        return
-    original = getattr(serve_replica, "add_port_to_grpc_server", None)
-    if original is None or getattr(original, "_facegate_node_bound", False):
-        return
 
-    def add_port(server: Any, address: str) -> int:
-        if address.startswith("[::]:"):
-            import ray.util
+        original = getattr(serve_replica, "add_port_to_grpc_server", None)
+        if original is None or getattr(original, "_facegate_node_bound", False):
+            return
 
-            host = ray.util.get_node_ip_address()
-            address = f"[{host}]:{address[5:]}" if ":" in host else f"{host}:{address[5:]}"
-        return int(original(server, address))
+        def add_port(server: Any, address: str) -> int:
+            if address.startswith("[::]:"):
+                import ray.util
 
-    add_port._facegate_node_bound = True  # type: ignore[attr-defined]
-    serve_replica.add_port_to_grpc_server = add_port
+                host = ray.util.get_node_ip_address()
+                address = f"[{host}]:{address[5:]}" if ":" in host else f"{host}:{address[5:]}"
+            return int(original(server, address))
+
+        add_port._facegate_node_bound = True  # type: ignore[attr-defined]
+        serve_replica.add_port_to_grpc_server = add_port
 
 
 _bind_replica_grpc_to_node_address()
@@ -93,91 +84,73 @@ def _replica_id() -> str:
         return f"pid{os.getpid()}"
 
 
-def _node_id() -> str:
-    import ray
-
-    return str(ray.get_runtime_context().get_node_id())
-
-
-# --------------------------------------------------------------------------- engine deployment
 class EngineReplica:
-    """One facegate engine (models, batching engine) as a Serve replica.
-
-    It gets the whole settings (``gallery_url`` included), so an engine that holds a gallery index opens and
-    follows the store they name: a shared ``FACEGATE_GALLERY_URL`` makes every replica follow one gallery.
-
-    Every method answers ``("ok", replica id, result)`` or ``("err", replica id, *error_to_wire(exc))``, so a
-    facegate error reaches the ingress as the same class (and HTTP status) rather than a Ray task error.
+    """One facegate engine as a Serve replica, built from the whole settings (a shared ``gallery_url`` makes
+    every replica's index follow one gallery). Every method answers ``("ok", replica id, result)`` or
+    ``("err", replica id, *error_to_wire(exc))``: a facegate error reaches the ingress as the same class.
 
     Args:
         settings_json: the :class:`~facegate.config.Settings` as JSON.
     """
 
     async def __init__(self, settings_json: str) -> None:
+        import ray
+
         from facegate.service.faces import FaceService
+        from facegate.tuning import make_plan
 
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        # the build is blocking (weights, warm-up forwards): keep the replica's event loop free meanwhile
-        self.service = await loop.run_in_executor(None, lambda: FaceService.build(settings))
+        plan = make_plan(settings)  # for the GPU Ray gave this replica (its only visible one)
+        if plan.cpu_threads is None:  # a CPU engine: the node's cores, as `facegate serve`, not Ray's OMP_NUM_THREADS=1
+            plan = dataclasses.replace(plan, cpu_threads=len(os.sched_getaffinity(0)))
+        # the build blocks (weights, warm-up forwards): the replica's event loop stays free meanwhile
+        self.service = await asyncio.get_running_loop().run_in_executor(None, FaceService.build, settings, plan)
         await self.service.start()
-        self.replica = _replica_id()
-        op = self.service.pipeline.operating
+        p, self.replica = self.service.pipeline, _replica_id()
+        op = p.operating
         self._info = {
-            "model": self.service.spec.name,
+            "model": p.spec.name, "device": str(p.device), "stages": [st.name for st in p.stages()],
             "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
                           "quality_threshold": op.quality_threshold},
-            "device": str(self.service.pipeline.device),
-            "stages": [st.name for st in self.service.pipeline.stages()],
+            "replica": self.replica, "pid": os.getpid(), "node": str(ray.get_runtime_context().get_node_id()),
             "startup_s": round(time.perf_counter() - t0, 3),
-            "replica": self.replica,
-            "pid": os.getpid(),
-            "node": _node_id(),
         }  # fmt: skip
-        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], self._info["device"])
+        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], p.device)
 
     async def info(self) -> tuple[Any, ...]:
-        """The engine's info: model, operating thresholds, device, stages, replica id, pid, Ray node id."""
+        """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
         return ("ok", self.replica, self._info)
 
-    async def submit(self, stage: str, payload: Any) -> tuple[Any, ...]:
-        """``payload`` through the engine's ``stage`` (batched with every other caller's items)."""
-        try:
-            return ("ok", self.replica, await self.service.engine.submit(stage, payload))
-        except Exception as exc:  # CancelledError passes: the caller went away, the engine dropped the item
-            return ("err", self.replica, *error_to_wire(exc))
+    async def submit_many(self, stage: str, payloads: list[Any]) -> tuple[Any, ...]:
+        """``payloads`` through the engine's ``stage`` (batched with every caller's items): one ``("ok", result)``
+        or ``("err", *error_to_wire(exc))`` per payload."""
+        submit = self.service.engine.submit
+        results = await asyncio.gather(*[submit(stage, p) for p in payloads], return_exceptions=True)
+        answers = [("err", *error_to_wire(r)) if isinstance(r, BaseException) else ("ok", r) for r in results]
+        return ("ok", self.replica, answers)
 
     async def engine_samples(self) -> tuple[Any, ...]:
-        """This replica's samples of the engine metric families."""
         return ("ok", self.replica, self.service.stats.engine_samples())
 
     async def check_health(self) -> None:
-        """Raise (Serve then replaces the replica) once the engine has stopped."""
         if not self.service.ready:
             raise RuntimeError(f"engine replica {self.replica}: the engine is not running")
 
-    async def __del__(self) -> None:
-        # Serve calls this after the drain (no call is routed here any more): stop the engine and its threads
-        service = getattr(self, "service", None)
-        if service is not None:
+    async def __del__(self) -> None:  # after the drain: stop the engine and its threads
+        if (service := getattr(self, "service", None)) is not None:
             await service.stop()
-            log.info("engine replica %s stopped", getattr(self, "replica", "?"))
 
 
-# --------------------------------------------------------------------------- ingress deployment
 class ReplicaHeaders:
-    """ASGI wrapper: adds ``x-facegate-replica``, ``x-facegate-engine-replicas`` and (when an engine call was sent
-    again after its replica died) ``x-facegate-engine-retries`` to every HTTP response."""
+    """ASGI wrapper adding the ``x-facegate-replica`` / ``-engine-replicas`` / ``-engine-retries`` headers."""
 
     def __init__(self, app: Any, replica: str) -> None:
-        self.app = app
-        self.replica = replica.encode()
+        self.app, self.replica = app, replica.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return await self.app(scope, receive, send)
         with record_replicas() as served:
 
             async def send_with_headers(message: dict[str, Any]) -> None:
@@ -194,41 +167,58 @@ class ReplicaHeaders:
             await self.app(scope, receive, send_with_headers)
 
 
-@serve.ingress()
 class Ingress:
-    """The facegate HTTP app, its engine calls going to the engine deployment.
+    """The facegate HTTP app on ``settings.host:settings.port``, its engine calls going to the engine deployment.
+
+    Each replica serves HTTP itself (uvicorn, as ``facegate serve``; the replicas of a node share the port
+    through ``SO_REUSEPORT``, which Linux allows only to one user) rather than behind Serve's HTTP proxy: the
+    proxy is one process per node, took 4.7 ms of CPU per compare on a 2-core box (≈ 200 req/s at most) and
+    cost one more handle call per request. Serve still places, checks, replaces and drains the replicas.
 
     Args:
         engine: the engine deployment's handle.
-        settings_json: the :class:`~facegate.config.Settings` as JSON (gallery, limits, auth).
+        settings_json: the :class:`~facegate.config.Settings` as JSON (gallery, limits, auth, host, port).
     """
 
     async def __init__(self, engine: DeploymentHandle, settings_json: str) -> None:
-        from facegate.api.app import create_app
+        import uvicorn
+
+        from facegate.api.app import create_app, uvicorn_config
         from facegate.service.faces import FaceService
 
         remote = RayEngine(engine)
         info = await remote.astart()
         # the device is the engine's: this process never resolves "auto" itself (that would import torch)
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
-        settings = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
+        self.settings = s = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
         self.replica = _replica_id()
-        self.fastapi = create_app(settings, service=FaceService.over_engine(settings, remote))
-        log.info("ingress replica %s: engine %s on %s", self.replica, info["model"], info["device"])
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return ReplicaHeaders(self.fastapi, self.replica)
+        self.fastapi = create_app(s, service=FaceService.over_engine(s, remote))
+        self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
+        family = socket.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        sock = socket.create_server((s.host, s.port), family=family, backlog=2048, reuse_port=True)
+        self.serving = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started:  # the app's lifespan start-up (a failure ends serve())
+            if self.serving.done():
+                raise RuntimeError(f"ingress replica {self.replica}: uvicorn stopped") from self.serving.exception()
+            await asyncio.sleep(0.05)
+        log.info("ingress replica %s on %s:%d, engine %s on %s", self.replica, s.host, s.port, info["model"], device)
 
     async def check_health(self) -> None:
-        """Raise (Serve then replaces the replica) when the app's start-up failed."""
         from facegate.api.app import get_state
 
         state = get_state(self.fastapi)
-        if state.load_error is not None:
-            raise RuntimeError(f"ingress replica {self.replica}: {state.load_error.message}")
+        if self.serving.done() or state.load_error is not None:
+            raise RuntimeError(f"ingress replica {self.replica}: not serving ({state.load_error})")
+
+    async def __del__(self) -> None:  # Serve removes the replica: drain as `facegate serve` does on SIGTERM
+        from facegate.api.drain import DRAIN
+
+        DRAIN.begin(self.settings.drain_s, asyncio.get_running_loop())
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await self.serving
 
 
-# --------------------------------------------------------------------------- application
 def build_app(
     settings: Settings,
     *,
@@ -241,32 +231,29 @@ def build_app(
 
     Args:
         settings: the settings every replica runs with.
-        engine_replicas: engine replicas (the minimum, when autoscaling).
-        max_engine_replicas: above ``engine_replicas``: autoscale between the two on ongoing calls per replica
-            (target: two batches each).
+        engine_replicas: GPUs' worth of engine replicas (the minimum, when autoscaling): a GPU takes the plan's
+            ``engines_per_gpu`` replicas, one engine each.
+        max_engine_replicas: above ``engine_replicas``: autoscale between the two on ongoing calls per replica.
         ingress_replicas: ingress replicas (CPU only).
-        engine_gpus: GPUs per engine replica; ``None``: 1 when the cluster has GPUs, else 0.
+        engine_gpus: GPUs per ``engines_per_gpu`` engine replicas; ``None``: 1 when the cluster has GPUs, else 0.
     """
     import ray
 
+    from facegate.tuning import make_plan
+
     if engine_gpus is None:
         engine_gpus = 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    batch = settings.engine.max_batch_size
-    scaling: dict[str, Any] = {"num_replicas": engine_replicas}
+    per_gpu = make_plan(settings).engines_per_gpu if engine_gpus > 0 else 1
+    scaling: dict[str, Any] = {"num_replicas": engine_replicas * per_gpu}
     if max_engine_replicas is not None and max_engine_replicas > engine_replicas:
-        scaling = {
-            "autoscaling_config": {
-                "min_replicas": engine_replicas,
-                "max_replicas": max_engine_replicas,
-                "target_ongoing_requests": 2 * batch,
-                "upscale_delay_s": 10,
-                "downscale_delay_s": 300,
-            }
-        }
+        scaling = {"autoscaling_config": {
+            "min_replicas": engine_replicas * per_gpu, "max_replicas": max_engine_replicas * per_gpu,
+            "target_ongoing_requests": 8, "upscale_delay_s": 10, "downscale_delay_s": 300,  # 8: two ingresses' calls
+        }}  # fmt: skip
     engine = serve.deployment(EngineReplica, name="engine").options(
-        max_ongoing_requests=ENGINE_ONGOING_PER_BATCH * batch,
+        max_ongoing_requests=ENGINE_ONGOING,
         max_queued_requests=settings.limits.max_queue,
-        ray_actor_options={"num_gpus": engine_gpus, "num_cpus": 1},
+        ray_actor_options={"num_gpus": engine_gpus / per_gpu, "num_cpus": 1, "runtime_env": SAME_LOOP},
         health_check_period_s=5,
         health_check_timeout_s=30,
         logging_config={"enable_access_log": False},  # one line per engine call otherwise
@@ -276,36 +263,21 @@ def build_app(
     )
     ingress = serve.deployment(Ingress, name="ingress").options(
         num_replicas=ingress_replicas,
-        max_ongoing_requests=INGRESS_ONGOING,
-        ray_actor_options={"num_cpus": 1, "num_gpus": 0},
+        ray_actor_options={"num_cpus": 1, "num_gpus": 0, "runtime_env": SAME_LOOP},
         health_check_period_s=5,
         graceful_shutdown_timeout_s=settings.drain_s,
-        logging_config={"enable_access_log": False},  # facegate_requests_total counts requests
     )
     settings_json = settings.model_dump_json()
     return ingress.bind(engine.bind(settings_json), settings_json)
 
 
 def app_builder(args: dict[str, Any]) -> Any:
-    """The application for ``serve run`` / ``serve deploy`` (``deploy/ray/serve.yaml``).
-
-    ``args`` (all optional): ``engine_replicas``, ``max_engine_replicas``, ``ingress_replicas``,
-    ``engine_gpus``. Settings come from the ``FACEGATE_*`` environment (``runtime_env.env_vars``).
-    """
+    """The application of ``serve run`` / ``serve deploy`` (``deploy/ray/serve.yaml``): ``args`` are
+    :func:`build_app`'s keywords; settings come from the ``FACEGATE_*`` environment (``runtime_env.env_vars``)."""
     known = {"engine_replicas", "max_engine_replicas", "ingress_replicas", "engine_gpus"}
-    unknown = set(args) - known
-    if unknown:
+    if unknown := set(args) - known:
         raise ValueError(f"unknown facegate application args {sorted(unknown)}; known: {sorted(known)}")
     return build_app(Settings(), **args)
-
-
-def loopback_init_kwargs() -> dict[str, Any]:
-    """``ray.init`` / ``Cluster`` node arguments that keep a local node on 127.0.0.1 with no dashboard.
-
-    Without ``node_ip_address`` Ray advertises the machine's interface address, and without
-    ``include_dashboard=False`` it starts the dashboard process.
-    """
-    return {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
 
 
 def run(
@@ -319,61 +291,53 @@ def run(
 ) -> None:
     """Serve the facegate application on Ray until SIGINT/SIGTERM (``facegate ray``).
 
-    ``address``: a running cluster (``ray://…`` or ``host:port``; ``auto`` for the local one); ``None``
-    starts a single-node cluster on 127.0.0.1 for this process. The HTTP proxy listens on
-    ``settings.host:settings.port``. ``metrics_port``: Ray's Prometheus endpoint of a node started here.
+    ``address``: a running cluster (``ray://…``, ``host:port``, ``auto``); ``None`` starts a node on 127.0.0.1
+    with no dashboard for this process (Ray would otherwise advertise the machine's interface address).
+    ``metrics_port``: Ray's Prometheus endpoint of a node started here.
     """
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reports to ray.io unless the user opts in
     if address is None:
-        kw: dict[str, Any] = loopback_init_kwargs()
-        if metrics_port is not None:
-            kw["_metrics_export_port"] = metrics_port
-        ray.init(**kw)
+        kw: dict[str, Any] = {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        ray.init(**kw, **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
     else:
         ray.init(address=address)  # the cluster's own settings (dashboard, addresses) apply
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.start(proxy_location="Disabled")  # the ingress replicas serve HTTP (see Ingress)
         app = build_app(
-            settings,
-            engine_replicas=engine_replicas,
-            max_engine_replicas=max_engine_replicas,
+            settings, engine_replicas=engine_replicas, max_engine_replicas=max_engine_replicas,
             ingress_replicas=ingress_replicas,
-        )
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        )  # fmt: skip
+        serve.run(app, name=APP_NAME, route_prefix=None)
         log.info("facegate on Ray Serve: http://%s:%d", settings.host, settings.port)
         stop.wait()
-        log.info("stopping: draining the replicas")
     finally:
         if address is None and _local_node_lost():
-            # a signal to the whole process group (Ctrl-C, a container runtime) stopped the Ray node this process
-            # started as well: there is no controller left to drain the replicas
+            # a signal to the whole process group (Ctrl-C, a container runtime) stopped the node started here too:
+            # no controller is left to drain the replicas
             log.warning("the local Ray node has stopped; shutting down without a drain")
         else:
             closer = threading.Thread(target=serve.shutdown, name="facegate-serve-shutdown", daemon=True)
             closer.start()
             closer.join(settings.drain_s + 10.0)  # bounded: a cluster that went away cannot answer
-            if closer.is_alive():
-                log.warning("Ray Serve did not shut down in %.0f s; stopping Ray", settings.drain_s + 10.0)
         ray.shutdown()
 
 
 def _local_node_lost(wait_s: float = 1.0) -> bool:
-    """Whether a process of the Ray node that ``ray.init`` started here has exited (polled for ``wait_s``: the
-    signal that stops them may still be arriving)."""
+    """Whether a process of the node ``ray.init`` started here has exited (within ``wait_s``: the signal that
+    stops them may still be arriving)."""
     from ray._private import worker
 
     node = getattr(worker, "_global_node", None)
-    if node is None or not hasattr(node, "dead_processes"):
-        return False
     deadline = time.monotonic() + wait_s
-    while True:
+    while node is not None and hasattr(node, "dead_processes"):
         if node.dead_processes():
             return True
         if time.monotonic() >= deadline:
-            return False
+            break
         time.sleep(0.1)
+    return False

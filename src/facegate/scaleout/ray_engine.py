@@ -1,19 +1,18 @@
-"""The engine interface over a Ray Serve handle: what a front-end (the Ray ingress) talks to.
+"""The engine interface over a Ray Serve handle, for the Ray ingress (imports no torch).
 
-:class:`RayEngine` has the small interface of :class:`~facegate.transport.remote.RemoteEngine`
-(``start``, ``ready``, ``submit``, ``engine_samples``, ``stop``), so a
-:class:`~facegate.service.faces.FaceService` and the HTTP routes use it unchanged. Each ``submit`` is one
-call to the engine deployment (:class:`~facegate.scaleout.ray_app.EngineReplica`), which puts the payload on
-its own batching :class:`~facegate.engine.engine.Engine`; Ray's router picks the replica.
+:class:`RayEngine` has the interface of :class:`~facegate.transport.remote.RemoteEngine` (``start``, ``ready``,
+``submit``, ``engine_samples``, ``stop``), so a :class:`~facegate.service.faces.FaceService` uses it unchanged.
 
-Failures. Every engine stage is a pure function of its payload (decode, detect, embed): nothing is written
-in an engine, so a call whose replica died (its actor is gone, or unreachable) is retried once on another
-replica. If that fails too, or no replica is up, the call raises :class:`EngineClosedError` (HTTP 503);
-Ray Serve's back-pressure (every replica at ``max_ongoing_requests`` and the queue full) raises
-:class:`QueueFullError` (503 with Retry-After). Gallery writes happen in the front-end, after the engine
+Batching: a handle call costs about 1 ms of CPU on each side (a 2-core box: 600 calls/s between two replicas,
+10,000 items/s at 32 items per call), so items do not travel one per call. While :attr:`RayEngine.max_calls`
+calls of a stage are in flight, new items wait and leave together (``EngineReplica.submit_many``), where they
+join the engine's own batcher; an idle engine gets each item at once. An item whose request goes away is
+dropped while it waits; once sent, it is computed and its answer dropped.
+
+Failures: engine stages are pure (nothing is written in an engine), so a call whose replica died is sent once
+more, to another replica; then, or with no replica up, :class:`EngineClosedError` (503). Serve's back-pressure
+is :class:`QueueFullError` (503, Retry-After). Gallery writes happen in the front-end after the engine
 answered: a replica's death can fail an enrolment, never lose an acknowledged one.
-
-The module imports no torch: it runs in front-end processes.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,6 @@ class Served:
     retries: int = 0
 
 
-#: What the current request's engine calls did, inside :func:`record_replicas`.
 _served: contextvars.ContextVar[Served | None] = contextvars.ContextVar("facegate_ray_served", default=None)
 
 
@@ -57,38 +56,37 @@ def record_replicas() -> Iterator[Served]:
         _served.reset(token)
 
 
-def _replica_gone_errors() -> tuple[type[BaseException], ...]:
-    """Ray's errors for a call whose replica died or could not be reached (retried: engine calls are pure)."""
-    from ray import exceptions as rex
-    from ray.serve import exceptions as sex
-
-    return (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError)
-
-
 class RayEngine:
     """The engine interface over a :class:`ray.serve.handle.DeploymentHandle` to the engine deployment.
 
     Args:
-        handle: the engine deployment's handle (what ``.bind()`` passed to the ingress).
-        retries: how many more times a call whose replica died is sent again (another replica takes it).
+        handle: the engine deployment's handle.
+        retries: how many more times a call whose replica died is sent (another replica takes it).
+        max_calls: calls in flight per stage; more items wait for the next call.
+        max_items: items per call.
     """
 
-    def __init__(self, handle: Any, *, retries: int = 1) -> None:
+    def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 4, max_items: int = 64) -> None:
+        from ray import exceptions as rex
+        from ray.serve import exceptions as sex
+
         self._handle = handle
-        self.retries = retries
+        self.retries, self.max_calls, self.max_items = retries, max_calls, max_items
         self.info: dict[str, Any] = {}
         self._alive = False
-        self._gone = _replica_gone_errors()
+        self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError)
+        self._pending: defaultdict[str, list[tuple[np.ndarray, asyncio.Future[Any]]]] = defaultdict(list)
+        self._in_flight: defaultdict[str, int] = defaultdict(int)
 
     async def astart(self) -> dict[str, Any]:
         """Ask one replica for the engine's info (model, operating thresholds, device, stages)."""
         if not self._alive:
-            self.info = await self._call("info")
+            self.info = (await self._call("info"))[2]
             self._alive = True
         return self.info
 
     def start(self) -> dict[str, Any]:
-        """The info from :meth:`astart` (the ingress starts the client on its event loop, before the app)."""
+        """The info from :meth:`astart` (which the ingress awaits before it builds the app)."""
         if not self._alive:
             raise EngineClosedError("the Ray engine client was not started (RayEngine.astart)")
         return self.info
@@ -101,13 +99,52 @@ class RayEngine:
         """Run ``payload`` through an engine replica's ``stage``; the result, or its FacegateError."""
         if not self._alive:
             raise EngineClosedError("the Ray engine client is stopped")
-        return await self._call("submit", stage, np.ascontiguousarray(payload))
+        loop = asyncio.get_running_loop()
+        entry = (np.ascontiguousarray(payload), loop.create_future())
+        pending = self._pending[stage]
+        pending.append(entry)
+        if len(pending) == 1:  # sent after this turn's other submits, outside this request's context
+            loop.call_soon(self._flush, stage, context=contextvars.Context())
+        try:
+            replica, retries, (kind, *rest) = await entry[1]
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                pending.remove(entry)
+            raise
+        if (served := _served.get()) is not None:
+            served.replicas.append(replica)
+            served.retries += retries
+        if kind == "ok":
+            return rest[0]
+        raise error_from_wire(*rest)
+
+    def _flush(self, stage: str) -> None:
+        pending = self._pending[stage]
+        if pending and self._in_flight[stage] < self.max_calls:
+            batch, pending[: self.max_items] = pending[: self.max_items], []
+            self._in_flight[stage] += 1
+            asyncio.get_running_loop().create_task(self._send(stage, batch))
+
+    async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]]) -> None:
+        try:
+            retries, replica, answers = await self._call("submit_many", stage, [p for p, _ in batch])
+            for (_, fut), answer in zip(batch, answers, strict=True):
+                if not fut.done():
+                    fut.set_result((replica, retries, answer))
+        except Exception as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+        finally:
+            self._in_flight[stage] -= 1
+            self._flush(stage)
 
     async def engine_samples(self) -> dict[str, list[Any]]:
         """One engine replica's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
-        return await self._call("engine_samples")
+        return (await self._call("engine_samples"))[2]
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any) -> tuple[int, str, Any]:
+        """``(retries, replica, result)`` of ``method`` on an engine replica."""
         from ray.serve.exceptions import BackPressureError
 
         attempt = 0
@@ -115,25 +152,21 @@ class RayEngine:
             response = getattr(self._handle, method).remote(*args)
             try:
                 kind, replica, *rest = await response
-            except asyncio.CancelledError:  # the client went away: the replica's task is cancelled too
+            except asyncio.CancelledError:  # the caller went away: the replica's task is cancelled too
                 response.cancel()
                 raise
             except BackPressureError as exc:
                 raise QueueFullError(f"every engine replica is busy: {exc}", retry_after_s=1.0) from None
             except self._gone as exc:
-                if attempt < self.retries:
-                    attempt += 1
-                    if (served := _served.get()) is not None:
-                        served.retries += 1
-                    log.warning("engine replica lost during %s (%s); retrying on another", method, type(exc).__name__)
-                    continue
-                raise EngineClosedError(
-                    "the engine replica serving this request is gone", detail={"cause": type(exc).__name__}
-                ) from None
-            if (served := _served.get()) is not None:
-                served.replicas.append(replica)
+                if attempt == self.retries:
+                    raise EngineClosedError(
+                        "the engine replica serving this request is gone", detail={"cause": type(exc).__name__}
+                    ) from None
+                attempt += 1
+                log.warning("engine replica lost during %s (%s); retrying on another", method, type(exc).__name__)
+                continue
             if kind == "ok":
-                return rest[0]
+                return attempt, replica, rest[0]
             raise error_from_wire(*rest)
 
     def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:

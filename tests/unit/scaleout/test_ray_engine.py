@@ -1,4 +1,5 @@
-"""RayEngine's failure mapping: a lost replica is retried once, then 503; Serve's back-pressure is queue_full.
+"""RayEngine: concurrent items leave in one call; a lost replica is retried once, then 503; Serve's back-pressure
+is queue_full.
 
 The handle here is a stand-in that raises Ray's own exception classes the way a DeploymentHandle's response
 does; the real handle and real replica deaths are in tests/integration/test_ray_serve.py.
@@ -48,9 +49,11 @@ class _Method:
     def __init__(self, outcomes: list[Any]) -> None:
         self.outcomes = outcomes
         self.calls = 0
+        self.args: list[tuple[Any, ...]] = []
 
     def remote(self, *args: Any) -> _Response:
         self.calls += 1
+        self.args.append(args)
         return _Response(self.outcomes.pop(0))
 
 
@@ -68,7 +71,7 @@ def _started(handle: _Handle, **kw: Any) -> RayEngine:
 
 
 def test_a_lost_replica_is_retried_on_another() -> None:
-    handle = _Handle(submit=[rex.ActorDiedError(), ("ok", "r2", "embedding")])
+    handle = _Handle(submit_many=[rex.ActorDiedError(), ("ok", "r2", [("ok", "embedding")])])
     engine = _started(handle)
 
     async def go() -> tuple[Any, Served]:
@@ -76,12 +79,13 @@ def test_a_lost_replica_is_retried_on_another() -> None:
             return await engine.submit("embed", np.zeros((1, 112, 112, 3), np.uint8)), served
 
     result, served = asyncio.run(go())
-    assert result == "embedding" and served.replicas == ["r2"] and served.retries == 1 and handle.submit.calls == 2
+    assert result == "embedding" and served.replicas == ["r2"] and served.retries == 1
+    assert handle.submit_many.calls == 2
 
 
 def test_a_second_loss_is_a_clean_engine_closed() -> None:
     gone = rex.ActorUnavailableError("connection lost", None)
-    handle = _Handle(submit=[rex.ActorDiedError(), gone])
+    handle = _Handle(submit_many=[rex.ActorDiedError(), gone])
     engine = _started(handle)
     with pytest.raises(EngineClosedError) as info:
         asyncio.run(engine.submit("photo", np.zeros(10, np.uint8)))
@@ -90,9 +94,9 @@ def test_a_second_loss_is_a_clean_engine_closed() -> None:
 
 def test_back_pressure_is_queue_full_and_engine_errors_keep_their_class() -> None:
     handle = _Handle(
-        submit=[
+        submit_many=[
             sex.BackPressureError(num_queued_requests=9, max_queued_requests=8),
-            ("err", "r1", *error_to_wire(NoFaceError("no face"))),
+            ("ok", "r1", [("err", *error_to_wire(NoFaceError("no face")))]),
         ]
     )
     engine = _started(handle, retries=0)
@@ -100,7 +104,7 @@ def test_back_pressure_is_queue_full_and_engine_errors_keep_their_class() -> Non
         asyncio.run(engine.submit("detect", np.zeros((4, 4, 3), np.uint8)))
     with pytest.raises(NoFaceError):
         asyncio.run(engine.submit("detect", np.zeros((4, 4, 3), np.uint8)))
-    assert handle.submit.calls == 2  # neither is retried
+    assert handle.submit_many.calls == 2  # neither is retried
 
 
 def test_not_started_or_stopped_is_engine_closed() -> None:
@@ -112,3 +116,42 @@ def test_not_started_or_stopped_is_engine_closed() -> None:
     engine.stop()
     with pytest.raises(EngineClosedError):
         asyncio.run(engine.submit("embed", np.zeros(1, np.uint8)))
+
+
+def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
+    """With ``max_calls`` calls out, the next items wait and go in one call; each gets its own answer."""
+    gate = asyncio.Event()
+
+    class _Slow(_Method):
+        def remote(self, *args: Any) -> Any:
+            self.calls += 1
+            self.args.append(args)
+
+            async def answer() -> Any:
+                await gate.wait()
+                return ("ok", f"r{self.calls}", [("ok", int(p[0])) for p in args[1]])
+
+            return _Awaitable(answer())
+
+    class _Awaitable(_Response):
+        def __init__(self, coro: Any) -> None:
+            super().__init__(None)
+            self.coro = coro
+
+        def __await__(self) -> Any:
+            return self.coro.__await__()
+
+    handle = _Handle()
+    handle.submit_many = _Slow([])  # type: ignore[attr-defined]
+    engine = _started(handle, max_calls=1)
+
+    async def go() -> list[Any]:
+        first = asyncio.ensure_future(engine.submit("photo", np.array([0], np.uint8)))
+        await asyncio.sleep(0)  # the first call is out
+        rest = [asyncio.ensure_future(engine.submit("photo", np.array([i], np.uint8))) for i in range(1, 6)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        return await asyncio.gather(first, *rest)
+
+    assert asyncio.run(go()) == [0, 1, 2, 3, 4, 5]
+    assert [len(a[1]) for a in handle.submit_many.args] == [1, 5]  # type: ignore[attr-defined]
