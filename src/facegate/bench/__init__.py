@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from facegate.bench.http import BenchResult, HttpBenchOptions, arun_http_bench, run_http_bench
+from facegate.bench.http import BenchResult, arun_http_bench, run_http_bench
 
-__all__ = ["BenchResult", "HttpBenchOptions", "arun_http_bench", "run_http_bench"]
+__all__ = ["BenchResult", "arun_http_bench", "run_http_bench"]
