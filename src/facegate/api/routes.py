@@ -1,14 +1,8 @@
-"""HTTP routes (v1, docs/dev/http-api.md).
+"""HTTP routes (v1, docs/dev/http-api.md). None blocks the event loop: large images decode on the decode pool,
+inference goes through the async FaceService (batched across requests), gallery calls run on the gallery thread.
 
-Every route is ``async`` and never blocks the event loop: uploads are read with ``await file.read()``
-(bounded by ``settings.limits.max_upload_bytes``), images are decoded on the decode thread pool, inference goes
-through the async :class:`~facegate.service.faces.FaceService` (batched across requests by the engine)
-and gallery calls run on the gallery thread. Routes raise :class:`~facegate.errors.FacegateError`
-subclasses; :mod:`facegate.api.errors` turns them into HTTP responses.
-
-The quality gate is visible everywhere: every face carries its verdict, compare refuses (never compares
-silently) when either face is below the gate, enrolment refuses low-quality faces by default and lists
-them, and search refuses a low-quality probe instead of searching with it.
+Every face carries its quality verdict; compare refuses a pair with a face below the gate, enrolment refuses and
+lists such faces, and search refuses such a probe instead of searching with it.
 """
 
 from __future__ import annotations
@@ -97,12 +91,7 @@ def _state(request: Request) -> ServingState:
 
 # --------------------------------------------------------------------------- helpers
 async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
-    """All bytes of one uploaded file, refusing more than ``max_bytes`` without reading them all.
-
-    Raises:
-        ImageTooLargeError: the part is larger than ``max_bytes``.
-        EmptyInputError: the part has zero bytes.
-    """
+    """All bytes of one upload; ImageTooLargeError past ``max_bytes`` (not read whole), EmptyInputError if none."""
     detail: dict[str, Any] = {"field": file.filename or "", "limit": max_bytes}
     if index is not None:
         detail["index"] = index
@@ -119,8 +108,7 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
 
 
 async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
-    """Decode an upload's bytes → ``(H, W, 3) uint8`` RGB: right here when its header says it is no larger than
-    :data:`~facegate.io.decode.INLINE_DECODE_PIXELS` (an aligned crop), else on the decode pool."""
+    """An upload's bytes → ``(H, W, 3) uint8`` RGB: here when it is small (an aligned crop), else on the pool."""
     from facegate.io.decode import decode_if_small, decode_image
 
     s = state.settings.limits
@@ -131,7 +119,7 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
 
 
 async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
-    """Read and decode one upload → ``(H, W, 3) uint8`` RGB (decoding on the decode pool)."""
+    """Read and decode one upload → ``(H, W, 3) uint8`` RGB."""
     return await decode_bytes(state, await read_upload(file, state.settings.limits.max_upload_bytes, index=index))
 
 
@@ -144,13 +132,9 @@ async def faces_of_upload(
     select: FaceSelect = FaceSelect.LARGEST,
     keep_crops: bool = False,
 ) -> list[Face]:
-    """The selected faces of one uploaded photo.
-
-    With the engine's ``photo`` stage (``Settings.gpu_preprocess``) the largest face of a JPEG is found from
-    the upload's bytes on the engine's device, in one engine trip. Other formats (which nvJPEG does not
-    decode, so the engine process would decode them on its CPU) and other requests (every face, or the
-    crops in the answer) are decoded and aligned here.
-    """
+    """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
+    from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
+    for every face or the crops are decoded and aligned here."""
     if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
         image = await decode_upload(state, file, index=index)
         return await service.faces(image, select=select, keep_crops=keep_crops)
@@ -171,11 +155,7 @@ async def decode_path(state: ServingState, path: str) -> np.ndarray:
 
 
 async def gather_all(aws: Sequence[Awaitable[T]]) -> list[T | BaseException]:
-    """Run awaitables concurrently and wait for *all* of them; results or exceptions, in input order.
-
-    If the caller is cancelled (client disconnect), every child task is cancelled too, so no work is left
-    running for a request nobody waits for.
-    """
+    """Results or exceptions of all ``aws``, in input order; cancelling the caller cancels them all."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []
@@ -206,10 +186,6 @@ def _check_count(n: int, limit: int, what: str) -> None:
         raise InvalidParameterError(
             f"{n} {what} exceed the limit of {limit} per request", detail={"field": what, "limit": limit}
         )
-
-
-def _record_refusal(state: ServingState, reason: str) -> None:
-    state.stats.record_refusal(reason)
 
 
 # --------------------------------------------------------------------------- health
@@ -320,8 +296,7 @@ async def embed_response(
     select: Literal["largest", "all"],
     aligned: bool,
 ) -> EmbedResponse:
-    """What ``POST /api/embed`` answers for these form values (the route's body; the aligned-crop fast path,
-    :mod:`facegate.api.fastpath`, calls it too)."""
+    """What ``POST /api/embed`` answers for these form values (the aligned-crop fast path calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
@@ -407,6 +382,14 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
     return info
 
 
+async def _write_subject(
+    state: ServingState, gallery: Any, name: str, subject_id: str, faces: list[Face], meta: dict[str, Any] | None
+) -> SubjectOut:
+    emb = np.stack([f.embedding for f in faces]).astype(np.float32)
+    qual = np.asarray([f.quality.score for f in faces], dtype=np.float32)
+    return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta))
+
+
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
     from facegate.api.limits import loads_limited
 
@@ -455,14 +438,11 @@ async def enrol(
     refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     for x in decision.refused:
         if x.code == QualityRejectedError.code:
-            _record_refusal(state, "enrol_low_quality")
+            state.stats.record_refusal("enrol_low_quality")
     if decision.error is not None:
         raise decision.error
-    accepted = decision.accepted
-    emb = np.stack([f.embedding for f in accepted]).astype(np.float32)
-    qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
-    info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
-    return EnrolResponse(subject=_subject_out(info), accepted=len(accepted), refused=refused)
+    info = await _write_subject(state, gallery, name, subject_id, decision.accepted, meta_obj)
+    return EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
 
 
 @router.post(
@@ -512,9 +492,7 @@ async def enrol_batch(
             BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
         if decision.error is None:
-            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
-            qual = np.asarray([f.quality.score for f in decision.accepted], dtype=np.float32)
-            enrolled.append(_subject_out(await state.in_gallery_pool(gallery.enrol, name, sid, emb, qual, None)))
+            enrolled.append(await _write_subject(state, gallery, name, sid, decision.accepted, None))
     return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
 
 
@@ -611,7 +589,7 @@ async def search(
     else:
         face = (await faces_of_upload(state, service, image))[0]
     if not face.quality.accepted:
-        _record_refusal(state, "search_low_quality")
+        state.stats.record_refusal("search_low_quality")
         threshold, op = gallery.operating_point(info.subjects, fpir)
         return SearchResponse(
             face=FaceOut.from_face(face),
@@ -619,26 +597,16 @@ async def search(
             reason=refusal_reason(face),
             hits=[],
             threshold=threshold,
-            fmr=float(op["fmr"]),
-            fpir=float(op["fpir"]),
+            fmr=float(op["fmr"]),  # type: ignore[arg-type]
+            fpir=float(op["fpir"]),  # type: ignore[arg-type]
             n=info.subjects,
             extrapolated=bool(op["extrapolated"]),
         )
     ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
     state.stats.set_gallery_size(name, ans.n)
-    return SearchResponse(
-        face=FaceOut.from_face(face),
-        refused=False,
-        reason=None,
-        hits=[
-            SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
-        ],
-        threshold=ans.threshold,
-        fmr=ans.fmr,
-        fpir=ans.fpir,
-        n=ans.n,
-        extrapolated=ans.extrapolated,
-    )
+    hits = [SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits]
+    point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
+    return SearchResponse(face=FaceOut.from_face(face), refused=False, reason=None, hits=hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:
