@@ -1,9 +1,4 @@
-"""facegate.api: the HTTP API (FastAPI on uvicorn).
-
-Entry points: :func:`facegate.api.app.create_app` (the app factory) and
-:func:`facegate.api.server.run` (what ``facegate serve`` calls). Imported lazily, so that importing
-``facegate.api.errors`` or ``.schemas`` alone stays light.
-"""
+"""facegate.api: the HTTP API (FastAPI on uvicorn); ``create_app`` and ``run`` are imported lazily."""
 
 from __future__ import annotations
 
