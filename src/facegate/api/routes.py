@@ -85,6 +85,17 @@ _GALLERY_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _faces_route(path: str, model: type) -> Any:
+    return router.post(
+        path, response_model=model, response_model_exclude_unset=True, responses=_IMAGE_ERRORS, tags=["faces"]
+    )
+
+
+def _gallery_route(method: str, path: str, model: type, *, images: bool = False, **kw: Any) -> Any:
+    responses = {**_IMAGE_ERRORS, **_GALLERY_ERRORS} if images else _GALLERY_ERRORS
+    return router.api_route(path, methods=[method], response_model=model, responses=responses, tags=["galleries"], **kw)
+
+
 def _state(request: Request) -> ServingState:
     return get_state(request.app)
 
@@ -240,13 +251,7 @@ async def index() -> Response:
 
 
 # --------------------------------------------------------------------------- faces
-@router.post(
-    "/api/compare",
-    response_model=CompareResponse,
-    response_model_exclude_unset=True,
-    responses=_IMAGE_ERRORS,
-    tags=["faces"],
-)
+@_faces_route("/api/compare", CompareResponse)
 async def compare(
     request: Request,
     img1: Annotated[UploadFile, File(description="first photo")],
@@ -269,13 +274,7 @@ async def compare(
     return CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 
 
-@router.post(
-    "/api/embed",
-    response_model=EmbedResponse,
-    response_model_exclude_unset=True,
-    responses=_IMAGE_ERRORS,
-    tags=["faces"],
-)
+@_faces_route("/api/embed", EmbedResponse)
 async def embed(
     request: Request,
     images: Annotated[list[UploadFile] | None, File(description="1..max_images_per_request photos")] = None,
@@ -345,9 +344,7 @@ def _subject_out(info: Any) -> SubjectOut:
     return SubjectOut(**info.to_dict())
 
 
-@router.post(
-    "/api/galleries", status_code=201, response_model=GalleryOut, responses=_GALLERY_ERRORS, tags=["galleries"]
-)
+@_gallery_route("POST", "/api/galleries", GalleryOut, status_code=201)
 async def create_gallery(request: Request, body: CreateGalleryRequest) -> GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state = _state(request)
@@ -356,7 +353,7 @@ async def create_gallery(request: Request, body: CreateGalleryRequest) -> Galler
     return _gallery_out(info)
 
 
-@router.get("/api/galleries", response_model=GalleryListResponse, responses=_GALLERY_ERRORS, tags=["galleries"])
+@_gallery_route("GET", "/api/galleries", GalleryListResponse)
 async def list_galleries(request: Request) -> GalleryListResponse:
     """All galleries."""
     state = _state(request)
@@ -365,7 +362,7 @@ async def list_galleries(request: Request) -> GalleryListResponse:
     return GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
 
 
-@router.delete("/api/galleries/{name}", response_model=DeletedGallery, responses=_GALLERY_ERRORS, tags=["galleries"])
+@_gallery_route("DELETE", "/api/galleries/{name}", DeletedGallery)
 async def delete_gallery(request: Request, name: str) -> DeletedGallery:
     """Delete a gallery and every subject and embedding in it."""
     state = _state(request)
@@ -401,12 +398,7 @@ def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
     return value
 
 
-@router.post(
-    "/api/galleries/{name}/subjects/{subject_id}",
-    response_model=EnrolResponse,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/subjects/{subject_id}", EnrolResponse, images=True)
 async def enrol(
     request: Request,
     name: str,
@@ -445,12 +437,7 @@ async def enrol(
     return EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
 
 
-@router.post(
-    "/api/galleries/{name}/enrolments",
-    response_model=BatchEnrolResponse,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/enrolments", BatchEnrolResponse, images=True)
 async def enrol_batch(
     request: Request,
     name: str,
@@ -496,12 +483,7 @@ async def enrol_batch(
     return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
 
 
-@router.post(
-    "/api/galleries/{name}/templates",
-    response_model=ImportTemplatesResponse,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/templates", ImportTemplatesResponse)
 async def import_templates(request: Request, name: str, body: ImportTemplatesRequest) -> ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
@@ -520,12 +502,7 @@ async def import_templates(request: Request, name: str, body: ImportTemplatesReq
     return ImportTemplatesResponse(imported=n)
 
 
-@router.get(
-    "/api/galleries/{name}/subjects",
-    response_model=SubjectListResponse,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
+@_gallery_route("GET", "/api/galleries/{name}/subjects", SubjectListResponse)
 async def list_subjects(
     request: Request,
     name: str,
@@ -540,12 +517,7 @@ async def list_subjects(
     return SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
 
 
-@router.delete(
-    "/api/galleries/{name}/subjects/{subject_id}",
-    response_model=DeletedSubject,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
+@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", DeletedSubject)
 async def delete_subject(request: Request, name: str, subject_id: str) -> DeletedSubject:
     """Erase a subject and all its embeddings."""
     state = _state(request)
@@ -554,13 +526,7 @@ async def delete_subject(request: Request, name: str, subject_id: str) -> Delete
     return DeletedSubject(deleted=subject_id)
 
 
-@router.post(
-    "/api/galleries/{name}/search",
-    response_model=SearchResponse,
-    response_model_exclude_unset=True,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/search", SearchResponse, images=True, response_model_exclude_unset=True)
 async def search(
     request: Request,
     name: str,

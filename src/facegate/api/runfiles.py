@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ log = logging.getLogger(__name__)
 
 #: The kinds of run folder (the word after ``facegate-``).
 KINDS = ("engine", "accept", "metrics")
-_NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+_NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
 
 
 def make(kind: str) -> Path:
@@ -38,21 +37,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _serving(folder: Path) -> bool:
-    """Whether a Unix socket in ``folder`` accepts connections."""
-    for path in folder.glob("*.sock"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(str(path))
-                return True
-            except OSError:
-                continue
-    return False
-
-
 def remove_stale(root: Path | None = None) -> list[Path]:
-    """Delete this user's run folders whose supervisor is gone (no process has its pid; for a folder named
-    without a pid, by older versions: no socket in it answers); returns them."""
+    """Delete this user's run folders whose supervisor pid no process has; returns them."""
     root = Path(root or tempfile.gettempdir())
     removed: list[Path] = []
     uid = os.getuid()
@@ -63,10 +49,8 @@ def remove_stale(root: Path | None = None) -> list[Path]:
                 continue
         except OSError:
             continue
-        pid = m.group(1)
-        if pid is not None and (int(pid) == os.getpid() or _pid_alive(int(pid))):
-            continue
-        if pid is None and _serving(folder):
+        pid = int(m.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)

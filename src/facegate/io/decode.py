@@ -572,23 +572,3 @@ def run_decode(plan: DecodePlan) -> list[Any]:
     for i, res in done.items():
         out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device)
     return out
-
-
-def decode_jpeg_batch_cuda(
-    datas: list[bytes],
-    device: str | torch.device = "cuda",
-    *,
-    max_bytes: int = 20 * 2**20,
-    max_pixels: int = 40_000_000,
-    return_exceptions: bool = False,
-) -> list[Any]:
-    """``run_decode(plan_decode(...))`` in one call (the engine runs the halves on two threads): one ``(3, H, W)
-    uint8`` tensor per item; a failing item raises its error (``detail['index']`` names it) or, with
-    ``return_exceptions``, takes the slot."""
-    out = run_decode(plan_decode(datas, device, max_bytes=max_bytes, max_pixels=max_pixels))
-    for i, res in enumerate(out):
-        if isinstance(res, FacegateError):
-            res.detail.setdefault("index", i)
-            if not return_exceptions:
-                raise res
-    return out
