@@ -138,29 +138,15 @@ def serve(
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
-    from facegate.api.server import run
-
     # environment variables (FACEGATE_*) apply; flags given here override them
-    batch = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms}
-    env = Settings()
-    s = _settings(
-        host=host,
-        port=port,
-        device=device if device != "auto" else None,
-        profile=profile,
-        precision=precision,
-        model=model if model != "sface" else None,
-        rts_checkpoint=rts_checkpoint,
-        quality_head=quality_head,
-        data_dir=data_dir,
-        engine=env.engine.model_copy(update={k: v for k, v in batch.items() if v is not None}),
-        compile=compile,
-        workers=workers,
-        engines=engines,
-        engines_per_gpu=engines_per_gpu,
-    )
+    kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
+    kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
+    batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
+    s = _settings(**kw, engine=Settings().engine.model_copy(update=batch))
     if no_auth:
         s = s.model_copy(update={"security": s.security.model_copy(update={"no_auth": True})})
+    from facegate.api.server import run
+
     run(s)
 
 
@@ -260,18 +246,10 @@ def compare(
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
     r = p.compare_faces(a, b)
-    out = {
-        "similarity": None if r.similarity is None else round(r.similarity, 6),
-        "match": r.match,
-        "verdict": "refused" if r.refused else ("match" if r.match else "no_match"),
-        "threshold": r.threshold,
-        "fmr": r.fmr,
-        "refused": r.refused,
-        "reason": r.reason,
-        "model": p.spec.name,
-        "faces": [a.to_dict(), b.to_dict()],
-    }
-    _echo(out)
+    verdict = "refused" if r.refused else ("match" if r.match else "no_match")
+    out = {"similarity": None if r.similarity is None else round(r.similarity, 6), "match": r.match, "verdict": verdict}
+    out |= {k: getattr(r, k) for k in ("threshold", "fmr", "refused", "reason")}
+    _echo(out | {"model": p.spec.name, "faces": [a.to_dict(), b.to_dict()]})
 
 
 # ---------------------------------------------------------------------------------------------- embed
@@ -327,26 +305,17 @@ def embed(
                 crops = p.align(images, chosen, owners)
                 e, q, raw = p.embed(crops)
                 for k, (d, i) in enumerate(zip(chosen, owners, strict=True)):
-                    v = p.gate(float(q[k]), float(raw[k]))
-                    rows.append(
-                        {
-                            "path": str(ok[i]),
-                            "face": sum(1 for o in owners[:k] if o == i),
-                            "detection": d.to_dict(),
-                            "quality": v.to_dict(),
-                            "embedding": e[k],
-                        }
-                    )
+                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": d.to_dict()}
+                    rows.append(row | {"quality": p.gate(float(q[k]), float(raw[k])).to_dict(), "embedding": e[k]})
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
+        emb = np.stack([r["embedding"] for r in rows]) if rows else np.zeros((0, p.spec.embedding_dim), np.float32)
         np.savez_compressed(
             out,
             paths=np.array([r["path"] for r in rows]),
             face=np.array([r["face"] for r in rows], np.int32),
-            embeddings=np.stack([r["embedding"] for r in rows])
-            if rows
-            else np.zeros((0, p.spec.embedding_dim), np.float32),
+            embeddings=emb,
             quality=np.array([r["quality"]["score"] for r in rows], np.float32),
             boxes=np.array([r["detection"]["box"] for r in rows], np.float32).reshape(-1, 4),
             landmarks=np.array([r["detection"]["landmarks"] for r in rows], np.float32).reshape(-1, 5, 2),

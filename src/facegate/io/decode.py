@@ -16,7 +16,6 @@ lazily) and fall back to the host decoder.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import logging
@@ -32,18 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
-from PIL import (
-    BmpImagePlugin,  # noqa: F401  (importing a plugin registers its format)
-    GifImagePlugin,  # noqa: F401
-    Image,
-    ImageFile,
-    JpegImagePlugin,  # noqa: F401
-    MpoImagePlugin,  # noqa: F401
-    PngImagePlugin,  # noqa: F401
-    PpmImagePlugin,  # noqa: F401
-    TiffImagePlugin,  # noqa: F401
-    WebPImagePlugin,  # noqa: F401
-)
+from PIL import Image, ImageFile
 
 from facegate.errors import (
     EmptyInputError,
@@ -55,14 +43,12 @@ from facegate.errors import (
 )
 from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
 
-with contextlib.suppress(ImportError):  # AVIF exists in Pillow >= 11.2 when built with libavif
-    from PIL import AvifImagePlugin  # noqa: F401
-
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
+Image.init()  # registers every plugin Pillow has (AVIF from Pillow 11.2 with libavif), so FORMATS sees them
 #: Formats we let Pillow open (header sniffing, never the file name). MPO arrives through "JPEG".
 FORMATS: tuple[str, ...] = tuple(
     f for f in ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "AVIF") if f in Image.OPEN
@@ -76,17 +62,9 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 
-# EXIF orientation → what undoes it (as PIL.ImageOps.exif_transpose): swap H and W first?, then flip these axes
-# (0: H, 1: W). E.g. 6 (rotate clockwise) is a swap, then a left-right flip.
-_ORIENT: dict[int, tuple[bool, tuple[int, ...]]] = {
-    2: (False, (1,)),
-    3: (False, (0, 1)),
-    4: (False, (0,)),
-    5: (True, ()),
-    6: (True, (1,)),
-    7: (True, (0, 1)),
-    8: (True, (0,)),
-}
+# EXIF orientation → what undoes it (as PIL.ImageOps.exif_transpose): swap H and W (1) or not (0), then flip these
+# axes (0: H, 1: W). E.g. 6 (rotate clockwise) is a swap, then a left-right flip.
+_ORIENT = {2: (0, (1,)), 3: (0, (0, 1)), 4: (0, (0,)), 5: (1, ()), 6: (1, (1,)), 7: (1, (0, 1)), 8: (1, (0,))}
 
 
 def _check_limits(max_bytes: int, max_pixels: int) -> None:
@@ -183,7 +161,7 @@ def _orientation(img: Image.Image) -> int:
 def _apply_orientation(arr: Any, orientation: int, h_axis: int = 0) -> Any:
     """Undo an EXIF orientation; a contiguous copy. ``arr``: ``(H, W, C)`` ndarray, or a ``(C, H, W)`` tensor
     with ``h_axis=1``."""
-    swap, flips = _ORIENT.get(orientation, (False, ()))
+    swap, flips = _ORIENT.get(orientation, (0, ()))
     if swap:
         arr = arr.swapaxes(h_axis, h_axis + 1)
     dims = tuple(h_axis + a for a in flips)
