@@ -107,7 +107,6 @@ def _read(path: Path, settings: Settings):
     return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
-# ---------------------------------------------------------------------------------------------- serve
 @app.command()
 @guarded
 def serve(
@@ -150,7 +149,6 @@ def serve(
     run(s)
 
 
-# ---------------------------------------------------------------------------------------------- keys
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="data folder (default FACEGATE_DATA_DIR)")]
 
 
@@ -228,7 +226,6 @@ def ray_cmd(
     )
 
 
-# ---------------------------------------------------------------------------------------------- compare
 @app.command()
 @guarded
 def compare(
@@ -252,7 +249,6 @@ def compare(
     _echo(out | {"model": p.spec.name, "faces": [a.to_dict(), b.to_dict()]})
 
 
-# ---------------------------------------------------------------------------------------------- embed
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
 
 
@@ -329,7 +325,6 @@ def embed(
     _echo({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}, None)
 
 
-# ---------------------------------------------------------------------------------------------- enrol
 @app.command()
 @guarded
 def enrol(
@@ -402,7 +397,6 @@ def enrol(
         store.close()
 
 
-# ---------------------------------------------------------------------------------------------- eval lfw
 def _lfw_root(root: Path | None) -> Path:
     r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
     if r is None:
@@ -500,7 +494,6 @@ def eval_lfw(
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
 
-# ---------------------------------------------------------------------------------------------- export / bench
 @export_app.command("onnx")
 @guarded
 def export_onnx_cmd(
@@ -530,7 +523,6 @@ def bench_http(ctx: typer.Context) -> None:
     raise typer.Exit(http_main(list(ctx.args)))
 
 
-# ---------------------------------------------------------------------------------------------- quality
 @app.command("train-quality")
 @guarded
 def train_quality_cmd(
@@ -597,7 +589,6 @@ def eval_quality_cmd(
     typer.echo(json.dumps(summary, indent=2, default=str)[:20000])
 
 
-# ---------------------------------------------------------------------------------------------- models
 @app.command()
 @guarded
 def models() -> None:

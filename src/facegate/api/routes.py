@@ -19,35 +19,9 @@ from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, Upload
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from facegate.api import schemas as sc
 from facegate.api.errors import error_dict
 from facegate.api.forms import FastFormRoute
-from facegate.api.schemas import (
-    BatchEnrolResponse,
-    BatchRefusal,
-    CompareResponse,
-    CreateGalleryRequest,
-    DeletedGallery,
-    DeletedSubject,
-    DetectionOut,
-    DetectResponse,
-    EmbedItem,
-    EmbedResponse,
-    EnrolResponse,
-    ErrorInfo,
-    ErrorResponse,
-    FaceOut,
-    GalleryListResponse,
-    GalleryOut,
-    HealthResponse,
-    ImportTemplatesRequest,
-    ImportTemplatesResponse,
-    ReadyResponse,
-    RefusedImage,
-    SearchHit,
-    SearchResponse,
-    SubjectListResponse,
-    SubjectOut,
-)
 from facegate.api.state import ServingState, get_state
 from facegate.errors import (
     EmptyInputError,
@@ -78,10 +52,10 @@ MAX_OFFSET = 2**31 - 1
 
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
+    code: {"model": sc.ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
 }
 _GALLERY_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (404, 409, 422, 500, 503)
+    code: {"model": sc.ErrorResponse} for code in (404, 409, 422, 500, 503)
 }
 
 
@@ -100,7 +74,6 @@ def _state(request: Request) -> ServingState:
     return get_state(request.app)
 
 
-# --------------------------------------------------------------------------- helpers
 async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
     """All bytes of one upload; ImageTooLargeError past ``max_bytes`` (not read whole), EmptyInputError if none."""
     detail: dict[str, Any] = {"field": file.filename or "", "limit": max_bytes}
@@ -199,15 +172,14 @@ def _check_count(n: int, limit: int, what: str) -> None:
         )
 
 
-# --------------------------------------------------------------------------- health
-@router.get("/healthz", response_model=HealthResponse, tags=["health"])
-async def healthz() -> HealthResponse:
+@router.get("/healthz", response_model=sc.HealthResponse, tags=["health"])
+async def healthz() -> sc.HealthResponse:
     """Process is alive (does not wait for models)."""
-    return HealthResponse()
+    return sc.HealthResponse()
 
 
-@router.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ErrorResponse}}, tags=["health"])
-async def readyz(request: Request) -> ReadyResponse:
+@router.get("/readyz", response_model=sc.ReadyResponse, responses={503: {"model": sc.ErrorResponse}}, tags=["health"])
+async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
     from facegate.errors import EngineClosedError
 
@@ -218,7 +190,7 @@ async def readyz(request: Request) -> ReadyResponse:
                 f"not ready: startup failed ({state.load_error.code})", detail={"cause": state.load_error.to_dict()}
             )
         raise EngineClosedError("not ready: models are loading and warming up")
-    return ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
+    return sc.ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
@@ -250,14 +222,13 @@ async def index() -> Response:
     return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
 
 
-# --------------------------------------------------------------------------- faces
-@_faces_route("/api/compare", CompareResponse)
+@_faces_route("/api/compare", sc.CompareResponse)
 async def compare(
     request: Request,
     img1: Annotated[UploadFile, File(description="first photo")],
     img2: Annotated[UploadFile, File(description="second photo")],
     crops: Annotated[bool, Query(description="include the aligned crops as PNG data URLs")] = False,
-) -> CompareResponse:
+) -> sc.CompareResponse:
     """Compare the largest face of two photos. Refused (never compared) when either face fails the gate."""
     state = _state(request)
     service = state.require_service()
@@ -271,17 +242,17 @@ async def compare(
     first_error(results)
     a, b = results  # type: ignore[misc]
     res = service.compare(a, b)  # type: ignore[arg-type]
-    return CompareResponse.from_result(res, model=service.spec.name, crops=crops)
+    return sc.CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 
 
-@_faces_route("/api/embed", EmbedResponse)
+@_faces_route("/api/embed", sc.EmbedResponse)
 async def embed(
     request: Request,
     images: Annotated[list[UploadFile] | None, File(description="1..max_images_per_request photos")] = None,
     paths: Annotated[list[str] | None, Form(description="server-side files inside the allowed roots")] = None,
     select: Annotated[Literal["largest", "all"], Form(description="which faces of each image")] = "largest",
     aligned: Annotated[bool, Form(description="inputs are aligned 112×112 crops (no detection)")] = False,
-) -> EmbedResponse:
+) -> sc.EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
     state = _state(request)
     return await embed_response(state, state.require_service(), images, paths, select, aligned)
@@ -294,7 +265,7 @@ async def embed_response(
     paths: list[str] | None,
     select: Literal["largest", "all"],
     aligned: bool,
-) -> EmbedResponse:
+) -> sc.EmbedResponse:
     """What ``POST /api/embed`` answers for these form values (the aligned-crop fast path calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
@@ -313,39 +284,38 @@ async def embed_response(
     for r in results:  # access control is per request, not per item: any path outside the roots fails it
         if isinstance(r, PathNotAllowedError):
             raise r
-    items: list[EmbedItem] = []
+    items: list[sc.EmbedItem] = []
     for i, r in enumerate(results):
         if isinstance(r, FacegateError):
-            items.append(EmbedItem(index=i, error=ErrorInfo(**error_dict(r))))
+            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**error_dict(r))))
         elif isinstance(r, BaseException):
             raise r
         else:
-            items.append(EmbedItem(index=i, faces=[FaceOut.from_face(f, embedding=True) for f in r]))
-    return EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
+            items.append(sc.EmbedItem(index=i, faces=[sc.FaceOut.from_face(f, embedding=True) for f in r]))
+    return sc.EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
 
 
-@router.post("/api/detect", response_model=DetectResponse, responses=_IMAGE_ERRORS, tags=["faces"])
-async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> DetectResponse:
+@router.post("/api/detect", response_model=sc.DetectResponse, responses=_IMAGE_ERRORS, tags=["faces"])
+async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> sc.DetectResponse:
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
     state = _state(request)
     service = state.require_service()
     img = await decode_upload(state, image)
     dets = await service.detect(img)
     h, w = img.shape[:2]
-    return DetectResponse(faces=[DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
+    return sc.DetectResponse(faces=[sc.DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
 
 
-# --------------------------------------------------------------------------- galleries
-def _gallery_out(info: Any) -> GalleryOut:
-    return GalleryOut(**info.to_dict())
+def _gallery_out(info: Any) -> sc.GalleryOut:
+    return sc.GalleryOut(**info.to_dict())
 
 
-def _subject_out(info: Any) -> SubjectOut:
-    return SubjectOut(**info.to_dict())
+def _subject_out(info: Any) -> sc.SubjectOut:
+    return sc.SubjectOut(**info.to_dict())
 
 
-@_gallery_route("POST", "/api/galleries", GalleryOut, status_code=201)
-async def create_gallery(request: Request, body: CreateGalleryRequest) -> GalleryOut:
+@_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
+async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state = _state(request)
     service, gallery = state.require_ready()
@@ -353,22 +323,22 @@ async def create_gallery(request: Request, body: CreateGalleryRequest) -> Galler
     return _gallery_out(info)
 
 
-@_gallery_route("GET", "/api/galleries", GalleryListResponse)
-async def list_galleries(request: Request) -> GalleryListResponse:
+@_gallery_route("GET", "/api/galleries", sc.GalleryListResponse)
+async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
     state = _state(request)
     _, gallery = state.require_ready()
     infos = await state.in_gallery_pool(gallery.list_galleries)
-    return GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
+    return sc.GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}", DeletedGallery)
-async def delete_gallery(request: Request, name: str) -> DeletedGallery:
+@_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
+async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
     """Delete a gallery and every subject and embedding in it."""
     state = _state(request)
     _, gallery = state.require_ready()
     await state.in_gallery_pool(gallery.delete_gallery, name)
-    return DeletedGallery(deleted=name)
+    return sc.DeletedGallery(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
@@ -381,7 +351,7 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
 
 async def _write_subject(
     state: ServingState, gallery: Any, name: str, subject_id: str, faces: list[Face], meta: dict[str, Any] | None
-) -> SubjectOut:
+) -> sc.SubjectOut:
     emb = np.stack([f.embedding for f in faces]).astype(np.float32)
     qual = np.asarray([f.quality.score for f in faces], dtype=np.float32)
     return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta))
@@ -398,14 +368,14 @@ def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
     return value
 
 
-@_gallery_route("POST", "/api/galleries/{name}/subjects/{subject_id}", EnrolResponse, images=True)
+@_gallery_route("POST", "/api/galleries/{name}/subjects/{subject_id}", sc.EnrolResponse, images=True)
 async def enrol(
     request: Request,
     name: str,
     subject_id: Annotated[str, Path(description="the caller's id for this person")],
     images: Annotated[list[UploadFile], File(description="1..max_images_per_request photos of the subject")],
     meta: Annotated[str | None, Form(description="JSON object stored with the subject")] = None,
-) -> EnrolResponse:
+) -> sc.EnrolResponse:
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     from facegate.gallery.base import validate_subject_id
@@ -427,23 +397,23 @@ async def enrol(
         requires_quality=state.settings.quality.enrol_requires_quality,
         verdict=service.pipeline.enrol_verdict,
     )
-    refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
+    refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     for x in decision.refused:
         if x.code == QualityRejectedError.code:
             state.stats.record_refusal("enrol_low_quality")
     if decision.error is not None:
         raise decision.error
     info = await _write_subject(state, gallery, name, subject_id, decision.accepted, meta_obj)
-    return EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
+    return sc.EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
 
 
-@_gallery_route("POST", "/api/galleries/{name}/enrolments", BatchEnrolResponse, images=True)
+@_gallery_route("POST", "/api/galleries/{name}/enrolments", sc.BatchEnrolResponse, images=True)
 async def enrol_batch(
     request: Request,
     name: str,
     images: Annotated[list[UploadFile], File(description="photos of several subjects")],
     subject_ids: Annotated[str, Form(description="JSON list: the subject of each photo, in order")],
-) -> BatchEnrolResponse:
+) -> sc.BatchEnrolResponse:
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
     other requests), each subject is written in its own transaction, refused photos are listed."""
     from facegate.gallery.base import validate_subject_id
@@ -465,8 +435,8 @@ async def enrol_batch(
     by_subject: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
         by_subject.setdefault(sid, []).append(i)
-    enrolled: list[SubjectOut] = []
-    refused: list[BatchRefusal] = []
+    enrolled: list[sc.SubjectOut] = []
+    refused: list[sc.BatchRefusal] = []
     for sid, rows in by_subject.items():
         mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
         decision = decide_enrolment(
@@ -476,15 +446,15 @@ async def enrol_batch(
             verdict=service.pipeline.enrol_verdict,
         )
         refused += [
-            BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
+            sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
         if decision.error is None:
             enrolled.append(await _write_subject(state, gallery, name, sid, decision.accepted, None))
-    return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
+    return sc.BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
 
 
-@_gallery_route("POST", "/api/galleries/{name}/templates", ImportTemplatesResponse)
-async def import_templates(request: Request, name: str, body: ImportTemplatesRequest) -> ImportTemplatesResponse:
+@_gallery_route("POST", "/api/galleries/{name}/templates", sc.ImportTemplatesResponse)
+async def import_templates(request: Request, name: str, body: sc.ImportTemplatesRequest) -> sc.ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
     state = _state(request)
@@ -499,34 +469,36 @@ async def import_templates(request: Request, name: str, body: ImportTemplatesReq
     emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
     n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
-    return ImportTemplatesResponse(imported=n)
+    return sc.ImportTemplatesResponse(imported=n)
 
 
-@_gallery_route("GET", "/api/galleries/{name}/subjects", SubjectListResponse)
+@_gallery_route("GET", "/api/galleries/{name}/subjects", sc.SubjectListResponse)
 async def list_subjects(
     request: Request,
     name: str,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> SubjectListResponse:
+) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
     state = _state(request)
     _, gallery = state.require_ready()
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
-    return SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
+    return sc.SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", DeletedSubject)
-async def delete_subject(request: Request, name: str, subject_id: str) -> DeletedSubject:
+@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
+async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
     """Erase a subject and all its embeddings."""
     state = _state(request)
     _, gallery = state.require_ready()
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
-    return DeletedSubject(deleted=subject_id)
+    return sc.DeletedSubject(deleted=subject_id)
 
 
-@_gallery_route("POST", "/api/galleries/{name}/search", SearchResponse, images=True, response_model_exclude_unset=True)
+@_gallery_route(
+    "POST", "/api/galleries/{name}/search", sc.SearchResponse, images=True, response_model_exclude_unset=True
+)
 async def search(
     request: Request,
     name: str,
@@ -536,7 +508,7 @@ async def search(
         float | None,
         Query(gt=0, lt=1, description="false-positive identification rate the match threshold is set for"),
     ] = None,
-) -> SearchResponse:
+) -> sc.SearchResponse:
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state = _state(request)
@@ -557,8 +529,8 @@ async def search(
     if not face.quality.accepted:
         state.stats.record_refusal("search_low_quality")
         threshold, op = gallery.operating_point(info.subjects, fpir)
-        return SearchResponse(
-            face=FaceOut.from_face(face),
+        return sc.SearchResponse(
+            face=sc.FaceOut.from_face(face),
             refused=True,
             reason=refusal_reason(face),
             hits=[],
@@ -570,9 +542,11 @@ async def search(
         )
     ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
     state.stats.set_gallery_size(name, ans.n)
-    hits = [SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits]
+    hits = [
+        sc.SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
+    ]
     point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
-    return SearchResponse(face=FaceOut.from_face(face), refused=False, reason=None, hits=hits, **point)
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=False, reason=None, hits=hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:
