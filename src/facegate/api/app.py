@@ -74,14 +74,12 @@ async def _load(state: ServingState) -> None:
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        if state.service is None and state.engine is not None:
-            from facegate.service.faces import FaceService
+        from facegate.service.faces import FaceService
 
+        if state.service is None and state.engine is not None:
             log.info("connecting to the engine process at %s", state.engine[0])
             state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine, state.plan)
         elif state.service is None:
-            from facegate.service.faces import FaceService
-
             log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
@@ -185,20 +183,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("facegate stopped")
 
 
-_IMAGE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    ("POST", re.compile(r"^/api/compare/?$"), "two"),
-    ("POST", re.compile(r"^/api/detect/?$"), "one"),
-    ("POST", re.compile(r"^/api/galleries/[^/]+/search/?$"), "one"),
-    ("POST", re.compile(r"^/api/embed/?$"), "many"),
-    ("POST", re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), "many"),
+#: POST routes that take images, and how many (0: up to ``limits.max_images_per_request``).
+_IMAGE_ROUTES: list[tuple[re.Pattern[str], int]] = [
+    (re.compile(r"^/api/compare/?$"), 2),
+    (re.compile(r"^/api/detect/?$"), 1),
+    (re.compile(r"^/api/galleries/[^/]+/search/?$"), 1),
+    (re.compile(r"^/api/embed/?$"), 0),
+    (re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), 0),
 ]
 
 
 def body_limit(settings: Settings, method: str, path: str) -> int:
     """Largest request body (bytes) the route at ``method path`` can accept."""
-    for m, pattern, kind in _IMAGE_ROUTES:
-        if method == m and pattern.match(path):
-            n = {"one": 1, "two": 2}.get(kind, settings.limits.max_images_per_request)
+    for pattern, n in _IMAGE_ROUTES:
+        if method == "POST" and pattern.match(path):
+            n = n or settings.limits.max_images_per_request
             return n * settings.limits.max_upload_bytes + MULTIPART_SLACK_BYTES
     return SMALL_BODY_BYTES
 
