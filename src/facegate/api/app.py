@@ -190,6 +190,7 @@ _IMAGE_ROUTES: list[tuple[re.Pattern[str], int]] = [
     (re.compile(r"^/api/galleries/[^/]+/search/?$"), 1),
     (re.compile(r"^/api/embed/?$"), 0),
     (re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), 0),
+    (re.compile(r"^/api/galleries/[^/]+/enrolments/?$"), 0),
 ]
 
 
