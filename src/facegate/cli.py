@@ -1,9 +1,6 @@
 """The ``facegate`` command line: serve | ray | compare | embed | enrol | keys | eval | train-quality | bench | export |
-models.
-
-Every command takes ``--device cpu|cuda|auto`` and ``--precision fp32|fp16|bf16`` where models run.
-Errors print a JSON error object to stderr and exit with status 2 (bad input) or 1 (anything else);
-nothing ends in a traceback unless ``FACEGATE_DEBUG=1``.
+models. Errors print a JSON error object to stderr and exit 2 (bad input) or 1 (anything else); nothing ends in
+a traceback unless ``FACEGATE_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -44,17 +41,14 @@ HeadOpt = Annotated[Path | None, typer.Option("--quality-head", help="trained qu
 FlipOpt = Annotated[bool, typer.Option("--flip-tta/--no-flip-tta", help="also embed the mirrored crop (2× compute)")]
 
 
-def _setup_logging() -> None:
-    from facegate.logs import configure_logging
-
-    configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
-
-
 def guarded(fn: F) -> F:
-    """Turn FacegateError (and anything unexpected) into a JSON error on stderr and a clean exit code."""
+    """Configure logging; turn FacegateError (and anything unexpected) into a JSON error on stderr and an exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from facegate.logs import configure_logging
+
+        configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
         try:
             return fn(*args, **kwargs)
         except FacegateError as exc:
@@ -85,6 +79,15 @@ def _settings(**kw: Any) -> Settings:
     return Settings(**{k: v for k, v in kw.items() if v is not None})
 
 
+def _model_kw(args: dict[str, Any]) -> dict[str, Any]:
+    """The model options of a one-shot command (its ``locals()``)."""
+    return {k: args[k] for k in ("device", "precision", "model", "rts_checkpoint", "quality_head")}
+
+
+def _echo(value: Any, indent: int | None = 2) -> None:
+    typer.echo(json.dumps(value, indent=indent, default=str))
+
+
 def _pipeline(settings: Settings):
     from facegate.pipeline.pipeline import FacePipeline
 
@@ -104,7 +107,6 @@ def _read(path: Path, settings: Settings):
     return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
-# ---------------------------------------------------------------------------------------------- serve
 @app.command()
 @guarded
 def serve(
@@ -135,34 +137,18 @@ def serve(
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
-    from facegate.api.server import run
-
-    _setup_logging()
     # environment variables (FACEGATE_*) apply; flags given here override them
-    batch = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms}
-    env = Settings()
-    s = _settings(
-        host=host,
-        port=port,
-        device=device if device != "auto" else None,
-        profile=profile,
-        precision=precision,
-        model=model if model != "sface" else None,
-        rts_checkpoint=rts_checkpoint,
-        quality_head=quality_head,
-        data_dir=data_dir,
-        engine=env.engine.model_copy(update={k: v for k, v in batch.items() if v is not None}),
-        compile=compile,
-        workers=workers,
-        engines=engines,
-        engines_per_gpu=engines_per_gpu,
-    )
+    kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
+    kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
+    batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
+    s = _settings(**kw, engine=Settings().engine.model_copy(update=batch))
     if no_auth:
         s = s.model_copy(update={"security": s.security.model_copy(update={"no_auth": True})})
+    from facegate.api.server import run
+
     run(s)
 
 
-# ---------------------------------------------------------------------------------------------- keys
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="data folder (default FACEGATE_DATA_DIR)")]
 
 
@@ -184,14 +170,14 @@ def keys_create(
 ) -> None:
     """Create a key and print it once (JSON: key, id, scopes); only its hash is stored."""
     token, record = _key_store(data_dir).create(name, scope or ["read"])
-    typer.echo(json.dumps({"key": token, **record.public()}))
+    _echo({"key": token, **record.public()}, None)
 
 
 @keys_app.command("list")
 @guarded
 def keys_list(data_dir: DataDirOpt = None) -> None:
     """List the keys (ids, names, scopes, creation times; never the keys)."""
-    typer.echo(json.dumps([k.public() for k in _key_store(data_dir).list_keys()], indent=2))
+    _echo([k.public() for k in _key_store(data_dir).list_keys()])
 
 
 @keys_app.command("revoke")
@@ -200,7 +186,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="the key's id (from `facegate keys list`)")], data_dir: DataDirOpt = None
 ) -> None:
     """Revoke a key: a running server refuses it within a second."""
-    typer.echo(json.dumps({"revoked": _key_store(data_dir).revoke(key_id).public()}))
+    _echo({"revoked": _key_store(data_dir).revoke(key_id).public()}, None)
 
 
 @app.command("ray")
@@ -229,7 +215,6 @@ def ray_cmd(
         from facegate.errors import ServerError
 
         raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
-    _setup_logging()
     s = _settings(host=host, port=port)
     ray_run(
         s,
@@ -241,7 +226,6 @@ def ray_cmd(
     )
 
 
-# ---------------------------------------------------------------------------------------------- compare
 @app.command()
 @guarded
 def compare(
@@ -254,29 +238,17 @@ def compare(
     quality_head: HeadOpt = None,
 ) -> None:
     """Compare the largest face of two photos; prints JSON (similarity, verdict, quality, boxes, landmarks)."""
-    _setup_logging()
-    s = _settings(
-        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
-    )
+    s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
     r = p.compare_faces(a, b)
-    out = {
-        "similarity": None if r.similarity is None else round(r.similarity, 6),
-        "match": r.match,
-        "verdict": "refused" if r.refused else ("match" if r.match else "no_match"),
-        "threshold": r.threshold,
-        "fmr": r.fmr,
-        "refused": r.refused,
-        "reason": r.reason,
-        "model": p.spec.name,
-        "faces": [a.to_dict(), b.to_dict()],
-    }
-    typer.echo(json.dumps(out, indent=2))
+    verdict = "refused" if r.refused else ("match" if r.match else "no_match")
+    out = {"similarity": None if r.similarity is None else round(r.similarity, 6), "match": r.match, "verdict": verdict}
+    out |= {k: getattr(r, k) for k in ("threshold", "fmr", "refused", "reason")}
+    _echo(out | {"model": p.spec.name, "faces": [a.to_dict(), b.to_dict()]})
 
 
-# ---------------------------------------------------------------------------------------------- embed
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
 
 
@@ -296,12 +268,9 @@ def embed(
     import numpy as np
     from tqdm import tqdm
 
-    _setup_logging()
     if out.suffix not in {".npz", ".jsonl"}:
         raise typer.BadParameter("--out must end in .npz or .jsonl")
-    s = _settings(
-        device=device, precision=precision, model=model, rts_checkpoint=rts_checkpoint, quality_head=quality_head
-    )
+    s = _settings(**_model_kw(locals()))
     files = sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXT)
     if not files:
         from facegate.errors import EmptyInputError
@@ -322,8 +291,6 @@ def embed(
                     skipped += 1
                     log.warning("skipping %s: %s (%s)", f, exc.message, exc.code)
             if images:
-                from facegate.types import FaceSelect
-
                 dets = p.detect(images)
                 chosen, owners = [], []
                 for i, ds in enumerate(dets):
@@ -331,30 +298,20 @@ def embed(
                         log.info("no face in %s", ok[i])
                     chosen.extend(ds)
                     owners.extend([i] * len(ds))
-                _ = FaceSelect.ALL
                 crops = p.align(images, chosen, owners)
                 e, q, raw = p.embed(crops)
                 for k, (d, i) in enumerate(zip(chosen, owners, strict=True)):
-                    v = p.gate(float(q[k]), float(raw[k]))
-                    rows.append(
-                        {
-                            "path": str(ok[i]),
-                            "face": sum(1 for o in owners[:k] if o == i),
-                            "detection": d.to_dict(),
-                            "quality": v.to_dict(),
-                            "embedding": e[k],
-                        }
-                    )
+                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": d.to_dict()}
+                    rows.append(row | {"quality": p.gate(float(q[k]), float(raw[k])).to_dict(), "embedding": e[k]})
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
+        emb = np.stack([r["embedding"] for r in rows]) if rows else np.zeros((0, p.spec.embedding_dim), np.float32)
         np.savez_compressed(
             out,
             paths=np.array([r["path"] for r in rows]),
             face=np.array([r["face"] for r in rows], np.int32),
-            embeddings=np.stack([r["embedding"] for r in rows])
-            if rows
-            else np.zeros((0, p.spec.embedding_dim), np.float32),
+            embeddings=emb,
             quality=np.array([r["quality"]["score"] for r in rows], np.float32),
             boxes=np.array([r["detection"]["box"] for r in rows], np.float32).reshape(-1, 4),
             landmarks=np.array([r["detection"]["landmarks"] for r in rows], np.float32).reshape(-1, 5, 2),
@@ -365,10 +322,9 @@ def embed(
             for r in rows:
                 r = dict(r, embedding=[round(float(x), 7) for x in r["embedding"]])
                 fh.write(json.dumps(r) + "\n")
-    typer.echo(json.dumps({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}))
+    _echo({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}, None)
 
 
-# ---------------------------------------------------------------------------------------------- enrol
 @app.command()
 @guarded
 def enrol(
@@ -392,7 +348,6 @@ def enrol(
     from facegate.models.registry import get_spec
     from facegate.service import enrol as bulk
 
-    _setup_logging()
     s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
     store = open_store(s.gallery_url, data_dir=s.data_dir)
     try:
@@ -437,12 +392,11 @@ def enrol(
             out.pop("refused")
         out["seconds"] = round(time.perf_counter() - t0, 2)
         out["gallery"] = store.get_gallery(gallery).to_dict()
-        typer.echo(json.dumps(out))
+        _echo(out, None)
     finally:
         store.close()
 
 
-# ---------------------------------------------------------------------------------------------- eval lfw
 def _lfw_root(root: Path | None) -> Path:
     r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
     if r is None:
@@ -499,16 +453,8 @@ def eval_lfw(
     from facegate.eval.calibrate import calibrate, identity_of
     from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
 
-    _setup_logging()
     r = _lfw_root(root)
-    s = _settings(
-        device=device,
-        precision=precision,
-        model=model,
-        rts_checkpoint=rts_checkpoint,
-        quality_head=quality_head,
-        flip_tta=flip_tta,
-    )
+    s = _settings(**_model_kw(locals()), flip_tta=flip_tta)
     p = _pipeline(s)
     pairs = read_pairs(r)
     paths = pair_images(pairs)
@@ -544,26 +490,10 @@ def eval_lfw(
             raw=np.array([emb[k][2] for k in keys], np.float32),
             det_score=np.array([emb[k][3] for k in keys], np.float32),
         )
-    typer.echo(
-        json.dumps(
-            {
-                k: report[k]
-                for k in (
-                    "accuracy_mean",
-                    "accuracy_std",
-                    "tar_at_fmr",
-                    "threshold_at_fmr",
-                    "images_without_face",
-                    "seconds",
-                )
-            }
-            | {"calibration_all_pairs": calibration},
-            indent=2,
-        )
-    )
+    shown = ("accuracy_mean", "accuracy_std", "tar_at_fmr", "threshold_at_fmr", "images_without_face", "seconds")
+    _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
 
-# ---------------------------------------------------------------------------------------------- export / bench
 @export_app.command("onnx")
 @guarded
 def export_onnx_cmd(
@@ -578,10 +508,9 @@ def export_onnx_cmd(
     from facegate.models.recognizer import build_recognizer
     from facegate.models.registry import get_spec
 
-    _setup_logging()
     spec = get_spec("irse64_rts" if rts_checkpoint is not None else model)
     rec = build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head)
-    typer.echo(json.dumps(export_onnx(rec, out, opset=opset), indent=2))
+    _echo(export_onnx(rec, out, opset=opset))
 
 
 @bench_app.command(
@@ -594,7 +523,6 @@ def bench_http(ctx: typer.Context) -> None:
     raise typer.Exit(http_main(list(ctx.args)))
 
 
-# ---------------------------------------------------------------------------------------------- quality
 @app.command("train-quality")
 @guarded
 def train_quality_cmd(
@@ -616,7 +544,6 @@ def train_quality_cmd(
     from facegate.models.registry import get_spec
     from facegate.training.rts import RTSConfig, train_quality
 
-    _setup_logging()
     src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
     rep = train_quality(
         src,
@@ -628,7 +555,7 @@ def train_quality_cmd(
         match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
         command=" ".join(["facegate", *sys.argv[1:]]),
     )
-    typer.echo(json.dumps({k: v for k, v in rep.items() if k != "history"}, indent=2, default=str))
+    _echo({k: v for k, v in rep.items() if k != "history"})
 
 
 @eval_app.command("quality")
@@ -648,7 +575,6 @@ def eval_quality_cmd(
     from facegate.eval.quality import eval_quality
     from facegate.models.registry import get_spec
 
-    _setup_logging()
     rep = eval_quality(
         features,
         _lfw_root(root),
@@ -663,7 +589,6 @@ def eval_quality_cmd(
     typer.echo(json.dumps(summary, indent=2, default=str)[:20000])
 
 
-# ---------------------------------------------------------------------------------------------- models
 @app.command()
 @guarded
 def models() -> None:
@@ -679,7 +604,7 @@ def models() -> None:
         tail = ImpostorTail.load(spec.name, fallback=(spec.thresholds.match, spec.thresholds.match_fmr))
         points = operating_points(tail, (1_000, 10_000, 100_000, 1_000_000), (1e-2, 1e-3))
         out.append({**asdict(spec), "search_operating_points": points})
-    typer.echo(json.dumps(out, indent=2, default=str))
+    _echo(out)
 
 
 def main() -> None:

@@ -1,10 +1,5 @@
-"""Export a recognizer (crops in → embedding, quality, raw out) to a dynamic-batch ONNX file.
-
-The exported graph takes ``crops: (N, 112, 112, 3) uint8`` RGB and returns ``embedding (N, D)``
-(L2-normalised), ``quality (N,)`` in [0, 1] and ``raw (N,)``: the same contract as
-:class:`facegate.models.recognizer.Recognizer`, normalisation and calibration included. After export
-the file is checked with ONNX Runtime against the PyTorch module on a batch size different from the
-one traced with.
+"""Export a recognizer to a dynamic-batch ONNX file: ``crops (N, 112, 112, 3) uint8`` RGB → ``embedding (N, D)``
+(L2-normalised), ``quality (N,)`` in [0, 1] and ``raw (N,)``, checked with ONNX Runtime at another batch size.
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def export_onnx(recognizer: torch.nn.Module, out: Path, *, opset: int = 17, verify: bool = True) -> dict[str, Any]:
-    """Write ``recognizer`` to ``out`` with a dynamic batch axis; returns a report (parity numbers).
-
-    Raises:
-        ModelError: the export or the ONNX Runtime check failed.
-    """
+    """Write ``recognizer`` to ``out`` with a dynamic batch axis; returns a report with the parity numbers.
+    ModelError when the export or the ONNX Runtime check fails."""
     recognizer = recognizer.eval().float().cpu()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

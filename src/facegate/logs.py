@@ -1,16 +1,9 @@
-"""Logging setup: one line per record, control characters escaped, optional JSON, no server paths in errors.
+"""Logging: one line per record (control characters escaped), optional JSON, no server paths in errors.
 
-A request path or header can carry ``%0a``; logged as is, it would start a forged line (say, one that
-looks like a CRITICAL entry). :class:`EscapingFormatter` writes every control character of a record's
-message (and of its exception text, except the traceback's own line breaks) as ``\\xNN``, so one record
-is always one line. :class:`JsonFormatter` writes one JSON object per line (``json.dumps`` escapes them).
-
-Environment (read by :func:`configure_logging`, which ``facegate serve`` and the front-end processes call):
-
-- ``FACEGATE_LOG_LEVEL``: ``DEBUG``, ``INFO`` (default), ``WARNING``, ``ERROR``;
-- ``FACEGATE_LOG_FORMAT``: ``text`` (default) or ``json``.
-
-Subject ids (they may be e-mail addresses) and image contents are never logged above DEBUG.
+A request path can carry ``%0a``; logged as is, it would start a forged line. :class:`EscapingFormatter` writes
+every control character as ``\\xNN``; :class:`JsonFormatter` writes one JSON object per line.
+``FACEGATE_LOG_LEVEL`` (default INFO) and ``FACEGATE_LOG_FORMAT`` (``text`` or ``json``) configure it. Subject
+ids and image contents are never logged above DEBUG.
 """
 
 from __future__ import annotations
@@ -90,10 +83,8 @@ def formatter(fmt: str | None = None) -> logging.Formatter:
 
 
 def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
-    """Log to stderr at ``level`` (default ``FACEGATE_LOG_LEVEL``, else INFO) in ``fmt`` (see :func:`formatter`).
-
-    Replaces the root logger's handlers; uvicorn's loggers propagate to it.
-    """
+    """Log to stderr at ``level`` (default ``FACEGATE_LOG_LEVEL``, else INFO) in ``fmt``, replacing the root
+    logger's handlers (uvicorn's loggers propagate to it)."""
     root = logging.getLogger()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
@@ -101,6 +92,3 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     root.setLevel((level or os.environ.get("FACEGATE_LOG_LEVEL", "INFO")).upper())
     # python-multipart warns once per malformed part header: a client could fill the log with them
     logging.getLogger("python_multipart").setLevel(logging.ERROR)
-
-
-__all__ = ["EscapingFormatter", "JsonFormatter", "configure_logging", "escape", "formatter", "redact_paths"]

@@ -1,18 +1,10 @@
-"""Balanced accept: one acceptor hands each connection to a front-end.
+"""Balanced accept: the supervisor's acceptor thread hands each connection to the least busy front-end.
 
-When uvicorn's front-end processes share one listening socket, whichever process wakes first accepts
-every connection waiting in the backlog: with keep-alive clients a few front-ends end up with most
-connections, saturate their one core each and set the tail latency, while the others idle.
-
-Here the supervisor owns the listening socket. :class:`Acceptor` (a thread in the supervisor) accepts
-each connection and passes its file descriptor (``SCM_RIGHTS`` over a Unix ``SOCK_SEQPACKET`` socket) to
-the front-end that has the fewest open connections (ties go round-robin). Each front-end is a
-:class:`FrontEndServer`: a uvicorn server that listens on nothing, registers with the acceptor once its app
-has started, serves the connections it is handed, and reports each one closed, so the counts stay exact.
-A front-end that dies drops out (its control socket closes) until its replacement registers.
-
-Wire format, one datagram each: acceptor → front-end ``b"c"`` with one descriptor; front-end → acceptor
-``b"x"`` per closed connection.
+With one shared listening socket, whichever process wakes first takes the whole backlog, so with keep-alive
+clients a few front-ends get most connections and set the tail latency. Here :class:`Acceptor` passes each
+accepted descriptor (``SCM_RIGHTS`` over ``SOCK_SEQPACKET``, datagram ``b"c"``) to the :class:`FrontEndServer`
+with the fewest open connections (ties round-robin); a front-end reports each closed one (``b"x"``). A
+front-end that dies drops out until its replacement registers.
 """
 
 from __future__ import annotations
@@ -35,20 +27,15 @@ CLOSED = b"x"
 
 
 def pick_front_end(open_counts: list[int], start: int) -> int:
-    """Index of the front-end with the fewest open connections; among equals, the first at or after
-    ``start`` (round-robin). ``open_counts`` must not be empty."""
+    """Index of the front-end with the fewest open connections; ties go to the first at or after ``start``."""
     n = len(open_counts)
     low = min(open_counts)
     return next(i % n for i in range(start, start + n) if open_counts[i % n] == low)
 
 
 class Acceptor:
-    """Accepts on ``listener`` and hands each connection to the least busy registered front-end.
-
-    Args:
-        listener: the bound, listening public socket (the acceptor makes it non-blocking and closes it).
-        control_path: the Unix socket path front-ends connect to (in a private directory).
-    """
+    """Accepts on ``listener`` (which it closes) and hands each connection to the least busy front-end
+    registered on the Unix socket ``control_path``."""
 
     def __init__(self, listener: socket.socket, control_path: str) -> None:
         self.listener = listener
@@ -65,20 +52,20 @@ class Acceptor:
         self._thread = threading.Thread(target=self._run, name="facegate-acceptor", daemon=True)
 
     def start(self) -> None:
-        """Start the acceptor thread (connections wait in the backlog until a front-end registers)."""
+        """Start the thread (connections wait in the backlog until a front-end registers)."""
         self.listener.setblocking(False)
         self._control.setblocking(False)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop accepting, close the listening and control sockets (front-ends see their control socket close)."""
+        """Stop accepting and close the sockets (front-ends see their control socket close)."""
         with contextlib.suppress(OSError):
             self._wake_w.send(b"!")
         self._thread.join(5)
 
     @property
     def alive(self) -> bool:
-        """Whether the acceptor thread is running (False after :meth:`stop` or a failure)."""
+        """Whether the thread runs (False after :meth:`stop` or a failure)."""
         return self._thread.is_alive()
 
     def open_connections(self) -> list[int]:
@@ -86,7 +73,6 @@ class Acceptor:
         with self._lock:
             return list(self._open)
 
-    # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, "stop")
@@ -191,11 +177,7 @@ class Acceptor:
 
 class FrontEndServer(uvicorn.Server):
     """A uvicorn server that listens on nothing and serves the connections an :class:`Acceptor` hands it.
-
-    The HTTP protocol objects are built as uvicorn builds them for its own listeners (the configured
-    protocol class with the server's config, shared state and lifespan state), so graceful shutdown, the
-    connection limit and keep-alive behave as with a listening socket.
-    """
+    Protocol objects are built as uvicorn builds them for its listeners, so shutdown and keep-alive behave the same."""
 
     def __init__(self, config: Any, control_path: str) -> None:
         super().__init__(config)

@@ -1,20 +1,10 @@
-"""The HTTP application: app factory, lifespan, request middleware and ``run``.
+"""The HTTP application: app factory, lifespan and the request middleware.
 
-``create_app(settings)`` returns a FastAPI app whose lifespan
-
-1. creates the decode thread pool (``plan.decode_workers`` threads) and the gallery threads;
-2. starts a background task that builds the :class:`~facegate.service.faces.FaceService` (real models,
-   unless one was passed in), opens the gallery, and starts (= warms, then runs) the batching engine;
-   ``/healthz`` answers at once, ``/readyz`` answers 503 until that task has finished;
-3. on shutdown stops the engine, closes the gallery (when it opened them) and the pools.
-
-:class:`ServingMiddleware` (pure ASGI, so it adds no task hops and never buffers bodies) wraps every
-request: it rejects bodies larger than the route can accept (``Content-Length`` first, then while
-streaming), cancels the request's task when the client disconnects before the response starts (the
-cancellation reaches the engine, which drops the work), records request count and latency per route
-template and status into the service's :class:`~facegate.metrics.stats.ServiceStats`, and is the
-catch-all for unexpected exceptions (logged with the traceback; the client gets a JSON 500
-``internal_error``; the server stays up).
+The lifespan loads in the background (``/healthz`` answers at once, ``/readyz`` 503 until the service is built,
+the gallery open and the engine warm) and stops in order. :class:`ServingMiddleware` (pure ASGI: no task hops,
+no body buffering) refuses bodies larger than the route accepts, cancels the request when the client
+disconnects before the answer (the engine drops the work), records per-route metrics and is the catch-all for
+unexpected exceptions (logged; a JSON 500 ``internal_error``).
 """
 
 from __future__ import annotations
@@ -46,7 +36,6 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.logs import escape
-from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
@@ -64,25 +53,14 @@ SMALL_BODY_BYTES = 1024 * 1024
 CLIENT_CLOSED_STATUS = 499
 
 
-def gallery_path(settings: Settings) -> str:
-    """The gallery URL the settings name: ``gallery_url``, or SQLite at ``<data_dir>/gallery.sqlite3``."""
-    return settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
-
-
-def open_gallery(
-    settings: Settings, service: FaceService, stats: ServiceStats, open_retry_s: float | None = None
-) -> GalleryFront:
-    """Open this front-end's connection to the gallery store the settings name (it holds no templates:
-    searches run on the engine's index, :mod:`facegate.pipeline.search`).
-
-    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``).
-    """
+def open_gallery(settings: Settings, service: FaceService, open_retry_s: float | None = None) -> GalleryFront:
+    """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index).
+    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``)."""
     from facegate.gallery import open_store
     from facegate.service.gallery import GalleryFront
 
-    del stats  # gallery sizes are the engine's (its index), exported with the engine's families
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
-    store = open_store(gallery_path(settings), open_retry_s=retry)
+    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=retry)
     try:
         return GalleryFront(store, service)
     except BaseException:
@@ -96,22 +74,18 @@ async def _load(state: ServingState) -> None:
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        if state.service is None and state.engine is not None:
-            from facegate.service.faces import FaceService
+        from facegate.service.faces import FaceService
 
+        if state.service is None and state.engine is not None:
             log.info("connecting to the engine process at %s", state.engine[0])
             state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine, state.plan)
         elif state.service is None:
-            from facegate.service.faces import FaceService
-
             log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
         if state.gallery is None:
             try:
-                state.gallery = await loop.run_in_executor(
-                    state.gallery_pool, open_gallery, settings, state.service, state.stats
-                )
+                state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
                 state.owns_gallery = True
             except GalleryError as exc:
                 if not _busy(exc):
@@ -140,23 +114,20 @@ GALLERY_REOPEN_S = 5.0
 
 
 def _busy(exc: FacegateError) -> bool:
-    """Whether a gallery error is transient (SQLite reporting the file busy or locked, or a database server
-    that cannot be reached), not a bad file or a bad setting."""
+    """Whether a gallery error is transient (SQLite busy or locked, a database server out of reach)."""
     if isinstance(exc, GalleryUnavailableError):
         return True
     return str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
 async def _reopen_gallery(state: ServingState) -> None:
-    """Retry opening the gallery until it opens (routes that need it answer 503 gallery_unavailable meanwhile)."""
+    """Retry opening the gallery until it opens (meanwhile its routes answer 503 gallery_unavailable)."""
     loop = asyncio.get_running_loop()
     while state.gallery is None:
         await asyncio.sleep(GALLERY_REOPEN_S)
         try:  # short attempts, so that a shutdown never waits long for one on the gallery thread
             retry = min(GALLERY_REOPEN_S, state.settings.gallery_open_retry_s)
-            gallery = await loop.run_in_executor(
-                state.gallery_pool, open_gallery, state.settings, state.service, state.stats, retry
-            )
+            gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, state.settings, state.service, retry)
         except FacegateError as exc:
             state.gallery_error = exc
             log.warning("the gallery is still unavailable: %s", exc.message)
@@ -212,27 +183,28 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("facegate stopped")
 
 
-# --------------------------------------------------------------------------- middleware
-_IMAGE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    ("POST", re.compile(r"^/api/compare/?$"), "two"),
-    ("POST", re.compile(r"^/api/detect/?$"), "one"),
-    ("POST", re.compile(r"^/api/galleries/[^/]+/search/?$"), "one"),
-    ("POST", re.compile(r"^/api/embed/?$"), "many"),
-    ("POST", re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), "many"),
+#: POST routes that take images, and how many (0: up to ``limits.max_images_per_request``).
+_IMAGE_ROUTES: list[tuple[re.Pattern[str], int]] = [
+    (re.compile(r"^/api/compare/?$"), 2),
+    (re.compile(r"^/api/detect/?$"), 1),
+    (re.compile(r"^/api/galleries/[^/]+/search/?$"), 1),
+    (re.compile(r"^/api/embed/?$"), 0),
+    (re.compile(r"^/api/galleries/[^/]+/subjects/[^/]+/?$"), 0),
+    (re.compile(r"^/api/galleries/[^/]+/enrolments/?$"), 0),
 ]
 
 
 def body_limit(settings: Settings, method: str, path: str) -> int:
     """Largest request body (bytes) the route at ``method path`` can accept."""
-    for m, pattern, kind in _IMAGE_ROUTES:
-        if method == m and pattern.match(path):
-            n = {"one": 1, "two": 2}.get(kind, settings.limits.max_images_per_request)
+    for pattern, n in _IMAGE_ROUTES:
+        if method == "POST" and pattern.match(path):
+            n = n or settings.limits.max_images_per_request
             return n * settings.limits.max_upload_bytes + MULTIPART_SLACK_BYTES
     return SMALL_BODY_BYTES
 
 
 class ServingMiddleware:
-    """Body limits, disconnect → cancel, request metrics and the catch-all (see the module docstring)."""
+    """Body limits, disconnect → cancel, request metrics and the catch-all."""
 
     def __init__(self, app: ASGIApp, state: ServingState) -> None:
         self.app = app
@@ -358,7 +330,6 @@ def _too_large(size: int, limit: int) -> ImageTooLargeError:
     )
 
 
-# --------------------------------------------------------------------------- factory and runner
 def create_app(
     settings: Settings,
     service: FaceService | None = None,
@@ -369,15 +340,9 @@ def create_app(
 ) -> FastAPI:
     """The facegate HTTP app (OpenAPI at ``/docs``).
 
-    Args:
-        settings: the one Settings object.
-        service: a FaceService to use (its engine is started by the lifespan); ``None`` builds the real
-            models from ``settings`` in the lifespan.
-        gallery: the gallery to use; ``None`` opens the one ``settings`` describe (not closed by the app
-            when passed in).
-        engine: ``(socket path or paths, authkey)`` of running engine processes (:mod:`facegate.transport.remote`;
-            several: one per GPU): the app is then a front-end that loads no models.
-        plan: the serving plan; ``None``: :func:`facegate.tuning.make_plan` of ``settings``.
+    ``service`` / ``gallery``: use these (the lifespan starts the service; a gallery passed in is not closed)
+    instead of building the models and opening the store. ``engine``: ``(socket path(s), authkey)`` of running
+    engine processes: the app is then a front-end that loads no models. ``plan``: default ``make_plan(settings)``.
     """
     from facegate import __version__
     from facegate.api.security import install_headers, install_security
@@ -409,8 +374,7 @@ def create_app(
 
 def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
-    logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port when
-    given. uvicorn's ``auto`` parser and loop take httptools and uvloop (dependencies of facegate)."""
+    logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port."""
     import uvicorn
 
     kw: dict[str, Any] = {

@@ -1,16 +1,8 @@
-"""The one mapping from facegate errors to HTTP responses.
+"""The one mapping from errors to HTTP responses: ``{"error": {"code", "message", "detail"}}``.
 
-Every JSON error body has the same shape::
-
-    {"error": {"code": "<stable code>", "message": "...", "detail": {...}}}
-
-``code`` is the ``code`` attribute of the :class:`~facegate.errors.FacegateError` subclass (part of the
-public API). This module is the only place where an exception class is turned into an HTTP status; routes
-raise :class:`FacegateError` subclasses and never build error responses themselves.
-
-Besides the facegate tree, it handles FastAPI's :class:`RequestValidationError` (422 ``invalid_parameter``),
-Starlette's ``HTTPException`` (unknown route, wrong method) and, as a last resort, any other exception
-(logged with its traceback, answered with a JSON 500 ``internal_error`` that carries no traceback).
+``code`` is the FacegateError subclass's stable ``code``. Routes raise FacegateErrors and never build error
+responses; FastAPI's validation errors become 422 ``invalid_parameter`` and Starlette's HTTP errors (unknown
+route, wrong method) keep their status.
 """
 
 from __future__ import annotations
@@ -24,38 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from facegate.errors import (
-    BodyTooLargeError,
-    DeadlineExceededError,
-    DimensionMismatchError,
-    EmptyInputError,
-    EngineClosedError,
-    EngineError,
-    ErasureIncompleteError,
-    FacegateError,
-    FaceSelectionError,
-    ForbiddenError,
-    GalleryError,
-    GalleryExistsError,
-    GalleryNotFoundError,
-    GalleryUnavailableError,
-    HostNotAllowedError,
-    ImageDecodeError,
-    ImageTooLargeError,
-    InputError,
-    InvalidParameterError,
-    ModelError,
-    NoFaceError,
-    OriginNotAllowedError,
-    OverloadedError,
-    PathNotAllowedError,
-    QualityRejectedError,
-    QueueFullError,
-    RateLimitedError,
-    ServerError,
-    SubjectNotFoundError,
-    UnauthorizedError,
-)
+from facegate import errors as e
+from facegate.errors import FacegateError, InputError, InvalidParameterError, QueueFullError, RateLimitedError
 from facegate.logs import escape, redact_paths
 
 log = logging.getLogger(__name__)
@@ -65,39 +27,36 @@ STATUS_BY_ERROR: dict[type[FacegateError], int] = {
     FacegateError: 500,
     # client input
     InputError: 400,
-    EmptyInputError: 400,
-    ImageDecodeError: 400,
+    e.EmptyInputError: 400,
+    e.ImageDecodeError: 400,
     InvalidParameterError: 422,
-    ImageTooLargeError: 413,
-    NoFaceError: 422,
-    FaceSelectionError: 422,
-    QualityRejectedError: 422,
-    PathNotAllowedError: 403,
-    BodyTooLargeError: 413,
+    e.ImageTooLargeError: 413,
+    e.NoFaceError: 422,
+    e.FaceSelectionError: 422,
+    e.QualityRejectedError: 422,
+    e.PathNotAllowedError: 403,
+    e.BodyTooLargeError: 413,
     # access
-    UnauthorizedError: 401,
-    ForbiddenError: 403,
-    OriginNotAllowedError: 403,
-    HostNotAllowedError: 400,
+    e.UnauthorizedError: 401,
+    e.ForbiddenError: 403,
+    e.OriginNotAllowedError: 403,
+    e.HostNotAllowedError: 400,
     RateLimitedError: 429,
-    # models
-    ModelError: 500,
-    # gallery
-    GalleryError: 500,
-    GalleryNotFoundError: 404,
-    GalleryUnavailableError: 503,
-    ErasureIncompleteError: 503,
-    SubjectNotFoundError: 404,
-    GalleryExistsError: 409,
-    DimensionMismatchError: 409,
-    # engine
-    EngineError: 503,
+    # models, gallery, engine, process model
+    e.ModelError: 500,
+    e.GalleryError: 500,
+    e.GalleryNotFoundError: 404,
+    e.GalleryUnavailableError: 503,
+    e.ErasureIncompleteError: 503,
+    e.SubjectNotFoundError: 404,
+    e.GalleryExistsError: 409,
+    e.DimensionMismatchError: 409,
+    e.EngineError: 503,
     QueueFullError: 503,
-    OverloadedError: 503,
-    EngineClosedError: 503,
-    DeadlineExceededError: 504,
-    # process model
-    ServerError: 500,
+    e.OverloadedError: 503,
+    e.EngineClosedError: 503,
+    e.DeadlineExceededError: 504,
+    e.ServerError: 500,
 }
 
 INTERNAL_ERROR_CODE = "internal_error"
@@ -129,7 +88,7 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError | RateLimitedError):
         headers["Retry-After"] = str(max(1, math.ceil(float(exc.retry_after_s))))
-    if isinstance(exc, UnauthorizedError):
+    if isinstance(exc, e.UnauthorizedError):
         headers["WWW-Authenticate"] = 'Bearer realm="facegate"'
 
     # 503 (not ready, queue full) can come in floods under load or while polling /readyz: debug only
@@ -171,7 +130,7 @@ def _json_safe(value: Any) -> Any:
 def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     """422 ``invalid_parameter`` for a request that fails FastAPI's parameter validation."""
     errors = [{k: _json_safe(v) for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
-    fields = [".".join(str(p) for p in e.get("loc", ())) for e in errors]
+    fields = [".".join(str(p) for p in err.get("loc", ())) for err in errors]
     message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
     return JSONResponse(error_body(INVALID_PARAMETER_CODE, message, {"errors": errors}), status_code=422)
 
@@ -180,7 +139,7 @@ _HTTP_CODES: dict[int, str] = {
     400: InputError.code,
     404: "not_found",
     405: "method_not_allowed",
-    413: ImageTooLargeError.code,
+    413: e.ImageTooLargeError.code,
 }
 
 
@@ -192,27 +151,17 @@ def http_exception_response(exc: StarletteHTTPException) -> JSONResponse:
     )
 
 
-async def _facegate_handler(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FacegateError)
-    return facegate_error_response(exc)
-
-
-async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    return validation_error_response(exc)
-
-
-async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
+async def _handler(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, FacegateError):
+        return facegate_error_response(exc)
+    if isinstance(exc, RequestValidationError):
+        return validation_error_response(exc)
     assert isinstance(exc, StarletteHTTPException)
     return http_exception_response(exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers on ``app``.
-
-    The catch-all for unexpected exceptions lives in :class:`facegate.api.app.ServingMiddleware`,
-    which calls :func:`internal_error_response`, so that it is logged once and counted in the metrics.
-    """
-    app.add_exception_handler(FacegateError, _facegate_handler)
-    app.add_exception_handler(RequestValidationError, _validation_handler)
-    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    """Register the handlers on ``app``. The catch-all for other exceptions is in
+    :class:`facegate.api.app.ServingMiddleware`, so that it is logged once and counted in the metrics."""
+    for cls in (FacegateError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(cls, _handler)

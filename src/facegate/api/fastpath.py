@@ -1,15 +1,10 @@
 """A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
 
-Aligned crops are the least GPU work per request facegate serves, so the front-ends' Python per request sets
-their rate, with the GPU partly idle. FastAPI's stack above the endpoint (routing, dependency solving, form
-reading, response validation) costs a front-end several times the endpoint's own work for such a request.
-
-:class:`~facegate.api.app.ServingMiddleware` (limits, disconnects, metrics) calls
-:func:`serve_embed_aligned` for ``POST /api/embed`` with a small multipart body. It answers the request
-when the form is 1..``max_images_per_request`` ``images`` files with ``aligned`` true and at most a
-``select``, through the route's own function (:func:`facegate.api.routes.embed_response`) and the
-route's JSON (``by_alias``, ``exclude_unset``). Any other request goes to FastAPI with its body replayed, so
-FastAPI gives it the answers and errors it always did.
+Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
+stack above the endpoint costs several times the endpoint's own work. :class:`~facegate.api.app.ServingMiddleware`
+calls :func:`serve_embed_aligned`, which answers a form of 1..``max_images_per_request`` ``images`` with
+``aligned`` true (and at most a ``select``) through the route's own function and JSON; any other request goes to
+FastAPI with its body replayed.
 """
 
 from __future__ import annotations
@@ -45,8 +40,7 @@ def header(scope: Scope, name: bytes) -> bytes:
 
 
 def wants_fast_path(scope: Scope) -> bool:
-    """Whether a request may take the fast path: ``POST /api/embed`` with a multipart body whose declared
-    length fits :data:`~facegate.api.forms.FAST_FORM_MAX_BYTES` (the form decides the rest)."""
+    """Whether a request may take the fast path: ``POST /api/embed`` with a small multipart body."""
     if scope["method"] != "POST" or scope["path"] != PATH:
         return False
     length = header(scope, b"content-length")
@@ -80,9 +74,8 @@ def state_pixels(scope: Scope) -> Any:
 
 
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-    """Answer an aligned-crop embed request (None), or return the receive callable that replays its body
-    for FastAPI. A request whose body did not arrive (a disconnect, or over the route's limit) is left to
-    the caller (None)."""
+    """Answer an aligned-crop embed request (None), or return a receive that replays its body for FastAPI.
+    A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
     from facegate.api.errors import facegate_error_response
     from facegate.api.routes import embed_response
 

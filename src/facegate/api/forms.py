@@ -1,18 +1,10 @@
 """A fast reader for small ``multipart/form-data`` bodies, with Starlette's parser as the fallback.
 
-Why: under aligned-crop load, Starlette's streaming multipart parser (python-multipart, a callback per
-header and data chunk, a spooled temporary file per upload) held 17 % of a front-end's GIL samples, more
-than any other part of a request; this reader holds 7–9 % (``benchmarks/frontend_gil.py`` on the dev CPU,
-``results/frontend_gil_cpu.json``).
-A request of a few photos is small: this module reads its body once and cuts it at the boundary.
-
-It answers only bodies it understands completely: a ``Content-Length`` of at most
-:data:`FAST_FORM_MAX_BYTES`, the first delimiter at the start, CRLF line ends, every part with a
-``Content-Disposition`` that names it, no ``_charset_`` field, within Starlette's file/field/part limits.
-Anything else (and every error case) goes to Starlette's parser over the same cached body, so errors and
-unusual bodies are answered exactly as before. Header values are parsed with the same
-``parse_options_header`` Starlette uses, and names and values are decoded the same way; the tests compare
-the two parsers' results.
+Starlette's streaming parser (a callback per chunk, a spooled file per upload) was the largest share of a
+front-end's GIL under aligned-crop load. A body of at most :data:`FAST_FORM_MAX_BYTES` is read once and cut at
+its boundary, when it is plain (first delimiter at the start, CRLF, named parts, no ``_charset_``, within the
+limits); anything else, every error case included, goes to Starlette over the same cached body, so such bodies
+get the answers they always did. The tests compare the two parsers.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ FAST_FORM_MAX_BYTES = 8 * 2**20
 
 
 class _MemoryFile(io.BytesIO):
-    """An upload held in memory; ``_rolled = False`` tells Starlette's ``UploadFile`` to read it inline
-    (it would otherwise hand every read to a thread pool)."""
+    """An upload in memory; ``_rolled = False`` makes Starlette's UploadFile read it inline, not on a thread."""
 
     _rolled = False
 
@@ -54,11 +45,8 @@ def parse_small_multipart(
     max_fields: int | float = 1000,
     max_part_size: int = 1024 * 1024,
 ) -> FormData | None:
-    """The form of a ``multipart/form-data`` body, or ``None`` when Starlette's parser should answer instead.
-
-    Fields become ``str`` (``max_part_size`` bounds each), files :class:`~starlette.datastructures.UploadFile`
-    backed by memory, in body order, with their part headers (names lower-cased), as Starlette builds them.
-    """
+    """The form of a ``multipart/form-data`` body as Starlette builds it (files in memory), or ``None`` when
+    Starlette's parser should answer instead."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary or len(boundary) > 200:
@@ -136,7 +124,7 @@ class FastFormRequest(Request):
 
 
 class FastFormRoute(APIRoute):
-    """An API route whose handler gets a :class:`FastFormRequest` (FastAPI's custom-request extension point)."""
+    """An API route whose handler gets a :class:`FastFormRequest` and holds the form's pixel budget."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()

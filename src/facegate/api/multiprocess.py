@@ -1,30 +1,16 @@
-"""The process model (a serving plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
+"""The process model (a plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
 
-The supervisor (the ``facegate serve`` process) starts the engine processes
-(:func:`facegate.transport.remote.engine_main`), waits until their models are loaded and warm, then opens
-the port and spawns N front-end processes. A thread of the supervisor accepts each connection and hands it
-to the front-end with the fewest open connections (:mod:`facegate.api.acceptor`: with one shared listening
-socket, whichever process wakes first takes most connections), and the supervisor replaces a front-end
-that exits. Neither the supervisor nor the front-ends import torch. Each front-end builds its app with
-:func:`frontend_app`,
-which connects to the engine through shared memory and a Unix socket, and opens a connection to the gallery
-store for its writes; front-ends hold no templates: searches run on the engine's one index, which follows
-the store's change feed (:mod:`facegate.pipeline.search`). On SIGINT/SIGTERM the front-ends stop, then the engine
-process. If the engine process dies, the supervisor stops the front-ends and exits non-zero (so that
-systemd or Kubernetes restarts the whole server).
-
-Differences from one process: ``/healthz`` answers only once the engine is warm (the port opens then);
-``/metrics`` of any front-end covers the whole server: every front-end's counters and histograms (summed
-from prometheus_client multiprocess files in a folder of this run, :mod:`facegate.metrics.prometheus`), plus
-the engine process's stage families (queues, batches, compute, GPU memory) fetched at each scrape. SIGTERM
-drains (:mod:`facegate.api.drain`); the run's socket and metrics folders are named after the supervisor's
-pid, and those of a run that was killed are removed at the next start (:mod:`facegate.api.runfiles`).
-A client that disconnects cancels its queued work in the engine process, as in one process.
+The supervisor (``facegate serve``, torch-free) starts the engine processes, waits until they are warm, then
+opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thread hands each connection to the
+least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
+engines through :mod:`facegate.transport.remote` and hold no templates. ``/metrics`` of any front-end covers
+the whole server (prometheus_client multiprocess files plus the engines' families). If an engine dies the
+supervisor stops and exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders of a
+killed supervisor are removed at the next start (:mod:`facegate.api.runfiles`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -60,8 +46,16 @@ ENV_PLAN = "FACEGATE_PLAN_JSON"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
+def _restore_env(old: dict[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def frontend_app() -> FastAPI:
-    """uvicorn app factory of a front-end worker: settings and the engine's address come from the environment."""
+    """uvicorn app factory of a front-end: settings and the engines' addresses come from the environment."""
     if not logging.getLogger().handlers:
         from facegate.logs import configure_logging
 
@@ -76,12 +70,7 @@ def frontend_app() -> FastAPI:
 
 
 class EngineProcess:
-    """The engine process: spawn, wait until warm, stop.
-
-    Args:
-        settings: the serving settings (the engine builds its models from them).
-        plan: the serving plan; ``None``: :func:`facegate.tuning.make_plan` of ``settings``.
-    """
+    """An engine process: spawn, wait until warm, stop. ``cuda_device`` becomes its only visible GPU."""
 
     def __init__(
         self,
@@ -102,7 +91,7 @@ class EngineProcess:
         self._ready_conn: Any = None
 
     def spawn(self) -> None:
-        """Start the process (returns at once; :meth:`wait` for it). ``cuda_device`` becomes its only GPU."""
+        """Start the process (returns at once; :meth:`wait` for it)."""
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
         plan_json = json.dumps(self.plan.to_dict())
@@ -112,32 +101,24 @@ class EngineProcess:
             name="facegate-engine",
             daemon=False,
         )
-        old = os.environ.get("CUDA_VISIBLE_DEVICES")
+        old = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
         if self.cuda_device is not None:  # a spawned child takes the environment of this moment
             os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
         try:
             self._proc.start()
         finally:
             if self.cuda_device is not None:
-                if old is None:
-                    del os.environ["CUDA_VISIBLE_DEVICES"]
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = old
+                _restore_env(old)
         child.close()
         self._ready_conn = parent
 
     def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        """:meth:`spawn` and :meth:`wait`."""
         self.spawn()
         return self.wait(timeout_s)
 
     def wait(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Wait until the spawned process is ready; returns its info (model, device, startup seconds).
-
-        Raises:
-            FacegateError: the engine's own startup error (e.g. ModelError), or ModelError when it died or
-                did not get ready within ``timeout_s``.
-        """
+        """Wait until the process is ready; returns its info. Raises its start-up error, or ModelError when it
+        died or was not ready within ``timeout_s``."""
         parent = self._ready_conn
         if not parent.poll(timeout_s):
             self.stop()
@@ -175,11 +156,7 @@ class EngineProcess:
 
 
 def cuda_devices(n: int) -> list[str]:
-    """The CUDA device of each of ``n`` GPUs' engines: the first ``n`` of CUDA_VISIBLE_DEVICES, else 0..n-1.
-
-    Raises:
-        InvalidParameterError: fewer visible devices than ``n``.
-    """
+    """The first ``n`` of CUDA_VISIBLE_DEVICES, else ``0..n-1``; InvalidParameterError when fewer are visible."""
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if not visible:  # the driver's count, without importing torch in the supervisor
         visible = [str(i) for i in range(detect_machine().gpus or n)]
@@ -189,8 +166,7 @@ def cuda_devices(n: int) -> list[str]:
 
 
 def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None]:
-    """The CUDA device of each engine process: ``per_gpu`` engines per GPU, GPUs in order; ``None`` (the
-    process's default device) off CUDA or when all engines share the one GPU."""
+    """The CUDA device of each engine, ``per_gpu`` per GPU; ``None`` (the default) off CUDA or on one GPU."""
     gpus = -(-engines // per_gpu)
     if not on_cuda or gpus == 1:
         return [None] * engines
@@ -209,12 +185,7 @@ def environment(engines: list[EngineProcess]) -> dict[str, str]:
 
 
 def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[EngineProcess]:
-    """``plan.engines`` engine processes (``plan.engines_per_gpu`` per GPU on CUDA), started together; returns
-    once all are ready.
-
-    Raises:
-        FacegateError: an engine failed to start (the others are stopped).
-    """
+    """``plan.engines`` engine processes started together, once all are ready (one failing stops them all)."""
     plan = plan or make_plan(settings)
     devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
@@ -232,9 +203,7 @@ def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[E
 
 
 def frontend_main(control_path: str) -> None:
-    """A front-end process under balanced accept: the app of :func:`frontend_app`, served by a
-    :class:`~facegate.api.acceptor.FrontEndServer` on the connections the supervisor hands it (settings
-    and engine addresses come from the environment, as for uvicorn's workers)."""
+    """A front-end process: :func:`frontend_app` on the connections the supervisor's acceptor hands it."""
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     config = uvicorn_config(
         "facegate.api.multiprocess:frontend_app",
@@ -257,14 +226,9 @@ MAX_QUICK_EXITS = 5
 
 
 def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str], None] | None = None) -> None:
-    """Run ``front_ends`` front-end processes fed by an :class:`~facegate.api.acceptor.Acceptor` in
-    this process until SIGINT/SIGTERM; a front-end that exits is replaced. The engines' environment must
-    be exported already. ``target``: the front-end's entry point (:func:`frontend_main`; tests swap it).
-
-    Raises:
-        ServerError: :data:`MAX_QUICK_EXITS` front-ends in a row exited within :data:`QUICK_EXIT_S` of their
-            start, or the acceptor thread stopped.
-    """
+    """Run ``front_ends`` processes (``target``, default :func:`frontend_main`) fed by an acceptor thread until
+    SIGINT/SIGTERM, replacing any that exits; the engines' environment must be exported already.
+    ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor thread stops."""
     from facegate.metrics.prometheus import process_exited
 
     folder = runfiles.make("accept")
@@ -316,11 +280,8 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
 
 
 def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
-    """Serve with ``plan.engines`` engine processes and ``plan.workers`` front-end processes until interrupted.
-
-    Raises:
-        FacegateError: the engine could not start (models, settings).
-    """
+    """Serve with ``plan.engines`` engines and ``plan.workers`` front-ends until interrupted; raises an engine's
+    start-up error, or ModelError when an engine died."""
     runfiles.remove_stale()
     metrics_dir = runfiles.make("metrics")  # this run's prometheus_client multiprocess files
     try:
@@ -346,22 +307,12 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
         front_ends = max(2, plan.workers)
-        log.info(
-            "facegate listening on http://%s:%d with %d front-end processes and %d engine process(es)",
-            settings.host,
-            settings.port,
-            front_ends,
-            len(engines),
-        )
+        url = f"http://{settings.host}:{settings.port}"
+        log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
         serve_balanced(settings, front_ends)
     finally:
         stopping.set()
-        for k, v in old.items():
-            with contextlib.suppress(KeyError):
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
+        _restore_env(old)
         for engine in engines:
             engine.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,14 +1,8 @@
-"""HTTP routes (v1, docs/dev/http-api.md).
+"""HTTP routes (v1, docs/dev/http-api.md). None blocks the event loop: large images decode on the decode pool,
+inference goes through the async FaceService (batched across requests), gallery calls run on the gallery thread.
 
-Every route is ``async`` and never blocks the event loop: uploads are read with ``await file.read()``
-(bounded by ``settings.limits.max_upload_bytes``), images are decoded on the decode thread pool, inference goes
-through the async :class:`~facegate.service.faces.FaceService` (batched across requests by the engine)
-and gallery calls run on the gallery thread. Routes raise :class:`~facegate.errors.FacegateError`
-subclasses; :mod:`facegate.api.errors` turns them into HTTP responses.
-
-The quality gate is visible everywhere: every face carries its verdict, compare refuses (never compares
-silently) when either face is below the gate, enrolment refuses low-quality faces by default and lists
-them, and search refuses a low-quality probe instead of searching with it.
+Every face carries its quality verdict; compare refuses a pair with a face below the gate, enrolment refuses and
+lists such faces, and search refuses such a probe instead of searching with it.
 """
 
 from __future__ import annotations
@@ -25,35 +19,9 @@ from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, Upload
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from facegate.api import schemas as sc
 from facegate.api.errors import error_dict
 from facegate.api.forms import FastFormRoute
-from facegate.api.schemas import (
-    BatchEnrolResponse,
-    BatchRefusal,
-    CompareResponse,
-    CreateGalleryRequest,
-    DeletedGallery,
-    DeletedSubject,
-    DetectionOut,
-    DetectResponse,
-    EmbedItem,
-    EmbedResponse,
-    EnrolResponse,
-    ErrorInfo,
-    ErrorResponse,
-    FaceOut,
-    GalleryListResponse,
-    GalleryOut,
-    HealthResponse,
-    ImportTemplatesRequest,
-    ImportTemplatesResponse,
-    ReadyResponse,
-    RefusedImage,
-    SearchHit,
-    SearchResponse,
-    SubjectListResponse,
-    SubjectOut,
-)
 from facegate.api.state import ServingState, get_state
 from facegate.errors import (
     EmptyInputError,
@@ -84,25 +52,30 @@ MAX_OFFSET = 2**31 - 1
 
 #: Error responses documented in OpenAPI for routes that take images.
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
+    code: {"model": sc.ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
 }
 _GALLERY_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (404, 409, 422, 500, 503)
+    code: {"model": sc.ErrorResponse} for code in (404, 409, 422, 500, 503)
 }
+
+
+def _faces_route(path: str, model: type) -> Any:
+    return router.post(
+        path, response_model=model, response_model_exclude_unset=True, responses=_IMAGE_ERRORS, tags=["faces"]
+    )
+
+
+def _gallery_route(method: str, path: str, model: type, *, images: bool = False, **kw: Any) -> Any:
+    responses = {**_IMAGE_ERRORS, **_GALLERY_ERRORS} if images else _GALLERY_ERRORS
+    return router.api_route(path, methods=[method], response_model=model, responses=responses, tags=["galleries"], **kw)
 
 
 def _state(request: Request) -> ServingState:
     return get_state(request.app)
 
 
-# --------------------------------------------------------------------------- helpers
 async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
-    """All bytes of one uploaded file, refusing more than ``max_bytes`` without reading them all.
-
-    Raises:
-        ImageTooLargeError: the part is larger than ``max_bytes``.
-        EmptyInputError: the part has zero bytes.
-    """
+    """All bytes of one upload; ImageTooLargeError past ``max_bytes`` (not read whole), EmptyInputError if none."""
     detail: dict[str, Any] = {"field": file.filename or "", "limit": max_bytes}
     if index is not None:
         detail["index"] = index
@@ -119,8 +92,7 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
 
 
 async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
-    """Decode an upload's bytes → ``(H, W, 3) uint8`` RGB: right here when its header says it is no larger than
-    :data:`~facegate.io.decode.INLINE_DECODE_PIXELS` (an aligned crop), else on the decode pool."""
+    """An upload's bytes → ``(H, W, 3) uint8`` RGB: here when it is small (an aligned crop), else on the pool."""
     from facegate.io.decode import decode_if_small, decode_image
 
     s = state.settings.limits
@@ -131,7 +103,7 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
 
 
 async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
-    """Read and decode one upload → ``(H, W, 3) uint8`` RGB (decoding on the decode pool)."""
+    """Read and decode one upload → ``(H, W, 3) uint8`` RGB."""
     return await decode_bytes(state, await read_upload(file, state.settings.limits.max_upload_bytes, index=index))
 
 
@@ -144,13 +116,9 @@ async def faces_of_upload(
     select: FaceSelect = FaceSelect.LARGEST,
     keep_crops: bool = False,
 ) -> list[Face]:
-    """The selected faces of one uploaded photo.
-
-    With the engine's ``photo`` stage (``Settings.gpu_preprocess``) the largest face of a JPEG is found from
-    the upload's bytes on the engine's device, in one engine trip. Other formats (which nvJPEG does not
-    decode, so the engine process would decode them on its CPU) and other requests (every face, or the
-    crops in the answer) are decoded and aligned here.
-    """
+    """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
+    from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
+    for every face or the crops are decoded and aligned here."""
     if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
         image = await decode_upload(state, file, index=index)
         return await service.faces(image, select=select, keep_crops=keep_crops)
@@ -171,11 +139,7 @@ async def decode_path(state: ServingState, path: str) -> np.ndarray:
 
 
 async def gather_all(aws: Sequence[Awaitable[T]]) -> list[T | BaseException]:
-    """Run awaitables concurrently and wait for *all* of them; results or exceptions, in input order.
-
-    If the caller is cancelled (client disconnect), every child task is cancelled too, so no work is left
-    running for a request nobody waits for.
-    """
+    """Results or exceptions of all ``aws``, in input order; cancelling the caller cancels them all."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []
@@ -208,19 +172,14 @@ def _check_count(n: int, limit: int, what: str) -> None:
         )
 
 
-def _record_refusal(state: ServingState, reason: str) -> None:
-    state.stats.record_refusal(reason)
-
-
-# --------------------------------------------------------------------------- health
-@router.get("/healthz", response_model=HealthResponse, tags=["health"])
-async def healthz() -> HealthResponse:
+@router.get("/healthz", response_model=sc.HealthResponse, tags=["health"])
+async def healthz() -> sc.HealthResponse:
     """Process is alive (does not wait for models)."""
-    return HealthResponse()
+    return sc.HealthResponse()
 
 
-@router.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ErrorResponse}}, tags=["health"])
-async def readyz(request: Request) -> ReadyResponse:
+@router.get("/readyz", response_model=sc.ReadyResponse, responses={503: {"model": sc.ErrorResponse}}, tags=["health"])
+async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
     from facegate.errors import EngineClosedError
 
@@ -231,7 +190,7 @@ async def readyz(request: Request) -> ReadyResponse:
                 f"not ready: startup failed ({state.load_error.code})", detail={"cause": state.load_error.to_dict()}
             )
         raise EngineClosedError("not ready: models are loading and warming up")
-    return ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
+    return sc.ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
@@ -263,20 +222,13 @@ async def index() -> Response:
     return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
 
 
-# --------------------------------------------------------------------------- faces
-@router.post(
-    "/api/compare",
-    response_model=CompareResponse,
-    response_model_exclude_unset=True,
-    responses=_IMAGE_ERRORS,
-    tags=["faces"],
-)
+@_faces_route("/api/compare", sc.CompareResponse)
 async def compare(
     request: Request,
     img1: Annotated[UploadFile, File(description="first photo")],
     img2: Annotated[UploadFile, File(description="second photo")],
     crops: Annotated[bool, Query(description="include the aligned crops as PNG data URLs")] = False,
-) -> CompareResponse:
+) -> sc.CompareResponse:
     """Compare the largest face of two photos. Refused (never compared) when either face fails the gate."""
     state = _state(request)
     service = state.require_service()
@@ -290,23 +242,17 @@ async def compare(
     first_error(results)
     a, b = results  # type: ignore[misc]
     res = service.compare(a, b)  # type: ignore[arg-type]
-    return CompareResponse.from_result(res, model=service.spec.name, crops=crops)
+    return sc.CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 
 
-@router.post(
-    "/api/embed",
-    response_model=EmbedResponse,
-    response_model_exclude_unset=True,
-    responses=_IMAGE_ERRORS,
-    tags=["faces"],
-)
+@_faces_route("/api/embed", sc.EmbedResponse)
 async def embed(
     request: Request,
     images: Annotated[list[UploadFile] | None, File(description="1..max_images_per_request photos")] = None,
     paths: Annotated[list[str] | None, Form(description="server-side files inside the allowed roots")] = None,
     select: Annotated[Literal["largest", "all"], Form(description="which faces of each image")] = "largest",
     aligned: Annotated[bool, Form(description="inputs are aligned 112×112 crops (no detection)")] = False,
-) -> EmbedResponse:
+) -> sc.EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
     state = _state(request)
     return await embed_response(state, state.require_service(), images, paths, select, aligned)
@@ -319,9 +265,8 @@ async def embed_response(
     paths: list[str] | None,
     select: Literal["largest", "all"],
     aligned: bool,
-) -> EmbedResponse:
-    """What ``POST /api/embed`` answers for these form values (the route's body; the aligned-crop fast path,
-    :mod:`facegate.api.fastpath`, calls it too)."""
+) -> sc.EmbedResponse:
+    """What ``POST /api/embed`` answers for these form values (the aligned-crop fast path calls it too)."""
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
@@ -339,41 +284,38 @@ async def embed_response(
     for r in results:  # access control is per request, not per item: any path outside the roots fails it
         if isinstance(r, PathNotAllowedError):
             raise r
-    items: list[EmbedItem] = []
+    items: list[sc.EmbedItem] = []
     for i, r in enumerate(results):
         if isinstance(r, FacegateError):
-            items.append(EmbedItem(index=i, error=ErrorInfo(**error_dict(r))))
+            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**error_dict(r))))
         elif isinstance(r, BaseException):
             raise r
         else:
-            items.append(EmbedItem(index=i, faces=[FaceOut.from_face(f, embedding=True) for f in r]))
-    return EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
+            items.append(sc.EmbedItem(index=i, faces=[sc.FaceOut.from_face(f, embedding=True) for f in r]))
+    return sc.EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
 
 
-@router.post("/api/detect", response_model=DetectResponse, responses=_IMAGE_ERRORS, tags=["faces"])
-async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> DetectResponse:
+@router.post("/api/detect", response_model=sc.DetectResponse, responses=_IMAGE_ERRORS, tags=["faces"])
+async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> sc.DetectResponse:
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
     state = _state(request)
     service = state.require_service()
     img = await decode_upload(state, image)
     dets = await service.detect(img)
     h, w = img.shape[:2]
-    return DetectResponse(faces=[DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
+    return sc.DetectResponse(faces=[sc.DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
 
 
-# --------------------------------------------------------------------------- galleries
-def _gallery_out(info: Any) -> GalleryOut:
-    return GalleryOut(**info.to_dict())
+def _gallery_out(info: Any) -> sc.GalleryOut:
+    return sc.GalleryOut(**info.to_dict())
 
 
-def _subject_out(info: Any) -> SubjectOut:
-    return SubjectOut(**info.to_dict())
+def _subject_out(info: Any) -> sc.SubjectOut:
+    return sc.SubjectOut(**info.to_dict())
 
 
-@router.post(
-    "/api/galleries", status_code=201, response_model=GalleryOut, responses=_GALLERY_ERRORS, tags=["galleries"]
-)
-async def create_gallery(request: Request, body: CreateGalleryRequest) -> GalleryOut:
+@_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
+async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state = _state(request)
     service, gallery = state.require_ready()
@@ -381,22 +323,22 @@ async def create_gallery(request: Request, body: CreateGalleryRequest) -> Galler
     return _gallery_out(info)
 
 
-@router.get("/api/galleries", response_model=GalleryListResponse, responses=_GALLERY_ERRORS, tags=["galleries"])
-async def list_galleries(request: Request) -> GalleryListResponse:
+@_gallery_route("GET", "/api/galleries", sc.GalleryListResponse)
+async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
     state = _state(request)
     _, gallery = state.require_ready()
     infos = await state.in_gallery_pool(gallery.list_galleries)
-    return GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
+    return sc.GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
 
 
-@router.delete("/api/galleries/{name}", response_model=DeletedGallery, responses=_GALLERY_ERRORS, tags=["galleries"])
-async def delete_gallery(request: Request, name: str) -> DeletedGallery:
+@_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
+async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
     """Delete a gallery and every subject and embedding in it."""
     state = _state(request)
     _, gallery = state.require_ready()
     await state.in_gallery_pool(gallery.delete_gallery, name)
-    return DeletedGallery(deleted=name)
+    return sc.DeletedGallery(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
@@ -405,6 +347,14 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     gallery.check_model(info)
     return info
+
+
+async def _write_subject(
+    state: ServingState, gallery: Any, name: str, subject_id: str, faces: list[Face], meta: dict[str, Any] | None
+) -> sc.SubjectOut:
+    emb = np.stack([f.embedding for f in faces]).astype(np.float32)
+    qual = np.asarray([f.quality.score for f in faces], dtype=np.float32)
+    return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta))
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
@@ -418,19 +368,14 @@ def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
     return value
 
 
-@router.post(
-    "/api/galleries/{name}/subjects/{subject_id}",
-    response_model=EnrolResponse,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/subjects/{subject_id}", sc.EnrolResponse, images=True)
 async def enrol(
     request: Request,
     name: str,
     subject_id: Annotated[str, Path(description="the caller's id for this person")],
     images: Annotated[list[UploadFile], File(description="1..max_images_per_request photos of the subject")],
     meta: Annotated[str | None, Form(description="JSON object stored with the subject")] = None,
-) -> EnrolResponse:
+) -> sc.EnrolResponse:
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     from facegate.gallery.base import validate_subject_id
@@ -452,31 +397,23 @@ async def enrol(
         requires_quality=state.settings.quality.enrol_requires_quality,
         verdict=service.pipeline.enrol_verdict,
     )
-    refused = [RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
+    refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     for x in decision.refused:
         if x.code == QualityRejectedError.code:
-            _record_refusal(state, "enrol_low_quality")
+            state.stats.record_refusal("enrol_low_quality")
     if decision.error is not None:
         raise decision.error
-    accepted = decision.accepted
-    emb = np.stack([f.embedding for f in accepted]).astype(np.float32)
-    qual = np.asarray([f.quality.score for f in accepted], dtype=np.float32)
-    info = await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta_obj)
-    return EnrolResponse(subject=_subject_out(info), accepted=len(accepted), refused=refused)
+    info = await _write_subject(state, gallery, name, subject_id, decision.accepted, meta_obj)
+    return sc.EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
 
 
-@router.post(
-    "/api/galleries/{name}/enrolments",
-    response_model=BatchEnrolResponse,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
-)
+@_gallery_route("POST", "/api/galleries/{name}/enrolments", sc.BatchEnrolResponse, images=True)
 async def enrol_batch(
     request: Request,
     name: str,
     images: Annotated[list[UploadFile], File(description="photos of several subjects")],
     subject_ids: Annotated[str, Form(description="JSON list: the subject of each photo, in order")],
-) -> BatchEnrolResponse:
+) -> sc.BatchEnrolResponse:
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
     other requests), each subject is written in its own transaction, refused photos are listed."""
     from facegate.gallery.base import validate_subject_id
@@ -498,8 +435,8 @@ async def enrol_batch(
     by_subject: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
         by_subject.setdefault(sid, []).append(i)
-    enrolled: list[SubjectOut] = []
-    refused: list[BatchRefusal] = []
+    enrolled: list[sc.SubjectOut] = []
+    refused: list[sc.BatchRefusal] = []
     for sid, rows in by_subject.items():
         mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
         decision = decide_enrolment(
@@ -509,22 +446,15 @@ async def enrol_batch(
             verdict=service.pipeline.enrol_verdict,
         )
         refused += [
-            BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
+            sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
         if decision.error is None:
-            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
-            qual = np.asarray([f.quality.score for f in decision.accepted], dtype=np.float32)
-            enrolled.append(_subject_out(await state.in_gallery_pool(gallery.enrol, name, sid, emb, qual, None)))
-    return BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
+            enrolled.append(await _write_subject(state, gallery, name, sid, decision.accepted, None))
+    return sc.BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
 
 
-@router.post(
-    "/api/galleries/{name}/templates",
-    response_model=ImportTemplatesResponse,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
-async def import_templates(request: Request, name: str, body: ImportTemplatesRequest) -> ImportTemplatesResponse:
+@_gallery_route("POST", "/api/galleries/{name}/templates", sc.ImportTemplatesResponse)
+async def import_templates(request: Request, name: str, body: sc.ImportTemplatesRequest) -> sc.ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
     state = _state(request)
@@ -539,49 +469,35 @@ async def import_templates(request: Request, name: str, body: ImportTemplatesReq
     emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
     n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
-    return ImportTemplatesResponse(imported=n)
+    return sc.ImportTemplatesResponse(imported=n)
 
 
-@router.get(
-    "/api/galleries/{name}/subjects",
-    response_model=SubjectListResponse,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
+@_gallery_route("GET", "/api/galleries/{name}/subjects", sc.SubjectListResponse)
 async def list_subjects(
     request: Request,
     name: str,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> SubjectListResponse:
+) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
     state = _state(request)
     _, gallery = state.require_ready()
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
-    return SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
+    return sc.SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
 
 
-@router.delete(
-    "/api/galleries/{name}/subjects/{subject_id}",
-    response_model=DeletedSubject,
-    responses=_GALLERY_ERRORS,
-    tags=["galleries"],
-)
-async def delete_subject(request: Request, name: str, subject_id: str) -> DeletedSubject:
+@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
+async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
     """Erase a subject and all its embeddings."""
     state = _state(request)
     _, gallery = state.require_ready()
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
-    return DeletedSubject(deleted=subject_id)
+    return sc.DeletedSubject(deleted=subject_id)
 
 
-@router.post(
-    "/api/galleries/{name}/search",
-    response_model=SearchResponse,
-    response_model_exclude_unset=True,
-    responses={**_IMAGE_ERRORS, **_GALLERY_ERRORS},
-    tags=["galleries"],
+@_gallery_route(
+    "POST", "/api/galleries/{name}/search", sc.SearchResponse, images=True, response_model_exclude_unset=True
 )
 async def search(
     request: Request,
@@ -592,7 +508,7 @@ async def search(
         float | None,
         Query(gt=0, lt=1, description="false-positive identification rate the match threshold is set for"),
     ] = None,
-) -> SearchResponse:
+) -> sc.SearchResponse:
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state = _state(request)
@@ -611,34 +527,26 @@ async def search(
     else:
         face = (await faces_of_upload(state, service, image))[0]
     if not face.quality.accepted:
-        _record_refusal(state, "search_low_quality")
+        state.stats.record_refusal("search_low_quality")
         threshold, op = gallery.operating_point(info.subjects, fpir)
-        return SearchResponse(
-            face=FaceOut.from_face(face),
+        return sc.SearchResponse(
+            face=sc.FaceOut.from_face(face),
             refused=True,
             reason=refusal_reason(face),
             hits=[],
             threshold=threshold,
-            fmr=float(op["fmr"]),
-            fpir=float(op["fpir"]),
+            fmr=float(op["fmr"]),  # type: ignore[arg-type]
+            fpir=float(op["fpir"]),  # type: ignore[arg-type]
             n=info.subjects,
             extrapolated=bool(op["extrapolated"]),
         )
     ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
     state.stats.set_gallery_size(name, ans.n)
-    return SearchResponse(
-        face=FaceOut.from_face(face),
-        refused=False,
-        reason=None,
-        hits=[
-            SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
-        ],
-        threshold=ans.threshold,
-        fmr=ans.fmr,
-        fpir=ans.fpir,
-        n=ans.n,
-        extrapolated=ans.extrapolated,
-    )
+    hits = [
+        sc.SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
+    ]
+    point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=False, reason=None, hits=hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:

@@ -1,11 +1,7 @@
-"""Private folders of one multi-process server run, and the removal of those a crashed run left behind.
+"""Run folders of a multi-process server (sockets, metrics files) and the removal of those a killed one left.
 
-A run of ``facegate serve --workers N`` keeps its Unix sockets (``facegate-engine-*``, ``facegate-accept-*``)
-and its Prometheus multiprocess files (``facegate-metrics-*``) in folders of the temporary directory. Each
-folder's name carries the supervisor's pid (``facegate-engine-<pid>-<random>``), so that the next start can
-tell a folder of a running server from one whose supervisor was killed (kill -9, OOM killer, power loss of a
-container), whose ``finally`` never ran: :func:`remove_stale` deletes the latter. Shared memory needs no such
-sweep: the engine transport's blocks have no name (:class:`facegate.transport.remote.Arena`).
+Each folder is named ``facegate-<kind>-<supervisor pid>-<random>`` in the temporary directory, so that the next
+start can tell a live server's folder from a killed one's. Shared memory needs no sweep (its blocks are unnamed).
 """
 
 from __future__ import annotations
@@ -14,7 +10,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -22,7 +17,7 @@ log = logging.getLogger(__name__)
 
 #: The kinds of run folder (the word after ``facegate-``).
 KINDS = ("engine", "accept", "metrics")
-_NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+_NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
 
 
 def make(kind: str) -> Path:
@@ -42,24 +37,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _serving(folder: Path) -> bool:
-    """Whether a Unix socket in ``folder`` accepts connections (a folder named without a pid)."""
-    for path in folder.glob("*.sock"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(str(path))
-                return True
-            except OSError:
-                continue
-    return False
-
-
 def remove_stale(root: Path | None = None) -> list[Path]:
-    """Delete this user's run folders whose supervisor is gone; returns the folders removed.
-
-    A folder named with a pid is stale when no process has that pid; one named without (older versions)
-    when no socket in it accepts a connection.
-    """
+    """Delete this user's run folders whose supervisor pid no process has; returns them."""
     root = Path(root or tempfile.gettempdir())
     removed: list[Path] = []
     uid = os.getuid()
@@ -70,10 +49,8 @@ def remove_stale(root: Path | None = None) -> list[Path]:
                 continue
         except OSError:
             continue
-        pid = m.group(1)
-        if pid is not None and (int(pid) == os.getpid() or _pid_alive(int(pid))):
-            continue
-        if pid is None and _serving(folder):
+        pid = int(m.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)

@@ -1,9 +1,6 @@
-"""Pydantic response models of the HTTP API (v1, see docs/dev/http-api.md).
-
-Optional keys that the contract only includes on request (a face's ``crop``, its ``embedding``, an embed
-item's ``faces``/``error``) are left *unset* when absent; the routes are declared with
-``response_model_exclude_unset=True`` so such keys are omitted rather than sent as ``null``. Keys the
-contract always sends (e.g. ``detection``, ``reason``) are always set explicitly, ``None`` included.
+"""Pydantic models of the HTTP API (v1, docs/dev/http-api.md). Keys sent only on request (a face's ``crop`` and
+``embedding``, an embed item's ``faces``/``error``) stay unset when absent, and the routes exclude unset keys;
+keys always sent (``detection``, ``reason``) are always set, ``None`` included.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# --------------------------------------------------------------------------- errors
 class ErrorInfo(_Model):
     """One error: stable ``code`` (from :mod:`facegate.errors`), human ``message``, structured ``detail``."""
 
@@ -37,7 +33,6 @@ class ErrorResponse(_Model):
     error: ErrorInfo
 
 
-# --------------------------------------------------------------------------- faces
 class DetectionOut(_Model):
     """A detected face: ``box`` x1,y1,x2,y2 and 5 ``landmarks`` (x, y) in source-image pixels."""
 
@@ -47,7 +42,6 @@ class DetectionOut(_Model):
 
     @classmethod
     def from_detection(cls, det: Detection) -> DetectionOut:
-        """From a :class:`facegate.types.Detection`."""
         return cls(**det.to_dict())  # type: ignore[arg-type]
 
 
@@ -76,15 +70,12 @@ class QualityOut(_Model):
 
     @classmethod
     def from_verdict(cls, q: QualityVerdict) -> QualityOut:
-        """From a :class:`facegate.types.QualityVerdict`."""
         return cls(**q.to_dict())  # type: ignore[arg-type]
 
 
 def crop_data_url(crop: np.ndarray) -> str:
     """``(112, 112, 3) uint8`` RGB crop → ``data:image/png;base64,...``."""
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(crop[:, :, ::-1]))
-    if not ok:  # pragma: no cover - encoding a valid uint8 array does not fail
-        raise ValueError("PNG encoding of the crop failed")
+    _, buf = cv2.imencode(".png", np.ascontiguousarray(crop[:, :, ::-1]))  # cannot fail on a uint8 image
     return "data:image/png;base64," + base64.b64encode(buf.tobytes()).decode("ascii")
 
 
@@ -98,7 +89,6 @@ class FaceOut(_Model):
 
     @classmethod
     def from_face(cls, face: Face, *, crops: bool = False, embedding: bool = False) -> FaceOut:
-        """From a :class:`facegate.types.Face`; optional keys are set only when requested."""
         kw: dict[str, Any] = {
             "detection": None if face.detection is None else DetectionOut.from_detection(face.detection),
             "quality": QualityOut.from_verdict(face.quality),
@@ -106,14 +96,11 @@ class FaceOut(_Model):
         if crops and face.crop is not None:
             kw["crop"] = crop_data_url(face.crop)
         if embedding:
-            # 7 decimals keep the JSON short. numpy's rounding gave the same doubles as round() on 256,000 values
-            # of random unit embeddings (it may differ on an exact tie), in 4.1 µs instead of 42.4 for 128 floats
-            # (benchmarks/micro_serialise.py)
+            # 7 decimals keep the JSON short; numpy rounds a whole vector at once (round() per float is 10× dearer)
             kw["embedding"] = np.round(np.asarray(face.embedding, dtype=np.float32).astype(np.float64), 7).tolist()
         return cls(**kw)
 
 
-# --------------------------------------------------------------------------- compare / embed / detect
 Verdict = Literal["match", "no_match", "refused"]
 
 
@@ -136,7 +123,6 @@ class CompareResponse(_Model):
 
     @classmethod
     def from_result(cls, r: CompareResult, *, model: str, crops: bool = False) -> CompareResponse:
-        """From a :class:`facegate.types.CompareResult`."""
         verdict: Verdict = "refused" if r.refused else ("match" if r.match else "no_match")
         return cls(
             similarity=None if r.similarity is None else round(float(r.similarity), 6),
@@ -176,7 +162,6 @@ class DetectResponse(_Model):
     height: int
 
 
-# --------------------------------------------------------------------------- galleries
 class CreateGalleryRequest(_Model):
     """Body of ``POST /api/galleries``."""
 
@@ -298,7 +283,6 @@ class SearchResponse(_Model):
     extrapolated: bool = Field(description="FMR(threshold) lies beyond what the LFW impostor pairs measured")
 
 
-# --------------------------------------------------------------------------- health
 class HealthResponse(_Model):
     """``GET /healthz``."""
 

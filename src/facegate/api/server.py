@@ -17,17 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def run(settings: Settings) -> None:
-    """Serve the API on ``settings.host:settings.port`` until interrupted (SIGINT/SIGTERM).
-
-    The serving plan (:func:`facegate.tuning.make_plan`) decides between one process and the process
-    model (:mod:`facegate.api.multiprocess`); it is logged in one line. Models load in the background
-    (``/healthz`` answers at once, ``/readyz`` once they are warm). If loading fails, the server shuts down
-    and the error is raised here (the CLI prints it as JSON and exits non-zero), so a misconfigured server
-    does not linger unready.
-
-    Raises:
-        FacegateError: models or gallery could not be loaded (e.g. ModelError, GalleryError).
-    """
+    """Serve until SIGINT/SIGTERM, in one process or with the process model, as the serving plan (logged in one
+    line) says. A failed load shuts the server down and raises its FacegateError here, so a misconfigured server
+    does not linger unready."""
     import uvicorn
 
     from facegate.api.security import check_bind

@@ -20,23 +20,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class ServingState:
-    """Everything the routes need, stored on ``app.state.facegate``.
-
-    Attributes:
-        settings: the one Settings object.
-        plan: the serving plan (:func:`facegate.tuning.make_plan`).
-        service: the async face service; ``None`` until the lifespan has built it.
-        gallery: the gallery; ``None`` until the lifespan has opened it.
-        stats: where request metrics go (the service's stats once it exists).
-        decode_pool: threads for image decoding (``plan.decode_workers``).
-        gallery_pool: threads for gallery calls (SQLite and index work stays off the event loop).
-        ready: models loaded and warmed, engine running (the gallery may still be unavailable: see
-            ``gallery_error``).
-        load_error: why loading failed, if it did.
-        gallery_error: why the gallery is not open while it is retried in the background (its SQLite file
-            stayed busy past ``Settings.gallery_open_retry_s``); ``None`` once it is open.
-        on_load_error: called with that error (``run`` uses it to shut the server down).
-    """
+    """Everything the routes share. ``service`` and ``gallery`` are ``None`` until the lifespan made them;
+    ``ready``: models warm and the engine running (the gallery may still be retried: ``gallery_error``);
+    ``on_load_error``: called with ``load_error`` (``run`` shuts the server down)."""
 
     settings: Settings
     plan: ServingPlan
@@ -57,7 +43,7 @@ class ServingState:
     engine: tuple[str | list[str], bytes] | None = None
 
     def require_service(self) -> FaceService:
-        """The service, or raise: the load error (e.g. ModelError → 500), else EngineClosed (503)."""
+        """The service, or raise the load error, else EngineClosedError (503)."""
         if self.ready and self.service is not None:
             return self.service
         if self.load_error is not None:
@@ -65,7 +51,7 @@ class ServingState:
         raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
 
     def require_ready(self) -> tuple[FaceService, GalleryFront]:
-        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailable (503)."""
+        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailableError (503)."""
         service = self.require_service()
         if self.gallery is None:
             cause = self.gallery_error
@@ -76,12 +62,12 @@ class ServingState:
         return service, self.gallery
 
     async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run ``fn(*args, **kw)`` on a decode thread and await it without blocking the loop."""
+        """Await ``fn(*args, **kw)`` on a decode thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
 
     async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run a gallery call on the gallery thread."""
+        """Await a gallery call on the gallery thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
 
@@ -89,6 +75,3 @@ class ServingState:
 def get_state(app: Any) -> ServingState:
     """The :class:`ServingState` of an app made by :func:`create_app`."""
     return app.state.facegate  # type: ignore[no-any-return]
-
-
-# --------------------------------------------------------------------------- lifespan

@@ -1,7 +1,1 @@
 """facegate.bench: load generators (``facegate bench http``)."""
-
-from __future__ import annotations
-
-from facegate.bench.http import BenchResult, HttpBenchOptions, arun_http_bench, run_http_bench
-
-__all__ = ["BenchResult", "HttpBenchOptions", "arun_http_bench", "run_http_bench"]

@@ -1,10 +1,7 @@
-"""Schema-driven HTTP fuzzing (schemathesis) and decoder fuzzing (hypothesis), shared by the tests and
-``benchmarks/fuzz_api.py``.
+"""Schema-driven HTTP fuzzing (schemathesis) and decoder fuzzing, shared by the tests and ``benchmarks/fuzz_api.py``.
 
-:func:`fuzz_api` generates requests for every operation of a server's own OpenAPI document (valid and
-invalid parameters, random multipart files, odd strings) and sends them to it; the contract is that no
-answer is a 5xx. :func:`fuzz_decoders` feeds random and mutated images to the decoders; the contract is
-that each returns an ``(H, W, 3) uint8`` image or raises an :class:`~facegate.errors.InputError`.
+:func:`fuzz_api`: requests for every operation of a server's own OpenAPI document; no answer may be a 5xx.
+:func:`fuzz_decoders`: random and mutated images; each decode gives ``(H, W, 3) uint8`` or an InputError.
 """
 
 from __future__ import annotations
@@ -21,14 +18,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FuzzReport:
-    """What a fuzz run saw.
-
-    Attributes:
-        requests: how many requests (or decoder inputs) were made.
-        statuses: count per HTTP status (or per outcome for decoders: ``ok``, the error code).
-        failures: up to 20 reproducers of contract violations (curl commands, or input hex prefixes).
-        seconds: wall time.
-    """
+    """Requests (or decoder inputs) made, counts per status (or outcome), up to 20 reproducers of contract
+    violations (curl commands, input hex prefixes), requests per operation, and wall seconds."""
 
     requests: int = 0
     statuses: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -170,6 +161,3 @@ def fuzz_decoders(n: int, *, seed: int = 0, max_pixels: int = 1 << 20) -> FuzzRe
                 report.statuses["crash:bad_array"] += 1
     report.seconds = time.perf_counter() - t0
     return report
-
-
-__all__ = ["FuzzReport", "fuzz_api", "fuzz_decoders"]

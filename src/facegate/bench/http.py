@@ -1,22 +1,10 @@
 """Closed-loop HTTP load generator for a running facegate server (``facegate bench http``).
 
-``concurrency`` asyncio clients share one HTTP client (``transport``: the lean
-:class:`~facegate.bench.rawhttp.RawClient` by default, or :class:`httpx.AsyncClient`); each sends a
-request, waits for its response and immediately sends the next one (closed loop), so the offered load adapts to the
-server's latency and the measured throughput is ``≈ concurrency / latency``. A run is bounded either by
-wall-clock time (``duration_s``) or by a request count (``n_requests``); an optional warm-up of
-``warmup`` requests runs first with the same concurrency and is not recorded.
-
-Request kinds (see docs/dev/http-api.md):
-
-* ``compare``: ``POST /api/compare`` with two images (``img1``, ``img2``), consecutive images of the pool;
-* ``embed``: ``POST /api/embed`` with ``images_per_request`` whole images (detect + align + embed);
-* ``embed_aligned``: ``POST /api/embed`` with ``aligned=true``; the images must already be 112×112
-  aligned crops.
-
-Latencies are client-side wall-clock times from sending the request to reading the full response body.
-Percentiles are over successful (2xx) requests; non-2xx statuses and transport errors are counted in
-``errors``. The result is a JSON-ready :class:`BenchResult` that also records the run's settings.
+``concurrency`` clients share one HTTP client (the lean :mod:`facegate.bench.rawhttp` by default, or httpx); each
+sends its next request as soon as the last one is answered. A run lasts ``duration_s`` or ``n_requests``, after
+``warmup`` unrecorded requests. Kinds: ``compare`` (two consecutive pool images), ``embed``
+(``images_per_request`` photos) and ``embed_aligned`` (112×112 crops, ``aligned=true``). Latencies (send to
+full body) and percentiles are over 2xx answers; other statuses and transport errors count in ``errors``.
 """
 
 from __future__ import annotations
@@ -47,8 +35,7 @@ log = logging.getLogger(__name__)
 
 BenchKind = Literal["compare", "embed_aligned", "embed"]
 KINDS: tuple[str, ...] = get_args(BenchKind)
-#: ``raw``: :mod:`facegate.bench.rawhttp` (pre-encoded requests, a fraction of httpx's CPU per request);
-#: ``httpx``: :class:`httpx.AsyncClient`.
+#: ``raw``: :mod:`facegate.bench.rawhttp` (a fraction of httpx's CPU per request); ``httpx``: httpx.AsyncClient.
 Transport = Literal["raw", "httpx"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 #: what a request that got no response raises, per transport (counted by class name, never raised)
@@ -63,22 +50,9 @@ ImageItem = tuple[str, bytes, str]
 
 @dataclass(frozen=True, slots=True)
 class BenchResult:
-    """Outcome of one HTTP benchmark run (JSON-ready through :meth:`to_dict`).
-
-    Attributes:
-        n: requests completed in the measured phase (successes + errors, warm-up excluded).
-        n_ok: of those, requests answered with a 2xx status.
-        elapsed_s: wall-clock seconds of the measured phase (first send to last response).
-        req_s: ``n / elapsed_s``, all completed requests per second.
-        ok_req_s: ``n_ok / elapsed_s``.
-        images_s: images carried by successful requests per second.
-        p50_ms, p95_ms, p99_ms, mean_ms, max_ms: latency statistics of the successful requests in
-            milliseconds; ``None`` when no request succeeded.
-        errors: counts by HTTP status (``"503"``) or transport error class (``"ConnectError"``).
-        item_errors: ``/api/embed`` per-image error codes inside 2xx answers (``"no_face"``: 3).
-        error_samples: per error kind, the first bodies (at most 3, 400 bytes each): why requests failed.
-        settings: what was run (url, kind, concurrency, duration_s, n_requests, warmup, images, ...).
-    """
+    """Outcome of one run. ``n``: requests answered in the measured phase, ``n_ok`` of them 2xx; latencies in ms
+    over the 2xx (``None`` without any); ``errors`` by status or transport error class; ``item_errors``: per-image
+    error codes inside 2xx embed answers; ``error_samples``: the first bodies per error kind."""
 
     n: int
     n_ok: int
@@ -118,14 +92,8 @@ class BenchResult:
         )
 
 
-# --------------------------------------------------------------------------- image pool
 def collect_images(paths: Sequence[Path | str], *, limit: int | None = None) -> list[Path]:
-    """Expand files and folders (recursively, by image suffix) into a sorted list of image files.
-
-    Raises:
-        EmptyInputError: nothing usable was found.
-        InvalidParameterError: a path does not exist.
-    """
+    """Files and folders (recursively, by image suffix) → a sorted list of at most ``limit`` image files."""
     found: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -169,7 +137,6 @@ def _load_pool(images: Sequence[Path | str | bytes] | bytes) -> list[ImageItem]:
     return pool
 
 
-# --------------------------------------------------------------------------- requests
 class _RequestMaker:
     """Builds the i-th request of a kind, cycling through the image pool."""
 
@@ -196,8 +163,7 @@ class _RequestMaker:
         return {"url": "/api/embed", "files": files, "data": data}
 
     def encoded(self, i: int, host: str) -> bytes:
-        """Request number ``i`` as HTTP/1.1 bytes for ``host`` (the same request as :meth:`__call__`'s);
-        cached, since requests repeat with the pool."""
+        """Request number ``i`` as HTTP/1.1 bytes for ``host`` (cached: requests repeat with the pool)."""
         n = len(self.pool)
         key = (host, (2 * i) % n if self.kind == "compare" else (i * self.k) % n)
         data = self._cache.get(key)
@@ -207,26 +173,6 @@ class _RequestMaker:
             data = encode_request("POST", host, kw["url"], params=kw.get("params"), body=body, content_type=ctype)
             self._cache[key] = data
         return data
-
-
-def httpx_sender(client: httpx.AsyncClient, make: _RequestMaker) -> Sender:
-    """``send(i)`` over an httpx client (``base_url`` set)."""
-
-    async def send(i: int) -> tuple[int, bytes]:
-        resp = await client.post(**make(i))
-        return resp.status_code, resp.content
-
-    return send
-
-
-def raw_sender(client: RawClient, make: _RequestMaker) -> Sender:
-    """``send(i)`` over a :class:`~facegate.bench.rawhttp.RawClient` with cached request bytes."""
-
-    async def send(i: int) -> tuple[int, bytes]:
-        resp = await client.request(make.encoded(i, client.host_header))
-        return resp.status_code, resp.content
-
-    return send
 
 
 #: Error bodies kept per error kind, and their length.
@@ -248,7 +194,6 @@ def merge_error_samples(parts: Any) -> dict[str, list[str]]:
 class _Recorder:
     latencies_s: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
-    #: the first bodies (truncated) of each error kind: why a request failed, not only how often
     error_samples: dict[str, list[str]] = field(default_factory=dict)
     item_errors: Counter[str] = field(default_factory=Counter)
     n: int = 0
@@ -322,7 +267,7 @@ async def _phase(
 
 
 async def _wait_ready(base_url: str, timeout_s: float) -> None:
-    """Poll ``GET /readyz`` until 200 or ``timeout_s`` passes (then raise :class:`EngineClosedError`)."""
+    """Poll ``GET /readyz`` until 200; EngineClosedError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     async with RawClient(base_url, timeout_s=min(timeout_s, 10.0)) as client:
@@ -349,31 +294,40 @@ async def open_sender(
     """A :data:`Sender` for ``transport`` with room for ``concurrency`` requests in flight; closed on exit."""
     if transport == "raw":
         async with RawClient(base_url, timeout_s=timeout_s) as raw:
-            yield raw_sender(raw, make)
+
+            async def send_raw(i: int) -> tuple[int, bytes]:
+                resp = await raw.request(make.encoded(i, raw.host_header))
+                return resp.status_code, resp.content
+
+            yield send_raw
         return
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        yield httpx_sender(client, make)
+
+        async def send_httpx(i: int) -> tuple[int, bytes]:
+            resp = await client.post(**make(i))
+            return resp.status_code, resp.content
+
+        yield send_httpx
 
 
 def _validate(
-    kind: str, concurrency: int, duration_s: float | None, n_requests: int | None, warmup: int, k: int
+    kind: str, concurrency: int, duration_s: float | None, n_requests: int | None, warmup: int, k: int, transport: str
 ) -> None:
-    if kind not in KINDS:
-        raise InvalidParameterError(f"kind must be one of {list(KINDS)}, got {kind!r}", detail={"kind": kind})
-    if concurrency < 1:
-        raise InvalidParameterError("concurrency must be >= 1", detail={"concurrency": concurrency})
-    if (duration_s is None) == (n_requests is None):
-        raise InvalidParameterError("give exactly one of duration_s or n_requests")
-    if duration_s is not None and not duration_s > 0:
-        raise InvalidParameterError("duration_s must be > 0", detail={"duration_s": duration_s})
-    if n_requests is not None and n_requests < 1:
-        raise InvalidParameterError("n_requests must be >= 1", detail={"n_requests": n_requests})
-    if warmup < 0:
-        raise InvalidParameterError("warmup must be >= 0", detail={"warmup": warmup})
-    if k < 1:
-        raise InvalidParameterError("images_per_request must be >= 1", detail={"images_per_request": k})
+    problems = {
+        f"kind must be one of {list(KINDS)}, got {kind!r}": kind not in KINDS,
+        f"transport must be one of {list(TRANSPORTS)}, got {transport!r}": transport not in TRANSPORTS,
+        "concurrency must be >= 1": concurrency < 1,
+        "give exactly one of duration_s or n_requests": (duration_s is None) == (n_requests is None),
+        "duration_s must be > 0": duration_s is not None and not duration_s > 0,
+        "n_requests must be >= 1": n_requests is not None and n_requests < 1,
+        "warmup must be >= 0": warmup < 0,
+        "images_per_request must be >= 1": k < 1,
+    }
+    for message, bad in problems.items():
+        if bad:
+            raise InvalidParameterError(message)
 
 
 async def arun_http_bench(
@@ -392,10 +346,17 @@ async def arun_http_bench(
     progress: bool = False,
     transport: Transport = "raw",
 ) -> BenchResult:
-    """Async form of :func:`run_http_bench` (use it from inside a running event loop)."""
-    _validate(kind, concurrency, duration_s, n_requests, warmup, images_per_request)
-    if transport not in TRANSPORTS:
-        raise InvalidParameterError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
+    """Load-test a facegate server at ``base_url`` with ``concurrency`` closed-loop clients.
+
+    ``images``: files, or encoded bytes (one or a list), cycled through; exactly one of ``duration_s`` and
+    ``n_requests``; ``crops``: compare with ``crops=true``; ``timeout_s``: per request (a timeout counts as an
+    error); ``wait_ready_s`` > 0: first poll ``/readyz`` that long; ``progress``: a tqdm bar on stderr.
+
+    Raises:
+        InvalidParameterError / EmptyInputError: bad arguments or no images.
+        EngineClosedError: the server did not get ready within ``wait_ready_s``.
+    """
+    _validate(kind, concurrency, duration_s, n_requests, warmup, images_per_request, transport)
     pool = _load_pool(images)
     make = _RequestMaker(kind, pool, images_per_request, crops)
     base_url = base_url.rstrip("/")
@@ -477,141 +438,47 @@ def client_description(transport: Transport) -> str:
     return f"{what}, python {platform.python_version()}"
 
 
-def run_http_bench(
-    base_url: str,
-    *,
-    kind: BenchKind,
-    images: Sequence[Path | str | bytes] | bytes,
-    concurrency: int = 8,
-    duration_s: float | None = None,
-    n_requests: int | None = None,
-    warmup: int = 0,
-    images_per_request: int = 1,
-    crops: bool = False,
-    timeout_s: float = 60.0,
-    wait_ready_s: float = 0.0,
-    progress: bool = False,
-    transport: Transport = "raw",
-) -> BenchResult:
-    """Load-test a facegate server with ``concurrency`` closed-loop clients.
-
-    Args:
-        base_url: e.g. ``"http://127.0.0.1:7860"``.
-        kind: ``"compare"`` | ``"embed"`` | ``"embed_aligned"`` (see the module docstring).
-        images: image files, or raw encoded bytes (one ``bytes`` or a list); cycled through.
-        concurrency: number of clients, each with at most one request in flight.
-        duration_s: run for this many seconds (exactly one of ``duration_s`` / ``n_requests``).
-        n_requests: run exactly this many requests.
-        warmup: requests sent first at the same concurrency and not recorded.
-        images_per_request: images per ``/api/embed`` request (compare always sends 2).
-        crops: ask ``/api/compare`` for the aligned crops (``crops=true``).
-        timeout_s: per-request client timeout; a timeout counts as error ``"ReadTimeout"``.
-        wait_ready_s: when > 0, first poll ``/readyz`` for up to this long.
-        progress: show a tqdm progress bar on stderr.
-        transport: ``"raw"`` (default; :mod:`facegate.bench.rawhttp`) or ``"httpx"``.
-
-    Raises:
-        InvalidParameterError / EmptyInputError: bad arguments or no images.
-        EngineClosedError: ``wait_ready_s > 0`` and the server never became ready.
-    """
-    return asyncio.run(
-        arun_http_bench(
-            base_url,
-            kind=kind,
-            images=images,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            n_requests=n_requests,
-            warmup=warmup,
-            images_per_request=images_per_request,
-            crops=crops,
-            timeout_s=timeout_s,
-            wait_ready_s=wait_ready_s,
-            progress=progress,
-            transport=transport,
-        )
-    )
-
-
-# --------------------------------------------------------------------------- CLI glue
-@dataclass
-class HttpBenchOptions:
-    """Parsed options of ``facegate bench http`` (the lead's CLI fills these from its flags)."""
-
-    url: str = "http://127.0.0.1:7860"
-    kind: BenchKind = "compare"
-    images: list[Path] = field(default_factory=list)
-    max_images: int = 256
-    concurrency: int = 8
-    duration_s: float | None = None
-    n_requests: int | None = None
-    warmup: int = 16
-    images_per_request: int = 1
-    crops: bool = False
-    timeout_s: float = 60.0
-    wait_ready_s: float = 30.0
-    progress: bool = True
-    transport: Transport = "raw"
-    out: Path | None = None
+def run_http_bench(base_url: str, **kw: Any) -> BenchResult:
+    """:func:`arun_http_bench` outside an event loop."""
+    return asyncio.run(arun_http_bench(base_url, **kw))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """argparse parser for :func:`main` (same names as the options dataclass)."""
+    """The options of ``facegate bench http``."""
     p = argparse.ArgumentParser(prog="facegate bench http", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default=HttpBenchOptions.url, help="server base URL")
-    p.add_argument("--kind", choices=KINDS, default=HttpBenchOptions.kind)
+    p.add_argument("--url", default="http://127.0.0.1:7860", help="server base URL")
+    p.add_argument("--kind", choices=KINDS, default="compare")
     p.add_argument("--images", type=Path, nargs="+", required=True, help="image files and/or folders")
-    p.add_argument("--max-images", type=int, default=HttpBenchOptions.max_images, help="pool size limit")
-    p.add_argument("--concurrency", "-c", type=int, default=HttpBenchOptions.concurrency)
+    p.add_argument("--max-images", type=int, default=256, help="pool size limit")
+    p.add_argument("--concurrency", "-c", type=int, default=8)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--duration", dest="duration_s", type=float, help="seconds to run (default 10)")
     g.add_argument("--requests", "-n", dest="n_requests", type=int, help="number of requests to send")
-    p.add_argument("--warmup", type=int, default=HttpBenchOptions.warmup, help="unrecorded warm-up requests")
+    p.add_argument("--warmup", type=int, default=16, help="unrecorded warm-up requests")
     p.add_argument("--images-per-request", type=int, default=1, help="images per /api/embed request")
     p.add_argument("--crops", action="store_true", help="compare with crops=true")
-    p.add_argument("--timeout", dest="timeout_s", type=float, default=HttpBenchOptions.timeout_s)
-    p.add_argument("--wait-ready", dest="wait_ready_s", type=float, default=HttpBenchOptions.wait_ready_s)
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=60.0)
+    p.add_argument("--wait-ready", dest="wait_ready_s", type=float, default=30.0)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--transport", choices=TRANSPORTS, default="raw", help="HTTP client (raw: lean, default)")
     p.add_argument("--out", type=Path, help="also write the JSON result here")
     return p
 
 
-def run_cli(opts: HttpBenchOptions) -> BenchResult:
-    """Run a benchmark from parsed options, print the JSON result on stdout, optionally save it."""
-    duration = opts.duration_s if (opts.duration_s is not None or opts.n_requests is not None) else 10.0
-    result = run_http_bench(
-        opts.url,
-        kind=opts.kind,
-        images=collect_images(opts.images, limit=opts.max_images),
-        concurrency=opts.concurrency,
-        duration_s=duration,
-        n_requests=opts.n_requests,
-        warmup=opts.warmup,
-        images_per_request=opts.images_per_request,
-        crops=opts.crops,
-        timeout_s=opts.timeout_s,
-        wait_ready_s=opts.wait_ready_s,
-        progress=opts.progress,
-        transport=opts.transport,
-    )
+def main(argv: Sequence[str] | None = None) -> int:
+    """``facegate bench http``: run, print the JSON result (and write it to ``--out``); 0 when a request
+    succeeded, else 1."""
+    kw = vars(build_parser().parse_args(argv))
+    images, out = collect_images(kw.pop("images"), limit=kw.pop("max_images")), kw.pop("out")
+    if kw["duration_s"] is None and kw["n_requests"] is None:
+        kw["duration_s"] = 10.0
+    result = run_http_bench(kw.pop("url"), images=images, **kw)
     text = json.dumps(result.to_dict(), indent=2)
-    if opts.out is not None:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(text + "\n")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     log.info("%s", result.summary())
     print(text)  # CLI output
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``facegate bench http`` as a plain function: parse ``argv``, run, print JSON; returns the exit code.
-
-    The exit code is 0 when at least one request succeeded, else 1.
-    """
-    ns = build_parser().parse_args(argv)
-    opts = HttpBenchOptions(**vars(ns))
-    result = run_cli(opts)
     return 0 if result.n_ok > 0 else 1
 
 

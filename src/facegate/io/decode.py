@@ -1,52 +1,21 @@
 """Image decoding with limits and typed errors.
 
-:func:`decode_image` turns untrusted bytes into an ``(H, W, 3) uint8`` RGB array, or raises one of
-:class:`~facegate.errors.EmptyInputError`, :class:`~facegate.errors.ImageTooLargeError`,
-:class:`~facegate.errors.ImageDecodeError`. No Pillow / OpenCV exception escapes.
+:func:`decode_image` turns untrusted bytes into an ``(H, W, 3) uint8`` RGB array or raises
+:class:`~facegate.errors.EmptyInputError`, :class:`~facegate.errors.ImageTooLargeError` or
+:class:`~facegate.errors.ImageDecodeError`; no Pillow / OpenCV exception escapes. Checks run cheapest first and
+nothing is decoded before the limits pass: byte count, then the header (format allow-list :data:`FORMATS`, size →
+``max_pixels``), then JPEG / PNG completeness (so a truncated upload is refused whatever the decoder would do).
 
-Order of checks (cheapest first, nothing is decoded before the limits pass):
-
-1. byte count (``max_bytes``) — before touching the data;
-2. Pillow's lazy ``Image.open`` reads only the header: format (allow-list :data:`FORMATS`; EPS, PDF and
-   the other exotic Pillow plugins are refused), mode, size → pixel count (``max_pixels``);
-3. JPEG / PNG completeness (an EOI marker after the first scan / an intact chunk chain up to IEND), so
-   a truncated upload is refused whatever the decoder and ``ImageFile.LOAD_TRUNCATED_IMAGES`` would do;
-4. the full decode.
-
-Decoders. 8-bit greyscale/RGB JPEG and opaque, single-frame greyscale/RGB PNG without ``eXIf``/XMP
-data are decoded by ``cv2.imdecode(IMREAD_COLOR_RGB | IMREAD_IGNORE_ORIENTATION)``: on one shared CPU
-core it measured 1.3–1.5× faster than Pillow on 250×250 LFW JPEGs and 2–2.6× on a 4000×3000 JPEG, with
-bit-identical output (both use libjpeg-turbo). Everything else goes through Pillow (``img.load()`` is
-forced, truncated data is an error). If OpenCV fails on the fast path, Pillow gets a second try.
-
-Conversions:
-
-* **EXIF orientation** is read by Pillow (EXIF or XMP) and applied by us on both paths (OpenCV is told to
-  ignore it), so the result does not depend on the OpenCV version. (OpenCV 5's plain ``IMREAD_COLOR``
-  applies EXIF orientation to JPEGs too, and the tests check it agrees for all eight values.)
-  Unreadable EXIF means "no rotation".
-* **Alpha** (RGBA, LA, PA, palette or colour-key transparency) is **composited on white**: a transparent
-  background becomes white rather than whatever colour the encoder left under alpha = 0.
-* **16-bit** greyscale (``I;16*``) and ``I`` images are mapped with ``round(v / 257)`` (0–65535 → 0–255);
-  Pillow itself reduces 16-bit RGB to 8 bits by keeping the high byte, as OpenCV does. ``F`` (float)
-  images are taken as 0–255 and clipped.
-* **CMYK** (incl. Adobe-inverted CMYK JPEG) goes through Pillow's naive CMYK→RGB (no ICC profile).
-* **Multi-frame** GIF / TIFF / APNG / WebP / MPO: the first frame only.
-
-Pillow's own decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``) stays untouched: an image above
-``2 × MAX_IMAGE_PIXELS`` (≈179 MP by default) raises ``DecompressionBombError`` inside ``Image.open``,
-which becomes :class:`ImageTooLargeError`; below that our ``max_pixels`` decides (Pillow's
-``DecompressionBombWarning`` for images above ``MAX_IMAGE_PIXELS`` is only a warning, and any image it
-fires for is refused by us unless ``max_pixels`` was raised above Pillow's limit on purpose). To accept
-images above ≈179 MP, raise ``PIL.Image.MAX_IMAGE_PIXELS`` at start-up.
-
-:func:`read_image_file` adds server-side path rules; :func:`decode_jpeg_batch_cuda` decodes JPEGs with
-nvJPEG (torchvision, imported lazily) and falls back to the CPU decoder.
+Plain 8-bit grey/RGB JPEGs and opaque single-frame PNGs without EXIF/XMP go to OpenCV (faster than Pillow, the
+same pixels: both use libjpeg-turbo); everything else to Pillow. EXIF orientation is read by us and applied on
+both paths, alpha is composited on white, 16-bit grey maps with ``round(v / 257)``, multi-frame files give their
+first frame. Pillow's own bomb guard (``Image.MAX_IMAGE_PIXELS``) stays: above twice it, the answer is
+ImageTooLargeError. :func:`plan_decode` / :func:`run_decode` decode a batch with nvJPEG (torchvision, imported
+lazily) and fall back to the host decoder.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import logging
@@ -62,18 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
-from PIL import (
-    BmpImagePlugin,  # noqa: F401  (importing a plugin registers its format)
-    GifImagePlugin,  # noqa: F401
-    Image,
-    ImageFile,
-    JpegImagePlugin,  # noqa: F401
-    MpoImagePlugin,  # noqa: F401
-    PngImagePlugin,  # noqa: F401
-    PpmImagePlugin,  # noqa: F401
-    TiffImagePlugin,  # noqa: F401
-    WebPImagePlugin,  # noqa: F401
-)
+from PIL import Image, ImageFile
 
 from facegate.errors import (
     EmptyInputError,
@@ -85,22 +43,16 @@ from facegate.errors import (
 )
 from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
 
-with contextlib.suppress(ImportError):  # AVIF exists in Pillow >= 11.2 when built with libavif
-    from PIL import AvifImagePlugin  # noqa: F401
-
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
+Image.init()  # registers every plugin Pillow has (AVIF from Pillow 11.2 with libavif), so FORMATS sees them
 #: Formats we let Pillow open (header sniffing, never the file name). MPO arrives through "JPEG".
 FORMATS: tuple[str, ...] = tuple(
     f for f in ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "AVIF") if f in Image.OPEN
 )
-
-#: Defaults used where no Settings object is at hand (the same as ``facegate.config.Settings``).
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
-DEFAULT_MAX_PIXELS = 40_000_000
 
 _JPEG_FORMATS = frozenset({"JPEG", "MPO"})
 # IMREAD_COLOR_RGB exists from OpenCV 4.10; older builds (pyproject allows >= 4.8) decode BGR and swap.
@@ -110,19 +62,11 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 
-# EXIF orientation → the transposition that undoes it (as PIL.ImageOps.exif_transpose).
-_ORIENT_OPS: dict[int, str] = {
-    2: "fliplr",
-    3: "rot180",
-    4: "flipud",
-    5: "transpose",
-    6: "rot_cw",  # PIL ROTATE_270
-    7: "transverse",
-    8: "rot_ccw",  # PIL ROTATE_90
-}
+# EXIF orientation → what undoes it (as PIL.ImageOps.exif_transpose): swap H and W (1) or not (0), then flip these
+# axes (0: H, 1: W). E.g. 6 (rotate clockwise) is a swap, then a left-right flip.
+_ORIENT = {2: (0, (1,)), 3: (0, (0, 1)), 4: (0, (0,)), 5: (1, ()), 6: (1, (1,)), 7: (1, (0, 1)), 8: (1, (0,))}
 
 
-# --------------------------------------------------------------------------- helpers
 def _check_limits(max_bytes: int, max_pixels: int) -> None:
     for name, val in (("max_bytes", max_bytes), ("max_pixels", max_pixels)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -137,7 +81,7 @@ def _too_large(unit: str, limit: int, actual: int, **extra: Any) -> ImageTooLarg
 
 
 def _ensure_strict_truncation() -> None:
-    """Keep Pillow's default of refusing truncated images (someone may have flipped the global)."""
+    """Keep Pillow's default of refusing truncated images (a library may have flipped the global)."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         log.warning("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; facegate resets it to False")
         ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -164,11 +108,7 @@ def _open_header(data: bytes) -> Image.Image:
 
 
 def _jpeg_complete(data: bytes) -> bool:
-    """Whether an EOI marker follows the first SOS (start of scan) — i.e. the file is not truncated.
-
-    Walks the marker segments up to the first SOS (EXIF thumbnails inside APP1 are skipped whole),
-    then looks for ``FF D9``, which cannot occur inside entropy-coded data.
-    """
+    """Whether ``FF D9`` (EOI, never inside entropy-coded data) follows the first scan: the file is not truncated."""
     n = len(data)
     i = 2  # after SOI
     while i + 4 <= n:
@@ -188,11 +128,8 @@ def _jpeg_complete(data: bytes) -> bool:
 
 
 def _png_complete(data: bytes) -> bool:
-    """Whether the PNG chunk chain is intact from the signature to IEND (every length within the data).
-
-    Besides catching truncation, this keeps a corrupted chunk length (e.g. 3 GB) away from OpenCV,
-    whose PNG reader was measured taking 6 s on such a 162-byte file.
-    """
+    """Whether the chunk chain is intact up to IEND; also keeps a corrupt chunk length (which OpenCV's PNG reader
+    takes seconds over) away from OpenCV."""
     n = len(data)
     i = 8  # after the signature
     while i + 12 <= n:
@@ -221,24 +158,16 @@ def _orientation(img: Image.Image) -> int:
     return value if 1 <= value <= 8 else 1
 
 
-def _apply_orientation(arr: np.ndarray, orientation: int) -> np.ndarray:
-    """Apply an EXIF orientation to ``(H, W, C)``; returns a C-contiguous array."""
-    op = _ORIENT_OPS.get(orientation)
-    if op == "fliplr":
-        arr = arr[:, ::-1]
-    elif op == "flipud":
-        arr = arr[::-1]
-    elif op == "rot180":
-        arr = arr[::-1, ::-1]
-    elif op == "transpose":
-        arr = arr.transpose(1, 0, 2)
-    elif op == "transverse":
-        arr = arr.transpose(1, 0, 2)[::-1, ::-1]
-    elif op == "rot_cw":
-        arr = np.rot90(arr, k=-1)
-    elif op == "rot_ccw":
-        arr = np.rot90(arr, k=1)
-    return np.ascontiguousarray(arr)
+def _apply_orientation(arr: Any, orientation: int, h_axis: int = 0) -> Any:
+    """Undo an EXIF orientation; a contiguous copy. ``arr``: ``(H, W, C)`` ndarray, or a ``(C, H, W)`` tensor
+    with ``h_axis=1``."""
+    swap, flips = _ORIENT.get(orientation, (0, ()))
+    if swap:
+        arr = arr.swapaxes(h_axis, h_axis + 1)
+    dims = tuple(h_axis + a for a in flips)
+    if isinstance(arr, np.ndarray):
+        return np.ascontiguousarray(np.flip(arr, dims) if dims else arr)
+    return (arr.flip(dims) if dims else arr).contiguous()
 
 
 def _fast_path(img: Image.Image, fmt: str, data: bytes) -> bool:
@@ -248,8 +177,7 @@ def _fast_path(img: Image.Image, fmt: str, data: bytes) -> bool:
     if fmt in _JPEG_FORMATS:
         return True
     if fmt == "PNG":
-        # Orientation can only come from an eXIf chunk or XMP; Pillow may only see those after a full
-        # load, so PNGs carrying either take the Pillow path and the fast path means "no rotation".
+        # orientation comes from eXIf or XMP, which Pillow may only see after a full load: those take Pillow
         return (
             "transparency" not in img.info
             and not getattr(img, "is_animated", False)
@@ -294,24 +222,16 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
     return np.asarray(img.convert("RGB"))
 
 
-# --------------------------------------------------------------------------- public API
-#: Uploads of at most this many pixels (by their header) are small enough to decode on the caller's thread:
-#: a 112×112 aligned crop decodes in ~0.1 ms, less than a round trip through a thread pool, whose
-#: ``ThreadPoolExecutor.submit`` alone held 15–20 % of a front-end's GIL samples under aligned-crop load
-#: (``benchmarks/frontend_gil.py``, the ``session_start`` rows of ``results/frontend_gil_cpu.json``).
+#: Uploads of at most this many pixels (by their header) decode on the caller's thread: an aligned crop decodes
+#: faster than a round trip through a thread pool.
 INLINE_DECODE_PIXELS = 160 * 160
 
 
 def decode_if_small(
     data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
 ) -> np.ndarray | None:
-    """:func:`decode_image` of ``data`` when its header says it has at most ``small_pixels``; ``None`` when it
-    is larger or its size is not known without Pillow (then the caller decodes it elsewhere).
-
-    Plain JPEGs and PNGs only. A plain JPEG's header is read once, for the size check and the decode.
-
-    Raises: as :func:`decode_image`, for a small image.
-    """
+    """:func:`decode_image` of a plain JPEG or PNG whose header says it has at most ``small_pixels``; ``None``
+    when it is larger or its size is unknown without Pillow (the caller decodes it elsewhere)."""
     if not isinstance(data, bytes) or not data or len(data) > max_bytes:
         return None
     if data[:3] == b"\xff\xd8\xff":
@@ -332,19 +252,11 @@ def decode_if_small(
 
 
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
-    """Decode untrusted image bytes to RGB, enforcing size limits before any pixel is decoded.
-
-    Args:
-        data: the encoded image (JPEG, PNG, GIF, BMP, TIFF, WebP, PPM, AVIF where Pillow supports it).
-        max_bytes: refuse more bytes than this (checked first).
-        max_pixels: refuse ``width × height`` above this (read from the header, before decoding).
-
-    Returns:
-        ``(H, W, 3) uint8`` RGB, C-contiguous, EXIF orientation applied, alpha composited on white.
+    """Untrusted image bytes → ``(H, W, 3) uint8`` RGB, C-contiguous, EXIF orientation applied.
 
     Raises:
         EmptyInputError: zero bytes.
-        ImageTooLargeError: too many bytes or pixels; ``detail = {unit, limit, actual, ...}``.
+        ImageTooLargeError: more than ``max_bytes`` or ``max_pixels`` (``detail = {unit, limit, actual, ...}``).
         ImageDecodeError: not an image, unsupported format or mode, truncated or corrupt data.
         InvalidParameterError: ``data`` is not bytes-like or a limit is not a positive int.
     """
@@ -394,13 +306,8 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
 
 
 def _decode_plain_jpeg(data: bytes, max_pixels: int, hdr: JpegHeader | None = None) -> np.ndarray | None:
-    """:func:`decode_image` for a plain JPEG (:func:`facegate.io.jpeg.read_jpeg_header`, or ``hdr`` when the
-    caller read it already) without Pillow's header parse, which cost more than decoding a 112×112 crop;
-    ``None``: take the general path.
-
-    Same limits, errors and result as the general path, which reads such files' headers the same way
-    (``tests/unit/io/test_jpeg.py`` compares the two readers on every LFW image).
-    """
+    """:func:`decode_image` of a plain JPEG without Pillow's header parse (dearer than decoding a small crop);
+    ``None``: take the general path. ``hdr``: the header, when the caller read it already."""
     if hdr is None:
         try:
             hdr = read_jpeg_header(data)
@@ -422,16 +329,12 @@ def _refuse(path: str | os.PathLike[str], why: str) -> PathNotAllowedError:
 
 
 def read_image_file(path: str | Path, *, allowed_roots: Sequence[Path], max_bytes: int, max_pixels: int) -> np.ndarray:
-    """Read and decode a server-side image file, confined to ``allowed_roots``.
+    """:func:`decode_image` of a server-side file whose real path (symlinks and ``..`` resolved) lies inside
+    ``allowed_roots``. Opened with ``O_NOFOLLOW`` and re-checked with ``fstat``, so a file swapped for a symlink,
+    FIFO or device after the check is refused.
 
-    The path (relative paths are taken from the current directory) is resolved with every symlink and
-    ``..`` followed, and must then lie inside one of the (equally resolved) roots and be a regular
-    file. The resolved path is opened with ``O_NOFOLLOW`` and re-checked with ``fstat`` (a file swapped
-    for a symlink, FIFO or device after the check is refused, and a FIFO never blocks the open).
-
-    Returns / raises: as :func:`decode_image`, plus :class:`PathNotAllowedError` when ``allowed_roots``
-    is empty, the real path is outside every root, or it is not a regular file (including "missing",
-    so the reply does not reveal what exists outside the roots). Read errors → :class:`ImageDecodeError`.
+    Raises: as :func:`decode_image`; PathNotAllowedError when no roots are set, the path is outside them, or it is
+    not a regular file (a missing file too: the answer does not reveal what exists outside the roots).
     """
     _check_limits(max_bytes, max_pixels)
     if not allowed_roots:
@@ -472,7 +375,6 @@ def read_image_file(path: str | Path, *, allowed_roots: Sequence[Path], max_byte
     return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
 
 
-# --------------------------------------------------------------------------- GPU batch decode
 @lru_cache(maxsize=1)
 def gpu_decode_available() -> bool:
     """True when torchvision's nvJPEG decoder can be used (CUDA present and torchvision importable)."""
@@ -489,7 +391,7 @@ def gpu_decode_available() -> bool:
 
 
 def _use_nvjpeg(device: torch.device) -> bool:
-    """Whether JPEGs for ``device`` go to nvJPEG (a seam the tests replace to drive that path on CPU)."""
+    """Whether JPEGs for ``device`` go to nvJPEG (the tests replace it to drive that path on the CPU)."""
     return device.type == "cuda" and gpu_decode_available()
 
 
@@ -500,34 +402,9 @@ def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(device)
 
 
-def _orient_chw(t: torch.Tensor, orientation: int) -> torch.Tensor:
-    """:func:`_apply_orientation` for a ``(3, H, W)`` tensor."""
-    import torch
-
-    op = _ORIENT_OPS.get(orientation)
-    if op == "fliplr":
-        t = t.flip(2)
-    elif op == "flipud":
-        t = t.flip(1)
-    elif op == "rot180":
-        t = t.flip(1, 2)
-    elif op == "transpose":
-        t = t.transpose(1, 2)
-    elif op == "transverse":
-        t = t.transpose(1, 2).flip(1, 2)
-    elif op == "rot_cw":
-        t = torch.rot90(t, k=-1, dims=(1, 2))
-    elif op == "rot_ccw":
-        t = torch.rot90(t, k=1, dims=(1, 2))
-    return t.contiguous()
-
-
 def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, int, int] | None:
     """``(orientation, H, W)`` when ``data`` is a complete 8-bit grey/RGB JPEG within the limits, else None.
-
-    Plain JPEGs are read by :func:`facegate.io.jpeg.read_jpeg_header` (a few µs); every other file by
-    Pillow's lazy open, which gives the same answers on plain ones (tests/unit/io/test_jpeg.py).
-    """
+    Plain JPEGs are read by :mod:`facegate.io.jpeg` (µs), the others by Pillow."""
     if not data or len(data) > max_bytes:
         return None
     try:
@@ -561,13 +438,8 @@ def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | N
 class DecodePlan:
     """The host half of a batch decode (:func:`plan_decode`), ready for :func:`run_decode`.
 
-    Attributes:
-        datas: the encoded images.
-        device: the target device.
-        gpu_items: index → ``(orientation, H, W)`` of each JPEG that goes to nvJPEG.
-        done: index → ``(H, W, 3) uint8`` already decoded on the host, or the item's :class:`FacegateError`
-            (which, unlike :func:`decode_jpeg_batch_cuda`'s, names no batch index: the batch is the engine's).
-        max_bytes, max_pixels: the limits, for the host fallback of an item nvJPEG rejects.
+    ``gpu_items``: index → ``(orientation, H, W)`` of each JPEG for nvJPEG; ``done``: index → the host-decoded
+    ``(H, W, 3) uint8`` or the item's FacegateError (naming no batch index: the batch is the engine's).
     """
 
     datas: list[bytes]
@@ -580,17 +452,13 @@ class DecodePlan:
 
 def plan_decode(
     datas: Sequence[bytes],
-    device: str | torch.device = "cuda",
+    device: str | torch.device,
     *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int,
+    max_pixels: int,
 ) -> DecodePlan:
-    """Host half of a batch decode: header checks, and host decoding of everything nvJPEG will not get.
-
-    JPEGs that pass the checks of :func:`_gpu_candidate` are left for nvJPEG when :func:`_use_nvjpeg` says
-    so; every other item (PNG, CMYK, out of limits, broken, all of them off CUDA) is decoded here by
-    :func:`decode_image`, or keeps its error. Never raises for a bad item.
-    """
+    """Host half of a batch decode: header checks, and :func:`decode_image` of every item nvJPEG will not get
+    (PNG, CMYK, out of limits, broken; all of them off CUDA). Never raises for a bad item."""
     import torch
 
     _check_limits(max_bytes, max_pixels)
@@ -620,19 +488,12 @@ _decode_streams_lock = threading.Lock()
 
 
 def nvjpeg_decode(data: Any, device: torch.device) -> Any:
-    """``torchvision.io.decode_jpeg(data, RGB, device)`` with a CUDA stream of its own current.
+    """``torchvision.io.decode_jpeg(data, RGB, device)`` with a decode-only CUDA stream current.
 
-    torchvision's CUDA decoder allocates its outputs on the caller's current stream, then writes them
-    from nvJPEG's own stream without waiting for the caller's (nvJPEG's hardware engine does not keep
-    stream order either). The caching allocator hands out a block as soon as it was freed on the current
-    stream, while kernels queued there may still read it; the decoder then overwrites memory those kernels
-    are about to read (pytorch/vision#9606: 199 of 200 iterations corrupted in its reproducer, none with
-    another stream current). With two engine processes on one GPU, a few compare requests in thousands were
-    answered "no face found" without this, never with one engine.
-
-    With a stream current that only decodes, the outputs come from that stream's blocks; the caller's
-    stream then waits for it and the outputs are marked as used by the caller's stream, so their memory
-    goes back to the decode stream only after the caller's work on them is done.
+    The CUDA decoder allocates on the current stream but writes from nvJPEG's without waiting for it, so it can
+    overwrite a freed block that kernels queued on the caller's stream still read (pytorch/vision#9606; it
+    corrupted a few compare answers with two engines on one GPU). Here the outputs come from the decode
+    stream's blocks; the caller's stream waits for it and owns the outputs (``record_stream``).
     """
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -654,11 +515,10 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
 
 
 def run_decode(plan: DecodePlan) -> list[Any]:
-    """Device half of a batch decode: one batched nvJPEG call, then host results copied to the device.
+    """Device half: one ``(3, H, W) uint8`` RGB tensor on ``plan.device`` per item, or the item's FacegateError.
 
-    Returns one ``(3, H, W) uint8`` RGB tensor on ``plan.device`` per item, or the item's
-    :class:`FacegateError`. If nvJPEG rejects the batch, its items are retried one by one; an item that
-    still fails (or decodes to an unexpected shape) is decoded on the host.
+    One batched nvJPEG call; if nvJPEG rejects the batch its items are retried one by one, and an item that still
+    fails (or has an unexpected shape) is decoded on the host.
     """
     import torch
 
@@ -681,7 +541,7 @@ def run_decode(plan: DecodePlan) -> list[Any]:
         for i, t in zip(idx, decoded, strict=True):
             orient, h, w = plan.gpu_items[i]
             if t is not None and tuple(t.shape) == (3, h, w):
-                out[i] = _orient_chw(t, orient)
+                out[i] = _apply_orientation(t, orient, h_axis=1)
                 continue
             try:
                 done[i] = decode_image(plan.datas[i], max_bytes=plan.max_bytes, max_pixels=plan.max_pixels)
@@ -689,43 +549,4 @@ def run_decode(plan: DecodePlan) -> list[Any]:
                 done[i] = exc
     for i, res in done.items():
         out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device)
-    return out
-
-
-def decode_jpeg_batch_cuda(
-    datas: list[bytes],
-    device: str | torch.device = "cuda",
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    return_exceptions: bool = False,
-) -> list[Any]:
-    """Decode a batch of images onto ``device``, with nvJPEG for JPEGs when it is available.
-
-    Every item gets the same limits, orientation and colour handling as :func:`decode_image`. JPEGs
-    that pass the header checks go to one batched ``torchvision.io.decode_jpeg(device=...)`` call; if
-    nvJPEG rejects the batch, they are retried one by one, and any that still fail — like every
-    non-JPEG, CMYK or out-of-limits item, and everything when :func:`gpu_decode_available` is False or
-    ``device`` is not CUDA — are decoded on the CPU by :func:`decode_image` and copied to ``device``.
-    ``run_decode(plan_decode(...))``: the serving engine calls the two halves on different threads.
-
-    Args:
-        datas: encoded images.
-        device: target device.
-        max_bytes, max_pixels: limits as in :func:`decode_image`.
-        return_exceptions: when True a failing item's slot holds its :class:`FacegateError` instead of
-            the call raising the first one.
-
-    Returns:
-        One ``(3, H, W) uint8`` tensor on ``device`` per input (RGB), or errors (``return_exceptions``).
-
-    Raises:
-        FacegateError: the first item's error (``detail['index']`` names it) unless ``return_exceptions``.
-    """
-    out = run_decode(plan_decode(datas, device, max_bytes=max_bytes, max_pixels=max_pixels))
-    for i, res in enumerate(out):
-        if isinstance(res, FacegateError):
-            res.detail.setdefault("index", i)
-            if not return_exceptions:
-                raise res
     return out

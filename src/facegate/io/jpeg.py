@@ -1,15 +1,9 @@
-"""A small JPEG marker walker: size, components, EXIF orientation and completeness of a plain JPEG.
+"""A JPEG marker walker: size, components, EXIF orientation and completeness of a plain JPEG, in µs.
 
-Why: the engine's ``photo`` stage checks every upload's header before nvJPEG gets it
-(:func:`facegate.io.decode.plan_decode`). With Pillow's lazy open that check took ~55 µs per LFW photo on
-the H200 host, about half of the stage's host time per photo before decoding (``benchmarks/photo_profile.py``).
-This walker reads only the marker segments up to the first scan.
-
-It answers only for the plain case that it understands completely: baseline/progressive 8-bit JPEGs with 1
-or 3 components, at most one EXIF block whose orientation tag is a SHORT in IFD0, no XMP, no Adobe colour
-transform marker, no MPO index, no unknown markers. Anything else raises :class:`NotPlain`, and the caller
-asks Pillow, so the answer for such files is exactly the one Pillow gives. The tests compare the two on
-every LFW image and on crafted files.
+Pillow's lazy open costs about half of the engine's host time per photo before nvJPEG. This answers only for
+the plain case it understands completely (baseline/progressive 8-bit, 1 or 3 components, at most one EXIF
+block with a SHORT orientation in IFD0; no XMP, Adobe, MPO or unknown marker); anything else raises
+:class:`NotPlain` and the caller asks Pillow. The tests compare the two on every LFW image.
 """
 
 from __future__ import annotations
@@ -31,14 +25,8 @@ class NotPlain(Exception):  # noqa: N818 - an answer, not an error
 
 @dataclass(frozen=True, slots=True)
 class JpegHeader:
-    """What a plain JPEG's header says.
-
-    Attributes:
-        height, width: frame size in pixels (before orientation).
-        components: 1 (grey) or 3 (YCbCr, i.e. RGB).
-        orientation: EXIF orientation 1–8 (1 when absent or out of range, as Pillow's reading gives).
-        complete: an EOI marker follows the first scan (the file is not truncated).
-    """
+    """Frame size in pixels (before orientation), components (1 grey, 3 YCbCr), EXIF orientation 1–8 (1 when
+    absent or out of range, as Pillow reads it), and whether an EOI follows the first scan (not truncated)."""
 
     height: int
     width: int
@@ -80,11 +68,7 @@ def _exif_orientation(tiff: bytes) -> int:
 
 
 def read_jpeg_header(data: bytes) -> JpegHeader:
-    """Walk ``data``'s marker segments from SOI to the first SOS.
-
-    Raises:
-        NotPlain: not a JPEG, or not a plain one (see the module docstring), or a malformed header.
-    """
+    """Walk ``data``'s marker segments from SOI to the first SOS; NotPlain for anything but a plain JPEG."""
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise NotPlain("no SOI")

@@ -1,18 +1,9 @@
 """Copies of small arrays that keep the GIL, for the serving processes' hot threads.
 
-numpy (and torch) release the GIL around a copy of more than a few hundred elements. A thread that
-releases the GIL must win it back afterwards, and while other threads of the process run Python code it
-waits up to the switch interval for it (``sys.setswitchinterval``; the serving processes set 1 ms). The
-engine process has such threads (connection readers unpickling bursts, senders pickling results, the
-stages' front and back threads), so a copy that takes microseconds could cost a millisecond. Measured on the
-2-core development machine with two threads running Python code (``benchmarks/gil_copy.py``,
-``benchmarks/results/gil_copy_cpu.json``): copying 64 aligned crops one by one with ``ndarray.copy()`` took
-tens of milliseconds, with the GIL held a tenth of a millisecond; without the other threads both take
-under 0.1 ms.
-
-A ``memoryview`` slice assignment or ``bytearray(view)`` is one ``memcpy`` with the GIL held; up to a few
-MiB that is cheaper than giving the GIL away. Larger payloads (e.g. a decoded 4K photo) keep numpy's
-copy, which is worth the round trip.
+numpy releases the GIL around copies of more than a few hundred elements; winning it back from threads running
+Python code can take the switch interval (1 ms in the serving processes), so a µs copy could cost a ms. A
+``memoryview`` slice assignment is one ``memcpy`` with the GIL held, cheaper up to a few MiB; larger payloads
+keep numpy's copy.
 """
 
 from __future__ import annotations
@@ -49,13 +40,8 @@ def copy_in(buf: memoryview, offset: int, arr: np.ndarray) -> None:
 
 
 def pack_rows(out: np.ndarray, parts: Sequence[np.ndarray]) -> int:
-    """Stack ``parts`` (same dtype and row shape as ``out``) into the first rows of C-contiguous ``out``;
-    returns the rows written. Equivalent to ``np.concatenate(parts, out=out[:n])``, one ``memcpy`` per part
-    with the GIL held while the parts are small.
-
-    Raises:
-        ValueError: a part's dtype or row shape differs from ``out``'s, or the parts do not fit.
-    """
+    """``np.concatenate(parts, out=out[:n])`` into C-contiguous ``out``, a ``memcpy`` per small part; returns ``n``.
+    ValueError when a part's dtype or row shape differs from ``out``'s, or the parts do not fit."""
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
     dst = memoryview(out).cast("B")

@@ -1,29 +1,15 @@
-"""One engine process per GPU, fed by several front-end processes through shared memory.
+"""Engine processes fed by front-end processes through shared memory.
 
-Why: in one serving process the engine threads spend most of their time waiting for the GIL, which the HTTP
-event loop and the decode threads of the same process hold, and the GPU idles. With ``workers`` ≥ 2 in the
-serving plan, ``facegate serve`` therefore runs:
+With several workers, one **engine process** per GPU slot owns the device (models and the batching engine, no
+HTTP); the front-ends (HTTP, decoding, alignment, gallery writes) reach it through a :class:`RemoteEngine`,
+which has the engine's interface (``start``, ``ready``, ``submit``, ``stop``). Each front-end writes payloads
+into its shared-memory :class:`Arena` and sends a small pickled message on an authenticated Unix socket; a
+payload that does not fit travels inline. Errors cross as ``(class name, message, detail, extra)`` and come
+back as the same FacegateError subclass, so HTTP statuses are unchanged.
 
-* one **engine process** that owns the device: the models, the batching :class:`~facegate.engine.engine.Engine`
-  and nothing else (no HTTP, no JSON, no decoding). :func:`engine_main` is its entry point;
-* ``workers`` **front-end processes** (uvicorn servers fed by the supervisor's acceptor): HTTP, multipart parsing, image
-  decoding, alignment, the quality gate and gallery writes (the gallery index lives in the engine). Each talks to
-  the engine through a :class:`RemoteEngine`, which has the engine's small interface (``start``, ``ready``,
-  ``submit``, ``stop``).
-
-Transport: each front-end creates one shared-memory :class:`Arena` and writes every payload (a decoded
-image or a stack of crops, ``uint8``) into it. A small message on a Unix socket
-(:mod:`multiprocessing.connection`, authenticated) names the stage, the offset, the shape and the dtype. The
-engine copies the payload out of the arena, submits it to its engine (so batches mix requests from every
-front-end) and answers with the stage result or the error. The front-end frees the slot when the answer
-arrives. A payload that does not fit in the arena travels inline in the message. Errors cross the boundary
-as ``(class name, message, detail, extra)`` and come back as the same :class:`~facegate.errors.FacegateError`
-subclass, so HTTP statuses are unchanged.
-
-Messages (pickled tuples). Front-end → engine: one byte carrying the arena's descriptor (``SCM_RIGHTS``), then
-``("hello", pid, arena_bytes)``;
-``("submit", rid, stage, offset | None, shape, dtype, inline)``; ``("cancel", rid)``; ``("stats", rid)``.
-Engine → front-end: ``("hello", info)``;
+Messages. Front-end → engine: one byte carrying the arena's descriptor (``SCM_RIGHTS``), then
+``("hello", pid, arena_bytes)``, ``("submit", rid, stage, offset | None, shape, dtype, inline)``,
+``("cancel", rid)``, ``("stats", rid)``. Engine → front-end: ``("hello", info)``,
 ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
 """
 
@@ -69,15 +55,13 @@ _SWEEP_S = 0.5
 #: Shared memory per front-end process: room for ~350 decoded 640×480 photos in flight.
 ARENA_BYTES = 128 * 2**20
 _ALIGN = 64
-#: ``sys.setswitchinterval`` of the serving processes (Python's default is 5 ms): a thread that waits for the
-#: GIL, such as the engine's device thread behind the connection threads, gets it back within this.
+#: ``sys.setswitchinterval`` of the serving processes (default 5 ms): a thread waiting for the GIL, such as the
+#: engine's device thread behind the connection threads, gets it within this.
 SWITCH_INTERVAL_S = 0.001
-#: An engine process outlasts its front-ends' drain (Settings.drain_s) by this much, in seconds: they stop
-#: within drain_s plus uvicorn's own margin, and their last answers still need the engine.
+#: An engine outlasts its front-ends' drain (Settings.drain_s) by this many seconds: their last answers need it.
 ENGINE_DRAIN_MARGIN_S = 5.0
 
 
-# --------------------------------------------------------------------------- errors across processes
 #: Extra attributes of some FacegateErrors that change the HTTP answer (e.g. Retry-After).
 _EXTRA_ATTRS = ("retry_after_s",)
 
@@ -101,18 +85,12 @@ def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict
     return exc
 
 
-# --------------------------------------------------------------------------- shared memory
 class Arena:
-    """First-fit allocator over one anonymous shared-memory block (created by a front-end, read by the engine).
+    """Thread-safe first-fit allocator over one unnamed shared-memory block (a front-end's; the engine maps it).
 
-    The block has no name: it is a ``memfd`` (an unlinked temporary file where ``memfd_create`` is missing),
-    and the engine receives its descriptor over the Unix socket (:meth:`send_to`). So nothing in
-    ``/dev/shm`` outlives the two processes, whatever way they end (a kill -9 included): the kernel frees the
-    memory once the last mapping and descriptor are gone. Freed ranges are zeroed, so a decoded photo stays in
-    the block only while its request is in flight.
-
-    Thread-safe. Offsets are multiples of 64 bytes. :meth:`alloc` returns ``None`` when no free range is
-    large enough; the caller then sends the payload inline.
+    The block is a ``memfd`` whose descriptor goes over the socket (:meth:`send_to`), so nothing outlives the two
+    processes, a kill -9 included. Freed ranges are zeroed: a photo stays only while its request is in flight.
+    Offsets are multiples of 64; :meth:`alloc` gives ``None`` when nothing fits (the payload then goes inline).
     """
 
     def __init__(self, size: int = ARENA_BYTES) -> None:
@@ -166,13 +144,13 @@ class Arena:
         copy_in(self.buf, offset, arr)
 
     def send_to(self, conn: Connection) -> None:
-        """Pass the block's descriptor to the peer of ``conn`` (one byte with ``SCM_RIGHTS``; see :func:`receive`)."""
+        """Pass the block's descriptor to the peer of ``conn`` (one byte with ``SCM_RIGHTS``)."""
         with socket.socket(fileno=os.dup(conn.fileno())) as sock:
             socket.send_fds(sock, [b"m"], [self.fd])
 
     def close(self) -> None:
-        """Unmap and close the block (idempotent). Not zeroed here: touching every page of a mostly unused
-        block would cost a second, and its pages are freed, unreadable, once the engine has unmapped it too."""
+        """Unmap and close (idempotent). Not zeroed: touching every page would take a second, and the kernel frees
+        them once the engine has unmapped the block too."""
         if self.fd < 0:
             return
         del self._bytes
@@ -184,8 +162,7 @@ class Arena:
 
 
 def anonymous_fd(size: int) -> int:
-    """A descriptor of ``size`` bytes of shared memory that no path names (``memfd``; else an unlinked
-    temporary file, in ``/dev/shm`` when it exists)."""
+    """A descriptor of ``size`` bytes of shared memory that no path names (``memfd``, else an unlinked file)."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
     else:  # pragma: no cover - platforms without memfd
@@ -209,14 +186,11 @@ def receive(conn: Connection) -> mmap.mmap:
 
 
 class FrameReader:
-    """Reads :class:`~multiprocessing.connection.Connection` messages from its socket in large chunks.
+    """Reads a :class:`~multiprocessing.connection.Connection`'s messages from its socket in 1 MiB chunks.
 
-    ``Connection.recv`` makes two ``read`` calls per message (length, then body), and each gives the GIL away
-    and must win it back from the process's other threads (see :mod:`facegate.io.memcopy`). This reads
-    whatever the socket holds, up to 1 MiB per call, and unpickles every complete message in it. The wire
-    format is ``Connection``'s: a 4-byte big-endian signed length (or -1, then an 8-byte length), then the
-    pickle. The connection's own ``send`` and handshake are unchanged; ``Connection`` buffers nothing, so
-    reading its socket directly after the handshake loses nothing.
+    ``Connection.recv`` makes two reads per message, each giving the GIL away (see :mod:`facegate.io.memcopy`).
+    Same wire format (4-byte big-endian length, or -1 and an 8-byte one, then the pickle); ``Connection``
+    buffers nothing, so reading its socket after the handshake loses nothing.
     """
 
     CHUNK = 1 << 20
@@ -226,12 +200,8 @@ class FrameReader:
         self._buf = bytearray()
 
     def recv_many(self, limit: int = 1024) -> list[Any]:
-        """Every complete message buffered (at most ``limit``), reading until there is at least one.
-
-        Raises:
-            EOFError: the peer closed the connection (a partial message is dropped).
-            OSError: the connection was closed here, or the read failed.
-        """
+        """Every complete message buffered (at most ``limit``), reading until there is one. EOFError: the peer
+        closed the connection; OSError: it was closed here, or the read failed."""
         out: list[Any] = []
         while True:
             self._parse(out, limit)
@@ -260,14 +230,8 @@ class FrameReader:
             del buf[:pos]
 
 
-# --------------------------------------------------------------------------- engine process
 class EngineHost:
-    """The engine process's side: accepts front-end connections and feeds their payloads to ``service``.
-
-    Args:
-        service: a started :class:`~facegate.service.faces.FaceService` (owns the engine and the models).
-        info: what ``hello`` answers (model name, operating thresholds, device).
-    """
+    """The engine process's side: feeds front-ends' payloads to a started FaceService; ``info`` answers hello."""
 
     def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
@@ -298,13 +262,10 @@ class EngineHost:
             threading.Thread(target=self._reader, args=(conn,), name="facegate-engine-conn", daemon=True).start()
 
     def _reader(self, conn: Connection) -> None:
-        """Read one front-end's messages and queue its payloads on the engine; a sender thread answers.
+        """Queue one front-end's payloads on the engine (read in bursts); its sender thread answers.
 
-        Every message waiting on the socket is read in one burst. Each payload is queued with
-        :meth:`Engine.enqueue` and a ``concurrent.futures.Future``, whose done-callback (run on the engine's
-        back thread) hands the answer to this connection's sender thread; the sender sends everything that
-        is ready as one ``("batch", [...])`` message. No event-loop task, timer or wake-up per request: an event
-        loop doing this holds the engine process's GIL a large share of the time under load.
+        A future's done-callback hands each answer to the sender, which sends all that are ready as one
+        ``batch``: no event-loop task or wake-up per request (a loop doing this holds the GIL much of the time).
         """
         send_lock = threading.Lock()
         shm: memoryview | None = None
@@ -419,11 +380,10 @@ def engine_main(
     ready: Connection,
     build: Callable[[Settings, ServingPlan], Any],
 ) -> None:
-    """Entry point of the engine process: load and warm, listen on ``address``, serve until SIGTERM/SIGINT.
+    """The engine process: load and warm, listen on ``address``, serve until SIGTERM/SIGINT.
 
-    ``build(settings, plan)`` returns the not yet started face service that owns the models
-    (:meth:`facegate.service.faces.FaceService.build`; passed in, so this layer does not import the service).
-    Sends ``("ready", info)`` or ``("error", class name, message, detail, extra)`` on ``ready`` once.
+    ``build(settings, plan)`` returns the unstarted FaceService (passed in: this layer does not import the
+    service). Sends ``("ready", info)`` or ``("error", class name, message, detail, extra)`` on ``ready`` once.
     """
     logging.basicConfig(
         level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
@@ -461,11 +421,8 @@ def engine_main(
     first_signal: list[float] = []
 
     def on_signal() -> None:
-        # A signal to the whole process group (Ctrl-C, a container runtime) reaches the front-ends too; they finish
-        # their requests (uvicorn's graceful shutdown), so the engine serves until they have gone, for at most
-        # Settings.drain_s plus ENGINE_DRAIN_MARGIN_S. A later signal (a second Ctrl-C, or the supervisor's once
-        # its front-ends are gone) stops it at once; one within 0.5 s is the same signal arriving twice (process
-        # group and parent).
+        # The front-ends get a process-group signal too and finish their requests: serve until they have gone (at
+        # most drain_s + margin). A later signal stops at once; one within 0.5 s is the same one arriving twice.
         now = loop.time()
         if first_signal:
             if now - first_signal[0] > 0.5:
@@ -499,22 +456,13 @@ def engine_main(
         log.info("engine stopped")
 
 
-# --------------------------------------------------------------------------- front-end side
 class RemoteEngine:
-    """The engine interface (``start``/``ready``/``submit``/``stop``) over a connection to the engine process.
+    """The engine interface over a connection to the engine process at Unix socket ``address``.
 
-    Args:
-        address: the engine's Unix socket path.
-        authkey: the shared secret of the connection.
-        arena_bytes: size of this front-end's shared-memory arena.
-        connect_timeout_s: how long :meth:`start` retries connecting while the socket does not exist yet.
+    ``connect_timeout_s``: how long :meth:`start` waits for the socket to appear (the engine is starting).
     """
 
-    #: how long a refused connection is retried: the socket file exists but nothing listens on it, which after
-    #: the engine's start means it is gone (a SIGKILLed engine leaves its socket behind). Retried for
-    #: ``connect_timeout_s``, a front-end still starting when its engine died sat in its start-up for 60 s,
-    #: and the server's shutdown (uvicorn joins its workers) with it: the likely cause of one hang of
-    #: tests/integration/test_multiprocess_serve.py::test_a_dead_engine_takes_the_server_down.
+    #: how long a refused connection is retried: a socket nobody listens on is a dead engine's
     refused_grace_s = 2.0
 
     def __init__(
@@ -535,16 +483,8 @@ class RemoteEngine:
         self._reader: threading.Thread | None = None
 
     def start(self) -> dict[str, Any]:
-        """Connect, say hello, start the reader; returns the engine's info.
-
-        A missing socket is retried for ``connect_timeout_s`` (the engine is still starting), a refused
-        connection for :attr:`refused_grace_s` only (the engine is gone).
-
-        Blocking: call it off the event loop.
-
-        Raises:
-            EngineClosedError: no engine answered in time.
-        """
+        """Connect, say hello, start the reader; returns the engine's info. Blocking. EngineClosedError: no
+        engine answered in time."""
         if self._alive:
             return self.info
         t0 = time.monotonic()
@@ -577,8 +517,6 @@ class RemoteEngine:
         if not self._alive or self._conn is None or self._arena is None:
             raise EngineClosedError("the engine process is not connected")
         arr = np.ascontiguousarray(payload)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
         rid = next(self._ids)
         offset = self._arena.alloc(arr.nbytes)
         if offset is not None:
@@ -586,13 +524,7 @@ class RemoteEngine:
             msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, None)
         else:
             msg = ("submit", rid, stage, None, arr.shape, arr.dtype.str, arr)
-        with self._pending_lock:
-            self._pending[rid] = (loop, fut, offset, arr.nbytes)
-        try:
-            with self._send_lock:
-                self._conn.send(msg)
-        except (OSError, ValueError) as exc:
-            self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
+        fut = self._send(rid, msg, offset, arr.nbytes)
         try:
             return await fut
         except asyncio.CancelledError:  # the client went away: ask the engine to drop the item
@@ -601,27 +533,28 @@ class RemoteEngine:
                 self._conn.send(("cancel", rid))
             raise
 
+    def _send(self, rid: int, msg: tuple[Any, ...], offset: int | None, nbytes: int) -> asyncio.Future[Any]:
+        """Register ``rid``'s future and send ``msg``; a failed send settles it with EngineClosedError."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        with self._pending_lock:
+            self._pending[rid] = (loop, fut, offset, nbytes)
+        try:
+            with self._send_lock:
+                self._conn.send(msg)  # type: ignore[union-attr]
+        except (OSError, ValueError) as exc:
+            self._settle_many([(rid, EngineClosedError(f"the engine process is gone: {exc}"), True)])
+        return fut
+
     async def engine_samples(self) -> dict[str, list[Any]]:
         """The engine process's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
         if not self._alive or self._conn is None:
             raise EngineClosedError("the engine process is not connected")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
         rid = next(self._ids)
-        with self._pending_lock:
-            self._pending[rid] = (loop, fut, None, 0)
-        try:
-            with self._send_lock:
-                self._conn.send(("stats", rid))
-        except (OSError, ValueError) as exc:
-            self._settle(rid, EngineClosedError(f"the engine process is gone: {exc}"), error=True)
-        return await fut
-
-    def _settle(self, rid: int, value: Any, *, error: bool) -> None:
-        self._settle_many([(rid, value, error)])
+        return await self._send(rid, ("stats", rid), None, 0)  # type: ignore[no-any-return]
 
     def _settle_many(self, results: list[tuple[int, Any, bool]]) -> None:
-        """Free the slots and resolve the futures of ``[(rid, value, is_error)]``: one wake-up per loop."""
+        """Free the slots and resolve the futures of ``[(rid, value, is_error)]``, one wake-up per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, bool]]] = {}
         with self._pending_lock:
             entries = [(self._pending.pop(rid, None), value, error) for rid, value, error in results]
@@ -662,8 +595,7 @@ class RemoteEngine:
             self._alive = False
             with self._pending_lock:
                 rids = list(self._pending)
-            for rid in rids:
-                self._settle(rid, EngineClosedError("the engine process is gone"), error=True)
+            self._settle_many([(rid, EngineClosedError("the engine process is gone"), True) for rid in rids])
 
     def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
         """Close the connection and the arena (in-flight requests fail with EngineClosedError)."""
@@ -688,12 +620,9 @@ _affinity: contextvars.ContextVar[list[RemoteEngine] | None] = contextvars.Conte
 
 @contextlib.contextmanager
 def same_engine() -> Iterator[None]:
-    """Send every item the current request submits to one engine process (:class:`RemotePool`).
-
-    For requests whose answer needs all their items, e.g. compare's two photos: the least-busy choice per
-    item sends them to two engines, and the answer then waits for the slower of the two. Tasks started
-    inside the block (``asyncio.gather``) share the choice: they copy the context, and with it the one list.
-    """
+    """Send every item the current request submits to one engine process (:class:`RemotePool`), e.g. compare's
+    two photos, whose answer would otherwise wait for the slower of two engines. Tasks started inside the block
+    copy the context, and with it the one list."""
     token = _affinity.set([])
     try:
         yield
@@ -702,12 +631,8 @@ def same_engine() -> Iterator[None]:
 
 
 class RemotePool:
-    """Several engine processes (one per GPU) behind the engine interface: each request goes to the engine
-    with the fewest requests in flight from this front-end.
-
-    Args:
-        engines: one :class:`RemoteEngine` per engine process (same model and settings).
-    """
+    """Several engine processes behind the engine interface: each request goes to the engine with the fewest
+    requests in flight from this front-end."""
 
     def __init__(self, engines: list[RemoteEngine]) -> None:
         if not engines:
@@ -729,8 +654,7 @@ class RemotePool:
         return all(e.ready for e in self.engines)
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
-        """Submit to the engine with the fewest items in flight, or, inside :func:`same_engine`, to the engine
-        the request's first item went to (while it is connected)."""
+        """Submit to the least busy engine, or, inside :func:`same_engine`, to the request's first item's."""
         group = _affinity.get()
         if group and group[0].ready:
             return await group[0].submit(stage, payload)
