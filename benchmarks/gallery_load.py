@@ -23,10 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from gallery_search import build, postgres
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
 from facegate.gallery.service import Gallery
+from gallery_search import build, postgres
 
 log = logging.getLogger("gallery_load")
 ROOT = Path(__file__).resolve().parents[1]
