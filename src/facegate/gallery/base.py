@@ -463,15 +463,18 @@ def unpack_vector(blob: bytes | bytearray | memoryview, dim: int) -> np.ndarray:
     return np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32)
 
 
-def unpack_templates(rows: list[tuple[Any, Any]], dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` from ``(subject_id, template bytes)`` rows."""
-    ids = [str(r[0]) for r in rows]
-    if not rows:
-        return ids, np.zeros((0, dim), dtype=np.float32)
-    blob = b"".join(bytes(r[1]) for r in rows)
-    if len(blob) != 4 * dim * len(rows):
-        raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
-    return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
+def read_templates(cur: Any, dim: int, gallery: str, chunk: int = 65_536) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` from a cursor over ``(subject_id, template bytes)`` rows, fetched
+    ``chunk`` rows at a time: a 1M-subject load holds one chunk's bytes, never all of them twice."""
+    ids: list[str] = []
+    parts = [np.zeros((0, dim), np.float32)]
+    while rows := cur.fetchmany(chunk):
+        blob = b"".join([r[1] for r in rows])
+        if len(blob) != 4 * dim * len(rows):
+            raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
+        ids += [str(r[0]) for r in rows]
+        parts.append(np.frombuffer(blob, "<f4").reshape(len(rows), dim))
+    return ids, np.concatenate(parts).astype(np.float32, copy=False)
 
 
 def rebuild_template(stored: list[tuple[Any, Any]], dim: int) -> tuple[bytes, float]:

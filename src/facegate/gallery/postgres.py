@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import GalleryError, GalleryUnavailableError
-from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
+from facegate.gallery.base import SUBJECT_COLS, pack_vector, read_templates
 from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
 
 log = logging.getLogger(__name__)
@@ -239,14 +239,14 @@ class PostgresGalleryStore(SQLGalleryStore):
                 "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (%s, %s, %s, %s)", rows
             )
 
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        with conn.cursor(binary=True) as cur:
-            cur.execute(
-                'SELECT subject_id, template FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C"',
-                (gid,),
-            )
-            rows = cur.fetchall()
-        return unpack_templates(rows, dim, gallery)
+    def _templates(
+        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        # one server-side cursor, bytea in binary; the start-up load skips the sort (a 1M-row sort spills to disk)
+        order = ' ORDER BY subject_id COLLATE "C"' if ordered else ""
+        with conn.cursor(name="facegate_templates", binary=True) as cur:
+            cur.execute(f"SELECT subject_id, template FROM subjects WHERE gallery_id = %s{order}", (gid,))
+            return read_templates(cur, dim, gallery)
 
     def _erase_deleted(self) -> None:
         self._vacuum()

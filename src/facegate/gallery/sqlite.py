@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from facegate.errors import ErasureIncompleteError, GalleryError
-from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
+from facegate.gallery.base import SUBJECT_COLS, pack_vector, read_templates
 from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
 
 log = logging.getLogger(__name__)
@@ -328,11 +328,12 @@ class SQLiteGalleryStore(SQLGalleryStore):
     def _insert_embeddings(self, conn: sqlite3.Connection, rows: list[tuple[int, bytes, float, float]]) -> None:
         conn.executemany("INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)", rows)
 
-    def _templates(self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        rows = conn.execute(
-            "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
-        ).fetchall()
-        return unpack_templates(rows, dim, gallery)
+    def _templates(
+        self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        # the UNIQUE (gallery_id, subject_id) index gives subject-id order for free
+        cur = conn.execute("SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,))
+        return read_templates(cur, dim, gallery)
 
     def _erase_deleted(self) -> None:
         self._checkpoint_truncate()

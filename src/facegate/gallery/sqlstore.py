@@ -108,8 +108,10 @@ class SQLGalleryStore:
         and ``(S,)`` qualities ``q`` (the change rows are the caller's)."""
         raise NotImplementedError
 
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32)`` of one gallery, ordered by subject id (byte order)."""
+    def _templates(
+        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        """``(subject_ids, (S, D) float32)`` of one gallery; ``ordered``: by subject id (byte order)."""
         raise NotImplementedError
 
     def _erase_deleted(self) -> None:
@@ -267,7 +269,7 @@ class SQLGalleryStore:
         with self._tx("loading every gallery", write=False, snapshot=True) as conn:
             seq = int(conn.execute(self._SQL_CURRENT_SEQ).fetchone()[0])
             for gid, name, dim in conn.execute(self._SQL_GALLERY_IDS).fetchall():
-                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name)))
+                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name), False))
         return StoreSnapshot(seq=seq, galleries=galleries)
 
     # ------------------------------------------------------------------ lifecycle
