@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
-from facegate.gallery.base import GalleryInfo, GalleryStore, SubjectInfo
+from facegate.gallery.base import GalleryInfo, GalleryStore
+from facegate.gallery.service import StoreFront
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
 from facegate.types import QualityVerdict
 
@@ -129,71 +130,15 @@ class SearchAnswer:
     fpir_target: float = field(default=DEFAULT_FPIR)
 
 
-class GalleryFront:
-    """The front-end's gallery: store of record for writes and reads, the engine for search.
-
-    Args:
-        store: the store of record.
-        face_service: the :class:`~facegate.service.faces.FaceService` whose engine has the search stage.
-    """
+class GalleryFront(StoreFront):
+    """The front-end's gallery: the store of record for writes and reads, the engine (``face_service``, a
+    :class:`~facegate.service.faces.FaceService`) for search, and the FPIR operating point."""
 
     def __init__(self, store: GalleryStore, face_service: Any) -> None:
-        self._store = store
+        super().__init__(store)
         self._svc = face_service
         spec = face_service.spec
-        self._tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
-
-    @property
-    def store(self) -> GalleryStore:
-        """The store of record."""
-        return self._store
-
-    @property
-    def tail(self) -> ImpostorTail:
-        """The served model's impostor distribution."""
-        return self._tail
-
-    # ------------------------------------------------------------------ store operations
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        """Create an empty gallery."""
-        return self._store.create_gallery(name, model, dim)
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        """All galleries."""
-        return self._store.list_galleries()
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        """One gallery."""
-        return self._store.get_gallery(name)
-
-    def delete_gallery(self, name: str) -> None:
-        """Delete a gallery (every engine's index drops it at its next batch)."""
-        self._store.delete_gallery(name)
-
-    def enrol(
-        self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
-    ) -> SubjectInfo:
-        """Store ``(k, D) float32`` embeddings with ``(k,)`` qualities for a subject."""
-        return self._store.add_embeddings(gallery, subject_id, emb, qual, meta)
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
-    ) -> int:
-        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1)."""
-        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
-        return self._store.import_templates(gallery, list(subject_ids), templates, q)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        """A page of subjects."""
-        return self._store.list_subjects(gallery, offset, limit)
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        """One subject."""
-        return self._store.get_subject(gallery, subject_id)
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject (every engine's index drops it before its next search batch)."""
-        self._store.delete_subject(gallery, subject_id)
+        self.tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -234,7 +179,3 @@ class GalleryFront:
             basis=str(info["basis"]),
             fpir_target=target,
         )
-
-    def close(self) -> None:
-        """Close the store connection of this front-end."""
-        self._store.close()
