@@ -79,6 +79,9 @@ class SubjectInfo:
     created_at: float
     updated_at: float
 
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "template_quality": round(float(self.template_quality), 5), "meta": dict(self.meta)}
+
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:

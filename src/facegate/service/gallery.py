@@ -153,7 +153,7 @@ class GalleryFront(StoreFront):
     # ------------------------------------------------------------------ search
     def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
-        return threshold_for(self._tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
+        return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
 
     async def search(self, gallery: str, embedding: np.ndarray, k: int, fpir: float | None = None) -> SearchAnswer:
         """Top-``k`` of one ``(D,) float32`` embedding on the engine's index, thresholded at ``fpir``."""
