@@ -121,6 +121,29 @@ def warm_and_measure(url: str, photos: list[bytes], rounds: int) -> dict[str, An
     return out
 
 
+def trials(
+    a: httpx.Client, b: httpx.Client, photos: list[bytes], emb: list[list[float]], n: int
+) -> tuple[list[float], int, int]:
+    """``n`` trials: enrol through ``a``, search through ``b`` at once, delete through ``a``. Returns the
+    seconds from each enrolment's answer to the search's answer, how many first searches found the new
+    subject at rank 1, and how many searches returned the subject deleted before them."""
+    visible, found, stale = [], 0, 0
+    prev: str | None = None
+    for i in range(n):
+        sid, j = f"v{i}", i % len(photos)
+        a.post("/api/galleries/g/templates", json={"subject_ids": [sid], "embeddings": [emb[j]]}).raise_for_status()
+        t_ack = time.perf_counter()
+        _, hits = search(b, photos[j])
+        visible.append(time.perf_counter() - t_ack)
+        found += bool(hits) and hits[0] == sid
+        stale += prev is not None and prev in hits
+        a.delete(f"/api/galleries/g/subjects/{sid}").raise_for_status()
+        prev = sid
+        if i % 100 == 0:
+            log.info("trial %d: %.1f ms, found %d/%d", i, visible[-1] * 1000, found, i + 1)
+    return visible, found, stale
+
+
 def lfw_photos(root: Path, n: int) -> list[bytes]:
     people = sorted(d for d in (root / "lfw-deepfunneled").iterdir() if d.is_dir())
     return [sorted(d.glob("*.jpg"))[0].read_bytes() for d in people[:: max(1, len(people) // n)][:n]]
@@ -178,21 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             result["full"] = warm_and_measure(url, photos, 5)
             log.info("%d-subject gallery: %s", o.size, result["full"])
             a, b, pa, pb = two_front_ends(url)
-            visible, found, stale = [], 0, 0
-            prev: str | None = None
-            for i in range(o.trials):
-                sid, j = f"v{i}", i % len(photos)
-                body = {"subject_ids": [sid], "embeddings": [emb[j]]}
-                a.post("/api/galleries/g/templates", json=body).raise_for_status()
-                t_ack = time.perf_counter()
-                _, hits = search(b, photos[j])
-                visible.append(time.perf_counter() - t_ack)
-                found += bool(hits) and hits[0] == sid
-                stale += prev is not None and prev in hits
-                a.delete(f"/api/galleries/g/subjects/{sid}").raise_for_status()
-                prev = sid
-                if i % 100 == 0:
-                    log.info("trial %d: %.1f ms, found %d/%d", i, visible[-1] * 1000, found, i + 1)
+            visible, found, stale = trials(a, b, photos, emb, o.trials)
             same = [front_end_pid(a), front_end_pid(b)] == [pa, pb]
             alone = [search(b, photos[i % len(photos)])[0] for i in range(o.baseline)]
             a.close()
