@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     "import_subjects_per_s": round(rate),
                     "load_s_median": statistics.median(times),
                     "load_s_runs": times,
+                    "load_average_1m": os.getloadavg()[0],
                 }
             )
             log.info("%s", rows[-1])
