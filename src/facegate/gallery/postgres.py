@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import GalleryError, GalleryUnavailableError
-from facegate.gallery.base import ChangeRow, GalleryStore, pack_vector, read_templates
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ CHANNEL = "facegate_gallery"
 #: Key of the advisory lock that serialises writers (ASCII "FGGL").
 WRITE_LOCK = 0x4647474C
 #: Schema version kept in ``facegate_schema``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS facegate_schema (version INTEGER NOT NULL)",
@@ -161,7 +161,10 @@ class PostgresGalleryStore(GalleryStore):
             for stmt in _DDL:
                 conn.execute(stmt)
             row = conn.execute("SELECT version FROM facegate_schema").fetchone()
-            if row is None:
+            if row is None or int(row[0]) < SCHEMA_VERSION:
+                conn.execute("ALTER TABLE galleries ADD COLUMN IF NOT EXISTS subjects BIGINT NOT NULL DEFAULT 0")
+                conn.execute(RECOUNT)  # v2: the kept subject count
+                conn.execute("DELETE FROM facegate_schema")
                 conn.execute("INSERT INTO facegate_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
             elif int(row[0]) > SCHEMA_VERSION:
                 raise GalleryError(

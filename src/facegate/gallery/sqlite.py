@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from facegate.errors import ErasureIncompleteError, GalleryError
-from facegate.gallery.base import ChangeRow, GalleryStore, pack_vector, read_templates
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
 
 log = logging.getLogger(__name__)
 
 #: ``PRAGMA application_id`` of facegate gallery files (ASCII "FGGL").
 APPLICATION_ID = 0x4647474C
 #: Current schema version (``PRAGMA user_version``).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: ``version -> DDL statements`` that bring a file from ``version - 1`` to ``version``.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -75,6 +75,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                committed_at REAL    NOT NULL
            )""",
     ),
+    3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT),
 }
 
 #: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
