@@ -49,8 +49,6 @@ NORM_TOLERANCE = 1e-3
 MAX_META_BYTES = 16 * 1024
 #: Largest page of :meth:`GalleryStore.list_subjects`.
 MAX_PAGE = 10_000
-#: Change-log operations.
-CHANGE_OPS = ("create_gallery", "delete_gallery", "enrol", "delete_subject")
 SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
 #: Sets ``galleries.subjects``, the kept count (``COUNT(*)`` over 1M subjects per request is tens of ms).
 RECOUNT = "UPDATE galleries SET subjects = (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = galleries.id)"
@@ -96,9 +94,10 @@ class SearchHit:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One change-log entry, state-based: ``dim`` and ``template`` (``(D,) float32``) are the gallery's and
-    the subject's *as the store holds them when the feed is read* (``None`` once gone), so replaying in
-    sequence order converges on the store's state and no erased template lives on in the log."""
+    """One change-log entry (``op``: create_gallery, delete_gallery, enrol or delete_subject), state-based:
+    ``dim`` and ``template`` (``(D,) float32``) are the gallery's and the subject's *as the store holds them
+    when the feed is read* (``None`` once gone), so replaying in sequence order converges on the store's
+    state and no erased template lives on in the log."""
 
     seq: int
     op: str
@@ -293,12 +292,10 @@ class GalleryStore:
         raise NotImplementedError
 
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
-        """Append change rows inside the caller's write transaction."""
-        raise NotImplementedError
+        raise NotImplementedError  # append change rows inside the caller's write transaction
 
     def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
-        """Insert an empty subject row; returns its primary key."""
-        raise NotImplementedError
+        raise NotImplementedError  # an empty subject row; returns its primary key
 
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
         """Replace subjects ``ids`` by single-embedding subjects of ``(S, D) float32`` rows ``emb``."""
@@ -311,8 +308,7 @@ class GalleryStore:
         raise NotImplementedError
 
     def _erase_deleted(self) -> None:
-        """After a committed delete: make the backend drop the deleted bytes (as far as it can)."""
-        raise NotImplementedError
+        raise NotImplementedError  # after a committed delete: drop the deleted bytes, as far as the backend can
 
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` until a change after ``after`` may have committed (spurious True allowed).
@@ -323,8 +319,7 @@ class GalleryStore:
         return seen > after
 
     def close(self) -> None:
-        """Release the backend's resources; later calls raise GalleryError. Idempotent."""
-        raise NotImplementedError
+        raise NotImplementedError  # idempotent; later calls raise GalleryError
 
     def __enter__(self) -> Self:
         return self

@@ -201,9 +201,6 @@ class PostgresGalleryStore(GalleryStore):
             return read_templates(cur, dim, gallery)
 
     def _erase_deleted(self) -> None:
-        self._vacuum()
-
-    def _vacuum(self) -> None:
         # best effort: an older snapshot elsewhere can keep the dead tuples
         try:
             with self._pool.connection() as conn:

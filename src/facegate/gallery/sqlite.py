@@ -201,7 +201,7 @@ class SQLiteGalleryStore(GalleryStore):
                     raise _convert(exc, what) from exc
                 raise
 
-    def _checkpoint_truncate(self) -> None:
+    def _erase_deleted(self) -> None:
         """Copy the WAL (with ``secure_delete``'s zeroed pages) into the file and truncate it. A reader of an
         older snapshot that outlasts the busy timeout leaves the delete committed but the bytes in the WAL:
         :class:`ErasureIncompleteError` (the next delete, or :meth:`erase_pending`, finishes the job)."""
@@ -224,9 +224,8 @@ class SQLiteGalleryStore(GalleryStore):
                     detail={"path": self._path},
                 )
 
-    def erase_pending(self) -> None:
-        """Finish an erasure that :class:`ErasureIncompleteError` reported."""
-        self._checkpoint_truncate()
+    #: Finish an erasure that :class:`ErasureIncompleteError` reported.
+    erase_pending = _erase_deleted
 
     def _log(self, conn: sqlite3.Connection, rows: list[ChangeRow], now: float) -> None:
         # AUTOINCREMENT never reuses a number and BEGIN IMMEDIATE serialises writers: seq order is commit order
@@ -249,9 +248,6 @@ class SQLiteGalleryStore(GalleryStore):
         # the UNIQUE (gallery_id, subject_id) index gives subject-id order for free
         cur = conn.execute("SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,))
         return read_templates(cur, dim, gallery)
-
-    def _erase_deleted(self) -> None:
-        self._checkpoint_truncate()
 
     def _write_imported(
         self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
