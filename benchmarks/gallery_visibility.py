@@ -78,19 +78,26 @@ def front_end_pid(client: httpx.Client) -> int:
 
 
 def two_front_ends(url: str) -> tuple[httpx.Client, httpx.Client, int, int]:
-    """Two kept-alive clients answered by two different front-end processes."""
-    a = httpx.Client(base_url=url, timeout=120)
-    pa = front_end_pid(a)
-    spare = []
-    for _ in range(16):
-        b = httpx.Client(base_url=url, timeout=120)
-        pb = front_end_pid(b)
-        if pb != pa:
-            for c in spare:
-                c.close()
-            return a, b, pa, pb
-        spare.append(b)
-    raise RuntimeError("every connection went to one front-end")
+    """Two kept-alive clients answered by two different front-end processes (waits for the second one to
+    accept: right after start-up only one may be serving)."""
+    deadline = time.monotonic() + 120
+    while True:
+        a = httpx.Client(base_url=url, timeout=120)
+        pa = front_end_pid(a)
+        spare = []
+        for _ in range(8):
+            b = httpx.Client(base_url=url, timeout=120)
+            pb = front_end_pid(b)
+            if pb != pa:
+                for c in spare:
+                    c.close()
+                return a, b, pa, pb
+            spare.append(b)
+        for c in [a, *spare]:
+            c.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError("every connection went to one front-end")
+        time.sleep(1.0)
 
 
 def rss_mib(pid: int) -> float:
