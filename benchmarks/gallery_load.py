@@ -27,7 +27,7 @@ from common import env_record, write_json
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
 from facegate.gallery.service import Gallery
-from gallery_search import build, postgres
+from gallery_search import build, median_ms, postgres
 
 log = logging.getLogger("gallery_load")
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +43,17 @@ def load_times(url: str, size: int, repeats: int) -> list[float]:
         gal.close()
         del gal
     return out
+
+
+def gallery_request_ms(url: str) -> dict[str, float]:
+    """Median ms of ``get_gallery`` (what every gallery request of a front-end reads: the kept count) beside
+    the ``COUNT(*)`` the store ran for it before it kept one, on the same database."""
+    store = open_store(url)
+    kept = median_ms(lambda: store.get_gallery("g"), 20)
+    with store._tx("counting", write=False) as conn:
+        count = median_ms(lambda: conn.execute("SELECT COUNT(*) FROM subjects WHERE gallery_id = 1").fetchone(), 20)
+    store.close()
+    return {"get_gallery_ms": kept, "count_star_ms": count}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                     "import_subjects_per_s": round(rate),
                     "load_s_median": statistics.median(times),
                     "load_s_runs": times,
+                    **gallery_request_ms(url),
                     "load_average_1m": os.getloadavg()[0],
                 }
             )
