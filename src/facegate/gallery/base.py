@@ -1,28 +1,19 @@
-"""The gallery storage contract shared by every backend.
+"""The gallery store: result types, validation, template math, and the SQL calls both backends share.
 
-A *gallery* is a named set of enrolled *subjects* for one recognizer (``model``, embedding size ``dim``).
-A subject holds one or more embeddings (one per enrolment image) and a single **template** used for 1:N
-search. This module defines:
-
-* the frozen result types :class:`GalleryInfo`, :class:`SubjectInfo`, :class:`SearchHit`;
-* the :class:`GalleryStore` protocol: what a backend (SQLite, PostgreSQL) must provide, so callers never
-  depend on the backend;
-* the change feed (:class:`Change`, :class:`StoreSnapshot`): every mutation commits in the same
-  transaction as a change-log row with a monotonic sequence number, so an index loads in full once and
-  then applies only what changed after its last sequence number;
-* the validation and template math every backend must use, so all backends agree bit for bit;
-* the row conversions the SQL backends share (vector packing, subject and change rows), so each backend
-  keeps only its SQL and its transaction handling.
-
-Template definition (quality-weighted mean direction)::
+A *gallery* is a named set of *subjects* for one recognizer (``model``, embedding size ``dim``). A subject
+holds one embedding per enrolment image and one **template** for 1:N search::
 
     wᵢ = max(qᵢ, TEMPLATE_WEIGHT_FLOOR)            qᵢ = calibrated quality in [0, 1]
-    t  = Σᵢ wᵢ·eᵢ / ‖Σᵢ wᵢ·eᵢ‖₂                      over *all* stored embeddings eᵢ of the subject
+    t  = Σᵢ wᵢ·eᵢ / ‖Σᵢ wᵢ·eᵢ‖₂                      over every stored embedding eᵢ of the subject
 
-The floor keeps a subject whose every quality is 0 well-defined (it degrades to the plain mean
-direction). If the weighted sum vanishes (embeddings cancel out exactly), the template is the embedding
-with the highest weight. ``template_quality`` is ``max(qᵢ)``: the best evidence enrolled so far.
-The template is recomputed from every stored embedding on each write to the subject, and stored.
+The floor keeps an all-zero-quality subject defined; if the sum vanishes the template is the embedding of
+highest weight. ``template_quality`` is ``max(qᵢ)``. Every mutation commits in the same transaction as a
+change-log row with a gap-free sequence number (the change feed an index follows).
+
+:class:`GalleryStore` holds the calls whose logic is the same on SQLite and PostgreSQL, written once with
+``?`` placeholders; a backend supplies its transactions (:meth:`GalleryStore._tx`) and the few steps its
+driver does differently. Errors are :class:`~facegate.errors.GalleryError` subclasses (or
+:class:`~facegate.errors.InvalidParameterError`); no driver exception escapes. A write returns once durable.
 """
 
 from __future__ import annotations
@@ -30,14 +21,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+import time
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Self
 
 import numpy as np
 
 from facegate.errors import (
     DimensionMismatchError,
     GalleryError,
+    GalleryExistsError,
     GalleryNotFoundError,
     InvalidParameterError,
     SubjectNotFoundError,
@@ -45,31 +39,24 @@ from facegate.errors import (
 
 #: Gallery and model names: 1–64 characters of ``A–Z a–z 0–9 _ . -``.
 GALLERY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: Subject ids: 1–128 characters of ``A–Z a–z 0–9 _ . - @ :`` (so e-mail-like and ``ns:id`` ids fit).
+#: Subject ids: 1–128 characters of ``A–Z a–z 0–9 _ . - @ :`` (e-mail-like and ``ns:id`` ids fit).
 SUBJECT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.@:-]{1,128}$")
-#: Smallest weight a stored embedding gets in its subject's template.
 TEMPLATE_WEIGHT_FLOOR = 1e-3
-#: Largest embedding dimension a gallery may declare.
 MAX_DIM = 8192
 #: Tolerance on ‖e‖₂ = 1 for stored embeddings.
 NORM_TOLERANCE = 1e-3
 #: Largest JSON-encoded ``meta`` per subject, in bytes.
 MAX_META_BYTES = 16 * 1024
-#: Largest page size of :meth:`GalleryStore.list_subjects`.
+#: Largest page of :meth:`GalleryStore.list_subjects`.
 MAX_PAGE = 10_000
+SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
+#: Sets ``galleries.subjects``, the kept count (``COUNT(*)`` over 1M subjects per request is tens of ms).
+RECOUNT = "UPDATE galleries SET subjects = (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = galleries.id)"
 
 
 @dataclass(frozen=True, slots=True)
 class GalleryInfo:
-    """One gallery.
-
-    Attributes:
-        name: the gallery's name (:data:`GALLERY_NAME_PATTERN`).
-        model: the recognizer whose embeddings it holds (registry name).
-        dim: embedding size D every stored vector has.
-        created_at: creation time, Unix seconds (UTC).
-        subjects: number of enrolled subjects.
-    """
+    """One gallery: ``created_at`` in Unix seconds, ``subjects`` its number of subjects."""
 
     name: str
     model: str
@@ -78,28 +65,12 @@ class GalleryInfo:
     subjects: int
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "name": self.name,
-            "model": self.model,
-            "dim": self.dim,
-            "created_at": self.created_at,
-            "subjects": self.subjects,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
 class SubjectInfo:
-    """One enrolled subject.
-
-    Attributes:
-        subject_id: the caller's id (:data:`SUBJECT_ID_PATTERN`), unique within its gallery.
-        n_embeddings: number of stored embeddings the template is built from.
-        template_quality: ``max`` calibrated quality of those embeddings, in ``[0, 1]``.
-        meta: caller's JSON object (a fresh copy; mutating it changes nothing stored).
-        created_at: first enrolment, Unix seconds.
-        updated_at: last write to this subject, Unix seconds.
-    """
+    """One subject: ``template_quality`` = max quality of its ``n_embeddings``; times in Unix seconds."""
 
     subject_id: str
     n_embeddings: int
@@ -109,56 +80,24 @@ class SubjectInfo:
     updated_at: float
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "subject_id": self.subject_id,
-            "n_embeddings": self.n_embeddings,
-            "template_quality": round(float(self.template_quality), 5),
-            "meta": dict(self.meta),
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        }
+        return {**asdict(self), "template_quality": round(float(self.template_quality), 5), "meta": dict(self.meta)}
 
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One candidate of a 1:N search.
-
-    Attributes:
-        subject_id: the candidate subject.
-        score: cosine similarity of the query and the subject's template, in ``[-1, 1]``.
-        match: ``score >= threshold`` for the threshold the search used.
-    """
+    """One 1:N candidate: cosine ``score`` in ``[-1, 1]``; ``match`` = score ≥ the search's threshold."""
 
     subject_id: str
     score: float
     match: bool
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {"subject_id": self.subject_id, "score": round(float(self.score), 6), "match": self.match}
-
-
-#: Change-log operations. A subject change is *state-based*: the feed carries the subject's template as the
-#: store holds it when the feed is read (``None`` once the subject is gone), so replaying changes in
-#: sequence order always converges on the store's state, and no erased template lives on in the log.
-CHANGE_OPS = ("create_gallery", "delete_gallery", "enrol", "delete_subject")
-
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One change-log entry, as read from the feed.
-
-    Attributes:
-        seq: the monotonic sequence number (commit order; gap-free on every backend).
-        op: one of :data:`CHANGE_OPS`.
-        gallery: the gallery the change is about.
-        subject_id: the subject (``None`` for gallery changes).
-        committed_at: commit time, Unix seconds (for the feed-lag metric).
-        dim: the gallery's dim when it exists at read time, else ``None``.
-        template: the subject's current ``(D,) float32`` template at read time, ``None`` when the subject
-            (or its gallery) no longer exists.
-    """
+    """One change-log entry (``op``: create_gallery, delete_gallery, enrol or delete_subject), state-based:
+    ``dim`` and ``template`` (``(D,) float32``) are the gallery's and the subject's *as the store holds them
+    when the feed is read* (``None`` once gone), so replaying in sequence order converges on the store's
+    state and no erased template lives on in the log."""
 
     seq: int
     op: str
@@ -171,120 +110,14 @@ class Change:
 
 @dataclass(frozen=True, slots=True)
 class StoreSnapshot:
-    """Every gallery's templates as of change ``seq`` (one read transaction).
-
-    Attributes:
-        seq: the last change the snapshot includes.
-        galleries: ``{name: (dim, subject_ids, (S, D) float32 templates)}``.
-    """
+    """Every gallery as of change ``seq``: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
 
     seq: int
     galleries: dict[str, tuple[int, list[str], np.ndarray]] = field(hash=False)
 
 
-@runtime_checkable
-class GalleryStore(Protocol):
-    """Durable gallery storage. Every method is thread-safe and each write is one transaction.
-
-    A write returns only once it is durable (it survives a process crash and, as far as the backend's
-    fsync guarantees reach, a power loss). Errors are raised as :class:`facegate.errors.GalleryError`
-    subclasses (or :class:`~facegate.errors.InvalidParameterError` for malformed arguments); no backend
-    exception escapes.
-    """
-
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        """Create an empty gallery. Raises GalleryExistsError / InvalidParameterError."""
-        ...
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        """All galleries, by name."""
-        ...
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        """One gallery. Raises GalleryNotFoundError."""
-        ...
-
-    def delete_gallery(self, name: str) -> None:
-        """Delete a gallery with all its subjects and embeddings. Raises GalleryNotFoundError."""
-        ...
-
-    def add_embeddings(
-        self,
-        gallery: str,
-        subject_id: str,
-        embeddings: np.ndarray,
-        qualities: np.ndarray,
-        meta: dict[str, Any] | None = None,
-    ) -> SubjectInfo:
-        """Append embeddings to a subject (created if new) and recompute its template.
-
-        Args:
-            embeddings: ``(k, D) float32``, each row L2-normalised; ``D`` must equal the gallery's dim.
-            qualities: ``(k,) float32`` calibrated qualities in ``[0, 1]``.
-            meta: replaces the subject's meta when given; ``None`` keeps it (``{}`` for a new subject).
-
-        Raises:
-            GalleryNotFoundError, DimensionMismatchError, InvalidParameterError.
-        """
-        ...
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        """One subject. Raises GalleryNotFoundError / SubjectNotFoundError."""
-        ...
-
-    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
-        """A subject's stored template, ``(D,) float32`` unit-norm."""
-        ...
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
-        ...
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject and all its embeddings (really removed, not flagged)."""
-        ...
-
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """Every template of a gallery: ``(subject_ids, (S, D) float32)`` in matching order."""
-        ...
-
-    def import_templates(
-        self,
-        gallery: str,
-        subject_ids: list[str],
-        templates: np.ndarray,
-        qualities: np.ndarray,
-    ) -> int:
-        """Bulk enrolment without photos: each ``(S, D) float32`` unit-norm row becomes a subject's only
-        embedding (replacing what a subject of that id held). One transaction, one change row per subject.
-        Returns the number of subjects written."""
-        ...
-
-    def current_seq(self) -> int:
-        """The sequence number of the last committed change (0 when none). A cheap read."""
-        ...
-
-    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
-        """Up to ``limit`` changes after ``seq``, in sequence order, read in one snapshot."""
-        ...
-
-    def load_snapshot(self) -> StoreSnapshot:
-        """Every gallery's templates and the sequence number they are current at (start-up load)."""
-        ...
-
-    def wait_for_change(self, after: int, timeout_s: float) -> bool:
-        """Block up to ``timeout_s`` until a change after ``after`` may have committed (PostgreSQL: a
-        LISTEN/NOTIFY wake-up; SQLite: polling). Returns whether one did (spurious ``True`` allowed)."""
-        ...
-
-    def close(self) -> None:
-        """Release the backend's resources; later calls raise GalleryError."""
-        ...
-
-
 # --------------------------------------------------------------------------- validation
 def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
-    """Return ``name`` if it matches :data:`GALLERY_NAME_PATTERN`, else raise InvalidParameterError."""
     if not isinstance(name, str) or not GALLERY_NAME_PATTERN.fullmatch(name):
         raise InvalidParameterError(
             f"invalid {what} {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -",
@@ -294,7 +127,6 @@ def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
 
 
 def validate_subject_id(subject_id: object) -> str:
-    """Return ``subject_id`` if it matches :data:`SUBJECT_ID_PATTERN`, else raise InvalidParameterError."""
     if not isinstance(subject_id, str) or not SUBJECT_ID_PATTERN.fullmatch(subject_id):
         raise InvalidParameterError(
             f"invalid subject id {subject_id!r}: 1-128 characters of A-Z a-z 0-9 _ . - @ :",
@@ -303,27 +135,21 @@ def validate_subject_id(subject_id: object) -> str:
     return subject_id
 
 
-def validate_dim(dim: object) -> int:
-    """Return ``dim`` as int if it is an integer in ``[1, MAX_DIM]``."""
-    if isinstance(dim, bool) or not isinstance(dim, int | np.integer) or not 1 <= int(dim) <= MAX_DIM:
-        raise InvalidParameterError(f"invalid dim {dim!r}: an integer in [1, {MAX_DIM}]", detail={"field": "dim"})
-    return int(dim)
+def _int_in(value: object, lo: int, hi: float) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and lo <= int(value) <= hi
 
 
 def validate_page(offset: object, limit: object) -> tuple[int, int]:
-    """Check a page request: ``offset >= 0`` and ``1 <= limit <= MAX_PAGE``."""
-    ok_offset = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
-    ok_limit = isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= MAX_PAGE
-    if not (ok_offset and ok_limit):
+    if not (_int_in(offset, 0, math.inf) and _int_in(limit, 1, MAX_PAGE)):
         raise InvalidParameterError(
             f"invalid page offset={offset!r} limit={limit!r}: offset >= 0, 1 <= limit <= {MAX_PAGE}",
             detail={"field": "offset/limit"},
         )
-    return int(offset), int(limit)  # type: ignore[arg-type]
+    return int(offset), int(limit)  # type: ignore[call-overload]
 
 
 def encode_meta(meta: dict[str, Any] | None) -> str | None:
-    """JSON text of ``meta`` (``None`` passes through); raises InvalidParameterError if not a JSON object."""
+    """Canonical JSON text of ``meta`` (``None`` passes through); it must be a JSON object."""
     if meta is None:
         return None
     if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
@@ -338,19 +164,9 @@ def encode_meta(meta: dict[str, Any] | None) -> str | None:
 
 
 def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Check and normalise the dtype/layout of an enrolment batch.
+    """``(k, D) float32`` C-contiguous unit-norm embeddings and ``(k,) float32`` qualities in ``[0, 1]``.
 
-    Args:
-        embeddings: ``(k, D)``, finite, each row of unit L2 norm (±:data:`NORM_TOLERANCE`), ``k >= 1``.
-        qualities: ``(k,)`` finite values in ``[0, 1]``.
-        dim: the gallery's D.
-
-    Returns:
-        ``(k, D) float32`` C-contiguous embeddings and ``(k,) float32`` qualities.
-
-    Raises:
-        DimensionMismatchError: ``D != dim``.
-        InvalidParameterError: anything else malformed.
+    Raises DimensionMismatchError when ``D != dim``, InvalidParameterError for anything else malformed.
     """
     emb = np.asarray(embeddings)
     q = np.asarray(qualities)
@@ -385,7 +201,7 @@ def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tupl
 
 
 def validate_import(subject_ids: object, templates: object, qualities: object) -> list[str]:
-    """Check the ids of a template import: valid, unique, one per row of ``templates``."""
+    """The ids of a template import: valid, unique, one per row of ``templates`` and of ``qualities``."""
     if not isinstance(subject_ids, list | tuple) or not subject_ids:
         raise InvalidParameterError("subject_ids must be a non-empty list", detail={"field": "subject_ids"})
     ids = [validate_subject_id(s) for s in subject_ids]
@@ -400,17 +216,10 @@ def validate_import(subject_ids: object, templates: object, qualities: object) -
     return ids
 
 
-# --------------------------------------------------------------------------- template math
+# --------------------------------------------------------------------------- template math and packing
 def quality_weighted_template(embeddings: np.ndarray, qualities: np.ndarray) -> np.ndarray:
-    """The subject template: ``normalise(Σ max(qᵢ, floor)·eᵢ)`` (see the module docstring).
-
-    Args:
-        embeddings: ``(n, D)`` float32, unit-norm rows, ``n >= 1``.
-        qualities: ``(n,)`` float32 in ``[0, 1]``.
-
-    Returns:
-        ``(D,) float32`` unit-norm template (computed in float64, then rounded once).
-    """
+    """``(D,) float32`` unit-norm template of ``(n, D)`` embeddings and ``(n,)`` qualities (computed in
+    float64, rounded once, so every backend agrees bit for bit)."""
     e = np.asarray(embeddings, dtype=np.float64)
     w = np.maximum(np.asarray(qualities, dtype=np.float64), TEMPLATE_WEIGHT_FLOOR)
     s = w @ e
@@ -421,40 +230,12 @@ def quality_weighted_template(embeddings: np.ndarray, qualities: np.ndarray) -> 
     return (s / norm).astype(np.float32)
 
 
-def template_quality(qualities: np.ndarray) -> float:
-    """``max(qᵢ)`` of a subject's stored qualities (``(n,)`` float32)."""
-    return float(np.max(np.asarray(qualities, dtype=np.float32)))
-
-
-def decode_meta(text: str | None) -> dict[str, Any]:
-    """Inverse of :func:`encode_meta` for stored text (``None``/empty → ``{}``)."""
-    if not text:
-        return {}
-    value = json.loads(text)
-    return value if isinstance(value, dict) else {}
-
-
-# --------------------------------------------------------------------------- shared by the SQL backends
-def validate_new_gallery(name: object, model: object, dim: object) -> int:
-    """Check the arguments of :meth:`GalleryStore.create_gallery`; returns ``dim`` as int."""
-    validate_gallery_name(name)
-    validate_gallery_name(model, what="model name")
-    return validate_dim(dim)
-
-
-def validate_subject_ref(gallery: object, subject_id: object) -> None:
-    """Check a ``(gallery, subject_id)`` pair an operation on one subject names."""
-    validate_gallery_name(gallery)
-    validate_subject_id(subject_id)
-
-
 def pack_vector(vec: np.ndarray) -> bytes:
-    """Raw little-endian float32 bytes of a vector (how the SQL backends store embeddings and templates)."""
+    """Raw little-endian float32 bytes: how embeddings and templates are stored."""
     return np.ascontiguousarray(vec, dtype="<f4").tobytes()
 
 
 def unpack_vector(blob: bytes | bytearray | memoryview, dim: int) -> np.ndarray:
-    """``(dim,) float32`` from bytes written by :func:`pack_vector`; raises GalleryError on a wrong length."""
     if len(blob) != 4 * dim:
         raise GalleryError(
             f"corrupt vector in the gallery database: {len(blob)} bytes, expected {4 * dim}",
@@ -463,65 +244,269 @@ def unpack_vector(blob: bytes | bytearray | memoryview, dim: int) -> np.ndarray:
     return np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32)
 
 
-def unpack_templates(rows: list[tuple[Any, Any]], dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` from ``(subject_id, template bytes)`` rows."""
-    ids = [str(r[0]) for r in rows]
-    if not rows:
-        return ids, np.zeros((0, dim), dtype=np.float32)
-    blob = b"".join(bytes(r[1]) for r in rows)
-    if len(blob) != 4 * dim * len(rows):
-        raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
-    return ids, np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(rows), dim)
+def read_templates(cur: Any, dim: int, gallery: str, chunk: int = 65_536) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` from a cursor over ``(subject_id, template bytes)`` rows, fetched
+    ``chunk`` rows at a time: a 1M-subject load holds one chunk's bytes, never all of them twice."""
+    ids: list[str] = []
+    parts = [np.zeros((0, dim), np.float32)]
+    while rows := cur.fetchmany(chunk):
+        blob = b"".join([r[1] for r in rows])
+        if len(blob) != 4 * dim * len(rows):
+            raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
+        ids += [str(r[0]) for r in rows]
+        parts.append(np.frombuffer(blob, "<f4").reshape(len(rows), dim))
+    return ids, np.concatenate(parts).astype(np.float32, copy=False)
 
 
-def rebuild_template(stored: list[tuple[Any, Any]], dim: int) -> tuple[bytes, float]:
-    """A subject's packed template and its quality from all its stored ``(vector bytes, quality)`` rows."""
-    all_e = np.stack([unpack_vector(v, dim) for v, _ in stored])
-    all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
-    return pack_vector(quality_weighted_template(all_e, all_q)), template_quality(all_q)
-
-
-#: Columns, in order, that :func:`subject_info_from_row` reads.
-SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
-
-
-def subject_info_from_row(row: tuple[Any, ...]) -> SubjectInfo:
-    """A :class:`SubjectInfo` from a row of :data:`SUBJECT_COLS`."""
+def _subject(row: tuple[Any, ...]) -> SubjectInfo:
     sid, n, tq, meta, created, updated = row
-    return SubjectInfo(
-        subject_id=str(sid),
-        n_embeddings=int(n),
-        template_quality=float(tq),
-        meta=decode_meta(meta),
-        created_at=float(created),
-        updated_at=float(updated),
-    )
+    value = json.loads(meta) if meta else {}
+    meta_d = value if isinstance(value, dict) else {}
+    return SubjectInfo(str(sid), int(n), float(tq), meta_d, float(created), float(updated))
 
 
-def gallery_from_row(row: tuple[Any, ...] | None, name: str) -> tuple[int, str, int, float]:
-    """``(id, model, dim, created_at)`` of a gallery's row; raises GalleryNotFoundError when it is ``None``."""
-    if row is None:
-        raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
-    return int(row[0]), str(row[1]), int(row[2]), float(row[3])
-
-
-def subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:
-    """The error for a subject a gallery does not hold."""
+def _subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:
     return SubjectNotFoundError(
         f"no subject {subject_id!r} in gallery {gallery!r}", detail={"gallery": gallery, "subject_id": subject_id}
     )
 
 
-def changes_from_rows(rows: list[tuple[Any, ...]]) -> list[Change]:
-    """Feed entries from ``(seq, op, gallery, subject_id, committed_at, dim, template bytes)`` rows, where
-    ``dim`` and the template are ``NULL`` once the gallery or subject is gone."""
-    out = []
-    for sq, op, gal, sid, at, dim, blob in rows:
-        tpl = unpack_vector(blob, int(dim)) if blob is not None and dim is not None else None
-        out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
-    return out
+#: One change-log row as the backends write it: ``(op, gallery, subject_id)``.
+ChangeRow = tuple[str, str, str | None]
 
 
-def gallery_infos(rows: list[tuple[Any, ...]]) -> list[GalleryInfo]:
-    """:class:`GalleryInfo` from ``(name, model, dim, created_at, subjects)`` rows."""
-    return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]
+class GalleryStore:
+    """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction.
+
+    The SQL here uses ``?`` placeholders; the connection a backend's :meth:`_tx` yields must take them and
+    offer ``execute(sql, params)`` returning a cursor with ``fetchone``/``fetchall``/``rowcount``.
+    """
+
+    #: ``ORDER BY subject_id`` + this sorts by bytes on every backend.
+    _BYTE_ORDER = ""
+
+    # ------------------------------------------------------------------ backend steps
+    def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> AbstractContextManager[Any]:
+        """One transaction (``write``: serialised with every other writer; ``snapshot``: every read in it
+        sees one snapshot); driver errors become GalleryError naming ``what``."""
+        raise NotImplementedError
+
+    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
+        raise NotImplementedError  # append change rows inside the caller's write transaction
+
+    def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
+        raise NotImplementedError  # an empty subject row; returns its primary key
+
+    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
+        """Replace subjects ``ids`` by single-embedding subjects of ``(S, D) float32`` rows ``emb``."""
+        raise NotImplementedError
+
+    def _templates(
+        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        """``(subject_ids, (S, D) float32)`` of one gallery; ``ordered``: by subject id (byte order)."""
+        raise NotImplementedError
+
+    def _erase_deleted(self) -> None:
+        raise NotImplementedError  # after a committed delete: drop the deleted bytes, as far as the backend can
+
+    def wait_for_change(self, after: int, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until a change after ``after`` may have committed (spurious True allowed).
+        Here: poll ``current_seq`` every 5 ms (SQLite has no notifications)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while (seen := self.current_seq()) <= after and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.005, left))
+        return seen > after
+
+    def close(self) -> None:
+        raise NotImplementedError  # idempotent; later calls raise GalleryError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _gallery_row(self, conn: Any, name: str) -> tuple[int, str, int, float]:
+        """``(id, model, dim, created_at)``; raises GalleryNotFoundError."""
+        row = conn.execute("SELECT id, model, dim, created_at FROM galleries WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
+        return int(row[0]), str(row[1]), int(row[2]), float(row[3])
+
+    # ------------------------------------------------------------------ galleries
+    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
+        validate_gallery_name(name)
+        validate_gallery_name(model, what="model name")
+        if not _int_in(dim, 1, MAX_DIM):
+            raise InvalidParameterError(f"invalid dim {dim!r}: an integer in [1, {MAX_DIM}]", detail={"field": "dim"})
+        now = time.time()
+        with self._tx(f"creating gallery {name!r}", write=True) as conn:
+            if conn.execute("SELECT 1 FROM galleries WHERE name = ?", (name,)).fetchone():
+                raise GalleryExistsError(f"gallery {name!r} already exists", detail={"gallery": name})
+            sql = "INSERT INTO galleries (name, model, dim, created_at) VALUES (?, ?, ?, ?)"
+            conn.execute(sql, (name, model, int(dim), now))
+            self._log(conn, [("create_gallery", name, None)], now)
+        return GalleryInfo(name=name, model=model, dim=int(dim), created_at=now, subjects=0)
+
+    def list_galleries(self) -> list[GalleryInfo]:
+        with self._tx("listing galleries", write=False) as conn:
+            rows = conn.execute("SELECT name, model, dim, created_at, subjects FROM galleries ORDER BY name").fetchall()
+        return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]
+
+    def get_gallery(self, name: str) -> GalleryInfo:
+        validate_gallery_name(name)
+        with self._tx(f"reading gallery {name!r}", write=False) as conn:
+            gid, model, dim, created = self._gallery_row(conn, name)
+            n = conn.execute("SELECT subjects FROM galleries WHERE id = ?", (gid,)).fetchone()[0]
+        return GalleryInfo(name=name, model=model, dim=dim, created_at=created, subjects=int(n))
+
+    def delete_gallery(self, name: str) -> None:
+        """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
+        validate_gallery_name(name)
+        with self._tx(f"deleting gallery {name!r}", write=True) as conn:
+            conn.execute("DELETE FROM galleries WHERE id = ?", (self._gallery_row(conn, name)[0],))
+            self._log(conn, [("delete_gallery", name, None)], time.time())
+        self._erase_deleted()
+
+    # ------------------------------------------------------------------ subjects
+    def add_embeddings(
+        self,
+        gallery: str,
+        subject_id: str,
+        embeddings: np.ndarray,
+        qualities: np.ndarray,
+        meta: dict[str, Any] | None = None,
+    ) -> SubjectInfo:
+        """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)
+        and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
+        validate_gallery_name(gallery)
+        validate_subject_id(subject_id)
+        meta_text = encode_meta(meta)
+        with self._tx(f"enrolling {subject_id!r} in {gallery!r}", write=True) as conn:
+            gid, _, dim, _ = self._gallery_row(conn, gallery)
+            emb, q = validate_embeddings(embeddings, qualities, dim)
+            now = time.time()
+            row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, subject_id))
+            row = row.fetchone()
+            if row is None:
+                spk = self._insert_subject(conn, gid, subject_id, meta_text or "{}", now)
+                conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
+            else:
+                spk = int(row[0])
+                if meta_text is not None:
+                    conn.execute("UPDATE subjects SET meta = ? WHERE id = ?", (meta_text, spk))
+            for e, qi in zip(emb, q, strict=True):
+                sql = "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)"
+                conn.execute(sql, (spk, pack_vector(e), float(qi), now))
+            sql = "SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id"
+            stored = conn.execute(sql, (spk,)).fetchall()
+            all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
+            template = quality_weighted_template(np.stack([unpack_vector(v, dim) for v, _ in stored]), all_q)
+            conn.execute(
+                "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
+                (pack_vector(template), float(all_q.max()), len(stored), now, spk),
+            )
+            self._log(conn, [("enrol", gallery, subject_id)], now)
+            out = conn.execute(f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = ?", (spk,)).fetchone()
+        return _subject(out)
+
+    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
+        return _subject(self._subject_value(gallery, subject_id, SUBJECT_COLS)[0])
+
+    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
+        """A subject's stored ``(D,) float32`` unit-norm template."""
+        row, dim = self._subject_value(gallery, subject_id, "template")
+        return unpack_vector(row[0], dim)
+
+    def _subject_value(self, gallery: str, subject_id: str, cols: str) -> tuple[tuple[Any, ...], int]:
+        """``cols`` of one subject's row, and the gallery's dim; raises Gallery/SubjectNotFoundError."""
+        validate_gallery_name(gallery)
+        validate_subject_id(subject_id)
+        with self._tx(f"reading {subject_id!r} in {gallery!r}", write=False) as conn:
+            gid, _, dim, _ = self._gallery_row(conn, gallery)
+            sql = f"SELECT {cols} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+            row = conn.execute(sql, (gid, subject_id)).fetchone()
+        if row is None:
+            raise _subject_not_found(gallery, subject_id)
+        return tuple(row), dim
+
+    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
+        """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
+        validate_gallery_name(gallery)
+        offset, limit = validate_page(offset, limit)
+        with self._tx(f"listing subjects of {gallery!r}", write=False) as conn:
+            gid = self._gallery_row(conn, gallery)[0]
+            sql = (
+                f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ?"
+                f" ORDER BY subject_id{self._BYTE_ORDER} LIMIT ? OFFSET ?"
+            )
+            rows = conn.execute(sql, (gid, limit, offset)).fetchall()
+        return [_subject(r) for r in rows]
+
+    def delete_subject(self, gallery: str, subject_id: str) -> None:
+        """Erase a subject and all its embeddings (really removed, then the backend's erasure step)."""
+        validate_gallery_name(gallery)
+        validate_subject_id(subject_id)
+        with self._tx(f"deleting {subject_id!r} from {gallery!r}", write=True) as conn:
+            gid = self._gallery_row(conn, gallery)[0]
+            sql = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+            if conn.execute(sql, (gid, subject_id)).rowcount == 0:
+                raise _subject_not_found(gallery, subject_id)
+            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
+            self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
+        self._erase_deleted()
+
+    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
+        """``(subject_ids, (S, D) float32)`` of a gallery, ordered by ``subject_id``."""
+        validate_gallery_name(gallery)
+        with self._tx(f"loading templates of {gallery!r}", write=False) as conn:
+            gid, _, dim, _ = self._gallery_row(conn, gallery)
+            return self._templates(conn, gid, dim, gallery)
+
+    def import_templates(
+        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray
+    ) -> int:
+        """Bulk enrolment without photos, one transaction: each ``(S, D) float32`` unit-norm row becomes a
+        subject's only embedding (replacing what a subject of that id held). Returns S."""
+        validate_gallery_name(gallery)
+        ids = validate_import(subject_ids, templates, qualities)
+        with self._tx(f"importing {len(ids)} templates into {gallery!r}", write=True) as conn:
+            gid, _, dim, _ = self._gallery_row(conn, gallery)
+            emb, q = validate_embeddings(templates, qualities, dim)
+            now = time.time()
+            self._write_imported(conn, gid, ids, emb, q, now)
+            conn.execute(RECOUNT + " WHERE id = ?", (gid,))
+            self._log(conn, [("enrol", gallery, sid) for sid in ids], now)
+        return len(ids)
+
+    # ------------------------------------------------------------------ change feed
+    def current_seq(self) -> int:
+        """The last committed change's sequence number (0 when none); a cheap read."""
+        with self._tx("reading the change sequence", write=False) as conn:
+            return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+
+    def changes_since(self, seq: int, limit: int = 10_000) -> list[Change]:
+        """Up to ``limit`` changes after ``seq``, in order, with the state they refer to (one snapshot)."""
+        with self._tx("reading the change feed", write=False, snapshot=True) as conn:
+            rows = conn.execute(
+                "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
+                " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
+                " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
+                " WHERE c.seq > ? ORDER BY c.seq LIMIT ?",
+                (int(seq), int(limit)),
+            ).fetchall()
+        out = []
+        for sq, op, gal, sid, at, dim, blob in rows:
+            tpl = unpack_vector(blob, int(dim)) if blob is not None and dim is not None else None
+            out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
+        return out
+
+    def load_snapshot(self) -> StoreSnapshot:
+        """Every gallery's templates and the sequence number they are current at (the start-up load)."""
+        galleries: dict[str, tuple[int, list[str], np.ndarray]] = {}
+        with self._tx("loading every gallery", write=False, snapshot=True) as conn:
+            seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+            for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
+                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name), False))
+        return StoreSnapshot(seq=seq, galleries=galleries)

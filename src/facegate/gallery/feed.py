@@ -1,18 +1,12 @@
 """Keeps a :class:`~facegate.gallery.index.GalleryIndex` current from the store's change feed.
 
-The index is loaded in full once (:meth:`IndexFollower.load`, one snapshot and the sequence number it
-is current at) and from then on only applies the changes after its last sequence number, at a cost
-proportional to the change: an enrolment is one row write, a delete one swap-remove.
-
-Read your writes: :meth:`IndexFollower.catch_up` with ``target=store.current_seq()`` (a cheap
-``max(seq)``) before a search makes every change that committed before the search began visible to it,
-whichever process or host wrote it. A writer calls it after its own commit for the same reason. Because
-changes are state-based (each carries the subject's template as the store holds it when the feed is
-read) and applied in sequence order under one lock, a write can never be overwritten by a stale
-snapshot, which was how a front-end lost its own write when it landed during a full rebuild.
-
-A background thread (:meth:`IndexFollower.start`) also applies foreign changes as they commit, woken by
-the store (PostgreSQL ``LISTEN``/``NOTIFY``, SQLite polling), so searches rarely find work to do.
+The index loads in full once (:meth:`IndexFollower.load`), then applies only the changes after its last
+sequence number, at a cost proportional to the change. :meth:`IndexFollower.catch_up` with
+``target=store.current_seq()`` before a search makes every change committed before it visible, whichever
+process or host wrote it. Changes are state-based and applied in sequence order under one lock, so a write
+is never overwritten by a stale snapshot (how a front-end used to lose its own write during a rebuild).
+A background thread (:meth:`IndexFollower.start`), woken by the store, applies foreign changes as they
+commit, so searches rarely find work to do.
 """
 
 from __future__ import annotations
@@ -36,15 +30,8 @@ LagHook = Callable[[float, int], None]
 
 
 class IndexFollower:
-    """One index following one store.
-
-    Args:
-        store: the store of record.
-        index: the index to keep current (it is replaced wholesale only by :meth:`load`).
-        lag_hook: optional callable receiving ``(lag_s, n_changes)`` after each applied batch, where
-            ``lag_s`` is the seconds from the newest applied change's commit to its application.
-        on_applied: optional callable run after a catch-up that applied changes (the gallery-size metrics).
-    """
+    """``index`` following ``store``. ``lag_hook(lag_s, n)`` runs after each applied batch (``lag_s``: seconds
+    from the newest change's commit to now); ``on_applied()`` after a catch-up that applied changes."""
 
     def __init__(
         self,
@@ -71,13 +58,7 @@ class IndexFollower:
         return self._seq
 
     def set_lag_hook(self, hook: LagHook | None) -> None:
-        """Install (or remove) the feed-lag hook."""
         self._lag_hook = hook
-
-    @property
-    def index(self) -> GalleryIndex:
-        """The followed index."""
-        return self._index
 
     def load(self) -> None:
         """Full load from one store snapshot (start-up only)."""
@@ -96,12 +77,8 @@ class IndexFollower:
         )
 
     def catch_up(self, target: int | None = None) -> int:
-        """Apply every change after :attr:`seq`; returns how many were applied.
-
-        Args:
-            target: when given and already reached, return at once without reading the feed (the caller
-                looked up ``store.current_seq()``, or knows the sequence number of its own write).
-        """
+        """Apply every change after :attr:`seq`; returns how many. A ``target`` already reached (the caller
+        read ``store.current_seq()``) returns at once without reading the feed."""
         if not self._loaded:
             raise GalleryError("the gallery index is not loaded yet")
         if target is not None and self._seq >= target:
@@ -147,9 +124,7 @@ class IndexFollower:
                     # the gallery was re-created with another dim; a later change drops and re-adds it
                     log.debug("index: skipped %s of %r in re-created gallery %r", c.op, c.subject_id, c.gallery)
 
-    # ------------------------------------------------------------------ background follower
     def start(self, wait_s: float = 1.0) -> None:
-        """Follow the feed in a daemon thread, applying changes as the store signals them."""
         if self._thread is not None:
             return
         self._stop.clear()
@@ -170,7 +145,7 @@ class IndexFollower:
                 backoff = min(2 * backoff, 5.0)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the background thread (it exits at its next wake-up, within ``wait_s``)."""
+        # the thread exits at its next wake-up, within ``wait_s``
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:

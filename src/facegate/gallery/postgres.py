@@ -1,29 +1,17 @@
-"""PostgreSQL gallery backend (psycopg 3 with a psycopg_pool connection pool).
+"""PostgreSQL gallery backend (psycopg 3, psycopg_pool): several engines and hosts share one database.
 
-Several engines, on one host or many, share one database: each keeps its index current from the change
-feed, woken by ``LISTEN``/``NOTIFY`` on channel :data:`CHANNEL` (the notification is sent inside the
-writing transaction, so PostgreSQL delivers it only once the change is visible).
+Each engine keeps its index current from the change feed, woken by ``LISTEN``/``NOTIFY`` on :data:`CHANNEL`
+(sent inside the writing transaction, so delivered only once the change is visible).
 
-Sequence numbers: a ``SERIAL`` would hand out numbers in *allocation* order, and a transaction holding a
-lower number could commit after one holding a higher number, so a follower that read up to the higher
-one would skip the lower one for ever. Every write transaction therefore takes one transaction-level
-advisory lock (:data:`WRITE_LOCK`) first and numbers its change rows ``max(seq) + 1``: writes are
-serialised, sequence order is commit order and the log has no gaps. Writes are a few milliseconds, and
-bulk imports write many subjects per transaction, so one writer at a time is not the bottleneck.
+Sequence numbers: a ``SERIAL`` hands numbers out in allocation order, and a transaction holding a lower one
+can commit after one holding a higher one, so a follower would skip it for ever. Every write therefore takes
+the transaction-level advisory lock :data:`WRITE_LOCK` first and numbers its rows ``max(seq) + 1``: writes
+are serialised, sequence order is commit order, the log has no gaps. Feed reads run in ``REPEATABLE READ``.
 
-Reads of the feed (``changes_since``, ``load_snapshot``) run in ``REPEATABLE READ`` so the change rows
-and the subject rows they join come from one snapshot.
-
-Erasure: ``DELETE`` removes the row from every later snapshot at once, but the old tuple stays in the
-table's heap pages (and in the WAL segments and any base backup) until ``VACUUM`` reclaims the space and a
-later write overwrites it; see ``docs/gallery.md``. :meth:`PostgresGalleryStore.delete_subject` runs a
-``VACUUM`` of the three tables after the delete so the dead tuples are pruned before it answers, as far as
-no older snapshot (a long-running transaction anywhere on the server) still needs them.
-
-Every psycopg exception becomes a :class:`~facegate.errors.GalleryError`; a server that cannot be reached
-becomes :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503). The calls whose logic every SQL
-backend shares live in :class:`facegate.gallery.sqlstore.SQLGalleryStore`; this module holds the PostgreSQL
-SQL, transactions, change numbering and erasure.
+Erasure: a ``DELETE`` hides the row from later snapshots at once, but the old tuple stays in the heap (and in
+WAL segments and base backups) until ``VACUUM`` prunes it and a later write reuses the space; each delete
+runs a ``VACUUM`` as far as no older snapshot on the server still needs the tuples (docs/gallery.md).
+A server that cannot be reached is :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503).
 """
 
 from __future__ import annotations
@@ -37,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import GalleryError, GalleryUnavailableError
-from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
-from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +34,7 @@ CHANNEL = "facegate_gallery"
 #: Key of the advisory lock that serialises writers (ASCII "FGGL").
 WRITE_LOCK = 0x4647474C
 #: Schema version kept in ``facegate_schema``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS facegate_schema (version INTEGER NOT NULL)",
@@ -88,15 +75,21 @@ _DDL = (
 )
 
 
-class PostgresGalleryStore(SQLGalleryStore):
-    """:class:`~facegate.gallery.base.GalleryStore` on a PostgreSQL database (see the module docstring).
+class _Qmark:
+    """A psycopg connection that takes the shared SQL's ``?`` placeholders (none of it has a literal ``?``)."""
 
-    Args:
-        url: a libpq connection URL, ``postgresql://user@host:port/db``.
-        pool_size: most connections this process opens.
-        connect_timeout_s: how long start-up and each call wait for a connection before answering
-            :class:`~facegate.errors.GalleryUnavailableError`.
-    """
+    def __init__(self, conn: Any) -> None:
+        self.raw = conn
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        return self.raw.execute(sql.replace("?", "%s"), params)
+
+
+class PostgresGalleryStore(GalleryStore):
+    """The store on the database of libpq URL ``url``, with at most ``pool_size`` connections;
+    ``connect_timeout_s``: how long start-up and each call wait for one before GalleryUnavailableError."""
+
+    _BYTE_ORDER = ' COLLATE "C"'  # byte order (as SQLite's BINARY), whatever the database's locale
 
     def __init__(self, url: str, *, pool_size: int = 4, connect_timeout_s: float = 5.0) -> None:
         import psycopg
@@ -133,7 +126,6 @@ class PostgresGalleryStore(SQLGalleryStore):
 
     @property
     def redacted_url(self) -> str:
-        """The URL without its password (for logs)."""
         from psycopg.conninfo import conninfo_to_dict
 
         try:
@@ -142,7 +134,6 @@ class PostgresGalleryStore(SQLGalleryStore):
             return "postgresql://?"
         return f"postgresql://{d.get('user', '')}@{d.get('host', '')}:{d.get('port', '')}/{d.get('dbname', '')}"
 
-    # ------------------------------------------------------------------ plumbing
     def _convert(self, exc: Exception, what: str) -> GalleryError:
         unavailable = isinstance(exc, self._pool_timeout | self._psycopg.OperationalError)
         cls = GalleryUnavailableError if unavailable else GalleryError
@@ -153,7 +144,6 @@ class PostgresGalleryStore(SQLGalleryStore):
 
     @contextmanager
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[Any]:
-        """One transaction on a pooled connection; psycopg errors become GalleryError."""
         if self._pool.closed:
             raise GalleryError("the gallery store is closed")
         try:
@@ -162,7 +152,7 @@ class PostgresGalleryStore(SQLGalleryStore):
                     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 if write:
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-                yield conn
+                yield _Qmark(conn)
         except (self._psycopg.Error, self._pool_timeout) as exc:
             raise self._convert(exc, what) from exc
 
@@ -171,7 +161,10 @@ class PostgresGalleryStore(SQLGalleryStore):
             for stmt in _DDL:
                 conn.execute(stmt)
             row = conn.execute("SELECT version FROM facegate_schema").fetchone()
-            if row is None:
+            if row is None or int(row[0]) < SCHEMA_VERSION:
+                conn.execute("ALTER TABLE galleries ADD COLUMN IF NOT EXISTS subjects BIGINT NOT NULL DEFAULT 0")
+                conn.execute(RECOUNT)  # v2: the kept subject count
+                conn.execute("DELETE FROM facegate_schema")
                 conn.execute("INSERT INTO facegate_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
             elif int(row[0]) > SCHEMA_VERSION:
                 raise GalleryError(
@@ -180,79 +173,35 @@ class PostgresGalleryStore(SQLGalleryStore):
                 )
 
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
-        """Append change rows ``(op, gallery, subject_id)`` numbered after the current maximum (the caller
-        holds :data:`WRITE_LOCK`), and notify the followers (delivered at commit)."""
+        # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
         base = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-        with conn.cursor() as cur:
+        with conn.raw.cursor() as cur:
             cur.executemany(
                 "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (%s, %s, %s, %s, %s)",
                 [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
             )
-        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(base + len(rows))))
-
-    # ------------------------------------------------------------------ SQL of the shared calls
-    _SQL_GALLERY_EXISTS = "SELECT 1 FROM galleries WHERE name = %s"
-    _SQL_INSERT_GALLERY = "INSERT INTO galleries (name, model, dim, created_at) VALUES (%s, %s, %s, %s)"
-    _SQL_GALLERY_ROW = "SELECT id, model, dim, created_at FROM galleries WHERE name = %s"
-    _SQL_LIST_GALLERIES = (
-        "SELECT g.name, g.model, g.dim, g.created_at,"
-        " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
-        " FROM galleries g ORDER BY g.name"
-    )
-    _SQL_GALLERY_IDS = "SELECT id, name, dim FROM galleries ORDER BY name"
-    _SQL_COUNT_SUBJECTS = "SELECT COUNT(*) FROM subjects WHERE gallery_id = %s"
-    _SQL_DELETE_GALLERY = "DELETE FROM galleries WHERE id = %s"
-    _SQL_SUBJECT_PK = "SELECT id FROM subjects WHERE gallery_id = %s AND subject_id = %s"
-    _SQL_SET_META = "UPDATE subjects SET meta = %s WHERE id = %s"
-    _SQL_STORED_EMBEDDINGS = "SELECT vector, quality FROM embeddings WHERE subject_pk = %s ORDER BY id"
-    _SQL_SET_TEMPLATE = (
-        "UPDATE subjects SET template = %s, template_quality = %s, n_embeddings = %s, updated_at = %s WHERE id = %s"
-    )
-    _SQL_SUBJECT_BY_PK = f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = %s"
-    _SQL_SUBJECT = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = %s AND subject_id = %s"
-    _SQL_TEMPLATE = "SELECT template FROM subjects WHERE gallery_id = %s AND subject_id = %s"
-    # byte order, as SQLite's default BINARY collation, whatever the database's locale
-    _SQL_SUBJECT_PAGE = (
-        f'SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C" LIMIT %s OFFSET %s'
-    )
-    _SQL_DELETE_SUBJECT = "DELETE FROM subjects WHERE gallery_id = %s AND subject_id = %s"
-    _SQL_CURRENT_SEQ = "SELECT COALESCE(MAX(seq), 0) FROM changes"
-    _SQL_CHANGES = (
-        "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
-        " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
-        " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
-        " WHERE c.seq > %s ORDER BY c.seq LIMIT %s"
-    )
+        conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
 
     def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
         return int(
             conn.execute(
                 "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                " n_embeddings, created_at, updated_at) VALUES (%s, %s, %s, '', 0, 0, %s, %s) RETURNING id",
+                " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, '', 0, 0, ?, ?) RETURNING id",
                 (gid, subject_id, meta_text, now, now),
             ).fetchone()[0]
         )
 
-    def _insert_embeddings(self, conn: Any, rows: list[tuple[int, bytes, float, float]]) -> None:
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (%s, %s, %s, %s)", rows
-            )
-
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        with conn.cursor(binary=True) as cur:
-            cur.execute(
-                'SELECT subject_id, template FROM subjects WHERE gallery_id = %s ORDER BY subject_id COLLATE "C"',
-                (gid,),
-            )
-            rows = cur.fetchall()
-        return unpack_templates(rows, dim, gallery)
+    def _templates(
+        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        # one server-side cursor, bytea in binary; the start-up load skips the sort (a 1M-row sort spills to disk)
+        order = ' ORDER BY subject_id COLLATE "C"' if ordered else ""
+        with conn.raw.cursor(name="facegate_templates", binary=True) as cur:
+            cur.execute(f"SELECT subject_id, template FROM subjects WHERE gallery_id = %s{order}", (gid,))
+            return read_templates(cur, dim, gallery)
 
     def _erase_deleted(self) -> None:
-        self._vacuum()
-
-    def _vacuum(self) -> None:
-        """Prune the dead tuples a delete left (best effort: an older snapshot elsewhere can keep them)."""
+        # best effort: an older snapshot elsewhere can keep the dead tuples
         try:
             with self._pool.connection() as conn:
                 conn.autocommit = True
@@ -263,12 +212,11 @@ class PostgresGalleryStore(SQLGalleryStore):
         except (self._psycopg.Error, self._pool_timeout):
             log.exception("gallery: VACUUM after a delete failed")
 
-    # ------------------------------------------------------------------ subjects
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
-        conn.execute("DELETE FROM subjects WHERE gallery_id = %s AND subject_id = ANY(%s)", (gid, ids))
+        conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ANY(?)", (gid, ids))
         before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
         with (
-            conn.cursor() as cur,
+            conn.raw.cursor() as cur,
             cur.copy(
                 "COPY subjects (gallery_id, subject_id, template, template_quality, n_embeddings,"
                 " created_at, updated_at) FROM STDIN"
@@ -278,13 +226,11 @@ class PostgresGalleryStore(SQLGalleryStore):
                 copy.write_row((gid, sid, pack_vector(e), float(qi), 1, now, now))
         conn.execute(
             "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-            " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = %s AND id > %s",
+            " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = ? AND id > ?",
             (gid, before),
         )
 
-    # ------------------------------------------------------------------ change feed
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
-        """Wait for a NOTIFY on :data:`CHANNEL` (up to ``timeout_s``); whether the sequence moved past ``after``."""
         with self._listen_lock:
             try:
                 if self._listen is None or self._listen.closed:
@@ -304,9 +250,7 @@ class PostgresGalleryStore(SQLGalleryStore):
                 raise self._convert(exc, "waiting for changes") from exc
         return self.current_seq() > after
 
-    # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Close the pool and the LISTEN connection; later calls raise GalleryError. Idempotent."""
         with self._listen_lock:
             if self._listen is not None:
                 self._listen.close()

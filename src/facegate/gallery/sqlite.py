@@ -1,31 +1,15 @@
-"""Embedded SQLite gallery backend.
+"""Embedded SQLite gallery backend: one file, one host.
 
-Durability and integrity:
+``journal_mode=WAL`` (readers never block the writer), ``synchronous=FULL`` (an answered write survives a
+power loss), ``foreign_keys=ON`` (deletes cascade to embeddings), ``secure_delete=ON`` (freed pages are
+zeroed). After a delete the WAL is checkpointed and truncated so the erased vectors leave every file SQLite
+owns. The schema version is ``PRAGMA user_version`` (older files are migrated, newer ones refused);
+``PRAGMA application_id`` marks the file. Writes take ``BEGIN IMMEDIATE``, so a read-modify-write is never
+interleaved with another writer.
 
-* ``journal_mode=WAL`` (readers never block the writer; falls back with a warning only where the file
-  system cannot do WAL), ``synchronous=FULL`` (the WAL is fsynced at every commit, so a write that
-  returned survives a process crash *and* an OS crash / power loss), ``foreign_keys=ON`` (deleting a
-  gallery or subject cascades to its embeddings), ``secure_delete=ON`` (freed content is overwritten
-  with zeros). After a subject or gallery is deleted the WAL is checkpointed and truncated, so the
-  erased biometric vectors are no longer in any file SQLite owns (what the file system or the disk
-  keeps of old blocks is outside its reach).
-* The schema version is ``PRAGMA user_version``; :data:`_MIGRATIONS` upgrades older files in one
-  transaction and a file from a newer facegate is refused. ``PRAGMA application_id`` marks the file.
-* Embeddings and templates are raw little-endian float32 BLOBs (``D * 4`` bytes).
-* Every public call is one transaction; writes take ``BEGIN IMMEDIATE`` so a read-modify-write
-  (appending embeddings and recomputing the template) is never interleaved with another writer.
-
-Threading: **one connection guarded by a lock** (``check_same_thread=False``), not one connection per
-thread. The hot path, 1:N search, is served from :class:`facegate.gallery.index.GalleryIndex` and never
-touches SQLite, so parallel SQLite readers would buy nothing; a single serialised connection rules out
-``SQLITE_BUSY`` lock-upgrade failures between our own threads, lets ``close()`` release everything
-deterministically (thread-local connections of finished threads would leak), and guarantees no other
-connection of ours holds a read snapshot when the post-delete ``wal_checkpoint(TRUNCATE)`` runs.
-``busy_timeout`` still covers other processes opening the same file.
-
-Every ``sqlite3`` exception is converted to a :class:`~facegate.errors.GalleryError` here. The calls whose
-logic every SQL backend shares live in :class:`facegate.gallery.sqlstore.SQLGalleryStore`; this module
-holds the SQLite SQL, transactions and erasure.
+One connection behind a lock, not one per thread: search never touches SQLite (the index serves it), a single
+connection rules out lock-upgrade ``SQLITE_BUSY`` between our own threads, and no other connection of ours
+holds a read snapshot when the post-delete checkpoint runs. ``busy_timeout`` covers other processes.
 """
 
 from __future__ import annotations
@@ -42,15 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from facegate.errors import ErasureIncompleteError, GalleryError
-from facegate.gallery.base import SUBJECT_COLS, pack_vector, unpack_templates
-from facegate.gallery.sqlstore import ChangeRow, SQLGalleryStore
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
 
 log = logging.getLogger(__name__)
 
 #: ``PRAGMA application_id`` of facegate gallery files (ASCII "FGGL").
 APPLICATION_ID = 0x4647474C
 #: Current schema version (``PRAGMA user_version``).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: ``version -> DDL statements`` that bring a file from ``version - 1`` to ``version``.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -84,8 +67,6 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX embeddings_by_subject ON embeddings(subject_pk)",
     ),
     2: (
-        # the change feed: AUTOINCREMENT never reuses a number, and writers are serialised by
-        # BEGIN IMMEDIATE, so sequence order is commit order
         """CREATE TABLE changes (
                seq          INTEGER PRIMARY KEY AUTOINCREMENT,
                op           TEXT    NOT NULL,
@@ -94,16 +75,14 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                committed_at REAL    NOT NULL
            )""",
     ),
+    3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT),
 }
 
 #: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
 _CHECKPOINT_ATTEMPTS = 2
-#: How often :meth:`SQLiteGalleryStore.wait_for_change` looks at the file (SQLite has no notifications).
-_POLL_S = 0.005
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
-    """A GalleryError carrying the sqlite3 error's class and SQLite error name."""
     name = getattr(exc, "sqlite_errorname", None)
     return GalleryError(
         f"gallery database error while {what}: {exc}",
@@ -111,13 +90,11 @@ def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
     )
 
 
-class SQLiteGalleryStore(SQLGalleryStore):
-    """:class:`~facegate.gallery.base.GalleryStore` on one SQLite file (see the module docstring).
+class SQLiteGalleryStore(GalleryStore):
+    """The store on one SQLite file ``path`` (created with mode 0600, parents too), or ``":memory:"``.
 
-    Args:
-        path: database file (created, with mode 0600, if absent; parent folders too), or ``":memory:"``.
-        busy_timeout_s: how long a write waits for another *process* holding the write lock.
-        open_retry_s: how long opening retries (with backoff) while SQLite reports the file busy.
+    ``busy_timeout_s``: how long a write waits for another process's write lock; ``open_retry_s``: how long
+    opening retries while SQLite reports the file busy.
     """
 
     def __init__(
@@ -154,7 +131,6 @@ class SQLiteGalleryStore(SQLGalleryStore):
         log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
 
     def _open(self, busy_timeout_s: float, memory: bool) -> tuple[sqlite3.Connection, str]:
-        """One attempt: connect, set the pragmas, migrate. Returns the connection and the journal mode."""
         try:
             conn = sqlite3.connect(self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -174,12 +150,6 @@ class SQLiteGalleryStore(SQLGalleryStore):
             conn.close()
             raise
         return conn, mode
-
-    # ------------------------------------------------------------------ plumbing
-    @property
-    def path(self) -> str:
-        """The database file path as given."""
-        return self._path
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -212,10 +182,7 @@ class SQLiteGalleryStore(SQLGalleryStore):
 
     @contextmanager
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        """One transaction under the store lock; sqlite3 errors become GalleryError.
-
-        ``snapshot`` needs nothing here: every SQLite transaction reads from one snapshot of the file.
-        """
+        # ``snapshot`` needs nothing: every SQLite transaction reads one snapshot of the file
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -234,27 +201,10 @@ class SQLiteGalleryStore(SQLGalleryStore):
                     raise _convert(exc, what) from exc
                 raise
 
-    def data_version(self) -> int:
-        """SQLite's ``PRAGMA data_version``: changes when another connection (e.g. another front-end
-        process) commits to the file; never for this connection's own commits."""
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise GalleryError("the gallery store is closed")
-            try:
-                return int(conn.execute("PRAGMA data_version").fetchone()[0])
-            except sqlite3.Error as exc:
-                raise _convert(exc, "data_version") from exc
-
-    def _checkpoint_truncate(self) -> None:
-        """Copy the WAL into the database file and truncate it, so erased bytes leave every file SQLite owns.
-
-        With ``secure_delete`` the deleted rows' space is zeroed in the new page versions; the checkpoint
-        writes those over the old pages and empties the WAL that held earlier versions. It waits (busy
-        timeout) for readers of older snapshots; if one still holds its snapshot after that, the delete
-        stays committed and :class:`ErasureIncompleteError` says the bytes are not gone yet (the next
-        delete, or :meth:`erase_pending`, finishes the job).
-        """
+    def _erase_deleted(self) -> None:
+        """Copy the WAL (with ``secure_delete``'s zeroed pages) into the file and truncate it. A reader of an
+        older snapshot that outlasts the busy timeout leaves the delete committed but the bytes in the WAL:
+        :class:`ErasureIncompleteError` (the next delete, or :meth:`erase_pending`, finishes the job)."""
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
@@ -274,48 +224,15 @@ class SQLiteGalleryStore(SQLGalleryStore):
                     detail={"path": self._path},
                 )
 
-    def erase_pending(self) -> None:
-        """Finish an erasure that :class:`ErasureIncompleteError` reported (checkpoint and truncate the WAL)."""
-        self._checkpoint_truncate()
+    #: Finish an erasure that :class:`ErasureIncompleteError` reported.
+    erase_pending = _erase_deleted
 
     def _log(self, conn: sqlite3.Connection, rows: list[ChangeRow], now: float) -> None:
-        """Append change-log rows inside the caller's write transaction (AUTOINCREMENT numbers them)."""
+        # AUTOINCREMENT never reuses a number and BEGIN IMMEDIATE serialises writers: seq order is commit order
         conn.executemany(
             "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?)",
             [(op, g, s, now) for op, g, s in rows],
         )
-
-    # ------------------------------------------------------------------ SQL of the shared calls
-    _SQL_GALLERY_EXISTS = "SELECT 1 FROM galleries WHERE name = ?"
-    _SQL_INSERT_GALLERY = "INSERT INTO galleries (name, model, dim, created_at) VALUES (?, ?, ?, ?)"
-    _SQL_GALLERY_ROW = "SELECT id, model, dim, created_at FROM galleries WHERE name = ?"
-    _SQL_LIST_GALLERIES = (
-        "SELECT g.name, g.model, g.dim, g.created_at,"
-        " (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = g.id)"
-        " FROM galleries g ORDER BY g.name"
-    )
-    _SQL_GALLERY_IDS = "SELECT id, name, dim FROM galleries ORDER BY name"
-    _SQL_COUNT_SUBJECTS = "SELECT COUNT(*) FROM subjects WHERE gallery_id = ?"
-    _SQL_DELETE_GALLERY = "DELETE FROM galleries WHERE id = ?"
-    _SQL_SUBJECT_PK = "SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-    _SQL_SET_META = "UPDATE subjects SET meta = ? WHERE id = ?"
-    _SQL_STORED_EMBEDDINGS = "SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id"
-    _SQL_SET_TEMPLATE = (
-        "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?"
-    )
-    _SQL_SUBJECT_BY_PK = f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = ?"
-    _SQL_SUBJECT = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-    _SQL_TEMPLATE = "SELECT template FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-    # SQLite compares TEXT with BINARY collation by default: byte order, as PostgreSQL's COLLATE "C"
-    _SQL_SUBJECT_PAGE = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? ORDER BY subject_id LIMIT ? OFFSET ?"
-    _SQL_DELETE_SUBJECT = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-    _SQL_CURRENT_SEQ = "SELECT COALESCE(MAX(seq), 0) FROM changes"
-    _SQL_CHANGES = (
-        "SELECT c.seq, c.op, c.gallery, c.subject_id, c.committed_at, g.dim, s.template"
-        " FROM changes c LEFT JOIN galleries g ON g.name = c.gallery"
-        " LEFT JOIN subjects s ON s.gallery_id = g.id AND s.subject_id = c.subject_id"
-        " WHERE c.seq > ? ORDER BY c.seq LIMIT ?"
-    )
 
     def _insert_subject(self, conn: sqlite3.Connection, gid: int, subject_id: str, meta_text: str, now: float) -> int:
         cur = conn.execute(
@@ -325,19 +242,13 @@ class SQLiteGalleryStore(SQLGalleryStore):
         )
         return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    def _insert_embeddings(self, conn: sqlite3.Connection, rows: list[tuple[int, bytes, float, float]]) -> None:
-        conn.executemany("INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)", rows)
+    def _templates(
+        self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str, ordered: bool = True
+    ) -> tuple[list[str], np.ndarray]:
+        # the UNIQUE (gallery_id, subject_id) index gives subject-id order for free
+        cur = conn.execute("SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,))
+        return read_templates(cur, dim, gallery)
 
-    def _templates(self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
-        rows = conn.execute(
-            "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,)
-        ).fetchall()
-        return unpack_templates(rows, dim, gallery)
-
-    def _erase_deleted(self) -> None:
-        self._checkpoint_truncate()
-
-    # ------------------------------------------------------------------ subjects
     def _write_imported(
         self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
     ) -> None:
@@ -356,21 +267,7 @@ class SQLiteGalleryStore(SQLGalleryStore):
             (before,),
         )
 
-    # ------------------------------------------------------------------ change feed
-    def wait_for_change(self, after: int, timeout_s: float) -> bool:
-        """Poll the change sequence every few milliseconds, up to ``timeout_s``; whether it moved past ``after``."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        while True:
-            if self.current_seq() > after:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(_POLL_S, left))
-
-    # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Checkpoint and close the connection; later calls raise GalleryError. Idempotent."""
         with self._lock:
             conn, self._conn = self._conn, None
             if conn is None:

@@ -1,16 +1,11 @@
-"""Bulk enrolment, shared by ``facegate enrol`` and the HTTP batch endpoint.
+"""Bulk enrolment for ``facegate enrol``, from photos or from templates.
 
-Two sources:
-
-* **photos**: a folder with one sub-folder per subject (``DIR/<subject_id>/*.jpg``), or a CSV of
-  ``path,subject_id`` rows. Photos go through the pipeline in full batches; each subject's accepted
-  faces are written in one transaction once its photos are done, so an acknowledged subject survives a
-  crash and a rerun resumes: a subject whose stored ``meta.source_digest`` matches the digest of the same
-  files is skipped.
-* **templates**: an ``.npz`` from ``facegate embed`` (``paths`` + ``embeddings`` + ``quality``; the
-  subject is the photo's parent folder), or ``ids`` + ``embeddings`` (one unit-norm template per id),
-  imported in transactions of :data:`IMPORT_CHUNK` subjects; no photos needed (how benchmarks build
-  1M-subject galleries).
+* **photos**: ``DIR/<subject_id>/*.jpg``, or a CSV of ``path,subject_id`` rows. Photos go through the
+  pipeline in full batches; each subject's accepted faces are written in one transaction once its photos are
+  done, so an acknowledged subject survives a crash, and a rerun skips a subject whose stored
+  ``meta.source_digest`` matches the same files.
+* **templates**: an ``.npz`` from ``facegate embed`` (``paths`` + ``embeddings`` + ``quality``; the subject is
+  the photo's folder) or ``ids`` + ``embeddings``, imported in transactions of :data:`IMPORT_CHUNK` subjects.
 """
 
 from __future__ import annotations
@@ -18,8 +13,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +39,9 @@ IMPORT_CHUNK = 10_000
 
 @dataclass
 class EnrolReport:
-    """What a bulk enrolment did.
-
-    Attributes:
-        subjects_enrolled / subjects_skipped / subjects_refused: per-subject outcomes (skipped: already
-            enrolled from the same files; refused: no photo passed).
-        faces: faces enrolled.
-        refused: ``[{"path", "subject_id", "code", "reason"}]`` of every image not used.
-    """
+    """What a bulk enrolment did: subjects enrolled, skipped (already enrolled from the same files) and
+    refused (no photo passed), faces enrolled, and ``refused``: ``{path, subject_id, code, reason}`` of every
+    image not used."""
 
     subjects_enrolled: int = 0
     subjects_skipped: int = 0
@@ -60,15 +50,7 @@ class EnrolReport:
     refused: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "subjects_enrolled": self.subjects_enrolled,
-            "subjects_skipped": self.subjects_skipped,
-            "subjects_refused": self.subjects_refused,
-            "faces": self.faces,
-            "images_refused": len(self.refused),
-            "refused": self.refused,
-        }
+        return {**asdict(self), "images_refused": len(self.refused)}
 
 
 def plan(source: Path) -> dict[str, list[Path]]:
@@ -127,11 +109,10 @@ def enrol_photos(
     verdict: Callable[[Any], Any] | None = None,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> EnrolReport:
-    """Enrol every subject's photos, ``batch_size`` photos per pipeline call (across subjects).
+    """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call.
 
-    ``verdict(face)``: the enrolment gate (:func:`facegate.service.gallery.decide_enrolment`).
-
-    ``progress(photos, faces, refusals)`` is called after each batch.
+    ``verdict(face)``: the enrolment gate (:func:`~facegate.service.gallery.decide_enrolment`);
+    ``progress(photos, faces, refusals)`` runs after each batch.
     """
     from facegate.service.gallery import decide_enrolment
 
@@ -144,7 +125,12 @@ def enrol_photos(
             report.subjects_skipped += 1
         else:
             todo.append((sid, paths, digest))
-    for group in _batches(todo, batch_size):
+    groups: list[list[tuple[str, list[Path], str]]] = [[]]
+    for item in todo:
+        if sum(len(x[1]) for x in groups[-1]) >= batch_size:
+            groups.append([])
+        groups[-1].append(item)
+    for group in (g for g in groups if g):
         paths = [p for _, ps, _ in group for p in ps]
         results = faces_of(paths)
         start, n_faces, n_ref = 0, 0, 0
@@ -173,26 +159,9 @@ def enrol_photos(
     return report
 
 
-def _batches(todo: list[tuple[str, list[Path], str]], size: int) -> Iterator[list[tuple[str, list[Path], str]]]:
-    """Groups of whole subjects with about ``size`` photos each."""
-    group: list[tuple[str, list[Path], str]] = []
-    n = 0
-    for item in todo:
-        group.append(item)
-        n += len(item[1])
-        if n >= size:
-            yield group
-            group, n = [], 0
-    if group:
-        yield group
-
-
 def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None)`` from an ``.npz``.
-
-    ``ids`` + ``embeddings``: one template per id. ``paths`` + ``embeddings`` (``facegate embed``): the
-    subject is each photo's parent folder; rows of one subject are kept apart for :func:`import_templates`.
-    """
+    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None)`` from an ``.npz`` of ``ids`` or
+    ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``."""
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -220,10 +189,7 @@ def import_templates(
     progress: Callable[[int], None] | None = None,
 ) -> int:
     """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
-
-    Rows sharing an id (several photos of one subject) are enrolled together: their quality-weighted
-    template is what the subject gets.
-    """
+    Rows sharing an id are enrolled together (the subject gets their quality-weighted template)."""
     store.get_gallery(gallery)
     n = len(ids)
     if embeddings.ndim != 2 or embeddings.shape[0] != n:

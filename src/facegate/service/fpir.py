@@ -34,16 +34,9 @@ DEFAULT_FPIR = 1e-2
 
 @dataclass(frozen=True, slots=True)
 class ImpostorTail:
-    """FMR(t) of one model.
-
-    Attributes:
-        model: registry name.
-        thresholds: ``(m,)`` increasing thresholds where FMR was measured.
-        fmr: ``(m,)`` decreasing measured FMR at those thresholds.
-        min_measured_fmr: the smallest FMR the impostor pairs measured; below it the tail model is used.
-        slope, intercept: tail model ``log FMR(t) = intercept + slope·t`` (slope < 0).
-        basis: ``"lfw_impostors"`` (a measured table) or ``"registry_point"`` (one calibrated point).
-    """
+    """FMR(t) of one model: measured at ``(m,)`` increasing ``thresholds`` (``fmr`` decreasing, down to
+    ``min_measured_fmr``), below that the tail model ``log FMR(t) = intercept + slope·t`` (slope < 0).
+    ``basis``: ``"lfw_impostors"`` (a measured table) or ``"registry_point"`` (one calibrated point)."""
 
     model: str
     thresholds: np.ndarray

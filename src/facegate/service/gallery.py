@@ -1,26 +1,20 @@
-"""Gallery policy shared by the HTTP API and the command line: enrolment accept/refuse, search refusal,
-and the 1:N threshold (from a named FPIR at the gallery's current size, :mod:`facegate.service.fpir`).
-
-A front-end holds no templates: :class:`GalleryFront` writes and reads the store of record, and searches
-through the engine's ``search`` stage (:meth:`facegate.service.faces.FaceService.search`), whose index
-follows the store's change feed and is current with every acknowledged write.
-"""
+"""Gallery policy shared by the HTTP API and the command line: enrolment accept/refuse, and the 1:N
+threshold from a named FPIR at the gallery's current size (:mod:`facegate.service.fpir`). A front-end holds
+no templates: it searches through the engine's ``search`` stage, whose index follows the store's feed."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
-from facegate.gallery.base import GalleryInfo, GalleryStore, SubjectInfo
+from facegate.gallery.base import GalleryInfo, GalleryStore
+from facegate.gallery.service import StoreFront
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
 from facegate.types import QualityVerdict
-
-log = logging.getLogger(__name__)
 
 
 def refusal_reason(face: Any) -> str:
@@ -39,13 +33,7 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class EnrolDecision:
-    """Which faces of an enrolment request are enrolled.
-
-    Attributes:
-        accepted: the faces to enrol.
-        refused: the images not used, with reasons.
-        error: when nothing was accepted, the error to answer with (``None`` otherwise).
-    """
+    """The faces of an enrolment request to enrol, the images refused, and (nothing accepted) the error."""
 
     accepted: list[Any]
     refused: list[Refusal]
@@ -62,10 +50,9 @@ def decide_enrolment(
     """Split per-image results (a Face or the FacegateError of that image) into accepted and refused.
 
     A face below the enrolment gate is refused when ``requires_quality``: ``verdict(face)`` is that gate
-    (the pipeline's :meth:`~facegate.pipeline.pipeline.FacePipeline.enrol_verdict`, stricter than the verify
-    gate); without it, the face's own verdict. With nothing accepted the
-    decision carries :class:`QualityRejectedError` (when any refusal was the gate's, or there were no
-    errors) or the first image's error, with every refusal in its detail.
+    (the pipeline's ``enrol_verdict``, stricter than the verify gate); without it, the face's own verdict.
+    With nothing accepted it carries :class:`QualityRejectedError` (when any refusal was the gate's, or there
+    were no errors) or the first image's error, with every refusal in its detail.
     """
     accepted: list[Any] = []
     refused: list[Refusal] = []
@@ -76,10 +63,8 @@ def decide_enrolment(
             refused.append(Refusal(i, r.message, r.code))
         elif isinstance(r, BaseException):
             raise r
-        elif requires_quality and verdict is not None and not (v := verdict(r)).accepted:
+        elif requires_quality and not (v := verdict(r) if verdict is not None else r.quality).accepted:
             refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
-        elif requires_quality and verdict is None and not r.quality.accepted:
-            refused.append(Refusal(i, refusal_reason(r), QualityRejectedError.code))
         else:
             accepted.append(r)
     error: FacegateError | None = None
@@ -107,17 +92,10 @@ class Hit:
 
 @dataclass(frozen=True, slots=True)
 class SearchAnswer:
-    """A 1:N answer with the operating point it used.
-
-    Attributes:
-        hits: the top k, ranked.
-        threshold: the cosine threshold a hit must reach to be a match.
-        fpir: the false-positive identification rate that threshold gives at gallery size ``n``.
-        fmr: the per-comparison false-match rate of the threshold.
-        n: the gallery's size when it was searched.
-        extrapolated: whether FMR(threshold) lies beyond what the impostor pairs measured.
-        basis: what FMR(t) rests on (``lfw_impostors`` or ``registry_point``).
-    """
+    """A 1:N answer and its operating point: the match ``threshold``, the ``fpir`` it gives at the size ``n``
+    the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
+    beyond what the impostor pairs measured, and what FMR rests on (``basis``: lfw_impostors or
+    registry_point)."""
 
     hits: list[Hit]
     threshold: float
@@ -126,74 +104,17 @@ class SearchAnswer:
     n: int
     extrapolated: bool
     basis: str
-    fpir_target: float = field(default=DEFAULT_FPIR)
 
 
-class GalleryFront:
-    """The front-end's gallery: store of record for writes and reads, the engine for search.
-
-    Args:
-        store: the store of record.
-        face_service: the :class:`~facegate.service.faces.FaceService` whose engine has the search stage.
-    """
+class GalleryFront(StoreFront):
+    """The front-end's gallery: the store of record for writes and reads, the engine (``face_service``, a
+    :class:`~facegate.service.faces.FaceService`) for search, and the FPIR operating point."""
 
     def __init__(self, store: GalleryStore, face_service: Any) -> None:
-        self._store = store
+        super().__init__(store)
         self._svc = face_service
         spec = face_service.spec
-        self._tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
-
-    @property
-    def store(self) -> GalleryStore:
-        """The store of record."""
-        return self._store
-
-    @property
-    def tail(self) -> ImpostorTail:
-        """The served model's impostor distribution."""
-        return self._tail
-
-    # ------------------------------------------------------------------ store operations
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        """Create an empty gallery."""
-        return self._store.create_gallery(name, model, dim)
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        """All galleries."""
-        return self._store.list_galleries()
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        """One gallery."""
-        return self._store.get_gallery(name)
-
-    def delete_gallery(self, name: str) -> None:
-        """Delete a gallery (every engine's index drops it at its next batch)."""
-        self._store.delete_gallery(name)
-
-    def enrol(
-        self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
-    ) -> SubjectInfo:
-        """Store ``(k, D) float32`` embeddings with ``(k,)`` qualities for a subject."""
-        return self._store.add_embeddings(gallery, subject_id, emb, qual, meta)
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
-    ) -> int:
-        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1)."""
-        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
-        return self._store.import_templates(gallery, list(subject_ids), templates, q)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        """A page of subjects."""
-        return self._store.list_subjects(gallery, offset, limit)
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        """One subject."""
-        return self._store.get_subject(gallery, subject_id)
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject (every engine's index drops it before its next search batch)."""
-        self._store.delete_subject(gallery, subject_id)
+        self.tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -205,21 +126,20 @@ class GalleryFront:
                 detail={"gallery_model": info.model, "gallery_dim": info.dim, "model": spec.name},
             )
 
-    # ------------------------------------------------------------------ search
     def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
-        return threshold_for(self._tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
+        return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
 
     async def search(self, gallery: str, embedding: np.ndarray, k: int, fpir: float | None = None) -> SearchAnswer:
         """Top-``k`` of one ``(D,) float32`` embedding on the engine's index, thresholded at ``fpir``."""
-        target = DEFAULT_FPIR if fpir is None else check_fpir(fpir)
-        return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), target)
+        if fpir is not None:
+            check_fpir(fpir)  # before any work
+        return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
 
     def answer(self, out: Any, fpir: float | None = None) -> SearchAnswer:
         """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
         for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched."""
-        target = DEFAULT_FPIR if fpir is None else check_fpir(fpir)
-        t, info = self.operating_point(out.size, target)
+        t, info = self.operating_point(out.size, fpir)
         hits = [
             Hit(r + 1, sid, float(s), bool(s >= t))
             for r, (sid, s) in enumerate(zip(out.subject_ids, out.scores, strict=True))
@@ -232,9 +152,4 @@ class GalleryFront:
             n=int(out.size),
             extrapolated=bool(info["extrapolated"]),
             basis=str(info["basis"]),
-            fpir_target=target,
         )
-
-    def close(self) -> None:
-        """Close the store connection of this front-end."""
-        self._store.close()

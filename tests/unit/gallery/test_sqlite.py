@@ -71,6 +71,18 @@ def test_pragmas_schema_and_protocol(store: SQLiteGalleryStore, db: Path) -> Non
     assert (os.stat(db).st_mode & 0o777) == 0o600
 
 
+def test_a_v2_file_gets_its_subject_counts(db: Path) -> None:
+    rng = np.random.default_rng(3)
+    with SQLiteGalleryStore(db) as s:
+        s.create_gallery("g", "sface", 8)
+        s.import_templates("g", ["a", "b", "c"], unit(rng, 3, 8), np.ones(3, np.float32))
+    with raw(db) as c:  # back to the v2 schema: no kept count
+        c.execute("ALTER TABLE galleries DROP COLUMN subjects")
+        c.execute("PRAGMA user_version=2")
+    with SQLiteGalleryStore(db) as s:
+        assert s.get_gallery("g").subjects == 3
+
+
 def test_reopen_does_not_remigrate(db: Path) -> None:
     SQLiteGalleryStore(db).close()
     with SQLiteGalleryStore(db) as s:

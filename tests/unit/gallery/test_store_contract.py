@@ -79,6 +79,20 @@ def test_every_mutation_logs_one_change_in_order(make_store: StoreFactory) -> No
     assert all(c.template is None for c in changes)
 
 
+def test_gallery_size_is_kept_through_every_write(make_store: StoreFactory) -> None:
+    rng = np.random.default_rng(9)
+    s = make_store()
+    s.create_gallery("g", "m", D)
+    s.create_gallery("h", "m", D)
+    s.add_embeddings("g", "a", unit(rng, 2), np.array([0.5, 0.5], np.float32))
+    s.add_embeddings("g", "a", unit(rng, 1), np.array([0.5], np.float32))  # a re-enrolment adds no subject
+    s.import_templates("g", ["a", "b", "c"], unit(rng, 3), np.ones(3, np.float32))  # "a" is replaced
+    s.delete_subject("g", "b")
+    s.add_embeddings("h", "x", unit(rng, 1), np.array([0.5], np.float32))
+    assert s.get_gallery("g").subjects == 2 == len(s.list_subjects("g"))
+    assert [(g.name, g.subjects) for g in s.list_galleries()] == [("g", 2), ("h", 1)]
+
+
 def test_changes_carry_the_current_template(make_store: StoreFactory) -> None:
     rng = np.random.default_rng(1)
     s = make_store()
