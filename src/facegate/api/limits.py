@@ -1,24 +1,12 @@
 """Input limits of the HTTP front-end: bounded JSON, decoded-pixel budgets, and admission before any work.
 
-:func:`loads_limited` parses JSON (request bodies and JSON form fields such as enrol's ``meta``) under
-:class:`~facegate.config.Limits`: size, nesting depth, length of number literals; ``NaN`` /
-``Infinity`` and lone UTF-16 surrogates (``"\\ud800"``, which no UTF-8 store can hold) are refused. Each
-failure is an :class:`~facegate.errors.InvalidParameterError` (422) or, for size, an
-:class:`~facegate.errors.ImageTooLargeError`-style 413 (:class:`BodyTooLargeError`).
-
-:class:`PixelBudget` bounds decoded memory: a request's images are measured from their headers
-(Pillow's lazy open reads no pixel data) and the sum must fit ``limits.request_pixels`` (413 otherwise),
-then the request holds that many pixels of the process's ``limits.decode_pixels_in_flight`` until it
-ends, waiting (within its deadline) while other requests hold them.
-
-:class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
-process, and no more than it can finish in the time of one request plus a quarter of the
-deadline (:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
-read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An
-admitted request runs under one deadline counted from its arrival (``Settings.request_timeout_s``),
-which covers the upload, decoding, every engine stage and the gallery: when it passes the request's task
-is cancelled (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``. JSON bodies
-are checked with :func:`loads_limited` before the route sees them.
+- :func:`loads_limited`: JSON (bodies and JSON form fields) under :class:`~facegate.config.Limits`.
+- :class:`PixelBudget`: a request's images are measured from their headers before decoding (413 past
+  ``limits.request_pixels``), then hold that many of the process's ``limits.decode_pixels_in_flight``.
+- :class:`AdmissionMiddleware`: the admission bound (:class:`AdmissionLimit`) checked before the body is read
+  (excess gets 503 ``overloaded`` with ``Retry-After``), and one deadline per request from its arrival
+  (``limits.request_timeout_s``) over upload, decoding, engine and gallery; past it the task is cancelled
+  (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``.
 """
 
 from __future__ import annotations
@@ -224,37 +212,37 @@ def _is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it can
-    finish in the time of one request plus a quarter of the deadline (Little's law: requests in progress
-    = rate × time each spends).
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes
+    in the time of one request plus :data:`QUEUE_S` (Little's law: in progress = rate × time each spends).
 
-    A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
-    finish within the deadline: the admitted requests then time out after using the device, and goodput
-    falls. The rate used is the best completion rate of :data:`WINDOW_S` seconds seen lately (it decays
-    by :data:`DECAY` per window), so that a burst on a quiet server is admitted up to what the process
-    has shown it can do; while requests are being shed it is the last window's rate, what the process
-    does under this load (the shedding itself takes some of the CPU). The time of one request is the
-    fastest of the last window. Until a rate has been measured the bound is ``max_admitted``; it never
-    falls below :data:`FLOOR`.
+    The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
+    went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
+    admitted up to the best rate the process has shown; while it sheds after half a window busy, the
+    window's rate (what it does under this load) bounds it. Until a rate is measured the bound is
+    ``max_admitted``; it never falls below :data:`FLOOR`. The short queue lets a new request be answered
+    within about a second once an overload stops.
     """
 
     WINDOW_S = 4.0
-    DECAY = 0.9
+    QUEUE_S = 0.5
     FLOOR = 2
     _SLOTS = 8
 
     def __init__(self, max_admitted: int, deadline_s: float) -> None:
         self.max_admitted = max_admitted
-        self.target_s = deadline_s / 4
+        self.target_s = min(self.QUEUE_S, deadline_s / 4)
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
         self._fastest = [math.inf] * self._SLOTS
-        self._started = time.monotonic()
         self._best = 0.0
-        self._rate = 0.0
-        self._best_sid = -1
+        self._work_s = 0.0
+        self._busy_sid = -1
         self._last_shed = -math.inf
+
+    def busy(self, now: float) -> None:
+        """Note that the process went from no request in progress to one at ``now``."""
+        self._busy_sid = int(now / self._width)
 
     def finished(self, now: float, seconds: float) -> None:
         """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
@@ -271,23 +259,18 @@ class AdmissionLimit:
 
     def limit(self, now: float) -> int:
         """The bound now."""
-        if now - self._started < self.WINDOW_S:
-            return self.max_admitted  # no rate measured yet
         sid = int(now / self._width)
-        live = [i for i, s in enumerate(self._slot_ids) if 0 < sid - s < self._SLOTS]  # completed slots
-        if sid != self._best_sid:  # once per slot: decay the best rate, then take the window's if higher
-            rate = sum(self._counts[i] for i in live) / (self.WINDOW_S - self._width)
-            steps = min(self._SLOTS * 100, sid - self._best_sid) if self._best_sid >= 0 else 1
-            self._best = max(rate, self._best * self.DECAY ** (steps / self._SLOTS))
-            self._best_sid, self._rate = sid, rate
-        rate = self._best
-        if now - self._last_shed < self.WINDOW_S:  # shedding: the window's rate is what the process does now
-            rate = min(rate, self._rate)
-        if rate <= 0.0:
-            return self.max_admitted if self._best <= 0.0 else min(self.FLOOR, self.max_admitted)
-        # the fastest request of the window: its time without queueing, the best estimate of the work itself
-        work_s = min((self._fastest[i] for i in live), default=0.0)
-        by_rate = math.ceil(rate * (work_s + self.target_s))
+        first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
+        live = [i for i, s in enumerate(self._slot_ids) if first <= s < sid]
+        rate = sum(self._counts[i] for i in live) / ((sid - first) * self._width) if sid > first else 0.0
+        self._best = max(self._best, rate)
+        if self._best == 0.0:
+            return self.max_admitted  # nothing measured yet
+        if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
+            rate = self._best  # not shedding, or busy too briefly for the window to tell
+        if live:  # the fastest request of the window: its time without queueing, an estimate of the work
+            self._work_s = min(self._fastest[i] for i in live)
+        by_rate = math.ceil(min(rate, self._best) * (self._work_s + self.target_s))
         return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
 
 
@@ -318,6 +301,8 @@ class AdmissionMiddleware:
             )
             await self.respond(exc)(scope, receive, send)
             return
+        if self.admitted == 0:
+            self.bound.busy(now)
         self.admitted += 1
         started = False
         status = 0
