@@ -236,7 +236,7 @@ class AdmissionLimit:
         self._slot_ids = [-1] * self._SLOTS
         self._fastest = [math.inf] * self._SLOTS
         self._best = 0.0
-        self._work_s = 0.0
+        self._work_s = math.inf
         self._busy_sid = -1
         self._last_shed = -math.inf
 
@@ -268,9 +268,11 @@ class AdmissionLimit:
             return self.max_admitted  # nothing measured yet
         if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
-        if live:  # the fastest request of the window: its time without queueing, an estimate of the work
-            self._work_s = min(self._fastest[i] for i in live)
-        by_rate = math.ceil(min(rate, self._best) * (self._work_s + self.target_s))
+        # the fastest request seen: the work itself (a window's fastest under load includes queueing, and
+        # taking it would let a longer queue raise the bound that made it)
+        self._work_s = min([self._work_s, *(self._fastest[i] for i in live)])
+        work_s = 0.0 if self._work_s == math.inf else self._work_s
+        by_rate = math.ceil(min(rate, self._best) * (work_s + self.target_s))
         return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
 
 

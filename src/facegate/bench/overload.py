@@ -14,6 +14,7 @@ seconds, so a reader can check that the client was not the limit.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -89,28 +90,33 @@ def encode(url: str, path: str, files: list[FilePart]) -> bytes:
     return encode_request("POST", RawClient(url).host_header, path, body=body, content_type=ctype)
 
 
-async def _one(client: RawClient, data: bytes, phase: Phase, t0: float) -> None:
-    try:
-        r = await client.request(data)
-        status = str(r.status_code)
+def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> None:
+    phase.sent += 1
+    if isinstance(status, int):
         try:
-            body = json.loads(r.content)
+            answer = json.loads(body)
         except ValueError:
             phase.non_json += 1
         else:
-            if r.status_code == 503 and isinstance(body, dict):
-                with contextlib.suppress(KeyError, TypeError):
-                    phase.bounds.append(int(body["error"]["detail"]["limit"]))
-    except TransportError as exc:
-        status = type(exc).__name__
-    dt = time.perf_counter() - t0
-    phase.sent += 1
-    if status.startswith("2"):
-        phase.ok.append(dt)
-    elif status == "503":
-        phase.shed.append(dt)
+            if status == 503 and isinstance(answer, dict):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    phase.bounds.append(int(answer["error"]["detail"]["limit"]))
+    if 200 <= (status if isinstance(status, int) else 0) < 300:
+        phase.ok.append(seconds)
+    elif status == 503:
+        phase.shed.append(seconds)
     else:
-        phase.other[status] = phase.other.get(status, 0) + 1
+        phase.other[str(status)] = phase.other.get(str(status), 0) + 1
+
+
+async def _one(client: RawClient, data: bytes, phase: Phase, t0: float) -> None:
+    try:
+        r = await client.request(data)
+        status: int | str = r.status_code
+        body = r.content
+    except TransportError as exc:
+        status, body = type(exc).__name__, b""
+    _record(phase, status, body, time.perf_counter() - t0)
 
 
 async def closed_loop(url: str, data: bytes, *, concurrency: int, seconds: float) -> Phase:
@@ -134,27 +140,125 @@ async def closed_loop(url: str, data: bytes, *, concurrency: int, seconds: float
     return phase
 
 
+class _Link(asyncio.Protocol):
+    """One keep-alive connection of :func:`open_loop`: one request at a time, answered by callbacks (no task
+    per request, so that a client process offers thousands of requests per second)."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.due: float | None = None  # the request in progress: its scheduled time
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.pool.idle(self)
+
+    def send(self, due: float) -> None:
+        assert self.transport is not None
+        self.due = due
+        self.transport.write(self.pool.data)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 or self.due is None:
+            return
+        head = self.buf[:end].lower()
+        i = head.find(b"\r\ncontent-length:")
+        n = int(head[i + 17 :].split(b"\r\n", 1)[0]) if i >= 0 else 0
+        if len(self.buf) < end + 4 + n:
+            return
+        body, self.buf = self.buf[end + 4 : end + 4 + n], self.buf[end + 4 + n :]
+        due, self.due = self.due, None
+        self.pool.answered(int(head[9:12]), body, due)
+        if b"\r\nconnection: close" in head:
+            assert self.transport is not None
+            self.transport.close()
+        else:
+            self.pool.idle(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.lost(self)
+
+
+class _Pool:
+    """The connections of one :func:`open_loop` and what they answered (into ``phase``)."""
+
+    def __init__(self, host: str, port: int, data: bytes, phase: Phase, max_open: int) -> None:
+        self.host, self.port, self.data, self.phase, self.max_open = host, port, data, phase, max_open
+        self.free: list[_Link] = []
+        self.waiting: collections.deque[float] = collections.deque()  # scheduled times with no connection yet
+        self.open = 0
+        self.busy = 0
+
+    def request(self, due: float) -> None:
+        self.busy += 1
+        if self.free:
+            self.free.pop().send(due)
+            return
+        self.waiting.append(due)
+        if self.open < self.max_open:
+            self.open += 1
+            asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: _Link(self), self.host, self.port)
+        except OSError:
+            self.open -= 1
+            if self.waiting:
+                self.waiting.popleft()
+                self._done("ConnectError")
+
+    def idle(self, link: _Link) -> None:
+        if self.waiting:
+            link.send(self.waiting.popleft())
+        else:
+            self.free.append(link)
+
+    def lost(self, link: _Link) -> None:
+        self.open -= 1
+        if link in self.free:
+            self.free.remove(link)
+        if link.due is not None:
+            self._done("RemoteProtocolError")
+        if self.waiting and self.open < self.max_open:  # requests that waited for this connection
+            self.open += 1
+            asyncio.get_running_loop().create_task(self._connect())
+
+    def answered(self, status: int, body: bytes, due: float) -> None:
+        _record(self.phase, status, body, time.perf_counter() - due)
+        self.busy -= 1
+
+    def _done(self, error: str) -> None:
+        self.phase.sent += 1
+        self.phase.other[error] = self.phase.other.get(error, 0) + 1
+        self.busy -= 1
+
+
 async def open_loop(url: str, data: bytes, *, rate: float, seconds: float, max_open: int = 4000) -> Phase:
-    """Requests scheduled at ``rate`` per second for ``seconds``; one still due when ``max_open`` are
-    outstanding waits (its latency grows from its scheduled time)."""
+    """Requests scheduled at ``rate`` per second for ``seconds``, whatever the answers (one connection each
+    while in flight, at most ``max_open``; a request waiting for one counts its wait as latency)."""
     phase = Phase(seconds)
     cpu0 = time.process_time()
-    tasks: set[asyncio.Task[None]] = set()
-    async with RawClient(url, timeout_s=120.0) as client:
-        t0 = time.perf_counter()
-        n = 0
-        while (now := time.perf_counter()) < t0 + seconds:
-            while n < int((now - t0) * rate) + 1 and len(tasks) < max_open:
-                due = t0 + n / rate
-                phase.max_lag_s = max(phase.max_lag_s, now - due)
-                task = asyncio.create_task(_one(client, data, phase, due))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                n += 1
-            await asyncio.sleep(0.001)
-        if tasks:
-            await asyncio.gather(*tasks)
-        phase.elapsed_s = time.perf_counter() - t0
+    client = RawClient(url)
+    pool = _Pool(client.host, client.port, data, phase, max_open)
+    t0 = time.perf_counter()
+    n = 0
+    while (now := time.perf_counter()) < t0 + seconds:
+        while n < int((now - t0) * rate) + 1:
+            due = t0 + n / rate
+            phase.max_lag_s = max(phase.max_lag_s, now - due)
+            pool.request(due)
+            n += 1
+        await asyncio.sleep(0.001)
+    while pool.busy > 0 and time.perf_counter() - t0 < seconds + 120:
+        await asyncio.sleep(0.005)
+    phase.elapsed_s = time.perf_counter() - t0
+    for link in pool.free:
+        if link.transport is not None:
+            link.transport.close()
     phase.client_cpu_s = time.process_time() - cpu0
     return phase
 
@@ -167,7 +271,8 @@ def _child(url: str, data: bytes, rate: float, seconds: float, start_at: float) 
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-    return asyncio.run(open_loop(url, data, rate=rate, seconds=seconds), loop_factory=loop_factory)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(open_loop(url, data, rate=rate, seconds=seconds))
 
 
 async def open_loop_procs(
