@@ -32,7 +32,22 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, free_port, write_json
-from facegate.bench.overload import overload_run
+from facegate.bench.overload import closed_loop, encode, overload_run
+
+
+def _name(args: argparse.Namespace) -> str:
+    return f"overload-{args.machine}" + (f"-{args.variant}" if args.variant else "") + ".json"
+
+
+async def closed_points(url: str, args: argparse.Namespace, files: list[Any]) -> dict[str, Any]:
+    data = encode(url, args.route, files)
+    levels = [int(c) for c in args.closed.split(",")]
+    await closed_loop(url, data, concurrency=levels[0], seconds=1.0)
+    points = []
+    for c in levels:
+        phase = await closed_loop(url, data, concurrency=c, seconds=args.capacity_seconds)
+        points.append({"concurrency": c, **phase.to_dict()})
+    return {"points": points}
 
 
 def main() -> None:
@@ -44,6 +59,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="clients of the capacity phase")
     ap.add_argument("--procs", type=int, default=1, help="client processes of the open loop")
     ap.add_argument("--route", default="/api/compare", choices=["/api/compare", "/api/detect"])
+    closed = "only closed-loop points at these concurrencies (e.g. 100,16,100), each --capacity-seconds long, "
+    closed += "right after start-up and a 1 s warm-up (as http_e2e.py runs them)"
+    ap.add_argument("--closed", default=None, help=closed)
     ap.add_argument("--sigterm-after", type=float, default=None, help="SIGTERM the server this far into the load")
     ap.add_argument("--serve-args", default="", help="extra `facegate serve` flags")
     ap.add_argument("--lfw-root", type=Path, default=Path(os.environ.get("FACEGATE_LFW_ROOT", "data/lfw")))
@@ -88,18 +106,22 @@ def main() -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        out = asyncio.run(
-            overload_run(
-                url,
-                args.route,
-                files,
-                pid=proc.pid,
-                concurrency=args.concurrency,
-                capacity_s=args.capacity_seconds,
-                overload_s=args.seconds,
-                factor=args.factor,
-                procs=args.procs,
-                stop=(args.sigterm_after, sigterm) if args.sigterm_after is not None else None,
+        out = (
+            asyncio.run(closed_points(url, args, files))
+            if args.closed
+            else asyncio.run(
+                overload_run(
+                    url,
+                    args.route,
+                    files,
+                    pid=proc.pid,
+                    concurrency=args.concurrency,
+                    capacity_s=args.capacity_seconds,
+                    overload_s=args.seconds,
+                    factor=args.factor,
+                    procs=args.procs,
+                    stop=(args.sigterm_after, sigterm) if args.sigterm_after is not None else None,
+                )
             )
         )
     finally:
@@ -109,18 +131,20 @@ def main() -> None:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    log_tail = log_path.read_text(errors="replace").splitlines()[-40:]
+    log_lines = log_path.read_text(errors="replace").splitlines()
     result = {
         "env": env_record(**{k: str(v) for k, v in vars(args).items()}),
         "command": " ".join(["python", *sys.argv]),
         "loadavg_after": os.getloadavg(),
         **out,
-        "server_log_tracebacks": sum("Traceback" in line for line in log_path.read_text(errors="replace").splitlines()),
-        "server_log_tail": log_tail if args.sigterm_after is not None else [],
+        "server_log_tracebacks": sum("Traceback" in line for line in log_lines),
+        "server_log_tail": log_lines[-40:] if args.sigterm_after is not None else [],
     }
-    name = f"overload-{args.machine}" + (f"-{args.variant}" if args.variant else "") + ".json"
-    path = args.out or Path(__file__).resolve().parent / "results" / name
-    write_json(path, result)
+    write_json(args.out or Path(__file__).resolve().parent / "results" / _name(args), result)
+    if args.closed:
+        keys = ("concurrency", "ok_per_s", "shed_503", "ok_p99_s", "bound_p10_p50_p90")
+        print(json.dumps([{k: p[k] for k in keys} for p in out["points"]]))
+        return
     keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop")
     print(json.dumps({k: out.get(k) for k in keys}))
     o = out["overload"]
