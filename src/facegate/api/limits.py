@@ -212,20 +212,20 @@ def _is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes
-    in the time of one request plus :data:`QUEUE_S` (Little's law: in progress = rate × time each spends).
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most :data:`FLOOR`
+    (requests in service: a batch or two) plus what it finishes in :data:`QUEUE_S` (Little's law: waiting =
+    rate × wait), so that a new request is answered within about a second once an overload stops.
 
     The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
     went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
     admitted up to the best rate the process has shown; while it sheds after half a window busy, the
     window's rate (what it does under this load) bounds it. Until a rate is measured the bound is
-    ``max_admitted``; it never falls below :data:`FLOOR`. The short queue lets a new request be answered
-    within about a second once an overload stops.
+    ``max_admitted``.
     """
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
-    FLOOR = 2
+    FLOOR = 8
     _SLOTS = 8
 
     def __init__(self, max_admitted: int, deadline_s: float) -> None:
@@ -234,24 +234,21 @@ class AdmissionLimit:
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
-        self._fastest = [math.inf] * self._SLOTS
         self._best = 0.0
-        self._work_s = math.inf
         self._busy_sid = -1
         self._last_shed = -math.inf
 
     def busy(self, now: float) -> None:
-        """Note that the process went from no request in progress to one at ``now``."""
+        """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
         self._busy_sid = int(now / self._width)
 
-    def finished(self, now: float, seconds: float) -> None:
-        """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
+    def finished(self, now: float) -> None:
+        """Count one admitted request that ended at ``now``."""
         sid = int(now / self._width)
         i = sid % self._SLOTS
         if self._slot_ids[i] != sid:
-            self._slot_ids[i], self._counts[i], self._fastest[i] = sid, 0, math.inf
+            self._slot_ids[i], self._counts[i] = sid, 0
         self._counts[i] += 1
-        self._fastest[i] = min(self._fastest[i], seconds)
 
     def shed(self, now: float) -> None:
         """Note that a request was refused at ``now``."""
@@ -261,19 +258,14 @@ class AdmissionLimit:
         """The bound now."""
         sid = int(now / self._width)
         first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
-        live = [i for i, s in enumerate(self._slot_ids) if first <= s < sid]
-        rate = sum(self._counts[i] for i in live) / ((sid - first) * self._width) if sid > first else 0.0
+        done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
+        rate = done / ((sid - first) * self._width) if sid > first else 0.0
         self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
         if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
-        # the fastest request seen: the work itself (a window's fastest under load includes queueing, and
-        # taking it would let a longer queue raise the bound that made it)
-        self._work_s = min([self._work_s, *(self._fastest[i] for i in live)])
-        work_s = 0.0 if self._work_s == math.inf else self._work_s
-        by_rate = math.ceil(min(rate, self._best) * (work_s + self.target_s))
-        return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
+        return min(self.max_admitted, self.FLOOR + math.ceil(rate * self.target_s))
 
 
 class AdmissionMiddleware:
@@ -335,7 +327,7 @@ class AdmissionMiddleware:
         finally:
             self.admitted -= 1
             if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                self.bound.finished(time.monotonic(), time.perf_counter() - t0)
+                self.bound.finished(time.monotonic())
 
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
