@@ -33,28 +33,23 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
+from facegate.logs import escape
 
 log = logging.getLogger(__name__)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
 RETRY_AFTER_S = 1
 
 
-# --------------------------------------------------------------------------- JSON
 def _bad_json(message: str, field: str) -> InvalidParameterError:
     return InvalidParameterError(message, detail={"field": field})
 
 
 def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> Any:
-    """``json.loads`` under ``limits``: the value, or a 4xx error.
-
-    Raises:
-        BodyTooLargeError: more than ``json_max_bytes`` bytes.
-        InvalidParameterError: not UTF-8, not JSON, nested deeper than ``json_max_depth``, a number literal
-            longer than ``json_max_number_digits``, NaN/Infinity, or a lone surrogate in a string.
-    """
+    """``json.loads`` under ``limits``: BodyTooLargeError past ``json_max_bytes``; InvalidParameterError for
+    non-UTF-8, non-JSON, nesting past ``json_max_depth``, number literals past ``json_max_number_digits``,
+    NaN/Infinity, or a lone surrogate (which no UTF-8 store can hold)."""
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
     if size > limits.json_max_bytes:
         raise BodyTooLargeError(
@@ -86,7 +81,10 @@ def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> 
         raise _bad_json(f"{field} is not valid JSON: {exc.msg} at position {exc.pos}", field) from None
     except RecursionError:  # _check_depth bounds nesting first; this is only a second line
         raise _bad_json(f"{field}: JSON nested too deeply", field) from None
-    _check_strings(value, field)
+    try:  # a lone surrogate (a JSON \ud800 escape) cannot be encoded
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad_json(f"{field}: a string holds a lone UTF-16 surrogate", field) from None
     return value
 
 
@@ -105,23 +103,6 @@ def _check_depth(text: str, max_depth: int, field: str) -> None:
             depth -= 1
 
 
-def _check_strings(value: Any, field: str) -> None:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            if _SURROGATE.search(v):
-                raise _bad_json(f"{field}: a string holds a lone UTF-16 surrogate", field)
-        elif isinstance(v, dict):
-            for k, item in v.items():
-                if _SURROGATE.search(k):
-                    raise _bad_json(f"{field}: a key holds a lone UTF-16 surrogate", field)
-                stack.append(item)
-        elif isinstance(v, list):
-            stack.extend(v)
-
-
-# --------------------------------------------------------------------------- pixels
 def header_pixels(file: UploadFile) -> int:
     """``width × height`` of an uploaded image from its header (no pixel data is decoded); 0 when the
     header cannot be read (the decoder then answers the request's error)."""
@@ -153,12 +134,8 @@ class PixelBudget:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     def measure(self, uploads: Iterable[UploadFile]) -> int:
-        """Summed header pixels of ``uploads``.
-
-        Raises:
-            ImageTooLargeError: the sum exceeds ``request_pixels`` (checked as each header is read, so a
-                request of many huge images stops at the first one past the budget).
-        """
+        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``
+        (a request of many huge images stops at the first one past the budget)."""
         total = 0
         for i, upload in enumerate(uploads):
             total += header_pixels(upload)
@@ -202,7 +179,6 @@ class PixelBudget:
                 fut.set_result(None)
 
 
-# --------------------------------------------------------------------------- admission
 def _is_json(scope: Scope) -> bool:
     for key, value in scope.get("headers", ()):
         if key == b"content-type":
@@ -317,7 +293,7 @@ class AdmissionMiddleware:
             async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
                 await self.app(scope, app_receive, tracking_send)
         except TimeoutError:
-            log.info("%s %s: deadline of %.1f s passed", scope["method"], _safe_path(scope), self.deadline_s)
+            log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), self.deadline_s)
             if not started:
                 exc2 = DeadlineExceededError(
                     f"the request did not finish within its deadline of {self.deadline_s:g} s",
@@ -332,24 +308,19 @@ class AdmissionMiddleware:
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
         limits = self.settings.limits
-        chunks: list[bytes] = []
-        size = 0
-        more = True
+        body, more = b"", True
         try:
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
                     return None  # the client went away
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limits.json_max_bytes:
+                body += message.get("body", b"")
+                if len(body) > limits.json_max_bytes:
                     raise BodyTooLargeError(
                         f"a JSON body of more than {limits.json_max_bytes} bytes",
                         detail={"field": "body", "limit": limits.json_max_bytes},
                     )
-                chunks.append(chunk)
                 more = bool(message.get("more_body", False))
-            body = b"".join(chunks)
             if body:
                 loads_limited(body, limits)
         except (InvalidParameterError, ImageTooLargeError) as exc:
@@ -358,15 +329,4 @@ class AdmissionMiddleware:
         return body
 
 
-def _safe_path(scope: Scope) -> str:
-    from facegate.logs import escape
-
-    return escape(scope.get("path", ""))
-
-
-__all__ = [
-    "AdmissionMiddleware",
-    "PixelBudget",
-    "header_pixels",
-    "loads_limited",
-]
+__all__ = ["AdmissionMiddleware", "PixelBudget", "header_pixels", "loads_limited"]

@@ -1,14 +1,7 @@
-"""Overload measurement: capacity in a closed loop, then an open loop at a multiple of it, on one server.
-
-Both phases run in the same run against the same server, so goodput is a ratio of two figures measured
-minutes apart on one machine. Requests are bytes encoded once and sent by :mod:`facegate.bench.rawhttp`;
-the open loop can be spread over several client processes, and every phase records the client's CPU
-seconds, so a reader can check that the client was not the limit.
-
-- **capacity**: ``concurrency`` clients each send the next request when the last one is answered; 2xx/s.
-- **overload**: requests are sent at ``rate`` per second whatever the answers (open loop). A latency is
-  counted from the request's scheduled time, so a client falling behind shows up as latency, not as a
-  lower offered rate.
+"""Overload measurement on one server: capacity in a closed loop (``concurrency`` clients, each sending when
+answered), then an open loop at a multiple of it (requests sent at a fixed rate whatever the answers,
+latency counted from each one's scheduled time, so a client falling behind shows as latency). Requests are
+bytes encoded once; the open loop may use several client processes; each phase records the client's CPU.
 """
 
 from __future__ import annotations
@@ -43,7 +36,7 @@ class Phase:
     sent: int = 0
     ok: list[float] = field(default_factory=list)
     shed: list[float] = field(default_factory=list)
-    other: dict[str, int] = field(default_factory=dict)
+    other: collections.Counter[str] = field(default_factory=collections.Counter)
     non_json: int = 0
     client_cpu_s: float = 0.0
     max_lag_s: float = 0.0
@@ -53,8 +46,7 @@ class Phase:
         self.sent += other.sent
         self.ok += other.ok
         self.shed += other.shed
-        for k, v in other.other.items():
-            self.other[k] = self.other.get(k, 0) + v
+        self.other.update(other.other)
         self.non_json += other.non_json
         self.bounds += other.bounds
         self.client_cpu_s += other.client_cpu_s
@@ -69,7 +61,7 @@ class Phase:
             "sent_per_s": round(self.sent / self.seconds, 1),
             "ok": len(self.ok),
             "shed_503": len(self.shed),
-            "other": self.other,
+            "other": dict(self.other),
             "non_json": self.non_json,
             "ok_per_s": round(len(self.ok) / max(self.elapsed_s, self.seconds), 2),
             "ok_p50_s": _pct(self.ok, 0.50),
@@ -106,7 +98,7 @@ def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> Non
     elif status == 503:
         phase.shed.append(seconds)
     else:
-        phase.other[str(status)] = phase.other.get(str(status), 0) + 1
+        phase.other[str(status)] += 1
 
 
 async def _one(client: RawClient, data: bytes, phase: Phase, t0: float) -> None:
@@ -233,7 +225,7 @@ class _Pool:
 
     def _done(self, error: str) -> None:
         self.phase.sent += 1
-        self.phase.other[error] = self.phase.other.get(error, 0) + 1
+        self.phase.other[error] += 1
         self.busy -= 1
 
 
