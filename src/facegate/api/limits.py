@@ -254,6 +254,7 @@ class AdmissionMiddleware:
         self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
         self.admitted = 0
         self.respond = respond  # FacegateError → Response (facegate.api.errors)
+        self._shed_answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
@@ -264,12 +265,7 @@ class AdmissionMiddleware:
         limit = self.bound.limit(now)
         if self.admitted >= limit:
             self.bound.shed(now)
-            exc = OverloadedError(
-                f"the server is at its limit of {limit} requests in progress; retry later",
-                retry_after_s=RETRY_AFTER_S,
-                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
-            )
-            await self.respond(exc)(scope, receive, send)
+            await self._shed(limit, send)
             return
         if self.admitted == 0:
             self.bound.busy(now)
@@ -304,6 +300,22 @@ class AdmissionMiddleware:
             self.admitted -= 1
             if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
                 self.bound.finished(time.monotonic())
+
+    async def _shed(self, limit: int, send: Send) -> None:
+        """503 ``overloaded``, built once per bound: a flood of them must cost the process next to nothing."""
+        if limit not in self._shed_answers:
+            exc = OverloadedError(
+                f"the server is at its limit of {limit} requests in progress; retry later",
+                retry_after_s=RETRY_AFTER_S,
+                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
+            )
+            r = self.respond(exc)
+            if len(self._shed_answers) > 256:
+                self._shed_answers.clear()
+            self._shed_answers[limit] = (r.status_code, r.raw_headers, r.body)
+        status, headers, body = self._shed_answers[limit]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
