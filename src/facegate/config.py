@@ -57,7 +57,7 @@ class Limits(BaseModel):
         le=1_000_000,
         description=(
             "Most /api requests one front-end process works on at once. Below it the process also admits no "
-            "more than it finishes in the time of one request plus half a second, measured as it runs. "
+            "more than a few requests in service plus what it finishes in half a second, measured as it runs. "
             "Excess requests get 503 with Retry-After at once, before their body is read."
         ),
     )
