@@ -141,6 +141,7 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.due: float | None = None  # the request in progress: its scheduled time
+        self.answered = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -163,6 +164,7 @@ class _Link(asyncio.Protocol):
             return
         body, self.buf = self.buf[end + 4 : end + 4 + n], self.buf[end + 4 + n :]
         due, self.due = self.due, None
+        self.answered += 1
         self.pool.answered(int(head[9:12]), body, due)
         if b"\r\nconnection: close" in head:
             assert self.transport is not None
@@ -213,7 +215,9 @@ class _Pool:
         self.open -= 1
         if link in self.free:
             self.free.remove(link)
-        if link.due is not None:
+        if link.due is not None and link.answered and not link.buf:
+            self.waiting.appendleft(link.due)  # a kept-alive connection the server had closed: retry, as httpx does
+        elif link.due is not None:
             self._done("RemoteProtocolError")
         if self.waiting and self.open < self.max_open:  # requests that waited for this connection
             self.open += 1
