@@ -101,10 +101,12 @@ def main() -> None:
     integrity_failures = 0
     killed: list[int] = []
     t0 = time.monotonic()
+    env_start = env_record(**{k: str(v) for k, v in vars(a).items()})  # each round runs the code on disk then
 
     def report(rounds: int, rc: int | None) -> dict[str, Any]:
         result = {
             "env": env_record(**{k: str(v) for k, v in vars(a).items()}),
+            "env_start": env_start,
             "command": " ".join(["python", *sys.argv]),
             "kills": rounds,
             "workers": a.workers,
