@@ -8,7 +8,9 @@ least ``--writes`` more writes were acknowledged. It counts named shared-memory 
 that appear and stay, run folders left behind, lost acknowledged writes and failed integrity checks; a
 last round stops the server with SIGTERM and checks its exit status.
 
-  python benchmarks/kill9_soak.py --kills 100 --workers 4 --out benchmarks/results/kill9_soak_cpu.json
+The JSON is rewritten after every round, so a soak cut short still reports the rounds it made.
+
+  python benchmarks/kill9_soak.py --kills 100 --workers 4 --out benchmarks/results/kill9_soak-cpu2.json
 """
 
 from __future__ import annotations
@@ -31,17 +33,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
-from common import env_record, write_json
+from common import env_record, free_port, write_json
 
 log = logging.getLogger("kill9_soak")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_folders(pid: int) -> list[str]:
@@ -107,6 +101,27 @@ def main() -> None:
     integrity_failures = 0
     killed: list[int] = []
     t0 = time.monotonic()
+    env_start = env_record(**{k: str(v) for k, v in vars(a).items()})  # each round runs the code on disk then
+
+    def report(rounds: int, rc: int | None) -> dict[str, Any]:
+        result = {
+            "env": env_record(**{k: str(v) for k, v in vars(a).items()}),
+            "env_start": env_start,
+            "command": " ".join(["python", *sys.argv]),
+            "kills": rounds,
+            "workers": a.workers,
+            "acknowledged_writes": len(acked),
+            "lost_acknowledged_writes": len(lost),
+            "integrity_check_failures": integrity_failures,
+            "shared_memory_segments_left": sorted(shm_left),
+            "run_folders_left": left_folders,
+            "final_sigterm_exit_status": rc,
+            "complete": rc is not None,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        write_json(a.out, result)
+        return result
+
     with (data / "server.log").open("wb") as log_file:
         for round_ in range(a.kills + 1):
             proc, url = start(data, a.workers, a.device, log_file)
@@ -151,24 +166,13 @@ def main() -> None:
                     t.join(60)
                 killed.append(proc.pid)
                 shm_left |= named_shm() - shm_before
+                report(len(killed), None)
                 log.info("round %d: %d writes acknowledged so far, %d lost", round_ + 1, len(acked), len(lost))
             finally:
                 if proc.poll() is None:
                     kill_group(proc)
     left_folders += run_folders(proc.pid)
-    result = {
-        "env": env_record(**{k: str(v) for k, v in vars(a).items()}),
-        "kills": a.kills,
-        "workers": a.workers,
-        "acknowledged_writes": len(acked),
-        "lost_acknowledged_writes": len(lost),
-        "integrity_check_failures": integrity_failures,
-        "shared_memory_segments_left": sorted(shm_left),
-        "run_folders_left": left_folders,
-        "final_sigterm_exit_status": rc,
-        "seconds": round(time.monotonic() - t0, 1),
-    }
-    write_json(a.out, result)
+    result = report(len(killed), rc)
     log.info("wrote %s: %s", a.out, {k: v for k, v in result.items() if k != "env"})
 
 

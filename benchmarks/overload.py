@@ -1,18 +1,16 @@
 """Overload at a multiple of the capacity measured in the same run, against ``facegate serve`` in a child
 process (real default models).
 
-Phases (``facegate.bench.overload.overload_run``): warm-up; one request at a time (its latency);
-capacity in a closed loop of ``--concurrency`` clients; then ``--factor`` × capacity in an open loop for
-``--seconds``, with the server's RSS sampled and, when the arrivals stop, the time until a new request
-is answered. Writes one JSON (``--out``, default ``benchmarks/results/overload_<device>.json``).
-
-The load comes from one Python process (httpx): on the 2-core CPU box it sent about 80 requests/s at
-most, so an offered rate above that measures the client, not the server (its latencies grow in the
-client's own queue). Check ``overload.sent / seconds`` against ``offered_per_s`` before reading the rest.
+Phases (``facegate.bench.overload.overload_run``): warm-up; one request at a time; capacity in a closed
+loop of ``--concurrency`` clients; then ``--factor`` × capacity in an open loop (``--procs`` client
+processes, pre-encoded requests over raw sockets) for ``--seconds``, with the RSS of the server's process
+tree sampled and, when the arrivals stop, the time until a new request is answered. ``--sigterm-after S``
+sends SIGTERM S seconds into the overload instead, and records the server's exit status and time.
+The JSON records the client's CPU per phase: compare ``overload.sent_per_s`` with ``offered_per_s``.
 
     PYTHONPATH=src python benchmarks/overload.py --device cpu --seconds 60
-    PYTHONPATH=src python benchmarks/overload.py --device cuda --seconds 60 --concurrency 256 \\
-        --serve-args "--precision fp16 --compile graphs --workers 8"
+    PYTHONPATH=src python benchmarks/overload.py --device cpu --seconds 30 --sigterm-after 10 --variant sigterm
+    PYTHONPATH=src python benchmarks/overload.py --device cuda --concurrency 100 --procs 6 --machine h200
 """
 
 from __future__ import annotations
@@ -28,12 +26,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, free_port, write_json
-from facegate.bench.overload import overload_run
+from facegate.bench.overload import closed_loop, encode, overload_run
+
+
+def _name(args: argparse.Namespace) -> str:
+    return f"overload-{args.machine}" + (f"-{args.variant}" if args.variant else "") + ".json"
+
+
+async def closed_points(url: str, args: argparse.Namespace, files: list[Any]) -> dict[str, Any]:
+    data = encode(url, args.route, files)
+    levels = [int(c) for c in args.closed.split(",")]
+    await closed_loop(url, data, concurrency=levels[0], seconds=1.0)
+    points = []
+    for c in levels:
+        phase = await closed_loop(url, data, concurrency=c, seconds=args.capacity_seconds)
+        points.append({"concurrency": c, **phase.to_dict()})
+    return {"points": points}
 
 
 def main() -> None:
@@ -43,9 +57,16 @@ def main() -> None:
     ap.add_argument("--capacity-seconds", type=float, default=20.0)
     ap.add_argument("--factor", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=16, help="clients of the capacity phase")
+    ap.add_argument("--procs", type=int, default=1, help="client processes of the open loop")
     ap.add_argument("--route", default="/api/compare", choices=["/api/compare", "/api/detect"])
+    closed = "only closed-loop points at these concurrencies (e.g. 100,16,100), each --capacity-seconds long, "
+    closed += "right after start-up and a 1 s warm-up (as http_e2e.py runs them)"
+    ap.add_argument("--closed", default=None, help=closed)
+    ap.add_argument("--sigterm-after", type=float, default=None, help="SIGTERM the server this far into the load")
     ap.add_argument("--serve-args", default="", help="extra `facegate serve` flags")
     ap.add_argument("--lfw-root", type=Path, default=Path(os.environ.get("FACEGATE_LFW_ROOT", "data/lfw")))
+    ap.add_argument("--machine", default=f"cpu{os.cpu_count()}", help="names the JSON: overload-<machine>.json")
+    ap.add_argument("--variant", default=None, help="appended to the JSON's name")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -64,6 +85,16 @@ def main() -> None:
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+
+    def sigterm() -> dict[str, Any]:
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            rc = None
+        return {"exit_status": rc, "exit_s": round(time.monotonic() - t0, 2)}
+
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -75,33 +106,50 @@ def main() -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        out = asyncio.run(
-            overload_run(
-                url,
-                args.route,
-                files,
-                pid=proc.pid,
-                concurrency=args.concurrency,
-                capacity_s=args.capacity_seconds,
-                overload_s=args.seconds,
-                factor=args.factor,
+        out = (
+            asyncio.run(closed_points(url, args, files))
+            if args.closed
+            else asyncio.run(
+                overload_run(
+                    url,
+                    args.route,
+                    files,
+                    pid=proc.pid,
+                    concurrency=args.concurrency,
+                    capacity_s=args.capacity_seconds,
+                    overload_s=args.seconds,
+                    factor=args.factor,
+                    procs=args.procs,
+                    stop=(args.sigterm_after, sigterm) if args.sigterm_after is not None else None,
+                )
             )
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    result = {"env": env_record(**{k: str(v) for k, v in vars(args).items()}), "loadavg_after": load, **out}
-    path = args.out or Path(__file__).resolve().parent / "results" / f"overload_{args.device}.json"
-    write_json(path, result)
-    print(json.dumps({k: out[k] for k in ("capacity_per_s", "goodput_ratio", "rss_growth", "recovery_s")}))
-    print(json.dumps({"admitted_p99_s": out["overload"]["ok_p99_s"], "shed_p99_s": out["overload"]["shed_p99_s"]}))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    log_lines = log_path.read_text(errors="replace").splitlines()
+    result = {
+        "env": env_record(**{k: str(v) for k, v in vars(args).items()}),
+        "command": " ".join(["python", *sys.argv]),
+        "loadavg_after": os.getloadavg(),
+        **out,
+        "server_log_tracebacks": sum("Traceback" in line for line in log_lines),
+        "server_log_tail": log_lines[-40:] if args.sigterm_after is not None else [],
+    }
+    write_json(args.out or Path(__file__).resolve().parent / "results" / _name(args), result)
+    if args.closed:
+        keys = ("concurrency", "ok_per_s", "shed_503", "ok_p99_s", "bound_p10_p50_p90")
+        print(json.dumps([{k: p[k] for k in keys} for p in out["points"]]))
+        return
+    keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop")
+    print(json.dumps({k: out.get(k) for k in keys}))
+    o = out["overload"]
+    keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "other", "non_json", "client_cpu_cores")
+    print(json.dumps({k: o[k] for k in keys}))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ BENCHMARKS = {
     ),
     "gallery_search": ("Gallery search and its change feed", "benchmarks/gallery_search.py"),
     "fuzz_api": ("Fuzzing: schema-driven API requests and decoder inputs", "benchmarks/fuzz_api.py"),
+    "overload": ("Overload: 10× the capacity measured in the same run (open loop)", "benchmarks/overload.py"),
+    "kill9_soak": ("Crashes: kill -9 of a multi-process server mid-write", "benchmarks/kill9_soak.py"),
 }
 
 
@@ -277,6 +279,24 @@ def fuzz_api(d: dict[str, Any]) -> str:
     )
 
 
+def overload(d: dict[str, Any]) -> str:
+    """Capacity, then the open loop (or the closed-loop points); latencies in seconds."""
+    keys = ["sent_per_s", "ok_per_s", "shed_503", "other", "non_json", "ok_p50_s", "ok_p99_s", "shed_p99_s",
+            "bound_p10_p50_p90", "client_cpu_cores"]  # fmt: skip
+    r3 = lambda v: round(v, 3) if isinstance(v, float) else v  # noqa: E731
+    if "points" in d:
+        return _table(["concurrency", *keys], [[p["concurrency"], *(r3(p.get(k)) for k in keys)] for p in d["points"]])
+    rows = [[name, *(r3(d[name].get(k)) for k in keys)] for name in ("capacity", "overload")]
+    summary = ["capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop"]
+    return _table(["phase", *keys], rows) + "\n\n" + _table(summary, [[r3(d.get(k)) for k in summary]])
+
+
+def kill9_soak(d: dict[str, Any]) -> str:
+    keys = ["kills", "workers", "acknowledged_writes", "lost_acknowledged_writes", "integrity_check_failures",
+            "shared_memory_segments_left", "run_folders_left", "final_sigterm_exit_status", "seconds"]  # fmt: skip
+    return _table(keys, [[len(v) if isinstance(v, list) else _n(v) for v in (d.get(k) for k in keys)]])
+
+
 def lfw_open_set(d: dict[str, Any]) -> str:
     head = [
         f"Protocol: {d['protocol']}. {d['images']} images. `threshold_model` is the threshold the search uses "
@@ -300,7 +320,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "http_e2e": http_e2e, "cpu_e2e": cpu_e2e, "models_gpu": models_gpu, "cpu_models": cpu_models,
     "parity_lfw": parity_lfw, "serve_memory": serve_memory, "soak": soak, "gallery_search": gallery_search,
     "lfw_open_set": lfw_open_set,
-    "fuzz_api": fuzz_api,
+    "fuzz_api": fuzz_api, "overload": overload, "kill9_soak": kill9_soak,
 }  # fmt: skip
 
 

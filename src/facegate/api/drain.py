@@ -1,21 +1,11 @@
 """Graceful drain on SIGTERM/SIGINT: admitted requests finish, the rest get a JSON 503, the process exits 0.
 
-uvicorn's own shutdown stops accepting connections and closes idle keep-alive ones, then waits
-``timeout_graceful_shutdown`` for the requests in flight and cancels what is left. A cancelled request is
-answered by uvicorn itself with a plain-text ``500 Internal Server Error`` and a traceback in the log, and
-uvicorn re-raises the signal when it returns, so the process dies of SIGTERM (exit status 143).
-
-Here the process's :data:`DRAIN` starts at the signal (:func:`watch_signals` wraps the handler uvicorn
-installed). From then on:
-
-* a request that reaches the app gets ``503 {"error": {"code": "shutting_down", ...}}`` with
-  ``Connection: close`` and ``Retry-After`` (another replica, or this one restarted, will take it);
-* requests already admitted run on; at ``drain_s`` after the signal those still running are
-  cancelled (their engine work is dropped) and answered with the same JSON 503.
-
-uvicorn's own timeout (:func:`uvicorn_timeout_s`) is a little longer than the drain's, so it never cancels a
-request first, and ``run`` replaces the default SIGTERM disposition so that uvicorn's re-raise ends in a
-normal exit.
+Left alone, uvicorn cancels what is still running at its graceful-shutdown timeout, answers it with a
+plain-text 500, and re-raises the signal (exit 143). Here :data:`DRAIN` starts at the signal
+(:func:`watch_signals`); from then on a new request gets ``503 shutting_down`` with ``Connection: close``,
+and at ``drain_s`` the requests still running are cancelled (their engine work dropped) and answered the same
+way. uvicorn's timeout (:func:`uvicorn_timeout_s`) is a little longer, so it never cancels first, and
+:func:`exit_quietly_on_sigterm` turns its re-raise into a normal exit.
 """
 
 from __future__ import annotations
@@ -48,25 +38,19 @@ class Drain:
         self._lock = threading.Lock()
         self.started_at: float | None = None
         self.expired = False
-        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def active(self) -> bool:
         """Whether the process is draining (no new request is admitted)."""
         return self.started_at is not None
 
-    @property
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._tasks)
-
     def begin(self, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
         """Start draining: at ``timeout_s`` from now the requests still in flight are cut short (idempotent)."""
         if self.started_at is not None:
             return
         self.started_at = time.monotonic()
-        log.info("draining: %d request(s) in flight get %.1f s to finish", self.in_flight, timeout_s)
-        self._timer = loop.call_later(timeout_s, self._expire)
+        log.info("draining: %d request(s) in flight get %.1f s to finish", len(self._tasks), timeout_s)
+        loop.call_later(timeout_s, self._expire)
 
     def _expire(self) -> None:
         self.expired = True
@@ -77,12 +61,6 @@ class Drain:
         for task, flag in tasks:
             flag[0] = True
             task.cancel()
-
-    def reset(self) -> None:
-        """Back to serving (tests that reuse a process)."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self.started_at, self.expired, self._timer = None, False, None
 
     @contextlib.contextmanager
     def track(self, task: asyncio.Task[Any]) -> Any:
@@ -107,11 +85,8 @@ def uvicorn_timeout_s(drain_timeout_s: float) -> float:
 
 
 def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop, drain: Drain = DRAIN) -> None:
-    """Make SIGTERM and SIGINT start ``drain`` before the handler already installed (uvicorn's) runs.
-
-    Call it from the event loop's thread once the server has installed its handlers (the app's lifespan
-    start-up). Off the main thread (a server run in a test's thread) signals cannot be handled: no-op.
-    """
+    """Make SIGTERM and SIGINT start ``drain`` before the handler already installed (uvicorn's) runs. Call it
+    from the lifespan start-up; off the main thread (a server in a test's thread) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,12 +107,8 @@ def exit_quietly_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)
 
 
-def _body(message: str) -> bytes:
-    return json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
-
-
 async def _send_503(send: Send, message: str) -> None:
-    body = _body(message)
+    body = json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

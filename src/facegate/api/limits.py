@@ -1,24 +1,12 @@
 """Input limits of the HTTP front-end: bounded JSON, decoded-pixel budgets, and admission before any work.
 
-:func:`loads_limited` parses JSON (request bodies and JSON form fields such as enrol's ``meta``) under
-:class:`~facegate.config.Limits`: size, nesting depth, length of number literals; ``NaN`` /
-``Infinity`` and lone UTF-16 surrogates (``"\\ud800"``, which no UTF-8 store can hold) are refused. Each
-failure is an :class:`~facegate.errors.InvalidParameterError` (422) or, for size, an
-:class:`~facegate.errors.ImageTooLargeError`-style 413 (:class:`BodyTooLargeError`).
-
-:class:`PixelBudget` bounds decoded memory: a request's images are measured from their headers
-(Pillow's lazy open reads no pixel data) and the sum must fit ``limits.request_pixels`` (413 otherwise),
-then the request holds that many pixels of the process's ``limits.decode_pixels_in_flight`` until it
-ends, waiting (within its deadline) while other requests hold them.
-
-:class:`AdmissionMiddleware` (pure ASGI) admits at most ``limits.max_admitted`` ``/api`` requests per
-process, and no more than it can finish in the time of one request plus a quarter of the
-deadline (:class:`AdmissionLimit`). The check runs when the request's headers have arrived, before its body is
-read; an excess request is answered 503 ``overloaded`` with ``Retry-After`` and costs nothing else. An
-admitted request runs under one deadline counted from its arrival (``Settings.request_timeout_s``),
-which covers the upload, decoding, every engine stage and the gallery: when it passes the request's task
-is cancelled (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``. JSON bodies
-are checked with :func:`loads_limited` before the route sees them.
+- :func:`loads_limited`: JSON (bodies and JSON form fields) under :class:`~facegate.config.Limits`.
+- :class:`PixelBudget`: a request's images are measured from their headers before decoding (413 past
+  ``limits.request_pixels``), then hold that many of the process's ``limits.decode_pixels_in_flight``.
+- :class:`AdmissionMiddleware`: the admission bound (:class:`AdmissionLimit`) checked before the body is read
+  (excess gets 503 ``overloaded`` with ``Retry-After``), and one deadline per request from its arrival
+  (``limits.request_timeout_s``) over upload, decoding, engine and gallery; past it the task is cancelled
+  (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``.
 """
 
 from __future__ import annotations
@@ -45,28 +33,23 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
+from facegate.logs import escape
 
 log = logging.getLogger(__name__)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
 RETRY_AFTER_S = 1
 
 
-# --------------------------------------------------------------------------- JSON
 def _bad_json(message: str, field: str) -> InvalidParameterError:
     return InvalidParameterError(message, detail={"field": field})
 
 
 def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> Any:
-    """``json.loads`` under ``limits``: the value, or a 4xx error.
-
-    Raises:
-        BodyTooLargeError: more than ``json_max_bytes`` bytes.
-        InvalidParameterError: not UTF-8, not JSON, nested deeper than ``json_max_depth``, a number literal
-            longer than ``json_max_number_digits``, NaN/Infinity, or a lone surrogate in a string.
-    """
+    """``json.loads`` under ``limits``: BodyTooLargeError past ``json_max_bytes``; InvalidParameterError for
+    non-UTF-8, non-JSON, nesting past ``json_max_depth``, number literals past ``json_max_number_digits``,
+    NaN/Infinity, or a lone surrogate (which no UTF-8 store can hold)."""
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
     if size > limits.json_max_bytes:
         raise BodyTooLargeError(
@@ -98,7 +81,10 @@ def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> 
         raise _bad_json(f"{field} is not valid JSON: {exc.msg} at position {exc.pos}", field) from None
     except RecursionError:  # _check_depth bounds nesting first; this is only a second line
         raise _bad_json(f"{field}: JSON nested too deeply", field) from None
-    _check_strings(value, field)
+    try:  # a lone surrogate (a JSON \ud800 escape) cannot be encoded
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad_json(f"{field}: a string holds a lone UTF-16 surrogate", field) from None
     return value
 
 
@@ -117,23 +103,6 @@ def _check_depth(text: str, max_depth: int, field: str) -> None:
             depth -= 1
 
 
-def _check_strings(value: Any, field: str) -> None:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            if _SURROGATE.search(v):
-                raise _bad_json(f"{field}: a string holds a lone UTF-16 surrogate", field)
-        elif isinstance(v, dict):
-            for k, item in v.items():
-                if _SURROGATE.search(k):
-                    raise _bad_json(f"{field}: a key holds a lone UTF-16 surrogate", field)
-                stack.append(item)
-        elif isinstance(v, list):
-            stack.extend(v)
-
-
-# --------------------------------------------------------------------------- pixels
 def header_pixels(file: UploadFile) -> int:
     """``width × height`` of an uploaded image from its header (no pixel data is decoded); 0 when the
     header cannot be read (the decoder then answers the request's error)."""
@@ -165,12 +134,8 @@ class PixelBudget:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     def measure(self, uploads: Iterable[UploadFile]) -> int:
-        """Summed header pixels of ``uploads``.
-
-        Raises:
-            ImageTooLargeError: the sum exceeds ``request_pixels`` (checked as each header is read, so a
-                request of many huge images stops at the first one past the budget).
-        """
+        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``
+        (a request of many huge images stops at the first one past the budget)."""
         total = 0
         for i, upload in enumerate(uploads):
             total += header_pixels(upload)
@@ -214,7 +179,6 @@ class PixelBudget:
                 fut.set_result(None)
 
 
-# --------------------------------------------------------------------------- admission
 def _is_json(scope: Scope) -> bool:
     for key, value in scope.get("headers", ()):
         if key == b"content-type":
@@ -224,46 +188,43 @@ def _is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it can
-    finish in the time of one request plus a quarter of the deadline (Little's law: requests in progress
-    = rate × time each spends).
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most :data:`FLOOR`
+    (requests in service: a batch or two) plus what it finishes in :data:`QUEUE_S` (Little's law: waiting =
+    rate × wait), so that a new request is answered within about a second once an overload stops.
 
-    A fixed bound sized for a fast machine lets a slow one (or a slow moment) admit more work than it can
-    finish within the deadline: the admitted requests then time out after using the device, and goodput
-    falls. The rate used is the best completion rate of :data:`WINDOW_S` seconds seen lately (it decays
-    by :data:`DECAY` per window), so that a burst on a quiet server is admitted up to what the process
-    has shown it can do; while requests are being shed it is the last window's rate, what the process
-    does under this load (the shedding itself takes some of the CPU). The time of one request is the
-    fastest of the last window. Until a rate has been measured the bound is ``max_admitted``; it never
-    falls below :data:`FLOOR`.
+    The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
+    went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
+    admitted up to the best rate the process has shown; while it sheds after half a window busy, the
+    window's rate (what it does under this load) bounds it. Until a rate is measured the bound is
+    ``max_admitted``.
     """
 
     WINDOW_S = 4.0
-    DECAY = 0.9
-    FLOOR = 2
+    QUEUE_S = 0.5
+    FLOOR = 8
     _SLOTS = 8
 
     def __init__(self, max_admitted: int, deadline_s: float) -> None:
         self.max_admitted = max_admitted
-        self.target_s = deadline_s / 4
+        self.target_s = min(self.QUEUE_S, deadline_s / 4)
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
-        self._fastest = [math.inf] * self._SLOTS
-        self._started = time.monotonic()
         self._best = 0.0
-        self._rate = 0.0
-        self._best_sid = -1
+        self._busy_sid = -1
         self._last_shed = -math.inf
 
-    def finished(self, now: float, seconds: float) -> None:
-        """Count one admitted request that ended at ``now`` (``time.monotonic()``) after ``seconds``."""
+    def busy(self, now: float) -> None:
+        """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
+        self._busy_sid = int(now / self._width)
+
+    def finished(self, now: float) -> None:
+        """Count one admitted request that ended at ``now``."""
         sid = int(now / self._width)
         i = sid % self._SLOTS
         if self._slot_ids[i] != sid:
-            self._slot_ids[i], self._counts[i], self._fastest[i] = sid, 0, math.inf
+            self._slot_ids[i], self._counts[i] = sid, 0
         self._counts[i] += 1
-        self._fastest[i] = min(self._fastest[i], seconds)
 
     def shed(self, now: float) -> None:
         """Note that a request was refused at ``now``."""
@@ -271,24 +232,16 @@ class AdmissionLimit:
 
     def limit(self, now: float) -> int:
         """The bound now."""
-        if now - self._started < self.WINDOW_S:
-            return self.max_admitted  # no rate measured yet
         sid = int(now / self._width)
-        live = [i for i, s in enumerate(self._slot_ids) if 0 < sid - s < self._SLOTS]  # completed slots
-        if sid != self._best_sid:  # once per slot: decay the best rate, then take the window's if higher
-            rate = sum(self._counts[i] for i in live) / (self.WINDOW_S - self._width)
-            steps = min(self._SLOTS * 100, sid - self._best_sid) if self._best_sid >= 0 else 1
-            self._best = max(rate, self._best * self.DECAY ** (steps / self._SLOTS))
-            self._best_sid, self._rate = sid, rate
-        rate = self._best
-        if now - self._last_shed < self.WINDOW_S:  # shedding: the window's rate is what the process does now
-            rate = min(rate, self._rate)
-        if rate <= 0.0:
-            return self.max_admitted if self._best <= 0.0 else min(self.FLOOR, self.max_admitted)
-        # the fastest request of the window: its time without queueing, the best estimate of the work itself
-        work_s = min((self._fastest[i] for i in live), default=0.0)
-        by_rate = math.ceil(rate * (work_s + self.target_s))
-        return max(min(self.FLOOR, self.max_admitted), min(self.max_admitted, by_rate))
+        first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
+        done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
+        rate = done / ((sid - first) * self._width) if sid > first else 0.0
+        self._best = max(self._best, rate)
+        if self._best == 0.0:
+            return self.max_admitted  # nothing measured yet
+        if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
+            rate = self._best  # not shedding, or busy too briefly for the window to tell
+        return min(self.max_admitted, self.FLOOR + math.ceil(rate * self.target_s))
 
 
 class AdmissionMiddleware:
@@ -301,6 +254,7 @@ class AdmissionMiddleware:
         self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
         self.admitted = 0
         self.respond = respond  # FacegateError → Response (facegate.api.errors)
+        self._shed_answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
@@ -311,13 +265,10 @@ class AdmissionMiddleware:
         limit = self.bound.limit(now)
         if self.admitted >= limit:
             self.bound.shed(now)
-            exc = OverloadedError(
-                f"the server is at its limit of {limit} requests in progress; retry later",
-                retry_after_s=RETRY_AFTER_S,
-                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
-            )
-            await self.respond(exc)(scope, receive, send)
+            await self._shed(limit, send)
             return
+        if self.admitted == 0:
+            self.bound.busy(now)
         self.admitted += 1
         started = False
         status = 0
@@ -338,7 +289,7 @@ class AdmissionMiddleware:
             async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
                 await self.app(scope, app_receive, tracking_send)
         except TimeoutError:
-            log.info("%s %s: deadline of %.1f s passed", scope["method"], _safe_path(scope), self.deadline_s)
+            log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), self.deadline_s)
             if not started:
                 exc2 = DeadlineExceededError(
                     f"the request did not finish within its deadline of {self.deadline_s:g} s",
@@ -348,29 +299,40 @@ class AdmissionMiddleware:
         finally:
             self.admitted -= 1
             if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                self.bound.finished(time.monotonic(), time.perf_counter() - t0)
+                self.bound.finished(time.monotonic())
+
+    async def _shed(self, limit: int, send: Send) -> None:
+        """503 ``overloaded``, built once per bound: a flood of them must cost the process next to nothing."""
+        if limit not in self._shed_answers:
+            exc = OverloadedError(
+                f"the server is at its limit of {limit} requests in progress; retry later",
+                retry_after_s=RETRY_AFTER_S,
+                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
+            )
+            r = self.respond(exc)
+            if len(self._shed_answers) > 256:
+                self._shed_answers.clear()
+            self._shed_answers[limit] = (r.status_code, r.raw_headers, r.body)
+        status, headers, body = self._shed_answers[limit]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
         limits = self.settings.limits
-        chunks: list[bytes] = []
-        size = 0
-        more = True
+        body, more = b"", True
         try:
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
                     return None  # the client went away
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limits.json_max_bytes:
+                body += message.get("body", b"")
+                if len(body) > limits.json_max_bytes:
                     raise BodyTooLargeError(
                         f"a JSON body of more than {limits.json_max_bytes} bytes",
                         detail={"field": "body", "limit": limits.json_max_bytes},
                     )
-                chunks.append(chunk)
                 more = bool(message.get("more_body", False))
-            body = b"".join(chunks)
             if body:
                 loads_limited(body, limits)
         except (InvalidParameterError, ImageTooLargeError) as exc:
@@ -379,15 +341,4 @@ class AdmissionMiddleware:
         return body
 
 
-def _safe_path(scope: Scope) -> str:
-    from facegate.logs import escape
-
-    return escape(scope.get("path", ""))
-
-
-__all__ = [
-    "AdmissionMiddleware",
-    "PixelBudget",
-    "header_pixels",
-    "loads_limited",
-]
+__all__ = ["AdmissionMiddleware", "PixelBudget", "header_pixels", "loads_limited"]

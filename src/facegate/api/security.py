@@ -1,27 +1,12 @@
 """Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
 security headers, the OpenAPI security scheme and the offline API docs.
 
-Two pure-ASGI middlewares (no task hop, no body buffering):
-
-- :class:`SecurityHeadersMiddleware`, outermost, adds ``Content-Security-Policy``, ``X-Frame-Options:
-  DENY``, ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer`` to every response,
-  errors included.
-- :class:`AccessMiddleware`, inside the request metrics, answers before any body is read:
-
-  1. ``Host`` not in the allowed hosts → 400 ``host_not_allowed`` (DNS rebinding: a page of another site
-     that resolves its own name to this server sends that name as ``Host``);
-  2. a state-changing method (POST, PUT, PATCH, DELETE) whose ``Origin`` is neither this server's nor an
-     allowed one, or with ``Sec-Fetch-Site: cross-site`` → 403 ``origin_not_allowed`` (a browser posts a
-     cross-site form without asking first);
-  3. with API keys configured, a ``/api`` route (and ``/metrics`` when so configured) needs
-     ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``: missing or unknown → 401 ``unauthorized``,
-     a key without the route's scope → 403 ``forbidden``;
-  4. per-key (or, without keys, per-client-address) token buckets → 429 ``rate_limited`` with
-     ``Retry-After``.
-
-Scopes of the routes (:func:`required_scope`): ``read`` for compare, detect, embed, search and listing
-galleries; ``enrol`` for enrolling, listing and deleting subjects; ``admin`` for creating and deleting
-galleries. Probes, the web page, its assets and the docs are open.
+:class:`AccessMiddleware` answers before any body is read: a ``Host`` not allowed → 400 (DNS rebinding); a
+state-changing method from a foreign ``Origin`` (or ``Sec-Fetch-Site: cross-site``) → 403 (a browser posts a
+cross-site form without a preflight); with keys configured, no or an unknown key → 401, a key without the
+route's scope (:func:`required_scope`) → 403; a token bucket per key (or client address) → 429.
+:class:`SecurityHeadersMiddleware`, outermost, puts CSP, ``X-Frame-Options``, ``nosniff`` and
+``Referrer-Policy`` on every response, errors included.
 """
 
 from __future__ import annotations
@@ -60,7 +45,6 @@ from facegate.service.keys import ApiKey, KeyStore, Scope
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- scopes of routes
 _ROUTE_SCOPES: list[tuple[frozenset[str], re.Pattern[str], Scope]] = [
     (frozenset({"POST"}), re.compile(r"^/api/(compare|detect|embed)/?$"), "read"),
     (frozenset({"POST"}), re.compile(r"^/api/galleries/[^/]+/search/?$"), "read"),
@@ -83,16 +67,13 @@ def required_scope(method: str, path: str, settings: Settings) -> Scope | None:
     return None
 
 
-# --------------------------------------------------------------------------- hosts and origins
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 def is_loopback(host: str) -> bool:
     """Whether a bind address is loopback-only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
-    if host.strip("[]") in ("localhost", "::1"):
-        return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return host.strip("[]") == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 
@@ -109,20 +90,13 @@ def allowed_host_names(settings: Settings) -> frozenset[str] | None:
     """The Host values accepted (lower case, without port; ``None``: any)."""
     configured = settings.security.allowed_hosts
     if configured:
-        if "*" in configured:
-            return None
-        return frozenset(_host_name(h) for h in configured)
-    if is_loopback(settings.host):
-        return _LOOPBACK_NAMES | {settings.host.lower()}
-    return None
+        return None if "*" in configured else frozenset(_host_name(h) for h in configured)
+    return _LOOPBACK_NAMES | {settings.host.lower()} if is_loopback(settings.host) else None
 
 
 def check_bind(settings: Settings, keys: KeyStore) -> None:
-    """Refuse to serve a non-loopback address without API keys, unless ``security.no_auth``; say how it runs.
-
-    Raises:
-        ServerError: a non-loopback bind address with no keys and no ``--no-auth``.
-    """
+    """Refuse (ServerError) to serve a non-loopback address without API keys unless ``security.no_auth``;
+    log how it runs."""
     if len(keys):
         log.info("API keys: %d configured (%s); /api routes need one", len(keys), keys.path.name)
         return
@@ -140,7 +114,6 @@ def check_bind(settings: Settings, keys: KeyStore) -> None:
     log.warning("no API keys configured: authentication is off; listening on loopback (%s) only", settings.host)
 
 
-# --------------------------------------------------------------------------- rate limits
 class TokenBuckets:
     """Token buckets by client identity (at most ``max_clients`` tracked; the least recently seen go first)."""
 
@@ -155,18 +128,13 @@ class TokenBuckets:
         now = time.monotonic() if now is None else now
         tokens, last = self._buckets.pop(who, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
-        wait = 0.0
-        if tokens >= 1.0:
-            tokens -= 1.0
-        else:
-            wait = (1.0 - tokens) / self.rate
-        self._buckets[who] = (tokens, now)
+        wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+        self._buckets[who] = (tokens - 1.0 if wait == 0.0 else tokens, now)
         if len(self._buckets) > self.max_clients:
             self._buckets.popitem(last=False)
         return wait
 
 
-# --------------------------------------------------------------------------- middlewares
 def _header(scope: AsgiScope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -191,10 +159,7 @@ class AccessMiddleware:
     def __init__(
         self, app: ASGIApp, settings: Settings, keys: KeyStore, respond: Callable[[FacegateError], Any]
     ) -> None:
-        self.app = app
-        self.settings = settings
-        self.keys = keys
-        self.respond = respond
+        self.app, self.settings, self.keys, self.respond = app, settings, keys, respond
         self.hosts = allowed_host_names(settings)
         self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
         sec = settings.security
@@ -312,7 +277,6 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, with_headers)
 
 
-# --------------------------------------------------------------------------- OpenAPI and docs
 DOCS_ASSETS = "/docs-assets"
 
 

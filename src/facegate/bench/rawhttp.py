@@ -1,19 +1,10 @@
 """A lean HTTP/1.1 client for load generation: pre-encoded requests over keep-alive connections.
 
-The load generator must cost far less CPU than the server it measures. httpx spends about as much CPU per
-request as facegate's front-ends do (on the H200 machine its client processes were the first limit of the
-aligned-crop benchmark at concurrency 100), so :mod:`facegate.bench.http` sends through this client by
-default. It does only what a closed-loop benchmark needs:
-
-* requests are bytes built once (:func:`encode_request`, :func:`encode_multipart`) and cached by the
-  caller, so sending one is a socket write;
-* one connection per request in flight, kept alive and reused (LIFO), reopened after an error, a
-  ``Connection: close`` or a timeout;
-* responses are read by ``Content-Length`` or ``Transfer-Encoding: chunked`` (or to EOF without either).
-
-Errors carry httpx's class names (:class:`ConnectError`, :class:`ReadTimeout`,
-:class:`RemoteProtocolError`), so error counts read the same with either transport. No TLS, no
-redirects, no proxies, no cookies: it talks to a server on a known ``http://host:port``.
+The load generator must cost far less CPU than the server it measures, and httpx costs about as much per
+request as facegate's front-ends. Requests are bytes built once (:func:`encode_request`,
+:func:`encode_multipart`); one connection per request in flight, kept alive and reused; responses framed by
+``Content-Length``, chunked encoding or EOF. Errors carry httpx's class names, so error counts read the
+same with either transport. No TLS, redirects, proxies or cookies: it talks to a known ``http://host:port``.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ class ReadTimeout(TransportError):  # noqa: N818 (httpx's name, so error counts 
 
 
 class RemoteProtocolError(TransportError):
-    """The connection closed early or the response was not valid HTTP/1.1."""
+    """The connection closed early or the response was not HTTP/1.1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,15 +99,9 @@ class _Conn:
 
 
 class RawClient:
-    """Keep-alive connections to one ``http://host:port`` server.
-
-    Args:
-        base_url: ``http://host:port`` (a path prefix is not supported).
-        timeout_s: seconds for connect + send + the whole response of one request.
-
-    Use :meth:`request` with bytes from :func:`encode_request` (whose ``Host`` is :attr:`host_header`),
-    then :meth:`aclose`. Safe for any number of concurrent requests on one event loop.
-    """
+    """Keep-alive connections to one ``http://host:port`` server, for any number of concurrent requests on
+    one event loop. ``timeout_s``: connect + send + the whole response of one request. Send bytes from
+    :func:`encode_request` (``Host``: :attr:`host_header`) with :meth:`request`."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 60.0) -> None:
         u = urlsplit(base_url)
@@ -136,14 +121,8 @@ class RawClient:
         return _Conn(reader, writer)
 
     async def request(self, data: bytes) -> RawResponse:
-        """Send one encoded request and read its response.
-
-        A kept-alive connection the server closed meanwhile (nothing read back) is retried once on a
-        new connection, as httpx does.
-
-        Raises:
-            ConnectError / ReadTimeout / RemoteProtocolError: no complete response.
-        """
+        """Send one encoded request and read its response (a :class:`TransportError` if none came).
+        A kept-alive connection the server closed meanwhile is retried once on a new one, as httpx does."""
         if self._idle:
             try:
                 return await self._send(data, self._idle.pop())
@@ -183,7 +162,7 @@ class RawClient:
         return RawResponse(status, body)
 
     async def get(self, path: str) -> RawResponse:
-        """``GET path`` (not cached: for occasional calls such as a readiness probe)."""
+        """``GET path`` (for occasional calls such as a readiness probe)."""
         return await self.request(encode_request("GET", self.host_header, path))
 
     async def aclose(self) -> None:
@@ -239,14 +218,5 @@ async def _skip_trailers(reader: asyncio.StreamReader) -> None:
         pass
 
 
-__all__ = [
-    "ConnectError",
-    "FilePart",
-    "RawClient",
-    "RawResponse",
-    "ReadTimeout",
-    "RemoteProtocolError",
-    "TransportError",
-    "encode_multipart",
-    "encode_request",
-]
+__all__ = ["ConnectError", "FilePart", "RawClient", "RawResponse", "ReadTimeout", "RemoteProtocolError"]
+__all__ += ["TransportError", "encode_multipart", "encode_request"]

@@ -1,20 +1,11 @@
 """API keys with scopes, stored hashed in the data folder.
 
-A key is ``fg_<id>_<secret>``: ``id`` is 8 random hex digits that name the key in listings and logs, and
-``secret`` is 32 random bytes (``secrets.token_urlsafe``). Only the SHA-256 of the whole key is stored, in
-``<data_dir>/api_keys.json`` (mode 0600); the key itself is shown once, by ``facegate keys create``. A
-plain hash is enough: the secret has 256 bits of entropy, so there is nothing for a slow hash to protect
-against a guess.
-
-Scopes:
-
-- ``read``: compare, detect, embed, search and listing galleries;
-- ``enrol``: enrol, list and delete subjects;
-- ``admin``: create and delete galleries, manage keys; it includes the other two.
-
-:class:`KeyStore` re-reads the file when its modification time changes (checked at most once per
-:data:`RELOAD_INTERVAL_S`), so keys created or revoked with the CLI take effect on a running server
-without a restart.
+A key is ``fg_<id>_<secret>``: ``id`` is 8 random hex digits that name it in listings, logs and rate limits;
+``secret`` is 32 random bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``,
+mode 0600): with 256 bits of entropy there is nothing for a slow hash to protect. Scopes: ``read``
+(compare, detect, embed, search, list galleries), ``enrol`` (enrol, list and delete subjects), ``admin``
+(galleries and keys; includes the other two). :class:`KeyStore` re-reads the file when it changes, so keys
+created or revoked with the CLI apply to a running server.
 """
 
 from __future__ import annotations
@@ -48,15 +39,7 @@ _PREFIX = "fg_"
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One stored key (never the secret).
-
-    Attributes:
-        id: 8 hex digits, public; names the key in listings, logs and rate limits.
-        name: the operator's label.
-        scopes: what the key may do.
-        sha256: hex digest of the whole key.
-        created: Unix time of creation.
-    """
+    """One stored key (never the secret): ``sha256`` is the digest of the whole key, ``created`` Unix time."""
 
     id: str
     name: str
@@ -70,10 +53,10 @@ class ApiKey:
 
     def public(self) -> dict[str, Any]:
         """The listing form: everything but the digest."""
-        d = asdict(self)
-        d.pop("sha256")
-        d["scopes"] = list(self.scopes)
-        return d
+        return {k: v for k, v in self.record().items() if k != "sha256"}
+
+    def record(self) -> dict[str, Any]:
+        return {**asdict(self), "scopes": list(self.scopes)}
 
 
 def _digest(token: str) -> str:
@@ -81,11 +64,7 @@ def _digest(token: str) -> str:
 
 
 def parse_scopes(scopes: Iterable[str]) -> tuple[Scope, ...]:
-    """Validated, de-duplicated scopes in canonical order.
-
-    Raises:
-        InvalidParameterError: an unknown scope, or none.
-    """
+    """Validated, de-duplicated scopes in canonical order (InvalidParameterError: an unknown scope, or none)."""
     given = {s.strip() for s in scopes if s.strip()}
     unknown = given - set(SCOPES)
     if unknown or not given:
@@ -112,7 +91,6 @@ class KeyStore:
         """The store at ``path``, or ``<data_dir>/api_keys.json``."""
         return cls(path if path is not None else Path(data_dir) / KEYS_FILE)
 
-    # ------------------------------------------------------------------ reading
     def _load(self) -> None:
         try:
             st = self.path.stat()
@@ -155,16 +133,12 @@ class KeyStore:
             return None
         self._refresh()
         digest = _digest(token)
-        key = self._by_digest.get(digest)
-        # the dict lookup is by a hash of a 256-bit secret; compare_digest keeps the final check constant-time
-        if key is not None and hmac.compare_digest(key.sha256, digest):
-            return key
-        return None
+        key = self._by_digest.get(digest)  # by a hash of a 256-bit secret; the final check is constant-time
+        return key if key is not None and hmac.compare_digest(key.sha256, digest) else None
 
-    # ------------------------------------------------------------------ writing (CLI)
     def _write(self, keys: list[ApiKey]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"keys": [{**asdict(k), "scopes": list(k.scopes)} for k in keys]}, indent=2)
+        body = json.dumps({"keys": [k.record() for k in keys]}, indent=2)
         fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -182,30 +156,26 @@ class KeyStore:
             self._checked = 0.0
             self._load()
 
+    def _current(self) -> list[ApiKey]:
+        with self._lock:
+            self._load()
+            return list(self._by_digest.values())
+
     def create(self, name: str, scopes: Iterable[str]) -> tuple[str, ApiKey]:
         """A new key: ``(the key, shown once; its stored record)``."""
         parsed = parse_scopes(scopes)
-        with self._lock:
-            self._load()
-            existing = list(self._by_digest.values())
+        existing = self._current()
         ids = {k.id for k in existing}
-        key_id = secrets.token_hex(4)
-        while key_id in ids:
-            key_id = secrets.token_hex(4)
+        while (key_id := secrets.token_hex(4)) in ids:
+            pass
         token = f"{_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
         record = ApiKey(key_id, name, parsed, _digest(token), time.time())
         self._write([*existing, record])
         return token, record
 
     def revoke(self, key_id: str) -> ApiKey:
-        """Remove the key with this id.
-
-        Raises:
-            InvalidParameterError: no key has that id.
-        """
-        with self._lock:
-            self._load()
-            existing = list(self._by_digest.values())
+        """Remove the key with this id (InvalidParameterError: no key has it)."""
+        existing = self._current()
         match = [k for k in existing if k.id == key_id]
         if not match:
             raise InvalidParameterError(f"no API key with id {key_id!r}", detail={"field": "id"})

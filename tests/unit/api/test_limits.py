@@ -12,24 +12,53 @@ from facegate.api.security import TokenBuckets, required_scope
 from facegate.config import Limits, Settings
 
 
-def test_admission_limit_follows_the_best_completion_rate() -> None:
-    bound = AdmissionLimit(max_admitted=1000, deadline_s=2.0)  # target wait: 0.5 s
-    t0 = bound._started
-    assert bound.limit(t0 + 1) == 1000  # nothing measured yet
+def _slot_start(t: float) -> float:
     width = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
-    t = math.ceil((t0 + 10.0) / width) * width  # at a slot boundary: the window's 7 completed slots are whole
-    for i in range(40):  # 10 requests/s of 0.2 s each over the window before t
-        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1, 0.2)
-    assert bound.limit(t) == 7  # 35 completions in the 3.5 s of completed slots: 10/s × (0.2 + 0.5) s
-    # a quiet minute later the best rate has decayed but is not forgotten at once
-    later = bound.limit(t + 60)
-    assert AdmissionLimit.FLOOR <= later < bound.max_admitted
+    return math.ceil(t / width) * width
+
+
+FLOOR = AdmissionLimit.FLOOR
+
+
+def test_admission_limit_follows_the_completion_rate() -> None:
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)  # queue target: 0.5 s
+    t = _slot_start(1000.0)
+    assert bound.limit(t) == 1000  # nothing measured yet
+    bound.busy(t - 10)
+    for i in range(40):  # 10 requests/s over the window before t
+        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1)
+    assert bound.limit(t) == FLOOR + 5  # 35 completions in the 3.5 s of completed slots: 10/s × 0.5 s
+
+
+def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
+    """A quiet hour, then a burst: the burst is admitted up to the rate shown before, not a decayed one."""
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)
+    t = _slot_start(10_000.0)
+    bound.busy(t - 10)
+    for i in range(400):  # 100/s
+        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.01)
+    before = bound.limit(t)
+    assert before == FLOOR + 50  # 350 completions in the 3.5 s of completed slots: 100/s × 0.5 s
+    later = t + 3600
+    bound.busy(later)  # the burst's first request
+    bound.shed(later)
+    assert bound.limit(later) == before
+    # shedding right after it got busy: the few completions so far do not shrink the bound
+    bound.finished(later + 0.6)
+    assert bound.limit(later + 1.0) == before
+    # after half a window busy and shedding, the window's rate bounds it; it never falls below FLOOR
+    for i in range(8):
+        bound.finished(later + 1.0 + i * 0.25)
+    bound.shed(later + 3.0)
+    assert bound.limit(later + 3.0) == FLOOR + math.ceil(9 / 3.0 * 0.5)  # 9 completions in 6 slots
+    bound.shed(later + 8.0)
+    assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
 
 
 def test_admission_limit_never_exceeds_max() -> None:
     bound = AdmissionLimit(max_admitted=1, deadline_s=1.0)
-    t = bound._started + 10
-    bound.finished(t - 1, 0.01)
+    t = _slot_start(100.0)
+    bound.finished(t - 1)
     assert bound.limit(t) == 1
 
 
