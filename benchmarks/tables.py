@@ -37,6 +37,13 @@ BENCHMARKS = {
     "fuzz_api": ("Fuzzing: schema-driven API requests and decoder inputs", "benchmarks/fuzz_api.py"),
     "overload": ("Overload: 10× the capacity measured in the same run (open loop)", "benchmarks/overload.py"),
     "kill9_soak": ("Crashes: kill -9 of a multi-process server mid-write", "benchmarks/kill9_soak.py"),
+    "gallery_load": ("Gallery start-up load per backend", "benchmarks/gallery_load.py"),
+    "gallery_visibility": (
+        "Gallery: an enrolment seen through another front-end, and front-end memory",
+        "benchmarks/gallery_visibility.py",
+    ),
+    "bulk_enrol": ("Bulk enrolment against compare, photos/s in one run", "benchmarks/bulk_enrol.py"),
+    "kill9_enrol": ("Crashes: kill -9 during bulk enrolment", "benchmarks/kill9_enrol.py"),
 }
 
 
@@ -297,6 +304,40 @@ def kill9_soak(d: dict[str, Any]) -> str:
     return _table(keys, [[len(v) if isinstance(v, list) else _n(v) for v in (d.get(k) for k in keys)]])
 
 
+def gallery_load(d: dict[str, Any]) -> str:
+    """Start-up load of one gallery per backend: median and every run, plus the gallery-row read."""
+    keys = ["backend", "gallery", "import_subjects_per_s", "load_s_median", "load_s_runs", "get_gallery_ms",
+            "count_star_ms", "load_average_1m"]  # fmt: skip
+    return _table(keys, [[_n(r.get(k)) for k in keys] for r in d["rows"]])
+
+
+def gallery_visibility(d: dict[str, Any]) -> str:
+    """Write through front-end A, first search through B: trials, misses, latency; front-end RSS empty vs full."""
+    v = d["visibility"]
+    keys = ["trials", "found_by_first_search", "deleted_subject_returned", "visible_ms_p50", "visible_ms_p99",
+            "search_only_ms_p50", "search_only_ms_p99"]  # fmt: skip
+    rss = [["empty", d["empty"]["front_end_rss_mib"]], [f"{_n(d['gallery'])} subjects", d["full"]["front_end_rss_mib"]]]
+    return (
+        f"Write: {v['write']}. Search: {v['search']}.\n\n"
+        + _table(keys, [[_n(v.get(k)) for k in keys]])
+        + "\n\n"
+        + _table(["gallery", "front-end RSS, MiB"], rss)
+    )
+
+
+def bulk_enrol(d: dict[str, Any]) -> str:
+    """Photos/s of bulk enrolment and of compare per round, and their ratio."""
+    keys = ["compare_photos_per_s", "enrol_photos_per_s", "compare_non_200", "enrol_non_200", "load_average_1m"]
+    rows = [[i + 1, *(r.get(k) for k in keys)] for i, r in enumerate(d["rounds"])]
+    rows.append(["all", d["compare_photos_per_s"], d["enrol_photos_per_s"], "", "", f"ratio {d['ratio']}"])
+    return _table(["round", *keys], rows)
+
+
+def kill9_enrol(d: dict[str, Any]) -> str:
+    keys = ["trials", "acknowledged", "stored", "lost_acknowledged", "missing_from_feed", "corrupt_checks", "wall_s"]
+    return _table(keys, [[_n(d.get(k)) for k in keys]])
+
+
 def lfw_open_set(d: dict[str, Any]) -> str:
     head = [
         f"Protocol: {d['protocol']}. {d['images']} images. `threshold_model` is the threshold the search uses "
@@ -320,7 +361,8 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "http_e2e": http_e2e, "cpu_e2e": cpu_e2e, "models_gpu": models_gpu, "cpu_models": cpu_models,
     "parity_lfw": parity_lfw, "serve_memory": serve_memory, "soak": soak, "gallery_search": gallery_search,
     "lfw_open_set": lfw_open_set,
-    "fuzz_api": fuzz_api, "overload": overload, "kill9_soak": kill9_soak,
+    "fuzz_api": fuzz_api, "overload": overload, "kill9_soak": kill9_soak, "gallery_load": gallery_load,
+    "gallery_visibility": gallery_visibility, "bulk_enrol": bulk_enrol, "kill9_enrol": kill9_enrol,
 }  # fmt: skip
 
 
