@@ -1,6 +1,6 @@
 """Read your writes across front-ends at 1M subjects, and front-end memory with an empty and a full gallery.
 
-``facegate serve --workers 2 --device cpu`` on one data folder, run twice in one invocation:
+``facegate serve --workers 2 --device DEVICE`` (default cpu) on one data folder, run twice in one invocation:
 
 1. **empty gallery**: create gallery ``g`` through the API; warm both front-ends (compares, searches); record
    each front-end's RSS (``VmRSS``). Then stop the server.
@@ -41,11 +41,13 @@ log = logging.getLogger("gallery_visibility")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(data: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start(data: Path, workers: int, device: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", "cpu"]
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
     argv += ["--port", str(port), "--data-dir", str(data)]
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING"}
+    if device == "cpu":  # the client shares the cores
+        env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -166,17 +168,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=1000)
     p.add_argument("--baseline", type=int, default=200, help="searches with no write before them")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="the server's --device (cpu, cuda)")
     p.add_argument("--photos", type=int, default=20)
     p.add_argument("--lfw-root", type=Path, default=Path(os.environ.get("FACEGATE_LFW_ROOT", "/work/shared/data/lfw")))
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gallery_visibility-cpu2.json")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/gallery_visibility-cpu2.json")
     o = p.parse_args(argv)
+    o.out = o.out or ROOT / "benchmarks" / "results" / "gallery_visibility-cpu2.json"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     photos = lfw_photos(o.lfw_root, o.photos)
-    result: dict[str, Any] = {"benchmark": "gallery_visibility", "gallery": o.size, "workers": o.workers}
+    result: dict[str, Any] = {
+        "benchmark": "gallery_visibility",
+        "gallery": o.size,
+        "workers": o.workers,
+        "device": o.device,
+    }
     with tempfile.TemporaryDirectory(prefix="facegate-vis-") as tmp:
         data = Path(tmp)
-        proc, url = start(data, o.workers)
+        proc, url = start(data, o.workers, o.device)
         try:
             with httpx.Client(base_url=url, timeout=120) as c:
                 r = c.post("/api/galleries", json={"name": "g"})
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         result["import_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
-        proc, url = start(data, o.workers)
+        proc, url = start(data, o.workers, o.device)
         result["restart_to_ready_s"] = round(time.perf_counter() - t0, 1)
         try:
             result["full"] = warm_and_measure(url, photos, 5)
