@@ -16,14 +16,13 @@ import logging
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
 import facegate
 from facegate.config import Settings
-from facegate.eval.degrade import DEGRADATIONS, FACE_DEGRADATIONS, downscale
-from facegate.eval.features import _heuristic, path_rng
+from facegate.eval.degrade import degrade, path_rng, plan
+from facegate.eval.features import _heuristic
 from facegate.eval.lfw import centre_most, pair_images, read_pairs
 from facegate.io.decode import decode_image
 from facegate.models.quality import load_head
@@ -32,52 +31,6 @@ from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import crop_stats, landmark_geometry
 
 log = logging.getLogger("quality_p1_features")
-
-#: the degraded side of P1's one-side-degraded pairs (severity 1-3)
-P1_DEGS = (*DEGRADATIONS, "downscale", "mask", "eyeband")
-#: the labelled reasons' strata (severity 1-5); "yaw" is a landmark-driven head-turn warp
-REASON_DEGS = ("downscale", "blur", "underexpose", "overexpose", "mask", "eyeband", "yaw")
-
-
-def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
-    """A synthetic head turn from the landmarks: the face is a vertical cylinder (radius 1.5 inter-ocular
-    distances through the eye-mouth centre) turned by 10-50 degrees, with the nose (0.6 IOD in front of it)
-    moved further, as a turned head's nose is."""
-    theta = np.radians([10, 20, 30, 40, 50][s - 1]) * (1 if rng.random() < 0.5 else -1)
-    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
-    iod = max(1.0, float(np.linalg.norm(lm[1] - lm[0])))
-    xc = float(lm[[0, 1, 3, 4], 0].mean())
-    r = 1.5 * iod
-    h, w = img.shape[:2]
-    xs, ys = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
-    u = np.clip((xs - xc) / r, -1.0, 1.0)
-    phi = np.arcsin(u) - theta  # output angle → source angle
-    inside = (np.abs(xs - xc) < r) & (np.abs(phi) < np.pi / 2)
-    src_x = np.where(inside, xc + r * np.sin(np.clip(phi, -np.pi / 2, np.pi / 2)), xs)
-    nose = lm[2]
-    bump = np.exp(-((xs - nose[0] - 0.6 * iod * np.sin(theta)) ** 2 + (ys - nose[1]) ** 2) / (2 * (0.45 * iod) ** 2))
-    src_x = src_x - 0.6 * iod * np.sin(theta) * bump
-    out = cv2.remap(img, src_x.astype(np.float32), ys.astype(np.float32), cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    return np.where(inside[..., None] | (bump[..., None] > 0.05), out, img)
-
-
-def degrade(img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None) -> np.ndarray | None:
-    if name in DEGRADATIONS:
-        return DEGRADATIONS[name](img, s, rng)
-    if name == "downscale":
-        return downscale(img, s, rng)
-    if lm is None:
-        return None
-    return yaw_warp(img, s, rng, lm) if name == "yaw" else FACE_DEGRADATIONS[name](img, s, rng, lm)
-
-
-def plan(path: str) -> list[tuple[str, int]]:
-    r1, r2 = path_rng(path, 1), path_rng(path, 2)
-    return [
-        ("clean", 0),
-        (P1_DEGS[int(r1.integers(len(P1_DEGS)))], int(r1.integers(1, 4))),
-        (REASON_DEGS[int(r2.integers(len(REASON_DEGS)))], int(r2.integers(1, 6))),
-    ]
 
 
 def detect_one(pipe: FacePipeline, images: list[np.ndarray]) -> list:
@@ -189,7 +142,7 @@ def main() -> None:
                 for k in ("det", "iod", "yaw", "pitch", "sharpness", "luma", "flat", "heuristic"):
                     rows[k].append(np.nan)
                 rows["landmarks"].append(np.full((5, 2), np.nan, np.float32))
-                for k, v in feats.items():
+                for v in feats.values():
                     v.append(np.full_like(v[0], np.nan))
                 continue
             iod, yaw, pitch = landmark_geometry(d.landmarks)

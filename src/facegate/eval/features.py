@@ -14,7 +14,6 @@ face, alignment, then the recognizer's backbone. Per face we keep:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,19 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facegate.eval.degrade import apply, random_variant
+from facegate.eval.degrade import apply, path_rng, random_variant
 from facegate.eval.lfw import centre_most
 from facegate.models.quality_features import head_input_dim, sface_head_input
 
 log = logging.getLogger(__name__)
 
 Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
-
-
-def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
-    """Deterministic RNG for variant ``k`` of ``path``."""
-    h = hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(h[:8], "little"))
 
 
 def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, seed: int = 0) -> list[list[Variant]]:
