@@ -272,21 +272,33 @@ def reliability_features(qa: np.ndarray, qb: np.ndarray, sim: np.ndarray, thresh
     return np.stack([np.ones_like(d), m * d, d, llo, lhi, m * llo], axis=1)
 
 
-def load_reliability(model: str) -> np.ndarray | None:
-    """The shipped reliability weights ``(6,) float64`` of ``model``, or ``None`` when it has none."""
+@dataclass(frozen=True)
+class ReliabilityModel:
+    """Logistic weights ``(6,)`` over :func:`reliability_features`, then an isotonic map (knots ``x``, ``y``, both
+    ``(K,)`` increasing) that makes the probability calibrated on held-out folds."""
+
+    weights: np.ndarray
+    knots_x: np.ndarray
+    knots_y: np.ndarray
+
+
+def load_reliability(model: str) -> ReliabilityModel | None:
+    """The shipped reliability model of ``model``, or ``None`` when it has none."""
     path = RELIABILITY_FILES.get(model)
     if path is None or not path.is_file():
         return None
     obj = json.loads(path.read_text())
     if obj.get("features") != list(RELIABILITY_FEATURES):
         raise ValueError(f"{path}: reliability features {obj.get('features')} are not {list(RELIABILITY_FEATURES)}")
-    return np.asarray(obj["weights"], np.float64)
+    knots = obj.get("isotonic", {"x": [0.0, 1.0], "y": [0.0, 1.0]})
+    return ReliabilityModel(*(np.asarray(v, np.float64) for v in (obj["weights"], knots["x"], knots["y"])))
 
 
-def reliability(qa: float, qb: float, sim: float, threshold: float, weights: np.ndarray) -> float:
+def reliability(qa: float, qb: float, sim: float, threshold: float, model: ReliabilityModel) -> float:
     """Calibrated probability that the verdict ``sim >= threshold`` is right, given both faces' qualities."""
-    z = float(reliability_features(qa, qb, sim, threshold)[0] @ weights)
-    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+    z = float(reliability_features(qa, qb, sim, threshold)[0] @ model.weights)
+    p = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+    return float(np.interp(p, model.knots_x, model.knots_y))
 
 
 def refusal_message(reasons: tuple[QualityReason, ...]) -> str:
