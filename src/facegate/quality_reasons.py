@@ -240,9 +240,9 @@ def face_reasons(
     return tuple(out)
 
 
-#: The enrolment gate chosen on held-out LFW folds (``benchmarks/quality_reasons.py``, ``docs/quality.md``): the
-#: largest quality that refuses at most 2 % of clean faces.
-ENROL_GATE = 0.75
+#: The enrolment gate measured on LFW (``benchmarks/quality_p1.py``, ``docs/quality.md``): the largest quality that
+#: refuses at most 2 % of clean faces.
+ENROL_GATE = 0.87
 
 
 def enrol_gate(verify_gate: float, setting: float | None) -> float:
@@ -253,7 +253,7 @@ def enrol_gate(verify_gate: float, setting: float | None) -> float:
     return max(ENROL_GATE, verify_gate) if verify_gate > 0 else verify_gate
 
 
-#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_reasons.py`` writes them).
+#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_p1.py`` writes them).
 RELIABILITY_FILES = {"sface": Path(__file__).parent / "models" / "heads" / "sface_reliability_v1.json"}
 RELIABILITY_FEATURES = ("bias", "verdict_margin", "margin", "logit_qmin", "logit_qmax", "verdict_logit_qmin")
 _Q_EPS = 1e-4

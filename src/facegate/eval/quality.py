@@ -367,9 +367,9 @@ def eval_quality(
     p1["real_pose"] = p1_report(
         same=ps.same & turned, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
     )["all"]
-    # a face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
+    # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
-    g = ps.same & (sim > -1)
+    g = ps.same & (sim > -1) & ~ps.degraded  # clean against clean: the real stratum has no synthetic partner
     for side in (ps.a, ps.b):
         np.fmax.at(face_fail, side[g], (sim[g] < match_threshold).astype(np.float64))
     from facegate.config import QualitySettings
