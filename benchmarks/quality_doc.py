@@ -125,7 +125,7 @@ def render(r: dict[str, Any], static: str, src: str) -> str:
         "",
         "### Real-pose stratum: clean pairs with a face turned 20° or more (LFW's yaw from the landmarks)",
         "",
-        *p1_table(p1["real_pose"]),
+        *(p1_table(p1["real_pose"]) if p1["real_pose"] else ["(fewer than 20 such comparisons)"]),
         "",
         "### Per degradation: pAUC@20 % and the difference from the norm [95 % CI, 200 draws]",
         "",

@@ -145,97 +145,74 @@ def face_reasons(
     Args:
         detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
         stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
-        score: calibrated quality in ``[0, 1]``.
-        gate: the quality gate it is held to.
-        limits: the thresholds.
+        score: calibrated quality in ``[0, 1]``; ``gate``: the quality gate it is held to.
     """
     out: list[QualityReason] = []
+
+    def miss(code: str, message: str, value: float, limit: float) -> None:
+        out.append(QualityReason(code, message, float(value), float(limit)))
+
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
         if iod < limits.min_iod_px:
-            out.append(
-                QualityReason(
-                    "too_small",
-                    f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
-                    iod,
-                    limits.min_iod_px,
-                )
+            miss(
+                "too_small",
+                f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
+                iod,
+                limits.min_iod_px,
             )
-        if abs(yaw) > limits.max_yaw_deg:
-            out.append(
-                QualityReason(
-                    "pose",
-                    f"face turned aside ({abs(yaw):.0f}° yaw, at most {limits.max_yaw_deg:.0f}°): face the camera",
-                    abs(yaw),
-                    limits.max_yaw_deg,
-                )
-            )
-        if abs(pitch) > limits.max_pitch_deg:
-            out.append(
-                QualityReason(
-                    "pose",
-                    f"face tilted ({abs(pitch):.0f}° pitch, at most {limits.max_pitch_deg:.0f}°): face the camera",
-                    abs(pitch),
-                    limits.max_pitch_deg,
-                )
-            )
+        for what, angle, most in (
+            ("turned aside", "yaw", limits.max_yaw_deg),
+            ("tilted", "pitch", limits.max_pitch_deg),
+        ):
+            v = abs(yaw if angle == "yaw" else pitch)
+            if v > most:
+                miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
     if stats is not None:
         sharp, luma, flat = (float(v) for v in stats[:N_STATS])
         if luma < limits.min_luma:
-            out.append(
-                QualityReason(
-                    "too_dark",
-                    f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
-                    luma,
-                    limits.min_luma,
-                )
+            miss(
+                "too_dark",
+                f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
+                luma,
+                limits.min_luma,
             )
         elif luma > limits.max_luma:
-            out.append(
-                QualityReason(
-                    "too_bright",
-                    f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
-                    luma,
-                    limits.max_luma,
-                )
+            miss(
+                "too_bright",
+                f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
+                luma,
+                limits.max_luma,
             )
         exposed = not (limits.min_luma <= luma <= limits.max_luma)
         if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
-            out.append(
-                QualityReason(
-                    "occluded",
-                    f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
-                    "remove masks, hands or glasses",
-                    flat,
-                    limits.max_flat,
-                )
+            miss(
+                "occluded",
+                f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
+                "remove masks, hands or glasses",
+                flat,
+                limits.max_flat,
             )
         if sharp < limits.min_sharpness:
-            out.append(
-                QualityReason(
-                    "blur",
-                    f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
-                    sharp,
-                    limits.min_sharpness,
-                )
+            miss(
+                "blur",
+                f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
+                sharp,
+                limits.min_sharpness,
             )
     if detection is not None and detection.score < limits.min_det_score:
-        out.append(
-            QualityReason(
-                "low_confidence",
-                f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
-                float(detection.score),
-                limits.min_det_score,
-            )
+        miss(
+            "low_confidence",
+            f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
+            detection.score,
+            limits.min_det_score,
         )
     if score < gate:
-        out.append(
-            QualityReason(
-                "out_of_distribution",
-                f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
-                float(score),
-                float(gate),
-            )
+        miss(
+            "out_of_distribution",
+            f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
+            score,
+            gate,
         )
     return tuple(out)
 

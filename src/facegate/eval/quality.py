@@ -276,7 +276,7 @@ def reasons_study(
         {
             "yaw": f"{lo}-{hi}",
             "faces": int(m.sum()),
-            "fail_rate": float(np.nanmean(fail[m])) if m.any() else None,
+            "fail_rate": float(np.nanmean(fail[m])) if np.isfinite(fail[m]).any() else None,
             "pose_fires": float((yaw[m] > shipped["pose"]).mean()) if m.any() else None,
         }
         for lo, hi in itertools.pairwise([0, 10, 20, 30, 45, 90])
@@ -364,9 +364,14 @@ def eval_quality(
     p1["fold_means"] = fold_means(sim[both] < match_threshold, pair_q, ps.fold[both])
     # the real-pose stratum: clean pairs where either face is turned 20° or more (LFW's own yaw, from landmarks)
     turned = ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
-    p1["real_pose"] = p1_report(
-        same=ps.same & turned, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
-    )["all"]
+    real = ps.same & turned
+    p1["real_pose"] = (
+        None
+        if real.sum() < 20
+        else p1_report(same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw)[
+            "all"
+        ]
+    )
     # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
     g = ps.same & (sim > -1) & ~ps.degraded  # clean against clean: the real stratum has no synthetic partner
@@ -386,9 +391,17 @@ def eval_quality(
     by_reason = refused(t, q, np.zeros(n), held)
     # the verify gate refuses at most 0.45 % of clean faces together with the reasons (0.5 % is the guardrail)
     gates = gate_study(
-        q, clean, t["identity"], fold_of, ps, sim, match_threshold, verify_max_clean=0.0045,
-        refused_anyway=by_reason, draws=draws,
-    )  # fmt: skip
+        q,
+        clean,
+        t["identity"],
+        fold_of,
+        ps,
+        sim,
+        match_threshold,
+        verify_max_clean=0.0045,
+        refused_anyway=by_reason,
+        draws=draws,
+    )
     per_face_gate = np.zeros(n)
     for row in gates["folds"]:
         per_face_gate[fold_of == row["fold"]] = row["verify_gate"]
