@@ -23,7 +23,7 @@ import facegate
 from facegate.config import Settings
 from facegate.eval.degrade import degrade, path_rng, plan
 from facegate.eval.features import _heuristic
-from facegate.eval.lfw import centre_most, pair_images, read_pairs
+from facegate.eval.lfw import detect_centre, pair_images, read_pairs
 from facegate.io.decode import decode_image
 from facegate.models.quality import load_head
 from facegate.models.quality_features import sface_head_input
@@ -31,22 +31,6 @@ from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import crop_stats, landmark_geometry
 
 log = logging.getLogger("quality_p1_features")
-
-
-def detect_one(pipe: FacePipeline, images: list[np.ndarray]) -> list:
-    """The centre-most face per image (retried at detector score 0.3), or None."""
-    dets = pipe.detect(images)
-    out = []
-    for im, ds in zip(images, dets, strict=True):
-        if not ds:
-            old = pipe.detector.score_threshold
-            pipe.detector.score_threshold = 0.3
-            try:
-                ds = pipe.detect([im])[0]
-            finally:
-                pipe.detector.score_threshold = old
-        out.append(centre_most(ds, im.shape[1], im.shape[0]) if ds else None)
-    return out
 
 
 @torch.inference_mode()
@@ -111,7 +95,7 @@ def main() -> None:
             break
         chunk = paths[start : start + a.batch]
         clean = [decode_image((base / q).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26) for q in chunk]
-        d_clean = detect_one(pipe, clean)
+        d_clean = detect_centre(pipe, clean)
         images, meta, dets = [], [], []
         for q, img, d in zip(chunk, clean, d_clean, strict=True):
             lm = None if d is None else d.landmarks
@@ -122,7 +106,7 @@ def main() -> None:
                 images.append(im)
                 meta.append((q, name, s))
         others = [i for i, m in enumerate(meta) if m[1] != "clean"]
-        d_other = detect_one(pipe, [images[i] for i in others])
+        d_other = detect_centre(pipe, [images[i] for i in others])
         det_of = dict(zip(others, d_other, strict=True))
         ci = iter(d_clean)
         dets = [det_of[i] if i in det_of else next(ci) for i in range(len(meta))]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from facegate.eval.degrade import apply, path_rng, random_variant
-from facegate.eval.lfw import centre_most
+from facegate.eval.lfw import detect_centre
 from facegate.models.quality_features import head_input_dim, sface_head_input
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,6 @@ def extract(
         "head_in": np.full((n, head_input_dim(d, pipeline.recognizer.backbone.feature_dim // 49)), np.nan, np.float16),
     }
     cache: dict[str, np.ndarray] = {}
-    det = pipeline.detector
     for start in range(0, n, batch_size):
         chunk = jobs[start : start + batch_size]
         images = []
@@ -107,19 +106,9 @@ def extract(
                 cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             img = cache[p]
             images.append(img if name == "clean" else apply(img, name, sev, path_rng(p, k, seed)))
-        dets = pipeline.detect(images)
-        chosen, owners = [], []
-        for i, ds in enumerate(dets):
-            if not ds:
-                old = det.score_threshold
-                det.score_threshold = 0.3
-                try:
-                    ds = pipeline.detect([images[i]])[0]
-                finally:
-                    det.score_threshold = old
-            if ds:
-                chosen.append(centre_most(ds, images[i].shape[1], images[i].shape[0]))
-                owners.append(i)
+        found = detect_centre(pipeline, images)
+        owners = [i for i, d in enumerate(found) if d is not None]
+        chosen = [found[i] for i in owners]
         if chosen:
             crops = pipeline.align(images, chosen, owners)
             emb, head_in, norm = _backbone(pipeline, crops)
