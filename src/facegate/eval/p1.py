@@ -9,8 +9,8 @@ acquire, so no method (random included) gets to discard them first.
 - **Pair quality**: ``min(q_a, q_b)``; ties are broken at random (seeded).
 - **Theoretical best**: discard exactly the failing comparisons first, ``FNMR(x) = max(0, (F0 − x) / (1 − x))``.
 - **Pair oracle**: discard by the comparison's own similarity (equal to the best at a fixed threshold).
-- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons; combined with ``min``
-  this is a floor for any per-face score.
+- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons, combined with ``min``
+  (a floor for per-face scores only when each face is in one comparison).
 - **Random**: uniform scores, averaged over ``random_seeds`` (20) seeds.
 - **E** = (pAUC − best) / (random − best): 0 is the best possible, 1 is random.
 """
