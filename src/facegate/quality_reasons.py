@@ -1,19 +1,9 @@
-"""Why a face is poor: causes a person can act on, each a measured value against a threshold.
+"""Why a face is poor: causes a person can act on, each a measured value against a limit.
 
-The quality score says *how likely* a face is to be recognised; the reasons say *why not*. Each reason is
-computed from what the pipeline already has, with no extra model and no torch (front-end processes run it):
-
-* ``too_small``: inter-ocular distance in source pixels, from the detector's eye landmarks;
-* ``pose``: yaw and pitch in degrees, estimated from the 5 landmarks (nose offset from the eye-mouth axis);
-* ``blur``: variance of the Laplacian of the aligned crop's grey levels over their variance (low is blurred);
-* ``too_dark`` / ``too_bright``: mean grey level of the crop's central face region (0–255);
-* ``occluded``: the fraction of the crop's face region covered by flat blocks (flat for the face's own contrast),
-  as a mask, a hand or dark glasses leave;
-* ``low_confidence``: the detector's score;
-* ``out_of_distribution``: the calibrated quality score below the gate (the recognizer does not know this face).
-
-The thresholds are measured on labelled LFW variants (``benchmarks/quality_reasons.py``, ``docs/quality.md``);
-:class:`ReasonThresholds` holds the shipped values and ``Settings.quality`` lets a deployment change them.
+Computed from what the pipeline already has, with no extra model and no torch (front-end processes run it): the
+landmarks (inter-ocular distance, yaw, pitch), the aligned crop's statistics (sharpness, brightness, flat area),
+the detector score and the quality score. docs/quality.md lists the reasons and how their limits were measured;
+``Settings.quality`` holds the shipped limits.
 """
 
 from __future__ import annotations

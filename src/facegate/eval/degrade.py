@@ -1,10 +1,5 @@
-"""Synthetic image degradations for training and evaluating the quality head.
-
-Each degradation is a pure function ``(image (H,W,3) uint8 RGB, severity in 1..5, rng) → image`` that
-gets worse as the severity grows: Gaussian blur, Gaussian noise, JPEG compression, low resolution,
-occlusion, over-exposure and under-exposure. They apply to whole photos (before detection), so the
-detector score, the alignment and every quality baseline see the degraded picture.
-"""
+"""Synthetic degradations ``(image (H, W, 3) uint8 RGB, severity 1..5, rng) → image``, worse as the severity grows.
+They apply to whole photos before detection, so every quality signal sees the degraded picture."""
 
 from __future__ import annotations
 

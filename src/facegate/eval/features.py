@@ -1,15 +1,7 @@
-"""Extract what quality training and evaluation need, per face, in one pass over a photo folder.
-
-For every photo and every requested variant (clean, or a synthetic degradation applied to the whole
-photo before detection), the real pipeline runs: detection on the (degraded) photo, the centre-most
-face, alignment, then the recognizer's backbone. Per face we keep:
-
-* ``emb``: the L2-normalised embedding ``(D,)`` (float16 on disk);
-* ``head_in``: the quality head's input (:func:`facegate.models.quality_features.sface_head_input`);
-* ``norm``: the un-normalised embedding's L2 norm (the feature-norm baseline);
-* ``det``: the detector score (a baseline);
-* ``heuristic``: verifyface 1.1.1's ``assess_quality`` score (sharpness, brightness, pose; a baseline);
-* ``found``: whether a face was detected at all (score ≥ 0.3 at worst).
+"""Per-face features for RTS training, one pass over a photo folder: for every photo and variant (clean, or a
+synthetic degradation of the whole photo before detection), the centre-most face through the real pipeline.
+Columns: ``emb`` ``(D,)`` float16 (L2-normalised), ``head_in`` (the RTS head's input, float16), ``norm`` (the raw
+embedding's norm), ``det`` (detector score), ``heuristic`` (verifyface's ``assess_quality``), ``found``.
 """
 
 from __future__ import annotations
