@@ -50,7 +50,8 @@ def main() -> None:
     rep["env"] = env_record(features=a.features, draws=a.draws, feature_seconds=seconds)
     rep["feature_command"] = (
         "python3 benchmarks/quality_p1_features.py --lfw lfw --device cuda --batch 128 --max-seconds 140 "
-        "--out $OUT/p1_halfN.npz  (nvidia-h200, one call per half of the pairs.txt photos)"
+        "--out $OUT/p1_halfN.npz  (nvidia-h200, one call per half of the pairs.txt photos); crop statistics then "
+        "recomputed on the CPU: python benchmarks/quality_p1_restat.py out/p1_halfN.npz out/p1_halfN_r.npz"
     )
     a.out.write_text(json.dumps(rep, indent=1, default=float))
     p1 = rep["p1"]["all"]

@@ -164,7 +164,7 @@ class QualitySettings(BaseModel):
     min_luma: float = Field(27.8, ge=0.0, le=255.0, description="Least mean brightness of the face (0-255).")
     max_luma: float = Field(216.4, ge=0.0, le=255.0, description="Largest mean brightness of the face (0-255).")
     max_flat: float = Field(
-        0.18, ge=0.0, le=1.0, description="Largest fraction of the face hidden under flat, textureless areas."
+        0.38, ge=0.0, le=1.0, description="Largest fraction of the face hidden under flat, textureless areas."
     )
     min_det_score: float = Field(0.6, ge=0.0, le=1.0, description="Least detector confidence.")
     enrol_gate: float | None = Field(

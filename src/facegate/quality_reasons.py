@@ -26,9 +26,12 @@ FACE_ROWS = slice(24, 108)
 FACE_COLS = slice(20, 92)
 #: Side of the blocks whose grey-level spread decides "flat", and the spread below which one is, as a share of the
 #: whole face region's spread: a mask or a hand is flat against the face's own contrast, so the test does not fire
-#: on a dark or low-contrast photo, whose every block is dim.
-FLAT_BLOCK = 12
+#: on a dark or low-contrast photo, whose every block is dim. The worse of two strips counts, the eyes' (crop rows
+#: 36-68) and the nose and mouth's (68-108): glasses or a mask fill one, smooth skin is spread over both.
+FLAT_BLOCK = 8
 FLAT_STD = 0.06
+FLAT_ROWS = slice(12, 84)
+FLAT_EYE_BLOCKS = 4
 #: Sharpness is the Laplacian's variance over the grey levels' variance (times this scale): a blurred face has
 #: little high-frequency energy *for its contrast*, while a dark face has little of either.
 SHARP_SCALE = 100.0
@@ -71,6 +74,17 @@ class ReasonThresholds:
         return cls(**{f: getattr(q, f) for f in cls.__dataclass_fields__})
 
 
+def flat_fraction(grey: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """``(K,)`` share of flat blocks in the worse strip of ``grey``, the ``(K, 84, 72)`` float32 grey face regions
+    whose spreads (standard deviations) are ``spread`` ``(K,)``; torch tensors work as well (the device path)."""
+    k, w = grey.shape[0], grey.shape[2] // FLAT_BLOCK
+    b = grey[:, FLAT_ROWS, : w * FLAT_BLOCK].reshape(k, -1, FLAT_BLOCK, w, FLAT_BLOCK)
+    sd = ((b - b.mean(axis=(2, 4), keepdims=True)) ** 2).mean(axis=(2, 4)) ** 0.5
+    flat = 1.0 * (sd < FLAT_STD * (spread[:, None, None] + 1.0))
+    eyes, low = flat[:, :FLAT_EYE_BLOCKS].mean(axis=(1, 2)), flat[:, FLAT_EYE_BLOCKS:].mean(axis=(1, 2))
+    return (eyes + low + abs(eyes - low)) / 2
+
+
 def crop_stats(crops: np.ndarray) -> np.ndarray:
     """Per aligned crop: sharpness, luminance and flat fraction.
 
@@ -80,17 +94,14 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
     Returns:
         ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
         region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
-        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's.
+        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's (worse strip).
     """
     if crops.ndim != 4 or crops.shape[-1] != 3:
         raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
     grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
     lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
-    k, h, w = grey.shape
-    bh, bw = h // FLAT_BLOCK, w // FLAT_BLOCK
-    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
     spread = grey.std(axis=(1, 2))
-    flat = (blocks.std(axis=(2, 4)) < FLAT_STD * (spread[:, None, None] + 1.0)).mean(axis=(1, 2))
+    flat = flat_fraction(grey, spread)
     sharp = SHARP_SCALE * lap.var(axis=(1, 2)) / (spread**2 + 1.0)
     return np.stack([sharp, grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
 
