@@ -45,18 +45,7 @@ EYE_MOUTH_PER_IOD = 40.6 / 35.2
 @dataclass(frozen=True, slots=True)
 class ReasonThresholds:
     """The limits a face must meet; a reason is given for every one it misses (``Settings.quality`` documents
-    each, and holds the shipped values).
-
-    Attributes:
-        min_iod_px: least inter-ocular distance in source pixels.
-        max_yaw_deg: largest absolute yaw (left-right head turn), degrees.
-        max_pitch_deg: largest absolute pitch (up-down tilt), degrees.
-        min_sharpness: least variance of the Laplacian of the aligned crop's grey levels.
-        min_luma: least mean grey level (0–255) of the crop's face region.
-        max_luma: largest mean grey level of the crop's face region.
-        max_flat: largest fraction of the face region in flat blocks (occlusion, mask).
-        min_det_score: least detector confidence.
-    """
+    each, with its unit, and holds the shipped values)."""
 
     min_iod_px: float
     max_yaw_deg: float
@@ -171,26 +160,17 @@ def face_reasons(
                 miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
     if stats is not None:
         sharp, luma, flat = (float(v) for v in stats[:N_STATS])
-        if luma < limits.min_luma:
-            miss(
-                "too_dark",
-                f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
-                luma,
-                limits.min_luma,
-            )
-        elif luma > limits.max_luma:
-            miss(
-                "too_bright",
-                f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
-                luma,
-                limits.max_luma,
-            )
-        exposed = not (limits.min_luma <= luma <= limits.max_luma)
+        lo, hi = limits.min_luma, limits.max_luma
+        if luma < lo:
+            miss("too_dark", f"face too dark (brightness {luma:.0f}, {lo:.0f} needed)", luma, lo)
+        elif luma > hi:
+            miss("too_bright", f"face too bright (brightness {luma:.0f}, at most {hi:.0f})", luma, hi)
+        exposed = not (lo <= luma <= hi)
         if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
             miss(
                 "occluded",
-                f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
-                "remove masks, hands or glasses",
+                f"face covered ({100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most "
+                f"{100 * limits.max_flat:.0f} %): remove masks, hands or glasses",
                 flat,
                 limits.max_flat,
             )
