@@ -101,21 +101,22 @@ class QualitySettings(BaseModel):
     refuse_on_reasons: bool = True
     """Refuse a face that misses any limit below, as well as one below the quality gate. Off: the reasons are still
     listed, and only the quality score gates."""
-    min_iod_px: float = Field(14.0, ge=0.0, le=1000.0)
+    min_iod_px: float = Field(15.1, ge=0.0, le=1000.0)
     """Least distance between the eyes, in source pixels."""
     max_yaw_deg: float = Field(50.0, ge=0.0, le=90.0)
     """Largest left-right head turn, in degrees."""
     max_pitch_deg: float = Field(40.0, ge=0.0, le=90.0)
     """Largest up-down head tilt, in degrees."""
-    min_sharpness: float = Field(0.5, ge=0.0, le=1000.0)
+    min_sharpness: float = Field(0.8, ge=0.0, le=1000.0)
     """Least sharpness: 100 × the variance of the Laplacian of the aligned face's grey levels over their variance (clean
     LFW faces score 3-24)."""
-    min_luma: float = Field(24.0, ge=0.0, le=255.0)
+    min_luma: float = Field(27.8, ge=0.0, le=255.0)
     """Least mean brightness of the face (0-255)."""
-    max_luma: float = Field(210.0, ge=0.0, le=255.0)
+    max_luma: float = Field(216.4, ge=0.0, le=255.0)
     """Largest mean brightness of the face (0-255)."""
-    max_flat: float = Field(0.13, ge=0.0, le=1.0)
-    """Largest fraction of the face hidden under flat, textureless areas."""
+    max_flat: float = Field(0.38, ge=0.0, le=1.0)
+    """Largest fraction of flat, textureless blocks in the worse of the eyes' strip and the nose-and-mouth strip of
+    the aligned face (a mask or an eye band makes one of them flat)."""
     min_det_score: float = Field(0.6, ge=0.0, le=1.0)
     """Least detector confidence."""
     enrol_gate: float | None = Field(None, ge=0.0, le=1.0)

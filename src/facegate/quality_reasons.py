@@ -1,19 +1,9 @@
-"""Why a face is poor: causes a person can act on, each a measured value against a threshold.
+"""Why a face is poor: causes a person can act on, each a measured value against a limit.
 
-The quality score says *how likely* a face is to be recognised; the reasons say *why not*. Each reason is
-computed from what the pipeline already has, with no extra model and no torch (front-end processes run it):
-
-* ``too_small``: inter-ocular distance in source pixels, from the detector's eye landmarks;
-* ``pose``: yaw and pitch in degrees, estimated from the 5 landmarks (nose offset from the eye-mouth axis);
-* ``blur``: variance of the Laplacian of the aligned crop's grey levels over their variance (low is blurred);
-* ``too_dark`` / ``too_bright``: mean grey level of the crop's central face region (0–255);
-* ``occluded``: the fraction of the crop's face region covered by flat blocks (flat for the face's own contrast),
-  as a mask, a hand or dark glasses leave;
-* ``low_confidence``: the detector's score;
-* ``out_of_distribution``: the calibrated quality score below the gate (the recognizer does not know this face).
-
-The thresholds are measured on labelled LFW variants (``benchmarks/quality_reasons.py``, ``docs/quality.md``);
-:class:`ReasonThresholds` holds the shipped values and ``Settings.quality`` lets a deployment change them.
+Computed from what the pipeline already has, with no extra model and no torch (front-end processes run it): the
+landmarks (inter-ocular distance, yaw, pitch), the aligned crop's statistics (sharpness, brightness, flat area),
+the detector score and the quality score. docs/quality.md lists the reasons and how their limits were measured;
+``Settings.quality`` holds the shipped limits.
 """
 
 from __future__ import annotations
@@ -36,9 +26,12 @@ FACE_ROWS = slice(24, 108)
 FACE_COLS = slice(20, 92)
 #: Side of the blocks whose grey-level spread decides "flat", and the spread below which one is, as a share of the
 #: whole face region's spread: a mask or a hand is flat against the face's own contrast, so the test does not fire
-#: on a dark or low-contrast photo, whose every block is dim.
-FLAT_BLOCK = 12
+#: on a dark or low-contrast photo, whose every block is dim. The worse of two strips counts, the eyes' (crop rows
+#: 36-68) and the nose and mouth's (68-108): glasses or a mask fill one, smooth skin is spread over both.
+FLAT_BLOCK = 8
 FLAT_STD = 0.06
+FLAT_ROWS = slice(12, 84)
+FLAT_EYE_BLOCKS = 4
 #: Sharpness is the Laplacian's variance over the grey levels' variance (times this scale): a blurred face has
 #: little high-frequency energy *for its contrast*, while a dark face has little of either.
 SHARP_SCALE = 100.0
@@ -52,18 +45,7 @@ EYE_MOUTH_PER_IOD = 40.6 / 35.2
 @dataclass(frozen=True, slots=True)
 class ReasonThresholds:
     """The limits a face must meet; a reason is given for every one it misses (``Settings.quality`` documents
-    each, and holds the shipped values).
-
-    Attributes:
-        min_iod_px: least inter-ocular distance in source pixels.
-        max_yaw_deg: largest absolute yaw (left-right head turn), degrees.
-        max_pitch_deg: largest absolute pitch (up-down tilt), degrees.
-        min_sharpness: least variance of the Laplacian of the aligned crop's grey levels.
-        min_luma: least mean grey level (0–255) of the crop's face region.
-        max_luma: largest mean grey level of the crop's face region.
-        max_flat: largest fraction of the face region in flat blocks (occlusion, mask).
-        min_det_score: least detector confidence.
-    """
+    each, with its unit, and holds the shipped values)."""
 
     min_iod_px: float
     max_yaw_deg: float
@@ -81,6 +63,17 @@ class ReasonThresholds:
         return cls(**{f: getattr(q, f) for f in cls.__dataclass_fields__})
 
 
+def flat_fraction(grey: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """``(K,)`` share of flat blocks in the worse strip of ``grey``, the ``(K, 84, 72)`` float32 grey face regions
+    whose spreads (standard deviations) are ``spread`` ``(K,)``; torch tensors work as well (the device path)."""
+    k, w = grey.shape[0], grey.shape[2] // FLAT_BLOCK
+    b = grey[:, FLAT_ROWS, : w * FLAT_BLOCK].reshape(k, -1, FLAT_BLOCK, w, FLAT_BLOCK)
+    sd = ((b - b.mean(axis=(2, 4), keepdims=True)) ** 2).mean(axis=(2, 4)) ** 0.5
+    flat = 1.0 * (sd < FLAT_STD * (spread[:, None, None] + 1.0))
+    eyes, low = flat[:, :FLAT_EYE_BLOCKS].mean(axis=(1, 2)), flat[:, FLAT_EYE_BLOCKS:].mean(axis=(1, 2))
+    return (eyes + low + abs(eyes - low)) / 2
+
+
 def crop_stats(crops: np.ndarray) -> np.ndarray:
     """Per aligned crop: sharpness, luminance and flat fraction.
 
@@ -90,17 +83,14 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
     Returns:
         ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
         region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
-        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's.
+        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's (worse strip).
     """
     if crops.ndim != 4 or crops.shape[-1] != 3:
         raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
     grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
     lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
-    k, h, w = grey.shape
-    bh, bw = h // FLAT_BLOCK, w // FLAT_BLOCK
-    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
     spread = grey.std(axis=(1, 2))
-    flat = (blocks.std(axis=(2, 4)) < FLAT_STD * (spread[:, None, None] + 1.0)).mean(axis=(1, 2))
+    flat = flat_fraction(grey, spread)
     sharp = SHARP_SCALE * lap.var(axis=(1, 2)) / (spread**2 + 1.0)
     return np.stack([sharp, grey.mean(axis=(1, 2)), flat], axis=1).astype(np.float32)
 
@@ -145,104 +135,72 @@ def face_reasons(
     Args:
         detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
         stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
-        score: calibrated quality in ``[0, 1]``.
-        gate: the quality gate it is held to.
-        limits: the thresholds.
+        score: calibrated quality in ``[0, 1]``; ``gate``: the quality gate it is held to.
     """
     out: list[QualityReason] = []
+
+    def miss(code: str, message: str, value: float, limit: float) -> None:
+        out.append(QualityReason(code, message, float(value), float(limit)))
+
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
         if iod < limits.min_iod_px:
-            out.append(
-                QualityReason(
-                    "too_small",
-                    f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
-                    iod,
-                    limits.min_iod_px,
-                )
+            miss(
+                "too_small",
+                f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
+                iod,
+                limits.min_iod_px,
             )
-        if abs(yaw) > limits.max_yaw_deg:
-            out.append(
-                QualityReason(
-                    "pose",
-                    f"face turned aside ({abs(yaw):.0f}° yaw, at most {limits.max_yaw_deg:.0f}°): face the camera",
-                    abs(yaw),
-                    limits.max_yaw_deg,
-                )
-            )
-        if abs(pitch) > limits.max_pitch_deg:
-            out.append(
-                QualityReason(
-                    "pose",
-                    f"face tilted ({abs(pitch):.0f}° pitch, at most {limits.max_pitch_deg:.0f}°): face the camera",
-                    abs(pitch),
-                    limits.max_pitch_deg,
-                )
-            )
+        for what, angle, most in (
+            ("turned aside", "yaw", limits.max_yaw_deg),
+            ("tilted", "pitch", limits.max_pitch_deg),
+        ):
+            v = abs(yaw if angle == "yaw" else pitch)
+            if v > most:
+                miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
     if stats is not None:
         sharp, luma, flat = (float(v) for v in stats[:N_STATS])
-        if luma < limits.min_luma:
-            out.append(
-                QualityReason(
-                    "too_dark",
-                    f"face too dark (brightness {luma:.0f}, {limits.min_luma:.0f} needed)",
-                    luma,
-                    limits.min_luma,
-                )
-            )
-        elif luma > limits.max_luma:
-            out.append(
-                QualityReason(
-                    "too_bright",
-                    f"face too bright (brightness {luma:.0f}, at most {limits.max_luma:.0f})",
-                    luma,
-                    limits.max_luma,
-                )
-            )
-        exposed = not (limits.min_luma <= luma <= limits.max_luma)
+        lo, hi = limits.min_luma, limits.max_luma
+        if luma < lo:
+            miss("too_dark", f"face too dark (brightness {luma:.0f}, {lo:.0f} needed)", luma, lo)
+        elif luma > hi:
+            miss("too_bright", f"face too bright (brightness {luma:.0f}, at most {hi:.0f})", luma, hi)
+        exposed = not (lo <= luma <= hi)
         if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
-            out.append(
-                QualityReason(
-                    "occluded",
-                    f"face covered ({100 * flat:.0f} % of it hidden, at most {100 * limits.max_flat:.0f} %): "
-                    "remove masks, hands or glasses",
-                    flat,
-                    limits.max_flat,
-                )
+            miss(
+                "occluded",
+                f"face covered ({100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most "
+                f"{100 * limits.max_flat:.0f} %): remove masks, hands or glasses",
+                flat,
+                limits.max_flat,
             )
         if sharp < limits.min_sharpness:
-            out.append(
-                QualityReason(
-                    "blur",
-                    f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
-                    sharp,
-                    limits.min_sharpness,
-                )
+            miss(
+                "blur",
+                f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
+                sharp,
+                limits.min_sharpness,
             )
     if detection is not None and detection.score < limits.min_det_score:
-        out.append(
-            QualityReason(
-                "low_confidence",
-                f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
-                float(detection.score),
-                limits.min_det_score,
-            )
+        miss(
+            "low_confidence",
+            f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
+            detection.score,
+            limits.min_det_score,
         )
     if score < gate:
-        out.append(
-            QualityReason(
-                "out_of_distribution",
-                f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
-                float(score),
-                float(gate),
-            )
+        miss(
+            "out_of_distribution",
+            f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
+            score,
+            gate,
         )
     return tuple(out)
 
 
-#: The enrolment gate chosen on held-out LFW folds (``benchmarks/quality_reasons.py``, ``docs/quality.md``): the
-#: largest quality that refuses at most 2 % of clean faces.
-ENROL_GATE = 0.75
+#: The enrolment gate measured on LFW (``benchmarks/quality_p1.py``, ``docs/quality.md``): the largest quality that
+#: refuses at most 2 % of clean faces.
+ENROL_GATE = 0.87
 
 
 def enrol_gate(verify_gate: float, setting: float | None) -> float:
@@ -253,7 +211,7 @@ def enrol_gate(verify_gate: float, setting: float | None) -> float:
     return max(ENROL_GATE, verify_gate) if verify_gate > 0 else verify_gate
 
 
-#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_reasons.py`` writes them).
+#: Per-comparison reliability weights shipped for a model (``benchmarks/quality_p1.py`` writes them).
 RELIABILITY_FILES = {"sface": Path(__file__).parent / "models" / "heads" / "sface_reliability_v1.json"}
 RELIABILITY_FEATURES = ("bias", "verdict_margin", "margin", "logit_qmin", "logit_qmax", "verdict_logit_qmin")
 _Q_EPS = 1e-4
@@ -272,21 +230,33 @@ def reliability_features(qa: np.ndarray, qb: np.ndarray, sim: np.ndarray, thresh
     return np.stack([np.ones_like(d), m * d, d, llo, lhi, m * llo], axis=1)
 
 
-def load_reliability(model: str) -> np.ndarray | None:
-    """The shipped reliability weights ``(6,) float64`` of ``model``, or ``None`` when it has none."""
+@dataclass(frozen=True)
+class ReliabilityModel:
+    """Logistic weights ``(6,)`` over :func:`reliability_features`, then an isotonic map (knots ``x``, ``y``, both
+    ``(K,)`` increasing) that makes the probability calibrated on held-out folds."""
+
+    weights: np.ndarray
+    knots_x: np.ndarray
+    knots_y: np.ndarray
+
+
+def load_reliability(model: str) -> ReliabilityModel | None:
+    """The shipped reliability model of ``model``, or ``None`` when it has none."""
     path = RELIABILITY_FILES.get(model)
     if path is None or not path.is_file():
         return None
     obj = json.loads(path.read_text())
     if obj.get("features") != list(RELIABILITY_FEATURES):
         raise ValueError(f"{path}: reliability features {obj.get('features')} are not {list(RELIABILITY_FEATURES)}")
-    return np.asarray(obj["weights"], np.float64)
+    knots = obj.get("isotonic", {"x": [0.0, 1.0], "y": [0.0, 1.0]})
+    return ReliabilityModel(*(np.asarray(v, np.float64) for v in (obj["weights"], knots["x"], knots["y"])))
 
 
-def reliability(qa: float, qb: float, sim: float, threshold: float, weights: np.ndarray) -> float:
+def reliability(qa: float, qb: float, sim: float, threshold: float, model: ReliabilityModel) -> float:
     """Calibrated probability that the verdict ``sim >= threshold`` is right, given both faces' qualities."""
-    z = float(reliability_features(qa, qb, sim, threshold)[0] @ weights)
-    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+    z = float(reliability_features(qa, qb, sim, threshold)[0] @ model.weights)
+    p = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+    return float(np.interp(p, model.knots_x, model.knots_y))
 
 
 def refusal_message(reasons: tuple[QualityReason, ...]) -> str:

@@ -71,13 +71,16 @@ def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
 def test_crop_stats_on_the_host_and_on_the_device_agree(lfw_root: Path) -> None:
     img = cv2.cvtColor(cv2.imread(str(lfw_root / "lfw-deepfunneled/Colin_Powell/Colin_Powell_0001.jpg")), 4)
     crop = np.ascontiguousarray(cv2.resize(img[60:190, 60:190], (112, 112)))
-    crops = np.stack([crop, cv2.GaussianBlur(crop, (0, 0), 3.0), (crop * 0.1).astype(np.uint8), crop])
+    crops = np.stack([crop, cv2.GaussianBlur(crop, (0, 0), 3.0), (crop * 0.1).astype(np.uint8), crop, crop])
     crops[3, 60:108, 20:92] = 128  # a flat mask over the lower face
+    crops[4, 42:62, 16:96] = 20  # dark glasses: a band over the eyes, a quarter of the face region
     host = crop_stats(crops)
     dev = crop_stats_torch(torch.from_numpy(crops)).numpy()
     np.testing.assert_allclose(dev, host, rtol=1e-4, atol=1e-3)
     sharp, luma, flat = host.T
     assert sharp[1] < sharp[0] / 5 and luma[2] < 0.15 * luma[0] and flat[3] > flat[0] + 0.4
+    # the worse strip counts: the band fills half of the eyes' strip, past the shipped limit
+    assert flat[4] > LIMITS.max_flat > flat[0]
 
 
 def test_enrolment_gate_and_reliability() -> None:

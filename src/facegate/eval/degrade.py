@@ -1,13 +1,9 @@
-"""Synthetic image degradations for training and evaluating the quality head.
-
-Each degradation is a pure function ``(image (H,W,3) uint8 RGB, severity in 1..5, rng) → image`` that
-gets worse as the severity grows: Gaussian blur, Gaussian noise, JPEG compression, low resolution,
-occlusion, over-exposure and under-exposure. They apply to whole photos (before detection), so the
-detector score, the alignment and every quality baseline see the degraded picture.
-"""
+"""Synthetic degradations ``(image (H, W, 3) uint8 RGB, severity 1..5, rng) → image``, worse as the severity grows.
+They apply to whole photos before detection, so every quality signal sees the degraded picture."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import cv2
@@ -15,6 +11,12 @@ import numpy as np
 
 Degradation = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
 SEVERITIES = (1, 2, 3, 4, 5)
+
+
+def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
+    """Deterministic RNG for variant ``k`` of ``path``."""
+    h = hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(h[:8], "little"))
 
 
 def blur(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
@@ -132,3 +134,54 @@ def eyeband(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.nda
 
 #: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
 FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband}
+
+
+#: the degraded side of P1's one-side-degraded pairs (severity 1-3)
+P1_DEGS = (*DEGRADATIONS, "downscale", "mask", "eyeband")
+#: the labelled reasons' strata (severity 1-5); "yaw" is a landmark-driven head-turn warp
+REASON_DEGS = ("downscale", "blur", "underexpose", "overexpose", "mask", "eyeband", "yaw")
+
+
+def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
+    """A synthetic head turn from the landmarks: the face is a vertical cylinder (radius 1.5 inter-ocular
+    distances through the eye-mouth centre) turned by 10-50 degrees, with the nose (0.6 IOD in front of it)
+    moved further, as a turned head's nose is."""
+    theta = np.radians([10, 20, 30, 40, 50][s - 1]) * (1 if rng.random() < 0.5 else -1)
+    lm = np.asarray(landmarks, np.float64).reshape(5, 2)
+    iod = max(1.0, float(np.linalg.norm(lm[1] - lm[0])))
+    xc = float(lm[[0, 1, 3, 4], 0].mean())
+    r = 1.5 * iod
+    h, w = img.shape[:2]
+    xs, ys = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
+    u = np.clip((xs - xc) / r, -1.0, 1.0)
+    phi = np.arcsin(u) - theta  # output angle → source angle
+    inside = (np.abs(xs - xc) < r) & (np.abs(phi) < np.pi / 2)
+    src_x = np.where(inside, xc + r * np.sin(np.clip(phi, -np.pi / 2, np.pi / 2)), xs)
+    nose = lm[2]
+    bump = np.exp(-((xs - nose[0] - 0.6 * iod * np.sin(theta)) ** 2 + (ys - nose[1]) ** 2) / (2 * (0.45 * iod) ** 2))
+    src_x = src_x - 0.6 * iod * np.sin(theta) * bump
+    out = cv2.remap(
+        img, src_x.astype(np.float32), ys.astype(np.float32), cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )
+    return np.where(inside[..., None] | (bump[..., None] > 0.05), out, img)
+
+
+def degrade(img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None) -> np.ndarray | None:
+    """One P1 or reason degradation by name; ``None`` when it needs landmarks (``lm``, ``(5, 2)``) and has none."""
+    if name in DEGRADATIONS:
+        return DEGRADATIONS[name](img, s, rng)
+    if name == "downscale":
+        return downscale(img, s, rng)
+    if lm is None:
+        return None
+    return yaw_warp(img, s, rng, lm) if name == "yaw" else FACE_DEGRADATIONS[name](img, s, rng, lm)
+
+
+def plan(path: str) -> list[tuple[str, int]]:
+    """P1's variants of one photo: clean, one P1 degradation (severity 1-3), one reason degradation (1-5)."""
+    r1, r2 = path_rng(path, 1), path_rng(path, 2)
+    return [
+        ("clean", 0),
+        (P1_DEGS[int(r1.integers(len(P1_DEGS)))], int(r1.integers(1, 4))),
+        (REASON_DEGS[int(r2.integers(len(REASON_DEGS)))], int(r2.integers(1, 6))),
+    ]

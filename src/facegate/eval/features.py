@@ -1,20 +1,11 @@
-"""Extract what quality training and evaluation need, per face, in one pass over a photo folder.
-
-For every photo and every requested variant (clean, or a synthetic degradation applied to the whole
-photo before detection), the real pipeline runs: detection on the (degraded) photo, the centre-most
-face, alignment, then the recognizer's backbone. Per face we keep:
-
-* ``emb``: the L2-normalised embedding ``(D,)`` (float16 on disk);
-* ``head_in``: the quality head's input (:func:`facegate.models.quality_features.sface_head_input`);
-* ``norm``: the un-normalised embedding's L2 norm (the feature-norm baseline);
-* ``det``: the detector score (a baseline);
-* ``heuristic``: verifyface 1.1.1's ``assess_quality`` score (sharpness, brightness, pose; a baseline);
-* ``found``: whether a face was detected at all (score ≥ 0.3 at worst).
+"""Per-face features for RTS training, one pass over a photo folder: for every photo and variant (clean, or a
+synthetic degradation of the whole photo before detection), the centre-most face through the real pipeline.
+Columns: ``emb`` ``(D,)`` float16 (L2-normalised), ``head_in`` (the RTS head's input, float16), ``norm`` (the raw
+embedding's norm), ``det`` (detector score), ``heuristic`` (verifyface's ``assess_quality``), ``found``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,19 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facegate.eval.degrade import apply, random_variant
-from facegate.eval.lfw import centre_most
+from facegate.eval.degrade import apply, path_rng, random_variant
+from facegate.eval.lfw import detect_centre
 from facegate.models.quality_features import head_input_dim, sface_head_input
 
 log = logging.getLogger(__name__)
 
 Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
-
-
-def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
-    """Deterministic RNG for variant ``k`` of ``path``."""
-    h = hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(h[:8], "little"))
 
 
 def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, seed: int = 0) -> list[list[Variant]]:
@@ -104,7 +89,6 @@ def extract(
         "head_in": np.full((n, head_input_dim(d, pipeline.recognizer.backbone.feature_dim // 49)), np.nan, np.float16),
     }
     cache: dict[str, np.ndarray] = {}
-    det = pipeline.detector
     for start in range(0, n, batch_size):
         chunk = jobs[start : start + batch_size]
         images = []
@@ -114,19 +98,9 @@ def extract(
                 cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             img = cache[p]
             images.append(img if name == "clean" else apply(img, name, sev, path_rng(p, k, seed)))
-        dets = pipeline.detect(images)
-        chosen, owners = [], []
-        for i, ds in enumerate(dets):
-            if not ds:
-                old = det.score_threshold
-                det.score_threshold = 0.3
-                try:
-                    ds = pipeline.detect([images[i]])[0]
-                finally:
-                    det.score_threshold = old
-            if ds:
-                chosen.append(centre_most(ds, images[i].shape[1], images[i].shape[0]))
-                owners.append(i)
+        found = detect_centre(pipeline, images)
+        owners = [i for i, d in enumerate(found) if d is not None]
+        chosen = [found[i] for i in owners]
         if chosen:
             crops = pipeline.align(images, chosen, owners)
             emb, head_in, norm = _backbone(pipeline, crops)

@@ -1,19 +1,9 @@
-"""Choosing the verify and enrolment gates on held-out folds, and fitting per-comparison reliability.
+"""The verify and enrolment gates chosen on held-out folds, and the per-comparison reliability.
 
-Both read a feature table of LFW faces (:func:`facegate.eval.features.extract`) and its comparisons
-(:func:`facegate.eval.quality.build_pairs`: clean pairs plus one-side-degraded pairs).
-
-**Gates.** A gate is the least quality ``q*`` a face needs. The *verify* gate (compare, search) is the largest
-``q*`` that refuses at most ``verify_max_clean`` (0.5 %) of clean faces on the training folds; the *enrolment*
-gate is the largest that refuses at most ``enrol_max_clean`` (2 %) of them: stricter, because a poor enrolment
-hurts every later comparison, and an enrolling person can retake a photo at once. Each fold's gates are chosen on
-the other nine folds and applied to it; the report pools the held-out folds, with 95 % CIs from a bootstrap over
-identities.
-
-**Reliability.** ``P(the verdict is right | q_a, q_b, similarity)`` by logistic regression on
-``[1, m·d, d, logit q_min, logit q_max, m·logit q_min]`` where ``d = (similarity − threshold)`` and ``m = ±1`` is
-the verdict (match / no match); cross-fitted (each fold scored by the fit of the other nine), with held-out ECE
-and Brier score. The probability is for LFW's 1:1 mix of genuine and impostor comparisons.
+A gate is the least quality ``q*`` a face needs: the largest that refuses at most a share of the training folds'
+clean faces (0.45 % for verify, together with the reasons; 2 % for enrolment, stricter because a poor enrolment
+hurts every later comparison). Reliability is ``P(the verdict is right | q_a, q_b, similarity)``: a logistic
+regression on :func:`facegate.quality_reasons.reliability_features`, then an isotonic map; both cross-fitted.
 """
 
 from __future__ import annotations
@@ -21,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from facegate.eval.p1 import identity_weights
 from facegate.eval.quality import PairSet
 from facegate.quality_reasons import RELIABILITY_FEATURES, reliability_features
 
@@ -45,18 +35,23 @@ def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     return float(q[k]) if k < q.size else 1.0
 
 
-def _bootstrap(values: dict[str, np.ndarray], groups: np.ndarray, stat, draws: int, seed: int) -> tuple[float, float]:
-    """95 % percentile interval of ``stat(**values[idx])`` over resampled groups (identities)."""
-    rng = np.random.default_rng(seed)
-    uniq, inv = np.unique(groups, return_inverse=True)
-    members = [np.flatnonzero(inv == g) for g in range(uniq.size)]
-    out = []
-    for _ in range(draws):
-        pick = rng.integers(0, uniq.size, uniq.size)
-        idx = np.concatenate([members[g] for g in pick])
-        out.append(stat(**{k: v[idx] for k, v in values.items()}))
-    lo, hi = np.nanpercentile(np.asarray(out, np.float64), [2.5, 97.5])
-    return float(lo), float(hi)
+def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray | None) -> float:
+    """:func:`choose_gate` over ``faces`` when ``refused_anyway`` (``(N,)`` bool, e.g. a reason fires) already
+    refuses some: the gate may refuse only what is left of ``max_refusal``."""
+    if refused_anyway is None:
+        return choose_gate(q[faces], max_refusal)
+    rest = faces & ~refused_anyway
+    left = max_refusal * faces.sum() - (faces & refused_anyway).sum()
+    return choose_gate(q[rest], max(0.0, left) / max(1, rest.sum()))
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, weights: np.ndarray) -> dict[str, Any]:
+    """``sum(num) / sum(den)`` and its 95 % bootstrap interval over the rows of ``weights`` ``(draws, n)``."""
+    value = float(num.sum() / den.sum()) if den.any() else float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = (weights @ num.astype(np.float64)) / (weights @ den.astype(np.float64))
+    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+    return {"value": value, "ci95": [float(lo), float(hi)]}
 
 
 def gate_study(
@@ -69,6 +64,7 @@ def gate_study(
     threshold: float,
     *,
     verify_max_clean: float = 0.005,
+    refused_anyway: np.ndarray | None = None,
     enrol_max_clean: float = 0.02,
     draws: int = 1000,
     seed: int = 0,
@@ -92,43 +88,25 @@ def gate_study(
     face_ge = np.zeros(q.size)
     for f in folds:
         train = clean & (fold_of_row != f) & (q > 0)
-        v, e = choose_gate(q[train], verify_max_clean), choose_gate(q[train], enrol_max_clean)
+        v, e = verify_gate(q, train, verify_max_clean, refused_anyway), choose_gate(q[train], enrol_max_clean)
         gv[ps.fold == f], ge[ps.fold == f] = v, e
         face_gv[fold_of_row == f], face_ge[fold_of_row == f] = v, e
         rows.append({"fold": f, "verify_gate": v, "enrol_gate": e})
     qa, qb = q[ps.a], q[ps.b]
     pair_id = identity[ps.a]
     out: dict[str, Any] = {"folds": rows, "threshold": threshold}
+    weights = identity_weights(pair_id, draws, seed)
+    match, same, clean_pair = sim >= threshold, ps.same, ~ps.degraded
     for name, ok in {
         "no_gate": np.ones(len(ps.same), bool),
         "verify": (qa >= gv) & (qb >= gv),
-        "enrol_then_verify": (qa >= ge) & (qb >= gv),
+        "search": (qa >= ge) & (qb >= gv),
     }.items():
-        vals = {"ok": ok, "same": ps.same, "match": sim >= threshold, "clean_pair": ~ps.degraded}
-
-        def refusal(ok, same, match, clean_pair):
-            return float(1.0 - ok[same].mean())
-
-        def fnmr(ok, same, match, clean_pair):
-            m = ok & same
-            return float((~match[m]).mean()) if m.any() else float("nan")
-
-        def fmr(ok, same, match, clean_pair):
-            m = ok & ~same
-            return float(match[m].mean()) if m.any() else float("nan")
-
-        def clean_refusal(ok, same, match, clean_pair):
-            m = same & clean_pair
-            return float(1.0 - ok[m].mean()) if m.any() else float("nan")
-
         out[name] = {
-            k: {"value": fn(**vals), "ci95": _bootstrap(vals, pair_id, fn, draws, seed)}
-            for k, fn in (
-                ("genuine_refusal", refusal),
-                ("fnmr", fnmr),
-                ("fmr", fmr),
-                ("clean_pair_refusal", clean_refusal),
-            )
+            "genuine_refusal": _ratio_ci(same & ~ok, same, weights),
+            "fnmr": _ratio_ci(ok & same & ~match, ok & same, weights),
+            "fmr": _ratio_ci(ok & ~same & match, ok & ~same, weights),
+            "clean_pair_refusal": _ratio_ci(same & clean_pair & ~ok, same & clean_pair, weights),
         }
     found = q > 0
     out["faces"] = {
@@ -139,7 +117,7 @@ def gate_study(
     }
     all_clean = clean & found
     out["shipped"] = {
-        "verify_gate": choose_gate(q[all_clean], verify_max_clean),
+        "verify_gate": verify_gate(q, all_clean, verify_max_clean, refused_anyway),
         "enrol_gate": choose_gate(q[all_clean], enrol_max_clean),
     }
     return out
@@ -175,44 +153,62 @@ def ece(p: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
     return float(total)
 
 
-def reliability_study(
-    q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: float, *, found_only: bool = True
-) -> tuple[dict[str, Any], np.ndarray]:
-    """Cross-fitted reliability: held-out ECE and Brier per fold, and the weights fitted on every fold."""
-    ok = (sim > -1) if found_only else np.ones(sim.size, bool)
+def isotonic_knots(p: np.ndarray, y: np.ndarray, k: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Pool-adjacent-violators fit of ``y`` on ``p``, as ``k`` knots ``(x, y)`` for ``np.interp``."""
+    from facegate.models.quality import _pav
+
+    o = np.argsort(p)
+    fit = _pav(y[o].astype(np.float64), np.ones(o.size))
+    idx = np.unique(np.linspace(0, o.size - 1, k).astype(int))
+    return p[o][idx], fit[idx]
+
+
+def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: float) -> tuple[dict[str, Any], Any]:
+    """Cross-fitted reliability (comparisons with both faces found): logistic regression, then an isotonic map
+    fitted on the same training folds; held-out ECE and Brier per fold, and the model fitted on every fold."""
+    from facegate.quality_reasons import ReliabilityModel
+
+    ok = sim > -1
     x = reliability_features(q[ps.a], q[ps.b], sim, threshold)
     y = ((sim >= threshold) == ps.same).astype(np.float64)
+
+    def fit(m: np.ndarray) -> ReliabilityModel:
+        w = fit_logistic_nd(x[m], y[m])
+        return ReliabilityModel(w, *isotonic_knots(1.0 / (1.0 + np.exp(-(x[m] @ w))), y[m]))
+
+    def predict(model: ReliabilityModel, m: np.ndarray) -> np.ndarray:
+        return np.interp(1.0 / (1.0 + np.exp(-(x[m] @ model.weights))), model.knots_x, model.knots_y)
+
     p = np.full(sim.size, np.nan)
     rows = []
     for f in sorted(set(ps.fold.tolist())):
-        train, test = ok & (ps.fold != f), ok & (ps.fold == f)
-        w = fit_logistic_nd(x[train], y[train])
-        p[test] = 1.0 / (1.0 + np.exp(-(x[test] @ w)))
+        test = ok & (ps.fold == f)
+        p[test] = predict(fit(ok & (ps.fold != f)), test)
         rows.append({"fold": f, "ece": ece(p[test], y[test]), "brier": float(np.mean((p[test] - y[test]) ** 2))})
-    w_all = fit_logistic_nd(x[ok], y[ok])
-    held = ok & np.isfinite(p)
+    model = fit(ok)
     report = {
         "features": list(RELIABILITY_FEATURES),
         "folds": rows,
         "held_out_ece_mean": float(np.mean([r["ece"] for r in rows])),
-        "held_out_ece_pooled": ece(p[held], y[held]),
-        "held_out_brier_pooled": float(np.mean((p[held] - y[held]) ** 2)),
+        "held_out_ece_pooled": ece(p[ok], y[ok]),
+        "held_out_brier_pooled": float(np.mean((p[ok] - y[ok]) ** 2)),
         "verdict_right_rate": float(y[ok].mean()),
         "comparisons": int(ok.sum()),
-        "weights": [float(v) for v in w_all],
+        "weights": [float(v) for v in model.weights],
     }
-    return report, w_all
+    return report, model
 
 
-def save_reliability(path: Path, weights: Sequence[float], *, model: str, threshold: float, meta: dict) -> None:
-    """Write the shipped reliability weights as JSON (read by :func:`facegate.quality_reasons.load_reliability`)."""
+def save_reliability(path: Path, model: Any, *, name: str, threshold: float, meta: dict) -> None:
+    """Write a :class:`~facegate.quality_reasons.ReliabilityModel` as JSON (read by ``load_reliability``)."""
     payload = {
         "format": RELIABILITY_FORMAT,
-        "version": 1,
-        "model": model,
+        "version": 2,
+        "model": name,
         "threshold": threshold,
         "features": list(RELIABILITY_FEATURES),
-        "weights": [float(v) for v in weights],
+        "weights": [float(v) for v in model.weights],
+        "isotonic": {"x": [float(v) for v in model.knots_x], "y": [float(v) for v in model.knots_y]},
         "meta": meta,
     }
     Path(path).write_text(json.dumps(payload, indent=1) + "\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -106,16 +106,7 @@ class LfwResult:
     n_pairs: int
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "accuracy_mean": self.accuracy_mean,
-            "accuracy_std": self.accuracy_std,
-            "fold_accuracies": self.fold_accuracies,
-            "fold_thresholds": self.fold_thresholds,
-            "tar_at_fmr": self.tar_at_fmr,
-            "fmr": self.fmr,
-            "threshold_at_fmr": self.threshold_at_fmr,
-            "n_pairs": self.n_pairs,
-        }
+        return asdict(self)
 
 
 def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3) -> LfwResult:
@@ -154,6 +145,21 @@ def centre_most(dets: Sequence, width: int, height: int):
     return min(dets, key=dist)
 
 
+def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:
+    """Per ``(H, W, 3) uint8`` image the centre-most detection, retried at detector score 0.3, or ``None``."""
+    out = []
+    for im, ds in zip(images, pipeline.detect(images), strict=True):
+        if not ds:
+            old = pipeline.detector.score_threshold
+            pipeline.detector.score_threshold = 0.3
+            try:
+                ds = pipeline.detect([im])[0]
+            finally:
+                pipeline.detector.score_threshold = old
+        out.append(centre_most(ds, im.shape[1], im.shape[0]) if ds else None)
+    return out
+
+
 def embed_lfw(
     pipeline,
     root: Path,
@@ -172,23 +178,12 @@ def embed_lfw(
 
     out: dict[str, tuple[np.ndarray, float, float, float]] = {}
     base = Path(root) / "lfw-deepfunneled"
-    det = pipeline.detector
     for start in range(0, len(paths), batch_size):
         chunk = paths[start : start + batch_size]
         images = [decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26) for p in chunk]
-        dets = pipeline.detect(images)
-        chosen, owners = [], []
-        for i, (im, ds) in enumerate(zip(images, dets, strict=True)):
-            if not ds:
-                old = det.score_threshold
-                det.score_threshold = 0.3
-                try:
-                    ds = pipeline.detect([im])[0]
-                finally:
-                    det.score_threshold = old
-            if ds:
-                chosen.append(centre_most(ds, im.shape[1], im.shape[0]))
-                owners.append(i)
+        found = detect_centre(pipeline, images)
+        owners = [i for i, d in enumerate(found) if d is not None]
+        chosen = [found[i] for i in owners]
         crops = pipeline.align(images, chosen, owners)
         emb, q, raw = pipeline.embed(crops)
         got = dict(zip(owners, range(len(owners)), strict=True))

@@ -9,8 +9,8 @@ acquire, so no method (random included) gets to discard them first.
 - **Pair quality**: ``min(q_a, q_b)``; ties are broken at random (seeded).
 - **Theoretical best**: discard exactly the failing comparisons first, ``FNMR(x) = max(0, (F0 − x) / (1 − x))``.
 - **Pair oracle**: discard by the comparison's own similarity (equal to the best at a fixed threshold).
-- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons; combined with ``min``
-  this is a floor for any per-face score.
+- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons, combined with ``min``
+  (a floor for per-face scores only when each face is in one comparison).
 - **Random**: uniform scores, averaged over ``random_seeds`` (20) seeds.
 - **E** = (pAUC − best) / (random − best): 0 is the best possible, 1 is random.
 """
@@ -75,6 +75,29 @@ def per_face_oracle(face_a: np.ndarray, face_b: np.ndarray, sim: np.ndarray) -> 
     return np.minimum(low[face_a], low[face_b])
 
 
+def identity_weights(identity: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
+    """``(draws, n)`` float32 bootstrap weights: how often each comparison's identity was drawn (identities are
+    drawn with replacement, as many as there are)."""
+    uniq, inv = np.unique(identity, return_inverse=True)
+    counts = np.random.default_rng(seed).multinomial(uniq.size, np.full(uniq.size, 1.0 / uniq.size), size=draws)
+    return counts[:, inv].astype(np.float32)
+
+
+def weighted_pauc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, x_max: float = 0.20, seed: int = 0):
+    """pAUC@``x_max`` of :func:`edc_curve` for each row of weights ``w`` ``(draws, n)``: a comparison drawn ``k``
+    times counts ``k`` times. Returns ``(draws,)``."""
+    tie = np.random.default_rng(seed).random(fail.size)
+    order = np.lexsort((tie, pair_q))
+    w, f = w[:, order].astype(np.float64), fail[order].astype(np.float64)
+    tot = w.sum(1, keepdims=True)
+    cw = np.cumsum(w, 1)
+    before = cw - w
+    fail_left = (w * f).sum(1, keepdims=True) - np.cumsum(w * f, 1) + w * f
+    fnmr = fail_left / np.maximum(tot - before, 1e-12)
+    width = np.clip(np.minimum(cw / tot, x_max) - before / tot, 0.0, None)
+    return (width * fnmr).sum(1) / x_max
+
+
 def study(
     fail: np.ndarray,
     scores: Mapping[str, np.ndarray],
@@ -98,15 +121,9 @@ def study(
     random_mean = {k: float(np.mean([r[k] for r in rand])) for k in best}
     raw = {name: metrics(fail, q, seed=seed) for name, q in scores.items()}
     raw["random"] = random_mean
-    uniq, inv = np.unique(identity, return_inverse=True)
-    members = [np.flatnonzero(inv == g) for g in range(uniq.size)]
-    rng = np.random.default_rng(seed)
-    diffs: dict[str, list[float]] = {name: [] for name in scores if name != reference}
-    for _ in range(draws):
-        idx = np.concatenate([members[g] for g in rng.integers(0, uniq.size, uniq.size)])
-        ref = metrics(fail[idx], scores[reference][idx], seed=seed)["pauc20"]
-        for name in diffs:
-            diffs[name].append(metrics(fail[idx], scores[name][idx], seed=seed)["pauc20"] - ref)
+    weights = identity_weights(identity, draws, seed)
+    ref = weighted_pauc(fail, scores[reference], weights, seed=seed)
+    diffs = {name: weighted_pauc(fail, q, weights, seed=seed) - ref for name, q in scores.items() if name != reference}
     out: dict[str, dict[str, object]] = {}
     for name, m in raw.items():
         row: dict[str, object] = {
@@ -172,7 +189,11 @@ def p1_report(
     out["all"] = study(fail, pair_q, ident, reference=reference, draws=draws)
     clean = (severity[ia] == 0) & (severity[ib] == 0)
     out["clean_only"] = study(
-        fail[clean], {k: v[clean] for k, v in pair_q.items()}, ident[clean], reference=reference, draws=draws // 5
+        fail[clean],
+        {k: v[clean] for k, v in pair_q.items()},
+        ident[clean],
+        reference=reference,
+        draws=max(1, draws // 5),
     )
     side = np.where(severity[ia] > 0, degradation[ia], degradation[ib])
     strata = {}

@@ -1,18 +1,10 @@
 """Quality heads and calibration maps: raw model signal → quality in ``[0, 1]`` (higher is better).
 
-A raw quality signal comes from a backbone (feature norm, RTS ``σ² = exp(logvar)``) or from a trained
-:class:`RTSQualityHead`. :class:`QualityCalibration` maps it monotonically to ``[0, 1]`` inside the
-model's forward with torch ops only (no host sync, ``torch.compile``-friendly). It is fitted offline
-in NumPy with :func:`fit_logistic` or :func:`fit_isotonic` against a binary outcome per face (e.g.
-"this face's genuine comparison succeeded at the operating threshold").
-
-**Direction.** ``direction = +1`` means a higher raw value is better (feature norm); ``-1`` means a
-higher raw value is worse (``σ²`` is an uncertainty). The map is always computed as an increasing
-function of ``z = direction · t(raw)``, where ``t`` is the identity or ``log``. Flipping ``direction``
-on a fitted map turns ``q`` into ``1 − q`` (the map is mirrored; its midpoint is unchanged).
-
-Head files (:func:`save_head` / :func:`load_head`) are versioned dicts saved with ``torch.save`` and
-read with ``torch.load(weights_only=True)``.
+:class:`QualityCalibration` maps a raw signal (feature norm; RTS ``σ² = exp(logvar)``) monotonically to ``[0, 1]``
+inside the model's forward with torch ops only (no host sync, ``torch.compile``-friendly); it is fitted offline
+with :func:`fit_logistic` or :func:`fit_isotonic` against a binary outcome per face. ``direction = +1``: a higher
+raw value is better; ``-1``: worse (σ² is an uncertainty). Head files are versioned dicts (``torch.save``, read
+with ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -53,24 +45,11 @@ def _check_direction(direction: int) -> int:
 
 
 class QualityCalibration(nn.Module):
-    """Monotone map ``raw (N,) → quality (N,)`` in ``[0, 1]``, float32, applied inside the forward.
+    """Monotone map ``raw (N,) → quality (N,)`` float32 in ``[0, 1]``; NaN maps to 0 (refused).
 
-    Kinds:
-        ``logistic``: ``q = sigmoid(a · t(raw) + b)`` with ``sign(a) == direction`` (or ``a == 0``).
-        ``piecewise_linear``: knots ``xs`` (strictly ascending, in ``t(raw)`` units) and ``ys`` in
-        ``[0, 1]`` (non-decreasing for ``direction=+1``, non-increasing for ``-1``); linear
-        interpolation found with ``searchsorted``; constant beyond the end knots.
-
-    ``NaN`` raw values map to quality 0 (a face the model cannot score is refused).
-
-    Args:
-        kind: ``"logistic"`` or ``"piecewise_linear"``.
-        direction: ``+1`` higher raw is better, ``-1`` higher raw is worse.
-        transform: ``"identity"`` or ``"log"`` (``log(max(raw, 1e-12))``).
-        a, b: logistic parameters.
-        xs, ys: piecewise-linear knots (at least 1).
-        fitted: ``False`` for provisional defaults; carried in :meth:`to_dict`.
-        note: free text (how it was obtained), carried in :meth:`to_dict`.
+    ``logistic``: ``q = sigmoid(a · t(raw) + b)`` with ``sign(a) == direction``. ``piecewise_linear``: knots ``xs``
+    (strictly ascending, in ``t(raw)`` units) and ``ys`` in ``[0, 1]``, monotone in ``direction``; constant beyond
+    the end knots. ``t`` is the identity or ``log(max(raw, 1e-12))``. ``fitted`` is False for provisional maps.
     """
 
     def __init__(
@@ -117,17 +96,13 @@ class QualityCalibration(nn.Module):
 
     @staticmethod
     def _validate_knots(xs: Tensor, ys: Tensor, direction: int) -> None:
-        if xs.ndim != 1 or ys.ndim != 1 or xs.numel() != ys.numel() or xs.numel() < 1:
-            raise InvalidParameterError("piecewise_linear needs 1-D xs and ys of the same length >= 1")
-        if not (torch.isfinite(xs).all() and torch.isfinite(ys).all()):
-            raise InvalidParameterError("piecewise_linear knots must be finite")
-        if xs.numel() > 1 and not bool((xs[1:] > xs[:-1]).all()):
-            raise InvalidParameterError("piecewise_linear xs must be strictly ascending")
-        if bool((ys < 0).any() or (ys > 1).any()):
-            raise InvalidParameterError("piecewise_linear ys must lie in [0, 1]")
-        d = direction * (ys[1:] - ys[:-1])
-        if xs.numel() > 1 and bool((d < -1e-6).any()):
-            raise InvalidParameterError(f"piecewise_linear ys are not monotone in direction {direction}")
+        ok = xs.ndim == ys.ndim == 1 and xs.numel() == ys.numel() >= 1
+        ok = ok and bool(torch.isfinite(xs).all() and torch.isfinite(ys).all() and (ys >= 0).all() and (ys <= 1).all())
+        ok = ok and bool((xs[1:] > xs[:-1]).all() and (direction * (ys[1:] - ys[:-1]) >= -1e-6).all())
+        if not ok:
+            raise InvalidParameterError(
+                f"piecewise_linear needs finite, strictly ascending xs and ys in [0, 1] monotone in {direction:+d}"
+            )
 
     # ------------------------------------------------------------------ direction (settable)
     @property
@@ -187,7 +162,7 @@ class QualityCalibration(nn.Module):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
-        """Inverse of :meth:`to_dict`; raises :class:`InvalidParameterError` on bad content."""
+        """Inverse of :meth:`to_dict`."""
         try:
             kind = d["kind"]
             common = {
@@ -201,9 +176,6 @@ class QualityCalibration(nn.Module):
             return cls(kind, xs=list(d["xs"]), ys=list(d["ys"]), **common)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidParameterError(f"invalid calibration dict: {exc!r}", detail={"calibration": dict(d)}) from exc
-
-    def extra_repr(self) -> str:
-        return f"kind={self.kind}, direction={self._direction:+d}, transform={self.transform}, fitted={self.fitted}"
 
 
 # --------------------------------------------------------------------------- fitting (NumPy)
@@ -232,22 +204,8 @@ def fit_logistic(
     l2: float = 1e-4,
     max_iter: int = 100,
 ) -> QualityCalibration:
-    """Logistic regression ``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton–Raphson (IRLS).
-
-    Args:
-        raw: ``(n,)`` raw quality signals.
-        y: ``(n,)`` outcomes in ``[0, 1]`` (binary, e.g. 1 = this face's genuine comparison succeeded).
-        transform: ``"identity"`` or ``"log"`` applied to ``raw`` first.
-        l2: ridge penalty on the standardised slope (keeps separable data finite).
-        max_iter: Newton steps.
-
-    Returns:
-        A fitted logistic :class:`QualityCalibration` whose ``direction`` is the sign of the fitted slope
-        (``+1`` when the slope is exactly 0).
-
-    Raises:
-        InvalidParameterError: mismatched/too few/non-finite inputs, or ``y`` has a single class.
-    """
+    """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, outcomes ``y (n,)`` in ``[0, 1]``;
+    ``l2`` is a ridge on the standardised slope (keeps separable data finite). ``direction`` = the slope's sign."""
     t, yy = _prepare(raw, y, transform)
     if yy.min() == yy.max():
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
@@ -268,15 +226,8 @@ def fit_logistic(
     b = float(w[1] - w[0] * mu / sd)
     direction = -1 if a < 0 else 1
     log.info("fit_logistic: a=%.6g b=%.6g direction=%+d (n=%d)", a, b, direction, t.size)
-    return QualityCalibration(
-        "logistic",
-        direction=direction,
-        transform=transform,
-        a=a,
-        b=b,
-        fitted=True,
-        note=f"fit_logistic n={t.size}",
-    )
+    kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_logistic n={t.size}"}
+    return QualityCalibration("logistic", a=a, b=b, **kw)
 
 
 def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -305,22 +256,8 @@ def fit_isotonic(
     transform: Transform = "identity",
     direction: int | None = None,
 ) -> QualityCalibration:
-    """Isotonic regression of ``y`` on ``t(raw)`` (pool-adjacent-violators), as piecewise-linear knots.
-
-    Equal ``t(raw)`` values are pooled first (mean ``y``, weight = count). With ``direction=None`` both
-    directions are fitted and the one with the smaller squared error is kept (ties → ``+1``). Knots are
-    the distinct ``t(raw)`` values with their fitted ``y``; interior points of flat runs are dropped (the
-    interpolated function is unchanged). Between knots the map interpolates linearly.
-
-    Args:
-        raw: ``(n,)`` raw quality signals.
-        y: ``(n,)`` outcomes in ``[0, 1]``.
-        transform: ``"identity"`` or ``"log"``.
-        direction: force ``+1``/``-1``, or ``None`` to choose by fit.
-
-    Returns:
-        A fitted ``piecewise_linear`` :class:`QualityCalibration`.
-    """
+    """Isotonic regression of ``y (n,)`` on ``t(raw (n,))`` as piecewise-linear knots (equal ``t`` values pooled;
+    interior points of flat runs dropped). ``direction=None`` fits both and keeps the smaller squared error."""
     t, yy = _prepare(raw, y, transform)
     order = np.argsort(t, kind="stable")
     ux, inv, cnt = np.unique(t[order], return_inverse=True, return_counts=True)
@@ -344,25 +281,14 @@ def fit_isotonic(
         keep[1:-1] = ~(flat_prev & flat_next)
     xs, ys = ux[keep], np.clip(fy[keep], 0.0, 1.0)
     log.info("fit_isotonic: %d knots, direction=%+d (n=%d)", xs.size, direction, t.size)
-    return QualityCalibration(
-        "piecewise_linear",
-        direction=direction,
-        transform=transform,
-        xs=xs,
-        ys=ys,
-        fitted=True,
-        note=f"fit_isotonic n={t.size}",
-    )
+    kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_isotonic n={t.size}"}
+    return QualityCalibration("piecewise_linear", xs=xs, ys=ys, **kw)
 
 
 # --------------------------------------------------------------------------- RTS quality head
 class RTSQualityHead(nn.Module):
-    """RTS-style uncertainty head: ``Linear(feature_dim → 1) + BatchNorm1d(1)``.
-
-    ``forward(features (N, feature_dim)) → logvar (N, 1)`` in the input dtype; ``σ² = exp(logvar)`` is
-    the raw signal (an uncertainty: higher is worse, calibration direction −1). ``backbone`` names the
-    arch whose features it was trained on (written to the head file).
-    """
+    """RTS uncertainty head ``Linear(feature_dim → 1) + BatchNorm1d(1)``: ``(N, feature_dim) → logvar (N, 1)``;
+    ``σ² = exp(logvar)`` is the raw signal (direction −1). ``backbone``: the arch of the features it reads."""
 
     def __init__(self, feature_dim: int, *, backbone: str = "") -> None:
         super().__init__()
@@ -388,15 +314,8 @@ def save_head(
     *,
     backbone: str | None = None,
 ) -> None:
-    """Write a versioned head file (``torch.save``).
-
-    ``backbone`` (default ``head.backbone``) is the arch id of the features the head was trained on;
-    it must be non-empty.
-
-    Layout: ``{"format": "facegate.quality_head", "version": 1, "backbone": str, "feature_dim": int,
-    "state_dict": {...}, "calibration": {...}, "meta": {...}}``; ``meta`` should record ``trained_on``,
-    ``folds`` and ``command`` and must hold only plain Python values (str/int/float/bool/list/dict).
-    """
+    """Write ``{"format", "version", "backbone", "feature_dim", "state_dict", "calibration", "meta"}`` with
+    ``torch.save``; ``meta`` holds plain Python values only (it is read with ``weights_only=True``)."""
     path = Path(path)
     backbone = head.backbone if backbone is None else str(backbone)
     if not backbone:
@@ -420,20 +339,8 @@ def save_head(
 def load_head(
     path: Path, *, backbone: str | None = None, feature_dim: int | None = None
 ) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
-    """Read a head file written by :func:`save_head`.
-
-    Args:
-        path: the file.
-        backbone: when given, the file's ``backbone`` must equal it.
-        feature_dim: when given, the file's ``feature_dim`` must equal it.
-
-    Returns:
-        ``(head (eval mode, fp32, CPU), calibration, meta)``.
-
-    Raises:
-        QualityHeadError: unreadable file, wrong ``format``/``version``, or a ``backbone``/``feature_dim``
-            different from the expected one, or a state_dict that does not fit the head.
-    """
+    """``(head (eval, fp32, CPU), calibration, meta)`` of a :func:`save_head` file; :class:`QualityHeadError` when
+    it cannot be read or its format, version, ``backbone`` or ``feature_dim`` is not the expected one."""
     path = Path(path)
     det: dict[str, Any] = {"path": str(path)}
     if not path.is_file():
@@ -442,62 +349,38 @@ def load_head(
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle/zip/EOF errors from torch.load
         raise QualityHeadError(f"cannot read quality head {path}: {type(exc).__name__}: {exc}", detail=det) from exc
-    if not isinstance(obj, dict) or obj.get("format") != HEAD_FORMAT:
-        got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
-        raise QualityHeadError(
-            f"{path} is not a facegate quality head (format {got!r}, expected {HEAD_FORMAT!r})",
-            detail={**det, "format": str(got)},
-        )
-    if obj.get("version") != HEAD_VERSION:
-        raise QualityHeadError(
-            f"{path}: quality head version {obj.get('version')!r} is not supported (expected {HEAD_VERSION})",
-            detail={**det, "version": obj.get("version")},
-        )
-    if backbone is not None and obj.get("backbone") != backbone:
-        raise QualityHeadError(
-            f"{path} was trained on backbone {obj.get('backbone')!r}, not {backbone!r}",
-            detail={**det, "backbone": obj.get("backbone"), "expected": backbone},
-        )
-    fd = obj.get("feature_dim")
-    if not isinstance(fd, int) or fd < 1:
-        raise QualityHeadError(f"{path}: invalid feature_dim {fd!r}", detail={**det, "feature_dim": fd})
-    if feature_dim is not None and fd != feature_dim:
-        raise QualityHeadError(
-            f"{path} expects {fd}-dim features, the backbone gives {feature_dim}",
-            detail={**det, "feature_dim": fd, "expected": feature_dim},
-        )
+    got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+    fd = obj.get("feature_dim") if isinstance(obj, dict) else None
+    problems = [
+        (got != HEAD_FORMAT, f"is not a facegate quality head (format {got!r}, expected {HEAD_FORMAT!r})"),
+        (
+            isinstance(obj, dict) and obj.get("version") != HEAD_VERSION,
+            f"quality head version {obj.get('version') if isinstance(obj, dict) else None!r} is not supported",
+        ),
+        (
+            backbone is not None and isinstance(obj, dict) and obj.get("backbone") != backbone,
+            f"was trained on backbone {obj.get('backbone') if isinstance(obj, dict) else None!r}, not {backbone!r}",
+        ),
+        (not isinstance(fd, int) or fd < 1, f"has an invalid feature_dim {fd!r}"),
+        (feature_dim is not None and fd != feature_dim, f"expects {fd}-dim features, the backbone gives {feature_dim}"),
+    ]
+    for bad, msg in problems:
+        if bad:
+            raise QualityHeadError(f"{path} {msg}", detail=det)
     head = RTSQualityHead(fd, backbone=str(obj.get("backbone", "")))
-    sd = obj.get("state_dict")
     try:
-        head.load_state_dict(sd, strict=True)  # type: ignore[arg-type]
+        head.load_state_dict(obj.get("state_dict"), strict=True)  # type: ignore[arg-type]
+        calibration = QualityCalibration.from_dict(obj.get("calibration") or {})
     except (RuntimeError, TypeError, AttributeError) as exc:
         raise QualityHeadError(f"{path}: head state_dict does not fit: {exc}", detail=det) from exc
-    try:
-        calibration = QualityCalibration.from_dict(obj.get("calibration") or {})
     except InvalidParameterError as exc:
         raise QualityHeadError(f"{path}: {exc.message}", detail=det) from exc
     return head.float().eval(), calibration, dict(obj.get("meta") or {})
 
 
-__all__ = [
-    "HEAD_FORMAT",
-    "HEAD_VERSION",
-    "QualityCalibration",
-    "QualityHeadError",
-    "RTSQualityHead",
-    "fit_isotonic",
-    "fit_logistic",
-    "load_head",
-    "save_head",
-]
-
-
 def bn_logvar_calibration(bn: nn.BatchNorm1d, note: str) -> QualityCalibration:
-    """Unfitted logistic map ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's final ``BatchNorm1d(1)``.
-
-    On training data ``logvar ≈ N(β, γ²)``, so a typical face lands near 0.5 (direction −1: σ² is an
-    uncertainty). A neutral starting point only; a gate threshold needs a fitted calibration.
-    """
+    """Unfitted map ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's final ``BatchNorm1d(1)``: on training data
+    ``logvar ≈ N(β, γ²)``, so a typical face lands near 0.5. A starting point only; a gate needs a fitted map."""
     gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
     beta = float(bn.bias.detach().float().reshape(-1)[0])
     gamma = gamma if gamma > 1e-6 else 1.0

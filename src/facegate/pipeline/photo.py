@@ -33,7 +33,7 @@ from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
 from facegate.pipeline.base import PipelineView, detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
-from facegate.quality_reasons import FACE_COLS, FACE_ROWS, FLAT_BLOCK, FLAT_STD, N_STATS, SHARP_SCALE
+from facegate.quality_reasons import FACE_COLS, FACE_ROWS, N_STATS, SHARP_SCALE, flat_fraction
 from facegate.types import Detection, FaceSelect
 
 __all__ = [
@@ -84,11 +84,8 @@ def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
     # Python-scalar weights: a weight tensor made here would be a host→device copy per batch
     grey = 0.299 * face[..., 0] + 0.587 * face[..., 1] + 0.114 * face[..., 2]
     lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
-    k, h, wd = grey.shape
-    bh, bw = h // FLAT_BLOCK, wd // FLAT_BLOCK
-    blocks = grey[:, : bh * FLAT_BLOCK, : bw * FLAT_BLOCK].reshape(k, bh, FLAT_BLOCK, bw, FLAT_BLOCK)
     spread = grey.flatten(1).std(dim=1, unbiased=False)
-    flat = (blocks.std(dim=(2, 4), unbiased=False) < FLAT_STD * (spread[:, None, None] + 1.0)).float().mean(dim=(1, 2))
+    flat = flat_fraction(grey, spread)
     sharp = SHARP_SCALE * lap.flatten(1).var(dim=1, unbiased=False) / (spread**2 + 1.0)
     return torch.stack([sharp, grey.mean(dim=(1, 2)), flat], 1)
 
