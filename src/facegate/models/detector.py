@@ -10,6 +10,7 @@ host wait (:meth:`FaceDetector.run_many`) and NMS of every image of a batch at o
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
-from facegate.models.yunet import SIZE_DIVISOR, RawOutputs, YuNet, decode_yunet
+from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet
 from facegate.runtime.graphs import capture_graph, replay, replay_lock
 from facegate.types import Detection
 
@@ -116,6 +117,19 @@ def _validate_image(img: object, index: int) -> np.ndarray:
             detail={"index": index, "shape": list(img.shape), "dtype": str(img.dtype)},
         )
     return img
+
+
+@functools.lru_cache(maxsize=64)
+def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every anchor of a padded input size, in :func:`decode_yunet`'s order: ``grid (A, 2) float32`` (col, row)
+    and ``stride (A, 1) float32``."""
+    h, w = input_hw
+    grids, strides = [], []
+    for s in STRIDES:
+        rows, cols = np.mgrid[0 : h // s, 0 : w // s]
+        grids.append(np.stack([cols.ravel(), rows.ravel()], 1))
+        strides.append(np.full((rows.size, 1), s))
+    return np.concatenate(grids).astype(np.float32), np.concatenate(strides).astype(np.float32)
 
 
 class FaceDetector:
@@ -444,8 +458,7 @@ class FaceDetector:
         if keep_on_device:
             return self._enqueue_on_device(batches, post, post_args)
         if not batches or self.device.type != "cuda":
-            done = [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
-            return DetPending(list(batches), [], None, done)
+            return DetPending(list(batches), [], None, [self.postprocess(self.forward(b), b) for b in batches])
         pending: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         with replay_lock(self.device):
             for b in batches:
@@ -564,7 +577,28 @@ class FaceDetector:
         images at once (:func:`nms_rows`). Boxes are clipped to the image; a box left with no area (it lay
         in the padding) is dropped. Landmarks are not clipped (alignment needs their true geometry).
         """
+        if raw[0][0].device.type == "cpu":
+            return self._postprocess_host(raw, batch)
         return self._finish_all(*self._select(raw, batch.input_hw), batch)
+
+    def _postprocess_host(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
+        """:meth:`postprocess` of host outputs, thresholding first: only the anchors whose score reaches
+        ``score_threshold`` (a few dozen of the thousands) are decoded, by :func:`decode_yunet`'s rules in fp32,
+        then sorted by score (ties: anchor order), cut to ``top_k`` and NMS-ed per image."""
+        n = len(batch)
+        cls, obj, bbox, kps = (np.concatenate([t.float().numpy()[:n] for t in group], 1) for group in raw)
+        scores = np.sqrt(np.clip(cls[..., 0], 0, 1) * np.clip(obj[..., 0], 0, 1))  # (n, A)
+        r, a = np.nonzero(scores >= self.score_threshold)
+        grid, stride = _anchors(batch.input_hw)
+        g, s, sc, bb = grid[a], stride[a], scores[r, a], bbox[r, a]
+        centre = (g + bb[:, :2]) * s
+        half = np.exp(bb[:, 2:4]) * (s / 2)
+        lms = (kps[r, a].reshape(-1, 5, 2) + g[:, None]) * s[:, None]
+        cand = np.concatenate([centre - half, centre + half, lms.reshape(-1, 10), sc[:, None]], 1)[
+            np.lexsort((-sc, r))  # by row, then score (descending); ties keep the anchor order
+        ]
+        ends = np.searchsorted(r, np.arange(n + 1), sorter=np.argsort(r, kind="stable"))
+        return [self._finish(cand[ends[i] : ends[i + 1]][: self.top_k], batch, i) for i in range(n)]
 
     def _finish_all(
         self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch
