@@ -154,7 +154,7 @@ def test_host_postprocess_equals_the_device_selection(detector: FaceDetector, to
     kps = [torch.from_numpy(rng.normal(0, 3, (4, n, 10)).astype(np.float32)) for n in a]
     old_k, detector.top_k = detector.top_k, top_k
     try:
-        got = detector._postprocess_host((cls, obj, bbox, kps), batch)
+        got = detector.postprocess((cls, obj, bbox, kps), batch)
         with torch.inference_mode():
             want = detector._finish_all(*detector._select((cls, obj, bbox, kps), batch.input_hw), batch)
     finally:
