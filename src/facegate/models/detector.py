@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import EmptyInputError, InvalidParameterError
-from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
+from facegate.models.nms import NMS_ROWS_MAX, nms, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet, flat_outputs
 from facegate.runtime.graphs import capture_graph, replay, replay_lock
 from facegate.types import Detection
@@ -586,11 +586,11 @@ class FaceDetector:
         for r, k in zip(*np.nonzero(good), strict=True):  # row-major: each row's faces in score order
             out[rows[r]].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
 
-    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int, *, nms: bool = True) -> list[Detection]:
-        """NMS (unless done) + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
+    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
+        """NMS + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
         if cand.shape[0] == 0:
             return []
-        kept = cand[_nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)] if nms else cand
+        kept = cand[nms(cand[:, :4], cand[:, 14], self.nms_threshold)]
         oh, ow = batch.orig_sizes[i]
         rh, rw = batch.resized_sizes[i]
         sx, sy = ow / rw, oh / rh
