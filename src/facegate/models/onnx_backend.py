@@ -71,13 +71,16 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
     """The serialised ONNX graph of a YuNet module behind the detector's input conversion (an fp32 NCHW host copy).
 
     Input ``images (N, H, W, 3) uint8`` RGB (a :class:`~facegate.models.detector.DetBatch` canvas), symbolic
-    N/H/W, converted in the graph to BGR float32 NCHW (cheaper there than in PyTorch). Outputs ``cls_8 … kps_32``:
-    the module's :data:`~facegate.models.yunet.RawOutputs`, ``(N, H/s·W/s, C)`` float32.
+    N/H/W, cast in the graph to float32 NCHW (cheaper there than in PyTorch); the BGR flip is folded into the first
+    conv's weights. Outputs ``cls_8 … kps_32``, the module's :data:`~facegate.models.yunet.RawOutputs` ``(N, A_s,
+    C)``, then ``scores``, ``bbox``, ``kps`` (:func:`~facegate.models.yunet.flat_outputs`); float32.
 
     Raises:
         ModelError: the export failed.
     """
     ref = _host_fp32_copy(model)
+    stem = ref.backbone.model0.conv1
+    stem.weight.data = stem.weight.data.flip(1)  # RGB input: the BGR flip in the weights, not on the image
     x = torch.zeros((1, 64, 64, 3), dtype=torch.uint8)
     axes: dict[str, dict[int, str]] = {"images": {0: "N", 1: "H", 2: "W"}}
     axes.update({name: {0: "N", 1: f"A_{name}"} for name in _OUTPUTS})  # type: ignore[misc]
@@ -107,15 +110,18 @@ def _to_network_input(images: Tensor) -> Tensor:
 
 
 class _HostBatchYuNet(nn.Module):
-    """YuNet on the detector's uint8 RGB batch, its outputs as one flat tuple."""
+    """YuNet whose stem takes RGB, on the detector's uint8 RGB batch, its outputs as one flat tuple."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
-        raw = self.model(_to_network_input(images))
-        return (*(t for group in raw for t in group), *flat_outputs(raw))
+        return _flat_tuple(self.model(images.permute(0, 3, 1, 2).to(torch.float32)))
+
+
+def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
+    return (*(t for group in raw for t in group), *flat_outputs(raw))
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
@@ -145,7 +151,7 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     images = parity_input() if images is None else images
     ref = _host_fp32_copy(model)
     with torch.inference_mode():
-        expected = [t.numpy() for t in _HostBatchYuNet(ref)(torch.from_numpy(images))]
+        expected = [t.numpy() for t in _flat_tuple(ref(_to_network_input(torch.from_numpy(images))))]
     got = session.run(_OUTPUTS, {"images": images})
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 

@@ -229,29 +229,16 @@ def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibratio
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     # IR-SE: features_backbone.1; SFace: fc1 (an Identity once fused)
     bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else getattr(backbone, "fc1", None)
+    c2 = 0.0
     if isinstance(bn, nn.BatchNorm1d) and bn.affine:
-        g = bn.weight.detach().double()
-        b = bn.bias.detach().double()
-        c2 = float((b**2 + g**2).sum())
-        if c2 > 0:
-            a = _FEATURE_NORM_SLOPE
-            return QualityCalibration(
-                "logistic",
-                direction=1,
-                transform="log",
-                a=a,
-                b=-a * 0.5 * math.log(c2),
-                fitted=False,
-                note="provisional (feature_norm): centred at the embedding BatchNorm's typical norm",
-            )
+        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+    a, b, note = (
+        (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
+        if c2 > 0
+        else (1.0, 0.0, "sigmoid(log norm), no embedding BatchNorm to centre on")
+    )
     return QualityCalibration(
-        "logistic",
-        direction=1,
-        transform="log",
-        a=1.0,
-        b=0.0,
-        fitted=False,
-        note="provisional (feature_norm): sigmoid(log norm), no embedding BatchNorm to centre on",
+        "logistic", direction=1, transform="log", a=a, b=b, fitted=False, note=f"provisional (feature_norm): {note}"
     )
 
 
