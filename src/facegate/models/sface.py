@@ -183,29 +183,26 @@ class SFace(nn.Module):
 
 
 # --------------------------------------------------------------------------- ONNX → state_dict
+_BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_var"}
+
+
+def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
+    """``(module prefix, ONNX prefix, unit)`` of every :class:`ConvBNPReLU`, in graph order."""
+    out = [("stem", "conv_1", model.stem)]
+    for i, blk in enumerate(model.blocks):
+        out += [(f"blocks.{i}.dw", f"conv_{i + 2}_dw", blk.dw), (f"blocks.{i}.pw", f"conv_{i + 2}", blk.pw)]
+    return out
+
+
 def _onnx_name_map(model: SFace) -> dict[str, str]:
     """``{module parameter/buffer name: ONNX tensor name}`` for every loadable entry."""
-    mapping: dict[str, str] = {}
-
-    def block(prefix: str, onnx: str) -> None:
+    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}
+    for prefix, onnx, _ in _units(model):
         mapping[f"{prefix}.conv.weight"] = f"{onnx}_conv2d_weight"
-        mapping[f"{prefix}.bn.weight"] = f"{onnx}_batchnorm_gamma"
-        mapping[f"{prefix}.bn.bias"] = f"{onnx}_batchnorm_beta"
-        mapping[f"{prefix}.bn.running_mean"] = f"{onnx}_batchnorm_moving_mean"
-        mapping[f"{prefix}.bn.running_var"] = f"{onnx}_batchnorm_moving_var"
         mapping[f"{prefix}.act.weight"] = f"{onnx}_relu_gamma"
-
-    block("stem", "conv_1")
-    for i in range(len(model.blocks)):
-        block(f"blocks.{i}.dw", f"conv_{i + 2}_dw")
-        block(f"blocks.{i}.pw", f"conv_{i + 2}")
-    for bn, onnx in (("bn1", "bn1"), ("fc1", "fc1")):
-        mapping[f"{bn}.weight"] = f"{onnx}_gamma"
-        mapping[f"{bn}.bias"] = f"{onnx}_beta"
-        mapping[f"{bn}.running_mean"] = f"{onnx}_moving_mean"
-        mapping[f"{bn}.running_var"] = f"{onnx}_moving_var"
-    mapping["pre_fc1.weight"] = "pre_fc1_weight"
-    mapping["pre_fc1.bias"] = "pre_fc1_bias"
+        mapping.update({f"{prefix}.bn.{k}": f"{onnx}_batchnorm_{v}" for k, v in _BN_NAMES.items()})
+    for bn in ("bn1", "fc1"):
+        mapping.update({f"{bn}.{k}": f"{bn}_{v}" for k, v in _BN_NAMES.items()})
     return mapping
 
 
@@ -260,8 +257,7 @@ def _check_graph(path: Path, model: SFace) -> None:
         raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
     nodes = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node}
     expected: dict[str, dict[str, object]] = {}
-
-    def conv(name: str, m: ConvBNPReLU) -> None:
+    for _, name, m in _units(model):
         c = m.conv
         expected[f"{name}_conv2d"] = {
             "kernel_shape": list(c.kernel_size),
@@ -269,15 +265,8 @@ def _check_graph(path: Path, model: SFace) -> None:
             "pads": [*c.padding, *c.padding],
             "group": c.groups,
         }
-        assert isinstance(m.bn, nn.BatchNorm2d)
         expected[f"{name}_batchnorm"] = {"epsilon": m.bn.eps}
-
-    conv("conv_1", model.stem)
-    for i, blk in enumerate(model.blocks):
-        conv(f"conv_{i + 2}_dw", blk.dw)
-        conv(f"conv_{i + 2}", blk.pw)
     expected["bn1"] = {"epsilon": model.bn1.eps}
-    assert isinstance(model.fc1, nn.BatchNorm1d)
     expected["fc1"] = {"epsilon": model.fc1.eps}
     expected["pre_fc1"] = {"transB": 1}
 
