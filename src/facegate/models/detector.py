@@ -560,7 +560,8 @@ class FaceDetector:
             c = int(counts[small].max())
             sub = cand[small, :c]
             keep = nms_rows(sub[..., :4], np.arange(c)[None, :] < counts[small, None], self.nms_threshold)
-            self._finish_rows(sub, keep, batch, small, out)
+            for r, dets in zip(small, self._finish_rows(sub, keep, batch, small), strict=True):
+                out[r] = dets
         for i in np.flatnonzero(counts > cap):
             c = int(counts[i])
             ci = self._rare_candidates(batch, int(i), c, full) if c > p else cand[i, :c]
@@ -568,11 +569,9 @@ class FaceDetector:
         return out
 
     @staticmethod
-    def _finish_rows(
-        cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray, out: list[list[Detection]]
-    ) -> None:
-        """:meth:`_finish` after NMS for many images at once, with the same arithmetic. ``cand (m, c, 15)`` and
-        ``keep (m, c) bool`` belong to the batch rows ``rows (m,)``; detections go to ``out[row]`` by score."""
+    def _finish_rows(cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray) -> list[list[Detection]]:
+        """Rescale and clip the kept candidates of many images: ``cand (m, c, 15)`` (box 4, landmarks 10, score) and
+        ``keep (m, c) bool`` of the batch rows ``rows (m,)`` → each row's detections, by score."""
         m, c = keep.shape
         oh, ow = batch.orig_sizes[rows, 0], batch.orig_sizes[rows, 1]
         rh, rw = batch.resized_sizes[rows, 0], batch.resized_sizes[rows, 1]
@@ -583,24 +582,16 @@ class FaceDetector:
         lms = cand[..., 4:14].reshape(m, c, 5, 2) * np.stack([sx, sy], -1)[:, None, None, :]
         good = keep & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
         boxes32, lms32, scores = boxes.astype(np.float32), lms.astype(np.float32), cand[..., 14]
+        out: list[list[Detection]] = [[] for _ in range(m)]
         for r, k in zip(*np.nonzero(good), strict=True):  # row-major: each row's faces in score order
-            out[rows[r]].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
+            out[r].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
+        return out
 
     def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
-        """NMS + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
-        if cand.shape[0] == 0:
-            return []
-        kept = cand[nms(cand[:, :4], cand[:, 14], self.nms_threshold)]
-        oh, ow = batch.orig_sizes[i]
-        rh, rw = batch.resized_sizes[i]
-        sx, sy = ow / rw, oh / rh
-        boxes = kept[:, :4] * np.array([sx, sy, sx, sy])
-        boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
-        boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
-        lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
-        good = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        boxes32, lms32 = boxes.astype(np.float32), lms.astype(np.float32)
-        return [Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)]
+        """NMS, rescale and clip for one image's candidates ``(c, 15)``, by score."""
+        keep = np.zeros((1, cand.shape[0]), bool)
+        keep[0, nms(cand[:, :4], cand[:, 14], self.nms_threshold)] = True
+        return self._finish_rows(cand[None], keep, batch, np.array([i]))[0]
 
     # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
