@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,6 +102,10 @@ def _validate_image(img: object, index: int) -> np.ndarray:
     return img
 
 
+def _pad32(n: int) -> int:
+    return -(-n // SIZE_DIVISOR) * SIZE_DIVISOR
+
+
 @functools.lru_cache(maxsize=64)
 def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Every anchor of a padded input size, in :func:`decode_yunet`'s order: ``grid (A, 2) float32`` (col, row)
@@ -165,7 +168,7 @@ class FaceDetector:
         padding around the image)."""
         s = min(1.0, self.max_side / max(height, width))
         h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
-        return math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
+        return _pad32(h), _pad32(w)
 
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
         """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
@@ -190,8 +193,7 @@ class FaceDetector:
                 except cv2.error as exc:
                     raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
             resized.append(img)
-        hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
         # rows past len(imgs) are zero padding; postprocess ignores them
         shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
         pinned = None
@@ -254,8 +256,7 @@ class FaceDetector:
                 img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
                 img = img.to(torch.uint8)
             resized.append(img)
-        hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        hp, wp = _pad32(max(int(r.shape[1]) for r in resized)), _pad32(max(int(r.shape[2]) for r in resized))
         canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
         while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
