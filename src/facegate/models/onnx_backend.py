@@ -117,7 +117,8 @@ class _HostBatchYuNet(nn.Module):
         self.model = model
 
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
-        return _flat_tuple(self.model(images.permute(0, 3, 1, 2).to(torch.float32)))
+        # contiguous: a permuted NHWC batch would trace YuNet's channels-last path (matmuls between transposes)
+        return _flat_tuple(self.model(images.permute(0, 3, 1, 2).to(torch.float32).contiguous()))
 
 
 def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
