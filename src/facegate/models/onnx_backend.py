@@ -100,7 +100,33 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
             )
     except Exception as exc:  # the exporter raises many kinds; one error type for the caller
         raise ModelError(f"YuNet ONNX export failed: {type(exc).__name__}: {exc}") from exc
-    return buf.getvalue()
+    return _static_head_reshapes(buf.getvalue())
+
+
+def _static_head_reshapes(model: bytes) -> bytes:
+    """The graph with each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]`` (``C`` from the
+    head conv feeding it) and the shape arithmetic the tracer built for it removed (ORT ran it on every call)."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    weights = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.op_type == "Reshape" else None
+        conv = producer.get(src.input[0]) if src is not None and src.op_type == "Transpose" else None
+        if conv is not None and conv.op_type == "Conv":
+            shape = np.array([0, -1, weights[conv.input[1]].dims[0]], np.int64)  # 0: keep the batch dimension
+            graph.initializer.append(numpy_helper.from_array(shape, f"{node.name}_shape"))
+            node.input[1] = f"{node.name}_shape"
+    while True:  # drop the nodes nothing reads any more
+        used = {i for node in graph.node for i in node.input} | {out.name for out in graph.output}
+        dead = [node for node in graph.node if not used.intersection(node.output)]
+        if not dead:
+            return proto.SerializeToString()
+        for node in dead:
+            graph.node.remove(node)
 
 
 def _to_network_input(images: Tensor) -> Tensor:
