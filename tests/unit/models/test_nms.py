@@ -1,12 +1,11 @@
-"""facegate.models.nms: greedy NMS on the host and with tensor ops, against a reference and by hand."""
+"""facegate.models.nms: greedy NMS, one image and many at once, against a reference and by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from facegate.models.nms import _nms_numpy, _nms_torch, nms, nms_rows
+from facegate.models.nms import nms, nms_rows
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -26,14 +25,10 @@ def _nms_reference(boxes: np.ndarray, scores: np.ndarray, thr: float) -> list[in
     return keep
 
 
-@pytest.mark.parametrize("impl", [nms, _nms_numpy, _nms_torch], ids=["nms", "numpy", "torch"])
-def test_nms_hand_made(impl) -> None:
+def test_nms_hand_made() -> None:
     def run(boxes: list[list[float]], scores: list[float], thr: float) -> list[int]:
-        b, s = np.array(boxes, np.float32).reshape(-1, 4), np.array(scores, np.float32)
-        if impl is _nms_numpy:
-            return impl(b, s, thr).tolist()
-        out = impl(torch.from_numpy(b), torch.from_numpy(s), thr)
-        assert out.dtype == torch.int64
+        out = nms(np.array(boxes, np.float32).reshape(-1, 4), np.array(scores, np.float32), thr)
+        assert out.dtype == np.int64
         return out.tolist()
 
     # D (0.95) suppresses A (IoU 0.5) and B (IoU 0.316); C does not overlap
@@ -74,6 +69,6 @@ def test_nms_rows_equals_nms_per_row(thr: float) -> None:
     keep = nms_rows(boxes, valid, thr)
     assert keep.shape == (n, c) and keep.dtype == bool and not keep[~valid].any()
     for r in range(n):
-        want = _nms_numpy(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
+        want = nms(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
         assert np.flatnonzero(keep[r]).tolist() == want.tolist(), r
         assert want.tolist() == _nms_reference(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
