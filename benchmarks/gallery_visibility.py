@@ -41,7 +41,7 @@ log = logging.getLogger("gallery_visibility")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(data: Path, workers: int, device: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(data: Path, workers: int, device: str = "cpu") -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
     argv += ["--port", str(port), "--data-dir", str(data)]
