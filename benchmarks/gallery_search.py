@@ -24,6 +24,7 @@ Medians over ``--iters`` calls after a warm-up. Writes one JSON named by environ
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -211,6 +212,63 @@ def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> di
     }
 
 
+def host_probe(size: int, o: argparse.Namespace) -> dict[str, Any]:
+    """Medians of one 64-query batch, top-10, through each layer over a SQLite gallery of ``size`` subjects:
+    the stage (prepare + execute + deliver, and each), the index's ``search_raw`` and the bare ``ops.topk``
+    kernel. Uses only calls that older trees have too, so ``--baseline`` can run it on one."""
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="facegate-probe-") as tmp:
+        url = str(Path(tmp) / "g.sqlite3")
+        build(url, size, o.dim, rng)
+        gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype), match_threshold=1.0)
+        stage = SearchStage(lambda: gal)
+        q = templates(rng, 64, o.dim)
+        payloads = [encode_search("g", x, 10) for x in q]
+        prepared = stage.prepare(payloads)
+        ops, mat = gal.index._ops, gal.index._entry("g").mat
+        qn = q.astype(np.float32)
+        fns = {
+            "stage_ms": lambda: stage.deliver(stage.execute(stage.prepare(payloads)), 64),
+            "prepare_ms": lambda: stage.prepare(payloads),
+            "execute_ms": lambda: stage.execute(prepared),
+            "index_ms": lambda: gal.index.search_raw("g", q, 10),
+            "kernel_ms": lambda: ops.topk(qn, mat, size, 10),
+        }
+        row = {name: median_ms(fn, o.iters) for name, fn in fns.items()}
+        gal.close()
+    row["stage_over_index_ms"] = round(row["stage_ms"] - row["index_ms"], 3)
+    row["index_over_kernel_ms"] = round(row["index_ms"] - row["kernel_ms"], 3)
+    row["host_overhead_ms"] = round(row["stage_ms"] - row["kernel_ms"], 3)
+    return row
+
+
+def host_overhead(o: argparse.Namespace) -> dict[str, Any]:
+    """:func:`host_probe` of this tree and of ``--baseline`` (a git revision or a ``src`` folder), each in its
+    own process, alternating over ``--rounds``; per tree the per-round rows and the medians."""
+    trees = {"this": str(ROOT / "src")}
+    with tempfile.TemporaryDirectory(prefix="facegate-baseline-") as tmp:
+        if o.baseline and Path(o.baseline).is_dir():
+            trees["baseline"] = str(Path(o.baseline).resolve())
+        elif o.baseline:
+            archive = subprocess.run(["git", "archive", o.baseline, "src"], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            trees["baseline"] = str(Path(tmp) / "src")
+        argv = ["--device", o.device, "--dtype", o.dtype, "--dim", str(o.dim), "--iters", str(o.iters)]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        loads = []
+        for _ in range(o.rounds):
+            loads.append(round(os.getloadavg()[0], 2))
+            for name, src in trees.items():
+                cmd = [sys.executable, __file__, "--host-probe", str(o.host_overhead), *argv]
+                env = {**os.environ, "PYTHONPATH": src}
+                out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    med = {
+        name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]} for name, rows in runs.items()
+    }
+    return {"gallery": o.host_overhead, "load1_per_round": loads, "median": med, "rounds": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -223,8 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--postgres-url", default=None)
     p.add_argument("--no-postgres", action="store_true")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--host-overhead", type=int, default=0, help="gallery size of the host-overhead rounds (0: off)")
+    p.add_argument("--baseline", default=None, help="git revision or src folder for the host-overhead baseline")
+    p.add_argument("--host-probe", type=int, default=0, help=argparse.SUPPRESS)  # one probe, JSON on stdout
     o = p.parse_args(argv)
     o.dtype = o.dtype or ("float16" if o.device.startswith("cuda") else "float32")
+    if o.host_probe:
+        print(json.dumps(host_probe(o.host_probe, o)))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rng = np.random.default_rng(0)
     rows = []
@@ -247,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(x) for x in o.index_only_sizes.split(",") if x):
             rows.append(index_rows(size, o, rng))
             log.info("%s", rows[-1])
+    overhead = host_overhead(o) if o.host_overhead else None
     env = env_record(
         device=o.device, dtype=o.dtype, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters
     )
@@ -258,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "gallery_search",
             "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
             "rows": rows,
+            "host_overhead": overhead,
             "env": env,
         },
     )

@@ -73,6 +73,9 @@ class _TorchOps:
         self.dtype = getattr(torch, dtype)
         self.device = torch.device(device)
         self.block = block
+        self._pin = self.device.type == "cuda"
+        self._local = threading.local()  # per search thread: its host buffers
+        self._offsets: dict[int, Any] = {}  # block size b -> arange(b) on the device
 
     def zeros(self, rows: int, dim: int) -> Any:
         # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
@@ -84,24 +87,42 @@ class _TorchOps:
         with self.torch.inference_mode(False):
             return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
+    def _host(self, name: str, rows: int, cols: int) -> Any:
+        """This thread's ``(rows, cols) float32`` host buffer ``name`` (pinned on CUDA), reused by later calls."""
+        buf = getattr(self._local, name, None)
+        if buf is None or buf.numel() < rows * cols:
+            buf = self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin)
+            setattr(self._local, name, buf)
+        return buf[: rows * cols].view(rows, cols)
+
     def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         torch, b = self.torch, self.block
         if b is None:
             b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
         with torch.inference_mode():
-            qd = torch.from_numpy(q).to(self.device).to(self.dtype)
+            # pinned host memory: the query goes up without blocking the host, the answer comes back in one copy
+            qh = self._host("q", *q.shape)
+            qh.numpy()[:] = q
+            qd = qh.to(self.device, non_blocking=True).to(self.dtype)
             if b and n > BLOCK_MIN:
                 blocks = -(-n // b)
                 scores = qd @ mat[: blocks * b].T  # (Q, blocks * b): rows past n are zero, masked below
                 scores[:, n:] = -torch.inf
                 best = scores.view(len(q), blocks, b).amax(dim=2).topk(min(k, blocks), dim=1, sorted=False).indices
-                cand = (best.unsqueeze(2) * b + torch.arange(b, device=self.device)).flatten(1)  # (Q, k * b)
+                if (offsets := self._offsets.get(b)) is None:
+                    offsets = self._offsets[b] = torch.arange(b, device=self.device)
+                cand = (best.unsqueeze(2) * b + offsets).flatten(1)  # (Q, k * b)
                 vals, j = torch.topk(scores.gather(1, cand), k, dim=1)
                 rows = cand.gather(1, j)
             else:
                 vals, rows = torch.topk(qd @ mat[:n].T, k, dim=1)
             # one device->host copy: float32 scores next to int32 rows reinterpreted as float32
-            packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1).cpu().numpy()
+            packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1)
+            host = self._host("out", *packed.shape)
+            host.copy_(packed, non_blocking=self._pin)
+            if self._pin:
+                torch.cuda.current_stream(self.device).synchronize()
+            packed = host.numpy().copy()  # the buffer is reused by this thread's next search
         return packed[:, :k], packed[:, k:].view(np.int32)
 
 
@@ -286,7 +307,7 @@ class GalleryIndex:
             if n == 0:
                 return [([], np.zeros(0, np.float32)) for _ in q], 0
             vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
-            names = [entry.ids[j] for j in rows.ravel().tolist()]
+            names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
         kk = rows.shape[1]
         vals = vals.astype(np.float32, copy=False)
         return [(names[i * kk : (i + 1) * kk], vals[i]) for i in range(len(q))], n

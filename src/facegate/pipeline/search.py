@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
-from facegate.gallery.query import SearchOut, decode_photo_search, decode_search
+from facegate.gallery.query import HEADER, SearchOut, decode_photo_search, decode_search
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,26 @@ def _try(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except FacegateError as exc:
         return exc
+
+
+#: Bytes of a search request's :data:`~facegate.gallery.query.HEADER` other than ``k`` (``<4sIH64sxx``).
+_NOT_K = np.r_[0:4, 8 : HEADER.size]
+
+
+def _decode_alike(payloads: list[np.ndarray]) -> tuple[str, range, list[int], np.ndarray] | None:
+    """One decode for requests that differ only in ``k`` and the query (the usual batch): the group ``(gallery,
+    rows, ks, (Q, D) float32 queries)``, as :func:`decode_search` would give; else None."""
+    if (
+        not payloads
+        or len({p.size for p in payloads}) > 1
+        or isinstance(head := _try(decode_search, payloads[0]), FacegateError)
+    ):
+        return None
+    arr = np.stack(payloads)  # (Q, bytes) uint8
+    if not (arr[:, _NOT_K] == arr[0, _NOT_K]).all():
+        return None
+    ks = np.ascontiguousarray(arr[:, 4:8]).view("<u4")[:, 0].tolist()
+    return head[0], range(len(arr)), ks, np.ascontiguousarray(arr[:, HEADER.size :]).view("<f4")
 
 
 class SearchStage:
@@ -73,35 +93,42 @@ class SearchStage:
                 detail={"cause": self._error.to_dict() if self._error else None},
             )
 
-    def prepare(self, payloads: list[np.ndarray]) -> list[tuple[str, int, np.ndarray] | FacegateError]:
-        return [_try(decode_search, p) for p in payloads]
-
-    def search_many(self, items: list[Any]) -> list[Any]:
-        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error (an item that
-        is an error stays one); one matrix product and one top-k per gallery, after one catch-up."""
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[Any, list[Any], list[Any]]:
+        if (group := _decode_alike(payloads)) is None:
+            return self.plan([_try(decode_search, p) for p in payloads])
         gallery = self._ensure()
-        gallery.sync()  # the batch sees every write acknowledged before it formed
-        seq, index = gallery.follower.seq, gallery.index
+        gallery.sync()
+        return gallery, [None] * len(payloads), [group]
+
+    def plan(self, items: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        """Items ``(gallery, k, (D,) float32 query)`` (or errors) grouped per gallery for :meth:`execute`, once
+        the index is current: the batch has formed, so every write acknowledged before a query is applied."""
+        gallery = self._ensure()
+        gallery.sync()  # off the device thread: prepare runs on the engine's front thread
         results = list(items)
-        groups: dict[str, list[int]] = defaultdict(list)
+        rows: dict[str, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
             if not isinstance(item, BaseException):
-                groups[item[0]].append(i)
-        for name, rows in groups.items():
+                rows[item[0]].append(i)
+        groups = [(g, r, [items[i][1] for i in r], np.stack([items[i][2] for i in r])) for g, r in rows.items()]
+        return gallery, results, groups
+
+    def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
+        """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
+        gallery, results, groups = plan
+        seq, index = gallery.follower.seq, gallery.index
+        for name, rows, ks, queries in groups:
             try:
                 if not index.has(name):
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
-                k = max(items[i][1] for i in rows)
-                hits, n = index.search_raw(name, np.stack([items[i][2] for i in rows]), k)
+                hits, n = index.search_raw(name, queries, max(ks))
             except FacegateError as exc:
                 for i in rows:
                     results[i] = exc
                 continue
-            for (ids, scores), i in zip(hits, rows, strict=True):
-                results[i] = SearchOut(ids[: items[i][1]], scores[: items[i][1]], n, seq)
+            for (ids, scores), i, k in zip(hits, rows, ks, strict=True):
+                results[i] = SearchOut(ids if k >= len(ids) else ids[:k], scores[:k], n, seq)
         return results
-
-    execute = search_many
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result
@@ -167,7 +194,7 @@ class PhotoSearchStage:
             f if isinstance(f, BaseException) else (h[0], h[1], np.asarray(f.embedding[0], np.float32))
             for h, f in zip(heads, got, strict=True)
         ]
-        found = self._search.search_many(items)
+        found = self._search.execute(self._search.plan(items))
         return [r if isinstance(r, BaseException) else (f, r) for f, r in zip(got, found, strict=True)]
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
