@@ -3,13 +3,19 @@
 Synthetic unit-norm templates (``--dim``, 128 = sface), imported in bulk. Per gallery size S:
 
 * ``engine_batch64_ms``: the engine's search stage (:class:`facegate.pipeline.search.SearchStage`) answering
-  one batch of 64 queries, top-10, with its per-batch catch-up (one ``max(seq)``) included; and
-  ``index_batch64_ms``, the matrix product + top-k alone (fp16 on CUDA, float32 BLAS on the CPU);
+  one batch of 64 queries, top-10: prepare (decode, per-batch catch-up: one ``max(seq)``), execute and
+  deliver; ``engine_execute_ms``, execute alone (the device thread's share); and ``index_batch64_ms``, the
+  index's search alone (fp16 on CUDA, float32 BLAS on the CPU);
 * ``single_query_ms``: one query, top-10, on the index;
 * ``apply_one_change_ms``: the index applying one enrolment committed by another connection (feed read
   included), and ``full_load_s``: start-up (one snapshot read + index load), from SQLite and, when a
   PostgreSQL server is available (``--postgres-url``, or the Debian binaries to start one), PostgreSQL;
 * ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU;
+* ``--host-overhead S``: per-batch host overhead on a gallery of S subjects, where the matrix product is small:
+  stage, prepare, execute, index and bare kernel medians, of this tree and of ``--baseline`` (a git revision
+  or a ``src`` folder) alternating in separate processes over ``--rounds``;
+* CPU (NumPy) index: one query with 1 and 2 BLAS threads, as the index does it and as ``np.dot`` into a
+  preallocated output + ``argpartition``, interleaved over ``--rounds`` with the load average per round;
 * ``variants_batch64_ms`` (torch index): the 64-query search with the two-level top-k at several block sizes
   against one ``torch.topk`` over every score (``plain``), interleaved over ``--rounds``, with
   ``floor``, the bare matrix product + ``torch.topk`` on the device (no host copies), and whether every
@@ -34,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +76,35 @@ def variants(
     from facegate.gallery.index import _TorchOps
 
     ops = idx._ops
-    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads, 1 against 2, for one query and for 64
+    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads 1 against 2; np.dot into a preallocated output
         cpu: dict[str, list[float]] = {}
+        mat, n = idx._entry("g").mat, idx.sizes()["g"]
+        buf = np.empty(n, np.float32)
+
+        def dot_out() -> np.ndarray:  # one query: (n, D) @ (D,) into buf, then the same argpartition top-k
+            with ops._blas.limit(limits=ops.threads, user_api="blas"):  # type: ignore[union-attr]
+                np.dot(mat[:n], q[0], out=buf)
+            top = np.argpartition(buf, n - 10)[n - 10 :]
+            return top[np.argsort(-buf[top], kind="stable")]
+
+        ids = idx._entry("g").ids
+        assert [ids[j] for j in dot_out()] == idx.search_raw("g", q[:1], 10)[0][0][0], "dot_out answers differ"
+        loads = []
         for _ in range(o.rounds):
+            loads.append(round(os.getloadavg()[0], 2))
             for t in (1, 2):
                 ops.threads = t  # type: ignore[union-attr]
                 cpu.setdefault(f"single_threads{t}", []).append(
                     median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters)
                 )
-                cpu.setdefault(f"batch64_threads{t}", []).append(median_ms(lambda: idx.search_raw("g", q, 10), o.iters))
+                cpu.setdefault(f"single_dot_out_threads{t}", []).append(median_ms(dot_out, o.iters))
+                if n <= 100_000:  # 64 queries at 1M take seconds each on two cores
+                    cpu.setdefault(f"batch64_threads{t}", []).append(
+                        median_ms(lambda: idx.search_raw("g", q, 10), o.iters)
+                    )
         ops.threads = max(1, (os.cpu_count() or 1) // 2)  # type: ignore[union-attr]
         return {"blas_threads_ms": {name: round(statistics.median(v), 3) for name, v in cpu.items()},
-                "blas_threads_rounds_ms": cpu}  # fmt: skip
+                "blas_threads_rounds_ms": cpu, "load1_per_round": loads}  # fmt: skip
     torch, mat, n = ops.torch, idx._entry("g").mat, idx.sizes()["g"]
     qd = torch.from_numpy(q).to(ops.device, ops.dtype)
 
@@ -176,11 +199,17 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     row["full_load_s"] = round(time.perf_counter() - t0, 3)
     stage = SearchStage(lambda: gal)
     q = templates(rng, 64, o.dim)
-    batch = stage.prepare([encode_search("g", x, 10) for x in q])
-    row["engine_batch64_ms"] = median_ms(lambda: stage.execute(batch), o.iters)
+    payloads = [encode_search("g", x, 10) for x in q]
+    batch = stage.prepare(payloads)
+
+    def engine() -> Any:  # the whole stage: decode + catch-up (prepare), search (execute), deliver
+        return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+
+    row["engine_batch64_ms"] = median_ms(engine, o.iters)
+    row["engine_execute_ms"] = median_ms(lambda: stage.execute(batch), o.iters)  # the device thread's part
     row["index_batch64_ms"] = median_ms(lambda: gal.index.search_raw("g", q, 10), o.iters)
     row["single_query_ms"] = median_ms(lambda: gal.index.search_raw("g", q[:1], 10), o.iters)
-    row.update(variants(gal.index, q, o, lambda: stage.execute(batch)))
+    row.update(variants(gal.index, q, o, engine))
     writer = open_store(url)
     one = np.ones(1, np.float32)
     costs = []
@@ -294,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="facegate-bench-") as tmp,
-        postgres(None if o.no_postgres else o.postgres_url) as pg,
+        nullcontext(None) if o.no_postgres else postgres(o.postgres_url) as pg,
     ):
         for size in (int(x) for x in o.sizes.split(",") if x):
             rows.append(store_rows(str(Path(tmp) / f"g{size}.sqlite3"), "sqlite", size, o, rng))

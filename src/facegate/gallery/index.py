@@ -61,9 +61,8 @@ class _TorchOps:
 
     A gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of ``block``
     scores by their maximum, then the top ``k`` of those blocks' scores (the ``k`` best scores lie in at most
-    ``k`` blocks, whose maxima are among the ``k`` largest). One ``amax`` pass costs far less than a
-    ``torch.topk`` over millions of columns. ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096
-    blocks.
+    ``k`` blocks). One ``amax`` pass costs far less than a ``torch.topk`` over millions of columns.
+    ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096 blocks.
     """
 
     def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
@@ -75,7 +74,7 @@ class _TorchOps:
         self.block = block
         self._pin = self.device.type == "cuda"
         self._local = threading.local()  # per search thread: its host buffers
-        self._offsets: dict[int, Any] = {}  # block size b -> arange(b) on the device
+        self._offsets: dict[int, Any] = {}  # b -> arange(b) on the device
 
     def zeros(self, rows: int, dim: int) -> Any:
         # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
@@ -89,10 +88,8 @@ class _TorchOps:
 
     def _host(self, name: str, rows: int, cols: int) -> Any:
         """This thread's ``(rows, cols) float32`` host buffer ``name`` (pinned on CUDA), reused by later calls."""
-        buf = getattr(self._local, name, None)
-        if buf is None or buf.numel() < rows * cols:
-            buf = self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin)
-            setattr(self._local, name, buf)
+        if (buf := getattr(self._local, name, None)) is None or buf.numel() < rows * cols:
+            setattr(self._local, name, buf := self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin))
         return buf[: rows * cols].view(rows, cols)
 
     def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,10 +97,9 @@ class _TorchOps:
         if b is None:
             b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
         with torch.inference_mode():
-            # pinned host memory: the query goes up without blocking the host, the answer comes back in one copy
-            qh = self._host("q", *q.shape)
-            qh.numpy()[:] = q
-            qd = qh.to(self.device, non_blocking=True).to(self.dtype)
+            # from pinned host memory the query goes up without blocking the host
+            qd = self._host("q", *q.shape).copy_(torch.from_numpy(q)).to(self.device, non_blocking=True)
+            qd = qd.to(self.dtype)
             if b and n > BLOCK_MIN:
                 blocks = -(-n // b)
                 scores = qd @ mat[: blocks * b].T  # (Q, blocks * b): rows past n are zero, masked below
@@ -118,8 +114,7 @@ class _TorchOps:
                 vals, rows = torch.topk(qd @ mat[:n].T, k, dim=1)
             # one device->host copy: float32 scores next to int32 rows reinterpreted as float32
             packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1)
-            host = self._host("out", *packed.shape)
-            host.copy_(packed, non_blocking=self._pin)
+            host = self._host("out", *packed.shape).copy_(packed, non_blocking=self._pin)
             if self._pin:
                 torch.cuda.current_stream(self.device).synchronize()
             packed = host.numpy().copy()  # the buffer is reused by this thread's next search
@@ -197,7 +192,6 @@ class GalleryIndex:
         return _Entry(dim=dim, mat=mat, ids=list(ids), pos={s: i for i, s in enumerate(ids)})
 
     def has(self, gallery: str) -> bool:
-        """Whether ``gallery`` is loaded."""
         with self._guard:
             return gallery in self._entries
 
@@ -225,7 +219,6 @@ class GalleryIndex:
             self._entries.pop(gallery, None)
 
     def dim(self, gallery: str) -> int:
-        """A loaded gallery's embedding size D."""
         return self._entry(gallery).dim
 
     def upsert(self, gallery: str, subject_id: str, template: np.ndarray) -> None:
@@ -257,10 +250,9 @@ class GalleryIndex:
                 return False
             last = entry.n - 1
             if i != last:
-                moved = entry.ids[last]
                 entry.mat[i] = entry.mat[last]
-                entry.ids[i] = moved
-                entry.pos[moved] = i
+                entry.ids[i] = entry.ids[last]
+                entry.pos[entry.ids[i]] = i
             entry.ids.pop()
             entry.mat[last] = 0
             if entry.mat.shape[0] > _MIN_CAPACITY and entry.n < entry.mat.shape[0] // 4:
@@ -309,8 +301,7 @@ class GalleryIndex:
             vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
             names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
         kk = rows.shape[1]
-        vals = vals.astype(np.float32, copy=False)
-        return [(names[i * kk : (i + 1) * kk], vals[i]) for i in range(len(q))], n
+        return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(vals.astype(np.float32, copy=False))], n
 
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""

@@ -2,8 +2,8 @@
 
 One index per engine process (fp16 on CUDA, float32 BLAS on the CPU), kept current from the store's change
 feed (:class:`~facegate.gallery.service.Gallery`); front-ends hold no templates. Each batch first catches
-the index up to the store's sequence number (one ``max(seq)`` per batch), so every write acknowledged
-before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
+the index up to the store's sequence number (one ``max(seq)`` per batch, in ``prepare``), so every write
+acknowledged before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
 
 While the store cannot be opened (a database that is down) the stage answers
 :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and retries at most every :data:`REOPEN_S`
@@ -45,11 +45,8 @@ _NOT_K = np.r_[0:4, 8 : HEADER.size]
 def _decode_alike(payloads: list[np.ndarray]) -> tuple[str, range, list[int], np.ndarray] | None:
     """One decode for requests that differ only in ``k`` and the query (the usual batch): the group ``(gallery,
     rows, ks, (Q, D) float32 queries)``, as :func:`decode_search` would give; else None."""
-    if (
-        not payloads
-        or len({p.size for p in payloads}) > 1
-        or isinstance(head := _try(decode_search, payloads[0]), FacegateError)
-    ):
+    head = _try(decode_search, payloads[0]) if payloads else None
+    if not isinstance(head, tuple) or len({p.size for p in payloads}) > 1:
         return None
     arr = np.stack(payloads)  # (Q, bytes) uint8
     if not (arr[:, _NOT_K] == arr[0, _NOT_K]).all():
@@ -94,24 +91,20 @@ class SearchStage:
             )
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[Any, list[Any], list[Any]]:
-        if (group := _decode_alike(payloads)) is None:
-            return self.plan([_try(decode_search, p) for p in payloads])
+        group = _decode_alike(payloads)
+        return self.plan([None] * len(payloads) if group else [_try(decode_search, p) for p in payloads], group)
+
+    def plan(self, items: list[Any], group: Any = None) -> tuple[Any, list[Any], list[Any]]:
+        """Items ``(gallery, k, (D,) float32 query)`` (or errors) grouped per gallery (or the one ``group``) for
+        :meth:`execute`, after a catch-up: the batch has formed, so it sees every write acknowledged before."""
         gallery = self._ensure()
         gallery.sync()
-        return gallery, [None] * len(payloads), [group]
-
-    def plan(self, items: list[Any]) -> tuple[Any, list[Any], list[Any]]:
-        """Items ``(gallery, k, (D,) float32 query)`` (or errors) grouped per gallery for :meth:`execute`, once
-        the index is current: the batch has formed, so every write acknowledged before a query is applied."""
-        gallery = self._ensure()
-        gallery.sync()  # off the device thread: prepare runs on the engine's front thread
-        results = list(items)
         rows: dict[str, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
-            if not isinstance(item, BaseException):
+            if isinstance(item, tuple):
                 rows[item[0]].append(i)
         groups = [(g, r, [items[i][1] for i in r], np.stack([items[i][2] for i in r])) for g, r in rows.items()]
-        return gallery, results, groups
+        return gallery, list(items), [group] if group else groups
 
     def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
         """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
@@ -197,5 +190,4 @@ class PhotoSearchStage:
         found = self._search.execute(self._search.plan(items))
         return [r if isinstance(r, BaseException) else (f, r) for f, r in zip(got, found, strict=True)]
 
-    def deliver(self, result: list[Any], n: int) -> list[Any]:
-        return result
+    deliver = SearchStage.deliver
