@@ -12,8 +12,8 @@ Synthetic unit-norm templates (``--dim``, 128 = sface), imported in bulk. Per ga
   PostgreSQL server is available (``--postgres-url``, or the Debian binaries to start one), PostgreSQL;
 * ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU;
 * ``--host-overhead S``: per-batch host overhead on a gallery of S subjects, where the matrix product is small:
-  stage, prepare, execute, index and bare kernel medians, of this tree and of ``--baseline`` (a git revision
-  or a ``src`` folder) alternating in separate processes over ``--rounds``;
+  stage, prepare, execute, index and bare kernel medians over ``--probe-iters`` calls, of this tree and of
+  ``--baseline`` (a git revision or a ``src`` folder), alternating in separate processes over ``--rounds``;
 * CPU (NumPy) index: one query with 1 and 2 BLAS threads, as the index does it and as ``np.dot`` into a
   preallocated output + ``argpartition``, interleaved over ``--rounds`` with the load average per round;
 * ``variants_batch64_ms`` (torch index): the 64-query search with the two-level top-k at several block sizes
@@ -282,7 +282,7 @@ def host_overhead(o: argparse.Namespace) -> dict[str, Any]:
             archive = subprocess.run(["git", "archive", o.baseline, "src"], cwd=ROOT, check=True, capture_output=True)
             subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
             trees["baseline"] = str(Path(tmp) / "src")
-        argv = ["--device", o.device, "--dtype", o.dtype, "--dim", str(o.dim), "--iters", str(o.iters)]
+        argv = ["--device", o.device, "--dtype", o.dtype, "--dim", str(o.dim), "--iters", str(o.probe_iters)]
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         loads = []
         for _ in range(o.rounds):
@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-postgres", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--host-overhead", type=int, default=0, help="gallery size of the host-overhead rounds (0: off)")
+    p.add_argument("--probe-iters", type=int, default=1000, help="calls per median in the host-overhead rounds")
     p.add_argument("--baseline", default=None, help="git revision or src folder for the host-overhead baseline")
     p.add_argument("--host-probe", type=int, default=0, help=argparse.SUPPRESS)  # one probe, JSON on stdout
     o = p.parse_args(argv)
