@@ -87,7 +87,8 @@ class _TorchOps:
             return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
     def _host(self, name: str, rows: int, cols: int) -> Any:
-        """This thread's ``(rows, cols) float32`` host buffer ``name`` (pinned on CUDA), reused by later calls."""
+        """This thread's ``(rows, cols) float32`` host buffer ``name``, reused by later calls; pinned on CUDA, so a
+        copy up does not block the host and a copy down is one DMA."""
         if (buf := getattr(self._local, name, None)) is None or buf.numel() < rows * cols:
             setattr(self._local, name, buf := self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin))
         return buf[: rows * cols].view(rows, cols)
@@ -97,7 +98,6 @@ class _TorchOps:
         if b is None:
             b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
         with torch.inference_mode():
-            # from pinned host memory the query goes up without blocking the host
             qd = self._host("q", *q.shape).copy_(torch.from_numpy(q)).to(self.device, non_blocking=True)
             qd = qd.to(self.dtype)
             if b and n > BLOCK_MIN:

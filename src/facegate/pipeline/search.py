@@ -38,18 +38,14 @@ def _try(fn: Callable[..., Any], *args: Any) -> Any:
         return exc
 
 
-#: Bytes of a search request's :data:`~facegate.gallery.query.HEADER` other than ``k`` (``<4sIH64sxx``).
-_NOT_K = np.r_[0:4, 8 : HEADER.size]
-
-
 def _decode_alike(payloads: list[np.ndarray]) -> tuple[str, range, list[int], np.ndarray] | None:
     """One decode for requests that differ only in ``k`` and the query (the usual batch): the group ``(gallery,
     rows, ks, (Q, D) float32 queries)``, as :func:`decode_search` would give; else None."""
     head = _try(decode_search, payloads[0]) if payloads else None
     if not isinstance(head, tuple) or len({p.size for p in payloads}) > 1:
         return None
-    arr = np.stack(payloads)  # (Q, bytes) uint8
-    if not (arr[:, _NOT_K] == arr[0, _NOT_K]).all():
+    arr = np.stack(payloads)  # (Q, bytes) uint8; HEADER (<4sIH64sxx) has k in bytes 4:8
+    if (arr[:, :4] != arr[0, :4]).any() or (arr[:, 8 : HEADER.size] != arr[0, 8 : HEADER.size]).any():
         return None
     ks = np.ascontiguousarray(arr[:, 4:8]).view("<u4")[:, 0].tolist()
     return head[0], range(len(arr)), ks, np.ascontiguousarray(arr[:, HEADER.size :]).view("<f4")
