@@ -289,7 +289,7 @@ def host_overhead(o: argparse.Namespace) -> dict[str, Any]:
             loads.append(round(os.getloadavg()[0], 2))
             for name, src in trees.items():
                 cmd = [sys.executable, __file__, "--host-probe", str(o.host_overhead), *argv]
-                env = {**os.environ, "PYTHONPATH": src}
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
                 out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
                 runs[name].append(json.loads(out.strip().splitlines()[-1]))
     med = {
