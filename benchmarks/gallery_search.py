@@ -3,13 +3,19 @@
 Synthetic unit-norm templates (``--dim``, 128 = sface), imported in bulk. Per gallery size S:
 
 * ``engine_batch64_ms``: the engine's search stage (:class:`facegate.pipeline.search.SearchStage`) answering
-  one batch of 64 queries, top-10, with its per-batch catch-up (one ``max(seq)``) included; and
-  ``index_batch64_ms``, the matrix product + top-k alone (fp16 on CUDA, float32 BLAS on the CPU);
+  one batch of 64 queries, top-10: prepare (decode, per-batch catch-up: one ``max(seq)``), execute and
+  deliver; ``engine_execute_ms``, execute alone (the device thread's share); and ``index_batch64_ms``, the
+  index's search alone (fp16 on CUDA, float32 BLAS on the CPU);
 * ``single_query_ms``: one query, top-10, on the index;
 * ``apply_one_change_ms``: the index applying one enrolment committed by another connection (feed read
   included), and ``full_load_s``: start-up (one snapshot read + index load), from SQLite and, when a
   PostgreSQL server is available (``--postgres-url``, or the Debian binaries to start one), PostgreSQL;
 * ``--index-only-sizes``: sizes measured on the index alone (no store), e.g. 10M on a GPU;
+* ``--host-overhead S``: per-batch host overhead on a gallery of S subjects, where the matrix product is small:
+  stage, prepare, execute, index and bare kernel medians over ``--probe-iters`` calls, of this tree and of
+  ``--baseline`` (a git revision or a ``src`` folder), alternating in separate processes over ``--rounds``;
+* CPU (NumPy) index: one query with 1 and 2 BLAS threads, as the index does it and as ``np.dot`` into a
+  preallocated output + ``argpartition``, interleaved over ``--rounds`` with the load average per round;
 * ``variants_batch64_ms`` (torch index): the 64-query search with the two-level top-k at several block sizes
   against one ``torch.topk`` over every score (``plain``), interleaved over ``--rounds``, with
   ``floor``, the bare matrix product + ``torch.topk`` on the device (no host copies), and whether every
@@ -24,6 +30,7 @@ Medians over ``--iters`` calls after a warm-up. Writes one JSON named by environ
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -33,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +76,35 @@ def variants(
     from facegate.gallery.index import _TorchOps
 
     ops = idx._ops
-    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads, 1 against 2, for one query and for 64
+    if not isinstance(ops, _TorchOps):  # NumPy: BLAS threads 1 against 2; np.dot into a preallocated output
         cpu: dict[str, list[float]] = {}
+        mat, n = idx._entry("g").mat, idx.sizes()["g"]
+        buf = np.empty(n, np.float32)
+
+        def dot_out() -> np.ndarray:  # one query: (n, D) @ (D,) into buf, then the same argpartition top-k
+            with ops._blas.limit(limits=ops.threads, user_api="blas"):  # type: ignore[union-attr]
+                np.dot(mat[:n], q[0], out=buf)
+            top = np.argpartition(buf, n - 10)[n - 10 :]
+            return top[np.argsort(-buf[top], kind="stable")]
+
+        ids = idx._entry("g").ids
+        assert [ids[j] for j in dot_out()] == idx.search_raw("g", q[:1], 10)[0][0][0], "dot_out answers differ"
+        loads = []
         for _ in range(o.rounds):
+            loads.append(round(os.getloadavg()[0], 2))
             for t in (1, 2):
                 ops.threads = t  # type: ignore[union-attr]
                 cpu.setdefault(f"single_threads{t}", []).append(
                     median_ms(lambda: idx.search_raw("g", q[:1], 10), o.iters)
                 )
-                cpu.setdefault(f"batch64_threads{t}", []).append(median_ms(lambda: idx.search_raw("g", q, 10), o.iters))
+                cpu.setdefault(f"single_dot_out_threads{t}", []).append(median_ms(dot_out, o.iters))
+                if n <= 100_000:  # 64 queries at 1M take seconds each on two cores
+                    cpu.setdefault(f"batch64_threads{t}", []).append(
+                        median_ms(lambda: idx.search_raw("g", q, 10), o.iters)
+                    )
         ops.threads = max(1, (os.cpu_count() or 1) // 2)  # type: ignore[union-attr]
         return {"blas_threads_ms": {name: round(statistics.median(v), 3) for name, v in cpu.items()},
-                "blas_threads_rounds_ms": cpu}  # fmt: skip
+                "blas_threads_rounds_ms": cpu, "load1_per_round": loads}  # fmt: skip
     torch, mat, n = ops.torch, idx._entry("g").mat, idx.sizes()["g"]
     qd = torch.from_numpy(q).to(ops.device, ops.dtype)
 
@@ -175,11 +199,17 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     row["full_load_s"] = round(time.perf_counter() - t0, 3)
     stage = SearchStage(lambda: gal)
     q = templates(rng, 64, o.dim)
-    batch = stage.prepare([encode_search("g", x, 10) for x in q])
-    row["engine_batch64_ms"] = median_ms(lambda: stage.execute(batch), o.iters)
+    payloads = [encode_search("g", x, 10) for x in q]
+    batch = stage.prepare(payloads)
+
+    def engine() -> Any:  # the whole stage: decode + catch-up (prepare), search (execute), deliver
+        return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+
+    row["engine_batch64_ms"] = median_ms(engine, o.iters)
+    row["engine_execute_ms"] = median_ms(lambda: stage.execute(batch), o.iters)  # the device thread's part
     row["index_batch64_ms"] = median_ms(lambda: gal.index.search_raw("g", q, 10), o.iters)
     row["single_query_ms"] = median_ms(lambda: gal.index.search_raw("g", q[:1], 10), o.iters)
-    row.update(variants(gal.index, q, o, lambda: stage.execute(batch)))
+    row.update(variants(gal.index, q, o, engine))
     writer = open_store(url)
     one = np.ones(1, np.float32)
     costs = []
@@ -211,6 +241,63 @@ def index_rows(size: int, o: argparse.Namespace, rng: np.random.Generator) -> di
     }
 
 
+def host_probe(size: int, o: argparse.Namespace) -> dict[str, Any]:
+    """Medians of one 64-query batch, top-10, through each layer over a SQLite gallery of ``size`` subjects:
+    the stage (prepare + execute + deliver, and each), the index's ``search_raw`` and the bare ``ops.topk``
+    kernel. Uses only calls that older trees have too, so ``--baseline`` can run it on one."""
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="facegate-probe-") as tmp:
+        url = str(Path(tmp) / "g.sqlite3")
+        build(url, size, o.dim, rng)
+        gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype), match_threshold=1.0)
+        stage = SearchStage(lambda: gal)
+        q = templates(rng, 64, o.dim)
+        payloads = [encode_search("g", x, 10) for x in q]
+        prepared = stage.prepare(payloads)
+        ops, mat = gal.index._ops, gal.index._entry("g").mat
+        qn = q.astype(np.float32)
+        fns = {
+            "stage_ms": lambda: stage.deliver(stage.execute(stage.prepare(payloads)), 64),
+            "prepare_ms": lambda: stage.prepare(payloads),
+            "execute_ms": lambda: stage.execute(prepared),
+            "index_ms": lambda: gal.index.search_raw("g", q, 10),
+            "kernel_ms": lambda: ops.topk(qn, mat, size, 10),
+        }
+        row = {name: median_ms(fn, o.iters) for name, fn in fns.items()}
+        gal.close()
+    row["stage_over_index_ms"] = round(row["stage_ms"] - row["index_ms"], 3)
+    row["index_over_kernel_ms"] = round(row["index_ms"] - row["kernel_ms"], 3)
+    row["host_overhead_ms"] = round(row["stage_ms"] - row["kernel_ms"], 3)
+    return row
+
+
+def host_overhead(o: argparse.Namespace) -> dict[str, Any]:
+    """:func:`host_probe` of this tree and of ``--baseline`` (a git revision or a ``src`` folder), each in its
+    own process, alternating over ``--rounds``; per tree the per-round rows and the medians."""
+    trees = {"this": str(ROOT / "src")}
+    with tempfile.TemporaryDirectory(prefix="facegate-baseline-") as tmp:
+        if o.baseline and Path(o.baseline).is_dir():
+            trees["baseline"] = str(Path(o.baseline).resolve())
+        elif o.baseline:
+            archive = subprocess.run(["git", "archive", o.baseline, "src"], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            trees["baseline"] = str(Path(tmp) / "src")
+        argv = ["--device", o.device, "--dtype", o.dtype, "--dim", str(o.dim), "--iters", str(o.probe_iters)]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        loads = []
+        for _ in range(o.rounds):
+            loads.append(round(os.getloadavg()[0], 2))
+            for name, src in trees.items():
+                cmd = [sys.executable, __file__, "--host-probe", str(o.host_overhead), *argv]
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+                out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    med = {
+        name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]} for name, rows in runs.items()
+    }
+    return {"gallery": o.host_overhead, "load1_per_round": loads, "median": med, "rounds": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -223,14 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--postgres-url", default=None)
     p.add_argument("--no-postgres", action="store_true")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--host-overhead", type=int, default=0, help="gallery size of the host-overhead rounds (0: off)")
+    p.add_argument("--probe-iters", type=int, default=1000, help="calls per median in the host-overhead rounds")
+    p.add_argument("--baseline", default=None, help="git revision or src folder for the host-overhead baseline")
+    p.add_argument("--host-probe", type=int, default=0, help=argparse.SUPPRESS)  # one probe, JSON on stdout
     o = p.parse_args(argv)
     o.dtype = o.dtype or ("float16" if o.device.startswith("cuda") else "float32")
+    if o.host_probe:
+        print(json.dumps(host_probe(o.host_probe, o)))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rng = np.random.default_rng(0)
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="facegate-bench-") as tmp,
-        postgres(None if o.no_postgres else o.postgres_url) as pg,
+        nullcontext(None) if o.no_postgres else postgres(o.postgres_url) as pg,
     ):
         for size in (int(x) for x in o.sizes.split(",") if x):
             rows.append(store_rows(str(Path(tmp) / f"g{size}.sqlite3"), "sqlite", size, o, rng))
@@ -247,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(x) for x in o.index_only_sizes.split(",") if x):
             rows.append(index_rows(size, o, rng))
             log.info("%s", rows[-1])
+    overhead = host_overhead(o) if o.host_overhead else None
     env = env_record(
         device=o.device, dtype=o.dtype, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters
     )
@@ -258,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "gallery_search",
             "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
             "rows": rows,
+            "host_overhead": overhead,
             "env": env,
         },
     )

@@ -61,9 +61,8 @@ class _TorchOps:
 
     A gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of ``block``
     scores by their maximum, then the top ``k`` of those blocks' scores (the ``k`` best scores lie in at most
-    ``k`` blocks, whose maxima are among the ``k`` largest). One ``amax`` pass costs far less than a
-    ``torch.topk`` over millions of columns. ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096
-    blocks.
+    ``k`` blocks). One ``amax`` pass costs far less than a ``torch.topk`` over millions of columns.
+    ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096 blocks.
     """
 
     def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
@@ -73,6 +72,9 @@ class _TorchOps:
         self.dtype = getattr(torch, dtype)
         self.device = torch.device(device)
         self.block = block
+        self._pin = self.device.type == "cuda"
+        self._local = threading.local()  # per search thread: its host buffers
+        self._offsets: dict[int, Any] = {}  # b -> arange(b) on the device
 
     def zeros(self, rows: int, dim: int) -> Any:
         # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
@@ -84,24 +86,38 @@ class _TorchOps:
         with self.torch.inference_mode(False):
             return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
+    def _host(self, name: str, rows: int, cols: int) -> Any:
+        """This thread's ``(rows, cols) float32`` host buffer ``name``, reused by later calls; pinned on CUDA, so a
+        copy up does not block the host and a copy down is one DMA."""
+        if (buf := getattr(self._local, name, None)) is None or buf.numel() < rows * cols:
+            setattr(self._local, name, buf := self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin))
+        return buf[: rows * cols].view(rows, cols)
+
     def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         torch, b = self.torch, self.block
         if b is None:
             b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
         with torch.inference_mode():
-            qd = torch.from_numpy(q).to(self.device).to(self.dtype)
+            qd = self._host("q", *q.shape).copy_(torch.from_numpy(q)).to(self.device, non_blocking=True)
+            qd = qd.to(self.dtype)
             if b and n > BLOCK_MIN:
                 blocks = -(-n // b)
                 scores = qd @ mat[: blocks * b].T  # (Q, blocks * b): rows past n are zero, masked below
                 scores[:, n:] = -torch.inf
                 best = scores.view(len(q), blocks, b).amax(dim=2).topk(min(k, blocks), dim=1, sorted=False).indices
-                cand = (best.unsqueeze(2) * b + torch.arange(b, device=self.device)).flatten(1)  # (Q, k * b)
+                if (offsets := self._offsets.get(b)) is None:
+                    offsets = self._offsets[b] = torch.arange(b, device=self.device)
+                cand = (best.unsqueeze(2) * b + offsets).flatten(1)  # (Q, k * b)
                 vals, j = torch.topk(scores.gather(1, cand), k, dim=1)
                 rows = cand.gather(1, j)
             else:
                 vals, rows = torch.topk(qd @ mat[:n].T, k, dim=1)
             # one device->host copy: float32 scores next to int32 rows reinterpreted as float32
-            packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1).cpu().numpy()
+            packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1)
+            host = self._host("out", *packed.shape).copy_(packed, non_blocking=self._pin)
+            if self._pin:
+                torch.cuda.current_stream(self.device).synchronize()
+            packed = host.numpy().copy()  # the buffer is reused by this thread's next search
         return packed[:, :k], packed[:, k:].view(np.int32)
 
 
@@ -176,7 +192,6 @@ class GalleryIndex:
         return _Entry(dim=dim, mat=mat, ids=list(ids), pos={s: i for i, s in enumerate(ids)})
 
     def has(self, gallery: str) -> bool:
-        """Whether ``gallery`` is loaded."""
         with self._guard:
             return gallery in self._entries
 
@@ -204,7 +219,6 @@ class GalleryIndex:
             self._entries.pop(gallery, None)
 
     def dim(self, gallery: str) -> int:
-        """A loaded gallery's embedding size D."""
         return self._entry(gallery).dim
 
     def upsert(self, gallery: str, subject_id: str, template: np.ndarray) -> None:
@@ -236,10 +250,9 @@ class GalleryIndex:
                 return False
             last = entry.n - 1
             if i != last:
-                moved = entry.ids[last]
                 entry.mat[i] = entry.mat[last]
-                entry.ids[i] = moved
-                entry.pos[moved] = i
+                entry.ids[i] = entry.ids[last]
+                entry.pos[entry.ids[i]] = i
             entry.ids.pop()
             entry.mat[last] = 0
             if entry.mat.shape[0] > _MIN_CAPACITY and entry.n < entry.mat.shape[0] // 4:
@@ -286,10 +299,9 @@ class GalleryIndex:
             if n == 0:
                 return [([], np.zeros(0, np.float32)) for _ in q], 0
             vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
-            names = [entry.ids[j] for j in rows.ravel().tolist()]
+            names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
         kk = rows.shape[1]
-        vals = vals.astype(np.float32, copy=False)
-        return [(names[i * kk : (i + 1) * kk], vals[i]) for i in range(len(q))], n
+        return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(vals.astype(np.float32, copy=False))], n
 
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""

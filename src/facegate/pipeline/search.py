@@ -2,8 +2,8 @@
 
 One index per engine process (fp16 on CUDA, float32 BLAS on the CPU), kept current from the store's change
 feed (:class:`~facegate.gallery.service.Gallery`); front-ends hold no templates. Each batch first catches
-the index up to the store's sequence number (one ``max(seq)`` per batch), so every write acknowledged
-before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
+the index up to the store's sequence number (one ``max(seq)`` per batch, in ``prepare``), so every write
+acknowledged before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
 
 While the store cannot be opened (a database that is down) the stage answers
 :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and retries at most every :data:`REOPEN_S`
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
-from facegate.gallery.query import SearchOut, decode_photo_search, decode_search
+from facegate.gallery.query import HEADER, SearchOut, decode_photo_search, decode_search
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,19 @@ def _try(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except FacegateError as exc:
         return exc
+
+
+def _decode_alike(payloads: list[np.ndarray]) -> tuple[str, range, list[int], np.ndarray] | None:
+    """One decode for requests that differ only in ``k`` and the query (the usual batch): the group ``(gallery,
+    rows, ks, (Q, D) float32 queries)``, as :func:`decode_search` would give; else None."""
+    head = _try(decode_search, payloads[0]) if payloads else None
+    if not isinstance(head, tuple) or len({p.size for p in payloads}) > 1:
+        return None
+    arr = np.stack(payloads)  # (Q, bytes) uint8; HEADER (<4sIH64sxx) has k in bytes 4:8
+    if (arr[:, :4] != arr[0, :4]).any() or (arr[:, 8 : HEADER.size] != arr[0, 8 : HEADER.size]).any():
+        return None
+    ks = np.ascontiguousarray(arr[:, 4:8]).view("<u4")[:, 0].tolist()
+    return head[0], range(len(arr)), ks, np.ascontiguousarray(arr[:, HEADER.size :]).view("<f4")
 
 
 class SearchStage:
@@ -73,35 +86,38 @@ class SearchStage:
                 detail={"cause": self._error.to_dict() if self._error else None},
             )
 
-    def prepare(self, payloads: list[np.ndarray]) -> list[tuple[str, int, np.ndarray] | FacegateError]:
-        return [_try(decode_search, p) for p in payloads]
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[Any, list[Any], list[Any]]:
+        group = _decode_alike(payloads)
+        return self.plan([None] * len(payloads) if group else [_try(decode_search, p) for p in payloads], group)
 
-    def search_many(self, items: list[Any]) -> list[Any]:
-        """Per item ``(gallery, k, (D,) float32 query)`` its :class:`SearchOut`, or its error (an item that
-        is an error stays one); one matrix product and one top-k per gallery, after one catch-up."""
+    def plan(self, items: list[Any], group: Any = None) -> tuple[Any, list[Any], list[Any]]:
+        """Items ``(gallery, k, (D,) float32 query)`` (or errors) grouped per gallery (or the one ``group``) for
+        :meth:`execute`, after a catch-up: the batch has formed, so it sees every write acknowledged before."""
         gallery = self._ensure()
-        gallery.sync()  # the batch sees every write acknowledged before it formed
-        seq, index = gallery.follower.seq, gallery.index
-        results = list(items)
-        groups: dict[str, list[int]] = defaultdict(list)
+        gallery.sync()
+        rows: dict[str, list[int]] = defaultdict(list)
         for i, item in enumerate(items):
-            if not isinstance(item, BaseException):
-                groups[item[0]].append(i)
-        for name, rows in groups.items():
+            if isinstance(item, tuple):
+                rows[item[0]].append(i)
+        groups = [(g, r, [items[i][1] for i in r], np.stack([items[i][2] for i in r])) for g, r in rows.items()]
+        return gallery, list(items), [group] if group else groups
+
+    def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
+        """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
+        gallery, results, groups = plan
+        seq, index = gallery.follower.seq, gallery.index
+        for name, rows, ks, queries in groups:
             try:
                 if not index.has(name):
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
-                k = max(items[i][1] for i in rows)
-                hits, n = index.search_raw(name, np.stack([items[i][2] for i in rows]), k)
+                hits, n = index.search_raw(name, queries, max(ks))
             except FacegateError as exc:
                 for i in rows:
                     results[i] = exc
                 continue
-            for (ids, scores), i in zip(hits, rows, strict=True):
-                results[i] = SearchOut(ids[: items[i][1]], scores[: items[i][1]], n, seq)
+            for (ids, scores), i, k in zip(hits, rows, ks, strict=True):
+                results[i] = SearchOut(ids if k >= len(ids) else ids[:k], scores[:k], n, seq)
         return results
-
-    execute = search_many
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result
@@ -167,8 +183,7 @@ class PhotoSearchStage:
             f if isinstance(f, BaseException) else (h[0], h[1], np.asarray(f.embedding[0], np.float32))
             for h, f in zip(heads, got, strict=True)
         ]
-        found = self._search.search_many(items)
+        found = self._search.execute(self._search.plan(items))
         return [r if isinstance(r, BaseException) else (f, r) for f, r in zip(got, found, strict=True)]
 
-    def deliver(self, result: list[Any], n: int) -> list[Any]:
-        return result
+    deliver = SearchStage.deliver

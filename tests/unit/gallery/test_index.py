@@ -307,3 +307,38 @@ def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int | None) -> 
         np.testing.assert_array_equal(va, vb)
     assert ha[0][0][0] == f"s{n - 1}" and ha[1][0][0] == "s7"
     assert_matches_reference(two.search("g", Q, k, 0.5), *two.snapshot("g"), Q, k, atol=2e-6)
+
+
+def test_torch_answers_survive_the_next_search_and_other_threads() -> None:
+    """The torch backend reuses host buffers per thread: an answer must not change when the same thread, or
+    another one, searches again with another batch size."""
+    import threading
+
+    from facegate.gallery.index import _TorchOps
+
+    rng = np.random.default_rng(11)
+    T = unit(rng, 500, 16)
+    ids = [f"s{i}" for i in range(500)]
+    idx = GalleryIndex("cpu")
+    idx._ops = _TorchOps("cpu", "float32")
+    idx.load_all({"g": (16, ids, T)})
+    first, _ = idx.search_raw("g", T[:3], 4)
+    kept = [(list(i), s.copy()) for i, s in first]
+    for q in (T[10:74], T[5:6]):
+        idx.search_raw("g", q, 9)
+    tops: dict[int, list[str]] = {}
+
+    def search(j: int) -> None:
+        for _ in range(20):
+            hits, _ = idx.search_raw("g", T[j : j + 1 + j % 3], 2)
+            tops[j] = [h[0][0] for h in hits]
+
+    threads = [threading.Thread(target=search, args=(j,)) for j in range(20, 26)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tops == {j: [f"s{j + i}" for i in range(1 + j % 3)] for j in range(20, 26)}
+    for (a, b), (c, d) in zip(first, kept, strict=True):
+        assert a == c and np.array_equal(b, d)
+    assert [i[0] for i, _ in first] == ["s0", "s1", "s2"]

@@ -87,7 +87,7 @@ def test_store_down_answers_unavailable_then_recovers(tmp_path: Path, monkeypatc
     stage = SearchStage(opener)
     assert stage.gallery is None
     with pytest.raises(GalleryUnavailableError):
-        stage.execute([])
+        run(stage, [])
     w = open_store(url)
     w.create_gallery("g", "m", D)
     out = run(stage, [encode_search("g", np.ones(D, np.float32), 1)])
@@ -142,4 +142,28 @@ def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
     assert isinstance(out[2], NoFaceError)
     assert out[3][1].subject_ids == ["a9"] and out[3][1].size == 20
     search.close()
+    writer.close()
+
+
+def test_a_batch_of_alike_requests_answers_as_one_by_one(tmp_path: Path) -> None:
+    """Requests that differ only in k and the query take one decode for the batch; their answers equal those
+    of the same requests decoded one by one (a mixed batch), each cut to its own k."""
+    rng = np.random.default_rng(5)
+    url = str(tmp_path / "g.sqlite3")
+    writer = open_store(url)
+    writer.create_gallery("a", "m", D)
+    t = unit(rng, 40)
+    writer.import_templates("a", [f"a{i}" for i in range(40)], t, np.ones(40, np.float32))
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    alike = [encode_search("a", t[i], k) for i, k in ((3, 1), (8, 5), (11, 40), (2, 70))]
+    mixed = [*alike, encode_search("b", t[0], 1)]  # another gallery: decoded one by one
+    got, ref = run(stage, alike), run(stage, mixed)[:4]
+    assert [o.subject_ids for o in got] == [o.subject_ids for o in ref]
+    assert [len(o.subject_ids) for o in got] == [1, 5, 40, 40] and got[2].subject_ids[0] == "a11"
+    for o, r in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(o.scores, r.scores)
+    assert all(isinstance(o, GalleryNotFoundError) for o in run(stage, [encode_search("b", t[0], 1)] * 3))
+    writer.delete_subject("a", "a3")  # a write acknowledged before the batch is in its answer
+    assert run(stage, alike[:2])[0].subject_ids != ["a3"]
+    stage.close()
     writer.close()
