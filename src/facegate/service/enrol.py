@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 #: Subjects per transaction of a template import.
 IMPORT_CHUNK = 10_000
+#: Subjects per transaction of an import whose subjects have several rows each.
+ENROL_CHUNK = 1_000
 
 
 @dataclass
@@ -211,16 +213,23 @@ def import_templates(
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
         rows.setdefault(sid, []).append(i)
-    for sid, idx in rows.items():
+    items: list[EnrolItem] = [(sid, emb[idx], q[idx], None) for sid, idx in rows.items()]
+    for s in range(0, len(items), ENROL_CHUNK):
+        chunk = items[s : s + ENROL_CHUNK]
         try:
-            store.add_embeddings(gallery, sid, emb[idx], q[idx])
-            written += 1
-        except FacegateError as exc:
-            if isinstance(exc, GalleryNotFoundError):
-                raise
-            log.warning("template import: subject %r refused: %s", sid, exc.message)
+            written += len(store.enrol_many(gallery, chunk))
+        except GalleryNotFoundError:
+            raise
+        except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
+            for item in chunk:
+                try:
+                    written += len(store.enrol_many(gallery, [item]))
+                except FacegateError as exc:
+                    if isinstance(exc, GalleryNotFoundError):
+                        raise
+                    log.warning("template import: subject %r refused: %s", item[0], exc.message)
         if progress is not None:
-            progress(len(idx))
+            progress(sum(len(x[1]) for x in chunk))
     return written
 
 
