@@ -124,6 +124,9 @@ def store_main(o: argparse.Namespace, argv: list[str] | None) -> int:
         "rounds": rounds,
         **{f"{m}_subjects_per_s": round(v, 1) for m, v in total.items()},
         "ratio": round(total["per_request"] / total["per_subject"], 2),
+        "median_round_ratio": round(
+            float(np.median([x["per_request_subjects_per_s"] / x["per_subject_subjects_per_s"] for x in rounds])), 2
+        ),
         "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])]),
         "env": env_record(
             processes=o.processes, subjects=o.subjects, batch=o.batch, prefill=o.prefill, rounds=o.rounds
