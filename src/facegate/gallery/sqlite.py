@@ -114,7 +114,6 @@ class SQLiteGalleryStore(GalleryStore):
                 p.parent.mkdir(parents=True, exist_ok=True)
                 # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode.
                 os.close(os.open(p, os.O_CREAT | os.O_RDWR, 0o600))
-                self._writers_fd = os.open(f"{p}-writers", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             except OSError as exc:
                 raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         deadline = time.monotonic() + open_retry_s
@@ -133,6 +132,12 @@ class SQLiteGalleryStore(GalleryStore):
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
         self.journal_mode = mode
+        if not memory:  # opened last: a failed open (retried while the file is busy) leaks no descriptor
+            try:
+                self._writers_fd = os.open(f"{self._path}-writers", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                self.close()
+                raise GalleryError(f"cannot open {self._path!r}-writers: {exc}") from exc
         log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
 
     def _open(self, busy_timeout_s: float, memory: bool) -> tuple[sqlite3.Connection, str]:
