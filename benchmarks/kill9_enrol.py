@@ -1,10 +1,10 @@
 """kill -9 during bulk enrolment, many times: is any acknowledged subject lost, is the database intact?
 
 Each trial starts a writer process on one SQLite gallery that bulk-enrols without pause, alternating a
-template import and a photo-style enrolment (three embeddings, template recomputed) per transaction, and
-prints each subject id once its commit returned (acknowledged). After a random 0–300 ms the writer gets
-SIGKILL. At the end: ``PRAGMA integrity_check``, and every acknowledged id must be both a stored subject and
-an ``enrol`` row of the change feed.
+template import and a batch of photo-style enrolments (three subjects of 1–3 embeddings, templates
+computed) per transaction, and prints each subject id once its commit returned (acknowledged). After a
+random 0–300 ms the writer gets SIGKILL. At the end: ``PRAGMA integrity_check``, and every acknowledged id
+must be both a stored subject and an ``enrol`` row of the change feed.
 
     python benchmarks/kill9_enrol.py --trials 50
 """
@@ -28,7 +28,7 @@ import numpy as np
 log = logging.getLogger("kill9_enrol")
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Enrols subjects one transaction at a time and prints each id once its commit returned (acknowledged).
+#: Enrols subjects, a transaction at a time, and prints each id once its commit returned (acknowledged).
 WRITER = """
 import sys, numpy as np
 from facegate.gallery import open_store
@@ -39,10 +39,12 @@ while True:
     e = rng.standard_normal((3, 32)).astype(np.float32)
     e /= np.linalg.norm(e, axis=1, keepdims=True)
     if i % 2:
-        store.import_templates("g", [f"{sys.argv[2]}-t{i}"], e[:1], np.ones(1, np.float32))
-    else:
-        store.add_embeddings("g", f"{sys.argv[2]}-e{i}", e, np.full(3, 0.5, np.float32))
-    print(f"{sys.argv[2]}-{'te'[i % 2 == 0]}{i}", flush=True)
+        ids = [f"{sys.argv[2]}-t{i}"]
+        store.import_templates("g", ids, e[:1], np.ones(1, np.float32))
+    else:  # a batch request's subjects: one transaction
+        ids = [f"{sys.argv[2]}-e{i}-{j}" for j in range(3)]
+        store.enrol_many("g", [(sid, e[j:], np.full(3 - j, 0.5, np.float32), None) for j, sid in enumerate(ids)])
+    print(*ids, sep="\\n", flush=True)
     i += 1
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,3 +95,35 @@ def test_batch_enrolment_over_http(client, lfw_root: Path, fg: SimpleNamespace) 
     )
     fg.assert_error(bad, 422, "invalid_parameter")
     assert client.delete("/api/galleries/batch").status_code == 200
+
+
+def test_template_import_takes_its_documented_10000_rows(client, fg: SimpleNamespace) -> None:
+    """The import route has a body limit of its own that fits 10,000 templates; past it an early 413, and
+    every other JSON route keeps the small limit."""
+    from facegate.api.limits import IMPORT_MAX_ROWS, import_max_bytes
+    from facegate.config import Settings
+
+    assert client.post("/api/galleries", json={"name": "big"}).status_code == 201
+    info = client.get("/api/galleries").json()["galleries"][0]
+    settings = Settings(model=info["model"])
+    rng = np.random.default_rng(3)
+    emb = rng.standard_normal((IMPORT_MAX_ROWS, info["dim"]))
+    body = {"subject_ids": [f"subject-{i:06d}@example.org" for i in range(IMPORT_MAX_ROWS)], "embeddings": emb.tolist()}
+    raw = json.dumps(body).encode()
+    assert len(raw) > 100 * settings.limits.json_max_bytes  # far past the limit of other JSON routes
+    r = client.post("/api/galleries/big/templates", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json() == {"imported": IMPORT_MAX_ROWS}, r.text
+    assert client.get("/api/galleries").json()["galleries"][0]["subjects"] == IMPORT_MAX_ROWS
+    # one byte past the limit: 413 from the declared length, before the body is read
+    cap = import_max_bytes(settings)
+    over = b'{"subject_ids": ["a"], "embeddings": [[' + b"0" * (cap - 40) + b"]]}"
+    assert len(over) > cap
+    r = client.post("/api/galleries/big/templates", content=over, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["detail"]["limit"] == cap, r.text
+    # a streamed body (no declared length) is cut off at the limit as it arrives
+    chunks = (over[i : i + (1 << 20)] for i in range(0, len(over), 1 << 20))
+    r = client.post("/api/galleries/big/templates", content=chunks, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["detail"]["limit"] == cap, r.text
+    small = json.dumps({"name": "x" * (settings.limits.json_max_bytes + 10)})
+    r = client.post("/api/galleries", content=small, headers={"content-type": "application/json"})
+    fg.assert_error(r, 413, "body_too_large")

@@ -18,7 +18,7 @@ vis = pytest.importorskip("gallery_visibility")
 @pytest.mark.lfw
 def test_an_enrolment_through_one_front_end_is_found_through_the_other(lfw_root: Path, tmp_path: Path) -> None:
     photos = vis.lfw_photos(lfw_root, 4)
-    proc, url = vis.start(tmp_path, 2)
+    proc, url = vis.start(tmp_path, 2, "cpu")
     try:
         with httpx.Client(base_url=url, timeout=120) as c:
             r = c.post("/api/galleries", json={"name": "g"})

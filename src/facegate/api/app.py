@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from facegate.api.drain import DRAIN, DrainMiddleware, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
+from facegate.api.limits import TEMPLATES_ROUTE, import_max_bytes
 from facegate.api.routes import install_routes
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
@@ -200,6 +201,8 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
         if method == "POST" and pattern.match(path):
             n = n or settings.limits.max_images_per_request
             return n * settings.limits.max_upload_bytes + MULTIPART_SLACK_BYTES
+    if method == "POST" and TEMPLATES_ROUTE.match(path):
+        return import_max_bytes(settings)
     return SMALL_BODY_BYTES
 
 

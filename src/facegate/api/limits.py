@@ -46,15 +46,30 @@ def _bad_json(message: str, field: str) -> InvalidParameterError:
     return InvalidParameterError(message, detail={"field": field})
 
 
-def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body") -> Any:
-    """``json.loads`` under ``limits``: BodyTooLargeError past ``json_max_bytes``; InvalidParameterError for
-    non-UTF-8, non-JSON, nesting past ``json_max_depth``, number literals past ``json_max_number_digits``,
-    NaN/Infinity, or a lone surrogate (which no UTF-8 store can hold)."""
+#: The template import takes up to this many templates (its schema's ``max_length``) in one JSON body.
+IMPORT_MAX_ROWS = 10_000
+TEMPLATES_ROUTE = re.compile(r"^/api/galleries/[^/]+/templates/?$")
+
+
+def import_max_bytes(settings: Settings) -> int:
+    """The template import's JSON body limit: :data:`IMPORT_MAX_ROWS` rows of the served model's dimension
+    at 26 bytes a number (the longest float literal and its separator) and 200 for each id and quality."""
+    from facegate.models.registry import get_spec
+
+    dim = get_spec(settings.model).embedding_dim
+    return max(settings.limits.json_max_bytes, IMPORT_MAX_ROWS * (26 * dim + 200))
+
+
+def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body", max_bytes: int | None = None) -> Any:
+    """``json.loads`` under ``limits``: BodyTooLargeError past ``max_bytes`` (default ``json_max_bytes``);
+    InvalidParameterError for non-UTF-8, non-JSON, nesting past ``json_max_depth``, number literals past
+    ``json_max_number_digits``, NaN/Infinity, or a lone surrogate (which no UTF-8 store can hold)."""
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.json_max_bytes:
+    cap = limits.json_max_bytes if max_bytes is None else max_bytes
+    if size > cap:
         raise BodyTooLargeError(
-            f"{field}: {size} bytes of JSON exceed the limit of {limits.json_max_bytes}",
-            detail={"field": field, "bytes": size, "limit": limits.json_max_bytes},
+            f"{field}: {size} bytes of JSON exceed the limit of {cap}",
+            detail={"field": field, "bytes": size, "limit": cap},
         )
     if isinstance(text, bytes):
         try:
@@ -252,6 +267,7 @@ class AdmissionMiddleware:
         self.settings = settings
         self.deadline_s = settings.limits.request_timeout_s
         self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
+        self.import_max = import_max_bytes(settings)
         self.admitted = 0
         self.respond = respond  # FacegateError → Response (facegate.api.errors)
         self._shed_answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
@@ -320,25 +336,26 @@ class AdmissionMiddleware:
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
         limits = self.settings.limits
-        body, more = b"", True
+        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+        buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
         try:
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
                     return None  # the client went away
-                body += message.get("body", b"")
-                if len(body) > limits.json_max_bytes:
+                buf += message.get("body", b"")
+                if len(buf) > cap:
                     raise BodyTooLargeError(
-                        f"a JSON body of more than {limits.json_max_bytes} bytes",
-                        detail={"field": "body", "limit": limits.json_max_bytes},
+                        f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap}
                     )
                 more = bool(message.get("more_body", False))
+            body = bytes(buf)
             if body:
-                loads_limited(body, limits)
+                loads_limited(body, limits, max_bytes=cap)
         except (InvalidParameterError, ImageTooLargeError) as exc:
             await self.respond(exc)(scope, receive, send)
             return None
         return body
 
 
-__all__ = ["AdmissionMiddleware", "PixelBudget", "header_pixels", "loads_limited"]
+__all__ = ["AdmissionMiddleware", "PixelBudget", "header_pixels", "import_max_bytes", "loads_limited"]

@@ -352,9 +352,13 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
 async def _write_subject(
     state: ServingState, gallery: Any, name: str, subject_id: str, faces: list[Face], meta: dict[str, Any] | None
 ) -> sc.SubjectOut:
+    return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(faces), meta))
+
+
+def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
+    """``(k, D) float32`` embeddings and ``(k,) float32`` qualities of ``faces``."""
     emb = np.stack([f.embedding for f in faces]).astype(np.float32)
-    qual = np.asarray([f.quality.score for f in faces], dtype=np.float32)
-    return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, emb, qual, meta))
+    return emb, np.asarray([f.quality.score for f in faces], dtype=np.float32)
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
@@ -415,7 +419,7 @@ async def enrol_batch(
     subject_ids: Annotated[str, Form(description="JSON list: the subject of each photo, in order")],
 ) -> sc.BatchEnrolResponse:
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
-    other requests), each subject is written in its own transaction, refused photos are listed."""
+    other requests), the request's subjects are written in one transaction, refused photos are listed."""
     from facegate.gallery.base import validate_subject_id
 
     state = _state(request)
@@ -435,7 +439,7 @@ async def enrol_batch(
     by_subject: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
         by_subject.setdefault(sid, []).append(i)
-    enrolled: list[sc.SubjectOut] = []
+    todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
     for sid, rows in by_subject.items():
         mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
@@ -449,8 +453,11 @@ async def enrol_batch(
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
         if decision.error is None:
-            enrolled.append(await _write_subject(state, gallery, name, sid, decision.accepted, None))
-    return sc.BatchEnrolResponse(enrolled=enrolled, refused=sorted(refused, key=lambda r: r.index))
+            todo.append((sid, *_stack(decision.accepted), None))
+    infos = await state.in_gallery_pool(gallery.enrol_many, name, todo) if todo else []
+    return sc.BatchEnrolResponse(
+        enrolled=[_subject_out(i) for i in infos], refused=sorted(refused, key=lambda r: r.index)
+    )
 
 
 @_gallery_route("POST", "/api/galleries/{name}/templates", sc.ImportTemplatesResponse)

@@ -273,13 +273,15 @@ def _subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:
 
 #: One change-log row as the backends write it: ``(op, gallery, subject_id)``.
 ChangeRow = tuple[str, str, str | None]
+#: One subject of :meth:`GalleryStore.enrol_many`: ``(subject_id, (k, D) embeddings, (k,) qualities, meta)``.
+EnrolItem = tuple[str, np.ndarray, np.ndarray, "dict[str, Any] | None"]
 
 
 class GalleryStore:
     """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction.
 
     The SQL here uses ``?`` placeholders; the connection a backend's :meth:`_tx` yields must take them and
-    offer ``execute(sql, params)`` returning a cursor with ``fetchone``/``fetchall``/``rowcount``.
+    offer ``execute(sql, params)`` (and ``executemany``) returning a cursor with ``fetchone``/``fetchall``/``rowcount``.
     """
 
     #: ``ORDER BY subject_id`` + this sorts by bytes on every backend.
@@ -380,36 +382,53 @@ class GalleryStore:
     ) -> SubjectInfo:
         """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)
         and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
+        return self.enrol_many(gallery, [(subject_id, embeddings, qualities, meta)])[0]
+
+    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
+        """:meth:`add_embeddings` for each ``(subject_id, embeddings, qualities, meta)`` in one transaction
+        (one commit, one fsync): all are durable once it returns, none if it raises. Each subject still gets
+        its own change row."""
         validate_gallery_name(gallery)
-        validate_subject_id(subject_id)
-        meta_text = encode_meta(meta)
-        with self._tx(f"enrolling {subject_id!r} in {gallery!r}", write=True) as conn:
+        todo = [(validate_subject_id(sid), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
+        if not todo:
+            return []
+        with self._tx(f"enrolling {len(todo)} subject(s) in {gallery!r}", write=True) as conn:
             gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(embeddings, qualities, dim)
             now = time.time()
-            row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, subject_id))
-            row = row.fetchone()
-            if row is None:
-                spk = self._insert_subject(conn, gid, subject_id, meta_text or "{}", now)
-                conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
-            else:
-                spk = int(row[0])
-                if meta_text is not None:
-                    conn.execute("UPDATE subjects SET meta = ? WHERE id = ?", (meta_text, spk))
-            for e, qi in zip(emb, q, strict=True):
-                sql = "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)"
-                conn.execute(sql, (spk, pack_vector(e), float(qi), now))
-            sql = "SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id"
-            stored = conn.execute(sql, (spk,)).fetchall()
-            all_q = np.asarray([qq for _, qq in stored], dtype=np.float32)
-            template = quality_weighted_template(np.stack([unpack_vector(v, dim) for v, _ in stored]), all_q)
-            conn.execute(
-                "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
-                (pack_vector(template), float(all_q.max()), len(stored), now, spk),
-            )
-            self._log(conn, [("enrol", gallery, subject_id)], now)
-            out = conn.execute(f"SELECT {SUBJECT_COLS} FROM subjects WHERE id = ?", (spk,)).fetchone()
-        return _subject(out)
+            pks = [
+                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now) for sid, e, q, m in todo
+            ]
+            self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
+            # one statement for the whole batch; ``?`` per pk keeps it portable (batches are small)
+            sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
+            rows = {int(r[0]): r[1:] for r in conn.execute(sql, tuple(pks)).fetchall()}
+        return [_subject(rows[pk]) for pk in pks]
+
+    def _enrol_one(
+        self, conn: Any, gid: int, dim: int, sid: str, emb: np.ndarray, q: np.ndarray, meta: str | None, now: float
+    ) -> int:
+        """One subject's rows of :meth:`enrol_many`; returns its primary key."""
+        row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
+        if row is None:
+            spk = self._insert_subject(conn, gid, sid, meta or "{}", now)
+            conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
+            all_e, all_q = emb, q  # a new subject holds just these: no need to read them back
+        else:
+            spk = int(row[0])
+            if meta is not None:
+                conn.execute("UPDATE subjects SET meta = ? WHERE id = ?", (meta, spk))
+            stored = conn.execute("SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id", (spk,))
+            old = stored.fetchall()
+            all_e = np.concatenate([np.stack([unpack_vector(v, dim) for v, _ in old]).reshape(-1, dim), emb])
+            all_q = np.concatenate([np.asarray([qq for _, qq in old], np.float32), q])
+        sql = "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)"
+        conn.executemany(sql, [(spk, pack_vector(e), float(qi), now) for e, qi in zip(emb, q, strict=True)])
+        template = quality_weighted_template(all_e, all_q)
+        conn.execute(
+            "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
+            (pack_vector(template), float(all_q.max()), len(all_q), now, spk),
+        )
+        return spk
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
         return _subject(self._subject_value(gallery, subject_id, SUBJECT_COLS)[0])

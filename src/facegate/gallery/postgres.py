@@ -84,6 +84,10 @@ class _Qmark:
     def execute(self, sql: str, params: Any = None) -> Any:
         return self.raw.execute(sql.replace("?", "%s"), params)
 
+    def executemany(self, sql: str, params: Any) -> None:
+        with self.raw.cursor() as cur:
+            cur.executemany(sql.replace("?", "%s"), params)
+
 
 class PostgresGalleryStore(GalleryStore):
     """The store on the database of libpq URL ``url``, with at most ``pool_size`` connections;

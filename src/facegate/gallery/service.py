@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import InvalidParameterError
-from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit, SubjectInfo, validate_gallery_name
+from facegate.gallery.base import EnrolItem, GalleryInfo, GalleryStore, SearchHit, SubjectInfo, validate_gallery_name
 from facegate.gallery.feed import IndexFollower, LagHook
 from facegate.gallery.index import GalleryIndex
 
@@ -64,6 +64,12 @@ class StoreFront:
         info = self._store.add_embeddings(gallery, subject_id, emb, qual, meta)
         self._written()
         return info
+
+    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
+        """:meth:`enrol` of many ``(subject_id, emb, qual, meta)`` in one transaction."""
+        infos = self._store.enrol_many(gallery, items)
+        self._written()
+        return infos
 
     def import_templates(
         self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None

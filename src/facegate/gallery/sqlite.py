@@ -5,7 +5,8 @@ power loss), ``foreign_keys=ON`` (deletes cascade to embeddings), ``secure_delet
 zeroed). After a delete the WAL is checkpointed and truncated so the erased vectors leave every file SQLite
 owns. The schema version is ``PRAGMA user_version`` (older files are migrated, newer ones refused);
 ``PRAGMA application_id`` marks the file. Writes take ``BEGIN IMMEDIATE``, so a read-modify-write is never
-interleaved with another writer.
+interleaved with another writer, once they hold ``flock`` on ``<file>-writers``, where the writers of several
+processes queue (see :meth:`SQLiteGalleryStore._take_writers_lock`).
 
 One connection behind a lock, not one per thread: search never touches SQLite (the index serves it), a single
 connection rules out lock-upgrade ``SQLITE_BUSY`` between our own threads, and no other connection of ours
@@ -14,6 +15,7 @@ holds a read snapshot when the post-delete checkpoint runs. ``busy_timeout`` cov
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sqlite3
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from facegate.errors import ErasureIncompleteError, GalleryError
+from facegate.errors import ErasureIncompleteError, GalleryError, GalleryUnavailableError
 from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class SQLiteGalleryStore(GalleryStore):
         self._path = str(path)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._busy_s = busy_timeout_s
+        self._writers_fd = -1
         memory = self._path == ":memory:"
         if not memory:
             try:
@@ -128,6 +132,12 @@ class SQLiteGalleryStore(GalleryStore):
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
         self.journal_mode = mode
+        if not memory:  # opened last: a failed open (retried while the file is busy) leaks no descriptor
+            try:
+                self._writers_fd = os.open(f"{self._path}-writers", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                self.close()
+                raise GalleryError(f"cannot open {self._path!r}-writers: {exc}") from exc
         log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
 
     def _open(self, busy_timeout_s: float, memory: bool) -> tuple[sqlite3.Connection, str]:
@@ -187,6 +197,7 @@ class SQLiteGalleryStore(GalleryStore):
             conn = self._conn
             if conn is None:
                 raise GalleryError("the gallery store is closed")
+            locked = write and self._take_writers_lock(what)
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
@@ -200,6 +211,30 @@ class SQLiteGalleryStore(GalleryStore):
                 if isinstance(exc, sqlite3.Error):
                     raise _convert(exc, what) from exc
                 raise
+            finally:
+                if locked:
+                    fcntl.flock(self._writers_fd, fcntl.LOCK_UN)
+
+    def _take_writers_lock(self, what: str) -> bool:
+        """Queue for ``flock`` on ``<file>-writers`` (an empty file) before ``BEGIN IMMEDIATE``: SQLite's busy
+        handler sleeps up to 100 ms between attempts, so several processes' writers leave the lock idle and
+        one can starve past the busy timeout; here a waiter retries within a millisecond. False for
+        ``:memory:``; GalleryUnavailableError (503) past ``busy_timeout_s``."""
+        if self._writers_fd < 0:
+            return False
+        deadline, delay = time.monotonic() + self._busy_s, 5e-5
+        while True:
+            try:
+                fcntl.flock(self._writers_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GalleryUnavailableError(
+                        f"the gallery database stayed busy for {self._busy_s:g} s while {what}; retry",
+                        detail={"sqlite_errorname": "SQLITE_BUSY"},
+                    ) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 1e-3)
 
     def _erase_deleted(self) -> None:
         """Copy the WAL (with ``secure_delete``'s zeroed pages) into the file and truncate it. A reader of an
@@ -211,10 +246,14 @@ class SQLiteGalleryStore(GalleryStore):
             busy = 1
             # a busy writer in another process can starve one attempt (each waits the busy timeout)
             for _ in range(_CHECKPOINT_ATTEMPTS):
+                locked = self._take_writers_lock("erasing deleted data")  # the checkpoint needs the write lock
                 try:
                     busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 except sqlite3.Error as exc:
                     raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
+                finally:
+                    if locked:
+                        fcntl.flock(self._writers_fd, fcntl.LOCK_UN)
                 if not busy:
                     break
             if busy:
@@ -272,6 +311,8 @@ class SQLiteGalleryStore(GalleryStore):
             conn, self._conn = self._conn, None
             if conn is None:
                 return
+            if self._writers_fd >= 0:
+                os.close(self._writers_fd)
             try:
                 conn.close()
             except sqlite3.Error as exc:

@@ -1,8 +1,8 @@
 """Bulk enrolment for ``facegate enrol``, from photos or from templates.
 
 * **photos**: ``DIR/<subject_id>/*.jpg``, or a CSV of ``path,subject_id`` rows. Photos go through the
-  pipeline in full batches; each subject's accepted faces are written in one transaction once its photos are
-  done, so an acknowledged subject survives a crash, and a rerun skips a subject whose stored
+  pipeline in full batches; each batch's subjects are written in one transaction once its photos are done,
+  so an acknowledged subject survives a crash, and a rerun skips a subject whose stored
   ``meta.source_digest`` matches the same files.
 * **templates**: an ``.npz`` from ``facegate embed`` (``paths`` + ``embeddings`` + ``quality``; the subject is
   the photo's folder) or ``ids`` + ``embeddings``, imported in transactions of :data:`IMPORT_CHUNK` subjects.
@@ -27,7 +27,7 @@ from facegate.errors import (
     InvalidParameterError,
     SubjectNotFoundError,
 )
-from facegate.gallery.base import GalleryStore, validate_subject_id
+from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 #: Subjects per transaction of a template import.
 IMPORT_CHUNK = 10_000
+#: Subjects per transaction of an import whose subjects have several rows each.
+ENROL_CHUNK = 1_000
 
 
 @dataclass
@@ -134,6 +136,7 @@ def enrol_photos(
         paths = [p for _, ps, _ in group for p in ps]
         results = faces_of(paths)
         start, n_faces, n_ref = 0, 0, 0
+        items: list[EnrolItem] = []
         for sid, ps, digest in group:
             mine = results[start : start + len(ps)]
             start += len(ps)
@@ -148,12 +151,12 @@ def enrol_photos(
                 continue
             emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
             q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
-            meta = {"source_digest": digest, "source_files": len(ps)}
             # a subject enrolled before from other files gets these faces added (a re-enrolment)
-            store.add_embeddings(gallery, sid, emb, q, meta)  # one transaction: acknowledged from here on
-            report.subjects_enrolled += 1
-            report.faces += len(emb)
+            items.append((sid, emb, q, {"source_digest": digest, "source_files": len(ps)}))
             n_faces += len(emb)
+        store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
+        report.subjects_enrolled += len(items)
+        report.faces += n_faces
         if progress is not None:
             progress(len(paths), n_faces, n_ref)
     return report
@@ -210,16 +213,23 @@ def import_templates(
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
         rows.setdefault(sid, []).append(i)
-    for sid, idx in rows.items():
+    items: list[EnrolItem] = [(sid, emb[idx], q[idx], None) for sid, idx in rows.items()]
+    for s in range(0, len(items), ENROL_CHUNK):
+        chunk = items[s : s + ENROL_CHUNK]
         try:
-            store.add_embeddings(gallery, sid, emb[idx], q[idx])
-            written += 1
-        except FacegateError as exc:
-            if isinstance(exc, GalleryNotFoundError):
-                raise
-            log.warning("template import: subject %r refused: %s", sid, exc.message)
+            written += len(store.enrol_many(gallery, chunk))
+        except GalleryNotFoundError:
+            raise
+        except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
+            for item in chunk:
+                try:
+                    written += len(store.enrol_many(gallery, [item]))
+                except FacegateError as exc:
+                    if isinstance(exc, GalleryNotFoundError):
+                        raise
+                    log.warning("template import: subject %r refused: %s", item[0], exc.message)
         if progress is not None:
-            progress(len(idx))
+            progress(sum(len(x[1]) for x in chunk))
     return written
 
 

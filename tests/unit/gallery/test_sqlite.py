@@ -449,3 +449,43 @@ def test_delete_erases_while_another_connection_reads(db: Path) -> None:
     assert not on_disk("b")
     reader.close()
     store.close()
+
+
+def test_writers_of_several_processes_queue_on_the_writers_lock(tmp_path: Path) -> None:
+    """A write waits for the ``<file>-writers`` lock that another process holds, goes ahead as soon as it is
+    released, and answers GalleryUnavailableError (503) when it is held past the busy timeout."""
+    import fcntl
+    import time
+
+    from facegate.errors import GalleryUnavailableError
+
+    db = tmp_path / "g.sqlite3"
+    rng = np.random.default_rng(5)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, sys, time\nf = open({str(db) + '-writers'!r}, 'a')\n"
+         "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with SQLiteGalleryStore(db, busy_timeout_s=0.3) as store:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            with pytest.raises(GalleryUnavailableError) as err:
+                store.create_gallery("g", "m", 8)
+            assert err.value.detail["sqlite_errorname"] == "SQLITE_BUSY"
+            assert store.list_galleries() == []  # reads do not queue
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (store.create_gallery("g", "m", 8), done.set()))
+            t.start()
+            time.sleep(0.1)
+            assert not done.is_set()
+            holder.stdin.write("\n")  # type: ignore[union-attr]
+            holder.stdin.flush()  # type: ignore[union-attr]
+            t.join(5)
+            assert done.is_set() and store.get_gallery("g").dim == 8
+            store.add_embeddings("g", "a", unit(rng, 1, 8), np.ones(1, np.float32))
+            fd = os.open(str(db) + "-writers", os.O_RDWR)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after every write
+            os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()

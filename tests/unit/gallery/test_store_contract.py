@@ -93,6 +93,34 @@ def test_gallery_size_is_kept_through_every_write(make_store: StoreFactory) -> N
     assert [(g.name, g.subjects) for g in s.list_galleries()] == [("g", 2), ("h", 1)]
 
 
+def test_enrol_many_is_one_transaction_with_a_change_row_per_subject(make_store: StoreFactory) -> None:
+    from facegate.errors import DimensionMismatchError
+    from facegate.gallery.base import quality_weighted_template
+
+    rng = np.random.default_rng(7)
+    s, other = make_store(), make_store()
+    s.create_gallery("g", "m", D)
+    a1, a2, b = unit(rng, 2), unit(rng, 1), unit(rng, 3)
+    s.add_embeddings("g", "a", a1, np.array([0.9, 0.2], np.float32), {"k": 1})
+    seq = s.current_seq()
+    infos = s.enrol_many(
+        "g",
+        [("a", a2, np.array([0.5], np.float32), None), ("b", b, np.full(3, 0.4, np.float32), {"k": 2})],
+    )
+    assert [(i.subject_id, i.n_embeddings, i.meta) for i in infos] == [("a", 3, {"k": 1}), ("b", 3, {"k": 2})]
+    assert [(c.op, c.subject_id) for c in other.changes_since(seq)] == [("enrol", "a"), ("enrol", "b")]
+    want = quality_weighted_template(np.concatenate([a1, a2]), np.array([0.9, 0.2, 0.5], np.float32))
+    np.testing.assert_array_equal(other.get_template("g", "a"), want)  # re-enrolment: old and new faces
+    assert other.get_gallery("g").subjects == 2
+    # one bad item: nothing of the batch is written
+    with pytest.raises(DimensionMismatchError):
+        s.enrol_many(
+            "g", [("c", unit(rng, 1), np.ones(1, np.float32), None), ("d", unit(rng, 1, D + 1), np.ones(1), None)]
+        )
+    assert other.current_seq() == seq + 2 and other.get_gallery("g").subjects == 2
+    assert s.enrol_many("g", []) == []
+
+
 def test_changes_carry_the_current_template(make_store: StoreFactory) -> None:
     rng = np.random.default_rng(1)
     s = make_store()

@@ -32,6 +32,24 @@ def test_template_import_from_ids_and_embeddings(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "Traceback" not in bad.output
 
 
+def test_template_import_of_several_rows_per_subject(tmp_path: Path) -> None:
+    """Rows sharing an id (an ``.npz`` of ``facegate embed``) make one subject; one bad subject is refused
+    alone, the rest of its transaction is written."""
+    from facegate.service.enrol import ENROL_CHUNK, import_templates
+
+    rng = np.random.default_rng(1)
+    n = ENROL_CHUNK + 300
+    ids = [f"p{i // 2}" for i in range(2 * n)] + ["bad id!"]
+    emb = rng.standard_normal((2 * n + 1, 32)).astype(np.float32)
+    with open_store(str(tmp_path / "g.sqlite3")) as store:
+        store.create_gallery("g", "m", 32)
+        seen: list[int] = []
+        assert import_templates(store, "g", ids, emb, progress=seen.append) == n
+        assert sum(seen) == 2 * n + 1 and store.get_gallery("g").subjects == n
+        assert store.get_subject("g", "p7").n_embeddings == 2
+        assert len(store.changes_since(0, limit=10 * n)) == 1 + n  # the gallery, then one row per subject
+
+
 def test_photo_enrolment_resumes_and_reports_refusals(lfw_root: Path, tmp_path: Path) -> None:
     base = lfw_root / "lfw-deepfunneled"
     src = tmp_path / "people"
