@@ -77,6 +77,7 @@ def main() -> None:
         if args.route == "/api/compare"
         else [("image", ("a.jpg", a, "image/jpeg"))]
     )
+    loadavg_before = os.getloadavg()  # the box may be shared: what else ran is part of the figures
     port = free_port()
     data = tempfile.mkdtemp(prefix="facegate-overload-")
     cmd = [sys.executable, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -135,6 +136,7 @@ def main() -> None:
     result = {
         "env": env_record(**{k: str(v) for k, v in vars(args).items()}),
         "command": " ".join(["python", *sys.argv]),
+        "loadavg_before": loadavg_before,
         "loadavg_after": os.getloadavg(),
         **out,
         "server_log_tracebacks": sum("Traceback" in line for line in log_lines),
@@ -148,7 +150,8 @@ def main() -> None:
     keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop")
     print(json.dumps({k: out.get(k) for k in keys}))
     o = out["overload"]
-    keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "other", "non_json", "client_cpu_cores")
+    keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "shed_p99_from_send_s", "other", "non_json")
+    keys += ("client_cpu_cores", "client_max_lag_s")
     print(json.dumps({k: o[k] for k in keys}))
 
 

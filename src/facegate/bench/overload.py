@@ -41,6 +41,7 @@ class Phase:
     client_cpu_s: float = 0.0
     max_lag_s: float = 0.0
     bounds: list[int] = field(default_factory=list)  # the admission bound each 503 overloaded names
+    shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
 
     def add(self, other: Phase) -> None:
         self.sent += other.sent
@@ -49,6 +50,7 @@ class Phase:
         self.other.update(other.other)
         self.non_json += other.non_json
         self.bounds += other.bounds
+        self.shed_from_send += other.shed_from_send
         self.client_cpu_s += other.client_cpu_s
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
@@ -69,6 +71,7 @@ class Phase:
             "ok_max_s": max(self.ok) if self.ok else None,
             "shed_p50_s": _pct(self.shed, 0.50),
             "shed_p99_s": _pct(self.shed, 0.99),
+            "shed_p99_from_send_s": _pct(self.shed_from_send, 0.99),  # without the client's own lag
             "bound_p10_p50_p90": [_pct(self.bounds, q) for q in (0.1, 0.5, 0.9)],
             "client_cpu_s": round(self.client_cpu_s, 2),
             "client_cpu_cores": round(self.client_cpu_s / self.seconds, 3),
@@ -82,7 +85,7 @@ def encode(url: str, path: str, files: list[FilePart]) -> bytes:
     return encode_request("POST", RawClient(url).host_header, path, body=body, content_type=ctype)
 
 
-def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> None:
+def _record(phase: Phase, status: int | str, body: bytes, seconds: float, sent_s: float | None = None) -> None:
     phase.sent += 1
     if isinstance(status, int):
         try:
@@ -97,6 +100,8 @@ def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> Non
         phase.ok.append(seconds)
     elif status == 503:
         phase.shed.append(seconds)
+        if sent_s is not None:
+            phase.shed_from_send.append(sent_s)
     else:
         phase.other[str(status)] += 1
 
@@ -141,6 +146,7 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.due: float | None = None  # the request in progress: its scheduled time
+        self.sent_at = 0.0  # ... and when it was written
         self.answered = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -149,7 +155,7 @@ class _Link(asyncio.Protocol):
 
     def send(self, due: float) -> None:
         assert self.transport is not None
-        self.due = due
+        self.due, self.sent_at = due, time.perf_counter()
         self.transport.write(self.pool.data)
 
     def data_received(self, data: bytes) -> None:
@@ -165,7 +171,7 @@ class _Link(asyncio.Protocol):
         body, self.buf = self.buf[end + 4 : end + 4 + n], self.buf[end + 4 + n :]
         due, self.due = self.due, None
         self.answered += 1
-        self.pool.answered(int(head[9:12]), body, due)
+        self.pool.answered(int(head[9:12]), body, due, self.sent_at)
         if b"\r\nconnection: close" in head:
             assert self.transport is not None
             self.transport.close()
@@ -223,8 +229,9 @@ class _Pool:
             self.open += 1
             asyncio.get_running_loop().create_task(self._connect())
 
-    def answered(self, status: int, body: bytes, due: float) -> None:
-        _record(self.phase, status, body, time.perf_counter() - due)
+    def answered(self, status: int, body: bytes, due: float, sent_at: float) -> None:
+        now = time.perf_counter()
+        _record(self.phase, status, body, now - due, now - sent_at)
         self.busy -= 1
 
     def _done(self, error: str) -> None:
