@@ -334,16 +334,17 @@ async def overload_run(
     """
     data = encode(url, path, files)
     await closed_loop(url, data, concurrency=concurrency, seconds=min(3.0, capacity_s))  # warm-up
-    idle_rss = rss_bytes(pid) if pid else 0  # after the warm-up: the server's working set at rest
+    idle_rss = rss_bytes(process_tree(pid)) if pid else 0  # after the warm-up: the server's working set at rest
     alone = await closed_loop(url, data, concurrency=1, seconds=3.0)
     cap = await closed_loop(url, data, concurrency=concurrency, seconds=capacity_s)
     capacity = len(cap.ok) / max(cap.elapsed_s, cap.seconds)
     peak = [0]
 
+    tree = process_tree(pid) if pid else []  # once: walking all of /proc would stall this (the client's) loop
+
     async def sample() -> None:
-        while pid:
-            with contextlib.suppress(OSError):
-                peak[0] = max(peak[0], rss_bytes(pid))
+        while tree:
+            peak[0] = max(peak[0], rss_bytes(tree))
             await asyncio.sleep(0.2)
 
     sampler = asyncio.create_task(sample())
@@ -362,6 +363,8 @@ async def overload_run(
     if stop is not None:
         await asyncio.to_thread(timer.join)
     sampler.cancel()
+    # the box may be shared: capacity once more after the overload shows how much it drifted meanwhile
+    after = await closed_loop(url, data, concurrency=concurrency, seconds=min(10.0, capacity_s)) if stop is None else None
     o = over.to_dict()
     return {
         "capacity": cap.to_dict(),
@@ -371,6 +374,7 @@ async def overload_run(
         "capacity_per_s": round(capacity, 2),
         "offered_per_s": round(factor * capacity, 2),
         "goodput_ratio": round(o["ok_per_s"] / capacity, 3) if capacity else None,
+        "capacity_after_per_s": round(len(after.ok) / max(after.elapsed_s, after.seconds), 2) if after else None,
         "idle_rss_mib": round(idle_rss / 2**20, 1) if idle_rss else None,
         "peak_rss_mib": round(peak[0] / 2**20, 1) if peak[0] else None,
         "rss_growth": round(peak[0] / idle_rss - 1, 3) if idle_rss and peak[0] else None,
@@ -380,20 +384,28 @@ async def overload_run(
     }
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` and all its descendants, summed (Linux)."""
+def process_tree(pid: int) -> list[int]:
+    """Process ``pid`` and all its descendants (Linux)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
+    tree, todo = [], [pid]
     while todo:
-        p = todo.pop()
+        tree.append(p := todo.pop())
         todo += children.get(p, [])
+    return tree
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident set size of the processes ``pids``, summed (Linux; those gone count 0)."""
+    total = 0
+    for p in pids:
         with contextlib.suppress(OSError), open(f"/proc/{p}/status") as f:
             total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
     return total
 
 
-__all__ = ["Phase", "closed_loop", "encode", "open_loop", "open_loop_procs", "overload_run", "rss_bytes"]
+__all__ = ["Phase", "closed_loop", "encode", "open_loop", "open_loop_procs", "overload_run", "process_tree"]
+__all__ += ["rss_bytes"]
