@@ -364,7 +364,7 @@ async def overload_run(
         await asyncio.to_thread(timer.join)
     sampler.cancel()
     # the box may be shared: capacity once more after the overload shows how much it drifted meanwhile
-    after = await closed_loop(url, data, concurrency=concurrency, seconds=min(10.0, capacity_s)) if stop is None else None
+    after = None if stop else await closed_loop(url, data, concurrency=concurrency, seconds=min(10.0, capacity_s))
     o = over.to_dict()
     return {
         "capacity": cap.to_dict(),
