@@ -260,7 +260,6 @@ class Admission:
     def __init__(self, settings: Settings, respond: Callable[[Exception], Any]) -> None:
         self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
         self.admitted = 0
-        self.shed_total = 0
         self.respond = respond  # FacegateError → Response (facegate.api.errors)
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
 
@@ -271,7 +270,6 @@ class Admission:
         if self.admitted < limit:
             return None
         self.bound.shed(now)
-        self.shed_total += 1
         answer = self._answers.get(limit)
         if answer is None:
             from facegate.api.security import CSP, SecurityHeadersMiddleware
