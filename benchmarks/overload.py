@@ -4,7 +4,8 @@ process (real default models).
 Phases (``facegate.bench.overload.overload_run``): warm-up; one request at a time; capacity in a closed
 loop of ``--concurrency`` clients; then ``--factor`` × capacity in an open loop (``--procs`` client
 processes, pre-encoded requests over raw sockets) for ``--seconds``, with the RSS of the server's process
-tree sampled and, when the arrivals stop, the time until a new request is answered. ``--sigterm-after S``
+tree sampled and, when the arrivals stop, the time until a new request is answered; then capacity once more (the
+box may be shared: ``goodput_ratio_bracketed`` divides by the mean of both capacities). ``--sigterm-after S``
 sends SIGTERM S seconds into the overload instead, and records the server's exit status and time.
 The JSON records the client's CPU per phase: compare ``overload.sent_per_s`` with ``offered_per_s``.
 
@@ -155,7 +156,7 @@ def main() -> None:
         print(json.dumps([{k: p[k] for k in keys} for p in out["points"]]))
         return
     keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "capacity_after_per_s", "rss_growth", "recovery_s")
-    keys += ("stop",)
+    keys += ("goodput_ratio_bracketed", "stop")
     print(json.dumps({k: out.get(k) for k in keys}))
     o = out["overload"]
     keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "shed_p99_from_send_s", "other", "non_json")

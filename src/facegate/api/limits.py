@@ -27,6 +27,7 @@ from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from facegate.api.drain import DRAIN
 from facegate.api.forms import replay_body
 from facegate.config import Limits, Settings
 from facegate.errors import (
@@ -303,7 +304,7 @@ class ShedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)
         idle = self.cycle is None or self.cycle.response_complete  # not behind a pipelined request
-        if admission is None or not idle or not self.url.startswith(b"/api/"):
+        if admission is None or not idle or DRAIN.active or not self.url.startswith(b"/api/"):  # drain: close
             return super().on_headers_complete()
         t0 = time.perf_counter()
         answer = admission.refuse(time.monotonic())

@@ -364,7 +364,8 @@ async def overload_run(
         await asyncio.to_thread(timer.join)
     sampler.cancel()
     # the box may be shared: capacity once more after the overload shows how much it drifted meanwhile
-    after = None if stop else await closed_loop(url, data, concurrency=concurrency, seconds=min(10.0, capacity_s))
+    after = None if stop else await closed_loop(url, data, concurrency=concurrency, seconds=capacity_s)
+    capacity_after = len(after.ok) / max(after.elapsed_s, after.seconds) if after else None
     o = over.to_dict()
     return {
         "capacity": cap.to_dict(),
@@ -374,7 +375,9 @@ async def overload_run(
         "capacity_per_s": round(capacity, 2),
         "offered_per_s": round(factor * capacity, 2),
         "goodput_ratio": round(o["ok_per_s"] / capacity, 3) if capacity else None,
-        "capacity_after_per_s": round(len(after.ok) / max(after.elapsed_s, after.seconds), 2) if after else None,
+        "capacity_after_per_s": round(capacity_after, 2) if capacity_after else None,
+        # against the mean of the capacity before and after: what a drifting box gave meanwhile
+        "goodput_ratio_bracketed": round(2 * o["ok_per_s"] / (capacity + capacity_after), 3) if after else None,
         "idle_rss_mib": round(idle_rss / 2**20, 1) if idle_rss else None,
         "peak_rss_mib": round(peak[0] / 2**20, 1) if peak[0] else None,
         "rss_growth": round(peak[0] / idle_rss - 1, 3) if idle_rss and peak[0] else None,
