@@ -4,7 +4,8 @@ process (real default models).
 Phases (``facegate.bench.overload.overload_run``): warm-up; one request at a time; capacity in a closed
 loop of ``--concurrency`` clients; then ``--factor`` × capacity in an open loop (``--procs`` client
 processes, pre-encoded requests over raw sockets) for ``--seconds``, with the RSS of the server's process
-tree sampled and, when the arrivals stop, the time until a new request is answered. ``--sigterm-after S``
+tree sampled and, when the arrivals stop, the time until a new request is answered; then capacity once more (the
+box may be shared: ``goodput_ratio_bracketed`` divides by the mean of both capacities). ``--sigterm-after S``
 sends SIGTERM S seconds into the overload instead, and records the server's exit status and time.
 The JSON records the client's CPU per phase: compare ``overload.sent_per_s`` with ``offered_per_s``.
 
@@ -77,6 +78,7 @@ def main() -> None:
         if args.route == "/api/compare"
         else [("image", ("a.jpg", a, "image/jpeg"))]
     )
+    loadavg_before = os.getloadavg()  # the box may be shared: what else ran is part of the figures
     port = free_port()
     data = tempfile.mkdtemp(prefix="facegate-overload-")
     cmd = [sys.executable, "-m", "facegate", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -106,24 +108,31 @@ def main() -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        out = (
-            asyncio.run(closed_points(url, args, files))
-            if args.closed
-            else asyncio.run(
-                overload_run(
-                    url,
-                    args.route,
-                    files,
-                    pid=proc.pid,
-                    concurrency=args.concurrency,
-                    capacity_s=args.capacity_seconds,
-                    overload_s=args.seconds,
-                    factor=args.factor,
-                    procs=args.procs,
-                    stop=(args.sigterm_after, sigterm) if args.sigterm_after is not None else None,
+        try:  # the client shares the box with the server: uvloop's callbacks cost it less
+            import uvloop
+
+            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        except ImportError:
+            runner = asyncio.Runner()
+        with runner:
+            out = (
+                runner.run(closed_points(url, args, files))
+                if args.closed
+                else runner.run(
+                    overload_run(
+                        url,
+                        args.route,
+                        files,
+                        pid=proc.pid,
+                        concurrency=args.concurrency,
+                        capacity_s=args.capacity_seconds,
+                        overload_s=args.seconds,
+                        factor=args.factor,
+                        procs=args.procs,
+                        stop=(args.sigterm_after, sigterm) if args.sigterm_after is not None else None,
+                    )
                 )
             )
-        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -135,6 +144,7 @@ def main() -> None:
     result = {
         "env": env_record(**{k: str(v) for k, v in vars(args).items()}),
         "command": " ".join(["python", *sys.argv]),
+        "loadavg_before": loadavg_before,
         "loadavg_after": os.getloadavg(),
         **out,
         "server_log_tracebacks": sum("Traceback" in line for line in log_lines),
@@ -145,10 +155,12 @@ def main() -> None:
         keys = ("concurrency", "ok_per_s", "shed_503", "ok_p99_s", "bound_p10_p50_p90")
         print(json.dumps([{k: p[k] for k in keys} for p in out["points"]]))
         return
-    keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop")
+    keys = ("capacity_per_s", "offered_per_s", "goodput_ratio", "capacity_after_per_s", "rss_growth", "recovery_s")
+    keys += ("goodput_ratio_bracketed", "stop")
     print(json.dumps({k: out.get(k) for k in keys}))
     o = out["overload"]
-    keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "other", "non_json", "client_cpu_cores")
+    keys = ("sent_per_s", "ok_p99_s", "shed_p99_s", "shed_p99_from_send_s", "other", "non_json")
+    keys += ("client_cpu_cores", "client_max_lag_s")
     print(json.dumps({k: o[k] for k in keys}))
 
 

@@ -156,17 +156,18 @@ def test_client_disconnect_cancels_queued_work(server_factory, lfw_root: Path, f
 
 
 def test_uvicorn_takes_the_c_http_parser_and_event_loop() -> None:
-    """The one uvicorn configuration leaves uvicorn 'auto', which picks httptools and uvloop (dependencies)."""
-    import httptools  # noqa: F401  - a dependency: uvicorn's 'auto' takes it
+    """The one uvicorn configuration takes httptools (facegate's shedding subclass of uvicorn's protocol) and leaves
+    the loop 'auto', which picks uvloop (dependencies)."""
     import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from facegate.api.app import create_app, uvicorn_config
     from facegate.config import Settings
 
     app = create_app(Settings(device="cpu"))
     auto = uvicorn_config(app, Settings(device="cpu"))
-    assert (auto.http, auto.loop) == ("auto", "auto")
+    assert auto.loop == "auto" and issubclass(auto.http, HttpToolsProtocol)
     assert (auto.host, auto.port, auto.lifespan, auto.access_log) == ("127.0.0.1", 7860, "on", False)
     auto.load()  # resolves 'auto' to the implementations it found
-    assert auto.http_protocol_class.__name__ == "HttpToolsProtocol", auto.http_protocol_class
+    assert issubclass(auto.http_protocol_class, HttpToolsProtocol), auto.http_protocol_class
     assert uvicorn.__version__

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from facegate.api.drain import DRAIN, DrainMiddleware, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
-from facegate.api.limits import TEMPLATES_ROUTE, import_max_bytes
+from facegate.api.limits import STATS_KEY, TEMPLATES_ROUTE, ShedProtocol, import_max_bytes
 from facegate.api.routes import install_routes
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
@@ -215,6 +215,8 @@ class ServingMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and "state" in scope:
+                scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
@@ -315,8 +317,11 @@ class ServingMiddleware:
     def _record(self, scope: Scope, status: int, seconds: float) -> None:
         route = scope.get("route")
         template = getattr(route, "path", None) or "unmatched"
+        self._record_route(f"{scope['method']} {template}", status, seconds)
+
+    def _record_route(self, route: str, status: int, seconds: float) -> None:
         try:
-            self.state.stats.record_request(f"{scope['method']} {template}", status, seconds)
+            self.state.stats.record_request(route, status, seconds)
         except Exception:  # metrics must never fail a request
             log.exception("recording request metrics failed")
 
@@ -385,6 +390,7 @@ def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any)
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
+        "http": ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
         "timeout_graceful_shutdown": uvicorn_timeout_s(
             settings.drain_s if settings is not None else Settings.model_fields["drain_s"].default
         ),

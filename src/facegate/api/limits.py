@@ -4,7 +4,8 @@
 - :class:`PixelBudget`: a request's images are measured from their headers before decoding (413 past
   ``limits.request_pixels``), then hold that many of the process's ``limits.decode_pixels_in_flight``.
 - :class:`AdmissionMiddleware`: the admission bound (:class:`AdmissionLimit`) checked before the body is read
-  (excess gets 503 ``overloaded`` with ``Retry-After``), and one deadline per request from its arrival
+  (excess gets 503 ``overloaded`` with ``Retry-After``; :class:`ShedProtocol` refuses most of it earlier, in
+  uvicorn's HTTP protocol, before any task or ASGI call), and one deadline per request from its arrival
   (``limits.request_timeout_s``) over upload, decoding, engine and gallery; past it the task is cancelled
   (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``.
 """
@@ -18,12 +19,15 @@ import logging
 import math
 import re
 import time
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from facegate.api.drain import DRAIN
 from facegate.api.forms import replay_body
 from facegate.config import Limits, Settings
 from facegate.errors import (
@@ -203,9 +207,9 @@ def _is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most :data:`FLOOR`
-    (requests in service: a batch or two) plus what it finishes in :data:`QUEUE_S` (Little's law: waiting =
-    rate × wait), so that a new request is answered within about a second once an overload stops.
+    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
+    :data:`QUEUE_S` (Little's law: in progress = rate × time), at least :data:`FLOOR`, so that a new request
+    is answered within about a second once an overload stops.
 
     The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
     went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
@@ -216,7 +220,7 @@ class AdmissionLimit:
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
-    FLOOR = 8
+    FLOOR = 4
     _SLOTS = 8
 
     def __init__(self, max_admitted: int, deadline_s: float) -> None:
@@ -256,7 +260,79 @@ class AdmissionLimit:
             return self.max_admitted  # nothing measured yet
         if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
-        return min(self.max_admitted, self.FLOOR + math.ceil(rate * self.target_s))
+        return min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
+
+
+#: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
+STATE_KEY = "facegate.admission"
+#: ... and ``record(route, status, seconds)`` of the app's request metrics (which never raises) under this one.
+STATS_KEY = "facegate.record_request"
+
+
+class Admission:
+    """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, each built once per
+    bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes."""
+
+    def __init__(self, settings: Settings, respond: Callable[[Exception], Any]) -> None:
+        self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
+        self.admitted = 0
+        self.respond = respond  # FacegateError → Response (facegate.api.errors)
+        self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
+
+    def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
+        """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body
+        (for ASGI) and the whole response as bytes (for :class:`ShedProtocol`)."""
+        limit = self.bound.limit(now)
+        if self.admitted < limit:
+            return None
+        self.bound.shed(now)
+        answer = self._answers.get(limit)
+        if answer is None:
+            from facegate.api.security import CSP, SecurityHeadersMiddleware
+
+            exc = OverloadedError(
+                f"the server is at its limit of {limit} requests in progress; retry later",
+                retry_after_s=RETRY_AFTER_S,
+                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
+            )
+            r = self.respond(exc)
+            raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
+            raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
+            raw += [k + b": " + v for k, v in SecurityHeadersMiddleware(None).fixed]  # type: ignore[arg-type]
+            answer = (r.status_code, r.raw_headers, r.body, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
+            if len(self._answers) > 256:
+                self._answers.clear()
+            self._answers[limit] = answer
+        return answer
+
+
+#: Stands in for uvicorn's request cycle after :class:`ShedProtocol` refused a request: the rest of its body
+#: is parsed and dropped (httptools, in C), and the connection stays open for the next request.
+_REFUSED = types.SimpleNamespace(response_complete=True, message_event=types.SimpleNamespace(set=lambda: None))
+
+
+class ShedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as
+    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line. The
+    refusals are counted in ``facegate_requests_total`` as ``POST unmatched``/503, as before."""
+
+    def on_headers_complete(self) -> None:
+        admission: Admission | None = self.app_state.get(STATE_KEY)
+        idle = self.cycle is None or self.cycle.response_complete  # not behind a pipelined request
+        if admission is None or not idle or DRAIN.active or not self.url.startswith(b"/api/"):  # drain: close
+            return super().on_headers_complete()
+        t0 = time.perf_counter()
+        answer = admission.refuse(time.monotonic())
+        if answer is None:
+            return super().on_headers_complete()
+        self.cycle = _REFUSED  # type: ignore[assignment]
+        self.transport.write(answer[3])
+        if not self.parser.should_keep_alive():
+            self.transport.close()
+        self.on_response_complete()
+        record = self.app_state.get(STATS_KEY)
+        if record is not None:
+            record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
 
 
 class AdmissionMiddleware:
@@ -266,26 +342,28 @@ class AdmissionMiddleware:
         self.app = app
         self.settings = settings
         self.deadline_s = settings.limits.request_timeout_s
-        self.bound = AdmissionLimit(settings.limits.max_admitted, self.deadline_s)
+        self.admission = Admission(settings, respond)
+        self.bound = self.admission.bound
         self.import_max = import_max_bytes(settings)
-        self.admitted = 0
-        self.respond = respond  # FacegateError → Response (facegate.api.errors)
-        self._shed_answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
+        self.respond = respond
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and "state" in scope:
+            scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
         now = time.monotonic()
-        limit = self.bound.limit(now)
-        if self.admitted >= limit:
-            self.bound.shed(now)
-            await self._shed(limit, send)
+        adm = self.admission
+        refused = adm.refuse(now)
+        if refused is not None:
+            await send({"type": "http.response.start", "status": refused[0], "headers": refused[1]})
+            await send({"type": "http.response.body", "body": refused[2]})
             return
-        if self.admitted == 0:
+        if adm.admitted == 0:
             self.bound.busy(now)
-        self.admitted += 1
+        adm.admitted += 1
         started = False
         status = 0
 
@@ -313,25 +391,9 @@ class AdmissionMiddleware:
                 )
                 await self.respond(exc2)(scope, receive, send)
         finally:
-            self.admitted -= 1
+            adm.admitted -= 1
             if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
                 self.bound.finished(time.monotonic())
-
-    async def _shed(self, limit: int, send: Send) -> None:
-        """503 ``overloaded``, built once per bound: a flood of them must cost the process next to nothing."""
-        if limit not in self._shed_answers:
-            exc = OverloadedError(
-                f"the server is at its limit of {limit} requests in progress; retry later",
-                retry_after_s=RETRY_AFTER_S,
-                detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
-            )
-            r = self.respond(exc)
-            if len(self._shed_answers) > 256:
-                self._shed_answers.clear()
-            self._shed_answers[limit] = (r.status_code, r.raw_headers, r.body)
-        status, headers, body = self._shed_answers[limit]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
 
     async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
@@ -358,4 +420,12 @@ class AdmissionMiddleware:
         return body
 
 
-__all__ = ["AdmissionMiddleware", "PixelBudget", "header_pixels", "import_max_bytes", "loads_limited"]
+__all__ = [
+    "Admission",
+    "AdmissionMiddleware",
+    "PixelBudget",
+    "ShedProtocol",
+    "header_pixels",
+    "import_max_bytes",
+    "loads_limited",
+]

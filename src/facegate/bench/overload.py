@@ -41,6 +41,7 @@ class Phase:
     client_cpu_s: float = 0.0
     max_lag_s: float = 0.0
     bounds: list[int] = field(default_factory=list)  # the admission bound each 503 overloaded names
+    shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
 
     def add(self, other: Phase) -> None:
         self.sent += other.sent
@@ -49,6 +50,7 @@ class Phase:
         self.other.update(other.other)
         self.non_json += other.non_json
         self.bounds += other.bounds
+        self.shed_from_send += other.shed_from_send
         self.client_cpu_s += other.client_cpu_s
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
@@ -69,6 +71,7 @@ class Phase:
             "ok_max_s": max(self.ok) if self.ok else None,
             "shed_p50_s": _pct(self.shed, 0.50),
             "shed_p99_s": _pct(self.shed, 0.99),
+            "shed_p99_from_send_s": _pct(self.shed_from_send, 0.99),  # without the client's own lag
             "bound_p10_p50_p90": [_pct(self.bounds, q) for q in (0.1, 0.5, 0.9)],
             "client_cpu_s": round(self.client_cpu_s, 2),
             "client_cpu_cores": round(self.client_cpu_s / self.seconds, 3),
@@ -82,7 +85,7 @@ def encode(url: str, path: str, files: list[FilePart]) -> bytes:
     return encode_request("POST", RawClient(url).host_header, path, body=body, content_type=ctype)
 
 
-def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> None:
+def _record(phase: Phase, status: int | str, body: bytes, seconds: float, sent_s: float | None = None) -> None:
     phase.sent += 1
     if isinstance(status, int):
         try:
@@ -97,6 +100,8 @@ def _record(phase: Phase, status: int | str, body: bytes, seconds: float) -> Non
         phase.ok.append(seconds)
     elif status == 503:
         phase.shed.append(seconds)
+        if sent_s is not None:
+            phase.shed_from_send.append(sent_s)
     else:
         phase.other[str(status)] += 1
 
@@ -141,6 +146,7 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.due: float | None = None  # the request in progress: its scheduled time
+        self.sent_at = 0.0  # ... and when it was written
         self.answered = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -149,7 +155,7 @@ class _Link(asyncio.Protocol):
 
     def send(self, due: float) -> None:
         assert self.transport is not None
-        self.due = due
+        self.due, self.sent_at = due, time.perf_counter()
         self.transport.write(self.pool.data)
 
     def data_received(self, data: bytes) -> None:
@@ -165,7 +171,7 @@ class _Link(asyncio.Protocol):
         body, self.buf = self.buf[end + 4 : end + 4 + n], self.buf[end + 4 + n :]
         due, self.due = self.due, None
         self.answered += 1
-        self.pool.answered(int(head[9:12]), body, due)
+        self.pool.answered(int(head[9:12]), body, due, self.sent_at)
         if b"\r\nconnection: close" in head:
             assert self.transport is not None
             self.transport.close()
@@ -223,8 +229,9 @@ class _Pool:
             self.open += 1
             asyncio.get_running_loop().create_task(self._connect())
 
-    def answered(self, status: int, body: bytes, due: float) -> None:
-        _record(self.phase, status, body, time.perf_counter() - due)
+    def answered(self, status: int, body: bytes, due: float, sent_at: float) -> None:
+        now = time.perf_counter()
+        _record(self.phase, status, body, now - due, now - sent_at)
         self.busy -= 1
 
     def _done(self, error: str) -> None:
@@ -327,16 +334,17 @@ async def overload_run(
     """
     data = encode(url, path, files)
     await closed_loop(url, data, concurrency=concurrency, seconds=min(3.0, capacity_s))  # warm-up
-    idle_rss = rss_bytes(pid) if pid else 0  # after the warm-up: the server's working set at rest
+    idle_rss = rss_bytes(process_tree(pid)) if pid else 0  # after the warm-up: the server's working set at rest
     alone = await closed_loop(url, data, concurrency=1, seconds=3.0)
     cap = await closed_loop(url, data, concurrency=concurrency, seconds=capacity_s)
     capacity = len(cap.ok) / max(cap.elapsed_s, cap.seconds)
     peak = [0]
 
+    tree = process_tree(pid) if pid else []  # once: walking all of /proc would stall this (the client's) loop
+
     async def sample() -> None:
-        while pid:
-            with contextlib.suppress(OSError):
-                peak[0] = max(peak[0], rss_bytes(pid))
+        while tree:
+            peak[0] = max(peak[0], rss_bytes(tree))
             await asyncio.sleep(0.2)
 
     sampler = asyncio.create_task(sample())
@@ -355,6 +363,9 @@ async def overload_run(
     if stop is not None:
         await asyncio.to_thread(timer.join)
     sampler.cancel()
+    # the box may be shared: capacity once more after the overload shows how much it drifted meanwhile
+    after = None if stop else await closed_loop(url, data, concurrency=concurrency, seconds=capacity_s)
+    capacity_after = len(after.ok) / max(after.elapsed_s, after.seconds) if after else None
     o = over.to_dict()
     return {
         "capacity": cap.to_dict(),
@@ -364,6 +375,9 @@ async def overload_run(
         "capacity_per_s": round(capacity, 2),
         "offered_per_s": round(factor * capacity, 2),
         "goodput_ratio": round(o["ok_per_s"] / capacity, 3) if capacity else None,
+        "capacity_after_per_s": round(capacity_after, 2) if capacity_after else None,
+        # against the mean of the capacity before and after: what a drifting box gave meanwhile
+        "goodput_ratio_bracketed": round(2 * o["ok_per_s"] / (capacity + capacity_after), 3) if after else None,
         "idle_rss_mib": round(idle_rss / 2**20, 1) if idle_rss else None,
         "peak_rss_mib": round(peak[0] / 2**20, 1) if peak[0] else None,
         "rss_growth": round(peak[0] / idle_rss - 1, 3) if idle_rss and peak[0] else None,
@@ -373,20 +387,28 @@ async def overload_run(
     }
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` and all its descendants, summed (Linux)."""
+def process_tree(pid: int) -> list[int]:
+    """Process ``pid`` and all its descendants (Linux)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
+    tree, todo = [], [pid]
     while todo:
-        p = todo.pop()
+        tree.append(p := todo.pop())
         todo += children.get(p, [])
+    return tree
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident set size of the processes ``pids``, summed (Linux; those gone count 0)."""
+    total = 0
+    for p in pids:
         with contextlib.suppress(OSError), open(f"/proc/{p}/status") as f:
             total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
     return total
 
 
-__all__ = ["Phase", "closed_loop", "encode", "open_loop", "open_loop_procs", "overload_run", "rss_bytes"]
+__all__ = ["Phase", "closed_loop", "encode", "open_loop", "open_loop_procs", "overload_run", "process_tree"]
+__all__ += ["rss_bytes"]

@@ -27,7 +27,7 @@ def test_admission_limit_follows_the_completion_rate() -> None:
     bound.busy(t - 10)
     for i in range(40):  # 10 requests/s over the window before t
         bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1)
-    assert bound.limit(t) == FLOOR + 5  # 35 completions in the 3.5 s of completed slots: 10/s × 0.5 s
+    assert bound.limit(t) == 5  # 35 completions in the 3.5 s of completed slots: 10/s × 0.5 s
 
 
 def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
@@ -38,7 +38,7 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     for i in range(400):  # 100/s
         bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.01)
     before = bound.limit(t)
-    assert before == FLOOR + 50  # 350 completions in the 3.5 s of completed slots: 100/s × 0.5 s
+    assert before == 50  # 350 completions in the 3.5 s of completed slots: 100/s × 0.5 s
     later = t + 3600
     bound.busy(later)  # the burst's first request
     bound.shed(later)
@@ -47,10 +47,10 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     bound.finished(later + 0.6)
     assert bound.limit(later + 1.0) == before
     # after half a window busy and shedding, the window's rate bounds it; it never falls below FLOOR
-    for i in range(8):
-        bound.finished(later + 1.0 + i * 0.25)
+    for i in range(48):
+        bound.finished(later + 1.0 + i * 0.04)
     bound.shed(later + 3.0)
-    assert bound.limit(later + 3.0) == FLOOR + math.ceil(9 / 3.0 * 0.5)  # 9 completions in 6 slots
+    assert bound.limit(later + 3.0) == math.ceil(49 / 3.0 * 0.5)  # 49 completions in 6 slots
     bound.shed(later + 8.0)
     assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
 

@@ -1,0 +1,90 @@
+"""Shedding in uvicorn's HTTP protocol (facegate.api.limits.ShedProtocol) against a real server on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import uvicorn
+
+from facegate.api.app import create_app
+from facegate.api.limits import ShedProtocol
+
+
+def _hold_the_only_slot(host: str, port: int) -> socket.socket:
+    """An upload whose body never comes: it holds the one admission slot until its deadline."""
+    hold = socket.create_connection((host, port))
+    hold.sendall(
+        f"POST /api/detect HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        "Content-Length: 100000\r\n\r\n--b\r\n".encode()
+    )
+    time.sleep(0.3)
+    return hold
+
+
+def _read_response(f: object) -> tuple[int, dict[str, str], bytes]:
+    status = int(f.readline().split()[1])  # type: ignore[attr-defined]
+    headers = {}
+    while (line := f.readline().decode()) != "\r\n":  # type: ignore[attr-defined]
+        k, v = line.split(":", 1)
+        headers[k.strip().lower()] = v.strip()
+    return status, headers, f.read(int(headers["content-length"]))  # type: ignore[attr-defined]
+
+
+def test_refusals_are_json_keep_the_connection_and_are_counted(server_factory, fg: SimpleNamespace) -> None:
+    srv = server_factory(limits={"max_admitted": 1}, request_timeout_s=3.0)
+    host, port = srv.settings.host, srv.settings.port
+    body = b"--b\r\n" + b"x" * 200_000 + b"\r\n--b--\r\n"
+    request = (
+        f"POST /api/detect HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with _hold_the_only_slot(host, port), socket.create_connection((host, port)) as conn:
+        conn.settimeout(10)
+        f = conn.makefile("rb")
+        for _ in range(3):  # one connection: each refused body is read and dropped, the next request follows
+            conn.sendall(request)
+            status, headers, answer = _read_response(f)
+            assert status == 503 and json.loads(answer)["error"]["code"] == "overloaded"
+            assert headers["retry-after"] == "1" and headers["content-type"].startswith("application/json")
+            assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+            assert "content-security-policy" in headers and headers.get("connection") != "close"
+            assert "server" not in headers  # answered in the protocol: uvicorn adds its headers to ASGI answers
+        conn.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        assert _read_response(f)[0] == 200
+    with srv.client() as c:
+        text = c.get("/metrics").text
+    counted = [line for line in text.splitlines() if line.startswith("facegate_requests_total{")]
+    shed = [line for line in counted if 'route="POST unmatched"' in line and 'status="503"' in line]
+    assert shed and float(shed[0].rsplit(" ", 1)[1]) >= 3, counted
+
+
+def test_without_the_protocol_the_middleware_sheds_the_same_answer(tmp_path, fg: SimpleNamespace) -> None:
+    """A plain uvicorn configuration (as in an embedding app) still sheds, with the same JSON body."""
+    settings = fg.make_settings(tmp_path / "data", limits={"max_admitted": 1}, request_timeout_s=3.0)
+    app = create_app(settings, fg.tiny_service(settings))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://{settings.host}:{settings.port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert config.http_protocol_class is not ShedProtocol
+        with _hold_the_only_slot(settings.host, settings.port):
+            r = httpx.post(url + "/api/detect", files=fg.files(image=b"x" * 50_000), timeout=10)
+        err = fg.assert_error(r, 503, "overloaded")
+        assert r.headers["retry-after"] == "1" and err["detail"]["limit"] == 1 and "server" in r.headers
+    finally:
+        server.should_exit = True
+        thread.join(30)
