@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_serve(
+    data: Path, workers: int, device: str = "cpu", log_file: Any = None, timeout_s: float = 300
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``facegate serve --workers N --device D`` on a free loopback port and ``data`` as its data folder, in its
+    own process group; returns the process and its URL once ``/readyz`` answers 200."""
+    import httpx
+
+    port = free_port()
+    argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
+    argv += ["--port", str(port), "--data-dir", str(data)]
+    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING"}
+    if device == "cpu":  # the client shares the cores
+        env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.STDOUT if log_file is not None else None
+    proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=out, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} during start-up")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server was not ready within {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def env_record(**config: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record, free_port, write_json
+from common import env_record, start_serve, write_json
 from facegate.gallery import open_store
 
 log = logging.getLogger("gallery_visibility")
@@ -42,26 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start(data: Path, workers: int, device: str = "cpu") -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
-    argv += ["--port", str(port), "--data-dir", str(data)]
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING"}
-    if device == "cpu":  # the client shares the cores
-        env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} during start-up")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server was not ready within 600 s")
-        time.sleep(0.5)
+    return start_serve(data, workers, device, timeout_s=600)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
-from common import env_record, free_port, write_json
+from common import env_record, start_serve, write_json
 
 log = logging.getLogger("kill9_soak")
 
@@ -47,24 +47,7 @@ def named_shm() -> set[str]:
 
 
 def start(data: Path, workers: int, device: str, log_file: Any) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
-    argv += ["--port", str(port), "--data-dir", str(data)]
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} during start-up")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server was not ready within 300 s")
-        time.sleep(0.2)
+    return start_serve(data, workers, device, log_file)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
