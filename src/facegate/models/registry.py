@@ -101,7 +101,7 @@ SFACE_NORM_CALIBRATION: dict[str, Any] = {
     "a": 11.065343856811523,
     "b": -23.457063674926758,
     "fitted": True,
-    "note": "feature norm, fitted by `python -m facegate.eval.quality ... --match-threshold 0.3582`",
+    "note": "feature norm, fitted on LFW training folds (clean + degraded) at the match threshold 0.3582",
 }
 
 SFACE = register(
@@ -124,9 +124,9 @@ SFACE = register(
                 "their 8,101 genuine pairs; FMR 1e-4 would be 0.4147), CPU fp32, from "
                 "`facegate eval lfw --root $FACEGATE_LFW_ROOT` (field calibration_all_pairs). "
                 "quality: q* = 0.5 on the fitted feature-norm calibration (P(genuine comparison passes the match "
-                "threshold)); on held-out LFW folds, clean + degraded, it cuts FNMR at 0.3582 from 23.2 % to 6.8 % "
-                "while discarding 20.0 % of genuine pairs and refusing 0.18 % of clean faces "
-                "(`facegate eval quality`, docs/quality.md)"
+                "threshold)); with the reasons it refuses 0.27 % of clean faces on P1 over all LFW pairs.txt photos, "
+                "where the held-out rule (at most 0.45 % of clean faces) picks 0.63 "
+                "(`benchmarks/quality_p1.py`, docs/quality.md)"
             ),
         ),
     )
