@@ -28,8 +28,6 @@ def start_serve(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``facegate serve --workers N --device D`` on a free loopback port and ``data`` as its data folder, in its
     own process group; returns the process and its URL once ``/readyz`` answers 200."""
-    import httpx
-
     port = free_port()
     argv = [sys.executable, "-m", "facegate", "serve", "--workers", str(workers), "--device", device]
     argv += ["--port", str(port), "--data-dir", str(data)]
@@ -39,13 +37,21 @@ def start_serve(
     out = subprocess.STDOUT if log_file is not None else None
     proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=out, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc, timeout_s)
+    return proc, url
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 300) -> None:
+    """Poll ``url/readyz`` until it answers 200; RuntimeError if ``proc`` exits first or ``timeout_s`` passes."""
+    import httpx
+
     deadline = time.monotonic() + timeout_s
     while True:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode} during start-up")
         try:
             if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record, free_port, write_json
+from common import env_record, free_port, wait_ready, write_json
 from facegate.bench.fuzz import FuzzReport, fuzz_api, fuzz_decoders
 from facegate.config import Settings
 
@@ -56,14 +56,7 @@ def main() -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    wait_ready(url)
     schema = httpx.get(url + "/openapi.json").json()
     httpx.post(url + "/api/galleries", json={"name": "fuzz"})
 

@@ -29,10 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record, free_port, write_json
+from common import env_record, free_port, wait_ready, write_json
 from facegate.bench.overload import closed_loop, encode, overload_run
 
 
@@ -98,16 +96,10 @@ def main() -> None:
         return {"exit_status": rc, "exit_s": round(time.monotonic() - t0, 2)}
 
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        try:
+            wait_ready(url, proc, 600)
+        except RuntimeError as exc:
+            raise SystemExit(f"{exc}: {log_path.read_text()[-2000:]}") from exc
         try:  # the client shares the box with the server: uvloop's callbacks cost it less
             import uvloop
 
