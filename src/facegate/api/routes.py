@@ -520,22 +520,24 @@ async def search(
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state = _state(request)
     service, gallery = state.require_ready()
-    info = await _gallery_for_service(state, name)
     if fpir is not None:
         gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
-    found = None
+    found = data = None
     if service.photo_on_device:
         data = await read_upload(image, state.settings.limits.max_upload_bytes)
-        if data[:3] == b"\xff\xd8\xff":  # a JPEG: photo -> face -> embedding -> search in one engine trip
-            faces, found = await service.photo_search(data, name, k)
-            face = faces[0]
+    if data is not None and data[:3] == b"\xff\xd8\xff":
+        # a JPEG: photo -> face -> embedding -> search in one engine trip, which also checks the gallery
+        faces, found = await service.photo_search(data, name, k)
+        face, n = faces[0], found.size
+    else:
+        n = (await _gallery_for_service(state, name)).subjects
+        if data is None:
+            face = (await faces_of_upload(state, service, image))[0]
         else:
             face = (await service.faces(await decode_bytes(state, data)))[0]
-    else:
-        face = (await faces_of_upload(state, service, image))[0]
     if not face.quality.accepted:
         state.stats.record_refusal("search_low_quality")
-        threshold, op = gallery.operating_point(info.subjects, fpir)
+        threshold, op = gallery.operating_point(n, fpir)
         return sc.SearchResponse(
             face=sc.FaceOut.from_face(face),
             refused=True,
@@ -544,7 +546,7 @@ async def search(
             threshold=threshold,
             fmr=float(op["fmr"]),  # type: ignore[arg-type]
             fpir=float(op["fpir"]),  # type: ignore[arg-type]
-            n=info.subjects,
+            n=n,
             extrapolated=bool(op["extrapolated"]),
         )
     ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)

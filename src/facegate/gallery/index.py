@@ -8,6 +8,7 @@ product ``(Q, D) @ (D, n)`` and one top-k, under the gallery's lock (so it never
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass, field
@@ -93,27 +94,34 @@ class _TorchOps:
             setattr(self._local, name, buf := self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin))
         return buf[: rows * cols].view(rows, cols)
 
-    def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def launch(self, qd: Any, mat: Any, n: int, k: int) -> Any:
+        """Queue the top-``k`` of ``(Q, D)`` device queries ``qd`` (any float dtype, normalised here) against
+        ``mat[:n]`` without waiting: ``(Q, 2k) float32``, the scores then the int32 rows reinterpreted as float32
+        (one device->host copy brings both)."""
         torch, b = self.torch, self.block
         if b is None:
             b = min(ALIGN, max(256, 1 << (n // 4096).bit_length()))
+        qd = qd.float()
+        qd = (qd / qd.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(self.dtype)
+        if b and n > BLOCK_MIN:
+            blocks = -(-n // b)
+            scores = qd @ mat[: blocks * b].T  # (Q, blocks * b): rows past n are zero, masked below
+            scores[:, n:] = -torch.inf
+            best = scores.view(len(qd), blocks, b).amax(dim=2).topk(min(k, blocks), dim=1, sorted=False).indices
+            if (offsets := self._offsets.get(b)) is None:
+                offsets = self._offsets[b] = torch.arange(b, device=self.device)
+            cand = (best.unsqueeze(2) * b + offsets).flatten(1)  # (Q, k * b)
+            vals, j = torch.topk(scores.gather(1, cand), k, dim=1)
+            rows = cand.gather(1, j)
+        else:
+            vals, rows = torch.topk(qd @ mat[:n].T, k, dim=1)
+        return torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1)
+
+    def topk(self, q: np.ndarray, mat: Any, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        torch = self.torch
         with torch.inference_mode():
             qd = self._host("q", *q.shape).copy_(torch.from_numpy(q)).to(self.device, non_blocking=True)
-            qd = qd.to(self.dtype)
-            if b and n > BLOCK_MIN:
-                blocks = -(-n // b)
-                scores = qd @ mat[: blocks * b].T  # (Q, blocks * b): rows past n are zero, masked below
-                scores[:, n:] = -torch.inf
-                best = scores.view(len(q), blocks, b).amax(dim=2).topk(min(k, blocks), dim=1, sorted=False).indices
-                if (offsets := self._offsets.get(b)) is None:
-                    offsets = self._offsets[b] = torch.arange(b, device=self.device)
-                cand = (best.unsqueeze(2) * b + offsets).flatten(1)  # (Q, k * b)
-                vals, j = torch.topk(scores.gather(1, cand), k, dim=1)
-                rows = cand.gather(1, j)
-            else:
-                vals, rows = torch.topk(qd @ mat[:n].T, k, dim=1)
-            # one device->host copy: float32 scores next to int32 rows reinterpreted as float32
-            packed = torch.cat((vals.float(), rows.int().view(torch.float32)), dim=1)
+            packed = self.launch(qd, mat, n, k)
             host = self._host("out", *packed.shape).copy_(packed, non_blocking=self._pin)
             if self._pin:
                 torch.cuda.current_stream(self.device).synchronize()
@@ -194,6 +202,16 @@ class GalleryIndex:
     def has(self, gallery: str) -> bool:
         with self._guard:
             return gallery in self._entries
+
+    @property
+    def on_torch(self) -> bool:
+        """Whether the templates are torch tensors (then :meth:`launch` works)."""
+        return isinstance(self._ops, _TorchOps)
+
+    def entry(self, gallery: str) -> object | None:
+        """The gallery's entry as an identity token (a re-created gallery gets a new one), or None."""
+        with self._guard:
+            return self._entries.get(gallery)
 
     def ensure_gallery(self, gallery: str, dim: int) -> None:
         """Add an empty gallery of dimension ``dim`` (no-op when present with the same dim)."""
@@ -302,6 +320,32 @@ class GalleryIndex:
             names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
         kk = rows.shape[1]
         return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(vals.astype(np.float32, copy=False))], n
+
+    def launch(self, gallery: str, queries: Any, k: int, hold: contextlib.ExitStack) -> tuple[Any, Any]:
+        """Queue the exact top-``k`` of ``(Q, D)`` float ``queries`` already on this index's device (torch)
+        without waiting, so that they share one device->host copy with other results. The gallery's lock is
+        held in ``hold`` until it closes: no row may move before the answer is read.
+
+        Returns ``(packed, finish)``: ``packed`` the ``(Q, 2k') float32`` device tensor (None for an empty
+        gallery) and ``finish(host)``, which turns its host copy into :meth:`search_raw`'s answer."""
+        if not isinstance(self._ops, _TorchOps):
+            raise InvalidParameterError("a device search needs a torch index", detail={"device": self.device})
+        entry = self._entry(gallery)
+        if queries.shape[1] != entry.dim:
+            raise DimensionMismatchError(
+                f"query dimension {queries.shape[1]} does not match gallery {gallery!r} ({entry.dim})",
+                detail={"expected": entry.dim, "got": int(queries.shape[1])},
+            )
+        hold.enter_context(entry.lock)
+        n, kk = entry.n, min(int(k), entry.n)
+        if n == 0:
+            return None, lambda host: ([([], np.zeros(0, np.float32)) for _ in range(len(queries))], 0)
+
+        def finish(host: np.ndarray) -> tuple[list[tuple[list[str], np.ndarray]], int]:
+            names = list(map(entry.ids.__getitem__, host[:, kk:].view(np.int32).ravel().tolist()))
+            return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(host[:, :kk])], n
+
+        return self._ops.launch(queries, entry.mat, n, kk), finish
 
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""

@@ -18,7 +18,7 @@ Only JPEG uploads, the ``largest`` face policy and no crops in the answer come h
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,13 +141,19 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 
 
 @torch.inference_mode()
-def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> list[Any]:
+def faces_selected_on_device(
+    pipe: PipelineView, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
+) -> tuple[list[Any], np.ndarray | None, set[int]]:
     """Per photo of a :func:`prepare_photos` batch a :class:`PhotoFaces` (its largest face), or its
-    :class:`FacegateError` (decode error, ``NoFaceError``).
+    :class:`FacegateError` (decode error, ``NoFaceError``); then what ``extra`` asked for and the photos whose
+    rows in it are void.
 
     The host waits once, for one array: per photo its chosen face, whether it has one and whether the device
     answer is exact, then every crop's embedding, quality, raw score and statistics. Photos whose answer is not
     exact (crowds, long suppression chains) take the host rule (:meth:`FaceDetector.finish_many`).
+    ``extra(embeddings (K, D) float32 on the device, owners)`` (``owners[r]``: the photo of row ``r``) may queue
+    more device work on the crops' embeddings, returning a float32 device tensor (or None); its host copy comes
+    back flat beside the faces, from the same wait. The rows of photos settled by the host rule are void.
     """
     decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
@@ -178,10 +184,17 @@ def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> li
             meta.append(rows_meta)
             owners += idx
     if not owners:
-        return out
+        return out, None, set()
     crop_all = torch.cat(crops).contiguous()
-    res = torch.cat([pipe.recognize(crop_all).float(), crop_stats_torch(crop_all)], 1)
-    host = torch.cat([torch.cat(meta).to(res.device), res], 1).cpu().numpy()  # the one wait
+    rec = pipe.recognize(crop_all).float()
+    res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
+    more = extra(rec[:, :-2], owners) if extra is not None else None
+    main = torch.cat([torch.cat(meta).to(res.device), res], 1)
+    flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main
+    got = flat.cpu().numpy()  # the one wait
+    host, more_host = (
+        (got[: main.numel()].reshape(main.shape), got[main.numel() :]) if more is not None else (got, None)
+    )
     faces: dict[int, list[Detection]] = {}
     keep: list[int] = []
     fallback: set[int] = set()
@@ -212,7 +225,7 @@ def faces_selected_on_device(pipe: PipelineView, prepared: PreparedPhotos) -> li
             fb_crops = fb_crops.contiguous()
             fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1)
             _fill(out, fb_res.cpu().numpy(), fb_owners, chosen_fb)
-    return out
+    return out, more_host, fallback
 
 
 def _selection_post(pipe: PipelineView) -> Any:
@@ -256,7 +269,13 @@ class PhotoStage:
         return prepared
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
-        return faces_selected_on_device(self.p, prepared)
+        return faces_selected_on_device(self.p, prepared)[0]
+
+    def execute_with(
+        self, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any]
+    ) -> tuple[list[Any], np.ndarray | None, set[int]]:
+        """:meth:`execute` with ``extra`` queued on the embeddings (:func:`faces_selected_on_device`)."""
+        return faces_selected_on_device(self.p, prepared, extra)
 
     def deliver(self, result: list[Any], n: int) -> list[Any]:
         return result

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
+from facegate.errors import DimensionMismatchError, FacegateError, GalleryError, GalleryUnavailableError
 from facegate.gallery.query import HEADER, SearchOut, decode_photo_search, decode_search
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,16 @@ class SearchStage:
     Args:
         open_gallery: makes the engine's :class:`~facegate.gallery.service.Gallery` (store + index +
             follower); called now and again after a failure.
+        model: the served recognizer's ``(name, embedding dim)``: a photo search of a gallery of another model's
+            embeddings is refused here (409), so its front-end need not read the store first.
     """
 
     name = "search"
 
-    def __init__(self, open_gallery: Callable[[], Any]) -> None:
+    def __init__(self, open_gallery: Callable[[], Any], model: tuple[str, int] | None = None) -> None:
         self._open = open_gallery
+        self.model = model
+        self._models: dict[str, tuple[Any, str, int]] = {}  # gallery -> (its index entry, model, dim)
         self.gallery: Any = None  # the engine's Gallery, None while its store is unreachable
         self._error: FacegateError | None = None
         self._last_try = -REOPEN_S
@@ -102,6 +106,26 @@ class SearchStage:
         groups = [(g, r, [items[i][1] for i in r], np.stack([items[i][2] for i in r])) for g, r in rows.items()]
         return gallery, list(items), [group] if group else groups
 
+    def check_model(self, gallery: Any, name: str) -> None:
+        """Raise the store's GalleryNotFoundError for a gallery that does not exist, and DimensionMismatchError
+        (409) for one of another model's embeddings. The store is read once per gallery as the index holds it
+        (a gallery deleted and re-created gets a new index entry)."""
+        if self.model is None:
+            return
+        entry = gallery.index.entry(name)
+        got = self._models.get(name)
+        if got is None or entry is None or got[0] is not entry:
+            info = gallery.store.get_gallery(name)
+            got = (entry, info.model, info.dim)
+            if entry is not None:
+                self._models[name] = got
+        if (got[1], got[2]) != self.model:
+            raise DimensionMismatchError(
+                f"gallery {name!r} holds {got[1]} embeddings (dim {got[2]}); the server runs "
+                f"{self.model[0]} (dim {self.model[1]})",
+                detail={"gallery_model": got[1], "gallery_dim": got[2], "model": self.model[0]},
+            )
+
     def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
         """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
         gallery, results, groups = plan
@@ -123,8 +147,9 @@ class SearchStage:
         return result
 
     @classmethod
-    def from_settings(cls, settings: Any, device: str) -> SearchStage:
-        """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA)."""
+    def from_settings(cls, settings: Any, device: str, model: tuple[str, int] | None = None) -> SearchStage:
+        """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA), for
+        the served ``model`` (name, dim)."""
 
         def open_gallery() -> Any:
             from facegate.gallery import open_store
@@ -142,7 +167,7 @@ class SearchStage:
                 store.close()
                 raise
 
-        return cls(open_gallery)
+        return cls(open_gallery, model)
 
     def close(self) -> None:
         """Close the engine's gallery store."""
@@ -156,8 +181,10 @@ class PhotoSearchStage:
     """Engine stage ``photo_search``: an encoded photo → its largest face → embedding → search, in one trip.
 
     Payload: :func:`~facegate.gallery.query.encode_photo_search`. Answer per item: ``(PhotoFaces,
-    SearchOut)``, or the item's error. Every photo with a face is searched; the front-end's policy refuses
-    (and drops the hits of) a probe below the quality gate.
+    SearchOut)``, or the item's error. ``prepare`` catches the index up (the batch has formed) and checks each
+    gallery against the served model; on a torch index ``execute`` queues the search right behind the
+    embeddings, so the faces and the hits come back in the photo stage's one device->host copy. Every photo with
+    a face is searched; the front-end's policy refuses (and drops the hits of) a probe below the quality gate.
 
     Args:
         photo: the engine's :class:`~facegate.pipeline.photo.PhotoStage` logic (decode, detect, warp, embed).
@@ -170,20 +197,69 @@ class PhotoSearchStage:
         self._photo = photo
         self._search = search
 
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any]:
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any, Any]:
         heads = [_try(decode_photo_search, p) for p in payloads]
+        gallery = self._search._ensure()
+        gallery.sync()
+        checked: dict[str, FacegateError | None] = {}
+        for i, h in enumerate(heads):
+            if not isinstance(h, FacegateError):
+                if h[0] not in checked:
+                    checked[h[0]] = _try(self._search.check_model, gallery, h[0])
+                heads[i] = checked[h[0]] or h  # a gallery that is missing or of another model: its error
         photos = [h[2] for h in heads if not isinstance(h, FacegateError)]
-        return heads, (self._photo.prepare(photos) if photos else None)
+        return heads, (self._photo.prepare(photos) if photos else None), gallery
 
-    def execute(self, prepared: tuple[list[Any], Any]) -> list[Any]:
-        heads, photo_prepared = prepared
-        faces = iter(self._photo.execute(photo_prepared) if photo_prepared is not None else [])
-        got = [h if isinstance(h, FacegateError) else next(faces) for h in heads]  # per head: its face or error
-        items = [
-            f if isinstance(f, BaseException) else (h[0], h[1], np.asarray(f.embedding[0], np.float32))
-            for h, f in zip(heads, got, strict=True)
-        ]
-        found = self._search.execute(self._search.plan(items))
-        return [r if isinstance(r, BaseException) else (f, r) for f, r in zip(got, found, strict=True)]
+    def execute(self, prepared: tuple[list[Any], Any, Any]) -> list[Any]:
+        heads, photo_prepared, gallery = prepared
+        live = [i for i, h in enumerate(heads) if not isinstance(h, FacegateError)]  # photo j is item live[j]
+        got, found = list(heads), {}
+        if photo_prepared is not None and not gallery.index.on_torch:  # a NumPy index: the search on its own
+            for j, f in enumerate(self._photo.execute(photo_prepared)):
+                got[live[j]] = f
+        elif photo_prepared is not None:
+            with contextlib.ExitStack() as hold:  # the galleries' locks, from the search's launch to its answer
+                launched: list[tuple[list[int], int, Any]] = []
+                faces, host, void = self._photo.execute_with(
+                    photo_prepared, lambda emb, owners: self._launch(gallery, heads, live, emb, owners, hold, launched)
+                )
+                for j, f in enumerate(faces):
+                    got[live[j]] = f
+                at = 0
+                for rows, width, finish in launched:
+                    hits, n = finish(host[at : at + len(rows) * width].reshape(len(rows), width))
+                    at += len(rows) * width
+                    for (ids, scores), j in zip(hits, rows, strict=True):
+                        if j not in void:
+                            k = heads[live[j]][1]
+                            found[live[j]] = SearchOut(ids[:k], scores[:k], n, gallery.follower.seq)
+        rest = [i for i in live if i not in found and not isinstance(got[i], BaseException)]
+        if rest:  # a NumPy index, an empty gallery, the host rule's photos: the search on its own
+            items = [(heads[i][0], heads[i][1], np.asarray(got[i].embedding[0], np.float32)) for i in rest]
+            found.update(zip(rest, self._search.execute(self._search.plan(items)), strict=True))
+        return [g if isinstance(g, BaseException) else found[i] if isinstance(found[i], BaseException)
+                else (g, found[i]) for i, g in enumerate(got)]  # fmt: skip
+
+    @staticmethod
+    def _launch(
+        gallery: Any, heads: list[Any], live: list[int], emb: Any, owners: list[int], hold: Any, launched: list[Any]
+    ) -> Any:
+        """Queue each gallery's search of its photos' rows of ``emb (K, D)``; the flat float32 device tensor."""
+        import torch
+
+        by_name: dict[str, list[int]] = defaultdict(list)  # gallery -> rows of emb
+        for r, j in enumerate(owners):
+            by_name[heads[live[j]][0]].append(r)
+        parts = []
+        for name, rows in by_name.items():
+            q = emb if len(rows) == len(owners) else emb[torch.tensor(rows, device=emb.device)]
+            try:
+                packed, finish = gallery.index.launch(name, q, max(heads[live[owners[r]]][1] for r in rows), hold)
+            except FacegateError:
+                continue  # answered by the search on its own
+            if packed is not None:
+                parts.append(packed.flatten())
+                launched.append(([owners[r] for r in rows], packed.shape[1], finish))
+        return torch.cat(parts) if parts else None
 
     deliver = SearchStage.deliver

@@ -101,7 +101,9 @@ class FaceService:
         t1 = time.perf_counter()
         from facegate.pipeline.search import SearchStage
 
-        search = SearchStage.from_settings(settings, pipeline.device_name)
+        search = SearchStage.from_settings(
+            settings, pipeline.device_name, (pipeline.spec.name, pipeline.spec.embedding_dim)
+        )
         service = cls(pipeline, settings, device_thread=device_thread, search_stage=search)
         if search.gallery is not None:
             search.gallery.set_stats_hook(service.stats.gallery_sizes_hook())

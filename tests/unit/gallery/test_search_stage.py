@@ -100,8 +100,9 @@ class _PhotoByIndex:
     """A photo stage over fixed embeddings: photo bytes ``[i]`` give gallery row ``i``'s face; ``[255]`` a
     photo with no face (its error)."""
 
-    def __init__(self, emb: np.ndarray) -> None:
+    def __init__(self, emb: np.ndarray, device: str = "cpu") -> None:
         self.emb = emb
+        self.device = device
 
     def prepare(self, photos: list[np.ndarray]) -> list[int]:
         return [int(p[0]) for p in photos]
@@ -112,6 +113,78 @@ class _PhotoByIndex:
         from facegate.errors import NoFaceError
 
         return [NoFaceError("no face") if r == 255 else SimpleNamespace(embedding=self.emb[r : r + 1]) for r in rows]
+
+
+class _PhotoOnDevice(_PhotoByIndex):
+    """:class:`_PhotoByIndex` with the photo stage's ``execute_with``: the embeddings as a torch tensor for the
+    search to queue on; photo ``[254]`` is row 0's face settled by the host rule: its device row (another
+    embedding) is void."""
+
+    def execute(self, rows: list[int]) -> list[object]:
+        return super().execute([0 if r == 254 else r for r in rows])
+
+    def execute_with(self, rows: list[int], extra: object) -> tuple[list[object], np.ndarray | None, set[int]]:
+        import torch
+
+        faces = self.execute(rows)
+        owners = [j for j, r in enumerate(rows) if r != 255]
+        emb = torch.from_numpy(np.stack([-self.emb[0] if rows[j] == 254 else self.emb[rows[j]] for j in owners]))
+        more = extra(emb.to(self.device), owners)  # type: ignore[operator]
+        return faces, None if more is None else more.cpu().numpy(), {j for j in owners if rows[j] == 254}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_photo_search_on_a_torch_index_shares_the_photo_wait(tmp_path: Path, device: str) -> None:
+    """On a torch index the search is queued on the photos' embeddings and read from their one host copy; it
+    answers as the search on its own does, the host rule's photos and other galleries included; a gallery of
+    another model and a missing one get their errors before the photo is looked at."""
+    pytest.importorskip("torch")
+    from facegate.errors import DimensionMismatchError, NoFaceError
+    from facegate.gallery.query import encode_photo_search
+    from facegate.pipeline.search import PhotoSearchStage
+
+    rng = np.random.default_rng(4)
+    url = str(tmp_path / "g.sqlite3")
+    writer = open_store(url)
+    t = unit(rng, 30)
+    for name, model in (("a", "m"), ("b", "m"), ("x", "other")):
+        writer.create_gallery(name, model, D)
+        writer.import_templates(name, [f"{name}{i}" for i in range(30)], t, np.ones(30, np.float32))
+    t[7] = -t[7]  # photo 7's face is no longer a7: only a search of the right embedding finds a7
+    search = SearchStage(
+        lambda: Gallery(open_store(url), GalleryIndex("cpu", "float32"), match_threshold=1.0), model=("m", D)
+    )
+    fused = SearchStage(
+        lambda: Gallery(open_store(url), GalleryIndex(device, "float16"), match_threshold=1.0), model=("m", D)
+    )
+    payloads = [
+        encode_photo_search("a", bytes([4]), 3),
+        encode_photo_search("b", bytes([9]), 1),
+        encode_photo_search("a", bytes([255]), 1),
+        encode_photo_search("a", bytes([254]), 2),
+        encode_photo_search("x", bytes([5]), 1),
+        encode_photo_search("nope", bytes([255]), 1),
+        encode_photo_search("a", bytes([7]), 2),
+    ]
+    ref = PhotoSearchStage(_PhotoOnDevice(t), search)  # its plain execute: the search on its own
+    stage = PhotoSearchStage(_PhotoOnDevice(t, device), fused)
+    assert stage._search.gallery.index.on_torch and not ref._search.gallery.index.on_torch
+    want = ref.deliver(ref.execute(ref.prepare(payloads)), len(payloads))
+    got = stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    for w, g in zip(want, got, strict=True):
+        if isinstance(w, BaseException):
+            assert type(g) is type(w)
+        else:
+            assert g[1].subject_ids == w[1].subject_ids and g[1].size == w[1].size == 30
+            np.testing.assert_allclose(g[1].scores, w[1].scores, atol=2e-3)  # fp16 templates
+    assert got[0][1].subject_ids[0] == "a4" and len(got[0][1].subject_ids) == 3
+    assert got[3][1].subject_ids[0] == "a0"  # the host rule's face, searched on its own
+    assert isinstance(got[2], NoFaceError)
+    assert isinstance(got[4], DimensionMismatchError) and isinstance(got[5], GalleryNotFoundError)
+    assert got[6][1].subject_ids[0] != "a7"
+    search.close()
+    fused.close()
+    writer.close()
 
 
 def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
