@@ -332,3 +332,50 @@ def test_warm_up_captures_every_photo_stage_bucket(lfw_root: Path) -> None:
     for n in (3, 10, 20, 40):  # buckets 4, 16, 32, 64
         assert all(isinstance(g, PhotoFaces) for g in _run(stage, datas[:n]))
     assert set(gpu.detector._graphs) == warm
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_photo_search_reads_its_hits_from_the_photo_wait(
+    pipe: FacePipeline, lfw_root: Path, tmp_path: Path, device: str
+) -> None:
+    """The photo_search stage on a torch index (fp16; the GPU engine's) queues the search on the photo stage's
+    embeddings: over 70,020 templates (the two-level top-k) each photo finds itself first, with the scores and
+    the faces of the search on its own over a NumPy index."""
+    from facegate.gallery import open_store
+    from facegate.gallery.index import GalleryIndex
+    from facegate.gallery.query import encode_photo_search
+    from facegate.gallery.service import Gallery
+    from facegate.pipeline.search import PhotoSearchStage, SearchStage
+
+    work = pipe
+    if device == "cuda":
+        work = FacePipeline.from_settings(Settings(device="cuda", precision="fp16", gpu_preprocess="on"))
+    datas = _lfw_bytes(lfw_root, 20)
+    emb = np.stack([work.faces([decode_image(d, **LIMITS)])[0][0].embedding for d in datas]).astype(np.float32)
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((70_000, emb.shape[1])).astype(np.float32)
+    url = str(tmp_path / "g.sqlite3")
+    store = open_store(url)
+    store.create_gallery("g", work.spec.name, work.spec.embedding_dim)
+    ids = [f"lfw{i}" for i in range(len(datas))] + [f"n{i}" for i in range(len(noise))]
+    both = np.concatenate([emb, noise / np.linalg.norm(noise, axis=1, keepdims=True)])
+    store.import_templates("g", ids, both, np.ones(len(ids), np.float32))
+    model = (work.spec.name, work.spec.embedding_dim)
+    answers, launched = [], []
+    fused_index = GalleryIndex(device, "float16")
+    launch = fused_index.launch
+    fused_index.launch = lambda *a: (launched.append(len(a[1])), launch(*a))[1]  # type: ignore[method-assign]
+    for index in (GalleryIndex("cpu", "float32"), fused_index):
+        search = SearchStage(lambda index=index: Gallery(open_store(url), index, match_threshold=1.0), model=model)
+        stage = PhotoSearchStage(PhotoStage(work, **LIMITS), search)
+        payloads = [encode_photo_search("g", d, 3) for d in datas]
+        answers.append(stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads)))
+        search.close()
+    store.close()
+    assert launched == [len(datas)]  # one search of the whole batch, queued on the photo stage's wait
+    plain, fused = answers
+    for i, (a, b) in enumerate(zip(plain, fused, strict=True)):
+        assert a[1].subject_ids[0] == b[1].subject_ids[0] == f"lfw{i}"
+        np.testing.assert_allclose(b[1].scores, a[1].scores, atol=3e-3)  # fp16 templates: near ties may swap
+        np.testing.assert_array_equal(a[0].embedding, b[0].embedding)
+        assert b[1].size == len(ids)
