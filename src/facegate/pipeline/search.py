@@ -252,7 +252,11 @@ class PhotoSearchStage:
             by_name[heads[live[j]][0]].append(r)
         parts = []
         for name, rows in by_name.items():
-            q = emb if len(rows) == len(owners) else emb[torch.tensor(rows, device=emb.device)]
+            if len(rows) == len(owners):
+                q = emb
+            else:  # pinned and non-blocking: a blocking copy up would wait for the device's queued work
+                at = torch.tensor(rows)
+                q = emb[(at.pin_memory() if emb.is_cuda else at).to(emb.device, non_blocking=True)]
             try:
                 packed, finish = gallery.index.launch(name, q, max(heads[live[owners[r]]][1] for r in rows), hold)
             except FacegateError:
