@@ -1,11 +1,9 @@
 """``facegate eval quality``: protocol P1, the reasons' limits, the gates and the reliability, from one feature table.
 
-The table (``benchmarks/quality_p1_features.py``) holds, per photo of LFW's pairs.txt, three faces: the clean photo,
-one P1 degradation at severity 1-3 and one labelled reason degradation at severity 1-5
-(:func:`facegate.eval.degrade.plan`). The comparisons are pairs.txt's pairs, clean against clean and clean (side
-``a``, the enrolled photo) against the other photo's P1 degradation (side ``b``, the probe). The 10 folds are
-pairs.txt's, identity-disjoint; anything fitted (the fusion, the limits, the gates, the reliability) scores a fold
-with a fit on the other nine.
+The table (``benchmarks/quality_p1_features.py``) holds per LFW pairs.txt photo the clean face, a P1 degradation
+and a reason degradation (:func:`facegate.eval.degrade.plan`). Comparisons: pairs.txt's, clean against clean and
+clean (``a``, enrolled) against the other photo's P1 face (``b``, probe). Whatever is fitted scores each of the 10
+identity-disjoint folds with a fit on the other nine.
 """
 
 from __future__ import annotations
@@ -139,8 +137,8 @@ def fit_fusion(x: np.ndarray, y: np.ndarray, signs: np.ndarray) -> np.ndarray:
 def fusion_scores(
     t: dict[str, np.ndarray], pairs: Sequence[Pair], ps: PairSet, sim: np.ndarray, threshold: float
 ) -> dict[str, Any]:
-    """Cross-fitted monotone fusion of the norm with the reasons' measurements: per face, ``P(its genuine
-    comparisons all succeed)``, fitted on the other folds' P1 and reason faces. Returns ``{"score": (N,), ...}``."""
+    """Cross-fitted monotone fusion of the norm and the reasons' measurements: ``{"score": (N,), ...}``, per face
+    ``P(its genuine comparisons all succeed)``."""
     cols = list(FUSION)
     x = np.column_stack([t[c] for c in cols]).astype(np.float64)
     signs = np.array([FUSION[c] for c in cols])
@@ -174,8 +172,8 @@ def _fires(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
 
 
 def choose_limit(pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean: float, min_recall: float) -> float:
-    """The most lenient limit that finds ``min_recall`` of ``pos`` while firing on at most ``max_clean`` of
-    ``neg`` (the best-recall limit under ``max_clean`` when none reaches it). Candidates: midpoints of the values."""
+    """The most lenient midpoint limit finding ``min_recall`` of ``pos`` while firing on at most ``max_clean`` of
+    ``neg`` (else the best-recall one under ``max_clean``)."""
     vals = np.unique(np.concatenate([pos, neg]))
     cands = (vals[1:] + vals[:-1]) / 2
     neg_fire = np.array([_fires(neg, c, direction).mean() for c in cands])
@@ -209,13 +207,11 @@ def reasons_study(
     min_recall: float = 0.85,
     fixed: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Each reason's limit per held-out fold (chosen on the other nine) and its precision and recall there.
+    """Each reason's limit per held-out fold (:func:`choose_limit` on the other nine) and its precision and recall.
 
-    Positives: faces of the reason's degradations at severity ≥ 3; negatives: the clean faces. A limit may fire on
-    at most ``max_clean`` of the training folds' clean faces, and is the most lenient one that still finds
-    ``min_recall`` of their positives (above the 0.8 asked for, so that held-out folds keep 0.8). ``fixed``: reason
-    code → a limit kept as it is (and only measured). ``face_fail``:
-    ``(N,)`` the face failed a genuine comparison (NaN: none), for the real stratum (the clean photos)."""
+    Positives: the reason's degradations at severity ≥ 3; negatives: clean faces. ``min_recall`` is above the 0.8
+    asked for, so that held-out folds keep 0.8. ``fixed``: reason → a limit only measured. ``face_fail``: ``(N,)``
+    the face failed a genuine comparison (NaN: none), for the real stratum."""
     fixed = fixed or {}
     found = t["found"]
     clean = found & (t["variant"] == 0)
@@ -286,9 +282,8 @@ def reasons_study(
 
 
 def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: dict[str, np.ndarray]) -> np.ndarray:
-    """``(N,)`` faces the verify path refuses (as ``face_reasons`` with ``refuse_on_reasons``): quality below
-    ``gate`` or any reason past its limit (``limits``: reason code → ``(N,)`` limit per face); the pitch and
-    detector-confidence limits are the shipped settings'."""
+    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason →
+    ``(N,)``; pitch and detector score at the shipped settings)."""
     from facegate.config import QualitySettings
 
     s = QualitySettings()
