@@ -68,7 +68,6 @@ class BenchResult:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable dict (floats rounded to 0.001)."""
         out = asdict(self)
         for key, value in out.items():
             if isinstance(value, float):
@@ -76,8 +75,6 @@ class BenchResult:
         return out
 
     def summary(self) -> str:
-        """One human-readable line."""
-
         def fmt(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.1f}"
 
@@ -420,12 +417,10 @@ def client_description(transport: Transport) -> str:
 
 
 def run_http_bench(base_url: str, **kw: Any) -> BenchResult:
-    """:func:`arun_http_bench` outside an event loop."""
     return asyncio.run(arun_http_bench(base_url, **kw))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``facegate bench http``."""
     p = argparse.ArgumentParser(prog="facegate bench http", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860", help="server base URL")
     p.add_argument("--kind", choices=KINDS, default="compare")

@@ -162,7 +162,6 @@ class RawClient:
         return await self.request(encode_request("GET", self.host_header, path))
 
     async def aclose(self) -> None:
-        """Close every idle connection."""
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

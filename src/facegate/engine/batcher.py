@@ -53,7 +53,6 @@ class WorkItem:
         return self._cancelled or self.future.cancelled()
 
     def expired(self, now: float | None = None) -> bool:
-        """Whether the deadline has passed."""
         return (time.monotonic() if now is None else now) >= self.deadline
 
     def dead(self, now: float | None = None) -> bool:

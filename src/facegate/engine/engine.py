@@ -400,7 +400,6 @@ class Engine:
         return self._state == "running" and self._device.alive() and all(r.alive() for r in self._runners.values())
 
     def max_batch(self, stage: str) -> int:
-        """The effective largest batch of one stage."""
         return self._lookup(stage).max_batch
 
     def _lookup(self, stage: str) -> _StageRunner:

@@ -88,7 +88,6 @@ def random_variant(rng: np.random.Generator) -> tuple[str, int]:
     return names[int(rng.integers(len(names)))], int(rng.integers(1, 6))
 
 
-# --------------------------------------------------------------------------- degradations that need the face
 def downscale(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
     """A genuinely small face: the photo shrunk (area filter) and *not* brought back to its size."""
     f = [0.6, 0.45, 0.33, 0.25, 0.18][s - 1]

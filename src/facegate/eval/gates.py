@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 RELIABILITY_FORMAT = "facegate.reliability"
 
 
-# --------------------------------------------------------------------------- gates
 def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     """The largest ``q*`` with ``mean(q_clean < q*) <= max_refusal`` (``q_clean``: clean faces' qualities)."""
     q = np.sort(np.asarray(q_clean, np.float64))
@@ -100,10 +99,9 @@ def gate_study(
         }
     found = q > 0
     out["faces"] = {
-        "clean_refused_at_verify": float((q[clean & found] < face_gv[clean & found]).mean()),
-        "clean_refused_at_enrol": float((q[clean & found] < face_ge[clean & found]).mean()),
-        "degraded_refused_at_verify": float((q[~clean & found] < face_gv[~clean & found]).mean()),
-        "degraded_refused_at_enrol": float((q[~clean & found] < face_ge[~clean & found]).mean()),
+        f"{kind}_refused_at_{gate}": float((q[m] < g[m]).mean())
+        for kind, m in (("clean", clean & found), ("degraded", ~clean & found))
+        for gate, g in (("verify", face_gv), ("enrol", face_ge))
     }
     all_clean = clean & found
     out["shipped"] = {
@@ -113,7 +111,6 @@ def gate_study(
     return out
 
 
-# --------------------------------------------------------------------------- reliability
 def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
     """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
     w = np.zeros(x.shape[1])

@@ -91,8 +91,6 @@ def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
 
 @dataclass(frozen=True)
 class LfwResult:
-    """Verification metrics over the 10 folds."""
-
     accuracy_mean: float
     accuracy_std: float
     fold_accuracies: list[float]

@@ -17,23 +17,31 @@ DISCARDS = {"pauc20": 0.20, "pauc10": 0.10}
 FNMR_AT = 0.05
 
 
+def _edc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
+    """Per row of weights ``w`` ``(draws, n)`` (a comparison drawn ``k`` times counts ``k`` times): the discarded
+    fraction before and after each comparison, lowest quality first, and the FNMR of those kept."""
+    order = np.lexsort((np.random.default_rng(seed).random(fail.size), pair_q))  # ascending: discarded first
+    w, f = w[:, order].astype(np.float64), fail[order].astype(np.float64)
+    tot = w.sum(1, keepdims=True)
+    cw = np.cumsum(w, 1)
+    fail_left = (w * f).sum(1, keepdims=True) - np.cumsum(w * f, 1) + w * f
+    return (cw - w) / tot, cw / tot, fail_left / np.maximum(tot - cw + w, 1e-12)
+
+
 def edc_curve(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(x, fnmr)`` step curve after discarding the ``k`` lowest of ``pair_q`` ``(n,)``, ``k = 0..n-1``;
     ``fail``: ``(n,)`` bool, the comparison fails at the threshold."""
-    n = fail.size
-    tie = np.random.default_rng(seed).random(n)
-    order = np.lexsort((tie, pair_q))  # ascending quality: discarded first
-    f = fail[order].astype(np.float64)
-    kept_fail = f.sum() - np.concatenate([[0.0], np.cumsum(f)[:-1]])
-    kept = n - np.arange(n)
-    return np.arange(n) / n, kept_fail / kept
+    x, _, fnmr = _edc(fail, pair_q, np.ones((1, fail.size)), seed)
+    return x[0], fnmr[0]
 
 
 def pauc(x: np.ndarray, fnmr: np.ndarray, x_max: float) -> float:
     """Mean FNMR over discard fractions ``[0, x_max]`` of the step curve (FNMR units)."""
-    edges = np.append(x, 1.0)
-    widths = np.clip(np.minimum(edges[1:], x_max) - edges[:-1], 0.0, None)
-    return float((widths * fnmr).sum() / x_max)
+    return float(_area(x, np.append(x[1:], 1.0), fnmr, x_max))
+
+
+def _area(start: np.ndarray, end: np.ndarray, fnmr: np.ndarray, x_max: float) -> np.ndarray:
+    return (np.clip(np.minimum(end, x_max) - start, 0.0, None) * fnmr).sum(-1) / x_max
 
 
 def fnmr_at(x: np.ndarray, fnmr: np.ndarray, discard: float) -> float:
@@ -72,16 +80,7 @@ def identity_weights(identity: np.ndarray, draws: int, seed: int = 0) -> np.ndar
 
 def weighted_pauc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, x_max: float = 0.20, seed: int = 0):
     """``(draws,)`` pAUC@``x_max`` of :func:`edc_curve` per row of weights ``w`` ``(draws, n)``."""
-    tie = np.random.default_rng(seed).random(fail.size)
-    order = np.lexsort((tie, pair_q))
-    w, f = w[:, order].astype(np.float64), fail[order].astype(np.float64)
-    tot = w.sum(1, keepdims=True)
-    cw = np.cumsum(w, 1)
-    before = cw - w
-    fail_left = (w * f).sum(1, keepdims=True) - np.cumsum(w * f, 1) + w * f
-    fnmr = fail_left / np.maximum(tot - before, 1e-12)
-    width = np.clip(np.minimum(cw / tot, x_max) - before / tot, 0.0, None)
-    return (width * fnmr).sum(1) / x_max
+    return _area(*_edc(fail, pair_q, w, seed), x_max)
 
 
 def study(

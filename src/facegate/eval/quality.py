@@ -118,7 +118,6 @@ def similarity(t: dict[str, np.ndarray], ps: PairSet) -> np.ndarray:
     return np.where(ok, np.einsum("ij,ij->i", emb[ps.a], emb[ps.b]), -1.0)
 
 
-# --------------------------------------------------------------------------- fusion
 def fit_fusion(x: np.ndarray, y: np.ndarray, signs: np.ndarray) -> np.ndarray:
     """Logistic regression of ``y`` on ``[1, x]`` whose weights keep their ``signs``: a wrong-signed input is
     dropped and the rest refitted. ``x``: ``(n, k)`` standardised; returns ``(k + 1,)`` weights."""
@@ -166,7 +165,6 @@ def fusion_scores(
     return {"score": score, "inputs": cols, "fold_weights": weights}
 
 
-# --------------------------------------------------------------------------- reasons
 def _fires(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
     return v > limit if direction > 0 else v < limit
 
@@ -187,14 +185,14 @@ def choose_limit(pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean:
     return float(cands[i])
 
 
-def _pr(pos: np.ndarray, neg: np.ndarray, limit: float, direction: int) -> dict[str, float]:
-    tp, fp = int(_fires(pos, limit, direction).sum()), int(_fires(neg, limit, direction).sum())
+def _pr(pos_fired: np.ndarray, neg_fired: np.ndarray) -> dict[str, float]:
+    tp, fp = int(pos_fired.sum()), int(neg_fired.sum())
     return {
         "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
+        "recall": tp / max(1, pos_fired.size),
+        "clean_fire_rate": fp / max(1, neg_fired.size),
+        "positives": int(pos_fired.size),
+        "negatives": int(neg_fired.size),
     }
 
 
@@ -224,17 +222,15 @@ def reasons_study(
             bad = (t["luma"] < shipped["too_dark"]) | (t["luma"] > shipped["too_bright"])
             v = np.where(bad, 0.0, v)
         pos = found & np.isin(deg, degs) & (sev >= 3)
-        rows, held_pos, held_neg, held_lim = [], [], [], []
+        rows, held_pos, held_neg = [], [], []
         for f in range(10):
             tr, te = fold_of != f, fold_of == f
             lim = fixed.get(code) or choose_limit(
                 v[pos & tr], v[clean & tr], direction, max_clean=max_clean, min_recall=min_recall
             )
-            rows.append({"fold": f, "limit": lim, **_pr(v[pos & te], v[clean & te], lim, direction)})
             held_pos.append(_fires(v[pos & te], lim, direction))
             held_neg.append(_fires(v[clean & te], lim, direction))
-            held_lim.append(lim)
-        tp, fp = np.concatenate(held_pos), np.concatenate(held_neg)
+            rows.append({"fold": f, "limit": lim, **_pr(held_pos[-1], held_neg[-1])})
         shipped[code] = fixed.get(code) or choose_limit(
             v[pos], v[clean], direction, max_clean=max_clean, min_recall=min_recall
         )
@@ -251,13 +247,7 @@ def reasons_study(
             "setting": field,
             "degradations": list(degs),
             "shipped_limit": shipped[code],
-            "held_out": {
-                "precision": float(tp.sum() / max(1, tp.sum() + fp.sum())),
-                "recall": float(tp.mean()),
-                "clean_fire_rate": float(fp.mean()),
-                "positives": int(tp.size),
-                "negatives": int(fp.size),
-            },
+            "held_out": _pr(np.concatenate(held_pos), np.concatenate(held_neg)),
             "folds": rows,
             "fires_by_severity": by_sev,
             "real_stratum": {
@@ -301,7 +291,6 @@ def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: d
     )
 
 
-# --------------------------------------------------------------------------- the whole study
 def fold_means(fail: np.ndarray, pair_q: dict[str, np.ndarray], fold: np.ndarray) -> dict[str, Any]:
     """Per method the mean and standard deviation over folds of each metric."""
     per = {m: [metrics(fail[fold == f], q[fold == f]) for f in np.unique(fold)] for m, q in pair_q.items()}
@@ -358,15 +347,12 @@ def eval_quality(
     pair_q = {m: np.minimum(s[ps.a], s[ps.b])[both] for m, s in scores.items()}
     p1["fold_means"] = fold_means(sim[both] < match_threshold, pair_q, ps.fold[both])
     # the real-pose stratum: clean pairs where either face is turned 20° or more (LFW's own yaw, from landmarks)
-    turned = ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
-    real = ps.same & turned
-    p1["real_pose"] = (
-        None
-        if real.sum() < 20
-        else p1_report(same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw)[
-            "all"
-        ]
-    )
+    real = ps.same & ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
+    p1["real_pose"] = None
+    if real.sum() >= 20:
+        p1["real_pose"] = p1_report(
+            same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
+        )["all"]
     # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
     g = ps.same & (sim > -1) & ~ps.degraded  # clean against clean: the real stratum has no synthetic partner

@@ -420,7 +420,6 @@ class FacePipeline:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def set_quality(self, settings: Settings) -> None:
-        """Take the reasons' limits from ``settings.quality``."""
         self.reason_limits = ReasonThresholds.from_settings(settings.quality)
         self.refuse_on_reasons = settings.quality.refuse_on_reasons
         self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)

@@ -158,7 +158,6 @@ class SearchStage:
         return cls(open_gallery, model)
 
     def close(self) -> None:
-        """Close the engine's gallery store."""
         with self._lock:
             if self.gallery is not None:
                 self.gallery.close()

@@ -227,7 +227,6 @@ class EngineHost:
 
     @property
     def connections(self) -> int:
-        """Front-ends connected now."""
         with self._conn_lock:
             return self._connections
 
