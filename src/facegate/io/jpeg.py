@@ -8,8 +8,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["JpegHeader", "NotPlain", "read_jpeg_header"]
-
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 #: Segments skipped without a look inside: tables, restart interval, comments, APP0 (JFIF) and the APPn
 #: that Pillow does not interpret for size, mode or orientation.

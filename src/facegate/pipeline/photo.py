@@ -24,18 +24,9 @@ from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
 from facegate.pipeline.base import PipelineView, detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
-from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
+from facegate.pipeline.results import PhotoFaces
 from facegate.quality_reasons import FACE_COLS, FACE_ROWS, N_STATS, SHARP_SCALE, flat_fraction
 from facegate.types import Detection, FaceSelect
-
-__all__ = [
-    "PhotoFaces",
-    "PhotoStage",
-    "PreparedPhotos",
-    "faces_selected_on_device",
-    "prepare_photos",
-    "unpack_photo_faces",
-]
 
 
 @dataclass(slots=True)

@@ -19,8 +19,6 @@ from facegate.models.nms import NMS_ROWS_MAX
 from facegate.pipeline.align import CROP_SIZE
 from facegate.pipeline.align_torch import _theta_parts, umeyama_torch
 
-__all__ = ["CANDIDATES", "ITERATIONS", "choose_and_align", "geometry"]
-
 #: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
 CANDIDATES = NMS_ROWS_MAX
 #: Jacobi steps of the device NMS; a photo whose suppression chain is longer takes the host path.

@@ -478,22 +478,15 @@ class FacePipeline:
                     f"an aligned crop must be 112×112×3 uint8, got {images[bad[0]].shape} {images[bad[0]].dtype}",
                     detail={"index": bad[0]},
                 )
-        det_idx = [] if aligned else list(range(len(images)))
-        dets_all = self.detect([images[i] for i in det_idx]) if det_idx else []
+        by_image = {} if aligned else dict(enumerate(self.detect(images)))
         chosen: list[Detection | None] = []
         owner: list[int] = []
         crops_list: list[np.ndarray] = []
-        by_image = dict(zip(det_idx, dets_all, strict=True))
         for i, im in enumerate(images):
-            if i not in by_image:
-                chosen.append(None)
-                owner.append(i)
-                crops_list.append(np.ascontiguousarray(im)[None])
-                continue
-            sel = select_faces(by_image[i], select, face_index)
-            crops_list.append(self.align(images, sel, [i] * len(sel)))
-            chosen.extend(sel)
-            owner.extend([i] * len(sel))
+            sel = select_faces(by_image[i], select, face_index) if i in by_image else []
+            crops_list.append(self.align(images, sel, [i] * len(sel)) if sel else np.ascontiguousarray(im)[None])
+            chosen.extend(sel or [None])
+            owner.extend([i] * max(1, len(sel)))
         crops = np.concatenate(crops_list) if crops_list else np.zeros((0, 112, 112, 3), np.uint8)
         emb, q, raw = self.embed(crops)
         flat = self.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)

@@ -9,8 +9,6 @@ import numpy as np
 
 from facegate.types import Detection
 
-__all__ = ["EmbedOut", "PhotoFaces", "unpack_photo_faces"]
-
 
 class EmbedOut(tuple):  # type: ignore[type-arg]
     """``(embedding (k, D), quality (k,), raw (k,))`` float32: three views of one ``(k, D+2)`` block, pickled as that
