@@ -42,14 +42,8 @@ class Phase:
     shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
 
     def add(self, other: Phase) -> None:
-        self.sent += other.sent
-        self.ok += other.ok
-        self.shed += other.shed
-        self.other.update(other.other)
-        self.non_json += other.non_json
-        self.bounds += other.bounds
-        self.shed_from_send += other.shed_from_send
-        self.client_cpu_s += other.client_cpu_s
+        for name in ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "client_cpu_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))  # counts add, lists and Counters join
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
 
