@@ -1,10 +1,9 @@
 """Closed-loop HTTP load generator for a running facegate server (``facegate bench http``).
 
-``concurrency`` clients share one HTTP client (the lean :mod:`facegate.bench.rawhttp` by default, or httpx); each
-sends its next request as soon as the last one is answered. A run lasts ``duration_s`` or ``n_requests``, after
-``warmup`` unrecorded requests. Kinds: ``compare`` (two consecutive pool images), ``embed``
-(``images_per_request`` photos) and ``embed_aligned`` (112×112 crops, ``aligned=true``). Latencies (send to
-full body) and percentiles are over 2xx answers; other statuses and transport errors count in ``errors``.
+``concurrency`` clients share one HTTP client (:mod:`facegate.bench.rawhttp` or httpx), each sending when answered,
+for ``duration_s`` or ``n_requests`` after ``warmup`` unrecorded ones. Kinds: ``compare`` (two pool images),
+``embed`` (``images_per_request`` photos), ``embed_aligned`` (112×112 crops). Latencies (send to full body) are
+over 2xx answers; other statuses and transport errors count in ``errors``.
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ log = logging.getLogger(__name__)
 
 BenchKind = Literal["compare", "embed_aligned", "embed"]
 KINDS: tuple[str, ...] = get_args(BenchKind)
-#: ``raw``: :mod:`facegate.bench.rawhttp` (a fraction of httpx's CPU per request); ``httpx``: httpx.AsyncClient.
 Transport = Literal["raw", "httpx"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
-#: what a request that got no response raises, per transport (counted by class name, never raised)
+#: what a request that got no response raises (counted by class name)
 TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, TransportError)
 #: ``send(i)`` → ``(status, body)`` of request number ``i``
 Sender = Callable[[int], Awaitable[tuple[int, bytes]]]
@@ -50,9 +48,8 @@ ImageItem = tuple[str, bytes, str]
 
 @dataclass(frozen=True, slots=True)
 class BenchResult:
-    """Outcome of one run. ``n``: requests answered in the measured phase, ``n_ok`` of them 2xx; latencies in ms
-    over the 2xx (``None`` without any); ``errors`` by status or transport error class; ``item_errors``: per-image
-    error codes inside 2xx embed answers; ``error_samples``: the first bodies per error kind."""
+    """One run: ``n`` requests answered, ``n_ok`` 2xx; latencies in ms over the 2xx (``None`` without);
+    ``errors`` by status or transport error; ``item_errors``: per-image codes in 2xx embed answers."""
 
     n: int
     n_ok: int
@@ -71,7 +68,6 @@ class BenchResult:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable dict (floats rounded to 0.001)."""
         out = asdict(self)
         for key, value in out.items():
             if isinstance(value, float):
@@ -79,8 +75,6 @@ class BenchResult:
         return out
 
     def summary(self) -> str:
-        """One human-readable line."""
-
         def fmt(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.1f}"
 
@@ -216,12 +210,11 @@ def _count_item_errors(content: bytes, rec: _Recorder) -> None:
 async def _phase(
     send: Sender,
     make: _RequestMaker,
-    *,
     concurrency: int,
     n_requests: int | None,
-    duration_s: float | None,
-    start_index: int,
-    progress: Any | None,
+    duration_s: float | None = None,
+    start_index: int = 0,
+    progress: Any | None = None,
 ) -> _Recorder:
     """Run ``concurrency`` closed-loop workers until ``n_requests`` were sent or ``duration_s`` passed."""
     rec = _Recorder()
@@ -346,15 +339,11 @@ async def arun_http_bench(
     progress: bool = False,
     transport: Transport = "raw",
 ) -> BenchResult:
-    """Load-test a facegate server at ``base_url`` with ``concurrency`` closed-loop clients.
+    """Load-test the server at ``base_url`` with ``concurrency`` closed-loop clients.
 
-    ``images``: files, or encoded bytes (one or a list), cycled through; exactly one of ``duration_s`` and
-    ``n_requests``; ``crops``: compare with ``crops=true``; ``timeout_s``: per request (a timeout counts as an
-    error); ``wait_ready_s`` > 0: first poll ``/readyz`` that long; ``progress``: a tqdm bar on stderr.
-
-    Raises:
-        InvalidParameterError / EmptyInputError: bad arguments or no images.
-        EngineClosedError: the server did not get ready within ``wait_ready_s``.
+    ``images``: files or encoded bytes, cycled through; exactly one of ``duration_s`` and ``n_requests``;
+    ``timeout_s``: per request (a timeout is an error); ``wait_ready_s`` > 0: first poll ``/readyz`` that long.
+    Raises InvalidParameterError / EmptyInputError for bad arguments, EngineClosedError when never ready.
     """
     _validate(kind, concurrency, duration_s, n_requests, warmup, images_per_request, transport)
     pool = _load_pool(images)
@@ -366,9 +355,7 @@ async def arun_http_bench(
     async with opened as send:
         if warmup:
             log.info("warm-up: %d requests at concurrency %d", warmup, concurrency)
-            wrec = await _phase(
-                send, make, concurrency=concurrency, n_requests=warmup, duration_s=None, start_index=0, progress=None
-            )
+            wrec = await _phase(send, make, concurrency, warmup)
             if wrec.errors:
                 log.warning("warm-up errors: %s", dict(wrec.errors))
         bar = None
@@ -377,15 +364,7 @@ async def arun_http_bench(
 
             bar = tqdm(total=n_requests, desc=f"bench {kind} c={concurrency}", unit="req", file=sys.stderr)
         try:
-            rec = await _phase(
-                send,
-                make,
-                concurrency=concurrency,
-                n_requests=n_requests,
-                duration_s=duration_s,
-                start_index=warmup,
-                progress=bar,
-            )
+            rec = await _phase(send, make, concurrency, n_requests, duration_s, warmup, bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -394,9 +373,8 @@ async def arun_http_bench(
     lat_ms = np.asarray(rec.latencies_s, dtype=np.float64) * 1000.0
     n_ok = int(lat_ms.size)
 
-    def pct(q: float) -> float | None:
-        return float(np.percentile(lat_ms, q)) if n_ok else None
-
+    p50, p95, p99 = np.percentile(lat_ms, [50, 95, 99]).tolist() if n_ok else (None, None, None)
+    rate = 1 / elapsed if elapsed else 0.0
     settings: dict[str, Any] = {
         "url": base_url,
         "kind": kind,
@@ -417,12 +395,12 @@ async def arun_http_bench(
         n=rec.n,
         n_ok=n_ok,
         elapsed_s=elapsed,
-        req_s=rec.n / elapsed if elapsed else 0.0,
-        ok_req_s=n_ok / elapsed if elapsed else 0.0,
-        images_s=n_ok * make.images_per_request / elapsed if elapsed else 0.0,
-        p50_ms=pct(50),
-        p95_ms=pct(95),
-        p99_ms=pct(99),
+        req_s=rec.n * rate,
+        ok_req_s=n_ok * rate,
+        images_s=n_ok * make.images_per_request * rate,
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
         mean_ms=float(lat_ms.mean()) if n_ok else None,
         max_ms=float(lat_ms.max()) if n_ok else None,
         errors=dict(sorted(rec.errors.items())),
@@ -439,12 +417,10 @@ def client_description(transport: Transport) -> str:
 
 
 def run_http_bench(base_url: str, **kw: Any) -> BenchResult:
-    """:func:`arun_http_bench` outside an event loop."""
     return asyncio.run(arun_http_bench(base_url, **kw))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``facegate bench http``."""
     p = argparse.ArgumentParser(prog="facegate bench http", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860", help="server base URL")
     p.add_argument("--kind", choices=KINDS, default="compare")
@@ -466,8 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``facegate bench http``: run, print the JSON result (and write it to ``--out``); 0 when a request
-    succeeded, else 1."""
+    """``facegate bench http``: print the JSON result (and write ``--out``); 0 when a request succeeded."""
     kw = vars(build_parser().parse_args(argv))
     images, out = collect_images(kw.pop("images"), limit=kw.pop("max_images")), kw.pop("out")
     if kw["duration_s"] is None and kw["n_requests"] is None:

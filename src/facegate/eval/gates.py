@@ -1,9 +1,8 @@
 """The verify and enrolment gates chosen on held-out folds, and the per-comparison reliability.
 
-A gate is the least quality ``q*`` a face needs: the largest that refuses at most a share of the training folds'
-clean faces (0.45 % for verify, together with the reasons; 2 % for enrolment, stricter because a poor enrolment
-hurts every later comparison). Reliability is ``P(the verdict is right | q_a, q_b, similarity)``: a logistic
-regression on :func:`facegate.quality_reasons.reliability_features`, then an isotonic map; both cross-fitted.
+A gate is the largest quality ``q*`` that refuses at most a share of the training folds' clean faces (stricter
+for enrolment: a poor enrolment hurts every later comparison). Reliability, ``P(verdict right | q_a, q_b, sim)``,
+is a logistic regression on :func:`facegate.quality_reasons.reliability_features`, then an isotonic map.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ log = logging.getLogger(__name__)
 RELIABILITY_FORMAT = "facegate.reliability"
 
 
-# --------------------------------------------------------------------------- gates
 def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     """The largest ``q*`` with ``mean(q_clean < q*) <= max_refusal`` (``q_clean``: clean faces' qualities)."""
     q = np.sort(np.asarray(q_clean, np.float64))
@@ -36,8 +34,7 @@ def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
 
 
 def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray | None) -> float:
-    """:func:`choose_gate` over ``faces`` when ``refused_anyway`` (``(N,)`` bool, e.g. a reason fires) already
-    refuses some: the gate may refuse only what is left of ``max_refusal``."""
+    """:func:`choose_gate` over ``faces``, refusing only what ``refused_anyway`` (``(N,)`` bool) leaves of the share."""
     if refused_anyway is None:
         return choose_gate(q[faces], max_refusal)
     rest = faces & ~refused_anyway
@@ -69,17 +66,9 @@ def gate_study(
     draws: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Gates chosen per held-out fold, and what they do there.
-
-    Args:
-        q: ``(N,)`` face quality (0 where no face was found).
-        clean: ``(N,)`` bool, the clean photos.
-        identity: ``(N,)`` identity per face (the bootstrap's unit).
-        fold_of_row: ``(N,)`` the face's fold.
-        ps: the comparisons; side ``a`` is the enrolled photo, side ``b`` the probe.
-        sim: ``(P,)`` similarity (−1 where a face is missing).
-        threshold: the match threshold.
-    """
+    """Gates chosen per held-out fold, and what they do there. Per face ``(N,)``: ``q`` (0: not found),
+    ``clean``, ``identity`` (the bootstrap's unit), ``fold_of_row``; ``sim`` ``(P,)`` per comparison of ``ps``
+    (side ``a`` enrolled, ``b`` the probe; −1: a face missing)."""
     folds = sorted(set(ps.fold.tolist()))
     gv = np.zeros(len(ps.same))
     ge = np.zeros(len(ps.same))
@@ -110,10 +99,9 @@ def gate_study(
         }
     found = q > 0
     out["faces"] = {
-        "clean_refused_at_verify": float((q[clean & found] < face_gv[clean & found]).mean()),
-        "clean_refused_at_enrol": float((q[clean & found] < face_ge[clean & found]).mean()),
-        "degraded_refused_at_verify": float((q[~clean & found] < face_gv[~clean & found]).mean()),
-        "degraded_refused_at_enrol": float((q[~clean & found] < face_ge[~clean & found]).mean()),
+        f"{kind}_refused_at_{gate}": float((q[m] < g[m]).mean())
+        for kind, m in (("clean", clean & found), ("degraded", ~clean & found))
+        for gate, g in (("verify", face_gv), ("enrol", face_ge))
     }
     all_clean = clean & found
     out["shipped"] = {
@@ -123,10 +111,8 @@ def gate_study(
     return out
 
 
-# --------------------------------------------------------------------------- reliability
 def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
-    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` weights (the first
-    column, the bias, is not penalised)."""
+    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
     w = np.zeros(x.shape[1])
     reg = l2 * x.shape[0] * np.eye(x.shape[1])
     reg[0, 0] = 0.0
@@ -164,8 +150,8 @@ def isotonic_knots(p: np.ndarray, y: np.ndarray, k: int = 200) -> tuple[np.ndarr
 
 
 def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: float) -> tuple[dict[str, Any], Any]:
-    """Cross-fitted reliability (comparisons with both faces found): logistic regression, then an isotonic map
-    fitted on the same training folds; held-out ECE and Brier per fold, and the model fitted on every fold."""
+    """Cross-fitted reliability on comparisons with both faces found: held-out ECE and Brier per fold, and the
+    model fitted on every fold."""
     from facegate.quality_reasons import ReliabilityModel
 
     ok = sim > -1

@@ -1,10 +1,7 @@
-"""LFW verification protocol (View 2): 10 folds × 600 pairs, identity-disjoint.
+"""LFW verification protocol (View 2): 10 identity-disjoint folds × 600 pairs.
 
-Accuracy is reported as the mean ± std over the 10 folds of the accuracy on each held-out fold, at the
-threshold that maximises accuracy on the other 9 folds (the standard protocol). TAR at FMR 1e-3 is
-computed over all 6,000 pairs (3,000 impostor pairs, so FMR 1e-3 is about 3 false matches), and its
-threshold is reported too. LFW is read from a folder given by the caller (``--root`` or
-``FACEGATE_LFW_ROOT``); it is never shipped.
+Accuracy: mean ± std over the folds, each at the threshold best on the other nine; TAR at FMR 1e-3 over all
+6,000 pairs. LFW is read from the caller's folder (``--root`` or ``FACEGATE_LFW_ROOT``), never shipped.
 """
 
 from __future__ import annotations
@@ -94,8 +91,6 @@ def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
 
 @dataclass(frozen=True)
 class LfwResult:
-    """Verification metrics over the 10 folds."""
-
     accuracy_mean: float
     accuracy_std: float
     fold_accuracies: list[float]
@@ -134,17 +129,6 @@ def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *
     )
 
 
-def centre_most(dets: Sequence, width: int, height: int):
-    """LFW's subject is the centred face: pick the detection whose box centre is nearest the image centre."""
-    cx, cy = width / 2.0, height / 2.0
-
-    def dist(d) -> float:
-        bx, by = (d.box[0] + d.box[2]) / 2.0, (d.box[1] + d.box[3]) / 2.0
-        return (bx - cx) ** 2 + (by - cy) ** 2
-
-    return min(dets, key=dist)
-
-
 def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:
     """Per ``(H, W, 3) uint8`` image the centre-most detection, retried at detector score 0.3, or ``None``."""
     out = []
@@ -156,7 +140,10 @@ def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:
                 ds = pipeline.detect([im])[0]
             finally:
                 pipeline.detector.score_threshold = old
-        out.append(centre_most(ds, im.shape[1], im.shape[0]) if ds else None)
+        h, w = im.shape[:2]  # LFW's subject is the face nearest the centre
+        out.append(
+            min(ds, key=lambda d: (d.box[0] + d.box[2] - w) ** 2 + (d.box[1] + d.box[3] - h) ** 2) if ds else None
+        )
     return out
 
 
@@ -168,12 +155,8 @@ def embed_lfw(
     batch_size: int = 32,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, tuple[np.ndarray, float, float, float]]:
-    """Embed LFW images: path → (embedding, quality, raw quality, detector score).
-
-    Detection runs on the whole 250×250 image; the centre-most face is kept. An image where the
-    detector finds nothing at the configured threshold is retried at threshold 0.3; if there is still
-    nothing, the image is recorded with a NaN embedding and counted as a failure (the pair then scores -1).
-    """
+    """path → (embedding, quality, raw quality, detector score) of :func:`detect_centre`'s face; a NaN
+    embedding where none was found (its pairs then score −1)."""
     from facegate.io.decode import decode_image
 
     out: dict[str, tuple[np.ndarray, float, float, float]] = {}
@@ -193,12 +176,8 @@ def embed_lfw(
                 out[p] = (emb[k], float(q[k]), float(raw[k]), float(chosen[k].score))
             else:
                 log.warning("no face in %s even at score 0.3", p)
-                out[p] = (
-                    np.full(emb.shape[1] if len(emb) else pipeline.spec.embedding_dim, np.nan, np.float32),
-                    float("nan"),
-                    float("nan"),
-                    0.0,
-                )
+                nan = np.full(pipeline.spec.embedding_dim, np.nan, np.float32)
+                out[p] = (nan, float("nan"), float("nan"), 0.0)
         if progress is not None:
             progress(len(chunk))
     return out

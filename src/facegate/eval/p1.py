@@ -1,18 +1,10 @@
-"""EDC metrics of protocol P1: comparisons with both faces found, pAUC at 20 % and 10 % discard, FNMR at 5 %,
-each raw, above the theoretical best and as the normalised excess over a true random baseline, with a paired
-bootstrap over identities against the feature norm.
+"""EDC metrics of protocol P1 over genuine comparisons with both faces found (the others are failure to
+acquire): pAUC at 20 % and 10 % discard and FNMR at 5 %, raw, minus the theoretical best, and as
+E = (pAUC − best) / (random − best), with a paired bootstrap over identities against a reference method.
 
-Inputs are per comparison (genuine only): a similarity and the two faces' qualities, plus an identity for the
-bootstrap. Comparisons where a face was not found are *not* in the EDC: the caller reports them as failure to
-acquire, so no method (random included) gets to discard them first.
-
-- **Pair quality**: ``min(q_a, q_b)``; ties are broken at random (seeded).
-- **Theoretical best**: discard exactly the failing comparisons first, ``FNMR(x) = max(0, (F0 − x) / (1 − x))``.
-- **Pair oracle**: discard by the comparison's own similarity (equal to the best at a fixed threshold).
-- **Per-face oracle**: a face's score is the lowest similarity of its genuine comparisons, combined with ``min``
-  (a floor for per-face scores only when each face is in one comparison).
-- **Random**: uniform scores, averaged over ``random_seeds`` (20) seeds.
-- **E** = (pAUC − best) / (random − best): 0 is the best possible, 1 is random.
+Pair quality is ``min(q_a, q_b)``, ties broken at random (seeded). The best discards the failing comparisons
+first; the pair oracle discards by similarity; the per-face oracle scores a face by its lowest genuine similarity;
+random averages uniform scores over ``random_seeds`` seeds.
 """
 
 from __future__ import annotations
@@ -25,27 +17,31 @@ DISCARDS = {"pauc20": 0.20, "pauc10": 0.10}
 FNMR_AT = 0.05
 
 
-def edc_curve(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, fnmr)`` step curve: after discarding the ``k`` lowest-quality comparisons, ``k = 0..n-1``.
+def _edc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
+    """Per row of weights ``w`` ``(draws, n)`` (a comparison drawn ``k`` times counts ``k`` times): the discarded
+    fraction before and after each comparison, lowest quality first, and the FNMR of those kept."""
+    order = np.lexsort((np.random.default_rng(seed).random(fail.size), pair_q))  # ascending: discarded first
+    w, f = w[:, order].astype(np.float64), fail[order].astype(np.float64)
+    tot = w.sum(1, keepdims=True)
+    cw = np.cumsum(w, 1)
+    fail_left = (w * f).sum(1, keepdims=True) - np.cumsum(w * f, 1) + w * f
+    return (cw - w) / tot, cw / tot, fail_left / np.maximum(tot - cw + w, 1e-12)
 
-    Args:
-        fail: ``(n,)`` bool, the genuine comparison fails at the threshold.
-        pair_q: ``(n,)`` pair quality (higher is kept longer).
-    """
-    n = fail.size
-    tie = np.random.default_rng(seed).random(n)
-    order = np.lexsort((tie, pair_q))  # ascending quality: discarded first
-    f = fail[order].astype(np.float64)
-    kept_fail = f.sum() - np.concatenate([[0.0], np.cumsum(f)[:-1]])
-    kept = n - np.arange(n)
-    return np.arange(n) / n, kept_fail / kept
+
+def edc_curve(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, fnmr)`` step curve after discarding the ``k`` lowest of ``pair_q`` ``(n,)``, ``k = 0..n-1``;
+    ``fail``: ``(n,)`` bool, the comparison fails at the threshold."""
+    x, _, fnmr = _edc(fail, pair_q, np.ones((1, fail.size)), seed)
+    return x[0], fnmr[0]
 
 
 def pauc(x: np.ndarray, fnmr: np.ndarray, x_max: float) -> float:
     """Mean FNMR over discard fractions ``[0, x_max]`` of the step curve (FNMR units)."""
-    edges = np.append(x, 1.0)
-    widths = np.clip(np.minimum(edges[1:], x_max) - edges[:-1], 0.0, None)
-    return float((widths * fnmr).sum() / x_max)
+    return float(_area(x, np.append(x[1:], 1.0), fnmr, x_max))
+
+
+def _area(start: np.ndarray, end: np.ndarray, fnmr: np.ndarray, x_max: float) -> np.ndarray:
+    return (np.clip(np.minimum(end, x_max) - start, 0.0, None) * fnmr).sum(-1) / x_max
 
 
 def fnmr_at(x: np.ndarray, fnmr: np.ndarray, discard: float) -> float:
@@ -76,26 +72,15 @@ def per_face_oracle(face_a: np.ndarray, face_b: np.ndarray, sim: np.ndarray) -> 
 
 
 def identity_weights(identity: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
-    """``(draws, n)`` float32 bootstrap weights: how often each comparison's identity was drawn (identities are
-    drawn with replacement, as many as there are)."""
+    """``(draws, n)`` float32: how often each comparison's identity was drawn (with replacement, as many draws)."""
     uniq, inv = np.unique(identity, return_inverse=True)
     counts = np.random.default_rng(seed).multinomial(uniq.size, np.full(uniq.size, 1.0 / uniq.size), size=draws)
     return counts[:, inv].astype(np.float32)
 
 
 def weighted_pauc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, x_max: float = 0.20, seed: int = 0):
-    """pAUC@``x_max`` of :func:`edc_curve` for each row of weights ``w`` ``(draws, n)``: a comparison drawn ``k``
-    times counts ``k`` times. Returns ``(draws,)``."""
-    tie = np.random.default_rng(seed).random(fail.size)
-    order = np.lexsort((tie, pair_q))
-    w, f = w[:, order].astype(np.float64), fail[order].astype(np.float64)
-    tot = w.sum(1, keepdims=True)
-    cw = np.cumsum(w, 1)
-    before = cw - w
-    fail_left = (w * f).sum(1, keepdims=True) - np.cumsum(w * f, 1) + w * f
-    fnmr = fail_left / np.maximum(tot - before, 1e-12)
-    width = np.clip(np.minimum(cw / tot, x_max) - before / tot, 0.0, None)
-    return (width * fnmr).sum(1) / x_max
+    """``(draws,)`` pAUC@``x_max`` of :func:`edc_curve` per row of weights ``w`` ``(draws, n)``."""
+    return _area(*_edc(fail, pair_q, w, seed), x_max)
 
 
 def study(
@@ -108,14 +93,8 @@ def study(
     draws: int = 1000,
     seed: int = 0,
 ) -> dict[str, dict[str, object]]:
-    """Every method's metrics (raw, minus the best, E), and a paired bootstrap over identities of its difference
-    from ``reference``.
-
-    Args:
-        fail: ``(n,)`` bool per genuine comparison with both faces found.
-        scores: method → ``(n,)`` pair quality (``random`` is added here).
-        identity: ``(n,)`` identity per comparison (the bootstrap's unit).
-    """
+    """Every method's metrics (raw, minus the best, E) and a bootstrap over ``identity`` ``(n,)`` of its pAUC@20
+    difference from ``reference``. ``fail``: ``(n,)`` bool; ``scores``: method → ``(n,)`` pair quality."""
     best = best_metrics(fail)
     rand = [metrics(fail, np.random.default_rng(seed + 1000 + k).random(fail.size)) for k in range(random_seeds)]
     random_mean = {k: float(np.mean([r[k] for r in rand])) for k in best}
@@ -160,17 +139,9 @@ def p1_report(
     reference: str = "feature_norm",
     draws: int = 1000,
 ) -> dict[str, object]:
-    """P1 over a feature table's comparisons.
-
-    Args:
-        a, b: ``(P,)`` row indices of the two faces of each comparison.
-        same: ``(P,)`` genuine comparison.
-        found, severity, degradation, identity: per face row (``severity`` 0 for a clean photo).
-        sim: ``(P,)`` similarity.
-        face_scores: method → ``(N,)`` per-face quality (higher is better).
-        threshold: the operating threshold (FMR 1e-3); ``threshold_check`` a second one (FMR 1e-4).
-        max_severity: degraded sides above it are left out.
-    """
+    """P1 over comparisons ``a``, ``b`` ``(P,)`` (face rows), ``same`` and ``sim`` ``(P,)``; ``found``,
+    ``severity`` (0: clean), ``degradation``, ``identity`` and ``face_scores`` (method → quality) per face row.
+    ``threshold``: FMR 1e-3, ``threshold_check``: a second one; sides above ``max_severity`` are left out."""
     keep = same & (severity[a] <= max_severity) & (severity[b] <= max_severity)
     both = keep & found[a] & found[b]
     out: dict[str, object] = {

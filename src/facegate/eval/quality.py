@@ -1,11 +1,9 @@
 """``facegate eval quality``: protocol P1, the reasons' limits, the gates and the reliability, from one feature table.
 
-The table (``benchmarks/quality_p1_features.py``) holds, per photo of LFW's pairs.txt, three faces: the clean photo,
-one P1 degradation at severity 1-3 and one labelled reason degradation at severity 1-5
-(:func:`facegate.eval.degrade.plan`). The comparisons are pairs.txt's pairs, clean against clean and clean (side
-``a``, the enrolled photo) against the other photo's P1 degradation (side ``b``, the probe). The 10 folds are
-pairs.txt's, identity-disjoint; anything fitted (the fusion, the limits, the gates, the reliability) scores a fold
-with a fit on the other nine.
+The table (``benchmarks/quality_p1_features.py``) holds per LFW pairs.txt photo the clean face, a P1 degradation
+and a reason degradation (:func:`facegate.eval.degrade.plan`). Comparisons: pairs.txt's, clean against clean and
+clean (``a``, enrolled) against the other photo's P1 face (``b``, probe). Whatever is fitted scores each of the 10
+identity-disjoint folds with a fit on the other nine.
 """
 
 from __future__ import annotations
@@ -120,7 +118,6 @@ def similarity(t: dict[str, np.ndarray], ps: PairSet) -> np.ndarray:
     return np.where(ok, np.einsum("ij,ij->i", emb[ps.a], emb[ps.b]), -1.0)
 
 
-# --------------------------------------------------------------------------- fusion
 def fit_fusion(x: np.ndarray, y: np.ndarray, signs: np.ndarray) -> np.ndarray:
     """Logistic regression of ``y`` on ``[1, x]`` whose weights keep their ``signs``: a wrong-signed input is
     dropped and the rest refitted. ``x``: ``(n, k)`` standardised; returns ``(k + 1,)`` weights."""
@@ -139,8 +136,8 @@ def fit_fusion(x: np.ndarray, y: np.ndarray, signs: np.ndarray) -> np.ndarray:
 def fusion_scores(
     t: dict[str, np.ndarray], pairs: Sequence[Pair], ps: PairSet, sim: np.ndarray, threshold: float
 ) -> dict[str, Any]:
-    """Cross-fitted monotone fusion of the norm with the reasons' measurements: per face, ``P(its genuine
-    comparisons all succeed)``, fitted on the other folds' P1 and reason faces. Returns ``{"score": (N,), ...}``."""
+    """Cross-fitted monotone fusion of the norm and the reasons' measurements: ``{"score": (N,), ...}``, per face
+    ``P(its genuine comparisons all succeed)``."""
     cols = list(FUSION)
     x = np.column_stack([t[c] for c in cols]).astype(np.float64)
     signs = np.array([FUSION[c] for c in cols])
@@ -168,14 +165,13 @@ def fusion_scores(
     return {"score": score, "inputs": cols, "fold_weights": weights}
 
 
-# --------------------------------------------------------------------------- reasons
 def _fires(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
     return v > limit if direction > 0 else v < limit
 
 
 def choose_limit(pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean: float, min_recall: float) -> float:
-    """The most lenient limit that finds ``min_recall`` of ``pos`` while firing on at most ``max_clean`` of
-    ``neg`` (the best-recall limit under ``max_clean`` when none reaches it). Candidates: midpoints of the values."""
+    """The most lenient midpoint limit finding ``min_recall`` of ``pos`` while firing on at most ``max_clean`` of
+    ``neg`` (else the best-recall one under ``max_clean``)."""
     vals = np.unique(np.concatenate([pos, neg]))
     cands = (vals[1:] + vals[:-1]) / 2
     neg_fire = np.array([_fires(neg, c, direction).mean() for c in cands])
@@ -189,14 +185,14 @@ def choose_limit(pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean:
     return float(cands[i])
 
 
-def _pr(pos: np.ndarray, neg: np.ndarray, limit: float, direction: int) -> dict[str, float]:
-    tp, fp = int(_fires(pos, limit, direction).sum()), int(_fires(neg, limit, direction).sum())
+def _pr(pos_fired: np.ndarray, neg_fired: np.ndarray) -> dict[str, float]:
+    tp, fp = int(pos_fired.sum()), int(neg_fired.sum())
     return {
         "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
+        "recall": tp / max(1, pos_fired.size),
+        "clean_fire_rate": fp / max(1, neg_fired.size),
+        "positives": int(pos_fired.size),
+        "negatives": int(neg_fired.size),
     }
 
 
@@ -209,13 +205,11 @@ def reasons_study(
     min_recall: float = 0.85,
     fixed: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Each reason's limit per held-out fold (chosen on the other nine) and its precision and recall there.
+    """Each reason's limit per held-out fold (:func:`choose_limit` on the other nine) and its precision and recall.
 
-    Positives: faces of the reason's degradations at severity ≥ 3; negatives: the clean faces. A limit may fire on
-    at most ``max_clean`` of the training folds' clean faces, and is the most lenient one that still finds
-    ``min_recall`` of their positives (above the 0.8 asked for, so that held-out folds keep 0.8). ``fixed``: reason
-    code → a limit kept as it is (and only measured). ``face_fail``:
-    ``(N,)`` the face failed a genuine comparison (NaN: none), for the real stratum (the clean photos)."""
+    Positives: the reason's degradations at severity ≥ 3; negatives: clean faces. ``min_recall`` is above the 0.8
+    asked for, so that held-out folds keep 0.8. ``fixed``: reason → a limit only measured. ``face_fail``: ``(N,)``
+    the face failed a genuine comparison (NaN: none), for the real stratum."""
     fixed = fixed or {}
     found = t["found"]
     clean = found & (t["variant"] == 0)
@@ -228,17 +222,15 @@ def reasons_study(
             bad = (t["luma"] < shipped["too_dark"]) | (t["luma"] > shipped["too_bright"])
             v = np.where(bad, 0.0, v)
         pos = found & np.isin(deg, degs) & (sev >= 3)
-        rows, held_pos, held_neg, held_lim = [], [], [], []
+        rows, held_pos, held_neg = [], [], []
         for f in range(10):
             tr, te = fold_of != f, fold_of == f
             lim = fixed.get(code) or choose_limit(
                 v[pos & tr], v[clean & tr], direction, max_clean=max_clean, min_recall=min_recall
             )
-            rows.append({"fold": f, "limit": lim, **_pr(v[pos & te], v[clean & te], lim, direction)})
             held_pos.append(_fires(v[pos & te], lim, direction))
             held_neg.append(_fires(v[clean & te], lim, direction))
-            held_lim.append(lim)
-        tp, fp = np.concatenate(held_pos), np.concatenate(held_neg)
+            rows.append({"fold": f, "limit": lim, **_pr(held_pos[-1], held_neg[-1])})
         shipped[code] = fixed.get(code) or choose_limit(
             v[pos], v[clean], direction, max_clean=max_clean, min_recall=min_recall
         )
@@ -255,13 +247,7 @@ def reasons_study(
             "setting": field,
             "degradations": list(degs),
             "shipped_limit": shipped[code],
-            "held_out": {
-                "precision": float(tp.sum() / max(1, tp.sum() + fp.sum())),
-                "recall": float(tp.mean()),
-                "clean_fire_rate": float(fp.mean()),
-                "positives": int(tp.size),
-                "negatives": int(fp.size),
-            },
+            "held_out": _pr(np.concatenate(held_pos), np.concatenate(held_neg)),
             "folds": rows,
             "fires_by_severity": by_sev,
             "real_stratum": {
@@ -286,9 +272,8 @@ def reasons_study(
 
 
 def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: dict[str, np.ndarray]) -> np.ndarray:
-    """``(N,)`` faces the verify path refuses (as ``face_reasons`` with ``refuse_on_reasons``): quality below
-    ``gate`` or any reason past its limit (``limits``: reason code → ``(N,)`` limit per face); the pitch and
-    detector-confidence limits are the shipped settings'."""
+    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason →
+    ``(N,)``; pitch and detector score at the shipped settings)."""
     from facegate.config import QualitySettings
 
     s = QualitySettings()
@@ -306,7 +291,6 @@ def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: d
     )
 
 
-# --------------------------------------------------------------------------- the whole study
 def fold_means(fail: np.ndarray, pair_q: dict[str, np.ndarray], fold: np.ndarray) -> dict[str, Any]:
     """Per method the mean and standard deviation over folds of each metric."""
     per = {m: [metrics(fail[fold == f], q[fold == f]) for f in np.unique(fold)] for m, q in pair_q.items()}
@@ -363,15 +347,12 @@ def eval_quality(
     pair_q = {m: np.minimum(s[ps.a], s[ps.b])[both] for m, s in scores.items()}
     p1["fold_means"] = fold_means(sim[both] < match_threshold, pair_q, ps.fold[both])
     # the real-pose stratum: clean pairs where either face is turned 20° or more (LFW's own yaw, from landmarks)
-    turned = ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
-    real = ps.same & turned
-    p1["real_pose"] = (
-        None
-        if real.sum() < 20
-        else p1_report(same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw)[
-            "all"
-        ]
-    )
+    real = ps.same & ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
+    p1["real_pose"] = None
+    if real.sum() >= 20:
+        p1["real_pose"] = p1_report(
+            same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
+        )["all"]
     # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
     g = ps.same & (sim > -1) & ~ps.degraded  # clean against clean: the real stratum has no synthetic partner

@@ -1,17 +1,10 @@
-"""Image decoding with limits and typed errors.
+"""Image decoding with limits and typed errors: untrusted bytes → ``(H, W, 3) uint8`` RGB, or EmptyInputError,
+ImageTooLargeError or ImageDecodeError (no Pillow / OpenCV exception escapes).
 
-:func:`decode_image` turns untrusted bytes into an ``(H, W, 3) uint8`` RGB array or raises
-:class:`~facegate.errors.EmptyInputError`, :class:`~facegate.errors.ImageTooLargeError` or
-:class:`~facegate.errors.ImageDecodeError`; no Pillow / OpenCV exception escapes. Checks run cheapest first and
-nothing is decoded before the limits pass: byte count, then the header (format allow-list :data:`FORMATS`, size →
-``max_pixels``), then JPEG / PNG completeness (so a truncated upload is refused whatever the decoder would do).
-
-Plain 8-bit grey/RGB JPEGs and opaque single-frame PNGs without EXIF/XMP go to OpenCV (faster than Pillow, the
-same pixels: both use libjpeg-turbo); everything else to Pillow. EXIF orientation is read by us and applied on
-both paths, alpha is composited on white, 16-bit grey maps with ``round(v / 257)``, multi-frame files give their
-first frame. Pillow's own bomb guard (``Image.MAX_IMAGE_PIXELS``) stays: above twice it, the answer is
-ImageTooLargeError. :func:`plan_decode` / :func:`run_decode` decode a batch with nvJPEG (torchvision, imported
-lazily) and fall back to the host decoder.
+Nothing is decoded before the limits pass: byte count, header (format allow-list, ``max_pixels``), then JPEG /
+PNG completeness. Plain JPEGs and opaque PNGs without EXIF/XMP go to OpenCV (the same pixels as Pillow, faster),
+the rest to Pillow; EXIF orientation is applied on both, alpha composited on white, multi-frame files give their
+first frame. :func:`plan_decode` / :func:`run_decode` decode a batch with nvJPEG and fall back to the host.
 """
 
 from __future__ import annotations
@@ -62,8 +55,7 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 
-# EXIF orientation → what undoes it (as PIL.ImageOps.exif_transpose): swap H and W (1) or not (0), then flip these
-# axes (0: H, 1: W). E.g. 6 (rotate clockwise) is a swap, then a left-right flip.
+# EXIF orientation → what undoes it (as PIL.ImageOps.exif_transpose): swap H and W or not, then flip these axes.
 _ORIENT = {2: (0, (1,)), 3: (0, (0, 1)), 4: (0, (0,)), 5: (1, ()), 6: (1, (1,)), 7: (1, (0, 1)), 8: (1, (0,))}
 
 
@@ -230,8 +222,7 @@ INLINE_DECODE_PIXELS = 160 * 160
 def decode_if_small(
     data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
 ) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG or PNG whose header says it has at most ``small_pixels``; ``None``
-    when it is larger or its size is unknown without Pillow (the caller decodes it elsewhere)."""
+    """:func:`decode_image` of a plain JPEG or PNG of at most ``small_pixels``; ``None`` for the others."""
     if not isinstance(data, bytes) or not data or len(data) > max_bytes:
         return None
     if data[:3] == b"\xff\xd8\xff":
@@ -252,14 +243,8 @@ def decode_if_small(
 
 
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
-    """Untrusted image bytes → ``(H, W, 3) uint8`` RGB, C-contiguous, EXIF orientation applied.
-
-    Raises:
-        EmptyInputError: zero bytes.
-        ImageTooLargeError: more than ``max_bytes`` or ``max_pixels`` (``detail = {unit, limit, actual, ...}``).
-        ImageDecodeError: not an image, unsupported format or mode, truncated or corrupt data.
-        InvalidParameterError: ``data`` is not bytes-like or a limit is not a positive int.
-    """
+    """Untrusted image bytes → ``(H, W, 3) uint8`` RGB, C-contiguous, EXIF orientation applied; ImageTooLargeError
+    names ``{unit, limit, actual}``."""
     _check_limits(max_bytes, max_pixels)
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidParameterError(f"image data must be bytes, got {type(data).__name__}")
@@ -306,8 +291,7 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
 
 
 def _decode_plain_jpeg(data: bytes, max_pixels: int, hdr: JpegHeader | None = None) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG without Pillow's header parse (dearer than decoding a small crop);
-    ``None``: take the general path. ``hdr``: the header, when the caller read it already."""
+    """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
     if hdr is None:
         try:
             hdr = read_jpeg_header(data)
@@ -329,13 +313,9 @@ def _refuse(path: str | os.PathLike[str], why: str) -> PathNotAllowedError:
 
 
 def read_image_file(path: str | Path, *, allowed_roots: Sequence[Path], max_bytes: int, max_pixels: int) -> np.ndarray:
-    """:func:`decode_image` of a server-side file whose real path (symlinks and ``..`` resolved) lies inside
-    ``allowed_roots``. Opened with ``O_NOFOLLOW`` and re-checked with ``fstat``, so a file swapped for a symlink,
-    FIFO or device after the check is refused.
-
-    Raises: as :func:`decode_image`; PathNotAllowedError when no roots are set, the path is outside them, or it is
-    not a regular file (a missing file too: the answer does not reveal what exists outside the roots).
-    """
+    """:func:`decode_image` of a server-side file whose real path lies inside ``allowed_roots``, opened with
+    ``O_NOFOLLOW`` and re-checked with ``fstat`` (a file swapped for a symlink or FIFO is refused). A missing file
+    is PathNotAllowedError too: the answer does not reveal what exists."""
     _check_limits(max_bytes, max_pixels)
     if not allowed_roots:
         raise _refuse(path, "no allowed roots are configured")
@@ -403,8 +383,7 @@ def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, int, int] | None:
-    """``(orientation, H, W)`` when ``data`` is a complete 8-bit grey/RGB JPEG within the limits, else None.
-    Plain JPEGs are read by :mod:`facegate.io.jpeg` (µs), the others by Pillow."""
+    """``(orientation, H, W)`` when ``data`` is a complete 8-bit grey/RGB JPEG within the limits, else None."""
     if not data or len(data) > max_bytes:
         return None
     try:
@@ -436,11 +415,8 @@ def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | N
 
 @dataclass(slots=True)
 class DecodePlan:
-    """The host half of a batch decode (:func:`plan_decode`), ready for :func:`run_decode`.
-
-    ``gpu_items``: index → ``(orientation, H, W)`` of each JPEG for nvJPEG; ``done``: index → the host-decoded
-    ``(H, W, 3) uint8`` or the item's FacegateError (naming no batch index: the batch is the engine's).
-    """
+    """The host half of a batch decode: ``gpu_items`` index → ``(orientation, H, W)`` for nvJPEG; ``done`` index →
+    the host-decoded ``(H, W, 3) uint8`` or the item's FacegateError."""
 
     datas: list[bytes]
     device: torch.device
@@ -488,13 +464,9 @@ _decode_streams_lock = threading.Lock()
 
 
 def nvjpeg_decode(data: Any, device: torch.device) -> Any:
-    """``torchvision.io.decode_jpeg(data, RGB, device)`` with a decode-only CUDA stream current.
-
-    The CUDA decoder allocates on the current stream but writes from nvJPEG's without waiting for it, so it can
-    overwrite a freed block that kernels queued on the caller's stream still read (pytorch/vision#9606; it
-    corrupted a few compare answers with two engines on one GPU). Here the outputs come from the decode
-    stream's blocks; the caller's stream waits for it and owns the outputs (``record_stream``).
-    """
+    """``torchvision.io.decode_jpeg(data, RGB, device)`` on a decode-only CUDA stream: the decoder allocates on the
+    current stream but writes from nvJPEG's without waiting, overwriting freed blocks the caller's kernels still
+    read (pytorch/vision#9606). The caller's stream waits for the decode stream and owns the outputs."""
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -515,11 +487,8 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
 
 
 def run_decode(plan: DecodePlan) -> list[Any]:
-    """Device half: one ``(3, H, W) uint8`` RGB tensor on ``plan.device`` per item, or the item's FacegateError.
-
-    One batched nvJPEG call; if nvJPEG rejects the batch its items are retried one by one, and an item that still
-    fails (or has an unexpected shape) is decoded on the host.
-    """
+    """Per item a ``(3, H, W) uint8`` RGB tensor on ``plan.device`` or its FacegateError: one batched nvJPEG call,
+    retried one by one if rejected; an item that still fails is decoded on the host."""
     import torch
 
     out: list[Any] = [None] * len(plan.datas)

@@ -1,9 +1,6 @@
-"""Copies of small arrays that keep the GIL, for the serving processes' hot threads.
-
-numpy releases the GIL around copies of more than a few hundred elements; winning it back from threads running
-Python code can take the switch interval (1 ms in the serving processes), so a µs copy could cost a ms. A
-``memoryview`` slice assignment is one ``memcpy`` with the GIL held, cheaper up to a few MiB; larger payloads
-keep numpy's copy.
+"""Copies of small arrays that keep the GIL, for the serving processes' hot threads: numpy releases it around
+larger copies, and winning it back can take the 1 ms switch interval; a ``memoryview`` slice assignment is one
+``memcpy`` with the GIL held.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """``GET /metrics``: the Prometheus text exposition of a :class:`~facegate.metrics.stats.ServiceStats`.
 
-With several front-end processes (``facegate serve --workers N``) a scrape reaches one of them. The supervisor
-gives the server a private ``PROMETHEUS_MULTIPROC_DIR`` and each front-end calls :func:`enable_multiprocess`:
-its counters and histograms then live in memory-mapped files there (prometheus_client's multiprocess mode), and
-every scrape sums the files of all front-ends, those that exited included, so counters never go backwards. The
-engine families come from the engine processes, gauges from the process that answers.
-
-Gallery names are labels only with ``Settings.security.metrics_gallery_labels``; otherwise
-``facegate_gallery_subjects`` is one unlabelled total. ``images/s`` is ``rate(facegate_items_total[1m])``.
-With several front-ends, ``facegate_process_requests_total{pid}`` and ``facegate_process_request_seconds_total{pid}``
-tell how evenly they share the work.
+With several front-ends a scrape reaches one of them, so their counters and histograms live in files under
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode), summed at every scrape, exited processes
+included, so counters never go backwards. Engine families come from the engine processes, gauges from the process
+that answers; ``facegate_process_request*_total{pid}`` tell how evenly the front-ends share the work.
 """
 
 from __future__ import annotations
@@ -35,10 +29,7 @@ except ImportError:  # pragma: no cover - older clients: LATEST *is* the 0.0.4 t
 
 
 def enable_multiprocess() -> bool:
-    """Keep this process's metrics in ``$PROMETHEUS_MULTIPROC_DIR`` (if it is a folder); returns whether it did.
-
-    Call it before the process's :class:`ServiceStats` exists.
-    """
+    """Keep this process's metrics in ``$PROMETHEUS_MULTIPROC_DIR`` (before its ServiceStats exists); whether it did."""
     global _multiproc_dir
     path = os.environ.get(MULTIPROC_ENV)
     if not path or not os.path.isdir(path):
@@ -128,11 +119,8 @@ class _SharedCollector(MultiProcessCollector):
 def render_latest(
     stats: ServiceStats, remote: dict[str, Series] | None = None, *, gallery_labels: bool = True
 ) -> tuple[bytes, str]:
-    """Prometheus text exposition of ``stats`` and its content type (the classic ``text/plain; version=0.0.4``).
-
-    ``remote``: the engine's :meth:`~ServiceStats.engine_samples`, for a front-end (process model).
-    ``gallery_labels``: whether ``facegate_gallery_subjects`` names the galleries (else one total).
-    """
+    """The text exposition of ``stats`` (``text/plain; version=0.0.4``) with the engine's ``remote`` samples;
+    without ``gallery_labels``, ``facegate_gallery_subjects`` is one unlabelled total."""
     remote = remote or {}
     registry = CollectorRegistry(auto_describe=False)
     shared = _multiproc_dir is not None and os.path.isdir(_multiproc_dir)

@@ -1,8 +1,5 @@
-"""Service statistics: prometheus_client counters, gauges and histograms in one private registry per holder.
-
-The engine, pipeline, routes and transport record here; :mod:`facegate.metrics.prometheus` exports. A private
-:class:`~prometheus_client.CollectorRegistry` per :class:`ServiceStats` lets any number of holders (engines,
-tests) coexist in one process.
+"""Service statistics: prometheus_client families in a private registry per :class:`ServiceStats`, so any number of
+holders (engines, tests) coexist in one process; :mod:`facegate.metrics.prometheus` exports them.
 """
 
 from __future__ import annotations
@@ -91,12 +88,8 @@ def _add(a: Any, b: Any) -> Any:
 
 
 class ServiceStats:
-    """Every statistic facegate keeps, one prometheus_client family per attribute.
-
-    Args:
-        gpu_memory_fn: optional callable returning ``{"allocated", "reserved", "peak"}`` bytes; read by
-            :meth:`refresh_gpu_memory` at every scrape. See :func:`torch_cuda_memory_fn`.
-    """
+    """Every statistic facegate keeps, one family per attribute; ``gpu_memory_fn`` returns ``{"allocated",
+    "reserved", "peak"}`` bytes at every scrape (:func:`torch_cuda_memory_fn`)."""
 
     ENGINE_FAMILIES = ENGINE_FAMILIES
 
@@ -213,7 +206,6 @@ class ServiceStats:
         self.request_latency.labels(route).observe(latency_s)
 
     def record_quality(self, score: float) -> None:
-        """One calibrated quality score in [0, 1]."""
         self.quality_score.observe(score)
 
     def record_refusal(self, reason: str) -> None:
@@ -221,7 +213,6 @@ class ServiceStats:
         self.refusals.labels(reason).inc()
 
     def set_gallery_size(self, gallery: str, subjects: int) -> None:
-        """Current number of subjects in a gallery."""
         self.gallery_subjects.labels(gallery).set(subjects)
 
     def remove_gallery(self, gallery: str) -> None:
@@ -254,7 +245,6 @@ class ServiceStats:
         return self.value("facegate_batch_size_sum", stage=stage) / n if n else 0.0
 
     def set_gpu_memory_source(self, fn: GpuMemoryFn | None) -> None:
-        """Install (or remove) the callable that :meth:`refresh_gpu_memory` reads."""
         self._gpu_memory_fn = fn
 
     def refresh_gpu_memory(self) -> dict[str, float]:

@@ -1,17 +1,9 @@
 """Five-point face alignment: similarity estimation (NumPy) and warping on the CPU (OpenCV).
 
-:mod:`facegate.pipeline.align_torch` warps the same way in torch for accelerators (a module of its own so that
-the front-ends, which align on the host, never import torch). Conventions shared by both:
-
-* pixel centres at integers (OpenCV's): the image spans ``[-0.5, W - 0.5]``;
-* a transform ``M`` is a ``(2, 3)`` matrix mapping **source** pixels to **crop** pixels (``crop = M @ [x, y, 1]``);
-* samples outside the source read **zeros** (as insightface's ``norm_crop``), so a crop near an edge fades to
-  black; a batch of differently-sized images may therefore be zero-padded at the bottom and right and warp to
-  the same crops (never pad at the top/left: that shifts coordinates);
-* landmark order (:mod:`facegate.types`): right eye (image left), left eye, nose tip, right and left mouth corner.
-
-The similarity (rotation + uniform scale + translation, never a reflection) is Umeyama's (1991) least-squares
-solution with the reflection fix.
+:mod:`facegate.pipeline.align_torch` warps the same way in torch (apart, so that front-ends never import torch).
+Shared conventions: pixel centres at integers (OpenCV's); ``M`` is a ``(2, 3)`` source→crop matrix; samples
+outside the source read zeros (as insightface's ``norm_crop``), so images may be zero-padded at the bottom and
+right, never top/left; landmark order as :mod:`facegate.types`.
 """
 
 from __future__ import annotations
@@ -52,11 +44,7 @@ def _check_size(size: int) -> int:
 
 
 def template(size: int = CROP_SIZE) -> np.ndarray:
-    """The ArcFace template for a ``size``×``size`` crop: ``(5, 2) float64``.
-
-    The 112-pixel template is scaled about the origin by ``size / 112`` (what insightface does for
-    multiples of 112; its 128-pixel variant with an 8-pixel x-shift is not reproduced).
-    """
+    """``(5, 2) float64`` ArcFace template for a ``size``×``size`` crop: the 112 one scaled by ``size / 112``."""
     return ARCFACE_TEMPLATE.astype(np.float64) * (_check_size(size) / CROP_SIZE)
 
 
@@ -90,21 +78,9 @@ def _check_degenerate(src_centred: np.ndarray, src: np.ndarray) -> np.ndarray:
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Least-squares similarity transforms mapping each ``src[n]`` onto ``dst``, batched (Umeyama 1991).
-
-    The rotation ``U diag(1, d) Vᵀ`` with ``d = sign(det U · det V)`` never mirrors; the scale is
-    ``trace(diag(σ) diag(1, d)) / var(src)``.
-
-    Args:
-        src: ``(N, P, 2)`` source points (``P >= 2``, normally the 5 detected landmarks), any real dtype.
-        dst: ``(P, 2)`` target points shared by the batch, or ``(N, P, 2)``.
-
-    Returns:
-        ``(N, 2, 3) float64`` matrices ``M`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``; ``det M[:, :2] > 0``.
-
-    Raises:
-        InvalidParameterError: wrong shapes, non-finite points, or all points of one set coincide.
-    """
+    """Least-squares similarity transforms (Umeyama 1991, never a reflection) of ``src`` ``(N, P, 2)`` onto
+    ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``.
+    InvalidParameterError for wrong shapes, non-finite or coincident points."""
     src, dst = _check_points(src, dst)
     n, p, _ = src.shape
     if n == 0:
@@ -126,15 +102,7 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
-    """Similarity transforms taking detected landmarks onto the ArcFace template.
-
-    Args:
-        landmarks: ``(N, 5, 2)`` landmarks in source-image pixels (order in the module docstring).
-        size: crop side; the template is scaled by ``size / 112``.
-
-    Returns:
-        ``(N, 2, 3) float32`` source→crop matrices for :func:`warp_cpu` / ``align_torch.pixel_to_theta``.
-    """
+    """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :func:`template`."""
     lm = np.asarray(landmarks)
     if lm.ndim != 3 or lm.shape[1:] != (5, 2):
         raise InvalidParameterError(
@@ -144,17 +112,7 @@ def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndar
 
 
 def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
-    """Warp one image into a ``size``×``size`` crop with ``cv2.warpAffine``.
-
-    Args:
-        image: ``(H, W, 3) uint8`` (any channel order; it is kept).
-        M: ``(2, 3)`` source→crop matrix (e.g. one row of :func:`estimate_transforms`).
-        size: crop side.
-
-    Returns:
-        ``(size, size, 3) uint8``; bilinear (``INTER_LINEAR``), zeros outside the image
-        (``BORDER_CONSTANT``, value 0).
-    """
+    """``image`` ``(H, W, 3) uint8`` → ``(size, size, 3) uint8`` by ``M`` ``(2, 3)``: bilinear, zeros outside."""
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise InvalidParameterError(
             "image must be an (H, W, 3) uint8 array",
@@ -165,17 +123,9 @@ def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndar
         raise InvalidParameterError(f"M must have shape (2, 3), got {m.shape}", detail={"shape": list(m.shape)})
     side = _check_size(size)
     try:
-        out = cv2.warpAffine(
-            np.ascontiguousarray(image),
-            m,
-            (side, side),
-            flags=cv2.INTER_LINEAR,
-            borderMode=cv2.BORDER_CONSTANT,
-            borderValue=(0, 0, 0),
-        )
+        return cv2.warpAffine(np.ascontiguousarray(image), m, (side, side), flags=cv2.INTER_LINEAR, borderValue=0)
     except cv2.error as exc:
         raise InvalidParameterError(f"cv2.warpAffine failed: {exc}", detail={"shape": list(image.shape)}) from exc
-    return out
 
 
 def _check_index(image_index: np.ndarray, k: int, n_images: int) -> np.ndarray:
@@ -196,17 +146,8 @@ def _check_index(image_index: np.ndarray, k: int, n_images: int) -> np.ndarray:
 def align_cpu(
     images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: np.ndarray, size: int = CROP_SIZE
 ) -> np.ndarray:
-    """Align K faces found in a list of images.
-
-    Args:
-        images: B images, each ``(H_b, W_b, 3) uint8``; sizes may differ.
-        landmarks: ``(K, 5, 2)`` landmarks, each in the pixel coordinates of its image.
-        image_index: ``(K,)`` integer; face ``k`` lies in ``images[image_index[k]]``.
-        size: crop side.
-
-    Returns:
-        ``(K, size, size, 3) uint8`` crops, same channel order as the inputs.
-    """
+    """``(K, size, size, 3) uint8`` crops of faces ``landmarks`` ``(K, 5, 2)``, face ``k`` in
+    ``images[image_index[k]]`` (``(H, W, 3) uint8`` each, sizes may differ)."""
     size = _check_size(size)
     lm = np.asarray(landmarks)
     mats = estimate_transforms(lm, size)  # validates the shape (K, 5, 2)

@@ -22,13 +22,9 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 
 
 def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """The least-squares similarity of :func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD,
-    no host sync): ``a = Σ(p·q) / Σ|p|²``, ``b = Σ(p × q) / Σ|p|²`` on centred points, ``A = [[a, −b], [b, a]]``.
-
-    ``src (K, P>=2, 2)`` on any device, ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``
-    (computed in float64 on the CPU). No degenerate-input check (it would sync): coincident points give a zero
-    linear part.
-    """
+    """:func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD, no host sync): ``src (K, P>=2, 2)``,
+    ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``. Unchecked for degenerate input (a check
+    would sync): coincident points give a zero linear part."""
     if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
         raise InvalidParameterError(
             f"src must have shape (K, P>=2, 2), got {tuple(src.shape)}", detail={"shape": list(src.shape)}
@@ -58,10 +54,8 @@ def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Te
 
 
 def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., Any]) -> Any:
-    """:func:`pixel_to_theta`'s arithmetic on ``(K, 2, 3)`` float matrices of NumPy or torch (``stack``).
-
-    ``in_h`` / ``in_w``: the source size, a number, or one per matrix (``(K,)``, same library and device).
-    """
+    """:func:`pixel_to_theta` on ``(K, 2, 3)`` NumPy or torch matrices (``stack``); ``in_h``/``in_w``: scalars or
+    ``(K,)``."""
     a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
     d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
     det = a * e - b * d
@@ -81,21 +75,9 @@ def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., A
 def pixel_to_theta(
     M: torch.Tensor | np.ndarray, in_h: int, in_w: int, device: torch.device, size: int = CROP_SIZE
 ) -> torch.Tensor:
-    """Turn source→crop pixel matrices into ``affine_grid`` thetas (crop→source, normalised).
-
-    With ``align_corners=False``, normalised ``u ∈ [-1, 1]`` relates to a pixel-centre coordinate
-    ``x`` of an axis of length ``L`` by ``u = (2x + 1) / L - 1``. For crop pixel ``(j, i)`` the source
-    pixel is ``M⁻¹ [j, i, 1]``, so ``θ = N_in · M⁻¹ · N_out⁻¹`` with
-    ``N_out⁻¹: x = (S/2) u + (S-1)/2`` and ``N_in: u = (2/L) x + 1/L - 1``.
-
-    Args:
-        M: ``(K, 2, 3)`` source→crop pixel matrices: a host array (computed in float64 with NumPy, then one
-            host→device copy instead of ~30 tiny kernels) or a tensor on any device (computed there).
-        device: where the thetas go.
-
-    Returns:
-        ``(K, 2, 3) float32`` thetas on ``device``. A singular ``M`` yields non-finite entries.
-    """
+    """Source→crop pixel matrices ``M`` ``(K, 2, 3)`` → ``(K, 2, 3) float32`` ``affine_grid`` thetas on ``device``:
+    ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1`` (``align_corners=False``). A host ``M`` is computed
+    in NumPy and copied once (not ~30 tiny kernels). A singular ``M`` gives non-finite entries."""
     if isinstance(M, np.ndarray):
         with np.errstate(divide="ignore", invalid="ignore"):
             theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, size, np.stack)

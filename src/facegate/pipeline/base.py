@@ -12,8 +12,6 @@ from facegate.types import Detection, FaceSelect
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PipelineView", "detector_batches", "select_faces"]
-
 
 class PipelineView(Protocol):
     """The parts of a :class:`~facegate.pipeline.pipeline.FacePipeline` its engine stages use."""

@@ -1,18 +1,10 @@
-"""The photo stage: encoded photos → decoded, detected, aligned and embedded faces in one engine step.
+"""The photo stage: encoded photos → decoded, detected, aligned and embedded faces in one engine step on the device.
 
-A request sends the upload's bytes once and the engine process does the rest on the device, instead of the
-front-ends' CPUs decoding and warping and two engine round trips (``detect``, then ``embed``):
-
-* ``prepare`` (front thread, overlapping the previous batch's ``execute``): check the headers
-  (:func:`plan_decode`), decode the batch's JPEGs with one nvJPEG call (:func:`run_decode`), letterbox them onto
-  device canvases (:func:`prepare_photos`) and enqueue the detector with no wait; its CUDA graph also runs NMS,
-  the largest-face choice and the alignment transform (:mod:`facegate.pipeline.photo_select`);
-* ``execute``: warp the chosen faces on the device, embed them and copy the results to the host once
-  (:func:`faces_selected_on_device`); photos the device cannot settle exactly take the host rule.
-
-Only JPEG uploads, the ``largest`` face policy and no crops in the answer come here; aligned crops go to
-``embed``, everything else takes the host path. Host and device paths agree within the tolerances of
-``tests/unit/pipeline/test_photo.py`` (nvJPEG's IDCT and the bilinear sampler round differently).
+``prepare`` (overlapping the previous batch's ``execute``) checks the headers, decodes the JPEGs with one nvJPEG
+call, builds the detector canvases and enqueues the detector, whose CUDA graph also chooses and aligns the face
+(:mod:`facegate.pipeline.photo_select`). ``execute`` warps, embeds and copies the results to the host once.
+Only JPEGs with the ``largest`` policy and no crops come here; the host path agrees within the tolerances of
+``tests/unit/pipeline/test_photo.py``.
 """
 
 from __future__ import annotations
@@ -32,32 +24,16 @@ from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
 from facegate.pipeline.base import PipelineView, detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
-from facegate.pipeline.results import PhotoFaces, unpack_photo_faces
+from facegate.pipeline.results import PhotoFaces
 from facegate.quality_reasons import FACE_COLS, FACE_ROWS, N_STATS, SHARP_SCALE, flat_fraction
 from facegate.types import Detection, FaceSelect
-
-__all__ = [
-    "PhotoFaces",
-    "PhotoStage",
-    "PreparedPhotos",
-    "faces_selected_on_device",
-    "prepare_photos",
-    "unpack_photo_faces",
-]
 
 
 @dataclass(slots=True)
 class PreparedPhotos:
-    """A batch after :func:`prepare_photos`: decoded on the device, detector canvases built.
-
-    Attributes:
-        decoded: per photo its ``(3, H, W) uint8`` tensor, or its error.
-        photos: index → tensor of the photos to detect in (not errors).
-        det_batches: ``(indices, DetBatch)`` per detector forward: photos of one padded size, at most
-            ``det_max_batch_pixels`` per forward (as :meth:`PipelineView.detect_groups`).
-        det_pending: the detector forwards enqueued on the device by ``prepare``
-            (:meth:`FaceDetector.enqueue_many`).
-    """
+    """A batch after :func:`prepare_photos`: ``decoded`` per photo a ``(3, H, W) uint8`` tensor or its error;
+    ``photos`` the tensors only; ``det_batches`` ``(indices, DetBatch)`` per detector forward; ``det_pending`` the
+    forwards ``prepare`` enqueued."""
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
@@ -101,10 +77,7 @@ def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[
 def _warp(
     images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]], max_float_bytes: int | None
 ) -> tuple[torch.Tensor, list[int]]:
-    """Crops of the chosen faces: ``(K, 112, 112, 3) uint8`` on the images' device, and each crop's image.
-
-    Faces of photos of one size are warped together, in runs of at most ``max_float_bytes`` of float32 photos.
-    """
+    """``(K, 112, 112, 3) uint8`` crops of the chosen faces and each crop's image, warped per photo size."""
     by_shape: dict[tuple[int, int], list[tuple[int, Detection]]] = {}
     for i, dets in chosen.items():
         by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).extend((i, d) for d in dets)
@@ -144,16 +117,11 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 def faces_selected_on_device(
     pipe: PipelineView, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
 ) -> tuple[list[Any], np.ndarray | None, set[int]]:
-    """Per photo of a :func:`prepare_photos` batch a :class:`PhotoFaces` (its largest face), or its
-    :class:`FacegateError` (decode error, ``NoFaceError``); then what ``extra`` asked for and the photos whose
-    rows in it are void.
+    """Per photo a :class:`PhotoFaces` (its largest face) or its FacegateError; then ``extra``'s host copy and the
+    photos whose rows in it are void (settled by the host rule: not exact on the device).
 
-    The host waits once, for one array: per photo its chosen face, whether it has one and whether the device
-    answer is exact, then every crop's embedding, quality, raw score and statistics. Photos whose answer is not
-    exact (crowds, long suppression chains) take the host rule (:meth:`FaceDetector.finish_many`).
-    ``extra(embeddings (K, D) float32 on the device, owners)`` (``owners[r]``: the photo of row ``r``) may queue
-    more device work on the crops' embeddings, returning a float32 device tensor (or None); its host copy comes
-    back flat beside the faces, from the same wait. The rows of photos settled by the host rule are void.
+    The host waits once, for one array. ``extra(embeddings (K, D) float32 on the device, owners)`` may queue
+    more device work and return a float32 device tensor (or None), copied back in the same wait.
     """
     decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
@@ -229,8 +197,7 @@ def faces_selected_on_device(
 
 
 def _selection_post(pipe: PipelineView) -> Any:
-    """The detector ``post`` step of :func:`faces_selected_on_device`: one callable per pipeline (the detector
-    captures a CUDA graph per batch shape and ``post``, so every stage object must hand it the same one)."""
+    """The detector ``post`` step, one per pipeline: the detector captures a CUDA graph per shape and ``post``."""
     post = pipe._photo_select_post
     if post is None:
         dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(pipe.device)
@@ -240,13 +207,8 @@ def _selection_post(pipe: PipelineView) -> Any:
 
 
 class PhotoStage:
-    """Engine stage ``photo``: payload the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`.
-
-    ``prepare`` (engine front thread) decodes (host checks, then nvJPEG), builds the detector canvases on the
-    device and enqueues the detector, so it overlaps the previous batch's ``execute`` (back thread: NMS,
-    warp, embedding);
-    see the module docstring. Each item that fails (bad image, no face) fails alone.
-    """
+    """Engine stage ``photo``: the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`; an item that
+    fails (bad image, no face) fails alone."""
 
     name = "photo"
 

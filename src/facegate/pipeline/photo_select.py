@@ -1,20 +1,10 @@
 """The photo stage's face selection on the device: NMS, the largest face and its alignment, no host round trip.
 
-Same rule and arithmetic as the host path, so the same detections:
-
-* greedy NMS (:func:`facegate.models.nms.nms_rows`'s rule, IoU in fp64) over each photo's first
-  :data:`CANDIDATES` candidates, as the fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij`` after
-  :data:`ITERATIONS` Jacobi steps (the system is triangular: each step fixes at least one more rank, and the
-  fixed point is greedy NMS's unique answer);
-* boxes and landmarks rescaled in fp64 and clipped as :meth:`FaceDetector._finish_rows` does, boxes without area
-  dropped, then the largest box (float32 area, first of equal ones in score order);
-* alignment by :func:`~facegate.pipeline.align_torch.umeyama_torch` (float32 on accelerators: crops may differ
-  from the host's by rounding).
-
-:func:`choose_and_align` has no host data, so the detector captures it in its CUDA graph per batch shape: eager,
-its ~100 small kernels per batch would cost more host time than the NumPy NMS they replace. A photo is *not
-exact* when it has more than :data:`CANDIDATES` candidates above the threshold or its NMS has not converged after
-:data:`ITERATIONS` steps; it then takes the host path, so every answer is the host rule's.
+The host path's rule and arithmetic: greedy NMS (IoU in fp64) over the first :data:`CANDIDATES` candidates as the
+fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij`` after :data:`ITERATIONS` Jacobi steps (triangular:
+each step fixes one more rank); boxes rescaled and clipped as ``FaceDetector._finish_rows``; the largest box. The
+detector captures it in its CUDA graph (eager, its ~100 small kernels cost more than the NumPy NMS). A photo with
+more candidates or an unconverged NMS is *not exact* and takes the host path.
 """
 
 from __future__ import annotations
@@ -29,8 +19,6 @@ from facegate.models.nms import NMS_ROWS_MAX
 from facegate.pipeline.align import CROP_SIZE
 from facegate.pipeline.align_torch import _theta_parts, umeyama_torch
 
-__all__ = ["CANDIDATES", "ITERATIONS", "choose_and_align", "geometry"]
-
 #: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
 CANDIDATES = NMS_ROWS_MAX
 #: Jacobi steps of the device NMS; a photo whose suppression chain is longer takes the host path.
@@ -38,13 +26,8 @@ ITERATIONS = 8
 
 
 def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: int) -> tuple[Tensor, Tensor]:
-    """Greedy NMS of many photos at once: ``boxes (n, c, 4)`` fp64 in score order, ``valid (n, c) bool``.
-
-    Returns ``keep (n, c) bool`` and ``converged (n,) bool`` (keep is greedy NMS's answer where converged).
-
-    Raises:
-        InvalidParameterError: ``iterations < 1``.
-    """
+    """Greedy NMS of ``boxes (n, c, 4)`` fp64 in score order, ``valid (n, c) bool`` → ``keep (n, c) bool`` and
+    ``converged (n,) bool``."""
     if iterations < 1:
         raise InvalidParameterError(f"the device NMS needs at least one step, got {iterations}")
     x1, y1, x2, y2 = boxes.unbind(-1)
@@ -81,24 +64,12 @@ def choose_and_align(
     iterations: int = ITERATIONS,
     size: int = CROP_SIZE,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """NMS, rescale, clip, the largest face and its warp parameters, for every row of a detector batch.
+    """NMS, rescale, clip, the largest face and its warp, per row of a detector batch (tensor operations only).
 
-    Tensor operations only, with no host data and no host wait, so the detector captures them in its CUDA
-    graph (:meth:`FaceDetector.enqueue_many`'s ``post``).
-
-    Args:
-        packed: ``(rows, p·15 + 1) fp32``: per photo its ``p`` candidates (box, landmarks, score; in the network
-            input's pixels, by descending score), then the count above the score threshold
-            (:meth:`FaceDetector._select`).
-        geo: ``(rows, 4) float64``: :func:`geometry` (ones for padding rows).
-        iou_threshold: the detector's NMS threshold.
-        dst: the alignment template ``(5, 2)`` on the device (:func:`~facegate.pipeline.align.template`).
-
-    Returns:
-        ``chosen (rows, 15) fp32``: box ``x1, y1, x2, y2`` (source pixels, clipped), 5 landmarks (source pixels),
-        score; ``flags (rows, 2) fp32``: has a face, the answer is exact (else take the host path);
-        ``theta (rows, 2, 3) fp32``: the chosen face's ``affine_grid`` parameters in its own photo
-        (:func:`~facegate.pipeline.align_torch.warp_theta`).
+    ``packed``: ``(rows, p·15 + 1) fp32``, per photo ``p`` candidates (box, landmarks, score in input pixels, by
+    score) and the count above the threshold; ``geo``: ``(rows, 4) float64`` :func:`geometry`; ``dst``: the
+    ``(5, 2)`` template on the device. Returns ``chosen (rows, 15)`` (clipped box, landmarks in source pixels,
+    score), ``flags (rows, 2)`` (has a face, exact) and ``theta (rows, 2, 3)``, all fp32.
     """
     n = packed.shape[0]
     dev = packed.device

@@ -1,9 +1,4 @@
-"""The face pipeline on batches: detect → select → align → embed + quality → gate.
-
-No I/O and no HTTP here: images come in as ``(H, W, 3) uint8`` RGB arrays, results go out as
-:mod:`facegate.types` objects. Two engine stages wrap the device work (:class:`DetectStage`,
-:class:`EmbedStage`) so that :class:`facegate.engine.engine.Engine` can batch across requests.
-"""
+"""The face pipeline on batches of ``(H, W, 3) uint8`` RGB images: detect → select → align → embed + quality → gate."""
 
 from __future__ import annotations
 
@@ -46,10 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def configure_cpu_threads(threads: int | None) -> int | None:
-    """Set OpenCV's and, if loaded, torch's intra-op thread counts (``ServingPlan.cpu_threads``; None: defaults).
-
-    Does not import torch (front-ends stay torch-free). Returns ``threads``.
-    """
+    """Set OpenCV's and, if loaded (never imported here), torch's intra-op threads; None: defaults."""
     n = threads
     if n is not None:
         import cv2
@@ -63,12 +55,8 @@ def configure_cpu_threads(threads: int | None) -> int | None:
 
 
 def configure_omp_wait(device: str) -> str | None:
-    """Off CUDA, make torch's idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) unless the
-    environment names a policy; returns the policy in effect, or ``None`` on CUDA.
-
-    Spinning threads hold cores the serving process's HTTP, decode and alignment threads need. OpenMP reads the
-    variable when torch loads: call this before the process's first ``import torch``.
-    """
+    """Off CUDA, ``OMP_WAIT_POLICY=PASSIVE`` unless set (spinning OpenMP threads hold cores the HTTP and decode
+    threads need); call before the first ``import torch``. Returns the policy, ``None`` on CUDA."""
     if device == "cuda":  # a CUDA engine runs one intra-op thread: no pool threads to wait
         return None
     policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -78,8 +66,7 @@ def configure_omp_wait(device: str) -> str | None:
 
 
 def native_bf16_cpu() -> bool:
-    """Whether this CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); without it bf16 is emulated and slower
-    than fp32. Imports torch."""
+    """Whether this CPU has native bf16 (AVX-512 BF16 or AMX); emulated bf16 is slower than fp32."""
     import torch
 
     cpu = torch.cpu
@@ -98,10 +85,7 @@ NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE
 
 
 def configure_gemm_workspace(device: str) -> dict[str, str]:
-    """Turn the cuBLAS workspaces off in this process (CUDA, before the first GEMM); returns the variables it set.
-
-    A variable the user set already is left alone.
-    """
+    """Turn the cuBLAS workspaces off (CUDA, before the first GEMM) unless the user set them; returns what it set."""
     if device != "cuda":
         return {}
     set_now = {k: v for k, v in NO_GEMM_WORKSPACE.items() if k not in os.environ}
@@ -111,8 +95,7 @@ def configure_gemm_workspace(device: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
-    """A CUDA out-of-memory error while ``what`` runs under ``engine.gpu_memory_limit_mib`` becomes an
-    :class:`InvalidParameterError` that names the limit (the setting to change)."""
+    """A CUDA out-of-memory error under ``engine.gpu_memory_limit_mib`` → InvalidParameterError naming the limit."""
     try:
         yield
     except Exception as exc:
@@ -126,12 +109,8 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
 
 
 def reserve_arena(mib: int, device: int | None = None) -> int:
-    """Leave one free segment of ``mib`` MiB (``ServingPlan.gpu_arena_mib``) in PyTorch's CUDA caching allocator on
-    ``device``; returns the bytes the allocator reserved after.
-
-    Later blocks over 1 MiB are carved from it, so the weights and activations share the arena. Call it right
-    before the models load: ``torch.cuda.empty_cache()`` hands an empty arena back.
-    """
+    """Leave one free ``mib`` MiB segment in PyTorch's CUDA caching allocator, for the weights and activations to
+    share (call right before the models load); returns the bytes reserved."""
     import torch
 
     dev = torch.cuda.current_device() if device is None else device
@@ -143,8 +122,7 @@ def reserve_arena(mib: int, device: int | None = None) -> int:
 
 
 def limit_gpu_memory(mib: int, device: int | None = None) -> float:
-    """Cap PyTorch's CUDA allocator of this process on ``device`` at ``mib`` MiB (``engine.gpu_memory_limit_mib``);
-    returns the fraction of the device's memory set. InvalidParameterError if the device has less."""
+    """Cap this process's CUDA allocator at ``mib`` MiB; returns the fraction set (InvalidParameterError: too big)."""
     import torch
 
     dev = torch.cuda.current_device() if device is None else device
@@ -174,8 +152,8 @@ def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def start_photo_check() -> Callable[[], bool]:
-    """Run :func:`~facegate.io.decode.gpu_decode_available` (it imports torchvision, seconds) on a daemon thread;
-    returns a function that waits for the answer (``False`` if the thread died)."""
+    """:func:`~facegate.io.decode.gpu_decode_available` (seconds: it imports torchvision) on a thread; returns a
+    function waiting for the answer."""
     answer: list[bool] = []
 
     def check() -> None:
@@ -431,8 +409,7 @@ class FacePipeline:
         return out[:, :d], out[:, d], out[:, d + 1]
 
     def recognize(self, x: torch.Tensor) -> torch.Tensor:
-        """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` = embedding | quality | raw, in
-        sub-batches of :attr:`chunk` (the CPU; cache-friendly)."""
+        """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` embedding | quality | raw."""
         import torch
 
         parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
@@ -443,7 +420,6 @@ class FacePipeline:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def set_quality(self, settings: Settings) -> None:
-        """Take the reasons' limits from ``settings.quality``."""
         self.reason_limits = ReasonThresholds.from_settings(settings.quality)
         self.refuse_on_reasons = settings.quality.refuse_on_reasons
         self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
@@ -455,10 +431,7 @@ class FacePipeline:
     def gate(
         self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
     ) -> QualityVerdict:
-        """The quality gate at the operating threshold, with the face's reasons (:mod:`facegate.quality_reasons`).
-
-        ``stats``: the face's ``(3,)`` row of :func:`~facegate.quality_reasons.crop_stats`, ``None`` if unseen.
-        """
+        """The quality gate with the face's reasons; ``stats``: its ``(3,)`` :func:`crop_stats` row, if seen."""
         q = self.operating.quality_threshold
         reasons = face_reasons(detection, stats, score, q, self.reason_limits)
         return quality_verdict(score, raw, q, reasons, refuse_on_reasons=self.refuse_on_reasons)
@@ -474,8 +447,7 @@ class FacePipeline:
         keep_crops: bool = False,
         stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """:class:`Face` results (gate and reasons applied) from stage outputs. ``stats``: ``(K, 3) float32``
-        :func:`~facegate.quality_reasons.crop_stats` of crops seen elsewhere (the photo stage); else from ``crops``."""
+        """Gated :class:`Face` results from stage outputs; ``stats``: ``(K, 3) float32`` when ``crops`` are absent."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
         return [
@@ -497,11 +469,8 @@ class FacePipeline:
         keep_crops: bool = False,
         aligned: bool = False,
     ) -> list[list[Face]]:
-        """All stages for a batch of images; per image, the selected faces (NoFaceError for the first without).
-
-        With ``aligned`` every image must be a ``(112, 112, 3) uint8`` aligned crop and skips detection; without
-        it every image is detected, whatever its size.
-        """
+        """All stages; per image the selected faces (NoFaceError for the first without). ``aligned``: every image
+        is a ``(112, 112, 3) uint8`` crop and skips detection."""
         if aligned:
             bad = [i for i, im in enumerate(images) if not is_aligned_crop(im)]
             if bad:
@@ -509,22 +478,15 @@ class FacePipeline:
                     f"an aligned crop must be 112×112×3 uint8, got {images[bad[0]].shape} {images[bad[0]].dtype}",
                     detail={"index": bad[0]},
                 )
-        det_idx = [] if aligned else list(range(len(images)))
-        dets_all = self.detect([images[i] for i in det_idx]) if det_idx else []
+        by_image = {} if aligned else dict(enumerate(self.detect(images)))
         chosen: list[Detection | None] = []
         owner: list[int] = []
         crops_list: list[np.ndarray] = []
-        by_image = dict(zip(det_idx, dets_all, strict=True))
         for i, im in enumerate(images):
-            if i not in by_image:
-                chosen.append(None)
-                owner.append(i)
-                crops_list.append(np.ascontiguousarray(im)[None])
-                continue
-            sel = select_faces(by_image[i], select, face_index)
-            crops_list.append(self.align(images, sel, [i] * len(sel)))
-            chosen.extend(sel)
-            owner.extend([i] * len(sel))
+            sel = select_faces(by_image[i], select, face_index) if i in by_image else []
+            crops_list.append(self.align(images, sel, [i] * len(sel)) if sel else np.ascontiguousarray(im)[None])
+            chosen.extend(sel or [None])
+            owner.extend([i] * max(1, len(sel)))
         crops = np.concatenate(crops_list) if crops_list else np.zeros((0, 112, 112, 3), np.uint8)
         emb, q, raw = self.embed(crops)
         flat = self.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
@@ -549,8 +511,7 @@ class FacePipeline:
         )
 
     def stages(self) -> list[Any]:
-        """The engine stages: ``detect`` (image → detections), ``embed`` (crops → outputs) and, when
-        :attr:`photo_limits` is set, ``photo`` (encoded photo → faces, :mod:`facegate.pipeline.photo`)."""
+        """The engine stages ``detect``, ``embed`` and, with :attr:`photo_limits`, ``photo``."""
         from facegate.pipeline.stages import DetectStage, EmbedStage
 
         stages: list[Any] = [DetectStage(self), EmbedStage(self)]
@@ -563,11 +524,8 @@ class FacePipeline:
     def warmup(
         self, batch_sizes: Sequence[int] = (1,), *, driver_mib: Callable[[], float | None] | None = None
     ) -> dict[str, dict[str, float]]:
-        """Capture CUDA graphs (if configured) and run every stage once per batch size.
-
-        Returns (and keeps in :attr:`warmup_report`) per step its seconds and, on CUDA, torch's allocated and
-        reserved MiB after it, and ``driver_mib()`` if given (e.g. NVML's figure for this process).
-        """
+        """Capture CUDA graphs and run every stage per batch size; per step its seconds and, on CUDA, allocated,
+        reserved and ``driver_mib()`` MiB (kept in :attr:`warmup_report`)."""
         import torch
 
         report: dict[str, dict[str, float]] = {}
@@ -624,11 +582,8 @@ class FacePipeline:
         return report
 
     def confirm_photo_stage(self) -> bool:
-        """Wait for the pending photo-stage check (if any); without nvJPEG, drop the stage. Returns whether it is on.
-
-        An engine built before keeps an idle ``photo`` stage nothing routes to: front-ends learn the stages after
-        warm-up.
-        """
+        """Wait for the photo-stage check; without nvJPEG drop the stage (front-ends learn the stages after warm-up).
+        Returns whether it is on."""
         check, self._photo_check = self._photo_check, None
         if check is not None and not check():
             log.warning("photo stage off: torchvision's nvJPEG decoder did not load (host decode and align)")
@@ -638,8 +593,8 @@ class FacePipeline:
         return self.photo_limits is not None
 
     def detector_warm_batches(self, height: int, width: int) -> list[int]:
-        """Photos per warm-up detect call for one size: each batch bucket once, up to the most photos of that
-        size one detector forward takes under ``det_max_batch_pixels`` (larger buckets repeat its shape)."""
+        """Photos per warm-up detect call for one size: each batch bucket up to what one forward takes under
+        ``det_max_batch_pixels``."""
         hp, wp = self.detector.padded_hw(height, width)
         cap = self.det_max_batch_pixels // (hp * wp) if self.det_max_batch_pixels else None
         buckets = self.detector.batch_buckets or (1,)
@@ -649,8 +604,8 @@ class FacePipeline:
         return sorted(set(fit))
 
     def warmup_photo(self, rng: np.random.Generator) -> None:
-        """Run the ``photo`` stage on 250×250 noise once alone and once per detector batch bucket: the detector
-        captures a graph per (batch shape, selection) pair, and a bucket not run here would stall its first batch."""
+        """Run the ``photo`` stage on 250×250 noise per detector batch bucket (an uncaptured one stalls its first
+        batch)."""
         import cv2
 
         from facegate.pipeline.photo import PhotoStage

@@ -1,8 +1,4 @@
-"""What the engine stages return across processes: :class:`EmbedOut` and :class:`PhotoFaces`.
-
-Both pickle as one contiguous float32 block, and this module imports no torch, so the HTTP front-ends that
-unpickle them never load it.
-"""
+"""What the engine stages return across processes, each pickled as one float32 block; torch-free for the front-ends."""
 
 from __future__ import annotations
 
@@ -12,8 +8,6 @@ from typing import Any
 import numpy as np
 
 from facegate.types import Detection
-
-__all__ = ["EmbedOut", "PhotoFaces", "unpack_photo_faces"]
 
 
 class EmbedOut(tuple):  # type: ignore[type-arg]
@@ -34,15 +28,8 @@ class EmbedOut(tuple):  # type: ignore[type-arg]
 
 @dataclass(frozen=True, slots=True)
 class PhotoFaces:
-    """The selected faces of one photo, as the photo stage returns them (picklable: crosses processes).
-
-    Attributes:
-        detections: per face its :class:`Detection`.
-        embedding: ``(k, D) float32`` L2-normalised embeddings.
-        quality: ``(k,) float32`` quality scores in [0, 1].
-        raw: ``(k,) float32`` raw quality scores.
-        stats: ``(k, 3) float32`` :func:`~facegate.quality_reasons.crop_stats` of the aligned crops.
-    """
+    """The selected faces of one photo: ``embedding (k, D)``, ``quality``/``raw`` ``(k,)`` and ``stats (k, 3)``
+    (:func:`~facegate.quality_reasons.crop_stats`), all float32."""
 
     detections: list[Detection | None]
     embedding: np.ndarray

@@ -1,13 +1,8 @@
-"""The engine's ``search`` stage: 1:N search over the engine's one gallery index, batched like ``embed``.
+"""The engine's ``search`` stages: 1:N search over the engine's one gallery index (fp16 on CUDA), batched.
 
-One index per engine process (fp16 on CUDA, float32 BLAS on the CPU), kept current from the store's change
-feed (:class:`~facegate.gallery.service.Gallery`); front-ends hold no templates. Each batch first catches
-the index up to the store's sequence number (one ``max(seq)`` per batch, in ``prepare``), so every write
-acknowledged before a query was submitted is in its answer; then one matrix product and one top-k per gallery.
-
-While the store cannot be opened (a database that is down) the stage answers
-:class:`~facegate.errors.GalleryUnavailableError` (HTTP 503) and retries at most every :data:`REOPEN_S`
-seconds; the other stages keep working.
+Each batch first catches the index up to the store's sequence number, so every write acknowledged before a query
+was submitted is in its answer. While the store cannot be opened the stage answers GalleryUnavailableError (503)
+and retries at most every :data:`REOPEN_S` seconds.
 """
 
 from __future__ import annotations
@@ -52,14 +47,8 @@ def _decode_alike(payloads: list[np.ndarray]) -> tuple[str, range, list[int], np
 
 
 class SearchStage:
-    """Engine stage: payload ``uint8`` search request → :class:`SearchOut` (or its error).
-
-    Args:
-        open_gallery: makes the engine's :class:`~facegate.gallery.service.Gallery` (store + index +
-            follower); called now and again after a failure.
-        model: the served recognizer's ``(name, embedding dim)``: a photo search of a gallery of another model's
-            embeddings is refused here (409), so its front-end need not read the store first.
-    """
+    """Engine stage: ``uint8`` search request → :class:`SearchOut` (or its error). ``open_gallery`` makes the
+    engine's Gallery (again after a failure); ``model``: the served ``(name, dim)``, checked by :meth:`check_model`."""
 
     name = "search"
 
@@ -107,9 +96,8 @@ class SearchStage:
         return gallery, list(items), [group] if group else groups
 
     def check_model(self, gallery: Any, name: str) -> None:
-        """Raise the store's GalleryNotFoundError for a gallery that does not exist, and DimensionMismatchError
-        (409) for one of another model's embeddings. The store is read once per gallery as the index holds it
-        (a gallery deleted and re-created gets a new index entry)."""
+        """GalleryNotFoundError for a missing gallery, DimensionMismatchError (409) for another model's; the store
+        is read once per index entry of the gallery."""
         if self.model is None:
             return
         entry = gallery.index.entry(name)
@@ -170,7 +158,6 @@ class SearchStage:
         return cls(open_gallery, model)
 
     def close(self) -> None:
-        """Close the engine's gallery store."""
         with self._lock:
             if self.gallery is not None:
                 self.gallery.close()
@@ -178,18 +165,9 @@ class SearchStage:
 
 
 class PhotoSearchStage:
-    """Engine stage ``photo_search``: an encoded photo → its largest face → embedding → search, in one trip.
-
-    Payload: :func:`~facegate.gallery.query.encode_photo_search`. Answer per item: ``(PhotoFaces,
-    SearchOut)``, or the item's error. ``prepare`` catches the index up (the batch has formed) and checks each
-    gallery against the served model; on a torch index ``execute`` queues the search right behind the
-    embeddings, so the faces and the hits come back in the photo stage's one device->host copy. Every photo with
-    a face is searched; the front-end's policy refuses (and drops the hits of) a probe below the quality gate.
-
-    Args:
-        photo: the engine's :class:`~facegate.pipeline.photo.PhotoStage` logic (decode, detect, warp, embed).
-        search: the engine's :class:`SearchStage` (its index and store).
-    """
+    """Engine stage ``photo_search``: an encoded photo (:func:`~facegate.gallery.query.encode_photo_search`) →
+    ``(PhotoFaces, SearchOut)`` or its error, over the engine's ``photo`` and ``search`` stages. On a torch index
+    the search is queued behind the embeddings, so faces and hits share the photo stage's one device→host copy."""
 
     name = "photo_search"
 

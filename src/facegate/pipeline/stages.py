@@ -41,9 +41,8 @@ class EmbedStage:
     (an :class:`EmbedOut`)."""
 
     name = "embed"
-    #: Pinned staging buffers on CUDA, used in turn. The engine keeps at most ``pipeline_depth + 1`` prepared
-    #: batches alive (the :class:`~facegate.engine.engine.Stage` contract; depth is 1), so 3 are never reused
-    #: while their batch's host→device copy may still read them.
+    #: Pinned staging buffers on CUDA, used in turn: the engine keeps at most 2 prepared batches alive, so 3 are
+    #: never reused while a host→device copy may still read them.
     STAGING_BUFFERS = 3
     #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
     STAGING_ROWS = 64
@@ -69,9 +68,8 @@ class EmbedStage:
         return buf
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
-        """Stack the requests' crops: ``(N, 112, 112, 3) uint8`` (on CUDA in a pinned staging buffer of the ring),
-        and each request's count. One ``memcpy`` per request with the GIL held (:func:`~facegate.io.memcopy.pack_rows`):
-        ``np.concatenate`` would give the GIL away once per request."""
+        """The requests' crops stacked ``(N, 112, 112, 3) uint8`` (on CUDA in a pinned staging buffer) and each
+        request's count."""
         sizes = [len(c) for c in payloads]
         n = sum(sizes)
         cuda = self.p.device.type == "cuda"

@@ -1,19 +1,10 @@
-"""facegate on Ray Serve (:func:`build_app`; ``deploy/ray/serve.yaml`` through :func:`app_builder`):
+"""facegate on Ray Serve (:func:`build_app`; ``deploy/ray/serve.yaml`` through :func:`app_builder`).
 
-* :class:`EngineReplica`: one facegate engine per replica, the engine process of ``facegate serve --workers N``
-  (batching, CUDA graphs, the photo stage, deadlines are facegate's own; no ``@serve.batch``). A GPU takes as
-  many replicas as ``facegate serve`` runs engine processes on it (the plan's ``engines_per_gpu``). Each call
-  carries many requests' items (:class:`~facegate.scaleout.ray_engine.RayEngine`).
-* :class:`Ingress`: the FastAPI app of ``facegate serve`` (the same routes, limits, errors and metrics),
-  served by uvicorn in each replica, over a ``RayEngine``. It imports no torch. It opens the gallery the
-  settings name (``FACEGATE_GALLERY_URL``), which every replica shares and every engine index follows.
-
-Responses carry ``x-facegate-replica`` (the ingress replica), ``x-facegate-engine-replicas`` (the engine
-replicas that computed them) and ``x-facegate-engine-retries`` (calls sent again because a replica died).
-Health: a replica whose engine or HTTP server stopped fails ``check_health``; Serve replaces it. Drain: Serve
-stops routing to a replica it removes and waits ``drain_s`` for its calls; an ingress drains its requests as
-``facegate serve`` does. Metrics: the ingress's ``GET /metrics`` (with one engine replica's engine families);
-Ray's ``ray_serve_*`` on each node's Prometheus endpoint (``--metrics-export-port``).
+:class:`EngineReplica` runs one facegate engine (its own batching and deadlines; the plan's ``engines_per_gpu``
+replicas per GPU). :class:`Ingress` serves ``facegate serve``'s FastAPI app with uvicorn over a
+:class:`~facegate.scaleout.ray_engine.RayEngine`, without torch. Responses carry ``x-facegate-replica``,
+``x-facegate-engine-replicas`` and ``x-facegate-engine-retries`` (calls resent because a replica died). A replica
+whose engine or HTTP server stopped fails ``check_health``; a removed one drains for ``drain_s``.
 """
 
 from __future__ import annotations
@@ -40,8 +31,7 @@ log = logging.getLogger(__name__)
 
 #: Engine calls a replica accepts at once (each of many items: the engine's own queue bound sheds load).
 ENGINE_ONGOING = 256
-#: A replica's code and its handles' router on Serve's one event loop (Serve's throughput setting): two thread
-#: hops less per handle call, about twice the items/s between two replicas on a 2-core box.
+#: A replica's code and its handles' router on Serve's one event loop: two thread hops less per handle call.
 SAME_LOOP = {
     "env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 }
@@ -49,12 +39,8 @@ APP_NAME = "facegate"
 
 
 def _bind_replica_grpc_to_node_address() -> None:
-    """Make the replicas' inter-deployment gRPC server listen on the node's Ray address, not on every interface.
-
-    Serve starts it on ``[::]:0`` whatever the node's address (replica.py, ``_on_initialized``); this module is
-    imported in every replica before that, and swaps ``[::]`` for ``ray.util.get_node_ip_address()``. Another
-    Ray version without the private name keeps Ray's default.
-    """
+    """Make the replicas' gRPC server (Serve binds ``[::]:0``) listen on the node's Ray address only; a Ray
+    without this private name keeps its default."""
     with contextlib.suppress(ImportError):
         from ray.serve._private import replica as serve_replica
 
@@ -85,13 +71,8 @@ def _replica_id() -> str:
 
 
 class EngineReplica:
-    """One facegate engine as a Serve replica, built from the whole settings (a shared ``gallery_url`` makes
-    every replica's index follow one gallery). Every method answers ``("ok", replica id, result)`` or
-    ``("err", replica id, *error_to_wire(exc))``: a facegate error reaches the ingress as the same class.
-
-    Args:
-        settings_json: the :class:`~facegate.config.Settings` as JSON.
-    """
+    """One facegate engine as a Serve replica, from the :class:`~facegate.config.Settings` as JSON. Every method
+    answers ``("ok", replica id, result)`` or ``("err", replica id, *error_to_wire(exc))``."""
 
     async def __init__(self, settings_json: str) -> None:
         import ray
@@ -123,8 +104,7 @@ class EngineReplica:
         return ("ok", self.replica, self._info)
 
     async def submit_many(self, stage: str, payloads: list[Any]) -> tuple[Any, ...]:
-        """``payloads`` through the engine's ``stage`` (batched with every caller's items): one ``("ok", result)``
-        or ``("err", *error_to_wire(exc))`` per payload."""
+        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each."""
         submit = self.service.engine.submit
         results = await asyncio.gather(*[submit(stage, p) for p in payloads], return_exceptions=True)
         answers = [("err", *error_to_wire(r)) if isinstance(r, BaseException) else ("ok", r) for r in results]
@@ -168,16 +148,10 @@ class ReplicaHeaders:
 
 
 class Ingress:
-    """The facegate HTTP app on ``settings.host:settings.port``, its engine calls going to the engine deployment.
+    """The facegate HTTP app on ``settings.host:settings.port`` over the ``engine`` deployment's handle.
 
-    Each replica serves HTTP itself (uvicorn, as ``facegate serve``; the replicas of a node share the port
-    through ``SO_REUSEPORT``, which Linux allows only to one user) rather than behind Serve's HTTP proxy: the
-    proxy is one process per node, took 4.7 ms of CPU per compare on a 2-core box (≈ 200 req/s at most) and
-    cost one more handle call per request. Serve still places, checks, replaces and drains the replicas.
-
-    Args:
-        engine: the engine deployment's handle.
-        settings_json: the :class:`~facegate.config.Settings` as JSON (gallery, limits, auth, host, port).
+    Each replica serves HTTP itself (the replicas of a node share the port through ``SO_REUSEPORT``) rather than
+    behind Serve's HTTP proxy, a single process per node that costs CPU and one more handle call per request.
     """
 
     async def __init__(self, engine: DeploymentHandle, settings_json: str) -> None:
@@ -229,13 +203,8 @@ def build_app(
 ) -> Any:
     """The Serve application: ``Ingress`` bound to ``EngineReplica``.
 
-    Args:
-        settings: the settings every replica runs with.
-        engine_replicas: GPUs' worth of engine replicas (the minimum, when autoscaling): a GPU takes the plan's
-            ``engines_per_gpu`` replicas, one engine each.
-        max_engine_replicas: above ``engine_replicas``: autoscale between the two on ongoing calls per replica.
-        ingress_replicas: ingress replicas (CPU only).
-        engine_gpus: GPUs per ``engines_per_gpu`` engine replicas; ``None``: 1 when the cluster has GPUs, else 0.
+    ``engine_replicas``: GPUs' worth of engine replicas (``engines_per_gpu`` each; the minimum when autoscaling up
+    to ``max_engine_replicas``); ``engine_gpus``: GPUs per such group (``None``: 1 if the cluster has GPUs, else 0).
     """
     import ray
 
@@ -289,12 +258,8 @@ def run(
     ingress_replicas: int = 1,
     metrics_port: int | None = None,
 ) -> None:
-    """Serve the facegate application on Ray until SIGINT/SIGTERM (``facegate ray``).
-
-    ``address``: a running cluster (``ray://…``, ``host:port``, ``auto``); ``None`` starts a node on 127.0.0.1
-    with no dashboard for this process (Ray would otherwise advertise the machine's interface address).
-    ``metrics_port``: Ray's Prometheus endpoint of a node started here.
-    """
+    """Serve the facegate application on Ray until SIGINT/SIGTERM (``facegate ray``). ``address``: a running
+    cluster; ``None`` starts a node on 127.0.0.1 without a dashboard; ``metrics_port``: that node's Prometheus port."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reports to ray.io unless the user opts in
@@ -328,8 +293,7 @@ def run(
 
 
 def _local_node_lost(wait_s: float = 1.0) -> bool:
-    """Whether a process of the node ``ray.init`` started here has exited (within ``wait_s``: the signal that
-    stops them may still be arriving)."""
+    """Whether a process of the node started here has exited (within ``wait_s``: the signal may be arriving)."""
     from ray._private import worker
 
     node = getattr(worker, "_global_node", None)

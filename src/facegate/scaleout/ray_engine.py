@@ -1,18 +1,9 @@
-"""The engine interface over a Ray Serve handle, for the Ray ingress (imports no torch).
+"""The engine interface of :class:`~facegate.transport.remote.RemoteEngine` over a Ray Serve handle (no torch).
 
-:class:`RayEngine` has the interface of :class:`~facegate.transport.remote.RemoteEngine` (``start``, ``ready``,
-``submit``, ``engine_samples``, ``stop``), so a :class:`~facegate.service.faces.FaceService` uses it unchanged.
-
-Batching: a handle call costs about 1 ms of CPU on each side (a 2-core box: 600 calls/s between two replicas,
-10,000 items/s at 32 items per call), so items do not travel one per call. While :attr:`RayEngine.max_calls`
-calls of a stage are in flight, new items wait and leave together (``EngineReplica.submit_many``), where they
-join the engine's own batcher; an idle engine gets each item at once. An item whose request goes away is
-dropped while it waits; once sent, it is computed and its answer dropped.
-
-Failures: engine stages are pure (nothing is written in an engine), so a call whose replica died is sent once
-more, to another replica; then, or with no replica up, :class:`EngineClosedError` (503). Serve's back-pressure
-is :class:`QueueFullError` (503, Retry-After). Gallery writes happen in the front-end after the engine
-answered: a replica's death can fail an enrolment, never lose an acknowledged one.
+A handle call costs about a millisecond of CPU on each side, so items do not travel one per call: while
+``max_calls`` calls of a stage are in flight, new items wait and leave together. Engine stages write nothing, so a
+call whose replica died is sent once more to another; then :class:`EngineClosedError`. Serve's back-pressure is
+:class:`QueueFullError`.
 """
 
 from __future__ import annotations
@@ -57,14 +48,8 @@ def record_replicas() -> Iterator[Served]:
 
 
 class RayEngine:
-    """The engine interface over a :class:`ray.serve.handle.DeploymentHandle` to the engine deployment.
-
-    Args:
-        handle: the engine deployment's handle.
-        retries: how many more times a call whose replica died is sent (another replica takes it).
-        max_calls: calls in flight per stage; more items wait for the next call.
-        max_items: items per call.
-    """
+    """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
+    ``max_calls``: calls in flight per stage; ``max_items``: items per call."""
 
     def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 4, max_items: int = 64) -> None:
         from ray import exceptions as rex

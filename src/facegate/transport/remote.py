@@ -1,16 +1,12 @@
 """Engine processes fed by front-end processes through shared memory.
 
-With several workers, one **engine process** per GPU slot owns the device (models and the batching engine, no
-HTTP); the front-ends (HTTP, decoding, alignment, gallery writes) reach it through a :class:`RemoteEngine`,
-which has the engine's interface (``start``, ``ready``, ``submit``, ``stop``). Each front-end writes payloads
-into its shared-memory :class:`Arena` and sends a small pickled message on an authenticated Unix socket; a
-payload that does not fit travels inline. Errors cross as ``(class name, message, detail, extra)`` and come
-back as the same FacegateError subclass, so HTTP statuses are unchanged.
+One engine process per GPU slot owns the device; front-ends reach it through a :class:`RemoteEngine` (the
+engine's interface), writing payloads into their shared-memory :class:`Arena` (too large: inline) and sending
+small pickled messages on an authenticated Unix socket. Errors come back as the same FacegateError subclass.
 
-Messages. Front-end → engine: one byte carrying the arena's descriptor (``SCM_RIGHTS``), then
-``("hello", pid, arena_bytes)``, ``("submit", rid, stage, offset | None, shape, dtype, inline)``,
-``("cancel", rid)``, ``("stats", rid)``. Engine → front-end: ``("hello", info)``,
-``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
+Front-end → engine: the arena's descriptor (``SCM_RIGHTS``), ``("hello", pid, arena_bytes)``, ``("submit", rid,
+stage, offset | None, shape, dtype, inline)``, ``("cancel", rid)``, ``("stats", rid)``. Engine → front-end:
+``("hello", info)``, ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
 """
 
 from __future__ import annotations
@@ -86,12 +82,8 @@ def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict
 
 
 class Arena:
-    """Thread-safe first-fit allocator over one unnamed shared-memory block (a front-end's; the engine maps it).
-
-    The block is a ``memfd`` whose descriptor goes over the socket (:meth:`send_to`), so nothing outlives the two
-    processes, a kill -9 included. Freed ranges are zeroed: a photo stays only while its request is in flight.
-    Offsets are multiples of 64; :meth:`alloc` gives ``None`` when nothing fits (the payload then goes inline).
-    """
+    """Thread-safe first-fit allocator over one front-end's ``memfd`` block (nothing outlives the processes, kill
+    -9 included). Freed ranges are zeroed: a photo stays only while its request is in flight."""
 
     def __init__(self, size: int = ARENA_BYTES) -> None:
         if size < _ALIGN:
@@ -149,8 +141,7 @@ class Arena:
             socket.send_fds(sock, [b"m"], [self.fd])
 
     def close(self) -> None:
-        """Unmap and close (idempotent). Not zeroed: touching every page would take a second, and the kernel frees
-        them once the engine has unmapped the block too."""
+        """Unmap and close (idempotent); not zeroed: the kernel frees the pages once the engine unmaps them too."""
         if self.fd < 0:
             return
         del self._bytes
@@ -186,12 +177,8 @@ def receive(conn: Connection) -> mmap.mmap:
 
 
 class FrameReader:
-    """Reads a :class:`~multiprocessing.connection.Connection`'s messages from its socket in 1 MiB chunks.
-
-    ``Connection.recv`` makes two reads per message, each giving the GIL away (see :mod:`facegate.io.memcopy`).
-    Same wire format (4-byte big-endian length, or -1 and an 8-byte one, then the pickle); ``Connection``
-    buffers nothing, so reading its socket after the handshake loses nothing.
-    """
+    """A Connection's messages read from its socket in 1 MiB chunks, in its wire format (``recv`` makes two
+    reads per message, each giving the GIL away; ``Connection`` buffers nothing, so nothing is lost)."""
 
     CHUNK = 1 << 20
 
@@ -200,8 +187,7 @@ class FrameReader:
         self._buf = bytearray()
 
     def recv_many(self, limit: int = 1024) -> list[Any]:
-        """Every complete message buffered (at most ``limit``), reading until there is one. EOFError: the peer
-        closed the connection; OSError: it was closed here, or the read failed."""
+        """Every complete message buffered (at most ``limit``), reading until there is one (EOFError: peer gone)."""
         out: list[Any] = []
         while True:
             self._parse(out, limit)
@@ -241,7 +227,6 @@ class EngineHost:
 
     @property
     def connections(self) -> int:
-        """Front-ends connected now."""
         with self._conn_lock:
             return self._connections
 
@@ -262,11 +247,8 @@ class EngineHost:
             threading.Thread(target=self._reader, args=(conn,), name="facegate-engine-conn", daemon=True).start()
 
     def _reader(self, conn: Connection) -> None:
-        """Queue one front-end's payloads on the engine (read in bursts); its sender thread answers.
-
-        A future's done-callback hands each answer to the sender, which sends all that are ready as one
-        ``batch``: no event-loop task or wake-up per request (a loop doing this holds the GIL much of the time).
-        """
+        """Queue one front-end's payloads on the engine; its sender thread answers those done as one ``batch`` (no
+        event-loop task per request)."""
         send_lock = threading.Lock()
         shm: memoryview | None = None
         block: mmap.mmap | None = None
@@ -380,11 +362,8 @@ def engine_main(
     ready: Connection,
     build: Callable[[Settings, ServingPlan], Any],
 ) -> None:
-    """The engine process: load and warm, listen on ``address``, serve until SIGTERM/SIGINT.
-
-    ``build(settings, plan)`` returns the unstarted FaceService (passed in: this layer does not import the
-    service). Sends ``("ready", info)`` or ``("error", class name, message, detail, extra)`` on ``ready`` once.
-    """
+    """The engine process: ``build(settings, plan)`` the FaceService, listen on ``address``, serve until SIGTERM.
+    Sends ``("ready", info)`` or ``("error", *error_to_wire(exc))`` on ``ready`` once."""
     logging.basicConfig(
         level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
@@ -457,10 +436,7 @@ def engine_main(
 
 
 class RemoteEngine:
-    """The engine interface over a connection to the engine process at Unix socket ``address``.
-
-    ``connect_timeout_s``: how long :meth:`start` waits for the socket to appear (the engine is starting).
-    """
+    """The engine interface over a connection to the engine process at Unix socket ``address``."""
 
     #: how long a refused connection is retried: a socket nobody listens on is a dead engine's
     refused_grace_s = 2.0
@@ -483,8 +459,7 @@ class RemoteEngine:
         self._reader: threading.Thread | None = None
 
     def start(self) -> dict[str, Any]:
-        """Connect, say hello, start the reader; returns the engine's info. Blocking. EngineClosedError: no
-        engine answered in time."""
+        """Connect (waiting ``connect_timeout_s`` for the socket), say hello, start the reader; the engine's info."""
         if self._alive:
             return self.info
         t0 = time.monotonic()
@@ -620,9 +595,8 @@ _affinity: contextvars.ContextVar[list[RemoteEngine] | None] = contextvars.Conte
 
 @contextlib.contextmanager
 def same_engine() -> Iterator[None]:
-    """Send every item the current request submits to one engine process (:class:`RemotePool`), e.g. compare's
-    two photos, whose answer would otherwise wait for the slower of two engines. Tasks started inside the block
-    copy the context, and with it the one list."""
+    """Send every item of the current request (and its tasks) to one engine process of a :class:`RemotePool`, so
+    compare's answer does not wait for the slower of two engines."""
     token = _affinity.set([])
     try:
         yield

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -34,6 +35,24 @@ def payload(i: int) -> np.ndarray:
 def alone(p: np.ndarray) -> np.ndarray:
     """What :class:`FakeStage` computes for one item on its own: ``(DIM,) int64``."""
     return np.cumsum(p * 3 + 1)
+
+
+def submit_sync(engine: Engine, stage: str, payload: Any, timeout_s: float | None = None) -> Any:
+    """Blocking submit through :meth:`Engine.enqueue` (as the engine process's readers use it)."""
+    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    item = engine.enqueue(stage, payload, fut, timeout_s=timeout_s)
+    timeout = engine.request_timeout_s if timeout_s is None else timeout_s
+    try:
+        return fut.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        item.cancel()
+        if fut.cancel():
+            raise DeadlineExceededError(f"no result from stage {stage!r} within {timeout:g} s") from None
+        return fut.result()
+
+
+async def submit_many(engine: Engine, stage: str, payloads: list[Any], return_exceptions: bool = False) -> list[Any]:
+    return list(await asyncio.gather(*(engine.submit(stage, p) for p in payloads), return_exceptions=return_exceptions))
 
 
 class FakeStage:
@@ -173,8 +192,8 @@ def test_stage_max_batch_size_caps_batches() -> None:
 def test_submit_sync_and_submit_many() -> None:
     stage = FakeStage()
     with make_engine(stage) as engine:
-        assert np.array_equal(engine.submit_sync("fake", item(3)), alone(payload(3)))
-        res = asyncio.run(engine.submit_many("fake", [item(i) for i in range(10)]))
+        assert np.array_equal(submit_sync(engine, "fake", item(3)), alone(payload(3)))
+        res = asyncio.run(submit_many(engine, "fake", [item(i) for i in range(10)]))
     assert all(np.array_equal(r, alone(payload(i))) for i, r in enumerate(res))
 
 
@@ -209,12 +228,12 @@ def test_expired_item_is_dropped_before_compute() -> None:
     engine = make_engine(stage)
     engine.start()
     try:
-        t = threading.Thread(target=engine.submit_sync, args=("fake", item(0)))
+        t = threading.Thread(target=submit_sync, args=(engine, "fake", item(0)))
         t.start()
         assert stage.gate_entered.wait(5)
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceededError):
-            engine.submit_sync("fake", item(1), timeout_s=0.05)
+            submit_sync(engine, "fake", item(1), timeout_s=0.05)
         assert time.monotonic() - t0 < 2.0
 
         async def late() -> None:
@@ -224,7 +243,7 @@ def test_expired_item_is_dropped_before_compute() -> None:
         asyncio.run(late())
         stage.gate.set()
         t.join(5)
-        assert np.array_equal(engine.submit_sync("fake", item(3)), alone(payload(3)))
+        assert np.array_equal(submit_sync(engine, "fake", item(3)), alone(payload(3)))
     finally:
         stage.gate.set()
         engine.stop()
@@ -269,9 +288,9 @@ def test_batch_whose_items_all_left_skips_the_device() -> None:
     engine.start()
     try:
         with pytest.raises(DeadlineExceededError):
-            engine.submit_sync("fake", item(0), timeout_s=0.1)  # stuck in prepare past its deadline
+            submit_sync(engine, "fake", item(0), timeout_s=0.1)  # stuck in prepare past its deadline
         stage.gate.set()
-        assert np.array_equal(engine.submit_sync("fake", item(1)), alone(payload(1)))
+        assert np.array_equal(submit_sync(engine, "fake", item(1)), alone(payload(1)))
     finally:
         stage.gate.set()
         engine.stop()
@@ -293,7 +312,7 @@ def test_stage_exception_is_isolated_to_its_batch() -> None:
 
         res = asyncio.run(main())
         assert engine.ready  # still running
-        assert np.array_equal(engine.submit_sync("fake", item(11)), alone(payload(11)))
+        assert np.array_equal(submit_sync(engine, "fake", item(11)), alone(payload(11)))
     err = res[5]
     assert type(err) is EngineError and "kaboom" in str(err) and "RuntimeError" in str(err)
     assert isinstance(err.__cause__, RuntimeError)
@@ -320,7 +339,7 @@ def test_exception_goes_to_every_item_of_the_batch_and_facegate_errors_pass_thro
             return await asyncio.gather(first, *rest, return_exceptions=True)
 
         res = asyncio.run(main())
-        after = engine.submit_sync("fake", item(4))
+        after = submit_sync(engine, "fake", item(4))
     finally:
         stage.gate.set()
         engine.stop()
@@ -341,12 +360,12 @@ def test_per_item_exceptions_from_deliver_and_bad_deliver_length() -> None:
             return super().deliver(result, n)[:-1]
 
     with make_engine(PartlyFailing(), max_batch_size=1) as engine:
-        res = asyncio.run(engine.submit_many("fake", [item(i) for i in range(4)], return_exceptions=True))
+        res = asyncio.run(submit_many(engine, "fake", [item(i) for i in range(4)], return_exceptions=True))
     odd = [int(alone(payload(i))[0]) % 2 == 1 for i in range(4)]
     for r, is_odd in zip(res, odd, strict=True):
         assert isinstance(r, EngineError) if is_odd else isinstance(r, np.ndarray)
     with make_engine(WrongCount()) as engine, pytest.raises(EngineError, match="deliver returned"):
-        engine.submit_sync("fake", item(0))
+        submit_sync(engine, "fake", item(0))
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -354,17 +373,17 @@ def test_lifecycle_ready_and_closed_errors() -> None:
     engine = make_engine(FakeStage())
     assert not engine.ready
     with pytest.raises(EngineClosedError):
-        engine.submit_sync("fake", item(0))
+        submit_sync(engine, "fake", item(0))
     engine.start()
     assert engine.ready
     with pytest.raises(EngineError, match="unknown stage"):
-        engine.submit_sync("nope", item(0))
+        submit_sync(engine, "nope", item(0))
     with pytest.raises(InvalidParameterError):
-        engine.submit_sync("fake", item(0), timeout_s=0)
+        submit_sync(engine, "fake", item(0), timeout_s=0)
     engine.stop()
     assert not engine.ready
     with pytest.raises(EngineClosedError):
-        engine.submit_sync("fake", item(0))
+        submit_sync(engine, "fake", item(0))
     with pytest.raises(EngineClosedError):
         engine.start()
     with pytest.raises(InvalidParameterError):
@@ -422,7 +441,7 @@ def test_prepare_overlaps_execute() -> None:
 
         async def main() -> float:
             t0 = time.monotonic()
-            await engine.submit_many("fake", [item(i) for i in range(10)])
+            await submit_many(engine, "fake", [item(i) for i in range(10)])
             return time.monotonic() - t0
 
         elapsed = asyncio.run(main())
@@ -468,7 +487,7 @@ def test_item_cost_limits_rows_per_batch_and_counts_rows() -> None:
         np.stack([payload(j) for j in range(40)])  # larger than the limit: runs alone
     ]
     with engine:
-        res = asyncio.run(engine.submit_many("rows", reqs))
+        res = asyncio.run(submit_many(engine, "rows", reqs))
     for req, out in zip(reqs, res, strict=True):
         assert np.array_equal(out, np.stack([alone(p) for p in req]))
     total = sum(len(r) for r in reqs)
