@@ -1,11 +1,9 @@
-"""Galleries on the store of record: :class:`StoreFront` (writes and reads) and :class:`Gallery` (also a search
-index that follows the store's change feed).
+"""Galleries on the store of record: :class:`StoreFront` (writes and reads) and :class:`Gallery` (with a search
+index that follows the store's change feed, :class:`~facegate.gallery.feed.IndexFollower`).
 
-Every write goes to the store, which commits it with a change-log row; an index applies the feed up to the
-store's current sequence number (:class:`~facegate.gallery.feed.IndexFollower`). A search first catches up
-to that number (a cheap ``max(seq)``), so a write acknowledged by any process sharing the store is visible
-to every later search. The index is never rebuilt after start-up. Callers pass embeddings and must check
-that :attr:`GalleryInfo.model` produced them (the store only checks ``dim``).
+A search first catches up to the store's current sequence number (a cheap ``max(seq)``), so a write
+acknowledged by any process sharing the store is visible to every later search. Callers must check that
+:attr:`GalleryInfo.model` produced the embeddings they pass (the store only checks ``dim``).
 """
 
 from __future__ import annotations
