@@ -144,18 +144,12 @@ def face_reasons(
 
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
-        if iod < limits.min_iod_px:
-            miss(
-                "too_small",
-                f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
-                iod,
-                limits.min_iod_px,
-            )
-        for what, angle, most in (
-            ("turned aside", "yaw", limits.max_yaw_deg),
-            ("tilted", "pitch", limits.max_pitch_deg),
+        if iod < (lim := limits.min_iod_px):
+            miss("too_small", f"face too small ({iod:.0f} px between the eyes, {lim:.0f} needed)", iod, lim)
+        for what, angle, v, most in (
+            ("turned aside", "yaw", abs(yaw), limits.max_yaw_deg),
+            ("tilted", "pitch", abs(pitch), limits.max_pitch_deg),
         ):
-            v = abs(yaw if angle == "yaw" else pitch)
             if v > most:
                 miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
     if stats is not None:
@@ -165,36 +159,18 @@ def face_reasons(
             miss("too_dark", f"face too dark (brightness {luma:.0f}, {lo:.0f} needed)", luma, lo)
         elif luma > hi:
             miss("too_bright", f"face too bright (brightness {luma:.0f}, at most {hi:.0f})", luma, hi)
-        exposed = not (lo <= luma <= hi)
-        if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
-            miss(
-                "occluded",
-                f"face covered ({100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most "
-                f"{100 * limits.max_flat:.0f} %): remove masks, hands or glasses",
-                flat,
-                limits.max_flat,
-            )
-        if sharp < limits.min_sharpness:
-            miss(
-                "blur",
-                f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
-                sharp,
-                limits.min_sharpness,
-            )
-    if detection is not None and detection.score < limits.min_det_score:
-        miss(
-            "low_confidence",
-            f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
-            detection.score,
-            limits.min_det_score,
-        )
+        # clipped highlights or shadows are flat too: there the exposure says why
+        if flat > (lim := limits.max_flat) and lo <= luma <= hi:
+            pct = f"{100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most {100 * lim:.0f} %"
+            miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim)
+        if sharp < (lim := limits.min_sharpness):
+            miss("blur", f"face blurred (sharpness {sharp:.0f}, {lim:.0f} needed): hold still, focus", sharp, lim)
+    if detection is not None and detection.score < (lim := limits.min_det_score):
+        confidence = f"detector confidence {detection.score:.2f}, {lim:.2f} needed"
+        miss("low_confidence", f"face hard to find ({confidence})", detection.score, lim)
     if score < gate:
-        miss(
-            "out_of_distribution",
-            f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
-            score,
-            gate,
-        )
+        why = "the face is unlike those the model knows"
+        miss("out_of_distribution", f"quality {score:.2f} is below the gate {gate:.2f} ({why})", score, gate)
     return tuple(out)
 
 
@@ -275,22 +251,11 @@ def quality_verdict(
     """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
     refuse with a 'retake' message that names the reasons."""
     accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
-    reason = None
-    if not accepted:
-        shown = reasons or (
-            QualityReason(
-                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
-            ),
-        )
-        reason = refusal_message(shown)
-    return QualityVerdict(
-        score=float(score),
-        raw=float(raw),
-        threshold=float(threshold),
-        accepted=accepted,
-        reason=reason,
-        reasons=reasons,
+    low = QualityReason(
+        "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
     )
+    reason = None if accepted else refusal_message(reasons or (low,))
+    return QualityVerdict(float(score), float(raw), float(threshold), accepted, reason, reasons)
 
 
 def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
@@ -300,27 +265,6 @@ def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
         return q
     shown = q.reasons
     if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
-        shown = (
-            *q.reasons,
-            QualityReason(
-                "below_enrol_gate", f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}", q.score, gate
-            ),
-        )
+        below = f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}"
+        shown = (*q.reasons, QualityReason("below_enrol_gate", below, q.score, gate))
     return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)
-
-
-__all__ = [
-    "ENROL_GATE",
-    "N_STATS",
-    "ReasonThresholds",
-    "crop_stats",
-    "enrol_gate",
-    "enrol_verdict",
-    "face_reasons",
-    "landmark_geometry",
-    "load_reliability",
-    "quality_verdict",
-    "refusal_message",
-    "reliability",
-    "reliability_features",
-]

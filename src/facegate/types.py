@@ -7,7 +7,7 @@ Landmark order everywhere is the YuNet/ArcFace order, in *image* coordinates:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -42,11 +42,8 @@ class Detection:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (rounded to 0.01 px)."""
-        return {
-            "box": [round(float(v), 2) for v in self.box],
-            "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in self.landmarks],
-            "score": round(float(self.score), 5),
-        }
+        box, landmarks = np.round(self.box.astype(np.float64), 2), np.round(self.landmarks.astype(np.float64), 2)
+        return {"box": box.tolist(), "landmarks": landmarks.tolist(), "score": round(float(self.score), 5)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +65,7 @@ class QualityReason:
     threshold: float
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "code": self.code,
-            "message": self.message,
-            "value": round(float(self.value), 4),
-            "threshold": round(float(self.threshold), 4),
-        }
+        return {**asdict(self), "value": round(float(self.value), 4), "threshold": round(float(self.threshold), 4)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +89,8 @@ class QualityVerdict:
     reasons: tuple[QualityReason, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "score": round(float(self.score), 5),
-            "raw": round(float(self.raw), 6),
-            "threshold": self.threshold,
-            "accepted": self.accepted,
-            "reason": self.reason,
-            "reasons": [r.to_dict() for r in self.reasons],
-        }
+        out = {"score": round(float(self.score), 5), "raw": round(float(self.raw), 6), "threshold": self.threshold}
+        return out | {"accepted": self.accepted, "reason": self.reason, "reasons": [r.to_dict() for r in self.reasons]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +111,8 @@ class Face:
 
     def to_dict(self, *, with_embedding: bool = False) -> dict[str, object]:
         """JSON-ready form; the embedding is included only on request."""
-        out: dict[str, object] = {
-            "detection": None if self.detection is None else self.detection.to_dict(),
-            "quality": self.quality.to_dict(),
-        }
+        det = None if self.detection is None else self.detection.to_dict()
+        out: dict[str, object] = {"detection": det, "quality": self.quality.to_dict()}
         if with_embedding:
             out["embedding"] = [round(float(v), 7) for v in self.embedding]
         return out
