@@ -127,22 +127,22 @@ class StoreSnapshot:
 
 
 # --------------------------------------------------------------------------- validation
-def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
-    if not isinstance(name, str) or not GALLERY_NAME_PATTERN.fullmatch(name):
+def _name(value: object, pattern: re.Pattern[str], what: str, field: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidParameterError(
-            f"invalid {what} {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -",
-            detail={"field": what, "pattern": GALLERY_NAME_PATTERN.pattern},
+            f"invalid {what} {value!r}: {rule}", detail={"field": field, "pattern": pattern.pattern}
         )
-    return name
+    return value
+
+
+def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
+    return _name(name, GALLERY_NAME_PATTERN, what, what, "1-64 characters of A-Z a-z 0-9 _ . -")
 
 
 def validate_subject_id(subject_id: object) -> str:
-    if not isinstance(subject_id, str) or not SUBJECT_ID_PATTERN.fullmatch(subject_id):
-        raise InvalidParameterError(
-            f"invalid subject id {subject_id!r}: 1-128 characters of A-Z a-z 0-9 _ . - @ :",
-            detail={"field": "subject_id", "pattern": SUBJECT_ID_PATTERN.pattern},
-        )
-    return subject_id
+    return _name(
+        subject_id, SUBJECT_ID_PATTERN, "subject id", "subject_id", "1-128 characters of A-Z a-z 0-9 _ . - @ :"
+    )
 
 
 def _int_in(value: object, lo: int, hi: float) -> bool:

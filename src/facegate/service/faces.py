@@ -1,7 +1,5 @@
 """The async face service: the pipeline's stages behind the engine, which batches across concurrent requests.
-
-Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU).
-"""
+Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU)."""
 
 from __future__ import annotations
 
@@ -34,11 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def freeze_gc() -> int:
-    """Collect, then move every live object to the collector's permanent generation; returns the number frozen.
-
-    Full collections would otherwise walk the ~200k start-up objects (torch, the models) with the GIL held. Cycles
-    among frozen objects are never collected, so this runs once the process has loaded everything it keeps.
-    """
+    """Collect, then move every live object to the collector's permanent generation (returns how many): full
+    collections would otherwise walk the ~200k start-up objects with the GIL held. Run once everything is loaded."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -117,12 +112,8 @@ class FaceService:
     ) -> FaceService:
         """A front-end's service over the engine process(es) at ``address`` (several: a
         :class:`~facegate.transport.remote.RemotePool`); blocking connect."""
-        addresses = [address] if isinstance(address, str) else list(address)
-        remote: RemoteEngine | RemotePool = (
-            RemoteEngine(addresses[0], authkey)
-            if len(addresses) == 1
-            else RemotePool([RemoteEngine(a, authkey) for a in addresses])
-        )
+        engines = [RemoteEngine(a, authkey) for a in ([address] if isinstance(address, str) else address)]
+        remote = engines[0] if len(engines) == 1 else RemotePool(engines)
         remote.start()
         return cls.over_engine(settings, remote, plan)
 

@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 Scope = Literal["read", "enrol", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "enrol", "admin")
 KEYS_FILE = "api_keys.json"
-#: Seconds between checks of the keys file for changes made by another process.
-RELOAD_INTERVAL_S = 1.0
+RELOAD_INTERVAL_S = 1.0  # seconds between checks of the keys file for another process's changes
 _PREFIX = "fg_"
 
 
@@ -181,6 +180,3 @@ class KeyStore:
             raise InvalidParameterError(f"no API key with id {key_id!r}", detail={"field": "id"})
         self._write([k for k in existing if k.id != key_id])
         return match[0]
-
-
-__all__ = ["KEYS_FILE", "SCOPES", "ApiKey", "KeyStore", "Scope", "parse_scopes"]
