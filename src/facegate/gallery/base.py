@@ -431,22 +431,13 @@ class GalleryStore:
         return spk
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        return _subject(self._subject_value(gallery, subject_id, SUBJECT_COLS)[0])
-
-    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
-        """A subject's stored ``(D,) float32`` unit-norm template."""
-        row, dim = self._subject_value(gallery, subject_id, "template")
-        return unpack_vector(row[0], dim)
-
-    def _subject_value(self, gallery: str, subject_id: str, cols: str) -> tuple[tuple[Any, ...], int]:
-        """``cols`` of one subject's row, and the gallery's dim; raises Gallery/SubjectNotFoundError."""
         validate_subject_id(subject_id)
-        with self._in_gallery(gallery, f"reading {subject_id!r} in {gallery!r}") as (conn, gid, dim):
-            sql = f"SELECT {cols} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+        with self._in_gallery(gallery, f"reading {subject_id!r} in {gallery!r}") as (conn, gid, _):
+            sql = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
             row = conn.execute(sql, (gid, subject_id)).fetchone()
         if row is None:
             raise _subject_not_found(gallery, subject_id)
-        return tuple(row), dim
+        return _subject(row)
 
     def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
         """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
