@@ -328,18 +328,14 @@ def enrol(
     templates (.npz from `facegate embed`, or `ids` + `embeddings`)."""
     from tqdm import tqdm
 
-    from facegate.errors import GalleryNotFoundError
     from facegate.gallery import open_store
     from facegate.models.registry import get_spec
     from facegate.service import enrol as bulk
 
     s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
-    store = open_store(s.gallery_url, data_dir=s.data_dir)
-    try:
-        spec = get_spec(s.model)
-        try:
-            store.get_gallery(gallery)
-        except GalleryNotFoundError:
+    spec = get_spec(s.model)
+    with open_store(s.gallery_url, data_dir=s.data_dir) as store:
+        if gallery not in {g.name for g in store.list_galleries()}:
             store.create_gallery(gallery, spec.name, spec.embedding_dim)
         t0 = time.perf_counter()
         if source.suffix == ".npz":
@@ -351,9 +347,8 @@ def enrol(
             subjects = bulk.plan(source)
             p = _pipeline(s)
             faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
-            total = sum(len(v) for v in subjects.values())
             refusals = 0
-            with tqdm(total=total, unit="img", desc="enrol", file=sys.stderr) as bar:
+            with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
 
                 def progress(photos: int, faces: int, refused: int) -> None:
                     nonlocal refusals
@@ -366,14 +361,11 @@ def enrol(
                     store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
                 )
             out = rep.to_dict()
+            refused = out.pop("refused")
             if report is not None:
-                report.write_text(json.dumps(out["refused"], indent=1))
-            out.pop("refused")
+                report.write_text(json.dumps(refused, indent=1))
         out["seconds"] = round(time.perf_counter() - t0, 2)
-        out["gallery"] = store.get_gallery(gallery).to_dict()
-        _echo(out, None)
-    finally:
-        store.close()
+        _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
 
 
 def _lfw_root(root: Path | None) -> Path:
