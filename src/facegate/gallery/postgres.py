@@ -74,15 +74,12 @@ class PostgresGalleryStore(GalleryStore):
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
-        except PoolTimeout as exc:
-            self._pool.close()
-            raise GalleryUnavailableError(
-                f"cannot reach the gallery database within {connect_timeout_s:g} s", detail={"backend": "postgresql"}
-            ) from exc
-        try:
             self._migrate()
-        except BaseException:
+        except BaseException as exc:
             self._pool.close()
+            if isinstance(exc, PoolTimeout):
+                msg = f"cannot reach the gallery database within {connect_timeout_s:g} s"
+                raise GalleryUnavailableError(msg, detail={"backend": "postgresql"}) from exc
             raise
         log.info("gallery database %s open (PostgreSQL, schema v%d)", self.redacted_url, SCHEMA_VERSION)
 
@@ -137,11 +134,10 @@ class PostgresGalleryStore(GalleryStore):
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
         base = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-        with conn.raw.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (%s, %s, %s, %s, %s)",
-                [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
-            )
+        conn.executemany(
+            "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?, ?)",
+            [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
+        )
         conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
 
     def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
