@@ -18,8 +18,6 @@ import numpy as np
 from facegate.config import QualitySettings
 from facegate.types import Detection, QualityReason, QualityVerdict
 
-#: Columns of :func:`crop_stats`.
-STAT_BLUR, STAT_LUMA, STAT_FLAT = 0, 1, 2
 N_STATS = 3
 #: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
 FACE_ROWS = slice(24, 108)

@@ -28,11 +28,10 @@ PlanProfile = Literal["throughput", "low-memory", "cpu"]
 #: Engine processes per GPU in the throughput plan: one engine process's threads share one GIL, which bounds
 #: it near one CPU core; three keep one GPU busy under photo load.
 ENGINES_PER_GPU = 3
-#: Largest detector forward of the throughput plan, in padded input pixels: 64 LFW-sized photos.
+# Largest detector forwards, in padded input pixels: 64 LFW-sized photos for throughput, 16 (or 2 of 640×640)
+# by default, one for low-memory.
 THROUGHPUT_DET_BATCH_PIXELS = 4_194_304
-#: The default detector forward bound elsewhere: 16 LFW-sized photos, or 2 of 640×640.
 DEFAULT_DET_BATCH_PIXELS = 16 * 256 * 256
-#: Low-memory detector forwards: one LFW-sized photo at a time.
 LOW_MEMORY_DET_BATCH_PIXELS = 65_536
 #: Low-memory recognizer activation budget and allocator arena in MiB, per model (the rest: the default key).
 LOW_MEMORY_BUDGET_MIB = {"irse64_rts": (24.0, 112), "default": (16.0, 32)}

@@ -35,8 +35,7 @@ _TABLES = schema("INTEGER PRIMARY KEY", "INTEGER", "BLOB", "REAL", "INTEGER PRIM
 #: ``version -> statements`` that bring an older file from ``version - 1`` to ``version`` (a new one gets _TABLES).
 _MIGRATIONS = {2: _TABLES[-1:], 3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT)}
 
-#: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
-_CHECKPOINT_ATTEMPTS = 2
+_CHECKPOINT_ATTEMPTS = 2  # after a delete, before it answers ErasureIncompleteError
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:

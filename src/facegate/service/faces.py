@@ -178,9 +178,7 @@ class FaceService:
         from facegate.gallery.query import encode_photo_search
 
         res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
-        self._record(faces)
-        return faces, out
+        return self._record(self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)), out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
@@ -204,11 +202,12 @@ class FaceService:
     async def _embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return await self._submit("embed", crops)
 
-    def _record(self, faces: list[Face]) -> None:
+    def _record(self, faces: list[Face]) -> list[Face]:
         for f in faces:
             self.stats.record_quality(f.quality.score)
             if not f.quality.accepted:
                 self.stats.record_refusal("low_quality")
+        return faces
 
     async def faces(
         self,
@@ -227,9 +226,7 @@ class FaceService:
         chosen = select_faces(dets, select, face_index)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._embed(crops)
-        faces = self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
-        self._record(faces)
-        return faces
+        return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))
 
     async def photo_faces(self, data: bytes) -> list[Face]:
         """:meth:`faces` (largest face, no crops) of one *encoded* photo in one engine trip: the ``photo`` stage
@@ -238,9 +235,9 @@ class FaceService:
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
-        self._record(faces)
-        return faces
+        return self._record(
+            self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
+        )
 
     async def face_aligned(self, crop: np.ndarray, *, keep_crop: bool = False) -> Face:
         """Embed and gate one pre-aligned ``(112,112,3) uint8`` RGB crop (no detection)."""
@@ -248,9 +245,7 @@ class FaceService:
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
         emb, q, raw = await self._embed(crops)
-        faces = self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop)
-        self._record(faces)
-        return faces[0]
+        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop))[0]
 
     def compare(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare with the quality gate (refused pairs are never compared)."""

@@ -1,11 +1,10 @@
 """API keys with scopes, stored hashed in the data folder.
 
-A key is ``fg_<id>_<secret>``: ``id`` is 8 random hex digits that name it in listings, logs and rate limits;
-``secret`` is 32 random bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``,
-mode 0600): with 256 bits of entropy there is nothing for a slow hash to protect. Scopes: ``read``
-(compare, detect, embed, search, list galleries), ``enrol`` (enrol, list and delete subjects), ``admin``
-(galleries and keys; includes the other two). :class:`KeyStore` re-reads the file when it changes, so keys
-created or revoked with the CLI apply to a running server.
+A key is ``fg_<id>_<secret>``: 8 hex digits that name it in listings, logs and rate limits, then 32 random
+bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``, mode 0600): 256 bits of
+entropy leave nothing for a slow hash to protect. Scopes: ``read`` (compare, detect, embed, search, list
+galleries), ``enrol`` (enrol, list and delete subjects), ``admin`` (galleries and keys; both others). The file
+is re-read when it changes, so keys created or revoked with the CLI apply to a running server.
 """
 
 from __future__ import annotations
