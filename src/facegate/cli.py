@@ -439,7 +439,8 @@ def eval_lfw(
     res = evaluate_scores(scores, labels, folds)
     no_face = sum(1 for v in emb.values() if np.isnan(v[0]).any())
     keys = list(emb)
-    calibration = calibrate(np.stack([emb[k][0] for k in keys]), np.array([identity_of(k) for k in keys]))
+    e = np.stack([emb[k][0] for k in keys])
+    calibration = calibrate(e, np.array([identity_of(k) for k in keys]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
         **res.to_dict(),
@@ -453,14 +454,8 @@ def eval_lfw(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     if save_embeddings is not None:
-        np.savez_compressed(
-            save_embeddings,
-            paths=np.array(keys),
-            embeddings=np.stack([emb[k][0] for k in keys]),
-            quality=np.array([emb[k][1] for k in keys], np.float32),
-            raw=np.array([emb[k][2] for k in keys], np.float32),
-            det_score=np.array([emb[k][3] for k in keys], np.float32),
-        )
+        q, raw, det = (np.array([emb[k][i] for k in keys], np.float32) for i in (1, 2, 3))
+        np.savez_compressed(save_embeddings, paths=np.array(keys), embeddings=e, quality=q, raw=raw, det_score=det)
     shown = ("accuracy_mean", "accuracy_std", "tar_at_fmr", "threshold_at_fmr", "images_without_face", "seconds")
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
