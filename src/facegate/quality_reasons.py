@@ -73,16 +73,9 @@ def flat_fraction(grey: np.ndarray, spread: np.ndarray) -> np.ndarray:
 
 
 def crop_stats(crops: np.ndarray) -> np.ndarray:
-    """Per aligned crop: sharpness, luminance and flat fraction.
-
-    Args:
-        crops: ``(K, 112, 112, 3) uint8`` RGB aligned crops.
-
-    Returns:
-        ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
-        region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
-        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's (worse strip).
-    """
+    """``(K, 3) float32`` per ``(K, 112, 112, 3) uint8`` RGB aligned crop: sharpness (``SHARP_SCALE`` × variance
+    of the 4-neighbour Laplacian of the grey face region over the variance of its grey levels), its mean grey
+    level (0–255), and its flat fraction (:func:`flat_fraction`)."""
     if crops.ndim != 4 or crops.shape[-1] != 3:
         raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
     grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
@@ -128,13 +121,9 @@ def face_reasons(
     gate: float,
     limits: ReasonThresholds,
 ) -> tuple[QualityReason, ...]:
-    """Every limit this face misses, most actionable first.
-
-    Args:
-        detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
-        stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
-        score: calibrated quality in ``[0, 1]``; ``gate``: the quality gate it is held to.
-    """
+    """Every limit this face misses, most actionable first. ``detection``: None for an aligned crop (no geometry,
+    no detector score); ``stats``: its ``(3,)`` row of :func:`crop_stats`, None when the crop was not seen;
+    ``score``: calibrated quality in ``[0, 1]``, held to ``gate``."""
     out: list[QualityReason] = []
 
     def miss(code: str, message: str, value: float, limit: float) -> None:

@@ -46,13 +46,10 @@ def decide_enrolment(
     requires_quality: bool,
     verdict: Callable[[Any], QualityVerdict] | None = None,
 ) -> EnrolDecision:
-    """Split per-image results (a Face or the FacegateError of that image) into accepted and refused.
-
-    A face below the enrolment gate is refused when ``requires_quality``: ``verdict(face)`` is that gate
-    (the pipeline's ``enrol_verdict``, stricter than the verify gate); without it, the face's own verdict.
-    With nothing accepted it carries :class:`QualityRejectedError` (when any refusal was the gate's, or there
-    were no errors) or the first image's error, with every refusal in its detail.
-    """
+    """Split per-image results (a Face or the FacegateError of that image) into accepted and refused. With
+    ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``;
+    default: the face's own verdict). With nothing accepted the error is QualityRejectedError (when any refusal was the gate's, or there were
+    no errors) or the first image's error, with every refusal in its detail."""
     accepted: list[Any] = []
     refused: list[Refusal] = []
     errors: list[FacegateError] = []
