@@ -48,8 +48,8 @@ def decide_enrolment(
 ) -> EnrolDecision:
     """Split per-image results (a Face or the FacegateError of that image) into accepted and refused. With
     ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``;
-    default: the face's own verdict). With nothing accepted the error is QualityRejectedError (when any refusal was the gate's, or there were
-    no errors) or the first image's error, with every refusal in its detail."""
+    default: the face's own verdict). With nothing accepted the error is QualityRejectedError (when any refusal
+    was the gate's, or there were no errors) or the first image's error, with every refusal in its detail."""
     accepted: list[Any] = []
     refused: list[Refusal] = []
     errors: list[FacegateError] = []
