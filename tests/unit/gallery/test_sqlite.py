@@ -89,6 +89,23 @@ def test_a_v2_file_gets_its_subject_counts(db: Path) -> None:
         assert s.get_gallery("g").subjects == 3
 
 
+def test_a_v1_file_gets_the_change_log_and_its_subject_counts(db: Path) -> None:
+    rng = np.random.default_rng(4)
+    with SQLiteGalleryStore(db) as s:
+        s.create_gallery("g", "sface", 8)
+        s.import_templates("g", ["a", "b"], unit(rng, 2, 8), np.ones(2, np.float32))
+    with raw(db) as c:  # back to the v1 schema: no change log, no kept count
+        c.execute("DROP TABLE changes")
+        c.execute("ALTER TABLE galleries DROP COLUMN subjects")
+        c.execute("PRAGMA user_version=1")
+    with SQLiteGalleryStore(db) as s:
+        assert s.get_gallery("g").subjects == 2
+        s.delete_subject("g", "a")
+        assert [(c.op, c.subject_id) for c in s.changes_since(0)] == [("delete_subject", "a")]
+    with raw(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 def test_reopen_does_not_remigrate(db: Path) -> None:
     SQLiteGalleryStore(db).close()
     with SQLiteGalleryStore(db) as s:
