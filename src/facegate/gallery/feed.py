@@ -63,12 +63,9 @@ class IndexFollower:
             self._index.load_all(snap.galleries)
             self._seq = snap.seq
             self._loaded = True
+        n, secs = sum(len(ids) for _, ids, _ in snap.galleries.values()), time.perf_counter() - t0
         log.info(
-            "index: loaded %d galleries, %d subjects at change %d in %.2f s",
-            len(snap.galleries),
-            sum(len(ids) for _, ids, _ in snap.galleries.values()),
-            snap.seq,
-            time.perf_counter() - t0,
+            "index: loaded %d galleries, %d subjects at change %d in %.2f s", len(snap.galleries), n, snap.seq, secs
         )
 
     def catch_up(self, target: int | None = None) -> int:

@@ -94,16 +94,10 @@ def _check_threshold(value: object) -> float:
 
 
 class Gallery(StoreFront):
-    """A store and an exact search index current with it at every search (the engine's gallery).
-
-    Args:
-        index: loaded from ``store`` here, once.
-        match_threshold: default cosine threshold of :attr:`SearchHit.match`.
-        stats_hook: receives ``{gallery: size}`` after start-up and every applied write (serialised; its
-            exceptions are logged, not raised).
-        lag_hook: receives ``(seconds from commit to index, changes)`` per applied batch.
-        follow: also apply foreign changes in a background thread as the store signals them.
-    """
+    """A store and an exact search index (loaded from it here, once) current with it at every search: the
+    engine's gallery. ``match_threshold``: the default of :attr:`SearchHit.match`; ``stats_hook`` receives
+    ``{gallery: size}`` after start-up and every applied write (serialised; its exceptions are logged);
+    ``lag_hook`` per applied batch; ``follow``: also apply foreign changes in a background thread."""
 
     def __init__(
         self,
