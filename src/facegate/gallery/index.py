@@ -28,7 +28,7 @@ _DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 def _mismatch(what: str, got: object, expected: object) -> DimensionMismatchError:
     return DimensionMismatchError(
-        f"{what} of shape {got} does not fit dimension {expected}", detail={"expected": expected, "got": got}
+        f"{what}: got {got}, expected dimension {expected}", detail={"expected": expected, "got": got}
     )
 
 
@@ -219,7 +219,7 @@ class GalleryIndex:
             if entry is None:
                 self._entries[gallery] = self._make_entry(dim, [], np.zeros((0, dim), np.float32))
             elif entry.dim != dim:
-                raise _mismatch(f"index gallery {gallery!r}", dim, entry.dim)
+                raise _mismatch(f"index gallery {gallery!r} exists with another dimension", dim, entry.dim)
 
     def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
         """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
@@ -299,7 +299,7 @@ class GalleryIndex:
                 detail={"field": "queries"},
             )
         if q.shape[1] != entry.dim:
-            raise _mismatch(f"queries for {gallery!r}", list(q.shape), entry.dim)
+            raise _mismatch(f"queries for {gallery!r}", int(q.shape[1]), entry.dim)
         q = q.astype(np.float32)
         q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         with entry.lock:
@@ -322,7 +322,7 @@ class GalleryIndex:
             raise InvalidParameterError("a device search needs a torch index", detail={"device": self.device})
         entry = self._entry(gallery)
         if queries.shape[1] != entry.dim:
-            raise _mismatch(f"queries for {gallery!r}", list(queries.shape), entry.dim)
+            raise _mismatch(f"queries for {gallery!r}", int(queries.shape[1]), entry.dim)
         hold.enter_context(entry.lock)
         n, kk = entry.n, min(int(k), entry.n)
         if n == 0:
