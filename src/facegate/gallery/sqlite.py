@@ -48,10 +48,8 @@ def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
 
 class SQLiteGalleryStore(GalleryStore):
     """The store on one SQLite file ``path`` (created with mode 0600, parents too), or ``":memory:"``.
-
     ``busy_timeout_s``: how long a write waits for another process's write lock; ``open_retry_s``: how long
-    opening retries while SQLite reports the file busy.
-    """
+    opening retries while SQLite reports the file busy."""
 
     def __init__(
         self, path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, open_retry_s: float = 60.0
@@ -64,10 +62,9 @@ class SQLiteGalleryStore(GalleryStore):
         memory = self._path == ":memory:"
         if not memory:
             try:
-                p = Path(self._path)
-                p.parent.mkdir(parents=True, exist_ok=True)
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
                 # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode.
-                os.close(os.open(p, os.O_CREAT | os.O_RDWR, 0o600))
+                os.close(os.open(self._path, os.O_CREAT | os.O_RDWR, 0o600))
             except OSError as exc:
                 raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         deadline = time.monotonic() + open_retry_s

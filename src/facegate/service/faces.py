@@ -217,11 +217,8 @@ class FaceService:
         face_index: int | None = None,
         keep_crops: bool = False,
     ) -> list[Face]:
-        """Detect, select, align, embed and gate the faces of one image.
-
-        Every image is detected, whatever its size: only the caller knows that an upload is an aligned crop
-        (:meth:`face_aligned`). Raises :class:`NoFaceError` when none is found.
-        """
+        """Detect, select, align, embed and gate the faces of one image, whatever its size (only the caller knows
+        that an upload is an aligned crop: :meth:`face_aligned`). Raises :class:`NoFaceError` when none is found."""
         dets = await self.detect(image)
         chosen = select_faces(dets, select, face_index)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
