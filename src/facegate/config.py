@@ -20,10 +20,12 @@ CompileMode = Literal["auto", "off", "graphs", "inductor"]
 Profile = Literal["auto", "throughput", "low-memory", "cpu"]
 
 
-class Limits(BaseModel):
-    """What one request may ask for, and how long it may take."""
-
+class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Limits(_Group):
+    """What one request may ask for, and how long it may take."""
 
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=1 << 31)
     """Largest accepted upload per image, in bytes (413 above)."""
@@ -55,10 +57,8 @@ class Limits(BaseModel):
     """Longest number literal in JSON, in characters; longer ones get 4xx."""
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(_Group):
     """How the engine batches work across requests and how it stops."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_batch_size: int = Field(64, ge=1, le=4096)
     """Largest batch the engine forms for one stage."""
@@ -70,10 +70,8 @@ class EngineSettings(BaseModel):
     a cap too small to load the models stops the start-up. None: no cap."""
 
 
-class DetectorSettings(BaseModel):
+class DetectorSettings(_Group):
     """The face detector's decision rule and the photo sizes it prepares for."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     score_threshold: float = Field(0.6, ge=0.0, le=1.0)
     """Minimum detector score of a face."""
@@ -89,14 +87,14 @@ class DetectorSettings(BaseModel):
     each adds to the start-up time."""
 
 
-class QualitySettings(BaseModel):
+class QualitySettings(_Group):
     """The quality gates and the limits behind a face's reasons (``Settings.quality``).
 
     Environment: ``FACEGATE_QUALITY__MIN_IOD_PX=32`` (or the whole group as JSON in ``FACEGATE_QUALITY``).
     Each limit is measured on labelled LFW variants (``docs/quality.md``); a face that misses one is told why.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True)
 
     refuse_on_reasons: bool = True
     """Refuse a face that misses any limit below, as well as one below the quality gate. Off: the reasons are still
@@ -127,10 +125,8 @@ class QualitySettings(BaseModel):
     """Enrolment refuses faces below the enrolment gate; False enrols every face found."""
 
 
-class SecuritySettings(BaseModel):
+class SecuritySettings(_Group):
     """Who may call the API, and what browsers may do with it (``Settings.security``)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     keys_file: Path | None = None
     """File of hashed API keys (`facegate keys create|list|revoke`). None: `<data_dir>/api_keys.json`. With at least one

@@ -1,11 +1,5 @@
-"""One exception tree for facegate.
-
-Every error facegate raises on purpose is a :class:`FacegateError`. Third-party exceptions
-(OpenCV, Pillow, torch, sqlite3, onnx) are converted into one of these at the module boundary
-where they occur, so callers only ever catch this tree. Each class carries a stable,
-machine-readable ``code``; HTTP status codes are mapped from these classes in exactly one place,
-:mod:`facegate.api.errors`.
-"""
+"""One exception tree: third-party exceptions become one of these where they occur. Each class has a stable
+``code``; :mod:`facegate.api.errors` maps the classes to HTTP statuses."""
 
 from __future__ import annotations
 
@@ -13,12 +7,8 @@ from typing import Any
 
 
 class FacegateError(Exception):
-    """Base of every error facegate raises on purpose.
-
-    Attributes:
-        code: stable snake_case identifier, part of the public API (JSON ``error.code``).
-        detail: optional structured context (JSON-serialisable), e.g. the offending keys.
-    """
+    """Base of every error facegate raises on purpose: ``code`` is the JSON ``error.code``, ``detail`` a
+    JSON-serialisable context."""
 
     code: str = "facegate_error"
 
@@ -33,7 +23,6 @@ class FacegateError(Exception):
         self.detail: dict[str, Any] = dict(detail or {})
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: ``{"code": ..., "message": ..., "detail": {...}}``."""
         return {"code": self.code, "message": self.message, "detail": self.detail}
 
 

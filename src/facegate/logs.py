@@ -52,11 +52,10 @@ class EscapingFormatter(logging.Formatter):
         s = self.formatMessage(record)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            # keep the traceback readable, but no line of it may pass for a record of its own
-            s += "\n" + "\n".join("    | " + escape(line) for line in record.exc_text.splitlines())
-        if record.stack_info:
-            s += "\n" + "\n".join("    | " + escape(line) for line in self.formatStack(record.stack_info).splitlines())
+        # keep a traceback readable, but no line of it may pass for a record of its own
+        for extra in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if extra:
+                s += "\n" + "\n".join("    | " + escape(line) for line in extra.splitlines())
         return s
 
 

@@ -18,8 +18,6 @@ import numpy as np
 from facegate.config import QualitySettings
 from facegate.types import Detection, QualityReason, QualityVerdict
 
-#: Columns of :func:`crop_stats`.
-STAT_BLUR, STAT_LUMA, STAT_FLAT = 0, 1, 2
 N_STATS = 3
 #: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
 FACE_ROWS = slice(24, 108)
@@ -75,16 +73,9 @@ def flat_fraction(grey: np.ndarray, spread: np.ndarray) -> np.ndarray:
 
 
 def crop_stats(crops: np.ndarray) -> np.ndarray:
-    """Per aligned crop: sharpness, luminance and flat fraction.
-
-    Args:
-        crops: ``(K, 112, 112, 3) uint8`` RGB aligned crops.
-
-    Returns:
-        ``(K, 3) float32``: sharpness (``SHARP_SCALE`` × variance of the 4-neighbour Laplacian of the grey face
-        region over the variance of its grey levels), its mean grey level (0–255), and the fraction of its
-        ``FLAT_BLOCK``-pixel blocks whose grey-level spread is below ``FLAT_STD`` × the region's (worse strip).
-    """
+    """``(K, 3) float32`` per ``(K, 112, 112, 3) uint8`` RGB aligned crop: sharpness (``SHARP_SCALE`` × variance
+    of the 4-neighbour Laplacian of the grey face region over the variance of its grey levels), its mean grey
+    level (0–255), and its flat fraction (:func:`flat_fraction`)."""
     if crops.ndim != 4 or crops.shape[-1] != 3:
         raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
     grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
@@ -130,13 +121,9 @@ def face_reasons(
     gate: float,
     limits: ReasonThresholds,
 ) -> tuple[QualityReason, ...]:
-    """Every limit this face misses, most actionable first.
-
-    Args:
-        detection: the face's detection (``None`` for an aligned crop: no geometry, no detector score).
-        stats: its ``(3,)`` row of :func:`crop_stats`, or ``None`` when the crop was not seen.
-        score: calibrated quality in ``[0, 1]``; ``gate``: the quality gate it is held to.
-    """
+    """Every limit this face misses, most actionable first. ``detection``: None for an aligned crop (no geometry,
+    no detector score); ``stats``: its ``(3,)`` row of :func:`crop_stats`, None when the crop was not seen;
+    ``score``: calibrated quality in ``[0, 1]``, held to ``gate``."""
     out: list[QualityReason] = []
 
     def miss(code: str, message: str, value: float, limit: float) -> None:
@@ -144,18 +131,12 @@ def face_reasons(
 
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
-        if iod < limits.min_iod_px:
-            miss(
-                "too_small",
-                f"face too small ({iod:.0f} px between the eyes, {limits.min_iod_px:.0f} needed)",
-                iod,
-                limits.min_iod_px,
-            )
-        for what, angle, most in (
-            ("turned aside", "yaw", limits.max_yaw_deg),
-            ("tilted", "pitch", limits.max_pitch_deg),
+        if iod < (lim := limits.min_iod_px):
+            miss("too_small", f"face too small ({iod:.0f} px between the eyes, {lim:.0f} needed)", iod, lim)
+        for what, angle, v, most in (
+            ("turned aside", "yaw", abs(yaw), limits.max_yaw_deg),
+            ("tilted", "pitch", abs(pitch), limits.max_pitch_deg),
         ):
-            v = abs(yaw if angle == "yaw" else pitch)
             if v > most:
                 miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
     if stats is not None:
@@ -165,36 +146,18 @@ def face_reasons(
             miss("too_dark", f"face too dark (brightness {luma:.0f}, {lo:.0f} needed)", luma, lo)
         elif luma > hi:
             miss("too_bright", f"face too bright (brightness {luma:.0f}, at most {hi:.0f})", luma, hi)
-        exposed = not (lo <= luma <= hi)
-        if flat > limits.max_flat and not exposed:  # clipped highlights or shadows are flat too: exposure says why
-            miss(
-                "occluded",
-                f"face covered ({100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most "
-                f"{100 * limits.max_flat:.0f} %): remove masks, hands or glasses",
-                flat,
-                limits.max_flat,
-            )
-        if sharp < limits.min_sharpness:
-            miss(
-                "blur",
-                f"face blurred (sharpness {sharp:.0f}, {limits.min_sharpness:.0f} needed): hold still, focus",
-                sharp,
-                limits.min_sharpness,
-            )
-    if detection is not None and detection.score < limits.min_det_score:
-        miss(
-            "low_confidence",
-            f"face hard to find (detector confidence {detection.score:.2f}, {limits.min_det_score:.2f} needed)",
-            detection.score,
-            limits.min_det_score,
-        )
+        # clipped highlights or shadows are flat too: there the exposure says why
+        if flat > (lim := limits.max_flat) and lo <= luma <= hi:
+            pct = f"{100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most {100 * lim:.0f} %"
+            miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim)
+        if sharp < (lim := limits.min_sharpness):
+            miss("blur", f"face blurred (sharpness {sharp:.0f}, {lim:.0f} needed): hold still, focus", sharp, lim)
+    if detection is not None and detection.score < (lim := limits.min_det_score):
+        confidence = f"detector confidence {detection.score:.2f}, {lim:.2f} needed"
+        miss("low_confidence", f"face hard to find ({confidence})", detection.score, lim)
     if score < gate:
-        miss(
-            "out_of_distribution",
-            f"quality {score:.2f} is below the gate {gate:.2f} (the face is unlike those the model knows)",
-            score,
-            gate,
-        )
+        why = "the face is unlike those the model knows"
+        miss("out_of_distribution", f"quality {score:.2f} is below the gate {gate:.2f} ({why})", score, gate)
     return tuple(out)
 
 
@@ -275,22 +238,11 @@ def quality_verdict(
     """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
     refuse with a 'retake' message that names the reasons."""
     accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
-    reason = None
-    if not accepted:
-        shown = reasons or (
-            QualityReason(
-                "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
-            ),
-        )
-        reason = refusal_message(shown)
-    return QualityVerdict(
-        score=float(score),
-        raw=float(raw),
-        threshold=float(threshold),
-        accepted=accepted,
-        reason=reason,
-        reasons=reasons,
+    low = QualityReason(
+        "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
     )
+    reason = None if accepted else refusal_message(reasons or (low,))
+    return QualityVerdict(float(score), float(raw), float(threshold), accepted, reason, reasons)
 
 
 def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
@@ -300,27 +252,6 @@ def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
         return q
     shown = q.reasons
     if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
-        shown = (
-            *q.reasons,
-            QualityReason(
-                "below_enrol_gate", f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}", q.score, gate
-            ),
-        )
+        below = f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}"
+        shown = (*q.reasons, QualityReason("below_enrol_gate", below, q.score, gate))
     return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)
-
-
-__all__ = [
-    "ENROL_GATE",
-    "N_STATS",
-    "ReasonThresholds",
-    "crop_stats",
-    "enrol_gate",
-    "enrol_verdict",
-    "face_reasons",
-    "landmark_geometry",
-    "load_reliability",
-    "quality_verdict",
-    "refusal_message",
-    "reliability",
-    "reliability_features",
-]

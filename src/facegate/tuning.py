@@ -1,11 +1,6 @@
-"""The serving plan: every internal tuning value, derived in one place from the settings and the machine.
-
-:func:`make_plan` is the only place that turns the user's :class:`~facegate.config.Settings` plus what the
-machine has (a usable CUDA build and GPUs, CPU cores) into a frozen :class:`ServingPlan`. Nothing here is read
-from the environment, and nothing here imports torch: the supervisor and the HTTP front-ends plan too, and
-they must stay light. The engine process gets the supervisor's plan, so every process runs the same one.
-
-Profiles:
+"""The serving plan: every internal tuning value, derived in one place (:func:`make_plan`) from the settings and
+the machine (a usable CUDA build and GPUs, CPU cores). Nothing here reads the environment or imports torch: the
+supervisor and the front-ends plan too. The engine processes get the supervisor's plan. Profiles:
 
 - ``throughput`` (the default on CUDA): fp16, CUDA graphs, fused kernels, the detector in graphs, three engine
   processes per GPU and about one front-end per two cores, large detector batches.
@@ -33,11 +28,10 @@ PlanProfile = Literal["throughput", "low-memory", "cpu"]
 #: Engine processes per GPU in the throughput plan: one engine process's threads share one GIL, which bounds
 #: it near one CPU core; three keep one GPU busy under photo load.
 ENGINES_PER_GPU = 3
-#: Largest detector forward of the throughput plan, in padded input pixels: 64 LFW-sized photos.
+# Largest detector forwards, in padded input pixels: 64 LFW-sized photos for throughput, 16 (or 2 of 640×640)
+# by default, one for low-memory.
 THROUGHPUT_DET_BATCH_PIXELS = 4_194_304
-#: The default detector forward bound elsewhere: 16 LFW-sized photos, or 2 of 640×640.
 DEFAULT_DET_BATCH_PIXELS = 16 * 256 * 256
-#: Low-memory detector forwards: one LFW-sized photo at a time.
 LOW_MEMORY_DET_BATCH_PIXELS = 65_536
 #: Low-memory recognizer activation budget and allocator arena in MiB, per model (the rest: the default key).
 LOW_MEMORY_BUDGET_MIB = {"irse64_rts": (24.0, 112), "default": (16.0, 32)}
@@ -53,54 +47,29 @@ class Machine:
 
 @dataclass(frozen=True, slots=True)
 class ServingPlan:
-    """Every internal tuning value of one ``facegate serve`` (or one in-process pipeline).
-
-    Attributes:
-        profile: the resolved profile.
-        device: ``"cuda"`` or ``"cpu"``.
-        precision: recognizer precision (``"fp32"``, ``"fp16"``, ``"bf16"``); the detector is always fp32.
-        compile: ``"off"``, ``"graphs"`` or ``"inductor"`` (CUDA only; ``"off"`` on the CPU).
-        workers: front-end processes (1: a single process serves HTTP and runs the engine).
-        engines: engine processes in all; engines_per_gpu of them per GPU.
-        engines_per_gpu: engine processes sharing one GPU.
-        fused_kernels: Triton kernels for the models' bias + activation epilogues and YuNet's depthwise convs.
-        channels_last: recognizer in NHWC (CUDA at fp16/bf16: tensor cores).
-        det_channels_last: detector in NHWC (the CPU: its depthwise convs run several times faster there).
-        det_graphs: the detector runs as CUDA graphs too (when ``compile`` is not ``"off"``).
-        det_max_batch_pixels: largest detector forward, in padded input pixels (rows × height × width).
-        graph_buckets: batch sizes captured as CUDA graphs; batches pad up to the next one.
-        photo_stage: ``"auto"``, ``"on"`` or ``"off"``: whether photos are decoded and aligned in the engine.
-        photo_warp_mib: MiB of float32 photos the photo stage warps at once (bounds its peak memory).
-        activation_budget_mib: bound on the recognizer's activations per forward (sub-batches); None: no bound.
-        gpu_arena_mib: one allocator segment reserved before the models load; None: none.
-        cpu_chunk: on the CPU, the largest sub-batch one forward gets (per-face speed falls at large batches).
-        cpu_threads: intra-op threads of torch and OpenCV; None: the libraries' defaults.
-        decode_workers: threads of a front-end that decode and align uploads.
-        onnx_cpu: on the CPU, run the detector network with ONNX Runtime (exported from facegate's own YuNet at
-            start-up and checked against it): faster there than PyTorch eager.
-    """
+    """Every internal tuning value of one ``facegate serve`` (or one in-process pipeline)."""
 
     profile: PlanProfile
-    device: str
-    precision: str
-    compile: str
-    workers: int
-    engines: int
+    device: str  # "cuda" or "cpu"
+    precision: str  # of the recognizer ("fp32", "fp16", "bf16"); the detector is always fp32
+    compile: str  # "off", "graphs" or "inductor" (CUDA only)
+    workers: int  # front-end processes (1: a single process serves HTTP and runs the engine)
+    engines: int  # engine processes in all, engines_per_gpu of them per GPU
     engines_per_gpu: int
-    fused_kernels: bool
-    channels_last: bool
-    det_channels_last: bool
-    det_graphs: bool
-    det_max_batch_pixels: int
-    graph_buckets: tuple[int, ...]
-    photo_stage: str
-    photo_warp_mib: int
-    activation_budget_mib: float | None
-    gpu_arena_mib: int | None
-    cpu_chunk: int
-    cpu_threads: int | None
-    decode_workers: int
-    onnx_cpu: bool = False
+    fused_kernels: bool  # Triton kernels for the bias + activation epilogues and YuNet's depthwise convs
+    channels_last: bool  # recognizer in NHWC (CUDA at fp16/bf16: tensor cores)
+    det_channels_last: bool  # detector in NHWC (on the CPU its depthwise convs run several times faster)
+    det_graphs: bool  # the detector runs as CUDA graphs too (when compile is not "off")
+    det_max_batch_pixels: int  # largest detector forward, in padded input pixels (rows × height × width)
+    graph_buckets: tuple[int, ...]  # batch sizes captured as CUDA graphs; batches pad up to the next one
+    photo_stage: str  # "auto", "on" or "off": whether the engine decodes and aligns photos
+    photo_warp_mib: int  # MiB of float32 photos the photo stage warps at once (bounds its peak memory)
+    activation_budget_mib: float | None  # bound on the recognizer's activations per forward; None: none
+    gpu_arena_mib: int | None  # one allocator segment reserved before the models load; None: none
+    cpu_chunk: int  # on the CPU, the largest sub-batch of one forward (per-face speed falls at large batches)
+    cpu_threads: int | None  # intra-op threads of torch and OpenCV; None: the libraries' defaults
+    decode_workers: int  # threads of a front-end that decode and align uploads
+    onnx_cpu: bool = False  # on the CPU, the detector network on ONNX Runtime (exported from facegate's YuNet)
 
     def summary(self) -> str:
         """One line for the start-up log."""

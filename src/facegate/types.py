@@ -7,7 +7,7 @@ Landmark order everywhere is the YuNet/ArcFace order, in *image* coordinates:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -23,17 +23,11 @@ class FaceSelect(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """One detected face.
+    """One detected face, in source-image pixels."""
 
-    Attributes:
-        box: ``(4,) float32`` ``x1, y1, x2, y2`` in source-image pixels.
-        landmarks: ``(5, 2) float32`` ``(x, y)`` in source-image pixels, order in the module docstring.
-        score: detector confidence in ``[0, 1]``.
-    """
-
-    box: np.ndarray
-    landmarks: np.ndarray
-    score: float
+    box: np.ndarray  # (4,) float32: x1, y1, x2, y2
+    landmarks: np.ndarray  # (5, 2) float32 (x, y), in the order of the module docstring
+    score: float  # detector confidence in [0, 1]
 
     @property
     def area(self) -> float:
@@ -42,95 +36,52 @@ class Detection:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (rounded to 0.01 px)."""
-        return {
-            "box": [round(float(v), 2) for v in self.box],
-            "landmarks": [[round(float(x), 2), round(float(y), 2)] for x, y in self.landmarks],
-            "score": round(float(self.score), 5),
-        }
+        box, landmarks = np.round(self.box.astype(np.float64), 2), np.round(self.landmarks.astype(np.float64), 2)
+        return {"box": box.tolist(), "landmarks": landmarks.tolist(), "score": round(float(self.score), 5)}
 
 
 @dataclass(frozen=True, slots=True)
 class QualityReason:
-    """One cause of a poor face, as a measured value against its limit.
+    """One cause of a poor face, as a measured value against its limit (:mod:`facegate.quality_reasons`)."""
 
-    Attributes:
-        code: stable identifier (``too_small``, ``pose``, ``blur``, ``too_dark``, ``too_bright``, ``occluded``,
-            ``low_confidence``, ``out_of_distribution``).
-        message: what a person reads, e.g. ``face too small (38 px between the eyes, 60 needed)``.
-        value: the measured value (units per code: pixels, degrees, Laplacian variance, grey level, fraction,
-            detector score, quality score).
-        threshold: the limit it missed.
-    """
-
-    code: str
-    message: str
-    value: float
-    threshold: float
+    code: str  # too_small, pose, blur, too_dark, too_bright, occluded, low_confidence, out_of_distribution, ...
+    message: str  # what a person reads, e.g. "face too small (38 px between the eyes, 60 needed)"
+    value: float  # the measured value, in the code's unit (pixels, degrees, grey level, fraction, score)
+    threshold: float  # the limit it missed
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "code": self.code,
-            "message": self.message,
-            "value": round(float(self.value), 4),
-            "threshold": round(float(self.threshold), 4),
-        }
+        return {**asdict(self), "value": round(float(self.value), 4), "threshold": round(float(self.threshold), 4)}
 
 
 @dataclass(frozen=True, slots=True)
 class QualityVerdict:
-    """The quality gate's decision for one face.
+    """The quality gate's decision for one face."""
 
-    Attributes:
-        score: calibrated quality in ``[0, 1]`` (higher is better).
-        raw: the model's raw quality signal before calibration (model-specific units).
-        threshold: the gate's threshold the score was compared with.
-        accepted: ``score >= threshold`` and no reason given.
-        reason: ``None`` when accepted, else a human-readable refusal ("retake: ...") naming the reasons.
-        reasons: every cause of a poor face found (empty for a good one).
-    """
-
-    score: float
-    raw: float
-    threshold: float
-    accepted: bool
-    reason: str | None = None
-    reasons: tuple[QualityReason, ...] = ()
+    score: float  # calibrated quality in [0, 1], higher is better
+    raw: float  # the model's quality signal before calibration (model-specific units)
+    threshold: float  # the gate the score was compared with
+    accepted: bool  # score >= threshold and (when reasons refuse) no reason found
+    reason: str | None = None  # None when accepted, else the refusal a person reads ("retake: ...")
+    reasons: tuple[QualityReason, ...] = ()  # every cause of a poor face found
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "score": round(float(self.score), 5),
-            "raw": round(float(self.raw), 6),
-            "threshold": self.threshold,
-            "accepted": self.accepted,
-            "reason": self.reason,
-            "reasons": [r.to_dict() for r in self.reasons],
-        }
+        out = {"score": round(float(self.score), 5), "raw": round(float(self.raw), 6), "threshold": self.threshold}
+        return out | {"accepted": self.accepted, "reason": self.reason, "reasons": [r.to_dict() for r in self.reasons]}
 
 
 @dataclass(frozen=True, slots=True)
 class Face:
-    """One face that went through the whole pipeline.
+    """One face that went through the whole pipeline."""
 
-    Attributes:
-        detection: where it was found; ``None`` for pre-aligned crops.
-        embedding: ``(D,) float32``, L2-normalised.
-        quality: the gate's verdict.
-        crop: ``(112, 112, 3) uint8`` RGB aligned crop, or ``None`` when not kept.
-    """
-
-    detection: Detection | None
-    embedding: np.ndarray
+    detection: Detection | None  # None for a pre-aligned crop
+    embedding: np.ndarray  # (D,) float32, L2-normalised
     quality: QualityVerdict
-    crop: np.ndarray | None = field(default=None, repr=False)
+    crop: np.ndarray | None = field(default=None, repr=False)  # (112, 112, 3) uint8 RGB aligned crop, if kept
 
     def to_dict(self, *, with_embedding: bool = False) -> dict[str, object]:
         """JSON-ready form; the embedding is included only on request."""
-        out: dict[str, object] = {
-            "detection": None if self.detection is None else self.detection.to_dict(),
-            "quality": self.quality.to_dict(),
-        }
+        det = None if self.detection is None else self.detection.to_dict()
+        out: dict[str, object] = {"detection": det, "quality": self.quality.to_dict()}
         if with_embedding:
             out["embedding"] = [round(float(v), 7) for v in self.embedding]
         return out
@@ -138,25 +89,13 @@ class Face:
 
 @dataclass(frozen=True, slots=True)
 class CompareResult:
-    """Outcome of a 1:1 comparison.
+    """Outcome of a 1:1 comparison; a pair the quality gate refuses is never compared."""
 
-    Attributes:
-        similarity: cosine similarity of the two embeddings in ``[-1, 1]``; ``None`` when refused.
-        threshold: the match threshold used.
-        fmr: the false-match rate that threshold was calibrated to (e.g. ``1e-3``).
-        match: ``True``/``False``; ``None`` when refused (a refused pair is never compared).
-        faces: the two faces.
-        refused: whether the quality gate refused the comparison.
-        reason: refusal reason, ``None`` if compared.
-        reliability: calibrated probability that ``match`` is right, given both qualities and the similarity;
-            ``None`` when refused or when the model has no reliability fit.
-    """
-
-    similarity: float | None
-    threshold: float
-    fmr: float
-    match: bool | None
+    similarity: float | None  # cosine in [-1, 1]; None when refused
+    threshold: float  # the match threshold used
+    fmr: float  # the false-match rate it was calibrated to (e.g. 1e-3)
+    match: bool | None  # None when refused
     faces: tuple[Face, Face]
     refused: bool
-    reason: str | None = None
-    reliability: float | None = None
+    reason: str | None = None  # why it was refused
+    reliability: float | None = None  # calibrated P(match is right) from both qualities; None: refused or no fit

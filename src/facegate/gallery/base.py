@@ -1,19 +1,11 @@
-"""The gallery store: result types, validation, template math, and the SQL calls both backends share.
+"""The gallery store: result types, validation, template math, and the SQL both backends share.
 
-A *gallery* is a named set of *subjects* for one recognizer (``model``, embedding size ``dim``). A subject
-holds one embedding per enrolment image and one **template** for 1:N search::
-
-    wᵢ = max(qᵢ, TEMPLATE_WEIGHT_FLOOR)            qᵢ = calibrated quality in [0, 1]
-    t  = Σᵢ wᵢ·eᵢ / ‖Σᵢ wᵢ·eᵢ‖₂                      over every stored embedding eᵢ of the subject
-
-The floor keeps an all-zero-quality subject defined; if the sum vanishes the template is the embedding of
-highest weight. ``template_quality`` is ``max(qᵢ)``. Every mutation commits in the same transaction as a
-change-log row with a gap-free sequence number (the change feed an index follows).
-
-:class:`GalleryStore` holds the calls whose logic is the same on SQLite and PostgreSQL, written once with
-``?`` placeholders; a backend supplies its transactions (:meth:`GalleryStore._tx`) and the few steps its
-driver does differently. Errors are :class:`~facegate.errors.GalleryError` subclasses (or
-:class:`~facegate.errors.InvalidParameterError`); no driver exception escapes. A write returns once durable.
+A subject holds one embedding per enrolment image and one unit-norm **template** for 1:N search,
+``t = Σ wᵢ·eᵢ / ‖Σ wᵢ·eᵢ‖₂`` with ``wᵢ = max(qᵢ, TEMPLATE_WEIGHT_FLOOR)`` (``qᵢ``: calibrated quality); if the sum
+vanishes the template is the embedding of highest weight. ``template_quality`` is ``max(qᵢ)``. Every mutation
+commits in the same transaction as a change-log row with a gap-free sequence number (the feed an index follows).
+The SQL uses ``?`` placeholders; a backend supplies :meth:`GalleryStore._tx` and the steps its driver does
+differently. Only :class:`~facegate.errors.FacegateError` subclasses escape; a write returns once durable.
 """
 
 from __future__ import annotations
@@ -22,7 +14,8 @@ import json
 import math
 import re
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
@@ -37,21 +30,38 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 
-#: Gallery and model names: 1–64 characters of ``A–Z a–z 0–9 _ . -``.
 GALLERY_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: Subject ids: 1–128 characters of ``A–Z a–z 0–9 _ . - @ :`` (e-mail-like and ``ns:id`` ids fit).
 SUBJECT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.@:-]{1,128}$")
 TEMPLATE_WEIGHT_FLOOR = 1e-3
 MAX_DIM = 8192
-#: Tolerance on ‖e‖₂ = 1 for stored embeddings.
-NORM_TOLERANCE = 1e-3
-#: Largest JSON-encoded ``meta`` per subject, in bytes.
-MAX_META_BYTES = 16 * 1024
-#: Largest page of :meth:`GalleryStore.list_subjects`.
+NORM_TOLERANCE = 1e-3  # on ‖e‖₂ = 1
+MAX_META_BYTES = 16 * 1024  # JSON-encoded, per subject
 MAX_PAGE = 10_000
+GALLERY_COLS = "name, model, dim, created_at, subjects"
 SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
 #: Sets ``galleries.subjects``, the kept count (``COUNT(*)`` over 1M subjects per request is tens of ms).
 RECOUNT = "UPDATE galleries SET subjects = (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = galleries.id)"
+
+
+def schema(key: str, ref: str, blob: str, real: str, seq: str) -> tuple[str, ...]:
+    """The current tables in one backend's column types: ``key`` a generated primary key, ``ref`` a reference to
+    one, ``blob`` bytes, ``real`` a float64, ``seq`` the change log's key. The change log comes last."""
+    return (
+        f"""CREATE TABLE IF NOT EXISTS galleries (
+            id {key}, name TEXT NOT NULL UNIQUE, model TEXT NOT NULL, dim INTEGER NOT NULL CHECK (dim > 0),
+            created_at {real} NOT NULL, subjects {ref} NOT NULL DEFAULT 0)""",
+        f"""CREATE TABLE IF NOT EXISTS subjects (
+            id {key}, gallery_id {ref} NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+            subject_id TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{{}}', template {blob} NOT NULL,
+            template_quality REAL NOT NULL, n_embeddings INTEGER NOT NULL, created_at {real} NOT NULL,
+            updated_at {real} NOT NULL, UNIQUE (gallery_id, subject_id))""",
+        f"""CREATE TABLE IF NOT EXISTS embeddings (
+            id {key}, subject_pk {ref} NOT NULL REFERENCES subjects(id) ON DELETE CASCADE,
+            vector {blob} NOT NULL, quality REAL NOT NULL, created_at {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS embeddings_by_subject ON embeddings(subject_pk)",
+        f"""CREATE TABLE IF NOT EXISTS changes (
+            seq {seq}, op TEXT NOT NULL, gallery TEXT NOT NULL, subject_id TEXT, committed_at {real} NOT NULL)""",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,22 +127,22 @@ class StoreSnapshot:
 
 
 # --------------------------------------------------------------------------- validation
-def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
-    if not isinstance(name, str) or not GALLERY_NAME_PATTERN.fullmatch(name):
+def _name(value: object, pattern: re.Pattern[str], what: str, field: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidParameterError(
-            f"invalid {what} {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -",
-            detail={"field": what, "pattern": GALLERY_NAME_PATTERN.pattern},
+            f"invalid {what} {value!r}: {rule}", detail={"field": field, "pattern": pattern.pattern}
         )
-    return name
+    return value
+
+
+def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
+    return _name(name, GALLERY_NAME_PATTERN, what, what, "1-64 characters of A-Z a-z 0-9 _ . -")
 
 
 def validate_subject_id(subject_id: object) -> str:
-    if not isinstance(subject_id, str) or not SUBJECT_ID_PATTERN.fullmatch(subject_id):
-        raise InvalidParameterError(
-            f"invalid subject id {subject_id!r}: 1-128 characters of A-Z a-z 0-9 _ . - @ :",
-            detail={"field": "subject_id", "pattern": SUBJECT_ID_PATTERN.pattern},
-        )
-    return subject_id
+    return _name(
+        subject_id, SUBJECT_ID_PATTERN, "subject id", "subject_id", "1-128 characters of A-Z a-z 0-9 _ . - @ :"
+    )
 
 
 def _int_in(value: object, lo: int, hi: float) -> bool:
@@ -258,6 +268,10 @@ def read_templates(cur: Any, dim: int, gallery: str, chunk: int = 65_536) -> tup
     return ids, np.concatenate(parts).astype(np.float32, copy=False)
 
 
+def _gallery(row: tuple[Any, ...]) -> GalleryInfo:
+    return GalleryInfo(str(row[0]), str(row[1]), int(row[2]), float(row[3]), int(row[4]))
+
+
 def _subject(row: tuple[Any, ...]) -> SubjectInfo:
     sid, n, tq, meta, created, updated = row
     value = json.loads(meta) if meta else {}
@@ -271,7 +285,7 @@ def _subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:
     )
 
 
-#: One change-log row as the backends write it: ``(op, gallery, subject_id)``.
+#: One change-log row: ``(op, gallery, subject_id)``.
 ChangeRow = tuple[str, str, str | None]
 #: One subject of :meth:`GalleryStore.enrol_many`: ``(subject_id, (k, D) embeddings, (k,) qualities, meta)``.
 EnrolItem = tuple[str, np.ndarray, np.ndarray, "dict[str, Any] | None"]
@@ -280,12 +294,11 @@ EnrolItem = tuple[str, np.ndarray, np.ndarray, "dict[str, Any] | None"]
 class GalleryStore:
     """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction.
 
-    The SQL here uses ``?`` placeholders; the connection a backend's :meth:`_tx` yields must take them and
-    offer ``execute(sql, params)`` (and ``executemany``) returning a cursor with ``fetchone``/``fetchall``/``rowcount``.
+    A backend's :meth:`_tx` yields a connection that takes ``?`` placeholders and offers ``execute`` and
+    ``executemany``, whose cursors have ``fetchone``/``fetchall``/``rowcount``.
     """
 
-    #: ``ORDER BY subject_id`` + this sorts by bytes on every backend.
-    _BYTE_ORDER = ""
+    _BYTE_ORDER = ""  # ``ORDER BY subject_id`` + this sorts by bytes on every backend
 
     # ------------------------------------------------------------------ backend steps
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> AbstractContextManager[Any]:
@@ -300,14 +313,10 @@ class GalleryStore:
         raise NotImplementedError  # an empty subject row; returns its primary key
 
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
-        """Replace subjects ``ids`` by single-embedding subjects of ``(S, D) float32`` rows ``emb``."""
-        raise NotImplementedError
+        raise NotImplementedError  # replace subjects ``ids`` by single-embedding subjects of the rows of ``emb``
 
-    def _templates(
-        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
-    ) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32)`` of one gallery; ``ordered``: by subject id (byte order)."""
-        raise NotImplementedError
+    def _templates(self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True) -> tuple[list[str], Any]:
+        raise NotImplementedError  # ``(subject_ids, (S, D) float32)``; ``ordered``: by subject id (byte order)
 
     def _erase_deleted(self) -> None:
         raise NotImplementedError  # after a committed delete: drop the deleted bytes, as far as the backend can
@@ -329,12 +338,15 @@ class GalleryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _gallery_row(self, conn: Any, name: str) -> tuple[int, str, int, float]:
-        """``(id, model, dim, created_at)``; raises GalleryNotFoundError."""
-        row = conn.execute("SELECT id, model, dim, created_at FROM galleries WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
-        return int(row[0]), str(row[1]), int(row[2]), float(row[3])
+    @contextmanager
+    def _in_gallery(self, gallery: str, what: str, *, write: bool = False) -> Iterator[tuple[Any, int, int]]:
+        """A transaction on gallery ``gallery``: ``(conn, gallery id, dim)``; raises GalleryNotFoundError."""
+        validate_gallery_name(gallery)
+        with self._tx(what, write=write) as conn:
+            row = conn.execute("SELECT id, dim FROM galleries WHERE name = ?", (gallery,)).fetchone()
+            if row is None:
+                raise GalleryNotFoundError(f"no gallery named {gallery!r}", detail={"gallery": gallery})
+            yield conn, int(row[0]), int(row[1])
 
     # ------------------------------------------------------------------ galleries
     def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
@@ -353,32 +365,23 @@ class GalleryStore:
 
     def list_galleries(self) -> list[GalleryInfo]:
         with self._tx("listing galleries", write=False) as conn:
-            rows = conn.execute("SELECT name, model, dim, created_at, subjects FROM galleries ORDER BY name").fetchall()
-        return [GalleryInfo(str(n), str(m), int(d), float(c), int(s)) for n, m, d, c, s in rows]
+            rows = conn.execute(f"SELECT {GALLERY_COLS} FROM galleries ORDER BY name").fetchall()
+        return [_gallery(r) for r in rows]
 
     def get_gallery(self, name: str) -> GalleryInfo:
-        validate_gallery_name(name)
-        with self._tx(f"reading gallery {name!r}", write=False) as conn:
-            gid, model, dim, created = self._gallery_row(conn, name)
-            n = conn.execute("SELECT subjects FROM galleries WHERE id = ?", (gid,)).fetchone()[0]
-        return GalleryInfo(name=name, model=model, dim=dim, created_at=created, subjects=int(n))
+        with self._in_gallery(name, f"reading gallery {name!r}") as (conn, gid, _):
+            return _gallery(conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE id = ?", (gid,)).fetchone())
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
-        validate_gallery_name(name)
-        with self._tx(f"deleting gallery {name!r}", write=True) as conn:
-            conn.execute("DELETE FROM galleries WHERE id = ?", (self._gallery_row(conn, name)[0],))
+        with self._in_gallery(name, f"deleting gallery {name!r}", write=True) as (conn, gid, _):
+            conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
             self._log(conn, [("delete_gallery", name, None)], time.time())
         self._erase_deleted()
 
     # ------------------------------------------------------------------ subjects
     def add_embeddings(
-        self,
-        gallery: str,
-        subject_id: str,
-        embeddings: np.ndarray,
-        qualities: np.ndarray,
-        meta: dict[str, Any] | None = None,
+        self, gallery: str, subject_id: str, embeddings: np.ndarray, qualities: np.ndarray, meta: dict | None = None
     ) -> SubjectInfo:
         """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)
         and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
@@ -386,20 +389,18 @@ class GalleryStore:
 
     def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
         """:meth:`add_embeddings` for each ``(subject_id, embeddings, qualities, meta)`` in one transaction
-        (one commit, one fsync): all are durable once it returns, none if it raises. Each subject still gets
-        its own change row."""
+        (one commit, one fsync): all are durable once it returns, none if it raises."""
         validate_gallery_name(gallery)
         todo = [(validate_subject_id(sid), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
         if not todo:
             return []
-        with self._tx(f"enrolling {len(todo)} subject(s) in {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
+        what = f"enrolling {len(todo)} subject(s) in {gallery!r}"
+        with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
             pks = [
                 self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now) for sid, e, q, m in todo
             ]
             self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
-            # one statement for the whole batch; ``?`` per pk keeps it portable (batches are small)
             sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
             rows = {int(r[0]): r[1:] for r in conn.execute(sql, tuple(pks)).fetchall()}
         return [_subject(rows[pk]) for pk in pks]
@@ -417,58 +418,39 @@ class GalleryStore:
             spk = int(row[0])
             if meta is not None:
                 conn.execute("UPDATE subjects SET meta = ? WHERE id = ?", (meta, spk))
-            stored = conn.execute("SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id", (spk,))
-            old = stored.fetchall()
+            old = conn.execute("SELECT vector, quality FROM embeddings WHERE subject_pk = ? ORDER BY id", (spk,))
+            old = old.fetchall()
             all_e = np.concatenate([np.stack([unpack_vector(v, dim) for v, _ in old]).reshape(-1, dim), emb])
             all_q = np.concatenate([np.asarray([qq for _, qq in old], np.float32), q])
         sql = "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)"
         conn.executemany(sql, [(spk, pack_vector(e), float(qi), now) for e, qi in zip(emb, q, strict=True)])
-        template = quality_weighted_template(all_e, all_q)
         conn.execute(
             "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
-            (pack_vector(template), float(all_q.max()), len(all_q), now, spk),
+            (pack_vector(quality_weighted_template(all_e, all_q)), float(all_q.max()), len(all_q), now, spk),
         )
         return spk
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        return _subject(self._subject_value(gallery, subject_id, SUBJECT_COLS)[0])
-
-    def get_template(self, gallery: str, subject_id: str) -> np.ndarray:
-        """A subject's stored ``(D,) float32`` unit-norm template."""
-        row, dim = self._subject_value(gallery, subject_id, "template")
-        return unpack_vector(row[0], dim)
-
-    def _subject_value(self, gallery: str, subject_id: str, cols: str) -> tuple[tuple[Any, ...], int]:
-        """``cols`` of one subject's row, and the gallery's dim; raises Gallery/SubjectNotFoundError."""
-        validate_gallery_name(gallery)
         validate_subject_id(subject_id)
-        with self._tx(f"reading {subject_id!r} in {gallery!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            sql = f"SELECT {cols} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+        with self._in_gallery(gallery, f"reading {subject_id!r} in {gallery!r}") as (conn, gid, _):
+            sql = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? AND subject_id = ?"
             row = conn.execute(sql, (gid, subject_id)).fetchone()
         if row is None:
             raise _subject_not_found(gallery, subject_id)
-        return tuple(row), dim
+        return _subject(row)
 
     def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
         """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
-        validate_gallery_name(gallery)
         offset, limit = validate_page(offset, limit)
-        with self._tx(f"listing subjects of {gallery!r}", write=False) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
-            sql = (
-                f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ?"
-                f" ORDER BY subject_id{self._BYTE_ORDER} LIMIT ? OFFSET ?"
-            )
-            rows = conn.execute(sql, (gid, limit, offset)).fetchall()
+        with self._in_gallery(gallery, f"listing subjects of {gallery!r}") as (conn, gid, _):
+            sql = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? ORDER BY subject_id{self._BYTE_ORDER}"
+            rows = conn.execute(sql + " LIMIT ? OFFSET ?", (gid, limit, offset)).fetchall()
         return [_subject(r) for r in rows]
 
     def delete_subject(self, gallery: str, subject_id: str) -> None:
         """Erase a subject and all its embeddings (really removed, then the backend's erasure step)."""
-        validate_gallery_name(gallery)
         validate_subject_id(subject_id)
-        with self._tx(f"deleting {subject_id!r} from {gallery!r}", write=True) as conn:
-            gid = self._gallery_row(conn, gallery)[0]
+        with self._in_gallery(gallery, f"deleting {subject_id!r} from {gallery!r}", write=True) as (conn, gid, _):
             sql = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
             if conn.execute(sql, (gid, subject_id)).rowcount == 0:
                 raise _subject_not_found(gallery, subject_id)
@@ -478,9 +460,7 @@ class GalleryStore:
 
     def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
         """``(subject_ids, (S, D) float32)`` of a gallery, ordered by ``subject_id``."""
-        validate_gallery_name(gallery)
-        with self._tx(f"loading templates of {gallery!r}", write=False) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
+        with self._in_gallery(gallery, f"loading templates of {gallery!r}") as (conn, gid, dim):
             return self._templates(conn, gid, dim, gallery)
 
     def import_templates(
@@ -488,13 +468,11 @@ class GalleryStore:
     ) -> int:
         """Bulk enrolment without photos, one transaction: each ``(S, D) float32`` unit-norm row becomes a
         subject's only embedding (replacing what a subject of that id held). Returns S."""
-        validate_gallery_name(gallery)
         ids = validate_import(subject_ids, templates, qualities)
-        with self._tx(f"importing {len(ids)} templates into {gallery!r}", write=True) as conn:
-            gid, _, dim, _ = self._gallery_row(conn, gallery)
-            emb, q = validate_embeddings(templates, qualities, dim)
+        what = f"importing {len(ids)} templates into {gallery!r}"
+        with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
-            self._write_imported(conn, gid, ids, emb, q, now)
+            self._write_imported(conn, gid, ids, *validate_embeddings(templates, qualities, dim), now)
             conn.execute(RECOUNT + " WHERE id = ?", (gid,))
             self._log(conn, [("enrol", gallery, sid) for sid in ids], now)
         return len(ids)

@@ -1,12 +1,9 @@
 """Keeps a :class:`~facegate.gallery.index.GalleryIndex` current from the store's change feed.
 
-The index loads in full once (:meth:`IndexFollower.load`), then applies only the changes after its last
-sequence number, at a cost proportional to the change. :meth:`IndexFollower.catch_up` with
-``target=store.current_seq()`` before a search makes every change committed before it visible, whichever
-process or host wrote it. Changes are state-based and applied in sequence order under one lock, so a write
-is never overwritten by a stale snapshot (how a front-end used to lose its own write during a rebuild).
-A background thread (:meth:`IndexFollower.start`), woken by the store, applies foreign changes as they
-commit, so searches rarely find work to do.
+The index loads in full once, then applies only the changes after its last sequence number. Changes are
+state-based and applied in sequence order under one lock, so a write is never overwritten by a stale snapshot.
+``catch_up(store.current_seq())`` before a search makes every change committed before it visible; a background
+thread, woken by the store, applies foreign changes as they commit.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ from facegate.gallery.index import GalleryIndex
 
 log = logging.getLogger(__name__)
 
-#: Changes read per round trip while catching up.
-FEED_BATCH = 10_000
+FEED_BATCH = 10_000  # changes read per round trip
 
 #: ``(seconds from commit to index, number of changes applied)`` after each applied batch.
 LagHook = Callable[[float, int], None]
@@ -53,8 +49,7 @@ class IndexFollower:
         self.applied = 0
 
     @property
-    def seq(self) -> int:
-        """The last change the index reflects."""
+    def seq(self) -> int:  # the last change the index reflects
         return self._seq
 
     def set_lag_hook(self, hook: LagHook | None) -> None:
@@ -68,12 +63,9 @@ class IndexFollower:
             self._index.load_all(snap.galleries)
             self._seq = snap.seq
             self._loaded = True
+        n, secs = sum(len(ids) for _, ids, _ in snap.galleries.values()), time.perf_counter() - t0
         log.info(
-            "index: loaded %d galleries, %d subjects at change %d in %.2f s",
-            len(snap.galleries),
-            sum(len(ids) for _, ids, _ in snap.galleries.values()),
-            snap.seq,
-            time.perf_counter() - t0,
+            "index: loaded %d galleries, %d subjects at change %d in %.2f s", len(snap.galleries), n, snap.seq, secs
         )
 
     def catch_up(self, target: int | None = None) -> int:

@@ -26,6 +26,12 @@ BLOCK_MIN = 65_536  # galleries above this many rows take the two-level top-k on
 _DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
+def _mismatch(what: str, got: object, expected: object) -> DimensionMismatchError:
+    return DimensionMismatchError(
+        f"{what}: got {got}, expected dimension {expected}", detail={"expected": expected, "got": got}
+    )
+
+
 class _NumpyOps:
     """Template matrices as NumPy arrays (CPU, float32/float64). The matrix product runs on half the cores'
     worth of BLAS threads: the model stages use the rest, and BLAS threads spinning on a busy core make a
@@ -58,13 +64,10 @@ class _NumpyOps:
 
 
 class _TorchOps:
-    """Template matrices as torch tensors on ``device`` (torch imported here, on first use).
-
-    A gallery above :data:`BLOCK_MIN` rows takes an exact two-level top-k: the top ``k`` blocks of ``block``
-    scores by their maximum, then the top ``k`` of those blocks' scores (the ``k`` best scores lie in at most
-    ``k`` blocks). One ``amax`` pass costs far less than a ``torch.topk`` over millions of columns.
-    ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096 blocks.
-    """
+    """Template matrices as torch tensors on ``device``. Above :data:`BLOCK_MIN` rows the top-k is exact and
+    two-level: the top ``k`` blocks of ``block`` scores by their maximum, then the top ``k`` of those blocks' scores
+    (the ``k`` best lie in at most ``k`` blocks); one ``amax`` pass costs far less than a ``torch.topk`` over
+    millions of columns. ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096 blocks."""
 
     def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
         import torch
@@ -190,18 +193,14 @@ class GalleryIndex:
     def _make_entry(self, dim: int, ids: list[str], templates: np.ndarray) -> _Entry:
         templates = np.asarray(templates, dtype=np.float32)
         if templates.shape != (len(ids), dim):
-            raise DimensionMismatchError(
-                f"templates of shape {templates.shape} do not fit {len(ids)} ids x dim {dim}",
-                detail={"expected": [len(ids), dim], "got": list(templates.shape)},
-            )
+            raise _mismatch(f"templates of {len(ids)} ids", list(templates.shape), dim)
         mat = self._alloc(len(ids), dim)
         if ids:
             mat[: len(ids)] = self._ops.from_numpy(templates)
         return _Entry(dim=dim, mat=mat, ids=list(ids), pos={s: i for i, s in enumerate(ids)})
 
     def has(self, gallery: str) -> bool:
-        with self._guard:
-            return gallery in self._entries
+        return self.entry(gallery) is not None
 
     @property
     def on_torch(self) -> bool:
@@ -220,10 +219,7 @@ class GalleryIndex:
             if entry is None:
                 self._entries[gallery] = self._make_entry(dim, [], np.zeros((0, dim), np.float32))
             elif entry.dim != dim:
-                raise DimensionMismatchError(
-                    f"index gallery {gallery!r} has dim {entry.dim}, not {dim}",
-                    detail={"expected": entry.dim, "got": dim},
-                )
+                raise _mismatch(f"index gallery {gallery!r} exists with another dimension", dim, entry.dim)
 
     def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
         """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
@@ -244,10 +240,7 @@ class GalleryIndex:
         entry = self._entry(gallery)
         vec = np.asarray(template, dtype=np.float32)
         if vec.shape != (entry.dim,):
-            raise DimensionMismatchError(
-                f"template of shape {vec.shape} does not fit gallery {gallery!r} of dim {entry.dim}",
-                detail={"expected": entry.dim, "got": list(vec.shape)},
-            )
+            raise _mismatch(f"a template for {gallery!r}", list(vec.shape), entry.dim)
         row = self._ops.from_numpy(vec)
         with entry.lock:
             i = entry.pos.get(subject_id)
@@ -306,10 +299,7 @@ class GalleryIndex:
                 detail={"field": "queries"},
             )
         if q.shape[1] != entry.dim:
-            raise DimensionMismatchError(
-                f"query dimension {q.shape[1]} does not match gallery {gallery!r} ({entry.dim})",
-                detail={"expected": entry.dim, "got": int(q.shape[1])},
-            )
+            raise _mismatch(f"queries for {gallery!r}", int(q.shape[1]), entry.dim)
         q = q.astype(np.float32)
         q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         with entry.lock:
@@ -332,10 +322,7 @@ class GalleryIndex:
             raise InvalidParameterError("a device search needs a torch index", detail={"device": self.device})
         entry = self._entry(gallery)
         if queries.shape[1] != entry.dim:
-            raise DimensionMismatchError(
-                f"query dimension {queries.shape[1]} does not match gallery {gallery!r} ({entry.dim})",
-                detail={"expected": entry.dim, "got": int(queries.shape[1])},
-            )
+            raise _mismatch(f"queries for {gallery!r}", int(queries.shape[1]), entry.dim)
         hold.enter_context(entry.lock)
         n, kk = entry.n, min(int(k), entry.n)
         if n == 0:

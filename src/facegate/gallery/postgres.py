@@ -1,17 +1,11 @@
 """PostgreSQL gallery backend (psycopg 3, psycopg_pool): several engines and hosts share one database.
 
-Each engine keeps its index current from the change feed, woken by ``LISTEN``/``NOTIFY`` on :data:`CHANNEL`
-(sent inside the writing transaction, so delivered only once the change is visible).
-
-Sequence numbers: a ``SERIAL`` hands numbers out in allocation order, and a transaction holding a lower one
-can commit after one holding a higher one, so a follower would skip it for ever. Every write therefore takes
-the transaction-level advisory lock :data:`WRITE_LOCK` first and numbers its rows ``max(seq) + 1``: writes
-are serialised, sequence order is commit order, the log has no gaps. Feed reads run in ``REPEATABLE READ``.
-
-Erasure: a ``DELETE`` hides the row from later snapshots at once, but the old tuple stays in the heap (and in
-WAL segments and base backups) until ``VACUUM`` prunes it and a later write reuses the space; each delete
-runs a ``VACUUM`` as far as no older snapshot on the server still needs the tuples (docs/gallery.md).
-A server that cannot be reached is :class:`~facegate.errors.GalleryUnavailableError` (HTTP 503).
+Writers NOTIFY :data:`CHANNEL` inside their transaction (delivered once the change is visible), which wakes
+every engine's index. A ``SERIAL`` would let a lower sequence number commit after a higher one, and a follower
+would skip it for ever: every write takes the advisory lock :data:`WRITE_LOCK` and numbers its rows
+``max(seq) + 1``, so sequence order is commit order and the log has no gaps. Erasure: a deleted tuple stays in
+the heap (and WAL segments, base backups) until ``VACUUM`` prunes it; each delete runs one, as far as no older
+snapshot on the server still needs the tuples (docs/gallery.md).
 """
 
 from __future__ import annotations
@@ -25,53 +19,17 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import GalleryError, GalleryUnavailableError
-from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates, schema
 
 log = logging.getLogger(__name__)
 
-#: NOTIFY channel the writers signal on.
 CHANNEL = "facegate_gallery"
-#: Key of the advisory lock that serialises writers (ASCII "FGGL").
-WRITE_LOCK = 0x4647474C
-#: Schema version kept in ``facegate_schema``.
-SCHEMA_VERSION = 2
+WRITE_LOCK = 0x4647474C  # advisory lock key (ASCII "FGGL")
+SCHEMA_VERSION = 2  # kept in ``facegate_schema``
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS facegate_schema (version INTEGER NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS galleries (
-           id         BIGSERIAL PRIMARY KEY,
-           name       TEXT    NOT NULL UNIQUE,
-           model      TEXT    NOT NULL,
-           dim        INTEGER NOT NULL CHECK (dim > 0),
-           created_at DOUBLE PRECISION NOT NULL
-       )""",
-    """CREATE TABLE IF NOT EXISTS subjects (
-           id               BIGSERIAL PRIMARY KEY,
-           gallery_id       BIGINT  NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
-           subject_id       TEXT    NOT NULL,
-           meta             TEXT    NOT NULL DEFAULT '{}',
-           template         BYTEA   NOT NULL,
-           template_quality REAL    NOT NULL,
-           n_embeddings     INTEGER NOT NULL,
-           created_at       DOUBLE PRECISION NOT NULL,
-           updated_at       DOUBLE PRECISION NOT NULL,
-           UNIQUE (gallery_id, subject_id)
-       )""",
-    """CREATE TABLE IF NOT EXISTS embeddings (
-           id         BIGSERIAL PRIMARY KEY,
-           subject_pk BIGINT NOT NULL REFERENCES subjects(id) ON DELETE CASCADE,
-           vector     BYTEA  NOT NULL,
-           quality    REAL   NOT NULL,
-           created_at DOUBLE PRECISION NOT NULL
-       )""",
-    "CREATE INDEX IF NOT EXISTS embeddings_by_subject ON embeddings(subject_pk)",
-    """CREATE TABLE IF NOT EXISTS changes (
-           seq          BIGINT PRIMARY KEY,
-           op           TEXT   NOT NULL,
-           gallery      TEXT   NOT NULL,
-           subject_id   TEXT,
-           committed_at DOUBLE PRECISION NOT NULL
-       )""",
+    *schema("BIGSERIAL PRIMARY KEY", "BIGINT", "BYTEA", "DOUBLE PRECISION", "BIGINT PRIMARY KEY"),
 )
 
 
@@ -116,15 +74,12 @@ class PostgresGalleryStore(GalleryStore):
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
-        except PoolTimeout as exc:
-            self._pool.close()
-            raise GalleryUnavailableError(
-                f"cannot reach the gallery database within {connect_timeout_s:g} s", detail={"backend": "postgresql"}
-            ) from exc
-        try:
             self._migrate()
-        except BaseException:
+        except BaseException as exc:
             self._pool.close()
+            if isinstance(exc, PoolTimeout):
+                msg = f"cannot reach the gallery database within {connect_timeout_s:g} s"
+                raise GalleryUnavailableError(msg, detail={"backend": "postgresql"}) from exc
             raise
         log.info("gallery database %s open (PostgreSQL, schema v%d)", self.redacted_url, SCHEMA_VERSION)
 
@@ -179,11 +134,10 @@ class PostgresGalleryStore(GalleryStore):
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
         base = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-        with conn.raw.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (%s, %s, %s, %s, %s)",
-                [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
-            )
+        conn.executemany(
+            "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?, ?)",
+            [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
+        )
         conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
 
     def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
@@ -263,6 +217,3 @@ class PostgresGalleryStore(GalleryStore):
 
     def __repr__(self) -> str:
         return f"PostgresGalleryStore({self.redacted_url!r})"
-
-
-__all__ = ["CHANNEL", "SCHEMA_VERSION", "WRITE_LOCK", "PostgresGalleryStore"]

@@ -1,11 +1,9 @@
-"""Galleries on the store of record: :class:`StoreFront` (writes and reads) and :class:`Gallery` (also a search
-index that follows the store's change feed).
+"""Galleries on the store of record: :class:`StoreFront` (writes and reads) and :class:`Gallery` (with a search
+index that follows the store's change feed, :class:`~facegate.gallery.feed.IndexFollower`).
 
-Every write goes to the store, which commits it with a change-log row; an index applies the feed up to the
-store's current sequence number (:class:`~facegate.gallery.feed.IndexFollower`). A search first catches up
-to that number (a cheap ``max(seq)``), so a write acknowledged by any process sharing the store is visible
-to every later search. The index is never rebuilt after start-up. Callers pass embeddings and must check
-that :attr:`GalleryInfo.model` produced them (the store only checks ``dim``).
+A search first catches up to the store's current sequence number (a cheap ``max(seq)``), so a write
+acknowledged by any process sharing the store is visible to every later search. Callers must check that
+:attr:`GalleryInfo.model` produced the embeddings they pass (the store only checks ``dim``).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,75 +22,66 @@ from facegate.gallery.feed import IndexFollower, LagHook
 from facegate.gallery.index import GalleryIndex
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Called with ``{gallery: number of subjects}`` after start-up and after every applied write.
 StatsHook = Callable[[dict[str, int]], None]
 
 
 class StoreFront:
-    """The gallery calls on the store of record; :meth:`_written` runs after each committed write."""
+    """The gallery calls on the store of record ``store``; :meth:`_written` runs after each committed write."""
 
     def __init__(self, store: GalleryStore) -> None:
-        self._store = store
-
-    @property
-    def store(self) -> GalleryStore:
-        return self._store
+        self.store = store
 
     def _written(self) -> None:
         """After a committed write (nothing here: a front-end holds no index)."""
 
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        info = self._store.create_gallery(name, model, dim)
+    def _wrote(self, result: _T) -> _T:
         self._written()
-        return info
+        return result
+
+    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
+        return self._wrote(self.store.create_gallery(name, model, dim))
 
     def list_galleries(self) -> list[GalleryInfo]:
-        return self._store.list_galleries()
+        return self.store.list_galleries()
 
     def get_gallery(self, name: str) -> GalleryInfo:
-        return self._store.get_gallery(name)
+        return self.store.get_gallery(name)
 
     def delete_gallery(self, name: str) -> None:
-        self._store.delete_gallery(name)
-        self._written()
+        self._wrote(self.store.delete_gallery(name))
 
     def enrol(
         self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
     ) -> SubjectInfo:
         """Add ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)."""
-        info = self._store.add_embeddings(gallery, subject_id, emb, qual, meta)
-        self._written()
-        return info
+        return self._wrote(self.store.add_embeddings(gallery, subject_id, emb, qual, meta))
 
     def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
         """:meth:`enrol` of many ``(subject_id, emb, qual, meta)`` in one transaction."""
-        infos = self._store.enrol_many(gallery, items)
-        self._written()
-        return infos
+        return self._wrote(self.store.enrol_many(gallery, items))
 
     def import_templates(
         self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
     ) -> int:
         """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1). Returns S."""
         q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
-        n = self._store.import_templates(gallery, list(subject_ids), templates, q)
-        self._written()
-        return n
+        return self._wrote(self.store.import_templates(gallery, list(subject_ids), templates, q))
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        return self._store.get_subject(gallery, subject_id)
+        return self.store.get_subject(gallery, subject_id)
 
     def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        return self._store.list_subjects(gallery, offset, limit)
+        return self.store.list_subjects(gallery, offset, limit)
 
     def delete_subject(self, gallery: str, subject_id: str) -> None:
         """Erase a subject (every index drops it before its next search)."""
-        self._store.delete_subject(gallery, subject_id)
-        self._written()
+        self._wrote(self.store.delete_subject(gallery, subject_id))
 
     def close(self) -> None:
-        self._store.close()
+        self.store.close()
 
 
 def _check_threshold(value: object) -> float:
@@ -105,16 +94,10 @@ def _check_threshold(value: object) -> float:
 
 
 class Gallery(StoreFront):
-    """A store and an exact search index current with it at every search (the engine's gallery).
-
-    Args:
-        index: loaded from ``store`` here, once.
-        match_threshold: default cosine threshold of :attr:`SearchHit.match`.
-        stats_hook: receives ``{gallery: size}`` after start-up and every applied write (serialised; its
-            exceptions are logged, not raised).
-        lag_hook: receives ``(seconds from commit to index, changes)`` per applied batch.
-        follow: also apply foreign changes in a background thread as the store signals them.
-    """
+    """A store and an exact search index (loaded from it here, once) current with it at every search: the
+    engine's gallery. ``match_threshold``: the default of :attr:`SearchHit.match`; ``stats_hook`` receives
+    ``{gallery: size}`` after start-up and every applied write (serialised; its exceptions are logged);
+    ``lag_hook`` per applied batch; ``follow``: also apply foreign changes in a background thread."""
 
     def __init__(
         self,
@@ -139,7 +122,7 @@ class Gallery(StoreFront):
 
     def sync(self) -> int:
         """Apply every change committed since the index's last one; returns how many."""
-        return self.follower.catch_up(self._store.current_seq())
+        return self.follower.catch_up(self.store.current_seq())
 
     def set_stats_hook(self, hook: StatsHook | None) -> None:
         """Install (or remove) the stats hook and call it once with the current sizes."""
@@ -175,7 +158,7 @@ class Gallery(StoreFront):
         validate_gallery_name(gallery)
         self.sync()
         if not self.index.has(gallery):
-            self._store.get_gallery(gallery)  # the store's GalleryNotFoundError
+            self.store.get_gallery(gallery)  # the store's GalleryNotFoundError
         return self.index.search(gallery, queries, k, thr)
 
     def sizes(self) -> dict[str, int]:
@@ -184,4 +167,4 @@ class Gallery(StoreFront):
 
     def close(self) -> None:
         self.follower.stop()
-        self._store.close()
+        self.store.close()

@@ -1,20 +1,16 @@
 """Embedded SQLite gallery backend: one file, one host.
 
-``journal_mode=WAL`` (readers never block the writer), ``synchronous=FULL`` (an answered write survives a
-power loss), ``foreign_keys=ON`` (deletes cascade to embeddings), ``secure_delete=ON`` (freed pages are
-zeroed). After a delete the WAL is checkpointed and truncated so the erased vectors leave every file SQLite
-owns. The schema version is ``PRAGMA user_version`` (older files are migrated, newer ones refused);
-``PRAGMA application_id`` marks the file. Writes take ``BEGIN IMMEDIATE``, so a read-modify-write is never
-interleaved with another writer, once they hold ``flock`` on ``<file>-writers``, where the writers of several
-processes queue (see :meth:`SQLiteGalleryStore._take_writers_lock`).
-
-One connection behind a lock, not one per thread: search never touches SQLite (the index serves it), a single
-connection rules out lock-upgrade ``SQLITE_BUSY`` between our own threads, and no other connection of ours
-holds a read snapshot when the post-delete checkpoint runs. ``busy_timeout`` covers other processes.
+WAL (readers never block the writer), ``synchronous=FULL`` (an answered write survives a power loss),
+``foreign_keys=ON`` (deletes cascade), ``secure_delete=ON`` (freed pages are zeroed); after a delete the WAL is
+checkpointed and truncated, so the erased vectors leave every file SQLite owns. The schema version is
+``PRAGMA user_version``. Writers of every process queue on ``flock`` of ``<file>-writers``, then take
+``BEGIN IMMEDIATE``. One connection behind a lock: search never reads SQLite (the index serves it), and no other
+connection of ours holds a read snapshot when the post-delete checkpoint runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -28,60 +24,18 @@ from pathlib import Path
 import numpy as np
 
 from facegate.errors import ErasureIncompleteError, GalleryError, GalleryUnavailableError
-from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates, schema
 
 log = logging.getLogger(__name__)
 
-#: ``PRAGMA application_id`` of facegate gallery files (ASCII "FGGL").
-APPLICATION_ID = 0x4647474C
-#: Current schema version (``PRAGMA user_version``).
+APPLICATION_ID = 0x4647474C  # PRAGMA application_id of facegate gallery files (ASCII "FGGL")
 SCHEMA_VERSION = 3
 
-#: ``version -> DDL statements`` that bring a file from ``version - 1`` to ``version``.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE galleries (
-               id         INTEGER PRIMARY KEY,
-               name       TEXT    NOT NULL UNIQUE,
-               model      TEXT    NOT NULL,
-               dim        INTEGER NOT NULL CHECK (dim > 0),
-               created_at REAL    NOT NULL
-           )""",
-        """CREATE TABLE subjects (
-               id               INTEGER PRIMARY KEY,
-               gallery_id       INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
-               subject_id       TEXT    NOT NULL,
-               meta             TEXT    NOT NULL DEFAULT '{}',
-               template         BLOB    NOT NULL,
-               template_quality REAL    NOT NULL,
-               n_embeddings     INTEGER NOT NULL,
-               created_at       REAL    NOT NULL,
-               updated_at       REAL    NOT NULL,
-               UNIQUE (gallery_id, subject_id)
-           )""",
-        """CREATE TABLE embeddings (
-               id         INTEGER PRIMARY KEY,
-               subject_pk INTEGER NOT NULL REFERENCES subjects(id) ON DELETE CASCADE,
-               vector     BLOB    NOT NULL,
-               quality    REAL    NOT NULL,
-               created_at REAL    NOT NULL
-           )""",
-        "CREATE INDEX embeddings_by_subject ON embeddings(subject_pk)",
-    ),
-    2: (
-        """CREATE TABLE changes (
-               seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-               op           TEXT    NOT NULL,
-               gallery      TEXT    NOT NULL,
-               subject_id   TEXT,
-               committed_at REAL    NOT NULL
-           )""",
-    ),
-    3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT),
-}
+_TABLES = schema("INTEGER PRIMARY KEY", "INTEGER", "BLOB", "REAL", "INTEGER PRIMARY KEY AUTOINCREMENT")
+#: ``version -> statements`` that bring an older file from ``version - 1`` to ``version`` (a new one gets _TABLES).
+_MIGRATIONS = {2: _TABLES[-1:], 3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT)}
 
-#: Checkpoint attempts after a delete before it answers ErasureIncompleteError.
-_CHECKPOINT_ATTEMPTS = 2
+_CHECKPOINT_ATTEMPTS = 2  # after a delete, before it answers ErasureIncompleteError
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
@@ -94,10 +48,8 @@ def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
 
 class SQLiteGalleryStore(GalleryStore):
     """The store on one SQLite file ``path`` (created with mode 0600, parents too), or ``":memory:"``.
-
     ``busy_timeout_s``: how long a write waits for another process's write lock; ``open_retry_s``: how long
-    opening retries while SQLite reports the file busy.
-    """
+    opening retries while SQLite reports the file busy."""
 
     def __init__(
         self, path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, open_retry_s: float = 60.0
@@ -110,10 +62,9 @@ class SQLiteGalleryStore(GalleryStore):
         memory = self._path == ":memory:"
         if not memory:
             try:
-                p = Path(self._path)
-                p.parent.mkdir(parents=True, exist_ok=True)
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
                 # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode.
-                os.close(os.open(p, os.O_CREAT | os.O_RDWR, 0o600))
+                os.close(os.open(self._path, os.O_CREAT | os.O_RDWR, 0o600))
             except OSError as exc:
                 raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         deadline = time.monotonic() + open_retry_s
@@ -174,11 +125,12 @@ class SQLiteGalleryStore(GalleryStore):
                     detail={"schema": version, "supported": SCHEMA_VERSION},
                 )
             if version == 0:
-                n_tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
-                if n_tables:
+                if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
                     raise GalleryError(f"{self._path!r} is an SQLite file of something else, not a gallery")
                 conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for stmt in _TABLES:
+                    conn.execute(stmt)
+            for target in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
                 for stmt in _MIGRATIONS[target]:
                     conn.execute(stmt)
                 log.info("gallery %s: migrated schema to v%d", self._path, target)
@@ -197,36 +149,35 @@ class SQLiteGalleryStore(GalleryStore):
             conn = self._conn
             if conn is None:
                 raise GalleryError("the gallery store is closed")
-            locked = write and self._take_writers_lock(what)
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        log.exception("gallery %s: ROLLBACK failed", self._path)
-                if isinstance(exc, sqlite3.Error):
-                    raise _convert(exc, what) from exc
-                raise
-            finally:
-                if locked:
-                    fcntl.flock(self._writers_fd, fcntl.LOCK_UN)
+            with self._writers(what) if write else contextlib.nullcontext():
+                try:
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    if conn.in_transaction:
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            log.exception("gallery %s: ROLLBACK failed", self._path)
+                    if isinstance(exc, sqlite3.Error):
+                        raise _convert(exc, what) from exc
+                    raise
 
-    def _take_writers_lock(self, what: str) -> bool:
-        """Queue for ``flock`` on ``<file>-writers`` (an empty file) before ``BEGIN IMMEDIATE``: SQLite's busy
-        handler sleeps up to 100 ms between attempts, so several processes' writers leave the lock idle and
-        one can starve past the busy timeout; here a waiter retries within a millisecond. False for
-        ``:memory:``; GalleryUnavailableError (503) past ``busy_timeout_s``."""
+    @contextmanager
+    def _writers(self, what: str) -> Iterator[None]:
+        """Hold ``flock`` on ``<file>-writers`` (none for ``:memory:``). SQLite's busy handler sleeps up to
+        100 ms between attempts, so several processes' writers leave the lock idle and one can starve past the
+        busy timeout; here a waiter retries within a millisecond. GalleryUnavailableError (503) past
+        ``busy_timeout_s``."""
         if self._writers_fd < 0:
-            return False
+            yield
+            return
         deadline, delay = time.monotonic() + self._busy_s, 5e-5
         while True:
             try:
                 fcntl.flock(self._writers_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
+                break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise GalleryUnavailableError(
@@ -235,6 +186,10 @@ class SQLiteGalleryStore(GalleryStore):
                     ) from None
                 time.sleep(delay)
                 delay = min(2 * delay, 1e-3)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._writers_fd, fcntl.LOCK_UN)
 
     def _erase_deleted(self) -> None:
         """Copy the WAL (with ``secure_delete``'s zeroed pages) into the file and truncate it. A reader of an
@@ -246,14 +201,11 @@ class SQLiteGalleryStore(GalleryStore):
             busy = 1
             # a busy writer in another process can starve one attempt (each waits the busy timeout)
             for _ in range(_CHECKPOINT_ATTEMPTS):
-                locked = self._take_writers_lock("erasing deleted data")  # the checkpoint needs the write lock
                 try:
-                    busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    with self._writers("erasing deleted data"):  # the checkpoint needs the write lock
+                        busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 except sqlite3.Error as exc:
                     raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
-                finally:
-                    if locked:
-                        fcntl.flock(self._writers_fd, fcntl.LOCK_UN)
                 if not busy:
                     break
             if busy:
@@ -320,6 +272,3 @@ class SQLiteGalleryStore(GalleryStore):
 
     def __repr__(self) -> str:
         return f"SQLiteGalleryStore({self._path!r})"
-
-
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteGalleryStore"]

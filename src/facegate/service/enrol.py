@@ -1,11 +1,9 @@
-"""Bulk enrolment for ``facegate enrol``, from photos or from templates.
+"""Bulk enrolment for ``facegate enrol``.
 
-* **photos**: ``DIR/<subject_id>/*.jpg``, or a CSV of ``path,subject_id`` rows. Photos go through the
-  pipeline in full batches; each batch's subjects are written in one transaction once its photos are done,
-  so an acknowledged subject survives a crash, and a rerun skips a subject whose stored
-  ``meta.source_digest`` matches the same files.
-* **templates**: an ``.npz`` from ``facegate embed`` (``paths`` + ``embeddings`` + ``quality``; the subject is
-  the photo's folder) or ``ids`` + ``embeddings``, imported in transactions of :data:`IMPORT_CHUNK` subjects.
+Photos (``DIR/<subject_id>/*.jpg`` or a ``path,subject_id`` CSV) go through the pipeline in full batches, each
+batch's subjects written in one transaction, so an acknowledged subject survives a crash; a rerun skips a subject
+whose ``meta.source_digest`` matches the same files. Templates (an ``.npz`` from ``facegate embed``, or ``ids``
++ ``embeddings``) are imported in transactions of :data:`IMPORT_CHUNK` subjects.
 """
 
 from __future__ import annotations
@@ -31,12 +29,9 @@ from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
 
 log = logging.getLogger(__name__)
 
-#: Image file suffixes a folder walk picks up.
 IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
-#: Subjects per transaction of a template import.
-IMPORT_CHUNK = 10_000
-#: Subjects per transaction of an import whose subjects have several rows each.
-ENROL_CHUNK = 1_000
+IMPORT_CHUNK = 10_000  # subjects per transaction of a template import
+ENROL_CHUNK = 1_000  # the same, when subjects have several rows each
 
 
 @dataclass
@@ -120,18 +115,15 @@ def enrol_photos(
 
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
-    todo: list[tuple[str, list[Path], str]] = []
+    groups: list[list[tuple[str, list[Path], str]]] = [[]]
     for sid, paths in subjects.items():
         digest = source_digest(paths)
         if already_enrolled(store, gallery, sid, digest):
             report.subjects_skipped += 1
-        else:
-            todo.append((sid, paths, digest))
-    groups: list[list[tuple[str, list[Path], str]]] = [[]]
-    for item in todo:
+            continue
         if sum(len(x[1]) for x in groups[-1]) >= batch_size:
             groups.append([])
-        groups[-1].append(item)
+        groups[-1].append((sid, paths, digest))
     for group in (g for g in groups if g):
         paths = [p for _, ps, _ in group for p in ps]
         results = faces_of(paths)
@@ -141,10 +133,10 @@ def enrol_photos(
             mine = results[start : start + len(ps)]
             start += len(ps)
             decision = decide_enrolment(sid, mine, requires_quality=requires_quality, verdict=verdict)
-            for r in decision.refused:
-                report.refused.append(
-                    {"path": str(ps[r.index]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
-                )
+            report.refused += [
+                {"path": str(ps[r.index]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
+                for r in decision.refused
+            ]
             n_ref += len(decision.refused)
             if decision.error is not None:
                 report.subjects_refused += 1
@@ -200,15 +192,12 @@ def import_templates(
     q = np.ones(n, np.float32) if qualities is None else np.clip(np.asarray(qualities, np.float32), 0.0, 1.0)
     norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
     emb = (embeddings / np.maximum(norms, 1e-12)).astype(np.float32)
-    unique = len(set(ids)) == n
     written = 0
-    if unique:
-        for s in range(0, n, IMPORT_CHUNK):
-            written += store.import_templates(
-                gallery, ids[s : s + IMPORT_CHUNK], emb[s : s + IMPORT_CHUNK], q[s : s + IMPORT_CHUNK]
-            )
+    if len(set(ids)) == n:
+        for part in (slice(s, s + IMPORT_CHUNK) for s in range(0, n, IMPORT_CHUNK)):
+            written += store.import_templates(gallery, ids[part], emb[part], q[part])
             if progress is not None:
-                progress(min(IMPORT_CHUNK, n - s))
+                progress(len(ids[part]))
         return written
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):

@@ -1,7 +1,5 @@
 """The async face service: the pipeline's stages behind the engine, which batches across concurrent requests.
-
-Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU).
-"""
+Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU)."""
 
 from __future__ import annotations
 
@@ -34,11 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def freeze_gc() -> int:
-    """Collect, then move every live object to the collector's permanent generation; returns the number frozen.
-
-    Full collections would otherwise walk the ~200k start-up objects (torch, the models) with the GIL held. Cycles
-    among frozen objects are never collected, so this runs once the process has loaded everything it keeps.
-    """
+    """Collect, then move every live object to the collector's permanent generation (returns how many): full
+    collections would otherwise walk the ~200k start-up objects with the GIL held. Run once everything is loaded."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -117,12 +112,8 @@ class FaceService:
     ) -> FaceService:
         """A front-end's service over the engine process(es) at ``address`` (several: a
         :class:`~facegate.transport.remote.RemotePool`); blocking connect."""
-        addresses = [address] if isinstance(address, str) else list(address)
-        remote: RemoteEngine | RemotePool = (
-            RemoteEngine(addresses[0], authkey)
-            if len(addresses) == 1
-            else RemotePool([RemoteEngine(a, authkey) for a in addresses])
-        )
+        engines = [RemoteEngine(a, authkey) for a in ([address] if isinstance(address, str) else address)]
+        remote = engines[0] if len(engines) == 1 else RemotePool(engines)
         remote.start()
         return cls.over_engine(settings, remote, plan)
 
@@ -187,9 +178,7 @@ class FaceService:
         from facegate.gallery.query import encode_photo_search
 
         res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)
-        self._record(faces)
-        return faces, out
+        return self._record(self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)), out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
@@ -213,11 +202,12 @@ class FaceService:
     async def _embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return await self._submit("embed", crops)
 
-    def _record(self, faces: list[Face]) -> None:
+    def _record(self, faces: list[Face]) -> list[Face]:
         for f in faces:
             self.stats.record_quality(f.quality.score)
             if not f.quality.accepted:
                 self.stats.record_refusal("low_quality")
+        return faces
 
     async def faces(
         self,
@@ -227,18 +217,13 @@ class FaceService:
         face_index: int | None = None,
         keep_crops: bool = False,
     ) -> list[Face]:
-        """Detect, select, align, embed and gate the faces of one image.
-
-        Every image is detected, whatever its size: only the caller knows that an upload is an aligned crop
-        (:meth:`face_aligned`). Raises :class:`NoFaceError` when none is found.
-        """
+        """Detect, select, align, embed and gate the faces of one image, whatever its size (only the caller knows
+        that an upload is an aligned crop: :meth:`face_aligned`). Raises :class:`NoFaceError` when none is found."""
         dets = await self.detect(image)
         chosen = select_faces(dets, select, face_index)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._embed(crops)
-        faces = self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
-        self._record(faces)
-        return faces
+        return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))
 
     async def photo_faces(self, data: bytes) -> list[Face]:
         """:meth:`faces` (largest face, no crops) of one *encoded* photo in one engine trip: the ``photo`` stage
@@ -247,9 +232,9 @@ class FaceService:
         if not self.photo_on_device:
             raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))
-        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
-        self._record(faces)
-        return faces
+        return self._record(
+            self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
+        )
 
     async def face_aligned(self, crop: np.ndarray, *, keep_crop: bool = False) -> Face:
         """Embed and gate one pre-aligned ``(112,112,3) uint8`` RGB crop (no detection)."""
@@ -257,9 +242,7 @@ class FaceService:
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
         emb, q, raw = await self._embed(crops)
-        faces = self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop)
-        self._record(faces)
-        return faces[0]
+        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop))[0]
 
     def compare(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare with the quality gate (refused pairs are never compared)."""

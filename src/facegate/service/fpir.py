@@ -1,18 +1,13 @@
 """The 1:N operating point: a search threshold from a named false-positive identification rate (FPIR).
 
-A non-mated probe searched against N independent impostor templates is a false positive when any of
-them scores at or above the threshold t, so::
+A non-mated probe searched against N impostor templates is a false positive when any scores at or above t, so
+``FPIR(t, N) ≈ 1 − (1 − FMR(t))^N`` and, for a named FPIR, ``FMR* = 1 − (1 − FPIR)^(1/N)``: the 1:1 threshold
+(FMR 1e-3) gives FPIR ≈ 63 % at N = 1,000.
 
-    FPIR(t, N) ≈ 1 − (1 − FMR(t))^N          and, for a named FPIR,   FMR* = 1 − (1 − FPIR)^(1/N)
-
-A 1:1 threshold (FMR 1e-3) used for 1:N gives FPIR ≈ 63 % at N = 1,000; the threshold has to rise with N.
-
-FMR(t) comes from the model's impostor distribution on LFW (:data:`IMPOSTOR_DIR`/``<model>.json``,
-written by ``benchmarks/lfw_open_set.py`` from every pair of images of different people): measured
-down to the smallest FMR those pairs can show; beyond it a stated tail model (log FMR linear in t,
-fitted on the measured tail) extrapolates, and answers say so (``extrapolated``). A model without a
-table falls back to its registry calibration point only (the threshold at FMR 1e-3) and answers with
-the FPIR that point implies, flagged ``basis="registry_point"``.
+FMR(t) comes from the model's LFW impostor pairs (:data:`IMPOSTOR_DIR`/``<model>.json``, written by
+``benchmarks/lfw_open_set.py``), down to the smallest FMR they can show; beyond it a stated tail model (log FMR
+linear in t, fitted on the measured tail) extrapolates, and answers say so (``extrapolated``). A model without a
+table uses its registry calibration point only (``basis="registry_point"``).
 """
 
 from __future__ import annotations
@@ -26,10 +21,8 @@ import numpy as np
 
 from facegate.errors import InvalidParameterError
 
-#: Where the per-model impostor tables live (shipped with the package).
 IMPOSTOR_DIR = Path(__file__).resolve().parents[1] / "models" / "impostors"
-#: The FPIR a search uses when the request names none.
-DEFAULT_FPIR = 1e-2
+DEFAULT_FPIR = 1e-2  # when the request names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +100,8 @@ def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[
     t, ext = tail.threshold_at(target)
     t = min(max(t, -1.0), 1.0)
     achieved, ext2 = fpir_of(tail, n_eff, t)
-    return t, {
-        "fpir": achieved,
-        "fmr": tail.fmr_at(t)[0],
-        "n": int(n),
-        "extrapolated": bool(ext or ext2),
-        "basis": tail.basis,
-    }
+    info = {"fpir": achieved, "fmr": tail.fmr_at(t)[0], "n": int(n), "extrapolated": ext or ext2}
+    return t, {**info, "basis": tail.basis}
 
 
 def operating_points(tail: ImpostorTail, sizes: tuple[int, ...], fpirs: tuple[float, ...]) -> list[dict[str, object]]:

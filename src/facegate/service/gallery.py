@@ -1,6 +1,5 @@
-"""Gallery policy shared by the HTTP API and the command line: enrolment accept/refuse, and the 1:N
-threshold from a named FPIR at the gallery's current size (:mod:`facegate.service.fpir`). A front-end holds
-no templates: it searches through the engine's ``search`` stage, whose index follows the store's feed."""
+"""Gallery policy shared by the HTTP API and the command line: enrolment accept/refuse, and the 1:N threshold
+from a named FPIR at the gallery's current size (:mod:`facegate.service.fpir`); search runs on the engine."""
 
 from __future__ import annotations
 
@@ -47,13 +46,10 @@ def decide_enrolment(
     requires_quality: bool,
     verdict: Callable[[Any], QualityVerdict] | None = None,
 ) -> EnrolDecision:
-    """Split per-image results (a Face or the FacegateError of that image) into accepted and refused.
-
-    A face below the enrolment gate is refused when ``requires_quality``: ``verdict(face)`` is that gate
-    (the pipeline's ``enrol_verdict``, stricter than the verify gate); without it, the face's own verdict.
-    With nothing accepted it carries :class:`QualityRejectedError` (when any refusal was the gate's, or there
-    were no errors) or the first image's error, with every refusal in its detail.
-    """
+    """Split per-image results (a Face or the FacegateError of that image) into accepted and refused. With
+    ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``;
+    default: the face's own verdict). With nothing accepted the error is QualityRejectedError (when any refusal
+    was the gate's, or there were no errors) or the first image's error, with every refusal in its detail."""
     accepted: list[Any] = []
     refused: list[Refusal] = []
     errors: list[FacegateError] = []
@@ -94,8 +90,7 @@ class Hit:
 class SearchAnswer:
     """A 1:N answer and its operating point: the match ``threshold``, the ``fpir`` it gives at the size ``n``
     the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
-    beyond what the impostor pairs measured, and what FMR rests on (``basis``: lfw_impostors or
-    registry_point)."""
+    beyond the measured impostor pairs, and what FMR rests on (``basis``: lfw_impostors or registry_point)."""
 
     hits: list[Hit]
     threshold: float
@@ -140,16 +135,5 @@ class GalleryFront(StoreFront):
         """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
         for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched."""
         t, info = self.operating_point(out.size, fpir)
-        hits = [
-            Hit(r + 1, sid, float(s), bool(s >= t))
-            for r, (sid, s) in enumerate(zip(out.subject_ids, out.scores, strict=True))
-        ]
-        return SearchAnswer(
-            hits=hits,
-            threshold=t,
-            fpir=float(info["fpir"]),  # type: ignore[arg-type]
-            fmr=float(info["fmr"]),  # type: ignore[arg-type]
-            n=int(out.size),
-            extrapolated=bool(info["extrapolated"]),
-            basis=str(info["basis"]),
-        )
+        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True))
+        return SearchAnswer([Hit(r + 1, sid, float(s), bool(s >= t)) for r, (sid, s) in ranked], t, **info)

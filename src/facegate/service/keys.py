@@ -1,11 +1,10 @@
 """API keys with scopes, stored hashed in the data folder.
 
-A key is ``fg_<id>_<secret>``: ``id`` is 8 random hex digits that name it in listings, logs and rate limits;
-``secret`` is 32 random bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``,
-mode 0600): with 256 bits of entropy there is nothing for a slow hash to protect. Scopes: ``read``
-(compare, detect, embed, search, list galleries), ``enrol`` (enrol, list and delete subjects), ``admin``
-(galleries and keys; includes the other two). :class:`KeyStore` re-reads the file when it changes, so keys
-created or revoked with the CLI apply to a running server.
+A key is ``fg_<id>_<secret>``: 8 hex digits that name it in listings, logs and rate limits, then 32 random
+bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``, mode 0600): 256 bits of
+entropy leave nothing for a slow hash to protect. Scopes: ``read`` (compare, detect, embed, search, list
+galleries), ``enrol`` (enrol, list and delete subjects), ``admin`` (galleries and keys; both others). The file
+is re-read when it changes, so keys created or revoked with the CLI apply to a running server.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ log = logging.getLogger(__name__)
 Scope = Literal["read", "enrol", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "enrol", "admin")
 KEYS_FILE = "api_keys.json"
-#: Seconds between checks of the keys file for changes made by another process.
-RELOAD_INTERVAL_S = 1.0
+RELOAD_INTERVAL_S = 1.0  # seconds between checks of the keys file for another process's changes
 _PREFIX = "fg_"
 
 
@@ -181,6 +179,3 @@ class KeyStore:
             raise InvalidParameterError(f"no API key with id {key_id!r}", detail={"field": "id"})
         self._write([k for k in existing if k.id != key_id])
         return match[0]
-
-
-__all__ = ["KEYS_FILE", "SCOPES", "ApiKey", "KeyStore", "Scope", "parse_scopes"]

@@ -30,6 +30,12 @@ from facegate.gallery.base import (
 from facegate.gallery.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteGalleryStore
 
 
+def stored_template(store, gallery: str, subject_id: str) -> np.ndarray:
+    """A subject's stored ``(D,) float32`` template."""
+    ids, templates = store.load_templates(gallery)
+    return templates[ids.index(subject_id)]
+
+
 def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     """``(n, d) float32`` random unit vectors."""
     x = rng.standard_normal((n, d)).astype(np.float32)
@@ -81,6 +87,23 @@ def test_a_v2_file_gets_its_subject_counts(db: Path) -> None:
         c.execute("PRAGMA user_version=2")
     with SQLiteGalleryStore(db) as s:
         assert s.get_gallery("g").subjects == 3
+
+
+def test_a_v1_file_gets_the_change_log_and_its_subject_counts(db: Path) -> None:
+    rng = np.random.default_rng(4)
+    with SQLiteGalleryStore(db) as s:
+        s.create_gallery("g", "sface", 8)
+        s.import_templates("g", ["a", "b"], unit(rng, 2, 8), np.ones(2, np.float32))
+    with raw(db) as c:  # back to the v1 schema: no change log, no kept count
+        c.execute("DROP TABLE changes")
+        c.execute("ALTER TABLE galleries DROP COLUMN subjects")
+        c.execute("PRAGMA user_version=1")
+    with SQLiteGalleryStore(db) as s:
+        assert s.get_gallery("g").subjects == 2
+        s.delete_subject("g", "a")
+        assert [(c.op, c.subject_id) for c in s.changes_since(0)] == [("delete_subject", "a")]
+    with raw(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_reopen_does_not_remigrate(db: Path) -> None:
@@ -200,7 +223,7 @@ def test_quality_weighted_template_and_append(store: SQLiteGalleryStore) -> None
     info = store.add_embeddings("g", "alice", e1, q1, {"name": "Alice"})
     assert (info.subject_id, info.n_embeddings, info.meta) == ("alice", 3, {"name": "Alice"})
     assert info.template_quality == pytest.approx(0.9)
-    t = store.get_template("g", "alice")
+    t = stored_template(store, "g", "alice")
     assert t.dtype == np.float32 and t.shape == (16,)
     np.testing.assert_allclose(t, reference_template(e1, q1), atol=1e-6)
     assert abs(np.linalg.norm(t) - 1) < 1e-6
@@ -213,7 +236,7 @@ def test_quality_weighted_template_and_append(store: SQLiteGalleryStore) -> None
     assert info2.template_quality == pytest.approx(0.95)
     assert info2.created_at == info.created_at and info2.updated_at >= info.updated_at
     np.testing.assert_allclose(
-        store.get_template("g", "alice"), reference_template(np.vstack([e1, e2]), np.hstack([q1, q2])), atol=1e-6
+        stored_template(store, "g", "alice"), reference_template(np.vstack([e1, e2]), np.hstack([q1, q2])), atol=1e-6
     )
     assert store.add_embeddings("g", "alice", e2[:1], q2[:1], {"x": [1, 2]}).meta == {"x": [1, 2]}
 
@@ -258,8 +281,6 @@ def test_enrolment_errors_are_atomic(store: SQLiteGalleryStore) -> None:
     with pytest.raises(SubjectNotFoundError):
         store.get_subject("g", "s")
     with pytest.raises(SubjectNotFoundError):
-        store.get_template("g", "s")
-    with pytest.raises(SubjectNotFoundError):
         store.delete_subject("g", "s")
 
 
@@ -285,7 +306,7 @@ def test_delete_subject_really_erases(store: SQLiteGalleryStore, db: Path) -> No
     secret = unit(rng, 2, 32)
     store.add_embeddings("g", "victim", secret, np.array([0.7, 0.6], np.float32))
     store.add_embeddings("g", "keeper", unit(rng, 1, 32), np.array([0.7], np.float32))
-    template = store.get_template("g", "victim")
+    template = stored_template(store, "g", "victim")
     blobs = [secret[0].tobytes(), secret[1].tobytes(), template.tobytes()]
 
     def files_holding_blobs() -> list[str]:
@@ -370,7 +391,7 @@ def test_acknowledged_writes_survive_a_crash(db: Path) -> None:
         expected.append(e / np.linalg.norm(e))
     with SQLiteGalleryStore(db) as s:
         for i in acked:
-            np.testing.assert_allclose(s.get_template("g", f"s{i}"), expected[i][0], atol=1e-6)
+            np.testing.assert_allclose(stored_template(s, "g", f"s{i}"), expected[i][0], atol=1e-6)
         assert s.get_gallery("g").subjects == n
 
 
@@ -411,7 +432,7 @@ def test_concurrent_writers(store: SQLiteGalleryStore, db: Path) -> None:
         # the stored template covers every embedding, whatever order the threads committed in
         e = np.vstack([x for x, _ in items])
         q = np.hstack([y for _, y in items])
-        np.testing.assert_allclose(store.get_template("g", sid), reference_template(e, q), atol=1e-5)
+        np.testing.assert_allclose(stored_template(store, "g", sid), reference_template(e, q), atol=1e-5)
 
 
 def test_delete_erases_while_another_connection_reads(db: Path) -> None:
@@ -426,7 +447,7 @@ def test_delete_erases_while_another_connection_reads(db: Path) -> None:
     store.create_gallery("g", "sface", 32)
     for sid in ("a", "b"):
         store.add_embeddings("g", sid, unit(rng, 1, 32), np.array([0.7], np.float32))
-    blobs = {sid: store.get_template("g", sid).tobytes() for sid in ("a", "b")}
+    blobs = {sid: stored_template(store, "g", sid).tobytes() for sid in ("a", "b")}
 
     def on_disk(sid: str) -> bool:
         return any(blobs[sid] in f.read_bytes() for f in db.parent.iterdir())
