@@ -8,10 +8,7 @@ from torch import Tensor
 
 
 def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
-    """``(N, D) raw embedding, (N, C·7·7) flattened trunk → (N, C + D)`` in the features' dtype.
-
-    ``channels`` is ``C`` (1024 for the real SFace; ``feature_dim // 49`` in general).
-    """
+    """``(N, D)`` raw embedding, ``(N, C·7·7)`` flattened trunk → ``(N, C + D)`` in the features' dtype."""
     n = features_flat.shape[0]
     pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
     return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)

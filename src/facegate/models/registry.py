@@ -36,16 +36,9 @@ class Thresholds:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """Everything about one recognizer.
-
-    Attributes:
-        arch: the architecture :func:`~facegate.models.recognizer.build_recognizer` builds.
-        input_size: ``(H, W)`` of the aligned crop. mean, std: per channel on 0–255; input = (x − mean) / std.
-        colour: the channel order the network expects. embedding_dim: D.
-        quality_source: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
-        quality_head: package-relative file of a trained head, if any.
-        quality_calibration: a fitted calibration (as a dict) of the spec's own source; ``None``: provisional.
-    """
+    """One recognizer. ``input_size``: the crop's ``(H, W)``; input = (x − mean) / std on 0–255, in ``colour``
+    order; ``quality_head``: a package-relative head file; ``quality_calibration``: a fitted map (``None``:
+    provisional)."""
 
     name: str
     arch: str
