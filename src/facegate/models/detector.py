@@ -24,8 +24,6 @@ from facegate.types import Detection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DetBatch", "DetPending", "FaceDetector", "same_device"]
-
 
 @dataclass(frozen=True, slots=True)
 class DetBatch:
@@ -143,7 +141,6 @@ class FaceDetector:
         #: Largest padded forward (rows × Hp × Wp pixels) bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
 
-    # ------------------------------------------------------------------ preprocess (CPU)
     def padded_hw(self, height: int, width: int) -> tuple[int, int]:
         """The network input ``(Hp, Wp)`` of this image alone. Batch only images of one padded size: YuNet's outputs
         near a face depend on the zero padding around it."""
@@ -246,7 +243,6 @@ class FaceDetector:
             resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
         )
 
-    # ------------------------------------------------------------------ forward (device)
     def _to_input(self, x: Tensor) -> Tensor:
         """``(N, Hp, Wp, 3) uint8`` RGB on the device → the network input ``(N, 3, Hp, Wp)`` BGR in the model dtype."""
         x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)
@@ -288,7 +284,6 @@ class FaceDetector:
         counts = (scores >= self.score_threshold).sum(1).clamp(max=k_max)
         return torch.cat([packed.reshape(n, -1), counts[:, None].to(packed.dtype)], 1), boxes, lms, scores
 
-    # ------------------------------------------------------------------ CUDA graphs
     def enable_graphs(self, max_graphs: int = 32) -> None:
         """Run cast, network, decode and top-k as one CUDA graph per batch shape ``(rows, Hp, Wp)``, captured on
         first use, up to ``max_graphs`` (others run eagerly); held under ``replay_lock`` until the copy-out."""
@@ -463,7 +458,6 @@ class FaceDetector:
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
 
-    # ------------------------------------------------------------------ postprocess
     @torch.inference_mode()
     def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
         """Decode, threshold, ``top_k``, NMS, map to image pixels and clip boxes (one left with no area lay in the
@@ -555,7 +549,6 @@ class FaceDetector:
         boxes32 = boxes.astype(np.float32)
         return [Detection(box=boxes32[k], landmarks=lms[k], score=float(kept[k, 14])) for k in good]
 
-    # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """Faces in each ``(H, W, 3) uint8`` RGB image, by score, in its pixels."""
         if len(images) == 0:

@@ -21,12 +21,6 @@ def _fold_host(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._Ba
     return new_w, new_b
 
 
-def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Weight ``(C_out, ...)`` and bias ``(C_out,)`` of ``bn(layer(x))``, in fp64, in ``weight``'s dtype and device."""
-    new_w, new_b = _fold_host(weight, bias, bn)
-    return new_w.to(weight.device, weight.dtype), new_b.to(weight.device, weight.dtype)
-
-
 @torch.no_grad()
 def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
     """Fold ``bn`` into the ``layer`` before it, in place, computed on the host (a GPU allocates nothing more)."""
@@ -38,6 +32,3 @@ def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm)
         )
     else:
         layer.bias.copy_(b.to(layer.bias.dtype))
-
-
-__all__ = ["fold_bn", "fold_into"]

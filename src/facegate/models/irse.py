@@ -1,10 +1,8 @@
 """IR-SE-64 with RTS uncertainty heads (ModelScope ``damo/cv_ir_face-recognition-ood_rts``) with that model's exact
-``state_dict`` keys, so its ``pytorch_model.pt`` loads with ``strict=True``.
-
-Input 112×112 RGB normalised ``(x − 127.5) / 127.5``; ``features.0`` stem; ``features.1.N`` 30 IR-SE units;
-``features.2`` BN, dropout, flatten (25088); heads ``features_backbone`` (→ 512: the embedding),
-``logvar_rts_backbone`` (→ 1: RTS logvar) and ``logvar_rts_plus_backbone`` (RTS+, width alpha, unused).
-"""
+``state_dict`` keys, so its ``pytorch_model.pt`` loads with ``strict=True``. Input 112×112 RGB normalised ``(x −
+127.5) / 127.5``; ``features.0`` stem; ``features.1.N`` 30 IR-SE units; ``features.2`` BN, dropout, flatten (25088);
+heads ``features_backbone`` (→ 512: the embedding), ``logvar_rts_backbone`` (→ 1: RTS logvar) and
+``logvar_rts_plus_backbone`` (RTS+, width alpha, unused)."""
 
 from __future__ import annotations
 
@@ -201,7 +199,6 @@ def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRS
     return model.eval()
 
 
-# --------------------------------------------------------------------------- checkpoint loading
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)`` → ``{key: Tensor}``, or :class:`CheckpointError`."""
     detail: dict[str, Any] = {"path": str(path)}
@@ -283,17 +280,3 @@ def load_rts_checkpoint(path: Path) -> IRSE64RTS:
         raise CheckpointError(f"Cannot load {path}: {exc}", detail={"path": str(path)}) from exc
     log.info("loaded RTS IR-SE-64 from %s (alpha=%d, %d entries)", path, alpha, len(sd))
     return model.float().eval()
-
-
-__all__ = [
-    "DEFAULT_ALPHA",
-    "IRSE64RTS",
-    "IRSE64_UNITS",
-    "IRSE64_WIDTHS",
-    "BottleneckIRSE",
-    "SEModule",
-    "Subsample",
-    "check_state_dict",
-    "load_rts_checkpoint",
-    "tiny_irse",
-]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NMS_ROWS_MAX", "nms", "nms_rows"]
-
 #: Most candidates per row :func:`nms_rows` takes (its IoU tensor is ``rows × c × c`` fp64); crowds go one by one.
 NMS_ROWS_MAX = 64
 

@@ -24,15 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "OrtYuNet",
-    "attach_onnx_detector",
-    "export_yunet_onnx",
-    "onnxruntime_available",
-    "ort_session",
-    "yunet_parity",
-]
-
 #: Largest |ONNX Runtime − PyTorch| on the parity input (outputs of scale 0..1 and a few units; fp32 noise ~1e-5).
 PARITY_MAX_ABS_DIFF = 1e-3
 OPSET = 17

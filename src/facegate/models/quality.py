@@ -162,7 +162,6 @@ class QualityCalibration(nn.Module):
             raise InvalidParameterError(f"invalid calibration dict: {exc!r}", detail={"calibration": dict(d)}) from exc
 
 
-# --------------------------------------------------------------------------- fitting (NumPy)
 def _prepare(
     raw: np.ndarray | list[float], y: np.ndarray | list[float], transform: Transform
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +268,6 @@ def fit_isotonic(
     return QualityCalibration("piecewise_linear", xs=xs, ys=ys, **kw)
 
 
-# --------------------------------------------------------------------------- RTS quality head
 class RTSQualityHead(nn.Module):
     """RTS head ``Linear + BatchNorm1d(1)``: ``(N, feature_dim) → logvar (N, 1)``; ``backbone``: the arch it reads."""
 
@@ -330,18 +328,12 @@ def load_head(
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle/zip/EOF errors from torch.load
         raise QualityHeadError(f"cannot read quality head {path}: {type(exc).__name__}: {exc}", detail=det) from exc
-    got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
-    fd = obj.get("feature_dim") if isinstance(obj, dict) else None
+    d = obj if isinstance(obj, dict) else {"format": type(obj).__name__}
+    got, fd, trained_on = d.get("format"), d.get("feature_dim"), d.get("backbone")
     problems = [
         (got != HEAD_FORMAT, f"is not a facegate quality head (format {got!r}, expected {HEAD_FORMAT!r})"),
-        (
-            isinstance(obj, dict) and obj.get("version") != HEAD_VERSION,
-            f"quality head version {obj.get('version') if isinstance(obj, dict) else None!r} is not supported",
-        ),
-        (
-            backbone is not None and isinstance(obj, dict) and obj.get("backbone") != backbone,
-            f"was trained on backbone {obj.get('backbone') if isinstance(obj, dict) else None!r}, not {backbone!r}",
-        ),
+        (d.get("version") != HEAD_VERSION, f"quality head version {d.get('version')!r} is not supported"),
+        (backbone is not None and trained_on != backbone, f"was trained on backbone {trained_on!r}, not {backbone!r}"),
         (not isinstance(fd, int) or fd < 1, f"has an invalid feature_dim {fd!r}"),
         (feature_dim is not None and fd != feature_dim, f"expects {fd}-dim features, the backbone gives {feature_dim}"),
     ]

