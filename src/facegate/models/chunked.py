@@ -94,10 +94,7 @@ def _cuda_peak_per_crop(stage: nn.Module, h: Tensor) -> int:
 
 
 def run_trunk(
-    stages: Sequence[nn.Module],
-    plan: ActivationPlan | None,
-    n: int,
-    inputs: Callable[[int, int], Tensor],
+    stages: Sequence[nn.Module], plan: ActivationPlan | None, n: int, inputs: Callable[[int, int], Tensor]
 ) -> Tensor:
     """The trunk's output for ``n`` crops, split as ``plan`` says. ``inputs(start, stop)``: the rows of crops
     ``[start, stop)``, maybe with copies after them: row ``j`` of ``m`` goes to row ``(j // m) · n + start + j % m``."""

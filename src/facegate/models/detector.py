@@ -75,8 +75,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 def _validate_image(img: object, index: int) -> np.ndarray:
     if not isinstance(img, np.ndarray):
         raise InvalidParameterError(
-            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array",
-            detail={"index": index},
+            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": index}
         )
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise InvalidParameterError(

@@ -34,8 +34,6 @@ class SEModule(nn.Module):
     def __init__(self, channels: int, reduction: int) -> None:
         super().__init__()
         hidden = channels // reduction
-        if hidden < 1:
-            raise ValueError(f"SE reduction {reduction} leaves no channels for width {channels}")
         self.avg_pool = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Conv2d(channels, hidden, kernel_size=1, padding=0, bias=False)
         self.relu = nn.ReLU(inplace=True)
@@ -68,8 +66,7 @@ class BottleneckIRSE(nn.Module):
             self.shortcut_layer = nn.MaxPool2d(1, stride)
         else:
             self.shortcut_layer = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, (1, 1), stride, bias=False),
-                nn.BatchNorm2d(out_channels),
+                nn.Conv2d(in_channels, out_channels, (1, 1), stride, bias=False), nn.BatchNorm2d(out_channels)
             )
         self.res_layer = nn.Sequential(
             nn.BatchNorm2d(in_channels),
@@ -113,10 +110,6 @@ class IRSE64RTS(nn.Module):
         se_reduction: int = 16,
     ) -> None:
         super().__init__()
-        if len(units) != 4 or len(widths) != 4:
-            raise ValueError("units and widths need 4 stages each")
-        if input_size % 16:
-            raise ValueError(f"input_size {input_size} is not a multiple of 16")
         self.alpha = int(alpha)
         self.embedding_dim = int(embedding_dim)
         self.input_size = int(input_size)

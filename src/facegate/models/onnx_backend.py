@@ -131,7 +131,6 @@ def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
-    """An fp32 NCHW copy of ``model`` on the host, in eval mode."""
     ref = copy.deepcopy(model).to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
     return ref.eval().requires_grad_(False)
 

@@ -146,7 +146,6 @@ class QualityCalibration(nn.Module):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
-        """Inverse of :meth:`to_dict`."""
         try:
             kind = d["kind"]
             common = {

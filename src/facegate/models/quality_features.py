@@ -15,5 +15,4 @@ def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int
 
 
 def head_input_dim(embedding_dim: int, channels: int = 1024) -> int:
-    """Size of :func:`sface_head_input`'s output."""
     return channels + embedding_dim

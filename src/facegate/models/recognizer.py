@@ -240,14 +240,13 @@ def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     if spec.arch == "irse64_rts":
         if random:
             return tiny_irse(seed=0, embedding_dim=spec.embedding_dim)
-        path = checkpoint  # explicit only: never pick up a stray pytorch_model.pt from the cwd
-        if path is None:
+        if checkpoint is None:  # explicit only: never pick up a stray pytorch_model.pt from the cwd
             raise WeightsNotFoundError(
                 "Model 'irse64_rts' needs ModelScope's RTS state_dict (damo/cv_ir_face-recognition-ood_rts "
                 "pytorch_model.pt); pass its path (FACEGATE_RTS_CHECKPOINT / --rts-checkpoint).",
                 detail={"model": spec.name},
             )
-        return load_rts_checkpoint(Path(path))
+        return load_rts_checkpoint(Path(checkpoint))
     if spec.arch == "sface":
         from facegate.models.sface import load_sface, tiny_sface
 
@@ -305,21 +304,15 @@ def build_recognizer(
     elif source == "logvar":
         assert isinstance(backbone, IRSE64RTS)
         calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
+    elif spec.quality_calibration is not None and spec.weights.kind != "random":
+        calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
     else:
-        if spec.quality_calibration is not None and spec.weights.kind != "random":
-            calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
-        else:
-            calibration = _feature_norm_calibration(backbone)
+        calibration = _feature_norm_calibration(backbone)
     if not calibration.fitted:
         log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
 
     rec = Recognizer(
-        spec,
-        backbone,
-        quality_source=source,
-        calibration=calibration,
-        quality_head=head,
-        channels_last=channels_last,
+        spec, backbone, quality_source=source, calibration=calibration, quality_head=head, channels_last=channels_last
     )
     # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
     rec.backbone.to(dtype=dt)

@@ -62,7 +62,6 @@ _REGISTRY: dict[str, ModelSpec] = {}
 
 
 def register(spec: ModelSpec) -> ModelSpec:
-    """Add a spec with a new name to the registry."""
     if spec.name in _REGISTRY:
         raise InvalidParameterError(f"model {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
@@ -80,7 +79,6 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def list_specs() -> list[ModelSpec]:
-    """All registered specs, by name."""
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 

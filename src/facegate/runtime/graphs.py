@@ -143,7 +143,6 @@ class GraphedModule(nn.Module):
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one CUDA graph per bucket (no-op on CPU)."""
         if self.device.type != "cuda":
             return
         for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
