@@ -345,12 +345,9 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
         post_args: Sequence[np.ndarray] | None = None,
     ) -> DetPending:
-        """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting;
-        :meth:`finish_many` finishes them on any thread. Off CUDA this runs everything.
-
-        ``keep_on_device``: the packed candidates stay on the device. ``post(packed, arg)`` (with it): device work
-        on the packed ``(rows, p·15 + 1)`` and the ``post_args`` row ``(n, k) float64``, in the shape's graph.
-        """
+        """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting (off CUDA:
+        all of it); :meth:`finish_many` finishes on any thread. ``keep_on_device``: the candidates stay on the device;
+        ``post(packed, arg)`` (with it): device work on ``(rows, p·15 + 1)`` and ``post_args`` ``(n, k) float64``."""
         if keep_on_device:
             return self._enqueue_on_device(batches, post, post_args)
         if self.device.type == "cpu":

@@ -32,11 +32,6 @@ _RAW = [f"{h}_{s}" for h in _HEADS for s in STRIDES]
 _OUTPUTS = [*_RAW, "scores", "bbox", "kps"]
 
 
-def onnxruntime_available() -> bool:
-    """Whether ``onnxruntime`` can be imported (without importing it)."""
-    return importlib.util.find_spec("onnxruntime") is not None
-
-
 def ort_session(model: bytes, threads: int) -> Any:
     """A CPU ``InferenceSession`` with ``threads`` intra-op threads, none inter-op (the graphs are chains), and no
     spinning after a run (other threads need the cores)."""
@@ -108,12 +103,6 @@ def _static_head_reshapes(model: bytes) -> bytes:
             graph.node.remove(node)
 
 
-def _to_network_input(images: Tensor) -> Tensor:
-    """``(N, H, W, 3) uint8`` RGB → ``(N, 3, H, W) float32`` BGR on 0..255 (``FaceDetector._to_input``)."""
-    bgr = torch.tensor([2, 1, 0], device=images.device)
-    return images.permute(0, 3, 1, 2).index_select(1, bgr).to(torch.float32)
-
-
 class _HostBatchYuNet(nn.Module):
     """YuNet (stem taking RGB) on the uint8 RGB batch; outputs as one flat tuple."""
 
@@ -153,8 +142,9 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     """Max |ORT − PyTorch| over every output on ``images (N, H, W, 3) uint8`` RGB (default :func:`parity_input`)."""
     images = parity_input() if images is None else images
     ref = _host_fp32_copy(model)
-    with torch.inference_mode():
-        expected = [t.numpy() for t in _flat_tuple(ref(_to_network_input(torch.from_numpy(images))))]
+    with torch.inference_mode():  # the detector's own input conversion: BGR, float32 NCHW
+        x = torch.from_numpy(images).permute(0, 3, 1, 2).flip(1).to(torch.float32)
+        expected = [t.numpy() for t in _flat_tuple(ref(x))]
     got = session.run(_OUTPUTS, {"images": images})
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
@@ -189,7 +179,7 @@ def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) 
     :data:`PARITY_MAX_ABS_DIFF`."""
     if detector.device.type != "cpu" or detector.dtype is not torch.float32:
         raise ModelError(f"the ONNX detector runs fp32 on the CPU, not {detector.dtype} on {detector.device}")
-    if not onnxruntime_available():
+    if importlib.util.find_spec("onnxruntime") is None:
         raise ModelError("the ONNX Runtime CPU backend needs onnxruntime (pip install onnxruntime)")
     t0 = time.perf_counter()
     torch_model = detector.model if not isinstance(detector.model, OrtYuNet) else detector.model.torch_model

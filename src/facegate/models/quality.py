@@ -72,8 +72,7 @@ class QualityCalibration(nn.Module):
                 raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
             if a != 0 and (1 if a > 0 else -1) != self._direction:
                 raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self._direction}")
-            xs_t = torch.zeros(0)
-            ys_t = torch.zeros(0)
+            xs_t, ys_t = torch.zeros(0), torch.zeros(0)
         else:
             xs_t = torch.as_tensor(np.asarray(xs if xs is not None else [], dtype=np.float64), dtype=torch.float32)
             ys_t = torch.as_tensor(np.asarray(ys if ys is not None else [], dtype=np.float64), dtype=torch.float32)
@@ -119,8 +118,7 @@ class QualityCalibration(nn.Module):
         if self.kind == "logistic":
             q = torch.sigmoid(self.a.float() * t + self.b.float())
         else:
-            xs = self.xs.float()
-            ys = self.ys.float()
+            xs, ys = self.xs.float(), self.ys.float()
             idx = torch.searchsorted(xs, t.contiguous(), right=True).clamp(1, xs.numel() - 1)
             x0, x1 = xs[idx - 1], xs[idx]
             y0, y1 = ys[idx - 1], ys[idx]

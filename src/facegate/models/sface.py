@@ -234,9 +234,7 @@ def _check_graph(path: Path, model: SFace) -> None:
             "group": c.groups,
         }
         expected[f"{name}_batchnorm"] = {"epsilon": m.bn.eps}
-    expected["bn1"] = {"epsilon": model.bn1.eps}
-    expected["fc1"] = {"epsilon": model.fc1.eps}
-    expected["pre_fc1"] = {"transB": 1}
+    expected.update(bn1={"epsilon": model.bn1.eps}, fc1={"epsilon": model.fc1.eps}, pre_fc1={"transB": 1})
 
     problems: list[str] = []
     for name, attrs in expected.items():
@@ -278,8 +276,7 @@ def tiny_sface(seed: int = 0) -> SFace:
             if name.endswith("act.weight"):
                 p.copy_(0.25 * torch.rand(p.shape, generator=g))
             elif p.ndim > 1:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) * math.sqrt(2.0 / fan_in))
+                p.copy_(torch.randn(p.shape, generator=g) * math.sqrt(2.0 / p[0].numel()))  # He init
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:  # BN gamma

@@ -1,6 +1,5 @@
-"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration.
-
-On cached features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
+"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration. On cached
+features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
 
     cos  = emb @ normalize(W)ᵀ                          (B, C), W: frozen class means of the clean embeddings
     τ_b  = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),   ε ~ N(0, 1), fresh every step
