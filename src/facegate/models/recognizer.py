@@ -1,5 +1,4 @@
 """The Recognizer: aligned uint8 crops → L2-normalised embedding + calibrated quality, in torch ops with no host sync.
-
 Quality sources: ``"feature_norm"``, the raw embedding's L2 norm (direction +1); ``"rts_head"``, ``σ² = exp(logvar)``
 of a trained :class:`~facegate.models.quality.RTSQualityHead` (−1); ``"logvar"``, IR-SE-64-RTS's own head (−1, not
 verified on real RTS weights). Without a fitted calibration, a provisional logistic map from the final BatchNorm
@@ -152,15 +151,8 @@ class Recognizer(nn.Module):
         with torch.inference_mode():
             probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
             self.activation_plan = ActivationPlan.measure(self._stages, probe, mib * 2**20)
-        split, chunk = self.activation_plan.split(64)
-        log.info(
-            "activation budget %.0f MiB: per-crop stage peaks %s elements; a batch of 64 runs %d stages in "
-            "sub-batches of %d",
-            mib,
-            list(self.activation_plan.stage_peak),
-            split,
-            chunk,
-        )
+        peaks, (split, chunk) = list(self.activation_plan.stage_peak), self.activation_plan.split(64)
+        log.info("activation budget %.0f MiB (stage peaks %s): 64 crops run %d stages by %d", mib, peaks, split, chunk)
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:

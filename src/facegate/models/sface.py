@@ -1,9 +1,7 @@
-"""SFace (OpenCV Zoo, 2021dec) as a PyTorch module, loaded strictly from its ONNX file.
-
-Input ``(N, 3, 112, 112)`` RGB normalised ``(x - 127.5) / 128`` by the caller; ``conv_1`` (3×3) + BN + PReLU;
-``conv_2`` … ``conv_14``, depthwise 3×3 then pointwise 1×1, each with BN (eps 1e-3) and PReLU; ``bn1`` (eps 2e-5)
-on ``(N, 1024, 7, 7)``, flatten (50176); ``pre_fc1`` → 128; ``fc1`` BatchNorm1d: the raw embedding.
-"""
+"""SFace (OpenCV Zoo, 2021dec) as a PyTorch module, loaded strictly from its ONNX file. Input ``(N, 3, 112, 112)``
+RGB normalised ``(x - 127.5) / 128`` by the caller; ``conv_1`` (3×3) + BN + PReLU; ``conv_2`` … ``conv_14``,
+depthwise 3×3 then pointwise 1×1, each with BN (eps 1e-3) and PReLU; ``bn1`` (eps 2e-5) on ``(N, 1024, 7, 7)``,
+flatten (50176); ``pre_fc1`` → 128; ``fc1`` BatchNorm1d: the raw embedding."""
 
 from __future__ import annotations
 
