@@ -1,12 +1,6 @@
-"""Bounded-activation execution of a recognizer trunk: the high-resolution layers run in sub-batches.
-
-The first layers run at full crop resolution and dominate activation memory; later layers hold 16-64× less per
-face. :class:`ActivationPlan` splits the trunk: the **prefix** (the first ``split`` stages) runs ``chunk`` crops
-at a time into one buffer of the whole batch, the **suffix** runs on the whole batch. Per stage, what one crop
-holds is estimated as its input plus the largest input + output of one of its leaf layers (forward hooks on a
-one-crop batch); allocator rounding and workspaces come on top (``benchmarks/serve_memory.py`` measures a
-process). Outputs equal the unsplit forward's up to kernel rounding.
-"""
+"""Bounded activations for a recognizer trunk: its first, full-resolution stages (which dominate activation memory)
+run ``chunk`` crops at a time into one buffer of the whole batch; the rest runs on the whole batch. A stage's cost
+per crop is its input plus its largest leaf input + output (forward hooks on one crop)."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ from facegate.errors import InvalidParameterError
 
 @dataclasses.dataclass(frozen=True)
 class ActivationPlan:
-    """Per stage, the elements one crop holds while it runs (``stage_peak``) and its output's (``stage_out``); the
-    activation budget in elements of the compute dtype."""
+    """Per stage, elements one crop holds while it runs and its output's; the budget in compute-dtype elements."""
 
     stage_peak: tuple[int, ...]
     stage_out: tuple[int, ...]
@@ -36,9 +29,8 @@ class ActivationPlan:
 
     @classmethod
     def measure(cls, stages: Sequence[nn.Module], x: Tensor, budget_bytes: float) -> ActivationPlan:
-        """Run the one-crop batch ``x (1, 3, H, W)`` through ``stages`` with hooks on their leaves; size the plan for
-        ``budget_bytes``. On CUDA the allocator's peak on :data:`PROBE_CROPS` copies counts too when larger (fused
-        kernels and cuDNN workspaces escape the hooks); this resets CUDA's peak-memory statistics."""
+        """Measure ``stages`` on ``x (1, 3, H, W)`` for ``budget_bytes``. On CUDA the allocator's peak over
+        :data:`PROBE_CROPS` copies counts when larger (workspaces escape the hooks); it resets the peak statistics."""
         if x.shape[0] != 1:
             raise InvalidParameterError(f"measure() takes a one-crop batch, got {tuple(x.shape)}")
         peaks: list[int] = []
@@ -69,9 +61,8 @@ class ActivationPlan:
         return cls(tuple(peaks), tuple(outs), max(1, int(budget_bytes // x.element_size())))
 
     def split(self, n: int) -> tuple[int, int]:
-        """``(split, chunk)`` for ``n`` crops: stages ``[0, split)`` run ``chunk`` crops at a time (``split == 0``:
-        no sub-batches). The whole batch runs from the first stage whose rest, and the prefix's output buffer, fit
-        half the budget; the sub-batches get what the buffer leaves."""
+        """``(split, chunk)`` for ``n`` crops: stages ``[0, split)`` run ``chunk`` at a time (``0``: no sub-batches),
+        from the first stage whose rest and output buffer fit half the budget."""
         # every stage's peak, not only the first: a batch that fits the stem's peak can overrun the budget later
         if n * max(self.stage_peak) <= self.budget_elems:
             return 0, n
@@ -85,7 +76,7 @@ class ActivationPlan:
         return (0, n) if chunk >= n else (s, chunk)
 
 
-#: crops per CUDA probe in :meth:`ActivationPlan.measure` (fixed costs are shared by this many: errs safe)
+#: crops per CUDA probe in :meth:`ActivationPlan.measure`
 PROBE_CROPS = 4
 
 
@@ -103,14 +94,10 @@ def _cuda_peak_per_crop(stage: nn.Module, h: Tensor) -> int:
 
 
 def run_trunk(
-    stages: Sequence[nn.Module],
-    plan: ActivationPlan | None,
-    n: int,
-    inputs: Callable[[int, int], Tensor],
+    stages: Sequence[nn.Module], plan: ActivationPlan | None, n: int, inputs: Callable[[int, int], Tensor]
 ) -> Tensor:
-    """The trunk's output ``(rows, ...)`` for ``n`` crops, the prefix in sub-batches as ``plan`` says (``None``:
-    all at once). ``inputs(start, stop)``: the input rows of crops ``[start, stop)``, possibly with copies after
-    them (a mirrored copy): row ``j`` of ``m`` crops goes to output row ``(j // m) · n + start + j % m``."""
+    """The trunk's output for ``n`` crops, split as ``plan`` says. ``inputs(start, stop)``: the rows of crops
+    ``[start, stop)``, maybe with copies after them: row ``j`` of ``m`` goes to row ``(j // m) · n + start + j % m``."""
     split, chunk = plan.split(n) if plan is not None else (0, n)
     if split == 0:
         h = inputs(0, n)

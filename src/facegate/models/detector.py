@@ -1,5 +1,4 @@
-"""Batched face detection with YuNet: ``detect(images) = postprocess(forward(preprocess(images)))``, with CUDA
-graphs per batch shape and several batches per host wait on CUDA."""
+"""Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``."""
 
 from __future__ import annotations
 
@@ -25,19 +24,12 @@ from facegate.types import Detection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DetBatch", "DetPending", "FaceDetector", "same_device"]
-
 
 @dataclass(frozen=True, slots=True)
 class DetBatch:
-    """A preprocessed detector batch.
-
-    Attributes:
-        images: ``(N, Hp, Wp, 3) uint8`` RGB, each image resized and placed top-left on a zero canvas (``Hp``,
-            ``Wp`` multiples of 32); a host array (pinned on CUDA) or a tensor on the detector's device.
-        scales: ``(N,) float64`` resize factor (``≤ 1``). orig_sizes / resized_sizes: ``(N, 2) int64`` ``(H, W)``.
-        pinned: on CUDA, the pinned tensor owning ``images``' memory (so the allocator tracks the async copy).
-    """
+    """A preprocessed batch: ``images (N, Hp, Wp, 3) uint8`` RGB, each resized and placed top-left on a zero canvas
+    (host array, or a device tensor); ``scales (N,) float64`` (≤ 1); ``orig_sizes`` / ``resized_sizes (N, 2) int64``
+    ``(H, W)``; ``pinned``: on CUDA, the pinned tensor owning ``images``' memory (the allocator tracks the copy)."""
 
     images: np.ndarray | Tensor
     scales: np.ndarray
@@ -57,17 +49,10 @@ class DetBatch:
 
 @dataclass(slots=True)
 class DetPending:
-    """Detector batches enqueued by :meth:`FaceDetector.enqueue_many`, not yet finished.
-
-    Attributes:
-        copies: per batch (CUDA) the pinned host buffer ``(n, p·15 + 1)`` its candidates are copied into, and its
-            decoded ``(boxes, landmarks, scores)`` when it ran eagerly (``None`` after a replay).
-        event: recorded after the last copy (CUDA), else ``None``.
-        done: the detections when computed at once (off CUDA), else ``None``.
-        on_device: with ``keep_on_device``, per batch its packed candidates ``(n, p·15 + 1) fp32`` on the device
-            (a copy later replays do not overwrite) and its decoded outputs as in ``copies``.
-        post_out: with ``post``, per batch the outputs of ``post`` for its real rows (device copies).
-    """
+    """Batches from :meth:`FaceDetector.enqueue_many`. ``copies``: per batch (CUDA) the pinned buffer ``(n, p·15 +
+    1)`` of its candidates and its decoded ``(boxes, landmarks, scores)`` (``None`` after a replay); ``event``: after
+    the last copy; ``done``: the detections (off CUDA); ``on_device``: with ``keep_on_device``, the packed candidates
+    on the device and decoded outputs; ``post_out``: ``post``'s outputs for the real rows."""
 
     batches: list[DetBatch]
     copies: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]]
@@ -78,8 +63,7 @@ class DetPending:
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
-    """``a`` and ``b`` are one device; an index left out means the current one (``torch.device("cuda") !=
-    torch.device("cuda:0")``, yet tensors made for the first live on the second)."""
+    """``a`` and ``b`` are one device (a missing index is the current device: ``cuda`` is ``cuda:0`` there)."""
     if a.type != b.type:
         return False
     if a.index == b.index or a.type == "cpu":
@@ -91,8 +75,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 def _validate_image(img: object, index: int) -> np.ndarray:
     if not isinstance(img, np.ndarray):
         raise InvalidParameterError(
-            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array",
-            detail={"index": index},
+            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": index}
         )
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise InvalidParameterError(
@@ -108,8 +91,7 @@ def _pad32(n: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every anchor of a padded input size, in :func:`decode_yunet`'s order: ``grid (A, 2) float32`` (col, row)
-    and ``stride (A, 1) float32``."""
+    """Anchors in :func:`decode_yunet`'s order: ``grid (A, 2) float32`` (col, row), ``stride (A, 1) float32``."""
     h, w = input_hw
     grids, strides = [], []
     for s in STRIDES:
@@ -120,10 +102,8 @@ def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class FaceDetector:
-    """Batched YuNet face detection on ``(H, W, 3) uint8`` RGB images: :class:`facegate.types.Detection` in
-    original-image pixels, by score (desc) per image. The model is moved in place to ``device``, ``dtype`` and
-    the memory format. fp32, fp16 and bf16 work everywhere (fp16 is slow on the CPU); decoding is fp32.
-    """
+    """YuNet on ``(H, W, 3) uint8`` RGB images → :class:`~facegate.types.Detection` in image pixels, by score.
+    The model is moved in place to ``device``, ``dtype`` (fp32/fp16/bf16) and the memory format; decoding is fp32."""
 
     #: Candidates per image in the one device→host copy; an image with more above the threshold needs a second.
     prefetch: int = 256
@@ -155,28 +135,21 @@ class FaceDetector:
         self.nms_threshold = float(nms_threshold)
         self.top_k = int(top_k)
         self.max_side = int(max_side)
-        #: Batch-size buckets (CUDA): batches get zero rows up to the next one, so cuDNN meets only the shapes
-        #: planned at warm-up (it plans its convolutions again for every new shape).
+        #: CUDA batch sizes: zero rows pad up to one, so cuDNN meets only the shapes planned at warm-up.
         self.batch_buckets: tuple[int, ...] | None = None
-        #: Largest forward in padded input pixels (rows × Hp × Wp) that bucket padding may reach; None: no cap.
+        #: Largest padded forward (rows × Hp × Wp pixels) bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
 
-    # ------------------------------------------------------------------ preprocess (CPU)
     def padded_hw(self, height: int, width: int) -> tuple[int, int]:
-        """The network input size ``(Hp, Wp)`` of an image of this size detected alone. Batching only images of one
-        padded size keeps results equal to the single-image ones (YuNet's outputs near a face depend on the zero
-        padding around the image)."""
+        """The network input ``(Hp, Wp)`` of this image alone. Batch only images of one padded size: YuNet's outputs
+        near a face depend on the zero padding around it."""
         s = min(1.0, self.max_side / max(height, width))
         h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
         return _pad32(h), _pad32(w)
 
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
-        """Validate, resize (longer side ≤ ``max_side``, never upscaled, ``INTER_AREA``) and pad top-left.
-
-        Raises:
-            EmptyInputError: no images.
-            InvalidParameterError: an image is not ``(H, W, 3) uint8``.
-        """
+        """Validate, shrink (longer side ≤ ``max_side``, ``INTER_AREA``) and pad top-left. Raises
+        :class:`EmptyInputError` (no images) and :class:`InvalidParameterError` (not ``(H, W, 3) uint8``)."""
         imgs = [_validate_image(img, i) for i, img in enumerate(images)]
         if not imgs:
             raise EmptyInputError("no images to detect faces in")
@@ -213,8 +186,7 @@ class FaceDetector:
         )
 
     def _batch_rows(self, n: int, hp: int, wp: int) -> int:
-        """Rows of a batch of ``n`` images padded to ``(hp, wp)``: the next bucket within :attr:`max_batch_pixels`,
-        else as many rows as that cap holds (at least ``n``), else ``n``."""
+        """Rows for ``n`` images: the next bucket within :attr:`max_batch_pixels`, else what the cap holds (≥ n)."""
         if not self.batch_buckets:
             return n
         cap = self.max_batch_pixels // (hp * wp) if self.max_batch_pixels else None
@@ -223,13 +195,8 @@ class FaceDetector:
 
     @torch.inference_mode()
     def preprocess_tensors(self, images: Sequence[Tensor]) -> DetBatch:
-        """:meth:`preprocess` for ``(3, H, W) uint8`` RGB tensors on the detector's device (e.g. from nvJPEG),
-        shrunk with ``F.interpolate(mode="area")`` (``INTER_AREA``'s box averaging), without host copies.
-
-        Raises:
-            EmptyInputError: no images.
-            InvalidParameterError: an image is not ``(3, H, W) uint8`` on the detector's device.
-        """
+        """:meth:`preprocess` for ``(3, H, W) uint8`` RGB tensors on the detector's device (e.g. from nvJPEG), shrunk
+        by ``F.interpolate(mode="area")``; the same errors."""
         if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[Tensor] = []
@@ -275,7 +242,6 @@ class FaceDetector:
             resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
         )
 
-    # ------------------------------------------------------------------ forward (device)
     def _to_input(self, x: Tensor) -> Tensor:
         """``(N, Hp, Wp, 3) uint8`` RGB on the device → the network input ``(N, 3, Hp, Wp)`` BGR in the model dtype."""
         x = x.permute(0, 3, 1, 2).flip(1).to(self.dtype)
@@ -291,20 +257,16 @@ class FaceDetector:
 
     @torch.inference_mode()
     def forward(self, batch: DetBatch) -> RawOutputs:
-        """The raw outputs of the batch on the device, in the model dtype: one host→device copy, the BGR flip and
-        cast on the device, the network (an ORT network takes the uint8 batch itself)."""
+        """The batch's raw outputs on the device, in the model dtype (an ORT network takes the uint8 batch)."""
         x = self._host_batch(batch)
         if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
             return self.model(x)
         return self.model(self._to_input(x))
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Decode, threshold count and top-``prefetch`` candidates of every row, on the device.
-
-        Returns ``packed (N, p·15 + 1) fp32`` (per row ``p`` candidates of box 4, landmarks 10, score, by score,
-        then the count above the threshold, capped at ``top_k``) and the decoded ``boxes (N, A, 4)``,
-        ``landmarks (N, A, 5, 2)``, ``scores (N, A)`` for a row with more than ``p`` candidates.
-        """
+        """Decode and take each row's top ``p = prefetch`` on the device: ``packed (N, p·15 + 1) fp32`` (box 4,
+        landmarks 10, score; then the count above the threshold, ≤ ``top_k``), and the decoded ``boxes (N, A, 4)``,
+        ``landmarks (N, A, 5, 2)``, ``scores (N, A)`` for rows with more than ``p``."""
         boxes, lms, scores = decode_yunet(*raw, input_hw=input_hw)
         n, a = scores.shape
         k_max = min(self.top_k, a)
@@ -321,12 +283,9 @@ class FaceDetector:
         counts = (scores >= self.score_threshold).sum(1).clamp(max=k_max)
         return torch.cat([packed.reshape(n, -1), counts[:, None].to(packed.dtype)], 1), boxes, lms, scores
 
-    # ------------------------------------------------------------------ CUDA graphs
     def enable_graphs(self, max_graphs: int = 32) -> None:
-        """Run the device part (cast, network, decode, top-k) as one CUDA graph per batch shape ``(rows, Hp, Wp)``,
-        captured on first use up to ``max_graphs`` shapes (others run eagerly). The graphs share the device's pool
-        with the recognizer's: a graphed batch holds :func:`~facegate.runtime.graphs.replay_lock` until its
-        candidates are copied out. No-op off CUDA."""
+        """Run cast, network, decode and top-k as one CUDA graph per batch shape ``(rows, Hp, Wp)``, captured on
+        first use, up to ``max_graphs`` (others run eagerly); held under ``replay_lock`` until the copy-out."""
         if self.device.type == "cuda":
             self._graphs = {}
             self._max_graphs = int(max_graphs)
@@ -342,9 +301,8 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
         post_width: int = 0,
     ) -> tuple[Any, ...] | None:
-        """The graph of a batch shape, ``(graph, static_in, outputs)``, captured on first use (up to the cap); with
-        ``post``, one per ``(shape, post)``, ``(graph, static_in, outputs, static_arg)``, whose outputs are
-        ``_select``'s four, then ``post(packed, static_arg)``'s."""
+        """``(graph, static_in, outputs)`` of a shape, captured on first use; with ``post``, per ``(shape, post)``,
+        ``(graph, static_in, outputs, static_arg)`` with ``_select``'s four outputs then ``post``'s."""
         graphs = getattr(self, "_graphs", None)
         if graphs is None:
             return None
@@ -387,16 +345,9 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
         post_args: Sequence[np.ndarray] | None = None,
     ) -> DetPending:
-        """Enqueue every batch's forward (a graph replay when captured) and the copy of its candidates into pinned
-        host buffers behind it; do not wait. :func:`~facegate.runtime.graphs.replay_lock` covers the enqueueing
-        only. :meth:`finish_many` waits and finishes on the host, on any thread (the photo stage finishes one
-        batch while the device detects the next). Off CUDA this runs everything.
-
-        ``keep_on_device``: the packed candidates stay on the device (:attr:`DetPending.on_device`) for a
-        selection there. ``post(packed, arg)`` (with it): more device work on each batch's packed candidates
-        ``(rows, p·15 + 1)`` and its ``post_args`` row ``(n, k) float64`` (padded with ones), captured in the
-        batch shape's graph.
-        """
+        """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting (off CUDA:
+        all of it); :meth:`finish_many` finishes on any thread. ``keep_on_device``: the candidates stay on the device;
+        ``post(packed, arg)`` (with it): device work on ``(rows, p·15 + 1)`` and ``post_args`` ``(n, k) float64``."""
         if keep_on_device:
             return self._enqueue_on_device(batches, post, post_args)
         if self.device.type == "cpu":
@@ -433,8 +384,7 @@ class FaceDetector:
         post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None,
         post_args: Sequence[np.ndarray] | None,
     ) -> DetPending:
-        """:meth:`enqueue_many` with ``keep_on_device``: per batch, a device copy of its packed candidates (and of
-        ``post``'s outputs) right behind its replay."""
+        """:meth:`enqueue_many` with ``keep_on_device``: device copies of the packed candidates and ``post``'s."""
         packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
         post_list: list[tuple[Tensor, ...]] = []
         args = list(post_args) if post_args is not None else [None] * len(batches)
@@ -488,9 +438,8 @@ class FaceDetector:
     def _rare_candidates(
         self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
     ) -> np.ndarray:
-        """The top ``c`` candidates ``(c, 15)`` of row ``i`` when ``c`` exceeds :attr:`prefetch`. ``full``: the
-        batch's decoded ``(boxes, landmarks, scores)``, or ``None`` after a replay: the batch then runs its shape's
-        graph again (same outputs) under the replay lock, or eagerly when there is none."""
+        """The top ``c > prefetch`` candidates ``(c, 15)`` of row ``i``, from ``full`` (decoded outputs) or, after a
+        replay (``None``), by running the batch again."""
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
             if full is None:
                 entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
@@ -505,12 +454,10 @@ class FaceDetector:
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
 
-    # ------------------------------------------------------------------ postprocess
     @torch.inference_mode()
     def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
-        """Decode, threshold, ``top_k``, NMS, map back to original pixels and clip boxes to the image (a box left
-        with no area lay in the padding: dropped; landmarks are not clipped). On a device, decoding and top-k run
-        there and the batch's candidates come to the host in one copy, for NMS of all images at once."""
+        """Decode, threshold, ``top_k``, NMS, map to image pixels and clip boxes (one left with no area lay in the
+        padding: dropped; landmarks are not clipped)."""
         if raw[0][0].device.type == "cpu":
             return self._postprocess_host([t.float().numpy() for t in flat_outputs(raw)], batch)
         return self._finish_all(*self._select(raw, batch.input_hw), batch)
@@ -522,9 +469,8 @@ class FaceDetector:
         return self.model.flat(batch.images)
 
     def _postprocess_host(self, flat: Sequence[np.ndarray], batch: DetBatch) -> list[list[Detection]]:
-        """:meth:`postprocess` of host :func:`flat_outputs`, thresholding first: only the anchors whose score
-        reaches ``score_threshold`` (a few dozen of the thousands) are decoded, by :func:`decode_yunet`'s rules in
-        fp32, sorted by score (ties: anchor order), cut to ``top_k`` and NMS-ed per image."""
+        """:meth:`postprocess` of host :func:`flat_outputs`, decoding only the anchors above the threshold (ties
+        keep the anchor order)."""
         n = len(batch)
         scores, bbox, kps = (f[:n] for f in flat)
         r, a = np.nonzero(scores >= self.score_threshold)
@@ -548,8 +494,7 @@ class FaceDetector:
     def _finish_host(
         self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
     ) -> list[list[Detection]]:
-        """Detections of every real row from its packed candidates ``host (n, p·15 + 1)`` (:meth:`_select`): rows of
-        at most :data:`NMS_ROWS_MAX` candidates through :func:`nms_rows` together, crowds one by one."""
+        """Detections of each real row from ``host (n, p·15 + 1)``: small rows through :func:`nms_rows` at once."""
         n = len(batch.scales)
         p = (host.shape[1] - 1) // 15
         cand = host[:, :-1].reshape(n, p, 15)
@@ -571,8 +516,7 @@ class FaceDetector:
 
     @staticmethod
     def _finish_rows(cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray) -> list[list[Detection]]:
-        """Rescale and clip the kept candidates of many images: ``cand (m, c, 15)`` (box 4, landmarks 10, score) and
-        ``keep (m, c) bool`` of the batch rows ``rows (m,)`` → each row's detections, by score."""
+        """Rescale and clip ``cand (m, c, 15)`` where ``keep (m, c) bool``, for batch rows ``rows (m,)``."""
         m, c = keep.shape
         oh, ow = batch.orig_sizes[rows, 0], batch.orig_sizes[rows, 1]
         rh, rw = batch.resized_sizes[rows, 0], batch.resized_sizes[rows, 1]
@@ -589,8 +533,7 @@ class FaceDetector:
         return out
 
     def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
-        """NMS, rescale and clip for one image's candidates ``(c, 15)``, by score (:meth:`_finish_rows`' arithmetic,
-        without its batch axis: this is the CPU's per-call path)."""
+        """NMS, rescale and clip one image's candidates ``(c, 15)`` (:meth:`_finish_rows` for one row)."""
         kept = cand[nms(cand[:, :4], cand[:, 14], self.nms_threshold)]
         (oh, ow), (rh, rw) = batch.orig_sizes[i], batch.resized_sizes[i]
         sx, sy = ow / rw, oh / rh
@@ -602,9 +545,8 @@ class FaceDetector:
         boxes32 = boxes.astype(np.float32)
         return [Detection(box=boxes32[k], landmarks=lms[k], score=float(kept[k, 14])) for k in good]
 
-    # ------------------------------------------------------------------ all together
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
-        """Faces in each ``(H, W, 3) uint8`` RGB image, by score (desc), in its pixels; ``[]`` for no images."""
+        """Faces in each ``(H, W, 3) uint8`` RGB image, by score, in its pixels."""
         if len(images) == 0:
             return []
         batch = self.preprocess(images)

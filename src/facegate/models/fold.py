@@ -21,17 +21,9 @@ def _fold_host(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._Ba
     return new_w, new_b
 
 
-def fold_bn(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """Weight ``(C_out, ...)`` and bias ``(C_out,)`` of ``bn(layer(x))``, computed in fp64 on the host, returned in
-    ``weight``'s dtype and device."""
-    new_w, new_b = _fold_host(weight, bias, bn)
-    return new_w.to(weight.device, weight.dtype), new_b.to(weight.device, weight.dtype)
-
-
 @torch.no_grad()
 def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
-    """Fold ``bn`` (which follows ``layer``) into ``layer`` in place (it gains a bias if it had none). The fold runs
-    and is cast on the host, then copied into the layer's storage: a GPU allocates nothing more."""
+    """Fold ``bn`` into the ``layer`` before it, in place, computed on the host (a GPU allocates nothing more)."""
     w, b = _fold_host(layer.weight, layer.bias, bn)
     layer.weight.copy_(w.to(layer.weight.dtype))
     if layer.bias is None:
@@ -40,6 +32,3 @@ def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm)
         )
     else:
         layer.bias.copy_(b.to(layer.bias.dtype))
-
-
-__all__ = ["fold_bn", "fold_into"]

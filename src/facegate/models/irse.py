@@ -1,13 +1,8 @@
-"""IR-SE-64 with RTS uncertainty heads: ModelScope ``damo/cv_ir_face-recognition-ood_rts``, re-implemented with
-that model's exact ``state_dict`` keys, so its ``pytorch_model.pt`` (a plain state_dict) loads with ``strict=True``.
-
-Layout (``units=(3, 8, 16, 3)``, ``widths=(64, 128, 256, 512)``, 112×112 RGB input normalised ``(x − 127.5) /
-127.5``): ``features.0`` stem (conv 3×3, BN, PReLU); ``features.1.N`` 30 IR-SE units (stride 2 in each stage's
-first; shortcut ``MaxPool2d(1, s)`` or 1×1 conv + BN; residual BN, conv, PReLU, conv (stride s), BN, SE);
-``features.2`` BN, dropout, flatten (25088); heads ``features_backbone`` (Linear → 512, BN1d: the embedding),
-``logvar_rts_backbone`` (Linear → 1, BN1d: RTS logvar; ModelScope reports ``exp(logvar)``) and
-``logvar_rts_plus_backbone`` (RTS+, width alpha, unused).
-"""
+"""IR-SE-64 with RTS uncertainty heads (ModelScope ``damo/cv_ir_face-recognition-ood_rts``) with that model's exact
+``state_dict`` keys, so its ``pytorch_model.pt`` loads with ``strict=True``. Input 112×112 RGB normalised ``(x −
+127.5) / 127.5``; ``features.0`` stem; ``features.1.N`` 30 IR-SE units; ``features.2`` BN, dropout, flatten (25088);
+heads ``features_backbone`` (→ 512: the embedding), ``logvar_rts_backbone`` (→ 1: RTS logvar) and
+``logvar_rts_plus_backbone`` (RTS+, width alpha, unused)."""
 
 from __future__ import annotations
 
@@ -28,19 +23,17 @@ log = logging.getLogger(__name__)
 #: IR-SE-64 units per stage and channel widths (ModelScope ``get_blocks(64)``).
 IRSE64_UNITS: tuple[int, int, int, int] = (3, 8, 16, 3)
 IRSE64_WIDTHS: tuple[int, int, int, int] = (64, 128, 256, 512)
-#: Default RTS+ head width when nothing else is known (only the checkpoint fixes it).
+#: RTS+ head width when the checkpoint does not fix it.
 DEFAULT_ALPHA = 16
 _LIST_LIMIT = 10
 
 
 class SEModule(nn.Module):
-    """Squeeze-and-excitation gate; ``(N, C, H, W) → (N, C, H, W)`` (same dtype)."""
+    """Squeeze-and-excitation gate: ``(N, C, H, W) → (N, C, H, W)``."""
 
     def __init__(self, channels: int, reduction: int) -> None:
         super().__init__()
         hidden = channels // reduction
-        if hidden < 1:
-            raise ValueError(f"SE reduction {reduction} leaves no channels for width {channels}")
         self.avg_pool = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Conv2d(channels, hidden, kernel_size=1, padding=0, bias=False)
         self.relu = nn.ReLU(inplace=True)
@@ -48,13 +41,12 @@ class SEModule(nn.Module):
         self.sigmoid = nn.Sigmoid()
 
     def forward(self, x: Tensor) -> Tensor:
-        """Scale each channel of ``x`` by a gate in ``(0, 1)`` computed from its global average."""
         w = self.sigmoid(self.fc2(self.relu(self.fc1(self.avg_pool(x)))))
         return x * w
 
 
 class Subsample(nn.Module):
-    """``x[:, :, ::s, ::s]``: ``MaxPool2d(1, s)`` as a view (no kernel), for the fused identity shortcuts."""
+    """``MaxPool2d(1, s)`` as a view ``x[:, :, ::s, ::s]``, for the fused identity shortcuts."""
 
     def __init__(self, stride: int) -> None:
         super().__init__()
@@ -65,7 +57,7 @@ class Subsample(nn.Module):
 
 
 class BottleneckIRSE(nn.Module):
-    """One IR-SE unit (``bottleneck_IR_SE``): pre-BN residual branch with SE, plus a shortcut."""
+    """One IR-SE unit: pre-BN residual branch with SE, plus a shortcut: ``(N, in, H, W) → (N, out, H/s, W/s)``."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, se_reduction: int = 16) -> None:
         super().__init__()
@@ -74,8 +66,7 @@ class BottleneckIRSE(nn.Module):
             self.shortcut_layer = nn.MaxPool2d(1, stride)
         else:
             self.shortcut_layer = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, (1, 1), stride, bias=False),
-                nn.BatchNorm2d(out_channels),
+                nn.Conv2d(in_channels, out_channels, (1, 1), stride, bias=False), nn.BatchNorm2d(out_channels)
             )
         self.res_layer = nn.Sequential(
             nn.BatchNorm2d(in_channels),
@@ -87,14 +78,12 @@ class BottleneckIRSE(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(N, in, H, W) → (N, out, H/stride, W/stride)``."""
         return self.res_layer(x) + self.shortcut_layer(x)
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold ``res_layer.4`` into ``res_layer.3`` and the shortcut's BN into its conv, and make an identity
-        shortcut a :class:`Subsample`. ``res_layer.0`` stays: it precedes a zero-padded conv (folding it would
-        change the border pixels). Idempotent."""
+        """Fold ``res_layer.4`` and the shortcut's BN into their convs; an identity shortcut becomes a
+        :class:`Subsample`. ``res_layer.0`` stays (it precedes a zero-padded conv). Idempotent."""
         if isinstance(self.res_layer[4], nn.BatchNorm2d):
             fold_into(self.res_layer[3], self.res_layer[4])
             self.res_layer[4] = nn.Identity()
@@ -108,12 +97,7 @@ class BottleneckIRSE(nn.Module):
 
 
 class IRSE64RTS(nn.Module):
-    """ModelScope ``RTSBackbone`` (IR-SE-64 + RTS heads) with its exact state_dict layout.
-
-    Args:
-        alpha: the RTS+ head's width (fixed by the checkpoint). units, widths: IR-SE units and channels per stage.
-        embedding_dim: D. input_size: the square input's side (the body downsamples by 16).
-    """
+    """ModelScope ``RTSBackbone``. ``alpha``: the RTS+ head's width; ``units``, ``widths``: per stage."""
 
     def __init__(
         self,
@@ -126,10 +110,6 @@ class IRSE64RTS(nn.Module):
         se_reduction: int = 16,
     ) -> None:
         super().__init__()
-        if len(units) != 4 or len(widths) != 4:
-            raise ValueError("units and widths need 4 stages each")
-        if input_size % 16:
-            raise ValueError(f"input_size {input_size} is not a multiple of 16")
         self.alpha = int(alpha)
         self.embedding_dim = int(embedding_dim)
         self.input_size = int(input_size)
@@ -158,35 +138,29 @@ class IRSE64RTS(nn.Module):
         )
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Flattened body output: ``(N, 3, S, S) → (N, feature_dim)`` (25088 for the full model)."""
+        """``(N, 3, S, S) → (N, feature_dim)`` (25088 for the full model)."""
         return self.features(x)
 
     def stages(self) -> list[nn.Module]:
-        """The trunk as modules applied in order: ``(N, 3, S, S)`` → ``(N, feature_dim)``."""
+        """The trunk in order: ``(N, 3, S, S)`` → ``(N, feature_dim)``."""
         return [self.features[0], *self.features[1], self.features[2]]
 
     def heads(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Embedding and RTS logvar from flattened features: ``(N, F) → ((N, D), (N, 1))``."""
+        """``(N, F)`` → ``(raw embedding (N, D), logvar (N, 1))``."""
         return self.features_backbone(features), self.logvar_rts_backbone(features)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``(N, 3, S, S)`` normalised RGB → ``(embedding (N, D) un-normalised, logvar (N, 1))``."""
+        """``(N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), logvar (N, 1))``."""
         return self.heads(self.forward_features(x))
 
     @property
     def fused(self) -> bool:
-        """Whether :meth:`fuse` has run."""
         return isinstance(self.features[0][1], nn.Identity)
 
     @torch.no_grad()
     def fuse(self) -> IRSE64RTS:
-        """Fold every BatchNorm that follows a conv/linear layer into it, in place (kept: each unit's leading BN
-        and ``features.2.0``, whose output is the features). Eval-only, idempotent; load first (the keys
-        change). Returns ``self``.
-
-        Raises:
-            InvalidParameterError: the module is in training mode.
-        """
+        """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN and ``features.2.0``
+        stay); eval only, idempotent, after loading (the keys change)."""
         if self.training:
             raise InvalidParameterError("IRSE64RTS.fuse() folds eval BatchNorm statistics; call .eval() first")
         if self.fused:
@@ -203,8 +177,7 @@ class IRSE64RTS(nn.Module):
 
 
 def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRSE64RTS:
-    """A narrow IR-SE-RTS (units ``(1, 1, 1, 1)``, widths ``(16, 32, 48, 64)``: the full model's key pattern) with
-    seeded random weights and non-trivial BatchNorm statistics, in eval mode, for tests."""
+    """A narrow IR-SE-RTS (the full model's key pattern), seeded random weights and BN statistics, eval, for tests."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -219,9 +192,8 @@ def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRS
     return model.eval()
 
 
-# --------------------------------------------------------------------------- checkpoint loading
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    """``torch.load(weights_only=True)`` → a flat ``{key: Tensor}`` dict, or :class:`CheckpointError`."""
+    """``torch.load(weights_only=True)`` → ``{key: Tensor}``, or :class:`CheckpointError`."""
     detail: dict[str, Any] = {"path": str(path)}
     if not path.is_file():
         raise CheckpointError(f"RTS checkpoint {path} does not exist or is not a file.", detail=detail)
@@ -262,8 +234,8 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
 
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor], *, source: str = "state_dict") -> None:
-    """Raise :class:`CheckpointError` unless ``state_dict`` has exactly ``model``'s keys and shapes; the message
-    and ``detail`` name the first 10 missing, unexpected and mis-shaped keys, with their counts."""
+    """:class:`CheckpointError` (naming the first missing, unexpected and mis-shaped keys, with counts) unless
+    ``state_dict`` has exactly ``model``'s keys and shapes."""
     expected = model.state_dict()
     found = {
         "missing": [k for k in expected if k not in state_dict],
@@ -286,15 +258,9 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor], *, sour
 
 
 def load_rts_checkpoint(path: Path) -> IRSE64RTS:
-    """:class:`IRSE64RTS` from ModelScope's ``pytorch_model.pt``, strictly loaded, on the CPU, fp32, eval mode.
-
-    ``alpha`` comes from ``logvar_rts_plus_backbone.0.weight`` (else :data:`DEFAULT_ALPHA`, and the key is
-    reported missing). A leading ``module.`` on every key is tolerated.
-
-    Raises:
-        CheckpointError: the file is missing, unreadable, TorchScript, not a plain state_dict, or its
-            keys/shapes differ from the architecture (the message names the keys).
-    """
+    """:class:`IRSE64RTS` strictly loaded from ModelScope's ``pytorch_model.pt``, CPU, fp32, eval (``alpha`` from
+    ``logvar_rts_plus_backbone.0.weight``). :class:`CheckpointError`: missing, unreadable, TorchScript, not a plain
+    state_dict, or keys/shapes that differ."""
     path = Path(path)
     sd = _read_state_dict(path)
     w = sd.get("logvar_rts_plus_backbone.0.weight")
@@ -307,17 +273,3 @@ def load_rts_checkpoint(path: Path) -> IRSE64RTS:
         raise CheckpointError(f"Cannot load {path}: {exc}", detail={"path": str(path)}) from exc
     log.info("loaded RTS IR-SE-64 from %s (alpha=%d, %d entries)", path, alpha, len(sd))
     return model.float().eval()
-
-
-__all__ = [
-    "DEFAULT_ALPHA",
-    "IRSE64RTS",
-    "IRSE64_UNITS",
-    "IRSE64_WIDTHS",
-    "BottleneckIRSE",
-    "SEModule",
-    "Subsample",
-    "check_state_dict",
-    "load_rts_checkpoint",
-    "tiny_irse",
-]

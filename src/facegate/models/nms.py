@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NMS_ROWS_MAX", "nms", "nms_rows"]
-
 #: Most candidates per row :func:`nms_rows` takes (its IoU tensor is ``rows × c × c`` fp64); crowds go one by one.
 NMS_ROWS_MAX = 64
 
@@ -32,11 +30,8 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarr
 
 
 def nms_rows(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """:func:`nms` of many images at once (same rule and arithmetic), the loop over candidate ranks for all rows.
-
-    ``boxes (N, C, 4)`` xyxy, each row's candidates by descending score; ``valid (N, C) bool``, the real ones (a
-    prefix of each row). Returns ``(N, C) bool``, the kept candidates.
-    """
+    """:func:`nms` of many rows at once: ``boxes (N, C, 4)`` xyxy by descending score, ``valid (N, C) bool`` (a
+    prefix of each row) → the kept ``(N, C) bool``."""
     b = boxes.astype(np.float64)
     x1, y1, x2, y2 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
     areas = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)

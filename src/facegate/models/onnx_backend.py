@@ -1,9 +1,6 @@
-"""ONNX Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference).
-
-YuNet is ~100 tiny convolutions: PyTorch eager pays a dispatch per op, ORT runs one planned graph with fused
-kernels, several times faster on the CPU. The graph is exported at start-up, in memory, from the loaded module
-(so it carries exactly its weights) and checked against it on a fixed input before it serves.
-"""
+"""ONNX Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference). YuNet is ~100
+tiny convolutions, where ORT's planned graph beats eager dispatch; the graph is exported in memory from the loaded
+module at start-up and checked against it before it serves."""
 
 from __future__ import annotations
 
@@ -27,34 +24,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "OrtYuNet",
-    "attach_onnx_detector",
-    "export_yunet_onnx",
-    "onnxruntime_available",
-    "ort_session",
-    "yunet_parity",
-]
-
-#: Largest |ONNX Runtime − PyTorch| allowed on the parity input, on outputs whose scale is 0..1 (scores) and
-#: a few units (regression offsets); float32 reassociation differences are ~1e-5.
+#: Largest |ONNX Runtime − PyTorch| on the parity input (outputs of scale 0..1 and a few units; fp32 noise ~1e-5).
 PARITY_MAX_ABS_DIFF = 1e-3
-#: opset of the exported graphs (ONNX Runtime ≥ 1.18 runs it; nothing in YuNet needs a newer one)
 OPSET = 17
 _HEADS = ("cls", "obj", "bbox", "kps")
 _RAW = [f"{h}_{s}" for h in _HEADS for s in STRIDES]
-#: the raw outputs, then :func:`~facegate.models.yunet.flat_outputs`' (what the detector's CPU path reads)
 _OUTPUTS = [*_RAW, "scores", "bbox", "kps"]
 
 
-def onnxruntime_available() -> bool:
-    """Whether ``onnxruntime`` can be imported (without importing it)."""
-    return importlib.util.find_spec("onnxruntime") is not None
-
-
 def ort_session(model: bytes, threads: int) -> Any:
-    """A CPU ``onnxruntime.InferenceSession`` on a serialised model with ``threads`` intra-op threads; no inter-op
-    threads (the graphs are chains), and workers do not spin after a run (other threads need the cores)."""
+    """A CPU ``InferenceSession`` with ``threads`` intra-op threads, none inter-op (the graphs are chains), and no
+    spinning after a run (other threads need the cores)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -67,17 +47,11 @@ def ort_session(model: bytes, threads: int) -> Any:
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
-    """The serialised ONNX graph of a YuNet module behind the detector's input conversion (an fp32 NCHW host copy).
-
-    Input ``images (N, H, W, 3) uint8`` RGB (a :class:`~facegate.models.detector.DetBatch` canvas), symbolic
-    N/H/W, cast in the graph to float32 NCHW (cheaper there than in PyTorch); the BGR flip is folded into the first
-    conv's weights. Outputs ``cls_8 … kps_32``, the module's :data:`~facegate.models.yunet.RawOutputs` ``(N, A_s,
-    C)``, then ``scores``, ``bbox``, ``kps`` (:func:`~facegate.models.yunet.flat_outputs`); float32.
-
-    Raises:
-        ModelError: the export failed.
-    """
+def export_yunet_onnx(model: nn.Module) -> bytes:
+    """The serialised ONNX graph of an fp32 copy of a YuNet module on ``images (N, H, W, 3) uint8`` RGB (symbolic
+    N/H/W; the cast is in the graph, the BGR flip in the stem's weights). Outputs ``cls_8 … kps_32`` ``(N, A_s, C)``,
+    then ``scores``, ``bbox``, ``kps`` (:func:`~facegate.models.yunet.flat_outputs`), float32; :class:`ModelError`
+    when the export fails."""
     ref = _host_fp32_copy(model)
     stem = ref.backbone.model0.conv1
     stem.weight.data = stem.weight.data.flip(1)  # RGB input: the BGR flip in the weights, not on the image
@@ -95,7 +69,7 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
                 input_names=["images"],
                 output_names=_OUTPUTS,
                 dynamic_axes=axes,
-                opset_version=opset,
+                opset_version=OPSET,
                 dynamo=False,
             )
     except Exception as exc:  # the exporter raises many kinds; one error type for the caller
@@ -104,8 +78,8 @@ def export_yunet_onnx(model: nn.Module, *, opset: int = OPSET) -> bytes:
 
 
 def _static_head_reshapes(model: bytes) -> bytes:
-    """The graph with each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]`` (``C`` from the
-    head conv feeding it) and the shape arithmetic the tracer built for it removed (ORT ran it on every call)."""
+    """Each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]``, and the shape arithmetic the
+    tracer built for it (run on every call) removed."""
     import onnx
     from onnx import numpy_helper
 
@@ -129,14 +103,8 @@ def _static_head_reshapes(model: bytes) -> bytes:
             graph.node.remove(node)
 
 
-def _to_network_input(images: Tensor) -> Tensor:
-    """``(N, H, W, 3) uint8`` RGB → ``(N, 3, H, W) float32`` BGR on 0..255 (``FaceDetector._to_input``)."""
-    bgr = torch.tensor([2, 1, 0], device=images.device)
-    return images.permute(0, 3, 1, 2).index_select(1, bgr).to(torch.float32)
-
-
 class _HostBatchYuNet(nn.Module):
-    """YuNet whose stem takes RGB, on the detector's uint8 RGB batch, its outputs as one flat tuple."""
+    """YuNet (stem taking RGB) on the uint8 RGB batch; outputs as one flat tuple."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -152,14 +120,12 @@ def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
-    """An fp32 NCHW copy of ``model`` on the host, in eval mode."""
     ref = copy.deepcopy(model).to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
     return ref.eval().requires_grad_(False)
 
 
 def parity_input(height: int = 256, width: int = 256, seed: int = 0) -> np.ndarray:
-    """A fixed detector batch ``(1, height, width, 3) uint8`` RGB: smooth blobs plus noise (so that activations
-    and score sigmoids leave their saturated ends)."""
+    """A fixed ``(1, height, width, 3) uint8`` RGB batch: blobs plus noise (activations leave their saturation)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     img = np.zeros((height, width, 3), np.float32)
@@ -173,20 +139,19 @@ def parity_input(height: int = 256, width: int = 256, seed: int = 0) -> np.ndarr
 
 
 def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = None) -> float:
-    """Max |ONNX Runtime − PyTorch| over every YuNet output on ``images`` (``(N, H, W, 3) uint8`` RGB, default
-    :func:`parity_input`); PyTorch runs the module on the detector's own input conversion."""
+    """Max |ORT − PyTorch| over every output on ``images (N, H, W, 3) uint8`` RGB (default :func:`parity_input`)."""
     images = parity_input() if images is None else images
     ref = _host_fp32_copy(model)
-    with torch.inference_mode():
-        expected = [t.numpy() for t in _flat_tuple(ref(_to_network_input(torch.from_numpy(images))))]
+    with torch.inference_mode():  # the detector's own input conversion: BGR, float32 NCHW
+        x = torch.from_numpy(images).permute(0, 3, 1, 2).flip(1).to(torch.float32)
+        expected = [t.numpy() for t in _flat_tuple(ref(x))]
     got = session.run(_OUTPUTS, {"images": images})
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
 class OrtYuNet:
     """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
-    of ``(N, A, C)`` float32 host tensors on ORT's buffers. ``torch_model``: the module it was exported from.
-    """
+    of float32 host tensors. ``torch_model``: the module it was exported from."""
 
     takes_host_batch = True
 
@@ -209,17 +174,12 @@ class OrtYuNet:
 
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
-    """Run an fp32 CPU ``detector``'s network with ONNX Runtime: export its YuNet, check parity, swap it in place.
-
-    ``threads``: ORT intra-op threads (default: torch's intra-op count).
-
-    Raises:
-        ModelError: onnxruntime is missing, the export failed, or the graph's outputs differ from PyTorch's by
-            more than :data:`PARITY_MAX_ABS_DIFF` on the parity input.
-    """
+    """Run an fp32 CPU ``detector``'s network with ONNX Runtime (``threads``, default torch's): export, check
+    parity, swap in place. :class:`ModelError` without onnxruntime, on a failed export, or past
+    :data:`PARITY_MAX_ABS_DIFF`."""
     if detector.device.type != "cpu" or detector.dtype is not torch.float32:
         raise ModelError(f"the ONNX detector runs fp32 on the CPU, not {detector.dtype} on {detector.device}")
-    if not onnxruntime_available():
+    if importlib.util.find_spec("onnxruntime") is None:
         raise ModelError("the ONNX Runtime CPU backend needs onnxruntime (pip install onnxruntime)")
     t0 = time.perf_counter()
     torch_model = detector.model if not isinstance(detector.model, OrtYuNet) else detector.model.torch_model

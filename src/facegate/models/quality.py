@@ -1,11 +1,6 @@
-"""Quality heads and calibration maps: raw model signal → quality in ``[0, 1]`` (higher is better).
-
-:class:`QualityCalibration` maps a raw signal (feature norm; RTS ``σ² = exp(logvar)``) monotonically to ``[0, 1]``
-inside the model's forward with torch ops only (no host sync, ``torch.compile``-friendly); it is fitted offline
-with :func:`fit_logistic` or :func:`fit_isotonic` against a binary outcome per face. ``direction = +1``: a higher
-raw value is better; ``-1``: worse (σ² is an uncertainty). Head files are versioned dicts (``torch.save``, read
-with ``weights_only=True``).
-"""
+"""Quality heads and calibration maps: a raw model signal (feature norm; RTS ``σ² = exp(logvar)``) → quality in
+``[0, 1]``, in torch ops inside the forward; fitted offline (:func:`fit_logistic`, :func:`fit_isotonic`) against a
+binary outcome per face. Head files are versioned dicts (``torch.save``, read with ``weights_only=True``)."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ Transform = Literal["identity", "log"]
 
 HEAD_FORMAT = "facegate.quality_head"
 HEAD_VERSION = 1
-#: Lower clamp before ``log`` so ``t(raw)`` stays finite for ``raw <= 0``.
+#: Clamp before ``log``: ``t(raw)`` stays finite for ``raw <= 0``.
 LOG_EPS = 1e-12
 
 
@@ -45,12 +40,9 @@ def _check_direction(direction: int) -> int:
 
 
 class QualityCalibration(nn.Module):
-    """Monotone map ``raw (N,) → quality (N,)`` float32 in ``[0, 1]``; NaN maps to 0 (refused).
-
-    ``logistic``: ``q = sigmoid(a · t(raw) + b)`` with ``sign(a) == direction``. ``piecewise_linear``: knots ``xs``
-    (strictly ascending, in ``t(raw)`` units) and ``ys`` in ``[0, 1]``, monotone in ``direction``; constant beyond
-    the end knots. ``t`` is the identity or ``log(max(raw, 1e-12))``. ``fitted`` is False for provisional maps.
-    """
+    """Monotone map ``raw (N,) → quality (N,)`` float32 in ``[0, 1]``; NaN maps to 0. ``logistic``: ``sigmoid(a ·
+    t(raw) + b)``, ``sign(a) == direction``; ``piecewise_linear``: ascending knots ``xs`` (in ``t`` units), ``ys`` in
+    ``[0, 1]``, constant beyond the ends. ``t``: identity or ``log``. ``direction`` +1: higher raw is better."""
 
     def __init__(
         self,
@@ -80,8 +72,7 @@ class QualityCalibration(nn.Module):
                 raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
             if a != 0 and (1 if a > 0 else -1) != self._direction:
                 raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self._direction}")
-            xs_t = torch.zeros(0)
-            ys_t = torch.zeros(0)
+            xs_t, ys_t = torch.zeros(0), torch.zeros(0)
         else:
             xs_t = torch.as_tensor(np.asarray(xs if xs is not None else [], dtype=np.float64), dtype=torch.float32)
             ys_t = torch.as_tensor(np.asarray(ys if ys is not None else [], dtype=np.float64), dtype=torch.float32)
@@ -104,10 +95,9 @@ class QualityCalibration(nn.Module):
                 f"piecewise_linear needs finite, strictly ascending xs and ys in [0, 1] monotone in {direction:+d}"
             )
 
-    # ------------------------------------------------------------------ direction (settable)
     @property
     def direction(self) -> int:
-        """+1: higher raw is better; -1: higher raw is worse. Setting it mirrors the map (q → 1 − q)."""
+        """+1: higher raw is better; -1: worse. Setting it mirrors the map (q → 1 − q)."""
         return self._direction
 
     @direction.setter
@@ -122,20 +112,13 @@ class QualityCalibration(nn.Module):
         log.info("quality calibration direction set to %+d (map mirrored: q -> 1 - q)", value)
         self._direction = value
 
-    # ------------------------------------------------------------------ forward
-    def _t(self, raw: Tensor) -> Tensor:
-        if self.transform == "log":
-            return torch.log(raw.clamp_min(LOG_EPS))
-        return raw
-
     def forward(self, raw: Tensor) -> Tensor:
         """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
-        t = self._t(raw.float())
+        t = torch.log(raw.float().clamp_min(LOG_EPS)) if self.transform == "log" else raw.float()
         if self.kind == "logistic":
             q = torch.sigmoid(self.a.float() * t + self.b.float())
         else:
-            xs = self.xs.float()
-            ys = self.ys.float()
+            xs, ys = self.xs.float(), self.ys.float()
             idx = torch.searchsorted(xs, t.contiguous(), right=True).clamp(1, xs.numel() - 1)
             x0, x1 = xs[idx - 1], xs[idx]
             y0, y1 = ys[idx - 1], ys[idx]
@@ -144,7 +127,6 @@ class QualityCalibration(nn.Module):
         q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
         return q.clamp(0.0, 1.0)
 
-    # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; :meth:`from_dict` inverts it."""
         out: dict[str, Any] = {
@@ -162,7 +144,6 @@ class QualityCalibration(nn.Module):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
-        """Inverse of :meth:`to_dict`."""
         try:
             kind = d["kind"]
             common = {
@@ -178,7 +159,6 @@ class QualityCalibration(nn.Module):
             raise InvalidParameterError(f"invalid calibration dict: {exc!r}", detail={"calibration": dict(d)}) from exc
 
 
-# --------------------------------------------------------------------------- fitting (NumPy)
 def _prepare(
     raw: np.ndarray | list[float], y: np.ndarray | list[float], transform: Transform
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -204,8 +184,8 @@ def fit_logistic(
     l2: float = 1e-4,
     max_iter: int = 100,
 ) -> QualityCalibration:
-    """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, outcomes ``y (n,)`` in ``[0, 1]``;
-    ``l2`` is a ridge on the standardised slope (keeps separable data finite). ``direction`` = the slope's sign."""
+    """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, ``y (n,)`` in ``[0, 1]``; ``l2``:
+    a ridge on the standardised slope (separable data stay finite)."""
     t, yy = _prepare(raw, y, transform)
     if yy.min() == yy.max():
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
@@ -231,7 +211,7 @@ def fit_logistic(
 
 
 def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Pool-adjacent-violators: weighted least-squares non-decreasing fit of ``y`` (in order)."""
+    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of ``y``."""
     vals: list[float] = []
     wts: list[float] = []
     counts: list[int] = []
@@ -256,8 +236,8 @@ def fit_isotonic(
     transform: Transform = "identity",
     direction: int | None = None,
 ) -> QualityCalibration:
-    """Isotonic regression of ``y (n,)`` on ``t(raw (n,))`` as piecewise-linear knots (equal ``t`` values pooled;
-    interior points of flat runs dropped). ``direction=None`` fits both and keeps the smaller squared error."""
+    """Isotonic regression of ``y (n,)`` on ``t(raw (n,))`` as knots (flat runs keep their ends); ``direction=None``
+    fits both and keeps the smaller squared error."""
     t, yy = _prepare(raw, y, transform)
     order = np.argsort(t, kind="stable")
     ux, inv, cnt = np.unique(t[order], return_inverse=True, return_counts=True)
@@ -285,10 +265,8 @@ def fit_isotonic(
     return QualityCalibration("piecewise_linear", xs=xs, ys=ys, **kw)
 
 
-# --------------------------------------------------------------------------- RTS quality head
 class RTSQualityHead(nn.Module):
-    """RTS uncertainty head ``Linear(feature_dim → 1) + BatchNorm1d(1)``: ``(N, feature_dim) → logvar (N, 1)``;
-    ``σ² = exp(logvar)`` is the raw signal (direction −1). ``backbone``: the arch of the features it reads."""
+    """RTS head ``Linear + BatchNorm1d(1)``: ``(N, feature_dim) → logvar (N, 1)``; ``backbone``: the arch it reads."""
 
     def __init__(self, feature_dim: int, *, backbone: str = "") -> None:
         super().__init__()
@@ -298,7 +276,6 @@ class RTSQualityHead(nn.Module):
         self.bn = nn.BatchNorm1d(1)
 
     def forward(self, features: Tensor) -> Tensor:
-        """``(N, feature_dim) → logvar (N, 1)``."""
         return self.bn(self.fc(features))
 
     def sigma2(self, features: Tensor) -> Tensor:
@@ -314,8 +291,7 @@ def save_head(
     *,
     backbone: str | None = None,
 ) -> None:
-    """Write ``{"format", "version", "backbone", "feature_dim", "state_dict", "calibration", "meta"}`` with
-    ``torch.save``; ``meta`` holds plain Python values only (it is read with ``weights_only=True``)."""
+    """``torch.save`` the head, its calibration and ``meta`` (plain Python values: read with ``weights_only``)."""
     path = Path(path)
     backbone = head.backbone if backbone is None else str(backbone)
     if not backbone:
@@ -339,8 +315,8 @@ def save_head(
 def load_head(
     path: Path, *, backbone: str | None = None, feature_dim: int | None = None
 ) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
-    """``(head (eval, fp32, CPU), calibration, meta)`` of a :func:`save_head` file; :class:`QualityHeadError` when
-    it cannot be read or its format, version, ``backbone`` or ``feature_dim`` is not the expected one."""
+    """``(head (eval, fp32, CPU), calibration, meta)`` of a :func:`save_head` file; :class:`QualityHeadError` if
+    unreadable or of another format, version, ``backbone`` or ``feature_dim``."""
     path = Path(path)
     det: dict[str, Any] = {"path": str(path)}
     if not path.is_file():
@@ -349,18 +325,12 @@ def load_head(
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle/zip/EOF errors from torch.load
         raise QualityHeadError(f"cannot read quality head {path}: {type(exc).__name__}: {exc}", detail=det) from exc
-    got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
-    fd = obj.get("feature_dim") if isinstance(obj, dict) else None
+    d = obj if isinstance(obj, dict) else {"format": type(obj).__name__}
+    got, fd, trained_on = d.get("format"), d.get("feature_dim"), d.get("backbone")
     problems = [
         (got != HEAD_FORMAT, f"is not a facegate quality head (format {got!r}, expected {HEAD_FORMAT!r})"),
-        (
-            isinstance(obj, dict) and obj.get("version") != HEAD_VERSION,
-            f"quality head version {obj.get('version') if isinstance(obj, dict) else None!r} is not supported",
-        ),
-        (
-            backbone is not None and isinstance(obj, dict) and obj.get("backbone") != backbone,
-            f"was trained on backbone {obj.get('backbone') if isinstance(obj, dict) else None!r}, not {backbone!r}",
-        ),
+        (d.get("version") != HEAD_VERSION, f"quality head version {d.get('version')!r} is not supported"),
+        (backbone is not None and trained_on != backbone, f"was trained on backbone {trained_on!r}, not {backbone!r}"),
         (not isinstance(fd, int) or fd < 1, f"has an invalid feature_dim {fd!r}"),
         (feature_dim is not None and fd != feature_dim, f"expects {fd}-dim features, the backbone gives {feature_dim}"),
     ]
@@ -379,8 +349,8 @@ def load_head(
 
 
 def bn_logvar_calibration(bn: nn.BatchNorm1d, note: str) -> QualityCalibration:
-    """Unfitted map ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's final ``BatchNorm1d(1)``: on training data
-    ``logvar ≈ N(β, γ²)``, so a typical face lands near 0.5. A starting point only; a gate needs a fitted map."""
+    """Unfitted ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's ``BatchNorm1d(1)`` (on training data ``logvar ≈
+    N(β, γ²)``: a typical face lands near 0.5)."""
     gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
     beta = float(bn.bias.detach().float().reshape(-1)[0])
     gamma = gamma if gamma > 1e-6 else 1.0

@@ -8,15 +8,11 @@ from torch import Tensor
 
 
 def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
-    """``(N, D) raw embedding, (N, C·7·7) flattened trunk → (N, C + D)`` in the features' dtype.
-
-    ``channels`` is ``C`` (1024 for the real SFace; ``feature_dim // 49`` in general).
-    """
+    """``(N, D)`` raw embedding, ``(N, C·7·7)`` flattened trunk → ``(N, C + D)`` in the features' dtype."""
     n = features_flat.shape[0]
     pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
     return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)
 
 
 def head_input_dim(embedding_dim: int, channels: int = 1024) -> int:
-    """Size of :func:`sface_head_input`'s output."""
     return channels + embedding_dim

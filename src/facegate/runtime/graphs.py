@@ -1,15 +1,8 @@
-"""CUDA graphs: :class:`GraphedModule` (a module with one batched input, one graph per batch bucket) and
-:func:`capture_graph` / :func:`replay` / :func:`replay_lock`, which every graph of the process goes through.
-
-``GraphedModule`` pads a batch to the smallest bucket, copies it into the static input, replays that bucket's graph
-(captured at warm-up, optionally over ``torch.compile``'s kernels) and returns clones of the outputs' real rows. On
-the CPU, or past the largest bucket (chunked by it), the module runs eagerly.
-
-Memory: all captures use **one** side stream per device (PyTorch keeps a cuBLAS workspace for every stream that
-ever ran a GEMM) and **one** memory pool per device (the graphs' intermediates share memory). Sharing the pool
-needs two rules: every replay runs on the default stream (checked in :func:`replay`), and between a graph's
-replay and the copy-out of its outputs no other graph of the pool replays (a later capture may keep its outputs
-where an earlier one kept intermediates): :func:`replay_lock`, held from copy-in to copy-out.
+"""CUDA graphs: :class:`GraphedModule` (one per batch bucket) and :func:`capture_graph` / :func:`replay` /
+:func:`replay_lock`, which every graph of the process goes through. All captures share **one** side stream per
+device (PyTorch keeps a cuBLAS workspace per stream that ran a GEMM) and **one** memory pool per device. Sharing the
+pool needs every replay on the default stream (:func:`replay` checks) and no other replay between a graph's copy-in
+and copy-out (a later capture may keep its outputs where an earlier one kept intermediates): :func:`replay_lock`.
 """
 
 from __future__ import annotations
@@ -28,12 +21,11 @@ from facegate.errors import EngineError
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
-#: Inductor options of ``compile=inductor`` on top of ``max-autotune-no-cudagraphs``: ``freezing`` (weights become
-#: constants Inductor can fold) and ``conv_1x1_as_mm`` (pointwise convs become matmuls that absorb bias and PReLU).
+#: Inductor options of ``compile=inductor`` on top of ``max-autotune-no-cudagraphs``: weights as constants, and
+#: pointwise convs as matmuls that absorb bias and PReLU.
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
 
-#: One record per capture of this process (bounded): its seconds and the shared pool's size after it
-#: (``benchmarks/serve_memory.py``).
+#: One record per capture (bounded): its seconds and the pool's size after it (``benchmarks/serve_memory.py``).
 capture_records: list[dict[str, Any]] = []
 _MAX_RECORDS = 256
 
@@ -50,7 +42,7 @@ def _device_index(device: torch.device) -> int:
 
 
 def replay_lock(device: torch.device) -> threading.RLock:
-    """The (re-entrant) lock every user of ``device``'s graph pool holds from copy-in through replay to copy-out."""
+    """The re-entrant lock every user of ``device``'s graph pool holds from copy-in to copy-out."""
     dev = _device_index(device) if device.type == "cuda" else -1
     with _shared_lock:
         lock = _replay_locks.get(dev)
@@ -62,10 +54,8 @@ def replay_lock(device: torch.device) -> threading.RLock:
 def capture_graph(
     fn: Callable[[Tensor], Any], static_in: Tensor, *, warmup: int = 2
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Capture ``fn(static_in)`` in the device's shared pool; returns ``(graph, outputs)`` (``fn``'s return value:
-    static outputs, overwritten by each :func:`replay`). ``fn`` runs ``warmup`` times eagerly first, then is
-    captured, on the device's side stream with ``capture_error_mode="thread_local"`` (the serving threads keep
-    working meanwhile). Captures are serialised process-wide."""
+    """``(graph, outputs)`` of ``fn(static_in)`` captured in the shared pool after ``warmup`` eager runs, on the side
+    stream with ``capture_error_mode="thread_local"`` (serving threads keep working); serialised process-wide."""
     dev = _device_index(static_in.device)
     with _shared_lock:
         side = _side_streams.get(dev)
@@ -100,25 +90,16 @@ def capture_graph(
 
 
 def replay(graph: torch.cuda.CUDAGraph) -> None:
-    """Replay ``graph`` on the current stream, which must be the default one.
-
-    Raises:
-        EngineError: a non-default stream, where it could run concurrently with another graph of the pool.
-    """
+    """Replay ``graph``; :class:`EngineError` off the default stream (it could overlap another graph of the pool)."""
     if torch.cuda.current_stream() != torch.cuda.default_stream():
         raise EngineError("CUDA graphs must be replayed on the default stream (they share one memory pool)")
     graph.replay()
 
 
 class GraphedModule(nn.Module):
-    """Run ``module(x)`` through per-bucket CUDA graphs.
-
-    Args:
-        module: ``x (N, *item_shape)`` of ``dtype`` → a tensor or tuple of tensors whose first dim is N.
-        buckets: batch sizes to capture.
-        compile_mode: ``None`` (capture the eager kernels) or a ``torch.compile`` mode, with ``compile_options``
-            added to the mode's.
-    """
+    """``module(x)`` (``x (N, *item_shape)`` of ``dtype`` → tensor(s) of first dim N) through one CUDA graph per
+    bucket: padded, copied in, replayed, the real rows cloned out; eager on the CPU or past the largest bucket.
+    ``compile_mode``: ``None`` or a ``torch.compile`` mode, plus ``compile_options``."""
 
     def __init__(
         self,
@@ -162,7 +143,6 @@ class GraphedModule(nn.Module):
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Warm up and capture one CUDA graph per bucket (no-op on CPU)."""
         if self.device.type != "cuda":
             return
         for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
@@ -192,7 +172,6 @@ class GraphedModule(nn.Module):
                 return torch.cat(parts)  # type: ignore[arg-type]
             return self._fn(x)
         g, static_in, outs = self._graphs[b]
-        # copy-in, replay and copy-out under the pool's lock: no other graph may replay in between (module doc)
         with replay_lock(self.device):
             static_in[:n].copy_(x, non_blocking=True)
             if n < b:

@@ -1,11 +1,6 @@
-"""Fused convolution epilogues for CUDA activations, as Triton kernels.
-
-:func:`bias_act_`: ``x = act(x + bias[c])`` in place in one pass, where PyTorch runs a cuDNN conv's bias as a
-broadcast add and the PReLU as another kernel, each reading and writing the whole activation.
-:func:`depthwise3x3`: YuNet's ``ConvDPUnit`` tail (the 1×1 conv's bias, the depthwise 3×3 conv with its bias, the
-ReLU) in one kernel, the bias added inside the image only (zero padding stays zero). Elsewhere (the CPU, no
-Triton, other layouts, ``torch.compile`` tracing) the same maths runs as torch operations; results agree to the
-rounding of the intermediate sum (the kernels compute in fp32 and round once).
+"""Fused convolution epilogues for CUDA, as Triton kernels: :func:`bias_act_` (``x = act(x + bias[c])`` in one pass,
+where PyTorch runs bias and PReLU as two kernels) and :func:`depthwise3x3` (YuNet's ``ConvDPUnit`` tail in one
+kernel). Elsewhere the same maths runs as torch operations (the kernels compute in fp32 and round once).
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ def _kernel() -> Any | None:
         log.info("Triton unavailable (%s): convolution epilogues run as torch operations", exc)
         return None
 
-    # Triton's specialisation of the integer arguments ("divisible by 16") is what vectorises the loads and stores
+    # Triton's specialisation of the integer arguments ("divisible by 16") vectorises the loads and stores
     @triton.jit
     def bias_act_kernel(  # type: ignore[no-untyped-def]
         x_ptr, b_ptr, a_ptr, n, C, HW, CHANNELS_LAST: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr
@@ -55,14 +50,13 @@ def _kernel() -> Any | None:
 
 @functools.cache
 def _dw_kernel() -> Any | None:
-    """The depthwise 3×3 Triton kernel (a variant per block shape and flags); None without Triton."""
+    """The depthwise 3×3 Triton kernel; None without Triton."""
     if _kernel() is None:
         return None
     import triton
     import triton.language as tl
 
-    # 2-D tiles (no divisions per element); C, H and the tile count are not specialised (each variant is a compile
-    # at start-up), W is (aligned rows)
+    # 2-D tiles (no divisions per element); only W is specialised (each variant is a compile at start-up)
     @triton.jit(do_not_specialize=["C", "H", "TILES_W"])
     def depthwise3x3_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, b_ptr, p_ptr, y_ptr, C, H, W, TILES_W,
@@ -96,11 +90,7 @@ def _dw_kernel() -> Any | None:
 def depthwise_reference(
     x: Tensor, weight: Tensor, bias: Tensor, pre_bias: Tensor | None = None, relu: bool = False
 ) -> Tensor:
-    """``relu?(dwconv3x3(x + pre_bias[c]) + bias[c])`` as torch operations (stride 1, zero padding 1).
-
-    Args:
-        x: ``(N, C, H, W)`` float. weight: ``(C, 1, 3, 3)``. bias, pre_bias: ``(C,)``.
-    """
+    """:func:`depthwise3x3` as torch operations."""
     if pre_bias is not None:
         x = x + pre_bias.to(x.dtype).view(1, -1, 1, 1)
     y = F.conv2d(x, weight.to(x.dtype), bias.to(x.dtype), 1, 1, 1, x.shape[1])
@@ -110,16 +100,9 @@ def depthwise_reference(
 def depthwise3x3(
     x: Tensor, weight: Tensor, bias: Tensor, *, pre_bias: Tensor | None = None, relu: bool = False
 ) -> Tensor:
-    """``relu?(dwconv3x3(x + pre_bias[c]) + bias[c])`` (stride 1, zero padding 1): one kernel on CUDA for an NCHW
-    ``x``, torch operations otherwise; a new ``(N, C, H, W)`` tensor of ``x``'s dtype.
-
-    Args:
-        x: ``(N, C, H, W)`` float. weight: ``(C, 1, 3, 3)``. bias: ``(C,)``.
-        pre_bias: ``(C,)`` bias of the layer that produced ``x`` (left out of it), or None.
-
-    Raises:
-        ValueError: ``weight`` or a bias does not fit ``x``'s channels.
-    """
+    """``relu?(dwconv3x3(x + pre_bias[c]) + bias[c])`` (stride 1, zero padding 1; ``pre_bias`` inside the image
+    only): one kernel on CUDA for an NCHW ``x``. ``x (N, C, H, W)``, ``weight (C, 1, 3, 3)``, biases ``(C,)``; a new
+    tensor of ``x``'s dtype; ``ValueError`` when they do not fit."""
     c = x.shape[1] if x.ndim == 4 else -1
     if weight.shape != (c, 1, 3, 3) or bias.numel() != c or (pre_bias is not None and pre_bias.numel() != c):
         raise ValueError(f"depthwise3x3: weight {tuple(weight.shape)} / biases do not fit x {tuple(x.shape)}")
@@ -152,7 +135,7 @@ def triton_next_pow2(n: int) -> int:
 
 
 def _layout(x: Tensor) -> bool | None:
-    """True for a dense channels-last ``(N, C, H, W)`` tensor, False for a contiguous one, None otherwise."""
+    """True for a channels-last tensor, False for a contiguous one, None otherwise."""
     if x.is_contiguous():
         return False
     if x.is_contiguous(memory_format=torch.channels_last):
@@ -173,11 +156,7 @@ def fused_available(x: Tensor) -> bool:
 
 
 def reference(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor | None = None) -> Tensor:
-    """``act(x + bias)`` as torch operations (what PyTorch computes for conv-with-bias then the activation).
-
-    Args:
-        x: ``(N, C, H, W)`` float. bias: ``(C,)``. slope: ``(C,)`` PReLU slopes (``act == "prelu"`` only).
-    """
+    """:func:`bias_act_` as torch operations (not in place)."""
     y = x + bias.to(x.dtype).view(1, -1, 1, 1)
     if act == "relu":
         return F.relu(y)
@@ -189,13 +168,7 @@ def reference(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
 
 def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor | None = None) -> Tensor:
     """``x = act(x + bias[c])`` in place, one kernel on CUDA; returns ``x`` (a new tensor on the fallback).
-
-    Args:
-        x: ``(N, C, H, W)`` float, contiguous or channels-last. bias: ``(C,)``. slope: ``(C,)`` for ``"prelu"``.
-
-    Raises:
-        ValueError: ``act`` is unknown, or ``"prelu"`` without ``slope``.
-    """
+    ``x (N, C, H, W)`` float, ``bias (C,)``, ``slope (C,)`` for ``"prelu"``; ``ValueError`` for a bad ``act``."""
     if act not in _ACT_CODES:
         raise ValueError(f"unknown activation {act!r}; choose from {sorted(_ACT_CODES)}")
     if act == "prelu" and slope is None:
@@ -220,7 +193,7 @@ _failed = False
 
 
 def _give_up(exc: BaseException) -> None:
-    """After a kernel (either of them) failed once, every later call takes the torch operations (logged once)."""
+    """After a kernel failed once, every later call takes the torch operations."""
     global _failed
     if not _failed:
         log.warning(

@@ -1,19 +1,12 @@
-"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration.
-
-Training reads cached per-face features (:func:`facegate.eval.features.extract`): ``head_in (N, 1152)`` and the
-L2-normalised embedding ``emb (N, 128)``. Per batch of faces with identity labels ``y``::
+"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration. On cached
+features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
 
     cos  = emb @ normalize(W)ᵀ                          (B, C), W: frozen class means of the clean embeddings
     τ_b  = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),   ε ~ N(0, 1), fresh every step
     loss = CE(s · cos / τ, y) + kl_scale · mean(½ (σ² − log σ² − 1))
 
-The target-class cosine of a face is taken against the mean of the *other* clean photos of its identity (what a
-genuine comparison sees). A large τ flattens the softmax, so the head learns a large σ² for faces whose
-embedding does not sit near its identity. The input is standardised during training and the standardisation is
-folded into ``fc`` afterwards, so the saved head reads raw ``head_in``.
-
-The calibration maps σ² to the probability that a genuine comparison of the face against a clean photo of the
-same identity reaches the match threshold; fitted on the training identities only.
+The target-class cosine is against the *other* clean photos of the identity (as a genuine comparison sees). The
+calibration maps σ² to P(a genuine comparison reaches the match threshold), on the training identities.
 """
 
 from __future__ import annotations
@@ -42,8 +35,7 @@ FEATURE_COLUMNS = ("path", "variant", "degradation", "severity", "found", "det",
 
 @dataclass(frozen=True)
 class RTSConfig:
-    """Hyper-parameters. ``scale`` is 256 because SFace's genuine margins on LFW (0.05-0.3) need ``s·m`` above
-    ``log C`` (≈ 8) for a degraded face's σ² to rise above a clean one's (docs/quality.md)."""
+    """Hyper-parameters. ``scale``: SFace's genuine margins (0.05-0.3) need ``s·m`` > ``log C`` (docs/quality.md)."""
 
     scale: float = 256.0
     dof: int = 32
@@ -65,8 +57,7 @@ class RTSConfig:
 
 
 def load_features(specs: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """Concatenate ``.npz`` feature parts (files or folders of them) into one table of :data:`FEATURE_COLUMNS`
-    plus ``identity (N,)`` (the photo's folder)."""
+    """``.npz`` feature parts (files or folders) as one table of :data:`FEATURE_COLUMNS` plus ``identity (N,)``."""
     files = sorted({f for s in specs for f in (Path(s).glob("*.npz") if Path(s).is_dir() else [Path(s)])})
     parts = []
     for f in files:
@@ -113,9 +104,9 @@ def train_rts_head(
     target_proto: np.ndarray | None = None,
     progress: bool = True,
 ) -> tuple[RTSQualityHead, list[dict[str, float]]]:
-    """Train a head on ``head_in (N, F)``, ``emb (N, D)``, ``labels (N,)`` in ``[0, C)`` against frozen class
-    weights ``class_init (C, D)``; ``target_proto (N, D)`` replaces each row's target-class weight. Returns the
-    head (eval mode, CPU, fp32, reading raw ``head_in``) and the per-epoch losses."""
+    """A head (eval, CPU, fp32, on raw ``head_in``; trained standardised) and its per-epoch losses, from ``head_in
+    (N, F)``, ``emb (N, D)``, ``labels (N,)`` against frozen ``class_init (C, D)``; ``target_proto (N, D)``: each
+    row's target-class weight."""
     from tqdm import tqdm
 
     n = head_in.shape[0]
@@ -175,8 +166,8 @@ def head_sigma2(head: RTSQualityHead, head_in: np.ndarray) -> np.ndarray:
 def genuine_outcomes(
     table: dict[str, np.ndarray], rows: np.ndarray, threshold: float, *, max_refs: int = 8, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The calibration target: each found face in ``rows`` against up to ``max_refs`` clean found faces of the same
-    identity from another photo. Returns ``(face_row (M,) int64, success (M,) float64)``, one per comparison."""
+    """Each found face of ``rows`` against up to ``max_refs`` clean faces of its identity from other photos:
+    ``(face_row (M,) int64, success (M,) float64)``."""
     rng = np.random.default_rng(seed)
     rows = np.asarray(rows)[table["found"][rows]]
     ident, path = table["identity"], table["path"]
@@ -285,8 +276,8 @@ def train_quality(
     command: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """What ``facegate train-quality`` does: train a head on a photo folder (``<root>/<identity>/*.jpg``, features
-    extracted with the real pipeline) or on ``.npz`` feature parts, and write it to ``out``. Returns a summary."""
+    """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``) or ``.npz`` feature
+    parts, write it to ``out``; returns a summary."""
     config = config or RTSConfig()
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):

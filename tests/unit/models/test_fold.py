@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from facegate.models.fold import fold_bn, fold_into
+from facegate.models.fold import fold_into
 
 
 def _bn(cls: type[nn.modules.batchnorm._BatchNorm], n: int, seed: int) -> nn.modules.batchnorm._BatchNorm:
@@ -55,5 +55,10 @@ def test_fold_bn_by_hand() -> None:
     bn.running_var.fill_(4.0)
     bn.weight.data.fill_(3.0)
     bn.bias.data.fill_(1.0)
-    w, b = fold_bn(torch.tensor([[5.0]]), None, bn)
-    assert w.item() == pytest.approx(3.0 * 5.0 / 2.0) and b.item() == pytest.approx(1.0 - 3.0 * 2.0 / 2.0)
+    lin = nn.Linear(1, 1, bias=False)
+    lin.weight.data.fill_(5.0)
+    fold_into(lin, bn)
+    assert lin.bias is not None
+    assert lin.weight.item() == pytest.approx(3.0 * 5.0 / 2.0) and lin.bias.item() == pytest.approx(
+        1.0 - 3.0 * 2.0 / 2.0
+    )
