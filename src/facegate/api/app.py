@@ -21,11 +21,19 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api.drain import DRAIN, DrainMiddleware, uvicorn_timeout_s, watch_signals
+from facegate.api.drain import DRAIN, send_shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
-from facegate.api.limits import STATS_KEY, TEMPLATES_ROUTE, ShedProtocol, import_max_bytes
+from facegate.api.fastpath import FastPathMiddleware, header
+from facegate.api.limits import (
+    STATS_KEY,
+    TEMPLATES_ROUTE,
+    AdmissionMiddleware,
+    PixelBudget,
+    ShedProtocol,
+    import_max_bytes,
+)
 from facegate.api.routes import install_routes
+from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
@@ -37,6 +45,7 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.logs import escape
+from facegate.service.keys import KeyStore
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
@@ -207,17 +216,20 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
 
 
 class ServingMiddleware:
-    """Body limits, disconnect → cancel, request metrics and the catch-all."""
+    """What every HTTP request meets first: the drain, the route's body limit, the access checks; around the
+    rest, disconnect → cancel, the drain's cut, request metrics and the catch-all."""
 
-    def __init__(self, app: ASGIApp, state: ServingState) -> None:
-        self.app = app
-        self.state = state
+    def __init__(self, app: ASGIApp, state: ServingState, access: Access) -> None:
+        self.app, self.state, self.access = app, state, access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and "state" in scope:
                 scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
             await self.app(scope, receive, send)
+            return
+        if DRAIN.active:
+            await send_shutting_down(send, "the server is shutting down; retry on another replica or later")
             return
         t0 = time.perf_counter()
         task = asyncio.current_task()
@@ -275,8 +287,7 @@ class ServingMiddleware:
 
         async def send_response(response: Any) -> None:
             nonlocal status, response_started
-            response_started = True
-            status = response.status_code
+            response_started, status = True, response.status_code
             await response(scope, receive, send)
 
         try:
@@ -284,29 +295,36 @@ class ServingMiddleware:
             if declared is not None and declared > limit:
                 await send_response(facegate_error_response(_too_large(declared, limit)))
                 return
-            try:
-                app_receive: Receive | None = wrapped_receive
-                if wants_fast_path(scope):  # aligned crops skip FastAPI
-                    app_receive = await serve_embed_aligned(self.state, scope, wrapped_receive, wrapped_send)
-                if app_receive is not None:
-                    await self.app(scope, app_receive, wrapped_send)
-            except asyncio.CancelledError:
-                if not cancelled_by_disconnect:
-                    if DRAIN.expired:  # cut short by the drain, which answers 503 (serving/drain.py)
+            with DRAIN.track(task) as cut:
+                try:
+                    refused = self.access.refusal(scope)
+                    if refused is not None:
+                        await send_response(facegate_error_response(refused))
+                        return
+                    await self.app(scope, wrapped_receive, wrapped_send)
+                except asyncio.CancelledError:
+                    if cancelled_by_disconnect:
+                        status = CLIENT_CLOSED_STATUS
+                        if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
+                            raise
+                        log.info(
+                            "%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"])
+                        )
+                        return
+                    if DRAIN.expired:  # cut short by the drain
                         status = 503
-                    raise
-                status = CLIENT_CLOSED_STATUS
-                if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
-                    raise
-                log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
-                return
-            except Exception:
-                log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
-                if not response_started and not too_large:
-                    await send_response(internal_error_response())
+                    if not cut[0] or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's own as well
+                        raise
+                    if not response_started:
+                        await send_shutting_down(send, "the server shut down before this request finished")
                     return
-                if not too_large:
-                    raise
+                except Exception:
+                    log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
+                    if not response_started and not too_large:
+                        await send_response(internal_error_response())
+                        return
+                    if not too_large:
+                        raise
             if too_large and not response_started:
                 await send_response(facegate_error_response(_too_large(received, limit)))
         finally:
@@ -346,14 +364,10 @@ def create_app(
     engine: tuple[str | list[str], bytes] | None = None,
     plan: ServingPlan | None = None,
 ) -> FastAPI:
-    """The facegate HTTP app (OpenAPI at ``/docs``).
-
-    ``service`` / ``gallery``: use these (the lifespan starts the service; a gallery passed in is not closed)
-    instead of building the models and opening the store. ``engine``: ``(socket path(s), authkey)`` of running
-    engine processes: the app is then a front-end that loads no models. ``plan``: default ``make_plan(settings)``.
-    """
+    """The facegate HTTP app (OpenAPI at ``/docs``). ``service`` / ``gallery``: use these instead of building
+    the models and opening the store (the lifespan starts the service; a gallery passed in is not closed).
+    ``engine``: ``(socket path(s), authkey)`` of running engine processes: a front-end that loads no models."""
     from facegate import __version__
-    from facegate.api.security import install_headers, install_security
 
     state = ServingState(
         settings=settings, plan=plan or make_plan(settings), service=service, gallery=gallery, engine=engine
@@ -371,31 +385,33 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.facegate = state
+    app.state.facegate_pixels = PixelBudget(settings.limits)
     install_error_handlers(app)
     install_routes(app)
-    install_security(app, settings, facegate_error_response)  # access checks, admission, docs
-    app.add_middleware(ServingMiddleware, state=state)
-    app.add_middleware(DrainMiddleware)  # drain before any other work, the fast path too
-    install_headers(app)  # outermost: security headers on every response
+    docs_csp = install_docs(app)
+    install_openapi_security(app, settings)
+    keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+    # the first added runs innermost: the fast path only after the access checks and admission
+    app.add_middleware(FastPathMiddleware, state=state)
+    app.add_middleware(AdmissionMiddleware, settings=settings)
+    app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys))
+    app.add_middleware(SecurityHeadersMiddleware, docs_csp=docs_csp)  # on every response, errors included
     return app
 
 
-def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any) -> Any:
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
     logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port."""
     import uvicorn
 
     kw: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
         "workers": 1,
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
         "http": ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
-        "timeout_graceful_shutdown": uvicorn_timeout_s(
-            settings.drain_s if settings is not None else Settings.model_fields["drain_s"].default
-        ),
+        "timeout_graceful_shutdown": uvicorn_timeout_s(settings.drain_s),
     }
-    if settings is not None:
-        kw.update(host=settings.host, port=settings.port)
-    kw.update(overrides)
-    return uvicorn.Config(app, **kw)
+    return uvicorn.Config(app, **{**kw, **overrides})

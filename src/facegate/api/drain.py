@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Send
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def exit_quietly_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)
 
 
-async def _send_503(send: Send, message: str) -> None:
+async def send_shutting_down(send: Send, message: str) -> None:
+    """A JSON 503 ``shutting_down`` with ``Connection: close`` and ``Retry-After: 1``."""
     body = json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -117,37 +118,3 @@ async def _send_503(send: Send, message: str) -> None:
     ]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-class DrainMiddleware:
-    """Refuses requests while draining and answers those the drain cut short (pure ASGI)."""
-
-    def __init__(self, app: ASGIApp, drain: Drain = DRAIN) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.drain.active:
-            await _send_503(send, "the server is shutting down; retry on another replica or later")
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        started = False
-
-        async def tracked_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        with self.drain.track(task) as cut:
-            try:
-                await self.app(scope, receive, tracked_send)
-            except asyncio.CancelledError:
-                if not cut[0] or task.uncancel() > 0:  # a disconnect, or uvicorn's own cancel as well
-                    raise
-                if not started:
-                    await _send_503(send, "the server shut down before this request finished")

@@ -1,13 +1,7 @@
-"""Input limits of the HTTP front-end: bounded JSON, decoded-pixel budgets, and admission before any work.
-
-- :func:`loads_limited`: JSON (bodies and JSON form fields) under :class:`~facegate.config.Limits`.
-- :class:`PixelBudget`: a request's images are measured from their headers before decoding (413 past
-  ``limits.request_pixels``), then hold that many of the process's ``limits.decode_pixels_in_flight``.
-- :class:`AdmissionMiddleware`: the admission bound (:class:`AdmissionLimit`) checked before the body is read
-  (excess gets 503 ``overloaded`` with ``Retry-After``; :class:`ShedProtocol` refuses most of it earlier, in
-  uvicorn's HTTP protocol, before any task or ASGI call), and one deadline per request from its arrival
-  (``limits.request_timeout_s``) over upload, decoding, engine and gallery; past it the task is cancelled
-  (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``.
+"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`), decoded-pixel budgets
+(:class:`PixelBudget`), and admission before any work (:class:`AdmissionMiddleware`: 503 ``overloaded`` past the
+bound, most of it refused earlier by :class:`ShedProtocol`; 504 ``deadline_exceeded`` past
+``limits.request_timeout_s`` from arrival, the task cancelled so that the engine drops its work).
 """
 
 from __future__ import annotations
@@ -28,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from facegate.api.drain import DRAIN
+from facegate.api.errors import facegate_error_response
 from facegate.api.forms import replay_body
 from facegate.config import Limits, Settings
 from facegate.errors import (
@@ -208,15 +203,9 @@ def _is_json(scope: Scope) -> bool:
 
 class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
-    :data:`QUEUE_S` (Little's law: in progress = rate × time), at least :data:`FLOOR`, so that a new request
-    is answered within about a second once an overload stops.
-
-    The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
-    went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
-    admitted up to the best rate the process has shown; while it sheds after half a window busy, the
-    window's rate (what it does under this load) bounds it. Until a rate is measured the bound is
-    ``max_admitted``.
-    """
+    :data:`QUEUE_S` (Little's law), at least :data:`FLOOR`, so that a new request is answered within about a
+    second once an overload stops. The rate is completions per second over the last :data:`WINDOW_S` since the
+    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
@@ -273,10 +262,9 @@ class Admission:
     """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, each built once per
     bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes."""
 
-    def __init__(self, settings: Settings, respond: Callable[[Exception], Any]) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
         self.admitted = 0
-        self.respond = respond  # FacegateError → Response (facegate.api.errors)
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
@@ -295,7 +283,7 @@ class Admission:
                 retry_after_s=RETRY_AFTER_S,
                 detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
             )
-            r = self.respond(exc)
+            r = facegate_error_response(exc)
             raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
             raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
             raw += [k + b": " + v for k, v in SecurityHeadersMiddleware(None).fixed]  # type: ignore[arg-type]
@@ -313,13 +301,10 @@ _REFUSED = types.SimpleNamespace(response_complete=True, message_event=types.Sim
 
 class ShedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as
-    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line. The
-    refusals are counted in ``facegate_requests_total`` as ``POST unmatched``/503, as before.
-
-    Why below Starlette: under a 10× open-loop flood (``benchmarks/overload.py``) py-spy put 41 % of the event
-    loop's samples in refusals passing the middleware stack, and a refusal cost 164–202 µs there against 61–129 µs
-    here. It uses uvicorn's ``HttpToolsProtocol`` internals (``cycle``, ``parser``, ``url``), which
-    ``tests/integration/test_shed.py`` exercises on whatever uvicorn the environment installs."""
+    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line (counted in
+    ``facegate_requests_total`` as ``POST unmatched``/503). Below Starlette because under a flood the refusals'
+    trip through the middleware stack took most of the event loop. It uses uvicorn's ``HttpToolsProtocol``
+    internals (``cycle``, ``parser``, ``url``), which ``tests/integration/test_shed.py`` exercises."""
 
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)
@@ -343,14 +328,13 @@ class ShedProtocol(HttpToolsProtocol):
 class AdmissionMiddleware:
     """Admission bound, end-to-end deadline and JSON-body limits (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, respond: Callable[[Exception], Any]) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         self.settings = settings
         self.deadline_s = settings.limits.request_timeout_s
-        self.admission = Admission(settings, respond)
+        self.admission = Admission(settings)
         self.bound = self.admission.bound
         self.import_max = import_max_bytes(settings)
-        self.respond = respond
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and "state" in scope:
@@ -394,7 +378,7 @@ class AdmissionMiddleware:
                     f"the request did not finish within its deadline of {self.deadline_s:g} s",
                     detail={"deadline_s": self.deadline_s},
                 )
-                await self.respond(exc2)(scope, receive, send)
+                await facegate_error_response(exc2)(scope, receive, send)
         finally:
             adm.admitted -= 1
             if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
@@ -420,17 +404,6 @@ class AdmissionMiddleware:
             if body:
                 loads_limited(body, limits, max_bytes=cap)
         except (InvalidParameterError, ImageTooLargeError) as exc:
-            await self.respond(exc)(scope, receive, send)
+            await facegate_error_response(exc)(scope, receive, send)
             return None
         return body
-
-
-__all__ = [
-    "Admission",
-    "AdmissionMiddleware",
-    "PixelBudget",
-    "ShedProtocol",
-    "header_pixels",
-    "import_max_bytes",
-    "loads_limited",
-]
