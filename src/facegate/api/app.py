@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facegate.api.drain import DRAIN, send_shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.fastpath import FastPathMiddleware, header
+from facegate.api.fastpath import header
 from facegate.api.limits import (
     STATS_KEY,
     TEMPLATES_ROUTE,
@@ -391,9 +391,7 @@ def create_app(
     docs_csp = install_docs(app)
     install_openapi_security(app, settings)
     keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
-    # the first added runs innermost: the fast path only after the access checks and admission
-    app.add_middleware(FastPathMiddleware, state=state)
-    app.add_middleware(AdmissionMiddleware, settings=settings)
+    app.add_middleware(AdmissionMiddleware, state=state)  # the fast path too, after the access checks
     app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys))
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=docs_csp)  # on every response, errors included
     return app

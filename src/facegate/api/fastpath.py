@@ -1,10 +1,11 @@
 """A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
 
 Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
-stack above the endpoint costs several times the endpoint's own work. :class:`FastPathMiddleware` (innermost:
-after the access checks, admission and deadline) answers a form of 1..``max_images_per_request`` ``images``
-with ``aligned`` true (and at most a ``select``) through the route's own function and JSON; any other request
-goes to FastAPI with its body replayed.
+stack above the endpoint costs several times the endpoint's own work. After the access checks and within the
+admission bound and deadline, :class:`~facegate.api.limits.AdmissionMiddleware` calls
+:func:`serve_embed_aligned`, which answers a form of 1..``max_images_per_request`` ``images`` with ``aligned``
+true (and at most a ``select``) through the route's own function and JSON; any other request goes to FastAPI
+with its body replayed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import FormData, UploadFile
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart, replay_body
 from facegate.errors import FacegateError
@@ -113,18 +114,3 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
     return None
-
-
-class FastPathMiddleware:
-    """Serves the requests :func:`wants_fast_path` picks with :func:`serve_embed_aligned`."""
-
-    def __init__(self, app: ASGIApp, state: ServingState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and wants_fast_path(scope):
-            replay = await serve_embed_aligned(self.state, scope, receive, send)
-            if replay is None:
-                return
-            receive = replay
-        await self.app(scope, receive, send)

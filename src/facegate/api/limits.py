@@ -15,12 +15,13 @@ import re
 import time
 import types
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from facegate.api import fastpath
 from facegate.api.drain import DRAIN
 from facegate.api.errors import facegate_error_response
 from facegate.api.forms import replay_body
@@ -33,6 +34,9 @@ from facegate.errors import (
     OverloadedError,
 )
 from facegate.logs import escape
+
+if TYPE_CHECKING:
+    from facegate.api.state import ServingState
 
 log = logging.getLogger(__name__)
 
@@ -326,11 +330,12 @@ class ShedProtocol(HttpToolsProtocol):
 
 
 class AdmissionMiddleware:
-    """Admission bound, end-to-end deadline and JSON-body limits (see the module docstring)."""
+    """Admission bound, end-to-end deadline and JSON-body limits of ``/api/`` routes (see the module docstring),
+    and within them the aligned-crop fast path (:mod:`facegate.api.fastpath`)."""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
-        self.settings = settings
+    def __init__(self, app: ASGIApp, state: ServingState) -> None:
+        settings = state.settings
+        self.app, self.state, self.settings = app, state, settings
         self.deadline_s = settings.limits.request_timeout_s
         self.admission = Admission(settings)
         self.bound = self.admission.bound
@@ -363,14 +368,17 @@ class AdmissionMiddleware:
             await send(message)
 
         try:
-            app_receive = receive
+            app_receive: Receive | None = receive
             if scope["method"] in ("POST", "PUT", "PATCH") and _is_json(scope):
                 body = await self._read_json(scope, receive, tracking_send)
                 if body is None:
                     return
                 app_receive = replay_body(body, receive)
             async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
-                await self.app(scope, app_receive, tracking_send)
+                if fastpath.wants_fast_path(scope):  # None: answered; else the body replayed for FastAPI
+                    app_receive = await fastpath.serve_embed_aligned(self.state, scope, receive, tracking_send)
+                if app_receive is not None:
+                    await self.app(scope, app_receive, tracking_send)
         except TimeoutError:
             log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), self.deadline_s)
             if not started:

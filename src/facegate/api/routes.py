@@ -273,7 +273,7 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
     img = await decode_upload(state, image)
     dets = await service.detect(img)
     h, w = img.shape[:2]
-    return sc.DetectResponse(faces=[sc.DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
+    return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=int(w), height=int(h))
 
 
 @_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
