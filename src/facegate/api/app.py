@@ -108,8 +108,6 @@ async def _load(state: ServingState) -> None:
         state.service_started = True
         state.ready = True
         log.info("ready in %.2f s: model=%s", time.perf_counter() - t0, state.service.spec.name)
-    except asyncio.CancelledError:
-        raise
     except InputError as exc:  # a bad setting: the server's fault, not the clients' (500, not 4xx)
         _load_failed(state, ModelError(f"startup failed: {exc.message}", detail={"cause": exc.to_dict()}))
     except FacegateError as exc:
@@ -295,7 +293,7 @@ class ServingMiddleware:
             if declared is not None and declared > limit:
                 await send_response(facegate_error_response(_too_large(declared, limit)))
                 return
-            with DRAIN.track(task) as cut:
+            with DRAIN.track(task):
                 try:
                     refused = self.access.refusal(scope)
                     if refused is not None:
@@ -313,7 +311,7 @@ class ServingMiddleware:
                         return
                     if DRAIN.expired:  # cut short by the drain
                         status = 503
-                    if not cut[0] or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's own as well
+                    if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
                         raise
                     if not response_started:
                         await send_shutting_down(send, "the server shut down before this request finished")

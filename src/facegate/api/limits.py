@@ -198,11 +198,8 @@ class PixelBudget:
 
 
 def _is_json(scope: Scope) -> bool:
-    for key, value in scope.get("headers", ()):
-        if key == b"content-type":
-            ctype = bytes(value).split(b";", 1)[0].strip().lower()
-            return ctype == b"application/json" or ctype.endswith(b"+json")
-    return False
+    ctype = fastpath.header(scope, b"content-type").split(b";", 1)[0].strip().lower()
+    return ctype == b"application/json" or ctype.endswith(b"+json")
 
 
 class AdmissionLimit:

@@ -3,10 +3,8 @@
 The supervisor (``facegate serve``, torch-free) starts the engine processes, waits until they are warm, then
 opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thread hands each connection to the
 least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
-engines through :mod:`facegate.transport.remote` and hold no templates. ``/metrics`` of any front-end covers
-the whole server (prometheus_client multiprocess files plus the engines' families). If an engine dies the
-supervisor stops and exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders of a
-killed supervisor are removed at the next start (:mod:`facegate.api.runfiles`).
+engines through :mod:`facegate.transport.remote`; ``/metrics`` of any of them covers the whole server. If an
+engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
 """
 
 from __future__ import annotations
@@ -176,19 +174,8 @@ def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None
     return [visible[i // per_gpu] for i in range(engines)]
 
 
-def environment(engines: list[EngineProcess]) -> dict[str, str]:
-    """What a front-end needs to find the engines (exported before uvicorn starts its workers)."""
-    return {
-        ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
-        ENV_AUTHKEY: engines[0].authkey.hex(),
-        ENV_SETTINGS: engines[0].settings.model_dump_json(),
-        ENV_PLAN: json.dumps(engines[0].plan.to_dict()),
-    }
-
-
-def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[EngineProcess]:
+def start_engines(settings: Settings, plan: ServingPlan) -> list[EngineProcess]:
     """``plan.engines`` engine processes started together, once all are ready (one failing stops them all)."""
-    plan = plan or make_plan(settings)
     devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
@@ -303,7 +290,14 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
-        with _environ({**environment(engines), MULTIPROC_ENV: str(metrics_dir)}):
+        env = {  # what a front-end needs to find the engines, and this run's metrics folder
+            ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
+            ENV_AUTHKEY: engines[0].authkey.hex(),
+            ENV_SETTINGS: settings.model_dump_json(),
+            ENV_PLAN: json.dumps(plan.to_dict()),
+            MULTIPROC_ENV: str(metrics_dir),
+        }
+        with _environ(env):
             serve_balanced(settings, front_ends)
     finally:
         stopping.set()

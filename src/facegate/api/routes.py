@@ -44,6 +44,8 @@ router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/for
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
 
+#: A JPEG's SOI marker followed by its first segment's marker.
+JPEG = b"\xff\xd8\xff"
 #: Largest subject-list offset (the store's integers are 64-bit; no gallery holds more subjects).
 MAX_OFFSET = 2**31 - 1
 
@@ -108,13 +110,10 @@ async def faces_of_upload(
     """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
     from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
     for every face or the crops are decoded and aligned here."""
-    if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
-        image = await decode_upload(state, file, index=index)
-        return await service.faces(image, select=select, keep_crops=keep_crops)
     data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
-    if data[:3] == b"\xff\xd8\xff":  # a JPEG's SOI marker followed by its first segment's marker
+    if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops and data[:3] == JPEG:
         return await service.photo_faces(data)
-    return await service.faces(await decode_bytes(state, data), select=select)
+    return await service.faces(await decode_bytes(state, data), select=select, keep_crops=keep_crops)
 
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
@@ -476,16 +475,14 @@ async def search(
     found = data = None
     if service.photo_on_device:
         data = await read_upload(image, state.settings.limits.max_upload_bytes)
-    if data is not None and data[:3] == b"\xff\xd8\xff":
-        # a JPEG: photo -> face -> embedding -> search in one engine trip, which also checks the gallery
+    if data is not None and data[:3] == JPEG:
+        # photo -> face -> embedding -> search in one engine trip, which also checks the gallery
         faces, found = await service.photo_search(data, name, k)
         face, n = faces[0], found.size
     else:
-        n = (await _gallery_for_service(state, name)).subjects
-        if data is None:
-            face = (await faces_of_upload(state, service, image))[0]
-        else:
-            face = (await service.faces(await decode_bytes(state, data)))[0]
+        n = (await _gallery_for_service(state, name)).subjects  # before the upload is read when off the device
+        data = data or await read_upload(image, state.settings.limits.max_upload_bytes)
+        face = (await service.faces(await decode_bytes(state, data)))[0]
     hits: list[sc.SearchHit] = []
     if face.quality.accepted:
         ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
