@@ -58,6 +58,12 @@ def _answers(client: httpx.Client, requests: list[dict[str, Any]]) -> list[tuple
     return [(r.status_code, r.json()) for r in (client.post("/api/embed", **kw) for kw in requests)]
 
 
+def _pop_embeddings(answer: Any) -> list[list[float]]:
+    """Take the embeddings out of an embed answer (in order), leaving the rest to compare exactly."""
+    faces = [f for r in answer.get("results", []) for f in r.get("faces") or []]
+    return [f.pop("embedding") for f in faces if "embedding" in f]
+
+
 def test_fast_path_answers_as_the_route_does(
     server_factory: Callable[..., Any], crops: list[bytes], fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,7 +77,12 @@ def test_fast_path_answers_as_the_route_does(
         want = _answers(c, requests)
     assert [g[0] for g in got] == [w[0] for w in want]
     for (_, g), (_, w) in zip(got, want, strict=True):
+        # the engine may batch a request's crops differently each time, which moves an embedding's last digits
+        g_emb, w_emb = _pop_embeddings(g), _pop_embeddings(w)
         assert g == w
+        assert len(g_emb) == len(w_emb)
+        for a, b in zip(g_emb, w_emb, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     assert [w[0] for w in want][:3] == [200, 200, 200]
     codes = [[x.get("error", {}).get("code") for x in want[2][1]["results"]]]
     assert codes == [[None, "image_unreadable", "empty_input", "invalid_parameter"]]  # per item, not the request

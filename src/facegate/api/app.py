@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api.drain import DRAIN, send_shutting_down, uvicorn_timeout_s, watch_signals
+from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.api.fastpath import header
 from facegate.api.limits import (
@@ -227,7 +227,7 @@ class ServingMiddleware:
             await self.app(scope, receive, send)
             return
         if DRAIN.active:
-            await send_shutting_down(send, "the server is shutting down; retry on another replica or later")
+            await shutting_down("the server is shutting down; retry on another replica or later")(scope, receive, send)
             return
         t0 = time.perf_counter()
         task = asyncio.current_task()
@@ -314,7 +314,7 @@ class ServingMiddleware:
                     if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
                         raise
                     if not response_started:
-                        await send_shutting_down(send, "the server shut down before this request finished")
+                        await shutting_down("the server shut down before this request finished")(scope, receive, send)
                     return
                 except Exception:
                     log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))

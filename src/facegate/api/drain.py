@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import threading
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from starlette.types import Send
+from starlette.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +94,7 @@ def exit_quietly_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)
 
 
-async def send_shutting_down(send: Send, message: str) -> None:
-    """A JSON 503 ``shutting_down`` with ``Connection: close`` and ``Retry-After: 1``."""
-    body = json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-        (b"retry-after", b"1"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+def shutting_down(message: str) -> JSONResponse:
+    """The JSON 503 ``shutting_down``, with ``Connection: close`` and ``Retry-After: 1``."""
+    body = {"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}
+    return JSONResponse(body, 503, {"connection": "close", "retry-after": "1"})

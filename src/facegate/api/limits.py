@@ -277,7 +277,7 @@ class Admission:
         self.bound.shed(now)
         answer = self._answers.get(limit)
         if answer is None:
-            from facegate.api.security import CSP, SecurityHeadersMiddleware
+            from facegate.api.security import CSP, FIXED_HEADERS
 
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
@@ -287,7 +287,7 @@ class Admission:
             r = facegate_error_response(exc)
             raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
             raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
-            raw += [k + b": " + v for k, v in SecurityHeadersMiddleware(None).fixed]  # type: ignore[arg-type]
+            raw += [k + b": " + v for k, v in FIXED_HEADERS]
             answer = (r.status_code, r.raw_headers, r.body, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
             if len(self._answers) > 256:
                 self._answers.clear()

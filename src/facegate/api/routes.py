@@ -34,6 +34,7 @@ from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
+    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,11 @@ def _faces_route(path: str, model: type) -> Any:
 def _gallery_route(method: str, path: str, model: type, *, images: bool = False, **kw: Any) -> Any:
     responses = {**_IMAGE_ERRORS, **_GALLERY_ERRORS} if images else _GALLERY_ERRORS
     return router.api_route(path, methods=[method], response_model=model, responses=responses, tags=["galleries"], **kw)
+
+
+def _ready(request: Request) -> tuple[ServingState, FaceService, GalleryFront]:
+    state = get_state(request.app)
+    return state, *state.require_ready()
 
 
 async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
@@ -278,8 +284,7 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
 @_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
-    state = get_state(request.app)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     info = await state.in_gallery_pool(gallery.create_gallery, body.name, service.spec.name, service.spec.embedding_dim)
     return sc.GalleryOut(**info.to_dict())
 
@@ -287,8 +292,7 @@ async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.
 @_gallery_route("GET", "/api/galleries", sc.GalleryListResponse)
 async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
-    state = get_state(request.app)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     infos = await state.in_gallery_pool(gallery.list_galleries)
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
@@ -296,8 +300,7 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
 @_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
 async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
     """Delete a gallery and every subject and embedding in it."""
-    state = get_state(request.app)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_gallery, name)
     return sc.DeletedGallery(deleted=name)
 
@@ -344,8 +347,7 @@ async def enrol(
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     from facegate.gallery.base import validate_subject_id
 
-    state = get_state(request.app)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
     _check_count(len(images), state.settings.limits.max_images_per_request, "images")
@@ -376,8 +378,7 @@ async def enrol_batch(
     other requests), the request's subjects are written in one transaction, refused photos are listed."""
     from facegate.gallery.base import validate_subject_id
 
-    state = get_state(request.app)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     try:
         ids = json.loads(subject_ids)
     except json.JSONDecodeError as exc:
@@ -414,8 +415,7 @@ async def enrol_batch(
 async def import_templates(request: Request, name: str, body: sc.ImportTemplatesRequest) -> sc.ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
-    state = get_state(request.app)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     info = await _gallery_for_service(state, name)
     emb = np.asarray(body.embeddings, dtype=np.float32)
     if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
@@ -437,8 +437,7 @@ async def list_subjects(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
-    state = get_state(request.app)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
@@ -447,8 +446,7 @@ async def list_subjects(
 @_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
 async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
     """Erase a subject and all its embeddings."""
-    state = get_state(request.app)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
     return sc.DeletedSubject(deleted=subject_id)
 
@@ -468,8 +466,7 @@ async def search(
 ) -> sc.SearchResponse:
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
-    state = get_state(request.app)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     if fpir is not None:
         gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
     found = data = None

@@ -231,6 +231,12 @@ CSP = (
     "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
 )
+#: The other headers of every response.
+FIXED_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def _csp_hash(script: str) -> str:
@@ -243,11 +249,6 @@ class SecurityHeadersMiddleware:
     def __init__(self, app: ASGIApp, docs_csp: dict[str, str] | None = None) -> None:
         self.app = app
         self.docs_csp = {p: c.encode() for p, c in (docs_csp or {}).items()}
-        self.fixed = [
-            (b"x-frame-options", b"DENY"),
-            (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"no-referrer"),
-        ]
         self.csp = CSP.encode()
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
@@ -259,7 +260,7 @@ class SecurityHeadersMiddleware:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"content-security-policy"]
-                message["headers"] = [*headers, (b"content-security-policy", csp), *self.fixed]
+                message["headers"] = [*headers, (b"content-security-policy", csp), *FIXED_HEADERS]
             await send(message)
 
         await self.app(scope, receive, with_headers)
