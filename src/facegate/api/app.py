@@ -21,22 +21,27 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from facegate.api import fastpath
 from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.fastpath import header
+from facegate.api.forms import replay_body
 from facegate.api.limits import (
+    STATE_KEY,
     STATS_KEY,
     TEMPLATES_ROUTE,
-    AdmissionMiddleware,
+    Admission,
     PixelBudget,
     ShedProtocol,
     import_max_bytes,
+    is_json,
+    read_json,
 )
 from facegate.api.routes import install_routes
 from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
+    DeadlineExceededError,
     FacegateError,
     GalleryError,
     GalleryUnavailableError,
@@ -214,16 +219,20 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
 
 
 class ServingMiddleware:
-    """What every HTTP request meets first: the drain, the route's body limit, the access checks; around the
-    rest, disconnect → cancel, the drain's cut, request metrics and the catch-all."""
+    """What every HTTP request meets, in order: the drain, the route's body limit, the access checks; for
+    ``/api/`` routes the admission bound, the JSON limits and the deadline (:mod:`facegate.api.limits`), then the
+    aligned-crop fast path. Around it all: disconnect → cancel, the drain's cut, request metrics, the catch-all."""
 
     def __init__(self, app: ASGIApp, state: ServingState, access: Access) -> None:
         self.app, self.state, self.access = app, state, access
+        self.admission = Admission(state.settings)
+        self.import_max = import_max_bytes(state.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and "state" in scope:
                 scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
+                scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
             await self.app(scope, receive, send)
             return
         if DRAIN.active:
@@ -241,6 +250,7 @@ class ServingMiddleware:
         disconnected = asyncio.Event()
         cancelled_by_disconnect = False
         watcher: asyncio.Task[None] | None = None
+        adm, limits, admitted = self.admission, self.state.settings.limits, False
 
         async def watch_disconnect() -> None:
             nonlocal cancelled_by_disconnect
@@ -299,7 +309,43 @@ class ServingMiddleware:
                     if refused is not None:
                         await send_response(facegate_error_response(refused))
                         return
-                    await self.app(scope, wrapped_receive, wrapped_send)
+                    api, now = scope["path"].startswith("/api/"), time.monotonic()
+                    shed = adm.refuse(now) if api else None
+                    if shed is not None:
+                        await wrapped_send({"type": "http.response.start", "status": shed[0], "headers": shed[1]})
+                        await wrapped_send({"type": "http.response.body", "body": shed[2]})
+                        return
+                    if api:
+                        if adm.admitted == 0:
+                            adm.bound.busy(now)
+                        adm.admitted, admitted = adm.admitted + 1, True
+                    app_receive: Receive | None = wrapped_receive
+                    if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+                        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+                        body = await read_json(wrapped_receive, limits, cap)  # None: the client went away
+                        app_receive = None if body is None else replay_body(body, wrapped_receive)
+                    deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
+                    async with asyncio.timeout(deadline_s):
+                        if app_receive is not None and fastpath.wants_fast_path(scope):  # None: answered
+                            app_receive = await fastpath.serve_embed_aligned(
+                                self.state, scope, app_receive, wrapped_send
+                            )
+                        if app_receive is not None:
+                            await self.app(scope, app_receive, wrapped_send)
+                except TimeoutError:
+                    deadline = limits.request_timeout_s
+                    log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
+                    if not response_started and not too_large:
+                        exc = DeadlineExceededError(
+                            f"the request did not finish within its deadline of {deadline:g} s",
+                            detail={"deadline_s": deadline},
+                        )
+                        await send_response(facegate_error_response(exc))
+                except FacegateError as exc:  # the JSON body's limits (the routes answer their own errors)
+                    if response_started:
+                        raise
+                    if not too_large:
+                        await send_response(facegate_error_response(exc))
                 except asyncio.CancelledError:
                     if cancelled_by_disconnect:
                         status = CLIENT_CLOSED_STATUS
@@ -326,6 +372,10 @@ class ServingMiddleware:
             if too_large and not response_started:
                 await send_response(facegate_error_response(_too_large(received, limit)))
         finally:
+            if admitted:
+                adm.admitted -= 1
+                if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
+                    adm.bound.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             self._record(scope, status, time.perf_counter() - t0)
@@ -343,7 +393,7 @@ class ServingMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = header(scope, b"content-length")
+    value = fastpath.header(scope, b"content-length")
     return int(value) if value.isdigit() else None
 
 
@@ -389,7 +439,6 @@ def create_app(
     docs_csp = install_docs(app)
     install_openapi_security(app, settings)
     keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
-    app.add_middleware(AdmissionMiddleware, state=state)  # the fast path too, after the access checks
     app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys))
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=docs_csp)  # on every response, errors included
     return app

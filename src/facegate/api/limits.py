@@ -1,7 +1,8 @@
-"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`), decoded-pixel budgets
-(:class:`PixelBudget`), and admission before any work (:class:`AdmissionMiddleware`: 503 ``overloaded`` past the
-bound, most of it refused earlier by :class:`ShedProtocol`; 504 ``deadline_exceeded`` past
-``limits.request_timeout_s`` from arrival, the task cancelled so that the engine drops its work).
+"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`, :func:`read_json`), decoded-pixel
+budgets (:class:`PixelBudget`) and admission before any work (:class:`Admission`, checked by
+:class:`~facegate.api.app.ServingMiddleware`: 503 ``overloaded`` past the bound, most of it refused earlier by
+:class:`ShedProtocol`). The serving middleware also gives each ``/api/`` request ``limits.request_timeout_s``
+from arrival; past it the task is cancelled (the engine drops its work) and the client gets 504.
 """
 
 from __future__ import annotations
@@ -18,25 +19,22 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import UploadFile
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from facegate.api import fastpath
 from facegate.api.drain import DRAIN
 from facegate.api.errors import facegate_error_response
-from facegate.api.forms import replay_body
 from facegate.config import Limits, Settings
 from facegate.errors import (
     BodyTooLargeError,
-    DeadlineExceededError,
     ImageTooLargeError,
     InvalidParameterError,
     OverloadedError,
 )
-from facegate.logs import escape
 
 if TYPE_CHECKING:
-    from facegate.api.state import ServingState
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +195,7 @@ class PixelBudget:
                 fut.set_result(None)
 
 
-def _is_json(scope: Scope) -> bool:
+def is_json(scope: Scope) -> bool:
     ctype = fastpath.header(scope, b"content-type").split(b";", 1)[0].strip().lower()
     return ctype == b"application/json" or ctype.endswith(b"+json")
 
@@ -326,89 +324,18 @@ class ShedProtocol(HttpToolsProtocol):
             record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
 
 
-class AdmissionMiddleware:
-    """Admission bound, end-to-end deadline and JSON-body limits of ``/api/`` routes (see the module docstring),
-    and within them the aligned-crop fast path (:mod:`facegate.api.fastpath`)."""
-
-    def __init__(self, app: ASGIApp, state: ServingState) -> None:
-        settings = state.settings
-        self.app, self.state, self.settings = app, state, settings
-        self.deadline_s = settings.limits.request_timeout_s
-        self.admission = Admission(settings)
-        self.bound = self.admission.bound
-        self.import_max = import_max_bytes(settings)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" and "state" in scope:
-            scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
-        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        now = time.monotonic()
-        adm = self.admission
-        refused = adm.refuse(now)
-        if refused is not None:
-            await send({"type": "http.response.start", "status": refused[0], "headers": refused[1]})
-            await send({"type": "http.response.body", "body": refused[2]})
-            return
-        if adm.admitted == 0:
-            self.bound.busy(now)
-        adm.admitted += 1
-        started = False
-        status = 0
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started, status
-            if message["type"] == "http.response.start":
-                started, status = True, int(message["status"])
-            await send(message)
-
-        try:
-            app_receive: Receive | None = receive
-            if scope["method"] in ("POST", "PUT", "PATCH") and _is_json(scope):
-                body = await self._read_json(scope, receive, tracking_send)
-                if body is None:
-                    return
-                app_receive = replay_body(body, receive)
-            async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
-                if fastpath.wants_fast_path(scope):  # None: answered; else the body replayed for FastAPI
-                    app_receive = await fastpath.serve_embed_aligned(self.state, scope, receive, tracking_send)
-                if app_receive is not None:
-                    await self.app(scope, app_receive, tracking_send)
-        except TimeoutError:
-            log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), self.deadline_s)
-            if not started:
-                exc2 = DeadlineExceededError(
-                    f"the request did not finish within its deadline of {self.deadline_s:g} s",
-                    detail={"deadline_s": self.deadline_s},
-                )
-                await facegate_error_response(exc2)(scope, receive, send)
-        finally:
-            adm.admitted -= 1
-            if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                self.bound.finished(time.monotonic())
-
-    async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
-        limits = self.settings.limits
-        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
-        buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
-        try:
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return None  # the client went away
-                buf += message.get("body", b"")
-                if len(buf) > cap:
-                    raise BodyTooLargeError(
-                        f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap}
-                    )
-                more = bool(message.get("more_body", False))
-            body = bytes(buf)
-            if body:
-                loads_limited(body, limits, max_bytes=cap)
-        except (InvalidParameterError, ImageTooLargeError) as exc:
-            await facegate_error_response(exc)(scope, receive, send)
+async def read_json(receive: Receive, limits: Limits, cap: int) -> bytes | None:
+    """A whole JSON body, checked as :func:`loads_limited` with at most ``cap`` bytes; ``None`` when the client
+    went away. BodyTooLargeError past ``cap`` (before the rest is read), InvalidParameterError."""
+    buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
             return None
-        return body
+        buf += message.get("body", b"")
+        if len(buf) > cap:
+            raise BodyTooLargeError(f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap})
+        more = bool(message.get("more_body", False))
+    if buf:
+        loads_limited(bytes(buf), limits, max_bytes=cap)
+    return bytes(buf)
