@@ -58,20 +58,31 @@ def _answers(client: httpx.Client, requests: list[dict[str, Any]]) -> list[tuple
     return [(r.status_code, r.json()) for r in (client.post("/api/embed", **kw) for kw in requests)]
 
 
+def _pop_embeddings(answer: Any) -> list[list[float]]:
+    """Take the embeddings out of an embed answer (in order), leaving the rest to compare exactly."""
+    faces = [f for r in answer.get("results", []) for f in r.get("faces") or []]
+    return [f.pop("embedding") for f in faces if "embedding" in f]
+
+
 def test_fast_path_answers_as_the_route_does(
     server_factory: Callable[..., Any], crops: list[bytes], fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import facegate.api.app
+    import facegate.api.fastpath
 
     srv = server_factory()
     requests = _requests(crops, fg)
     with srv.client() as c:
         got = _answers(c, requests)
-        monkeypatch.setattr(facegate.api.app, "wants_fast_path", lambda scope: False)  # every request: the route
+        monkeypatch.setattr(facegate.api.fastpath, "wants_fast_path", lambda scope: False)  # every request: the route
         want = _answers(c, requests)
     assert [g[0] for g in got] == [w[0] for w in want]
     for (_, g), (_, w) in zip(got, want, strict=True):
+        # the engine may batch a request's crops differently each time, which moves an embedding's last digits
+        g_emb, w_emb = _pop_embeddings(g), _pop_embeddings(w)
         assert g == w
+        assert len(g_emb) == len(w_emb)
+        for a, b in zip(g_emb, w_emb, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     assert [w[0] for w in want][:3] == [200, 200, 200]
     codes = [[x.get("error", {}).get("code") for x in want[2][1]["results"]]]
     assert codes == [[None, "image_unreadable", "empty_input", "invalid_parameter"]]  # per item, not the request
@@ -102,6 +113,40 @@ def test_the_fast_path_does_not_use_the_route(
     # both counted under the route's template
     line = next(ln for ln in metrics.splitlines() if ln.startswith("facegate_requests_total") and "/api/embed" in ln)
     assert line.endswith(" 2.0"), line
+
+
+def test_the_fast_path_keeps_the_access_checks_and_the_admission_bound(
+    server_factory: Callable[..., Any],
+    crops: list[bytes],
+    fg: SimpleNamespace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With API keys configured, an aligned-crop embed needs a read key (it once bypassed the checks), and an
+    admitted one counts against the admission bound while it runs."""
+    import facegate.api.fastpath
+    from facegate.api.limits import STATE_KEY
+    from facegate.service.keys import KeyStore
+
+    data = tmp_path / "keyed"
+    token = KeyStore.for_data_dir(data).create("reader", ["read"])[0]
+    srv = server_factory(fg.make_settings(data))
+    admitted: list[int] = []
+    serve = facegate.api.fastpath.serve_embed_aligned
+
+    async def spying(state: Any, scope: Any, receive: Any, send: Any) -> Any:
+        admitted.append(scope["state"][STATE_KEY].admitted)  # this process's Admission (api.limits)
+        return await serve(state, scope, receive, send)
+
+    monkeypatch.setattr(facegate.api.fastpath, "serve_embed_aligned", spying)
+    form = {"files": fg.many("images", crops[:1]), "data": {"aligned": "true"}}
+    with srv.client() as c:
+        fg.assert_error(c.post("/api/embed", **form), 401, "unauthorized")
+        fg.assert_error(c.post("/api/embed", headers={"Origin": "http://[::1"}, **form), 403, "origin_not_allowed")
+        assert admitted == []  # refused before the fast path
+        ok = c.post("/api/embed", headers={"Authorization": f"Bearer {token}"}, **form)
+    assert ok.status_code == 200 and len(ok.json()["results"]) == 1, ok.text
+    assert admitted == [1]
 
 
 def test_which_requests_qualify() -> None:

@@ -1,10 +1,9 @@
 """Balanced accept: the supervisor's acceptor thread hands each connection to the least busy front-end.
 
 With one shared listening socket, whichever process wakes first takes the whole backlog, so with keep-alive
-clients a few front-ends get most connections and set the tail latency. Here :class:`Acceptor` passes each
-accepted descriptor (``SCM_RIGHTS`` over ``SOCK_SEQPACKET``, datagram ``b"c"``) to the :class:`FrontEndServer`
-with the fewest open connections (ties round-robin); a front-end reports each closed one (``b"x"``). A
-front-end that dies drops out until its replacement registers.
+clients a few front-ends get most connections. :class:`Acceptor` passes each accepted descriptor (``SCM_RIGHTS``
+over ``SOCK_SEQPACKET``, datagram ``b"c"``) to the :class:`FrontEndServer` with the fewest open connections
+(ties round-robin); a front-end reports each closed one (``b"x"``).
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ class Acceptor:
 
     @property
     def alive(self) -> bool:
-        """Whether the thread runs (False after :meth:`stop` or a failure)."""
         return self._thread.is_alive()
 
     def open_connections(self) -> list[int]:
@@ -212,15 +210,12 @@ class FrontEndServer(uvicorn.Server):
             try:
                 lost(exc)
             finally:
-                self._report_closed()
+                if self._ctrl is not None:  # tell the acceptor
+                    with contextlib.suppress(OSError):
+                        self._ctrl.send(CLOSED)
 
         proto.connection_lost = connection_lost
         return proto  # type: ignore[no-any-return]
-
-    def _report_closed(self) -> None:
-        if self._ctrl is not None:
-            with contextlib.suppress(OSError):
-                self._ctrl.send(CLOSED)
 
     def _on_control(self) -> None:
         loop = asyncio.get_running_loop()

@@ -21,14 +21,27 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api.drain import DRAIN, DrainMiddleware, uvicorn_timeout_s, watch_signals
+from facegate.api import fastpath
+from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.fastpath import header, serve_embed_aligned, wants_fast_path
-from facegate.api.limits import STATS_KEY, TEMPLATES_ROUTE, ShedProtocol, import_max_bytes
+from facegate.api.forms import replay_body
+from facegate.api.limits import (
+    STATE_KEY,
+    STATS_KEY,
+    TEMPLATES_ROUTE,
+    Admission,
+    PixelBudget,
+    ShedProtocol,
+    import_max_bytes,
+    is_json,
+    read_json,
+)
 from facegate.api.routes import install_routes
+from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
+    DeadlineExceededError,
     FacegateError,
     GalleryError,
     GalleryUnavailableError,
@@ -37,6 +50,7 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.logs import escape
+from facegate.service.keys import KeyStore
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
@@ -99,8 +113,6 @@ async def _load(state: ServingState) -> None:
         state.service_started = True
         state.ready = True
         log.info("ready in %.2f s: model=%s", time.perf_counter() - t0, state.service.spec.name)
-    except asyncio.CancelledError:
-        raise
     except InputError as exc:  # a bad setting: the server's fault, not the clients' (500, not 4xx)
         _load_failed(state, ModelError(f"startup failed: {exc.message}", detail={"cause": exc.to_dict()}))
     except FacegateError as exc:
@@ -207,17 +219,24 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
 
 
 class ServingMiddleware:
-    """Body limits, disconnect → cancel, request metrics and the catch-all."""
+    """What every HTTP request meets, in order: the drain, the route's body limit, the access checks; for
+    ``/api/`` routes the admission bound, the JSON limits and the deadline (:mod:`facegate.api.limits`), then the
+    aligned-crop fast path. Around it all: disconnect → cancel, the drain's cut, request metrics, the catch-all."""
 
-    def __init__(self, app: ASGIApp, state: ServingState) -> None:
-        self.app = app
-        self.state = state
+    def __init__(self, app: ASGIApp, state: ServingState, access: Access) -> None:
+        self.app, self.state, self.access = app, state, access
+        self.admission = Admission(state.settings)
+        self.import_max = import_max_bytes(state.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and "state" in scope:
                 scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
+                scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
             await self.app(scope, receive, send)
+            return
+        if DRAIN.active:
+            await shutting_down("the server is shutting down; retry on another replica or later")(scope, receive, send)
             return
         t0 = time.perf_counter()
         task = asyncio.current_task()
@@ -231,6 +250,7 @@ class ServingMiddleware:
         disconnected = asyncio.Event()
         cancelled_by_disconnect = False
         watcher: asyncio.Task[None] | None = None
+        adm, limits, admitted = self.admission, self.state.settings.limits, False
 
         async def watch_disconnect() -> None:
             nonlocal cancelled_by_disconnect
@@ -275,8 +295,7 @@ class ServingMiddleware:
 
         async def send_response(response: Any) -> None:
             nonlocal status, response_started
-            response_started = True
-            status = response.status_code
+            response_started, status = True, response.status_code
             await response(scope, receive, send)
 
         try:
@@ -284,32 +303,79 @@ class ServingMiddleware:
             if declared is not None and declared > limit:
                 await send_response(facegate_error_response(_too_large(declared, limit)))
                 return
-            try:
-                app_receive: Receive | None = wrapped_receive
-                if wants_fast_path(scope):  # aligned crops skip FastAPI
-                    app_receive = await serve_embed_aligned(self.state, scope, wrapped_receive, wrapped_send)
-                if app_receive is not None:
-                    await self.app(scope, app_receive, wrapped_send)
-            except asyncio.CancelledError:
-                if not cancelled_by_disconnect:
-                    if DRAIN.expired:  # cut short by the drain, which answers 503 (serving/drain.py)
+            with DRAIN.track(task):
+                try:
+                    refused = self.access.refusal(scope)
+                    if refused is not None:
+                        await send_response(facegate_error_response(refused))
+                        return
+                    api, now = scope["path"].startswith("/api/"), time.monotonic()
+                    shed = adm.refuse(now) if api else None
+                    if shed is not None:
+                        await wrapped_send({"type": "http.response.start", "status": shed[0], "headers": shed[1]})
+                        await wrapped_send({"type": "http.response.body", "body": shed[2]})
+                        return
+                    if api:
+                        if adm.admitted == 0:
+                            adm.bound.busy(now)
+                        adm.admitted, admitted = adm.admitted + 1, True
+                    app_receive: Receive | None = wrapped_receive
+                    if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+                        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+                        body = await read_json(wrapped_receive, limits, cap)  # None: the client went away
+                        app_receive = None if body is None else replay_body(body, wrapped_receive)
+                    deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
+                    async with asyncio.timeout(deadline_s):
+                        if app_receive is not None and fastpath.wants_fast_path(scope):  # None: answered
+                            app_receive = await fastpath.serve_embed_aligned(
+                                self.state, scope, app_receive, wrapped_send
+                            )
+                        if app_receive is not None:
+                            await self.app(scope, app_receive, wrapped_send)
+                except TimeoutError:
+                    deadline = limits.request_timeout_s
+                    log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
+                    if not response_started and not too_large:
+                        exc = DeadlineExceededError(
+                            f"the request did not finish within its deadline of {deadline:g} s",
+                            detail={"deadline_s": deadline},
+                        )
+                        await send_response(facegate_error_response(exc))
+                except FacegateError as exc:  # the JSON body's limits (the routes answer their own errors)
+                    if response_started:
+                        raise
+                    if not too_large:
+                        await send_response(facegate_error_response(exc))
+                except asyncio.CancelledError:
+                    if cancelled_by_disconnect:
+                        status = CLIENT_CLOSED_STATUS
+                        if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
+                            raise
+                        log.info(
+                            "%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"])
+                        )
+                        return
+                    if DRAIN.expired:  # cut short by the drain
                         status = 503
-                    raise
-                status = CLIENT_CLOSED_STATUS
-                if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
-                    raise
-                log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
-                return
-            except Exception:
-                log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
-                if not response_started and not too_large:
-                    await send_response(internal_error_response())
+                    if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
+                        raise
+                    if not response_started:
+                        await shutting_down("the server shut down before this request finished")(scope, receive, send)
                     return
-                if not too_large:
-                    raise
+                except Exception:
+                    log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
+                    if not response_started and not too_large:
+                        await send_response(internal_error_response())
+                        return
+                    if not too_large:
+                        raise
             if too_large and not response_started:
                 await send_response(facegate_error_response(_too_large(received, limit)))
         finally:
+            if admitted:
+                adm.admitted -= 1
+                if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
+                    adm.bound.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             self._record(scope, status, time.perf_counter() - t0)
@@ -327,7 +393,7 @@ class ServingMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = header(scope, b"content-length")
+    value = fastpath.header(scope, b"content-length")
     return int(value) if value.isdigit() else None
 
 
@@ -346,14 +412,10 @@ def create_app(
     engine: tuple[str | list[str], bytes] | None = None,
     plan: ServingPlan | None = None,
 ) -> FastAPI:
-    """The facegate HTTP app (OpenAPI at ``/docs``).
-
-    ``service`` / ``gallery``: use these (the lifespan starts the service; a gallery passed in is not closed)
-    instead of building the models and opening the store. ``engine``: ``(socket path(s), authkey)`` of running
-    engine processes: the app is then a front-end that loads no models. ``plan``: default ``make_plan(settings)``.
-    """
+    """The facegate HTTP app (OpenAPI at ``/docs``). ``service`` / ``gallery``: use these instead of building
+    the models and opening the store (the lifespan starts the service; a gallery passed in is not closed).
+    ``engine``: ``(socket path(s), authkey)`` of running engine processes: a front-end that loads no models."""
     from facegate import __version__
-    from facegate.api.security import install_headers, install_security
 
     state = ServingState(
         settings=settings, plan=plan or make_plan(settings), service=service, gallery=gallery, engine=engine
@@ -371,31 +433,30 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.facegate = state
+    app.state.facegate_pixels = PixelBudget(settings.limits)
     install_error_handlers(app)
     install_routes(app)
-    install_security(app, settings, facegate_error_response)  # access checks, admission, docs
-    app.add_middleware(ServingMiddleware, state=state)
-    app.add_middleware(DrainMiddleware)  # drain before any other work, the fast path too
-    install_headers(app)  # outermost: security headers on every response
+    docs_csp = install_docs(app)
+    install_openapi_security(app, settings)
+    keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+    app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys))
+    app.add_middleware(SecurityHeadersMiddleware, docs_csp=docs_csp)  # on every response, errors included
     return app
 
 
-def uvicorn_config(app: Any, settings: Settings | None = None, **overrides: Any) -> Any:
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
     logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port."""
     import uvicorn
 
     kw: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
         "workers": 1,
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
         "http": ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
-        "timeout_graceful_shutdown": uvicorn_timeout_s(
-            settings.drain_s if settings is not None else Settings.model_fields["drain_s"].default
-        ),
+        "timeout_graceful_shutdown": uvicorn_timeout_s(settings.drain_s),
     }
-    if settings is not None:
-        kw.update(host=settings.host, port=settings.port)
-    kw.update(overrides)
-    return uvicorn.Config(app, **kw)
+    return uvicorn.Config(app, **{**kw, **overrides})

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import threading
-import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -31,48 +30,36 @@ UVICORN_MARGIN_S = 1.0
 
 
 class Drain:
-    """One process's drain state: requests in flight, and whether (and until when) it is draining."""
+    """One process's drain: the requests in flight, whether it is draining, and whether its time is up."""
 
     def __init__(self) -> None:
-        self._tasks: dict[asyncio.Task[Any], list[bool]] = {}
-        self._lock = threading.Lock()
-        self.started_at: float | None = None
-        self.expired = False
-
-    @property
-    def active(self) -> bool:
-        """Whether the process is draining (no new request is admitted)."""
-        return self.started_at is not None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.active = False  # no new request is admitted
+        self.expired = False  # the requests still in flight were cancelled
 
     def begin(self, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
         """Start draining: at ``timeout_s`` from now the requests still in flight are cut short (idempotent)."""
-        if self.started_at is not None:
-            return
-        self.started_at = time.monotonic()
-        log.info("draining: %d request(s) in flight get %.1f s to finish", len(self._tasks), timeout_s)
-        loop.call_later(timeout_s, self._expire)
+        if not self.active:
+            self.active = True
+            log.info("draining: %d request(s) in flight get %.1f s to finish", len(self.tasks), timeout_s)
+            loop.call_later(timeout_s, self._expire)
 
     def _expire(self) -> None:
         self.expired = True
-        with self._lock:
-            tasks = list(self._tasks.items())
+        tasks = list(self.tasks)
         if tasks:
             log.warning("drain timeout: answering %d unfinished request(s) with 503 %s", len(tasks), SHUTTING_DOWN)
-        for task, flag in tasks:
-            flag[0] = True
+        for task in tasks:
             task.cancel()
 
     @contextlib.contextmanager
-    def track(self, task: asyncio.Task[Any]) -> Any:
-        """Count ``task`` in flight; yields a one-item list that becomes ``[True]`` if the drain cancelled it."""
-        flag = [False]
-        with self._lock:
-            self._tasks[task] = flag
+    def track(self, task: asyncio.Task[Any]) -> Iterator[None]:
+        """Count ``task`` in flight (cancelled if the drain expires meanwhile)."""
+        self.tasks.add(task)
         try:
-            yield flag
+            yield
         finally:
-            with self._lock:
-                self._tasks.pop(task, None)
+            self.tasks.discard(task)
 
 
 #: The drain of this process (one server per process).
@@ -84,8 +71,8 @@ def uvicorn_timeout_s(drain_timeout_s: float) -> float:
     return drain_timeout_s + UVICORN_MARGIN_S
 
 
-def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop, drain: Drain = DRAIN) -> None:
-    """Make SIGTERM and SIGINT start ``drain`` before the handler already installed (uvicorn's) runs. Call it
+def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
+    """Make SIGTERM and SIGINT start :data:`DRAIN` before the handler already installed (uvicorn's) runs. Call it
     from the lifespan start-up; off the main thread (a server in a test's thread) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         return
@@ -93,7 +80,7 @@ def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop, drain: Drai
         previous = signal.getsignal(sig)
 
         def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
-            loop.call_soon_threadsafe(drain.begin, timeout_s, loop)
+            loop.call_soon_threadsafe(DRAIN.begin, timeout_s, loop)
             if callable(previous):
                 previous(signum, frame)
 
@@ -107,47 +94,7 @@ def exit_quietly_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)
 
 
-async def _send_503(send: Send, message: str) -> None:
-    body = json.dumps({"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-        (b"retry-after", b"1"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-class DrainMiddleware:
-    """Refuses requests while draining and answers those the drain cut short (pure ASGI)."""
-
-    def __init__(self, app: ASGIApp, drain: Drain = DRAIN) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.drain.active:
-            await _send_503(send, "the server is shutting down; retry on another replica or later")
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        started = False
-
-        async def tracked_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        with self.drain.track(task) as cut:
-            try:
-                await self.app(scope, receive, tracked_send)
-            except asyncio.CancelledError:
-                if not cut[0] or task.uncancel() > 0:  # a disconnect, or uvicorn's own cancel as well
-                    raise
-                if not started:
-                    await _send_503(send, "the server shut down before this request finished")
+def shutting_down(message: str) -> JSONResponse:
+    """The JSON 503 ``shutting_down``, with ``Connection: close`` and ``Retry-After: 1``."""
+    body = {"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}
+    return JSONResponse(body, 503, {"connection": "close", "retry-after": "1"})

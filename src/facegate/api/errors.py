@@ -22,54 +22,29 @@ from facegate.logs import escape, redact_paths
 
 log = logging.getLogger(__name__)
 
-#: HTTP status per exception class; the most specific class in an exception's MRO wins.
+#: HTTP status per exception class; the most specific class in an exception's MRO wins, so a subclass is listed
+#: only where its status differs from its parent's (FacegateError, ModelError, GalleryError, ServerError: 500).
 STATUS_BY_ERROR: dict[type[FacegateError], int] = {
-    FacegateError: 500,
-    # client input
-    InputError: 400,
-    e.EmptyInputError: 400,
-    e.ImageDecodeError: 400,
-    InvalidParameterError: 422,
-    e.ImageTooLargeError: 413,
-    e.NoFaceError: 422,
-    e.FaceSelectionError: 422,
-    e.QualityRejectedError: 422,
-    e.PathNotAllowedError: 403,
-    e.BodyTooLargeError: 413,
-    # access
-    e.UnauthorizedError: 401,
-    e.ForbiddenError: 403,
-    e.OriginNotAllowedError: 403,
-    e.HostNotAllowedError: 400,
-    RateLimitedError: 429,
-    # models, gallery, engine, process model
-    e.ModelError: 500,
-    e.GalleryError: 500,
-    e.GalleryNotFoundError: 404,
-    e.GalleryUnavailableError: 503,
-    e.ErasureIncompleteError: 503,
-    e.SubjectNotFoundError: 404,
-    e.GalleryExistsError: 409,
-    e.DimensionMismatchError: 409,
-    e.EngineError: 503,
-    QueueFullError: 503,
-    e.OverloadedError: 503,
-    e.EngineClosedError: 503,
-    e.DeadlineExceededError: 504,
-    e.ServerError: 500,
+    cls: status
+    for status, classes in {
+        400: (InputError,),
+        401: (e.UnauthorizedError,),
+        403: (e.PathNotAllowedError, e.ForbiddenError, e.OriginNotAllowedError),
+        404: (e.GalleryNotFoundError, e.SubjectNotFoundError),
+        409: (e.GalleryExistsError, e.DimensionMismatchError),
+        413: (e.ImageTooLargeError,),
+        422: (InvalidParameterError, e.NoFaceError, e.FaceSelectionError, e.QualityRejectedError),
+        429: (RateLimitedError,),
+        503: (e.GalleryUnavailableError, e.ErasureIncompleteError, e.EngineError),
+        504: (e.DeadlineExceededError,),
+    }.items()
+    for cls in classes
 }
-
-INTERNAL_ERROR_CODE = "internal_error"
-INVALID_PARAMETER_CODE = InvalidParameterError.code
 
 
 def status_for(exc: FacegateError) -> int:
     """HTTP status of a facegate error: the entry of the most specific class in its MRO."""
-    for cls in type(exc).__mro__:
-        status = STATUS_BY_ERROR.get(cls)  # type: ignore[arg-type]
-        if status is not None:
-            return status
-    return 500
+    return next((STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in STATUS_BY_ERROR), 500)
 
 
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -102,16 +77,12 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
             content = redact_paths(content)
         return JSONResponse(content, status_code=status, headers=headers)
     except (TypeError, ValueError):  # a detail that is not JSON-serialisable must not turn into a 500
-        content = error_body(exc.code, exc.message, {"detail": repr(exc.detail)})
-        return JSONResponse(content, status_code=status, headers=headers)
+        return JSONResponse(error_body(exc.code, exc.message, {"detail": repr(exc.detail)}), status, headers)
 
 
 def internal_error_response() -> JSONResponse:
     """The JSON 500 of the catch-all (no traceback in the body; the caller logs it)."""
-    return JSONResponse(
-        error_body(INTERNAL_ERROR_CODE, "Internal server error; the server logged the details."),
-        status_code=500,
-    )
+    return JSONResponse(error_body("internal_error", "Internal server error; the server logged the details."), 500)
 
 
 def _json_safe(value: Any) -> Any:
@@ -132,15 +103,10 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     errors = [{k: _json_safe(v) for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
     fields = [".".join(str(p) for p in err.get("loc", ())) for err in errors]
     message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
-    return JSONResponse(error_body(INVALID_PARAMETER_CODE, message, {"errors": errors}), status_code=422)
+    return JSONResponse(error_body(InvalidParameterError.code, message, {"errors": errors}), status_code=422)
 
 
-_HTTP_CODES: dict[int, str] = {
-    400: InputError.code,
-    404: "not_found",
-    405: "method_not_allowed",
-    413: e.ImageTooLargeError.code,
-}
+_HTTP_CODES = {400: InputError.code, 404: "not_found", 405: "method_not_allowed", 413: e.ImageTooLargeError.code}
 
 
 def http_exception_response(exc: StarletteHTTPException) -> JSONResponse:

@@ -1,10 +1,11 @@
 """A fast path for aligned-crop embeds (``POST /api/embed`` with ``aligned=true``), below FastAPI's routing.
 
 Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
-stack above the endpoint costs several times the endpoint's own work. :class:`~facegate.api.app.ServingMiddleware`
-calls :func:`serve_embed_aligned`, which answers a form of 1..``max_images_per_request`` ``images`` with
-``aligned`` true (and at most a ``select``) through the route's own function and JSON; any other request goes to
-FastAPI with its body replayed.
+stack above the endpoint costs several times the endpoint's own work. After the access checks and within the
+admission bound and deadline, :class:`~facegate.api.app.ServingMiddleware` calls
+:func:`serve_embed_aligned`, which answers a form of 1..``max_images_per_request`` ``images`` with ``aligned``
+true (and at most a ``select``) through the route's own function and JSON; any other request goes to FastAPI
+with its body replayed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A fast reader for small ``multipart/form-data`` bodies, with Starlette's parser as the fallback.
 
-Starlette's streaming parser (a callback per chunk, a spooled file per upload) was the largest share of a
-front-end's GIL under aligned-crop load. A body of at most :data:`FAST_FORM_MAX_BYTES` is read once and cut at
-its boundary, when it is plain (first delimiter at the start, CRLF, named parts, no ``_charset_``, within the
-limits); anything else, every error case included, goes to Starlette over the same cached body, so such bodies
-get the answers they always did. The tests compare the two parsers.
+Starlette's streaming parser (a callback per chunk, a spooled file per upload) costs a front-end most of its
+GIL under aligned-crop load. A plain body (first delimiter at the start, CRLF, named parts, no ``_charset_``,
+within the limits) of at most :data:`FAST_FORM_MAX_BYTES` is cut at its boundaries here; anything else, every
+error case included, goes to Starlette over the same cached body. The tests compare the two parsers.
 """
 
 from __future__ import annotations
@@ -147,9 +146,6 @@ class FastFormRoute(APIRoute):
                 budget.release(pixels)
 
         return fast_form_handler
-
-
-__all__ = ["FAST_FORM_MAX_BYTES", "FastFormRequest", "FastFormRoute", "parse_small_multipart"]
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

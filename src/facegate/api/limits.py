@@ -1,13 +1,8 @@
-"""Input limits of the HTTP front-end: bounded JSON, decoded-pixel budgets, and admission before any work.
-
-- :func:`loads_limited`: JSON (bodies and JSON form fields) under :class:`~facegate.config.Limits`.
-- :class:`PixelBudget`: a request's images are measured from their headers before decoding (413 past
-  ``limits.request_pixels``), then hold that many of the process's ``limits.decode_pixels_in_flight``.
-- :class:`AdmissionMiddleware`: the admission bound (:class:`AdmissionLimit`) checked before the body is read
-  (excess gets 503 ``overloaded`` with ``Retry-After``; :class:`ShedProtocol` refuses most of it earlier, in
-  uvicorn's HTTP protocol, before any task or ASGI call), and one deadline per request from its arrival
-  (``limits.request_timeout_s``) over upload, decoding, engine and gallery; past it the task is cancelled
-  (the engine drops cancelled work) and the client gets 504 ``deadline_exceeded``.
+"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`, :func:`read_json`), decoded-pixel
+budgets (:class:`PixelBudget`) and admission before any work (:class:`Admission`, checked by
+:class:`~facegate.api.app.ServingMiddleware`: 503 ``overloaded`` past the bound, most of it refused earlier by
+:class:`ShedProtocol`). The serving middleware also gives each ``/api/`` request ``limits.request_timeout_s``
+from arrival; past it the task is cancelled (the engine drops its work) and the client gets 504.
 """
 
 from __future__ import annotations
@@ -21,23 +16,25 @@ import re
 import time
 import types
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import UploadFile
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from facegate.api import fastpath
 from facegate.api.drain import DRAIN
-from facegate.api.forms import replay_body
+from facegate.api.errors import facegate_error_response
 from facegate.config import Limits, Settings
 from facegate.errors import (
     BodyTooLargeError,
-    DeadlineExceededError,
     ImageTooLargeError,
     InvalidParameterError,
     OverloadedError,
 )
-from facegate.logs import escape
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -198,25 +195,16 @@ class PixelBudget:
                 fut.set_result(None)
 
 
-def _is_json(scope: Scope) -> bool:
-    for key, value in scope.get("headers", ()):
-        if key == b"content-type":
-            ctype = bytes(value).split(b";", 1)[0].strip().lower()
-            return ctype == b"application/json" or ctype.endswith(b"+json")
-    return False
+def is_json(scope: Scope) -> bool:
+    ctype = fastpath.header(scope, b"content-type").split(b";", 1)[0].strip().lower()
+    return ctype == b"application/json" or ctype.endswith(b"+json")
 
 
 class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
-    :data:`QUEUE_S` (Little's law: in progress = rate × time), at least :data:`FLOOR`, so that a new request
-    is answered within about a second once an overload stops.
-
-    The rate is completions per second over the last :data:`WINDOW_S`, counted from when the process last
-    went from idle to busy (idle time says nothing of what it can do). A burst on a quiet server is
-    admitted up to the best rate the process has shown; while it sheds after half a window busy, the
-    window's rate (what it does under this load) bounds it. Until a rate is measured the bound is
-    ``max_admitted``.
-    """
+    :data:`QUEUE_S` (Little's law), at least :data:`FLOOR`, so that a new request is answered within about a
+    second once an overload stops. The rate is completions per second over the last :data:`WINDOW_S` since the
+    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
@@ -273,10 +261,9 @@ class Admission:
     """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, each built once per
     bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes."""
 
-    def __init__(self, settings: Settings, respond: Callable[[Exception], Any]) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
         self.admitted = 0
-        self.respond = respond  # FacegateError → Response (facegate.api.errors)
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
@@ -288,17 +275,17 @@ class Admission:
         self.bound.shed(now)
         answer = self._answers.get(limit)
         if answer is None:
-            from facegate.api.security import CSP, SecurityHeadersMiddleware
+            from facegate.api.security import CSP, FIXED_HEADERS
 
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,
                 detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
             )
-            r = self.respond(exc)
+            r = facegate_error_response(exc)
             raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
             raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
-            raw += [k + b": " + v for k, v in SecurityHeadersMiddleware(None).fixed]  # type: ignore[arg-type]
+            raw += [k + b": " + v for k, v in FIXED_HEADERS]
             answer = (r.status_code, r.raw_headers, r.body, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
             if len(self._answers) > 256:
                 self._answers.clear()
@@ -313,13 +300,10 @@ _REFUSED = types.SimpleNamespace(response_complete=True, message_event=types.Sim
 
 class ShedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as
-    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line. The
-    refusals are counted in ``facegate_requests_total`` as ``POST unmatched``/503, as before.
-
-    Why below Starlette: under a 10× open-loop flood (``benchmarks/overload.py``) py-spy put 41 % of the event
-    loop's samples in refusals passing the middleware stack, and a refusal cost 164–202 µs there against 61–129 µs
-    here. It uses uvicorn's ``HttpToolsProtocol`` internals (``cycle``, ``parser``, ``url``), which
-    ``tests/integration/test_shed.py`` exercises on whatever uvicorn the environment installs."""
+    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line (counted in
+    ``facegate_requests_total`` as ``POST unmatched``/503). Below Starlette because under a flood the refusals'
+    trip through the middleware stack took most of the event loop. It uses uvicorn's ``HttpToolsProtocol``
+    internals (``cycle``, ``parser``, ``url``), which ``tests/integration/test_shed.py`` exercises."""
 
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)
@@ -340,97 +324,18 @@ class ShedProtocol(HttpToolsProtocol):
             record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
 
 
-class AdmissionMiddleware:
-    """Admission bound, end-to-end deadline and JSON-body limits (see the module docstring)."""
-
-    def __init__(self, app: ASGIApp, settings: Settings, respond: Callable[[Exception], Any]) -> None:
-        self.app = app
-        self.settings = settings
-        self.deadline_s = settings.limits.request_timeout_s
-        self.admission = Admission(settings, respond)
-        self.bound = self.admission.bound
-        self.import_max = import_max_bytes(settings)
-        self.respond = respond
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" and "state" in scope:
-            scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
-        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        now = time.monotonic()
-        adm = self.admission
-        refused = adm.refuse(now)
-        if refused is not None:
-            await send({"type": "http.response.start", "status": refused[0], "headers": refused[1]})
-            await send({"type": "http.response.body", "body": refused[2]})
-            return
-        if adm.admitted == 0:
-            self.bound.busy(now)
-        adm.admitted += 1
-        started = False
-        status = 0
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started, status
-            if message["type"] == "http.response.start":
-                started, status = True, int(message["status"])
-            await send(message)
-
-        try:
-            app_receive = receive
-            if scope["method"] in ("POST", "PUT", "PATCH") and _is_json(scope):
-                body = await self._read_json(scope, receive, tracking_send)
-                if body is None:
-                    return
-                app_receive = replay_body(body, receive)
-            async with asyncio.timeout(self.deadline_s - (time.perf_counter() - t0)):
-                await self.app(scope, app_receive, tracking_send)
-        except TimeoutError:
-            log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), self.deadline_s)
-            if not started:
-                exc2 = DeadlineExceededError(
-                    f"the request did not finish within its deadline of {self.deadline_s:g} s",
-                    detail={"deadline_s": self.deadline_s},
-                )
-                await self.respond(exc2)(scope, receive, send)
-        finally:
-            adm.admitted -= 1
-            if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                self.bound.finished(time.monotonic())
-
-    async def _read_json(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole JSON body, checked; ``None`` when it was refused (the error is sent)."""
-        limits = self.settings.limits
-        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
-        buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
-        try:
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return None  # the client went away
-                buf += message.get("body", b"")
-                if len(buf) > cap:
-                    raise BodyTooLargeError(
-                        f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap}
-                    )
-                more = bool(message.get("more_body", False))
-            body = bytes(buf)
-            if body:
-                loads_limited(body, limits, max_bytes=cap)
-        except (InvalidParameterError, ImageTooLargeError) as exc:
-            await self.respond(exc)(scope, receive, send)
+async def read_json(receive: Receive, limits: Limits, cap: int) -> bytes | None:
+    """A whole JSON body, checked as :func:`loads_limited` with at most ``cap`` bytes; ``None`` when the client
+    went away. BodyTooLargeError past ``cap`` (before the rest is read), InvalidParameterError."""
+    buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
             return None
-        return body
-
-
-__all__ = [
-    "Admission",
-    "AdmissionMiddleware",
-    "PixelBudget",
-    "ShedProtocol",
-    "header_pixels",
-    "import_max_bytes",
-    "loads_limited",
-]
+        buf += message.get("body", b"")
+        if len(buf) > cap:
+            raise BodyTooLargeError(f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap})
+        more = bool(message.get("more_body", False))
+    if buf:
+        loads_limited(bytes(buf), limits, max_bytes=cap)
+    return bytes(buf)

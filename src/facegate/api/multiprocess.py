@@ -3,14 +3,13 @@
 The supervisor (``facegate serve``, torch-free) starts the engine processes, waits until they are warm, then
 opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thread hands each connection to the
 least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
-engines through :mod:`facegate.transport.remote` and hold no templates. ``/metrics`` of any front-end covers
-the whole server (prometheus_client multiprocess files plus the engines' families). If an engine dies the
-supervisor stops and exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders of a
-killed supervisor are removed at the next start (:mod:`facegate.api.runfiles`).
+engines through :mod:`facegate.transport.remote`; ``/metrics`` of any of them covers the whole server. If an
+engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -21,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -46,12 +45,19 @@ ENV_PLAN = "FACEGATE_PLAN_JSON"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def _restore_env(old: dict[str, str | None]) -> None:
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block (a spawned child takes the environment of its start)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def frontend_app() -> FastAPI:
@@ -101,14 +107,8 @@ class EngineProcess:
             name="facegate-engine",
             daemon=False,
         )
-        old = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
-        if self.cuda_device is not None:  # a spawned child takes the environment of this moment
-            os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda_device
-        try:
+        with _environ({} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
             self._proc.start()
-        finally:
-            if self.cuda_device is not None:
-                _restore_env(old)
         child.close()
         self._ready_conn = parent
 
@@ -174,19 +174,8 @@ def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None
     return [visible[i // per_gpu] for i in range(engines)]
 
 
-def environment(engines: list[EngineProcess]) -> dict[str, str]:
-    """What a front-end needs to find the engines (exported before uvicorn starts its workers)."""
-    return {
-        ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
-        ENV_AUTHKEY: engines[0].authkey.hex(),
-        ENV_SETTINGS: engines[0].settings.model_dump_json(),
-        ENV_PLAN: json.dumps(engines[0].plan.to_dict()),
-    }
-
-
-def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[EngineProcess]:
+def start_engines(settings: Settings, plan: ServingPlan) -> list[EngineProcess]:
     """``plan.engines`` engine processes started together, once all are ready (one failing stops them all)."""
-    plan = plan or make_plan(settings)
     devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
@@ -205,12 +194,7 @@ def start_engines(settings: Settings, plan: ServingPlan | None = None) -> list[E
 def frontend_main(control_path: str) -> None:
     """A front-end process: :func:`frontend_app` on the connections the supervisor's acceptor hands it."""
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    config = uvicorn_config(
-        "facegate.api.multiprocess:frontend_app",
-        factory=True,
-        timeout_graceful_shutdown=uvicorn_timeout_s(settings.drain_s),
-    )
-    FrontEndServer(config, control_path).run()
+    FrontEndServer(uvicorn_config("facegate.api.multiprocess:frontend_app", settings, factory=True), control_path).run()
 
 
 def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
@@ -289,9 +273,6 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     except BaseException:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         raise
-    env = {**environment(engines), MULTIPROC_ENV: str(metrics_dir)}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     stopping = threading.Event()
     died: list[int | None] = []
 
@@ -309,10 +290,17 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
-        serve_balanced(settings, front_ends)
+        env = {  # what a front-end needs to find the engines, and this run's metrics folder
+            ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
+            ENV_AUTHKEY: engines[0].authkey.hex(),
+            ENV_SETTINGS: settings.model_dump_json(),
+            ENV_PLAN: json.dumps(plan.to_dict()),
+            MULTIPROC_ENV: str(metrics_dir),
+        }
+        with _environ(env):
+            serve_balanced(settings, front_ends)
     finally:
         stopping.set()
-        _restore_env(old)
         for engine in engines:
             engine.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)

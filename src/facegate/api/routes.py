@@ -1,8 +1,5 @@
 """HTTP routes (v1, docs/dev/http-api.md). None blocks the event loop: large images decode on the decode pool,
 inference goes through the async FaceService (batched across requests), gallery calls run on the gallery thread.
-
-Every face carries its quality verdict; compare refuses a pair with a face below the gate, enrolment refuses and
-lists such faces, and search refuses such a probe instead of searching with it.
 """
 
 from __future__ import annotations
@@ -31,12 +28,13 @@ from facegate.errors import (
     PathNotAllowedError,
     QualityRejectedError,
 )
-from facegate.service.gallery import decide_enrolment, refusal_reason
+from facegate.service.gallery import EnrolDecision, decide_enrolment, refusal_reason
 from facegate.transport.remote import same_engine
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
+    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +45,14 @@ router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/for
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
 
+#: A JPEG's SOI marker followed by its first segment's marker.
+JPEG = b"\xff\xd8\xff"
 #: Largest subject-list offset (the store's integers are 64-bit; no gallery holds more subjects).
 MAX_OFFSET = 2**31 - 1
 
-#: Error responses documented in OpenAPI for routes that take images.
-_IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": sc.ErrorResponse} for code in (400, 403, 413, 422, 500, 503, 504)
-}
-_GALLERY_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": sc.ErrorResponse} for code in (404, 409, 422, 500, 503)
-}
+#: Error responses documented in OpenAPI for routes that take images, and for gallery routes.
+_IMAGE_ERRORS: dict[int | str, Any] = {c: {"model": sc.ErrorResponse} for c in (400, 403, 413, 422, 500, 503, 504)}
+_GALLERY_ERRORS: dict[int | str, Any] = {c: {"model": sc.ErrorResponse} for c in (404, 409, 422, 500, 503)}
 
 
 def _faces_route(path: str, model: type) -> Any:
@@ -70,8 +66,9 @@ def _gallery_route(method: str, path: str, model: type, *, images: bool = False,
     return router.api_route(path, methods=[method], response_model=model, responses=responses, tags=["galleries"], **kw)
 
 
-def _state(request: Request) -> ServingState:
-    return get_state(request.app)
+def _ready(request: Request) -> tuple[ServingState, FaceService, GalleryFront]:
+    state = get_state(request.app)
+    return state, *state.require_ready()
 
 
 async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
@@ -119,13 +116,10 @@ async def faces_of_upload(
     """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
     from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
     for every face or the crops are decoded and aligned here."""
-    if not (service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops):
-        image = await decode_upload(state, file, index=index)
-        return await service.faces(image, select=select, keep_crops=keep_crops)
     data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
-    if data[:3] == b"\xff\xd8\xff":  # a JPEG's SOI marker followed by its first segment's marker
+    if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops and data[:3] == JPEG:
         return await service.photo_faces(data)
-    return await service.faces(await decode_bytes(state, data), select=select)
+    return await service.faces(await decode_bytes(state, data), select=select, keep_crops=keep_crops)
 
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
@@ -140,27 +134,7 @@ async def decode_path(state: ServingState, path: str) -> np.ndarray:
 
 async def gather_all(aws: Sequence[Awaitable[T]]) -> list[T | BaseException]:
     """Results or exceptions of all ``aws``, in input order; cancelling the caller cancels them all."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    if not tasks:
-        return []
-    try:
-        await asyncio.wait(tasks)
-    except asyncio.CancelledError:
-        for t in tasks:
-            t.cancel()
-        raise
-    out: list[T | BaseException] = []
-    for t in tasks:
-        exc = t.exception()
-        out.append(exc if exc is not None else t.result())
-    return out
-
-
-def first_error(results: Sequence[Any]) -> None:
-    """Raise the first exception in ``results`` (input order), if any."""
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
+    return await asyncio.gather(*aws, return_exceptions=True)
 
 
 def _check_count(n: int, limit: int, what: str) -> None:
@@ -183,7 +157,7 @@ async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
     from facegate.errors import EngineClosedError
 
-    state = _state(request)
+    state = get_state(request.app)
     if not (state.ready and state.service is not None and state.service.ready):
         if state.load_error is not None:
             raise EngineClosedError(
@@ -198,7 +172,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
     from facegate.metrics.prometheus import render_latest
 
-    state = _state(request)
+    state = get_state(request.app)
     remote = None
     engine = getattr(state.service, "engine", None)
     # a front-end (engine process, engine pool, Ray engine deployment): the engine's families come from it
@@ -230,7 +204,7 @@ async def compare(
     crops: Annotated[bool, Query(description="include the aligned crops as PNG data URLs")] = False,
 ) -> sc.CompareResponse:
     """Compare the largest face of two photos. Refused (never compared) when either face fails the gate."""
-    state = _state(request)
+    state = get_state(request.app)
     service = state.require_service()
 
     async def one(file: UploadFile, i: int) -> Face:
@@ -239,9 +213,10 @@ async def compare(
     # both photos to one engine process: the answer needs both, and would wait for the slower of two engines
     with same_engine():
         results = await gather_all([one(img1, 0), one(img2, 1)])
-    first_error(results)
-    a, b = results  # type: ignore[misc]
-    res = service.compare(a, b)  # type: ignore[arg-type]
+    for r in results:  # the first error in input order
+        if isinstance(r, BaseException):
+            raise r
+    res = service.compare(*results)  # type: ignore[arg-type]
     return sc.CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 
 
@@ -254,7 +229,7 @@ async def embed(
     aligned: Annotated[bool, Form(description="inputs are aligned 112×112 crops (no detection)")] = False,
 ) -> sc.EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
-    state = _state(request)
+    state = get_state(request.app)
     return await embed_response(state, state.require_service(), images, paths, select, aligned)
 
 
@@ -295,48 +270,37 @@ async def embed_response(
     return sc.EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
 
 
-@router.post("/api/detect", response_model=sc.DetectResponse, responses=_IMAGE_ERRORS, tags=["faces"])
+@_faces_route("/api/detect", sc.DetectResponse)
 async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> sc.DetectResponse:
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
-    state = _state(request)
+    state = get_state(request.app)
     service = state.require_service()
     img = await decode_upload(state, image)
     dets = await service.detect(img)
     h, w = img.shape[:2]
-    return sc.DetectResponse(faces=[sc.DetectionOut.from_detection(d) for d in dets], width=int(w), height=int(h))
-
-
-def _gallery_out(info: Any) -> sc.GalleryOut:
-    return sc.GalleryOut(**info.to_dict())
-
-
-def _subject_out(info: Any) -> sc.SubjectOut:
-    return sc.SubjectOut(**info.to_dict())
+    return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=int(w), height=int(h))
 
 
 @_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
-    state = _state(request)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     info = await state.in_gallery_pool(gallery.create_gallery, body.name, service.spec.name, service.spec.embedding_dim)
-    return _gallery_out(info)
+    return sc.GalleryOut(**info.to_dict())
 
 
 @_gallery_route("GET", "/api/galleries", sc.GalleryListResponse)
 async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
-    state = _state(request)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     infos = await state.in_gallery_pool(gallery.list_galleries)
-    return sc.GalleryListResponse(galleries=[_gallery_out(i) for i in infos])
+    return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
 @_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
 async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
     """Delete a gallery and every subject and embedding in it."""
-    state = _state(request)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_gallery, name)
     return sc.DeletedGallery(deleted=name)
 
@@ -349,16 +313,15 @@ async def _gallery_for_service(state: ServingState, name: str) -> Any:
     return info
 
 
-async def _write_subject(
-    state: ServingState, gallery: Any, name: str, subject_id: str, faces: list[Face], meta: dict[str, Any] | None
-) -> sc.SubjectOut:
-    return _subject_out(await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(faces), meta))
-
-
 def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
     """``(k, D) float32`` embeddings and ``(k,) float32`` qualities of ``faces``."""
     emb = np.stack([f.embedding for f in faces]).astype(np.float32)
     return emb, np.asarray([f.quality.score for f in faces], dtype=np.float32)
+
+
+def _decide(state: ServingState, service: FaceService, subject_id: str, results: list[Any]) -> EnrolDecision:
+    quality = state.settings.quality.enrol_requires_quality
+    return decide_enrolment(subject_id, results, requires_quality=quality, verdict=service.pipeline.enrol_verdict)
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
@@ -384,8 +347,7 @@ async def enrol(
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     from facegate.gallery.base import validate_subject_id
 
-    state = _state(request)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
     _check_count(len(images), state.settings.limits.max_images_per_request, "images")
@@ -394,21 +356,15 @@ async def enrol(
     async def one(i: int) -> Face:
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
-    results = await gather_all([one(i) for i in range(len(images))])
-    decision = decide_enrolment(
-        subject_id,
-        results,
-        requires_quality=state.settings.quality.enrol_requires_quality,
-        verdict=service.pipeline.enrol_verdict,
-    )
+    decision = _decide(state, service, subject_id, await gather_all([one(i) for i in range(len(images))]))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     for x in decision.refused:
         if x.code == QualityRejectedError.code:
             state.stats.record_refusal("enrol_low_quality")
     if decision.error is not None:
         raise decision.error
-    info = await _write_subject(state, gallery, name, subject_id, decision.accepted, meta_obj)
-    return sc.EnrolResponse(subject=info, accepted=len(decision.accepted), refused=refused)
+    info = await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(decision.accepted), meta_obj)
+    return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
 @_gallery_route("POST", "/api/galleries/{name}/enrolments", sc.BatchEnrolResponse, images=True)
@@ -422,8 +378,7 @@ async def enrol_batch(
     other requests), the request's subjects are written in one transaction, refused photos are listed."""
     from facegate.gallery.base import validate_subject_id
 
-    state = _state(request)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     try:
         ids = json.loads(subject_ids)
     except json.JSONDecodeError as exc:
@@ -442,12 +397,8 @@ async def enrol_batch(
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
     for sid, rows in by_subject.items():
-        mine = [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
-        decision = decide_enrolment(
-            sid,
-            mine,
-            requires_quality=state.settings.quality.enrol_requires_quality,
-            verdict=service.pipeline.enrol_verdict,
+        decision = _decide(
+            state, service, sid, [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
         )
         refused += [
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
@@ -456,7 +407,7 @@ async def enrol_batch(
             todo.append((sid, *_stack(decision.accepted), None))
     infos = await state.in_gallery_pool(gallery.enrol_many, name, todo) if todo else []
     return sc.BatchEnrolResponse(
-        enrolled=[_subject_out(i) for i in infos], refused=sorted(refused, key=lambda r: r.index)
+        enrolled=[sc.SubjectOut(**i.to_dict()) for i in infos], refused=sorted(refused, key=lambda r: r.index)
     )
 
 
@@ -464,8 +415,7 @@ async def enrol_batch(
 async def import_templates(request: Request, name: str, body: sc.ImportTemplatesRequest) -> sc.ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
-    state = _state(request)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     info = await _gallery_for_service(state, name)
     emb = np.asarray(body.embeddings, dtype=np.float32)
     if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
@@ -487,18 +437,16 @@ async def list_subjects(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
-    state = _state(request)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
-    return sc.SubjectListResponse(subjects=[_subject_out(s) for s in subjects], total=info.subjects)
+    return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
 @_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
 async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
     """Erase a subject and all its embeddings."""
-    state = _state(request)
-    _, gallery = state.require_ready()
+    state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
     return sc.DeletedSubject(deleted=subject_id)
 
@@ -518,44 +466,36 @@ async def search(
 ) -> sc.SearchResponse:
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
-    state = _state(request)
-    service, gallery = state.require_ready()
+    state, service, gallery = _ready(request)
     if fpir is not None:
         gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
     found = data = None
     if service.photo_on_device:
         data = await read_upload(image, state.settings.limits.max_upload_bytes)
-    if data is not None and data[:3] == b"\xff\xd8\xff":
-        # a JPEG: photo -> face -> embedding -> search in one engine trip, which also checks the gallery
+    if data is not None and data[:3] == JPEG:
+        # photo -> face -> embedding -> search in one engine trip, which also checks the gallery
         faces, found = await service.photo_search(data, name, k)
         face, n = faces[0], found.size
     else:
-        n = (await _gallery_for_service(state, name)).subjects
-        if data is None:
-            face = (await faces_of_upload(state, service, image))[0]
-        else:
-            face = (await service.faces(await decode_bytes(state, data)))[0]
-    if not face.quality.accepted:
+        n = (await _gallery_for_service(state, name)).subjects  # before the upload is read when off the device
+        data = data or await read_upload(image, state.settings.limits.max_upload_bytes)
+        face = (await service.faces(await decode_bytes(state, data)))[0]
+    hits: list[sc.SearchHit] = []
+    if face.quality.accepted:
+        ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
+        state.stats.set_gallery_size(name, ans.n)
+        hits = [
+            sc.SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
+        ]
+        point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
+    else:
         state.stats.record_refusal("search_low_quality")
         threshold, op = gallery.operating_point(n, fpir)
-        return sc.SearchResponse(
-            face=sc.FaceOut.from_face(face),
-            refused=True,
-            reason=refusal_reason(face),
-            hits=[],
-            threshold=threshold,
-            fmr=float(op["fmr"]),  # type: ignore[arg-type]
-            fpir=float(op["fpir"]),  # type: ignore[arg-type]
-            n=n,
-            extrapolated=bool(op["extrapolated"]),
-        )
-    ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
-    state.stats.set_gallery_size(name, ans.n)
-    hits = [
-        sc.SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
-    ]
-    point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
-    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=False, reason=None, hits=hits, **point)
+        point = {"threshold": threshold, "n": n, "extrapolated": bool(op["extrapolated"])}
+        point |= {k: float(op[k]) for k in ("fmr", "fpir")}  # type: ignore[arg-type]
+    refused = not face.quality.accepted
+    reason = refusal_reason(face) if refused else None
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:

@@ -12,18 +12,15 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
-#: The kinds of run folder (the word after ``facegate-``).
-KINDS = ("engine", "accept", "metrics")
 _NAME = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
 
 
-def make(kind: str) -> Path:
-    """A new private (mode 0700) run folder of ``kind`` (one of :data:`KINDS`) named after this process."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown run folder kind {kind!r}")
+def make(kind: Literal["engine", "accept", "metrics"]) -> Path:
+    """A new private (mode 0700) run folder of ``kind`` named after this process."""
     return Path(tempfile.mkdtemp(prefix=f"facegate-{kind}-{os.getpid()}-"))
 
 

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from facegate.types import CompareResult, Detection, Face, QualityVerdict
+from facegate.types import CompareResult, Face
 
 
 class _Model(BaseModel):
@@ -40,10 +40,6 @@ class DetectionOut(_Model):
     landmarks: list[list[float]] = Field(min_length=5, max_length=5)
     score: float
 
-    @classmethod
-    def from_detection(cls, det: Detection) -> DetectionOut:
-        return cls(**det.to_dict())  # type: ignore[arg-type]
-
 
 class ReasonOut(_Model):
     """One cause of a poor face: a measured value against its limit."""
@@ -68,16 +64,6 @@ class QualityOut(_Model):
     reason: str | None
     reasons: list[ReasonOut] = Field(description="every cause of a poor face found (empty for a good face)")
 
-    @classmethod
-    def from_verdict(cls, q: QualityVerdict) -> QualityOut:
-        return cls(**q.to_dict())  # type: ignore[arg-type]
-
-
-def crop_data_url(crop: np.ndarray) -> str:
-    """``(112, 112, 3) uint8`` RGB crop → ``data:image/png;base64,...``."""
-    _, buf = cv2.imencode(".png", np.ascontiguousarray(crop[:, :, ::-1]))  # cannot fail on a uint8 image
-    return "data:image/png;base64," + base64.b64encode(buf.tobytes()).decode("ascii")
-
 
 class FaceOut(_Model):
     """One face with its quality verdict; ``crop`` only with ``crops=true``, ``embedding`` only in embed."""
@@ -90,11 +76,12 @@ class FaceOut(_Model):
     @classmethod
     def from_face(cls, face: Face, *, crops: bool = False, embedding: bool = False) -> FaceOut:
         kw: dict[str, Any] = {
-            "detection": None if face.detection is None else DetectionOut.from_detection(face.detection),
-            "quality": QualityOut.from_verdict(face.quality),
+            "detection": None if face.detection is None else face.detection.to_dict(),
+            "quality": face.quality.to_dict(),
         }
-        if crops and face.crop is not None:
-            kw["crop"] = crop_data_url(face.crop)
+        if crops and face.crop is not None:  # (112, 112, 3) uint8 RGB → PNG data URL (cannot fail on uint8)
+            _, png = cv2.imencode(".png", np.ascontiguousarray(face.crop[:, :, ::-1]))
+            kw["crop"] = "data:image/png;base64," + base64.b64encode(png.tobytes()).decode("ascii")
         if embedding:
             # 7 decimals keep the JSON short; numpy rounds a whole vector at once (round() per float is 10× dearer)
             kw["embedding"] = np.round(np.asarray(face.embedding, dtype=np.float32).astype(np.float64), 7).tolist()

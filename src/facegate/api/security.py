@@ -1,10 +1,10 @@
 """Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
 security headers, the OpenAPI security scheme and the offline API docs.
 
-:class:`AccessMiddleware` answers before any body is read: a ``Host`` not allowed → 400 (DNS rebinding); a
-state-changing method from a foreign ``Origin`` (or ``Sec-Fetch-Site: cross-site``) → 403 (a browser posts a
-cross-site form without a preflight); with keys configured, no or an unknown key → 401, a key without the
-route's scope (:func:`required_scope`) → 403; a token bucket per key (or client address) → 429.
+:class:`Access`, checked before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding); a
+state-changing method from a foreign ``Origin`` or with ``Sec-Fetch-Site: cross-site`` (403: a browser posts a
+cross-site form without a preflight); with keys configured, no or an unknown key (401), a key without the
+route's scope (403, :func:`required_scope`); past a token bucket per key or client address (429).
 :class:`SecurityHeadersMiddleware`, outermost, puts CSP, ``X-Frame-Options``, ``nosniff`` and
 ``Referrer-Policy`` on every response, errors included.
 """
@@ -18,7 +18,6 @@ import logging
 import re
 import time
 from base64 import b64encode
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -153,41 +152,27 @@ def presented_key(scope: AsgiScope) -> str | None:
     return key.strip() if key else None
 
 
-class AccessMiddleware:
+class Access:
     """Host, Origin, API key and rate-limit checks (see the module docstring)."""
 
-    def __init__(
-        self, app: ASGIApp, settings: Settings, keys: KeyStore, respond: Callable[[FacegateError], Any]
-    ) -> None:
-        self.app, self.settings, self.keys, self.respond = app, settings, keys, respond
+    def __init__(self, settings: Settings, keys: KeyStore) -> None:
+        self.settings, self.keys = settings, keys
         self.hosts = allowed_host_names(settings)
         self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
         sec = settings.security
         self.buckets = TokenBuckets(sec.rate_limit_per_s, sec.rate_limit_burst) if sec.rate_limit_per_s else None
 
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        try:
-            key = self._check(scope)
-        except FacegateError as exc:
-            await self.respond(exc)(scope, receive, send)
-            return
-        if key is not None:
-            scope["facegate.key"] = key
-        await self.app(scope, receive, send)
-
-    def _check(self, scope: AsgiScope) -> ApiKey | None:
+    def refusal(self, scope: AsgiScope) -> FacegateError | None:
+        """Why an HTTP request is refused (400, 401, 403 or 429), or ``None``; reads no body."""
         method, path = scope["method"], scope["path"]
         host = _header(scope, b"host") or ""
         if self.hosts is not None and _host_name(host) not in self.hosts:
-            raise HostNotAllowedError(
+            return HostNotAllowedError(
                 "this server does not answer for the host named in the Host header",
                 detail={"allowed": sorted(self.hosts)},
             )
-        if method in _STATE_CHANGING:
-            self._check_origin(scope, host)
+        if method in _STATE_CHANGING and (refused := self._origin_refusal(scope, host)) is not None:
+            return refused
         scope_needed = required_scope(method, path, self.settings)
         if scope_needed is None:
             return None
@@ -195,15 +180,17 @@ class AccessMiddleware:
         if not self.settings.security.no_auth and len(self.keys):
             token = presented_key(scope)
             if token is None:
-                raise UnauthorizedError(
+                return UnauthorizedError(
                     "this route needs an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
                     detail={"scope": scope_needed},
                 )
             key = self.keys.verify(token)
             if key is None:
-                raise UnauthorizedError("the API key is not valid (unknown or revoked)", detail={"scope": scope_needed})
+                return UnauthorizedError(
+                    "the API key is not valid (unknown or revoked)", detail={"scope": scope_needed}
+                )
             if not key.allows(scope_needed):
-                raise ForbiddenError(
+                return ForbiddenError(
                     f"the API key {key.id} lacks the scope {scope_needed!r} this route needs",
                     detail={"scope": scope_needed, "key_scopes": list(key.scopes), "key": key.id},
                 )
@@ -211,28 +198,29 @@ class AccessMiddleware:
             who = f"key:{key.id}" if key is not None else f"addr:{(scope.get('client') or ('?',))[0]}"
             wait = self.buckets.take(who)
             if wait > 0.0:
-                raise RateLimitedError(
+                return RateLimitedError(
                     f"rate limit of {self.buckets.rate:g} requests/s exceeded; retry in {wait:.2f} s",
                     retry_after_s=wait,
                     detail={"retry_after_s": round(wait, 3), "rate_per_s": self.buckets.rate},
                 )
-        return key
+        return None
 
-    def _check_origin(self, scope: AsgiScope, host: str) -> None:
+    def _origin_refusal(self, scope: AsgiScope, host: str) -> OriginNotAllowedError | None:
         origin = _header(scope, b"origin")
         if origin is None:
             # no Origin: not a browser's cross-site request, unless the browser says so (old forms, some redirects)
             if (_header(scope, b"sec-fetch-site") or "").lower() == "cross-site":
-                raise OriginNotAllowedError(
+                return OriginNotAllowedError(
                     "cross-site requests may not change state", detail={"sec_fetch_site": "cross-site"}
                 )
-            return
+            return None
         normal = origin.strip().rstrip("/").lower()
-        if normal in self.origins:
-            return
-        if normal != "null" and urlsplit(normal).netloc == host.strip().lower():
-            return  # the page this server served
-        raise OriginNotAllowedError(
+        try:
+            if normal in self.origins or (normal != "null" and urlsplit(normal).netloc == host.strip().lower()):
+                return None  # an allowed origin, or the page this server served
+        except ValueError:  # not a URL (``http://[::1``): not this server's page
+            pass
+        return OriginNotAllowedError(
             "requests that change state must come from this server's own pages or an allowed origin",
             detail={"allowed": sorted(self.origins)},
         )
@@ -243,6 +231,12 @@ CSP = (
     "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
 )
+#: The other headers of every response.
+FIXED_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def _csp_hash(script: str) -> str:
@@ -255,11 +249,6 @@ class SecurityHeadersMiddleware:
     def __init__(self, app: ASGIApp, docs_csp: dict[str, str] | None = None) -> None:
         self.app = app
         self.docs_csp = {p: c.encode() for p, c in (docs_csp or {}).items()}
-        self.fixed = [
-            (b"x-frame-options", b"DENY"),
-            (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"no-referrer"),
-        ]
         self.csp = CSP.encode()
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
@@ -271,7 +260,7 @@ class SecurityHeadersMiddleware:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"content-security-policy"]
-                message["headers"] = [*headers, (b"content-security-policy", csp), *self.fixed]
+                message["headers"] = [*headers, (b"content-security-policy", csp), *FIXED_HEADERS]
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -344,49 +333,10 @@ def install_openapi_security(app: FastAPI, settings: Settings) -> None:
                 else:
                     op["security"] = [{"bearer": []}, {"apiKey": []}]
                     op["description"] = (op.get("description") or "") + f"\n\nAPI key scope: `{needed}`."
+                    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
                     for status, what in (("401", "no or unknown API key"), ("403", "key lacks the scope, or origin")):
-                        op.setdefault("responses", {}).setdefault(
-                            status,
-                            {"description": what, "content": {"application/json": {"schema": {"$ref": _ERROR_REF}}}},
-                        )
+                        op.setdefault("responses", {}).setdefault(status, {"description": what, "content": error})
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-_ERROR_REF = "#/components/schemas/ErrorResponse"
-
-
-def install_security(app: FastAPI, settings: Settings, respond: Callable[[FacegateError], Any]) -> KeyStore:
-    """Add the access middleware, the offline docs and the OpenAPI security scheme; returns the key store.
-
-    Call before adding the request-metrics middleware (so that refusals are counted) and call
-    :func:`install_headers` after it (so that every response, its own errors included, has the headers).
-    """
-    from facegate.api.limits import AdmissionMiddleware, PixelBudget
-
-    keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
-    app.state.facegate_keys = keys
-    app.state.facegate_pixels = PixelBudget(settings.limits)
-    app.state.facegate_docs_csp = install_docs(app)
-    install_openapi_security(app, settings)
-    app.add_middleware(AdmissionMiddleware, settings=settings, respond=respond)
-    app.add_middleware(AccessMiddleware, settings=settings, keys=keys, respond=respond)
-    return keys
-
-
-def install_headers(app: FastAPI) -> None:
-    """The outermost middleware: security headers on every response."""
-    app.add_middleware(SecurityHeadersMiddleware, docs_csp=app.state.facegate_docs_csp)
-
-
-__all__ = [
-    "AccessMiddleware",
-    "SecurityHeadersMiddleware",
-    "check_bind",
-    "install_headers",
-    "install_security",
-    "is_loopback",
-    "required_scope",
-]

@@ -9,7 +9,6 @@ from facegate.api.app import create_app, uvicorn_config
 from facegate.api.drain import exit_quietly_on_sigterm
 from facegate.api.state import get_state
 from facegate.config import Settings
-from facegate.errors import FacegateError
 from facegate.transport.remote import SWITCH_INTERVAL_S
 from facegate.tuning import make_plan
 
@@ -41,11 +40,7 @@ def run(settings: Settings) -> None:
     app = create_app(settings, plan=plan)
     server = uvicorn.Server(uvicorn_config(app, settings))
     state = get_state(app)
-
-    def stop_on_load_error(exc: FacegateError) -> None:
-        server.should_exit = True
-
-    state.on_load_error = stop_on_load_error
+    state.on_load_error = lambda exc: setattr(server, "should_exit", True)
     log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
     server.run()
     if state.load_error is not None:

@@ -63,13 +63,11 @@ class ServingState:
 
     async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Await ``fn(*args, **kw)`` on a decode thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
 
     async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Await a gallery call on the gallery thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
+        return await asyncio.get_running_loop().run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
 
 
 def get_state(app: Any) -> ServingState:
