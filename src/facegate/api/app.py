@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from facegate.api import fastpath
 from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.forms import replay_body
+from facegate.api.forms import header, replay_body
 from facegate.api.limits import (
     STATE_KEY,
     STATS_KEY,
@@ -393,7 +393,7 @@ class ServingMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = fastpath.header(scope, b"content-length")
+    value = header(scope, b"content-length")
     return int(value) if value.isdigit() else None
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import FormData, UploadFile
 from starlette.types import Receive, Scope, Send
 
-from facegate.api.forms import FAST_FORM_MAX_BYTES, parse_small_multipart, replay_body
+from facegate.api.forms import FAST_FORM_MAX_BYTES, header, parse_small_multipart, replay_body
 from facegate.errors import FacegateError
 
 if TYPE_CHECKING:
@@ -30,14 +30,6 @@ TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 SELECT = frozenset({"largest", "all"})
 #: the multipart limits FastAPI's form reading applies by default (files, fields, bytes per field)
 FORM_LIMITS = {"max_files": 1000, "max_fields": 1000, "max_part_size": 1024 * 1024}
-
-
-def header(scope: Scope, name: bytes) -> bytes:
-    """The value of request header ``name`` (lower-case bytes), or ``b""``."""
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return bytes(value)
-    return b""
 
 
 def wants_fast_path(scope: Scope) -> bool:

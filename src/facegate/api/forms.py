@@ -16,7 +16,7 @@ from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
@@ -26,6 +26,14 @@ class _MemoryFile(io.BytesIO):
     """An upload in memory; ``_rolled = False`` makes Starlette's UploadFile read it inline, not on a thread."""
 
     _rolled = False
+
+
+def header(scope: Scope, name: bytes) -> bytes:
+    """The value of request header ``name`` (lower-case bytes), or ``b""``."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return b""
 
 
 def _decode(raw: bytes, charset: str = "utf-8") -> str:

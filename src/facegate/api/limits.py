@@ -22,9 +22,9 @@ from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from facegate.api import fastpath
 from facegate.api.drain import DRAIN
 from facegate.api.errors import facegate_error_response
+from facegate.api.forms import header
 from facegate.config import Limits, Settings
 from facegate.errors import (
     BodyTooLargeError,
@@ -196,7 +196,7 @@ class PixelBudget:
 
 
 def is_json(scope: Scope) -> bool:
-    ctype = fastpath.header(scope, b"content-type").split(b";", 1)[0].strip().lower()
+    ctype = header(scope, b"content-type").split(b";", 1)[0].strip().lower()
     return ctype == b"application/json" or ctype.endswith(b"+json")
 
 
