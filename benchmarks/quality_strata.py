@@ -30,7 +30,7 @@ from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.degrade import noise, path_rng
 from facegate.eval.lfw import pair_images, read_pairs
-from facegate.eval.quality import _fires, choose_limit, identity_folds
+from facegate.eval.quality import _fires, _pr, choose_limit, identity_folds
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 
@@ -46,19 +46,14 @@ VARIANTS = {
 def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: np.ndarray) -> dict[str, object]:
     """Precision and recall of a detector-score limit (fires below it) chosen on nine folds, pooled over the
     tenths; and the limit chosen on all folds."""
-    tp = fp = 0
-    limits = []
+    pos_fired, neg_fired, limits = [], [], []
     for f in range(10):
         lim = choose_limit(pos[pos_fold != f], neg[neg_fold != f], -1, max_clean=0.002, min_recall=0.85)
         limits.append(round(lim, 4))
-        tp += int(_fires(pos[pos_fold == f], lim, -1).sum())
-        fp += int(_fires(neg[neg_fold == f], lim, -1).sum())
+        pos_fired.append(_fires(pos[pos_fold == f], lim, -1))
+        neg_fired.append(_fires(neg[neg_fold == f], lim, -1))
     return {
-        "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
+        **_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)),
         "fold_limits": limits,
         "limit_all_folds": choose_limit(pos, neg, -1, max_clean=0.002, min_recall=0.85),
     }
@@ -66,15 +61,7 @@ def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: n
 
 def at_limit(pos: np.ndarray, neg: np.ndarray, limit: float) -> dict[str, object]:
     """Precision and recall of a limit (fires below it)."""
-    tp, fp = int((pos < limit).sum()), int((neg < limit).sum())
-    return {
-        "limit": limit,
-        "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
-    }
+    return {"limit": limit, **_pr(pos < limit, neg < limit)}
 
 
 def main() -> None:
