@@ -123,3 +123,14 @@ def measured_peak_tflops(dtype: torch.dtype = torch.float16, n: int = 8192) -> f
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     t = cuda_time(lambda: a @ b, iters=10, warmup=3)
     return 2 * n**3 / t / 1e12
+
+
+def pair_photo_sample(lfw: Path, n: int) -> tuple[dict[str, int], list[str]]:
+    """LFW's identity folds (person -> fold) and ``n`` pairs.txt photos (``person/file.jpg``), evenly spaced
+    over the sorted list: the sample the quality benchmarks share."""
+    from facegate.eval.lfw import pair_images, read_pairs
+    from facegate.eval.quality import identity_folds
+
+    pairs = read_pairs(lfw)
+    every = sorted(pair_images(pairs))
+    return identity_folds(pairs), every[:: max(1, len(every) // n)][:n]

@@ -24,11 +24,11 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record
+from common import env_record, pair_photo_sample
 from facegate.config import Settings
 from facegate.eval.degrade import path_rng
-from facegate.eval.lfw import detect_centre, pair_images, read_pairs
-from facegate.eval.quality import _fires, choose_limit, identity_folds, load_table
+from facegate.eval.lfw import detect_centre
+from facegate.eval.quality import _fires, choose_limit, load_table
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import landmark_geometry
@@ -88,10 +88,7 @@ def main() -> None:
     ap.add_argument("--photos", type=int, default=600)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/quality_pose-cpu2.json"))
     a = ap.parse_args()
-    pairs = read_pairs(a.lfw)
-    folds = identity_folds(pairs)
-    every = sorted(pair_images(pairs))
-    paths = every[:: max(1, len(every) // a.photos)][: a.photos]
+    folds, paths = pair_photo_sample(a.lfw, a.photos)
     pipe = FacePipeline.from_settings(Settings(device="cpu", precision="fp32"))
     rows = []
     t0 = time.perf_counter()

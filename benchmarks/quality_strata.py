@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import env_record
+from common import env_record, pair_photo_sample
 from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.degrade import noise, path_rng
-from facegate.eval.lfw import pair_images, read_pairs
-from facegate.eval.quality import _fires, _pr, choose_limit, identity_folds
+from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 
@@ -71,10 +70,7 @@ def main() -> None:
     ap.add_argument("--photos", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/quality_strata-cpu2.json"))
     a = ap.parse_args()
-    pairs = read_pairs(a.lfw)
-    folds = identity_folds(pairs)
-    every = sorted(pair_images(pairs))
-    paths = every[:: max(1, len(every) // a.photos)][: a.photos]
+    folds, paths = pair_photo_sample(a.lfw, a.photos)
     pipe = FacePipeline.from_settings(Settings(device="cpu"))
     gate = float(pipe.operating.quality_threshold)
     rows: list[tuple[str, str, bool, float, float, tuple[str, ...]]] = []
