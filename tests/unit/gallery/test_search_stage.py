@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,17 @@ D = 16
 def unit(rng: np.random.Generator, n: int) -> np.ndarray:
     x = rng.standard_normal((n, D)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def store_with(tmp_path: Path, galleries: dict[str, tuple[str, np.ndarray]]) -> tuple[str, Any]:
+    """A SQLite store at ``tmp_path`` holding ``{name: (model, (n, D) templates)}`` (subjects ``name0..``): its
+    URL and the writer's connection."""
+    url = str(tmp_path / "g.sqlite3")
+    writer = open_store(url)
+    for name, (model, t) in galleries.items():
+        writer.create_gallery(name, model, D)
+        writer.import_templates(name, [f"{name}{i}" for i in range(len(t))], t, np.ones(len(t), np.float32))
+    return url, writer
 
 
 def run(stage: SearchStage, payloads: list[np.ndarray]) -> list[object]:
@@ -144,12 +156,8 @@ def test_photo_search_on_a_torch_index_shares_the_photo_wait(tmp_path: Path, dev
     from facegate.pipeline.search import PhotoSearchStage
 
     rng = np.random.default_rng(4)
-    url = str(tmp_path / "g.sqlite3")
-    writer = open_store(url)
     t = unit(rng, 30)
-    for name, model in (("a", "m"), ("b", "m"), ("x", "other")):
-        writer.create_gallery(name, model, D)
-        writer.import_templates(name, [f"{name}{i}" for i in range(30)], t, np.ones(30, np.float32))
+    url, writer = store_with(tmp_path, {"a": ("m", t), "b": ("m", t), "x": ("other", t)})
     t[7] = -t[7]  # photo 7's face is no longer a7: only a search of the right embedding finds a7
     search = SearchStage(
         lambda: Gallery(open_store(url), GalleryIndex("cpu", "float32"), match_threshold=1.0), model=("m", D)
@@ -195,11 +203,8 @@ def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
     from facegate.pipeline.search import PhotoSearchStage
 
     rng = np.random.default_rng(3)
-    url = str(tmp_path / "g.sqlite3")
-    writer = open_store(url)
-    writer.create_gallery("a", "m", D)
     t = unit(rng, 20)
-    writer.import_templates("a", [f"a{i}" for i in range(20)], t, np.ones(20, np.float32))
+    url, writer = store_with(tmp_path, {"a": ("m", t)})
     search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
     stage = PhotoSearchStage(_PhotoByIndex(t), search)
     payloads = [
@@ -222,11 +227,8 @@ def test_a_batch_of_alike_requests_answers_as_one_by_one(tmp_path: Path) -> None
     """Requests that differ only in k and the query take one decode for the batch; their answers equal those
     of the same requests decoded one by one (a mixed batch), each cut to its own k."""
     rng = np.random.default_rng(5)
-    url = str(tmp_path / "g.sqlite3")
-    writer = open_store(url)
-    writer.create_gallery("a", "m", D)
     t = unit(rng, 40)
-    writer.import_templates("a", [f"a{i}" for i in range(40)], t, np.ones(40, np.float32))
+    url, writer = store_with(tmp_path, {"a": ("m", t)})
     stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
     alike = [encode_search("a", t[i], k) for i, k in ((3, 1), (8, 5), (11, 40), (2, 70))]
     mixed = [*alike, encode_search("b", t[0], 1)]  # another gallery: decoded one by one
