@@ -40,9 +40,10 @@ class Phase:
     max_lag_s: float = 0.0
     bounds: list[int] = field(default_factory=list)  # the admission bound each 503 overloaded names
     shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
+    shed_due: list[float] = field(default_factory=list)  # each 503's scheduled time, seconds into the phase
 
     def add(self, other: Phase) -> None:
-        for name in ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "client_cpu_s"):
+        for name in ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "shed_due", "client_cpu_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))  # counts add, lists and Counters join
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
@@ -64,10 +65,25 @@ class Phase:
             "shed_p50_s": _pct(self.shed, 0.50),
             "shed_p99_s": _pct(self.shed, 0.99),
             "shed_p99_from_send_s": _pct(self.shed_from_send, 0.99),  # without the client's own lag
+            **self._shed_windows(),
             "bound_p10_p50_p90": [_pct(self.bounds, q) for q in (0.1, 0.5, 0.9)],
             "client_cpu_s": round(self.client_cpu_s, 2),
             "client_cpu_cores": round(self.client_cpu_s / self.seconds, 3),
             "client_max_lag_s": round(self.max_lag_s, 4),
+        }
+
+    def _shed_windows(self, width_s: float = 5.0) -> dict[str, Any]:
+        """The 503s' p99 latency from the send by window of scheduled time, and after the first window (the
+        connection ramp): whether slow refusals come from the start of the flood or from all of it."""
+        if not self.shed_due or len(self.shed_due) != len(self.shed_from_send):
+            return {}
+        windows: dict[int, list[float]] = collections.defaultdict(list)
+        for due, s in zip(self.shed_due, self.shed_from_send, strict=True):
+            windows[int(due // width_s)].append(s)
+        after = [s for due, s in zip(self.shed_due, self.shed_from_send, strict=True) if due >= width_s]
+        return {
+            "shed_p99_from_send_by_5s": [_pct(windows[i], 0.99) for i in range(max(windows) + 1)],
+            "shed_p99_from_send_after_5s": _pct(after, 0.99),
         }
 
 
@@ -77,7 +93,14 @@ def encode(url: str, path: str, files: list[FilePart]) -> bytes:
     return encode_request("POST", RawClient(url).host_header, path, body=body, content_type=ctype)
 
 
-def _record(phase: Phase, status: int | str, body: bytes, seconds: float, sent_s: float | None = None) -> None:
+def _record(
+    phase: Phase,
+    status: int | str,
+    body: bytes,
+    seconds: float,
+    sent_s: float | None = None,
+    due_s: float | None = None,
+) -> None:
     phase.sent += 1
     if isinstance(status, int):
         try:
@@ -92,8 +115,9 @@ def _record(phase: Phase, status: int | str, body: bytes, seconds: float, sent_s
         phase.ok.append(seconds)
     elif status == 503:
         phase.shed.append(seconds)
-        if sent_s is not None:
+        if sent_s is not None and due_s is not None:
             phase.shed_from_send.append(sent_s)
+            phase.shed_due.append(due_s)
     else:
         phase.other[str(status)] += 1
 
@@ -182,6 +206,7 @@ class _Pool:
         self.waiting: collections.deque[float] = collections.deque()  # scheduled times with no connection yet
         self.open = 0
         self.busy = 0
+        self.t0 = time.perf_counter()  # the phase's start, which open_loop sets
 
     def request(self, due: float) -> None:
         self.busy += 1
@@ -222,7 +247,7 @@ class _Pool:
 
     def answered(self, status: int, body: bytes, due: float, sent_at: float) -> None:
         now = time.perf_counter()
-        _record(self.phase, status, body, now - due, now - sent_at)
+        _record(self.phase, status, body, now - due, now - sent_at, due - self.t0)
         self.busy -= 1
 
     def _done(self, error: str) -> None:
@@ -238,7 +263,7 @@ async def open_loop(url: str, data: bytes, *, rate: float, seconds: float, max_o
     cpu0 = time.process_time()
     client = RawClient(url)
     pool = _Pool(client.host, client.port, data, phase, max_open)
-    t0 = time.perf_counter()
+    t0 = pool.t0 = time.perf_counter()
     n = 0
     while (now := time.perf_counter()) < t0 + seconds:
         while n < int((now - t0) * rate) + 1:

@@ -59,3 +59,6 @@ def test_open_loop_sends_at_its_rate_and_counts_each_answer() -> None:
     assert d["other"] == {"500": d["non_json"]} and d["non_json"] > 0  # the dropped request was retried
     assert d["ok"] > 0 and d["shed_503"] > 0 and set(phase.bounds) == {7}
     assert d["client_max_lag_s"] < 0.5
+    # one 1-second phase is one 5-second window of scheduled time, and nothing comes after it
+    assert len(phase.shed_due) == d["shed_503"] and all(0.0 <= t < 1.1 for t in phase.shed_due)
+    assert d["shed_p99_from_send_by_5s"] == [d["shed_p99_from_send_s"]] and d["shed_p99_from_send_after_5s"] is None
