@@ -233,6 +233,7 @@ class ServingMiddleware:
             if scope["type"] == "lifespan" and "state" in scope:
                 scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
                 scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
+                self.admission.watch(asyncio.get_running_loop())
             await self.app(scope, receive, send)
             return
         if DRAIN.active:

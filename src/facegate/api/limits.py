@@ -219,7 +219,7 @@ class AdmissionLimit:
         self._slot_ids = [-1] * self._SLOTS
         self._best = 0.0
         self._busy_sid = -1
-        self._last_shed = -math.inf
+        self.last_shed = -math.inf
 
     def busy(self, now: float) -> None:
         """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
@@ -235,7 +235,7 @@ class AdmissionLimit:
 
     def shed(self, now: float) -> None:
         """Note that a request was refused at ``now``."""
-        self._last_shed = now
+        self.last_shed = now
 
     def limit(self, now: float) -> int:
         """The bound now."""
@@ -246,7 +246,7 @@ class AdmissionLimit:
         self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
-        if sid - first < self._SLOTS // 2 or now - self._last_shed >= self.WINDOW_S:
+        if sid - first < self._SLOTS // 2 or now - self.last_shed >= self.WINDOW_S:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
         return min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
 
@@ -259,17 +259,60 @@ STATS_KEY = "facegate.record_request"
 
 class Admission:
     """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, each built once per
-    bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes."""
+    bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes.
+
+    While it sheds, the bound also follows the event loop's lateness (:meth:`watch`): a front-end whose loop is
+    saturated by admitted work answers its refusals late, since each waits for a loop turn. A turn later than
+    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests to :data:`CUT` of what is admitted now, at most
+    once per :data:`CUT_EVERY_S` (admitted work keeps the loop busy for a while after a cut); each punctual
+    turn (:data:`TICK_S` apart) raises it by one. The cap is lifted whenever nothing was refused for
+    :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine sharing the process)
+    is left be until the server is actually overloaded.
+    """
+
+    TICK_S = 0.01
+    LAG_HIGH_S = 0.01
+    LAG_LOW_S = 0.002
+    CUT = 0.9
+    CUT_EVERY_S = 0.1
 
     def __init__(self, settings: Settings) -> None:
         self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
         self.admitted = 0
+        self.cap = settings.limits.max_admitted
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._due = 0.0
+        self._last_cut = -math.inf
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start following ``loop``'s lateness (a timer every :data:`TICK_S`, no task; once per loop)."""
+        if self._loop is not loop:
+            self._loop, self._due = loop, loop.time() + self.TICK_S
+            loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        self.lagged(now - self._due, time.monotonic())
+        self._due = now + self.TICK_S
+        self._loop.call_at(self._due, self._tick)
+
+    def lagged(self, lag_s: float, now: float) -> None:
+        """Adjust the cap for a loop turn ``lag_s`` seconds late at ``now`` (``time.monotonic()``)."""
+        if now - self.bound.last_shed >= AdmissionLimit.WINDOW_S:
+            self.cap = self.bound.max_admitted
+        elif lag_s > self.LAG_HIGH_S:
+            if now - self._last_cut >= self.CUT_EVERY_S:
+                self.cap = max(AdmissionLimit.FLOOR, math.floor(min(self.cap, self.admitted) * self.CUT))
+                self._last_cut = now
+        elif lag_s < self.LAG_LOW_S:
+            self.cap = min(self.bound.max_admitted, self.cap + 1)
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
         """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body
         (for ASGI) and the whole response as bytes (for :class:`ShedProtocol`)."""
-        limit = self.bound.limit(now)
+        limit = min(self.bound.limit(now), self.cap)
         if self.admitted < limit:
             return None
         self.bound.shed(now)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from facegate.api.limits import AdmissionLimit, PixelBudget
+from facegate.api.limits import Admission, AdmissionLimit, PixelBudget
 from facegate.api.security import TokenBuckets, required_scope
 from facegate.config import Limits, Settings
 
@@ -60,6 +60,48 @@ def test_admission_limit_never_exceeds_max() -> None:
     t = _slot_start(100.0)
     bound.finished(t - 1)
     assert bound.limit(t) == 1
+
+
+def test_a_late_loop_cuts_the_cap_only_while_shedding_and_a_punctual_one_restores_it() -> None:
+    adm = Admission(Settings(device="cpu"))
+    top = adm.bound.max_admitted
+    adm.admitted = 200
+    t = 1000.0
+    adm.lagged(0.3, t)  # late, but nothing refused: the cap stays off
+    assert adm.cap == top
+    adm.bound.shed(t)
+    adm.lagged(0.3, t)
+    assert adm.cap == 180  # 0.9 of what is admitted
+    adm.lagged(0.3, t + 0.05)
+    assert adm.cap == 180  # at most one cut per CUT_EVERY_S
+    adm.lagged(0.3, t + Admission.CUT_EVERY_S)
+    assert adm.cap == 162
+    assert adm.refuse(t + 0.2) is not None  # 200 admitted, over the cap
+    adm.lagged(0.005, t + 0.3)  # neither late nor punctual: held
+    assert adm.cap == 162
+    for i in range(10):  # punctual turns raise it by one each
+        adm.lagged(0.0, t + 0.3 + i * Admission.TICK_S)
+    assert adm.cap == 172
+    adm.admitted = 0
+    for i in range(100):  # a cut never goes below the floor
+        adm.bound.shed(t + 1 + i * Admission.CUT_EVERY_S)
+        adm.lagged(1.0, t + 1 + i * Admission.CUT_EVERY_S)
+    assert adm.cap == FLOOR
+    adm.lagged(0.0, t + 100 + AdmissionLimit.WINDOW_S)  # nothing refused for a window: lifted
+    assert adm.cap == top
+
+
+def test_the_loop_watch_measures_its_own_turns() -> None:
+    adm = Admission(Settings(device="cpu"))
+    adm.cap = 10
+
+    async def main() -> None:
+        adm.watch(asyncio.get_running_loop())
+        adm.watch(asyncio.get_running_loop())  # once per loop
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert adm.cap == adm.bound.max_admitted  # ticks ran, and nothing was refused: lifted
 
 
 def test_pixel_budget_waits_and_is_first_come_first_served() -> None:
