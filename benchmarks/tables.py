@@ -295,7 +295,14 @@ def overload(d: dict[str, Any]) -> str:
         return _table(["concurrency", *keys], [[p["concurrency"], *(r3(p.get(k)) for k in keys)] for p in d["points"]])
     rows = [[name, *(r3(d[name].get(k)) for k in keys)] for name in ("capacity", "overload")]
     summary = ["capacity_per_s", "offered_per_s", "goodput_ratio", "rss_growth", "recovery_s", "stop"]
-    return _table(["phase", *keys], rows) + "\n\n" + _table(summary, [[r3(d.get(k)) for k in summary]])
+    out = _table(["phase", *keys], rows) + "\n\n" + _table(summary, [[r3(d.get(k)) for k in summary]])
+    windows = d["overload"].get("shed_p99_from_send_by_5s")
+    if windows:  # the 503s' p99 from the send, by 5 s of the flood: the ramp against the steady state
+        spans = [f"{5 * i}-{5 * i + 5} s" for i in range(len(windows))]
+        heads = ["shed_p99_from_send_s", "after the first 5 s", *spans]
+        after = d["overload"].get("shed_p99_from_send_after_5s")
+        out += "\n\n" + _table(heads, [[r3(d["overload"].get("shed_p99_from_send_s")), r3(after), *map(r3, windows)]])
+    return out
 
 
 def kill9_soak(d: dict[str, Any]) -> str:
