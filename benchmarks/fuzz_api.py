@@ -30,8 +30,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, free_port, wait_ready, write_json
-from facegate.bench.fuzz import FuzzReport, fuzz_api, fuzz_decoders
 from facegate.config import Settings
+from fuzz import FuzzReport, fuzz_api, fuzz_decoders
 
 log = logging.getLogger("fuzz_api")
 

@@ -73,12 +73,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.bench.http import (
+    ERROR_SAMPLES,
     TRANSPORTS,
     ImageItem,
     _phase,
     _RequestMaker,
     client_description,
-    merge_error_samples,
     open_sender,
 )
 from facegate.bench.rawhttp import encode_multipart, encode_request
@@ -107,6 +107,16 @@ GALLERY_KINDS = {"search", "enrol"}
 #: galleries a facegate server gets when a gallery kind is measured: searched, and enrolled into
 SEARCH_GALLERY, ENROL_GALLERY = "bench", "bench_enrol"
 DEFAULT_KINDS = "compare,embed_aligned"
+
+
+def merge_error_samples(parts: Any) -> dict[str, list[str]]:
+    """Several recorders' ``error_samples`` as one (at most :data:`ERROR_SAMPLES` per kind)."""
+    out: dict[str, list[str]] = {}
+    for part in parts:
+        for key, bodies in part.items():
+            kept = out.setdefault(key, [])
+            kept += bodies[: ERROR_SAMPLES - len(kept)]
+    return out
 
 
 def images_per_request(kind: str, o: argparse.Namespace) -> int:

@@ -4,11 +4,14 @@ per operation); ``benchmarks/fuzz_api.py`` runs the 10,000-request version."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from facegate.bench.fuzz import fuzz_api, fuzz_decoders
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from fuzz import fuzz_api, fuzz_decoders
 
 
 def test_schema_driven_requests_get_no_5xx(server_factory, fg: SimpleNamespace) -> None:

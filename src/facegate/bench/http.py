@@ -174,16 +174,6 @@ ERROR_SAMPLES = 3
 ERROR_SAMPLE_BYTES = 400
 
 
-def merge_error_samples(parts: Any) -> dict[str, list[str]]:
-    """Several recorders' ``error_samples`` as one (at most :data:`ERROR_SAMPLES` per kind)."""
-    out: dict[str, list[str]] = {}
-    for part in parts:
-        for key, bodies in part.items():
-            kept = out.setdefault(key, [])
-            kept += bodies[: ERROR_SAMPLES - len(kept)]
-    return out
-
-
 @dataclass
 class _Recorder:
     latencies_s: list[float] = field(default_factory=list)

@@ -77,8 +77,8 @@ def _set_cf(fut: concurrent.futures.Future[Any], ok: bool, value: Any) -> None:
         pass
 
 
-def _set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    """Runs on the future's own event loop."""
+def set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    """Complete ``(future, ok, value_or_exception)`` entries not yet done; runs on the futures' own event loop."""
     for fut, ok, value in entries:
         if fut.done():
             continue
@@ -99,7 +99,7 @@ def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
             _set_cf(fut, ok, value)
     for loop, entries in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_set_asyncio_many, entries)
+            loop.call_soon_threadsafe(set_asyncio_many, entries)
         except RuntimeError:  # loop closed
             log.debug("event loop closed; dropping %d results", len(entries))
 

@@ -169,19 +169,17 @@ class _StageRunner:
         self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
-        self._threads = [threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)]
+        self._thread = threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        self._thread.start()
 
     def alive(self) -> bool:
-        return all(t.is_alive() for t in self._threads)
+        return self._thread.is_alive()
 
     def join(self, deadline: float | None) -> bool:
-        for t in self._threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
 
     def cost(self, payload: Any) -> int:
         """The payload's batch cost (the stage's ``item_cost``, else 1); stage errors become EngineError."""

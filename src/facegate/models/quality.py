@@ -64,19 +64,19 @@ class QualityCalibration(nn.Module):
             raise InvalidParameterError(f"unknown calibration transform {transform!r}")
         self.kind: CalibrationKind = kind
         self.transform: Transform = transform
-        self._direction = _check_direction(direction)
+        self.direction = _check_direction(direction)
         self.fitted = bool(fitted)
         self.note = str(note)
         if kind == "logistic":
             if not (math.isfinite(a) and math.isfinite(b)):
                 raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
-            if a != 0 and (1 if a > 0 else -1) != self._direction:
-                raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self._direction}")
+            if a != 0 and (1 if a > 0 else -1) != self.direction:
+                raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self.direction}")
             xs_t, ys_t = torch.zeros(0), torch.zeros(0)
         else:
             xs_t = torch.as_tensor(np.asarray(xs if xs is not None else [], dtype=np.float64), dtype=torch.float32)
             ys_t = torch.as_tensor(np.asarray(ys if ys is not None else [], dtype=np.float64), dtype=torch.float32)
-            self._validate_knots(xs_t, ys_t, self._direction)
+            self._validate_knots(xs_t, ys_t, self.direction)
             if xs_t.numel() == 1:  # a constant map; two equal-valued knots keep forward branch-free
                 xs_t = torch.cat([xs_t, xs_t + 1.0])
                 ys_t = torch.cat([ys_t, ys_t])
@@ -94,23 +94,6 @@ class QualityCalibration(nn.Module):
             raise InvalidParameterError(
                 f"piecewise_linear needs finite, strictly ascending xs and ys in [0, 1] monotone in {direction:+d}"
             )
-
-    @property
-    def direction(self) -> int:
-        """+1: higher raw is better; -1: worse. Setting it mirrors the map (q → 1 − q)."""
-        return self._direction
-
-    @direction.setter
-    def direction(self, value: int) -> None:
-        value = _check_direction(value)
-        if value == self._direction:
-            return
-        with torch.no_grad():
-            self.a.neg_()
-            self.b.neg_()
-            self.ys.copy_(1.0 - self.ys)
-        log.info("quality calibration direction set to %+d (map mirrored: q -> 1 - q)", value)
-        self._direction = value
 
     def forward(self, raw: Tensor) -> Tensor:
         """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
@@ -131,7 +114,7 @@ class QualityCalibration(nn.Module):
         """JSON-ready form; :meth:`from_dict` inverts it."""
         out: dict[str, Any] = {
             "kind": self.kind,
-            "direction": self._direction,
+            "direction": self.direction,
             "transform": self.transform,
             "fitted": self.fitted,
             "note": self.note,

@@ -65,20 +65,6 @@ def configure_omp_wait(device: str) -> str | None:
     return policy
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU has native bf16 (AVX-512 BF16 or AMX); emulated bf16 is slower than fp32."""
-    import torch
-
-    cpu = torch.cpu
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and (
-            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-        )
-    )
-
-
 #: No cuBLAS / cuBLASLt workspaces: PyTorch otherwise keeps one per thread and stream that ran a GEMM (tens of
 #: MiB of GPU memory each), and the models' only GEMMs are their small embedding heads.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}

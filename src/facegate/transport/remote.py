@@ -38,7 +38,7 @@ import numpy as np
 
 from facegate import errors as fg_errors
 from facegate.config import Settings
-from facegate.engine.batcher import WorkItem
+from facegate.engine.batcher import WorkItem, set_asyncio_many
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 from facegate.io.memcopy import copy_in, copy_out
 from facegate.metrics.stats import ServiceStats
@@ -530,7 +530,7 @@ class RemoteEngine:
 
     def _settle_many(self, results: list[tuple[int, Any, bool]]) -> None:
         """Free the slots and resolve the futures of ``[(rid, value, is_error)]``, one wake-up per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, bool]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
         with self._pending_lock:
             entries = [(self._pending.pop(rid, None), value, error) for rid, value, error in results]
         for entry, value, error in entries:
@@ -539,16 +539,10 @@ class RemoteEngine:
             loop, fut, offset, nbytes = entry
             if offset is not None and self._arena is not None:
                 self._arena.free(offset, nbytes)
-            by_loop.setdefault(loop, []).append((fut, value, error))
-
-        def resolve(items: list[tuple[asyncio.Future[Any], Any, bool]]) -> None:
-            for fut, value, error in items:
-                if not fut.done():
-                    fut.set_exception(value) if error else fut.set_result(value)
-
+            by_loop.setdefault(loop, []).append((fut, not error, value))
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(resolve, items)
+                loop.call_soon_threadsafe(set_asyncio_many, items)
 
     def _read(self) -> None:
         assert self._conn is not None

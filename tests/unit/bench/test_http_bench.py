@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -247,7 +248,8 @@ def test_main_writes_json(fake: tuple[str, FakeState], tmp_path: Path, capsys: p
 
 
 def test_merge_error_samples_keeps_the_first_three_per_kind() -> None:
-    from facegate.bench.http import merge_error_samples
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from http_e2e import merge_error_samples
 
     parts = [{"422": ["a", "b"]}, {"422": ["c", "d"], "503": ["e"]}, {}]
     assert merge_error_samples(parts) == {"422": ["a", "b", "c"], "503": ["e"]}

@@ -62,23 +62,6 @@ def test_log_transform_piecewise() -> None:
     np.testing.assert_allclose(cal(torch.tensor([1.0, np.e**0.5, 0.0])).numpy(), [0.0, 0.5, 0.0], atol=1e-6)
 
 
-def test_direction_setter_mirrors_the_map() -> None:
-    raw = torch.linspace(-3, 3, 50)
-    for cal in (
-        QualityCalibration("logistic", direction=-1, a=-1.5, b=0.3),
-        QualityCalibration("piecewise_linear", direction=-1, xs=[-1, 0, 2], ys=[0.9, 0.6, 0.1]),
-    ):
-        q = cal(raw)
-        cal.direction = 1
-        assert cal.direction == 1
-        q2 = cal(raw)
-        np.testing.assert_allclose(q2.numpy(), 1.0 - q.numpy(), atol=1e-6)
-        assert bool((q2[1:] >= q2[:-1]).all())
-        assert QualityCalibration.from_dict(cal.to_dict()).direction == 1
-    with pytest.raises(InvalidParameterError):
-        cal.direction = 0
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -76,16 +76,6 @@ def test_quality_monotone_in_the_source_direction(tiny: Recognizer) -> None:
     assert float(raw.max() - raw.min()) > 0  # the test is not vacuous
 
 
-def test_direction_is_settable_on_the_recognizer() -> None:
-    rec = build_recognizer(TINY_IRSE)
-    crops = _crops(6)
-    _, q, raw = rec(crops)
-    rec.calibration.direction = 1
-    _, q2, raw2 = rec(crops)
-    torch.testing.assert_close(raw2, raw)
-    torch.testing.assert_close(q2, 1.0 - q, atol=1e-6, rtol=0)
-
-
 def test_batched_equals_single(tiny: Recognizer) -> None:
     crops = _crops(4, seed=1)
     emb, q, raw = tiny(crops)
