@@ -282,21 +282,30 @@ class Admission:
         self.cap = settings.limits.max_admitted
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed = False
         self._due = 0.0
         self._last_cut = -math.inf
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start following ``loop``'s lateness (a timer every :data:`TICK_S`, no task; once per loop)."""
-        if self._loop is not loop:
-            self._loop, self._due = loop, loop.time() + self.TICK_S
-            loop.call_at(self._due, self._tick)
+        """Follow ``loop``'s lateness while this front-end refuses: a timer every :data:`TICK_S` (no task), armed
+        by a refusal and stopped once nothing was refused for :data:`AdmissionLimit.WINDOW_S`."""
+        self._loop = loop
+
+    def _arm(self) -> None:
+        if self._loop is not None and not self._armed:
+            self._armed, self._due = True, self._loop.time() + self.TICK_S
+            self._loop.call_at(self._due, self._tick)
 
     def _tick(self) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        self.lagged(now - self._due, time.monotonic())
-        self._due = now + self.TICK_S
-        self._loop.call_at(self._due, self._tick)
+        mono = time.monotonic()
+        self.lagged(now - self._due, mono)
+        if mono - self.bound.last_shed < AdmissionLimit.WINDOW_S:
+            self._due = now + self.TICK_S
+            self._loop.call_at(self._due, self._tick)
+        else:
+            self._armed = False
 
     def lagged(self, lag_s: float, now: float) -> None:
         """Adjust the cap for a loop turn ``lag_s`` seconds late at ``now`` (``time.monotonic()``)."""
@@ -316,6 +325,7 @@ class Admission:
         if self.admitted < limit:
             return None
         self.bound.shed(now)
+        self._arm()
         answer = self._answers.get(limit)
         if answer is None:
             from facegate.api.security import CSP, FIXED_HEADERS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -91,17 +92,21 @@ def test_a_late_loop_cuts_the_cap_only_while_shedding_and_a_punctual_one_restore
     assert adm.cap == top
 
 
-def test_the_loop_watch_measures_its_own_turns() -> None:
+def test_the_loop_watch_ticks_only_while_refusing() -> None:
     adm = Admission(Settings(device="cpu"))
-    adm.cap = 10
+    adm.cap = adm.admitted = 10
 
-    async def main() -> None:
+    async def main() -> tuple[tuple[int, bool], int, bool]:
         adm.watch(asyncio.get_running_loop())
-        adm.watch(asyncio.get_running_loop())  # once per loop
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
+        idle = adm.cap, adm._armed  # nothing refused: no timer
+        assert adm.refuse(time.monotonic()) is not None  # at the cap: refused, the timer starts
+        await asyncio.sleep(0.1)  # punctual turns raise the cap by one each
+        return idle, adm.cap, adm._armed
 
-    asyncio.run(main())
-    assert adm.cap == adm.bound.max_admitted  # ticks ran, and nothing was refused: lifted
+    idle, cap, armed = asyncio.run(main())
+    assert idle == (10, False)
+    assert cap > 10 and armed
 
 
 def test_pixel_budget_waits_and_is_first_come_first_served() -> None:
