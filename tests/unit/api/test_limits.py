@@ -95,18 +95,20 @@ def test_a_late_loop_cuts_the_cap_only_while_shedding_and_a_punctual_one_restore
 def test_the_loop_watch_ticks_only_while_refusing() -> None:
     adm = Admission(Settings(device="cpu"))
     adm.cap = adm.admitted = 10
+    lags: list[float] = []
+    adm.lagged = lambda lag_s, now: lags.append(lag_s)  # type: ignore[method-assign]
 
-    async def main() -> tuple[tuple[int, bool], int, bool]:
+    async def main() -> tuple[tuple[int, bool], bool]:
         adm.watch(asyncio.get_running_loop())
         await asyncio.sleep(0.05)
-        idle = adm.cap, adm._armed  # nothing refused: no timer
+        idle = len(lags), adm._armed  # nothing refused: no timer
         assert adm.refuse(time.monotonic()) is not None  # at the cap: refused, the timer starts
-        await asyncio.sleep(0.1)  # punctual turns raise the cap by one each
-        return idle, adm.cap, adm._armed
+        await asyncio.sleep(0.1)
+        return idle, adm._armed
 
-    idle, cap, armed = asyncio.run(main())
-    assert idle == (10, False)
-    assert cap > 10 and armed
+    idle, armed = asyncio.run(main())
+    assert idle == (0, False)
+    assert armed and lags and all(lag > -0.001 for lag in lags)  # each turn's lateness (asyncio may run a timer a clock tick early)
 
 
 def test_pixel_budget_waits_and_is_first_come_first_served() -> None:
