@@ -1,7 +1,7 @@
 """Overload at a multiple of the capacity measured in the same run, against ``facegate serve`` in a child
 process (real default models).
 
-Phases (``facegate.bench.overload.overload_run``): warm-up; one request at a time; capacity in a closed
+Phases (``overload_client.overload_run``): warm-up; one request at a time; capacity in a closed
 loop of ``--concurrency`` clients; then ``--factor`` × capacity in an open loop (``--procs`` client
 processes, pre-encoded requests over raw sockets) for ``--seconds``, with the RSS of the server's process
 tree sampled and, when the arrivals stop, the time until a new request is answered; then capacity once more (the
@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, free_port, wait_ready, write_json
-from facegate.bench.overload import closed_loop, encode, overload_run
+from overload_client import closed_loop, encode, overload_run
 
 
 def _name(args: argparse.Namespace) -> str:

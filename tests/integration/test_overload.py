@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from facegate.bench.overload import overload_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from overload_client import overload_run
 
 pytestmark = [pytest.mark.perf, pytest.mark.slow]
 log = logging.getLogger(__name__)

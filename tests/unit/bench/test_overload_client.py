@@ -1,12 +1,15 @@
-"""facegate.bench.overload's open loop against a scripted asyncio server: every request is sent at its
-scheduled time whatever the answers, and each answer is counted by its kind."""
+"""The overload client's open loop (benchmarks/overload_client.py) against a scripted asyncio server: every
+request is sent at its scheduled time whatever the answers, and each answer is counted by its kind."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
-from facegate.bench.overload import Phase, encode, open_loop
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from overload_client import Phase, encode, open_loop
 
 CONNECTIONS = [0]
 
