@@ -42,7 +42,7 @@ from common import env_record, pair_photo_sample
 from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.degrade import path_rng
-from facegate.eval.lfw import detect_centre, pair_images, read_pairs
+from facegate.eval.lfw import Pair, detect_centre, pair_images, read_pairs
 from facegate.eval.quality import _fires, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
@@ -147,7 +147,7 @@ def collect(a: argparse.Namespace) -> dict[str, np.ndarray]:
     t_turn = time.perf_counter() - t0
     every = sorted(pair_images(read_pairs(a.lfw)))
     every = every[:: max(1, len(every) // a.clean_photos)][: a.clean_photos] if a.clean_photos else []
-    clean: dict[str, list[Any]] = {k: [] for k in ("path", "found", "lm", "score", "other_refusal")}
+    clean: dict[str, list[Any]] = {k: [] for k in ("path", "found", "lm", "score", "other_refusal", "emb")}
     for n, q in enumerate(every, 1):
         img = decode_image((a.lfw / "lfw-deepfunneled" / q).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
         try:
@@ -158,6 +158,7 @@ def collect(a: argparse.Namespace) -> dict[str, np.ndarray]:
         clean["found"].append(face is not None)
         clean["lm"].append(nan5 if face is None else np.asarray(face.detection.landmarks, np.float64))
         clean["score"].append(np.nan if face is None else face.quality.score)
+        clean["emb"].append(np.full(128, np.nan, np.float32) if face is None else face.embedding)
         # refused for anything but pose (the pose reason is recomputed below, under each estimate)
         other = face is not None and (face.quality.score < gate or any(r.code != "pose" for r in face.quality.reasons))
         clean["other_refusal"].append(other)
@@ -167,7 +168,8 @@ def collect(a: argparse.Namespace) -> dict[str, np.ndarray]:
     out = {k: np.asarray(v) for k, v in turn.items()} | {f"clean_{k}": np.asarray(v) for k, v in clean.items()}
     out["fold_of_path"] = np.asarray([folds[p.split("/")[0]] for p in out["path"]])
     out["clean_fold"] = np.asarray([folds[p.split("/")[0]] for p in out["clean_path"]], np.int64)
-    out["meta"] = np.asarray([gate, t_turn, seconds, a.photos, a.clean_photos, a.nose_depth], np.float64)
+    match = float(pipe.operating.match_threshold)
+    out["meta"] = np.asarray([gate, t_turn, seconds, a.photos, a.clean_photos, a.nose_depth, match], np.float64)
     return out
 
 
@@ -195,9 +197,9 @@ def med(v: np.ndarray) -> float | None:
     return float(np.median(v)) if v.size else None
 
 
-def analyse(r: dict[str, np.ndarray], frontal: float) -> dict[str, Any]:
-    """Per-turn tables, the real-pose check, held-out precision and recall, the clean-refusal guardrail;
-    ``frontal``: a frontal face's eye distance over eye-mouth height (:func:`fore_yaw`)."""
+def analyse(r: dict[str, np.ndarray], frontal: float, pairs: list[Pair]) -> dict[str, Any]:
+    """Per-turn tables, the real-pose check and stratum, held-out precision and recall, the clean-refusal guardrail;
+    ``frontal``: a frontal face's eye distance over eye-mouth height (:func:`fore_yaw`); ``pairs``: pairs.txt's."""
     est = {"yaw": lambda lm: landmark_geometry(lm)[1], "yaw_before": yaw_before}
     found = np.isfinite(r["det"][:, 0, 0])
     iod0 = np.linalg.norm(r["lm0"][:, 1] - r["lm0"][:, 0], axis=1)
@@ -242,6 +244,7 @@ def analyse(r: dict[str, np.ndarray], frontal: float) -> dict[str, Any]:
         for lo, hi in bins
     ]
     neg_f = r["clean_fold"][cf]
+    qs = QualitySettings()
     out["held_out"] = {}
     for k in est:
         det_abs = np.abs(yaws[k]["det"])
@@ -252,7 +255,6 @@ def analyse(r: dict[str, np.ndarray], frontal: float) -> dict[str, Any]:
         out["held_out"][k]["clean_abs_yaw_quantiles"] = {
             str(p): float(np.quantile(clean_yaw[k], p)) for p in (0.5, 0.9, 0.99, 0.998, 1.0)
         }
-    qs = QualitySettings()
     other = r["clean_other_refusal"][cf].astype(bool)
     refusal = {}
     for k in est:
@@ -262,6 +264,34 @@ def analyse(r: dict[str, np.ndarray], frontal: float) -> dict[str, Any]:
             "refused": float((other | pose).mean()),
             "refused_faces": int((other | pose).sum()),
         }
+    # a face fails when one of its pairs.txt genuine comparisons (clean against clean) misses the match threshold
+    row = {p: i for i, p in enumerate(r["clean_path"][cf])}
+    emb = r["clean_emb"][cf].astype(np.float32)
+    fails = np.zeros(cf.sum(), bool)
+    compared = np.zeros(cf.sum(), bool)
+    for p in pairs:
+        if p.same and p.a in row and p.b in row:
+            i, j = row[p.a], row[p.b]
+            miss = float(emb[i] @ emb[j]) < float(r["meta"][6])
+            fails[[i, j]] |= miss
+            compared[[i, j]] = True
+    out["real_stratum"] = [
+        {
+            "yaw": f"{lo}-{hi}",
+            "faces": int((m := compared & (clean_yaw["yaw"] >= lo) & (clean_yaw["yaw"] < hi)).sum()),
+            "failing": float(fails[m].mean()) if m.any() else None,
+            "pose_fires": float((clean_yaw["yaw"][m] > qs.max_yaw_deg).mean()) if m.any() else None,
+        }
+        for lo, hi in ((0, 20), (20, 30), (30, 40), (40, 50), (50, 90))
+    ]
+    fired = compared & (clean_yaw["yaw"] > qs.max_yaw_deg)
+    out["real_stratum_fired"] = {
+        "faces": int(fired.sum()),
+        "failing": float(fails[fired].mean()) if fired.any() else None,
+        "failing_overall": float(fails[compared].mean()),
+        "compared_faces": int(compared.sum()),
+        "match_threshold": float(r["meta"][6]),
+    }
     out["clean_refusal"] = {
         "verify_gate": float(r["meta"][0]),
         "max_yaw_deg": qs.max_yaw_deg,
@@ -314,7 +344,7 @@ def main() -> None:
         "nose_depth_iod": float(r["meta"][5]),
         "side": a.side,
         "foreshortening_frontal": frontal,
-        **analyse(r, frontal),
+        **analyse(r, frontal, read_pairs(a.lfw)),
         "env": env_record(photos=int(r["meta"][3]), seconds=round(seconds, 1), turn_seconds=round(t_turn, 1)),
     }
     a.out.write_text(json.dumps(rep, indent=1))
