@@ -198,6 +198,19 @@ def pose_section(x: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]
         f"({pct(c['yaw_before']['pose_fires'], 2)} before). `max_yaw_deg` stays 50: no labelled stratum here "
         "can set it (a pose-labelled set such as CFP-FP or Multi-PIE would).",
     ]
+    if "pitch" in x:
+        pt = x["pitch"]
+        pq = pt["clean_abs_pitch_quantiles"]
+        lim = QualitySettings().max_pitch_deg
+        L += [
+            "",
+            "Pitch is not tested here (no rendered tilt). Its frontal reference is the ArcFace template's: the nose "
+            f"{pt['template_nose_place']:.3f} of the way from the eye line to the mouth line, where this detector "
+            f"puts a frontal face's nose at {pt['frontal_nose_place_median']:.3f} (median, clean faces under 10° of "
+            f"yaw), so a frontal face reads a few degrees of pitch (clean median {pq['0.5']:.0f}°, 99.8th percentile "
+            f"{pq['0.998']:.0f}°, largest {pq['1.0']:.0f}°); `max_pitch_deg` = {lim:g} fires on "
+            f"{'none' if pq['1.0'] <= lim else 'some'} of them.",
+        ]
     return L
 
 

@@ -46,7 +46,7 @@ from facegate.eval.lfw import Pair, detect_centre, pair_images, read_pairs
 from facegate.eval.quality import _fires, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.quality_reasons import EYE_MOUTH_PER_IOD, NOSE_DEPTH_IOD, landmark_geometry
+from facegate.quality_reasons import EYE_MOUTH_PER_IOD, NOSE_DEPTH_IOD, NOSE_FRONTAL_T, landmark_geometry
 
 log = logging.getLogger("quality_pose")
 ANGLES = (15, 30, 45, 60, 75)
@@ -291,6 +291,16 @@ def analyse(r: dict[str, np.ndarray], frontal: float, pairs: list[Pair]) -> dict
         "failing_overall": float(fails[compared].mean()),
         "compared_faces": int(compared.sum()),
         "match_threshold": float(r["meta"][6]),
+    }
+    # pitch is not tested here; what the clean faces say about its frontal reference
+    eyes, mouth = (clm[:, 0] + clm[:, 1]) / 2, (clm[:, 3] + clm[:, 4]) / 2
+    axis = mouth - eyes
+    height = np.linalg.norm(axis, axis=1)
+    along = np.einsum("ij,ij->i", clm[:, 2] - eyes, axis / height[:, None]) / height
+    out["pitch"] = {
+        "frontal_nose_place_median": float(np.median(along[clean_yaw["yaw"] < 10])),
+        "template_nose_place": NOSE_FRONTAL_T,
+        "clean_abs_pitch_quantiles": {str(p): float(np.quantile(pitch, p)) for p in (0.5, 0.9, 0.99, 0.998, 1.0)},
     }
     out["clean_refusal"] = {
         "verify_gate": float(r["meta"][0]),
