@@ -141,9 +141,10 @@ def collect(a: argparse.Namespace) -> dict[str, np.ndarray]:
         side = 1 if path_rng(q, 30).random() < 0.5 else -1
         for s, deg in enumerate(ANGLES, 1):
             dd = detect_centre(pipe, [head_turn(img, side * deg, lm, a.nose_depth, a.side)])[0]
-            for k, v in zip(turn, (q, s, side, lm, turned_landmarks(lm, side * deg, a.nose_depth)), strict=False):
+            got = nan5 if dd is None else np.asarray(dd.landmarks, np.float64)
+            row = (q, s, side, lm, turned_landmarks(lm, side * deg, a.nose_depth), got)
+            for k, v in zip(turn, row, strict=True):
                 turn[k].append(v)
-            turn["det"].append(nan5 if dd is None else np.asarray(dd.landmarks, np.float64))
     t_turn = time.perf_counter() - t0
     every = sorted(pair_images(read_pairs(a.lfw)))
     every = every[:: max(1, len(every) // a.clean_photos)][: a.clean_photos] if a.clean_photos else []
