@@ -17,7 +17,8 @@ nose's offset (the yaw estimate) and the eye distance's foreshortening against t
 The pose limit is chosen on nine folds and measured on the tenth by the rule of
 ``facegate.eval.quality.reasons_study`` (at most 0.2 % of clean faces, the most lenient limit finding 85 % of
 positives); positives: the turned faces at 45° or more, and, as a check, at 60° or more. ``yaw_before`` is the
-estimate shipped before (a face size from the eye-mouth height once that exceeds the eye distance), for comparison.
+estimate shipped before (a face size from the eye-mouth height once that exceeds the eye distance), ``yaw_fit`` a fit
+of both cues (:func:`yaw_fit`), for comparison.
 
     python benchmarks/quality_pose.py --photos 600 --raw out/pose_raw.npz
 """
@@ -118,6 +119,26 @@ def yaw_before(lm: np.ndarray) -> float:
     return math.degrees(math.atan2(-across / max(iod, height / EYE_MOUTH_PER_IOD), NOSE_DEPTH_IOD))
 
 
+_FIT_GRID = np.radians(np.arange(0.0, 90.25, 0.25))
+
+
+def yaw_fit(lm: np.ndarray, frontal: float) -> float:
+    """Yaw of ``(5, 2)`` landmarks from both cues a turn moves, fitted to a rigid mean face: over the eye-mouth
+    height (which a turn leaves alone) the nose's offset reads ``NOSE_DEPTH_IOD · frontal · sin(yaw)`` and the eye
+    distance ``frontal · cos(yaw)``; least squares over yaw on a 0.25° grid, the sign from the nose. ``frontal``:
+    a frontal face's eye distance over eye-mouth height."""
+    eyes, mouth = (lm[0] + lm[1]) / 2, (lm[3] + lm[4]) / 2
+    axis = mouth - eyes
+    h = float(np.linalg.norm(axis))
+    if h < 1e-6:
+        return 0.0
+    u, rel = axis / h, lm[2] - eyes
+    across = -float(u[0] * rel[1] - u[1] * rel[0]) / h
+    f = float(np.linalg.norm(lm[1] - lm[0])) / h
+    err = (abs(across) - NOSE_DEPTH_IOD * frontal * np.sin(_FIT_GRID)) ** 2 + (f - frontal * np.cos(_FIT_GRID)) ** 2
+    return math.copysign(math.degrees(float(_FIT_GRID[int(np.argmin(err))])), across)
+
+
 def foreshortening(lm: np.ndarray) -> float:
     """Eye distance over eye-mouth height of ``(5, 2)`` landmarks: falls as ``cos(yaw)``, independent of the nose."""
     h = float(np.linalg.norm((lm[3] + lm[4] - lm[0] - lm[1]) / 2))
@@ -201,7 +222,11 @@ def med(v: np.ndarray) -> float | None:
 def analyse(r: dict[str, np.ndarray], frontal: float, pairs: list[Pair]) -> dict[str, Any]:
     """Per-turn tables, the real-pose check and stratum, held-out precision and recall, the clean-refusal guardrail;
     ``frontal``: a frontal face's eye distance over eye-mouth height (:func:`fore_yaw`); ``pairs``: pairs.txt's."""
-    est = {"yaw": lambda lm: landmark_geometry(lm)[1], "yaw_before": yaw_before}
+    est = {
+        "yaw": lambda lm: landmark_geometry(lm)[1],
+        "yaw_before": yaw_before,
+        "yaw_fit": lambda lm: yaw_fit(lm, frontal),
+    }
     found = np.isfinite(r["det"][:, 0, 0])
     iod0 = np.linalg.norm(r["lm0"][:, 1] - r["lm0"][:, 0], axis=1)
     lag = r["side"][:, None] * (r["det"][:, :, 0] - r["ideal"][:, :, 0]) / iod0[:, None]  # toward the turn, IOD
