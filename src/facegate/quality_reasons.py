@@ -89,10 +89,13 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
 def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     """``(iod_px, yaw_deg, pitch_deg)`` from ``(5, 2)`` landmarks in source pixels (order in :mod:`facegate.types`).
 
-    Yaw: the nose tip's signed offset from the eye-mouth axis, over the projected inter-ocular distance, read as
-    ``tan(yaw) · NOSE_DEPTH_IOD``. Pitch: the nose's place between the eye line and the mouth line against a
-    frontal face's. Both are coarse (a few degrees near frontal, worse past 45°): enough to tell a person to
-    face the camera.
+    Yaw: the nose tip's signed offset from the eye-mouth axis over the projected inter-ocular distance. Under a
+    turn by ``yaw`` the offset is ``NOSE_DEPTH_IOD · sin(yaw)`` and the eye distance ``cos(yaw)`` inter-ocular
+    distances, so their ratio reads ``NOSE_DEPTH_IOD · tan(yaw)`` whatever the face's size. The eye distance is not
+    replaced by one from the eye-mouth height: that mixes a foreshortened offset with an unforeshortened size,
+    reads ``atan(sin(yaw))`` (never above 45°) and depends on the detector's eye-mouth proportion. Pitch: the
+    nose's place between the eye line and the mouth line against a frontal face's. Both are coarse (a few degrees
+    near frontal): enough to tell a person to face the camera.
     """
     lm = np.asarray(landmarks, np.float64).reshape(5, 2)
     eyes = (lm[0] + lm[1]) / 2.0
@@ -106,9 +109,7 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     rel = lm[2] - eyes
     across = float(u[0] * rel[1] - u[1] * rel[0])  # signed distance of the nose from the eye-mouth line
     along = float(np.dot(rel, u)) / height
-    # the larger of the two face sizes: the eye distance shrinks with yaw, the eye-mouth height with pitch
-    size = max(iod, height / EYE_MOUTH_PER_IOD)
-    yaw = math.degrees(math.atan2(-across / size, NOSE_DEPTH_IOD))
+    yaw = math.degrees(math.atan2(-across / iod, NOSE_DEPTH_IOD))
     pitch_ratio = (along - NOSE_FRONTAL_T) * EYE_MOUTH_PER_IOD / NOSE_DEPTH_IOD
     pitch = math.degrees(math.asin(max(-1.0, min(1.0, pitch_ratio))))
     return iod, yaw, pitch

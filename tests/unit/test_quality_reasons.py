@@ -33,6 +33,21 @@ def test_geometry_of_the_template_and_of_a_turned_face() -> None:
     assert landmark_geometry(big)[0] == pytest.approx(3 * 35.24, abs=0.1)
 
 
+@pytest.mark.parametrize("deg", [-75, -50, -20, 0, 30, 60, 80])
+def test_yaw_of_a_rigid_face_turned_by_a_known_angle(deg: float) -> None:
+    # the template's landmarks on a rigid face (eyes and mouth at one depth, the nose NOSE_DEPTH_IOD in front),
+    # turned about a vertical axis and projected: the estimate reads the turn, past 45° too, whatever the scale
+    iod = 35.24
+    z = np.array([0.0, 0.0, 0.6 * iod, 0.0, 0.0])
+    for roll in (0.0, 20.0):
+        th, ro = np.radians(deg), np.radians(roll)
+        pts = ARCFACE_TEMPLATE.astype(np.float64) - ARCFACE_TEMPLATE.mean(axis=0)
+        turned = np.stack([pts[:, 0] * np.cos(th) + z * np.sin(th), pts[:, 1]], axis=1)
+        rot = np.array([[np.cos(ro), -np.sin(ro)], [np.sin(ro), np.cos(ro)]])
+        lm = 2.5 * turned @ rot.T + 200.0
+        assert landmark_geometry(lm)[1] == pytest.approx(deg, abs=0.5)  # the nose moved to +x: positive
+
+
 def test_each_reason_names_its_value_and_limit() -> None:
     small = _det(ARCFACE_TEMPLATE * 0.25)  # 9 px between the eyes
     r = face_reasons(small, None, 0.9, 0.5, LIMITS)
