@@ -78,7 +78,7 @@ def decide_enrolment(
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """One ranked candidate: 1-based rank, cosine score, and whether it clears the threshold."""
+    """One ranked candidate: 1-based rank, cosine score (6 decimals), and whether it clears the threshold."""
 
     rank: int
     subject_id: str
@@ -131,9 +131,10 @@ class GalleryFront(StoreFront):
             check_fpir(fpir)  # before any work
         return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
 
-    def answer(self, out: Any, fpir: float | None = None) -> SearchAnswer:
+    def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
         """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
-        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched."""
-        t, info = self.operating_point(out.size, fpir)
-        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True))
-        return SearchAnswer([Hit(r + 1, sid, float(s), bool(s >= t)) for r, (sid, s) in ranked], t, **info)
+        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched. ``out``
+        None (a probe refused, never searched): no hits, at gallery size ``size``."""
+        t, info = self.operating_point(size if out is None else out.size, fpir)
+        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
+        return SearchAnswer([Hit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info)
