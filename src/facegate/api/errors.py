@@ -33,11 +33,6 @@ def error_body(code: str, message: str, detail: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "detail": dict(detail or {})}}
 
 
-def error_dict(exc: FacegateError) -> dict[str, Any]:
-    """The inner ``{"code", "message", "detail"}`` of a facegate error (used in per-item results)."""
-    return exc.to_dict()
-
-
 def facegate_error_response(exc: FacegateError) -> JSONResponse:
     """The HTTP response for a facegate error, with its class's status."""
     status = status_for(exc)

@@ -17,7 +17,6 @@ from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 
 from facegate.api import schemas as sc
-from facegate.api.errors import error_dict
 from facegate.api.forms import FastFormRoute
 from facegate.api.state import ServingState, get_state
 from facegate.errors import (
@@ -255,7 +254,7 @@ async def embed_response(
     items: list[sc.EmbedItem] = []
     for i, r in enumerate(results):
         if isinstance(r, FacegateError):
-            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**error_dict(r))))
+            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**r.to_dict())))
         elif isinstance(r, BaseException):
             raise r
         else:
