@@ -127,14 +127,6 @@ class FaceService:
         return self.pipeline.spec
 
     @property
-    def match_threshold(self) -> float:
-        return self.pipeline.operating.match_threshold
-
-    @property
-    def match_fmr(self) -> float:
-        return self.pipeline.operating.match_fmr
-
-    @property
     def quality_threshold(self) -> float:
         return self.pipeline.operating.quality_threshold
 

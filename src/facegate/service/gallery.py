@@ -108,8 +108,8 @@ class GalleryFront(StoreFront):
     def __init__(self, store: GalleryStore, face_service: Any) -> None:
         super().__init__(store)
         self._svc = face_service
-        spec = face_service.spec
-        self.tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
+        op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
+        self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
