@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path as FilePath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -485,8 +484,7 @@ async def search(
     point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     refused = not face.quality.accepted
     reason = refusal_reason(face) if refused else None
-    hits = [sc.SearchHit(**asdict(h)) for h in ans.hits]
-    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=hits, **point)
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=ans.hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from facegate.service.gallery import SearchHit
 from facegate.types import CompareResult, Face
 
 
@@ -239,15 +240,6 @@ class DeletedSubject(_Model):
     """``DELETE /api/galleries/{name}/subjects/{subject_id}``."""
 
     deleted: str
-
-
-class SearchHit(_Model):
-    """One candidate: its rank (1 = best), cosine similarity, and whether it clears the match threshold."""
-
-    rank: int
-    subject_id: str
-    score: float
-    match: bool
 
 
 class SearchResponse(_Model):

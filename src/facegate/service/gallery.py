@@ -77,8 +77,9 @@ def decide_enrolment(
 
 
 @dataclass(frozen=True, slots=True)
-class Hit:
-    """One ranked candidate: 1-based rank, cosine score (6 decimals), and whether it clears the threshold."""
+class SearchHit:
+    """One candidate of a 1:N search: its rank (1 = best), cosine similarity (6 decimals), and whether it clears
+    the match threshold."""
 
     rank: int
     subject_id: str
@@ -92,7 +93,7 @@ class SearchAnswer:
     the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
     beyond the measured impostor pairs, and what FMR rests on (``basis``: lfw_impostors or registry_point)."""
 
-    hits: list[Hit]
+    hits: list[SearchHit]
     threshold: float
     fpir: float
     fmr: float
@@ -137,4 +138,6 @@ class GalleryFront(StoreFront):
         None (a probe refused, never searched): no hits, at gallery size ``size``."""
         t, info = self.operating_point(size if out is None else out.size, fpir)
         ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
-        return SearchAnswer([Hit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info)
+        return SearchAnswer(
+            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info
+        )
