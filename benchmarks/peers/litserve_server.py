@@ -45,7 +45,7 @@ import litserve as ls
 import numpy as np
 from fastapi.responses import JSONResponse, Response
 
-from facegate.api.errors import error_dict, facegate_error_response
+from facegate.api.errors import facegate_error_response
 from facegate.api.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
@@ -230,7 +230,7 @@ class EmbedAPI(_PipelineAPI):
             for j in range(len(req["items"])):
                 res = results[(r, j)]
                 if isinstance(res, FacegateError):
-                    items.append(EmbedItem(index=j, error=ErrorInfo(**error_dict(res))))
+                    items.append(EmbedItem(index=j, error=ErrorInfo(**res.to_dict())))
                 else:
                     items.append(EmbedItem(index=j, faces=[FaceOut.from_face(f, embedding=True) for f in res]))
             body = EmbedResponse(model=p.spec.name, dim=p.spec.embedding_dim, results=items)

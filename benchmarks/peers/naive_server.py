@@ -29,7 +29,7 @@ import numpy as np
 from fastapi import FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import JSONResponse, Response
 
-from facegate.api.errors import error_dict, facegate_error_response
+from facegate.api.errors import facegate_error_response
 from facegate.api.schemas import CompareResponse, EmbedItem, EmbedResponse, ErrorInfo, FaceOut
 from facegate.config import Settings
 from facegate.errors import EmptyInputError, FacegateError, ImageTooLargeError, InvalidParameterError
@@ -135,7 +135,7 @@ def create_naive_app(settings: Settings, *, serialize: bool = False) -> FastAPI:
                 faces = svc.faces(image, FaceSelect(select))
                 items.append(EmbedItem(index=i, faces=[FaceOut.from_face(x, embedding=True) for x in faces]))
             except FacegateError as exc:
-                items.append(EmbedItem(index=i, error=ErrorInfo(**error_dict(exc))))
+                items.append(EmbedItem(index=i, error=ErrorInfo(**exc.to_dict())))
         return EmbedResponse(model=svc.pipeline.spec.name, dim=svc.pipeline.spec.embedding_dim, results=items)
 
     return app

@@ -140,16 +140,13 @@ def serve(
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
-    # environment variables (FACEGATE_*) apply; flags given here override them
+    # environment variables (FACEGATE_*) apply; flags given here override them (nested groups are merged)
     kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
     kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
     batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
-    s = _settings(**kw, engine=Settings().engine.model_copy(update=batch))
-    if no_auth:
-        s = s.model_copy(update={"security": s.security.model_copy(update={"no_auth": True})})
     from facegate.api.server import run
 
-    run(s)
+    run(_settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {}))
 
 
 DataDirOpt = Annotated[Path | None, typer.Option(help="data folder (default FACEGATE_DATA_DIR)")]

@@ -1,5 +1,6 @@
 """One exception tree: third-party exceptions become one of these where they occur. Each class has a stable
-``code``; :mod:`facegate.api.errors` maps the classes to HTTP statuses."""
+``code`` and the HTTP ``status`` it answers with (:mod:`facegate.api.errors` builds the response); a subclass
+names a status only where it differs from its parent's."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from typing import Any
 
 
 class FacegateError(Exception):
-    """Base of every error facegate raises on purpose: ``code`` is the JSON ``error.code``, ``detail`` a
-    JSON-serialisable context."""
+    """Base of every error facegate raises on purpose: ``code`` is the JSON ``error.code``, ``status`` the HTTP
+    status, ``detail`` a JSON-serialisable context."""
 
     code: str = "facegate_error"
+    status: int = 500
 
-    def __init_subclass__(cls, code: str | None = None, **kw: Any) -> None:
+    def __init_subclass__(cls, code: str | None = None, status: int | None = None, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        if code is not None:
-            cls.code = code
+        cls.code = code or cls.code
+        cls.status = status or cls.status
 
     def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -26,7 +28,7 @@ class FacegateError(Exception):
         return {"code": self.code, "message": self.message, "detail": self.detail}
 
 
-class InputError(FacegateError, code="invalid_input"):
+class InputError(FacegateError, code="invalid_input", status=400):
     """The caller sent something facegate cannot use (maps to 4xx)."""
 
 
@@ -38,27 +40,27 @@ class ImageDecodeError(InputError, code="image_unreadable"):
     """The bytes are not an image facegate can decode (not an image, unsupported, or truncated)."""
 
 
-class ImageTooLargeError(InputError, code="image_too_large"):
+class ImageTooLargeError(InputError, code="image_too_large", status=413):
     """The upload exceeds the configured byte or pixel limit."""
 
 
-class NoFaceError(InputError, code="no_face"):
+class NoFaceError(InputError, code="no_face", status=422):
     """The detector found no face above the score threshold."""
 
 
-class FaceSelectionError(InputError, code="face_selection"):
+class FaceSelectionError(InputError, code="face_selection", status=422):
     """The face-selection policy cannot be satisfied (e.g. index out of range)."""
 
 
-class InvalidParameterError(InputError, code="invalid_parameter"):
+class InvalidParameterError(InputError, code="invalid_parameter", status=422):
     """A request parameter is out of its allowed range or of the wrong form."""
 
 
-class PathNotAllowedError(InputError, code="path_not_allowed"):
+class PathNotAllowedError(InputError, code="path_not_allowed", status=403):
     """A server-side path lies outside the configured allowed roots (or none are configured)."""
 
 
-class QualityRejectedError(InputError, code="low_quality"):
+class QualityRejectedError(InputError, code="low_quality", status=422):
     """A face is below the quality gate where the operation requires a good face (e.g. enrolment)."""
 
 
@@ -66,15 +68,15 @@ class BodyTooLargeError(ImageTooLargeError, code="body_too_large"):
     """A JSON body or JSON form field is larger than ``limits.json_max_bytes`` (HTTP 413)."""
 
 
-class UnauthorizedError(InputError, code="unauthorized"):
+class UnauthorizedError(InputError, code="unauthorized", status=401):
     """No API key, or one the server does not know (HTTP 401)."""
 
 
-class ForbiddenError(InputError, code="forbidden"):
+class ForbiddenError(InputError, code="forbidden", status=403):
     """The API key lacks the scope the route needs (HTTP 403)."""
 
 
-class OriginNotAllowedError(InputError, code="origin_not_allowed"):
+class OriginNotAllowedError(InputError, code="origin_not_allowed", status=403):
     """A state-changing request sent by another site's page (HTTP 403)."""
 
 
@@ -82,7 +84,7 @@ class HostNotAllowedError(InputError, code="host_not_allowed"):
     """The ``Host`` header names a host this server does not answer for (HTTP 400)."""
 
 
-class RateLimitedError(InputError, code="rate_limited"):
+class RateLimitedError(InputError, code="rate_limited", status=429):
     """The API key (or client address) made more requests than its rate allows (HTTP 429 with Retry-After)."""
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
@@ -110,32 +112,32 @@ class GalleryError(FacegateError, code="gallery_error"):
     """Gallery storage problems."""
 
 
-class GalleryUnavailableError(GalleryError, code="gallery_unavailable"):
+class GalleryUnavailableError(GalleryError, code="gallery_unavailable", status=503):
     """The gallery database is busy and could not be opened yet; the process keeps retrying (HTTP 503)."""
 
 
-class ErasureIncompleteError(GalleryError, code="erasure_incomplete"):
+class ErasureIncompleteError(GalleryError, code="erasure_incomplete", status=503):
     """A delete committed (no search returns the subject) but its bytes could not yet be removed from the
     database files, because another connection held a read snapshot past the wait (HTTP 503; retry)."""
 
 
-class GalleryNotFoundError(GalleryError, code="gallery_not_found"):
+class GalleryNotFoundError(GalleryError, code="gallery_not_found", status=404):
     """No gallery with that name."""
 
 
-class GalleryExistsError(GalleryError, code="gallery_exists"):
+class GalleryExistsError(GalleryError, code="gallery_exists", status=409):
     """A gallery with that name already exists."""
 
 
-class SubjectNotFoundError(GalleryError, code="subject_not_found"):
+class SubjectNotFoundError(GalleryError, code="subject_not_found", status=404):
     """No subject with that id in the gallery."""
 
 
-class DimensionMismatchError(GalleryError, code="dimension_mismatch"):
+class DimensionMismatchError(GalleryError, code="dimension_mismatch", status=409):
     """An embedding's dimension differs from the gallery's model dimension."""
 
 
-class EngineError(FacegateError, code="engine_error"):
+class EngineError(FacegateError, code="engine_error", status=503):
     """The inference engine cannot take or finish the work."""
 
 
@@ -152,7 +154,7 @@ class OverloadedError(QueueFullError, code="overloaded"):
     (HTTP 503 with Retry-After)."""
 
 
-class DeadlineExceededError(EngineError, code="deadline_exceeded"):
+class DeadlineExceededError(EngineError, code="deadline_exceeded", status=504):
     """The request's deadline passed before its work was computed (HTTP 504)."""
 
 

@@ -75,19 +75,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=True, default=str)
 
 
-def formatter(fmt: str | None = None) -> logging.Formatter:
-    """The formatter for ``fmt`` (``text`` | ``json``; default ``FACEGATE_LOG_FORMAT``, else ``text``)."""
-    fmt = (fmt or os.environ.get("FACEGATE_LOG_FORMAT", "text")).lower()
-    return JsonFormatter() if fmt == "json" else EscapingFormatter(TEXT_FORMAT)
-
-
-def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
-    """Log to stderr at ``level`` (default ``FACEGATE_LOG_LEVEL``, else INFO) in ``fmt``, replacing the root
-    logger's handlers (uvicorn's loggers propagate to it)."""
-    root = logging.getLogger()
+def configure_logging() -> None:
+    """Log to stderr at ``FACEGATE_LOG_LEVEL`` (default INFO) in ``FACEGATE_LOG_FORMAT`` (``text``, the default,
+    or ``json``), replacing the root logger's handlers (uvicorn's loggers propagate to it)."""
+    as_json = os.environ.get("FACEGATE_LOG_FORMAT", "text").lower() == "json"
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt))
+    handler.setFormatter(JsonFormatter() if as_json else EscapingFormatter(TEXT_FORMAT))
+    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel((level or os.environ.get("FACEGATE_LOG_LEVEL", "INFO")).upper())
+    root.setLevel(os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper())
     # python-multipart warns once per malformed part header: a client could fill the log with them
     logging.getLogger("python_multipart").setLevel(logging.ERROR)

@@ -176,15 +176,9 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         base.update(fused_kernels=False, det_graphs=False, compile="off")
         if base["precision"] == "fp16":
             base["precision"] = "fp32"
-    explicit = {
-        "precision": None if settings.precision == "auto" else settings.precision,
-        "compile": None if settings.compile == "auto" else settings.compile,
-        "workers": settings.workers,
-        "engines": settings.engines,
-        "engines_per_gpu": settings.engines_per_gpu,
-        "photo_stage": None if settings.gpu_preprocess == "auto" else settings.gpu_preprocess,
-    }
-    base.update({k: v for k, v in explicit.items() if v is not None})
+    explicit = {k: getattr(settings, k) for k in ("precision", "compile", "workers", "engines", "engines_per_gpu")}
+    explicit["photo_stage"] = settings.gpu_preprocess
+    base.update({k: v for k, v in explicit.items() if v is not None and v != "auto"})
     if settings.engines is not None and settings.engines_per_gpu is None:
         base["engines_per_gpu"] = min(base["engines_per_gpu"], settings.engines)
     if base["engines"] > 1 and base["workers"] < 2:

@@ -78,13 +78,10 @@ class Face:
     quality: QualityVerdict
     crop: np.ndarray | None = field(default=None, repr=False)  # (112, 112, 3) uint8 RGB aligned crop, if kept
 
-    def to_dict(self, *, with_embedding: bool = False) -> dict[str, object]:
-        """JSON-ready form; the embedding is included only on request."""
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form, without the embedding."""
         det = None if self.detection is None else self.detection.to_dict()
-        out: dict[str, object] = {"detection": det, "quality": self.quality.to_dict()}
-        if with_embedding:
-            out["embedding"] = [round(float(v), 7) for v in self.embedding]
-        return out
+        return {"detection": det, "quality": self.quality.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)

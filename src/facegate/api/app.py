@@ -101,7 +101,6 @@ async def _load(state: ServingState) -> None:
         if state.gallery is None:
             try:
                 state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
-                state.owns_gallery = True
             except GalleryError as exc:
                 if not _busy(exc):
                     raise
@@ -145,7 +144,7 @@ async def _reopen_gallery(state: ServingState) -> None:
             state.gallery_error = exc
             log.warning("the gallery is still unavailable: %s", exc.message)
             continue
-        state.gallery, state.owns_gallery, state.gallery_error = gallery, True, None
+        state.gallery, state.gallery_error = gallery, None
         log.info("the gallery is open")
 
 
@@ -418,9 +417,8 @@ def create_app(
     ``engine``: ``(socket path(s), authkey)`` of running engine processes: a front-end that loads no models."""
     from facegate import __version__
 
-    state = ServingState(
-        settings=settings, plan=plan or make_plan(settings), service=service, gallery=gallery, engine=engine
-    )
+    plan = plan or make_plan(settings)
+    state = ServingState(settings, plan, service, gallery, engine=engine, owns_gallery=gallery is None)
     if service is not None:
         state.stats = service.stats
     app = FastAPI(

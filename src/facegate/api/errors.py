@@ -1,8 +1,8 @@
 """The one mapping from errors to HTTP responses: ``{"error": {"code", "message", "detail"}}``.
 
-``code`` is the FacegateError subclass's stable ``code``. Routes raise FacegateErrors and never build error
-responses; FastAPI's validation errors become 422 ``invalid_parameter`` and Starlette's HTTP errors (unknown
-route, wrong method) keep their status.
+``code`` and the status are the FacegateError subclass's (:mod:`facegate.errors`). Routes raise FacegateErrors
+and never build error responses; FastAPI's validation errors become 422 ``invalid_parameter`` and Starlette's
+HTTP errors (unknown route, wrong method) keep their status.
 """
 
 from __future__ import annotations
@@ -22,29 +22,10 @@ from facegate.logs import escape, redact_paths
 
 log = logging.getLogger(__name__)
 
-#: HTTP status per exception class; the most specific class in an exception's MRO wins, so a subclass is listed
-#: only where its status differs from its parent's (FacegateError, ModelError, GalleryError, ServerError: 500).
-STATUS_BY_ERROR: dict[type[FacegateError], int] = {
-    cls: status
-    for status, classes in {
-        400: (InputError,),
-        401: (e.UnauthorizedError,),
-        403: (e.PathNotAllowedError, e.ForbiddenError, e.OriginNotAllowedError),
-        404: (e.GalleryNotFoundError, e.SubjectNotFoundError),
-        409: (e.GalleryExistsError, e.DimensionMismatchError),
-        413: (e.ImageTooLargeError,),
-        422: (InvalidParameterError, e.NoFaceError, e.FaceSelectionError, e.QualityRejectedError),
-        429: (RateLimitedError,),
-        503: (e.GalleryUnavailableError, e.ErasureIncompleteError, e.EngineError),
-        504: (e.DeadlineExceededError,),
-    }.items()
-    for cls in classes
-}
-
 
 def status_for(exc: FacegateError) -> int:
-    """HTTP status of a facegate error: the entry of the most specific class in its MRO."""
-    return next((STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in STATUS_BY_ERROR), 500)
+    """HTTP status of a facegate error (its class's ``status``)."""
+    return exc.status
 
 
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -52,13 +33,8 @@ def error_body(code: str, message: str, detail: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "detail": dict(detail or {})}}
 
 
-def error_dict(exc: FacegateError) -> dict[str, Any]:
-    """The inner ``{"code", "message", "detail"}`` of a facegate error (used in per-item results)."""
-    return exc.to_dict()
-
-
 def facegate_error_response(exc: FacegateError) -> JSONResponse:
-    """The HTTP response for a facegate error (status from :data:`STATUS_BY_ERROR`)."""
+    """The HTTP response for a facegate error, with its class's status."""
     status = status_for(exc)
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError | RateLimitedError):

@@ -11,7 +11,7 @@ with its body replayed.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.types import Receive, Scope, Send
@@ -60,12 +60,6 @@ def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] |
     return images if aligned and 1 <= len(images) <= max_images else None
 
 
-def state_pixels(scope: Scope) -> Any:
-    """The app's :class:`~facegate.api.limits.PixelBudget`, or None."""
-    app = scope.get("app")
-    return getattr(getattr(app, "state", None), "facegate_pixels", None)
-
-
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
     """Answer an aligned-crop embed request (None), or return a receive that replays its body for FastAPI.
     A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
@@ -87,17 +81,14 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     if images is None:
         return replay_body(body, receive)
     scope["route"] = ROUTE
-    budget = state_pixels(scope)  # limits.request_pixels / decode_pixels_in_flight, as for FastAPI's routes
-    pixels = 0
+    budget = scope["app"].state.facegate_pixels  # limits.request_pixels, decode_pixels_in_flight, as in forms
     try:
-        if budget is not None:
-            pixels = budget.measure(images)
-            await budget.acquire(pixels)
+        pixels = budget.measure(images)
+        await budget.acquire(pixels)
         try:
             out = await embed_response(state, state.require_service(), images, None, "largest", True)
         finally:
-            if budget is not None:
-                budget.release(pixels)
+            budget.release(pixels)
     except FacegateError as exc:
         await facegate_error_response(exc)(scope, receive, send)
         return None

@@ -5,6 +5,10 @@ opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thre
 least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
 engines through :mod:`facegate.transport.remote`; ``/metrics`` of any of them covers the whole server. If an
 engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
+
+Sockets and metrics files live in run folders named ``facegate-<kind>-<supervisor pid>-<random>`` in the
+temporary directory, so that the next start can tell a live server's folder from a killed one's
+(:func:`remove_stale_run_dirs`). Shared memory needs no sweep (its blocks are unnamed).
 """
 
 from __future__ import annotations
@@ -14,18 +18,20 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from fastapi import FastAPI
 
-from facegate.api import runfiles
 from facegate.api.acceptor import Acceptor, FrontEndServer
 from facegate.api.app import create_app, uvicorn_config
 from facegate.api.drain import uvicorn_timeout_s
@@ -43,6 +49,46 @@ ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
 ENV_PLAN = "FACEGATE_PLAN_JSON"
 #: prometheus_client's multiprocess folder (facegate.metrics.prometheus.MULTIPROC_ENV; not imported here)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+_RUN_DIR = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
+
+
+def make_run_dir(kind: Literal["engine", "accept", "metrics"]) -> Path:
+    """A new private (mode 0700) run folder of ``kind`` named after this process."""
+    return Path(tempfile.mkdtemp(prefix=f"facegate-{kind}-{os.getpid()}-"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_run_dirs(root: Path | None = None) -> list[Path]:
+    """Delete this user's run folders whose supervisor pid no process has; returns them."""
+    root = Path(root or tempfile.gettempdir())
+    removed: list[Path] = []
+    uid = os.getuid()
+    for folder in root.glob("facegate-*-*"):
+        m = _RUN_DIR.match(folder.name)
+        try:
+            if m is None or not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    if removed:
+        log.info("removed %d run folder(s) left by a server that did not stop cleanly", len(removed))
+    return removed
 
 
 @contextlib.contextmanager
@@ -89,7 +135,7 @@ class EngineProcess:
         self.settings = settings
         self.plan = plan or make_plan(settings)
         self.cuda_device = cuda_device
-        self.dir = runfiles.make("engine")
+        self.dir = make_run_dir("engine")
         self.address = str(self.dir / "engine.sock")
         self.authkey = authkey or secrets.token_bytes(32)
         self.info: dict[str, Any] = {}
@@ -215,7 +261,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
     ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor thread stops."""
     from facegate.metrics.prometheus import process_exited
 
-    folder = runfiles.make("accept")
+    folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
     acceptor.start()
@@ -266,8 +312,8 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
 def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     """Serve with ``plan.engines`` engines and ``plan.workers`` front-ends until interrupted; raises an engine's
     start-up error, or ModelError when an engine died."""
-    runfiles.remove_stale()
-    metrics_dir = runfiles.make("metrics")  # this run's prometheus_client multiprocess files
+    remove_stale_run_dirs()
+    metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
     try:
         engines = start_engines(settings, plan)
     except BaseException:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Sequence
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
@@ -17,7 +16,6 @@ from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 
 from facegate.api import schemas as sc
-from facegate.api.errors import error_dict
 from facegate.api.forms import FastFormRoute
 from facegate.api.state import ServingState, get_state
 from facegate.errors import (
@@ -37,8 +35,6 @@ if TYPE_CHECKING:
     from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/forms.py
 
@@ -132,11 +128,6 @@ async def decode_path(state: ServingState, path: str) -> np.ndarray:
     )
 
 
-async def gather_all(aws: Sequence[Awaitable[T]]) -> list[T | BaseException]:
-    """Results or exceptions of all ``aws``, in input order; cancelling the caller cancels them all."""
-    return await asyncio.gather(*aws, return_exceptions=True)
-
-
 def _check_count(n: int, limit: int, what: str) -> None:
     if n < 1:
         raise EmptyInputError(f"no {what} given", detail={"field": what})
@@ -212,7 +203,7 @@ async def compare(
 
     # both photos to one engine process: the answer needs both, and would wait for the slower of two engines
     with same_engine():
-        results = await gather_all([one(img1, 0), one(img2, 1)])
+        results = await asyncio.gather(one(img1, 0), one(img2, 1), return_exceptions=True)
     for r in results:  # the first error in input order
         if isinstance(r, BaseException):
             raise r
@@ -255,14 +246,14 @@ async def embed_response(
             return [await service.face_aligned(image)]
         return await service.faces(image, select=FaceSelect(select))
 
-    results = await gather_all([one(i) for i in range(n)])
+    results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
     for r in results:  # access control is per request, not per item: any path outside the roots fails it
         if isinstance(r, PathNotAllowedError):
             raise r
     items: list[sc.EmbedItem] = []
     for i, r in enumerate(results):
         if isinstance(r, FacegateError):
-            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**error_dict(r))))
+            items.append(sc.EmbedItem(index=i, error=sc.ErrorInfo(**r.to_dict())))
         elif isinstance(r, BaseException):
             raise r
         else:
@@ -319,9 +310,31 @@ def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
     return emb, np.asarray([f.quality.score for f in faces], dtype=np.float32)
 
 
-def _decide(state: ServingState, service: FaceService, subject_id: str, results: list[Any]) -> EnrolDecision:
-    quality = state.settings.quality.enrol_requires_quality
-    return decide_enrolment(subject_id, results, requires_quality=quality, verdict=service.pipeline.enrol_verdict)
+async def _enrolment_decisions(
+    state: ServingState, service: FaceService, name: str, images: list[UploadFile], subject_ids: list[str]
+) -> list[tuple[str, list[int], EnrolDecision]]:
+    """The largest face of every photo (all through the engine at once), then the enrolment gate per subject
+    (photo ``i`` shows ``subject_ids[i]``): per subject, its photos' indices and its decision."""
+    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
+    await _gallery_for_service(state, name)
+
+    async def one(i: int) -> Face:
+        return (await faces_of_upload(state, service, images[i], index=i))[0]
+
+    results = await asyncio.gather(*(one(i) for i in range(len(images))), return_exceptions=True)
+    rows: dict[str, list[int]] = {}
+    for i, sid in enumerate(subject_ids):
+        rows.setdefault(sid, []).append(i)
+    gate = {
+        "requires_quality": state.settings.quality.enrol_requires_quality,
+        "verdict": service.pipeline.enrol_verdict,
+    }
+    decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
+    for _, _, decision in decisions:
+        for x in decision.refused:
+            if x.code == QualityRejectedError.code:
+                state.stats.record_refusal("enrol_low_quality")
+    return decisions
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
@@ -350,17 +363,8 @@ async def enrol(
     state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
-    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
-    await _gallery_for_service(state, name)
-
-    async def one(i: int) -> Face:
-        return (await faces_of_upload(state, service, images[i], index=i))[0]
-
-    decision = _decide(state, service, subject_id, await gather_all([one(i) for i in range(len(images))]))
+    [(_, _, decision)] = await _enrolment_decisions(state, service, name, images, [subject_id] * len(images))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
-    for x in decision.refused:
-        if x.code == QualityRejectedError.code:
-            state.stats.record_refusal("enrol_low_quality")
     if decision.error is not None:
         raise decision.error
     info = await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(decision.accepted), meta_obj)
@@ -388,18 +392,9 @@ async def enrol_batch(
             "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
         )
     ids = [validate_subject_id(x) for x in ids]
-    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
-    await _gallery_for_service(state, name)
-    results = await gather_all([faces_of_upload(state, service, images[i], index=i) for i in range(len(images))])
-    by_subject: dict[str, list[int]] = {}
-    for i, sid in enumerate(ids):
-        by_subject.setdefault(sid, []).append(i)
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
-    for sid, rows in by_subject.items():
-        decision = _decide(
-            state, service, sid, [r[0] if isinstance(r, list) else r for r in (results[i] for i in rows)]
-        )
+    for sid, rows, decision in await _enrolment_decisions(state, service, name, images, ids):
         refused += [
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
@@ -480,22 +475,16 @@ async def search(
         n = (await _gallery_for_service(state, name)).subjects  # before the upload is read when off the device
         data = data or await read_upload(image, state.settings.limits.max_upload_bytes)
         face = (await service.faces(await decode_bytes(state, data)))[0]
-    hits: list[sc.SearchHit] = []
     if face.quality.accepted:
         ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
         state.stats.set_gallery_size(name, ans.n)
-        hits = [
-            sc.SearchHit(rank=h.rank, subject_id=h.subject_id, score=round(h.score, 6), match=h.match) for h in ans.hits
-        ]
-        point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     else:
         state.stats.record_refusal("search_low_quality")
-        threshold, op = gallery.operating_point(n, fpir)
-        point = {"threshold": threshold, "n": n, "extrapolated": bool(op["extrapolated"])}
-        point |= {k: float(op[k]) for k in ("fmr", "fpir")}  # type: ignore[arg-type]
+        ans = gallery.answer(None, fpir, size=n)  # never searched: the operating point at the gallery's size
+    point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     refused = not face.quality.accepted
     reason = refusal_reason(face) if refused else None
-    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=hits, **point)
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=ans.hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from facegate.service.gallery import SearchHit
 from facegate.types import CompareResult, Face
 
 
@@ -75,10 +76,7 @@ class FaceOut(_Model):
 
     @classmethod
     def from_face(cls, face: Face, *, crops: bool = False, embedding: bool = False) -> FaceOut:
-        kw: dict[str, Any] = {
-            "detection": None if face.detection is None else face.detection.to_dict(),
-            "quality": face.quality.to_dict(),
-        }
+        kw: dict[str, Any] = face.to_dict()  # detection and quality
         if crops and face.crop is not None:  # (112, 112, 3) uint8 RGB → PNG data URL (cannot fail on uint8)
             _, png = cv2.imencode(".png", np.ascontiguousarray(face.crop[:, :, ::-1]))
             kw["crop"] = "data:image/png;base64," + base64.b64encode(png.tobytes()).decode("ascii")
@@ -155,15 +153,6 @@ class CreateGalleryRequest(_Model):
     name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
 
 
-class BatchRefusal(_Model):
-    """An image of a batch enrolment that was not used, and why."""
-
-    index: int
-    subject_id: str
-    reason: str
-    code: str | None = None
-
-
 class BatchEnrolResponse(_Model):
     """Answer of ``POST /api/galleries/{name}/enrolments``: the subjects written and the images refused."""
 
@@ -226,6 +215,12 @@ class RefusedImage(_Model):
     code: str | None = None
 
 
+class BatchRefusal(RefusedImage):
+    """An image of a batch enrolment that was not used, whose subject it shows, and why."""
+
+    subject_id: str
+
+
 class EnrolResponse(_Model):
     """``POST /api/galleries/{name}/subjects/{subject_id}``."""
 
@@ -245,15 +240,6 @@ class DeletedSubject(_Model):
     """``DELETE /api/galleries/{name}/subjects/{subject_id}``."""
 
     deleted: str
-
-
-class SearchHit(_Model):
-    """One candidate: its rank (1 = best), cosine similarity, and whether it clears the match threshold."""
-
-    rank: int
-    subject_id: str
-    score: float
-    match: bool
 
 
 class SearchResponse(_Model):

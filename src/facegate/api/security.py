@@ -29,6 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from facegate.api.forms import header
 from facegate.config import Settings
 from facegate.errors import (
     FacegateError,
@@ -134,22 +135,16 @@ class TokenBuckets:
         return wait
 
 
-def _header(scope: AsgiScope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
+def _header(scope: AsgiScope, name: bytes) -> str:
+    return header(scope, name).decode("latin-1")
 
 
 def presented_key(scope: AsgiScope) -> str | None:
     """The API key of a request: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
-    auth = _header(scope, b"authorization")
-    if auth is not None:
-        kind, _, token = auth.strip().partition(" ")
-        if kind.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = _header(scope, b"x-api-key")
-    return key.strip() if key else None
+    kind, _, token = _header(scope, b"authorization").strip().partition(" ")
+    if kind.lower() == "bearer" and token.strip():
+        return token.strip()
+    return _header(scope, b"x-api-key").strip() or None
 
 
 class Access:
@@ -165,7 +160,7 @@ class Access:
     def refusal(self, scope: AsgiScope) -> FacegateError | None:
         """Why an HTTP request is refused (400, 401, 403 or 429), or ``None``; reads no body."""
         method, path = scope["method"], scope["path"]
-        host = _header(scope, b"host") or ""
+        host = _header(scope, b"host")
         if self.hosts is not None and _host_name(host) not in self.hosts:
             return HostNotAllowedError(
                 "this server does not answer for the host named in the Host header",
@@ -207,9 +202,9 @@ class Access:
 
     def _origin_refusal(self, scope: AsgiScope, host: str) -> OriginNotAllowedError | None:
         origin = _header(scope, b"origin")
-        if origin is None:
+        if not origin:
             # no Origin: not a browser's cross-site request, unless the browser says so (old forms, some redirects)
-            if (_header(scope, b"sec-fetch-site") or "").lower() == "cross-site":
+            if _header(scope, b"sec-fetch-site").lower() == "cross-site":
                 return OriginNotAllowedError(
                     "cross-site requests may not change state", detail={"sec_fetch_site": "cross-site"}
                 )

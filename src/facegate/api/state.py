@@ -35,7 +35,7 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    owns_gallery: bool = False
+    owns_gallery: bool = False  # opened by the lifespan (then closed by it), not passed in
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None

@@ -31,14 +31,6 @@ from facegate.types import CompareResult, Detection, Face, FaceSelect
 log = logging.getLogger(__name__)
 
 
-def freeze_gc() -> int:
-    """Collect, then move every live object to the collector's permanent generation (returns how many): full
-    collections would otherwise walk the ~200k start-up objects with the GIL held. Run once everything is loaded."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 class FaceService:
     """Async façade over one :class:`FacePipeline` and one :class:`Engine` (one per device)."""
 
@@ -80,7 +72,6 @@ class FaceService:
             device_thread=device_thread,
         )
         self._ready = False
-        self.startup_seconds: float | None = None
         #: whether the engine has the ``photo`` stage (ServingPlan.photo_stage): see :meth:`photo_faces`
         self.photo_on_device = pipeline.photo_limits is not None
 
@@ -136,14 +127,6 @@ class FaceService:
         return self.pipeline.spec
 
     @property
-    def match_threshold(self) -> float:
-        return self.pipeline.operating.match_threshold
-
-    @property
-    def match_fmr(self) -> float:
-        return self.pipeline.operating.match_fmr
-
-    @property
     def quality_threshold(self) -> float:
         return self.pipeline.operating.quality_threshold
 
@@ -161,10 +144,12 @@ class FaceService:
                 await loop.run_in_executor(self.engine.device_executor, self.pipeline.warmup)
             self.photo_on_device = self.pipeline.photo_limits is not None  # warm-up confirms the stage
         await loop.run_in_executor(None, self.engine.start)
-        log.info("froze %d start-up objects out of the garbage collector's reach", freeze_gc())
+        # full collections would otherwise walk the ~200k start-up objects with the GIL held
+        gc.collect()
+        gc.freeze()
+        log.info("froze %d start-up objects out of the garbage collector's reach", gc.get_freeze_count())
         self._ready = True
-        self.startup_seconds = time.perf_counter() - t0
-        log.info("face service ready in %.2f s", self.startup_seconds)
+        log.info("face service ready in %.2f s", time.perf_counter() - t0)
 
     async def stop(self) -> None:
         self._ready = False

@@ -77,8 +77,9 @@ def decide_enrolment(
 
 
 @dataclass(frozen=True, slots=True)
-class Hit:
-    """One ranked candidate: 1-based rank, cosine score, and whether it clears the threshold."""
+class SearchHit:
+    """One candidate of a 1:N search: its rank (1 = best), cosine similarity (6 decimals), and whether it clears
+    the match threshold."""
 
     rank: int
     subject_id: str
@@ -92,7 +93,7 @@ class SearchAnswer:
     the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
     beyond the measured impostor pairs, and what FMR rests on (``basis``: lfw_impostors or registry_point)."""
 
-    hits: list[Hit]
+    hits: list[SearchHit]
     threshold: float
     fpir: float
     fmr: float
@@ -108,8 +109,8 @@ class GalleryFront(StoreFront):
     def __init__(self, store: GalleryStore, face_service: Any) -> None:
         super().__init__(store)
         self._svc = face_service
-        spec = face_service.spec
-        self.tail = ImpostorTail.load(spec.name, fallback=(face_service.match_threshold, face_service.match_fmr))
+        op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
+        self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -131,9 +132,12 @@ class GalleryFront(StoreFront):
             check_fpir(fpir)  # before any work
         return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
 
-    def answer(self, out: Any, fpir: float | None = None) -> SearchAnswer:
+    def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
         """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
-        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched."""
-        t, info = self.operating_point(out.size, fpir)
-        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True))
-        return SearchAnswer([Hit(r + 1, sid, float(s), bool(s >= t)) for r, (sid, s) in ranked], t, **info)
+        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched. ``out``
+        None (a probe refused, never searched): no hits, at gallery size ``size``."""
+        t, info = self.operating_point(size if out is None else out.size, fpir)
+        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
+        return SearchAnswer(
+            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info
+        )
