@@ -49,3 +49,29 @@ def nms_rows(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.n
         if rows.size:
             alive[rows] &= ~over[rows, k]
     return alive
+
+
+#: Most candidates of a whole batch :func:`nms_grouped` takes (its IoU matrix is ``K × K`` fp64).
+NMS_GROUPED_MAX = 256
+
+
+def nms_grouped(boxes: np.ndarray, groups: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """:func:`nms` of every image of a batch at once: ``boxes (K, 4)`` xyxy ordered by ``groups (K,) int`` (the
+    image, ascending) and within a group by descending score (ties: lower index first) → the kept ``(K,) bool``.
+    One IoU matrix for the batch, then one greedy pass:
+    a few candidates per face make the matrix cheaper than one :func:`nms` call per image."""
+    b = boxes.astype(np.float64)
+    x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+    areas = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    iw = np.maximum(np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]), 0)
+    ih = np.maximum(np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]), 0)
+    inter = iw * ih
+    union = areas[:, None] + areas[None] - inter
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    # over[i, j] for j > i: box i, if kept, removes the later box j of its image
+    over = (iou > iou_threshold) & (groups[:, None] == groups[None])
+    keep = np.ones(b.shape[0], bool)
+    for i in range(b.shape[0] - 1):  # ascending: i's fate is settled before it is visited
+        if keep[i]:
+            keep[i + 1 :] &= ~over[i, i + 1 :]
+    return keep
