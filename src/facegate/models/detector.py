@@ -498,16 +498,18 @@ class FaceDetector:
     ) -> list[list[Detection]]:
         """Rescale and clip ``cand (K, 15) float32`` of batch rows ``rows (K,)`` where ``keep (K,) bool``, as
         :meth:`_finish` does per image (the same fp64 arithmetic)."""
+        cand, rows = cand[keep], rows[keep]
         whs = batch.orig_sizes[:, ::-1]  # (n, 2) (W, H)
-        scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (K, 2) (sx, sy), fp64
+        scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (k, 2) (sx, sy), fp64
         boxes = (cand[:, :4].reshape(-1, 2, 2) * scale[:, None, :]).reshape(-1, 4)
         np.minimum(np.maximum(boxes, 0, out=boxes), np.tile(whs[rows], 2), out=boxes)
         lms32 = (cand[:, 4:14].reshape(-1, 5, 2) * scale[:, None, :]).astype(np.float32)
-        good = keep & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-        boxes32, scores = boxes.astype(np.float32), cand[:, 14].tolist()
+        good = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).tolist()
+        boxes32, scores, rows_l = boxes.astype(np.float32), cand[:, 14].tolist(), rows.tolist()
         out: list[list[Detection]] = [[] for _ in range(n)]
-        for k in np.flatnonzero(good).tolist():  # each row's faces in score order
-            out[rows[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
+        for k, ok in enumerate(good):  # each row's faces in score order
+            if ok:
+                out[rows_l[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
         return out
 
     def _finish_all(

@@ -60,16 +60,18 @@ def nms_grouped(boxes: np.ndarray, groups: np.ndarray, iou_threshold: float) -> 
     image, ascending) and within a group by descending score (ties: lower index first) → the kept ``(K,) bool``.
     One IoU matrix for the batch, then one greedy pass:
     a few candidates per face make the matrix cheaper than one :func:`nms` call per image."""
+    if not boxes.shape[0]:
+        return np.zeros(0, bool)
     b = boxes.astype(np.float64)
-    x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
-    areas = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
-    iw = np.maximum(np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]), 0)
-    ih = np.maximum(np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]), 0)
-    inter = iw * ih
+    wh = np.maximum(b[:, 2:] - b[:, :2], 0)
+    areas = wh[:, 0] * wh[:, 1]
+    iwh = np.maximum(np.minimum(b[:, None, 2:], b[None, :, 2:]) - np.maximum(b[:, None, :2], b[None, :, :2]), 0)
+    inter = iwh[..., 0] * iwh[..., 1]
     union = areas[:, None] + areas[None] - inter
-    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
-    # over[i, j] for j > i: box i, if kept, removes the later box j of its image
-    over = (iou > iou_threshold) & (groups[:, None] == groups[None])
+    # a zero union has a zero intersection: IoU 0, as in nms(); every other union is far above `tiny`
+    over = inter / np.maximum(union, np.finfo(np.float64).tiny) > iou_threshold
+    if groups[0] != groups[-1]:  # over[i, j] for j > i: box i, if kept, removes the later box j of its image
+        over &= groups[:, None] == groups[None]
     keep = np.ones(b.shape[0], bool)
     for i in range(b.shape[0] - 1):  # ascending: i's fate is settled before it is visited
         if keep[i]:
