@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import EmptyInputError, InvalidParameterError
-from facegate.models.nms import NMS_ROWS_MAX, nms, nms_rows
+from facegate.models.nms import NMS_GROUPED_MAX, NMS_ROWS_MAX, nms, nms_grouped, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet, flat_outputs
 from facegate.runtime.graphs import capture_graph, replay, replay_lock
 from facegate.types import Detection
@@ -470,20 +470,47 @@ class FaceDetector:
 
     def _postprocess_host(self, flat: Sequence[np.ndarray], batch: DetBatch) -> list[list[Detection]]:
         """:meth:`postprocess` of host :func:`flat_outputs`, decoding only the anchors above the threshold (ties
-        keep the anchor order)."""
+        keep the anchor order); the whole batch's candidates go through NMS, rescaling and clipping together."""
         n = len(batch)
         scores, bbox, kps = (f[:n] for f in flat)
         r, a = np.nonzero(scores >= self.score_threshold)
+        if not r.size:
+            return [[] for _ in range(n)]
         grid, stride = _anchors(batch.input_hw)
         g, s, sc, bb = grid[a], stride[a], scores[r, a], bbox[r, a]
         centre = (g + bb[:, :2]) * s
         half = np.exp(bb[:, 2:4]) * (s / 2)
         lms = (kps[r, a].reshape(-1, 5, 2) + g[:, None]) * s[:, None]
-        cand = np.concatenate([centre - half, centre + half, lms.reshape(-1, 10), sc[:, None]], 1)[
-            np.lexsort((-sc, r))  # by row, then score (descending); ties keep the anchor order
-        ]
-        ends = np.searchsorted(r, np.arange(n + 1))  # r is sorted
-        return [self._finish(cand[ends[i] : ends[i + 1]][: self.top_k], batch, i) for i in range(n)]
+        order = np.lexsort((-sc, r))  # by row, then score (descending); ties keep the anchor order
+        cand = np.concatenate([centre - half, centre + half, lms.reshape(-1, 10), sc[:, None]], 1)[order]
+        rows = r[order]
+        if rows.size > self.top_k:  # each row's best top_k
+            first = np.arange(rows.size) - np.searchsorted(rows, rows) < self.top_k
+            cand, rows = cand[first], rows[first]
+        if rows.size > NMS_GROUPED_MAX:  # a crowd: one IoU matrix per image instead of one for the batch
+            ends = np.searchsorted(rows, np.arange(n + 1))  # rows is sorted
+            return [self._finish(cand[ends[i] : ends[i + 1]], batch, i) for i in range(n)]
+        return self._finish_grouped(cand, rows, nms_grouped(cand[:, :4], rows, self.nms_threshold), batch, n)
+
+    @staticmethod
+    def _finish_grouped(
+        cand: np.ndarray, rows: np.ndarray, keep: np.ndarray, batch: DetBatch, n: int
+    ) -> list[list[Detection]]:
+        """Rescale and clip ``cand (K, 15) float32`` of batch rows ``rows (K,)`` where ``keep (K,) bool``, as
+        :meth:`_finish` does per image (the same fp64 arithmetic)."""
+        cand, rows = cand[keep], rows[keep]
+        whs = batch.orig_sizes[:, ::-1]  # (n, 2) (W, H)
+        scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (k, 2) (sx, sy), fp64
+        boxes = (cand[:, :4].reshape(-1, 2, 2) * scale[:, None, :]).reshape(-1, 4)
+        np.minimum(np.maximum(boxes, 0, out=boxes), np.tile(whs[rows], 2), out=boxes)
+        lms32 = (cand[:, 4:14].reshape(-1, 5, 2) * scale[:, None, :]).astype(np.float32)
+        good = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).tolist()
+        boxes32, scores, rows_l = boxes.astype(np.float32), cand[:, 14].tolist(), rows.tolist()
+        out: list[list[Detection]] = [[] for _ in range(n)]
+        for k, ok in enumerate(good):  # each row's faces in score order
+            if ok:
+                out[rows_l[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
+        return out
 
     def _finish_all(
         self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch

@@ -49,3 +49,31 @@ def nms_rows(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.n
         if rows.size:
             alive[rows] &= ~over[rows, k]
     return alive
+
+
+#: Most candidates of a whole batch :func:`nms_grouped` takes (its IoU matrix is ``K × K`` fp64).
+NMS_GROUPED_MAX = 256
+
+
+def nms_grouped(boxes: np.ndarray, groups: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """:func:`nms` of every image of a batch at once: ``boxes (K, 4)`` xyxy ordered by ``groups (K,) int`` (the
+    image, ascending) and within a group by descending score (ties: lower index first) → the kept ``(K,) bool``.
+    One IoU matrix for the batch, then one greedy pass:
+    a few candidates per face make the matrix cheaper than one :func:`nms` call per image."""
+    if not boxes.shape[0]:
+        return np.zeros(0, bool)
+    b = boxes.astype(np.float64)
+    wh = np.maximum(b[:, 2:] - b[:, :2], 0)
+    areas = wh[:, 0] * wh[:, 1]
+    iwh = np.maximum(np.minimum(b[:, None, 2:], b[None, :, 2:]) - np.maximum(b[:, None, :2], b[None, :, :2]), 0)
+    inter = iwh[..., 0] * iwh[..., 1]
+    union = areas[:, None] + areas[None] - inter
+    # a zero union has a zero intersection: IoU 0, as in nms(); every other union is far above `tiny`
+    over = inter / np.maximum(union, np.finfo(np.float64).tiny) > iou_threshold
+    if groups[0] != groups[-1]:  # over[i, j] for j > i: box i, if kept, removes the later box j of its image
+        over &= groups[:, None] == groups[None]
+    keep = np.ones(b.shape[0], bool)
+    for i in range(b.shape[0] - 1):  # ascending: i's fate is settled before it is visited
+        if keep[i]:
+            keep[i + 1 :] &= ~over[i, i + 1 :]
+    return keep

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 #: Largest |ONNX Runtime − PyTorch| on the parity input (outputs of scale 0..1 and a few units; fp32 noise ~1e-5).
 PARITY_MAX_ABS_DIFF = 1e-3
 OPSET = 17
-_HEADS = ("cls", "obj", "bbox", "kps")
-_RAW = [f"{h}_{s}" for h in _HEADS for s in STRIDES]
-_OUTPUTS = [*_RAW, "scores", "bbox", "kps"]
+#: The graph's outputs, over the anchors ``A`` of all levels in :func:`~facegate.models.yunet.decode_yunet`'s order:
+#: ``scores (N, A)`` (:func:`~facegate.models.yunet.flat_outputs`); ``heads (N, A, 16)``: bbox 4, kps 10, then the
+#: cls and obj logits; ``probs (N, A, 2)``: cls and obj probabilities. Nothing per level: ORT runs every node of
+#: the graph on every call, whichever outputs are fetched, and the levels are views of these on the host.
+_OUTPUTS = ["scores", "heads", "probs"]
+_HEAD_CH = 16
 
 
 def ort_session(model: bytes, threads: int) -> Any:
@@ -49,15 +52,14 @@ def ort_session(model: bytes, threads: int) -> Any:
 
 def export_yunet_onnx(model: nn.Module) -> bytes:
     """The serialised ONNX graph of an fp32 copy of a YuNet module on ``images (N, H, W, 3) uint8`` RGB (symbolic
-    N/H/W; the cast is in the graph, the BGR flip in the stem's weights). Outputs ``cls_8 … kps_32`` ``(N, A_s, C)``,
-    then ``scores``, ``bbox``, ``kps`` (:func:`~facegate.models.yunet.flat_outputs`), float32; :class:`ModelError`
-    when the export fails."""
+    N/H/W; the cast is in the graph, the BGR flip in the stem's weights), the heads merged per level
+    (:class:`_MergedHeadLevel`). Outputs :data:`_OUTPUTS`, float32; :class:`ModelError` when the export fails."""
     ref = _host_fp32_copy(model)
     stem = ref.backbone.model0.conv1
     stem.weight.data = stem.weight.data.flip(1)  # RGB input: the BGR flip in the weights, not on the image
     x = torch.zeros((1, 64, 64, 3), dtype=torch.uint8)
     axes: dict[str, dict[int, str]] = {"images": {0: "N", 1: "H", 2: "W"}}
-    axes.update({name: {0: "N", 1: f"A_{name}"} for name in _OUTPUTS})  # type: ignore[misc]
+    axes.update({name: {0: "N", 1: "A"} for name in _OUTPUTS})  # type: ignore[misc]
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings(), torch.inference_mode():
@@ -103,20 +105,50 @@ def _static_head_reshapes(model: bytes) -> bytes:
             graph.node.remove(node)
 
 
+class _MergedHeadLevel(nn.Module):
+    """One level's four prediction branches as one 1×1 conv and one depthwise conv of ``16`` channels (bbox 4,
+    kps 10, cls 1, obj 1): each output channel is computed as in its own branch (a 1×1 conv is per output channel,
+    a depthwise conv per channel), in one pass over the feature map instead of four. ``(N, 64, h, w)`` →
+    ``(N, h·w, 16)``."""
+
+    def __init__(self, branches: list[nn.Module]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(branches[0].conv1.in_channels, _HEAD_CH, 1, bias=True)
+        self.conv2 = nn.Conv2d(_HEAD_CH, _HEAD_CH, 3, 1, 1, bias=True, groups=_HEAD_CH)
+        for name in ("weight", "bias"):
+            for merged, part in ((self.conv1, "conv1"), (self.conv2, "conv2")):
+                getattr(merged, name).data = torch.cat([getattr(getattr(b, part), name).data for b in branches])
+
+    def forward(self, feat: Tensor) -> Tensor:
+        return self.conv2(self.conv1(feat)).permute(0, 2, 3, 1).flatten(1, 2)
+
+
 class _HostBatchYuNet(nn.Module):
-    """YuNet (stem taking RGB) on the uint8 RGB batch; outputs as one flat tuple."""
+    """YuNet (stem taking RGB) on the uint8 RGB batch, its heads merged per level (:class:`_MergedHeadLevel`);
+    outputs :data:`_OUTPUTS`."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        head = model.bbox_head
+        branches = (head.multi_level_bbox, head.multi_level_kps, head.multi_level_cls, head.multi_level_obj)
+        self.levels = nn.ModuleList([_MergedHeadLevel([b[i] for b in branches]) for i in range(len(STRIDES))])
 
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
         # contiguous: a permuted NHWC batch would trace YuNet's channels-last path (matmuls between transposes)
-        return _flat_tuple(self.model(images.permute(0, 3, 1, 2).to(torch.float32).contiguous()))
+        x = images.permute(0, 3, 1, 2).to(torch.float32).contiguous()
+        feats = self.model.neck(self.model.backbone(x))
+        heads = torch.cat([m(f) for m, f in zip(self.levels, feats, strict=True)], 1)
+        probs = heads[..., 14:16].sigmoid()
+        # one ReduceProd of the pair, not two gathers and a Mul (the product of two is the same rounding)
+        return torch.sqrt(probs.clamp(0, 1).prod(-1)), heads, probs
 
 
-def _flat_tuple(raw: RawOutputs) -> tuple[Tensor, ...]:
-    return (*(t for group in raw for t in group), *flat_outputs(raw))
+def _expected(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:
+    """The module's outputs as the graph gives them (:data:`_OUTPUTS`; ``heads`` without its logits)."""
+    scores, bbox, kps = flat_outputs(raw)
+    cls, obj = (torch.cat(list(group), 1) for group in raw[:2])
+    return scores, torch.cat([bbox, kps], -1), torch.cat([cls, obj], -1)
 
 
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
@@ -144,8 +176,9 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     ref = _host_fp32_copy(model)
     with torch.inference_mode():  # the detector's own input conversion: BGR, float32 NCHW
         x = torch.from_numpy(images).permute(0, 3, 1, 2).flip(1).to(torch.float32)
-        expected = [t.numpy() for t in _flat_tuple(ref(x))]
+        expected = [t.numpy() for t in _expected(ref(x))]
     got = session.run(_OUTPUTS, {"images": images})
+    got[1] = got[1][..., :14]
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
@@ -161,13 +194,19 @@ class OrtYuNet:
         self.threads = threads
 
     def __call__(self, images: Tensor) -> RawOutputs:
-        outs = [torch.from_numpy(o) for o in self.session.run(_RAW, {"images": np.ascontiguousarray(images.numpy())})]
-        k = len(STRIDES)
-        return outs[0:k], outs[k : 2 * k], outs[2 * k : 3 * k], outs[3 * k : 4 * k]
+        _, heads, probs = self.session.run(_OUTPUTS, {"images": np.ascontiguousarray(images.numpy())})
+        h, w = images.shape[1:3]
+        sizes = [(h // s) * (w // s) for s in STRIDES]
+        levels = [
+            torch.from_numpy(np.ascontiguousarray(t)).split(sizes, 1)
+            for t in (probs[..., 0:1], probs[..., 1:2], heads[..., 0:4], heads[..., 4:14])
+        ]
+        return tuple(list(group) for group in levels)  # type: ignore[return-value]
 
     def flat(self, images: np.ndarray) -> list[np.ndarray]:
         """:func:`~facegate.models.yunet.flat_outputs` of a ``(N, H, W, 3) uint8`` RGB batch, as host arrays."""
-        return self.session.run(_OUTPUTS[-3:], {"images": images})
+        scores, heads = self.session.run(_OUTPUTS[:2], {"images": images})
+        return [scores, heads[..., :4], heads[..., 4:14]]
 
     def eval(self) -> OrtYuNet:
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from facegate.models.nms import nms, nms_rows
+from facegate.models.nms import nms, nms_grouped, nms_rows
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -72,3 +72,29 @@ def test_nms_rows_equals_nms_per_row(thr: float) -> None:
         want = nms(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
         assert np.flatnonzero(keep[r]).tolist() == want.tolist(), r
         assert want.tolist() == _nms_reference(boxes[r, : counts[r]], scores[r, : counts[r]], thr)
+
+
+@pytest.mark.parametrize("thr", [0.0, 0.3, 0.5, 1.0])
+def test_nms_grouped_equals_nms_per_group(thr: float) -> None:
+    """One IoU matrix for many images gives each image's greedy NMS: boxes of different images never suppress
+    each other, even where they overlap; clusters, ties, identical and zero-area boxes, images without boxes."""
+    rng = np.random.default_rng(11)
+    counts = rng.integers(0, 12, 16)
+    counts[:2] = (9, 0)
+    groups = np.repeat(np.arange(counts.size), counts)
+    k = int(counts.sum())
+    xy = rng.uniform(0, 30, (3, 2))[rng.integers(0, 3, k)] + rng.normal(0, 3, (k, 2))  # all images on one spot
+    boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (k, 2))], 1).astype(np.float32)
+    boxes[1] = boxes[0]
+    boxes[2, 2] = boxes[2, 0]
+    scores = rng.uniform(0.6, 1.0, k).astype(np.float32)
+    scores[3:5] = scores[5]
+    order = np.lexsort((-scores, groups))
+    boxes, scores = boxes[order], scores[order]
+    keep = nms_grouped(boxes, groups, thr)
+    assert keep.shape == (k,) and keep.dtype == bool
+    start = 0
+    for c in counts.tolist():
+        want = start + nms(boxes[start : start + c], scores[start : start + c], thr)
+        assert np.flatnonzero(keep[start : start + c]).tolist() == sorted((want - start).tolist())
+        start += c
