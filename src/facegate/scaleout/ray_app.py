@@ -20,10 +20,13 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from facegate.config import Settings
+from facegate.engine.batcher import WorkItem
+from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, record_replicas
 from facegate.transport.remote import error_to_wire
 
@@ -103,11 +106,41 @@ class EngineReplica:
         """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
         return ("ok", self.replica, self._info)
 
-    async def submit_many(self, stage: str, payloads: list[Any]) -> tuple[Any, ...]:
-        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each."""
-        submit = self.service.engine.submit
-        results = await asyncio.gather(*[submit(stage, p) for p in payloads], return_exceptions=True)
-        answers = [("err", *error_to_wire(r)) if isinstance(r, BaseException) else ("ok", r) for r in results]
+    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
+        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each.
+
+        The items go straight onto the engine's queue with this loop's futures, which the engine settles once per
+        batch: no task or timer per item. Their common deadline is the engine's request timeout; a cancelled call
+        (its caller went away) drops the items not yet computed."""
+        engine, loop = self.service.engine, asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        items: list[WorkItem] = []
+        for payload in payloads:
+            fut: asyncio.Future[Any] = loop.create_future()
+            try:
+                items.append(engine.enqueue(stage, payload, fut))
+            except Exception as exc:  # a full queue or a stopped engine: this item only
+                fut.set_exception(exc)
+            futures.append(fut)
+        timeout_s = engine.request_timeout_s
+        try:
+            if futures:
+                await asyncio.wait(futures, timeout=timeout_s)
+        finally:  # past the deadline, or cancelled because the caller left: the rest is not computed
+            for item in items:
+                if not item.future.done():
+                    item.cancel()
+            for fut in futures:
+                fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
+        late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
+        answers = [
+            ("err", *error_to_wire(late))
+            if f.cancelled()
+            else ("err", *error_to_wire(exc))
+            if (exc := f.exception()) is not None
+            else ("ok", f.result())
+            for f in futures
+        ]
         return ("ok", self.replica, answers)
 
     async def engine_samples(self) -> tuple[Any, ...]:

@@ -24,7 +24,7 @@ from ray import exceptions as rex
 from ray.serve import exceptions as sex
 
 from facegate.errors import EngineClosedError, NoFaceError, QueueFullError
-from facegate.scaleout.ray_engine import RayEngine, Served, record_replicas
+from facegate.scaleout.ray_engine import DIRECT_MAX_BYTES, RayEngine, Served, record_replicas
 from facegate.transport.remote import error_to_wire
 
 
@@ -58,10 +58,18 @@ class _Method:
 
 
 class _Handle:
-    def __init__(self, **methods: list[Any]) -> None:
+    """A handle whose by-value copy (``options(_by_reference=False)``) is ``direct``, itself unless given."""
+
+    def __init__(self, direct: _Handle | None = None, **methods: list[Any]) -> None:
         self.info = _Method([("ok", "r0", {"model": "sface"})])
         for name, outcomes in methods.items():
             setattr(self, name, _Method(outcomes))
+        self.direct = direct
+        self.options_kw: dict[str, Any] = {}
+
+    def options(self, **kw: Any) -> _Handle:
+        self.options_kw = kw
+        return self if self.direct is None else self.direct
 
 
 def _started(handle: _Handle, **kw: Any) -> RayEngine:
@@ -155,3 +163,20 @@ def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
 
     assert asyncio.run(go()) == [0, 1, 2, 3, 4, 5]
     assert [len(a[1]) for a in handle.submit_many.args] == [1, 5]  # type: ignore[attr-defined]
+
+
+def test_calls_go_by_value_and_payloads_too_large_for_one_message_by_reference() -> None:
+    """Items leave by value up to DIRECT_MAX_BYTES per call; one item over it goes alone, by reference."""
+    direct = _Handle(submit_many=[("ok", "r1", [("ok", 1), ("ok", 2)]), ("ok", "r1", [("ok", 4)])])
+    handle = _Handle(direct=direct, submit_many=[("ok", "r2", [("ok", 3)])])
+    engine = _started(handle, max_calls=1)
+    small = np.zeros(DIRECT_MAX_BYTES // 4, np.uint8)
+    sizes = [small, small, np.zeros(DIRECT_MAX_BYTES + 1, np.uint8), small]
+
+    async def go() -> list[Any]:
+        return await asyncio.gather(*[engine.submit("detect", p) for p in sizes])
+
+    assert asyncio.run(go()) == [1, 2, 3, 4]
+    assert handle.options_kw["_by_reference"] is False
+    assert [len(a[1]) for a in direct.submit_many.args] == [2, 1]  # type: ignore[attr-defined]
+    assert [a[1][0].nbytes for a in handle.submit_many.args] == [DIRECT_MAX_BYTES + 1]  # type: ignore[attr-defined]
