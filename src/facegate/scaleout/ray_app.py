@@ -297,7 +297,11 @@ def run(
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reports to ray.io unless the user opts in
     if address is None:
-        kw: dict[str, Any] = {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        # Ray starts its workers at niceness 15, below every other process of the host (the load balancer, a
+        # load generator, Ray's own daemons): the replicas are this node's work, so they run at the default 0
+        kw: dict[str, Any] = {
+            "_node_ip_address": "127.0.0.1", "include_dashboard": False, "_system_config": {"worker_niceness": 0},
+        }  # fmt: skip
         ray.init(**kw, **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
     else:
         ray.init(address=address)  # the cluster's own settings (dashboard, addresses) apply
