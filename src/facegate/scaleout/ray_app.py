@@ -250,7 +250,7 @@ def build_app(
     if max_engine_replicas is not None and max_engine_replicas > engine_replicas:
         scaling = {"autoscaling_config": {
             "min_replicas": engine_replicas * per_gpu, "max_replicas": max_engine_replicas * per_gpu,
-            "target_ongoing_requests": 8, "upscale_delay_s": 10, "downscale_delay_s": 300,  # 8: two ingresses' calls
+            "target_ongoing_requests": 24, "upscale_delay_s": 10, "downscale_delay_s": 300,  # two ingresses' calls
         }}  # fmt: skip
     engine = serve.deployment(EngineReplica, name="engine").options(
         max_ongoing_requests=ENGINE_ONGOING,
