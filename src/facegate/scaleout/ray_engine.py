@@ -27,9 +27,9 @@ from facegate.transport.remote import error_from_wire
 
 log = logging.getLogger(__name__)
 
-#: Payload bytes of one call by value (Serve's replica gRPC server takes messages up to 4 MiB by default);
-#: items beyond travel in further calls, and an item larger than this alone, by reference.
-DIRECT_MAX_BYTES = 3 * 2**20
+#: Payload bytes up to which a call goes by value: about where a call by value stops costing less CPU than one
+#: by reference (``benchmarks/ray_calls.py``), and well under the 4 MiB that a replica's gRPC server accepts.
+DIRECT_MAX_BYTES = 2 * 2**20
 
 
 @dataclass
@@ -58,9 +58,9 @@ class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
     ``max_calls``: calls in flight per stage; ``max_items``: items per call.
 
-    Items held back here wait a whole engine batch for a call to come back, and reach the engine's queue in
-    bursts, so its batches form from fewer items; 12 calls per stage keep that wait rare at an ingress's load,
-    at about the CPU of 4 calls by reference."""
+    Items held back here wait for a call to come back, and reach the engine's queue in bursts, so that its batches
+    form from fewer items; 12 calls per stage make that wait rarer than 4, and by value they cost about the CPU
+    that 4 calls by reference did."""
 
     def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64) -> None:
         import grpc
@@ -123,14 +123,9 @@ class RayEngine:
     def _flush(self, stage: str) -> None:
         pending = self._pending[stage]
         if pending and self._in_flight[stage] < self.max_calls:
-            n, size = 0, 0
-            for payload, _ in pending[: self.max_items]:
-                if n and size + payload.nbytes > DIRECT_MAX_BYTES:
-                    break
-                n, size = n + 1, size + payload.nbytes
-            batch, pending[:n] = pending[:n], []
+            batch, pending[: self.max_items] = pending[: self.max_items], []
             self._in_flight[stage] += 1
-            direct = size <= DIRECT_MAX_BYTES
+            direct = sum(payload.nbytes for payload, _ in batch) <= DIRECT_MAX_BYTES
             asyncio.get_running_loop().create_task(self._send(stage, batch, direct))
 
     async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]], direct: bool) -> None:

@@ -165,18 +165,18 @@ def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
     assert [len(a[1]) for a in handle.submit_many.args] == [1, 5]  # type: ignore[attr-defined]
 
 
-def test_calls_go_by_value_and_payloads_too_large_for_one_message_by_reference() -> None:
-    """Items leave by value up to DIRECT_MAX_BYTES per call; one item over it goes alone, by reference."""
-    direct = _Handle(submit_many=[("ok", "r1", [("ok", 1), ("ok", 2)]), ("ok", "r1", [("ok", 4)])])
-    handle = _Handle(direct=direct, submit_many=[("ok", "r2", [("ok", 3)])])
-    engine = _started(handle, max_calls=1)
-    small = np.zeros(DIRECT_MAX_BYTES // 4, np.uint8)
-    sizes = [small, small, np.zeros(DIRECT_MAX_BYTES + 1, np.uint8), small]
+def test_calls_go_by_value_unless_their_payloads_exceed_direct_max_bytes() -> None:
+    """A call whose payloads fit DIRECT_MAX_BYTES goes by value; a larger one, whole, by reference."""
+    direct = _Handle(submit_many=[("ok", "r1", [("ok", 1), ("ok", 2)])])
+    handle = _Handle(direct=direct, submit_many=[("ok", "r2", [("ok", 3), ("ok", 4)])])
+    engine = _started(handle)
+    small, big = np.zeros(DIRECT_MAX_BYTES // 4, np.uint8), np.zeros(DIRECT_MAX_BYTES, np.uint8)
 
-    async def go() -> list[Any]:
-        return await asyncio.gather(*[engine.submit("detect", p) for p in sizes])
+    async def together(*payloads: np.ndarray) -> list[Any]:
+        return await asyncio.gather(*[engine.submit("detect", p) for p in payloads])
 
-    assert asyncio.run(go()) == [1, 2, 3, 4]
+    assert asyncio.run(together(small, small)) == [1, 2]
+    assert asyncio.run(together(small, big)) == [3, 4]
     assert handle.options_kw["_by_reference"] is False
-    assert [len(a[1]) for a in direct.submit_many.args] == [2, 1]  # type: ignore[attr-defined]
-    assert [a[1][0].nbytes for a in handle.submit_many.args] == [DIRECT_MAX_BYTES + 1]  # type: ignore[attr-defined]
+    assert [len(a[1]) for a in direct.submit_many.args] == [2]  # type: ignore[attr-defined]
+    assert [len(a[1]) for a in handle.submit_many.args] == [2]  # type: ignore[attr-defined]
