@@ -180,3 +180,43 @@ def test_calls_go_by_value_unless_their_payloads_exceed_direct_max_bytes() -> No
     assert handle.options_kw["_by_reference"] is False
     assert [len(a[1]) for a in direct.submit_many.args] == [2]  # type: ignore[attr-defined]
     assert [len(a[1]) for a in handle.submit_many.args] == [2]  # type: ignore[attr-defined]
+
+
+class _Engine:
+    """``enqueue`` as the engine does it: a full queue raises; otherwise the future settles later (or never)."""
+
+    def __init__(self, outcomes: list[Any], request_timeout_s: float = 0.2) -> None:
+        self.outcomes, self.request_timeout_s = outcomes, request_timeout_s
+        self.items: list[Any] = []
+
+    def enqueue(self, stage: str, payload: Any, future: asyncio.Future[Any]) -> Any:
+        from facegate.engine.batcher import WorkItem
+
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, QueueFullError):
+            raise outcome
+        item = WorkItem(payload, future, deadline=1e18)
+        self.items.append(item)
+        if outcome is not None:  # None: never computed
+            future.get_loop().call_soon(future.set_result, outcome)
+        return item
+
+
+def test_an_engine_replica_answers_each_item_of_a_call() -> None:
+    """One answer per item: results, the engine's own refusal, and the deadline for an item never computed
+    (whose work item is then cancelled, so the engine skips it)."""
+    from facegate.scaleout.ray_app import EngineReplica
+
+    class _Replica(EngineReplica):
+        def __del__(self) -> None:  # no service to stop (Serve awaits the real one's)
+            pass
+
+    replica = object.__new__(_Replica)
+    engine = _Engine(["a", QueueFullError("full", retry_after_s=1.0), None, "d"])
+    replica.service, replica.replica = type("S", (), {"engine": engine})(), "r0"  # type: ignore[assignment]
+    kind, rid, answers = asyncio.run(replica.submit_many("embed", [np.zeros(1, np.uint8)] * 4))
+    assert (kind, rid) == ("ok", "r0")
+    assert answers[0] == ("ok", "a") and answers[3] == ("ok", "d")
+    assert answers[1][:2] == ("err", "QueueFullError") and answers[1][4] == {"retry_after_s": 1.0}
+    assert answers[2][:2] == ("err", "DeadlineExceededError")
+    assert engine.items[1].cancelled() and not engine.items[0].cancelled()
