@@ -10,6 +10,13 @@ GPU (one H200: ``facegate serve`` with no flags against Ray with 8 ingress repli
   python benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs --images .lfwT/lfw-deepfunneled \
       --servers facegate_default,facegate_ray_w8 --kinds compare --concurrency 100,256 --duration 4 \
       --budget-s 300 --out benchmarks/results/http_e2e-h200-ray.json
+
+CPU (the 2-core box; the tiny random-weight recognizer and aligned crops, so that the serving overheads show
+beside the model's compute; the same command on main's code and on this one gives the before/after ratios):
+  python benchmarks/http_e2e.py --device cpu --servers facegate_default,facegate_ray \
+      --kinds embed_aligned,compare --concurrency 32 --duration 5 --rounds 3 --warmup 2 --n-images 64 \
+      --server-env OMP_WAIT_POLICY=PASSIVE --server-env FACEGATE_MODEL=sface-tiny \
+      --out benchmarks/results/http_e2e-cpu2-ray-tiny.json
 """
 
 from __future__ import annotations

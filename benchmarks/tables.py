@@ -44,6 +44,7 @@ BENCHMARKS = {
     ),
     "bulk_enrol": ("Bulk enrolment: against compare in one run, and the store alone", "benchmarks/bulk_enrol.py"),
     "kill9_enrol": ("Crashes: kill -9 during bulk enrolment", "benchmarks/kill9_enrol.py"),
+    "ray_calls": ("Ray Serve: CPU per engine call, by reference against by value", "benchmarks/ray_calls.py"),
 }
 
 
@@ -354,6 +355,19 @@ def kill9_enrol(d: dict[str, Any]) -> str:
     return _table(keys, [[_n(d.get(k)) for k in keys]])
 
 
+def ray_calls(d: dict[str, Any]) -> str:
+    keys = [
+        "mode",
+        "items",
+        "calls",
+        "in_flight",
+        "caller_cpu_ms_per_call",
+        "callee_cpu_ms_per_call",
+        "wall_ms_per_call",
+    ]
+    return _table(keys, [[r[k] for k in keys] for r in d["rows"]])
+
+
 def lfw_open_set(d: dict[str, Any]) -> str:
     head = [
         f"Protocol: {d['protocol']}. {d['images']} images. `threshold_model` is the threshold the search uses "
@@ -379,6 +393,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "lfw_open_set": lfw_open_set,
     "fuzz_api": fuzz_api, "overload": overload, "kill9_soak": kill9_soak, "gallery_load": gallery_load,
     "gallery_visibility": gallery_visibility, "bulk_enrol": bulk_enrol, "kill9_enrol": kill9_enrol,
+    "ray_calls": ray_calls,
 }  # fmt: skip
 
 

@@ -9,6 +9,8 @@
 # Both calls must reach one warm machine (it goes back after ~30 s idle: send the second at once): the first
 # only stashes ray, the photos and the code in $STASH (/tmp, kept on a warm machine), as the two calls' folders
 # exceed what one call carries. SERVERS, CONCURRENCY, DURATION_S and BUDGET_S override the defaults below.
+# Before/after two trees (e.g. main's and a branch's): both calls once per tree, CODE=.dev_main then CODE=.dev_new,
+# with the same SERVERS (default facegate_default,facegate_ray_w8), and FACEGATE_CODE_COMMIT=<its commit> for each.
 set -uo pipefail
 STASH=${STASH:-/tmp/raystash}
 mkdir -p "$STASH"

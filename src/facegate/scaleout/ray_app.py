@@ -20,10 +20,13 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from facegate.config import Settings
+from facegate.engine.batcher import WorkItem
+from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, record_replicas
 from facegate.transport.remote import error_to_wire
 
@@ -103,11 +106,41 @@ class EngineReplica:
         """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
         return ("ok", self.replica, self._info)
 
-    async def submit_many(self, stage: str, payloads: list[Any]) -> tuple[Any, ...]:
-        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each."""
-        submit = self.service.engine.submit
-        results = await asyncio.gather(*[submit(stage, p) for p in payloads], return_exceptions=True)
-        answers = [("err", *error_to_wire(r)) if isinstance(r, BaseException) else ("ok", r) for r in results]
+    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
+        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each.
+
+        The items go straight onto the engine's queue with this loop's futures, which the engine settles once per
+        batch: no task or timer per item. Their common deadline is the engine's request timeout; a cancelled call
+        (its caller went away) drops the items not yet computed."""
+        engine, loop = self.service.engine, asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        items: list[WorkItem] = []
+        for payload in payloads:
+            fut: asyncio.Future[Any] = loop.create_future()
+            try:
+                items.append(engine.enqueue(stage, payload, fut))
+            except Exception as exc:  # a full queue or a stopped engine: this item only
+                fut.set_exception(exc)
+            futures.append(fut)
+        timeout_s = engine.request_timeout_s
+        try:
+            if futures:
+                await asyncio.wait(futures, timeout=timeout_s)
+        finally:  # past the deadline, or cancelled because the caller left: the rest is not computed
+            for item in items:
+                if not item.future.done():
+                    item.cancel()
+            for fut in futures:
+                fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
+        late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
+        answers = [
+            ("err", *error_to_wire(late))
+            if f.cancelled()
+            else ("err", *error_to_wire(exc))
+            if (exc := f.exception()) is not None
+            else ("ok", f.result())
+            for f in futures
+        ]
         return ("ok", self.replica, answers)
 
     async def engine_samples(self) -> tuple[Any, ...]:
@@ -217,7 +250,7 @@ def build_app(
     if max_engine_replicas is not None and max_engine_replicas > engine_replicas:
         scaling = {"autoscaling_config": {
             "min_replicas": engine_replicas * per_gpu, "max_replicas": max_engine_replicas * per_gpu,
-            "target_ongoing_requests": 8, "upscale_delay_s": 10, "downscale_delay_s": 300,  # 8: two ingresses' calls
+            "target_ongoing_requests": 24, "upscale_delay_s": 10, "downscale_delay_s": 300,  # two ingresses' calls
         }}  # fmt: skip
     engine = serve.deployment(EngineReplica, name="engine").options(
         max_ongoing_requests=ENGINE_ONGOING,
@@ -264,7 +297,11 @@ def run(
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reports to ray.io unless the user opts in
     if address is None:
-        kw: dict[str, Any] = {"_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        # Ray starts its workers at niceness 15, below every other process of the host (the load balancer, a
+        # load generator, Ray's own daemons): the replicas are this node's work, so they run at the default 0
+        kw: dict[str, Any] = {
+            "_node_ip_address": "127.0.0.1", "include_dashboard": False, "_system_config": {"worker_niceness": 0},
+        }  # fmt: skip
         ray.init(**kw, **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
     else:
         ray.init(address=address)  # the cluster's own settings (dashboard, addresses) apply

@@ -1,7 +1,10 @@
 """The engine interface of :class:`~facegate.transport.remote.RemoteEngine` over a Ray Serve handle (no torch).
 
-A handle call costs about a millisecond of CPU on each side, so items do not travel one per call: while
-``max_calls`` calls of a stage are in flight, new items wait and leave together. Engine stages write nothing, so a
+A handle call costs CPU on each side, so items do not travel one per call: while ``max_calls`` calls of a stage
+are in flight, new items wait and leave together. A call goes by value, on Serve's gRPC channel to the replica
+(``_by_reference=False``, plain pickle): that costs about a third of the CPU of a Ray actor call, which passes
+through Ray's task machinery and object references. A call whose payloads exceed ``DIRECT_MAX_BYTES`` (gRPC's
+message limit is 4 MiB) goes by reference instead, through Ray's object store. Engine stages write nothing, so a
 call whose replica died is sent once more to another; then :class:`EngineClosedError`. Serve's back-pressure is
 :class:`QueueFullError`.
 """
@@ -23,6 +26,10 @@ from facegate.errors import EngineClosedError, QueueFullError
 from facegate.transport.remote import error_from_wire
 
 log = logging.getLogger(__name__)
+
+#: Payload bytes up to which a call goes by value: about where a call by value stops costing less CPU than one
+#: by reference (``benchmarks/ray_calls.py``), and well under the 4 MiB that a replica's gRPC server accepts.
+DIRECT_MAX_BYTES = 2 * 2**20
 
 
 @dataclass
@@ -49,17 +56,27 @@ def record_replicas() -> Iterator[Served]:
 
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
-    ``max_calls``: calls in flight per stage; ``max_items``: items per call."""
+    ``max_calls``: calls in flight per stage; ``max_items``: items per call.
 
-    def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 4, max_items: int = 64) -> None:
+    Items held back here wait for a call to come back, and reach the engine's queue in bursts, so that its batches
+    form from fewer items; 12 calls per stage make that wait rarer than 4, and by value they cost about the CPU
+    that 4 calls by reference did."""
+
+    def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64) -> None:
+        import grpc
         from ray import exceptions as rex
         from ray.serve import exceptions as sex
 
-        self._handle = handle
+        self._handle = handle  # by reference: Ray actor calls, payloads through the object store
+        self._direct = handle.options(
+            _by_reference=False, request_serialization="pickle", response_serialization="pickle"
+        )  # fmt: skip
         self.retries, self.max_calls, self.max_items = retries, max_calls, max_items
         self.info: dict[str, Any] = {}
         self._alive = False
-        self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError)
+        # a by-value call to a replica that died ends as gRPC UNAVAILABLE (Serve: ActorUnavailableError) or
+        # another gRPC status, depending on when the connection broke
+        self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError, grpc.aio.AioRpcError)
         self._pending: defaultdict[str, list[tuple[np.ndarray, asyncio.Future[Any]]]] = defaultdict(list)
         self._in_flight: defaultdict[str, int] = defaultdict(int)
 
@@ -108,11 +125,13 @@ class RayEngine:
         if pending and self._in_flight[stage] < self.max_calls:
             batch, pending[: self.max_items] = pending[: self.max_items], []
             self._in_flight[stage] += 1
-            asyncio.get_running_loop().create_task(self._send(stage, batch))
+            direct = sum(payload.nbytes for payload, _ in batch) <= DIRECT_MAX_BYTES
+            asyncio.get_running_loop().create_task(self._send(stage, batch, direct))
 
-    async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]]) -> None:
+    async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]], direct: bool) -> None:
         try:
-            retries, replica, answers = await self._call("submit_many", stage, [p for p, _ in batch])
+            handle = self._direct if direct else self._handle
+            retries, replica, answers = await self._call("submit_many", stage, [p for p, _ in batch], handle=handle)
             for (_, fut), answer in zip(batch, answers, strict=True):
                 if not fut.done():
                     fut.set_result((replica, retries, answer))
@@ -128,13 +147,13 @@ class RayEngine:
         """One engine replica's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
         return (await self._call("engine_samples"))[2]
 
-    async def _call(self, method: str, *args: Any) -> tuple[int, str, Any]:
-        """``(retries, replica, result)`` of ``method`` on an engine replica."""
+    async def _call(self, method: str, *args: Any, handle: Any = None) -> tuple[int, str, Any]:
+        """``(retries, replica, result)`` of ``method`` on an engine replica (through ``handle``: by reference)."""
         from ray.serve.exceptions import BackPressureError
 
         attempt = 0
         while True:
-            response = getattr(self._handle, method).remote(*args)
+            response = getattr(self._handle if handle is None else handle, method).remote(*args)
             try:
                 kind, replica, *rest = await response
             except asyncio.CancelledError:  # the caller went away: the replica's task is cancelled too

@@ -24,7 +24,7 @@ from ray import exceptions as rex
 from ray.serve import exceptions as sex
 
 from facegate.errors import EngineClosedError, NoFaceError, QueueFullError
-from facegate.scaleout.ray_engine import RayEngine, Served, record_replicas
+from facegate.scaleout.ray_engine import DIRECT_MAX_BYTES, RayEngine, Served, record_replicas
 from facegate.transport.remote import error_to_wire
 
 
@@ -58,10 +58,18 @@ class _Method:
 
 
 class _Handle:
-    def __init__(self, **methods: list[Any]) -> None:
+    """A handle whose by-value copy (``options(_by_reference=False)``) is ``direct``, itself unless given."""
+
+    def __init__(self, direct: _Handle | None = None, **methods: list[Any]) -> None:
         self.info = _Method([("ok", "r0", {"model": "sface"})])
         for name, outcomes in methods.items():
             setattr(self, name, _Method(outcomes))
+        self.direct = direct
+        self.options_kw: dict[str, Any] = {}
+
+    def options(self, **kw: Any) -> _Handle:
+        self.options_kw = kw
+        return self if self.direct is None else self.direct
 
 
 def _started(handle: _Handle, **kw: Any) -> RayEngine:
@@ -155,3 +163,60 @@ def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
 
     assert asyncio.run(go()) == [0, 1, 2, 3, 4, 5]
     assert [len(a[1]) for a in handle.submit_many.args] == [1, 5]  # type: ignore[attr-defined]
+
+
+def test_calls_go_by_value_unless_their_payloads_exceed_direct_max_bytes() -> None:
+    """A call whose payloads fit DIRECT_MAX_BYTES goes by value; a larger one, whole, by reference."""
+    direct = _Handle(submit_many=[("ok", "r1", [("ok", 1), ("ok", 2)])])
+    handle = _Handle(direct=direct, submit_many=[("ok", "r2", [("ok", 3), ("ok", 4)])])
+    engine = _started(handle)
+    small, big = np.zeros(DIRECT_MAX_BYTES // 4, np.uint8), np.zeros(DIRECT_MAX_BYTES, np.uint8)
+
+    async def together(*payloads: np.ndarray) -> list[Any]:
+        return await asyncio.gather(*[engine.submit("detect", p) for p in payloads])
+
+    assert asyncio.run(together(small, small)) == [1, 2]
+    assert asyncio.run(together(small, big)) == [3, 4]
+    assert handle.options_kw["_by_reference"] is False
+    assert [len(a[1]) for a in direct.submit_many.args] == [2]  # type: ignore[attr-defined]
+    assert [len(a[1]) for a in handle.submit_many.args] == [2]  # type: ignore[attr-defined]
+
+
+class _Engine:
+    """``enqueue`` as the engine does it: a full queue raises; otherwise the future settles later (or never)."""
+
+    def __init__(self, outcomes: list[Any], request_timeout_s: float = 0.2) -> None:
+        self.outcomes, self.request_timeout_s = outcomes, request_timeout_s
+        self.items: list[Any] = []
+
+    def enqueue(self, stage: str, payload: Any, future: asyncio.Future[Any]) -> Any:
+        from facegate.engine.batcher import WorkItem
+
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, QueueFullError):
+            raise outcome
+        item = WorkItem(payload, future, deadline=1e18)
+        self.items.append(item)
+        if outcome is not None:  # None: never computed
+            future.get_loop().call_soon(future.set_result, outcome)
+        return item
+
+
+def test_an_engine_replica_answers_each_item_of_a_call() -> None:
+    """One answer per item: results, the engine's own refusal, and the deadline for an item never computed
+    (whose work item is then cancelled, so the engine skips it)."""
+    from facegate.scaleout.ray_app import EngineReplica
+
+    class _Replica(EngineReplica):
+        def __del__(self) -> None:  # no service to stop (Serve awaits the real one's)
+            pass
+
+    replica = object.__new__(_Replica)
+    engine = _Engine(["a", QueueFullError("full", retry_after_s=1.0), None, "d"])
+    replica.service, replica.replica = type("S", (), {"engine": engine})(), "r0"  # type: ignore[assignment]
+    kind, rid, answers = asyncio.run(replica.submit_many("embed", [np.zeros(1, np.uint8)] * 4))
+    assert (kind, rid) == ("ok", "r0")
+    assert answers[0] == ("ok", "a") and answers[3] == ("ok", "d")
+    assert answers[1][:2] == ("err", "QueueFullError") and answers[1][4] == {"retry_after_s": 1.0}
+    assert answers[2][:2] == ("err", "DeadlineExceededError")
+    assert engine.items[1].cancelled() and not engine.items[0].cancelled()
