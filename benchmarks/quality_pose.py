@@ -44,7 +44,7 @@ from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.degrade import path_rng
 from facegate.eval.lfw import Pair, detect_centre, pair_images, read_pairs
-from facegate.eval.quality import _fires, choose_limit
+from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import EYE_MOUTH_PER_IOD, NOSE_DEPTH_IOD, NOSE_FRONTAL_T, landmark_geometry
@@ -197,21 +197,13 @@ def collect(a: argparse.Namespace) -> dict[str, np.ndarray]:
 
 def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: np.ndarray) -> dict[str, Any]:
     """Precision and recall of a yaw limit (fires above it) chosen on nine folds, pooled over the tenths."""
-    tp = fp = 0
-    limits = []
+    limits, pos_fired, neg_fired = [], [], []
     for f in range(10):
         lim = choose_limit(pos[pos_fold != f], neg[neg_fold != f], +1, max_clean=0.002, min_recall=0.85)
         limits.append(round(lim, 2))
-        tp += int(_fires(pos[pos_fold == f], lim, 1).sum())
-        fp += int(_fires(neg[neg_fold == f], lim, 1).sum())
-    return {
-        "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
-        "fold_limits": limits,
-    }
+        pos_fired.append(_fires(pos[pos_fold == f], lim, 1))
+        neg_fired.append(_fires(neg[neg_fold == f], lim, 1))
+    return {**_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)), "fold_limits": limits}
 
 
 def med(v: np.ndarray) -> float | None:
