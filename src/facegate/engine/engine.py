@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from facegate.engine.batcher import Batcher, WorkItem, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -435,11 +435,10 @@ class Engine:
         finally:
             timer.cancel()
 
-    def enqueue(
-        self, stage: str, payload: Any, future: concurrent.futures.Future[Any], *, timeout_s: float | None = None
-    ) -> WorkItem:
+    def enqueue(self, stage: str, payload: Any, future: AnyFuture, *, timeout_s: float | None = None) -> WorkItem:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to
-        ``future``. Nothing fails the future at the deadline during compute: the caller sweeps ``item.deadline``."""
+        ``future`` (a concurrent one, or an asyncio one, settled on its own loop). Nothing fails the future at
+        the deadline during compute: the caller sweeps ``item.deadline``."""
         runner = self._runner(stage)
         item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
         runner.batcher.put(item)
