@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import random
 import socket
 import time
 from collections import defaultdict
@@ -170,14 +171,16 @@ class RayEngine:
 
     def _pick_local(self) -> RemoteEngine | None:
         """The local engine for the next item: the request's own (``same_engine``, as a RemotePool's), else the
-        one with the fewest items in flight from here; None when no local connection is up."""
+        one with the fewest items in flight from here, at random among equals (as Serve's router: when this
+        ingress is idle its requests still spread over the replicas); None when no local connection is up."""
         group = _affinity.get()
         if group and group[0] in self._local and group[0].ready:
             return group[0]
         live = [e for e in self._local if e.ready]
         if not live:
             return None
-        engine = min(live, key=lambda e: len(e._pending))
+        fewest = min(len(e._pending) for e in live)
+        engine = random.choice([e for e in live if len(e._pending) == fewest])
         if group is not None:
             group[:] = [engine]
         return engine
