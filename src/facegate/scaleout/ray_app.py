@@ -214,8 +214,6 @@ class Ingress:
         from facegate.api.app import create_app, uvicorn_config
         from facegate.service.faces import FaceService
 
-        # as `facegate serve`'s HTTP process: the event loop gets the GIL back from the decode threads within 1 ms
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.remote = remote = RayEngine(engine, local=local)
         info = await remote.astart()
         # the device is the engine's: this process never resolves "auto" itself (that would import torch)
