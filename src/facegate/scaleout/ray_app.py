@@ -109,7 +109,7 @@ class EngineReplica:
         }  # fmt: skip
         # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
         # RayEngine): a private directory, and a key that only this replica's info (through Serve) carries
-        self._dir = tempfile.mkdtemp(prefix="facegate-engine-")
+        self._dir = tempfile.mkdtemp(prefix="facegate-ray-engine-")
         address, authkey = os.path.join(self._dir, "engine.sock"), os.urandom(32)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         host = EngineHost(self.service, dict(self._info))
