@@ -35,6 +35,9 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import EngineClosedError, QueueFullError
+
+# _affinity and RemoteEngine._pending: RemotePool's choice (same_engine, fewest in flight), which RayEngine makes
+# itself because it must know the replica it picked (the response headers name it)
 from facegate.transport.remote import RemoteEngine, _affinity, error_from_wire
 
 log = logging.getLogger(__name__)
