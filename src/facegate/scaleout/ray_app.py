@@ -70,6 +70,32 @@ def _bind_replica_grpc_to_node_address() -> None:
 _bind_replica_grpc_to_node_address()
 
 
+#: The engine replicas' socket directories, under the temp dir: ``<prefix>XXXXXXXX/engine.sock``.
+SOCKET_DIR_PREFIX = "facegate-ray-engine-"
+
+
+def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
+    """Delete the socket directories under ``parent`` whose socket, older than ``min_age_s``, no process listens on
+    (a replica that was killed, so never removed its own; Linux's /proc/net/unix, without connecting to anyone's
+    socket); returns them. A directory without its socket yet (a replica starting) stays."""
+    with open("/proc/net/unix") as fh:  # flags 00010000 (__SO_ACCEPTCON): a socket that listens
+        listening = {f[7] for f in (line.split() for line in fh.readlines()[1:]) if len(f) == 8 and f[3] == "00010000"}
+    removed: list[str] = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        sock = os.path.join(path, "engine.sock")
+        if not name.startswith(SOCKET_DIR_PREFIX) or sock in listening:
+            continue
+        try:
+            age_s = time.time() - os.lstat(sock).st_mtime
+        except OSError:  # no socket (yet)
+            continue
+        if age_s >= min_age_s:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _replica_id() -> str:
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -109,7 +135,10 @@ class EngineReplica:
         }  # fmt: skip
         # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
         # RayEngine): a private directory, and a key that only this replica's info (through Serve) carries
-        self._dir = tempfile.mkdtemp(prefix="facegate-ray-engine-")
+        with contextlib.suppress(OSError):
+            if stale := remove_stale_socket_dirs(tempfile.gettempdir()):
+                log.info("removed %d socket directories of engine replicas gone: %s", len(stale), stale)
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
         address, authkey = os.path.join(self._dir, "engine.sock"), os.urandom(32)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         host = EngineHost(self.service, dict(self._info))
