@@ -1,10 +1,13 @@
-"""CPU per engine call over a Ray Serve handle: by reference (Ray actor calls) against by value (Serve's gRPC).
+"""CPU and time per engine call from an ingress to an engine replica: by reference (Ray actor calls), by value
+(Serve's gRPC), and local (the engine replica's Unix socket, facegate's shared-memory transport).
 
 A caller replica sends ``submit_many`` calls through :class:`~facegate.scaleout.ray_engine.RayEngine`'s two
 handles to a stub engine replica that answers each item with a 129-float result (an embedding and its quality)
-and no compute, ``--in-flight`` calls at once, like the ingress's calls to an engine replica. It reports each
-side's process CPU (user + system) per call and the wall time per call, for ``--items`` items of one 112×112×3
-aligned crop each. Both replicas run on one local Ray node, on the event-loop settings the application uses.
+and no compute, ``--in-flight`` calls at once, like the ingress's calls to an engine replica; ``local`` sends the
+same items through ``RayEngine.submit`` over the replica's Unix socket (one message per item, answered by a stub
+engine behind the replica's EngineHost). It reports each side's process CPU (user + system) per call and the wall
+time per call, for ``--items`` items of one 112×112×3 aligned crop each; ``--in-flight 1``: the wall time is a
+call's latency. Both replicas run on one local Ray node, on the event-loop settings the application uses.
 
 CPU (2 cores):
   python benchmarks/ray_calls.py --out benchmarks/results/ray_calls-cpu2.json
@@ -35,14 +38,40 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class _AtOnce:
+    """The engine behind the stub replica's Unix socket: every item answered when it is queued."""
+
+    request_timeout_s = 5.0
+
+    def enqueue(self, stage: str, payload: np.ndarray, future: Any) -> Any:
+        from facegate.engine.batcher import WorkItem
+
+        future.set_result(np.zeros(129, np.float32))
+        return WorkItem(payload, future, deadline=1e18)
+
+
 class StubEngine:
-    """``submit_many`` as the engine replica answers it, without an engine."""
+    """``submit_many`` as the engine replica answers it, without an engine; its Unix socket as the replica's."""
+
+    def __init__(self) -> None:
+        import tempfile
+        import threading
+        from multiprocessing.connection import Listener
+
+        from facegate.scaleout.ray_engine import machine_id
+        from facegate.transport.remote import EngineHost
+
+        address, key = os.path.join(tempfile.mkdtemp(prefix="ray-calls-"), "engine.sock"), os.urandom(32)
+        self.listener = Listener(address, family="AF_UNIX", authkey=key)
+        host = EngineHost(type("Service", (), {"engine": _AtOnce()})(), {"model": "stub"})
+        threading.Thread(target=host.serve, args=(self.listener,), daemon=True).start()
+        self.local = {"machine": machine_id(), "address": address, "authkey": key.hex()}
 
     async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
         return ("ok", "stub", [("ok", np.zeros(129, np.float32)) for _ in payloads])
 
     async def info(self) -> tuple[Any, ...]:
-        return ("ok", "stub", {"model": "stub", "device": "cpu"})
+        return ("ok", "stub", {"model": "stub", "device": "cpu", "local": self.local})
 
     async def cpu_s(self) -> tuple[Any, ...]:
         return ("ok", "stub", _cpu_s())
@@ -54,16 +83,20 @@ class Caller:
     def __init__(self, engine: Any) -> None:
         from facegate.scaleout.ray_engine import RayEngine
 
-        self.remote = RayEngine(engine)
+        self.remote = RayEngine(engine, local=True)
 
     async def run(self, mode: str, items: int, calls: int, in_flight: int) -> dict[str, Any]:
+        await self.remote.astart()  # connects the local path (the others do not use it)
         handle = self.remote._direct if mode == "by_value" else self.remote._handle
         crops = [np.random.default_rng(i).integers(0, 255, (1, 112, 112, 3), np.uint8) for i in range(items)]
         gate = asyncio.Semaphore(in_flight)
 
         async def one() -> None:
             async with gate:
-                await self.remote._call("submit_many", "embed", crops, handle=handle)
+                if mode == "local":
+                    await asyncio.gather(*[self.remote.submit("embed", c) for c in crops])
+                else:
+                    await self.remote._call("submit_many", "embed", crops, handle=handle)
 
         await asyncio.gather(*[one() for _ in range(max(20, calls // 10))])  # warm: channels, caches
         callee0, caller0, t0 = await self.remote._call("cpu_s"), _cpu_s(), time.perf_counter()
@@ -107,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         handle.run.remote("by_value", 1, 10, 1).result()  # RayEngine started, both routers warm
         for n in (int(x) for x in o.items.split(",")):
             for _ in range(o.rounds):
-                for mode in ("by_reference", "by_value"):
+                for mode in ("by_reference", "by_value", "local"):
                     row = handle.run.remote(mode, n, o.calls, o.in_flight).result()
                     log.info("%s", row)
                     rows.append(row)

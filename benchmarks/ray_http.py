@@ -17,6 +17,13 @@ beside the model's compute; the same command on main's code and on this one give
       --kinds embed_aligned,compare --concurrency 32 --duration 5 --rounds 3 --warmup 2 --n-images 64 \
       --server-env OMP_WAIT_POLICY=PASSIVE --server-env FACEGATE_MODEL=sface-tiny \
       --out benchmarks/results/http_e2e-cpu2-ray-tiny.json
+
+Two trees in one run (before/after, same load): ``facegate_ray_w01`` is a second 1-ingress Ray server, and
+``FACEGATE_BENCH_WRAP`` starts it over another checkout's ``src`` (here an export of main's at /tmp/raybefore):
+  FACEGATE_BENCH_WRAP="facegate_ray_w01=env PYTHONPATH=/tmp/raybefore/src" python benchmarks/http_e2e.py \
+      --device cpu --servers facegate_default,facegate_ray_w01,facegate_ray --kinds compare --concurrency 1,4,16 \
+      --duration 4 --rounds 2 --warmup 1 --n-images 64 --server-env OMP_WAIT_POLICY=PASSIVE \
+      --server-env FACEGATE_MODEL=sface-tiny --out benchmarks/results/http_e2e-cpu2-ray-local.json
 """
 
 from __future__ import annotations

@@ -98,6 +98,13 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
     return out
 
 
+def _unix_connections(path: str) -> int:
+    """Connected Unix sockets named ``path`` (/proc/net/unix): the local connections an engine replica accepted."""
+    with open("/proc/net/unix") as fh:
+        rows = [line.split() for line in fh.readlines()[1:]]
+    return sum(1 for f in rows if len(f) == 8 and f[7] == path and f[5] == "03")
+
+
 def _photo(lfw_root: Path, name: str, i: int) -> bytes:
     return (lfw_root / "lfw-deepfunneled" / name / f"{name}_{i:04d}.jpg").read_bytes()
 
@@ -255,6 +262,11 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
         assert c.post("/api/galleries", json={"name": "gone"}).status_code == 201
         assert c.delete("/api/galleries/gone").status_code == 200
         assert c.get("/api/galleries/gone/subjects").json()["error"]["code"] == "gallery_not_found"
+    # every ingress reaches the engine replicas of its machine (here: both nodes') through their Unix sockets
+    want, deadline = [INGRESS_REPLICAS] * len(infos), time.monotonic() + 30
+    while (conns := [_unix_connections(i["local"]["address"]) for i in infos.values()]) != want:
+        assert time.monotonic() < deadline, f"local connections per engine replica: {conns}, not {want}"
+        time.sleep(0.5)
 
 
 def test_ray_metrics_endpoint(ray_facegate: dict[str, Any]) -> None:

@@ -14,10 +14,14 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
+import sys
+import tempfile
 import threading
 import time
+from multiprocessing.connection import Listener
 from typing import Any
 
 import numpy as np
@@ -27,8 +31,8 @@ from ray.serve.handle import DeploymentHandle
 from facegate.config import Settings
 from facegate.engine.batcher import WorkItem
 from facegate.errors import DeadlineExceededError
-from facegate.scaleout.ray_engine import RayEngine, record_replicas
-from facegate.transport.remote import error_to_wire
+from facegate.scaleout.ray_engine import RayEngine, machine_id, record_replicas
+from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, error_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,32 @@ def _bind_replica_grpc_to_node_address() -> None:
 _bind_replica_grpc_to_node_address()
 
 
+#: The engine replicas' socket directories, under the temp dir: ``<prefix>XXXXXXXX/engine.sock``.
+SOCKET_DIR_PREFIX = "facegate-ray-engine-"
+
+
+def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
+    """Delete the socket directories under ``parent`` whose socket, older than ``min_age_s``, no process listens on
+    (a replica that was killed, so never removed its own; Linux's /proc/net/unix, without connecting to anyone's
+    socket); returns them. A directory without its socket yet (a replica starting) stays."""
+    with open("/proc/net/unix") as fh:  # flags 00010000 (__SO_ACCEPTCON): a socket that listens
+        listening = {f[7] for f in (line.split() for line in fh.readlines()[1:]) if len(f) == 8 and f[3] == "00010000"}
+    removed: list[str] = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        sock = os.path.join(path, "engine.sock")
+        if not name.startswith(SOCKET_DIR_PREFIX) or sock in listening:
+            continue
+        try:
+            age_s = time.time() - os.lstat(sock).st_mtime
+        except OSError:  # no socket (yet)
+            continue
+        if age_s >= min_age_s:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _replica_id() -> str:
     try:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -83,6 +113,9 @@ class EngineReplica:
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
 
+        # as an engine process of `facegate serve`: the engine's device thread and this replica's event loop (the
+        # gRPC calls, the answers) hand the GIL to each other within a millisecond, not Python's default 5 ms
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()
         plan = make_plan(settings)  # for the GPU Ray gave this replica (its only visible one)
@@ -100,6 +133,17 @@ class EngineReplica:
             "replica": self.replica, "pid": os.getpid(), "node": str(ray.get_runtime_context().get_node_id()),
             "startup_s": round(time.perf_counter() - t0, 3),
         }  # fmt: skip
+        # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
+        # RayEngine): a private directory, and a key that only this replica's info (through Serve) carries
+        with contextlib.suppress(OSError):
+            if stale := remove_stale_socket_dirs(tempfile.gettempdir()):
+                log.info("removed %d socket directories of engine replicas gone: %s", len(stale), stale)
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+        address, authkey = os.path.join(self._dir, "engine.sock"), os.urandom(32)
+        self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        host = EngineHost(self.service, dict(self._info))
+        threading.Thread(target=host.serve, args=(self._listener,), name="facegate-engine-accept", daemon=True).start()
+        self._info["local"] = {"machine": machine_id(), "address": address, "authkey": authkey.hex()}
         log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], p.device)
 
     async def info(self) -> tuple[Any, ...]:
@@ -151,8 +195,13 @@ class EngineReplica:
             raise RuntimeError(f"engine replica {self.replica}: the engine is not running")
 
     async def __del__(self) -> None:  # after the drain: stop the engine and its threads
+        if (listener := getattr(self, "_listener", None)) is not None:
+            with contextlib.suppress(OSError):
+                listener.close()  # no new local connections; those open get their answers until the engine stops
         if (service := getattr(self, "service", None)) is not None:
             await service.stop()
+        if (path := getattr(self, "_dir", None)) is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class ReplicaHeaders:
@@ -185,15 +234,16 @@ class Ingress:
 
     Each replica serves HTTP itself (the replicas of a node share the port through ``SO_REUSEPORT``) rather than
     behind Serve's HTTP proxy, a single process per node that costs CPU and one more handle call per request.
+    ``local``: engine replicas on this machine are reached through their Unix sockets (see RayEngine).
     """
 
-    async def __init__(self, engine: DeploymentHandle, settings_json: str) -> None:
+    async def __init__(self, engine: DeploymentHandle, settings_json: str, local: bool = True) -> None:
         import uvicorn
 
         from facegate.api.app import create_app, uvicorn_config
         from facegate.service.faces import FaceService
 
-        remote = RayEngine(engine)
+        self.remote = remote = RayEngine(engine, local=local)
         info = await remote.astart()
         # the device is the engine's: this process never resolves "auto" itself (that would import torch)
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
@@ -224,6 +274,7 @@ class Ingress:
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             await self.serving
+        self.remote.stop()
 
 
 def build_app(
@@ -270,7 +321,8 @@ def build_app(
         graceful_shutdown_timeout_s=settings.drain_s,
     )
     settings_json = settings.model_dump_json()
-    return ingress.bind(engine.bind(settings_json), settings_json)
+    # Serve's autoscaler counts a replica's ongoing Serve requests, which the local path bypasses
+    return ingress.bind(engine.bind(settings_json), settings_json, "autoscaling_config" not in scaling)
 
 
 def app_builder(args: dict[str, Any]) -> Any:

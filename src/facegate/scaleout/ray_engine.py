@@ -7,6 +7,14 @@ through Ray's task machinery and object references. A call whose payloads exceed
 message limit is 4 MiB) goes by reference instead, through Ray's object store. Engine stages write nothing, so a
 call whose replica died is sent once more to another; then :class:`EngineClosedError`. Serve's back-pressure is
 :class:`QueueFullError`.
+
+On the engine replica's own machine the items skip Ray altogether (``local``): each engine replica also listens
+on a Unix socket (``facegate serve``'s engine transport, :class:`~facegate.transport.remote.RemoteEngine`: payloads
+in shared memory, answers per item as their batch completes), and an ingress sends there when the replica's
+``info`` names this machine. A Ray Serve call costs each side about a millisecond of CPU and several thread hops;
+this path costs what a ``facegate serve`` front-end's does. Replicas on other machines, and any call whose local
+engine went away, take the Ray path. Serve does not see the local calls: with autoscaling (which counts a
+replica's ongoing Serve requests) the application keeps every call on Ray.
 """
 
 from __future__ import annotations
@@ -14,7 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
+import random
+import socket
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,13 +35,33 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import EngineClosedError, QueueFullError
-from facegate.transport.remote import error_from_wire
+
+# _affinity and RemoteEngine._pending: RemotePool's choice (same_engine, fewest in flight), which RayEngine makes
+# itself because it must know the replica it picked (the response headers name it)
+from facegate.transport.remote import RemoteEngine, _affinity, error_from_wire
 
 log = logging.getLogger(__name__)
 
 #: Payload bytes up to which a call goes by value: about where a call by value stops costing less CPU than one
 #: by reference (``benchmarks/ray_calls.py``), and well under the 4 MiB that a replica's gRPC server accepts.
 DIRECT_MAX_BYTES = 2 * 2**20
+#: Seconds between two ``info`` calls through Serve that look for engine replicas on this machine (new ones after
+#: a start, a replacement or a redeploy); each call reaches one replica, as Serve's router chooses.
+DISCOVER_EVERY_S = 1.0
+#: ``info`` calls at once at start-up: Serve's router spreads concurrent calls over the replicas.
+DISCOVER_AT_START = 8
+
+
+@functools.cache
+def machine_id() -> str:
+    """This machine: its host name and boot id (two containers of one host differ by host name)."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        pass
+    return f"{socket.gethostname()}/{boot}"
 
 
 @dataclass
@@ -56,13 +88,16 @@ def record_replicas() -> Iterator[Served]:
 
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
-    ``max_calls``: calls in flight per stage; ``max_items``: items per call.
+    ``max_calls``: calls in flight per stage; ``max_items``: items per call; ``local``: send to the engine replicas
+    of this machine through their Unix sockets.
 
     Items held back here wait for a call to come back, and reach the engine's queue in bursts, so that its batches
     form from fewer items; 12 calls per stage make that wait rarer than 4, and by value they cost about the CPU
     that 4 calls by reference did."""
 
-    def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64) -> None:
+    def __init__(
+        self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64, local: bool = False
+    ) -> None:
         import grpc
         from ray import exceptions as rex
         from ray.serve import exceptions as sex
@@ -79,13 +114,79 @@ class RayEngine:
         self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError, grpc.aio.AioRpcError)
         self._pending: defaultdict[str, list[tuple[np.ndarray, asyncio.Future[Any]]]] = defaultdict(list)
         self._in_flight: defaultdict[str, int] = defaultdict(int)
+        self.local = local
+        #: connections to the engine replicas of this machine, and the replica each one reaches
+        self._local: dict[RemoteEngine, str] = {}
+        self._seen: set[str] = set()  # replicas already looked at (local or not)
+        self._discovery: asyncio.Task[None] | None = None
 
     async def astart(self) -> dict[str, Any]:
         """Ask one replica for the engine's info (model, operating thresholds, device, stages)."""
         if not self._alive:
-            self.info = (await self._call("info"))[2]
+            _, replica, self.info = await self._call("info")
             self._alive = True
+            if self.local:
+                await self._connect_local(replica, self.info)
+                await asyncio.gather(*[self._discover_one() for _ in range(DISCOVER_AT_START)])
+                self._discovery = asyncio.get_running_loop().create_task(self._discover())
         return self.info
+
+    async def _discover(self) -> None:
+        """Forever: drop the local connections that broke, and look for another engine replica."""
+        while self._alive:
+            await asyncio.sleep(DISCOVER_EVERY_S)
+            for engine, replica in list(self._local.items()):
+                if not engine.ready:
+                    log.info("engine replica %s: its local connection is gone", replica)
+                    del self._local[engine]
+                    engine.stop()
+            await self._discover_one()
+
+    async def _discover_one(self) -> None:
+        try:
+            _, replica, info = await self._call("info")
+        except Exception as exc:  # replicas being replaced: the next round asks again
+            log.debug("engine discovery: %s", exc)
+            return
+        await self._connect_local(replica, info)
+
+    async def _connect_local(self, replica: str, info: dict[str, Any]) -> None:
+        """Connect to ``replica``'s Unix socket if it is on this machine (once per replica)."""
+        local = info.get("local")
+        if replica in self._seen or not self._alive:
+            return
+        self._seen.add(replica)
+        if not local or local.get("machine") != machine_id():
+            return
+        engine = RemoteEngine(local["address"], bytes.fromhex(local["authkey"]), connect_timeout_s=2.0)
+        t0 = time.perf_counter()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, engine.start)
+        except Exception as exc:  # another file system (a container) or a replica that just stopped: Ray path
+            log.info("engine replica %s: no local connection (%s); calls go through Ray Serve", replica, exc)
+            engine.stop()
+            return
+        if not self._alive:
+            engine.stop()
+            return
+        self._local[engine] = replica
+        log.info("engine replica %s: local connection in %.0f ms", replica, 1000 * (time.perf_counter() - t0))
+
+    def _pick_local(self) -> RemoteEngine | None:
+        """The local engine for the next item: the request's own (``same_engine``, as a RemotePool's), else the
+        one with the fewest items in flight from here, at random among equals (as Serve's router: when this
+        ingress is idle its requests still spread over the replicas); None when no local connection is up."""
+        group = _affinity.get()
+        if group and group[0] in self._local and group[0].ready:
+            return group[0]
+        live = [e for e in self._local if e.ready]
+        if not live:
+            return None
+        fewest = min(len(e._pending) for e in live)
+        engine = random.choice([e for e in live if len(e._pending) == fewest])
+        if group is not None:
+            group[:] = [engine]
+        return engine
 
     def start(self) -> dict[str, Any]:
         """The info from :meth:`astart` (which the ingress awaits before it builds the app)."""
@@ -101,6 +202,18 @@ class RayEngine:
         """Run ``payload`` through an engine replica's ``stage``; the result, or its FacegateError."""
         if not self._alive:
             raise EngineClosedError("the Ray engine client is stopped")
+        resent = 0
+        if (engine := self._pick_local()) is not None:
+            replica = self._local.get(engine, "")
+            try:
+                result = await engine.submit(stage, payload)
+            except EngineClosedError:  # the replica stopped or died: engine stages write nothing, so once via Ray
+                log.warning("engine replica %s lost during %s; sending through Ray Serve", replica, stage)
+                resent = 1
+            else:
+                if (served := _served.get()) is not None:
+                    served.replicas.append(replica)
+                return result
         loop = asyncio.get_running_loop()
         entry = (np.ascontiguousarray(payload), loop.create_future())
         pending = self._pending[stage]
@@ -115,7 +228,7 @@ class RayEngine:
             raise
         if (served := _served.get()) is not None:
             served.replicas.append(replica)
-            served.retries += retries
+            served.retries += retries + resent
         if kind == "ok":
             return rest[0]
         raise error_from_wire(*rest)
@@ -174,5 +287,11 @@ class RayEngine:
             raise error_from_wire(*rest)
 
     def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
-        """Stop sending (the replicas belong to Ray Serve and stay up)."""
+        """Stop sending and close the local connections (the replicas belong to Ray Serve and stay up)."""
         self._alive = False
+        if self._discovery is not None:  # from any thread (FaceService.stop calls this on an executor's)
+            with contextlib.suppress(RuntimeError):  # its loop has closed
+                self._discovery.get_loop().call_soon_threadsafe(self._discovery.cancel)
+        for engine in list(self._local):
+            engine.stop(drain, timeout_s=timeout_s)
+        self._local.clear()

@@ -220,3 +220,110 @@ def test_an_engine_replica_answers_each_item_of_a_call() -> None:
     assert answers[1][:2] == ("err", "QueueFullError") and answers[1][4] == {"retry_after_s": 1.0}
     assert answers[2][:2] == ("err", "DeadlineExceededError")
     assert engine.items[1].cancelled() and not engine.items[0].cancelled()
+
+
+class _HostEngine:
+    """``enqueue`` as EngineHost calls it (a concurrent future): answers ``stage:sum`` at once, or raises ``fail``."""
+
+    request_timeout_s = 5.0
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.stages: list[str] = []
+
+    def enqueue(self, stage: str, payload: np.ndarray, future: Any) -> Any:
+        from facegate.engine.batcher import WorkItem
+
+        if self.fail is not None:
+            raise self.fail
+        self.stages.append(stage)
+        future.set_result(f"{stage}:{int(payload.sum())}")
+        return WorkItem(payload, future, deadline=1e18)
+
+
+@pytest.fixture
+def engine_host(tmp_path: Any) -> Any:
+    """An engine replica's Unix socket (EngineHost over a stand-in engine); yields ``(engine, info["local"])``."""
+    import threading
+    from multiprocessing.connection import Listener
+
+    from facegate.scaleout.ray_engine import machine_id
+    from facegate.transport.remote import EngineHost
+
+    engine = _HostEngine()
+    address, key = str(tmp_path / "engine.sock"), os.urandom(32)
+    listener = Listener(address, family="AF_UNIX", authkey=key)
+    service = type("S", (), {"engine": engine})()
+    threading.Thread(target=EngineHost(service, {"model": "sface"}).serve, args=(listener,), daemon=True).start()
+    yield engine, {"machine": machine_id(), "address": address, "authkey": key.hex()}
+    listener.close()
+
+
+def _local_handle(local: dict[str, Any], **methods: list[Any]) -> _Handle:
+    handle = _Handle(**methods)
+    handle.info = _Method([("ok", "r0", {"model": "sface", "local": local})])  # discovery's later calls fail
+    return handle
+
+
+def _submit_once(handle: _Handle, stage: str, payload: np.ndarray) -> tuple[Any, Served]:
+    async def go() -> tuple[Any, Served]:
+        engine = RayEngine(handle, local=True)
+        await engine.astart()
+        try:
+            with record_replicas() as served:
+                return await engine.submit(stage, payload), served
+        finally:
+            engine.stop()
+
+    return asyncio.run(go())
+
+
+def test_an_engine_replica_on_this_machine_is_reached_without_ray(engine_host: Any) -> None:
+    host_engine, local = engine_host
+    handle = _local_handle(local, submit_many=[])
+    result, served = _submit_once(handle, "embed", np.ones(3, np.uint8))
+    assert result == "embed:3" and host_engine.stages == ["embed"]
+    assert handle.submit_many.calls == 0 and served.replicas == ["r0"] and served.retries == 0
+
+
+def test_a_local_engine_that_stopped_is_resent_once_through_ray(engine_host: Any) -> None:
+    host_engine, local = engine_host
+    host_engine.fail = EngineClosedError("the engine is stopping")
+    handle = _local_handle(local, submit_many=[("ok", "r1", [("ok", "via ray")])])
+    result, served = _submit_once(handle, "photo", np.ones(3, np.uint8))
+    assert result == "via ray" and handle.submit_many.calls == 1
+    assert served.replicas == ["r1"] and served.retries == 1
+
+
+def test_a_replica_of_another_machine_or_an_engine_error_stays_on_its_path(engine_host: Any) -> None:
+    """Another machine's replica is called through Ray; a local engine's own refusal is the answer (no resend)."""
+    host_engine, local = engine_host
+    handle = _local_handle({**local, "machine": "elsewhere/0"}, submit_many=[("ok", "r1", [("ok", "via ray")])])
+    assert _submit_once(handle, "embed", np.ones(3, np.uint8))[0] == "via ray"
+    assert host_engine.stages == []
+    host_engine.fail = QueueFullError("full", retry_after_s=1.0)
+    handle = _local_handle(local, submit_many=[])
+    with pytest.raises(QueueFullError):
+        _submit_once(handle, "embed", np.ones(3, np.uint8))
+    assert handle.submit_many.calls == 0
+
+
+def test_socket_dirs_of_engine_replicas_gone_are_removed(tmp_path: Any) -> None:
+    """A killed replica's directory (its socket refuses) goes; a live or starting replica's, and others, stay."""
+    import socket
+
+    from facegate.scaleout.ray_app import SOCKET_DIR_PREFIX, remove_stale_socket_dirs
+
+    dead, live, starting, other = (tmp_path / n for n in (f"{SOCKET_DIR_PREFIX}a", f"{SOCKET_DIR_PREFIX}b",
+                                                          f"{SOCKET_DIR_PREFIX}c", "unrelated"))  # fmt: skip
+    for d in (dead, live, starting, other):
+        d.mkdir()
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(str(dead / "engine.sock"))  # bound, never listening, closed: what a SIGKILL leaves
+    (other / "engine.sock").touch()
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(live / "engine.sock"))
+        listening.listen()
+        assert remove_stale_socket_dirs(str(tmp_path), min_age_s=60) == []  # the dead one is too young yet
+        assert remove_stale_socket_dirs(str(tmp_path), min_age_s=0) == [str(dead)]
+    assert not dead.exists() and live.exists() and starting.exists() and other.exists()
