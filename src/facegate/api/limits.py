@@ -16,7 +16,7 @@ import re
 import time
 import types
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope
@@ -32,9 +32,6 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +201,16 @@ class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
     :data:`QUEUE_S` (Little's law), at least :data:`FLOOR`, so that a new request is answered within about a
     second once an overload stops. The rate is completions per second over the last :data:`WINDOW_S` since the
-    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds."""
+    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds.
+
+    :data:`QUEUE_S` is time in the server, service included. Whatever it is, the bound settles where admitted
+    requests take that long; where service alone takes nearly as long (a CPU engine's batches), fewer are
+    admitted than keep the batches full, fewer finish, and the bound falls with the rate. So it is well above
+    a CPU batch's half second and well below the second a request should wait after an overload.
+    """
 
     WINDOW_S = 4.0
-    QUEUE_S = 0.5
+    QUEUE_S = 0.75
     FLOOR = 4
     _SLOTS = 8
 
@@ -220,6 +223,7 @@ class AdmissionLimit:
         self._best = 0.0
         self._busy_sid = -1
         self.last_shed = -math.inf
+        self._cached: tuple[tuple[int, int, bool], int] | None = None
 
     def busy(self, now: float) -> None:
         """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
@@ -238,17 +242,24 @@ class AdmissionLimit:
         self.last_shed = now
 
     def limit(self, now: float) -> int:
-        """The bound now."""
+        """The bound now. It changes only with the slot (the current one is left out) and with whether the
+        process sheds: a flood's refusals each ask for it, so it is computed once per such state."""
         sid = int(now / self._width)
+        shedding = now - self.last_shed < self.WINDOW_S
+        key = (sid, self._busy_sid, shedding)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
         first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
         done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
         rate = done / ((sid - first) * self._width) if sid > first else 0.0
         self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
-        if sid - first < self._SLOTS // 2 or now - self.last_shed >= self.WINDOW_S:
+        if sid - first < self._SLOTS // 2 or not shedding:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
-        return min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
+        bound = min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
+        self._cached = (key, bound)
+        return bound
 
 
 #: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
@@ -263,9 +274,13 @@ class Admission:
 
     While it sheds, the bound also follows the event loop's lateness (:meth:`watch`): a front-end whose loop is
     saturated by admitted work answers its refusals late, since each waits for a loop turn. A turn later than
-    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests to :data:`CUT` of what is admitted now, at most
-    once per :data:`CUT_EVERY_S` (admitted work keeps the loop busy for a while after a cut); each punctual
-    turn (:data:`TICK_S` apart) raises it by one. The cap is lifted whenever nothing was refused for
+    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests, at most once per :data:`CUT_EVERY_S` (admitted
+    work keeps the loop busy for a while after a cut), in proportion to the lateness: to what would turn the loop
+    within :data:`LAG_AIM_S` if its turns take time in proportion to the requests in progress, by :data:`CUT` at
+    least and by :data:`CUT_DEEPEST` at most. So the loop of a flood's first second, late by tenths of a second,
+    is freed within a few cuts, and a loop a little late loses a tenth. Each punctual turn (:data:`TICK_S` apart)
+    raises the cap by one, up to the bound the completion rate allows: a cap never floats above the requests the
+    bound could admit, so a cut always bites. The cap is lifted whenever nothing was refused for
     :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine sharing the process)
     is left be until the server is actually overloaded.
     """
@@ -273,7 +288,9 @@ class Admission:
     TICK_S = 0.01
     LAG_HIGH_S = 0.01
     LAG_LOW_S = 0.002
+    LAG_AIM_S = 0.05
     CUT = 0.9
+    CUT_DEEPEST = 0.5
     CUT_EVERY_S = 0.1
 
     def __init__(self, settings: Settings) -> None:
@@ -311,12 +328,15 @@ class Admission:
         """Adjust the cap for a loop turn ``lag_s`` seconds late at ``now`` (``time.monotonic()``)."""
         if now - self.bound.last_shed >= AdmissionLimit.WINDOW_S:
             self.cap = self.bound.max_admitted
-        elif lag_s > self.LAG_HIGH_S:
+            return
+        limit = min(self.cap, self.bound.limit(now))  # what is admitted now (as refuse sees it)
+        if lag_s > self.LAG_HIGH_S:
             if now - self._last_cut >= self.CUT_EVERY_S:
-                self.cap = max(AdmissionLimit.FLOOR, math.floor(min(self.cap, self.admitted) * self.CUT))
+                keep = min(self.CUT, max(self.CUT_DEEPEST, self.LAG_AIM_S / lag_s))
+                self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
                 self._last_cut = now
         elif lag_s < self.LAG_LOW_S:
-            self.cap = min(self.bound.max_admitted, self.cap + 1)
+            self.cap = min(limit + 1, self.cap + 1)
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
         """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body
