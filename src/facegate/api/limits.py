@@ -201,16 +201,10 @@ class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
     :data:`QUEUE_S` (Little's law), at least :data:`FLOOR`, so that a new request is answered within about a
     second once an overload stops. The rate is completions per second over the last :data:`WINDOW_S` since the
-    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds.
-
-    :data:`QUEUE_S` is time in the server, service included. Whatever it is, the bound settles where admitted
-    requests take that long; where service alone takes nearly as long (a CPU engine's batches), fewer are
-    admitted than keep the batches full, fewer finish, and the bound falls with the rate. So it is well above
-    a CPU batch's half second and well below the second a request should wait after an overload.
-    """
+    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds."""
 
     WINDOW_S = 4.0
-    QUEUE_S = 0.75
+    QUEUE_S = 0.5
     FLOOR = 4
     _SLOTS = 8
 
