@@ -269,14 +269,15 @@ class Admission:
     While it sheds, the bound also follows the event loop's lateness (:meth:`watch`): a front-end whose loop is
     saturated by admitted work answers its refusals late, since each waits for a loop turn. A turn later than
     :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests, at most once per :data:`CUT_EVERY_S` (admitted
-    work keeps the loop busy for a while after a cut), in proportion to the lateness: to what would turn the loop
-    within :data:`LAG_AIM_S` if its turns take time in proportion to the requests in progress, by :data:`CUT` at
-    least and by :data:`CUT_DEEPEST` at most. So the loop of a flood's first second, late by tenths of a second,
-    is freed within a few cuts, and a loop a little late loses a tenth. Each punctual turn (:data:`TICK_S` apart)
-    raises the cap by one, up to the bound the completion rate allows: a cap never floats above the requests the
-    bound could admit, so a cut always bites. The cap is lifted whenever nothing was refused for
-    :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine sharing the process)
-    is left be until the server is actually overloaded.
+    work keeps the loop busy for a while after a cut), by :data:`CUT`; once the loop has been late for
+    :data:`CUT_EVERY_S` in a row, in proportion to the lateness: to what would turn the loop within
+    :data:`LAG_AIM_S` if its turns take time in proportion to the requests in progress, by :data:`CUT_DEEPEST`
+    at most. So the loop of a flood's first second, late by tenths of a second, is freed within a few cuts,
+    and a loop a little late, or stalled once (a CPU engine in the same process), loses a tenth. Each punctual
+    turn (:data:`TICK_S` apart) raises the cap by one, up to the bound the completion rate allows: a cap never
+    floats above the requests the bound could admit, so a cut always bites. The cap is lifted whenever nothing
+    was refused for :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine
+    sharing the process) is left be until the server is actually overloaded.
     """
 
     TICK_S = 0.01
@@ -296,6 +297,7 @@ class Admission:
         self._armed = False
         self._due = 0.0
         self._last_cut = -math.inf
+        self._late_since = math.inf  # when the loop's current run of late turns began
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Follow ``loop``'s lateness while this front-end refuses: a timer every :data:`TICK_S` (no task), armed
@@ -324,13 +326,18 @@ class Admission:
             self.cap = self.bound.max_admitted
             return
         limit = min(self.cap, self.bound.limit(now))  # what is admitted now (as refuse sees it)
-        if lag_s > self.LAG_HIGH_S:
-            if now - self._last_cut >= self.CUT_EVERY_S:
+        if lag_s <= self.LAG_HIGH_S:
+            self._late_since = math.inf
+            if lag_s < self.LAG_LOW_S:
+                self.cap = min(limit + 1, self.cap + 1)
+            return
+        self._late_since = min(self._late_since, now - lag_s)
+        if now - self._last_cut >= self.CUT_EVERY_S:
+            keep = self.CUT
+            if now - self._late_since >= self.CUT_EVERY_S:  # late for a while, not a one-off stall
                 keep = min(self.CUT, max(self.CUT_DEEPEST, self.LAG_AIM_S / lag_s))
-                self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
-                self._last_cut = now
-        elif lag_s < self.LAG_LOW_S:
-            self.cap = min(limit + 1, self.cap + 1)
+            self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
+            self._last_cut = now
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
         """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body

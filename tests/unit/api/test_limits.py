@@ -92,6 +92,9 @@ def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctu
     for i in range(10):  # punctual turns raise it by one each
         adm.lagged(0.0, t + 0.4 + i * Admission.TICK_S)
     assert adm.cap == cap + 10
+    cap = adm.cap
+    adm.lagged(0.09, t + 0.6)  # one stall, shorter than CUT_EVERY_S, after punctual turns: the mildest cut
+    assert adm.cap == math.floor(cap * Admission.CUT)
     adm.admitted = 0
     for i in range(100):  # a cut never goes below the floor
         adm.bound.shed(t + 1 + i * Admission.CUT_EVERY_S)
