@@ -282,8 +282,7 @@ async def open_loop(url: str, data: bytes, *, rate: float, seconds: float, max_o
             phase.max_lag_s = max(phase.max_lag_s, now - due)
             pool.request(due)
             n += 1
-        # until the next arrival, and at least a millisecond (a shorter timer can round to none and spin)
-        await asyncio.sleep(max(0.001, t0 + n / rate - time.perf_counter()))
+        await asyncio.sleep(0.001)
     while pool.busy > 0 and time.perf_counter() - t0 < seconds + 120:
         await asyncio.sleep(0.005)
     phase.elapsed_s = time.perf_counter() - t0
