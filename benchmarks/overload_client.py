@@ -41,9 +41,11 @@ class Phase:
     bounds: list[int] = field(default_factory=list)  # the admission bound each 503 overloaded names
     shed_from_send: list[float] = field(default_factory=list)  # 503 latency from the write, not the schedule
     shed_due: list[float] = field(default_factory=list)  # each 503's scheduled time, seconds into the phase
+    ok_due: list[float] = field(default_factory=list)  # each 2xx's scheduled time, seconds into the phase
 
     def add(self, other: Phase) -> None:
-        for name in ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "shed_due", "client_cpu_s"):
+        names = ("sent", "ok", "shed", "other", "non_json", "bounds", "shed_from_send", "shed_due", "ok_due")
+        for name in (*names, "client_cpu_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))  # counts add, lists and Counters join
         self.max_lag_s = max(self.max_lag_s, other.max_lag_s)
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
@@ -74,16 +76,23 @@ class Phase:
 
     def _shed_windows(self, width_s: float = 5.0) -> dict[str, Any]:
         """The 503s' p99 latency from the send by window of scheduled time, and after the first window (the
-        connection ramp): whether slow refusals come from the start of the flood or from all of it."""
+        connection ramp): whether slow refusals come from the start of the flood or from all of it. The first
+        window also by second, and the 2xx per second by window: how soon the bound settles."""
         if not self.shed_due or len(self.shed_due) != len(self.shed_from_send):
             return {}
         windows: dict[int, list[float]] = collections.defaultdict(list)
+        seconds: dict[int, list[float]] = collections.defaultdict(list)
         for due, s in zip(self.shed_due, self.shed_from_send, strict=True):
             windows[int(due // width_s)].append(s)
+            if due < width_s:
+                seconds[int(due)].append(s)
         after = [s for due, s in zip(self.shed_due, self.shed_from_send, strict=True) if due >= width_s]
+        ok = collections.Counter(int(due // width_s) for due in self.ok_due)
         return {
             "shed_p99_from_send_by_5s": [_pct(windows[i], 0.99) for i in range(max(windows) + 1)],
+            "shed_p99_from_send_first_5s_by_1s": [_pct(seconds[i], 0.99) for i in range(int(width_s))],
             "shed_p99_from_send_after_5s": _pct(after, 0.99),
+            "ok_per_s_by_5s": [round(ok[i] / width_s, 1) for i in range(max(windows) + 1)],
         }
 
 
@@ -113,6 +122,8 @@ def _record(
                     phase.bounds.append(int(answer["error"]["detail"]["limit"]))
     if 200 <= (status if isinstance(status, int) else 0) < 300:
         phase.ok.append(seconds)
+        if due_s is not None:
+            phase.ok_due.append(due_s)
     elif status == 503:
         phase.shed.append(seconds)
         if sent_s is not None and due_s is not None:

@@ -16,7 +16,7 @@ import re
 import time
 import types
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope
@@ -32,9 +32,6 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +217,7 @@ class AdmissionLimit:
         self._best = 0.0
         self._busy_sid = -1
         self.last_shed = -math.inf
+        self._cached: tuple[tuple[int, int, bool], int] | None = None
 
     def busy(self, now: float) -> None:
         """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
@@ -238,17 +236,24 @@ class AdmissionLimit:
         self.last_shed = now
 
     def limit(self, now: float) -> int:
-        """The bound now."""
+        """The bound now. It changes only with the slot (the current one is left out) and with whether the
+        process sheds: a flood's refusals each ask for it, so it is computed once per such state."""
         sid = int(now / self._width)
+        shedding = now - self.last_shed < self.WINDOW_S
+        key = (sid, self._busy_sid, shedding)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
         first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
         done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
         rate = done / ((sid - first) * self._width) if sid > first else 0.0
         self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
-        if sid - first < self._SLOTS // 2 or now - self.last_shed >= self.WINDOW_S:
+        if sid - first < self._SLOTS // 2 or not shedding:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
-        return min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
+        bound = min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
+        self._cached = (key, bound)
+        return bound
 
 
 #: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
@@ -263,17 +268,24 @@ class Admission:
 
     While it sheds, the bound also follows the event loop's lateness (:meth:`watch`): a front-end whose loop is
     saturated by admitted work answers its refusals late, since each waits for a loop turn. A turn later than
-    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests to :data:`CUT` of what is admitted now, at most
-    once per :data:`CUT_EVERY_S` (admitted work keeps the loop busy for a while after a cut); each punctual
-    turn (:data:`TICK_S` apart) raises it by one. The cap is lifted whenever nothing was refused for
-    :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine sharing the process)
-    is left be until the server is actually overloaded.
+    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests, at most once per :data:`CUT_EVERY_S` (admitted
+    work keeps the loop busy for a while after a cut), by :data:`CUT`; once the loop has been late for
+    :data:`CUT_EVERY_S` in a row, in proportion to the lateness: to what would turn the loop within
+    :data:`LAG_AIM_S` if its turns take time in proportion to the requests in progress, by :data:`CUT_DEEPEST`
+    at most. So the loop of a flood's first second, late by tenths of a second, is freed within a few cuts,
+    and a loop a little late, or stalled once (a CPU engine in the same process), loses a tenth. Each punctual
+    turn (:data:`TICK_S` apart) raises the cap by one, up to the bound the completion rate allows: a cap never
+    floats above the requests the bound could admit, so a cut always bites. The cap is lifted whenever nothing
+    was refused for :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine
+    sharing the process) is left be until the server is actually overloaded.
     """
 
     TICK_S = 0.01
     LAG_HIGH_S = 0.01
     LAG_LOW_S = 0.002
+    LAG_AIM_S = 0.05
     CUT = 0.9
+    CUT_DEEPEST = 0.5
     CUT_EVERY_S = 0.1
 
     def __init__(self, settings: Settings) -> None:
@@ -285,6 +297,7 @@ class Admission:
         self._armed = False
         self._due = 0.0
         self._last_cut = -math.inf
+        self._late_since = math.inf  # when the loop's current run of late turns began
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Follow ``loop``'s lateness while this front-end refuses: a timer every :data:`TICK_S` (no task), armed
@@ -311,12 +324,20 @@ class Admission:
         """Adjust the cap for a loop turn ``lag_s`` seconds late at ``now`` (``time.monotonic()``)."""
         if now - self.bound.last_shed >= AdmissionLimit.WINDOW_S:
             self.cap = self.bound.max_admitted
-        elif lag_s > self.LAG_HIGH_S:
-            if now - self._last_cut >= self.CUT_EVERY_S:
-                self.cap = max(AdmissionLimit.FLOOR, math.floor(min(self.cap, self.admitted) * self.CUT))
-                self._last_cut = now
-        elif lag_s < self.LAG_LOW_S:
-            self.cap = min(self.bound.max_admitted, self.cap + 1)
+            return
+        limit = min(self.cap, self.bound.limit(now))  # what is admitted now (as refuse sees it)
+        if lag_s <= self.LAG_HIGH_S:
+            self._late_since = math.inf
+            if lag_s < self.LAG_LOW_S:
+                self.cap = min(limit + 1, self.cap + 1)
+            return
+        self._late_since = min(self._late_since, now - lag_s)
+        if now - self._last_cut >= self.CUT_EVERY_S:
+            keep = self.CUT
+            if now - self._late_since >= self.CUT_EVERY_S:  # late for a while, not a one-off stall
+                keep = min(self.CUT, max(self.CUT_DEEPEST, self.LAG_AIM_S / lag_s))
+            self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
+            self._last_cut = now
 
     def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
         """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 
 import pytest
@@ -19,16 +20,18 @@ def _slot_start(t: float) -> float:
 
 
 FLOOR = AdmissionLimit.FLOOR
+QUEUE_S = AdmissionLimit.QUEUE_S
 
 
 def test_admission_limit_follows_the_completion_rate() -> None:
-    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)  # queue target: 0.5 s
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)  # queue target: QUEUE_S
     t = _slot_start(1000.0)
     assert bound.limit(t) == 1000  # nothing measured yet
     bound.busy(t - 10)
     for i in range(40):  # 10 requests/s over the window before t
         bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1)
-    assert bound.limit(t) == 5  # 35 completions in the 3.5 s of completed slots: 10/s × 0.5 s
+    assert bound.limit(t) == math.ceil(10 * QUEUE_S)  # 35 completions in the 3.5 s of completed slots: 10/s
+    assert AdmissionLimit(max_admitted=1000, deadline_s=1.0).target_s == 0.25  # a short deadline: a quarter
 
 
 def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
@@ -39,7 +42,7 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     for i in range(400):  # 100/s
         bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.01)
     before = bound.limit(t)
-    assert before == 50  # 350 completions in the 3.5 s of completed slots: 100/s × 0.5 s
+    assert before == math.ceil(100 * QUEUE_S)  # 350 completions in the 3.5 s of completed slots: 100/s
     later = t + 3600
     bound.busy(later)  # the burst's first request
     bound.shed(later)
@@ -51,7 +54,7 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     for i in range(48):
         bound.finished(later + 1.0 + i * 0.04)
     bound.shed(later + 3.0)
-    assert bound.limit(later + 3.0) == math.ceil(49 / 3.0 * 0.5)  # 49 completions in 6 slots
+    assert bound.limit(later + 3.0) == math.ceil(49 / 3.0 * QUEUE_S)  # 49 completions in 6 slots
     bound.shed(later + 8.0)
     assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
 
@@ -63,26 +66,35 @@ def test_admission_limit_never_exceeds_max() -> None:
     assert bound.limit(t) == 1
 
 
-def test_a_late_loop_cuts_the_cap_only_while_shedding_and_a_punctual_one_restores_it() -> None:
+def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctual_one_restores_it() -> None:
     adm = Admission(Settings(device="cpu"))
-    top = adm.bound.max_admitted
+    top = adm.bound.max_admitted  # nothing measured: the bound is max_admitted
     adm.admitted = 200
     t = 1000.0
     adm.lagged(0.3, t)  # late, but nothing refused: the cap stays off
     assert adm.cap == top
     adm.bound.shed(t)
-    adm.lagged(0.3, t)
-    assert adm.cap == 180  # 0.9 of what is admitted
+    adm.lagged(0.3, t)  # six times LAG_AIM_S late: the deepest cut
+    assert adm.cap == top // 2
     adm.lagged(0.3, t + 0.05)
-    assert adm.cap == 180  # at most one cut per CUT_EVERY_S
-    adm.lagged(0.3, t + Admission.CUT_EVERY_S)
-    assert adm.cap == 162
-    assert adm.refuse(t + 0.2) is not None  # 200 admitted, over the cap
-    adm.lagged(0.005, t + 0.3)  # neither late nor punctual: held
-    assert adm.cap == 162
+    assert adm.cap == top // 2  # at most one cut per CUT_EVERY_S
+    adm.lagged(0.3, t + 0.1)
+    assert adm.cap == top // 4
+    adm.lagged(0.075, t + 0.21)  # 1.5 × LAG_AIM_S late: to two thirds
+    assert adm.cap == math.floor(top // 4 * 2 / 3)
+    cap = adm.cap
+    adm.lagged(0.011, t + 0.32)  # just late: the mildest cut
+    assert adm.cap == math.floor(cap * Admission.CUT)
+    assert adm.refuse(t + 0.35) is not None  # 200 admitted, over the cap
+    cap = adm.cap
+    adm.lagged(0.005, t + 0.4)  # neither late nor punctual: held
+    assert adm.cap == cap
     for i in range(10):  # punctual turns raise it by one each
-        adm.lagged(0.0, t + 0.3 + i * Admission.TICK_S)
-    assert adm.cap == 172
+        adm.lagged(0.0, t + 0.4 + i * Admission.TICK_S)
+    assert adm.cap == cap + 10
+    cap = adm.cap
+    adm.lagged(0.09, t + 0.6)  # one stall, shorter than CUT_EVERY_S, after punctual turns: the mildest cut
+    assert adm.cap == math.floor(cap * Admission.CUT)
     adm.admitted = 0
     for i in range(100):  # a cut never goes below the floor
         adm.bound.shed(t + 1 + i * Admission.CUT_EVERY_S)
@@ -90,6 +102,53 @@ def test_a_late_loop_cuts_the_cap_only_while_shedding_and_a_punctual_one_restore
     assert adm.cap == FLOOR
     adm.lagged(0.0, t + 100 + AdmissionLimit.WINDOW_S)  # nothing refused for a window: lifted
     assert adm.cap == top
+
+
+def test_the_cap_rises_no_higher_than_the_bound_so_that_a_cut_bites_at_once() -> None:
+    adm = Admission(Settings(device="cpu"))
+    t = _slot_start(1000.0)
+    adm.bound.busy(t - 10)
+    for i in range(200):  # 50/s over the window: a bound of 50 × QUEUE_S
+        adm.bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.02)
+    bound = adm.bound.limit(t)
+    assert bound == math.ceil(50 * QUEUE_S)
+    adm.bound.shed(t)
+    for i in range(1000):  # a punctual loop for 10 s of turns
+        adm.lagged(0.0, t + i * 1e-5)
+    assert adm.cap == bound + 1
+    adm.lagged(1.0, t + 0.1)  # the first late turn halves what is admitted, not a cap far above it
+    assert adm.cap == bound // 2
+
+
+def test_a_flood_frees_a_saturated_loop_within_its_first_second_and_keeps_admitting() -> None:
+    """A synthetic front-end: each loop turn takes 1 ms per admitted request (so turns are late past 10
+    admitted, and refusals are answered late past 50), admitted work leaves at 1/0.3 s of what is admitted,
+    and a flood fills every free place at once. The flood starts with the bound of a fast engine (200)."""
+    rng = random.Random(0)
+    adm = Admission(Settings(device="cpu"))
+    t = _slot_start(1000.0)
+    adm.bound.busy(t - 10)
+    for i in range(1600):  # 400/s: a bound of 400 × QUEUE_S, far above what the loop turns within 50 ms
+        adm.bound.finished(t - AdmissionLimit.WINDOW_S + i / 400)
+    admitted = 0.0
+    late: list[tuple[float, float]] = []  # (seconds into the flood, turn lateness)
+    start = t
+    while t < start + 3.0:
+        adm.bound.shed(t)
+        limit = min(adm.cap, adm.bound.limit(t))
+        admitted = max(admitted, float(limit))  # the flood fills what is free
+        lag = 0.001 * admitted * rng.uniform(0.0, 2.0)
+        adm.admitted = int(admitted)
+        adm.lagged(lag, t)
+        step = Admission.TICK_S + lag
+        admitted -= admitted * min(1.0, step / 0.3)
+        late.append((t - start, lag))
+        t += step
+    first_s = next(s for s, lag in late if lag < Admission.LAG_AIM_S and s > 0)
+    assert first_s < 1.0  # the turns are punctual enough for the refusals within the first second
+    steady = [lag for s, lag in late if s >= 1.0]
+    assert sorted(steady)[int(0.99 * len(steady))] < Admission.LAG_AIM_S
+    assert sum(steady) / len(steady) > Admission.LAG_HIGH_S / 4  # and it admits, not stuck at the floor
 
 
 def test_the_loop_watch_ticks_only_while_refusing() -> None:
