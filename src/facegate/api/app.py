@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api import fastpath
 from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.forms import header, replay_body
+from facegate.api.forms import header, replay_body, serve_embed_aligned, wants_fast_path
 from facegate.api.limits import (
     STATE_KEY,
     STATS_KEY,
@@ -326,10 +325,8 @@ class ServingMiddleware:
                         app_receive = None if body is None else replay_body(body, wrapped_receive)
                     deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
                     async with asyncio.timeout(deadline_s):
-                        if app_receive is not None and fastpath.wants_fast_path(scope):  # None: answered
-                            app_receive = await fastpath.serve_embed_aligned(
-                                self.state, scope, app_receive, wrapped_send
-                            )
+                        if app_receive is not None and wants_fast_path(scope):  # None: answered
+                            app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
                         if app_receive is not None:
                             await self.app(scope, app_receive, wrapped_send)
                 except TimeoutError:

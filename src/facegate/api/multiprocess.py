@@ -13,7 +13,6 @@ temporary directory, so that the next start can tell a live server's folder from
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -26,9 +25,10 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+from unittest.mock import patch  # os.environ for a block: a spawned child takes the environment of its start
 
 from fastapi import FastAPI
 
@@ -91,21 +91,6 @@ def remove_stale_run_dirs(root: Path | None = None) -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` for the block (a spawned child takes the environment of its start)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end: settings and the engines' addresses come from the environment."""
     if not logging.getLogger().handlers:
@@ -153,7 +138,7 @@ class EngineProcess:
             name="facegate-engine",
             daemon=False,
         )
-        with _environ({} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
+        with patch.dict(os.environ, {} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
             self._proc.start()
         child.close()
         self._ready_conn = parent
@@ -343,7 +328,7 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
             ENV_PLAN: json.dumps(plan.to_dict()),
             MULTIPROC_ENV: str(metrics_dir),
         }
-        with _environ(env):
+        with patch.dict(os.environ, env):
             serve_balanced(settings, front_ends)
     finally:
         stopping.set()
