@@ -1,4 +1,4 @@
-"""facegate.api.forms (the fast path): aligned-crop embeds served below FastAPI give the route's own answers.
+"""The aligned-crop fast path (api.routes.serve_embed_aligned) gives the route's own answers.
 
 One tiny-model server answers every request twice, with the fast path and with it switched off below the app
 (the route alone): the same status and JSON, and the fast path answers without FastAPI's route.

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.forms import header, replay_body, serve_embed_aligned, wants_fast_path
+from facegate.api.forms import header, replay_body, wants_fast_path
 from facegate.api.limits import (
     STATE_KEY,
     STATS_KEY,
@@ -35,7 +35,7 @@ from facegate.api.limits import (
     is_json,
     read_json,
 )
-from facegate.api.routes import install_routes
+from facegate.api.routes import install_routes, serve_embed_aligned
 from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
 from facegate.api.state import ServingState, get_state
 from facegate.config import Settings

@@ -7,10 +7,8 @@ within the limits) of at most :data:`FAST_FORM_MAX_BYTES` is cut at its boundari
 error case included, goes to Starlette over the same cached body. The tests compare the two parsers.
 
 Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
-stack above the endpoint costs several times the endpoint's own work. After the access checks and within the
-admission bound and deadline, :class:`~facegate.api.app.ServingMiddleware` calls :func:`serve_embed_aligned`,
-which answers a form of 1..``max_images_per_request`` ``images`` with ``aligned`` true (and at most a
-``select``) through the route's own function and JSON; any other request goes to FastAPI with its body replayed.
+stack above the endpoint costs several times the endpoint's own work: :func:`wants_fast_path` and
+:func:`aligned_images` pick the requests that :func:`facegate.api.routes.serve_embed_aligned` answers itself.
 """
 
 from __future__ import annotations
@@ -19,19 +17,14 @@ import contextlib
 import io
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi.routing import APIRoute
 from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
-
-from facegate.errors import FacegateError
-
-if TYPE_CHECKING:
-    from facegate.api.state import ServingState
+from starlette.types import Message, Receive, Scope
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
@@ -220,37 +213,3 @@ def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] |
         elif not (key == "select" and value in SELECT):
             return None  # another field, a repeated or non-true ``aligned``, an invalid ``select``
     return images if aligned and 1 <= len(images) <= max_images else None
-
-
-async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-    """Answer an aligned-crop embed request (None), or return a receive that replays its body for FastAPI.
-    A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
-    from facegate.api.errors import facegate_error_response
-    from facegate.api.routes import embed_response
-
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    ctype = header(scope, b"content-type").decode("latin-1")
-    limit = state.settings.limits.max_images_per_request
-    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
-    if images is None:
-        return replay_body(body, receive)
-    scope["route"] = EMBED_ROUTE
-    try:
-        async with pixels_held(scope["app"], images):
-            out = await embed_response(state, state.require_service(), images, None, "largest", True)
-    except FacegateError as exc:
-        await facegate_error_response(exc)(scope, receive, send)
-        return None
-    payload = out.model_dump_json(by_alias=True, exclude_unset=True).encode()
-    headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-    return None

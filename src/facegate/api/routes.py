@@ -14,9 +14,20 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from facegate.api import schemas as sc
-from facegate.api.forms import FastFormRoute
+from facegate.api.errors import facegate_error_response
+from facegate.api.forms import (
+    EMBED_ROUTE,
+    FORM_LIMITS,
+    FastFormRoute,
+    aligned_images,
+    header,
+    parse_small_multipart,
+    pixels_held,
+    replay_body,
+)
 from facegate.api.state import ServingState, get_state
 from facegate.errors import (
     EmptyInputError,
@@ -259,6 +270,40 @@ async def embed_response(
         else:
             items.append(sc.EmbedItem(index=i, faces=[sc.FaceOut.from_face(f, embedding=True) for f in r]))
     return sc.EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
+
+
+async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    """The fast path, below FastAPI's routing: after the access checks and within the admission bound and
+    deadline, :class:`~facegate.api.app.ServingMiddleware` hands it ``POST /api/embed`` with a small multipart
+    body. It answers a form of 1..``max_images_per_request`` ``images`` with ``aligned`` true (and at most a
+    ``select``) through the route's own function and JSON (None), or returns a receive that replays the body for
+    FastAPI. A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    ctype = header(scope, b"content-type").decode("latin-1")
+    limit = state.settings.limits.max_images_per_request
+    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
+    if images is None:
+        return replay_body(body, receive)
+    scope["route"] = EMBED_ROUTE
+    try:
+        async with pixels_held(scope["app"], images):
+            out = await embed_response(state, state.require_service(), images, None, "largest", True)
+    except FacegateError as exc:
+        await facegate_error_response(exc)(scope, receive, send)
+        return None
+    payload = out.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+    return None
 
 
 @_faces_route("/api/detect", sc.DetectResponse)
