@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,23 +57,15 @@ def internal_error_response() -> JSONResponse:
     return JSONResponse(error_body("internal_error", "Internal server error; the server logged the details."), 500)
 
 
-def _json_safe(value: Any) -> Any:
-    """Best-effort JSON-safe copy of validation-error details (they may hold bytes or exceptions)."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return str(value)
+#: what FastAPI's encoder cannot write as JSON: validation-error details may hold uploads' bytes or exceptions
+_SAFE = {bytes: lambda b: f"<{len(b)} bytes>", Exception: str}
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 ``invalid_parameter`` for a request that fails FastAPI's parameter validation."""
     assert isinstance(exc, RequestValidationError)
-    errors = [{k: _json_safe(v) for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
+    kept = [{k: v for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
+    errors = jsonable_encoder(kept, custom_encoder=_SAFE)
     fields = [".".join(str(p) for p in err.get("loc", ())) for err in errors]
     message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
     return JSONResponse(error_body(InvalidParameterError.code, message, {"errors": errors}), status_code=422)

@@ -65,9 +65,9 @@ class ServingState:
         """Await ``fn(*args, **kw)`` on a decode thread."""
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
 
-    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Await a gallery call on the gallery thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.gallery_pool, lambda: fn(*args, **kw))
+        return await asyncio.get_running_loop().run_in_executor(self.gallery_pool, fn, *args)
 
 
 def get_state(app: Any) -> ServingState:

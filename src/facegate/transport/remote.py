@@ -211,17 +211,11 @@ class EngineHost:
     def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
         self.info = info
-        self._conn_lock = threading.Lock()
-        self._connections = 0
+        self._conns: set[Connection] = set()  # of the front-ends connected now
 
     @property
     def connections(self) -> int:
-        with self._conn_lock:
-            return self._connections
-
-    def _count(self, delta: int) -> None:
-        with self._conn_lock:
-            self._connections += delta
+        return len(self._conns)
 
     def serve(self, listener: Listener) -> None:
         """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
@@ -254,7 +248,7 @@ class EngineHost:
         )
         sender.start()
         frames = FrameReader(conn)
-        self._count(1)
+        self._conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
             shm = memoryview(block)
@@ -293,7 +287,7 @@ class EngineHost:
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
-            self._count(-1)
+            self._conns.discard(conn)
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
