@@ -221,16 +221,15 @@ def compare(
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
 ) -> None:
-    """Compare the largest face of two photos; prints JSON (similarity, verdict, quality, boxes, landmarks)."""
+    """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
-    r = p.compare_faces(a, b)
-    verdict = "refused" if r.refused else ("match" if r.match else "no_match")
-    out = {"similarity": None if r.similarity is None else round(r.similarity, 6), "match": r.match, "verdict": verdict}
-    out |= {k: getattr(r, k) for k in ("threshold", "fmr", "refused", "reason")}
-    _echo(out | {"model": p.spec.name, "faces": [a.to_dict(), b.to_dict()]})
+    from facegate.api.schemas import CompareResponse
+
+    answer = CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name)  # POST /api/compare's JSON
+    _echo(answer.model_dump(exclude_unset=True))
 
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
