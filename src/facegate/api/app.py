@@ -1,10 +1,8 @@
 """The HTTP application: app factory, lifespan and the request middleware.
 
 The lifespan loads in the background (``/healthz`` answers at once, ``/readyz`` 503 until the service is built,
-the gallery open and the engine warm) and stops in order. :class:`ServingMiddleware` (pure ASGI: no task hops,
-no body buffering) refuses bodies larger than the route accepts, cancels the request when the client
-disconnects before the answer (the engine drops the work), records per-route metrics and is the catch-all for
-unexpected exceptions (logged; a JSON 500 ``internal_error``).
+the gallery open and the engine warm) and stops in order. :class:`ServingMiddleware` is pure ASGI: no task hops,
+no body buffering.
 """
 
 from __future__ import annotations

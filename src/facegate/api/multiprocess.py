@@ -1,14 +1,10 @@
 """The process model (a plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
 
-The supervisor (``facegate serve``, torch-free) starts the engine processes, waits until they are warm, then
-opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thread hands each connection to the
-least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
-engines through :mod:`facegate.transport.remote`; ``/metrics`` of any of them covers the whole server. If an
-engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
-
-Sockets and metrics files live in run folders named ``facegate-<kind>-<supervisor pid>-<random>`` in the
-temporary directory, so that the next start can tell a live server's folder from a killed one's
-(:func:`remove_stale_run_dirs`). Shared memory needs no sweep (its blocks are unnamed).
+The torch-free supervisor starts the engines, waits until they are warm, then opens the port and spawns the
+front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor` thread, replaced when one exits). If an
+engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders
+(sockets, metrics files) are named ``facegate-<kind>-<supervisor pid>-<random>``, so that the next start can
+tell a killed server's from a live one's (:func:`remove_stale_run_dirs`); shared memory is unnamed.
 """
 
 from __future__ import annotations

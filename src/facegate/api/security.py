@@ -1,12 +1,9 @@
 """Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
 security headers, the OpenAPI security scheme and the offline API docs.
 
-:class:`Access`, checked before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding); a
-state-changing method from a foreign ``Origin`` or with ``Sec-Fetch-Site: cross-site`` (403: a browser posts a
-cross-site form without a preflight); with keys configured, no or an unknown key (401), a key without the
-route's scope (403, :func:`required_scope`); past a token bucket per key or client address (429).
-:class:`SecurityHeadersMiddleware`, outermost, puts CSP, ``X-Frame-Options``, ``nosniff`` and
-``Referrer-Policy`` on every response, errors included.
+:class:`Access`, before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing
+method from a foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight),
+no or an unknown key (401), a key without the route's scope (403), a client past its token bucket (429).
 """
 
 from __future__ import annotations
