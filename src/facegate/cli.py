@@ -153,10 +153,9 @@ def _serve(settings: Settings) -> None:
     does not linger unready."""
     import uvicorn
 
-    from facegate.api.app import create_app, uvicorn_config
+    from facegate.api.app import create_app, get_state, uvicorn_config
     from facegate.api.drain import exit_quietly_on_sigterm
     from facegate.api.security import check_bind
-    from facegate.api.state import get_state
     from facegate.service.keys import KeyStore
     from facegate.transport.remote import SWITCH_INTERVAL_S
     from facegate.tuning import make_plan

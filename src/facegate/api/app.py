@@ -33,9 +33,8 @@ from facegate.api.limits import (
     is_json,
     read_json,
 )
-from facegate.api.routes import install_routes, serve_embed_aligned
+from facegate.api.routes import ServingState, get_state, install_routes, serve_embed_aligned
 from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
-from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
     DeadlineExceededError,
