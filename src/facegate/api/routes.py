@@ -257,11 +257,8 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def index() -> Response:
-    """The web page (compare + gallery tabs); its assets are served under ``/static``."""
-    page = STATIC_DIR / "index.html"
-    if page.is_file():
-        return FileResponse(page, media_type="text/html; charset=utf-8")
-    return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
+    """The web page (compare + gallery tabs, shipped as package data); its assets are served under ``/static``."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8")
 
 
 @_faces_route("/api/compare", sc.CompareResponse)
