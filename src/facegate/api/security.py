@@ -231,10 +231,6 @@ FIXED_HEADERS = [
 ]
 
 
-def _csp_hash(script: str) -> str:
-    return "'sha256-" + b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
-
-
 class SecurityHeadersMiddleware:
     """CSP, X-Frame-Options, nosniff and Referrer-Policy on every response (``docs_csp`` for the doc pages)."""
 
@@ -259,13 +255,6 @@ class SecurityHeadersMiddleware:
 
 
 DOCS_ASSETS = "/docs-assets"
-
-
-def docs_assets_dir() -> Path:
-    """Swagger UI and ReDoc files shipped by the ``fastapi-offline`` package (MIT)."""
-    import fastapi_offline
-
-    return Path(fastapi_offline.__file__).resolve().parent / "static"
 
 
 def install_docs(app: FastAPI) -> dict[str, str]:
@@ -296,9 +285,12 @@ def install_docs(app: FastAPI) -> dict[str, str]:
     async def redoc_ui() -> HTMLResponse:
         return HTMLResponse(redoc)
 
-    app.mount(DOCS_ASSETS, StaticFiles(directory=docs_assets_dir()), name="docs-assets")
+    import fastapi_offline  # Swagger UI and ReDoc files (MIT)
+
+    assets = Path(fastapi_offline.__file__).resolve().parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
     base = "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'"
-    hashes = " ".join(_csp_hash(s) for s in inline)
+    hashes = " ".join(f"'sha256-{b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
     return {
         "/docs": f"{base}; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'",
         "/redoc": f"{base}; script-src 'self'; style-src 'self' 'unsafe-inline'; worker-src 'self' blob:",
