@@ -144,9 +144,39 @@ def serve(
     kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
     kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
     batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
-    from facegate.api.server import run
+    _serve(_settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {}))
 
-    run(_settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {}))
+
+def _serve(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM, in one process or with the process model, as the serving plan (logged in one
+    line) says. A failed load shuts the server down and raises its FacegateError here, so a misconfigured server
+    does not linger unready."""
+    import uvicorn
+
+    from facegate.api.app import create_app, get_state, uvicorn_config
+    from facegate.api.drain import exit_quietly_on_sigterm
+    from facegate.api.security import check_bind
+    from facegate.service.keys import KeyStore
+    from facegate.transport.remote import SWITCH_INTERVAL_S
+    from facegate.tuning import make_plan
+
+    exit_quietly_on_sigterm()
+    check_bind(settings, KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file))
+    plan = make_plan(settings)
+    log.info("%s", plan.summary())
+    if plan.workers > 1 or plan.engines > 1:
+        from facegate.api.multiprocess import run_multiprocess
+
+        return run_multiprocess(settings, plan)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    app = create_app(settings, plan=plan)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    state = get_state(app)
+    state.on_load_error = lambda exc: setattr(server, "should_exit", True)
+    log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
+    server.run()
+    if state.load_error is not None:
+        raise state.load_error
 
 
 DataDirOpt = Annotated[Path | None, typer.Option(help="data folder (default FACEGATE_DATA_DIR)")]
@@ -221,16 +251,15 @@ def compare(
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
 ) -> None:
-    """Compare the largest face of two photos; prints JSON (similarity, verdict, quality, boxes, landmarks)."""
+    """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
-    r = p.compare_faces(a, b)
-    verdict = "refused" if r.refused else ("match" if r.match else "no_match")
-    out = {"similarity": None if r.similarity is None else round(r.similarity, 6), "match": r.match, "verdict": verdict}
-    out |= {k: getattr(r, k) for k in ("threshold", "fmr", "refused", "reason")}
-    _echo(out | {"model": p.spec.name, "faces": [a.to_dict(), b.to_dict()]})
+    from facegate.api.schemas import CompareResponse
+
+    answer = CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name)  # POST /api/compare's JSON
+    _echo(answer.model_dump(exclude_unset=True))
 
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}

@@ -179,7 +179,7 @@ def start_server(settings: Settings, service: Any = None, gallery: Any = None, *
 
 @dataclass
 class ServerProcess:
-    """``facegate.api.app.run(settings)`` in a child process (real default models, real lifespan)."""
+    """``facegate serve`` in a child process (real default models, real lifespan)."""
 
     url: str
     proc: subprocess.Popen[bytes]
@@ -221,7 +221,7 @@ class ServerProcess:
 
 
 def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerProcess:
-    """Start ``run(Settings())`` in a child process configured through ``FACEGATE_*`` variables."""
+    """Start ``facegate serve`` in a child process configured through ``FACEGATE_*`` variables."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FACEGATE_")}
     env.update(
@@ -234,9 +234,9 @@ def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerP
         }
     )
     env.update({f"FACEGATE_{k.upper()}": v for k, v in env_settings.items()})
-    code = "from facegate.config import Settings; from facegate.api.server import run; run(Settings())"
     with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", "facegate", "serve"]
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     return ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
 
 

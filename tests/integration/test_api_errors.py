@@ -228,7 +228,7 @@ def test_serve_exits_when_models_cannot_load(tmp_path: Path, fg: SimpleNamespace
 def test_every_error_class_maps_to_the_documented_status() -> None:
     """serving.errors is the one mapping; every class of the tree resolves to the status of the contract."""
     import facegate.errors as E
-    from facegate.api.errors import status_for
+    from facegate.api.errors import facegate_error_response
 
     expected = {
         E.EmptyInputError: 400, E.ImageDecodeError: 400, E.InputError: 400, E.ImageTooLargeError: 413,
@@ -246,4 +246,4 @@ def test_every_error_class_maps_to_the_documented_status() -> None:
     assert set(classes) <= set(expected), set(classes) - set(expected)
     for cls, status in expected.items():
         exc = cls("x", retry_after_s=2.5) if cls in (E.QueueFullError, E.OverloadedError) else cls("x")
-        assert status_for(exc) == status, cls
+        assert facegate_error_response(exc).status_code == status, cls

@@ -1,4 +1,4 @@
-"""facegate.api.fastpath: aligned-crop embeds served below FastAPI give the route's own answers.
+"""The aligned-crop fast path (api.routes.serve_embed_aligned) gives the route's own answers.
 
 One tiny-model server answers every request twice, with the fast path and with it switched off below the app
 (the route alone): the same status and JSON, and the fast path answers without FastAPI's route.
@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from facegate.api.fastpath import aligned_images, wants_fast_path
-from facegate.api.forms import parse_small_multipart
+from facegate.api.forms import aligned_images, parse_small_multipart, wants_fast_path
 
 
 def _jpeg(rgb: np.ndarray) -> bytes:
@@ -67,13 +66,13 @@ def _pop_embeddings(answer: Any) -> list[list[float]]:
 def test_fast_path_answers_as_the_route_does(
     server_factory: Callable[..., Any], crops: list[bytes], fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import facegate.api.fastpath
+    import facegate.api.app
 
     srv = server_factory()
     requests = _requests(crops, fg)
     with srv.client() as c:
         got = _answers(c, requests)
-        monkeypatch.setattr(facegate.api.fastpath, "wants_fast_path", lambda scope: False)  # every request: the route
+        monkeypatch.setattr(facegate.api.app, "wants_fast_path", lambda scope: False)  # every request: the route
         want = _answers(c, requests)
     assert [g[0] for g in got] == [w[0] for w in want]
     for (_, g), (_, w) in zip(got, want, strict=True):
@@ -124,7 +123,7 @@ def test_the_fast_path_keeps_the_access_checks_and_the_admission_bound(
 ) -> None:
     """With API keys configured, an aligned-crop embed needs a read key (it once bypassed the checks), and an
     admitted one counts against the admission bound while it runs."""
-    import facegate.api.fastpath
+    import facegate.api.app
     from facegate.api.limits import STATE_KEY
     from facegate.service.keys import KeyStore
 
@@ -132,13 +131,13 @@ def test_the_fast_path_keeps_the_access_checks_and_the_admission_bound(
     token = KeyStore.for_data_dir(data).create("reader", ["read"])[0]
     srv = server_factory(fg.make_settings(data))
     admitted: list[int] = []
-    serve = facegate.api.fastpath.serve_embed_aligned
+    serve = facegate.api.app.serve_embed_aligned
 
     async def spying(state: Any, scope: Any, receive: Any, send: Any) -> Any:
         admitted.append(scope["state"][STATE_KEY].admitted)  # this process's Admission (api.limits)
         return await serve(state, scope, receive, send)
 
-    monkeypatch.setattr(facegate.api.fastpath, "serve_embed_aligned", spying)
+    monkeypatch.setattr(facegate.api.app, "serve_embed_aligned", spying)
     form = {"files": fg.many("images", crops[:1]), "data": {"aligned": "true"}}
     with srv.client() as c:
         fg.assert_error(c.post("/api/embed", **form), 401, "unauthorized")

@@ -1,1 +1,1 @@
-"""facegate.api: the HTTP API (FastAPI on uvicorn): ``app.create_app`` and ``server.run``."""
+"""facegate.api: the HTTP API (FastAPI on uvicorn): ``app.create_app``; ``facegate serve`` runs it."""

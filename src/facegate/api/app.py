@@ -1,10 +1,8 @@
 """The HTTP application: app factory, lifespan and the request middleware.
 
 The lifespan loads in the background (``/healthz`` answers at once, ``/readyz`` 503 until the service is built,
-the gallery open and the engine warm) and stops in order. :class:`ServingMiddleware` (pure ASGI: no task hops,
-no body buffering) refuses bodies larger than the route accepts, cancels the request when the client
-disconnects before the answer (the engine drops the work), records per-route metrics and is the catch-all for
-unexpected exceptions (logged; a JSON 500 ``internal_error``).
+the gallery open and the engine warm) and stops in order. :class:`ServingMiddleware` is pure ASGI: no task hops,
+no body buffering.
 """
 
 from __future__ import annotations
@@ -21,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api import fastpath
 from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.forms import header, replay_body
+from facegate.api.forms import header, replay_body, wants_fast_path
 from facegate.api.limits import (
     STATE_KEY,
     STATS_KEY,
@@ -36,9 +33,8 @@ from facegate.api.limits import (
     is_json,
     read_json,
 )
-from facegate.api.routes import install_routes
+from facegate.api.routes import ServingState, get_state, install_routes, serve_embed_aligned
 from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
-from facegate.api.state import ServingState, get_state
 from facegate.config import Settings
 from facegate.errors import (
     DeadlineExceededError,
@@ -326,10 +322,8 @@ class ServingMiddleware:
                         app_receive = None if body is None else replay_body(body, wrapped_receive)
                     deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
                     async with asyncio.timeout(deadline_s):
-                        if app_receive is not None and fastpath.wants_fast_path(scope):  # None: answered
-                            app_receive = await fastpath.serve_embed_aligned(
-                                self.state, scope, app_receive, wrapped_send
-                            )
+                        if app_receive is not None and wants_fast_path(scope):  # None: answered
+                            app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
                         if app_receive is not None:
                             await self.app(scope, app_receive, wrapped_send)
                 except TimeoutError:

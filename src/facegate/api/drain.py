@@ -1,11 +1,9 @@
 """Graceful drain on SIGTERM/SIGINT: admitted requests finish, the rest get a JSON 503, the process exits 0.
 
-Left alone, uvicorn cancels what is still running at its graceful-shutdown timeout, answers it with a
-plain-text 500, and re-raises the signal (exit 143). Here :data:`DRAIN` starts at the signal
-(:func:`watch_signals`); from then on a new request gets ``503 shutting_down`` with ``Connection: close``,
-and at ``drain_s`` the requests still running are cancelled (their engine work dropped) and answered the same
-way. uvicorn's timeout (:func:`uvicorn_timeout_s`) is a little longer, so it never cancels first, and
-:func:`exit_quietly_on_sigterm` turns its re-raise into a normal exit.
+Left alone, uvicorn cancels what still runs at its graceful-shutdown timeout with a plain-text 500 and re-raises
+the signal (exit 143). From the signal on, a new request gets ``503 shutting_down`` (``Connection: close``); at
+``drain_s`` the requests still running are cancelled and answered the same way. uvicorn's timeout is a little
+longer, so it never cancels first, and :func:`exit_quietly_on_sigterm` turns its re-raise into a normal exit.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -23,11 +24,6 @@ from facegate.logs import escape, redact_paths
 log = logging.getLogger(__name__)
 
 
-def status_for(exc: FacegateError) -> int:
-    """HTTP status of a facegate error (its class's ``status``)."""
-    return exc.status
-
-
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON error envelope ``{"error": {"code", "message", "detail"}}``."""
     return {"error": {"code": code, "message": message, "detail": dict(detail or {})}}
@@ -35,7 +31,7 @@ def error_body(code: str, message: str, detail: dict[str, Any] | None = None) ->
 
 def facegate_error_response(exc: FacegateError) -> JSONResponse:
     """The HTTP response for a facegate error, with its class's status."""
-    status = status_for(exc)
+    status = exc.status
     headers: dict[str, str] = {}
     if isinstance(exc, QueueFullError | RateLimitedError):
         headers["Retry-After"] = str(max(1, math.ceil(float(exc.retry_after_s))))
@@ -61,22 +57,15 @@ def internal_error_response() -> JSONResponse:
     return JSONResponse(error_body("internal_error", "Internal server error; the server logged the details."), 500)
 
 
-def _json_safe(value: Any) -> Any:
-    """Best-effort JSON-safe copy of validation-error details (they may hold bytes or exceptions)."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return str(value)
+#: what FastAPI's encoder cannot write as JSON: validation-error details may hold uploads' bytes or exceptions
+_SAFE = {bytes: lambda b: f"<{len(b)} bytes>", Exception: str}
 
 
-def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 ``invalid_parameter`` for a request that fails FastAPI's parameter validation."""
-    errors = [{k: _json_safe(v) for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
+    assert isinstance(exc, RequestValidationError)
+    kept = [{k: v for k, v in err.items() if k in ("loc", "msg", "type", "ctx")} for err in exc.errors()]
+    errors = jsonable_encoder(kept, custom_encoder=_SAFE)
     fields = [".".join(str(p) for p in err.get("loc", ())) for err in errors]
     message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
     return JSONResponse(error_body(InvalidParameterError.code, message, {"errors": errors}), status_code=422)
@@ -85,25 +74,21 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 _HTTP_CODES = {400: InputError.code, 404: "not_found", 405: "method_not_allowed", 413: e.ImageTooLargeError.code}
 
 
-def http_exception_response(exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     """JSON form of Starlette's own HTTP errors (unknown route, wrong method, ...)."""
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return JSONResponse(
-        error_body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
-    )
-
-
-async def _handler(request: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, FacegateError):
-        return facegate_error_response(exc)
-    if isinstance(exc, RequestValidationError):
-        return validation_error_response(exc)
     assert isinstance(exc, StarletteHTTPException)
-    return http_exception_response(exc)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
+
+
+async def _facegate_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FacegateError)
+    return facegate_error_response(exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app``. The catch-all for other exceptions is in
     :class:`facegate.api.app.ServingMiddleware`, so that it is logged once and counted in the metrics."""
-    for cls in (FacegateError, RequestValidationError, StarletteHTTPException):
-        app.add_exception_handler(cls, _handler)
+    app.add_exception_handler(FacegateError, _facegate_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

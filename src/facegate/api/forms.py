@@ -1,15 +1,23 @@
-"""A fast reader for small ``multipart/form-data`` bodies, with Starlette's parser as the fallback.
+"""Fast paths for small ``multipart/form-data`` bodies: a reader with Starlette's parser as the fallback, and
+aligned-crop embeds served below FastAPI's routing.
 
 Starlette's streaming parser (a callback per chunk, a spooled file per upload) costs a front-end most of its
 GIL under aligned-crop load. A plain body (first delimiter at the start, CRLF, named parts, no ``_charset_``,
 within the limits) of at most :data:`FAST_FORM_MAX_BYTES` is cut at its boundaries here; anything else, every
 error case included, goes to Starlette over the same cached body. The tests compare the two parsers.
+
+Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
+stack above the endpoint costs several times the endpoint's own work: :func:`wants_fast_path` and
+:func:`aligned_images` pick the requests that :func:`facegate.api.routes.serve_embed_aligned` answers itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
 
 from fastapi.routing import APIRoute
 from python_multipart.multipart import parse_options_header
@@ -20,6 +28,14 @@ from starlette.types import Message, Receive, Scope
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
+#: the multipart limits FastAPI's form reading applies by default (files, fields, bytes per field)
+FORM_LIMITS: dict[str, Any] = {"max_files": 1000, "max_fields": 1000, "max_part_size": 1024 * 1024}
+EMBED_PATH = "/api/embed"
+#: what ``scope["route"]`` holds for the request metrics (the route's path template)
+EMBED_ROUTE = SimpleNamespace(path=EMBED_PATH)
+#: the strings pydantic reads as a true ``bool`` (FastAPI's form field ``aligned``)
+TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+SELECT = frozenset({"largest", "all"})
 
 
 class _MemoryFile(io.BytesIO):
@@ -34,6 +50,29 @@ def header(scope: Scope, name: bytes) -> bytes:
         if key == name:
             return bytes(value)
     return b""
+
+
+def is_small_multipart(scope: Scope) -> bool:
+    """Whether a request's body is ``multipart/form-data`` of at most :data:`FAST_FORM_MAX_BYTES` (by its headers)."""
+    length = header(scope, b"content-length")
+    return (
+        header(scope, b"content-type").startswith(b"multipart/form-data")
+        and length.isdigit()
+        and int(length) <= FAST_FORM_MAX_BYTES
+    )
+
+
+@contextlib.asynccontextmanager
+async def pixels_held(app: Any, uploads: Iterable[UploadFile]) -> AsyncIterator[None]:
+    """Hold the uploads' pixels (measured from their headers, before anything is decoded) in the app's
+    decode budget (``limits.request_pixels``, ``decode_pixels_in_flight``) for the block."""
+    budget = app.state.facegate_pixels
+    pixels = budget.measure(uploads)
+    await budget.acquire(pixels)
+    try:
+        yield
+    finally:
+        budget.release(pixels)
 
 
 def _decode(raw: bytes, charset: str = "utf-8") -> str:
@@ -110,24 +149,13 @@ def parse_small_multipart(
 class FastFormRequest(Request):
     """A request whose small multipart bodies are read by :func:`parse_small_multipart`."""
 
-    async def _get_form(
-        self,
-        *,
-        max_files: int | float = 1000,
-        max_fields: int | float = 1000,
-        max_part_size: int = 1024 * 1024,
-    ) -> FormData:
-        if self._form is None:
-            ctype = self.headers.get("content-type", "")
-            length = self.headers.get("content-length", "")
-            if ctype.startswith("multipart/form-data") and length.isdigit() and int(length) <= FAST_FORM_MAX_BYTES:
-                form = parse_small_multipart(
-                    await self.body(), ctype, max_files=max_files, max_fields=max_fields, max_part_size=max_part_size
-                )
-                if form is not None:
-                    self._form = form
-                    return form
-        return await super()._get_form(max_files=max_files, max_fields=max_fields, max_part_size=max_part_size)
+    async def _get_form(self, **limits: Any) -> FormData:
+        if self._form is None and is_small_multipart(self.scope):
+            form = parse_small_multipart(await self.body(), self.headers["content-type"], **limits)
+            if form is not None:
+                self._form = form
+                return form
+        return await super()._get_form(**limits)
 
 
 class FastFormRoute(APIRoute):
@@ -138,20 +166,14 @@ class FastFormRoute(APIRoute):
 
         async def fast_form_handler(request: Request) -> Response:
             req = FastFormRequest(request.scope, request.receive, request._send)
-            budget = getattr(request.app.state, "facegate_pixels", None)
-            if budget is None or not req.headers.get("content-type", "").startswith("multipart/form-data"):
+            if not req.headers.get("content-type", "").startswith("multipart/form-data"):
                 return await handler(req)
             try:
                 form = await req.form()
             except Exception:  # a malformed body: FastAPI parses it again and gives its own 4xx answer
                 return await handler(req)
-            # the images' sizes from their headers, before anything is decoded (limits.request_pixels)
-            pixels = budget.measure(v for _, v in form.multi_items() if isinstance(v, UploadFile))
-            await budget.acquire(pixels)
-            try:
+            async with pixels_held(request.app, (v for _, v in form.multi_items() if isinstance(v, UploadFile))):
                 return await handler(req)
-            finally:
-                budget.release(pixels)
 
         return fast_form_handler
 
@@ -168,3 +190,26 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def wants_fast_path(scope: Scope) -> bool:
+    """Whether a request may take the fast path: ``POST /api/embed`` with a small multipart body."""
+    if scope["method"] != "POST" or scope["path"] != EMBED_PATH:
+        return False
+    return is_small_multipart(scope)
+
+
+def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] | None:
+    """The uploads of a parsed form that the fast path serves, or None (then FastAPI serves it)."""
+    if form is None:
+        return None
+    images: list[UploadFile] = []
+    aligned = False
+    for key, value in form.multi_items():
+        if key == "images" and isinstance(value, UploadFile):
+            images.append(value)
+        elif key == "aligned" and isinstance(value, str) and value.lower() in TRUE and not aligned:
+            aligned = True
+        elif not (key == "select" and value in SELECT):
+            return None  # another field, a repeated or non-true ``aligned``, an invalid ``select``
+    return images if aligned and 1 <= len(images) <= max_images else None

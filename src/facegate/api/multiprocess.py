@@ -1,19 +1,14 @@
 """The process model (a plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
 
-The supervisor (``facegate serve``, torch-free) starts the engine processes, waits until they are warm, then
-opens the port and spawns the front-ends; its :mod:`~facegate.api.acceptor` thread hands each connection to the
-least busy front-end, and a front-end that exits is replaced. Front-ends (:func:`frontend_app`) reach the
-engines through :mod:`facegate.transport.remote`; ``/metrics`` of any of them covers the whole server. If an
-engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
-
-Sockets and metrics files live in run folders named ``facegate-<kind>-<supervisor pid>-<random>`` in the
-temporary directory, so that the next start can tell a live server's folder from a killed one's
-(:func:`remove_stale_run_dirs`). Shared memory needs no sweep (its blocks are unnamed).
+The torch-free supervisor starts the engines, waits until they are warm, then opens the port and spawns the
+front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor` thread, replaced when one exits). If an
+engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders
+(sockets, metrics files) are named ``facegate-<kind>-<supervisor pid>-<random>``, so that the next start can
+tell a killed server's from a live one's (:func:`remove_stale_run_dirs`); shared memory is unnamed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -26,9 +21,10 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+from unittest.mock import patch  # os.environ for a block: a spawned child takes the environment of its start
 
 from fastapi import FastAPI
 
@@ -91,21 +87,6 @@ def remove_stale_run_dirs(root: Path | None = None) -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` for the block (a spawned child takes the environment of its start)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end: settings and the engines' addresses come from the environment."""
     if not logging.getLogger().handlers:
@@ -153,7 +134,7 @@ class EngineProcess:
             name="facegate-engine",
             daemon=False,
         )
-        with _environ({} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
+        with patch.dict(os.environ, {} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
             self._proc.start()
         child.close()
         self._ready_conn = parent
@@ -343,7 +324,7 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
             ENV_PLAN: json.dumps(plan.to_dict()),
             MULTIPROC_ENV: str(metrics_dir),
         }
-        with _environ(env):
+        with patch.dict(os.environ, env):
             serve_balanced(settings, front_ends)
     finally:
         stopping.set()

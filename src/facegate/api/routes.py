@@ -1,5 +1,6 @@
-"""HTTP routes (v1, docs/dev/http-api.md). None blocks the event loop: large images decode on the decode pool,
-inference goes through the async FaceService (batched across requests), gallery calls run on the gallery thread.
+"""HTTP routes (v1, docs/dev/http-api.md) and the state they share. None blocks the event loop: large images decode
+on the decode pool, inference goes through the async FaceService (batched across requests), gallery calls run on
+the gallery thread.
 """
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -14,20 +18,35 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from facegate.api import schemas as sc
-from facegate.api.forms import FastFormRoute
-from facegate.api.state import ServingState, get_state
+from facegate.api.errors import facegate_error_response
+from facegate.api.forms import (
+    EMBED_ROUTE,
+    FORM_LIMITS,
+    FastFormRoute,
+    aligned_images,
+    header,
+    parse_small_multipart,
+    pixels_held,
+    replay_body,
+)
+from facegate.config import Settings
 from facegate.errors import (
     EmptyInputError,
+    EngineClosedError,
     FacegateError,
+    GalleryUnavailableError,
     ImageTooLargeError,
     InvalidParameterError,
     PathNotAllowedError,
     QualityRejectedError,
 )
+from facegate.metrics.stats import ServiceStats
 from facegate.service.gallery import EnrolDecision, decide_enrolment, refusal_reason
 from facegate.transport.remote import same_engine
+from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
@@ -35,6 +54,64 @@ if TYPE_CHECKING:
     from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServingState:
+    """Everything the routes share. ``service`` and ``gallery`` are ``None`` until the lifespan made them;
+    ``ready``: models warm and the engine running (the gallery may still be retried: ``gallery_error``);
+    ``on_load_error``: called with ``load_error`` (``run`` shuts the server down)."""
+
+    settings: Settings
+    plan: ServingPlan
+    service: FaceService | None = None
+    gallery: GalleryFront | None = None
+    stats: ServiceStats = field(default_factory=ServiceStats)
+    decode_pool: ThreadPoolExecutor | None = None
+    gallery_pool: ThreadPoolExecutor | None = None
+    ready: bool = False
+    load_error: FacegateError | None = None
+    gallery_error: FacegateError | None = None
+    gallery_task: asyncio.Task[None] | None = None
+    owns_gallery: bool = False  # opened by the lifespan (then closed by it), not passed in
+    service_started: bool = False
+    load_task: asyncio.Task[None] | None = None
+    on_load_error: Callable[[FacegateError], None] | None = None
+    #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
+    engine: tuple[str | list[str], bytes] | None = None
+
+    def require_service(self) -> FaceService:
+        """The service, or raise the load error, else EngineClosedError (503)."""
+        if self.ready and self.service is not None:
+            return self.service
+        if self.load_error is not None:
+            raise self.load_error
+        raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
+
+    def require_ready(self) -> tuple[FaceService, GalleryFront]:
+        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailableError (503)."""
+        service = self.require_service()
+        if self.gallery is None:
+            cause = self.gallery_error
+            raise GalleryUnavailableError(
+                "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
+                detail={"cause": cause.to_dict()} if cause else {},
+            )
+        return service, self.gallery
+
+    async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Await ``fn(*args, **kw)`` on a decode thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
+
+    async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Await a gallery call on the gallery thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.gallery_pool, fn, *args)
+
+
+def get_state(app: Any) -> ServingState:
+    """The :class:`ServingState` of an app made by :func:`create_app`."""
+    return app.state.facegate  # type: ignore[no-any-return]
+
 
 router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/forms.py
 
@@ -180,11 +257,8 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def index() -> Response:
-    """The web page (compare + gallery tabs); its assets are served under ``/static``."""
-    page = STATIC_DIR / "index.html"
-    if page.is_file():
-        return FileResponse(page, media_type="text/html; charset=utf-8")
-    return HTMLResponse("<!doctype html><title>facegate</title><p>facegate: see <a href='/docs'>/docs</a>.")
+    """The web page (compare + gallery tabs, shipped as package data); its assets are served under ``/static``."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8")
 
 
 @_faces_route("/api/compare", sc.CompareResponse)
@@ -259,6 +333,40 @@ async def embed_response(
         else:
             items.append(sc.EmbedItem(index=i, faces=[sc.FaceOut.from_face(f, embedding=True) for f in r]))
     return sc.EmbedResponse(model=service.spec.name, dim=service.spec.embedding_dim, results=items)
+
+
+async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    """The fast path, below FastAPI's routing: after the access checks and within the admission bound and
+    deadline, :class:`~facegate.api.app.ServingMiddleware` hands it ``POST /api/embed`` with a small multipart
+    body. It answers a form of 1..``max_images_per_request`` ``images`` with ``aligned`` true (and at most a
+    ``select``) through the route's own function and JSON (None), or returns a receive that replays the body for
+    FastAPI. A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    ctype = header(scope, b"content-type").decode("latin-1")
+    limit = state.settings.limits.max_images_per_request
+    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
+    if images is None:
+        return replay_body(body, receive)
+    scope["route"] = EMBED_ROUTE
+    try:
+        async with pixels_held(scope["app"], images):
+            out = await embed_response(state, state.require_service(), images, None, "largest", True)
+    except FacegateError as exc:
+        await facegate_error_response(exc)(scope, receive, send)
+        return None
+    payload = out.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+    return None
 
 
 @_faces_route("/api/detect", sc.DetectResponse)

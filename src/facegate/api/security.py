@@ -1,12 +1,9 @@
 """Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
 security headers, the OpenAPI security scheme and the offline API docs.
 
-:class:`Access`, checked before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding); a
-state-changing method from a foreign ``Origin`` or with ``Sec-Fetch-Site: cross-site`` (403: a browser posts a
-cross-site form without a preflight); with keys configured, no or an unknown key (401), a key without the
-route's scope (403, :func:`required_scope`); past a token bucket per key or client address (429).
-:class:`SecurityHeadersMiddleware`, outermost, puts CSP, ``X-Frame-Options``, ``nosniff`` and
-``Referrer-Policy`` on every response, errors included.
+:class:`Access`, before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing
+method from a foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight),
+no or an unknown key (401), a key without the route's scope (403), a client past its token bucket (429).
 """
 
 from __future__ import annotations
@@ -234,10 +231,6 @@ FIXED_HEADERS = [
 ]
 
 
-def _csp_hash(script: str) -> str:
-    return "'sha256-" + b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
-
-
 class SecurityHeadersMiddleware:
     """CSP, X-Frame-Options, nosniff and Referrer-Policy on every response (``docs_csp`` for the doc pages)."""
 
@@ -262,13 +255,6 @@ class SecurityHeadersMiddleware:
 
 
 DOCS_ASSETS = "/docs-assets"
-
-
-def docs_assets_dir() -> Path:
-    """Swagger UI and ReDoc files shipped by the ``fastapi-offline`` package (MIT)."""
-    import fastapi_offline
-
-    return Path(fastapi_offline.__file__).resolve().parent / "static"
 
 
 def install_docs(app: FastAPI) -> dict[str, str]:
@@ -299,9 +285,12 @@ def install_docs(app: FastAPI) -> dict[str, str]:
     async def redoc_ui() -> HTMLResponse:
         return HTMLResponse(redoc)
 
-    app.mount(DOCS_ASSETS, StaticFiles(directory=docs_assets_dir()), name="docs-assets")
+    import fastapi_offline  # Swagger UI and ReDoc files (MIT)
+
+    assets = Path(fastapi_offline.__file__).resolve().parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
     base = "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'"
-    hashes = " ".join(_csp_hash(s) for s in inline)
+    hashes = " ".join(f"'sha256-{b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
     return {
         "/docs": f"{base}; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'",
         "/redoc": f"{base}; script-src 'self'; style-src 'self' 'unsafe-inline'; worker-src 'self' blob:",

@@ -85,14 +85,8 @@ class _StaleConnectionError(Exception):
     """A reused connection was closed by the server before any of the response arrived."""
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    def close(self) -> None:
-        self.writer.close()
+#: one open connection
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class RawClient:
@@ -109,13 +103,6 @@ class RawClient:
         self.timeout_s = float(timeout_s)
         self._idle: list[_Conn] = []
 
-    async def _connect(self) -> _Conn:
-        try:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
-        except OSError as exc:
-            raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
-        return _Conn(reader, writer)
-
     async def request(self, data: bytes) -> RawResponse:
         """Send one encoded request; a :class:`TransportError` if no response came. A kept-alive connection the
         server closed meanwhile is retried once on a new one, as httpx does."""
@@ -131,30 +118,29 @@ class RawClient:
         try:
             async with asyncio.timeout(self.timeout_s):
                 if conn is None:
-                    conn = await self._connect()
-                conn.writer.write(data)
-                status, body, keep = await _read_response(conn.reader)
-        except TimeoutError as exc:
+                    try:
+                        conn = await asyncio.open_connection(self.host, self.port, limit=2**20)
+                    except OSError as exc:
+                        raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+                conn[1].write(data)
+                status, body, keep = await _read_response(conn[0])
+        except BaseException as exc:  # a cancel mid-request included: the connection's state is unknown
             if conn is not None:
-                conn.close()
-            raise ReadTimeout(f"no complete response within {self.timeout_s:g} s") from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            if conn is not None:
-                conn.close()
+                conn[1].close()
+            if isinstance(exc, TimeoutError):
+                raise ReadTimeout(f"no complete response within {self.timeout_s:g} s") from exc
+            if not isinstance(exc, OSError | asyncio.IncompleteReadError | asyncio.LimitOverrunError | ValueError):
+                raise
             nothing_read = isinstance(exc, ConnectionResetError | BrokenPipeError) or (
                 isinstance(exc, asyncio.IncompleteReadError) and not exc.partial
             )
             if reused and nothing_read:
                 raise _StaleConnectionError from exc
             raise RemoteProtocolError(f"{type(exc).__name__}: {exc}") from exc
-        except BaseException:  # cancelled mid-request: the connection's state is unknown
-            if conn is not None:
-                conn.close()
-            raise
         if keep:
             self._idle.append(conn)
         else:
-            conn.close()
+            conn[1].close()
         return RawResponse(status, body)
 
     async def get(self, path: str) -> RawResponse:
@@ -163,11 +149,11 @@ class RawClient:
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-        for conn in idle:
+        for _, writer in idle:
+            writer.close()
+        for _, writer in idle:
             with contextlib.suppress(OSError):
-                await conn.writer.wait_closed()
+                await writer.wait_closed()
 
     async def __aenter__(self) -> RawClient:
         return self
@@ -196,7 +182,8 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
             if size == 0:
-                await _skip_trailers(reader)
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                    pass
                 break
             chunks.append(await reader.readexactly(size))
             await reader.readexactly(2)
@@ -206,8 +193,3 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
     else:  # delimited by the connection closing
         body, keep = await reader.read(), False
     return status, body, keep
-
-
-async def _skip_trailers(reader: asyncio.StreamReader) -> None:
-    while (await reader.readuntil(b"\r\n")) != b"\r\n":
-        pass

@@ -26,7 +26,6 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,7 +87,9 @@ class Arena:
     def __init__(self, size: int = ARENA_BYTES) -> None:
         if size < _ALIGN:
             raise ValueError(f"arena size must be >= {_ALIGN} bytes")
-        self.fd = anonymous_fd(size)
+        # memfd: no path names it. The process model needs Unix SOCK_SEQPACKET (api.acceptor): Linux, which has it
+        self.fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
         self._map = mmap.mmap(self.fd, size)
         self.buf = memoryview(self._map)
         self._bytes = np.frombuffer(self._map, np.uint8)
@@ -152,18 +153,6 @@ class Arena:
         self.fd = -1
 
 
-def anonymous_fd(size: int) -> int:
-    """A descriptor of ``size`` bytes of shared memory that no path names (``memfd``, else an unlinked file)."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
-    else:  # pragma: no cover - platforms without memfd
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        with tempfile.TemporaryFile(dir=folder) as fh:
-            fd = os.dup(fh.fileno())
-    os.ftruncate(fd, size)
-    return fd
-
-
 def receive(conn: Connection) -> mmap.mmap:
     """Map the whole block a front-end passed with :meth:`Arena.send_to`; the received descriptor is closed."""
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
@@ -222,17 +211,11 @@ class EngineHost:
     def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
         self.info = info
-        self._conn_lock = threading.Lock()
-        self._connections = 0
+        self._conns: set[Connection] = set()  # of the front-ends connected now
 
     @property
     def connections(self) -> int:
-        with self._conn_lock:
-            return self._connections
-
-    def _count(self, delta: int) -> None:
-        with self._conn_lock:
-            self._connections += delta
+        return len(self._conns)
 
     def serve(self, listener: Listener) -> None:
         """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
@@ -265,7 +248,7 @@ class EngineHost:
         )
         sender.start()
         frames = FrameReader(conn)
-        self._count(1)
+        self._conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
             shm = memoryview(block)
@@ -304,7 +287,7 @@ class EngineHost:
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
-            self._count(-1)
+            self._conns.discard(conn)
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
@@ -603,8 +586,6 @@ class RemotePool:
     requests in flight from this front-end."""
 
     def __init__(self, engines: list[RemoteEngine]) -> None:
-        if not engines:
-            raise ValueError("a pool needs at least one engine")
         self.engines = engines
         self.info: dict[str, Any] = {}
 

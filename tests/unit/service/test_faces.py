@@ -136,7 +136,7 @@ def test_the_front_end_side_never_imports_torch() -> None:
         "import pickle, sys\n"
         "got = pickle.loads(sys.stdin.buffer.read())\n"
         "assert got[1].detections[0].score > 0.89 and len(got[0]) == 3, got\n"
-        "import facegate.api.app, facegate.api.server, facegate.api.multiprocess, facegate.service.faces\n"
+        "import facegate.api.app, facegate.cli, facegate.api.multiprocess, facegate.service.faces\n"
         "from facegate.config import Settings\n"
         "from facegate.tuning import make_plan\n"
         "assert make_plan(Settings()).device in ('cpu', 'cuda')\n"
