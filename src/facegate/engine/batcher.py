@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -29,18 +30,11 @@ class WorkItem:
 
     __slots__ = ("_cancelled", "cost", "deadline", "enqueued_at", "future", "payload")
 
-    def __init__(
-        self,
-        payload: Any,
-        future: AnyFuture,
-        deadline: float,
-        enqueued_at: float | None = None,
-        cost: int = 1,
-    ) -> None:
+    def __init__(self, payload: Any, future: AnyFuture, deadline: float, cost: int = 1) -> None:
         self.payload = payload
         self.future = future
         self.deadline = float(deadline)
-        self.enqueued_at = time.monotonic() if enqueued_at is None else float(enqueued_at)
+        self.enqueued_at = time.monotonic()  # reset by Batcher.put
         self.cost = max(1, int(cost))
         self._cancelled = False
 
@@ -59,33 +53,14 @@ class WorkItem:
         """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
         return self.expired(now) or self._cancelled or self.future.done()
 
-    def __repr__(self) -> str:
-        return (
-            f"WorkItem(deadline={self.deadline:.3f}, enqueued_at={self.enqueued_at:.3f}, cancelled={self.cancelled()})"
-        )
 
-
-def _set_cf(fut: concurrent.futures.Future[Any], ok: bool, value: Any) -> None:
-    if fut.done():
-        return
-    try:
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-    except concurrent.futures.InvalidStateError:  # cancelled/completed concurrently by the waiter
-        pass
-
-
-def set_asyncio_many(entries: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    """Complete ``(future, ok, value_or_exception)`` entries not yet done; runs on the futures' own event loop."""
+def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
+    """Complete ``(future, ok, value_or_exception)`` entries not yet done (asyncio ones on their own loop)."""
     for fut, ok, value in entries:
         if fut.done():
             continue
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # a concurrent one cancelled meanwhile
+            fut.set_result(value) if ok else fut.set_exception(value)
 
 
 def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
@@ -96,7 +71,7 @@ def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
         if isinstance(fut, asyncio.Future):
             by_loop.setdefault(fut.get_loop(), []).append((fut, ok, value))
         else:
-            _set_cf(fut, ok, value)
+            set_asyncio_many([(fut, ok, value)])
     for loop, entries in by_loop.items():
         try:
             loop.call_soon_threadsafe(set_asyncio_many, entries)
@@ -132,12 +107,8 @@ class Batcher:
         """Items waiting (including dead ones not yet purged)."""
         return len(self._q)
 
-    def retry_after_s(self) -> float:
-        """Seconds until the queue has drained at the rate of the last 64 batches, in ``[0.1, 30]``; 1 s before any."""
-        with self._cond:
-            return self._retry_after_locked()
-
     def _retry_after_locked(self) -> float:
+        """Seconds until the queue has drained at the rate of the last 64 batches, in ``[0.1, 30]``; 1 s before any."""
         if len(self._taken) < 2:
             return 1.0
         span = self._taken[-1][0] - self._taken[0][0]
@@ -280,20 +251,15 @@ class Batcher:
             return
         expired = [it for it, reason in dropped if reason == "expired"]
         n_cancelled = len(dropped) - len(expired)
-        if expired:
-            self._dropped_expired.inc(len(expired))
-        if n_cancelled:
-            self._dropped_cancelled.inc(n_cancelled)
-        if expired:
-            resolve(
-                (
-                    it,
-                    False,
-                    DeadlineExceededError(
-                        f"deadline passed after {it.deadline - it.enqueued_at:.3f} s in the {self.name!r} queue",
-                        detail={"stage": self.name},
-                    ),
-                )
-                for it in expired
+        self._dropped_expired.inc(len(expired))
+        self._dropped_cancelled.inc(n_cancelled)
+        msg = "deadline passed after {:.3f} s in the {!r} queue"
+        resolve(
+            (
+                it,
+                False,
+                DeadlineExceededError(msg.format(it.deadline - it.enqueued_at, self.name), detail={"stage": self.name}),
             )
+            for it in expired
+        )
         log.debug("stage %s dropped %d expired, %d cancelled", self.name, len(expired), n_cancelled)

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
 from facegate.errors import (
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
-@runtime_checkable
 class Stage(Protocol):
     """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``max_batch_size`` and
     ``item_cost(payload) -> int`` (rows one payload adds; batches are then limited by rows).

@@ -95,8 +95,10 @@ class SubjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One 1:N candidate: cosine ``score`` in ``[-1, 1]``; ``match`` = score ≥ the search's threshold."""
+    """One candidate of a 1:N search: its rank (1 = best), cosine similarity, and whether it clears the match
+    threshold."""
 
+    rank: int
     subject_id: str
     score: float
     match: bool

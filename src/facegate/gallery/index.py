@@ -337,4 +337,7 @@ class GalleryIndex:
     def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
         """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
         hits, _ = self.search_raw(gallery, queries, k)
-        return [[SearchHit(s, float(v), bool(v >= threshold)) for s, v in zip(i, vs, strict=True)] for i, vs in hits]
+        return [
+            [SearchHit(r + 1, s, float(v), bool(v >= threshold)) for r, (s, v) in enumerate(zip(i, vs, strict=True))]
+            for i, vs in hits
+        ]

@@ -135,11 +135,6 @@ def _png_complete(data: bytes) -> bool:
     return False
 
 
-def _check_complete(fmt: str, data: bytes) -> None:
-    if (fmt in _JPEG_FORMATS and not _jpeg_complete(data)) or (fmt == "PNG" and not _png_complete(data)):
-        raise ImageDecodeError(f"the {fmt} data is truncated", detail={"format": fmt})
-
-
 def _orientation(img: Image.Image) -> int:
     """EXIF/XMP orientation tag (1–8), 1 when absent or unreadable."""
     try:
@@ -266,7 +261,8 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
             raise _too_large("pixels", max_pixels, width * height, width=width, height=height)
         if width < 1 or height < 1:
             raise ImageDecodeError("the image has no pixels", detail={"width": width, "height": height})
-        _check_complete(fmt, data)
+        if (fmt in _JPEG_FORMATS and not _jpeg_complete(data)) or (fmt == "PNG" and not _png_complete(data)):
+            raise ImageDecodeError(f"the {fmt} data is truncated", detail={"format": fmt})
         arr = _decode_cv2(data, img.size) if _fast_path(img, fmt, data) else None
         if arr is not None:  # JPEG: EXIF is in the header; fast-path PNG: no EXIF/XMP (see _fast_path)
             orientation = _orientation(img) if fmt in _JPEG_FORMATS else 1
@@ -373,13 +369,6 @@ def gpu_decode_available() -> bool:
 def _use_nvjpeg(device: torch.device) -> bool:
     """Whether JPEGs for ``device`` go to nvJPEG (the tests replace it to drive that path on the CPU)."""
     return device.type == "cuda" and gpu_decode_available()
-
-
-def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``(H, W, 3)`` host image → ``(3, H, W)`` contiguous on ``device`` (one blocking copy)."""
-    import torch
-
-    return torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(device)
 
 
 def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, int, int] | None:
@@ -517,5 +506,10 @@ def run_decode(plan: DecodePlan) -> list[Any]:
             except FacegateError as exc:
                 done[i] = exc
     for i, res in done.items():
-        out[i] = res if isinstance(res, FacegateError) else _to_device(res, plan.device)
+        # a host image as (3, H, W) on the device: one blocking copy
+        out[i] = (
+            res
+            if isinstance(res, FacegateError)
+            else torch.from_numpy(res).permute(2, 0, 1).contiguous().to(plan.device)
+        )
     return out

@@ -48,8 +48,10 @@ def template(size: int = CROP_SIZE) -> np.ndarray:
     return ARCFACE_TEMPLATE.astype(np.float64) * (_check_size(size) / CROP_SIZE)
 
 
-def _check_points(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validate and broadcast ``src (N, P, 2)`` and ``dst (P, 2) | (N, P, 2)`` to float64."""
+def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Least-squares similarity transforms (Umeyama 1991, never a reflection) of ``src`` ``(N, P, 2)`` onto
+    ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``.
+    InvalidParameterError for wrong shapes, non-finite or coincident points."""
     src = np.asarray(src, dtype=np.float64)
     dst = np.asarray(dst, dtype=np.float64)
     if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
@@ -61,27 +63,7 @@ def _check_points(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndar
             f"dst must have shape {src.shape[1:]} or {src.shape}, got {dst.shape}",
             detail={"shape": list(dst.shape)},
         )
-    return src, np.broadcast_to(dst, src.shape)
-
-
-def _check_degenerate(src_centred: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """Per-item variance of the centred source points; raise on non-finite or coincident points."""
-    var = (src_centred**2).sum(axis=(1, 2)) / src.shape[1]
-    bad = ~np.isfinite(src).all(axis=(1, 2)) | ~(var > _DEGENERATE_VAR)
-    if bad.any():
-        idx = np.flatnonzero(bad).tolist()
-        raise InvalidParameterError(
-            f"{len(idx)} landmark set(s) are non-finite or all points coincide; no similarity exists",
-            detail={"indices": idx[:50]},
-        )
-    return var
-
-
-def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Least-squares similarity transforms (Umeyama 1991, never a reflection) of ``src`` ``(N, P, 2)`` onto
-    ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``.
-    InvalidParameterError for wrong shapes, non-finite or coincident points."""
-    src, dst = _check_points(src, dst)
+    dst = np.broadcast_to(dst, src.shape)
     n, p, _ = src.shape
     if n == 0:
         return np.zeros((0, 2, 3), np.float64)
@@ -89,7 +71,14 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     mu_d = dst.mean(axis=1)
     sc = src - mu_s[:, None, :]
     dc = dst - mu_d[:, None, :]
-    var_s = _check_degenerate(sc, src)
+    var_s = (sc**2).sum(axis=(1, 2)) / p
+    bad = ~np.isfinite(src).all(axis=(1, 2)) | ~(var_s > _DEGENERATE_VAR)
+    if bad.any():
+        idx = np.flatnonzero(bad).tolist()
+        raise InvalidParameterError(
+            f"{len(idx)} landmark set(s) are non-finite or all points coincide; no similarity exists",
+            detail={"indices": idx[:50]},
+        )
     cov = np.einsum("npi,npj->nij", dc, sc) / p  # (N, 2, 2) = Σ dst_c src_cᵀ / P
     u, sigma, vt = np.linalg.svd(cov)
     d = np.where(np.linalg.det(u) * np.linalg.det(vt) < 0.0, -1.0, 1.0)  # (N,)

@@ -1,37 +1,12 @@
-"""What the pipeline's stages share below :class:`~facegate.pipeline.pipeline.FacePipeline`: the face-selection
-rule and the view of a pipeline that the stages use (so that they need not import the pipeline module)."""
+"""What the pipeline's stages share below :class:`~facegate.pipeline.pipeline.FacePipeline` (the import contract
+keeps them from importing it): the face-selection rule and the detector's batch grouping."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
 
 from facegate.errors import FaceSelectionError, NoFaceError
 from facegate.types import Detection, FaceSelect
-
-if TYPE_CHECKING:
-    import torch
-
-
-class PipelineView(Protocol):
-    """The parts of a :class:`~facegate.pipeline.pipeline.FacePipeline` its engine stages use."""
-
-    detector: Any
-    recognizer: Any
-    photo_warp_bytes: int | None
-    _photo_select_post: Any
-
-    @property
-    def device(self) -> torch.device: ...
-
-    @property
-    def det_max_batch_pixels(self) -> int | None: ...
-
-    def recognize(self, x: torch.Tensor) -> torch.Tensor: ...
-
-    def detect_groups(self, images: Sequence[Any]) -> list[tuple[list[int], Any]]: ...
-
-    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]: ...
 
 
 def detector_batches(

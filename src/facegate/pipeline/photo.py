@@ -22,7 +22,7 @@ from facegate.io.decode import plan_decode, run_decode
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
-from facegate.pipeline.base import PipelineView, detector_batches, select_faces
+from facegate.pipeline.base import detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
 from facegate.pipeline.results import PhotoFaces
 from facegate.quality_reasons import FACE_COLS, FACE_ROWS, N_STATS, SHARP_SCALE, flat_fraction
@@ -42,7 +42,7 @@ class PreparedPhotos:
 
 
 @torch.inference_mode()
-def prepare_photos(pipe: PipelineView, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
+def prepare_photos(pipe: Any, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
     """Sort decoded photos from errors, and build the detector canvases on the device."""
     photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
     keys = list(photos)
@@ -115,7 +115,7 @@ def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, 
 
 @torch.inference_mode()
 def faces_selected_on_device(
-    pipe: PipelineView, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
+    pipe: Any, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
 ) -> tuple[list[Any], np.ndarray | None, set[int]]:
     """Per photo a :class:`PhotoFaces` (its largest face) or its FacegateError; then ``extra``'s host copy and the
     photos whose rows in it are void (settled by the host rule: not exact on the device).
@@ -196,7 +196,7 @@ def faces_selected_on_device(
     return out, more_host, fallback
 
 
-def _selection_post(pipe: PipelineView) -> Any:
+def _selection_post(pipe: Any) -> Any:
     """The detector ``post`` step, one per pipeline: the detector captures a CUDA graph per shape and ``post``."""
     post = pipe._photo_select_post
     if post is None:
@@ -212,7 +212,7 @@ class PhotoStage:
 
     name = "photo"
 
-    def __init__(self, pipeline: PipelineView, *, max_bytes: int, max_pixels: int) -> None:
+    def __init__(self, pipeline: Any, *, max_bytes: int, max_pixels: int) -> None:
         if pipeline.detector is None or pipeline.recognizer is None:
             raise InvalidParameterError("the photo stage needs a pipeline with models")
         self.p = pipeline

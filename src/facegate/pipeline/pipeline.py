@@ -19,7 +19,7 @@ import numpy as np
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
-from facegate.pipeline.align import align_cpu, is_aligned_crop
+from facegate.pipeline.align import align_cpu
 from facegate.pipeline.base import detector_batches, select_faces
 from facegate.quality_reasons import (
     ReasonThresholds,
@@ -453,31 +453,16 @@ class FacePipeline:
         select: FaceSelect | str = FaceSelect.LARGEST,
         face_index: int | None = None,
         keep_crops: bool = False,
-        aligned: bool = False,
     ) -> list[list[Face]]:
-        """All stages; per image the selected faces (NoFaceError for the first without). ``aligned``: every image
-        is a ``(112, 112, 3) uint8`` crop and skips detection."""
-        if aligned:
-            bad = [i for i, im in enumerate(images) if not is_aligned_crop(im)]
-            if bad:
-                raise InvalidParameterError(
-                    f"an aligned crop must be 112×112×3 uint8, got {images[bad[0]].shape} {images[bad[0]].dtype}",
-                    detail={"index": bad[0]},
-                )
-        by_image = {} if aligned else dict(enumerate(self.detect(images)))
-        chosen: list[Detection | None] = []
-        owner: list[int] = []
-        crops_list: list[np.ndarray] = []
-        for i, im in enumerate(images):
-            sel = select_faces(by_image[i], select, face_index) if i in by_image else []
-            crops_list.append(self.align(images, sel, [i] * len(sel)) if sel else np.ascontiguousarray(im)[None])
-            chosen.extend(sel or [None])
-            owner.extend([i] * max(1, len(sel)))
-        crops = np.concatenate(crops_list) if crops_list else np.zeros((0, 112, 112, 3), np.uint8)
+        """All stages on ``(H, W, 3) uint8`` photos; per image the selected faces (NoFaceError for the first
+        without)."""
+        chosen = [select_faces(dets, select, face_index) for dets in self.detect(images)]
+        flat = [d for sel in chosen for d in sel]
+        owner = [i for i, sel in enumerate(chosen) for _ in sel]
+        crops = self.align(images, flat, owner)
         emb, q, raw = self.embed(crops)
-        flat = self.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops)
         out: list[list[Face]] = [[] for _ in images]
-        for face, i in zip(flat, owner, strict=True):
+        for face, i in zip(self.make_faces(flat, crops, emb, q, raw, keep_crops=keep_crops), owner, strict=True):
             out[i].append(face)
         return out
 

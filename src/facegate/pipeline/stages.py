@@ -10,7 +10,6 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
-from facegate.pipeline.base import PipelineView
 from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
 
@@ -20,7 +19,7 @@ class DetectStage:
 
     name = "detect"
 
-    def __init__(self, pipeline: PipelineView) -> None:
+    def __init__(self, pipeline: Any) -> None:
         self.p = pipeline
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
@@ -47,7 +46,7 @@ class EmbedStage:
     #: Rows of a staging buffer when first made (one full batch); a larger batch grows its buffer.
     STAGING_ROWS = 64
 
-    def __init__(self, pipeline: PipelineView) -> None:
+    def __init__(self, pipeline: Any) -> None:
         self.p = pipeline
         self._staging: list[torch.Tensor | None] = [None] * self.STAGING_BUFFERS
         self._turn = 0

@@ -8,6 +8,7 @@ whose ``meta.source_digest`` matches the same files. Templates (an ``.npz`` from
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import logging
@@ -83,14 +84,6 @@ def source_digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def already_enrolled(store: GalleryStore, gallery: str, subject_id: str, digest: str) -> bool:
-    """Whether the subject exists and was enrolled from files with this digest."""
-    try:
-        return store.get_subject(gallery, subject_id).meta.get("source_digest") == digest
-    except SubjectNotFoundError:
-        return False
-
-
 #: ``(photo paths of many subjects) -> per photo: a Face or the FacegateError of that photo``.
 FaceFn = Callable[[list[Path]], list[Any]]
 
@@ -118,9 +111,10 @@ def enrol_photos(
     groups: list[list[tuple[str, list[Path], str]]] = [[]]
     for sid, paths in subjects.items():
         digest = source_digest(paths)
-        if already_enrolled(store, gallery, sid, digest):
-            report.subjects_skipped += 1
-            continue
+        with contextlib.suppress(SubjectNotFoundError):
+            if store.get_subject(gallery, sid).meta.get("source_digest") == digest:  # enrolled from these files
+                report.subjects_skipped += 1
+                continue
         if sum(len(x[1]) for x in groups[-1]) >= batch_size:
             groups.append([])
         groups[-1].append((sid, paths, digest))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
-from facegate.gallery.base import GalleryInfo, GalleryStore
+from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
 from facegate.gallery.service import StoreFront
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
 from facegate.types import QualityVerdict
@@ -77,23 +77,12 @@ def decide_enrolment(
 
 
 @dataclass(frozen=True, slots=True)
-class SearchHit:
-    """One candidate of a 1:N search: its rank (1 = best), cosine similarity (6 decimals), and whether it clears
-    the match threshold."""
-
-    rank: int
-    subject_id: str
-    score: float
-    match: bool
-
-
-@dataclass(frozen=True, slots=True)
 class SearchAnswer:
     """A 1:N answer and its operating point: the match ``threshold``, the ``fpir`` it gives at the size ``n``
     the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
     beyond the measured impostor pairs, and what FMR rests on (``basis``: lfw_impostors or registry_point)."""
 
-    hits: list[SearchHit]
+    hits: list[SearchHit]  # scores rounded to 6 decimals
     threshold: float
     fpir: float
     fmr: float

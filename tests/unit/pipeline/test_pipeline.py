@@ -87,13 +87,12 @@ def test_batched_equals_single(pipeline: FacePipeline, photos: dict[str, np.ndar
     np.testing.assert_allclose(batched[1][0].detection.box, single[0][0].detection.box, atol=0.5)
 
 
-def test_aligned_crop_skips_detection_only_when_asked(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+def test_a_kept_crop_embeds_as_its_face(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
     face = pipeline.faces([photos["a1"]], keep_crops=True)[0][0]
-    again = pipeline.faces([face.crop], aligned=True)[0][0]
-    assert again.detection is None
-    assert float(np.dot(face.embedding, again.embedding)) > 0.9999
+    emb, _, _ = pipeline.embed(face.crop[None])
+    assert float(np.dot(face.embedding, emb[0])) > 0.9999
     with pytest.raises(InvalidParameterError):
-        pipeline.faces([photos["a1"]], aligned=True)
+        pipeline.embed(photos["a1"][None])  # not a (K, 112, 112, 3) crop batch
 
 
 def test_a_112_pixel_photo_is_detected(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
