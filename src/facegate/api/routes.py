@@ -41,10 +41,9 @@ from facegate.errors import (
     ImageTooLargeError,
     InvalidParameterError,
     PathNotAllowedError,
-    QualityRejectedError,
 )
 from facegate.metrics.stats import ServiceStats
-from facegate.service.gallery import EnrolDecision, decide_enrolment, refusal_reason
+from facegate.service.gallery import EnrolDecision, decide_enrolments, refusal_reason
 from facegate.transport.remote import same_engine
 from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
@@ -430,19 +429,13 @@ async def _enrolment_decisions(
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await asyncio.gather(*(one(i) for i in range(len(images))), return_exceptions=True)
-    rows: dict[str, list[int]] = {}
-    for i, sid in enumerate(subject_ids):
-        rows.setdefault(sid, []).append(i)
-    gate = {
-        "requires_quality": state.settings.quality.enrol_requires_quality,
-        "verdict": service.pipeline.enrol_verdict,
-    }
-    decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
-    for _, _, decision in decisions:
-        for x in decision.refused:
-            if x.code == QualityRejectedError.code:
-                state.stats.record_refusal("enrol_low_quality")
-    return decisions
+    return decide_enrolments(
+        subject_ids,
+        results,
+        requires_quality=state.settings.quality.enrol_requires_quality,
+        verdict=service.pipeline.enrol_verdict,
+        stats=state.stats,
+    )
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
@@ -583,12 +576,7 @@ async def search(
         n = (await _gallery_for_service(state, name)).subjects  # before the upload is read when off the device
         data = data or await read_upload(image, state.settings.limits.max_upload_bytes)
         face = (await service.faces(await decode_bytes(state, data)))[0]
-    if face.quality.accepted:
-        ans = gallery.answer(found, fpir) if found is not None else await gallery.search(name, face.embedding, k, fpir)
-        state.stats.set_gallery_size(name, ans.n)
-    else:
-        state.stats.record_refusal("search_low_quality")
-        ans = gallery.answer(None, fpir, size=n)  # never searched: the operating point at the gallery's size
+    ans = await gallery.search_face(name, face, k, fpir, found=found, size=n)
     point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     refused = not face.quality.accepted
     reason = refusal_reason(face) if refused else None

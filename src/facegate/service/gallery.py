@@ -76,6 +76,30 @@ def decide_enrolment(
     return EnrolDecision(accepted, refused, error)
 
 
+def decide_enrolments(
+    subject_ids: Sequence[str],
+    results: Sequence[Any],
+    *,
+    requires_quality: bool,
+    verdict: Callable[[Any], QualityVerdict] | None = None,
+    stats: Any = None,
+) -> list[tuple[str, list[int], EnrolDecision]]:
+    """:func:`decide_enrolment` per subject of a request whose image ``i`` (result ``results[i]``) shows
+    ``subject_ids[i]``: each subject, its images' indices and its decision. Gate refusals are counted in
+    ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`) as ``enrol_low_quality``."""
+    rows: dict[str, list[int]] = {}
+    for i, sid in enumerate(subject_ids):
+        rows.setdefault(sid, []).append(i)
+    gate = {"requires_quality": requires_quality, "verdict": verdict}
+    decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
+    if stats is not None:
+        for _, _, decision in decisions:
+            for x in decision.refused:
+                if x.code == QualityRejectedError.code:
+                    stats.record_refusal("enrol_low_quality")
+    return decisions
+
+
 @dataclass(frozen=True, slots=True)
 class SearchAnswer:
     """A 1:N answer and its operating point: the match ``threshold``, the ``fpir`` it gives at the size ``n``
@@ -120,6 +144,21 @@ class GalleryFront(StoreFront):
         if fpir is not None:
             check_fpir(fpir)  # before any work
         return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
+
+    async def search_face(
+        self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
+    ) -> SearchAnswer:
+        """The 1:N policy for one probe ``face`` (a :class:`~facegate.types.Face`): a face the quality gate
+        refused is never searched (no hits, the operating point at gallery size ``size``, counted as
+        ``search_low_quality``); otherwise its hits, from ``found`` (the engine's answer of a photo searched
+        on the device) or from a search of its embedding."""
+        stats = self._svc.stats
+        if not face.quality.accepted:
+            stats.record_refusal("search_low_quality")
+            return self.answer(None, fpir, size=size)
+        ans = self.answer(found, fpir) if found is not None else await self.search(gallery, face.embedding, k, fpir)
+        stats.set_gallery_size(gallery, ans.n)
+        return ans
 
     def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
         """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
