@@ -13,7 +13,7 @@ import torch
 
 from facegate.eval.degrade import apply, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import sface_head_input
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def extract(
         "norm": np.full(n, np.nan, np.float32),
         "heuristic": np.full(n, np.nan, np.float32),
         "emb": np.full((n, d), np.nan, np.float16),
-        "head_in": np.full((n, head_input_dim(d, pipeline.recognizer.backbone.feature_dim // 49)), np.nan, np.float16),
+        "head_in": np.full((n, d + pipeline.recognizer.backbone.feature_dim // 49), np.nan, np.float16),
     }
     cache: dict[str, np.ndarray] = {}
     for start in range(0, n, batch_size):

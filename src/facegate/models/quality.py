@@ -174,26 +174,32 @@ def fit_logistic(
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
     mu, sd = float(t.mean()), float(t.std())
     sd = sd if sd > 0 else 1.0
-    X = np.stack([(t - mu) / sd, np.ones_like(t)], axis=1)
-    w = np.zeros(2)
-    reg = np.diag([l2 * t.size, 0.0])
-    for _ in range(max_iter):
-        p = 1.0 / (1.0 + np.exp(-(X @ w)))
-        g = X.T @ (p - yy) + reg @ w
-        H = (X * (p * (1 - p))[:, None]).T @ X + reg + 1e-9 * np.eye(2)
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-10:
-            break
-    a = float(w[0] / sd)
-    b = float(w[1] - w[0] * mu / sd)
+    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=l2, iters=max_iter)
+    a = float(w[1] / sd)
+    b = float(w[0] - w[1] * mu / sd)
     direction = -1 if a < 0 else 1
     log.info("fit_logistic: a=%.6g b=%.6g direction=%+d (n=%d)", a, b, direction, t.size)
     kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_logistic n={t.size}"}
     return QualityCalibration("logistic", a=a, b=b, **kw)
 
 
-def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
+    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
+    w = np.zeros(x.shape[1])
+    reg = l2 * x.shape[0] * np.eye(x.shape[1])
+    reg[0, 0] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        g = x.T @ (p - y) + reg @ w
+        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(x.shape[1])
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return w
+
+
+def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of ``y``."""
     vals: list[float] = []
     wts: list[float] = []
@@ -228,7 +234,7 @@ def fit_isotonic(
     w = cnt.astype(np.float64)
 
     def fit(d: int) -> tuple[np.ndarray, float]:
-        fy = _pav(ymean, w) if d == 1 else _pav(ymean[::-1], w[::-1])[::-1]
+        fy = pav(ymean, w) if d == 1 else pav(ymean[::-1], w[::-1])[::-1]
         return fy, float((w * (fy - ymean) ** 2).sum())
 
     if direction is None:
@@ -246,6 +252,15 @@ def fit_isotonic(
     log.info("fit_isotonic: %d knots, direction=%+d (n=%d)", xs.size, direction, t.size)
     kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_isotonic n={t.size}"}
     return QualityCalibration("piecewise_linear", xs=xs, ys=ys, **kw)
+
+
+def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
+    """What an RTS head reads from SFace: ``(N, D)`` raw embedding, ``(N, C·7·7)`` flattened trunk → the trunk's
+    channels average-pooled over the 7×7 grid, then the embedding, ``(N, C + D)`` in the features' dtype (IR-SE-64's
+    heads read its flattened features)."""
+    n = features_flat.shape[0]
+    pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
+    return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)
 
 
 class RTSQualityHead(nn.Module):

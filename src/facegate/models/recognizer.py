@@ -22,8 +22,13 @@ from torch import Tensor, nn
 from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.chunked import ActivationPlan, run_trunk
 from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
-from facegate.models.quality import QualityCalibration, RTSQualityHead, bn_logvar_calibration, load_head
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import (
+    QualityCalibration,
+    RTSQualityHead,
+    bn_logvar_calibration,
+    load_head,
+    sface_head_input,
+)
 from facegate.models.registry import ModelSpec, WeightsSource
 
 log = logging.getLogger(__name__)
@@ -224,7 +229,7 @@ def _backbone_feature_dim(backbone: nn.Module) -> int:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
     if isinstance(backbone, IRSE64RTS):
         return int(fd)
-    return head_input_dim(int(backbone.embedding_dim), channels=int(fd) // 49)
+    return int(backbone.embedding_dim) + int(fd) // 49
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:

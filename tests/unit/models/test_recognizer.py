@@ -12,8 +12,13 @@ import torch
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.irse import IRSE64RTS
-from facegate.models.quality import QualityCalibration, QualityHeadError, RTSQualityHead, save_head
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import (
+    QualityCalibration,
+    QualityHeadError,
+    RTSQualityHead,
+    save_head,
+    sface_head_input,
+)
 from facegate.models.recognizer import Recognizer, build_recognizer, build_tiny_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, ModelSpec, WeightsSource
 
@@ -163,7 +168,7 @@ def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) ->
     base = build_recognizer(arch_spec)
     fd = base.backbone.feature_dim
     is_irse = isinstance(base.backbone, IRSE64RTS)
-    head_dim = fd if is_irse else head_input_dim(base.embedding_dim, channels=fd // 49)
+    head_dim = fd if is_irse else fd // 49 + base.embedding_dim
     path = _head_file(tmp_path, head_dim, arch_spec.arch)
     rec = build_recognizer(arch_spec, quality_head=path)
     assert rec.quality_source == "rts_head" and rec.calibration.fitted and rec.calibration.kind == "piecewise_linear"
