@@ -144,13 +144,6 @@ class _HostBatchYuNet(nn.Module):
         return torch.sqrt(probs.clamp(0, 1).prod(-1)), heads, probs
 
 
-def _expected(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:
-    """The module's outputs as the graph gives them (:data:`_OUTPUTS`; ``heads`` without its logits)."""
-    scores, bbox, kps = flat_outputs(raw)
-    cls, obj = (torch.cat(list(group), 1) for group in raw[:2])
-    return scores, torch.cat([bbox, kps], -1), torch.cat([cls, obj], -1)
-
-
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(model).to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
     return ref.eval().requires_grad_(False)
@@ -176,9 +169,12 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     ref = _host_fp32_copy(model)
     with torch.inference_mode():  # the detector's own input conversion: BGR, float32 NCHW
         x = torch.from_numpy(images).permute(0, 3, 1, 2).flip(1).to(torch.float32)
-        expected = [t.numpy() for t in _expected(ref(x))]
+        raw = ref(x)
+        scores, bbox, kps = flat_outputs(raw)
+        cls, obj = (torch.cat(list(group), 1) for group in raw[:2])
+        expected = [t.numpy() for t in (scores, torch.cat([bbox, kps], -1), torch.cat([cls, obj], -1))]
     got = session.run(_OUTPUTS, {"images": images})
-    got[1] = got[1][..., :14]
+    got[1] = got[1][..., :14]  # heads without its logits
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 

@@ -215,13 +215,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     )
 
 
-def _resolve_head_path(name: str) -> Path:
-    p = Path(name)
-    if p.is_absolute() or p.is_file():
-        return p
-    return Path(str(resources.files("facegate").joinpath(name)))
-
-
 def _backbone_feature_dim(backbone: nn.Module) -> int:
     """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
     fd = getattr(backbone, "feature_dim", None)
@@ -275,7 +268,9 @@ def build_recognizer(
             log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
         source = "rts_head"
     elif source == "rts_head" and spec.quality_head:
-        head_path = _resolve_head_path(spec.quality_head)
+        head_path = Path(spec.quality_head)
+        if not (head_path.is_absolute() or head_path.is_file()):  # package-relative
+            head_path = Path(str(resources.files("facegate").joinpath(spec.quality_head)))
     # fail fast, before loading any weights
     if source == "rts_head" and head_path is None and spec.weights.kind != "random":
         raise WeightsNotFoundError(
