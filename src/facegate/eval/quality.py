@@ -28,7 +28,7 @@ from facegate.eval.calibrate import calibrate
 from facegate.eval.degrade import plan
 from facegate.eval.lfw import Pair, read_pairs
 from facegate.eval.p1 import edc_curve, identity_weights, metrics, p1_report
-from facegate.models.quality import fit_logistic_nd, pav
+from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
 
 log = logging.getLogger(__name__)
@@ -533,6 +533,25 @@ def ece(p: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
         if m.any():
             total += m.mean() * abs(p[m].mean() - y[m].mean())
     return float(total)
+
+
+def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of ``y``."""
+    vals: list[float] = []
+    wts: list[float] = []
+    counts: list[int] = []
+    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
+        vals.append(yi)
+        wts.append(wi)
+        counts.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            v2, w2, c2 = vals.pop(), wts.pop(), counts.pop()
+            v1, w1, c1 = vals.pop(), wts.pop(), counts.pop()
+            ww = w1 + w2
+            vals.append((v1 * w1 + v2 * w2) / ww)
+            wts.append(ww)
+            counts.append(c1 + c2)
+    return np.repeat(np.asarray(vals), np.asarray(counts))
 
 
 def isotonic_knots(p: np.ndarray, y: np.ndarray, k: int = 200) -> tuple[np.ndarray, np.ndarray]:
