@@ -184,10 +184,9 @@ class OrtYuNet:
 
     takes_host_batch = True
 
-    def __init__(self, session: Any, torch_model: nn.Module, *, threads: int) -> None:
+    def __init__(self, session: Any, torch_model: nn.Module) -> None:
         self.session = session
         self.torch_model = torch_model
-        self.threads = threads
 
     def __call__(self, images: Tensor) -> RawOutputs:
         _, heads, probs = self.session.run(_OUTPUTS, {"images": np.ascontiguousarray(images.numpy())})
@@ -226,7 +225,7 @@ def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) 
             f"the ONNX export of YuNet differs from PyTorch by {diff:.3g} (allowed {PARITY_MAX_ABS_DIFF})",
             detail={"max_abs_diff": diff},
         )
-    ort_model = OrtYuNet(session, torch_model, threads=n_threads)
+    ort_model = OrtYuNet(session, torch_model)
     detector.model = ort_model  # type: ignore[assignment]
     detector.channels_last = False
     log.info(
