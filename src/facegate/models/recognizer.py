@@ -52,7 +52,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 class Recognizer(nn.Module):
     """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
-    quality source + calibration + input normalisation. ``flip_tta``: also embed the mirrored crop and sum."""
+    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation.
+    ``flip_tta``: also embed the mirrored crop and sum."""
 
     def __init__(
         self,
@@ -74,12 +75,6 @@ class Recognizer(nn.Module):
         self.channels_last = bool(channels_last)
         self.flip_tta = bool(flip_tta)
         self._is_irse = isinstance(backbone, IRSE64RTS)
-        if quality_source not in ("feature_norm", "rts_head", "logvar"):
-            raise InvalidParameterError(f"unknown quality source {quality_source!r}")
-        if quality_source == "logvar" and not self._is_irse:
-            raise ModelError(f"quality source 'logvar' needs the IR-SE-64-RTS backbone, not {type(backbone).__name__}")
-        if quality_source == "rts_head" and quality_head is None:
-            raise ModelError("quality source 'rts_head' needs a quality head")
         dim = getattr(backbone, "embedding_dim", None)
         if dim is not None and int(dim) != spec.embedding_dim:
             raise ModelError(
