@@ -5,7 +5,6 @@ module at start-up and checked against it before it serves."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
 import logging
 import time
@@ -209,12 +208,10 @@ class OrtYuNet:
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
     """Run an fp32 CPU ``detector``'s network with ONNX Runtime (``threads``, default torch's): export, check
-    parity, swap in place. :class:`ModelError` without onnxruntime, on a failed export, or past
+    parity, swap in place. :class:`ModelError` on a failed export or past
     :data:`PARITY_MAX_ABS_DIFF`."""
     if detector.device.type != "cpu" or detector.dtype is not torch.float32:
         raise ModelError(f"the ONNX detector runs fp32 on the CPU, not {detector.dtype} on {detector.device}")
-    if importlib.util.find_spec("onnxruntime") is None:
-        raise ModelError("the ONNX Runtime CPU backend needs onnxruntime (pip install onnxruntime)")
     t0 = time.perf_counter()
     torch_model = detector.model if not isinstance(detector.model, OrtYuNet) else detector.model.torch_model
     n_threads = int(threads) if threads else torch.get_num_threads()
