@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facegate.eval.degrade import apply, path_rng, random_variant
+from facegate.eval.degrade import degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
 
@@ -95,7 +95,7 @@ def extract(
                 cache.clear()
                 cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             img = cache[p]
-            images.append(img if name == "clean" else apply(img, name, sev, path_rng(p, k, seed)))
+            images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
         found = detect_centre(pipeline, images)
         owners = [i for i, d in enumerate(found) if d is not None]
         chosen = [found[i] for i in owners]
