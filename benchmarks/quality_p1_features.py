@@ -25,8 +25,7 @@ from facegate.eval.degrade import degrade, path_rng, plan
 from facegate.eval.features import _heuristic
 from facegate.eval.lfw import detect_centre, pair_images, read_pairs
 from facegate.io.decode import decode_image
-from facegate.models.quality import load_head
-from facegate.models.quality_features import sface_head_input
+from facegate.models.quality import load_head, sface_head_input
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import crop_stats, landmark_geometry
 

@@ -75,13 +75,6 @@ DEGRADATIONS: dict[str, Degradation] = {
 }
 
 
-def apply(img: np.ndarray, name: str, severity: int, rng: np.random.Generator) -> np.ndarray:
-    """Apply one named degradation; severity 0 returns the image unchanged."""
-    if severity == 0:
-        return img
-    return DEGRADATIONS[name](img, severity, rng)
-
-
 def random_variant(rng: np.random.Generator) -> tuple[str, int]:
     """A random (degradation name, severity in 1..5)."""
     names = list(DEGRADATIONS)
@@ -160,8 +153,13 @@ def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.nd
     return np.where(inside[..., None] | (bump[..., None] > 0.05), out, img)
 
 
-def degrade(img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None) -> np.ndarray | None:
-    """One P1 or reason degradation by name; ``None`` when it needs landmarks (``lm``, ``(5, 2)``) and has none."""
+def degrade(
+    img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None = None
+) -> np.ndarray | None:
+    """One degradation by name (severity 0: ``img`` itself); ``None`` when it needs landmarks (``lm``, ``(5, 2)``)
+    and has none."""
+    if s == 0:
+        return img
     if name in DEGRADATIONS:
         return DEGRADATIONS[name](img, s, rng)
     if name == "downscale":

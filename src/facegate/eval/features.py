@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facegate.eval.degrade import apply, path_rng, random_variant
+from facegate.eval.degrade import degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import sface_head_input
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def extract(
         "norm": np.full(n, np.nan, np.float32),
         "heuristic": np.full(n, np.nan, np.float32),
         "emb": np.full((n, d), np.nan, np.float16),
-        "head_in": np.full((n, head_input_dim(d, pipeline.recognizer.backbone.feature_dim // 49)), np.nan, np.float16),
+        "head_in": np.full((n, d + pipeline.recognizer.backbone.feature_dim // 49), np.nan, np.float16),
     }
     cache: dict[str, np.ndarray] = {}
     for start in range(0, n, batch_size):
@@ -95,7 +95,7 @@ def extract(
                 cache.clear()
                 cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             img = cache[p]
-            images.append(img if name == "clean" else apply(img, name, sev, path_rng(p, k, seed)))
+            images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
         found = detect_centre(pipeline, images)
         owners = [i for i, d in enumerate(found) if d is not None]
         chosen = [found[i] for i in owners]

@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from facegate.errors import InvalidParameterError
-
 
 @dataclasses.dataclass(frozen=True)
 class ActivationPlan:
@@ -21,18 +19,10 @@ class ActivationPlan:
     stage_out: tuple[int, ...]
     budget_elems: int
 
-    def __post_init__(self) -> None:
-        if not self.stage_peak or len(self.stage_peak) != len(self.stage_out):
-            raise InvalidParameterError("an activation plan needs one peak and one output size per stage")
-        if self.budget_elems < 1:
-            raise InvalidParameterError(f"activation budget must be positive, got {self.budget_elems} elements")
-
     @classmethod
     def measure(cls, stages: Sequence[nn.Module], x: Tensor, budget_bytes: float) -> ActivationPlan:
-        """Measure ``stages`` on ``x (1, 3, H, W)`` for ``budget_bytes``. On CUDA the allocator's peak over
+        """Measure ``stages`` on one crop ``x (1, 3, H, W)`` for ``budget_bytes``. On CUDA the allocator's peak over
         :data:`PROBE_CROPS` copies counts when larger (workspaces escape the hooks); it resets the peak statistics."""
-        if x.shape[0] != 1:
-            raise InvalidParameterError(f"measure() takes a one-crop batch, got {tuple(x.shape)}")
         peaks: list[int] = []
         outs: list[int] = []
         h = x

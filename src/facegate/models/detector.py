@@ -101,6 +101,24 @@ def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(grids).astype(np.float32), np.concatenate(strides).astype(np.float32)
 
 
+def _detections(cand: np.ndarray, rows: np.ndarray, batch: DetBatch, n: int) -> list[list[Detection]]:
+    """Per batch row ``0..n-1`` its kept candidates ``cand (K, 15) float32`` (box 4, landmarks 10, score) of rows
+    ``rows (K,)`` (each row's in score order), rescaled to image pixels in fp64 and clipped; a box left with no
+    area lay in the padding and is dropped (landmarks are not clipped)."""
+    whs = batch.orig_sizes[:, ::-1]  # (n, 2) (W, H)
+    scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (k, 2) (sx, sy), fp64
+    boxes = (cand[:, :4].reshape(-1, 2, 2) * scale[:, None, :]).reshape(-1, 4)
+    np.minimum(np.maximum(boxes, 0, out=boxes), np.tile(whs[rows], 2), out=boxes)
+    lms32 = (cand[:, 4:14].reshape(-1, 5, 2) * scale[:, None, :]).astype(np.float32)
+    good = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).tolist()
+    boxes32, scores, rows_l = boxes.astype(np.float32), cand[:, 14].tolist(), rows.tolist()
+    out: list[list[Detection]] = [[] for _ in range(n)]
+    for k, ok in enumerate(good):
+        if ok:
+            out[rows_l[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
+    return out
+
+
 class FaceDetector:
     """YuNet on ``(H, W, 3) uint8`` RGB images → :class:`~facegate.types.Detection` in image pixels, by score.
     The model is moved in place to ``device``, ``dtype`` (fp32/fp16/bf16) and the memory format; decoding is fp32."""
@@ -460,7 +478,8 @@ class FaceDetector:
         padding: dropped; landmarks are not clipped)."""
         if raw[0][0].device.type == "cpu":
             return self._postprocess_host([t.float().numpy() for t in flat_outputs(raw)], batch)
-        return self._finish_all(*self._select(raw, batch.input_hw), batch)
+        packed, *full = self._select(raw, batch.input_hw)
+        return self._finish_host(packed[: len(batch)].cpu().numpy(), batch, tuple(full))  # type: ignore[arg-type]
 
     def _host_outputs(self, batch: DetBatch) -> list[np.ndarray]:
         """:func:`flat_outputs` of a batch as fp32 host arrays (an ORT network computes them in its graph)."""
@@ -490,33 +509,8 @@ class FaceDetector:
         if rows.size > NMS_GROUPED_MAX:  # a crowd: one IoU matrix per image instead of one for the batch
             ends = np.searchsorted(rows, np.arange(n + 1))  # rows is sorted
             return [self._finish(cand[ends[i] : ends[i + 1]], batch, i) for i in range(n)]
-        return self._finish_grouped(cand, rows, nms_grouped(cand[:, :4], rows, self.nms_threshold), batch, n)
-
-    @staticmethod
-    def _finish_grouped(
-        cand: np.ndarray, rows: np.ndarray, keep: np.ndarray, batch: DetBatch, n: int
-    ) -> list[list[Detection]]:
-        """Rescale and clip ``cand (K, 15) float32`` of batch rows ``rows (K,)`` where ``keep (K,) bool``, as
-        :meth:`_finish` does per image (the same fp64 arithmetic)."""
-        cand, rows = cand[keep], rows[keep]
-        whs = batch.orig_sizes[:, ::-1]  # (n, 2) (W, H)
-        scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (k, 2) (sx, sy), fp64
-        boxes = (cand[:, :4].reshape(-1, 2, 2) * scale[:, None, :]).reshape(-1, 4)
-        np.minimum(np.maximum(boxes, 0, out=boxes), np.tile(whs[rows], 2), out=boxes)
-        lms32 = (cand[:, 4:14].reshape(-1, 5, 2) * scale[:, None, :]).astype(np.float32)
-        good = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).tolist()
-        boxes32, scores, rows_l = boxes.astype(np.float32), cand[:, 14].tolist(), rows.tolist()
-        out: list[list[Detection]] = [[] for _ in range(n)]
-        for k, ok in enumerate(good):  # each row's faces in score order
-            if ok:
-                out[rows_l[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
-        return out
-
-    def _finish_all(
-        self, packed: Tensor, boxes: Tensor, lms: Tensor, scores: Tensor, batch: DetBatch
-    ) -> list[list[Detection]]:
-        """Host side of :meth:`postprocess` for the real rows of ``batch`` (padding rows are ignored)."""
-        return self._finish_host(packed[: len(batch.scales)].cpu().numpy(), batch, (boxes, lms, scores))
+        keep = nms_grouped(cand[:, :4], rows, self.nms_threshold)
+        return _detections(cand[keep], rows[keep], batch, n)
 
     def _finish_host(
         self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
@@ -526,51 +520,24 @@ class FaceDetector:
         p = (host.shape[1] - 1) // 15
         cand = host[:, :-1].reshape(n, p, 15)
         counts = host[:, -1].astype(np.int64)
-        out: list[list[Detection]] = [[] for _ in range(n)]
         cap = min(NMS_ROWS_MAX, p)
         small = np.flatnonzero((counts > 0) & (counts <= cap))
+        out: list[list[Detection]] = [[] for _ in range(n)]
         if small.size:
             c = int(counts[small].max())
             sub = cand[small, :c]
             keep = nms_rows(sub[..., :4], np.arange(c)[None, :] < counts[small, None], self.nms_threshold)
-            for r, dets in zip(small, self._finish_rows(sub, keep, batch, small), strict=True):
-                out[r] = dets
+            out = _detections(sub[keep], np.broadcast_to(small[:, None], keep.shape)[keep], batch, n)
         for i in np.flatnonzero(counts > cap):
             c = int(counts[i])
             ci = self._rare_candidates(batch, int(i), c, full) if c > p else cand[i, :c]
             out[i] = self._finish(ci, batch, int(i))
         return out
 
-    @staticmethod
-    def _finish_rows(cand: np.ndarray, keep: np.ndarray, batch: DetBatch, rows: np.ndarray) -> list[list[Detection]]:
-        """Rescale and clip ``cand (m, c, 15)`` where ``keep (m, c) bool``, for batch rows ``rows (m,)``."""
-        m, c = keep.shape
-        oh, ow = batch.orig_sizes[rows, 0], batch.orig_sizes[rows, 1]
-        rh, rw = batch.resized_sizes[rows, 0], batch.resized_sizes[rows, 1]
-        sx, sy = ow / rw, oh / rh
-        boxes = cand[..., :4] * np.stack([sx, sy, sx, sy], -1)[:, None, :]
-        boxes[..., 0::2] = np.clip(boxes[..., 0::2], 0, ow[:, None, None])
-        boxes[..., 1::2] = np.clip(boxes[..., 1::2], 0, oh[:, None, None])
-        lms = cand[..., 4:14].reshape(m, c, 5, 2) * np.stack([sx, sy], -1)[:, None, None, :]
-        good = keep & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
-        boxes32, lms32, scores = boxes.astype(np.float32), lms.astype(np.float32), cand[..., 14]
-        out: list[list[Detection]] = [[] for _ in range(m)]
-        for r, k in zip(*np.nonzero(good), strict=True):  # row-major: each row's faces in score order
-            out[r].append(Detection(box=boxes32[r, k], landmarks=lms32[r, k], score=float(scores[r, k])))
-        return out
-
     def _finish(self, cand: np.ndarray, batch: DetBatch, i: int) -> list[Detection]:
-        """NMS, rescale and clip one image's candidates ``(c, 15)`` (:meth:`_finish_rows` for one row)."""
+        """NMS, rescale and clip one image's candidates ``(c, 15)``."""
         kept = cand[nms(cand[:, :4], cand[:, 14], self.nms_threshold)]
-        (oh, ow), (rh, rw) = batch.orig_sizes[i], batch.resized_sizes[i]
-        sx, sy = ow / rw, oh / rh
-        boxes = kept[:, :4] * np.array([sx, sy, sx, sy])
-        boxes[:, 0::2] = boxes[:, 0::2].clip(0, ow)
-        boxes[:, 1::2] = boxes[:, 1::2].clip(0, oh)
-        lms = (kept[:, 4:14].reshape(-1, 5, 2) * np.array([sx, sy])).astype(np.float32)
-        good = np.flatnonzero((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]))
-        boxes32 = boxes.astype(np.float32)
-        return [Detection(box=boxes32[k], landmarks=lms[k], score=float(kept[k, 14])) for k in good]
+        return _detections(kept, np.full(len(kept), i), batch, i + 1)[i]
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """Faces in each ``(H, W, 3) uint8`` RGB image, by score, in its pixels."""

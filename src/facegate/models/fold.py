@@ -6,25 +6,20 @@ import torch
 from torch import Tensor, nn
 
 
-def _fold_host(weight: Tensor, bias: Tensor | None, bn: nn.modules.batchnorm._BatchNorm) -> tuple[Tensor, Tensor]:
-    """The folded weight and bias in fp64, on the host (on ``meta`` for meta tensors: shapes only)."""
+@torch.no_grad()
+def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
+    """Fold ``bn`` into the ``layer`` before it, in place, computed in fp64 on the host (a GPU allocates nothing
+    more; on ``meta`` for meta tensors: shapes only)."""
     assert bn.running_mean is not None and bn.running_var is not None
-    host = weight.device if weight.device.type == "meta" else torch.device("cpu")
+    host = layer.weight.device if layer.weight.device.type == "meta" else torch.device("cpu")
 
     def f64(t: Tensor) -> Tensor:
         return t.detach().to(host, torch.float64)
 
     scale = f64(bn.weight) / torch.sqrt(f64(bn.running_var) + bn.eps)
-    b = f64(bias) if bias is not None else torch.zeros_like(scale)
-    new_w = f64(weight) * scale.reshape(-1, *([1] * (weight.ndim - 1)))
-    new_b = (b - f64(bn.running_mean)) * scale + f64(bn.bias)
-    return new_w, new_b
-
-
-@torch.no_grad()
-def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm) -> None:
-    """Fold ``bn`` into the ``layer`` before it, in place, computed on the host (a GPU allocates nothing more)."""
-    w, b = _fold_host(layer.weight, layer.bias, bn)
+    b = f64(layer.bias) if layer.bias is not None else torch.zeros_like(scale)
+    w = f64(layer.weight) * scale.reshape(-1, *([1] * (layer.weight.ndim - 1)))
+    b = (b - f64(bn.running_mean)) * scale + f64(bn.bias)
     layer.weight.copy_(w.to(layer.weight.dtype))
     if layer.bias is None:
         layer.bias = nn.Parameter(

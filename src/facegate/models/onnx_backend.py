@@ -5,7 +5,6 @@ module at start-up and checked against it before it serves."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
 import logging
 import time
@@ -144,13 +143,6 @@ class _HostBatchYuNet(nn.Module):
         return torch.sqrt(probs.clamp(0, 1).prod(-1)), heads, probs
 
 
-def _expected(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:
-    """The module's outputs as the graph gives them (:data:`_OUTPUTS`; ``heads`` without its logits)."""
-    scores, bbox, kps = flat_outputs(raw)
-    cls, obj = (torch.cat(list(group), 1) for group in raw[:2])
-    return scores, torch.cat([bbox, kps], -1), torch.cat([cls, obj], -1)
-
-
 def _host_fp32_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(model).to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
     return ref.eval().requires_grad_(False)
@@ -176,9 +168,12 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     ref = _host_fp32_copy(model)
     with torch.inference_mode():  # the detector's own input conversion: BGR, float32 NCHW
         x = torch.from_numpy(images).permute(0, 3, 1, 2).flip(1).to(torch.float32)
-        expected = [t.numpy() for t in _expected(ref(x))]
+        raw = ref(x)
+        scores, bbox, kps = flat_outputs(raw)
+        cls, obj = (torch.cat(list(group), 1) for group in raw[:2])
+        expected = [t.numpy() for t in (scores, torch.cat([bbox, kps], -1), torch.cat([cls, obj], -1))]
     got = session.run(_OUTPUTS, {"images": images})
-    got[1] = got[1][..., :14]
+    got[1] = got[1][..., :14]  # heads without its logits
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
@@ -188,10 +183,9 @@ class OrtYuNet:
 
     takes_host_batch = True
 
-    def __init__(self, session: Any, torch_model: nn.Module, *, threads: int) -> None:
+    def __init__(self, session: Any, torch_model: nn.Module) -> None:
         self.session = session
         self.torch_model = torch_model
-        self.threads = threads
 
     def __call__(self, images: Tensor) -> RawOutputs:
         _, heads, probs = self.session.run(_OUTPUTS, {"images": np.ascontiguousarray(images.numpy())})
@@ -214,12 +208,10 @@ class OrtYuNet:
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
     """Run an fp32 CPU ``detector``'s network with ONNX Runtime (``threads``, default torch's): export, check
-    parity, swap in place. :class:`ModelError` without onnxruntime, on a failed export, or past
+    parity, swap in place. :class:`ModelError` on a failed export or past
     :data:`PARITY_MAX_ABS_DIFF`."""
     if detector.device.type != "cpu" or detector.dtype is not torch.float32:
         raise ModelError(f"the ONNX detector runs fp32 on the CPU, not {detector.dtype} on {detector.device}")
-    if importlib.util.find_spec("onnxruntime") is None:
-        raise ModelError("the ONNX Runtime CPU backend needs onnxruntime (pip install onnxruntime)")
     t0 = time.perf_counter()
     torch_model = detector.model if not isinstance(detector.model, OrtYuNet) else detector.model.torch_model
     n_threads = int(threads) if threads else torch.get_num_threads()
@@ -230,7 +222,7 @@ def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) 
             f"the ONNX export of YuNet differs from PyTorch by {diff:.3g} (allowed {PARITY_MAX_ABS_DIFF})",
             detail={"max_abs_diff": diff},
         )
-    ort_model = OrtYuNet(session, torch_model, threads=n_threads)
+    ort_model = OrtYuNet(session, torch_model)
     detector.model = ort_model  # type: ignore[assignment]
     detector.channels_last = False
     log.info(

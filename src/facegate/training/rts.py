@@ -17,7 +17,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from facegate.errors import InvalidParameterError
-from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_isotonic, fit_logistic, save_head
+from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_logistic, save_head
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,12 @@ class RTSConfig:
     lr: float = 2e-3
     seed: int = 0
     max_refs: int = 8  #: reference photos per face for the calibration outcomes
-    calibration: Literal["logistic", "isotonic"] = "logistic"
 
     def __post_init__(self) -> None:
         if self.dof < 3:
             raise InvalidParameterError(f"dof must be >= 3 (τ divides by dof - 2), got {self.dof}")
         if self.batch_size < 2:
             raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
-        if self.calibration not in ("logistic", "isotonic"):
-            raise InvalidParameterError(f"calibration must be 'logistic' or 'isotonic', got {self.calibration!r}")
 
 
 def load_features(specs: Sequence[str | Path]) -> dict[str, np.ndarray]:
@@ -239,8 +236,7 @@ def train_on_identities(
     if not 0 < succ.mean() < 1:
         raise InvalidParameterError("every genuine comparison had the same outcome: nothing to calibrate on")
     s2 = head_sigma2(head, table["head_in"][fi])
-    fit = fit_logistic if config.calibration == "logistic" else fit_isotonic
-    cal = fit(s2, succ, transform="log")
+    cal = fit_logistic(s2, succ, transform="log")
     if cal.direction != -1:
         log.warning("calibration direction came out %+d, expected -1", cal.direction)
     cal.note = f"P(genuine match >= {match_threshold:.4f}) on training identities"

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, apply, random_variant
+from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, random_variant
 
 
 def _image() -> np.ndarray:
@@ -22,31 +22,31 @@ def test_every_degradation_changes_the_image_more_with_severity(name: str) -> No
     img = _image()
     diffs = []
     for s in SEVERITIES:
-        out = apply(img, name, s, np.random.default_rng(0))
+        out = degrade(img, name, s, np.random.default_rng(0))
         assert out.shape == img.shape and out.dtype == np.uint8
         diffs.append(float(np.abs(out.astype(float) - img).mean()))
     assert diffs[0] > 0
     assert diffs[-1] > diffs[0]
-    assert apply(img, name, 0, np.random.default_rng(0)) is img
+    assert degrade(img, name, 0, np.random.default_rng(0)) is img
 
 
 def test_blur_loses_sharpness_monotonically() -> None:
     img = _image()
-    sharp = [cv2.Laplacian(apply(img, "blur", s, np.random.default_rng(0)), cv2.CV_64F).var() for s in SEVERITIES]
+    sharp = [cv2.Laplacian(degrade(img, "blur", s, np.random.default_rng(0)), cv2.CV_64F).var() for s in SEVERITIES]
     assert all(a > b for a, b in itertools.pairwise(sharp)), sharp
 
 
 @pytest.mark.parametrize("name", ["blur", "lowres", "noise", "overexpose", "underexpose"])
 def test_distance_from_original_grows_monotonically(name: str) -> None:
     img = _image()
-    d = [float(np.abs(apply(img, name, s, np.random.default_rng(0)).astype(float) - img).mean()) for s in SEVERITIES]
+    d = [float(np.abs(degrade(img, name, s, np.random.default_rng(0)).astype(float) - img).mean()) for s in SEVERITIES]
     assert all(a < b for a, b in itertools.pairwise(d)), (name, d)
 
 
 def test_deterministic_and_random_variant() -> None:
     img = _image()
-    a = apply(img, "noise", 3, np.random.default_rng(7))
-    b = apply(img, "noise", 3, np.random.default_rng(7))
+    a = degrade(img, "noise", 3, np.random.default_rng(7))
+    b = degrade(img, "noise", 3, np.random.default_rng(7))
     assert np.array_equal(a, b)
     name, sev = random_variant(np.random.default_rng(0))
     assert name in DEGRADATIONS and sev in SEVERITIES

@@ -156,7 +156,8 @@ def test_host_postprocess_equals_the_device_selection(detector: FaceDetector, to
     try:
         got = detector.postprocess((cls, obj, bbox, kps), batch)
         with torch.inference_mode():
-            want = detector._finish_all(*detector._select((cls, obj, bbox, kps), batch.input_hw), batch)
+            packed, *full = detector._select((cls, obj, bbox, kps), batch.input_hw)
+            want = detector._finish_host(packed[: len(batch)].numpy(), batch, tuple(full))
     finally:
         detector.top_k = old_k
     assert [len(d) for d in got] == [len(d) for d in want] and got[3] == []

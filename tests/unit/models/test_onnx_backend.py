@@ -49,7 +49,7 @@ def test_exported_graph_matches_the_module_at_other_shapes() -> None:
     det = FaceDetector(load_yunet(), device="cpu", channels_last=False)
     with torch.inference_mode():
         ref = model(det._to_input(torch.from_numpy(images)))
-    got = OrtYuNet(session, model, threads=1)(torch.from_numpy(images))
+    got = OrtYuNet(session, model)(torch.from_numpy(images))
     for ref_level, got_level in zip(ref, got, strict=True):
         for r, g in zip(ref_level, got_level, strict=True):
             assert g.shape == r.shape and g.dtype == torch.float32

@@ -12,8 +12,13 @@ import torch
 
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError, WeightsNotFoundError
 from facegate.models.irse import IRSE64RTS
-from facegate.models.quality import QualityCalibration, QualityHeadError, RTSQualityHead, save_head
-from facegate.models.quality_features import head_input_dim, sface_head_input
+from facegate.models.quality import (
+    QualityCalibration,
+    QualityHeadError,
+    RTSQualityHead,
+    save_head,
+    sface_head_input,
+)
 from facegate.models.recognizer import Recognizer, build_recognizer, build_tiny_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, ModelSpec, WeightsSource
 
@@ -151,7 +156,7 @@ def test_recognizer_traces_without_graph_breaks() -> None:
 def _head_file(tmp_path: Path, feature_dim: int, backbone: str, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     head = RTSQualityHead(feature_dim, backbone=backbone).eval()
-    cal = QualityCalibration("piecewise_linear", direction=-1, transform="log", xs=[-2, 0, 2], ys=[0.9, 0.5, 0.1])
+    cal = QualityCalibration("logistic", direction=-1, transform="log", a=-0.6, b=0.2)
     cal.fitted = True
     path = tmp_path / f"{backbone}_head.pt"
     save_head(path, head, cal, {"trained_on": "synthetic", "folds": [], "command": "test"})
@@ -163,10 +168,11 @@ def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) ->
     base = build_recognizer(arch_spec)
     fd = base.backbone.feature_dim
     is_irse = isinstance(base.backbone, IRSE64RTS)
-    head_dim = fd if is_irse else head_input_dim(base.embedding_dim, channels=fd // 49)
+    head_dim = fd if is_irse else fd // 49 + base.embedding_dim
     path = _head_file(tmp_path, head_dim, arch_spec.arch)
     rec = build_recognizer(arch_spec, quality_head=path)
-    assert rec.quality_source == "rts_head" and rec.calibration.fitted and rec.calibration.kind == "piecewise_linear"
+    assert rec.quality_source == "rts_head" and rec.calibration.fitted
+    assert float(rec.calibration.a) == pytest.approx(-0.6)  # the head file's calibration
     crops = _crops(3)
     x = rec.preprocess(crops)
     with torch.no_grad():

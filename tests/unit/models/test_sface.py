@@ -200,7 +200,7 @@ def test_graph_check_catches_a_wrong_epsilon_or_stride(onnx_path: Path) -> None:
 
 def test_load_errors(onnx_path: Path, tmp_path: Path) -> None:
     weights = load_onnx_weights(onnx_path)
-    with pytest.raises(CheckpointError, match="wrong shapes"):
+    with pytest.raises(CheckpointError, match="mis-shaped"):
         state_dict_from_onnx(weights, tiny_sface())
     partial = dict(weights)
     del partial["conv_7_dw_relu_gamma"]
