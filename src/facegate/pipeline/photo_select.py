@@ -2,7 +2,7 @@
 
 The host path's rule and arithmetic: greedy NMS (IoU in fp64) over the first :data:`CANDIDATES` candidates as the
 fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij`` after :data:`ITERATIONS` Jacobi steps (triangular:
-each step fixes one more rank); boxes rescaled and clipped as ``FaceDetector._finish_rows``; the largest box. The
+each step fixes one more rank); boxes rescaled and clipped as ``models.detector._detections``; the largest box. The
 detector captures it in its CUDA graph (eager, its ~100 small kernels cost more than the NumPy NMS). A photo with
 more candidates or an unconverged NMS is *not exact* and takes the host path.
 """
