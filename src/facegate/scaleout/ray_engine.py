@@ -35,10 +35,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import EngineClosedError, QueueFullError
-
-# _affinity and RemoteEngine._pending: RemotePool's choice (same_engine, fewest in flight), which RayEngine makes
-# itself because it must know the replica it picked (the response headers name it)
-from facegate.transport.remote import RemoteEngine, _affinity, error_from_wire
+from facegate.transport.remote import RemoteEngine, engine_affinity, error_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -173,17 +170,18 @@ class RayEngine:
         log.info("engine replica %s: local connection in %.0f ms", replica, 1000 * (time.perf_counter() - t0))
 
     def _pick_local(self) -> RemoteEngine | None:
-        """The local engine for the next item: the request's own (``same_engine``, as a RemotePool's), else the
+        """The local engine for the next item (RemotePool's choice, made here because the answer's headers name the
+        replica picked): the request's own (``same_engine``, as a RemotePool's), else the
         one with the fewest items in flight from here, at random among equals (as Serve's router: when this
         ingress is idle its requests still spread over the replicas); None when no local connection is up."""
-        group = _affinity.get()
+        group = engine_affinity.get()
         if group and group[0] in self._local and group[0].ready:
             return group[0]
         live = [e for e in self._local if e.ready]
         if not live:
             return None
-        fewest = min(len(e._pending) for e in live)
-        engine = random.choice([e for e in live if len(e._pending) == fewest])
+        fewest = min(e.in_flight for e in live)
+        engine = random.choice([e for e in live if e.in_flight == fewest])
         if group is not None:
             group[:] = [engine]
         return engine

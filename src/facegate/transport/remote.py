@@ -470,6 +470,11 @@ class RemoteEngine:
     def ready(self) -> bool:
         return self._alive
 
+    @property
+    def in_flight(self) -> int:
+        """Items sent to the engine process and not yet answered."""
+        return len(self._pending)
+
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
         """Run ``payload`` through the engine process's ``stage``; the result, or its FacegateError."""
         if not self._alive or self._conn is None or self._arena is None:
@@ -567,18 +572,20 @@ class RemoteEngine:
 
 
 #: The engine a request's items go to, inside :func:`same_engine` (a list shared by the request's tasks).
-_affinity: contextvars.ContextVar[list[RemoteEngine] | None] = contextvars.ContextVar("facegate_engine", default=None)
+engine_affinity: contextvars.ContextVar[list[RemoteEngine] | None] = contextvars.ContextVar(
+    "facegate_engine", default=None
+)
 
 
 @contextlib.contextmanager
 def same_engine() -> Iterator[None]:
     """Send every item of the current request (and its tasks) to one engine process of a :class:`RemotePool`, so
     compare's answer does not wait for the slower of two engines."""
-    token = _affinity.set([])
+    token = engine_affinity.set([])
     try:
         yield
     finally:
-        _affinity.reset(token)
+        engine_affinity.reset(token)
 
 
 class RemotePool:
@@ -604,7 +611,7 @@ class RemotePool:
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
         """Submit to the least busy engine, or, inside :func:`same_engine`, to the request's first item's."""
-        group = _affinity.get()
+        group = engine_affinity.get()
         if group and group[0].ready:
             return await group[0].submit(stage, payload)
         live = [e for e in self.engines if e.ready]

@@ -30,7 +30,7 @@ from facegate.transport.remote import (
     FrameReader,
     RemoteEngine,
     RemotePool,
-    _affinity,
+    engine_affinity,
     error_from_wire,
     error_to_wire,
     same_engine,
@@ -262,7 +262,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         async def request(i: int) -> list[int]:
             with same_engine():
                 await asyncio.gather(*[svc._embed(_crops(1, seed=i + k)) for k in range(2)])
-                group = _affinity.get()
+                group = engine_affinity.get()
                 assert group is not None and len(group) == 1
                 return [pool.engines.index(group[0])]
 
@@ -271,7 +271,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         per_engine = [f - a for f, a in zip(final, after, strict=True)]
         assert per_engine == [2 * chosen.count(k) for k in range(2)], (per_engine, chosen)
         assert 0 < chosen.count(0) < 20  # the requests themselves still spread over both engines
-        assert _affinity.get() is None
+        assert engine_affinity.get() is None
         await svc.stop()
 
     try:
