@@ -59,7 +59,8 @@ def _has_profiles() -> bool:
     return "profile" in Settings.model_fields
 
 
-#: ``facegate ray``: Ray Serve with one engine replica and ``N`` ingress replicas (``facegate_ray`` alone: 1).
+#: ``facegate ray``: Ray Serve with one GPU's worth of engine replicas (the plan's engines per GPU, each with that
+#: share of the GPU) and ``N`` ingress replicas (``facegate_ray`` alone: 1).
 RAY_NAME = re.compile(r"^facegate_ray(?:_w(\d+))?$")
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ray Serve with one engine replica against `facegate serve` with no flags, in one run on the GPU machine: compare
+# Ray Serve with one GPU's worth of engine replicas against `facegate serve` with no flags, in one run on the GPU machine: compare
 # req/s at concurrency 100 and 256 with LFW photos -> $OUT/http_e2e-h200-ray.json (rewritten after every point)
 # and $OUT/ray_http_gpu.log. Run from the root of the checkout the device gets; CODE is the tree to measure
 # (default: this one), e.g. a copy made with `rsync -a --exclude results src benchmarks scripts .dev_x/`:
@@ -38,7 +38,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -c 'import ray, ray.serve; print("ray", ray.__version__)' || exit 4
 # facegate_default: `facegate serve` with no flags; facegate_ray_w8: `facegate ray` with 8 ingress replicas (the
-# plan's front-end count on this machine) and one engine replica
+# plan's front-end count on this machine) and one GPU's worth of engine replicas (the plan's engines per GPU)
 timeout $(( ${BUDGET_S:-300} + 90 )) python3 benchmarks/http_e2e.py --device cuda --precision fp16 --compile graphs \
   --servers "${SERVERS:-facegate_default,facegate_ray_w8}" --kinds compare \
   --images "$STASH/.lfwT/lfw-deepfunneled" --concurrency "${CONCURRENCY:-100,256}" --duration "${DURATION_S:-4}" \
