@@ -70,6 +70,10 @@ class ServingPlan:
     cpu_threads: int | None  # intra-op threads of torch and OpenCV; None: the libraries' defaults
     decode_workers: int  # threads of a front-end that decode and align uploads
     onnx_cpu: bool = False  # on the CPU, the detector network on ONNX Runtime (exported from facegate's YuNet)
+    # seconds of work a front-end admits at once (its completion rate times this): a CPU engine needs about half a
+    # second in flight to fill its batches; on a GPU a burst that large holds the front-end's event loop at a
+    # flood's start, delaying its refusals, while a tenth of a second keeps the engines full
+    admission_queue_s: float = 0.5
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -196,5 +200,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         cpu_threads=1 if device == "cuda" else None,
         decode_workers=4,
         onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
+        admission_queue_s=0.1 if device == "cuda" else 0.5,
         **base,
     )

@@ -86,3 +86,17 @@ def test_cuda_visible_devices_bounds_the_gpu_count(monkeypatch: pytest.MonkeyPat
         assert tuning.detect_machine().gpus == 0
     finally:
         tuning.detect_machine.cache_clear()
+
+
+def test_a_gpu_front_end_admits_a_tenth_of_a_second_of_work_and_a_cpu_one_half_a_second() -> None:
+    from facegate.api.limits import Admission
+
+    gpu, cpu = make_plan(Settings(), H200_HOST), make_plan(Settings(), Machine(0, 2))
+    assert (gpu.admission_queue_s, cpu.admission_queue_s) == (0.1, 0.5)
+    # the bound is the completion rate times that: 100 completions/s over the 4 completed seconds
+    for queue_s, bound in ((gpu.admission_queue_s, 10), (cpu.admission_queue_s, 50)):
+        adm = Admission(Settings(), queue_s)
+        adm.bound.busy(0.0)
+        for i in range(400):
+            adm.bound.finished(i / 100)
+        assert adm.bound.limit(4.0) == bound

@@ -220,7 +220,7 @@ class ServingMiddleware:
 
     def __init__(self, app: ASGIApp, state: ServingState, access: Access) -> None:
         self.app, self.state, self.access = app, state, access
-        self.admission = Admission(state.settings)
+        self.admission = Admission(state.settings, state.plan.admission_queue_s)
         self.import_max = import_max_bytes(state.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -199,18 +199,19 @@ def is_json(scope: Scope) -> bool:
 
 class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
-    :data:`QUEUE_S` (Little's law), at least :data:`FLOOR`, so that a new request is answered within about a
-    second once an overload stops. The rate is completions per second over the last :data:`WINDOW_S` since the
-    process last went busy; the best rate seen bounds a burst, the window's rate bounds it while it sheds."""
+    ``queue_s`` seconds (Little's law; the serving plan's ``admission_queue_s``), at least :data:`FLOOR`, so that
+    a new request is answered within about a second once an overload stops. The rate is completions per second
+    over the last :data:`WINDOW_S` since the process last went busy; the best rate seen bounds a burst, the
+    window's rate bounds it while it sheds."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
     FLOOR = 4
     _SLOTS = 8
 
-    def __init__(self, max_admitted: int, deadline_s: float) -> None:
+    def __init__(self, max_admitted: int, deadline_s: float, queue_s: float = QUEUE_S) -> None:
         self.max_admitted = max_admitted
-        self.target_s = min(self.QUEUE_S, deadline_s / 4)
+        self.target_s = min(queue_s, deadline_s / 4)
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
@@ -288,8 +289,8 @@ class Admission:
     CUT_DEEPEST = 0.5
     CUT_EVERY_S = 0.1
 
-    def __init__(self, settings: Settings) -> None:
-        self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s)
+    def __init__(self, settings: Settings, queue_s: float = AdmissionLimit.QUEUE_S) -> None:
+        self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s, queue_s)
         self.admitted = 0
         self.cap = settings.limits.max_admitted
         self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
