@@ -60,8 +60,9 @@ def _has_profiles() -> bool:
 
 
 #: ``facegate ray``: Ray Serve with one GPU's worth of engine replicas (the plan's engines per GPU, each with that
-#: share of the GPU) and ``N`` ingress replicas (``facegate_ray`` alone: 1).
-RAY_NAME = re.compile(r"^facegate_ray(?:_w(\d+))?$")
+#: share of the GPU; ``_eK``: K per GPU, ``_e1`` one replica on the whole GPU) and ``N`` ingress replicas
+#: (``facegate_ray`` alone: 1).
+RAY_NAME = re.compile(r"^facegate_ray(?:_w(\d+))?(?:_e(\d+))?$")
 
 
 def ray_ingresses(name: str) -> int | None:
@@ -81,6 +82,9 @@ def server_env(name: str) -> dict[str, str]:
     """The environment variables that make server ``name`` differ from the default settings."""
     if name in BASE_ENV:
         return dict(BASE_ENV[name])
+    m = RAY_NAME.match(name)
+    if m is not None:
+        return {"FACEGATE_ENGINES_PER_GPU": m.group(2)} if m.group(2) else {}
     m = _COMPOSED.match(name)
     return dict(DET64_ENV) if m is not None and m.group(3) else {}
 
