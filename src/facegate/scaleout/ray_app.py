@@ -241,7 +241,9 @@ class Ingress:
         import uvicorn
 
         from facegate.api.app import create_app, uvicorn_config
+        from facegate.api.limits import AdmissionLimit
         from facegate.service.faces import FaceService
+        from facegate.tuning import make_plan
 
         self.remote = remote = RayEngine(engine, local=local)
         info = await remote.astart()
@@ -249,7 +251,12 @@ class Ingress:
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
         self.settings = s = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
         self.replica = _replica_id()
-        self.fastapi = create_app(s, service=FaceService.over_engine(s, remote))
+        # the kernel spreads connections over the replicas sharing the port unevenly (SO_REUSEPORT hashes them;
+        # `facegate serve`'s acceptor hands each to the least busy front-end), so an ingress admits the CPU plan's
+        # burst: with the GPU plan's tenth of a second, the busier replicas refused part of a closed-loop load
+        # that the engines served within their latency (benchmarks/results/http_e2e-h200-ray.json)
+        plan = dataclasses.replace(make_plan(s), admission_queue_s=AdmissionLimit.QUEUE_S)
+        self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
         family = socket.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         sock = socket.create_server((s.host, s.port), family=family, backlog=2048, reuse_port=True)
