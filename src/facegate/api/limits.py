@@ -202,7 +202,10 @@ class AdmissionLimit:
     ``queue_s`` seconds (Little's law; the serving plan's ``admission_queue_s``), at least :data:`FLOOR`, so that
     a new request is answered within about a second once an overload stops. The rate is completions per second
     over the last :data:`WINDOW_S` since the process last went busy; the best rate seen bounds a burst, the
-    window's rate bounds it while it sheds."""
+    window's rate bounds it while it sheds. Only rates over at least half a window busy count: a fresh process's
+    first second (cold caches, a closed-loop client's ramp) runs below its rate, and a bound learnt there
+    refused part of a load the server then served well within its latency. Until a rate counts, the bound is
+    ``max_admitted``."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
@@ -247,10 +250,12 @@ class AdmissionLimit:
         first = max(sid - self._SLOTS + 1, self._busy_sid)  # the completed slots since the process got busy
         done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
         rate = done / ((sid - first) * self._width) if sid > first else 0.0
-        self._best = max(self._best, rate)
+        settled = sid - first >= self._SLOTS // 2
+        if settled:  # a rate over less than half a window busy is a start's (a fresh process, a ramp), too low
+            self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
-        if sid - first < self._SLOTS // 2 or not shedding:
+        if not settled or not shedding:
             rate = self._best  # not shedding, or busy too briefly for the window to tell
         bound = min(self.max_admitted, max(self.FLOOR, math.ceil(rate * self.target_s)))
         self._cached = (key, bound)

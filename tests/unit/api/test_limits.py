@@ -59,6 +59,23 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
 
 
+def test_admission_limit_learns_no_rate_from_a_start() -> None:
+    """A fresh process's first slow second (a cold start, a client's ramp) sets no bound: only a rate over half a
+    window busy does, so a load that steps up right after start is not refused at the cold rate."""
+    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)
+    t = _slot_start(500.0)
+    bound.busy(t)
+    for i in range(5):  # 10/s in the first half second
+        bound.finished(t + i * 0.1)
+    half = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
+    bound.shed(t + half)
+    assert bound.limit(t + half) == 1000  # one slot busy: no rate counts yet
+    for i in range(300):  # then 200/s
+        bound.finished(t + half + i / 200)
+    end = t + AdmissionLimit.WINDOW_S / 2
+    assert bound.limit(end) == math.ceil((5 + 300) / (AdmissionLimit.WINDOW_S / 2) * QUEUE_S)
+
+
 def test_admission_limit_never_exceeds_max() -> None:
     bound = AdmissionLimit(max_admitted=1, deadline_s=1.0)
     t = _slot_start(100.0)
