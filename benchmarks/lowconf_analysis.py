@@ -16,6 +16,7 @@ from facegate.quality_reasons import (
     face_outside_box,
     face_outside_photo,
     face_reasons,
+    landmark_geometry,
     landmark_residual,
 )
 from facegate.types import Detection
@@ -138,6 +139,14 @@ def analyse(r: dict[str, np.ndarray], pairs: list[Pair], families: tuple[str, ..
         for name in dict.fromkeys(var.tolist())
     }
     rep["clean_quantiles"] = {k: quantiles(v[clean]) for k, v in sig.items()}
+    # the face region past the clipped box against the head's turn (LFW's clean faces, the landmark yaw)
+    yaw = np.abs([landmark_geometry(m)[1] for m in r["lm"][clean]])
+    ob = sig["out_of_box"][clean]
+    rep["clean_out_of_box_by_yaw"] = [
+        {"yaw": f"{lo}-{hi}", "faces": int(m.sum()), "median": float(np.median(ob[m])) if m.any() else None}
+        for lo, hi in ((0, 10), (10, 20), (20, 30), (30, 45), (45, 90))
+        for m in [(yaw >= lo) & (yaw < hi)]
+    ]
     rep["single"] = {fam: {k: held_out(sig, (k,), pos, clean, fold) for k in DIRECTION} for fam, pos in pos_of.items()}
     rep["pairs"] = {
         fam: {"+".join(p): held_out(sig, p, pos, clean, fold) for p in PAIRS} for fam, pos in pos_of.items()
