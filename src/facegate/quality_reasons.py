@@ -1,9 +1,9 @@
 """Why a face is poor: causes a person can act on, each a measured value against a limit.
 
 Computed from what the pipeline already has, with no extra model and no torch (front-end processes run it): the
-landmarks (inter-ocular distance, yaw, pitch), the aligned crop's statistics (sharpness, brightness, flat area),
-the detector score and the quality score. docs/quality.md lists the reasons and how their limits were measured;
-``Settings.quality`` holds the shipped limits.
+landmarks (inter-ocular distance, yaw, pitch; with the photo's size, how much of the face lies outside the photo),
+the aligned crop's statistics (sharpness, brightness, flat area), the detector score and the quality score.
+docs/quality.md lists the reasons and how their limits were measured; ``Settings.quality`` holds the shipped limits.
 """
 
 from __future__ import annotations
