@@ -93,13 +93,14 @@ def lowconf_section(x: dict[str, Any]) -> list[str]:
         "photo; the same region's share outside the photo (a detection carries its photo's size); and the share "
         "of the box as the network predicted it, before clipping, outside the photo.",
         "",
-        "| variant | found | score | cls | obj | residual | outside box | `low_confidence` fires |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | found | score | cls | obj | residual | outside box | outside photo | `low_confidence` fires |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v in vs.items():
         L.append(
             f"| {name} | {pct(v['found'])} | {v['det_score_median']:.3f} | {v['cls_median']:.3f} | "
             f"{v['obj_median']:.4f} | {v['lm_residual_median']:.2f} | {pct(v['out_of_box_median'])} | "
+            f"{pct(v['out_of_photo_median'])} | "
             f"{pct(v['shipped_fires'])} |"
         )
     L += [
