@@ -13,6 +13,7 @@ from typing import Any
 
 from facegate.config import QualitySettings
 from facegate.quality_reasons import ENROL_GATE
+from quality_doc_lowconf import lowconf_real_row, lowconf_reason_row, lowconf_section
 
 ORDER = ("feature_norm", "fusion", "rts_head", "serfiq", "detector", "flip_consistency", "heuristic", "per_face_oracle",
          "pair_oracle", "random")  # fmt: skip
@@ -231,109 +232,32 @@ def pose_section(x: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]
 
 
 def strata_section(x: dict[str, Any]) -> list[str]:
-    """The labelled strata of ``benchmarks/quality_strata.py`` (detector confidence, out of distribution)."""
-    lc, od, vs = x["low_confidence"], x["out_of_distribution"], x["variants"]
-    h, sh, o = lc["held_out"], lc["shipped"], od["shipped"]
-    g4, g5 = vs["grain4"], vs["grain5"]
+    """The colour-negative stratum of ``benchmarks/quality_strata.py`` (out of distribution)."""
+    o = x["out_of_distribution"]["shipped"]
     meets = o["precision"] >= 0.9 and o["recall"] >= 0.8
-    grain = [vs[f"grain{s}"] for s in (3, 4, 5)]
-    ood_grain = sum(v["reasons"].get("out_of_distribution", 0) for v in grain) / max(
-        1, sum(round(v["found"] * v["faces"]) for v in grain)
-    )
     L = [
         "",
-        "### Detector confidence and out of distribution: labelled strata",
+        "### Out of distribution: labelled stratum",
         "",
         f"{x['photos']} pairs.txt photos through the CPU pipeline, each clean, with sensor-like grain (severity "
         "1-5) and as a colour negative (`benchmarks/quality_strata.py`). "
         f"Command: `{x['command']}` ({x['env']['config']['seconds']:.0f} s on the CPU).",
         "",
-        "| variant | found | detector score, median | quality, median | faces given `low_confidence` | "
-        "faces given `out_of_distribution` |",
-        "|---|---|---|---|---|---|",
+        "| variant | found | quality, median | faces given `out_of_distribution` |",
+        "|---|---|---|---|",
     ]
     for name, v in x["variants"].items():
-        det = "–" if v["det_score_median"] is None else f"{v['det_score_median']:.3f}"
         q = "–" if v["quality_median"] is None else f"{v['quality_median']:.3f}"
-        L.append(
-            f"| {name} | {pct(v['found'])} | {det} | {q} | {v['reasons'].get('low_confidence', 0)} | "
-            f"{v['reasons'].get('out_of_distribution', 0)} |"
-        )
+        L.append(f"| {name} | {pct(v['found'])} | {q} | {v['reasons'].get('out_of_distribution', 0)} |")
     L += [
         "",
         "| reason | positives | limit | precision | recall | clean faces it fires on |",
         "|---|---|---|---|---|---|",
         f"| `out_of_distribution` (shipped verify gate) | {o['positives']} negatives | quality < {o['limit']:.2f} | "
         f"{o['precision']:.3f} | {o['recall']:.3f} | {pct(o['clean_fire_rate'], 2)} |",
-        f"| `low_confidence` (shipped `min_det_score`) | {sh['positives']} grain ≥ 3 | score < {sh['limit']:.2f} | "
-        f"{sh['precision']:.3f} | {sh['recall']:.3f} | {pct(sh['clean_fire_rate'], 2)} |",
-        f"| `low_confidence` (limit held out, 10 folds) | {h['positives']} grain ≥ 3 | score < "
-        f"{min(h['fold_limits']):.3f}-{max(h['fold_limits']):.3f} | {h['precision']:.3f} | {h['recall']:.3f} | "
-        f"{pct(h['clean_fire_rate'], 2)} |",
         "",
-        f"The shipped `min_det_score` equals the detector's own threshold ({lc['detector_score_threshold']:.2f}), so "
-        "every face the detector returns meets it and `low_confidence` never fires by default. On grain the "
-        "detector's confidence falls only at severities 4-5, where faces stop being found "
-        f"({pct(g4['found'], 0)} and {pct(g5['found'], 0)} found): a limit that fires on at most 0.2 % of clean "
-        f"faces finds {h['recall']:.3f} of the grainy faces at severity 3-5 (precision {h['precision']:.3f}), "
-        f"{'short of' if h['recall'] < 0.8 else 'above'} the 0.8 asked, and the quality score gives "
-        f"{pct(ood_grain)} of them `out_of_distribution`. `min_det_score` stays at its setting. "
         f"`out_of_distribution` at the verify gate {'meets' if meets else 'misses'} precision ≥ 0.9 at recall ≥ 0.8 "
         "on the colour negatives.",
-    ]
-    return L
-
-
-def strata_extra_section(x: dict[str, Any]) -> list[str]:
-    """More ``low_confidence`` strata of ``benchmarks/quality_strata.py`` (faces cut by the frame, heavy JPEG)."""
-    vs = x["variants"]
-    L = [
-        "",
-        f"Other causes a detector's confidence could name, {x['photos']} photos: the face partly out of the frame "
-        "(`cut`: 10, 20, 30, 40, 50 % of its box's width cut off, severity 1-5) and heavy JPEG compression (quality "
-        f"40, 20, 12, 7, 3). Command: `{x['command']}` ({x['env']['config']['seconds']:.0f} s on the CPU).",
-        "",
-        "| variant | found | detector score, median | quality, median | faces given `occluded` | "
-        "faces given `out_of_distribution` |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, v in vs.items():
-        det = "–" if v["det_score_median"] is None else f"{v['det_score_median']:.3f}"
-        q = "–" if v["quality_median"] is None else f"{v['quality_median']:.3f}"
-        rs = v["reasons"]
-        L.append(
-            f"| {name} | {pct(v['found'])} | {det} | {q} | {rs.get('occluded', 0)} | "
-            f"{rs.get('out_of_distribution', 0)} |"
-        )
-    L += [
-        "",
-        "| `low_confidence` positives | faces | limit held out, 10 folds | precision | recall | "
-        "clean faces it fires on |",
-        "|---|---|---|---|---|---|",
-    ]
-    for fam, lc in x["low_confidence_by_family"].items():
-        h = lc["held_out"]
-        ok = "" if h["precision"] >= 0.9 and h["recall"] >= 0.8 else " ✗"
-        L.append(
-            f"| {fam} ≥ 3 | {h['positives']} | score < {min(h['fold_limits']):.3f}-{max(h['fold_limits']):.3f} | "
-            f"{h['precision']:.3f} | {h['recall']:.3f}{ok} | {pct(h['clean_fire_rate'], 2)} |"
-        )
-    fams = x["low_confidence_by_family"]
-    met = [f for f, lc in fams.items() if lc["held_out"]["precision"] >= 0.9 and lc["held_out"]["recall"] >= 0.8]
-    worst = vs.get("cut5")
-    L += [
-        "",
-        (f"{', '.join(met)} meets precision ≥ 0.9 at recall ≥ 0.8." if met else "No stratum reaches recall 0.8.")
-        + " The detector's confidence falls with the share of the face that is gone, but slowly"
-        + (
-            f" (a face with half its box out of the frame still scores a median {worst['det_score_median']:.3f}, "
-            f"against a clean 0.2 % quantile of {x['clean_det_score_quantiles']['0.002']:.3f})"
-            if worst
-            else ""
-        )
-        + ", and the most damaged faces are not found at all, so they never reach the reason. `min_det_score` "
-        "stays at its setting (the detector's own threshold), where `low_confidence` does not fire; the faces of "
-        "these strata are refused, when they are, as `occluded` or `out_of_distribution`.",
     ]
     return L
 
@@ -345,7 +269,7 @@ def render(
     pose: dict[str, Any] | None = None,
     strata: dict[str, Any] | None = None,
     pose_variants: list[dict[str, Any]] | None = None,
-    strata_extra: list[dict[str, Any]] | None = None,
+    lowconf: dict[str, Any] | None = None,
 ) -> str:
     p1, g, rel, rs = r["p1"], r["gates"], r["reliability"], r["reasons"]
     s = QualitySettings()
@@ -435,6 +359,7 @@ def render(
             f"| `{code}` | {label} | {x['shipped_limit']:.3g} (`{field}` = {getattr(s, field):g}) | "
             f"{h['precision']:.3f} | {h['recall']:.3f}{ok} | {pct(h['clean_fire_rate'], 2)} | {h['positives']} |"
         )
+    L += [lowconf_reason_row(lowconf)] if lowconf else []
     L += [
         "",
         "✗: below precision 0.9 at recall 0.8. `pose`: the landmark-driven head-turn warp of these features moves "
@@ -469,6 +394,7 @@ def render(
             f"| `{code}` | {x['clean_faces']} | {x['fires']} | {pct(x['failing_among_fired'])} | "
             f"{pct(x['failing_overall'])} |"
         )
+    L += [lowconf_real_row(lowconf)] if lowconf else []
     L += ["", "| landmark yaw | clean faces | failing | pose reason fires |", "|---|---|---|---|"]
     for b in rs["real_pose_bins"]:
         L.append(f"| {b['yaw']}° | {b['faces']} | {pct(b['fail_rate'])} | {pct(b['pose_fires'])} |")
@@ -478,8 +404,8 @@ def render(
         "past 45°, below), and the failure rate does not rise with yaw up to there, so neither stratum can set a "
         "pose limit.",
         *(pose_section(pose, pose_variants or []) if pose else []),
+        *(lowconf_section(lowconf) if lowconf else []),
         *(strata_section(strata) if strata else []),
-        *(line for e in strata_extra or [] for line in strata_extra_section(e)),
         "",
         "## Gates: verify, search and enrolment",
         "",
@@ -537,20 +463,20 @@ def main() -> None:
     ap.add_argument("--static", type=Path, default=Path(__file__).with_name("quality_doc_static.md"))
     ap.add_argument("--pose", type=Path, default=Path("benchmarks/results/quality_pose-cpu2.json"))
     ap.add_argument("--strata", type=Path, default=Path("benchmarks/results/quality_strata-cpu2.json"))
+    ap.add_argument("--lowconf", type=Path, default=Path("benchmarks/results/quality_lowconf-cpu2.json"))
     ap.add_argument("--out", type=Path, default=Path("docs/quality.md"))
     a = ap.parse_args()
     res = a.pose.parent
     pose = json.loads(a.pose.read_text()) if a.pose.is_file() else None
     strata = json.loads(a.strata.read_text()) if a.strata.is_file() else None
-    # other renderings of the head turn, and other low_confidence strata, next to the main files
+    lowconf = json.loads(a.lowconf.read_text()) if a.lowconf.is_file() else None
+    # other renderings of the head turn, next to the main file
     pose_files = sorted(res.glob(a.pose.stem + "-*.json"))
-    strata_files = sorted(a.strata.parent.glob(a.strata.stem + "-*.json"))
     pose_variants = [json.loads(f.read_text()) for f in pose_files]
-    strata_extra = [json.loads(f.read_text()) for f in strata_files]
-    used = [a.p1] + ([a.pose] if pose else []) + pose_files + ([a.strata] if strata else []) + strata_files
-    src = ", ".join(str(p) for p in used)
+    used = [a.p1] + ([a.pose] if pose else []) + pose_files + ([a.strata] if strata else [])
+    src = ", ".join(str(p) for p in [*used, *([a.lowconf] if lowconf else [])])
     r = json.loads(a.p1.read_text())
-    a.out.write_text(render(r, a.static.read_text(), src, pose, strata, pose_variants, strata_extra))
+    a.out.write_text(render(r, a.static.read_text(), src, pose, strata, pose_variants, lowconf))
 
 
 if __name__ == "__main__":

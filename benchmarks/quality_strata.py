@@ -9,7 +9,8 @@ Negatives: the clean faces. ``low_confidence``'s limit on the detector score is 
 and measured on the tenth, by the rule of ``facegate.eval.quality.reasons_study`` (at most 0.2 % of clean faces,
 the most lenient limit reaching 85 % of positives); it is also measured at the shipped ``min_det_score``.
 ``out_of_distribution`` fires below the quality gate, so it is measured at the shipped verify gate. A photo whose
-face is not found counts as a failure to acquire, not as a positive.
+face is not found counts as a failure to acquire, not as a positive. docs/quality.md takes ``low_confidence``'s
+strata and its shipped rule from ``benchmarks/quality_lowconf.py``, and the colour negatives from here.
 
     python benchmarks/quality_strata.py --photos 1000
     python benchmarks/quality_strata.py --photos 800 --variants clean cut1 cut2 cut3 cut4 cut5 jpeg1 jpeg2 jpeg3 \

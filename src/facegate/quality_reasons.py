@@ -1,9 +1,9 @@
 """Why a face is poor: causes a person can act on, each a measured value against a limit.
 
 Computed from what the pipeline already has, with no extra model and no torch (front-end processes run it): the
-landmarks (inter-ocular distance, yaw, pitch), the aligned crop's statistics (sharpness, brightness, flat area),
-the detector score and the quality score. docs/quality.md lists the reasons and how their limits were measured;
-``Settings.quality`` holds the shipped limits.
+landmarks (inter-ocular distance, yaw, pitch; with the photo's size, how much of the face lies outside the photo),
+the aligned crop's statistics (sharpness, brightness, flat area), the detector score and the quality score.
+docs/quality.md lists the reasons and how their limits were measured; ``Settings.quality`` holds the shipped limits.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class ReasonThresholds:
     max_luma: float
     max_flat: float
     min_det_score: float
+    max_outside_photo: float
 
     @classmethod
     def from_settings(cls, quality: QualitySettings | None = None) -> ReasonThresholds:
@@ -115,6 +116,63 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     return iod, yaw, pitch
 
 
+#: ``(5, 2)`` ArcFace landmark template of a 112×112 crop (``facegate.pipeline.align.ARCFACE_TEMPLATE``, copied so
+#: that this module needs no OpenCV) and the crop's face region (x0, y0, x1, y1), for the landmark fit.
+TEMPLATE_112 = np.array(
+    [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]], np.float64
+)
+FACE_REGION_112 = (FACE_COLS.start, FACE_ROWS.start, FACE_COLS.stop, FACE_ROWS.stop)
+#: Sample points per side of the face region when measuring the share of it outside a box.
+REGION_GRID = 16
+
+
+def _similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]:
+    """The least-squares similarity (rotation, uniform scale, shift; no reflection: alignment's Umeyama fit) taking
+    ``(5, 2)`` source landmarks onto :data:`TEMPLATE_112`, as complex ``z ↦ a·z + b``, and the fitted points' residuals
+    ``(5,) complex`` in crop pixels."""
+    z = np.asarray(landmarks, np.float64).reshape(5, 2) @ np.array([1.0, 1j])
+    w = TEMPLATE_112 @ np.array([1.0, 1j])
+    zc, wc = z - z.mean(), w - w.mean()
+    den = float(np.sum(np.abs(zc) ** 2))
+    a = complex(np.sum(np.conj(zc) * wc) / den) if den > 1e-12 else 0j
+    b = complex(w.mean() - a * z.mean())
+    return a, b, a * z + b - w
+
+
+def landmark_residual(landmarks: np.ndarray) -> float:
+    """Root-mean-square distance, in 112×112 crop pixels, of the ``(5, 2)`` landmarks (source pixels, order in
+    :mod:`facegate.types`) from the ArcFace template after the similarity fit that alignment makes: how far the
+    five points are from a face's shape (0 for any rotated, scaled, shifted template)."""
+    _, _, res = _similarity_fit(landmarks)
+    return float(np.sqrt(np.mean(np.abs(res) ** 2)))
+
+
+def face_outside_box(landmarks: np.ndarray, box: np.ndarray) -> float:
+    """Share of the face region the ``(5, 2)`` landmarks imply (the aligned crop's :data:`FACE_REGION_112`, brows to
+    chin and cheek to cheek, mapped back to source pixels) that lies outside ``box`` ``(4,)`` (x0, y0, x1, y1), in
+    [0, 1], from a :data:`REGION_GRID`² grid of points. With the photo's frame as the box: how much of the face the
+    frame cuts off (the detector extrapolates the landmarks of a face partly outside the photo)."""
+    a, b, _ = _similarity_fit(landmarks)
+    if a == 0:
+        return 1.0
+    x0, y0, x1, y1 = FACE_REGION_112
+    u = (np.arange(REGION_GRID) + 0.5) / REGION_GRID
+    crop = (x0 + u * (x1 - x0))[None, :] + 1j * (y0 + u * (y1 - y0))[:, None]
+    src = (crop - b) / a
+    bx = np.asarray(box, np.float64).reshape(4)
+    inside = (src.real >= bx[0]) & (src.real <= bx[2]) & (src.imag >= bx[1]) & (src.imag <= bx[3])
+    return float(1.0 - inside.mean())
+
+
+def face_outside_photo(detection: Detection) -> float:
+    """Share (0-1) of the detection's face region outside its photo (:func:`face_outside_box` with the frame
+    ``(0, 0, width, height)``); 0 when the photo's size is unknown."""
+    if detection.photo_wh is None:
+        return 0.0
+    w, h = detection.photo_wh
+    return face_outside_box(detection.landmarks, np.array([0.0, 0.0, w, h]))
+
+
 def face_reasons(
     detection: Detection | None,
     stats: np.ndarray | None,
@@ -153,9 +211,14 @@ def face_reasons(
             miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim)
         if sharp < (lim := limits.min_sharpness):
             miss("blur", f"face blurred (sharpness {sharp:.0f}, {lim:.0f} needed): hold still, focus", sharp, lim)
-    if detection is not None and detection.score < (lim := limits.min_det_score):
-        confidence = f"detector confidence {detection.score:.2f}, {lim:.2f} needed"
-        miss("low_confidence", f"face hard to find ({confidence})", detection.score, lim)
+    if detection is not None:
+        outside = face_outside_photo(detection)
+        if outside > (lim := limits.max_outside_photo):
+            cut = f"{100 * outside:.0f} % of it outside, at most {100 * lim:.0f} %"
+            miss("low_confidence", f"face partly outside the photo ({cut}): show the whole face", outside, lim)
+        elif detection.score < (lim := limits.min_det_score):
+            how = f"detector confidence {detection.score:.3f}, {lim:.3f} needed"
+            miss("low_confidence", f"face hard to find ({how}): show the whole face, in focus", detection.score, lim)
     if score < gate:
         why = "the face is unlike those the model knows"
         miss("out_of_distribution", f"quality {score:.2f} is below the gate {gate:.2f} ({why})", score, gate)

@@ -28,6 +28,7 @@ class Detection:
     box: np.ndarray  # (4,) float32: x1, y1, x2, y2
     landmarks: np.ndarray  # (5, 2) float32 (x, y), in the order of the module docstring
     score: float  # detector confidence in [0, 1]
+    photo_wh: tuple[int, int] | None = None  # (width, height) of the photo it was found in, pixels; None: unknown
 
     @property
     def area(self) -> float:

@@ -10,10 +10,20 @@ import pytest
 import torch
 
 from facegate.config import QualitySettings, Settings
-from facegate.pipeline.align import ARCFACE_TEMPLATE
+from facegate.io.decode import decode_image
+from facegate.pipeline.align import ARCFACE_TEMPLATE, umeyama
 from facegate.pipeline.photo import crop_stats_torch
-from facegate.pipeline.pipeline import quality_verdict
-from facegate.quality_reasons import ReasonThresholds, crop_stats, face_reasons, landmark_geometry
+from facegate.pipeline.pipeline import FacePipeline, quality_verdict
+from facegate.quality_reasons import (
+    TEMPLATE_112,
+    ReasonThresholds,
+    crop_stats,
+    face_outside_box,
+    face_outside_photo,
+    face_reasons,
+    landmark_geometry,
+    landmark_residual,
+)
 from facegate.types import Detection
 
 LIMITS = ReasonThresholds.from_settings()
@@ -111,6 +121,81 @@ def test_enrolment_gate_and_reliability() -> None:
     poor = reliability(0.1, 0.95, 0.2, thr, w)  # a no-match of a poor face is less certain than one of good faces
     good = reliability(0.95, 0.95, 0.2, thr, w)
     assert 0.9 < sure <= 1.0 and near < sure and poor < good
+
+
+def _similar(points: np.ndarray, scale: float, deg: float, shift: tuple[float, float]) -> np.ndarray:
+    th = np.radians(deg)
+    rot = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+    return scale * np.asarray(points, np.float64) @ rot.T + np.asarray(shift)
+
+
+def test_landmark_residual_is_alignments_fit_error() -> None:
+    np.testing.assert_allclose(TEMPLATE_112, ARCFACE_TEMPLATE, atol=1e-4)
+    # any rotated, scaled, shifted template fits exactly
+    assert landmark_residual(_similar(TEMPLATE_112, 3.1, 25.0, (400.0, -30.0))) < 1e-9
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        lm = _similar(ARCFACE_TEMPLATE + rng.normal(0, 4, (5, 2)), rng.uniform(0.5, 4), rng.uniform(-40, 40), (80, 90))
+        m = umeyama(lm[None], ARCFACE_TEMPLATE)[0]
+        want = np.sqrt(np.mean(np.sum((lm @ m[:, :2].T + m[:, 2] - ARCFACE_TEMPLATE) ** 2, axis=1)))
+        assert landmark_residual(lm) == pytest.approx(want, rel=1e-6)
+
+
+def test_face_outside_the_photo() -> None:
+    # the template face at 2× in a 400×400 photo: its region (crop columns 20-92, rows 24-108) lies inside
+    lm = _similar(ARCFACE_TEMPLATE, 2.0, 0.0, (100.0, 100.0))
+    box = np.array([100.0, 100.0, 324.0, 324.0], np.float32)
+    whole = Detection(box=box, landmarks=lm.astype(np.float32), score=0.93, photo_wh=(400, 400))
+    assert face_outside_photo(whole) == 0.0
+    # the photo's right edge through the middle of the region (crop column 56 → x = 212): half of it outside
+    cut = Detection(box=box, landmarks=lm.astype(np.float32), score=0.93, photo_wh=(212, 400))
+    assert face_outside_photo(cut) == pytest.approx(0.5, abs=0.01)
+    # and its top edge at crop row 66 (y = 232, half the rows), measured as a box: a quarter left inside
+    assert face_outside_box(lm, np.array([0.0, 232.0, 212.0, 400.0])) == pytest.approx(0.75, abs=0.01)
+    # a rotated face: the share does not depend on the face's roll when the frame is far away
+    rolled = _similar(ARCFACE_TEMPLATE, 2.0, 30.0, (150.0, 80.0))
+    assert face_outside_box(rolled, np.array([0.0, 0.0, 1000.0, 1000.0])) == 0.0
+    # no photo size (a detection built by hand): nothing is measured
+    assert face_outside_photo(Detection(box=box, landmarks=lm.astype(np.float32), score=0.93)) == 0.0
+
+
+def test_low_confidence_names_a_face_partly_outside_the_photo_or_hard_to_find() -> None:
+    lm = _similar(ARCFACE_TEMPLATE, 2.0, 0.0, (100.0, 100.0)).astype(np.float32)
+    box = np.array([100.0, 100.0, 224.0, 324.0], np.float32)
+    lim = LIMITS.max_outside_photo
+    cut = Detection(box=box, landmarks=lm, score=0.93, photo_wh=(224, 400))  # the frame at crop column 62
+    (r,) = face_reasons(cut, None, 0.9, 0.5, LIMITS)
+    assert r.code == "low_confidence" and r.value > lim and r.threshold == lim
+    want = f"face partly outside the photo ({100 * r.value:.0f} % of it outside, at most {100 * lim:.0f} %)"
+    assert r.message == want + ": show the whole face"
+    # the frame is named before the detector's confidence, which it lowers
+    low_cut = Detection(box=box, landmarks=lm, score=LIMITS.min_det_score - 0.1, photo_wh=(224, 400))
+    assert [x.message for x in face_reasons(low_cut, None, 0.9, 0.5, LIMITS)] == [r.message]
+    whole = Detection(box=box, landmarks=lm, score=0.93, photo_wh=(400, 400))
+    assert face_reasons(whole, None, 0.9, 0.5, LIMITS) == ()
+    unsure = Detection(box=box, landmarks=lm, score=LIMITS.min_det_score - 0.01, photo_wh=(400, 400))
+    (r,) = face_reasons(unsure, None, 0.9, 0.5, LIMITS)
+    assert r.code == "low_confidence" and r.threshold == LIMITS.min_det_score
+    assert r.message.startswith("face hard to find (detector confidence ") and r.message.endswith("in focus")
+    # the limits are the settings'
+    assert LIMITS.min_det_score == QualitySettings().min_det_score > Settings().detector.score_threshold
+
+
+def test_a_real_face_cut_by_the_frame_is_partly_outside_the_photo(lfw_root: Path) -> None:
+    pipe = FacePipeline.from_settings(Settings(device="cpu"))
+    data = (lfw_root / "lfw-deepfunneled/Colin_Powell/Colin_Powell_0001.jpg").read_bytes()
+    img = decode_image(data, max_bytes=1 << 24, max_pixels=1 << 24)
+    (face,) = pipe.faces([img])[0]
+    assert face.detection is not None and face.detection.photo_wh == (img.shape[1], img.shape[0])
+    assert "low_confidence" not in [x.code for x in face.quality.reasons]
+    x0, x1 = face.detection.box[0], face.detection.box[2]
+    # 40 % of the face box's width cut off on the right: the detector still finds the face, with its landmarks
+    # extrapolated past the frame
+    cut = np.ascontiguousarray(img[:, : int(np.rint(x1 - 0.4 * (x1 - x0)))])
+    (face,) = pipe.faces([cut])[0]
+    assert face.detection is not None and face.detection.photo_wh == (cut.shape[1], cut.shape[0])
+    r = [x for x in face.quality.reasons if x.code == "low_confidence"]
+    assert r and r[0].message.startswith("face partly outside the photo") and not face.quality.accepted
 
 
 def test_settings_hold_the_limits() -> None:

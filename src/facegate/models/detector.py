@@ -104,7 +104,7 @@ def _anchors(input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 def _detections(cand: np.ndarray, rows: np.ndarray, batch: DetBatch, n: int) -> list[list[Detection]]:
     """Per batch row ``0..n-1`` its kept candidates ``cand (K, 15) float32`` (box 4, landmarks 10, score) of rows
     ``rows (K,)`` (each row's in score order), rescaled to image pixels in fp64 and clipped; a box left with no
-    area lay in the padding and is dropped (landmarks are not clipped)."""
+    area lay in the padding and is dropped (landmarks are not clipped); each detection carries its photo's size."""
     whs = batch.orig_sizes[:, ::-1]  # (n, 2) (W, H)
     scale = (whs / batch.resized_sizes[:, ::-1])[rows]  # (k, 2) (sx, sy), fp64
     boxes = (cand[:, :4].reshape(-1, 2, 2) * scale[:, None, :]).reshape(-1, 4)
@@ -112,10 +112,12 @@ def _detections(cand: np.ndarray, rows: np.ndarray, batch: DetBatch, n: int) -> 
     lms32 = (cand[:, 4:14].reshape(-1, 5, 2) * scale[:, None, :]).astype(np.float32)
     good = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).tolist()
     boxes32, scores, rows_l = boxes.astype(np.float32), cand[:, 14].tolist(), rows.tolist()
+    sizes = [(int(w), int(h)) for w, h in whs.tolist()]
     out: list[list[Detection]] = [[] for _ in range(n)]
     for k, ok in enumerate(good):
         if ok:
-            out[rows_l[k]].append(Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k]))
+            det = Detection(box=boxes32[k], landmarks=lms32[k], score=scores[k], photo_wh=sizes[rows_l[k]])
+            out[rows_l[k]].append(det)
     return out
 
 

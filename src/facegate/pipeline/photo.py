@@ -173,9 +173,8 @@ def faces_selected_on_device(
         if not host[r, 15]:
             out[i] = NoFaceError("no face found in the image")
             continue
-        faces[i] = [
-            Detection(box=host[r, :4].copy(), landmarks=host[r, 4:14].reshape(5, 2).copy(), score=float(host[r, 14]))
-        ]
+        lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
+        faces[i] = [Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)]
         keep.append(r)
     _fill(out, host[keep, 17:], [owners[r] for r in keep], faces)
     if fallback:  # the host rule for the photos the device could not settle exactly

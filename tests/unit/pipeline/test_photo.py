@@ -24,6 +24,7 @@ from facegate.io.decode import decode_image
 from facegate.pipeline.align import ARCFACE_TEMPLATE, align_cpu
 from facegate.pipeline.photo import PhotoFaces, PhotoStage, _warp, warp_runs
 from facegate.pipeline.pipeline import FacePipeline
+from facegate.pipeline.results import PACKED_EXTRA
 from facegate.service.faces import FaceService
 from facegate.tuning import make_plan
 from facegate.types import Detection, Face
@@ -74,7 +75,7 @@ def _compare(pipe: FacePipeline, datas: list[bytes], got: list[object]) -> tuple
             assert ref.detection is None
             box_px.append(0.0)
         else:
-            assert ref.detection is not None
+            assert ref.detection is not None and det.photo_wh == ref.detection.photo_wh is not None
             box_px.append(float(np.abs(det.box - ref.detection.box).max()))
         dq.append(abs(float(res.quality[0]) - ref.quality.score))
     return cosines, box_px, dq
@@ -122,6 +123,7 @@ def test_photo_faces_pickle_as_one_array() -> None:
         box=rng.uniform(0, 250, 4).astype(np.float32),
         landmarks=rng.uniform(0, 250, (5, 2)).astype(np.float32),
         score=float(np.float32(0.91734)),
+        photo_wh=(250, 187),
     )
     faces = PhotoFaces(
         [det, None],
@@ -132,14 +134,14 @@ def test_photo_faces_pickle_as_one_array() -> None:
     )
     back = pickle.loads(pickle.dumps(faces, protocol=5))
     assert back.detections[1] is None and back.detections[0] is not None
-    assert back.detections[0].score == det.score
+    assert back.detections[0].score == det.score and back.detections[0].photo_wh == (250, 187)
     np.testing.assert_array_equal(back.detections[0].box, det.box)
     np.testing.assert_array_equal(back.detections[0].landmarks, det.landmarks)
     assert back.detections[0].box.dtype == np.float32 and back.detections[0].landmarks.shape == (5, 2)
     for name in ("embedding", "quality", "raw", "stats"):
         np.testing.assert_array_equal(getattr(back, name), getattr(faces, name))
         assert getattr(back, name).dtype == np.float32
-    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + 21) * 4 + 250  # one array plus its header
+    assert len(pickle.dumps(faces, protocol=5)) < 2 * (128 + PACKED_EXTRA) * 4 + 250  # one array plus its header
 
 
 def test_photo_stage_matches_the_host_path_on_lfw(pipe: FacePipeline, lfw_root: Path) -> None:
