@@ -115,9 +115,10 @@ class QualitySettings(_Group):
     max_flat: float = Field(0.38, ge=0.0, le=1.0)
     """Largest fraction of flat, textureless blocks in the worse of the eyes' strip and the nose-and-mouth strip of
     the aligned face (a mask or an eye band makes one of them flat)."""
-    min_det_score: float = Field(0.858, ge=0.0, le=1.0)
-    """Least detector confidence, in [0, 1]: YuNet's sqrt(class probability × objectness) of the face (the detector's
-    own score_threshold finds no face below that)."""
+    min_det_score: float = Field(0.6, ge=0.0, le=1.0)
+    """Least detector confidence, in [0, 1]: YuNet's sqrt(class probability × objectness) of the face. The default is
+    the detector's own threshold (it finds no face below it), so by default only a face partly outside the photo is
+    refused as low_confidence; docs/quality.md gives the limit measured on LFW (about 0.86)."""
     max_outside_photo: float = Field(0.186, ge=0.0, le=1.0)
     """Largest share (0-1) of the face region the landmarks imply (brows to chin, cheek to cheek, as in the aligned
     crop) that may lie outside the photo; more is a face partly outside the photo."""
