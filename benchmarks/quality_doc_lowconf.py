@@ -134,10 +134,10 @@ def lowconf_section(x: dict[str, Any]) -> list[str]:
         + ".",
         "",
         "**Shipped rule.** `low_confidence` fires when more than `max_outside_photo` "
-        f'({s["max_outside_photo"]:g}, the limit the rule chooses on all folds of the frame-cut stratum, '
+        f"({s['max_outside_photo']:g}, the limit the rule chooses on all folds of the frame-cut stratum, "
         f'{lim[0]:.4f}) of the face region lies outside the photo ("face partly outside the photo (…): show the '
         'whole face"), else when the detector score is below `min_det_score` ("face hard to find (…): show the '
-        f'whole face, in focus"), which stays at the detector\'s own threshold ({s["min_det_score"]:g}), where it '
+        f"whole face, in focus\"), which stays at the detector's own threshold ({s['min_det_score']:g}), where it "
         "never fires. With the score as a second signal the pair rule would choose "
         f"{pair['limits_all_folds'][0]:.3f} for it; held out on frame cut ≥ 3 that pair gives "
         f"{pr(pair, ' / ')}, and on grain and JPEG it finds no more than a third of the faces (table above). "
