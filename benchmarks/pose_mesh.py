@@ -25,6 +25,7 @@ import argparse
 import logging
 import math
 import os
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -281,6 +282,10 @@ def main() -> None:
     ap.add_argument("--png-count", type=int, default=6)
     a = ap.parse_args()
     r = run(a)
+    import mediapipe as mp
+
+    r["versions"] = np.asarray(f"mediapipe {mp.__version__}, opencv {cv2.__version__}, numpy {np.__version__}")
+    r["command"] = np.asarray("/work/venv-mp/bin/python benchmarks/pose_mesh.py " + " ".join(sys.argv[1:]))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(a.out, **r)
     log.info("mirror pairing an involution on %.1f %% of vertices; wrote %s", 100 * r["mirror_involution"], a.out)

@@ -3,7 +3,7 @@
 Reads the ``.npz`` of ``benchmarks/pose_mesh.py`` (mediapipe's 3D FaceMesh of every pairs.txt photo, its yaw label,
 the mesh's triangles, and the rendered turns' yaw labels measured again by FaceMesh). Each sampled photo is turned by
 0-75° about a vertical axis with its own mesh (:func:`pose_mesh.render_turn`, the side from its path) and re-detected
-(the CPU pipeline, the centre-most face, as ``benchmarks/quality_pose.py``): the shipped landmark yaw of the turned
+(the CPU pipeline, the centre-most face): the shipped landmark yaw of the turned
 face, where its 5 landmarks lie against the mesh's own turned surface, its quality and whether it still matches its
 genuine pairs.txt partners. A render's yaw label is its photo's mesh yaw plus the turn.
 
@@ -35,15 +35,59 @@ from common import env_record, pair_photo_sample
 from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.lfw import detect_centre, read_pairs
+from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.quality_reasons import landmark_geometry
+from facegate.quality_reasons import NOSE_DEPTH_IOD, landmark_geometry
 from pose_mesh import lift, render_turn, turn_mesh
-from quality_pose import foreshortening, held_out, med, yaw_fit
 
 log = logging.getLogger("quality_pose_mesh")
 THRESHOLDS = (45, 50, 60)
 YAW_BINS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 90))
+
+
+def med(v: np.ndarray) -> float | None:
+    """Median of the finite values of ``v``, None when there are none."""
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if v.size else None
+
+
+def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: np.ndarray) -> dict[str, Any]:
+    """Precision and recall of a yaw limit (fires above it) chosen on nine folds, pooled over the tenths;
+    ``pos``, ``neg``: ``(K,)`` |yaw| values, ``*_fold``: ``(K,) int`` their identity folds."""
+    limits, pos_fired, neg_fired = [], [], []
+    for f in range(10):
+        lim = choose_limit(pos[pos_fold != f], neg[neg_fold != f], +1, max_clean=0.002, min_recall=0.85)
+        limits.append(round(lim, 2))
+        pos_fired.append(_fires(pos[pos_fold == f], lim, 1))
+        neg_fired.append(_fires(neg[neg_fold == f], lim, 1))
+    return {**_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)), "fold_limits": limits}
+
+
+def foreshortening(lm: np.ndarray) -> float:
+    """Eye distance over eye-mouth height of ``(5, 2)`` landmarks: falls as ``cos(yaw)``, independent of the nose."""
+    h = float(np.linalg.norm((lm[3] + lm[4] - lm[0] - lm[1]) / 2))
+    return float(np.linalg.norm(lm[1] - lm[0])) / max(h, 1e-6)
+
+
+_FIT_GRID = np.radians(np.arange(0.0, 90.25, 0.25))
+
+
+def yaw_fit(lm: np.ndarray, frontal: float) -> float:
+    """Yaw of ``(5, 2)`` landmarks from both cues a turn moves, fitted to a rigid mean face: over the eye-mouth
+    height (which a turn leaves alone) the nose's offset reads ``NOSE_DEPTH_IOD · frontal · sin(yaw)`` and the eye
+    distance ``frontal · cos(yaw)``; least squares over yaw on a 0.25° grid, the sign from the nose. ``frontal``:
+    a frontal face's eye distance over eye-mouth height."""
+    eyes, mouth = (lm[0] + lm[1]) / 2, (lm[3] + lm[4]) / 2
+    axis = mouth - eyes
+    h = float(np.linalg.norm(axis))
+    if h < 1e-6:
+        return 0.0
+    u, rel = axis / h, lm[2] - eyes
+    across = -float(u[0] * rel[1] - u[1] * rel[0]) / h
+    f = float(np.linalg.norm(lm[1] - lm[0])) / h
+    err = (abs(across) - NOSE_DEPTH_IOD * frontal * np.sin(_FIT_GRID)) ** 2 + (f - frontal * np.cos(_FIT_GRID)) ** 2
+    return float(np.copysign(np.degrees(_FIT_GRID[int(np.argmin(err))]), across))
 
 
 def read(lfw: Path, q: str) -> np.ndarray:
@@ -194,21 +238,29 @@ def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> di
             "failing": float(np.mean(fl)) if fl else None,
             "compared": len(fl),
         }
-    # the renders' failure rate by their yaw label, to place the positives' threshold
+    # the renders by their yaw label: how many fail, how the landmark yaw and FaceMesh (again) read them
+    re_all = np.array(
+        [m["remeshed_yaw"][s_idx[q], angles.index(int(d))] for q, d in zip(r["path"], r["deg"], strict=True)]
+    )
     by_label = []
     for lo, hi in ((0, 15), (15, 30), (30, 45), (45, 60), (60, 75), (75, 120)):
         mk = found & (np.abs(label) >= lo) & (np.abs(label) < hi)
         fl = [bool(v) for v in fail[mk] if v is not None]
+        pose = np.abs(det_yaw["yaw"][mk]) > qs.max_yaw_deg
         by_label.append(
             {
                 "label": f"{lo}-{hi}",
                 "faces": int(mk.sum()),
                 "failing": float(np.mean(fl)) if fl else None,
+                "landmark_abs_yaw_median": med(np.abs(det_yaw["yaw"][mk])),
+                "remeshed_abs_yaw_median": med(np.abs(re_all[mk])),
                 "below_gate": float((r["score"][mk] < gate).mean()) if mk.any() else None,
-                "pose_fires": float((np.abs(det_yaw["yaw"][mk]) > qs.max_yaw_deg).mean()) if mk.any() else None,
+                "pose_fires": float(pose.mean()) if mk.any() else None,
+                "pose_or_gate": float((pose | (r["score"][mk] < gate)).mean()) if mk.any() else None,
             }
         )
     neg_f = r["clean_fold"][cf]
+    c_mp_abs = np.abs(c_mp)
     held: dict[str, Any] = {}
     for k in est:
         neg = np.abs(c_yaw[k])
@@ -216,9 +268,11 @@ def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> di
         for t in THRESHOLDS:
             pm_ = found & (np.abs(label) >= t)
             pos = np.abs(det_yaw[k][pm_])
+            calm = np.isfinite(c_mp) & (c_mp_abs < t)  # clean faces the mesh does not label as turned this far
             held[k][f"label_ge_{t}"] = {
                 "held_out": held_out(pos, r["fold_of_path"][pm_], neg, neg_f),
                 "shipped": fixed_pr(pos, neg, qs.max_yaw_deg),
+                "held_out_mesh_clean": held_out(pos, r["fold_of_path"][pm_], neg[calm], neg_f[calm]),
             }
     # the real stratum: clean faces, labelled by the mesh
     cmp_ok = np.isfinite(c_mp)
@@ -306,11 +360,13 @@ def main() -> None:
             np.savez(a.raw, **r)
     rep = {
         "command": "python benchmarks/quality_pose_mesh.py " + " ".join(sys.argv[1:]),
-        "mesh_command": "/work/venv-mp/bin/python benchmarks/pose_mesh.py --out " + str(a.mesh),
+        "mesh_command": str(m["command"]) if "command" in m else None,
+        "mesh_versions": str(m["versions"]) if "versions" in m else None,
         "photos": int(r["meta"][3]),
         "turned_photos": len(set(r["path"])),
         "clean_photos": int(r["clean_path"].size),
         "angles_deg": [int(v) for v in m["angles"]],
+        "thresholds_deg": list(THRESHOLDS),
         **analyse(r, m, a.lfw),
         "env": env_record(
             photos=int(r["meta"][3]), seconds=round(float(r["meta"][2]), 1), turn_seconds=round(float(r["meta"][1]), 1)
