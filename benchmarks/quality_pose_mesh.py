@@ -38,11 +38,12 @@ from facegate.eval.lfw import detect_centre, read_pairs
 from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from facegate.quality_reasons import NOSE_DEPTH_IOD, landmark_geometry
+from facegate.quality_reasons import NOSE_DEPTH_IOD, NOSE_FRONTAL_T, landmark_geometry
 from pose_mesh import lift, render_turn, turn_mesh
 
 log = logging.getLogger("quality_pose_mesh")
 THRESHOLDS = (45, 50, 60)
+GUARDRAIL = 0.005  # clean faces refused at the verify gate, at most
 YAW_BINS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 90))
 
 
@@ -273,6 +274,7 @@ def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> di
                 "held_out": held_out(pos, r["fold_of_path"][pm_], neg, neg_f),
                 "shipped": fixed_pr(pos, neg, qs.max_yaw_deg),
                 "held_out_mesh_clean": held_out(pos, r["fold_of_path"][pm_], neg[calm], neg_f[calm]),
+                "all_folds_limit": choose_limit(pos, neg, +1, max_clean=0.002, min_recall=0.85),
             }
     # the real stratum: clean faces, labelled by the mesh
     cmp_ok = np.isfinite(c_mp)
@@ -313,7 +315,31 @@ def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> di
     for k in est:
         pose = (np.abs(c_yaw[k]) > qs.max_yaw_deg) | (pitch > qs.max_pitch_deg)
         refusal[k] = {"pose_fires": float(pose.mean()), "refused": float((other | pose).mean())}
+    # the lowest yaw limit whose clean refusal at the verify gate stays within the guardrail, and what it finds
+    base = other | (pitch > qs.max_pitch_deg)
+    grid = np.round(np.arange(qs.max_yaw_deg, 20.0, -0.1), 1)
+    within = [g for g in grid if (base | (np.abs(c_yaw["yaw"]) > g)).mean() <= GUARDRAIL]
+    low = float(min(within)) if within else None
+    pm_ = found & (np.abs(label) >= qs.max_yaw_deg)
+    guard = None
+    if low is not None:
+        guard = {
+            "limit": low,
+            "refused": float((base | (np.abs(c_yaw["yaw"]) > low)).mean()),
+            **fixed_pr(np.abs(det_yaw["yaw"][pm_]), np.abs(c_yaw["yaw"]), low),
+        }
+    # pitch is not rendered; what the clean faces say about its frontal reference
+    eyes, mouth = (clm[:, 0] + clm[:, 1]) / 2, (clm[:, 3] + clm[:, 4]) / 2
+    axis = mouth - eyes
+    height = np.linalg.norm(axis, axis=1)
+    along = np.einsum("ij,ij->i", clm[:, 2] - eyes, axis / height[:, None]) / height
+    pitch_rep = {
+        "frontal_nose_place_median": float(np.median(along[ok & (np.abs(c_mp) < 10)])),
+        "template_nose_place": NOSE_FRONTAL_T,
+        "clean_abs_pitch_quantiles": {str(p): float(np.quantile(pitch, p)) for p in (0.5, 0.9, 0.99, 0.998, 1.0)},
+    }
     return {
+        "pitch": pitch_rep,
         "sign": sign,
         "foreshortening_frontal": frontal,
         "per_angle": per_angle,
@@ -328,6 +354,8 @@ def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> di
             "not_found": int((~cf).sum()),
             "other_reasons_or_gate": float(other.mean()),
             **refusal,
+            "guardrail": GUARDRAIL,
+            "lowest_limit_within_guardrail": guard,
         },
         "mesh": {
             "photos": len(m["paths"]),
