@@ -143,8 +143,9 @@ def pose_section(x: dict[str, Any]) -> list[str]:
         f"the re-detected nose lagging {-p60['lag_iod']['nose']:.2f} inter-ocular distances behind the mesh's. "
         f"FaceMesh, run again on the renders, reads {p60['remeshed_change_median']:+.1f}° there and finds "
         f"{pct(pa[top]['remeshed_found'], 0)} of the faces at {top}°: past about 45° the renders look less turned "
-        "than their geometric label to both detectors (the turned face is a mask: the head's outline stays and what "
-        "the turn uncovers is inpainted). Genuine comparisons count the photo's pairs.txt partners (clean photos); "
+        "than their geometric label to both detectors (plausibly because the turned face is a mask: the head's "
+        "outline stays and what the turn uncovers is inpainted). Genuine comparisons count the photo's pairs.txt "
+        "partners (clean photos); "
         f"the 0° render fails {pct(pa['0']['failing'])} of them.",
         "",
         "| render's yaw label | renders found | landmark \\|yaw\\|, median | FaceMesh again, median | genuine "
