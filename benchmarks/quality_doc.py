@@ -35,7 +35,7 @@ REASON_TEXT = {
     "too_dark": ("under-exposure", "min_luma"),
     "too_bright": ("over-exposure", "max_luma"),
     "occluded": ("mask and eye band drawn from the landmarks", "max_flat"),
-    "pose": ("head-turn warp driven by the landmarks", "max_yaw_deg"),
+    "pose": ("head turn rendered with a 3D face mesh", "max_yaw_deg"),
 }
 
 
@@ -74,160 +74,206 @@ def p1_table(study: dict[str, Any], fold_means: dict[str, Any] | None = None) ->
 
 
 def switch_deg(x: dict[str, Any]) -> float:
-    """The turn past which the replaced yaw estimate took the eye-mouth height / 1.153 (the ArcFace template's
-    proportion) for the face size, on a face of the run's frontal proportion."""
+    """The turn past which the P1 features' yaw estimate took the eye-mouth height / 1.153 (the ArcFace template's
+    proportion) for the face size, on a face of the pose run's frontal proportion."""
     return math.degrees(math.acos(min(1.0, (35.2 / 40.6) / x["foreshortening_frontal"])))
 
 
-def pose_section(x: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
-    """The rendered head turn and LFW's real poses of ``benchmarks/quality_pose.py``; ``variants``: runs of it with
-    another rendering (no clean photos)."""
-    pa = x["per_angle"]
+POSE_ANCHOR = "#pose-the-landmark-yaw-against-mesh-rendered-head-turns-and-mesh-labelled-real-poses"
+
+
+def ok_mark(v: dict[str, Any]) -> str:
+    return "" if v["precision"] >= 0.9 and v["recall"] >= 0.8 else " ✗"
+
+
+def pose_row(x: dict[str, Any]) -> str:
+    """The pose reason's row of the synthetic-strata table: the mesh-rendered turns of
+    ``benchmarks/quality_pose_mesh.py`` labelled at the shipped ``max_yaw_deg``."""
+    lim = QualitySettings().max_yaw_deg
+    v = x["held_out"]["yaw"][f"label_ge_{lim:g}"]
+    h = v["held_out"]
+    return (
+        f"| `pose` | head turn rendered with a 3D face mesh, labelled ≥ {lim:g}° ([below]({POSE_ANCHOR})) | "
+        f"{v['all_folds_limit']:.3g} (`max_yaw_deg` = {lim:g}) | {h['precision']:.3f} | "
+        f"{h['recall']:.3f}{ok_mark(h)} | {pct(h['clean_fire_rate'], 2)} | {h['positives']} |"
+    )
+
+
+def pose_section(x: dict[str, Any]) -> list[str]:
+    """The mesh-rendered head turns and mesh-labelled real poses of ``benchmarks/quality_pose_mesh.py``."""
+    pa, ms, c = x["per_angle"], x["mesh"], x["clean_refusal"]
+    lim = c["max_yaw_deg"]
+    top = str(x["angles_deg"][-1])
     L = [
         "",
-        "### Pose: the landmark yaw against a known turn and against LFW's real poses",
+        "### Pose: the landmark yaw against mesh-rendered head turns and mesh-labelled real poses",
         "",
-        f"{x['photos']} pairs.txt photos, each turned by 15-75° about a vertical axis with a depth model (a "
-        f"cylinder of radius 1.3 IOD through the face plus a {x['nose_depth_iod']:g}-IOD Gaussian nose, z-buffered; "
-        "`benchmarks/quality_pose.py`) and re-detected; "
-        f"{x['clean_photos']:,} clean pairs.txt photos through the CPU pipeline as served. Command: "
-        f'`{x["command"]}` ({x["env"]["config"]["seconds"]:.0f} s on the CPU). "now" is the shipped estimate '
-        '(the nose\'s offset over the projected eye distance), "before" the one it replaced (over the larger '
-        "of the eye distance and the eye-mouth height / 1.153).",
+        "The labels come from a 3D face mesh: mediapipe's FaceMesh (the `mediapipe==0.10.14` wheel, which ships its "
+        "model; a benchmark-only tool in a virtualenv of its own, never a facegate dependency) gives each pairs.txt "
+        f"photo 468 landmarks in 3D ({ms['meshed']:,} of {ms['photos']:,} meshed). A photo's yaw label is the "
+        "rotation that best aligns a left-right symmetric mean face, built from these meshes, with its mesh (Kabsch), "
+        f"read as the angle of the face's left-right axis out of the image. {x['turned_photos']} pairs.txt photos are "
+        f"each turned by {x['angles_deg'][1]}-{top}° (and 0°, the renderer alone) about a vertical axis through the "
+        "head, at the depth of the mesh's deepest vertex: each of the mesh's "
+        f"{ms['triangles']} triangles is warped to its turned place, orthographically, nearest last, over the photo "
+        "with its original face inpainted. A render's label is its photo's label plus the turn. The renders and "
+        f"{x['clean_photos']:,} clean pairs.txt photos go through the CPU pipeline as served (of a render, the face "
+        f"nearest the centre). Commands: `{x['mesh_command']}` ({sum(ms['seconds']):.0f} s), then "
+        f"`{x['command']}` ({x['env']['config']['seconds']:.0f} s on the CPU; `benchmarks/pose_mesh.py`, "
+        "`benchmarks/quality_pose_mesh.py`).",
         "",
-        "| turn | found | the model's own landmarks: yaw now (before) | re-detected: yaw change now, median "
-        "[IQR] (before) | re-detected minus the model's landmark along the turn, IOD: eyes / nose / mouth | "
-        "re-detected: yaw from the eye distance's foreshortening |",
-        "|---|---|---|---|---|---|",
+        "| turn | found | landmark yaw change, median [IQR] | the mesh's own landmarks turned | FaceMesh again on the "
+        "render | re-detected minus the mesh's landmark along the turn, IOD: eyes / nose / mouth | quality, median "
+        "| below the verify gate | genuine comparison fails |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for deg, v in pa.items():
-        now, bef, lag = v["yaw"], v["yaw_before"], v["lag_iod"]
-        lo, hi = now["detected_change_iqr"]
+        lo, hi = v["yaw_change_iqr"]
+        lag = v["lag_iod"]
         L.append(
-            f"| {deg}° | {pct(v['found'])} | {now['ideal_change_median']:+.1f}° ({bef['ideal_change_median']:+.1f}°) "
-            f"| {now['detected_change_median']:+.1f}° [{lo:+.1f}°, {hi:+.1f}°] ({bef['detected_change_median']:+.1f}°)"
-            f" | {lag['eyes']:+.2f} / {lag['nose']:+.2f} / {lag['mouth']:+.2f} | "
-            f"{v['foreshortening_yaw_median']:.1f}° |"
+            f"| {deg}° | {pct(v['found'])} | {v['yaw_change_median']:+.1f}° [{lo:+.1f}°, {hi:+.1f}°] | "
+            f"{v['ideal_yaw_change_median']:+.1f}° | {v['remeshed_change_median']:+.1f}° "
+            f"({pct(v['remeshed_found'], 0)} found) | {lag['eyes']:+.2f} / {lag['nose']:+.2f} / {lag['mouth']:+.2f} | "
+            f"{v['quality_median']:.3f} | {pct(v['below_gate'])} | {pct(v['failing'])} |"
         )
-    last = pa[str(x["angles_deg"][-1])]
-    switch = switch_deg(x)
+    p60 = pa.get("60", pa[top])
     L += [
         "",
-        "**Why the re-detected yaw does not follow the turn.** Two causes, one in the estimate (now fixed) and one "
-        "in the rendering:",
+        "The detector's landmarks follow the rendered turn, short of the mesh's own: at 60° the landmark yaw moves "
+        f"{p60['yaw_change_median']:+.1f}° where the mesh's landmarks move {p60['ideal_yaw_change_median']:+.1f}°, "
+        f"the re-detected nose lagging {-p60['lag_iod']['nose']:.2f} inter-ocular distances behind the mesh's. "
+        f"FaceMesh, run again on the renders, reads {p60['remeshed_change_median']:+.1f}° there and finds "
+        f"{pct(pa[top]['remeshed_found'], 0)} of the faces at {top}°: past about 45° the renders look less turned "
+        "than their geometric label to both detectors (plausibly because the turned face is a mask: the head's "
+        "outline stays and what the turn uncovers is inpainted). Genuine comparisons count the photo's pairs.txt "
+        "partners (clean photos); "
+        f"the 0° render fails {pct(pa['0']['failing'])} of them.",
         "",
-        "- *The estimate.* The one replaced divided the nose's offset, which a turn foreshortens (`D·sin yaw` for "
-        "a nose `D` in front of the eyes), by a face size that the turn does not foreshorten once the eye-mouth "
-        "height took over from the eye distance, so it read `atan(sin yaw)`: never above 45°, whatever the turn. "
-        "With this detector's landmarks it did early: a frontal face's eye distance is "
-        f"{x['foreshortening_frontal']:.2f} eye-mouth heights (LFW's clean faces under 10° of yaw), not the ArcFace "
-        f"template's 0.87, so the height took over past about {switch:.0f}° of turn. The model's own landmarks "
-        f"turned by {x['angles_deg'][-1]}° read "
-        f"{last['yaw_before']['ideal_change_median']:.0f}° before and {last['yaw']['ideal_change_median']:.0f}° now; "
-        "the estimate now divides by the projected eye distance (`cos yaw`), so the ratio reads `D·tan yaw`, and "
-        "a unit test turns a rigid face by known angles (−75° to 80°, with and without roll) and reads each within "
-        "0.5°. The shipped `max_yaw_deg` = 50 could not fire before; now it can.",
-        "- *The rendering.* The re-detected eyes and mouth lie within a few hundredths of an inter-ocular distance "
-        "of where the model put them, up to 60°, and the eye distance foreshortens with the turn (last column); "
-        f"the re-detected nose lags by {-pa['45']['lag_iod']['nose']:.2f} IOD at 45° and "
-        f"{-last['lag_iod']['nose']:.2f} at {x['angles_deg'][-1]}°, so the yaw read from it stays low.",
+        "| render's yaw label | renders found | landmark \\|yaw\\|, median | FaceMesh again, median | genuine "
+        "comparison fails | `pose` fires | refused (`pose` or the verify gate) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for v in variants:
-        w = v["per_angle"]
+    for b in x["renders_by_label"]:
+        fm = b["remeshed_abs_yaw_median"]
         L.append(
-            f"  With a {v['nose_depth_iod']:g}-IOD nose and the head's side "
-            f"{'filled with the cheek' if v['side'] == 'cheek' else 'from beside the head'} ({v['photos']} photos, "
-            f"`{v['command']}`) the nose lags {-w['45']['lag_iod']['nose']:.2f} IOD at 45° and "
-            f"{-w[str(v['angles_deg'][-1])]['lag_iod']['nose']:.2f} at {v['angles_deg'][-1]}°; the re-detected yaw "
-            f"changes by {w['45']['yaw']['detected_change_median']:+.1f}° at 45° and "
-            f"{w[str(v['angles_deg'][-1])]['yaw']['detected_change_median']:+.1f}° at {v['angles_deg'][-1]}°."
+            f"| {b['label']}° | {b['faces']} | {b['landmark_abs_yaw_median']:.1f}° | "
+            f"{'–' if fm is None else f'{fm:.1f}°'} | {pct(b['failing'])} | {pct(b['pose_fires'])} | "
+            f"{pct(b['pose_or_gate'])} |"
         )
-    if "real_check" not in x:
-        return L
-    L += [
-        "",
-        "On LFW's real photos the nose does follow the turn. The two cues a turn moves independently agree there "
-        "within a few degrees, unlike on the rendered turns (last column above): "
-        "faces binned by the nose's yaw, against the yaw from the eye distance's foreshortening alone "
-        "(`acos(ratio / frontal ratio)`; noisy near frontal, where `acos` is flat):",
-        "",
-        "| yaw (now) | clean faces | foreshortening yaw, median |",
-        "|---|---|---|",
-    ]
-    for b in x["real_check"]:
-        fy = b["foreshortening_yaw_median"]
-        L.append(f"| {b['yaw']}° | {b['faces']} | {'–' if fy is None else f'{fy:.1f}°'} |")
-    rf = x["real_stratum_fired"]
-    L += [
-        "",
-        "The real stratum with this estimate (clean faces of pairs.txt's genuine pairs; a face fails when its clean "
-        f"comparison misses the match threshold {rf['match_threshold']:.4f}):",
-        "",
-        "| yaw (now) | clean faces | failing | pose reason fires |",
-        "|---|---|---|---|",
-        *(f"| {b['yaw']}° | {b['faces']} | {pct(b['failing'])} | {pct(b['pose_fires'])} |" for b in x["real_stratum"]),
-        "",
-        f"The pose reason fires on {rf['faces']} of these {rf['compared_faces']:,} faces; {pct(rf['failing'])} of "
-        f"them fail, against {pct(rf['failing_overall'])} overall.",
-    ]
     h = x["held_out"]
+    bl = x["renders_by_label"]
+    turned_fail = [b["failing"] for b in bl if int(b["label"].split("-")[0]) >= 45]
+    near_fail = bl[0]["failing"]
     L += [
         "",
-        "So the rendered turn does not test the pose reason: the detector's nose does not follow the rendering "
-        "(deeper noses and a filled head side were tried, above). Held out as for the other reasons (limit chosen "
-        "on nine folds, at most 0.2 % of clean faces, measured on the tenth; negatives: every clean face):",
+        f"Positives: renders labelled {lim:g}° or more, the shipped `max_yaw_deg`: the reason tells a face turned "
+        f"more than {lim:g}° to face the camera, and renders labelled 45° or more fail {pct(min(turned_fail))} to "
+        f"{pct(max(turned_fail))} of their genuine comparisons (table above, against {pct(near_fail)} under 15°); "
+        "45° and 60° as checks. Negatives: every clean face, as for the other "
+        "reasons, and, as a check, only the clean faces the mesh labels under the positives' angle (LFW has real "
+        "turns). Each fold's limit is chosen on the other nine (at most 0.2 % of their negatives firing, the most "
+        "lenient finding 85 % of their positives), measured on the tenth:",
         "",
-        "| estimate | positives | precision | recall | clean faces firing | fold limits |",
-        "|---|---|---|---|---|---|",
+        "| estimate | positives | negatives | limit | precision | recall | negatives firing |",
+        "|---|---|---|---|---|---|---|",
     ]
-    names = (("yaw", "now"), ("yaw_before", "before"), ("yaw_fit", "fit of both cues"))
-    for k, name in (n for n in names if n[0] in h):
-        for lo in (45, 60):
-            v = h[k][f"turn_ge_{lo}"]
-            L.append(
-                f"| {name} | {v['positives']} turned {lo}° or more | {v['precision']:.3f} | {v['recall']:.3f} ✗ | "
-                f"{pct(v['clean_fire_rate'], 2)} | {min(v['fold_limits']):.1f}-{max(v['fold_limits']):.1f}° |"
-            )
-    qn, qb = h["yaw"]["clean_abs_yaw_quantiles"], h["yaw_before"]["clean_abs_yaw_quantiles"]
-    c = x["clean_refusal"]
+    names = (("yaw", "landmark yaw (shipped)"), ("yaw_fit", "fit of nose and eye foreshortening"))
+    for k, name in names:
+        for t in x["thresholds_deg"]:
+            v = h[k][f"label_ge_{t}"]
+            rows = [("every clean face", v["held_out"], None)]
+            if k == "yaw" and t == lim:
+                rows += [
+                    ("every clean face", v["shipped"], lim),
+                    (f"clean, mesh label < {t}°", v["held_out_mesh_clean"], None),
+                ]
+            if k == "yaw_fit" and t != lim:
+                continue
+            for neg, w, fixed in rows:
+                limit = (
+                    f"{fixed:g}° (shipped)"
+                    if fixed is not None
+                    else (f"{min(w['fold_limits']):.1f}-{max(w['fold_limits']):.1f}° (folds)")
+                )
+                L.append(
+                    f"| {name} | {w['positives']} labelled ≥ {t}° | {neg} ({w['negatives']:,}) | {limit} | "
+                    f"{w['precision']:.3f} | {w['recall']:.3f}{ok_mark(w)} | {pct(w['clean_fire_rate'], 2)} |"
+                )
+    rs = x["real_stratum"]
     L += [
         "",
-        f"LFW's clean faces reach {qn['0.998']:.0f}° at the 99.8th percentile now ({qb['0.998']:.0f}° before; "
-        f"largest {qn['1.0']:.0f}°, before {qb['1.0']:.0f}°): LFW has real turns past 45°, which the rule counts "
-        "as clean. **Clean-face refusal at the verify gate** "
-        f"({c['verify_gate']:.2f}, the shipped limits, all reasons; {c['clean_faces']:,} clean faces found, "
-        f"{c['not_found']} not): {pct(c['yaw']['refused'], 2)} now, {pct(c['yaw_before']['refused'], 2)} before "
-        f"(guardrail ≤ 0.5 %); the pose reason fires on {pct(c['yaw']['pose_fires'], 2)} of them now "
-        f"({pct(c['yaw_before']['pose_fires'], 2)} before). `max_yaw_deg` stays 50: no labelled stratum here "
-        "can set it (a pose-labelled set such as CFP-FP or Multi-PIE would).",
+        f"The real stratum: the {rs['meshed']:,} meshed clean faces by their mesh label. The landmark yaw agrees "
+        f"with the mesh's (correlation {rs['corr']:.3f}, median difference {rs['abs_diff_median']:.1f}°); a face "
+        f"fails when one of its genuine comparisons misses the match threshold {x['match_threshold']:.4f}.",
+        "",
+        "| mesh yaw | clean faces | landmark \\|yaw\\|, median [IQR] | `pose` fires | failing |",
+        "|---|---|---|---|---|",
     ]
-    if "yaw_fit" in c:
-        L += [
-            "",
-            "The fit of both cues (a rigid mean face fitted to the nose's offset and the eye distance, both over the "
-            "eye-mouth height, with this detector's frontal proportion; `yaw_fit` in `benchmarks/quality_pose.py`) "
-            "reads the rendered turns higher, since the eyes follow them (the re-detected change at 60°: "
-            f"{pa['60']['yaw_fit']['detected_change_median']:+.1f}°, against "
-            f"{pa['60']['yaw']['detected_change_median']:+.1f}° now), but it is not shipped: it still misses "
-            f"recall 0.8, and at `max_yaw_deg` = 50 it fires on {pct(c['yaw_fit']['pose_fires'], 2)} of the clean "
-            f"faces, which would refuse {pct(c['yaw_fit']['refused'], 2)} of them at the verify gate "
-            f"({'over' if c['yaw_fit']['refused'] > 0.005 else 'within'} the 0.5 % guardrail); its own held-out limit "
-            f"is {min(h['yaw_fit']['turn_ge_45']['fold_limits']):.1f}-"
-            f"{max(h['yaw_fit']['turn_ge_45']['fold_limits']):.1f}°.",
-        ]
-    if "pitch" in x:
-        pt = x["pitch"]
-        pq = pt["clean_abs_pitch_quantiles"]
-        lim = QualitySettings().max_pitch_deg
-        L += [
-            "",
-            "Pitch is not tested here (no rendered tilt). Its frontal reference is the ArcFace template's: the nose "
-            f"{pt['template_nose_place']:.3f} of the way from the eye line to the mouth line, where this detector "
-            f"puts a frontal face's nose at {pt['frontal_nose_place_median']:.3f} (median, clean faces under 10° of "
-            f"yaw), so a frontal face reads a few degrees of pitch (clean median {pq['0.5']:.0f}°, 99.8th percentile "
-            f"{pq['0.998']:.0f}°, largest {pq['1.0']:.0f}°); `max_pitch_deg` = {lim:g} fires on "
-            f"{'none' if pq['1.0'] <= lim else 'some'} of them.",
-        ]
+    for b in rs["bins"]:
+        iqr = b["landmark_abs_yaw_iqr"]
+        L.append(
+            f"| {b['mesh_yaw']}° | {b['faces']} | {b['landmark_abs_yaw_median']:.1f}° [{iqr[0]:.1f}°, "
+            f"{iqr[1]:.1f}°] | {pct(b['pose_fires'])} | {pct(b['failing'])} |"
+        )
+    r45, r50 = rs["label_ge_45"], rs[f"label_ge_{lim:g}"]
+    L += [
+        "",
+        f"At the shipped limit the reason fires on {pct(c['yaw']['pose_fires'], 2)} of the clean faces, whose mesh "
+        f"label is {r50['fired_label_median']:.0f}° (median): against the mesh's labels its precision is "
+        f"{r45['shipped']['precision']:.2f} and recall {r45['shipped']['recall']:.2f} for faces turned 45° or more "
+        f"({r45['shipped']['positives']} faces), {r50['shipped']['precision']:.2f} and {r50['shipped']['recall']:.2f} "
+        f"for {lim:g}° or more ({r50['shipped']['positives']} faces). LFW has too few turned faces to set a limit, "
+        "and FaceMesh's own reading of the renders levels off (its median tops out at "
+        f"{max(b['remeshed_abs_yaw_median'] or 0 for b in bl):.0f}° over the labels above), so its labels of the "
+        "most turned real faces are likely low too.",
+        "",
+        f"**Clean-face refusal at the verify gate** ({c['verify_gate']:.2f}, the shipped limits, all reasons; "
+        f"{c['clean_faces']:,} clean faces, {c['not_found']} not found): {pct(c['yaw']['refused'], 2)} (guardrail "
+        f"≤ 0.5 %); the pose reason alone refuses {pct(c['yaw']['refused'] - c['other_reasons_or_gate'], 2)}. "
+        f"The fit of nose and eye foreshortening at `max_yaw_deg` = {lim:g} would refuse "
+        f"{pct(c['yaw_fit']['refused'], 2)}.",
+    ]
+    v50 = h["yaw"][f"label_ge_{lim:g}"]
+    far = bl[-2]
+    room = int((0.005 - c["yaw"]["refused"]) * c["clean_faces"])
+    met = v50["held_out"]["precision"] >= 0.9 and v50["held_out"]["recall"] >= 0.8
+    L += [
+        "",
+        (
+            "**`pose` meets precision ≥ 0.9 at recall ≥ 0.8 on the rendered turns.**"
+            if met
+            else f"**`pose` misses the acceptance line**: precision {v50['held_out']['precision']:.3f} at recall "
+            f"{v50['held_out']['recall']:.3f} on renders labelled ≥ {lim:g}°."
+        )
+        + f" `max_yaw_deg` stays {lim:g}: the held-out rule picks "
+        f"{min(v50['held_out']['fold_limits']):.1f}-{max(v50['held_out']['fold_limits']):.1f}° on every fold (clean "
+        f"faces' 99.8th percentile of |yaw| is {h['yaw']['clean_abs_yaw_quantiles']['0.998']:.1f}°), and the "
+        f"guardrail leaves room for {room} more refused faces of {c['clean_faces']:,}"
+        + (
+            f": the lowest limit within it, {g['limit']:.1f}°, finds {g['recall']:.3f} of the renders labelled "
+            f"≥ {lim:g}° (precision {g['precision']:.3f}). "
+            if (g := c.get("lowest_limit_within_guardrail"))
+            else ". "
+        )
+        + f"Recall is held down by the renders reading below their label (a face labelled "
+        f"{far['label']}° reads {far['landmark_abs_yaw_median']:.0f}°, median) and by LFW's real turns among the "
+        "clean faces; without them as negatives, recall is "
+        f"{v50['held_out_mesh_clean']['recall']:.3f}. The fit of nose and eye foreshortening ranks the renders "
+        "a little better but is not shipped: at the shipped limit it breaks the guardrail. Also measured, with the "
+        "same pipeline: a depth model of a cylinder and a Gaussian nose, whose turns YuNet's nose did not follow.",
+    ]
+    pt = x["pitch"]
+    pq = pt["clean_abs_pitch_quantiles"]
+    plim = QualitySettings().max_pitch_deg
+    L += [
+        "",
+        "Pitch is not rendered. Its frontal reference is the ArcFace template's: the nose "
+        f"{pt['template_nose_place']:.3f} of the way from the eye line to the mouth line, where this detector "
+        f"puts a frontal face's nose at {pt['frontal_nose_place_median']:.3f} (median, clean faces under 10° of "
+        f"mesh yaw), so a frontal face reads a few degrees of pitch (clean median {pq['0.5']:.0f}°, 99.8th percentile "
+        f"{pq['0.998']:.0f}°, largest {pq['1.0']:.0f}°); `max_pitch_deg` = {plim:g} fires on "
+        f"{'none' if pq['1.0'] <= plim else 'some'} of them.",
+    ]
     return L
 
 
@@ -268,7 +314,6 @@ def render(
     src: str,
     pose: dict[str, Any] | None = None,
     strata: dict[str, Any] | None = None,
-    pose_variants: list[dict[str, Any]] | None = None,
     lowconf: dict[str, Any] | None = None,
 ) -> str:
     p1, g, rel, rs = r["p1"], r["gates"], r["reliability"], r["reasons"]
@@ -352,6 +397,9 @@ def render(
         "|---|---|---|---|---|---|---|",
     ]
     for code, (label, field) in REASON_TEXT.items():
+        if code == "pose" and pose:
+            L.append(pose_row(pose))
+            continue
         x = rs[code]
         h = x["held_out"]
         ok = "" if h["precision"] >= 0.9 and h["recall"] >= 0.8 else " ✗"
@@ -362,20 +410,18 @@ def render(
     L += [lowconf_reason_row(lowconf)] if lowconf else []
     L += [
         "",
-        "✗: below precision 0.9 at recall 0.8. `pose`: the landmark-driven head-turn warp of these features moves "
-        "the landmark yaw by a few degrees only, so its labels do not test the pose reason; a head-turn rendering "
-        "with depth, re-detected, is measured [below](#pose-the-landmark-yaw-against-a-known-turn-and-against-lfws-"
-        "real-poses); the limit stays the setting's. The P1 features' yaw (the pose rows here, the real-pose "
-        "stratum and the fusion's |yaw|) is the estimate shipped before the one below; the two differ where "
-        "the eye-mouth height took over from the eye distance"
-        + (f" (past about {switch_deg(pose):.0f}° of turn on a typical face)." if pose else "."),
+        "✗: below precision 0.9 at recall 0.8. `pose` is measured on head turns rendered with a 3D face mesh and "
+        f"re-detected, [below]({POSE_ANCHOR}). The P1 features' yaw (the real-pose stratum of the EDC above and the "
+        "fusion's |yaw|) is an older landmark estimate, over the larger of the eye distance and the eye-mouth "
+        "height / 1.153, which reads at most 45°"
+        + (f" (it departs from the shipped one past about {switch_deg(pose):.0f}° of turn)." if pose else "."),
         "",
         "How often each limit fires by severity (the shipped limit):",
         "",
         "| reason | " + " | ".join(f"severity {k}" for k in range(1, 6)) + " |",
         "|---|---|---|---|---|---|",
     ]
-    for code in REASON_TEXT:
+    for code in (c for c in REASON_TEXT if c != "pose"):
         for d in rs[code]["degradations"]:
             fb = rs[code]["fires_by_severity"]
             L.append(f"| `{code}` ({d}) | " + " | ".join(pct(fb.get(f"{d}/{k}")) for k in range(1, 6)) + " |")
@@ -388,22 +434,15 @@ def render(
         "| reason | clean faces | fires | failing among those it fires on | failing overall |",
         "|---|---|---|---|---|",
     ]
-    for code in REASON_TEXT:
+    for code in (c for c in REASON_TEXT if c != "pose"):
         x = rs[code]["real_stratum"]
         L.append(
             f"| `{code}` | {x['clean_faces']} | {x['fires']} | {pct(x['failing_among_fired'])} | "
             f"{pct(x['failing_overall'])} |"
         )
     L += [lowconf_real_row(lowconf)] if lowconf else []
-    L += ["", "| landmark yaw | clean faces | failing | pose reason fires |", "|---|---|---|---|"]
-    for b in rs["real_pose_bins"]:
-        L.append(f"| {b['yaw']}° | {b['faces']} | {pct(b['fail_rate'])} | {pct(b['pose_fires'])} |")
     L += [
-        "",
-        "LFW's photos are near-frontal: no face reaches 45° by the estimate shipped before (which could not read "
-        "past 45°, below), and the failure rate does not rise with yaw up to there, so neither stratum can set a "
-        "pose limit.",
-        *(pose_section(pose, pose_variants or []) if pose else []),
+        *(pose_section(pose) if pose else []),
         *(lowconf_section(lowconf) if lowconf else []),
         *(strata_section(strata) if strata else []),
         "",
@@ -461,22 +500,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--p1", type=Path, default=Path("benchmarks/results/quality_p1-h200.json"))
     ap.add_argument("--static", type=Path, default=Path(__file__).with_name("quality_doc_static.md"))
-    ap.add_argument("--pose", type=Path, default=Path("benchmarks/results/quality_pose-cpu2.json"))
+    ap.add_argument("--pose", type=Path, default=Path("benchmarks/results/quality_pose_mesh-cpu2.json"))
     ap.add_argument("--strata", type=Path, default=Path("benchmarks/results/quality_strata-cpu2.json"))
     ap.add_argument("--lowconf", type=Path, default=Path("benchmarks/results/quality_lowconf-cpu2.json"))
     ap.add_argument("--out", type=Path, default=Path("docs/quality.md"))
     a = ap.parse_args()
-    res = a.pose.parent
     pose = json.loads(a.pose.read_text()) if a.pose.is_file() else None
     strata = json.loads(a.strata.read_text()) if a.strata.is_file() else None
     lowconf = json.loads(a.lowconf.read_text()) if a.lowconf.is_file() else None
-    # other renderings of the head turn, next to the main file
-    pose_files = sorted(res.glob(a.pose.stem + "-*.json"))
-    pose_variants = [json.loads(f.read_text()) for f in pose_files]
-    used = [a.p1] + ([a.pose] if pose else []) + pose_files + ([a.strata] if strata else [])
-    src = ", ".join(str(p) for p in [*used, *([a.lowconf] if lowconf else [])])
+    used = [a.p1] + ([a.pose] if pose else []) + ([a.strata] if strata else []) + ([a.lowconf] if lowconf else [])
+    src = ", ".join(str(p) for p in used)
     r = json.loads(a.p1.read_text())
-    a.out.write_text(render(r, a.static.read_text(), src, pose, strata, pose_variants, lowconf))
+    a.out.write_text(render(r, a.static.read_text(), src, pose, strata, lowconf))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ face is not found counts as a failure to acquire, not as a positive. docs/qualit
 strata and its shipped rule from ``benchmarks/quality_lowconf.py``, and the colour negatives from here.
 
     python benchmarks/quality_strata.py --photos 1000
-    python benchmarks/quality_strata.py --photos 800 --variants clean cut1 cut2 cut3 cut4 cut5 jpeg1 jpeg2 jpeg3 \
-        jpeg4 jpeg5 --positives cut jpeg --out benchmarks/results/quality_strata-cpu2-cut.json
 """
 
 from __future__ import annotations
