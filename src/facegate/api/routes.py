@@ -72,7 +72,6 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    owns_gallery: bool = False  # opened by the lifespan (then closed by it), not passed in
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
@@ -222,8 +221,6 @@ async def healthz() -> sc.HealthResponse:
 @router.get("/readyz", response_model=sc.ReadyResponse, responses={503: {"model": sc.ErrorResponse}}, tags=["health"])
 async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
-    from facegate.errors import EngineClosedError
-
     state = get_state(request.app)
     if not (state.ready and state.service is not None and state.service.ready):
         if state.load_error is not None:
