@@ -46,12 +46,12 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.logs import escape
+from facegate.service.gallery import GalleryFront
 from facegate.service.keys import KeyStore
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
-    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ def open_gallery(settings: Settings, service: FaceService, open_retry_s: float |
     """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index).
     ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``)."""
     from facegate.gallery import open_store
-    from facegate.service.gallery import GalleryFront
 
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
     store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=retry)

@@ -42,15 +42,16 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
+from facegate.gallery.base import validate_subject_id
+from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
-from facegate.service.gallery import EnrolDecision, decide_enrolments, refusal_reason
+from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments, refusal_reason
 from facegate.transport.remote import same_engine
 from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
-    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +235,6 @@ async def readyz(request: Request) -> sc.ReadyResponse:
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
-    from facegate.metrics.prometheus import render_latest
-
     state = get_state(request.app)
     remote = None
     engine = getattr(state.service, "engine", None)
@@ -456,8 +455,6 @@ async def enrol(
 ) -> sc.EnrolResponse:
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
-    from facegate.gallery.base import validate_subject_id
-
     state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
@@ -478,8 +475,6 @@ async def enrol_batch(
 ) -> sc.BatchEnrolResponse:
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
     other requests), the request's subjects are written in one transaction, refused photos are listed."""
-    from facegate.gallery.base import validate_subject_id
-
     state, service, gallery = _ready(request)
     try:
         ids = json.loads(subject_ids)

@@ -27,6 +27,7 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
+from facegate.service.gallery import decide_enrolment
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ def enrol_photos(
     ``verdict(face)``: the enrolment gate (:func:`~facegate.service.gallery.decide_enrolment`);
     ``progress(photos, faces, refusals)`` runs after each batch.
     """
-    from facegate.service.gallery import decide_enrolment
-
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     groups: list[list[tuple[str, list[Path], str]]] = [[]]
