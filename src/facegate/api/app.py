@@ -293,9 +293,9 @@ class ServingMiddleware:
             await response(scope, receive, send)
 
         try:
-            declared = _content_length(scope)
-            if declared is not None and declared > limit:
-                await send_response(facegate_error_response(_too_large(declared, limit)))
+            declared = header(scope, b"content-length")
+            if declared.isdigit() and int(declared) > limit:
+                await send_response(facegate_error_response(_too_large(int(declared), limit)))
                 return
             with DRAIN.track(task):
                 try:
@@ -382,11 +382,6 @@ class ServingMiddleware:
             self.state.stats.record_request(route, status, seconds)
         except Exception:  # metrics must never fail a request
             log.exception("recording request metrics failed")
-
-
-def _content_length(scope: Scope) -> int | None:
-    value = header(scope, b"content-length")
-    return int(value) if value.isdigit() else None
 
 
 def _too_large(size: int, limit: int) -> ImageTooLargeError:

@@ -194,9 +194,7 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
 
 def wants_fast_path(scope: Scope) -> bool:
     """Whether a request may take the fast path: ``POST /api/embed`` with a small multipart body."""
-    if scope["method"] != "POST" or scope["path"] != EMBED_PATH:
-        return False
-    return is_small_multipart(scope)
+    return scope["method"] == "POST" and scope["path"] == EMBED_PATH and is_small_multipart(scope)
 
 
 def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] | None:
