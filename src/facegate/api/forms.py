@@ -75,10 +75,10 @@ async def pixels_held(app: Any, uploads: Iterable[UploadFile]) -> AsyncIterator[
         budget.release(pixels)
 
 
-def _decode(raw: bytes, charset: str = "utf-8") -> str:
-    """Starlette's decoding of names and field values: the charset, else latin-1."""
+def _decode(raw: bytes) -> str:
+    """Starlette's decoding of names and field values: UTF-8, else latin-1."""
     try:
-        return raw.decode(charset)
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw.decode("latin-1")
 

@@ -191,13 +191,12 @@ class FaceService:
         image: np.ndarray,
         *,
         select: FaceSelect | str = FaceSelect.LARGEST,
-        face_index: int | None = None,
         keep_crops: bool = False,
     ) -> list[Face]:
         """Detect, select, align, embed and gate the faces of one image, whatever its size (only the caller knows
         that an upload is an aligned crop: :meth:`face_aligned`). Raises :class:`NoFaceError` when none is found."""
         dets = await self.detect(image)
-        chosen = select_faces(dets, select, face_index)
+        chosen = select_faces(dets, select)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._embed(crops)
         return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))
@@ -213,13 +212,13 @@ class FaceService:
             self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
         )
 
-    async def face_aligned(self, crop: np.ndarray, *, keep_crop: bool = False) -> Face:
+    async def face_aligned(self, crop: np.ndarray) -> Face:
         """Embed and gate one pre-aligned ``(112,112,3) uint8`` RGB crop (no detection)."""
         if not is_aligned_crop(crop):
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
         emb, q, raw = await self._embed(crops)
-        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop))[0]
+        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw))[0]
 
     def compare(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare with the quality gate (refused pairs are never compared)."""
