@@ -99,8 +99,7 @@ def collect_images(paths: Sequence[Path | str], *, limit: int | None = None) -> 
             raise InvalidParameterError(f"image path does not exist: {p}", detail={"path": str(p)})
         if limit is not None and len(found) >= limit:
             break
-    if limit is not None:
-        found = found[:limit]
+    found = found[:limit]
     if not found:
         raise EmptyInputError("no images found for the benchmark", detail={"paths": [str(p) for p in paths]})
     return found
