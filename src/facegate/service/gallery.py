@@ -80,8 +80,8 @@ def decide_enrolments(
     results: Sequence[Any],
     *,
     requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict] | None = None,
-    stats: Any = None,
+    verdict: Callable[[Any], QualityVerdict],
+    stats: Any,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """:func:`decide_enrolment` per subject of a request whose image ``i`` (result ``results[i]``) shows
     ``subject_ids[i]``: each subject, its images' indices and its decision. Gate refusals are counted in
@@ -91,11 +91,10 @@ def decide_enrolments(
         rows.setdefault(sid, []).append(i)
     gate = {"requires_quality": requires_quality, "verdict": verdict}
     decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
-    if stats is not None:
-        for _, _, decision in decisions:
-            for x in decision.refused:
-                if x.code == QualityRejectedError.code:
-                    stats.record_refusal("enrol_low_quality")
+    for _, _, decision in decisions:
+        for x in decision.refused:
+            if x.code == QualityRejectedError.code:
+                stats.record_refusal("enrol_low_quality")
     return decisions
 
 
@@ -178,24 +177,21 @@ class GalleryFront:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
         return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
 
-    async def search(self, gallery: str, embedding: np.ndarray, k: int, fpir: float | None = None) -> SearchAnswer:
-        """Top-``k`` of one ``(D,) float32`` embedding on the engine's index, thresholded at ``fpir``."""
-        if fpir is not None:
-            check_fpir(fpir)  # before any work
-        return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
-
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
         """The 1:N policy for one probe ``face`` (a :class:`~facegate.types.Face`): a face the quality gate
         refused is never searched (no hits, the operating point at gallery size ``size``, counted as
         ``search_low_quality``); otherwise its hits, from ``found`` (the engine's answer of a photo searched
-        on the device) or from a search of its embedding."""
+        on the device) or from a search of its embedding on the engine's index. A bad ``fpir`` is the caller's
+        to refuse before any work (:meth:`operating_point`)."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
             return self.answer(None, fpir, size=size)
-        ans = self.answer(found, fpir) if found is not None else await self.search(gallery, face.embedding, k, fpir)
+        if found is None:
+            found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
+        ans = self.answer(found, fpir)
         stats.set_gallery_size(gallery, ans.n)
         return ans
 
