@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from facegate.config import Settings
-from facegate.errors import FacegateError, InputError
+from facegate.errors import EmptyInputError, FacegateError, ImageDecodeError, InputError, ServerError
 
 log = logging.getLogger("facegate")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: face recognition with a quality gate.")
@@ -108,7 +108,6 @@ def _pipeline(settings: Settings):
 
 
 def _read(path: Path, settings: Settings):
-    from facegate.errors import ImageDecodeError
     from facegate.io.decode import decode_image
 
     try:
@@ -232,8 +231,6 @@ def ray_cmd(
     try:
         from facegate.scaleout.ray_app import run as ray_run
     except ImportError as exc:
-        from facegate.errors import ServerError
-
         raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
     replicas = {"engine_replicas": engine_replicas, "max_engine_replicas": max_engine_replicas}
     s = _settings(host=host, port=port)
@@ -286,8 +283,6 @@ def embed(
     s = _settings(**_model_kw(locals()))
     files = sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXT)
     if not files:
-        from facegate.errors import EmptyInputError
-
         raise EmptyInputError(f"no image files under {folder}")
     p = _pipeline(s)
     rows: list[dict[str, Any]] = []
@@ -569,8 +564,7 @@ def eval_quality_cmd(
         device=_auto_device() if device == "auto" else device,
         command=_command(),
     )
-    summary = rep.get("summary", rep) if isinstance(rep, dict) else rep
-    typer.echo(json.dumps(summary, indent=2, default=str)[:20000])
+    typer.echo(json.dumps(rep, indent=2, default=str)[:20000])
 
 
 @app.command()

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,6 @@ import numpy as np
 import torch
 
 from facegate.errors import ModelError
-
-log = logging.getLogger(__name__)
 
 
 def export_onnx(recognizer: torch.nn.Module, out: Path, *, opset: int = 17, verify: bool = True) -> dict[str, Any]:

@@ -155,13 +155,13 @@ class Server:
         assert not self.thread.is_alive(), "server thread did not stop"
 
 
-def start_server(settings: Settings, service: Any = None, gallery: Any = None, *, ready: bool = True) -> Server:
-    """Start ``create_app(settings, service, gallery)`` on uvicorn in a thread; wait for it to listen."""
+def start_server(settings: Settings, service: Any = None, *, ready: bool = True) -> Server:
+    """Start ``create_app(settings, service)`` on uvicorn in a thread; wait for it to listen."""
     import uvicorn
 
     from facegate.api.app import create_app, uvicorn_config
 
-    app = create_app(settings, service, gallery)
+    app = create_app(settings, service)
     config = uvicorn_config(app, settings, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{settings.port}", daemon=True)

@@ -46,12 +46,12 @@ from facegate.errors import (
     ModelError,
 )
 from facegate.logs import escape
+from facegate.service.gallery import GalleryFront
 from facegate.service.keys import KeyStore
 from facegate.tuning import ServingPlan, make_plan
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
-    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ def open_gallery(settings: Settings, service: FaceService, open_retry_s: float |
     """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index).
     ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``)."""
     from facegate.gallery import open_store
-    from facegate.service.gallery import GalleryFront
 
     retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
     store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=retry)
@@ -94,16 +93,15 @@ async def _load(state: ServingState) -> None:
             log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
-        if state.gallery is None:
-            try:
-                state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
-            except GalleryError as exc:
-                if not _busy(exc):
-                    raise
-                # a file another process keeps locked: serve what needs no gallery, keep trying to open it
-                log.error("the gallery is unavailable (%s); serving without it and retrying", exc.message)
-                state.gallery_error = exc
-                state.gallery_task = asyncio.create_task(_reopen_gallery(state), name="facegate-gallery-open")
+        try:
+            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
+        except GalleryError as exc:
+            if not _busy(exc):
+                raise
+            # a file another process keeps locked: serve what needs no gallery, keep trying to open it
+            log.error("the gallery is unavailable (%s); serving without it and retrying", exc.message)
+            state.gallery_error = exc
+            state.gallery_task = asyncio.create_task(_reopen_gallery(state), name="facegate-gallery-open")
         await state.service.start()  # warms the models off the loop, then starts the engine
         state.service_started = True
         state.ready = True
@@ -181,7 +179,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             except Exception:
                 log.exception("stopping the face service failed")
             state.service_started = False
-        if state.gallery is not None and state.owns_gallery:
+        if state.gallery is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.close)
             except Exception:
@@ -295,9 +293,9 @@ class ServingMiddleware:
             await response(scope, receive, send)
 
         try:
-            declared = _content_length(scope)
-            if declared is not None and declared > limit:
-                await send_response(facegate_error_response(_too_large(declared, limit)))
+            declared = header(scope, b"content-length")
+            if declared.isdigit() and int(declared) > limit:
+                await send_response(facegate_error_response(_too_large(int(declared), limit)))
                 return
             with DRAIN.track(task):
                 try:
@@ -386,11 +384,6 @@ class ServingMiddleware:
             log.exception("recording request metrics failed")
 
 
-def _content_length(scope: Scope) -> int | None:
-    value = header(scope, b"content-length")
-    return int(value) if value.isdigit() else None
-
-
 def _too_large(size: int, limit: int) -> ImageTooLargeError:
     return ImageTooLargeError(
         f"request body of {size} bytes exceeds the {limit} bytes this route accepts",
@@ -401,18 +394,16 @@ def _too_large(size: int, limit: int) -> ImageTooLargeError:
 def create_app(
     settings: Settings,
     service: FaceService | None = None,
-    gallery: GalleryFront | None = None,
     *,
     engine: tuple[str | list[str], bytes] | None = None,
     plan: ServingPlan | None = None,
 ) -> FastAPI:
-    """The facegate HTTP app (OpenAPI at ``/docs``). ``service`` / ``gallery``: use these instead of building
-    the models and opening the store (the lifespan starts the service; a gallery passed in is not closed).
-    ``engine``: ``(socket path(s), authkey)`` of running engine processes: a front-end that loads no models."""
+    """The facegate HTTP app (OpenAPI at ``/docs``). ``service``: use it instead of building the models (the
+    lifespan starts it); ``engine``: ``(socket path(s), authkey)`` of running engine processes (a front-end)."""
     from facegate import __version__
 
     plan = plan or make_plan(settings)
-    state = ServingState(settings, plan, service, gallery, engine=engine, owns_gallery=gallery is None)
+    state = ServingState(settings, plan, service, engine=engine)
     if service is not None:
         state.stats = service.stats
     app = FastAPI(

@@ -75,10 +75,10 @@ async def pixels_held(app: Any, uploads: Iterable[UploadFile]) -> AsyncIterator[
         budget.release(pixels)
 
 
-def _decode(raw: bytes, charset: str = "utf-8") -> str:
-    """Starlette's decoding of names and field values: the charset, else latin-1."""
+def _decode(raw: bytes) -> str:
+    """Starlette's decoding of names and field values: UTF-8, else latin-1."""
     try:
-        return raw.decode(charset)
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw.decode("latin-1")
 
@@ -194,9 +194,7 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
 
 def wants_fast_path(scope: Scope) -> bool:
     """Whether a request may take the fast path: ``POST /api/embed`` with a small multipart body."""
-    if scope["method"] != "POST" or scope["path"] != EMBED_PATH:
-        return False
-    return is_small_multipart(scope)
+    return scope["method"] == "POST" and scope["path"] == EMBED_PATH and is_small_multipart(scope)
 
 
 def aligned_images(form: FormData | None, max_images: int) -> list[UploadFile] | None:

@@ -33,6 +33,8 @@ from facegate.api.app import create_app, uvicorn_config
 from facegate.api.drain import uvicorn_timeout_s
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, ModelError, ServerError
+from facegate.logs import configure_logging
+from facegate.metrics.prometheus import MULTIPROC_ENV, enable_multiprocess, process_exited
 from facegate.service.faces import FaceService
 from facegate.transport.remote import engine_main, error_from_wire
 from facegate.tuning import ServingPlan, detect_machine, make_plan
@@ -43,8 +45,6 @@ ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
 ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
 ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
 ENV_PLAN = "FACEGATE_PLAN_JSON"
-#: prometheus_client's multiprocess folder (facegate.metrics.prometheus.MULTIPROC_ENV; not imported here)
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 _RUN_DIR = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
@@ -90,11 +90,7 @@ def remove_stale_run_dirs(root: Path | None = None) -> list[Path]:
 def frontend_app() -> FastAPI:
     """uvicorn app factory of a front-end: settings and the engines' addresses come from the environment."""
     if not logging.getLogger().handlers:
-        from facegate.logs import configure_logging
-
         configure_logging()
-    from facegate.metrics.prometheus import enable_multiprocess
-
     enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
     plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
@@ -240,8 +236,6 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
     """Run ``front_ends`` processes (``target``, default :func:`frontend_main`) fed by an acceptor thread until
     SIGINT/SIGTERM, replacing any that exits; the engines' environment must be exported already.
     ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor thread stops."""
-    from facegate.metrics.prometheus import process_exited
-
     folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)

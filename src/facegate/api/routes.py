@@ -42,15 +42,16 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
+from facegate.gallery.base import validate_subject_id
+from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
-from facegate.service.gallery import EnrolDecision, decide_enrolments, refusal_reason
+from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments, refusal_reason
 from facegate.transport.remote import same_engine
 from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
 
 if TYPE_CHECKING:
     from facegate.service.faces import FaceService
-    from facegate.service.gallery import GalleryFront
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,6 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    owns_gallery: bool = False  # opened by the lifespan (then closed by it), not passed in
     service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
@@ -222,8 +222,6 @@ async def healthz() -> sc.HealthResponse:
 @router.get("/readyz", response_model=sc.ReadyResponse, responses={503: {"model": sc.ErrorResponse}}, tags=["health"])
 async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
-    from facegate.errors import EngineClosedError
-
     state = get_state(request.app)
     if not (state.ready and state.service is not None and state.service.ready):
         if state.load_error is not None:
@@ -237,8 +235,6 @@ async def readyz(request: Request) -> sc.ReadyResponse:
 @router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
-    from facegate.metrics.prometheus import render_latest
-
     state = get_state(request.app)
     remote = None
     engine = getattr(state.service, "engine", None)
@@ -459,8 +455,6 @@ async def enrol(
 ) -> sc.EnrolResponse:
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
-    from facegate.gallery.base import validate_subject_id
-
     state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
@@ -481,8 +475,6 @@ async def enrol_batch(
 ) -> sc.BatchEnrolResponse:
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
     other requests), the request's subjects are written in one transaction, refused photos are listed."""
-    from facegate.gallery.base import validate_subject_id
-
     state, service, gallery = _ready(request)
     try:
         ids = json.loads(subject_ids)

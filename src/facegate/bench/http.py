@@ -99,8 +99,7 @@ def collect_images(paths: Sequence[Path | str], *, limit: int | None = None) -> 
             raise InvalidParameterError(f"image path does not exist: {p}", detail={"path": str(p)})
         if limit is not None and len(found) >= limit:
             break
-    if limit is not None:
-        found = found[:limit]
+    found = found[:limit]
     if not found:
         raise EmptyInputError("no images found for the benchmark", detail={"paths": [str(p) for p in paths]})
     return found
@@ -348,16 +347,11 @@ async def arun_http_bench(
             wrec = await _phase(send, make, concurrency, warmup)
             if wrec.errors:
                 log.warning("warm-up errors: %s", dict(wrec.errors))
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            bar = tqdm(total=n_requests, desc=f"bench {kind} c={concurrency}", unit="req", file=sys.stderr)
-        try:
+        desc = f"bench {kind} c={concurrency}"
+        with tqdm(total=n_requests, desc=desc, unit="req", file=sys.stderr, disable=not progress) as bar:
             rec = await _phase(send, make, concurrency, n_requests, duration_s, warmup, bar)
-        finally:
-            if bar is not None:
-                bar.close()
 
     elapsed = max(rec.last_done - rec.first_send, 1e-9) if rec.first_send is not None else 0.0
     lat_ms = np.asarray(rec.latencies_s, dtype=np.float64) * 1000.0

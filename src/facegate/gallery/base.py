@@ -275,10 +275,8 @@ def _gallery(row: tuple[Any, ...]) -> GalleryInfo:
 
 
 def _subject(row: tuple[Any, ...]) -> SubjectInfo:
-    sid, n, tq, meta, created, updated = row
-    value = json.loads(meta) if meta else {}
-    meta_d = value if isinstance(value, dict) else {}
-    return SubjectInfo(str(sid), int(n), float(tq), meta_d, float(created), float(updated))
+    sid, n, tq, meta, created, updated = row  # meta: encode_meta's JSON object text, or the column's default '{}'
+    return SubjectInfo(str(sid), int(n), float(tq), json.loads(meta), float(created), float(updated))
 
 
 def _subject_not_found(gallery: str, subject_id: str) -> SubjectNotFoundError:

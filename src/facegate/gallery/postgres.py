@@ -48,12 +48,12 @@ class _Qmark:
 
 
 class PostgresGalleryStore(GalleryStore):
-    """The store on the database of libpq URL ``url``, with at most ``pool_size`` connections;
+    """The store on the database of libpq URL ``url``, with at most 4 connections;
     ``connect_timeout_s``: how long start-up and each call wait for one before GalleryUnavailableError."""
 
     _BYTE_ORDER = ' COLLATE "C"'  # byte order (as SQLite's BINARY), whatever the database's locale
 
-    def __init__(self, url: str, *, pool_size: int = 4, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
         import psycopg
         from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -66,7 +66,7 @@ class PostgresGalleryStore(GalleryStore):
         self._pool = ConnectionPool(
             url,
             min_size=1,
-            max_size=max(1, pool_size),
+            max_size=4,
             timeout=connect_timeout_s,
             kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
             open=False,

@@ -1,9 +1,9 @@
-"""Galleries on the store of record: :class:`StoreFront` (writes and reads) and :class:`Gallery` (with a search
-index that follows the store's change feed, :class:`~facegate.gallery.feed.IndexFollower`).
+"""The engine's gallery: the store of record and a search index that follows the store's change feed
+(:class:`~facegate.gallery.feed.IndexFollower`); the front-end's store calls are
+:class:`~facegate.service.gallery.GalleryFront`'s.
 
 A search first catches up to the store's current sequence number (a cheap ``max(seq)``), so a write
-acknowledged by any process sharing the store is visible to every later search. Callers must check that
-:attr:`GalleryInfo.model` produced the embeddings they pass (the store only checks ``dim``).
+acknowledged by any process sharing the store is visible to every later search.
 """
 
 from __future__ import annotations
@@ -12,76 +12,18 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import numpy as np
 
 from facegate.errors import InvalidParameterError
-from facegate.gallery.base import EnrolItem, GalleryInfo, GalleryStore, SearchHit, SubjectInfo, validate_gallery_name
+from facegate.gallery.base import GalleryStore, SearchHit, validate_gallery_name
 from facegate.gallery.feed import IndexFollower, LagHook
 from facegate.gallery.index import GalleryIndex
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
-#: Called with ``{gallery: number of subjects}`` after start-up and after every applied write.
+#: Called with ``{gallery: number of subjects}`` after start-up and after every applied change.
 StatsHook = Callable[[dict[str, int]], None]
-
-
-class StoreFront:
-    """The gallery calls on the store of record ``store``; :meth:`_written` runs after each committed write."""
-
-    def __init__(self, store: GalleryStore) -> None:
-        self.store = store
-
-    def _written(self) -> None:
-        """After a committed write (nothing here: a front-end holds no index)."""
-
-    def _wrote(self, result: _T) -> _T:
-        self._written()
-        return result
-
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        return self._wrote(self.store.create_gallery(name, model, dim))
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        return self.store.list_galleries()
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        return self.store.get_gallery(name)
-
-    def delete_gallery(self, name: str) -> None:
-        self._wrote(self.store.delete_gallery(name))
-
-    def enrol(
-        self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
-    ) -> SubjectInfo:
-        """Add ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)."""
-        return self._wrote(self.store.add_embeddings(gallery, subject_id, emb, qual, meta))
-
-    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
-        """:meth:`enrol` of many ``(subject_id, emb, qual, meta)`` in one transaction."""
-        return self._wrote(self.store.enrol_many(gallery, items))
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
-    ) -> int:
-        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1). Returns S."""
-        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
-        return self._wrote(self.store.import_templates(gallery, list(subject_ids), templates, q))
-
-    def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
-        return self.store.get_subject(gallery, subject_id)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        return self.store.list_subjects(gallery, offset, limit)
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject (every index drops it before its next search)."""
-        self._wrote(self.store.delete_subject(gallery, subject_id))
-
-    def close(self) -> None:
-        self.store.close()
 
 
 def _check_threshold(value: object) -> float:
@@ -93,11 +35,11 @@ def _check_threshold(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-class Gallery(StoreFront):
+class Gallery:
     """A store and an exact search index (loaded from it here, once) current with it at every search: the
     engine's gallery. ``match_threshold``: the default of :attr:`SearchHit.match`; ``stats_hook`` receives
-    ``{gallery: size}`` after start-up and every applied write (serialised; its exceptions are logged);
-    ``lag_hook`` per applied batch; ``follow``: also apply foreign changes in a background thread."""
+    ``{gallery: size}`` after start-up and every applied change (serialised; its exceptions are logged);
+    ``lag_hook`` per applied batch; ``follow``: also apply changes in a background thread as they commit."""
 
     def __init__(
         self,
@@ -109,7 +51,7 @@ class Gallery(StoreFront):
         lag_hook: LagHook | None = None,
         follow: bool = False,
     ) -> None:
-        super().__init__(store)
+        self.store = store
         self.index = index
         self.match_threshold = _check_threshold(match_threshold)
         self._stats_hook = stats_hook
@@ -138,16 +80,6 @@ class Gallery(StoreFront):
                 self._stats_hook(self.index.sizes())
             except Exception:
                 log.exception("gallery stats hook failed")
-
-    def _written(self) -> None:
-        """Bring the index up to the committed write. The write is acknowledged even when that fails: the
-        change stays in the feed and the next search applies it first (or fails rather than miss it)."""
-        try:
-            if self.follower.catch_up():
-                return  # the follower reported the new sizes
-        except Exception as exc:
-            log.warning("gallery index: a committed change is not applied yet (%s); the next search applies it", exc)
-        self._emit_stats()
 
     def search(
         self, gallery: str, queries: np.ndarray, k: int = 1, threshold: float | None = None

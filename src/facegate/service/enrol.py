@@ -27,6 +27,7 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
+from facegate.service.gallery import decide_enrolment
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,13 @@ def enrol_photos(
     batch_size: int,
     requires_quality: bool,
     verdict: Callable[[Any], Any] | None = None,
-    progress: Callable[[int, int, int], None] | None = None,
+    progress: Callable[[int, int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call.
 
     ``verdict(face)``: the enrolment gate (:func:`~facegate.service.gallery.decide_enrolment`);
     ``progress(photos, faces, refusals)`` runs after each batch.
     """
-    from facegate.service.gallery import decide_enrolment
-
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     groups: list[list[tuple[str, list[Path], str]]] = [[]]
@@ -143,8 +142,7 @@ def enrol_photos(
         store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
         report.subjects_enrolled += len(items)
         report.faces += n_faces
-        if progress is not None:
-            progress(len(paths), n_faces, n_ref)
+        progress(len(paths), n_faces, n_ref)
     return report
 
 
@@ -175,7 +173,7 @@ def import_templates(
     embeddings: np.ndarray,
     qualities: np.ndarray | None = None,
     *,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] = lambda _: None,
 ) -> int:
     """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
     Rows sharing an id are enrolled together (the subject gets their quality-weighted template)."""
@@ -190,8 +188,7 @@ def import_templates(
     if len(set(ids)) == n:
         for part in (slice(s, s + IMPORT_CHUNK) for s in range(0, n, IMPORT_CHUNK)):
             written += store.import_templates(gallery, ids[part], emb[part], q[part])
-            if progress is not None:
-                progress(len(ids[part]))
+            progress(len(ids[part]))
         return written
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(ids):
@@ -211,8 +208,7 @@ def import_templates(
                     if isinstance(exc, GalleryNotFoundError):
                         raise
                     log.warning("template import: subject %r refused: %s", item[0], exc.message)
-        if progress is not None:
-            progress(sum(len(x[1]) for x in chunk))
+        progress(sum(len(x[1]) for x in chunk))
     return written
 
 

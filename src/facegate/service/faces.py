@@ -14,7 +14,8 @@ import numpy as np
 from facegate.config import Settings
 from facegate.engine.engine import DeviceThread, Engine
 from facegate.errors import InvalidParameterError
-from facegate.metrics.stats import ServiceStats
+from facegate.gallery.query import encode_photo_search, encode_search
+from facegate.metrics.stats import ServiceStats, torch_cuda_memory_fn
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import is_aligned_crop
 from facegate.pipeline.pipeline import (
@@ -24,6 +25,7 @@ from facegate.pipeline.pipeline import (
     select_faces,
     within_memory_limit,
 )
+from facegate.pipeline.search import PhotoSearchStage, SearchStage
 from facegate.transport.remote import RemoteEngine, RemotePool
 from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect
@@ -50,8 +52,6 @@ class FaceService:
         #: the engine's gallery search stage (:mod:`facegate.pipeline.search`), when this process owns the engine
         self.search_stage = search_stage
         if pipeline.device_name.startswith("cuda"):
-            from facegate.metrics.stats import torch_cuda_memory_fn
-
             self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
         stages = pipeline.stages() if engine is None else []
@@ -59,8 +59,6 @@ class FaceService:
             stages.append(search_stage)
             photo = next((st for st in stages if st.name == "photo"), None)
             if photo is not None:
-                from facegate.pipeline.search import PhotoSearchStage
-
                 stages.append(PhotoSearchStage(photo, search_stage))
         self.engine: Engine | RemoteEngine | RemotePool = engine or Engine(
             stages,
@@ -85,8 +83,6 @@ class FaceService:
         with within_memory_limit(settings.engine.gpu_memory_limit_mib, "load the models"):
             pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()
-        from facegate.pipeline.search import SearchStage
-
         search = SearchStage.from_settings(
             settings, pipeline.device_name, (pipeline.spec.name, pipeline.spec.embedding_dim)
         )
@@ -160,16 +156,12 @@ class FaceService:
     async def photo_search(self, data: bytes, gallery: str, k: int) -> tuple[list[Face], Any]:
         """The largest face of one encoded photo and its top-``k`` in ``gallery``, in one engine trip
         (the engine's ``photo_search`` stage; only when :attr:`photo_on_device`)."""
-        from facegate.gallery.query import encode_photo_search
-
         res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
         return self._record(self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)), out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
         :class:`~facegate.gallery.query.SearchOut` (current with every write acknowledged before the call)."""
-        from facegate.gallery.query import encode_search
-
         return await self._submit("search", encode_search(gallery, query, k))
 
     async def _submit(self, stage: str, payload: np.ndarray) -> Any:
@@ -199,13 +191,12 @@ class FaceService:
         image: np.ndarray,
         *,
         select: FaceSelect | str = FaceSelect.LARGEST,
-        face_index: int | None = None,
         keep_crops: bool = False,
     ) -> list[Face]:
         """Detect, select, align, embed and gate the faces of one image, whatever its size (only the caller knows
         that an upload is an aligned crop: :meth:`face_aligned`). Raises :class:`NoFaceError` when none is found."""
         dets = await self.detect(image)
-        chosen = select_faces(dets, select, face_index)
+        chosen = select_faces(dets, select)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._embed(crops)
         return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))
@@ -221,13 +212,13 @@ class FaceService:
             self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
         )
 
-    async def face_aligned(self, crop: np.ndarray, *, keep_crop: bool = False) -> Face:
+    async def face_aligned(self, crop: np.ndarray) -> Face:
         """Embed and gate one pre-aligned ``(112,112,3) uint8`` RGB crop (no detection)."""
         if not is_aligned_crop(crop):
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
         emb, q, raw = await self._embed(crops)
-        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw, keep_crops=keep_crop))[0]
+        return self._record(self.pipeline.make_faces([None], crops, emb, q, raw))[0]
 
     def compare(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare with the quality gate (refused pairs are never compared)."""

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
-from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
-from facegate.gallery.service import StoreFront
+from facegate.gallery.base import EnrolItem, GalleryInfo, GalleryStore, SearchHit, SubjectInfo
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
 from facegate.types import QualityVerdict
 
@@ -81,8 +80,8 @@ def decide_enrolments(
     results: Sequence[Any],
     *,
     requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict] | None = None,
-    stats: Any = None,
+    verdict: Callable[[Any], QualityVerdict],
+    stats: Any,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """:func:`decide_enrolment` per subject of a request whose image ``i`` (result ``results[i]``) shows
     ``subject_ids[i]``: each subject, its images' indices and its decision. Gate refusals are counted in
@@ -92,11 +91,10 @@ def decide_enrolments(
         rows.setdefault(sid, []).append(i)
     gate = {"requires_quality": requires_quality, "verdict": verdict}
     decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
-    if stats is not None:
-        for _, _, decision in decisions:
-            for x in decision.refused:
-                if x.code == QualityRejectedError.code:
-                    stats.record_refusal("enrol_low_quality")
+    for _, _, decision in decisions:
+        for x in decision.refused:
+            if x.code == QualityRejectedError.code:
+                stats.record_refusal("enrol_low_quality")
     return decisions
 
 
@@ -115,15 +113,55 @@ class SearchAnswer:
     basis: str
 
 
-class GalleryFront(StoreFront):
+class GalleryFront:
     """The front-end's gallery: the store of record for writes and reads, the engine (``face_service``, a
-    :class:`~facegate.service.faces.FaceService`) for search, and the FPIR operating point."""
+    :class:`~facegate.service.faces.FaceService`) for search, and the FPIR operating point. Callers check with
+    :meth:`check_model` that the gallery's model made the embeddings they pass (the store only checks ``dim``)."""
 
     def __init__(self, store: GalleryStore, face_service: Any) -> None:
-        super().__init__(store)
+        self.store = store
         self._svc = face_service
         op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
         self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
+
+    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
+        return self.store.create_gallery(name, model, dim)
+
+    def list_galleries(self) -> list[GalleryInfo]:
+        return self.store.list_galleries()
+
+    def get_gallery(self, name: str) -> GalleryInfo:
+        return self.store.get_gallery(name)
+
+    def delete_gallery(self, name: str) -> None:
+        self.store.delete_gallery(name)
+
+    def enrol(
+        self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
+    ) -> SubjectInfo:
+        """Add ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)."""
+        return self.store.add_embeddings(gallery, subject_id, emb, qual, meta)
+
+    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
+        """:meth:`enrol` of many ``(subject_id, emb, qual, meta)`` in one transaction."""
+        return self.store.enrol_many(gallery, items)
+
+    def import_templates(
+        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
+    ) -> int:
+        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1). Returns S."""
+        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
+        return self.store.import_templates(gallery, list(subject_ids), templates, q)
+
+    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
+        return self.store.list_subjects(gallery, offset, limit)
+
+    def delete_subject(self, gallery: str, subject_id: str) -> None:
+        """Erase a subject (the engine's index drops it before its next search)."""
+        self.store.delete_subject(gallery, subject_id)
+
+    def close(self) -> None:
+        self.store.close()
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -139,24 +177,21 @@ class GalleryFront(StoreFront):
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
         return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
 
-    async def search(self, gallery: str, embedding: np.ndarray, k: int, fpir: float | None = None) -> SearchAnswer:
-        """Top-``k`` of one ``(D,) float32`` embedding on the engine's index, thresholded at ``fpir``."""
-        if fpir is not None:
-            check_fpir(fpir)  # before any work
-        return self.answer(await self._svc.search(gallery, np.asarray(embedding, np.float32), k), fpir)
-
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
         """The 1:N policy for one probe ``face`` (a :class:`~facegate.types.Face`): a face the quality gate
         refused is never searched (no hits, the operating point at gallery size ``size``, counted as
         ``search_low_quality``); otherwise its hits, from ``found`` (the engine's answer of a photo searched
-        on the device) or from a search of its embedding."""
+        on the device) or from a search of its embedding on the engine's index. A bad ``fpir`` is the caller's
+        to refuse before any work (:meth:`operating_point`)."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
             return self.answer(None, fpir, size=size)
-        ans = self.answer(found, fpir) if found is not None else await self.search(gallery, face.embedding, k, fpir)
+        if found is None:
+            found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
+        ans = self.answer(found, fpir)
         stats.set_gallery_size(gallery, ans.n)
         return ans
 

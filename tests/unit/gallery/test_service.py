@@ -1,8 +1,8 @@
-"""Gallery service: write-through consistency (also under failures), restart, threads, stats hook."""
+"""The engine's gallery: its index current with the store at every search (also under failures), restart,
+threads, stats hook."""
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 import threading
 from pathlib import Path
@@ -31,12 +31,13 @@ def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
 
 
 def assert_consistent(svc: Gallery, gallery: str) -> None:
-    """The index holds exactly the store's subjects and the store's templates, bit for bit."""
+    """Once caught up, the index holds exactly the store's subjects and the store's templates, bit for bit."""
+    svc.sync()
     ids_db, T_db = svc.store.load_templates(gallery)
     ids_ix, T_ix = svc.index.snapshot(gallery)
     assert ids_ix == ids_db
     assert T_ix.tobytes() == T_db.tobytes()
-    assert svc.get_gallery(gallery).subjects == svc.sizes()[gallery]
+    assert svc.store.get_gallery(gallery).subjects == svc.sizes()[gallery]
 
 
 @pytest.fixture
@@ -53,11 +54,11 @@ def svc(db: Path):
 
 def test_enrol_search_delete_roundtrip(svc: Gallery) -> None:
     rng = np.random.default_rng(0)
-    svc.create_gallery("g", "sface", D)
+    svc.store.create_gallery("g", "sface", D)
     assert_consistent(svc, "g")
     faces = {f"p{i}": unit(rng, 3) for i in range(20)}
     for sid, e in faces.items():
-        info = svc.enrol("g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
+        info = svc.store.add_embeddings("g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
         assert info.n_embeddings == 3
         assert_consistent(svc, "g")
     # a query close to one of p7's images finds p7 first, as a match; unrelated queries do not match
@@ -68,26 +69,26 @@ def test_enrol_search_delete_roundtrip(svc: Gallery) -> None:
     # per-call threshold override
     assert svc.search("g", probe[None], k=1, threshold=1.0)[0][0].match is False
     # re-enrol appends and moves the template; the index follows
-    svc.enrol("g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
-    assert svc.get_subject("g", "p7").n_embeddings == 5
+    svc.store.add_embeddings("g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
+    assert svc.store.get_subject("g", "p7").n_embeddings == 5
     assert_consistent(svc, "g")
-    svc.delete_subject("g", "p7")
+    svc.store.delete_subject("g", "p7")
     assert_consistent(svc, "g")
     assert all(h.subject_id != "p7" for h in svc.search("g", probe[None], k=19)[0])
     with pytest.raises(SubjectNotFoundError):
-        svc.delete_subject("g", "p7")
-    assert [s.subject_id for s in svc.list_subjects("g", 0, 5)] == ["p0", "p1", "p10", "p11", "p12"]
+        svc.store.delete_subject("g", "p7")
+    assert [s.subject_id for s in svc.store.list_subjects("g", 0, 5)] == ["p0", "p1", "p10", "p11", "p12"]
 
 
 def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
     rng = np.random.default_rng(1)
-    svc.create_gallery("a", "sface", D)
+    svc.store.create_gallery("a", "sface", D)
     with pytest.raises(GalleryExistsError):
-        svc.create_gallery("a", "sface", D)
+        svc.store.create_gallery("a", "sface", D)
     with pytest.raises(GalleryNotFoundError):
         svc.search("nope", unit(rng, 1), k=1)
     with pytest.raises(GalleryNotFoundError):
-        svc.enrol("nope", "x", unit(rng, 1), np.ones(1, np.float32))
+        svc.store.add_embeddings("nope", "x", unit(rng, 1), np.ones(1, np.float32))
     with pytest.raises(InvalidParameterError):
         svc.search("bad name!", unit(rng, 1), k=1)
     with pytest.raises(InvalidParameterError):
@@ -96,42 +97,39 @@ def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
         svc.search("a", unit(rng, 1, D + 1), k=1)
     # a failed store write leaves the index untouched
     with pytest.raises(DimensionMismatchError):
-        svc.enrol("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
+        svc.store.add_embeddings("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
     assert svc.sizes() == {"a": 0}
     assert svc.search("a", unit(rng, 1), k=5) == [[]]
-    svc.enrol("a", "x", unit(rng, 1), np.ones(1, np.float32))
-    svc.delete_gallery("a")
-    assert svc.sizes() == {}
-    assert svc.list_galleries() == []
+    svc.store.add_embeddings("a", "x", unit(rng, 1), np.ones(1, np.float32))
+    svc.store.delete_gallery("a")
+    assert svc.sync() == 2 and svc.sizes() == {}
+    assert svc.store.list_galleries() == []
     with pytest.raises(GalleryNotFoundError):
         svc.search("a", unit(rng, 1), k=1)
     with pytest.raises(InvalidParameterError):
         Gallery(svc.store, GalleryIndex(), match_threshold=float("nan"))
 
 
-def test_index_failure_after_db_write_is_caught_up_later(
-    svc: Gallery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A committed write is acknowledged even when applying it to the index fails; the change stays in the
-    feed, so the next search applies it (and nothing is ever served from a half-applied index)."""
+def test_index_failure_fails_the_search_until_the_change_applies(svc: Gallery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed change the index cannot apply stays in the feed: the search fails rather than answer from a
+    stale index, and the next search applies it."""
     rng = np.random.default_rng(2)
-    svc.create_gallery("g", "sface", D)
+    svc.store.create_gallery("g", "sface", D)
     for i in range(5):
-        svc.enrol("g", f"s{i}", unit(rng, 1), np.ones(1, np.float32))
+        svc.store.add_embeddings("g", f"s{i}", unit(rng, 1), np.ones(1, np.float32))
     e = unit(rng, 1)
     with monkeypatch.context() as m:
         m.setattr(svc.index, "upsert", lambda *a: (_ for _ in ()).throw(RuntimeError("simulated device failure")))
-        with caplog.at_level(logging.WARNING, logger="facegate.gallery.service"):
-            info = svc.enrol("g", "s9", e, np.ones(1, np.float32))
-        assert info.subject_id == "s9"  # committed, so acknowledged
-        assert "next search" in caplog.text
+        svc.store.add_embeddings("g", "s9", e, np.ones(1, np.float32))
         with pytest.raises(RuntimeError):
             svc.search("g", e, k=1)  # the index cannot apply it yet: no stale answer
     assert svc.search("g", e, k=1)[0][0].subject_id == "s9"
     assert_consistent(svc, "g")
+    svc.store.delete_subject("g", "s0")
     with monkeypatch.context() as m:
         m.setattr(svc.index, "remove", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
-        svc.delete_subject("g", "s0")
+        with pytest.raises(RuntimeError):
+            svc.search("g", e, k=10)
     assert "s0" not in [h.subject_id for h in svc.search("g", e, k=10)[0]]
     assert_consistent(svc, "g")
 
@@ -141,18 +139,21 @@ def test_stats_hook(db: Path) -> None:
     rng = np.random.default_rng(4)
     svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.4, stats_hook=calls.append)
     try:
-        svc.create_gallery("g", "sface", D)
-        svc.enrol("g", "a", unit(rng, 1), np.ones(1, np.float32))
-        svc.enrol("g", "b", unit(rng, 1), np.ones(1, np.float32))
-        svc.delete_subject("g", "a")
-        assert calls == [{}, {"g": 0}, {"g": 1}, {"g": 2}, {"g": 1}]
+        svc.store.create_gallery("g", "sface", D)
+        svc.sync()
+        svc.store.add_embeddings("g", "a", unit(rng, 1), np.ones(1, np.float32))
+        svc.store.add_embeddings("g", "b", unit(rng, 1), np.ones(1, np.float32))
+        svc.sync()
+        svc.store.delete_subject("g", "a")
+        svc.sync()
+        assert calls == [{}, {"g": 0}, {"g": 2}, {"g": 1}]
 
         def broken(_: dict[str, int]) -> None:
             raise ValueError("metrics backend down")
 
-        svc.set_stats_hook(broken)  # a failing hook never fails a write
-        svc.enrol("g", "c", unit(rng, 1), np.ones(1, np.float32))
-        assert svc.sizes() == {"g": 2}
+        svc.set_stats_hook(broken)  # a failing hook never fails applying a change
+        svc.store.add_embeddings("g", "c", unit(rng, 1), np.ones(1, np.float32))
+        assert svc.sync() == 1 and svc.sizes() == {"g": 2}
     finally:
         svc.close()
 
@@ -161,11 +162,11 @@ def test_restart_gives_identical_results(db: Path) -> None:
     rng = np.random.default_rng(5)
     Q = unit(rng, 16)
     svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
-    svc.create_gallery("g", "sface", D)
-    svc.create_gallery("h", "sface", D)
+    svc.store.create_gallery("g", "sface", D)
+    svc.store.create_gallery("h", "sface", D)
     for i in range(200):
-        svc.enrol("g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
-    svc.delete_subject("g", "s100")
+        svc.store.add_embeddings("g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
+    svc.store.delete_subject("g", "s100")
     before = svc.search("g", Q, k=10)
     templates = svc.store.load_templates("g")
     svc.close()
@@ -187,8 +188,8 @@ def test_restart_gives_identical_results(db: Path) -> None:
 
 
 def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
-    svc.create_gallery("g", "sface", D)
-    svc.create_gallery("h", "sface", D)
+    svc.store.create_gallery("g", "sface", D)
+    svc.store.create_gallery("h", "sface", D)
     n_threads, per_thread = 4, 50
     errors: list[BaseException] = []
 
@@ -198,9 +199,9 @@ def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
             for i in range(per_thread):
                 gallery = "g" if t % 2 == 0 else "h"
                 sid = f"shared{i % 4}" if i % 5 == 0 else f"t{t}_{i}"  # 10 writes to contended subjects
-                svc.enrol(gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
+                svc.store.add_embeddings(gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
                 if i % 10 == 9:
-                    svc.delete_subject(gallery, f"t{t}_{i - 1}")
+                    svc.store.delete_subject(gallery, f"t{t}_{i - 1}")
                 svc.search(gallery, unit(rng, 2), k=3)
         except BaseException as exc:
             errors.append(exc)
@@ -226,10 +227,11 @@ def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
 
 def test_closed_store_surfaces_gallery_error(db: Path) -> None:
     svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
-    svc.create_gallery("g", "sface", D)
+    svc.store.create_gallery("g", "sface", D)
+    svc.sync()
     svc.close()
     with pytest.raises(GalleryError):
-        svc.enrol("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
+        svc.store.add_embeddings("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
     assert svc.sizes() == {"g": 0}
 
 
@@ -239,14 +241,14 @@ def test_index_follows_commits_of_another_process(tmp_path: Path) -> None:
     a = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
     b = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
     try:
-        a.create_gallery("staff", "sface", 4)
+        a.store.create_gallery("staff", "sface", 4)
         e = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
-        a.enrol("staff", "alice", e, np.array([0.9], np.float32))
-        assert a.sync() == 0  # its own commits are applied as it writes
+        a.store.add_embeddings("staff", "alice", e, np.array([0.9], np.float32))
+        assert a.sync() == 2 and a.sync() == 0
         hits = b.search("staff", e, k=1)  # b applies the two changes before searching
         assert [h.subject_id for h in hits[0]] == ["alice"] and hits[0][0].match
         assert b.sync() == 0  # nothing new since
-        a.delete_subject("staff", "alice")
+        a.store.delete_subject("staff", "alice")
         assert b.search("staff", e, k=1) == [[]]
     finally:
         a.close()

@@ -145,36 +145,36 @@ def test_changes_carry_the_current_template(make_store: StoreFactory) -> None:
 def test_import_templates_in_bulk(make_store: StoreFactory) -> None:
     rng = np.random.default_rng(2)
     svc = gallery_of(make_store)
-    svc.create_gallery("g", "m", D)
+    svc.store.create_gallery("g", "m", D)
     t = unit(rng, 300)
     ids = [f"s{i:04d}" for i in range(300)]
-    assert svc.import_templates("g", ids, t) == 300
-    assert svc.get_gallery("g").subjects == 300
+    assert svc.store.import_templates("g", ids, t, np.ones(300, np.float32)) == 300
+    assert svc.store.get_gallery("g").subjects == 300
     assert svc.store.current_seq() == 301  # one change per subject, one transaction
     hits = svc.search("g", t[[7, 123]], k=3)
     assert [h[0].subject_id for h in hits] == ["s0007", "s0123"]
-    assert svc.get_subject("g", "s0007").n_embeddings == 1
+    assert svc.store.get_subject("g", "s0007").n_embeddings == 1
     # re-import replaces the subject's template; a later enrolment builds on the imported embedding
-    svc.import_templates("g", ["s0007"], t[[8]])
-    assert svc.get_subject("g", "s0007").n_embeddings == 1
-    svc.enrol("g", "s0007", t[[9]], np.array([1.0], np.float32))
-    assert svc.get_subject("g", "s0007").n_embeddings == 2
+    svc.store.import_templates("g", ["s0007"], t[[8]], np.ones(1, np.float32))
+    assert svc.store.get_subject("g", "s0007").n_embeddings == 1
+    svc.store.add_embeddings("g", "s0007", t[[9]], np.array([1.0], np.float32))
+    assert svc.store.get_subject("g", "s0007").n_embeddings == 2
     svc.close()
 
 
 def test_follower_applies_changes_without_reloading(make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(3)
     a, b = gallery_of(make_store), gallery_of(make_store)
-    a.create_gallery("g", "m", D)
-    a.import_templates("g", [f"s{i}" for i in range(50)], unit(rng, 50))
+    a.store.create_gallery("g", "m", D)
+    a.store.import_templates("g", [f"s{i}" for i in range(50)], unit(rng, 50), np.ones(50, np.float32))
     loads: list[int] = []
     monkeypatch.setattr(b.store, "load_snapshot", lambda: loads.append(1))  # a reload would fail loudly
     e = unit(rng, 1)
-    a.enrol("g", "new", e, np.array([0.8], np.float32))
+    a.store.add_embeddings("g", "new", e, np.array([0.8], np.float32))
     before = b.follower.applied
     assert b.search("g", e, k=1)[0][0].subject_id == "new"
     assert b.follower.applied - before == 52  # create (1) + import (50) + enrol (1), one by one
-    a.delete_subject("g", "new")
+    a.store.delete_subject("g", "new")
     assert b.search("g", e, k=1)[0][0].subject_id != "new"
     assert b.follower.applied - before == 53 and loads == []
     # the index matches the store bit for bit
@@ -188,15 +188,15 @@ def test_follower_applies_changes_without_reloading(make_store: StoreFactory, mo
 def test_gallery_recreated_with_another_dim_is_followed(make_store: StoreFactory) -> None:
     rng = np.random.default_rng(4)
     a, b = gallery_of(make_store), gallery_of(make_store)
-    a.create_gallery("g", "m", D)
-    a.enrol("g", "x", unit(rng, 1), np.array([0.8], np.float32))
-    a.delete_gallery("g")
-    a.create_gallery("g", "m", 16)
+    a.store.create_gallery("g", "m", D)
+    a.store.add_embeddings("g", "x", unit(rng, 1), np.array([0.8], np.float32))
+    a.store.delete_gallery("g")
+    a.store.create_gallery("g", "m", 16)
     e = unit(rng, 1, 16)
-    a.enrol("g", "x", e, np.array([0.8], np.float32))
+    a.store.add_embeddings("g", "x", e, np.array([0.8], np.float32))
     hits = b.search("g", e, k=5)  # b applies all five changes, reading the final state
     assert [h.subject_id for h in hits[0]] == ["x"] and b.index.dim("g") == 16
-    a.delete_gallery("g")
+    a.store.delete_gallery("g")
     with pytest.raises(GalleryNotFoundError):
         b.search("g", e, k=1)
     a.close()
@@ -208,8 +208,8 @@ def test_background_follower_applies_foreign_writes(make_store: StoreFactory) ->
     lags: list[float] = []
     a = gallery_of(make_store)
     b = gallery_of(make_store, follow=True, lag_hook=lambda lag, n: lags.append(lag))
-    a.create_gallery("g", "m", D)
-    a.enrol("g", "x", unit(rng, 1), np.array([0.8], np.float32))
+    a.store.create_gallery("g", "m", D)
+    a.store.add_embeddings("g", "x", unit(rng, 1), np.array([0.8], np.float32))
     seq = a.store.current_seq()
     deadline = threading.Event()
     for _ in range(200):  # bounded: 200 × 25 ms
@@ -229,10 +229,10 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     and both front-ends must see them as soon as they are acknowledged."""
     rng = np.random.default_rng(6)
     a, b = gallery_of(make_store), gallery_of(make_store)
-    a.create_gallery("g", "m", D)
+    a.store.create_gallery("g", "m", D)
     trials = 1000
     own, foreign = unit(rng, trials), unit(rng, trials)
-    a.import_templates("g", [f"old{i}" for i in range(trials)], unit(rng, trials))
+    a.store.import_templates("g", [f"old{i}" for i in range(trials)], unit(rng, trials), np.ones(trials))
     old_t = a.store.load_snapshot().galleries["g"][2]
     one = np.array([0.9], np.float32)
     lost: list[str] = []
@@ -242,7 +242,7 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     def foreign_writer() -> None:
         try:
             for i in range(trials):
-                b.enrol("g", f"f{i}", foreign[[i]], one)
+                b.store.add_embeddings("g", f"f{i}", foreign[[i]], one)
                 b.search("g", foreign[[i]], k=1)  # B catches up while A writes
         except BaseException as exc:
             errors.append(exc)
@@ -250,9 +250,9 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     t = threading.Thread(target=foreign_writer)
     t.start()
     for i in range(trials):
-        a.enrol("g", f"x{i}", own[[i]], one)
+        a.store.add_embeddings("g", f"x{i}", own[[i]], one)
         try:
-            a.delete_subject("g", f"old{i}")
+            a.store.delete_subject("g", f"old{i}")
         except ErasureIncompleteError:
             incomplete += 1  # committed; only the WAL's bytes wait for a reader (checked: never returned)
         for fe in (a, b):
@@ -280,10 +280,11 @@ def test_create_then_enrol_through_two_front_ends_logs_no_error(
     rng = np.random.default_rng(7)
     a, b = gallery_of(make_store), gallery_of(make_store)
     with caplog.at_level(logging.WARNING):
-        a.create_gallery("g", "m", D)
+        a.store.create_gallery("g", "m", D)
         e = unit(rng, 1)
-        b.enrol("g", "x", e, np.array([0.8], np.float32))
+        b.store.add_embeddings("g", "x", e, np.array([0.8], np.float32))
         assert a.search("g", e, k=1)[0][0].subject_id == "x"
+        assert b.sync() == 2
     assert [r for r in caplog.records if r.levelno >= logging.WARNING and "facegate" in r.name] == []
     assert b.index.sizes() == {"g": 1}
     a.close()
