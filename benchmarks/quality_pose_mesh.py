@@ -164,15 +164,7 @@ def partners(paths: np.ndarray, lfw: Path) -> dict[str, list[str]]:
 
 def fixed_pr(pos: np.ndarray, neg: np.ndarray, limit: float) -> dict[str, float]:
     """Precision, recall and clean firing of ``|yaw| > limit`` on positive and negative ``|yaw|`` values."""
-    tp, fp = int((pos > limit).sum()), int((neg > limit).sum())
-    return {
-        "precision": tp / max(1, tp + fp),
-        "recall": tp / max(1, pos.size),
-        "clean_fire_rate": fp / max(1, neg.size),
-        "positives": int(pos.size),
-        "negatives": int(neg.size),
-        "limit": float(limit),
-    }
+    return {**_pr(pos > limit, neg > limit), "limit": float(limit)}
 
 
 def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> dict[str, Any]:
