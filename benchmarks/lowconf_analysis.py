@@ -17,7 +17,7 @@ from facegate.quality_reasons import (
     face_outside_photo,
     face_reasons,
     landmark_geometry,
-    landmark_residual,
+    similarity_fit,
 )
 from facegate.types import Detection
 
@@ -56,6 +56,14 @@ def box_out_of_photo(box: np.ndarray, hw: np.ndarray) -> np.ndarray:
     iw = np.clip(np.minimum(box[:, 2], hw[:, 1]) - np.maximum(box[:, 0], 0), 0, None)
     ih = np.clip(np.minimum(box[:, 3], hw[:, 0]) - np.maximum(box[:, 1], 0), 0, None)
     return 1.0 - iw * ih / np.maximum(w * h, 1e-9)
+
+
+def landmark_residual(landmarks: np.ndarray) -> float:
+    """Root-mean-square distance, in 112×112 crop pixels, of the ``(5, 2)`` landmarks (source pixels) from the ArcFace
+    template after alignment's similarity fit: how far the five points are from a face's shape (0 for any rotated,
+    scaled, shifted template)."""
+    _, _, res = similarity_fit(landmarks)
+    return float(np.sqrt(np.mean(np.abs(res) ** 2)))
 
 
 def signals(r: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

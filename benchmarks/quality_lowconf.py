@@ -16,7 +16,7 @@ the network predicted it (unclipped), the photo's size, the quality score and th
 
 - ``det_score``, ``cls``, ``obj``: fire below the limit;
 - ``lm_residual``: RMS distance, in 112-crop pixels, of the 5 landmarks from the ArcFace template after the
-  similarity (Umeyama) fit that alignment makes (:func:`facegate.quality_reasons.landmark_residual`);
+  similarity (Umeyama) fit that alignment makes (:func:`lowconf_analysis.landmark_residual`);
 - ``out_of_box``: share of the face region that the landmarks imply (the aligned crop's face region, mapped back
   to the photo) lying outside the detected box as served (:func:`facegate.quality_reasons.face_outside_box`);
 - ``out_of_photo``: the same region's share outside the photo (needs the photo's size, which a detection does not

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from facegate.config import QualitySettings
+from facegate.pipeline.align import ARCFACE_TEMPLATE
 from facegate.types import Detection, QualityReason, QualityVerdict
 
 N_STATS = 3
@@ -116,35 +117,24 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     return iod, yaw, pitch
 
 
-#: ``(5, 2)`` ArcFace landmark template of a 112×112 crop (``facegate.pipeline.align.ARCFACE_TEMPLATE``, copied so
-#: that this module needs no OpenCV) and the crop's face region (x0, y0, x1, y1), for the landmark fit.
-TEMPLATE_112 = np.array(
-    [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]], np.float64
-)
+#: The aligned crop's face region (x0, y0, x1, y1) in 112×112 crop pixels, and the sample points per side of it
+#: when measuring the share of it outside a box.
 FACE_REGION_112 = (FACE_COLS.start, FACE_ROWS.start, FACE_COLS.stop, FACE_ROWS.stop)
-#: Sample points per side of the face region when measuring the share of it outside a box.
 REGION_GRID = 16
+_TEMPLATE_Z = ARCFACE_TEMPLATE.astype(np.float64) @ np.array([1.0, 1j])
 
 
-def _similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]:
-    """The least-squares similarity (rotation, uniform scale, shift; no reflection: alignment's Umeyama fit) taking
-    ``(5, 2)`` source landmarks onto :data:`TEMPLATE_112`, as complex ``z ↦ a·z + b``, and the fitted points' residuals
-    ``(5,) complex`` in crop pixels."""
+def similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]:
+    """Alignment's least-squares similarity (rotation, uniform scale, shift; no reflection) taking ``(5, 2)`` source
+    landmarks onto the ArcFace template, as complex ``z ↦ a·z + b``, and the fitted points' residuals ``(5,)
+    complex`` in crop pixels. The closed form of :func:`facegate.pipeline.align.umeyama` for one face: this runs
+    for every face a front-end answers, where ``umeyama``'s batched checks and SVD cost more than the fit itself."""
     z = np.asarray(landmarks, np.float64).reshape(5, 2) @ np.array([1.0, 1j])
-    w = TEMPLATE_112 @ np.array([1.0, 1j])
-    zc, wc = z - z.mean(), w - w.mean()
+    zc, wc = z - z.mean(), _TEMPLATE_Z - _TEMPLATE_Z.mean()
     den = float(np.sum(np.abs(zc) ** 2))
     a = complex(np.sum(np.conj(zc) * wc) / den) if den > 1e-12 else 0j
-    b = complex(w.mean() - a * z.mean())
-    return a, b, a * z + b - w
-
-
-def landmark_residual(landmarks: np.ndarray) -> float:
-    """Root-mean-square distance, in 112×112 crop pixels, of the ``(5, 2)`` landmarks (source pixels, order in
-    :mod:`facegate.types`) from the ArcFace template after the similarity fit that alignment makes: how far the
-    five points are from a face's shape (0 for any rotated, scaled, shifted template)."""
-    _, _, res = _similarity_fit(landmarks)
-    return float(np.sqrt(np.mean(np.abs(res) ** 2)))
+    b = complex(_TEMPLATE_Z.mean() - a * z.mean())
+    return a, b, a * z + b - _TEMPLATE_Z
 
 
 def face_outside_box(landmarks: np.ndarray, box: np.ndarray) -> float:
@@ -152,16 +142,21 @@ def face_outside_box(landmarks: np.ndarray, box: np.ndarray) -> float:
     chin and cheek to cheek, mapped back to source pixels) that lies outside ``box`` ``(4,)`` (x0, y0, x1, y1), in
     [0, 1], from a :data:`REGION_GRID`² grid of points. With the photo's frame as the box: how much of the face the
     frame cuts off (the detector extrapolates the landmarks of a face partly outside the photo)."""
-    a, b, _ = _similarity_fit(landmarks)
+    a, b, _ = similarity_fit(landmarks)
     if a == 0:
         return 1.0
     x0, y0, x1, y1 = FACE_REGION_112
+    bx = np.asarray(box, np.float64).reshape(4)
+
+    def outside(src: np.ndarray) -> np.ndarray:
+        return (src.real < bx[0]) | (src.real > bx[2]) | (src.imag < bx[1]) | (src.imag > bx[3])
+
+    # the region maps to a parallelogram: with its four corners inside the box all of it is (most faces)
+    if not outside((np.array([x0 + 1j * y0, x1 + 1j * y0, x0 + 1j * y1, x1 + 1j * y1]) - b) / a).any():
+        return 0.0
     u = (np.arange(REGION_GRID) + 0.5) / REGION_GRID
     crop = (x0 + u * (x1 - x0))[None, :] + 1j * (y0 + u * (y1 - y0))[:, None]
-    src = (crop - b) / a
-    bx = np.asarray(box, np.float64).reshape(4)
-    inside = (src.real >= bx[0]) & (src.real <= bx[2]) & (src.imag >= bx[1]) & (src.imag <= bx[3])
-    return float(1.0 - inside.mean())
+    return float(outside((crop - b) / a).mean())
 
 
 def face_outside_photo(detection: Detection) -> float:

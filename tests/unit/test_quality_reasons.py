@@ -11,18 +11,16 @@ import torch
 
 from facegate.config import QualitySettings, Settings
 from facegate.io.decode import decode_image
-from facegate.pipeline.align import ARCFACE_TEMPLATE, umeyama
+from facegate.pipeline.align import ARCFACE_TEMPLATE
 from facegate.pipeline.photo import crop_stats_torch
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict
 from facegate.quality_reasons import (
-    TEMPLATE_112,
     ReasonThresholds,
     crop_stats,
     face_outside_box,
     face_outside_photo,
     face_reasons,
     landmark_geometry,
-    landmark_residual,
 )
 from facegate.types import Detection
 
@@ -127,18 +125,6 @@ def _similar(points: np.ndarray, scale: float, deg: float, shift: tuple[float, f
     th = np.radians(deg)
     rot = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
     return scale * np.asarray(points, np.float64) @ rot.T + np.asarray(shift)
-
-
-def test_landmark_residual_is_alignments_fit_error() -> None:
-    np.testing.assert_allclose(TEMPLATE_112, ARCFACE_TEMPLATE, atol=1e-4)
-    # any rotated, scaled, shifted template fits exactly
-    assert landmark_residual(_similar(TEMPLATE_112, 3.1, 25.0, (400.0, -30.0))) < 1e-9
-    rng = np.random.default_rng(3)
-    for _ in range(5):
-        lm = _similar(ARCFACE_TEMPLATE + rng.normal(0, 4, (5, 2)), rng.uniform(0.5, 4), rng.uniform(-40, 40), (80, 90))
-        m = umeyama(lm[None], ARCFACE_TEMPLATE)[0]
-        want = np.sqrt(np.mean(np.sum((lm @ m[:, :2].T + m[:, 2] - ARCFACE_TEMPLATE) ** 2, axis=1)))
-        assert landmark_residual(lm) == pytest.approx(want, rel=1e-6)
 
 
 def test_face_outside_the_photo() -> None:
