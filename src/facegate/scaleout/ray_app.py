@@ -251,10 +251,11 @@ class Ingress:
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
         self.settings = s = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
         self.replica = _replica_id()
-        # the kernel spreads connections over the replicas sharing the port unevenly (SO_REUSEPORT hashes them;
-        # `facegate serve`'s acceptor hands each to the least busy front-end), so an ingress admits the CPU plan's
-        # burst: with the GPU plan's tenth of a second, the busier replicas refused part of a closed-loop load
-        # that the engines served within their latency (benchmarks/results/http_e2e-h200-ray.json)
+        # an ingress admits the CPU plan's burst: the replicas share the port through SO_REUSEPORT, which hashes
+        # connections to them with no regard to load (`facegate serve`'s acceptor hands each to the least busy
+        # front-end). With the GPU plan's tenth of a second, 8 ingresses refused 8 % of a closed-loop c=100 load
+        # (http_e2e-h200-ray-e1.json, before the admission bound stopped learning from a cold start); with half a
+        # second none (http_e2e-h200-ray.json). Ray with a tenth and that fix has not been measured.
         plan = dataclasses.replace(make_plan(s), admission_queue_s=AdmissionLimit.QUEUE_S)
         self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
