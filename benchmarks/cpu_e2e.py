@@ -10,7 +10,7 @@ Servers, each a subprocess on a free loopback port (``http_e2e.Server``), SIGSTO
   (repeatable): the other CPU serving knobs. A variant named ``baseline…`` runs the baseline's source.
 
 Load: ``compare`` requests (two LFW photos each, spread over ``--images``) from facegate's closed-loop load
-generator (:mod:`facegate.bench.http`, raw client, in this process), at each ``--concurrency``; per round every
+generator (`loadgen.py`, raw client, in this process), at each ``--concurrency``; per round every
 (concurrency, server) point runs ``--warmup`` unrecorded then ``--duration`` measured seconds, servers
 interleaved so that other tenants' load hits them alike. ok req/s is the median over ``--rounds``; the ratio
 table divides each server's by the baseline's at the same concurrency. Bounded by ``--budget-s``.
@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import collect_images, run_http_bench
 from http_e2e import Server, free_port
+from loadgen import collect_images, run_http_bench
 
 log = logging.getLogger("cpu_e2e")
 ROOT = Path(__file__).resolve().parent.parent

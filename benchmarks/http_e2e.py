@@ -10,13 +10,13 @@ in one request, as a batch-embedding client sends them; ``search``: one LFW phot
 a facegate gallery of ``--gallery-size`` synthetic unit-norm templates (imported in bulk into the server's
 store before it starts) plus some LFW identities enrolled through the API, top-10; ``enrol``: ``--enrol-photos``
 LFW photos per ``POST …/enrolments`` request, one new subject per photo), facegate's closed-loop load generator
-(:mod:`facegate.bench.http`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
+(`loadgen.py`) runs ``--warmup`` unrecorded and ``--duration`` measured seconds, ``--rounds``
 times, so other tenants' load hits every server alike. req/s is the median over rounds; percentiles cover
 every request. The JSON is rewritten after every point (``complete`` false until the end); SIGTERM (an
 outer ``timeout``) stops the servers and keeps the results; ``--budget-s`` starts no point ending past it.
 
 Load: ``--client-procs`` processes (``auto``: see :func:`auto_client_procs`) of
-``concurrency/procs`` clients each (``--transport``: the lean ``facegate.bench.rawhttp`` client, or httpx),
+``concurrency/procs`` clients each (``--transport``: the lean ``rawhttp.py`` client, or httpx),
 released together by a barrier; latency samples are merged.
 ``limits`` flags what plausibly capped a row: a client process near 1 core, the server's busiest thread
 near 1 core (GIL), the machine's CPU, or GPU utilisation (NVML, every 100 ms) ≥ 85 %.
@@ -72,7 +72,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import (
+from loadgen import (
     ERROR_SAMPLES,
     TRANSPORTS,
     ImageItem,
@@ -81,7 +81,6 @@ from facegate.bench.http import (
     client_description,
     open_sender,
 )
-from facegate.bench.rawhttp import encode_multipart, encode_request
 from monitor import (
     GpuMonitor,
     bare_context_mib,
@@ -96,6 +95,7 @@ from monitor import (
     thread_ticks,
     time_breakdown,
 )
+from rawhttp import encode_multipart, encode_request
 from server_variants import engines_of, front_ends_of, is_known, profile_of, ray_ingresses, server_env, untuned
 
 log = logging.getLogger("http_e2e")
@@ -791,7 +791,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--litserve-api-servers", type=int, default=None)
     add("--mp-workers", type=int, default=4, help="front-end processes of the facegate_mp server")
     add("--transport", choices=TRANSPORTS, default="raw",
-        help="load generator's HTTP client: raw (facegate.bench.rawhttp, lean) or httpx")  # fmt: skip
+        help="load generator's HTTP client: raw (rawhttp.py, lean) or httpx")  # fmt: skip
     add("--naive-serialize", action="store_true", help="naive: one request in the model at a time")
     add("--server-env", action="append", default=[], metavar="KEY=VALUE", help="for every server (repeatable)")
     add("--no-bare-context", dest="bare_context", action="store_false")

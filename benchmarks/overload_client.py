@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from facegate.bench.rawhttp import FilePart, RawClient, TransportError, encode_multipart, encode_request
+from rawhttp import FilePart, RawClient, TransportError, encode_multipart, encode_request
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -1,7 +1,7 @@
 """Soak: a facegate server under steady load for a long time; does its memory grow?
 
 Starts ``facegate serve`` (any extra flags after ``--``), then runs the closed-loop load generator of
-:mod:`facegate.bench.http` in windows of ``--window`` seconds until ``--duration`` has passed, alternating
+`loadgen.py` in windows of ``--window`` seconds until ``--duration`` has passed, alternating
 compare requests (two LFW photos, detection) and aligned-crop embeds. After every window it samples the
 resident memory (RSS) of the server processes (summed, and per pid, so that a growing one can be named),
 the driver's GPU memory of those processes (NVML, when there is a GPU) and torch's allocated / reserved
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
-from facegate.bench.http import run_http_bench
+from loadgen import run_http_bench
 from monitor import GpuMonitor, process_gpu_mib, session_pids
 
 log = logging.getLogger("soak")

@@ -1,4 +1,4 @@
-"""The ``facegate`` command line: serve | ray | compare | embed | enrol | keys | eval | train-quality | bench | export |
+"""The ``facegate`` command line: serve | ray | compare | embed | enrol | keys | eval | train-quality | export |
 models. Errors print a JSON error object to stderr and exit 2 (bad input) or 1 (anything else); nothing ends in
 a traceback unless ``FACEGATE_DEBUG=1``.
 """
@@ -23,11 +23,9 @@ from facegate.errors import EmptyInputError, FacegateError, ImageDecodeError, In
 log = logging.getLogger("facegate")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: face recognition with a quality gate.")
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluations on LFW.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 export_app = typer.Typer(no_args_is_help=True, help="Export models.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the server (stored hashed in the data folder).")
 app.add_typer(eval_app, name="eval")
-app.add_typer(bench_app, name="bench")
 app.add_typer(export_app, name="export")
 app.add_typer(keys_app, name="keys")
 
@@ -498,16 +496,6 @@ def export_onnx_cmd(
     spec = get_spec("irse64_rts" if rts_checkpoint is not None else model)
     rec = build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head)
     _echo(export_onnx(rec, out, opset=opset))
-
-
-@bench_app.command(
-    "http", add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)
-def bench_http(ctx: typer.Context) -> None:
-    """Load-test a running server: req/s and p50/p95/p99 at a concurrency (see --help of the tool)."""
-    from facegate.bench.http import main as http_main
-
-    raise typer.Exit(http_main(list(ctx.args)))
 
 
 @app.command("train-quality")

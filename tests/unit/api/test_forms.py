@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,7 +13,9 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
 from facegate.api.forms import FastFormRequest, parse_small_multipart
-from facegate.bench.rawhttp import encode_multipart
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from rawhttp import encode_multipart
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3 + b"\r\n--not-the-boundary\r\n"
 

@@ -1,4 +1,4 @@
-"""facegate.bench.http against a tiny local FastAPI app (uvicorn on loopback) that sleeps a fixed time."""
+"""benchmarks/loadgen.py against a tiny local FastAPI app (uvicorn on loopback) that sleeps a fixed time."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from facegate.bench.http import BenchResult, collect_images, main, run_http_bench
 from facegate.errors import EmptyInputError, EngineClosedError, InvalidParameterError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from loadgen import BenchResult, collect_images, main, run_http_bench
 
 DELAY_S = 0.1  # what every fake endpoint sleeps
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4  # never decoded by the fake server
@@ -127,7 +129,7 @@ def test_duration_mode_latency_and_throughput(fake: tuple[str, FakeState], trans
     assert d["settings"]["kind"] == "compare" and d["settings"]["concurrency"] == c
     assert d["settings"]["duration_s"] == 2.0 and d["settings"]["n_requests"] is None and d["settings"]["warmup"] == 4
     assert d["settings"]["transport"] == transport and d["settings"]["client"].startswith(
-        "facegate.bench.rawhttp" if transport == "raw" else "httpx"
+        "rawhttp.py" if transport == "raw" else "httpx"
     )
 
 
@@ -248,7 +250,6 @@ def test_main_writes_json(fake: tuple[str, FakeState], tmp_path: Path, capsys: p
 
 
 def test_merge_error_samples_keeps_the_first_three_per_kind() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from http_e2e import merge_error_samples
 
     parts = [{"422": ["a", "b"]}, {"422": ["c", "d"], "503": ["e"]}, {}]

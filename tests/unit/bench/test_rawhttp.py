@@ -1,14 +1,17 @@
-"""facegate.bench.rawhttp against scripted asyncio servers: framing, keep-alive, retries and errors."""
+"""benchmarks/rawhttp.py against scripted asyncio servers: framing, keep-alive, retries and errors."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from facegate.bench.rawhttp import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from rawhttp import (
     ConnectError,
     RawClient,
     ReadTimeout,

@@ -1,6 +1,6 @@
-"""Closed-loop HTTP load generator for a running facegate server (``facegate bench http``).
+"""Closed-loop HTTP load generator for a running facegate server (``python benchmarks/loadgen.py --help``).
 
-``concurrency`` clients share one HTTP client (:mod:`facegate.bench.rawhttp` or httpx), each sending when answered,
+``concurrency`` clients share one HTTP client (``rawhttp.py`` beside it, or httpx), each sending when answered,
 for ``duration_s`` or ``n_requests`` after ``warmup`` unrecorded ones. Kinds: ``compare`` (two pool images),
 ``embed`` (``images_per_request`` photos), ``embed_aligned`` (112×112 crops). Latencies (send to full body) are
 over 2xx answers; other statuses and transport errors count in ``errors``.
@@ -27,8 +27,8 @@ from typing import Any, Literal, get_args
 import httpx
 import numpy as np
 
-from facegate.bench.rawhttp import RawClient, TransportError, encode_multipart, encode_request
 from facegate.errors import EmptyInputError, EngineClosedError, InvalidParameterError
+from rawhttp import RawClient, TransportError, encode_multipart, encode_request
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ async def arun_http_bench(
 
 def client_description(transport: Transport) -> str:
     """What sent the requests, for result records."""
-    what = "facegate.bench.rawhttp" if transport == "raw" else f"httpx {httpx.__version__}"
+    what = "rawhttp.py" if transport == "raw" else f"httpx {httpx.__version__}"
     return f"{what}, python {platform.python_version()}"
 
 
@@ -405,7 +405,7 @@ def run_http_bench(base_url: str, **kw: Any) -> BenchResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="facegate bench http", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks/loadgen.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860", help="server base URL")
     p.add_argument("--kind", choices=KINDS, default="compare")
     p.add_argument("--images", type=Path, nargs="+", required=True, help="image files and/or folders")
@@ -426,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``facegate bench http``: print the JSON result (and write ``--out``); 0 when a request succeeded."""
+    """Print the JSON result (and write ``--out``); 0 when a request succeeded."""
     kw = vars(build_parser().parse_args(argv))
     images, out = collect_images(kw.pop("images"), limit=kw.pop("max_images")), kw.pop("out")
     if kw["duration_s"] is None and kw["n_requests"] is None:

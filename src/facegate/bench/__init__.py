@@ -1,1 +1,0 @@
-"""facegate.bench: load generators (``facegate bench http``)."""
