@@ -44,11 +44,6 @@ def _area(start: np.ndarray, end: np.ndarray, fnmr: np.ndarray, x_max: float) ->
     return (np.clip(np.minimum(end, x_max) - start, 0.0, None) * fnmr).sum(-1) / x_max
 
 
-def fnmr_at(x: np.ndarray, fnmr: np.ndarray, discard: float) -> float:
-    """FNMR after discarding the fraction ``discard``."""
-    return float(fnmr[max(0, int(np.searchsorted(x, discard, side="right")) - 1)])
-
-
 def best_metrics(fail: np.ndarray) -> dict[str, float]:
     """The theoretical best's metrics: failures discarded first."""
     return metrics(fail, (~fail).astype(np.float64))
@@ -58,7 +53,7 @@ def metrics(fail: np.ndarray, pair_q: np.ndarray, *, seed: int = 0) -> dict[str,
     """pAUC@20 %, pAUC@10 % and FNMR at 5 % discard of one pair quality."""
     x, f = edc_curve(fail, pair_q, seed=seed)
     out = {k: pauc(x, f, v) for k, v in DISCARDS.items()}
-    out["fnmr5"] = fnmr_at(x, f, FNMR_AT)
+    out["fnmr5"] = float(f[max(0, int(np.searchsorted(x, FNMR_AT, side="right")) - 1)])
     return out
 
 
@@ -156,25 +151,17 @@ def p1_report(
     pair_q["per_face_oracle"] = per_face_oracle(ia, ib, s)
     ident = identity[ia]
     fail = s < threshold
+
+    def sub(m: np.ndarray, n_draws: int) -> dict[str, dict[str, object]]:
+        return study(fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], reference=reference, draws=n_draws)
+
     out["fnmr_at_0"] = float(fail.mean()) if fail.size else None
     out["all"] = study(fail, pair_q, ident, reference=reference, draws=draws)
     clean = (severity[ia] == 0) & (severity[ib] == 0)
-    out["clean_only"] = study(
-        fail[clean],
-        {k: v[clean] for k, v in pair_q.items()},
-        ident[clean],
-        reference=reference,
-        draws=max(1, draws // 5),
-    )
+    out["clean_only"] = sub(clean, max(1, draws // 5))
     side = np.where(severity[ia] > 0, degradation[ia], degradation[ib])
-    strata = {}
-    for name in sorted(set(side[~clean].tolist())):
-        m = side == name
-        if m.sum() >= 20:
-            strata[name] = study(
-                fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], reference=reference, draws=200
-            )
-    out["by_degradation"] = strata
+    names = sorted(set(side[~clean].tolist()))
+    out["by_degradation"] = {name: sub(side == name, 200) for name in names if (side == name).sum() >= 20}
     if threshold_check is not None:
         f4 = s < threshold_check
         out["check_threshold"] = threshold_check

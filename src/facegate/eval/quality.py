@@ -3,10 +3,7 @@
 The table (``benchmarks/quality_p1_features.py``) holds per LFW pairs.txt photo the clean face, a P1 degradation
 and a reason degradation (:func:`facegate.eval.degrade.plan`). Comparisons: pairs.txt's, clean against clean and
 clean (``a``, enrolled) against the other photo's P1 face (``b``, probe). Whatever is fitted scores each of the 10
-identity-disjoint folds with a fit on the other nine. A gate is the largest quality ``q*`` that refuses at most a
-share of the training folds' clean faces (stricter for enrolment: a poor enrolment hurts every later comparison).
-Reliability, ``P(verdict right | q_a, q_b, sim)``, is a logistic regression on
-:func:`facegate.quality_reasons.reliability_features`, then an isotonic map.
+identity-disjoint folds with a fit on the other nine.
 """
 
 from __future__ import annotations
@@ -158,7 +155,7 @@ def fusion_scores(
     seen[g] = True
     fold = np.full(x.shape[0], -1)
     fold[np.concatenate([ps.a, ps.b])] = np.concatenate([ps.fold, ps.fold])
-    fold[np.concatenate([extra.b])] = extra.fold
+    fold[extra.b] = extra.fold
     score = np.full(x.shape[0], -np.inf)
     weights = []
     for f in sorted(set(ps.fold.tolist())):
@@ -277,6 +274,14 @@ def reasons_study(
     return out
 
 
+def by_fold(fold_of: np.ndarray, rows: list[dict[str, Any]], key: str) -> np.ndarray:
+    """``(N,)`` per face the ``key`` of its fold's row (0 where no row names its fold)."""
+    out = np.zeros(fold_of.size)
+    for row in rows:
+        out[fold_of == row["fold"]] = row[key]
+    return out
+
+
 def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: dict[str, np.ndarray]) -> np.ndarray:
     """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason →
     ``(N,)``; pitch and detector score at the shipped settings)."""
@@ -333,7 +338,6 @@ def eval_quality(
     scores = {m: np.nan_to_num(t[c].astype(np.float64), nan=-np.inf) for m, c in BASELINES.items()}
     scores["fusion"] = fus["score"]
     n = len(t["path"])
-    z = np.zeros(n)
     kw = dict(a=ps.a, b=ps.b, found=t["found"], degradation=t["degradation"], identity=t["identity"], sim=sim)
     p1 = p1_report(
         same=ps.same,
@@ -352,7 +356,7 @@ def eval_quality(
     p1["real_pose"] = None
     if real.sum() >= 20:
         p1["real_pose"] = p1_report(
-            same=real, severity=z, face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
+            same=real, severity=np.zeros(n), face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
         )["all"]
     # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
@@ -363,10 +367,7 @@ def eval_quality(
     reasons = reasons_study(t, fold_of, face_fail, fixed={"pose": QualitySettings().max_yaw_deg})
     q = np.where(t["found"], np.nan_to_num(t["quality"]), 0.0)
     ok = t["found"] & clean
-    held = {c: np.zeros(n) for c in REASONS}
-    for c in REASONS:
-        for row in reasons[c]["folds"]:
-            held[c][fold_of == row["fold"]] = row["limit"]
+    held = {c: by_fold(fold_of, reasons[c]["folds"], "limit") for c in REASONS}
     shipped = {c: np.full(n, reasons[c]["shipped_limit"]) for c in REASONS}
     by_reason = refused(t, q, np.zeros(n), held)
     # the verify gate refuses at most 0.45 % of clean faces together with the reasons (0.5 % is the guardrail)
@@ -382,11 +383,8 @@ def eval_quality(
         refused_anyway=by_reason,
         draws=draws,
     )
-    per_face_gate = np.zeros(n)
-    for row in gates["folds"]:
-        per_face_gate[fold_of == row["fold"]] = row["verify_gate"]
     gates["clean_faces_refused_with_reasons"] = {
-        "held_out_verify_gate": float(refused(t, q, per_face_gate, held)[ok].mean()),
+        "held_out_verify_gate": float(refused(t, q, by_fold(fold_of, gates["folds"], "verify_gate"), held)[ok].mean()),
         "shipped_verify_gate": float(refused(t, q, np.full(n, gates["shipped"]["verify_gate"]), shipped)[ok].mean()),
         "registry_gate_0.5": float(refused(t, q, np.full(n, 0.5), shipped)[ok].mean()),
         "reasons_only": float(by_reason[ok].mean()),
@@ -481,18 +479,14 @@ def gate_study(
     """Gates chosen per held-out fold, and what they do there. Per face ``(N,)``: ``q`` (0: not found),
     ``clean``, ``identity`` (the bootstrap's unit), ``fold_of_row``; ``sim`` ``(P,)`` per comparison of ``ps``
     (side ``a`` enrolled, ``b`` the probe; −1: a face missing)."""
-    folds = sorted(set(ps.fold.tolist()))
-    gv = np.zeros(len(ps.same))
-    ge = np.zeros(len(ps.same))
     rows = []
-    face_gv = np.zeros(q.size)
-    face_ge = np.zeros(q.size)
-    for f in folds:
+    for f in sorted(set(ps.fold.tolist())):
         train = clean & (fold_of_row != f) & (q > 0)
         v, e = verify_gate(q, train, verify_max_clean, refused_anyway), choose_gate(q[train], enrol_max_clean)
-        gv[ps.fold == f], ge[ps.fold == f] = v, e
-        face_gv[fold_of_row == f], face_ge[fold_of_row == f] = v, e
         rows.append({"fold": f, "verify_gate": v, "enrol_gate": e})
+    face_gv, face_ge = by_fold(fold_of_row, rows, "verify_gate"), by_fold(fold_of_row, rows, "enrol_gate")
+    # a pair's identities lie in its fold (identity_folds), so its gates are those of its faces
+    gv, ge = face_gv[ps.a], face_ge[ps.a]
     qa, qb = q[ps.a], q[ps.b]
     pair_id = identity[ps.a]
     out: dict[str, Any] = {"folds": rows, "threshold": threshold}
@@ -524,40 +518,23 @@ def gate_study(
 
 
 def ece(p: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
-    """Expected calibration error over ``bins`` equal-width bins of ``p``."""
-    edges = np.linspace(0, 1, bins + 1)
-    idx = np.clip(np.digitize(p, edges) - 1, 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            total += m.mean() * abs(p[m].mean() - y[m].mean())
-    return float(total)
-
-
-def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of ``y``."""
-    vals: list[float] = []
-    wts: list[float] = []
-    counts: list[int] = []
-    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
-        vals.append(yi)
-        wts.append(wi)
-        counts.append(1)
-        while len(vals) > 1 and vals[-2] > vals[-1]:
-            v2, w2, c2 = vals.pop(), wts.pop(), counts.pop()
-            v1, w1, c1 = vals.pop(), wts.pop(), counts.pop()
-            ww = w1 + w2
-            vals.append((v1 * w1 + v2 * w2) / ww)
-            wts.append(ww)
-            counts.append(c1 + c2)
-    return np.repeat(np.asarray(vals), np.asarray(counts))
+    """Expected calibration error over ``bins`` equal-width bins of ``p``: ``sum_b |sum_{i in b} (p_i - y_i)| / n``."""
+    idx = np.clip(np.digitize(p, np.linspace(0, 1, bins + 1)) - 1, 0, bins - 1)
+    return float(np.abs(np.bincount(idx, weights=p - y, minlength=bins)).sum() / p.size)
 
 
 def isotonic_knots(p: np.ndarray, y: np.ndarray, k: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Pool-adjacent-violators fit of ``y`` on ``p``, as ``k`` knots ``(x, y)`` for ``np.interp``."""
+    """Pool-adjacent-violators (least-squares non-decreasing) fit of ``y`` on ``p``, as ``k`` knots ``(x, y)`` for
+    ``np.interp``."""
     o = np.argsort(p)
-    fit = pav(y[o].astype(np.float64), np.ones(o.size))
+    blocks: list[tuple[float, int]] = []  # (mean, size) of the pooled runs
+    for v in y[o].astype(np.float64).tolist():
+        blocks.append((v, 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v2, n2), (v1, n1) = blocks.pop(), blocks.pop()
+            blocks.append(((v1 * n1 + v2 * n2) / (n1 + n2), n1 + n2))
+    means, sizes = zip(*blocks, strict=True)
+    fit = np.repeat(np.asarray(means), np.asarray(sizes))
     idx = np.unique(np.linspace(0, o.size - 1, k).astype(int))
     return p[o][idx], fit[idx]
 
