@@ -31,9 +31,7 @@ def noise(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
 
 def jpeg(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
     q = [40, 20, 12, 7, 3][s - 1]
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])
-    if not ok:  # pragma: no cover - OpenCV always encodes a valid uint8 RGB image
-        raise RuntimeError("cv2.imencode failed")
+    _, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])
     return cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 
@@ -120,10 +118,6 @@ def eyeband(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.nda
     return out
 
 
-#: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
-FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband}
-
-
 #: the degraded side of P1's one-side-degraded pairs (severity 1-3)
 P1_DEGS = (*DEGRADATIONS, "downscale", "mask", "eyeband")
 #: the labelled reasons' strata (severity 1-5); "yaw" is a landmark-driven head-turn warp
@@ -153,6 +147,10 @@ def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.nd
     return np.where(inside[..., None] | (bump[..., None] > 0.05), out, img)
 
 
+#: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
+FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband, "yaw": yaw_warp}
+
+
 def degrade(
     img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None = None
 ) -> np.ndarray | None:
@@ -160,13 +158,9 @@ def degrade(
     and has none."""
     if s == 0:
         return img
-    if name in DEGRADATIONS:
-        return DEGRADATIONS[name](img, s, rng)
-    if name == "downscale":
-        return downscale(img, s, rng)
-    if lm is None:
-        return None
-    return yaw_warp(img, s, rng, lm) if name == "yaw" else FACE_DEGRADATIONS[name](img, s, rng, lm)
+    if name in FACE_DEGRADATIONS:
+        return None if lm is None else FACE_DEGRADATIONS[name](img, s, rng, lm)
+    return downscale(img, s, rng) if name == "downscale" else DEGRADATIONS[name](img, s, rng)
 
 
 def plan(path: str) -> list[tuple[str, int]]:

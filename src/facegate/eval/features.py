@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facegate.eval.degrade import degrade, path_rng, random_variant
+from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
 
@@ -23,8 +23,6 @@ Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
 def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, seed: int = 0) -> list[list[Variant]]:
     """Per image: clean + ``n_random`` random degradations; every ``progressive_every``-th image also
     gets every degradation at every severity (for the monotonicity report)."""
-    from facegate.eval.degrade import DEGRADATIONS, SEVERITIES
-
     plan = []
     for i, p in enumerate(sorted(paths)):
         v: list[Variant] = [("clean", 0)]
