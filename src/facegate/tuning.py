@@ -176,10 +176,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
             activation_budget_mib=None, gpu_arena_mib=None,
         )  # fmt: skip
 
-    if device == "cpu":
-        base.update(fused_kernels=False, det_graphs=False, compile="off")
-        if base["precision"] == "fp16":
-            base["precision"] = "fp32"
     explicit = {k: getattr(settings, k) for k in ("precision", "compile", "workers", "engines", "engines_per_gpu")}
     explicit["photo_stage"] = settings.gpu_preprocess
     base.update({k: v for k, v in explicit.items() if v is not None and v != "auto"})
