@@ -23,10 +23,9 @@ N_STATS = 3
 #: The face region of a 112×112 ArcFace crop (rows, cols) whose statistics count: brows to chin, cheek to cheek.
 FACE_ROWS = slice(24, 108)
 FACE_COLS = slice(20, 92)
-#: Side of the blocks whose grey-level spread decides "flat", and the spread below which one is, as a share of the
-#: whole face region's spread: a mask or a hand is flat against the face's own contrast, so the test does not fire
-#: on a dark or low-contrast photo, whose every block is dim. The worse of two strips counts, the eyes' (crop rows
-#: 36-68) and the nose and mouth's (68-108): glasses or a mask fill one, smooth skin is spread over both.
+#: A block is flat when its grey-level spread is below ``FLAT_STD`` of the face region's (a mask is flat against the
+#: face's own contrast; a dark photo's blocks are all dim). The worse of the eyes' strip (crop rows 36-68) and the
+#: nose and mouth's (68-108) counts: glasses or a mask fill one, smooth skin is spread over both.
 FLAT_BLOCK = 8
 FLAT_STD = 0.06
 FLAT_ROWS = slice(12, 84)
@@ -91,13 +90,10 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
 def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     """``(iod_px, yaw_deg, pitch_deg)`` from ``(5, 2)`` landmarks in source pixels (order in :mod:`facegate.types`).
 
-    Yaw: the nose tip's signed offset from the eye-mouth axis over the projected inter-ocular distance. Under a
-    turn by ``yaw`` the offset is ``NOSE_DEPTH_IOD · sin(yaw)`` and the eye distance ``cos(yaw)`` inter-ocular
-    distances, so their ratio reads ``NOSE_DEPTH_IOD · tan(yaw)`` whatever the face's size. The eye distance is not
-    replaced by one from the eye-mouth height: that mixes a foreshortened offset with an unforeshortened size,
-    reads ``atan(sin(yaw))`` (never above 45°) and depends on the detector's eye-mouth proportion. Pitch: the
-    nose's place between the eye line and the mouth line against a frontal face's. Both are coarse (a few degrees
-    near frontal): enough to tell a person to face the camera.
+    Yaw: the nose tip's signed offset from the eye-mouth axis (``NOSE_DEPTH_IOD · sin(yaw)``) over the projected
+    inter-ocular distance (``cos(yaw)``, foreshortened alike, unlike the eye-mouth height), i.e.
+    ``NOSE_DEPTH_IOD · tan(yaw)``. Pitch: the nose's place between the eye line and the mouth line against a frontal
+    face's. Both are coarse (a few degrees near frontal): enough to tell a person to face the camera.
     """
     lm = np.asarray(landmarks, np.float64).reshape(5, 2)
     eyes = (lm[0] + lm[1]) / 2.0
@@ -117,18 +113,16 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     return iod, yaw, pitch
 
 
-#: The aligned crop's face region (x0, y0, x1, y1) in 112×112 crop pixels, and the sample points per side of it
-#: when measuring the share of it outside a box.
+#: The aligned crop's face region (x0, y0, x1, y1) in crop pixels, and the sample points per side of it.
 FACE_REGION_112 = (FACE_COLS.start, FACE_ROWS.start, FACE_COLS.stop, FACE_ROWS.stop)
 REGION_GRID = 16
 _TEMPLATE_Z = ARCFACE_TEMPLATE.astype(np.float64) @ np.array([1.0, 1j])
 
 
 def similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]:
-    """Alignment's least-squares similarity (rotation, uniform scale, shift; no reflection) taking ``(5, 2)`` source
-    landmarks onto the ArcFace template, as complex ``z ↦ a·z + b``, and the fitted points' residuals ``(5,)
-    complex`` in crop pixels. The closed form of :func:`facegate.pipeline.align.umeyama` for one face: this runs
-    for every face a front-end answers, where ``umeyama``'s batched checks and SVD cost more than the fit itself."""
+    """Alignment's least-squares similarity taking ``(5, 2)`` source landmarks onto the ArcFace template, as complex
+    ``z ↦ a·z + b``, and the residuals ``(5,) complex`` in crop pixels: the closed form of
+    :func:`facegate.pipeline.align.umeyama` for one face, cheaper per face than its batched SVD."""
     z = np.asarray(landmarks, np.float64).reshape(5, 2) @ np.array([1.0, 1j])
     zc, wc = z - z.mean(), _TEMPLATE_Z - _TEMPLATE_Z.mean()
     den = float(np.sum(np.abs(zc) ** 2))
@@ -138,10 +132,8 @@ def similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]
 
 
 def face_outside_box(landmarks: np.ndarray, box: np.ndarray) -> float:
-    """Share of the face region the ``(5, 2)`` landmarks imply (the aligned crop's :data:`FACE_REGION_112`, brows to
-    chin and cheek to cheek, mapped back to source pixels) that lies outside ``box`` ``(4,)`` (x0, y0, x1, y1), in
-    [0, 1], from a :data:`REGION_GRID`² grid of points. With the photo's frame as the box: how much of the face the
-    frame cuts off (the detector extrapolates the landmarks of a face partly outside the photo)."""
+    """Share (0-1) of the face region the ``(5, 2)`` landmarks imply (:data:`FACE_REGION_112` mapped back to source
+    pixels) outside ``box`` ``(4,)`` (x0, y0, x1, y1), from a :data:`REGION_GRID`² grid of points."""
     a, b, _ = similarity_fit(landmarks)
     if a == 0:
         return 1.0
