@@ -339,15 +339,8 @@ def eval_quality(
     scores["fusion"] = fus["score"]
     n = len(t["path"])
     kw = dict(a=ps.a, b=ps.b, found=t["found"], degradation=t["degradation"], identity=t["identity"], sim=sim)
-    p1 = p1_report(
-        same=ps.same,
-        severity=np.where(clean, 0, t["severity"]),
-        face_scores=scores,
-        threshold=match_threshold,
-        threshold_check=t4,
-        draws=draws,
-        **kw,
-    )
+    kw |= dict(face_scores=scores, threshold=match_threshold)
+    p1 = p1_report(same=ps.same, severity=np.where(clean, 0, t["severity"]), threshold_check=t4, draws=draws, **kw)
     both = ps.same & t["found"][ps.a] & t["found"][ps.b]
     pair_q = {m: np.minimum(s[ps.a], s[ps.b])[both] for m, s in scores.items()}
     p1["fold_means"] = fold_means(sim[both] < match_threshold, pair_q, ps.fold[both])
@@ -355,9 +348,7 @@ def eval_quality(
     real = ps.same & ~ps.degraded & (np.maximum(t["abs_yaw"][ps.a], t["abs_yaw"][ps.b]) >= 20)
     p1["real_pose"] = None
     if real.sum() >= 20:
-        p1["real_pose"] = p1_report(
-            same=real, severity=np.zeros(n), face_scores=scores, threshold=match_threshold, draws=draws // 5, **kw
-        )["all"]
+        p1["real_pose"] = p1_report(same=real, severity=np.zeros(n), draws=draws // 5, **kw)["all"]
     # a clean face's genuine outcome (NaN: no genuine comparison) for the reasons' real stratum
     face_fail = np.full(n, np.nan)
     g = ps.same & (sim > -1) & ~ps.degraded  # clean against clean: the real stratum has no synthetic partner
@@ -370,18 +361,8 @@ def eval_quality(
     held = {c: by_fold(fold_of, reasons[c]["folds"], "limit") for c in REASONS}
     shipped = {c: np.full(n, reasons[c]["shipped_limit"]) for c in REASONS}
     by_reason = refused(t, q, np.zeros(n), held)
-    # the verify gate refuses at most 0.45 % of clean faces together with the reasons (0.5 % is the guardrail)
     gates = gate_study(
-        q,
-        clean,
-        t["identity"],
-        fold_of,
-        ps,
-        sim,
-        match_threshold,
-        verify_max_clean=0.0045,
-        refused_anyway=by_reason,
-        draws=draws,
+        q, clean, t["identity"], fold_of, ps, sim, match_threshold, refused_anyway=by_reason, draws=draws
     )
     gates["clean_faces_refused_with_reasons"] = {
         "held_out_verify_gate": float(refused(t, q, by_fold(fold_of, gates["folds"], "verify_gate"), held)[ok].mean()),
@@ -470,7 +451,7 @@ def gate_study(
     sim: np.ndarray,
     threshold: float,
     *,
-    verify_max_clean: float = 0.005,
+    verify_max_clean: float = 0.0045,
     refused_anyway: np.ndarray | None = None,
     enrol_max_clean: float = 0.02,
     draws: int = 1000,
@@ -478,7 +459,8 @@ def gate_study(
 ) -> dict[str, Any]:
     """Gates chosen per held-out fold, and what they do there. Per face ``(N,)``: ``q`` (0: not found),
     ``clean``, ``identity`` (the bootstrap's unit), ``fold_of_row``; ``sim`` ``(P,)`` per comparison of ``ps``
-    (side ``a`` enrolled, ``b`` the probe; −1: a face missing)."""
+    (side ``a`` enrolled, ``b`` the probe; −1: a face missing). The verify gate refuses at most ``verify_max_clean``
+    of clean faces together with ``refused_anyway`` (0.45 %: 0.5 % is the guardrail)."""
     rows = []
     for f in sorted(set(ps.fold.tolist())):
         train = clean & (fold_of_row != f) & (q > 0)
