@@ -10,6 +10,7 @@ random averages uniform scores over ``random_seeds`` seeds.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,12 @@ def weighted_pauc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, x_max: fl
     return _area(*_edc(fail, pair_q, w, seed), x_max)
 
 
+def ci95(value: float, boot: np.ndarray) -> dict[str, Any]:
+    """``value`` with the 95 % interval of its bootstrap draws ``boot`` (NaN draws left out)."""
+    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+    return {"value": value, "ci95": [float(lo), float(hi)]}
+
+
 def study(
     fail: np.ndarray,
     scores: Mapping[str, np.ndarray],
@@ -106,12 +113,7 @@ def study(
             "E": {k: (m[k] - best[k]) / (random_mean[k] - best[k]) if random_mean[k] > best[k] else None for k in m},
         }
         if name in diffs:
-            d = np.asarray(diffs[name])
-            lo, hi = np.percentile(d, [2.5, 97.5])
-            row[f"pauc20_minus_{reference}"] = {
-                "value": m["pauc20"] - raw[reference]["pauc20"],
-                "ci95": [float(lo), float(hi)],
-            }
+            row[f"pauc20_minus_{reference}"] = ci95(m["pauc20"] - raw[reference]["pauc20"], diffs[name])
         out[name] = row
     out["best"] = {"raw": best}
     return out

@@ -24,7 +24,7 @@ from facegate.errors import InvalidParameterError
 from facegate.eval.calibrate import calibrate
 from facegate.eval.degrade import plan
 from facegate.eval.lfw import Pair, read_pairs
-from facegate.eval.p1 import edc_curve, identity_weights, metrics, p1_report
+from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
 
@@ -437,9 +437,7 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, weights: np.ndarray) -> dict[str
     """``sum(num) / sum(den)`` and its 95 % bootstrap interval over the rows of ``weights`` ``(draws, n)``."""
     value = float(num.sum() / den.sum()) if den.any() else float("nan")
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = (weights @ num.astype(np.float64)) / (weights @ den.astype(np.float64))
-    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
-    return {"value": value, "ci95": [float(lo), float(hi)]}
+        return ci95(value, (weights @ num.astype(np.float64)) / (weights @ den.astype(np.float64)))
 
 
 def gate_study(
