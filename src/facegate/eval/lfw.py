@@ -57,11 +57,7 @@ def read_pairs(root: Path) -> list[Pair]:
 
 def pair_images(pairs: Sequence[Pair]) -> list[str]:
     """Unique image paths used by the pairs, in first-use order."""
-    seen: dict[str, None] = {}
-    for p in pairs:
-        seen.setdefault(p.a)
-        seen.setdefault(p.b)
-    return list(seen)
+    return list(dict.fromkeys(img for p in pairs for img in (p.a, p.b)))
 
 
 def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
