@@ -34,17 +34,10 @@ def all_pair_scores(emb: np.ndarray, ids: np.ndarray, *, chunk: int = 2048) -> t
 def calibrate(emb: np.ndarray, ids: np.ndarray, fmrs: tuple[float, ...] = (1e-3, 1e-4)) -> dict[str, object]:
     """Thresholds at each FMR over all-pairs impostors, with the FNMR they give on all genuine pairs."""
     gen, imp = all_pair_scores(emb, ids)
-    out: dict[str, object] = {"genuine_pairs": int(gen.size), "impostor_pairs": int(imp.size), "points": []}
     imp_sorted = np.sort(imp)
+    points = []
     for f in fmrs:
-        k = int(np.ceil((1.0 - f) * imp_sorted.size))
-        t = float(imp_sorted[min(k, imp_sorted.size - 1)])
-        out["points"].append(  # type: ignore[union-attr]
-            {
-                "fmr_target": f,
-                "threshold": t,
-                "fmr_measured": float(np.mean(imp >= t)),
-                "fnmr": float(np.mean(gen < t)),
-            }
-        )
-    return out
+        t = float(imp_sorted[min(int(np.ceil((1.0 - f) * imp.size)), imp.size - 1)])
+        fmr, fnmr = float(np.mean(imp >= t)), float(np.mean(gen < t))
+        points.append({"fmr_target": f, "threshold": t, "fmr_measured": fmr, "fnmr": fnmr})
+    return {"genuine_pairs": int(gen.size), "impostor_pairs": int(imp.size), "points": points}
