@@ -127,6 +127,7 @@ def train_rts_head(
     bs = min(config.batch_size, n)
     steps = n // bs  # the ragged last batch is dropped (BatchNorm with 1 row is undefined)
     history: list[dict[str, float]] = []
+    kw = {"scale": config.scale, "dof": config.dof, "kl_scale": config.kl_scale, "generator": g_eps}
     with tqdm(total=steps * config.epochs, desc="rts", unit="step", file=sys.stderr, disable=not progress) as bar:
         for ep in range(config.epochs):
             perm = torch.randperm(n, generator=g_order).to(dev)
@@ -136,7 +137,6 @@ def train_rts_head(
                 cos = e[idx] @ w.T
                 if tcos is not None:
                     cos = cos.scatter(1, y[idx][:, None], tcos[idx][:, None])
-                kw = {"scale": config.scale, "dof": config.dof, "kl_scale": config.kl_scale, "generator": g_eps}
                 loss, ce, kl = rts_loss(head(x[idx]), cos, y[idx], **kw)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
