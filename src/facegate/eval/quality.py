@@ -412,9 +412,6 @@ def plot_edc(fail: np.ndarray, pair_q: dict[str, np.ndarray], path: Path) -> Non
     plt.close(fig)
 
 
-RELIABILITY_FORMAT = "facegate.reliability"
-
-
 def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     """The largest ``q*`` with ``mean(q_clean < q*) <= max_refusal`` (``q_clean``: clean faces' qualities)."""
     q = np.sort(np.asarray(q_clean, np.float64))
@@ -556,7 +553,7 @@ def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: fl
 def save_reliability(path: Path, model: Any, *, name: str, threshold: float, meta: dict) -> None:
     """Write a :class:`~facegate.quality_reasons.ReliabilityModel` as JSON (read by ``load_reliability``)."""
     payload = {
-        "format": RELIABILITY_FORMAT,
+        "format": "facegate.reliability",
         "version": 2,
         "model": name,
         "threshold": threshold,
