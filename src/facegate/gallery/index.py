@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, GalleryError, GalleryNotFoundError, InvalidParameterError
-from facegate.gallery.base import SearchHit
 
 #: Smallest buffer, in rows; buffers above :data:`ALIGN` rows are a multiple of it (so blocks tile them).
 _MIN_CAPACITY = 64
@@ -333,11 +332,3 @@ class GalleryIndex:
             return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(host[:, :kk])], n
 
         return self._ops.launch(queries, entry.mat, n, kk), finish
-
-    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
-        """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
-        hits, _ = self.search_raw(gallery, queries, k)
-        return [
-            [SearchHit(r + 1, s, float(v), bool(v >= threshold)) for r, (s, v) in enumerate(zip(i, vs, strict=True))]
-            for i, vs in hits
-        ]

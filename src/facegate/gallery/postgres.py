@@ -140,15 +140,6 @@ class PostgresGalleryStore(GalleryStore):
         )
         conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
 
-    def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
-        return int(
-            conn.execute(
-                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, '', 0, 0, ?, ?) RETURNING id",
-                (gid, subject_id, meta_text, now, now),
-            ).fetchone()[0]
-        )
-
     def _templates(
         self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
     ) -> tuple[list[str], np.ndarray]:
