@@ -37,7 +37,7 @@ MAX_META_BYTES = 16 * 1024  # JSON-encoded, per subject
 MAX_PAGE = 10_000
 GALLERY_COLS = "name, model, dim, created_at, subjects"
 SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
-#: Sets ``galleries.subjects``, the kept count (``COUNT(*)`` over 1M subjects per request is tens of ms).
+#: Sets ``galleries.subjects``, the kept count (a ``COUNT(*)`` per request would scan every subject).
 RECOUNT = "UPDATE galleries SET subjects = (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = galleries.id)"
 
 

@@ -152,11 +152,9 @@ class GalleryFront:
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
-        """The 1:N policy for one probe ``face`` (a :class:`~facegate.types.Face`): a face the quality gate
-        refused is never searched (no hits, the operating point at gallery size ``size``, counted as
-        ``search_low_quality``); otherwise its hits, from ``found`` (the engine's answer of a photo searched
-        on the device) or from a search of its embedding on the engine's index. A bad ``fpir`` is the caller's
-        to refuse before any work (:meth:`operating_point`)."""
+        """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
+        gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
+        answer to a photo search) or from a search of its embedding. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
@@ -168,9 +166,8 @@ class GalleryFront:
         return ans
 
     def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
-        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
-        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched. ``out``
-        None (a probe refused, never searched): no hits, at gallery size ``size``."""
+        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut` (None: no hits, at
+        gallery size ``size``), with the threshold for ``fpir`` at the size the gallery had when searched."""
         t, info = self.operating_point(size if out is None else out.size, fpir)
         ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
         return SearchAnswer(
