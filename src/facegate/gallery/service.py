@@ -65,10 +65,6 @@ class Gallery:
             except Exception:
                 log.exception("gallery stats hook failed")
 
-    def sizes(self) -> dict[str, int]:
-        """``{gallery: number of subjects}`` as the index holds them."""
-        return self.index.sizes()
-
     def close(self) -> None:
         self.follower.stop()
         self.store.close()

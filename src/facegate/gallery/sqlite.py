@@ -102,11 +102,10 @@ class SQLiteGalleryStore(GalleryStore):
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA secure_delete=ON")
             self._migrate(conn)
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             conn.close()
-            raise _convert(exc, f"opening {self._path!r}") from exc
-        except BaseException:
-            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _convert(exc, f"opening {self._path!r}") from exc
             raise
         return conn, mode
 

@@ -45,7 +45,7 @@ def assert_consistent(svc: Gallery, gallery: str) -> None:
     ids_ix, T_ix = svc.index.snapshot(gallery)
     assert ids_ix == ids_db
     assert T_ix.tobytes() == T_db.tobytes()
-    assert svc.store.get_gallery(gallery).subjects == svc.sizes()[gallery]
+    assert svc.store.get_gallery(gallery).subjects == svc.index.sizes()[gallery]
 
 
 @pytest.fixture
@@ -100,11 +100,11 @@ def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
     # a failed store write leaves the index untouched
     with pytest.raises(DimensionMismatchError):
         svc.store.add_embeddings("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
-    assert svc.sizes() == {"a": 0}
+    assert svc.index.sizes() == {"a": 0}
     assert search(svc, "a", unit(rng, 1), k=5) == [[]]
     svc.store.add_embeddings("a", "x", unit(rng, 1), np.ones(1, np.float32))
     svc.store.delete_gallery("a")
-    assert svc.sync() == 2 and svc.sizes() == {}
+    assert svc.sync() == 2 and svc.index.sizes() == {}
     assert svc.store.list_galleries() == []
     with pytest.raises(GalleryNotFoundError):
         search(svc, "a", unit(rng, 1), k=1)
@@ -153,7 +153,7 @@ def test_stats_hook(db: Path) -> None:
 
         svc.set_stats_hook(broken)  # a failing hook never fails applying a change
         svc.store.add_embeddings("g", "c", unit(rng, 1), np.ones(1, np.float32))
-        assert svc.sync() == 1 and svc.sizes() == {"g": 2}
+        assert svc.sync() == 1 and svc.index.sizes() == {"g": 2}
     finally:
         svc.close()
 
@@ -174,7 +174,7 @@ def test_restart_gives_identical_results(db: Path) -> None:
 
     svc2 = Gallery(SQLiteGalleryStore(db), GalleryIndex())
     try:
-        assert svc2.sizes() == {"g": 199, "h": 0}
+        assert svc2.index.sizes() == {"g": 199, "h": 0}
         ids2, T2 = svc2.store.load_templates("g")
         assert ids2 == templates[0] and T2.tobytes() == templates[1].tobytes()
         after = svc2.index.search_raw("g", Q, 10)[0]
@@ -231,7 +231,7 @@ def test_closed_store_surfaces_gallery_error(db: Path) -> None:
     svc.close()
     with pytest.raises(GalleryError):
         svc.store.add_embeddings("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
-    assert svc.sizes() == {"g": 0}
+    assert svc.index.sizes() == {"g": 0}
 
 
 def test_index_follows_commits_of_another_process(tmp_path: Path) -> None:
