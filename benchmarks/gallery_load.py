@@ -39,7 +39,7 @@ def load_times(url: str, size: int, repeats: int) -> list[float]:
         t0 = time.perf_counter()
         gal = Gallery(open_store(url), GalleryIndex("cpu", "float32"), match_threshold=1.0)
         out.append(round(time.perf_counter() - t0, 3))
-        assert gal.sizes() == {"g": size}, gal.sizes()
+        assert gal.index.sizes() == {"g": size}, gal.index.sizes()
         gal.close()
         del gal
     return out

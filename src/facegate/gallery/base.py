@@ -1,11 +1,9 @@
 """The gallery store: result types, validation, template math, and the SQL both backends share.
 
-A subject holds one embedding per enrolment image and one unit-norm **template** for 1:N search,
-``t = Σ wᵢ·eᵢ / ‖Σ wᵢ·eᵢ‖₂`` with ``wᵢ = max(qᵢ, TEMPLATE_WEIGHT_FLOOR)`` (``qᵢ``: calibrated quality); if the sum
-vanishes the template is the embedding of highest weight. ``template_quality`` is ``max(qᵢ)``. Every mutation
-commits in the same transaction as a change-log row with a gap-free sequence number (the feed an index follows).
-The SQL uses ``?`` placeholders; a backend supplies :meth:`GalleryStore._tx` and the steps its driver does
-differently. Only :class:`~facegate.errors.FacegateError` subclasses escape; a write returns once durable.
+A subject holds one embedding per enrolment image and one unit-norm template for 1:N search
+(:func:`quality_weighted_template`). Every mutation commits in the same transaction as a change-log row with a
+gap-free sequence number (the feed an index follows). Only FacegateError subclasses escape; a write returns once
+durable.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ MAX_META_BYTES = 16 * 1024  # JSON-encoded, per subject
 MAX_PAGE = 10_000
 GALLERY_COLS = "name, model, dim, created_at, subjects"
 SUBJECT_COLS = "subject_id, n_embeddings, template_quality, meta, created_at, updated_at"
-#: Sets ``galleries.subjects``, the kept count (``COUNT(*)`` over 1M subjects per request is tens of ms).
+#: Sets ``galleries.subjects``, the kept count (a ``COUNT(*)`` per request would scan every subject).
 RECOUNT = "UPDATE galleries SET subjects = (SELECT COUNT(*) FROM subjects s WHERE s.gallery_id = galleries.id)"
 
 
@@ -220,7 +218,7 @@ def validate_import(subject_ids: object, templates: object, qualities: object) -
     if len(set(ids)) != len(ids):
         raise InvalidParameterError("subject_ids must be unique within one import", detail={"field": "subject_ids"})
     rows = getattr(templates, "shape", (None,))[0]
-    if rows != len(ids) or getattr(qualities, "shape", (None,))[0] != len(ids):
+    if rows != len(ids) or (qualities is not None and getattr(qualities, "shape", (None,))[0] != len(ids)):
         raise InvalidParameterError(
             f"{len(ids)} subject ids need as many template rows and qualities",
             detail={"field": "templates", "ids": len(ids), "rows": rows},
@@ -230,8 +228,9 @@ def validate_import(subject_ids: object, templates: object, qualities: object) -
 
 # --------------------------------------------------------------------------- template math and packing
 def quality_weighted_template(embeddings: np.ndarray, qualities: np.ndarray) -> np.ndarray:
-    """``(D,) float32`` unit-norm template of ``(n, D)`` embeddings and ``(n,)`` qualities (computed in
-    float64, rounded once, so every backend agrees bit for bit)."""
+    """``(D,) float32`` unit-norm ``Σ wᵢ·eᵢ / ‖Σ wᵢ·eᵢ‖₂`` of ``(n, D)`` embeddings with ``wᵢ = max(qᵢ,
+    TEMPLATE_WEIGHT_FLOOR)`` for ``(n,)`` qualities (the embedding of highest weight if the sum vanishes); computed
+    in float64, rounded once, so every backend agrees bit for bit."""
     e = np.asarray(embeddings, dtype=np.float64)
     w = np.maximum(np.asarray(qualities, dtype=np.float64), TEMPLATE_WEIGHT_FLOOR)
     s = w @ e
@@ -309,14 +308,14 @@ class GalleryStore:
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         raise NotImplementedError  # append change rows inside the caller's write transaction
 
-    def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
-        raise NotImplementedError  # an empty subject row; returns its primary key
-
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
         raise NotImplementedError  # replace subjects ``ids`` by single-embedding subjects of the rows of ``emb``
 
     def _templates(self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True) -> tuple[list[str], Any]:
-        raise NotImplementedError  # ``(subject_ids, (S, D) float32)``; ``ordered``: by subject id (byte order)
+        """``(subject_ids, (S, D) float32)``; ``ordered``: by subject id in byte order (here always: the UNIQUE
+        ``(gallery_id, subject_id)`` index gives that order for free)."""
+        sql = "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id"
+        return read_templates(conn.execute(sql, (gid,)), dim, gallery)
 
     def _erase_deleted(self) -> None:
         raise NotImplementedError  # after a committed delete: drop the deleted bytes, as far as the backend can
@@ -411,7 +410,11 @@ class GalleryStore:
         """One subject's rows of :meth:`enrol_many`; returns its primary key."""
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
         if row is None:
-            spk = self._insert_subject(conn, gid, sid, meta or "{}", now)
+            sql = (
+                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality, n_embeddings,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?) RETURNING id"
+            )
+            spk = int(conn.execute(sql, (gid, sid, meta or "{}", b"", now, now)).fetchone()[0])
             conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
             all_e, all_q = emb, q  # a new subject holds just these: no need to read them back
         else:
@@ -464,15 +467,16 @@ class GalleryStore:
             return self._templates(conn, gid, dim, gallery)
 
     def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray
+        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
     ) -> int:
         """Bulk enrolment without photos, one transaction: each ``(S, D) float32`` unit-norm row becomes a
-        subject's only embedding (replacing what a subject of that id held). Returns S."""
+        subject's only embedding (replacing what a subject of that id held); qualities default to 1. Returns S."""
         ids = validate_import(subject_ids, templates, qualities)
+        q = np.ones(len(ids), np.float32) if qualities is None else qualities
         what = f"importing {len(ids)} templates into {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
-            self._write_imported(conn, gid, ids, *validate_embeddings(templates, qualities, dim), now)
+            self._write_imported(conn, gid, ids, *validate_embeddings(templates, q, dim), now)
             conn.execute(RECOUNT + " WHERE id = ?", (gid,))
             self._log(conn, [("enrol", gallery, sid) for sid in ids], now)
         return len(ids)

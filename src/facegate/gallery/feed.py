@@ -1,10 +1,6 @@
-"""Keeps a :class:`~facegate.gallery.index.GalleryIndex` current from the store's change feed.
-
-The index loads in full once, then applies only the changes after its last sequence number. Changes are
-state-based and applied in sequence order under one lock, so a write is never overwritten by a stale snapshot.
-``catch_up(store.current_seq())`` before a search makes every change committed before it visible; a background
-thread, woken by the store, applies foreign changes as they commit.
-"""
+"""Keeps a :class:`~facegate.gallery.index.GalleryIndex` current from the store's change feed: a full load once,
+then the state-based changes after its last sequence number, in order under one lock (so a write is never
+overwritten by a stale snapshot), at each catch-up and from a background thread woken by the store."""
 
 from __future__ import annotations
 
@@ -46,7 +42,6 @@ class IndexFollower:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.applied = 0
 
     @property
     def seq(self) -> int:  # the last change the index reflects
@@ -89,7 +84,6 @@ class IndexFollower:
                     self._lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
                 if len(batch) < FEED_BATCH:
                     break
-            self.applied += n
         if n and self._on_applied is not None:
             self._on_applied()
         return n

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, GalleryError, GalleryNotFoundError, InvalidParameterError
-from facegate.gallery.base import SearchHit
 
 #: Smallest buffer, in rows; buffers above :data:`ALIGN` rows are a multiple of it (so blocks tile them).
 _MIN_CAPACITY = 64
@@ -34,10 +33,9 @@ def _mismatch(what: str, got: object, expected: object) -> DimensionMismatchErro
 
 class _NumpyOps:
     """Template matrices as NumPy arrays (CPU, float32/float64). The matrix product runs on half the cores'
-    worth of BLAS threads: the model stages use the rest, and BLAS threads spinning on a busy core make a
-    search many times slower."""
+    worth of BLAS threads: the model stages use the rest, and BLAS threads spinning on a busy core stall."""
 
-    _blas: Any = None  # one threadpoolctl controller per process (finding the BLAS libraries takes ~10 ms)
+    _blas: Any = None  # one threadpoolctl controller per process
 
     def __init__(self, dtype: str) -> None:
         from threadpoolctl import ThreadpoolController
@@ -65,9 +63,9 @@ class _NumpyOps:
 
 class _TorchOps:
     """Template matrices as torch tensors on ``device``. Above :data:`BLOCK_MIN` rows the top-k is exact and
-    two-level: the top ``k`` blocks of ``block`` scores by their maximum, then the top ``k`` of those blocks' scores
-    (the ``k`` best lie in at most ``k`` blocks); one ``amax`` pass costs far less than a ``torch.topk`` over
-    millions of columns. ``block``: a divisor of :data:`ALIGN`; 0: off; None: 2,048-4,096 blocks."""
+    two-level (cheaper than one ``torch.topk`` over millions of columns): the top ``k`` blocks of ``block`` scores
+    by their maximum, then the top ``k`` of those blocks' scores. ``block``: a divisor of :data:`ALIGN`; 0: off;
+    None: 2,048-4,096 blocks."""
 
     def __init__(self, device: Any, dtype: str, block: int | None = None) -> None:
         import torch
@@ -81,8 +79,7 @@ class _TorchOps:
         self._offsets: dict[int, Any] = {}  # b -> arange(b) on the device
 
     def zeros(self, rows: int, dim: int) -> Any:
-        # never an inference tensor, even when a search thread grows the matrix: the feed thread writes
-        # into it later, outside inference mode
+        # never an inference tensor: the feed thread writes into it outside inference mode
         with self.torch.inference_mode(False):
             return self.torch.zeros((rows, dim), dtype=self.dtype, device=self.device)
 
@@ -91,8 +88,7 @@ class _TorchOps:
             return self.torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(self.device, self.dtype)
 
     def _host(self, name: str, rows: int, cols: int) -> Any:
-        """This thread's ``(rows, cols) float32`` host buffer ``name``, reused by later calls; pinned on CUDA, so a
-        copy up does not block the host and a copy down is one DMA."""
+        """This thread's reused ``(rows, cols) float32`` host buffer ``name``, pinned on CUDA (asynchronous copies)."""
         if (buf := getattr(self._local, name, None)) is None or buf.numel() < rows * cols:
             setattr(self._local, name, buf := self.torch.empty(max(rows * cols, 4096), pin_memory=self._pin))
         return buf[: rows * cols].view(rows, cols)
@@ -333,11 +329,3 @@ class GalleryIndex:
             return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(host[:, :kk])], n
 
         return self._ops.launch(queries, entry.mat, n, kk), finish
-
-    def search(self, gallery: str, queries: np.ndarray, k: int, threshold: float) -> list[list[SearchHit]]:
-        """:meth:`search_raw` as :class:`SearchHit` lists, ``match = score >= threshold``."""
-        hits, _ = self.search_raw(gallery, queries, k)
-        return [
-            [SearchHit(r + 1, s, float(v), bool(v >= threshold)) for r, (s, v) in enumerate(zip(i, vs, strict=True))]
-            for i, vs in hits
-        ]

@@ -1,11 +1,10 @@
 """PostgreSQL gallery backend (psycopg 3, psycopg_pool): several engines and hosts share one database.
 
-Writers NOTIFY :data:`CHANNEL` inside their transaction (delivered once the change is visible), which wakes
-every engine's index. A ``SERIAL`` would let a lower sequence number commit after a higher one, and a follower
-would skip it for ever: every write takes the advisory lock :data:`WRITE_LOCK` and numbers its rows
-``max(seq) + 1``, so sequence order is commit order and the log has no gaps. Erasure: a deleted tuple stays in
-the heap (and WAL segments, base backups) until ``VACUUM`` prunes it; each delete runs one, as far as no older
-snapshot on the server still needs the tuples (docs/gallery.md).
+Writers NOTIFY :data:`CHANNEL` at commit, which wakes every engine's index. Every write takes the advisory lock
+:data:`WRITE_LOCK` and numbers its change rows ``max(seq) + 1``, so sequence order is commit order and the log has
+no gaps (with a ``SERIAL`` a follower could skip a lower number that commits late). Each delete runs ``VACUUM`` to
+prune the deleted tuples, as far as no older snapshot on the server needs them; WAL segments and base backups keep
+them longer (docs/gallery.md).
 """
 
 from __future__ import annotations
@@ -139,15 +138,6 @@ class PostgresGalleryStore(GalleryStore):
             [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
         )
         conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
-
-    def _insert_subject(self, conn: Any, gid: int, subject_id: str, meta_text: str, now: float) -> int:
-        return int(
-            conn.execute(
-                "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-                " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, '', 0, 0, ?, ?) RETURNING id",
-                (gid, subject_id, meta_text, now, now),
-            ).fetchone()[0]
-        )
 
     def _templates(
         self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True

@@ -1,10 +1,8 @@
 """Embedded SQLite gallery backend: one file, one host.
 
-WAL (readers never block the writer), ``synchronous=FULL`` (an answered write survives a power loss),
-``foreign_keys=ON`` (deletes cascade), ``secure_delete=ON`` (freed pages are zeroed); after a delete the WAL is
-checkpointed and truncated, so the erased vectors leave every file SQLite owns. The schema version is
-``PRAGMA user_version``. Writers of every process queue on ``flock`` of ``<file>-writers``, then take
-``BEGIN IMMEDIATE``. One connection behind a lock: search never reads SQLite (the index serves it), and no other
+WAL, ``synchronous=FULL`` (an answered write survives a power loss), ``secure_delete=ON`` and a WAL checkpoint
+after each delete, so erased vectors leave every file SQLite owns. Writers of every process queue on ``flock`` of
+``<file>-writers``. One connection behind a lock: search never reads SQLite (the index serves it), and no other
 connection of ours holds a read snapshot when the post-delete checkpoint runs.
 """
 
@@ -24,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from facegate.errors import ErasureIncompleteError, GalleryError, GalleryUnavailableError
-from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates, schema
+from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, schema
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +102,10 @@ class SQLiteGalleryStore(GalleryStore):
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA secure_delete=ON")
             self._migrate(conn)
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             conn.close()
-            raise _convert(exc, f"opening {self._path!r}") from exc
-        except BaseException:
-            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _convert(exc, f"opening {self._path!r}") from exc
             raise
         return conn, mode
 
@@ -224,21 +221,6 @@ class SQLiteGalleryStore(GalleryStore):
             "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?)",
             [(op, g, s, now) for op, g, s in rows],
         )
-
-    def _insert_subject(self, conn: sqlite3.Connection, gid: int, subject_id: str, meta_text: str, now: float) -> int:
-        cur = conn.execute(
-            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-            " n_embeddings, created_at, updated_at) VALUES (?, ?, ?, x'', 0, 0, ?, ?)",
-            (gid, subject_id, meta_text, now, now),
-        )
-        return int(cur.lastrowid)  # type: ignore[arg-type]
-
-    def _templates(
-        self, conn: sqlite3.Connection, gid: int, dim: int, gallery: str, ordered: bool = True
-    ) -> tuple[list[str], np.ndarray]:
-        # the UNIQUE (gallery_id, subject_id) index gives subject-id order for free
-        cur = conn.execute("SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id", (gid,))
-        return read_templates(cur, dim, gallery)
 
     def _write_imported(
         self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float

@@ -100,11 +100,9 @@ def enrol_photos(
     verdict: Callable[[Any], Any] | None = None,
     progress: Callable[[int, int, int], None] = lambda *_: None,
 ) -> EnrolReport:
-    """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call.
-
-    ``verdict(face)``: the enrolment gate (:func:`~facegate.service.gallery.decide_enrolment`);
-    ``progress(photos, faces, refusals)`` runs after each batch.
-    """
+    """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
+    ``verdict(face)`` (:func:`~facegate.service.gallery.decide_enrolment`); ``progress(photos, faces, refusals)``
+    runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     groups: list[list[tuple[str, list[Path], str]]] = [[]]

@@ -1,5 +1,5 @@
-"""The async face service: the pipeline's stages behind the engine, which batches across concurrent requests.
-Alignment of the few faces of one request runs inline (tens of microseconds per face on the CPU)."""
+"""The async face service: the pipeline's stages behind the engine, which batches across concurrent requests;
+the alignment of one request's few faces runs inline."""
 
 from __future__ import annotations
 

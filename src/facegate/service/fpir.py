@@ -1,13 +1,9 @@
 """The 1:N operating point: a search threshold from a named false-positive identification rate (FPIR).
 
-A non-mated probe searched against N impostor templates is a false positive when any scores at or above t, so
-``FPIR(t, N) ≈ 1 − (1 − FMR(t))^N`` and, for a named FPIR, ``FMR* = 1 − (1 − FPIR)^(1/N)``: the 1:1 threshold
-(FMR 1e-3) gives FPIR ≈ 63 % at N = 1,000.
-
-FMR(t) comes from the model's LFW impostor pairs (:data:`IMPOSTOR_DIR`/``<model>.json``, written by
-``benchmarks/lfw_open_set.py``), down to the smallest FMR they can show; beyond it a stated tail model (log FMR
-linear in t, fitted on the measured tail) extrapolates, and answers say so (``extrapolated``). A model without a
-table uses its registry calibration point only (``basis="registry_point"``).
+A non-mated probe against N impostor templates is a false positive when any scores at or above t, so
+``FPIR(t, N) ≈ 1 − (1 − FMR(t))^N`` and, for a named FPIR, ``FMR* = 1 − (1 − FPIR)^(1/N)``. FMR(t) comes from the
+model's LFW impostor pairs (:data:`IMPOSTOR_DIR`/``<model>.json``), extrapolated beyond them by a tail model
+(answers say so); a model without a table uses its registry calibration point only.
 """
 
 from __future__ import annotations

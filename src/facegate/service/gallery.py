@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
-from facegate.gallery.base import EnrolItem, GalleryInfo, GalleryStore, SearchHit, SubjectInfo
+from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
 from facegate.types import QualityVerdict
 
@@ -123,45 +123,17 @@ class GalleryFront:
         self._svc = face_service
         op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
         self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
-
-    def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        return self.store.create_gallery(name, model, dim)
-
-    def list_galleries(self) -> list[GalleryInfo]:
-        return self.store.list_galleries()
-
-    def get_gallery(self, name: str) -> GalleryInfo:
-        return self.store.get_gallery(name)
-
-    def delete_gallery(self, name: str) -> None:
-        self.store.delete_gallery(name)
-
-    def enrol(
-        self, gallery: str, subject_id: str, emb: np.ndarray, qual: np.ndarray, meta: dict[str, Any] | None = None
-    ) -> SubjectInfo:
-        """Add ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)."""
-        return self.store.add_embeddings(gallery, subject_id, emb, qual, meta)
-
-    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
-        """:meth:`enrol` of many ``(subject_id, emb, qual, meta)`` in one transaction."""
-        return self.store.enrol_many(gallery, items)
-
-    def import_templates(
-        self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
-    ) -> int:
-        """Bulk-enrol ``(S, D) float32`` unit-norm templates (qualities default to 1). Returns S."""
-        q = np.ones(len(subject_ids), np.float32) if qualities is None else qualities
-        return self.store.import_templates(gallery, list(subject_ids), templates, q)
-
-    def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
-        return self.store.list_subjects(gallery, offset, limit)
-
-    def delete_subject(self, gallery: str, subject_id: str) -> None:
-        """Erase a subject (the engine's index drops it before its next search)."""
-        self.store.delete_subject(gallery, subject_id)
-
-    def close(self) -> None:
-        self.store.close()
+        # the store's calls, under the names the HTTP API uses
+        self.create_gallery = store.create_gallery
+        self.list_galleries = store.list_galleries
+        self.get_gallery = store.get_gallery
+        self.delete_gallery = store.delete_gallery
+        self.enrol = store.add_embeddings
+        self.enrol_many = store.enrol_many
+        self.import_templates = store.import_templates
+        self.list_subjects = store.list_subjects
+        self.delete_subject = store.delete_subject
+        self.close = store.close
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -180,11 +152,9 @@ class GalleryFront:
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
-        """The 1:N policy for one probe ``face`` (a :class:`~facegate.types.Face`): a face the quality gate
-        refused is never searched (no hits, the operating point at gallery size ``size``, counted as
-        ``search_low_quality``); otherwise its hits, from ``found`` (the engine's answer of a photo searched
-        on the device) or from a search of its embedding on the engine's index. A bad ``fpir`` is the caller's
-        to refuse before any work (:meth:`operating_point`)."""
+        """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
+        gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
+        answer to a photo search) or from a search of its embedding. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
@@ -196,9 +166,8 @@ class GalleryFront:
         return ans
 
     def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
-        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut`: the threshold
-        for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when it was searched. ``out``
-        None (a probe refused, never searched): no hits, at gallery size ``size``."""
+        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut` (None: no hits, at
+        gallery size ``size``), with the threshold for ``fpir`` at the size the gallery had when searched."""
         t, info = self.operating_point(size if out is None else out.size, fpir)
         ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
         return SearchAnswer(

@@ -25,21 +25,25 @@ def brute_force(T: np.ndarray, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     return idx, np.take_along_axis(S, idx, axis=1), S
 
 
+def top(idx: GalleryIndex, gallery: str, queries: np.ndarray, k: int) -> list[tuple[list[str], np.ndarray]]:
+    """Per query ``(subject_ids, scores)`` of :meth:`GalleryIndex.search_raw`."""
+    return idx.search_raw(gallery, queries, k)[0]
+
+
 def assert_matches_reference(hits, ids: list[str], T: np.ndarray, Q: np.ndarray, k: int, atol: float) -> None:
     """Same ids in the same order and the same scores as the brute force (ties within ``atol`` may swap)."""
     ref_idx, ref_s, full = brute_force(T, Q, k)
     pos = {s: i for i, s in enumerate(ids)}
     assert len(hits) == len(Q)
     n_swapped = 0
-    for qi, row in enumerate(hits):
-        assert len(row) == min(k, len(ids))
-        got_s = np.array([h.score for h in row])
+    for qi, (row, got_s) in enumerate(hits):
+        assert len(row) == len(got_s) == min(k, len(ids))
         np.testing.assert_allclose(got_s, ref_s[qi], atol=atol)
         assert np.all(np.diff(got_s) <= 0), "hits must be sorted by descending score"
-        for r, h in enumerate(row):
-            if h.subject_id != ids[ref_idx[qi, r]]:
+        for r, sid in enumerate(row):
+            if sid != ids[ref_idx[qi, r]]:
                 # allowed only for a near-tie: the returned subject's true score equals the rank's score
-                assert abs(full[qi, pos[h.subject_id]] - ref_s[qi, r]) <= 2 * atol, (qi, r, h)
+                assert abs(full[qi, pos[sid]] - ref_s[qi, r]) <= 2 * atol, (qi, r, sid)
                 n_swapped += 1
     assert n_swapped <= max(1, len(hits) * k // 100), n_swapped
 
@@ -53,33 +57,29 @@ def test_search_equals_numpy_brute_force_10k() -> None:
     idx.load_all({"g": (D, ids, T)})
     # queries: noisy copies of known subjects (realistic: one clear winner) plus pure noise
     Q = np.vstack([T[:32] + 0.3 * unit(rng, 32, D), unit(rng, 32, D)]).astype(np.float32)
-    hits = idx.search("g", Q, k, threshold=0.5)
+    hits = top(idx, "g", Q, k)
     assert_matches_reference(hits, ids, T, Q, k, atol=2e-6)
-    assert [row[0].subject_id for row in hits[:32]] == ids[:32]
-    for row in hits:
-        for h in row:
-            assert h.match == (h.score >= 0.5)
+    assert [row[0][0] for row in hits[:32]] == ids[:32]
     # a single query (matrix-vector path) agrees with the batch (matrix-matrix) up to float32 rounding
-    single = idx.search("g", Q[:1], k, threshold=0.5)[0]
-    assert [h.subject_id for h in single] == [h.subject_id for h in hits[0]]
-    np.testing.assert_allclose([h.score for h in single], [h.score for h in hits[0]], atol=1e-6)
+    single = top(idx, "g", Q[:1], k)[0]
+    assert single[0] == hits[0][0]
+    np.testing.assert_allclose(single[1], hits[0][1], atol=1e-6)
 
 
 def test_small_and_empty_galleries() -> None:
     rng = np.random.default_rng(1)
     idx = GalleryIndex()
     idx.ensure_gallery("e", 8)
-    assert idx.search("e", unit(rng, 3, 8), 5, 0.3) == [[], [], []]
+    assert idx.search_raw("e", unit(rng, 3, 8), 5)[1] == 0
+    assert [ids for ids, _ in top(idx, "e", unit(rng, 3, 8), 5)] == [[], [], []]
     T = unit(rng, 3, 8)
     idx.load_all({"g": (8, ["a", "b", "c"], T)})
-    hits = idx.search("g", T, 10, 0.99)  # k > S: clamps to S
-    assert [len(r) for r in hits] == [3, 3, 3]
-    assert [r[0].subject_id for r in hits] == ["a", "b", "c"]
-    assert all(r[0].match and r[0].score == pytest.approx(1.0, abs=1e-6) for r in hits)
+    hits = top(idx, "g", T, 10)  # k > S: clamps to S
+    assert [len(r) for r, _ in hits] == [3, 3, 3]
+    assert [r[0] for r, _ in hits] == ["a", "b", "c"]
+    assert all(s[0] == pytest.approx(1.0, abs=1e-6) for _, s in hits)
     # queries are normalised by the index: scale does not change scores
-    np.testing.assert_allclose(
-        [h.score for h in idx.search("g", 7 * T[:1], 3, 0)[0]], [h.score for h in hits[0]], atol=1e-6
-    )
+    np.testing.assert_allclose(top(idx, "g", 7 * T[:1], 3)[0][1], hits[0][1], atol=1e-6)
 
 
 def test_search_errors() -> None:
@@ -87,15 +87,15 @@ def test_search_errors() -> None:
     idx = GalleryIndex()
     idx.load_all({"g": (8, ["a"], unit(rng, 1, 8))})
     with pytest.raises(GalleryNotFoundError):
-        idx.search("nope", unit(rng, 1, 8), 1, 0.3)
+        idx.search_raw("nope", unit(rng, 1, 8), 1)
     with pytest.raises(DimensionMismatchError):
-        idx.search("g", unit(rng, 1, 9), 1, 0.3)
+        idx.search_raw("g", unit(rng, 1, 9), 1)
     for bad_k in (0, -1, 1.5, True):
         with pytest.raises(InvalidParameterError):
-            idx.search("g", unit(rng, 1, 8), bad_k, 0.3)  # type: ignore[arg-type]
+            idx.search_raw("g", unit(rng, 1, 8), bad_k)  # type: ignore[arg-type]
     for bad_q in (unit(rng, 1, 8)[0], np.zeros((0, 8), np.float32), np.full((1, 8), np.inf, np.float32)):
         with pytest.raises(InvalidParameterError):
-            idx.search("g", bad_q, 1, 0.3)
+            idx.search_raw("g", bad_q, 1)
     with pytest.raises(DimensionMismatchError):
         idx.upsert("g", "b", unit(rng, 1, 9)[0])
     with pytest.raises(DimensionMismatchError):
@@ -136,7 +136,7 @@ def test_incremental_updates_match_a_reference_dict() -> None:
             if ids:
                 np.testing.assert_array_equal(T, np.stack([ref[s] for s in ids]))
                 Q = unit(rng, 4, D)
-                assert_matches_reference(idx.search("g", Q, 5, 0.0), ids, T, Q, 5, atol=2e-6)
+                assert_matches_reference(top(idx, "g", Q, 5), ids, T, Q, 5, atol=2e-6)
     assert max(capacities) >= 256 and capacities[-1] < max(capacities)  # grew several times, then shrank
     assert not idx.remove("g", "never-there")
     assert idx.sizes() == {"g": len(ref)}
@@ -162,8 +162,8 @@ def test_bfloat16_index_ranks_well_separated_data() -> None:
     ids = [str(i) for i in range(500)]
     idx = GalleryIndex("cpu", torch.bfloat16)
     idx.load_all({"g": (64, ids, T)})
-    hits = idx.search("g", T[:20] + 0.1 * unit(rng, 20, 64), 1, 0.5)
-    assert [r[0].subject_id for r in hits] == ids[:20]
+    hits = top(idx, "g", T[:20] + 0.1 * unit(rng, 20, 64), 1)
+    assert [r[0] for r, _ in hits] == ids[:20]
 
 
 def test_concurrent_search_and_updates() -> None:
@@ -189,9 +189,9 @@ def test_concurrent_search_and_updates() -> None:
         try:
             for _ in range(200):
                 # base[0] is never touched by the writer: it must always be found with score 1
-                row = idx.search("g", base[:1], 3, 0.9)[0]
-                assert row[0].subject_id == "b0" and row[0].score == pytest.approx(1.0, abs=1e-5)
-                assert row[0].score >= row[1].score >= row[2].score
+                row, scores = top(idx, "g", base[:1], 3)[0]
+                assert row[0] == "b0" and scores[0] == pytest.approx(1.0, abs=1e-5)
+                assert scores[0] >= scores[1] >= scores[2]
         except BaseException as exc:
             errors.append(exc)
 
@@ -219,11 +219,11 @@ def test_cuda_search_matches_cpu() -> None:
     cpu, gpu = GalleryIndex("cpu"), GalleryIndex("cuda")
     for idx in (cpu, gpu):
         idx.load_all({"g": (512, ids, T)})
-    assert_matches_reference(gpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=1e-4)
-    assert_matches_reference(cpu.search("g", Q, 10, 0.3), ids, T, Q, 10, atol=2e-6)
+    assert_matches_reference(top(gpu, "g", Q, 10), ids, T, Q, 10, atol=1e-4)
+    assert_matches_reference(top(cpu, "g", Q, 10), ids, T, Q, 10, atol=2e-6)
     half = GalleryIndex("cuda", torch.float16)
     half.load_all({"g": (512, ids, T)})
-    top1 = [r[0].subject_id for r in half.search("g", T[:64], 1, 0.3)]
+    top1 = [r[0] for r, _ in top(half, "g", T[:64], 1)]
     assert top1 == ids[:64]
 
 
@@ -257,12 +257,12 @@ def test_numpy_and_torch_backends_agree(k: int) -> None:
             assert idx.remove("g", f"s{i}")
         idx.upsert("g", "new", T[0])
     Q = unit(rng, 5, 32) * 3.0  # any non-zero scale
-    ha, hb = a.search("g", Q, k, 0.1), b.search("g", Q, k, 0.1)
-    assert [[h.subject_id for h in r] for r in ha] == [[h.subject_id for h in r] for r in hb]
-    np.testing.assert_allclose([[h.score for h in r] for r in ha], [[h.score for h in r] for r in hb], atol=1e-6)
+    ha, hb = top(a, "g", Q, k), top(b, "g", Q, k)
+    assert [r for r, _ in ha] == [r for r, _ in hb]
+    np.testing.assert_allclose([s for _, s in ha], [s for _, s in hb], atol=1e-6)
     assert a.snapshot("g")[0] == b.snapshot("g")[0]
     np.testing.assert_array_equal(a.snapshot("g")[1], b.snapshot("g")[1])
-    assert len(ha[0]) == min(k, 300 - 43 + 1)
+    assert len(ha[0][0]) == min(k, 300 - 43 + 1)
 
 
 def test_torch_index_grown_in_inference_mode_takes_later_writes() -> None:
@@ -281,7 +281,7 @@ def test_torch_index_grown_in_inference_mode_takes_later_writes() -> None:
     for i in range(100, 200):
         idx.upsert("g", f"s{i}", vecs[i])
     assert idx.remove("g", "s3")
-    assert idx.search("g", vecs[[150]], 1, 0.5)[0][0].subject_id == "s150"
+    assert top(idx, "g", vecs[[150]], 1)[0][0][0] == "s150"
 
 
 @pytest.mark.parametrize(("n", "k", "block"), [(70_001, 10, 1024), (70_001, 100, 4096), (80_000, 1, None)])
@@ -306,7 +306,7 @@ def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int | None) -> 
         assert ia == ib
         np.testing.assert_array_equal(va, vb)
     assert ha[0][0][0] == f"s{n - 1}" and ha[1][0][0] == "s7"
-    assert_matches_reference(two.search("g", Q, k, 0.5), *two.snapshot("g"), Q, k, atol=2e-6)
+    assert_matches_reference(top(two, "g", Q, k), *two.snapshot("g"), Q, k, atol=2e-6)
 
 
 def test_torch_answers_survive_the_next_search_and_other_threads() -> None:

@@ -30,6 +30,14 @@ def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
+def search(gal: Gallery, gallery: str, queries: np.ndarray, k: int) -> list[list[str]]:
+    """The search stage's steps: catch up with the store, then the index's top-``k`` subject ids per query."""
+    gal.sync()
+    if not gal.index.has(gallery):
+        gal.store.get_gallery(gallery)  # the store's GalleryNotFoundError (or InvalidParameterError)
+    return [ids for ids, _ in gal.index.search_raw(gallery, queries, k)[0]]
+
+
 def assert_consistent(svc: Gallery, gallery: str) -> None:
     """Once caught up, the index holds exactly the store's subjects and the store's templates, bit for bit."""
     svc.sync()
@@ -37,7 +45,7 @@ def assert_consistent(svc: Gallery, gallery: str) -> None:
     ids_ix, T_ix = svc.index.snapshot(gallery)
     assert ids_ix == ids_db
     assert T_ix.tobytes() == T_db.tobytes()
-    assert svc.store.get_gallery(gallery).subjects == svc.sizes()[gallery]
+    assert svc.store.get_gallery(gallery).subjects == svc.index.sizes()[gallery]
 
 
 @pytest.fixture
@@ -47,7 +55,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def svc(db: Path):
-    s = Gallery(SQLiteGalleryStore(db), GalleryIndex("cpu"), match_threshold=0.5)
+    s = Gallery(SQLiteGalleryStore(db), GalleryIndex("cpu"))
     yield s
     s.close()
 
@@ -61,20 +69,16 @@ def test_enrol_search_delete_roundtrip(svc: Gallery) -> None:
         info = svc.store.add_embeddings("g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
         assert info.n_embeddings == 3
         assert_consistent(svc, "g")
-    # a query close to one of p7's images finds p7 first, as a match; unrelated queries do not match
+    # a query close to one of p7's images finds p7 first
     probe = faces["p7"][0] + 0.05 * unit(rng, 1)[0]
-    hits = svc.search("g", np.stack([probe, unit(rng, 1)[0]]), k=3)
-    assert hits[0][0].subject_id == "p7" and hits[0][0].match
-    assert not any(h.match for h in hits[1])
-    # per-call threshold override
-    assert svc.search("g", probe[None], k=1, threshold=1.0)[0][0].match is False
+    assert search(svc, "g", np.stack([probe, unit(rng, 1)[0]]), k=3)[0][0] == "p7"
     # re-enrol appends and moves the template; the index follows
     svc.store.add_embeddings("g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
     assert svc.store.get_subject("g", "p7").n_embeddings == 5
     assert_consistent(svc, "g")
     svc.store.delete_subject("g", "p7")
     assert_consistent(svc, "g")
-    assert all(h.subject_id != "p7" for h in svc.search("g", probe[None], k=19)[0])
+    assert "p7" not in search(svc, "g", probe[None], k=19)[0]
     with pytest.raises(SubjectNotFoundError):
         svc.store.delete_subject("g", "p7")
     assert [s.subject_id for s in svc.store.list_subjects("g", 0, 5)] == ["p0", "p1", "p10", "p11", "p12"]
@@ -86,28 +90,24 @@ def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
     with pytest.raises(GalleryExistsError):
         svc.store.create_gallery("a", "sface", D)
     with pytest.raises(GalleryNotFoundError):
-        svc.search("nope", unit(rng, 1), k=1)
+        search(svc, "nope", unit(rng, 1), k=1)
     with pytest.raises(GalleryNotFoundError):
         svc.store.add_embeddings("nope", "x", unit(rng, 1), np.ones(1, np.float32))
     with pytest.raises(InvalidParameterError):
-        svc.search("bad name!", unit(rng, 1), k=1)
-    with pytest.raises(InvalidParameterError):
-        svc.search("a", unit(rng, 1), k=1, threshold=2.0)
+        search(svc, "bad name!", unit(rng, 1), k=1)
     with pytest.raises(DimensionMismatchError):
-        svc.search("a", unit(rng, 1, D + 1), k=1)
+        search(svc, "a", unit(rng, 1, D + 1), k=1)
     # a failed store write leaves the index untouched
     with pytest.raises(DimensionMismatchError):
         svc.store.add_embeddings("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
-    assert svc.sizes() == {"a": 0}
-    assert svc.search("a", unit(rng, 1), k=5) == [[]]
+    assert svc.index.sizes() == {"a": 0}
+    assert search(svc, "a", unit(rng, 1), k=5) == [[]]
     svc.store.add_embeddings("a", "x", unit(rng, 1), np.ones(1, np.float32))
     svc.store.delete_gallery("a")
-    assert svc.sync() == 2 and svc.sizes() == {}
+    assert svc.sync() == 2 and svc.index.sizes() == {}
     assert svc.store.list_galleries() == []
     with pytest.raises(GalleryNotFoundError):
-        svc.search("a", unit(rng, 1), k=1)
-    with pytest.raises(InvalidParameterError):
-        Gallery(svc.store, GalleryIndex(), match_threshold=float("nan"))
+        search(svc, "a", unit(rng, 1), k=1)
 
 
 def test_index_failure_fails_the_search_until_the_change_applies(svc: Gallery, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,22 +122,22 @@ def test_index_failure_fails_the_search_until_the_change_applies(svc: Gallery, m
         m.setattr(svc.index, "upsert", lambda *a: (_ for _ in ()).throw(RuntimeError("simulated device failure")))
         svc.store.add_embeddings("g", "s9", e, np.ones(1, np.float32))
         with pytest.raises(RuntimeError):
-            svc.search("g", e, k=1)  # the index cannot apply it yet: no stale answer
-    assert svc.search("g", e, k=1)[0][0].subject_id == "s9"
+            search(svc, "g", e, k=1)  # the index cannot apply it yet: no stale answer
+    assert search(svc, "g", e, k=1)[0][0] == "s9"
     assert_consistent(svc, "g")
     svc.store.delete_subject("g", "s0")
     with monkeypatch.context() as m:
         m.setattr(svc.index, "remove", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
         with pytest.raises(RuntimeError):
-            svc.search("g", e, k=10)
-    assert "s0" not in [h.subject_id for h in svc.search("g", e, k=10)[0]]
+            search(svc, "g", e, k=10)
+    assert "s0" not in search(svc, "g", e, k=10)[0]
     assert_consistent(svc, "g")
 
 
 def test_stats_hook(db: Path) -> None:
     calls: list[dict[str, int]] = []
     rng = np.random.default_rng(4)
-    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.4, stats_hook=calls.append)
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), stats_hook=calls.append)
     try:
         svc.store.create_gallery("g", "sface", D)
         svc.sync()
@@ -153,7 +153,7 @@ def test_stats_hook(db: Path) -> None:
 
         svc.set_stats_hook(broken)  # a failing hook never fails applying a change
         svc.store.add_embeddings("g", "c", unit(rng, 1), np.ones(1, np.float32))
-        assert svc.sync() == 1 and svc.sizes() == {"g": 2}
+        assert svc.sync() == 1 and svc.index.sizes() == {"g": 2}
     finally:
         svc.close()
 
@@ -161,27 +161,26 @@ def test_stats_hook(db: Path) -> None:
 def test_restart_gives_identical_results(db: Path) -> None:
     rng = np.random.default_rng(5)
     Q = unit(rng, 16)
-    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex())
     svc.store.create_gallery("g", "sface", D)
     svc.store.create_gallery("h", "sface", D)
     for i in range(200):
         svc.store.add_embeddings("g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
     svc.store.delete_subject("g", "s100")
-    before = svc.search("g", Q, k=10)
+    svc.sync()
+    before = svc.index.search_raw("g", Q, 10)[0]
     templates = svc.store.load_templates("g")
     svc.close()
 
-    svc2 = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    svc2 = Gallery(SQLiteGalleryStore(db), GalleryIndex())
     try:
-        assert svc2.sizes() == {"g": 199, "h": 0}
+        assert svc2.index.sizes() == {"g": 199, "h": 0}
         ids2, T2 = svc2.store.load_templates("g")
         assert ids2 == templates[0] and T2.tobytes() == templates[1].tobytes()
-        after = svc2.search("g", Q, k=10)
+        after = svc2.index.search_raw("g", Q, 10)[0]
         # same ids in the same order; scores equal up to float32 summation order (row order differs)
-        assert [[h.subject_id for h in r] for r in after] == [[h.subject_id for h in r] for r in before]
-        np.testing.assert_allclose(
-            [[h.score for h in r] for r in after], [[h.score for h in r] for r in before], atol=1e-6
-        )
+        assert [r for r, _ in after] == [r for r, _ in before]
+        np.testing.assert_allclose([s for _, s in after], [s for _, s in before], atol=1e-6)
         assert_consistent(svc2, "g")
     finally:
         svc2.close()
@@ -202,7 +201,7 @@ def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
                 svc.store.add_embeddings(gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
                 if i % 10 == 9:
                     svc.store.delete_subject(gallery, f"t{t}_{i - 1}")
-                svc.search(gallery, unit(rng, 2), k=3)
+                search(svc, gallery, unit(rng, 2), k=3)
         except BaseException as exc:
             errors.append(exc)
 
@@ -226,30 +225,29 @@ def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
 
 
 def test_closed_store_surfaces_gallery_error(db: Path) -> None:
-    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex(), match_threshold=0.3)
+    svc = Gallery(SQLiteGalleryStore(db), GalleryIndex())
     svc.store.create_gallery("g", "sface", D)
     svc.sync()
     svc.close()
     with pytest.raises(GalleryError):
         svc.store.add_embeddings("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
-    assert svc.sizes() == {"g": 0}
+    assert svc.index.sizes() == {"g": 0}
 
 
 def test_index_follows_commits_of_another_process(tmp_path: Path) -> None:
     """Two front-end processes share one SQLite file; each index applies the other's changes."""
     path = tmp_path / "g.sqlite3"
-    a = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
-    b = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"), match_threshold=0.3)
+    a = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"))
+    b = Gallery(SQLiteGalleryStore(path), GalleryIndex(device="cpu"))
     try:
         a.store.create_gallery("staff", "sface", 4)
         e = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
         a.store.add_embeddings("staff", "alice", e, np.array([0.9], np.float32))
         assert a.sync() == 2 and a.sync() == 0
-        hits = b.search("staff", e, k=1)  # b applies the two changes before searching
-        assert [h.subject_id for h in hits[0]] == ["alice"] and hits[0][0].match
+        assert search(b, "staff", e, k=1) == [["alice"]]  # b applies the two changes before searching
         assert b.sync() == 0  # nothing new since
         a.store.delete_subject("staff", "alice")
-        assert b.search("staff", e, k=1) == [[]]
+        assert search(b, "staff", e, k=1) == [[]]
     finally:
         a.close()
         b.close()
