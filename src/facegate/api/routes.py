@@ -24,7 +24,6 @@ from facegate.api import schemas as sc
 from facegate.api.errors import facegate_error_response
 from facegate.api.forms import (
     EMBED_ROUTE,
-    FORM_LIMITS,
     FastFormRoute,
     aligned_images,
     header,
@@ -185,9 +184,8 @@ async def faces_of_upload(
     select: FaceSelect = FaceSelect.LARGEST,
     keep_crops: bool = False,
 ) -> list[Face]:
-    """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
-    from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
-    for every face or the crops are decoded and aligned here."""
+    """The selected faces of one uploaded photo: a JPEG's largest face in one engine trip with the engine's
+    ``photo`` stage, anything else decoded and aligned here."""
     data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
     if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops and data[:3] == JPEG:
         return await service.photo_faces(data)
@@ -331,11 +329,9 @@ async def embed_response(
 
 
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-    """The fast path, below FastAPI's routing: after the access checks and within the admission bound and
-    deadline, :class:`~facegate.api.app.ServingMiddleware` hands it ``POST /api/embed`` with a small multipart
-    body. It answers a form of 1..``max_images_per_request`` ``images`` with ``aligned`` true (and at most a
-    ``select``) through the route's own function and JSON (None), or returns a receive that replays the body for
-    FastAPI. A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
+    """The aligned-crop fast path of ``POST /api/embed`` below FastAPI's routing (the serving middleware calls
+    it): answers a form that :func:`~facegate.api.forms.aligned_images` takes through :func:`embed_response`
+    (returns None, as for a body that did not arrive), else returns a receive that replays the body."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -347,7 +343,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     body = b"".join(chunks)
     ctype = header(scope, b"content-type").decode("latin-1")
     limit = state.settings.limits.max_images_per_request
-    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
+    images = aligned_images(parse_small_multipart(body, ctype), limit)
     if images is None:
         return replay_body(body, receive)
     scope["route"] = EMBED_ROUTE
@@ -416,8 +412,8 @@ def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
 async def _enrolment_decisions(
     state: ServingState, service: FaceService, name: str, images: list[UploadFile], subject_ids: list[str]
 ) -> list[tuple[str, list[int], EnrolDecision]]:
-    """The largest face of every photo (all through the engine at once), then the enrolment gate per subject
-    (photo ``i`` shows ``subject_ids[i]``): per subject, its photos' indices and its decision."""
+    """The enrolment gate per subject over the largest face of every photo (photo ``i`` shows ``subject_ids[i]``):
+    per subject, its photos' indices and its decision."""
     _check_count(len(images), state.settings.limits.max_images_per_request, "images")
     await _gallery_for_service(state, name)
 
