@@ -247,14 +247,13 @@ def compare(
     quality_head: HeadOpt = None,
 ) -> None:
     """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
+    from facegate.api.schemas import CompareResponse
+
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
-    from facegate.api.schemas import CompareResponse
-
-    answer = CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name)  # POST /api/compare's JSON
-    _echo(answer.model_dump(exclude_unset=True))
+    _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
@@ -400,21 +399,18 @@ def _env_info(settings: Settings) -> dict[str, Any]:
 
     import torch
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
     from facegate.tuning import make_plan
 
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
     plan = make_plan(settings)
-    dev = plan.device
     return {
         "git_commit": commit,
         "torch": torch.__version__,
-        "device": dev,
-        "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
+        "device": plan.device,
+        "gpu": torch.cuda.get_device_name(0) if plan.device == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "precision": plan.precision,

@@ -387,12 +387,12 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
-async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
+@_gallery_route("DELETE", "/api/galleries/{name}", sc.Deleted)
+async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     """Delete a gallery and every subject and embedding in it."""
     state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_gallery, name)
-    return sc.DeletedGallery(deleted=name)
+    return sc.Deleted(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
@@ -527,12 +527,12 @@ async def list_subjects(
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
-async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
+@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.Deleted)
+async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Deleted:
     """Erase a subject and all its embeddings."""
     state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
-    return sc.DeletedSubject(deleted=subject_id)
+    return sc.Deleted(deleted=subject_id)
 
 
 @_gallery_route(
