@@ -141,13 +141,7 @@ def serve(
     kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
     kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
     batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
-    _serve(_settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {}))
-
-
-def _serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, in one process or with the process model, as the serving plan (logged in one
-    line) says. A failed load shuts the server down and raises its FacegateError here, so a misconfigured server
-    does not linger unready."""
+    settings = _settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {})
     import uvicorn
 
     from facegate.api.app import create_app, get_state, uvicorn_config
@@ -169,6 +163,7 @@ def _serve(settings: Settings) -> None:
     app = create_app(settings, plan=plan)
     server = uvicorn.Server(uvicorn_config(app, settings))
     state = get_state(app)
+    # a failed load shuts the server down and is raised here, so a misconfigured server does not linger unready
     state.on_load_error = lambda exc: setattr(server, "should_exit", True)
     log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
     server.run()

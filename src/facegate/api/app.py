@@ -64,13 +64,12 @@ SMALL_BODY_BYTES = 1024 * 1024
 CLIENT_CLOSED_STATUS = 499
 
 
-def open_gallery(settings: Settings, service: FaceService, open_retry_s: float | None = None) -> GalleryFront:
-    """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index).
-    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``)."""
+def open_gallery(settings: Settings, service: FaceService, open_retry_s: float) -> GalleryFront:
+    """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index),
+    retrying a busy or unreachable store for ``open_retry_s``."""
     from facegate.gallery import open_store
 
-    retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
-    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=retry)
+    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=open_retry_s)
     try:
         return GalleryFront(store, service)
     except BaseException:
@@ -94,7 +93,8 @@ async def _load(state: ServingState) -> None:
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
         try:
-            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
+            retry = settings.gallery_open_retry_s
+            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service, retry)
         except GalleryError as exc:
             if not _busy(exc):
                 raise
@@ -424,8 +424,7 @@ def create_app(
 
 
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
-    """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
-    logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port."""
+    """The one uvicorn configuration of every serving process, on ``settings``' host and port."""
     import uvicorn
 
     kw: dict[str, Any] = {

@@ -145,8 +145,7 @@ class PixelBudget:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     def measure(self, uploads: Iterable[UploadFile]) -> int:
-        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``
-        (a request of many huge images stops at the first one past the budget)."""
+        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``."""
         total = 0
         for i, upload in enumerate(uploads):
             total += header_pixels(upload)

@@ -92,8 +92,7 @@ def allowed_host_names(settings: Settings) -> frozenset[str] | None:
 
 
 def check_bind(settings: Settings, keys: KeyStore) -> None:
-    """Refuse (ServerError) to serve a non-loopback address without API keys unless ``security.no_auth``;
-    log how it runs."""
+    """Refuse (ServerError) a non-loopback address without API keys unless ``security.no_auth``; log how it runs."""
     if len(keys):
         log.info("API keys: %d configured (%s); /api routes need one", len(keys), keys.path.name)
         return
