@@ -17,6 +17,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from facegate.api.errors import error_body
+
 log = logging.getLogger(__name__)
 
 #: What a request refused or cut short by the drain is answered with.
@@ -83,5 +85,4 @@ def exit_quietly_on_sigterm() -> None:
 
 def shutting_down(message: str) -> JSONResponse:
     """The JSON 503 ``shutting_down``, with ``Connection: close`` and ``Retry-After: 1``."""
-    body = {"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}
-    return JSONResponse(body, 503, {"connection": "close", "retry-after": "1"})
+    return JSONResponse(error_body(SHUTTING_DOWN, message), 503, {"connection": "close", "retry-after": "1"})

@@ -16,6 +16,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from PIL import Image
 from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -30,6 +31,7 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
+from facegate.io.decode import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +119,6 @@ def _check_depth(text: str, max_depth: int, field: str) -> None:
 def header_pixels(file: UploadFile) -> int:
     """``width × height`` of an uploaded image from its header (no pixel data is decoded); 0 when the
     header cannot be read (the decoder then answers the request's error)."""
-    from PIL import Image
-
-    from facegate.io.decode import FORMATS
-
     f = file.file
     try:
         f.seek(0)

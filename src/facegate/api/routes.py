@@ -31,6 +31,7 @@ from facegate.api.forms import (
     pixels_held,
     replay_body,
 )
+from facegate.api.limits import loads_limited
 from facegate.config import Settings
 from facegate.errors import (
     EmptyInputError,
@@ -42,6 +43,7 @@ from facegate.errors import (
     PathNotAllowedError,
 )
 from facegate.gallery.base import validate_subject_id
+from facegate.io.decode import decode_if_small, decode_image, read_image_file
 from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
 from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments, refusal_reason
@@ -161,8 +163,6 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
 
 async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
     """An upload's bytes → ``(H, W, 3) uint8`` RGB: here when it is small (an aligned crop), else on the pool."""
-    from facegate.io.decode import decode_if_small, decode_image
-
     s = state.settings.limits
     small = decode_if_small(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
     if small is not None:
@@ -194,8 +194,6 @@ async def faces_of_upload(
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
     """Read and decode one server-side file inside ``settings.limits.allowed_roots`` (on the decode pool)."""
-    from facegate.io.decode import read_image_file
-
     s = state.settings.limits
     return await state.in_decode_pool(
         read_image_file, path, allowed_roots=s.allowed_roots, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels
@@ -431,8 +429,6 @@ async def _enrolment_decisions(
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
-    from facegate.api.limits import loads_limited
-
     if meta is None or meta == "":
         return None
     value = loads_limited(meta, state.settings.limits, field="meta")  # bounded size, depth and numbers
