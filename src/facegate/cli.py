@@ -141,13 +141,7 @@ def serve(
     kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
     kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
     batch = {k: v for k, v in (("max_batch_size", max_batch_size), ("max_wait_ms", max_wait_ms)) if v is not None}
-    _serve(_settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {}))
-
-
-def _serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, in one process or with the process model, as the serving plan (logged in one
-    line) says. A failed load shuts the server down and raises its FacegateError here, so a misconfigured server
-    does not linger unready."""
+    settings = _settings(**kw, engine=batch, security={"no_auth": True} if no_auth else {})
     import uvicorn
 
     from facegate.api.app import create_app, get_state, uvicorn_config
@@ -169,6 +163,7 @@ def _serve(settings: Settings) -> None:
     app = create_app(settings, plan=plan)
     server = uvicorn.Server(uvicorn_config(app, settings))
     state = get_state(app)
+    # a failed load shuts the server down and is raised here, so a misconfigured server does not linger unready
     state.on_load_error = lambda exc: setattr(server, "should_exit", True)
     log.info("facegate listening on http://%s:%d (docs at /docs)", settings.host, settings.port)
     server.run()
@@ -247,14 +242,13 @@ def compare(
     quality_head: HeadOpt = None,
 ) -> None:
     """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
+    from facegate.api.schemas import CompareResponse
+
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
     a = p.faces([_read(img1, s)])[0][0]
     b = p.faces([_read(img2, s)])[0][0]
-    from facegate.api.schemas import CompareResponse
-
-    answer = CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name)  # POST /api/compare's JSON
-    _echo(answer.model_dump(exclude_unset=True))
+    _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
@@ -400,21 +394,18 @@ def _env_info(settings: Settings) -> dict[str, Any]:
 
     import torch
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
     from facegate.tuning import make_plan
 
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
     plan = make_plan(settings)
-    dev = plan.device
     return {
         "git_commit": commit,
         "torch": torch.__version__,
-        "device": dev,
-        "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None,
+        "device": plan.device,
+        "gpu": torch.cuda.get_device_name(0) if plan.device == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "precision": plan.precision,

@@ -64,13 +64,12 @@ SMALL_BODY_BYTES = 1024 * 1024
 CLIENT_CLOSED_STATUS = 499
 
 
-def open_gallery(settings: Settings, service: FaceService, open_retry_s: float | None = None) -> GalleryFront:
-    """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index).
-    ``open_retry_s``: how long to retry a busy or unreachable store (default ``settings.gallery_open_retry_s``)."""
+def open_gallery(settings: Settings, service: FaceService, open_retry_s: float) -> GalleryFront:
+    """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index),
+    retrying a busy or unreachable store for ``open_retry_s``."""
     from facegate.gallery import open_store
 
-    retry = settings.gallery_open_retry_s if open_retry_s is None else open_retry_s
-    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=retry)
+    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=open_retry_s)
     try:
         return GalleryFront(store, service)
     except BaseException:
@@ -94,7 +93,8 @@ async def _load(state: ServingState) -> None:
             state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
         state.stats = state.service.stats
         try:
-            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service)
+            retry = settings.gallery_open_retry_s
+            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service, retry)
         except GalleryError as exc:
             if not _busy(exc):
                 raise
@@ -297,85 +297,80 @@ class ServingMiddleware:
             if declared.isdigit() and int(declared) > limit:
                 await send_response(facegate_error_response(_too_large(int(declared), limit)))
                 return
-            with DRAIN.track(task):
-                try:
-                    refused = self.access.refusal(scope)
-                    if refused is not None:
-                        await send_response(facegate_error_response(refused))
-                        return
-                    api, now = scope["path"].startswith("/api/"), time.monotonic()
-                    shed = adm.refuse(now) if api else None
-                    if shed is not None:
-                        await wrapped_send({"type": "http.response.start", "status": shed[0], "headers": shed[1]})
-                        await wrapped_send({"type": "http.response.body", "body": shed[2]})
-                        return
-                    if api:
-                        if adm.admitted == 0:
-                            adm.bound.busy(now)
-                        adm.admitted, admitted = adm.admitted + 1, True
-                    app_receive: Receive | None = wrapped_receive
-                    if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
-                        cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
-                        body = await read_json(wrapped_receive, limits, cap)  # None: the client went away
-                        app_receive = None if body is None else replay_body(body, wrapped_receive)
-                    deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
-                    async with asyncio.timeout(deadline_s):
-                        if app_receive is not None and wants_fast_path(scope):  # None: answered
-                            app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
-                        if app_receive is not None:
-                            await self.app(scope, app_receive, wrapped_send)
-                except TimeoutError:
-                    deadline = limits.request_timeout_s
-                    log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
-                    if not response_started and not too_large:
-                        exc = DeadlineExceededError(
-                            f"the request did not finish within its deadline of {deadline:g} s",
-                            detail={"deadline_s": deadline},
-                        )
-                        await send_response(facegate_error_response(exc))
-                except FacegateError as exc:  # the JSON body's limits (the routes answer their own errors)
-                    if response_started:
-                        raise
-                    if not too_large:
-                        await send_response(facegate_error_response(exc))
-                except asyncio.CancelledError:
-                    if cancelled_by_disconnect:
-                        status = CLIENT_CLOSED_STATUS
-                        if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
-                            raise
-                        log.info(
-                            "%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"])
-                        )
-                        return
-                    if DRAIN.expired:  # cut short by the drain
-                        status = 503
-                    if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
-                        raise
-                    if not response_started:
-                        await shutting_down("the server shut down before this request finished")(scope, receive, send)
+            DRAIN.tasks.add(task)  # cut short if the drain expires meanwhile
+            try:
+                refused = self.access.refusal(scope)
+                if refused is not None:
+                    await send_response(facegate_error_response(refused))
                     return
-                except Exception:
-                    log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
-                    if not response_started and not too_large:
-                        await send_response(internal_error_response())
-                        return
-                    if not too_large:
+                api, now = scope["path"].startswith("/api/"), time.monotonic()
+                shed = adm.refuse(now) if api else None
+                if shed is not None:
+                    await wrapped_send({"type": "http.response.start", "status": shed[0], "headers": shed[1]})
+                    await wrapped_send({"type": "http.response.body", "body": shed[2]})
+                    return
+                if api:
+                    if adm.admitted == 0:
+                        adm.bound.busy(now)
+                    adm.admitted, admitted = adm.admitted + 1, True
+                app_receive: Receive | None = wrapped_receive
+                if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+                    cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+                    body = await read_json(wrapped_receive, limits, cap)  # None: the client went away
+                    app_receive = None if body is None else replay_body(body, wrapped_receive)
+                deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
+                async with asyncio.timeout(deadline_s):
+                    if app_receive is not None and wants_fast_path(scope):  # None: answered
+                        app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
+                    if app_receive is not None:
+                        await self.app(scope, app_receive, wrapped_send)
+            except TimeoutError:
+                deadline = limits.request_timeout_s
+                log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
+                if not response_started and not too_large:
+                    exc = DeadlineExceededError(
+                        f"the request did not finish within its deadline of {deadline:g} s",
+                        detail={"deadline_s": deadline},
+                    )
+                    await send_response(facegate_error_response(exc))
+            except FacegateError as exc:  # the JSON body's limits (the routes answer their own errors)
+                if response_started:
+                    raise
+                if not too_large:
+                    await send_response(facegate_error_response(exc))
+            except asyncio.CancelledError:
+                if cancelled_by_disconnect:
+                    status = CLIENT_CLOSED_STATUS
+                    if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
                         raise
+                    log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
+                    return
+                if DRAIN.expired:  # cut short by the drain
+                    status = 503
+                if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
+                    raise
+                if not response_started:
+                    await shutting_down("the server shut down before this request finished")(scope, receive, send)
+                return
+            except Exception:
+                log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
+                if not response_started and not too_large:
+                    await send_response(internal_error_response())
+                    return
+                if not too_large:
+                    raise
             if too_large and not response_started:
                 await send_response(facegate_error_response(_too_large(received, limit)))
         finally:
+            DRAIN.tasks.discard(task)
             if admitted:
                 adm.admitted -= 1
                 if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
                     adm.bound.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
-            self._record(scope, status, time.perf_counter() - t0)
-
-    def _record(self, scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
-        self._record_route(f"{scope['method']} {template}", status, seconds)
+            template = getattr(scope.get("route"), "path", None) or "unmatched"
+            self._record_route(f"{scope['method']} {template}", status, time.perf_counter() - t0)
 
     def _record_route(self, route: str, status: int, seconds: float) -> None:
         try:
@@ -429,8 +424,7 @@ def create_app(
 
 
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
-    """The one uvicorn configuration of every serving process: one worker, lifespan on, the process's own
-    logging, no access log, graceful shutdown a little past ``drain_s``; ``settings``' host and port."""
+    """The one uvicorn configuration of every serving process, on ``settings``' host and port."""
     import uvicorn
 
     kw: dict[str, Any] = {

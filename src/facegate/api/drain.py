@@ -9,15 +9,15 @@ longer, so it never cancels first, and :func:`exit_quietly_on_sigterm` turns its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+from facegate.api.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class Drain:
     """One process's drain: the requests in flight, whether it is draining, and whether its time is up."""
 
     def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()  # the requests in flight (the serving middleware's)
         self.active = False  # no new request is admitted
         self.expired = False  # the requests still in flight were cancelled
 
@@ -49,15 +49,6 @@ class Drain:
             log.warning("drain timeout: answering %d unfinished request(s) with 503 %s", len(tasks), SHUTTING_DOWN)
         for task in tasks:
             task.cancel()
-
-    @contextlib.contextmanager
-    def track(self, task: asyncio.Task[Any]) -> Iterator[None]:
-        """Count ``task`` in flight (cancelled if the drain expires meanwhile)."""
-        self.tasks.add(task)
-        try:
-            yield
-        finally:
-            self.tasks.discard(task)
 
 
 #: The drain of this process (one server per process).
@@ -94,5 +85,4 @@ def exit_quietly_on_sigterm() -> None:
 
 def shutting_down(message: str) -> JSONResponse:
     """The JSON 503 ``shutting_down``, with ``Connection: close`` and ``Retry-After: 1``."""
-    body = {"error": {"code": SHUTTING_DOWN, "message": message, "detail": {}}}
-    return JSONResponse(body, 503, {"connection": "close", "retry-after": "1"})
+    return JSONResponse(error_body(SHUTTING_DOWN, message), 503, {"connection": "close", "retry-after": "1"})

@@ -1,14 +1,10 @@
-"""Fast paths for small ``multipart/form-data`` bodies: a reader with Starlette's parser as the fallback, and
-aligned-crop embeds served below FastAPI's routing.
+"""Fast paths for small ``multipart/form-data`` bodies, where Starlette's streaming parser and FastAPI's stack
+cost a front-end more than the aligned-crop work itself.
 
-Starlette's streaming parser (a callback per chunk, a spooled file per upload) costs a front-end most of its
-GIL under aligned-crop load. A plain body (first delimiter at the start, CRLF, named parts, no ``_charset_``,
-within the limits) of at most :data:`FAST_FORM_MAX_BYTES` is cut at its boundaries here; anything else, every
-error case included, goes to Starlette over the same cached body. The tests compare the two parsers.
-
-Aligned crops are the least GPU work per request, so the front-ends' Python sets their rate, and FastAPI's
-stack above the endpoint costs several times the endpoint's own work: :func:`wants_fast_path` and
-:func:`aligned_images` pick the requests that :func:`facegate.api.routes.serve_embed_aligned` answers itself.
+A plain body (first delimiter at the start, CRLF, named parts, no ``_charset_``, within the limits) of at most
+:data:`FAST_FORM_MAX_BYTES` is cut at its boundaries here; anything else, every error case included, goes to
+Starlette over the same cached body. :func:`wants_fast_path` and :func:`aligned_images` pick the requests that
+:func:`facegate.api.routes.serve_embed_aligned` answers itself.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from starlette.types import Message, Receive, Scope
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
-#: the multipart limits FastAPI's form reading applies by default (files, fields, bytes per field)
-FORM_LIMITS: dict[str, Any] = {"max_files": 1000, "max_fields": 1000, "max_part_size": 1024 * 1024}
 EMBED_PATH = "/api/embed"
 #: what ``scope["route"]`` holds for the request metrics (the route's path template)
 EMBED_ROUTE = SimpleNamespace(path=EMBED_PATH)
@@ -92,7 +86,7 @@ def parse_small_multipart(
     max_part_size: int = 1024 * 1024,
 ) -> FormData | None:
     """The form of a ``multipart/form-data`` body as Starlette builds it (files in memory), or ``None`` when
-    Starlette's parser should answer instead."""
+    Starlette's parser should answer instead. The limits' defaults are those of FastAPI's form reading."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary or len(boundary) > 200:

@@ -1,8 +1,6 @@
 """Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`, :func:`read_json`), decoded-pixel
-budgets (:class:`PixelBudget`) and admission before any work (:class:`Admission`, checked by
-:class:`~facegate.api.app.ServingMiddleware`: 503 ``overloaded`` past the bound, most of it refused earlier by
-:class:`ShedProtocol`). The serving middleware also gives each ``/api/`` request ``limits.request_timeout_s``
-from arrival; past it the task is cancelled (the engine drops its work) and the client gets 504.
+budgets (:class:`PixelBudget`) and admission before any work (:class:`Admission`: 503 ``overloaded`` past the
+bound, mostly refused by :class:`ShedProtocol` before any task exists).
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from PIL import Image
 from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -32,6 +31,7 @@ from facegate.errors import (
     InvalidParameterError,
     OverloadedError,
 )
+from facegate.io.decode import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,6 @@ def _check_depth(text: str, max_depth: int, field: str) -> None:
 def header_pixels(file: UploadFile) -> int:
     """``width × height`` of an uploaded image from its header (no pixel data is decoded); 0 when the
     header cannot be read (the decoder then answers the request's error)."""
-    from PIL import Image
-
-    from facegate.io.decode import FORMATS
-
     f = file.file
     try:
         f.seek(0)
@@ -147,8 +143,7 @@ class PixelBudget:
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     def measure(self, uploads: Iterable[UploadFile]) -> int:
-        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``
-        (a request of many huge images stops at the first one past the budget)."""
+        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``."""
         total = 0
         for i, upload in enumerate(uploads):
             total += header_pixels(upload)
@@ -199,13 +194,10 @@ def is_json(scope: Scope) -> bool:
 
 class AdmissionLimit:
     """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
-    ``queue_s`` seconds (Little's law; the serving plan's ``admission_queue_s``), at least :data:`FLOOR`, so that
-    a new request is answered within about a second once an overload stops. The rate is completions per second
-    over the last :data:`WINDOW_S` since the process last went busy; the best rate seen bounds a burst, the
-    window's rate bounds it while it sheds. Only rates over at least half a window busy count: a fresh process's
-    first second (cold caches, a closed-loop client's ramp) runs below its rate, and a bound learnt there
-    refused part of a load the server then served well within its latency. Until a rate counts, the bound is
-    ``max_admitted``."""
+    ``queue_s`` seconds (Little's law), at least :data:`FLOOR`. The rate is completions per second over the last
+    :data:`WINDOW_S` since the process last went busy: the best rate seen bounds a burst, the window's rate bounds
+    it while it sheds. Only rates over at least half a window busy count, since a fresh process's first second
+    runs below its rate; until one counts, the bound is ``max_admitted``."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
@@ -240,8 +232,7 @@ class AdmissionLimit:
         self.last_shed = now
 
     def limit(self, now: float) -> int:
-        """The bound now. It changes only with the slot (the current one is left out) and with whether the
-        process sheds: a flood's refusals each ask for it, so it is computed once per such state."""
+        """The bound now; cached per (slot, busy slot, shedding), since a flood's refusals each ask for it."""
         sid = int(now / self._width)
         shedding = now - self.last_shed < self.WINDOW_S
         key = (sid, self._busy_sid, shedding)
@@ -251,7 +242,7 @@ class AdmissionLimit:
         done = sum(c for c, s in zip(self._counts, self._slot_ids, strict=True) if first <= s < sid)
         rate = done / ((sid - first) * self._width) if sid > first else 0.0
         settled = sid - first >= self._SLOTS // 2
-        if settled:  # a rate over less than half a window busy is a start's (a fresh process, a ramp), too low
+        if settled:
             self._best = max(self._best, rate)
         if self._best == 0.0:
             return self.max_admitted  # nothing measured yet
@@ -269,21 +260,15 @@ STATS_KEY = "facegate.record_request"
 
 
 class Admission:
-    """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, each built once per
-    bound value (a flood of refusals must cost next to nothing): as ASGI messages and as raw HTTP bytes.
+    """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, built once per bound
+    value (as ASGI messages and as raw HTTP bytes) so that a flood of refusals costs next to nothing.
 
-    While it sheds, the bound also follows the event loop's lateness (:meth:`watch`): a front-end whose loop is
-    saturated by admitted work answers its refusals late, since each waits for a loop turn. A turn later than
-    :data:`LAG_HIGH_S` cuts the loop's cap on admitted requests, at most once per :data:`CUT_EVERY_S` (admitted
-    work keeps the loop busy for a while after a cut), by :data:`CUT`; once the loop has been late for
-    :data:`CUT_EVERY_S` in a row, in proportion to the lateness: to what would turn the loop within
-    :data:`LAG_AIM_S` if its turns take time in proportion to the requests in progress, by :data:`CUT_DEEPEST`
-    at most. So the loop of a flood's first second, late by tenths of a second, is freed within a few cuts,
-    and a loop a little late, or stalled once (a CPU engine in the same process), loses a tenth. Each punctual
-    turn (:data:`TICK_S` apart) raises the cap by one, up to the bound the completion rate allows: a cap never
-    floats above the requests the bound could admit, so a cut always bites. The cap is lifted whenever nothing
-    was refused for :data:`AdmissionLimit.WINDOW_S`, so a loop that is late for other reasons (a CPU engine
-    sharing the process) is left be until the server is actually overloaded.
+    While it sheds, a cap on admitted requests also follows the event loop's lateness (:meth:`watch`), since a
+    saturated loop answers its refusals late. A turn later than :data:`LAG_HIGH_S` cuts the cap by :data:`CUT`,
+    at most once per :data:`CUT_EVERY_S`; a loop late for :data:`CUT_EVERY_S` in a row is cut in proportion, to
+    turn within :data:`LAG_AIM_S`, by :data:`CUT_DEEPEST` at most. Each punctual turn raises the cap by one, never
+    above the rate's bound (so a cut always bites); the cap is lifted once nothing was refused for
+    :data:`AdmissionLimit.WINDOW_S`.
     """
 
     TICK_S = 0.01
@@ -306,8 +291,7 @@ class Admission:
         self._late_since = math.inf  # when the loop's current run of late turns began
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Follow ``loop``'s lateness while this front-end refuses: a timer every :data:`TICK_S` (no task), armed
-        by a refusal and stopped once nothing was refused for :data:`AdmissionLimit.WINDOW_S`."""
+        """Follow ``loop``'s lateness with a timer every :data:`TICK_S`, armed by a refusal."""
         self._loop = loop
 
     def _arm(self) -> None:
@@ -379,11 +363,9 @@ _REFUSED = types.SimpleNamespace(response_complete=True, message_event=types.Sim
 
 
 class ShedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as
-    its headers are parsed: one write of pre-built bytes, no asyncio task, no ASGI call, no log line (counted in
-    ``facegate_requests_total`` as ``POST unmatched``/503). Below Starlette because under a flood the refusals'
-    trip through the middleware stack took most of the event loop. It uses uvicorn's ``HttpToolsProtocol``
-    internals (``cycle``, ``parser``, ``url``), which ``tests/integration/test_shed.py`` exercises."""
+    """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as its
+    headers are parsed: one write of pre-built bytes, no task, no ASGI call (counted as ``POST unmatched``/503).
+    It uses uvicorn's ``HttpToolsProtocol`` internals (``cycle``, ``parser``, ``url``), which test_shed.py exercises."""
 
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)

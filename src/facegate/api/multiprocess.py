@@ -2,9 +2,7 @@
 
 The torch-free supervisor starts the engines, waits until they are warm, then opens the port and spawns the
 front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor` thread, replaced when one exits). If an
-engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server. Run folders
-(sockets, metrics files) are named ``facegate-<kind>-<supervisor pid>-<random>``, so that the next start can
-tell a killed server's from a live one's (:func:`remove_stale_run_dirs`); shared memory is unnamed.
+engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
 """
 
 from __future__ import annotations
@@ -51,7 +49,8 @@ _RUN_DIR = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$
 
 
 def make_run_dir(kind: Literal["engine", "accept", "metrics"]) -> Path:
-    """A new private (mode 0700) run folder of ``kind`` named after this process."""
+    """A new private (mode 0700) run folder of ``kind``, ``facegate-<kind>-<pid>-<random>``: the next start can
+    tell a killed server's from a live one's (:func:`remove_stale_run_dirs`)."""
     return Path(tempfile.mkdtemp(prefix=f"facegate-{kind}-{os.getpid()}-"))
 
 
@@ -197,23 +196,6 @@ def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None
     return [visible[i // per_gpu] for i in range(engines)]
 
 
-def start_engines(settings: Settings, plan: ServingPlan) -> list[EngineProcess]:
-    """``plan.engines`` engine processes started together, once all are ready (one failing stops them all)."""
-    devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
-    key = secrets.token_bytes(32)
-    engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
-    try:
-        for e in engines:
-            e.spawn()
-        for e in engines:
-            e.wait()
-    except BaseException:
-        for e in engines:
-            e.stop()
-        raise
-    return engines
-
-
 def frontend_main(control_path: str) -> None:
     """A front-end process: :func:`frontend_app` on the connections the supervisor's acceptor hands it."""
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
@@ -288,10 +270,18 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     """Serve with ``plan.engines`` engines and ``plan.workers`` front-ends until interrupted; raises an engine's
     start-up error, or ModelError when an engine died."""
     remove_stale_run_dirs()
+    devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
+    key = secrets.token_bytes(32)
+    engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
-    try:
-        engines = start_engines(settings, plan)
+    try:  # spawned together, then waited for: one failing stops them all
+        for e in engines:
+            e.spawn()
+        for e in engines:
+            e.wait()
     except BaseException:
+        for e in engines:
+            e.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         raise
     stopping = threading.Event()

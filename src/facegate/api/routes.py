@@ -24,7 +24,6 @@ from facegate.api import schemas as sc
 from facegate.api.errors import facegate_error_response
 from facegate.api.forms import (
     EMBED_ROUTE,
-    FORM_LIMITS,
     FastFormRoute,
     aligned_images,
     header,
@@ -32,6 +31,7 @@ from facegate.api.forms import (
     pixels_held,
     replay_body,
 )
+from facegate.api.limits import loads_limited
 from facegate.config import Settings
 from facegate.errors import (
     EmptyInputError,
@@ -43,6 +43,7 @@ from facegate.errors import (
     PathNotAllowedError,
 )
 from facegate.gallery.base import validate_subject_id
+from facegate.io.decode import decode_if_small, decode_image, read_image_file
 from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
 from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments, refusal_reason
@@ -162,8 +163,6 @@ async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = N
 
 async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
     """An upload's bytes → ``(H, W, 3) uint8`` RGB: here when it is small (an aligned crop), else on the pool."""
-    from facegate.io.decode import decode_if_small, decode_image
-
     s = state.settings.limits
     small = decode_if_small(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
     if small is not None:
@@ -185,9 +184,8 @@ async def faces_of_upload(
     select: FaceSelect = FaceSelect.LARGEST,
     keep_crops: bool = False,
 ) -> list[Face]:
-    """The selected faces of one uploaded photo. With the engine's ``photo`` stage, a JPEG's largest face comes
-    from its bytes in one engine trip; other formats (nvJPEG's fallback would be the engine's CPU) and requests
-    for every face or the crops are decoded and aligned here."""
+    """The selected faces of one uploaded photo: a JPEG's largest face in one engine trip with the engine's
+    ``photo`` stage, anything else decoded and aligned here."""
     data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
     if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops and data[:3] == JPEG:
         return await service.photo_faces(data)
@@ -196,8 +194,6 @@ async def faces_of_upload(
 
 async def decode_path(state: ServingState, path: str) -> np.ndarray:
     """Read and decode one server-side file inside ``settings.limits.allowed_roots`` (on the decode pool)."""
-    from facegate.io.decode import read_image_file
-
     s = state.settings.limits
     return await state.in_decode_pool(
         read_image_file, path, allowed_roots=s.allowed_roots, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels
@@ -331,11 +327,9 @@ async def embed_response(
 
 
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-    """The fast path, below FastAPI's routing: after the access checks and within the admission bound and
-    deadline, :class:`~facegate.api.app.ServingMiddleware` hands it ``POST /api/embed`` with a small multipart
-    body. It answers a form of 1..``max_images_per_request`` ``images`` with ``aligned`` true (and at most a
-    ``select``) through the route's own function and JSON (None), or returns a receive that replays the body for
-    FastAPI. A body that did not arrive (a disconnect, over the route's limit) is left to the caller (None)."""
+    """The aligned-crop fast path of ``POST /api/embed`` below FastAPI's routing (the serving middleware calls
+    it): answers a form that :func:`~facegate.api.forms.aligned_images` takes through :func:`embed_response`
+    (returns None, as for a body that did not arrive), else returns a receive that replays the body."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -347,7 +341,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     body = b"".join(chunks)
     ctype = header(scope, b"content-type").decode("latin-1")
     limit = state.settings.limits.max_images_per_request
-    images = aligned_images(parse_small_multipart(body, ctype, **FORM_LIMITS), limit)
+    images = aligned_images(parse_small_multipart(body, ctype), limit)
     if images is None:
         return replay_body(body, receive)
     scope["route"] = EMBED_ROUTE
@@ -391,12 +385,12 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}", sc.DeletedGallery)
-async def delete_gallery(request: Request, name: str) -> sc.DeletedGallery:
+@_gallery_route("DELETE", "/api/galleries/{name}", sc.Deleted)
+async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     """Delete a gallery and every subject and embedding in it."""
     state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_gallery, name)
-    return sc.DeletedGallery(deleted=name)
+    return sc.Deleted(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
@@ -416,8 +410,8 @@ def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
 async def _enrolment_decisions(
     state: ServingState, service: FaceService, name: str, images: list[UploadFile], subject_ids: list[str]
 ) -> list[tuple[str, list[int], EnrolDecision]]:
-    """The largest face of every photo (all through the engine at once), then the enrolment gate per subject
-    (photo ``i`` shows ``subject_ids[i]``): per subject, its photos' indices and its decision."""
+    """The enrolment gate per subject over the largest face of every photo (photo ``i`` shows ``subject_ids[i]``):
+    per subject, its photos' indices and its decision."""
     _check_count(len(images), state.settings.limits.max_images_per_request, "images")
     await _gallery_for_service(state, name)
 
@@ -435,8 +429,6 @@ async def _enrolment_decisions(
 
 
 def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
-    from facegate.api.limits import loads_limited
-
     if meta is None or meta == "":
         return None
     value = loads_limited(meta, state.settings.limits, field="meta")  # bounded size, depth and numbers
@@ -531,12 +523,12 @@ async def list_subjects(
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.DeletedSubject)
-async def delete_subject(request: Request, name: str, subject_id: str) -> sc.DeletedSubject:
+@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.Deleted)
+async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Deleted:
     """Erase a subject and all its embeddings."""
     state, _, gallery = _ready(request)
     await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
-    return sc.DeletedSubject(deleted=subject_id)
+    return sc.Deleted(deleted=subject_id)
 
 
 @_gallery_route(

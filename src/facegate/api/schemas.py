@@ -190,8 +190,8 @@ class GalleryListResponse(_Model):
     galleries: list[GalleryOut]
 
 
-class DeletedGallery(_Model):
-    """``DELETE /api/galleries/{name}``."""
+class Deleted(_Model):
+    """Answer of a ``DELETE``: the gallery's name or the subject's id."""
 
     deleted: str
 
@@ -234,12 +234,6 @@ class SubjectListResponse(_Model):
 
     subjects: list[SubjectOut]
     total: int
-
-
-class DeletedSubject(_Model):
-    """``DELETE /api/galleries/{name}/subjects/{subject_id}``."""
-
-    deleted: str
 
 
 class SearchResponse(_Model):

@@ -1,9 +1,5 @@
 """Who may call the API and what a browser may do with it: API keys, Host and Origin checks, rate limits,
 security headers, the OpenAPI security scheme and the offline API docs.
-
-:class:`Access`, before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing
-method from a foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight),
-no or an unknown key (401), a key without the route's scope (403), a client past its token bucket (429).
 """
 
 from __future__ import annotations
@@ -92,8 +88,7 @@ def allowed_host_names(settings: Settings) -> frozenset[str] | None:
 
 
 def check_bind(settings: Settings, keys: KeyStore) -> None:
-    """Refuse (ServerError) to serve a non-loopback address without API keys unless ``security.no_auth``;
-    log how it runs."""
+    """Refuse (ServerError) a non-loopback address without API keys unless ``security.no_auth``; log how it runs."""
     if len(keys):
         log.info("API keys: %d configured (%s); /api routes need one", len(keys), keys.path.name)
         return
@@ -145,7 +140,9 @@ def presented_key(scope: AsgiScope) -> str | None:
 
 
 class Access:
-    """Host, Origin, API key and rate-limit checks (see the module docstring)."""
+    """Before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing method from a
+    foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight), no or an
+    unknown key (401), a key without the route's scope (403), a client past its token bucket (429)."""
 
     def __init__(self, settings: Settings, keys: KeyStore) -> None:
         self.settings, self.keys = settings, keys
