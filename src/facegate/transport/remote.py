@@ -87,8 +87,6 @@ class Arena:
     -9 included). Freed ranges are zeroed: a photo stays only while its request is in flight."""
 
     def __init__(self, size: int = ARENA_BYTES) -> None:
-        if size < _ALIGN:
-            raise ValueError(f"arena size must be >= {_ALIGN} bytes")
         # memfd: no path names it. The process model needs Unix SOCK_SEQPACKET (api.acceptor): Linux, which has it
         self.fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
