@@ -274,12 +274,8 @@ class _StageRunner:
 
 
 class Engine:
-    """Cross-request dynamic batching over stages with unique names.
-
-    ``max_batch_size`` in items or rows; ``max_wait_ms`` after a batch's first item; ``max_queue`` per stage
-    (beyond: QueueFullError); ``request_timeout_s``: the default deadline; ``device_thread``: runs every execute
-    + deliver (a new one by default), stopped with the engine.
-    """
+    """Cross-request dynamic batching over stages with unique names. ``max_queue`` is per stage (beyond:
+    QueueFullError); ``device_thread`` runs every execute + deliver (a new one by default) and stops with the engine."""
 
     def __init__(
         self,

@@ -3,8 +3,7 @@
 ``prepare`` (overlapping the previous batch's ``execute``) checks the headers, decodes the JPEGs with one nvJPEG
 call, builds the detector canvases and enqueues the detector, whose CUDA graph also chooses and aligns the face
 (:mod:`facegate.pipeline.photo_select`). ``execute`` warps, embeds and copies the results to the host once.
-Only JPEGs with the ``largest`` policy and no crops come here; the host path agrees within the tolerances of
-``tests/unit/pipeline/test_photo.py``.
+Only JPEGs with the ``largest`` policy and no crops come here.
 """
 
 from __future__ import annotations
