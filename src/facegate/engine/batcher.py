@@ -13,10 +13,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from facegate.errors import DeadlineExceededError, EngineClosedError, InvalidParameterError, QueueFullError
+from facegate.errors import DeadlineExceededError, EngineClosedError, QueueFullError
 from facegate.metrics.stats import ServiceStats
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,6 @@ class Batcher:
     """One stage's bounded FIFO queue and batch collector (thread-safe); ``stats`` records depth, wait and drops."""
 
     def __init__(self, name: str, *, max_queue: int, stats: ServiceStats) -> None:
-        if max_queue < 1:
-            raise InvalidParameterError(f"max_queue must be >= 1, got {max_queue}")
         self.name = name
         self.max_queue = int(max_queue)
         self._q: collections.deque[WorkItem] = collections.deque()
@@ -119,30 +117,22 @@ class Batcher:
 
     def put(self, item: WorkItem) -> None:
         """Enqueue one item; EngineClosedError once closed, QueueFullError with ``max_queue`` live items waiting."""
-        self.put_many((item,))
-
-    def put_many(self, items: Sequence[WorkItem]) -> None:
-        """Enqueue several items atomically: either all are queued or none (same errors as :meth:`put`)."""
-        if not items:
-            return
         dropped: list[tuple[WorkItem, str]] = []
         try:
             with self._cond:
                 if self._closed:
                     raise EngineClosedError(f"stage {self.name!r} is not accepting work", detail={"stage": self.name})
-                if len(self._q) + len(items) > self.max_queue:
+                if len(self._q) >= self.max_queue:
                     dropped = self._purge_dead_locked()
-                    if len(self._q) + len(items) > self.max_queue:
+                    if len(self._q) >= self.max_queue:
                         retry = self._retry_after_locked()
                         raise QueueFullError(
                             f"stage {self.name!r} queue is full ({len(self._q)}/{self.max_queue}); retry later",
                             retry_after_s=retry,
                             detail={"stage": self.name, "depth": len(self._q), "max_queue": self.max_queue},
                         )
-                now = time.monotonic()
-                for it in items:
-                    it.enqueued_at = now
-                self._q.extend(items)
+                item.enqueued_at = time.monotonic()
+                self._q.append(item)
                 self._set_depth_locked()
                 self._cond.notify()
         finally:
@@ -151,8 +141,6 @@ class Batcher:
     def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
         """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
         ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
-        if max_batch < 1:
-            raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         while True:
             batch, dropped = self._collect_once(max_batch, max_wait_s)
             self._finish_dropped(dropped)

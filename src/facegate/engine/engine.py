@@ -1,13 +1,8 @@
 """Model-agnostic inference engine: cross-request dynamic batching over pluggable :class:`Stage` objects.
 
-Per stage, host work overlaps device work::
-
-    front thread (one per stage):  collect(batch k+1) -> prepare(k+1) --handoff--+
-    device thread (shared):                              execute(k) -> deliver(k) -+-> futures
-
-``collect`` gathers up to ``max_batch_size`` items (or rows, with ``item_cost``) or until ``max_wait_ms`` after
-the first; only ``execute`` touches the GPU. One :class:`DeviceThread` runs every stage's execute + deliver and the
-warm-up: each thread launching cuDNN/cuBLAS work holds its own handles in device memory. At most
+Per stage a front thread collects batch k+1 (up to ``max_batch_size`` items, or rows with ``item_cost``, or until
+``max_wait_ms`` after the first) and prepares it while the one :class:`DeviceThread` runs execute + deliver of
+batch k: only ``execute`` touches the GPU, and one thread holds one set of cuDNN/cuBLAS handles. At most
 ``pipeline_depth`` prepared batches wait, so batches form as late as possible. A stage exception fails only its
 batch (non-FacegateErrors as :class:`EngineError`); ``deliver`` may fail single items by returning exceptions.
 """
@@ -279,12 +274,8 @@ class _StageRunner:
 
 
 class Engine:
-    """Cross-request dynamic batching over stages with unique names.
-
-    ``max_batch_size`` in items or rows; ``max_wait_ms`` after a batch's first item; ``max_queue`` per stage
-    (beyond: QueueFullError); ``request_timeout_s``: the default deadline; ``device_thread``: runs every execute
-    + deliver (a new one by default), stopped with the engine.
-    """
+    """Cross-request dynamic batching over stages with unique names. ``max_queue`` is per stage (beyond:
+    QueueFullError); ``device_thread`` runs every execute + deliver (a new one by default) and stops with the engine."""
 
     def __init__(
         self,
@@ -419,12 +410,10 @@ class Engine:
     async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
         """What ``deliver`` gave for ``payload`` on ``stage``; cancelling the task cancels the item if not yet
         computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the stage's error."""
-        runner = self._runner(stage)
-        timeout = self._timeout(timeout_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        item = WorkItem(payload, fut, time.monotonic() + timeout, cost=runner.cost(payload))
-        runner.batcher.put(item)
+        item = self.enqueue(stage, payload, fut, timeout_s=timeout_s)
+        timeout = self._timeout(timeout_s)
         timer = loop.call_later(timeout, _expire, fut, stage, timeout)
         try:
             return await fut

@@ -37,15 +37,9 @@ ARCFACE_TEMPLATE.setflags(write=False)
 _DEGENERATE_VAR = 1e-12
 
 
-def _check_size(size: int) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 8:
-        raise InvalidParameterError(f"crop size must be an integer >= 8, got {size!r}", detail={"size": str(size)})
-    return int(size)
-
-
-def template(size: int = CROP_SIZE) -> np.ndarray:
-    """``(5, 2) float64`` ArcFace template for a ``size``×``size`` crop: the 112 one scaled by ``size / 112``."""
-    return ARCFACE_TEMPLATE.astype(np.float64) * (_check_size(size) / CROP_SIZE)
+def template() -> np.ndarray:
+    """``(5, 2) float64`` ArcFace template for a 112×112 crop."""
+    return ARCFACE_TEMPLATE.astype(np.float64)
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -90,18 +84,18 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return np.concatenate([a, t[:, :, None]], axis=2)
 
 
-def estimate_transforms(landmarks: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
+def estimate_transforms(landmarks: np.ndarray) -> np.ndarray:
     """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :func:`template`."""
     lm = np.asarray(landmarks)
     if lm.ndim != 3 or lm.shape[1:] != (5, 2):
         raise InvalidParameterError(
             f"landmarks must have shape (N, 5, 2), got {lm.shape}", detail={"shape": list(lm.shape)}
         )
-    return umeyama(lm, template(size)).astype(np.float32)
+    return umeyama(lm, template()).astype(np.float32)
 
 
-def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndarray:
-    """``image`` ``(H, W, 3) uint8`` → ``(size, size, 3) uint8`` by ``M`` ``(2, 3)``: bilinear, zeros outside."""
+def warp_cpu(image: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``image`` ``(H, W, 3) uint8`` → ``(112, 112, 3) uint8`` by ``M`` ``(2, 3)``: bilinear, zeros outside."""
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise InvalidParameterError(
             "image must be an (H, W, 3) uint8 array",
@@ -110,9 +104,10 @@ def warp_cpu(image: np.ndarray, M: np.ndarray, size: int = CROP_SIZE) -> np.ndar
     m = np.asarray(M, dtype=np.float64)
     if m.shape != (2, 3):
         raise InvalidParameterError(f"M must have shape (2, 3), got {m.shape}", detail={"shape": list(m.shape)})
-    side = _check_size(size)
     try:
-        return cv2.warpAffine(np.ascontiguousarray(image), m, (side, side), flags=cv2.INTER_LINEAR, borderValue=0)
+        return cv2.warpAffine(
+            np.ascontiguousarray(image), m, (CROP_SIZE, CROP_SIZE), flags=cv2.INTER_LINEAR, borderValue=0
+        )
     except cv2.error as exc:
         raise InvalidParameterError(f"cv2.warpAffine failed: {exc}", detail={"shape": list(image.shape)}) from exc
 
@@ -132,23 +127,19 @@ def _check_index(image_index: np.ndarray, k: int, n_images: int) -> np.ndarray:
     return idx.astype(np.int64)
 
 
-def align_cpu(
-    images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: np.ndarray, size: int = CROP_SIZE
-) -> np.ndarray:
-    """``(K, size, size, 3) uint8`` crops of faces ``landmarks`` ``(K, 5, 2)``, face ``k`` in
+def align_cpu(images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: np.ndarray) -> np.ndarray:
+    """``(K, 112, 112, 3) uint8`` crops of faces ``landmarks`` ``(K, 5, 2)``, face ``k`` in
     ``images[image_index[k]]`` (``(H, W, 3) uint8`` each, sizes may differ)."""
-    size = _check_size(size)
-    lm = np.asarray(landmarks)
-    mats = estimate_transforms(lm, size)  # validates the shape (K, 5, 2)
+    mats = estimate_transforms(np.asarray(landmarks))  # validates the shape (K, 5, 2)
     k = mats.shape[0]
     idx = _check_index(image_index, k, len(images))
-    out = np.empty((k, size, size, 3), np.uint8)
+    out = np.empty((k, CROP_SIZE, CROP_SIZE, 3), np.uint8)
     for j in range(k):
-        out[j] = warp_cpu(images[int(idx[j])], mats[j], size)
+        out[j] = warp_cpu(images[int(idx[j])], mats[j])
     return out
 
 
-def is_aligned_crop(image: np.ndarray, size: int = CROP_SIZE) -> bool:
-    """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(size, size, 3)``."""
+def is_aligned_crop(image: np.ndarray) -> bool:
+    """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(112, 112, 3)``."""
     shape = getattr(image, "shape", None)
-    return shape is not None and tuple(shape) == (size, size, 3)
+    return shape is not None and tuple(shape) == (CROP_SIZE, CROP_SIZE, 3)

@@ -53,7 +53,7 @@ def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Te
     return m.to(torch.float32)
 
 
-def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., Any]) -> Any:
+def _theta_parts(m: Any, in_h: Any, in_w: Any, stack: Callable[..., Any]) -> Any:
     """:func:`pixel_to_theta` on ``(K, 2, 3)`` NumPy or torch matrices (``stack``); ``in_h``/``in_w``: scalars or
     ``(K,)``."""
     a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
@@ -62,8 +62,8 @@ def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., A
     # M⁻¹ = [[e, -b, b f - c e], [-d, a, c d - a f]] / det
     ia, ib, ic = e / det, -b / det, (b * f - c * e) / det
     id_, ie, if_ = -d / det, a / det, (c * d - a * f) / det
-    half = size / 2.0
-    off = (size - 1) / 2.0
+    half = CROP_SIZE / 2.0
+    off = (CROP_SIZE - 1) / 2.0
     # M⁻¹ · N_out⁻¹ (column scale by S/2, translation gains the (S-1)/2 offset on both axes), then
     # N_in · (...): row x by 2/W, row y by 2/H, and (1/L - 1) added to the translation.
     sx, sy = 2.0 / in_w, 2.0 / in_h
@@ -72,34 +72,26 @@ def _theta_parts(m: Any, in_h: Any, in_w: Any, size: int, stack: Callable[..., A
     return stack([r0, r1], 1)
 
 
-def pixel_to_theta(
-    M: torch.Tensor | np.ndarray, in_h: int, in_w: int, device: torch.device, size: int = CROP_SIZE
-) -> torch.Tensor:
+def pixel_to_theta(M: torch.Tensor | np.ndarray, in_h: int, in_w: int, device: torch.device) -> torch.Tensor:
     """Source→crop pixel matrices ``M`` ``(K, 2, 3)`` → ``(K, 2, 3) float32`` ``affine_grid`` thetas on ``device``:
     ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1`` (``align_corners=False``). A host ``M`` is computed
     in NumPy and copied once (not ~30 tiny kernels). A singular ``M`` gives non-finite entries."""
     if isinstance(M, np.ndarray):
         with np.errstate(divide="ignore", invalid="ignore"):
-            theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, size, np.stack)
+            theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, np.stack)
         # non-blocking: a blocking copy would wait for all the device's queued work (from pageable memory the
         # driver stages the few bytes at once, so the array may go)
         return torch.from_numpy(theta.astype(np.float32)).to(device, non_blocking=True)
     m = M.to(device=device, dtype=_compute_dtype(device))
-    return _theta_parts(m, in_h, in_w, size, torch.stack).to(torch.float32)
+    return _theta_parts(m, in_h, in_w, torch.stack).to(torch.float32)
 
 
-def _grid(theta: torch.Tensor, size: int) -> torch.Tensor:
-    """``affine_grid`` of ``theta (K, 2, 3)``: ``(K, size, size, 2)``, non-finite entries sent far outside."""
-    grid = F.affine_grid(theta, [int(theta.shape[0]), 3, size, size], align_corners=False)
-    # Non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside.
-    return torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
-
-
-def warp_theta(images: torch.Tensor, theta: torch.Tensor, size: int = CROP_SIZE) -> torch.Tensor:
+def warp_theta(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """One crop per image: ``images (K, 3, H, W)`` (uint8 or float; differently-sized images zero-padded at the
-    bottom/right) warped by ``theta (K, 2, 3)`` (:func:`pixel_to_theta`) into ``(K, 3, size, size) float32``,
+    bottom/right) warped by ``theta (K, 2, 3)`` (:func:`pixel_to_theta`) into ``(K, 3, 112, 112) float32``,
     bilinear, zeros outside, the input's value scale, not rounded; a non-finite theta gives an all-zero crop.
     ``torch.round(out).to(torch.uint8)`` compares with :func:`~facegate.pipeline.align.warp_cpu`."""
-    return F.grid_sample(
-        images.to(torch.float32), _grid(theta, size), mode="bilinear", padding_mode="zeros", align_corners=False
-    )
+    grid = F.affine_grid(theta, [int(theta.shape[0]), 3, CROP_SIZE, CROP_SIZE], align_corners=False)
+    # non-finite coordinates (singular M) would be undefined in grid_sample: send them far outside
+    grid = torch.nan_to_num(grid, nan=-4.0, posinf=-4.0, neginf=-4.0)
+    return F.grid_sample(images.to(torch.float32), grid, mode="bilinear", padding_mode="zeros", align_corners=False)

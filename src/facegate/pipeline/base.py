@@ -32,12 +32,8 @@ def detector_batches(
 def select_faces(
     detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
 ) -> list[Detection]:
-    """Apply a face-selection policy to one image's detections (sorted by score, descending).
-
-    Raises:
-        NoFaceError: no detection at all.
-        FaceSelectionError: ``face_index`` missing or out of range for ``FaceSelect.INDEX``.
-    """
+    """Apply a face-selection policy to one image's detections (sorted by score, descending); NoFaceError without
+    any, FaceSelectionError for a ``face_index`` missing or out of range with ``FaceSelect.INDEX``."""
     select = FaceSelect(select)
     if not detections:
         raise NoFaceError("no face found in the image")

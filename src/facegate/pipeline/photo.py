@@ -3,8 +3,7 @@
 ``prepare`` (overlapping the previous batch's ``execute``) checks the headers, decodes the JPEGs with one nvJPEG
 call, builds the detector canvases and enqueues the detector, whose CUDA graph also chooses and aligns the face
 (:mod:`facegate.pipeline.photo_select`). ``execute`` warps, embeds and copies the results to the host once.
-Only JPEGs with the ``largest`` policy and no crops come here; the host path agrees within the tolerances of
-``tests/unit/pipeline/test_photo.py``.
+Only JPEGs with the ``largest`` policy and no crops come here.
 """
 
 from __future__ import annotations
@@ -158,11 +157,9 @@ def faces_selected_on_device(
     res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
     more = extra(rec[:, :-2], owners) if extra is not None else None
     main = torch.cat([torch.cat(meta).to(res.device), res], 1)
-    flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main
+    flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main.flatten()
     got = flat.cpu().numpy()  # the one wait
-    host, more_host = (
-        (got[: main.numel()].reshape(main.shape), got[main.numel() :]) if more is not None else (got, None)
-    )
+    host, more_host = got[: main.numel()].reshape(main.shape), got[main.numel() :] if more is not None else None
     faces: dict[int, list[Detection]] = {}
     keep: list[int] = []
     fallback: set[int] = set()
@@ -188,8 +185,7 @@ def faces_selected_on_device(
                     except FacegateError as exc:
                         out[i] = exc
         fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
-        if fb_owners:
-            fb_crops = fb_crops.contiguous()
+        if fb_owners:  # crops of one torch.cat: contiguous
             fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1)
             _fill(out, fb_res.cpu().numpy(), fb_owners, chosen_fb)
     return out, more_host, fallback

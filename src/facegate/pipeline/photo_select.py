@@ -16,7 +16,6 @@ from torch import Tensor
 from facegate.errors import InvalidParameterError
 from facegate.models.detector import DetBatch
 from facegate.models.nms import NMS_ROWS_MAX
-from facegate.pipeline.align import CROP_SIZE
 from facegate.pipeline.align_torch import _theta_parts, umeyama_torch
 
 #: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
@@ -62,7 +61,6 @@ def choose_and_align(
     dst: Tensor,
     candidates: int = CANDIDATES,
     iterations: int = ITERATIONS,
-    size: int = CROP_SIZE,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """NMS, rescale, clip, the largest face and its warp, per row of a detector batch (tensor operations only).
 
@@ -92,6 +90,6 @@ def choose_and_align(
     rows = torch.cat([b32, lms.float().reshape(n, c, 10), cand[..., 14:15].float()], -1)
     chosen = rows.gather(1, best[:, None, None].expand(n, 1, 15))[:, 0]
     flags = torch.stack([good.any(1), (counts <= c) & converged], 1).float()
-    m = umeyama_torch(chosen[:, 4:14].reshape(n, 5, 2), dst * (size / CROP_SIZE))
-    theta = _theta_parts(m.to(geo.dtype), h, w, size, torch.stack).float()
+    m = umeyama_torch(chosen[:, 4:14].reshape(n, 5, 2), dst)
+    theta = _theta_parts(m.to(geo.dtype), h, w, torch.stack).float()
     return chosen, flags, theta

@@ -42,16 +42,15 @@ log = logging.getLogger(__name__)
 
 def configure_cpu_threads(threads: int | None) -> int | None:
     """Set OpenCV's and, if loaded (never imported here), torch's intra-op threads; None: defaults."""
-    n = threads
-    if n is not None:
+    if threads is not None:
         import cv2
 
-        cv2.setNumThreads(n)
+        cv2.setNumThreads(threads)
         torch_mod = sys.modules.get("torch")
         if torch_mod is not None:
-            torch_mod.set_num_threads(n)
-        log.info("intra-op threads of %s: %d", "torch and OpenCV" if torch_mod is not None else "OpenCV", n)
-    return n
+            torch_mod.set_num_threads(threads)
+        log.info("intra-op threads of %s: %d", "torch and OpenCV" if torch_mod is not None else "OpenCV", threads)
+    return threads
 
 
 def configure_omp_wait(device: str) -> str | None:
@@ -197,7 +196,6 @@ class FacePipeline:
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
         self._det_max_batch_pixels: int | None = None
-        self.precision = "fp32"
         #: float32 bytes of photos the photo stage warps at once; None = a whole batch
         self.photo_warp_bytes: int | None = None
         #: ``(max_bytes, max_pixels)`` of the ``photo`` stage; None = no stage
@@ -306,13 +304,11 @@ class FacePipeline:
                 compile_mode="max-autotune-no-cudagraphs" if plan.compile == "inductor" else None,
                 compile_options=INDUCTOR_SERVING_OPTIONS if plan.compile == "inductor" else None,
             )
-        default_q = spec.thresholds.quality
+        match, quality = settings.match_threshold, settings.quality_threshold
         operating = Operating(
-            match_threshold=(
-                settings.match_threshold if settings.match_threshold is not None else spec.thresholds.match
-            ),
+            match_threshold=spec.thresholds.match if match is None else match,
             match_fmr=spec.thresholds.match_fmr,
-            quality_threshold=settings.quality_threshold if settings.quality_threshold is not None else default_q,
+            quality_threshold=spec.thresholds.quality if quality is None else quality,
         )
         log.info(
             "pipeline: model=%s device=%s precision=%s match>=%.4f (FMR %.0e) quality>=%.3f",
@@ -325,7 +321,6 @@ class FacePipeline:
         )
         pipe = cls(spec, detector, recognizer, device=device, operating=operating)
         pipe.set_quality(settings)
-        pipe.precision = plan.precision
         pipe.det_max_batch_pixels = plan.det_max_batch_pixels
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
         pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]

@@ -3,6 +3,7 @@ they import torch; what they deliver lives in the torch-free :mod:`facegate.pipe
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -98,8 +99,4 @@ class EmbedStage:
 
     def deliver(self, result: tuple[np.ndarray, list[int]], n: int) -> list[EmbedOut]:
         out, sizes = result
-        res, start = [], 0
-        for s in sizes:
-            res.append(EmbedOut(out[start : start + s]))
-            start += s
-        return res
+        return [EmbedOut(out[end - s : end]) for s, end in zip(sizes, itertools.accumulate(sizes), strict=True)]

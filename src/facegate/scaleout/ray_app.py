@@ -29,10 +29,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from facegate.config import Settings
-from facegate.engine.batcher import WorkItem
 from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, machine_id, record_replicas
-from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, error_to_wire
+from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +123,9 @@ class EngineReplica:
         # the build blocks (weights, warm-up forwards): the replica's event loop stays free meanwhile
         self.service = await asyncio.get_running_loop().run_in_executor(None, FaceService.build, settings, plan)
         await self.service.start()
-        p, self.replica = self.service.pipeline, _replica_id()
-        op = p.operating
-        self._info = {
-            "model": p.spec.name, "device": str(p.device), "stages": [st.name for st in p.stages()],
-            "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
-                          "quality_threshold": op.quality_threshold},
-            "replica": self.replica, "pid": os.getpid(), "node": str(ray.get_runtime_context().get_node_id()),
-            "startup_s": round(time.perf_counter() - t0, 3),
-        }  # fmt: skip
+        self.replica = _replica_id()
+        node = str(ray.get_runtime_context().get_node_id())
+        self._info = engine_info(self.service, t0, replica=self.replica, pid=os.getpid(), node=node)
         # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
         # RayEngine): a private directory, and a key that only this replica's info (through Serve) carries
         with contextlib.suppress(OSError):
@@ -144,7 +137,7 @@ class EngineReplica:
         host = EngineHost(self.service, dict(self._info))
         threading.Thread(target=host.serve, args=(self._listener,), name="facegate-engine-accept", daemon=True).start()
         self._info["local"] = {"machine": machine_id(), "address": address, "authkey": authkey.hex()}
-        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], p.device)
+        log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], self._info["device"])
 
     async def info(self) -> tuple[Any, ...]:
         """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
@@ -158,11 +151,10 @@ class EngineReplica:
         (its caller went away) drops the items not yet computed."""
         engine, loop = self.service.engine, asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
-        items: list[WorkItem] = []
         for payload in payloads:
             fut: asyncio.Future[Any] = loop.create_future()
             try:
-                items.append(engine.enqueue(stage, payload, fut))
+                engine.enqueue(stage, payload, fut)
             except Exception as exc:  # a full queue or a stopped engine: this item only
                 fut.set_exception(exc)
             futures.append(fut)
@@ -171,9 +163,6 @@ class EngineReplica:
             if futures:
                 await asyncio.wait(futures, timeout=timeout_s)
         finally:  # past the deadline, or cancelled because the caller left: the rest is not computed
-            for item in items:
-                if not item.future.done():
-                    item.cancel()
             for fut in futures:
                 fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
         late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
@@ -251,11 +240,8 @@ class Ingress:
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
         self.settings = s = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
         self.replica = _replica_id()
-        # an ingress admits the CPU plan's burst: the replicas share the port through SO_REUSEPORT, which hashes
-        # connections to them with no regard to load (`facegate serve`'s acceptor hands each to the least busy
-        # front-end). With the GPU plan's tenth of a second, 8 ingresses refused 8 % of a closed-loop c=100 load
-        # (http_e2e-h200-ray-e1.json, before the admission bound stopped learning from a cold start); with half a
-        # second none (http_e2e-h200-ray.json). Ray with a tenth and that fix has not been measured.
+        # an ingress admits the CPU plan's burst: SO_REUSEPORT hashes connections to the replicas with no regard to
+        # load (`facegate serve`'s acceptor hands each to the least busy front-end), so the GPU plan's bound refuses
         plan = dataclasses.replace(make_plan(s), admission_queue_s=AdmissionLimit.QUEUE_S)
         self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))

@@ -1,20 +1,12 @@
 """The engine interface of :class:`~facegate.transport.remote.RemoteEngine` over a Ray Serve handle (no torch).
 
-A handle call costs CPU on each side, so items do not travel one per call: while ``max_calls`` calls of a stage
-are in flight, new items wait and leave together. A call goes by value, on Serve's gRPC channel to the replica
-(``_by_reference=False``, plain pickle): that costs about a third of the CPU of a Ray actor call, which passes
-through Ray's task machinery and object references. A call whose payloads exceed ``DIRECT_MAX_BYTES`` (gRPC's
-message limit is 4 MiB) goes by reference instead, through Ray's object store. Engine stages write nothing, so a
-call whose replica died is sent once more to another; then :class:`EngineClosedError`. Serve's back-pressure is
-:class:`QueueFullError`.
-
-On the engine replica's own machine the items skip Ray altogether (``local``): each engine replica also listens
-on a Unix socket (``facegate serve``'s engine transport, :class:`~facegate.transport.remote.RemoteEngine`: payloads
-in shared memory, answers per item as their batch completes), and an ingress sends there when the replica's
-``info`` names this machine. A Ray Serve call costs each side about a millisecond of CPU and several thread hops;
-this path costs what a ``facegate serve`` front-end's does. Replicas on other machines, and any call whose local
-engine went away, take the Ray path. Serve does not see the local calls: with autoscaling (which counts a
-replica's ongoing Serve requests) the application keeps every call on Ray.
+A handle call costs CPU on each side, so while ``max_calls`` calls of a stage are in flight new items wait and
+leave together. A call goes by value on Serve's gRPC channel (``_by_reference=False``, plain pickle: less CPU than
+a Ray actor call), or by reference through the object store when its payloads exceed ``DIRECT_MAX_BYTES``. Engine
+stages write nothing, so a call whose replica died is sent once more; then :class:`EngineClosedError`. Serve's
+back-pressure is :class:`QueueFullError`. With ``local``, items for an engine replica on this machine skip Ray and
+go through its Unix socket (``facegate serve``'s transport); Serve does not see those calls, so with autoscaling
+(which counts them) the application keeps every call on Ray.
 """
 
 from __future__ import annotations
@@ -24,7 +16,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import random
 import socket
 import time
 from collections import defaultdict
@@ -35,12 +26,11 @@ from typing import Any
 import numpy as np
 
 from facegate.errors import EngineClosedError, QueueFullError
-from facegate.transport.remote import RemoteEngine, engine_affinity, error_from_wire
+from facegate.transport.remote import RemoteEngine, error_from_wire, pick_engine
 
 log = logging.getLogger(__name__)
 
-#: Payload bytes up to which a call goes by value: about where a call by value stops costing less CPU than one
-#: by reference (``benchmarks/ray_calls.py``), and well under the 4 MiB that a replica's gRPC server accepts.
+#: Payload bytes up to which a call goes by value (it costs less CPU below; a replica's gRPC server takes 4 MiB).
 DIRECT_MAX_BYTES = 2 * 2**20
 #: Seconds between two ``info`` calls through Serve that look for engine replicas on this machine (new ones after
 #: a start, a replacement or a redeploy); each call reaches one replica, as Serve's router chooses.
@@ -53,11 +43,8 @@ DISCOVER_AT_START = 8
 def machine_id() -> str:
     """This machine: its host name and boot id (two containers of one host differ by host name)."""
     boot = ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as fh:
+        boot = fh.read().strip()
     return f"{socket.gethostname()}/{boot}"
 
 
@@ -86,11 +73,7 @@ def record_replicas() -> Iterator[Served]:
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
     ``max_calls``: calls in flight per stage; ``max_items``: items per call; ``local``: send to the engine replicas
-    of this machine through their Unix sockets.
-
-    Items held back here wait for a call to come back, and reach the engine's queue in bursts, so that its batches
-    form from fewer items; 12 calls per stage make that wait rarer than 4, and by value they cost about the CPU
-    that 4 calls by reference did."""
+    of this machine through their Unix sockets. Items held back here reach the engine's queue in bursts."""
 
     def __init__(
         self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64, local: bool = False
@@ -169,23 +152,6 @@ class RayEngine:
         self._local[engine] = replica
         log.info("engine replica %s: local connection in %.0f ms", replica, 1000 * (time.perf_counter() - t0))
 
-    def _pick_local(self) -> RemoteEngine | None:
-        """The local engine for the next item (RemotePool's choice, made here because the answer's headers name the
-        replica picked): the request's own (``same_engine``, as a RemotePool's), else the
-        one with the fewest items in flight from here, at random among equals (as Serve's router: when this
-        ingress is idle its requests still spread over the replicas); None when no local connection is up."""
-        group = engine_affinity.get()
-        if group and group[0] in self._local and group[0].ready:
-            return group[0]
-        live = [e for e in self._local if e.ready]
-        if not live:
-            return None
-        fewest = min(e.in_flight for e in live)
-        engine = random.choice([e for e in live if e.in_flight == fewest])
-        if group is not None:
-            group[:] = [engine]
-        return engine
-
     def start(self) -> dict[str, Any]:
         """The info from :meth:`astart` (which the ingress awaits before it builds the app)."""
         if not self._alive:
@@ -201,7 +167,7 @@ class RayEngine:
         if not self._alive:
             raise EngineClosedError("the Ray engine client is stopped")
         resent = 0
-        if (engine := self._pick_local()) is not None:
+        if (engine := pick_engine(self._local)) is not None:  # picked here: the answer's headers name the replica
             replica = self._local.get(engine, "")
             try:
                 result = await engine.submit(stage, payload)

@@ -16,19 +16,21 @@ import bisect
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 import json
 import logging
 import mmap
 import os
 import queue
+import random
 import signal
 import socket
 import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -85,8 +87,6 @@ class Arena:
     -9 included). Freed ranges are zeroed: a photo stays only while its request is in flight."""
 
     def __init__(self, size: int = ARENA_BYTES) -> None:
-        if size < _ALIGN:
-            raise ValueError(f"arena size must be >= {_ALIGN} bytes")
         # memfd: no path names it. The process model needs Unix SOCK_SEQPACKET (api.acceptor): Linux, which has it
         self.fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
@@ -233,7 +233,6 @@ class EngineHost:
         """Queue one front-end's payloads on the engine; its sender thread answers those done as one ``batch`` (no
         event-loop task per request)."""
         send_lock = threading.Lock()
-        shm: memoryview | None = None
         block: mmap.mmap | None = None
         pending: dict[int, WorkItem] = {}  # rid -> item, until answered
         done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
@@ -251,7 +250,7 @@ class EngineHost:
         self._conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
-            shm = memoryview(block)
+            shm = memoryview(block)  # released with the block below
             while True:
                 msgs = frames.recv_many(1024)
                 for msg in msgs:
@@ -259,11 +258,8 @@ class EngineHost:
                         _, rid, stage, offset, shape, dtype, inline = msg
                         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
                         try:
-                            if offset is None:
-                                payload = inline
-                            else:
-                                assert shm is not None, "submit before hello"
-                                payload = copy_out(shm, offset, shape, dtype)  # GIL held: see memcopy
+                            # copy_out holds the GIL: see memcopy
+                            payload = inline if offset is None else copy_out(shm, offset, shape, dtype)
                             pending[rid] = engine.enqueue(stage, payload, fut)
                         except BaseException as exc:
                             send(("batch", [("err", rid, *error_to_wire(exc))]))
@@ -291,7 +287,7 @@ class EngineHost:
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
-            if shm is not None and block is not None:
+            if block is not None:
                 with contextlib.suppress(Exception):
                     shm.release()
                     block.close()
@@ -337,6 +333,19 @@ class EngineHost:
                             )
 
 
+def engine_info(service: Any, t0: float, **extra: Any) -> dict[str, Any]:
+    """An engine's answer to hello: model, operating thresholds, device, stages, seconds since ``t0``, ``extra``."""
+    p = service.pipeline
+    return {
+        "model": p.spec.name,
+        "operating": dataclasses.asdict(p.operating),
+        "device": str(p.device),
+        "stages": [st.name for st in p.stages()],
+        "startup_s": round(time.perf_counter() - t0, 3),
+        **extra,
+    }
+
+
 def engine_main(
     settings_json: str,
     plan_json: str,
@@ -367,17 +376,7 @@ def engine_main(
         log.exception("engine: startup failed")
         ready.send(("error", *error_to_wire(exc)))
         return
-    op = service.pipeline.operating
-    info = {
-        "model": service.spec.name,
-        "operating": {"match_threshold": op.match_threshold, "match_fmr": op.match_fmr,
-                      "quality_threshold": op.quality_threshold},
-        "device": str(service.pipeline.device),
-        "stages": [st.name for st in service.pipeline.stages()],
-        "startup_s": round(time.perf_counter() - t0, 3),
-        "build_s": round(build_s, 3),
-        "warmup": service.pipeline.warmup_report,
-    }  # fmt: skip
+    info = engine_info(service, t0, build_s=round(build_s, 3), warmup=service.pipeline.warmup_report)
     host = EngineHost(service, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
     first_signal: list[float] = []
@@ -588,6 +587,23 @@ def same_engine() -> Iterator[None]:
         engine_affinity.reset(token)
 
 
+def pick_engine(engines: Collection[RemoteEngine]) -> RemoteEngine | None:
+    """The engine for the current request's next item: inside :func:`same_engine` the request's first one, else the
+    live one with the fewest items in flight from here, at random among equals (so that an idle front-end still
+    spreads its requests); None when none is live."""
+    group = engine_affinity.get()
+    if group and group[0] in engines and group[0].ready:
+        return group[0]
+    live = [e for e in engines if e.ready]
+    if not live:
+        return None
+    fewest = min(e.in_flight for e in live)
+    engine = random.choice([e for e in live if e.in_flight == fewest])
+    if group is not None:
+        group[:] = [engine]
+    return engine
+
+
 class RemotePool:
     """Several engine processes behind the engine interface: each request goes to the engine with the fewest
     requests in flight from this front-end."""
@@ -610,16 +626,9 @@ class RemotePool:
         return all(e.ready for e in self.engines)
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
-        """Submit to the least busy engine, or, inside :func:`same_engine`, to the request's first item's."""
-        group = engine_affinity.get()
-        if group and group[0].ready:
-            return await group[0].submit(stage, payload)
-        live = [e for e in self.engines if e.ready]
-        if not live:
+        """Submit to the engine :func:`pick_engine` chooses."""
+        if (engine := pick_engine(self.engines)) is None:
             raise EngineClosedError("no engine process is connected")
-        engine = min(live, key=lambda e: len(e._pending))
-        if group is not None:
-            group[:] = [engine]
         return await engine.submit(stage, payload)
 
     async def engine_samples(self) -> dict[str, list[Any]]:

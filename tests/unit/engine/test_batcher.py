@@ -47,16 +47,6 @@ def test_queue_full_raises_with_retry_after() -> None:
     assert b.depth == 3
 
 
-def test_put_many_is_all_or_nothing() -> None:
-    b, _ = _batcher(max_queue=4)
-    b.put(_item(0))
-    with pytest.raises(QueueFullError):
-        b.put_many([_item(i) for i in range(4)])
-    assert b.depth == 1
-    b.put_many([_item(i) for i in range(3)])
-    assert b.depth == 4
-
-
 def test_full_queue_purges_dead_items_first() -> None:
     b, stats = _batcher(max_queue=2)
     a, c = _item("a"), _item("c")
