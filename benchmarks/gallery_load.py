@@ -37,7 +37,7 @@ def load_times(url: str, size: int, repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        gal = Gallery(open_store(url), GalleryIndex("cpu", "float32"), match_threshold=1.0)
+        gal = Gallery(open_store(url), GalleryIndex("cpu", "float32"))
         out.append(round(time.perf_counter() - t0, 3))
         assert gal.index.sizes() == {"g": size}, gal.index.sizes()
         gal.close()

@@ -195,7 +195,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     row: dict[str, Any] = {"backend": backend, "gallery": size}
     row["import_subjects_per_s"] = round(build(url, size, o.dim, rng))
     t0 = time.perf_counter()
-    gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype), match_threshold=1.0)
+    gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype))
     row["full_load_s"] = round(time.perf_counter() - t0, 3)
     stage = SearchStage(lambda: gal)
     q = templates(rng, 64, o.dim)
@@ -249,7 +249,7 @@ def host_probe(size: int, o: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="facegate-probe-") as tmp:
         url = str(Path(tmp) / "g.sqlite3")
         build(url, size, o.dim, rng)
-        gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype), match_threshold=1.0)
+        gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype))
         stage = SearchStage(lambda: gal)
         q = templates(rng, 64, o.dim)
         payloads = [encode_search("g", x, 10) for x in q]

@@ -22,15 +22,14 @@ StatsHook = Callable[[dict[str, int]], None]
 class Gallery:
     """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
     ``{gallery: size}`` after start-up and every applied change (serialised; its exceptions are logged);
-    ``lag_hook`` per applied batch; ``follow``: also apply changes in a background thread as they commit.
-    ``match_threshold`` is ignored: match flags are the front-end's (the FPIR policy)."""
+    ``lag_hook`` per applied batch; ``follow``: also apply changes in a background thread as they commit. Match
+    flags are the front-end's (the FPIR policy)."""
 
     def __init__(
         self,
         store: GalleryStore,
         index: GalleryIndex,
         *,
-        match_threshold: float | None = None,
         stats_hook: StatsHook | None = None,
         lag_hook: LagHook | None = None,
         follow: bool = False,

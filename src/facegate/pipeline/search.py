@@ -150,7 +150,7 @@ class SearchStage:
             try:
                 index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores
-                return Gallery(store, index, match_threshold=1.0, follow=True)
+                return Gallery(store, index, follow=True)
             except BaseException:
                 store.close()
                 raise

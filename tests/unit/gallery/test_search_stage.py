@@ -52,7 +52,7 @@ def test_one_batch_mixes_galleries_and_sees_foreign_writes(tmp_path: Path) -> No
     rng = np.random.default_rng(0)
     url = str(tmp_path / "g.sqlite3")
     writer = open_store(url)  # a front-end's connection: writes only
-    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
     writer.create_gallery("a", "m", D)
     writer.create_gallery("b", "m", D)
     ta, tb = unit(rng, 50), unit(rng, 30)
@@ -94,7 +94,7 @@ def test_store_down_answers_unavailable_then_recovers(tmp_path: Path, monkeypatc
         calls.append(1)
         if len(calls) <= 2:  # down at start-up and at the first batch
             return open_store("postgresql://nobody@127.0.0.1:1/none", open_retry_s=1)  # type: ignore[return-value]
-        return Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0)
+        return Gallery(open_store(url), GalleryIndex("cpu"))
 
     stage = SearchStage(opener)
     assert stage.gallery is None
@@ -159,12 +159,8 @@ def test_photo_search_on_a_torch_index_shares_the_photo_wait(tmp_path: Path, dev
     t = unit(rng, 30)
     url, writer = store_with(tmp_path, {"a": ("m", t), "b": ("m", t), "x": ("other", t)})
     t[7] = -t[7]  # photo 7's face is no longer a7: only a search of the right embedding finds a7
-    search = SearchStage(
-        lambda: Gallery(open_store(url), GalleryIndex("cpu", "float32"), match_threshold=1.0), model=("m", D)
-    )
-    fused = SearchStage(
-        lambda: Gallery(open_store(url), GalleryIndex(device, "float16"), match_threshold=1.0), model=("m", D)
-    )
+    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu", "float32")), model=("m", D))
+    fused = SearchStage(lambda: Gallery(open_store(url), GalleryIndex(device, "float16")), model=("m", D))
     payloads = [
         encode_photo_search("a", bytes([4]), 3),
         encode_photo_search("b", bytes([9]), 1),
@@ -205,7 +201,7 @@ def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     t = unit(rng, 20)
     url, writer = store_with(tmp_path, {"a": ("m", t)})
-    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
     stage = PhotoSearchStage(_PhotoByIndex(t), search)
     payloads = [
         encode_photo_search("a", bytes([4]), 2),
@@ -229,7 +225,7 @@ def test_a_batch_of_alike_requests_answers_as_one_by_one(tmp_path: Path) -> None
     rng = np.random.default_rng(5)
     t = unit(rng, 40)
     url, writer = store_with(tmp_path, {"a": ("m", t)})
-    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu"), match_threshold=1.0))
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
     alike = [encode_search("a", t[i], k) for i, k in ((3, 1), (8, 5), (11, 40), (2, 70))]
     mixed = [*alike, encode_search("b", t[0], 1)]  # another gallery: decoded one by one
     got, ref = run(stage, alike), run(stage, mixed)[:4]

@@ -368,7 +368,7 @@ def test_photo_search_reads_its_hits_from_the_photo_wait(
     launch = fused_index.launch
     fused_index.launch = lambda *a: (launched.append(len(a[1])), launch(*a))[1]  # type: ignore[method-assign]
     for index in (GalleryIndex("cpu", "float32"), fused_index):
-        search = SearchStage(lambda index=index: Gallery(open_store(url), index, match_threshold=1.0), model=model)
+        search = SearchStage(lambda index=index: Gallery(open_store(url), index), model=model)
         stage = PhotoSearchStage(PhotoStage(work, **LIMITS), search)
         payloads = [encode_photo_search("g", d, 3) for d in datas]
         answers.append(stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads)))
