@@ -299,10 +299,10 @@ def embed(
                     chosen.extend(ds)
                     owners.extend([i] * len(ds))
                 crops = p.align(images, chosen, owners)
-                e, q, raw = p.embed(crops)
-                for k, (d, i) in enumerate(zip(chosen, owners, strict=True)):
-                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": d.to_dict()}
-                    rows.append(row | {"quality": p.gate(float(q[k]), float(raw[k])).to_dict(), "embedding": e[k]})
+                faces = p.make_faces(chosen, crops, *p.embed(crops))  # gated as served: reasons included
+                for k, (f, i) in enumerate(zip(faces, owners, strict=True)):
+                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": f.detection.to_dict()}
+                    rows.append(row | {"quality": f.quality.to_dict(), "embedding": f.embedding})
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":

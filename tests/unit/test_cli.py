@@ -73,6 +73,14 @@ def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
     assert z["embeddings"].shape == (2, 128)
     np.testing.assert_allclose(np.linalg.norm(z["embeddings"], axis=1), 1.0, atol=1e-5)
 
+    # embed gates each face as the API does: the shrunk photo's face carries its reason
+    (tmp_path / "small_only").mkdir()
+    shutil.copy(small, tmp_path / "small_only" / "small.png")
+    res = runner.invoke(app, ["embed", str(tmp_path / "small_only"), "--out", str(tmp_path / "small.jsonl")])
+    assert res.exit_code == 0, res.output
+    row = json.loads((tmp_path / "small.jsonl").read_text().splitlines()[0])
+    assert "too_small" in [r["code"] for r in row["quality"]["reasons"]], row["quality"]
+
 
 def test_embed_rejects_unknown_output_suffix(tmp_path: Path) -> None:
     res = runner.invoke(app, ["embed", str(tmp_path), "--out", str(tmp_path / "x.csv")])
