@@ -202,10 +202,10 @@ def frontend_main(control_path: str) -> None:
     FrontEndServer(uvicorn_config("facegate.api.multiprocess:frontend_app", settings, factory=True), control_path).run()
 
 
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR."""
+def listen(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
+    """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR (and SO_REUSEPORT)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=backlog)
+    return socket.create_server((host, port), family=family, backlog=backlog, reuse_port=reuse_port)
 
 
 #: a front-end that exits within this many seconds of its start counts as failing at start-up

@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -231,6 +230,7 @@ class Ingress:
 
         from facegate.api.app import create_app, uvicorn_config
         from facegate.api.limits import AdmissionLimit
+        from facegate.api.multiprocess import listen
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
 
@@ -245,8 +245,7 @@ class Ingress:
         plan = dataclasses.replace(make_plan(s), admission_queue_s=AdmissionLimit.QUEUE_S)
         self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
-        family = socket.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        sock = socket.create_server((s.host, s.port), family=family, backlog=2048, reuse_port=True)
+        sock = listen(s.host, s.port, reuse_port=True)
         self.serving = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
         while not self.server.started:  # the app's lifespan start-up (a failure ends serve())
             if self.serving.done():
