@@ -25,11 +25,10 @@ HAND = b"c"
 CLOSED = b"x"
 
 
-def pick_front_end(open_counts: list[int], start: int) -> int:
-    """Index of the front-end with the fewest open connections; ties go to the first at or after ``start``."""
+def front_end_order(open_counts: list[int], start: int) -> list[int]:
+    """Indices of the front-ends, fewest open connections first; ties from ``start`` on, round-robin."""
     n = len(open_counts)
-    low = min(open_counts)
-    return next(i % n for i in range(start, start + n) if open_counts[i % n] == low)
+    return sorted(range(n), key=lambda i: (open_counts[i], (i - start) % n))
 
 
 class Acceptor:
@@ -47,7 +46,6 @@ class Acceptor:
         self._open: list[int] = []
         self._next = 0
         self._wake_r, self._wake_w = socket.socketpair()
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="facegate-acceptor", daemon=True)
 
     def start(self) -> None:
@@ -67,9 +65,9 @@ class Acceptor:
         return self._thread.is_alive()
 
     def open_connections(self) -> list[int]:
-        """Open connections per registered front-end, in registration order."""
-        with self._lock:
-            return list(self._open)
+        """Open connections per registered front-end, in registration order (the lists change on the thread
+        only: a copy is consistent)."""
+        return list(self._open)
 
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
@@ -106,18 +104,16 @@ class Acceptor:
             conn, _ = self._control.accept()
             conn.setblocking(False)
             sel.register(conn, selectors.EVENT_READ, "front-end")
-            with self._lock:
-                self._front_ends.append(conn)
-                self._open.append(0)
+            self._open.append(0)
+            self._front_ends.append(conn)
             log.debug("acceptor: front-end %d registered", len(self._front_ends))
 
     def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
         with contextlib.suppress(KeyError, ValueError):
             sel.unregister(conn)
-        with self._lock:
-            if conn in self._front_ends:
-                i = self._front_ends.index(conn)
-                del self._front_ends[i], self._open[i]
+        if conn in self._front_ends:
+            i = self._front_ends.index(conn)
+            del self._front_ends[i], self._open[i]
         conn.close()
         log.warning("acceptor: a front-end went away; %d left", len(self._front_ends))
 
@@ -134,9 +130,8 @@ class Acceptor:
                 self._drop(sel, conn)
                 return
             closed += msg.count(CLOSED)
-        with self._lock:
-            i = self._front_ends.index(conn)
-            self._open[i] = max(0, self._open[i] - closed)
+        i = self._front_ends.index(conn)
+        self._open[i] = max(0, self._open[i] - closed)
 
     def _accept_all(self) -> None:
         while True:
@@ -155,21 +150,16 @@ class Acceptor:
 
     def _hand(self, client: socket.socket) -> None:
         """Pass ``client`` to a front-end (its descriptor is duplicated there; the caller closes ours)."""
-        tried: set[int] = set()
-        with self._lock:
-            while len(tried) < len(self._front_ends):
-                counts = [c if i not in tried else 1 << 30 for i, c in enumerate(self._open)]
-                i = pick_front_end(counts, self._next)
-                try:
-                    socket.send_fds(self._front_ends[i], [HAND], [client.fileno()])
-                except OSError as exc:  # full (the front-end is not reading) or gone: try the next one
-                    log.debug("acceptor: front-end %d refused a connection: %s", i, exc)
-                    tried.add(i)
-                    continue
-                self._open[i] += 1
-                self._next = (i + 1) % len(self._front_ends)
-                self.handed += 1
-                return
+        for i in front_end_order(self._open, self._next):
+            try:
+                socket.send_fds(self._front_ends[i], [HAND], [client.fileno()])
+            except OSError as exc:  # full (the front-end is not reading) or gone: try the next one
+                log.debug("acceptor: front-end %d refused a connection: %s", i, exc)
+                continue
+            self._open[i] += 1
+            self._next = (i + 1) % len(self._front_ends)
+            self.handed += 1
+            return
         log.error("acceptor: no front-end took a connection; closing it")
 
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from facegate.api.drain import DRAIN, shutting_down, uvicorn_timeout_s, watch_signals
+from facegate.api.drain import DRAIN, UVICORN_MARGIN_S, shutting_down, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
-from facegate.api.forms import header, replay_body, wants_fast_path
+from facegate.api.forms import header, read_body, replay_body, wants_fast_path
 from facegate.api.limits import (
     STATE_KEY,
     STATS_KEY,
@@ -31,7 +31,7 @@ from facegate.api.limits import (
     ShedProtocol,
     import_max_bytes,
     is_json,
-    read_json,
+    loads_limited,
 )
 from facegate.api.routes import ServingState, get_state, install_routes, serve_embed_aligned
 from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
@@ -103,8 +103,7 @@ async def _load(state: ServingState) -> None:
             state.gallery_error = exc
             state.gallery_task = asyncio.create_task(_reopen_gallery(state), name="facegate-gallery-open")
         await state.service.start()  # warms the models off the loop, then starts the engine
-        state.service_started = True
-        state.ready = True
+        state.ready = True  # (until the shutdown: the service runs)
         log.info("ready in %.2f s: model=%s", time.perf_counter() - t0, state.service.spec.name)
     except InputError as exc:  # a bad setting: the server's fault, not the clients' (500, not 4xx)
         _load_failed(state, ModelError(f"startup failed: {exc.message}", detail={"cause": exc.to_dict()}))
@@ -163,14 +162,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        state.ready = False
+        started, state.ready = state.ready, False
         if state.gallery_task is not None:
             state.gallery_task.cancel()
-        if not state.load_task.done():
-            state.load_task.cancel()
+        state.load_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await state.load_task
-        if state.service is not None and state.service_started:
+        if started:
             try:
                 if DRAIN.active:  # every request is answered (or was cut short): queued work has nobody waiting
                     engine = state.service.engine
@@ -178,7 +176,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await state.service.stop()
             except Exception:
                 log.exception("stopping the face service failed")
-            state.service_started = False
         if state.gallery is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.close)
@@ -306,8 +303,7 @@ class ServingMiddleware:
                 api, now = scope["path"].startswith("/api/"), time.monotonic()
                 shed = adm.refuse(now) if api else None
                 if shed is not None:
-                    await wrapped_send({"type": "http.response.start", "status": shed[0], "headers": shed[1]})
-                    await wrapped_send({"type": "http.response.body", "body": shed[2]})
+                    await send_response(shed[0])
                     return
                 if api:
                     if adm.admitted == 0:
@@ -316,7 +312,9 @@ class ServingMiddleware:
                 app_receive: Receive | None = wrapped_receive
                 if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
                     cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
-                    body = await read_json(wrapped_receive, limits, cap)  # None: the client went away
+                    body = await read_body(wrapped_receive, cap)  # None: the client went away
+                    if body:
+                        loads_limited(body, limits, max_bytes=cap)
                     app_receive = None if body is None else replay_body(body, wrapped_receive)
                 deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
                 async with asyncio.timeout(deadline_s):
@@ -409,7 +407,6 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served from packaged assets by facegate.api.security (works offline)
         redoc_url=None,
-        openapi_url="/openapi.json",
     )
     app.state.facegate = state
     app.state.facegate_pixels = PixelBudget(settings.limits)
@@ -430,11 +427,10 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     kw: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "workers": 1,
         "lifespan": "on",
         "log_config": None,  # keep the process's logging setup (the CLI configures it)
         "access_log": False,
         "http": ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
-        "timeout_graceful_shutdown": uvicorn_timeout_s(settings.drain_s),
+        "timeout_graceful_shutdown": settings.drain_s + UVICORN_MARGIN_S,
     }
     return uvicorn.Config(app, **{**kw, **overrides})

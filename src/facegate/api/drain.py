@@ -55,11 +55,6 @@ class Drain:
 DRAIN = Drain()
 
 
-def uvicorn_timeout_s(drain_timeout_s: float) -> float:
-    """uvicorn's ``timeout_graceful_shutdown`` for a drain of ``drain_timeout_s``."""
-    return drain_timeout_s + UVICORN_MARGIN_S
-
-
 def watch_signals(timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
     """Make SIGTERM and SIGINT start :data:`DRAIN` before the handler already installed (uvicorn's) runs. Call it
     from the lifespan start-up; off the main thread (a server in a test's thread) it does nothing."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +22,8 @@ from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope
+
+from facegate.errors import BodyTooLargeError
 
 #: Bodies up to this size are read whole into memory and cut here; larger ones stream through Starlette.
 FAST_FORM_MAX_BYTES = 8 * 2**20
@@ -170,6 +173,21 @@ class FastFormRoute(APIRoute):
                 return await handler(req)
 
         return fast_form_handler
+
+
+async def read_body(receive: Receive, cap: float = math.inf) -> bytes | None:
+    """A whole request body, or ``None`` when the client went away; BodyTooLargeError past ``cap`` bytes
+    (before the rest is read)."""
+    buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        buf += message.get("body", b"")
+        if len(buf) > cap:
+            raise BodyTooLargeError(f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap})
+        more = bool(message.get("more_body", False))
+    return bytes(buf)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -1,4 +1,4 @@
-"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`, :func:`read_json`), decoded-pixel
+"""Input limits of the HTTP front-end: bounded JSON (:func:`loads_limited`), decoded-pixel
 budgets (:class:`PixelBudget`) and admission before any work (:class:`Admission`: 503 ``overloaded`` past the
 bound, mostly refused by :class:`ShedProtocol` before any task exists).
 """
@@ -18,7 +18,8 @@ from typing import Any
 
 from PIL import Image
 from starlette.datastructures import UploadFile
-from starlette.types import Receive, Scope
+from starlette.responses import JSONResponse
+from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from facegate.api.drain import DRAIN
@@ -283,7 +284,7 @@ class Admission:
         self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s, queue_s)
         self.admitted = 0
         self.cap = settings.limits.max_admitted
-        self._answers: dict[int, tuple[int, list[tuple[bytes, bytes]], bytes, bytes]] = {}
+        self._answers: dict[int, tuple[JSONResponse, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
         self._due = 0.0
@@ -329,9 +330,9 @@ class Admission:
             self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
             self._last_cut = now
 
-    def refuse(self, now: float) -> tuple[int, list[tuple[bytes, bytes]], bytes, bytes] | None:
-        """``None`` when a new request may be admitted at ``now``; else the refusal: status, headers and body
-        (for ASGI) and the whole response as bytes (for :class:`ShedProtocol`)."""
+    def refuse(self, now: float) -> tuple[JSONResponse, bytes] | None:
+        """``None`` when a new request may be admitted at ``now``; else the refusal, as a response (for ASGI) and
+        as the whole response's bytes (for :class:`ShedProtocol`)."""
         limit = min(self.bound.limit(now), self.cap)
         if self.admitted < limit:
             return None
@@ -350,7 +351,7 @@ class Admission:
             raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
             raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
             raw += [k + b": " + v for k, v in FIXED_HEADERS]
-            answer = (r.status_code, r.raw_headers, r.body, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
+            answer = (r, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
             if len(self._answers) > 256:
                 self._answers.clear()
             self._answers[limit] = answer
@@ -377,27 +378,10 @@ class ShedProtocol(HttpToolsProtocol):
         if answer is None:
             return super().on_headers_complete()
         self.cycle = _REFUSED  # type: ignore[assignment]
-        self.transport.write(answer[3])
+        self.transport.write(answer[1])
         if not self.parser.should_keep_alive():
             self.transport.close()
         self.on_response_complete()
         record = self.app_state.get(STATS_KEY)
         if record is not None:
             record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
-
-
-async def read_json(receive: Receive, limits: Limits, cap: int) -> bytes | None:
-    """A whole JSON body, checked as :func:`loads_limited` with at most ``cap`` bytes; ``None`` when the client
-    went away. BodyTooLargeError past ``cap`` (before the rest is read), InvalidParameterError."""
-    buf, more = bytearray(), True  # not bytes ``+=``: quadratic on a many-megabyte import
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        buf += message.get("body", b"")
-        if len(buf) > cap:
-            raise BodyTooLargeError(f"a JSON body of more than {cap} bytes", detail={"field": "body", "limit": cap})
-        more = bool(message.get("more_body", False))
-    if buf:
-        loads_limited(bytes(buf), limits, max_bytes=cap)
-    return bytes(buf)

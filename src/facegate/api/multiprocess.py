@@ -28,7 +28,7 @@ from fastapi import FastAPI
 
 from facegate.api.acceptor import Acceptor, FrontEndServer
 from facegate.api.app import create_app, uvicorn_config
-from facegate.api.drain import uvicorn_timeout_s
+from facegate.api.drain import UVICORN_MARGIN_S
 from facegate.config import Settings
 from facegate.errors import InvalidParameterError, ModelError, ServerError
 from facegate.logs import configure_logging
@@ -258,7 +258,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
             if p.is_alive():
                 p.terminate()
         for p, _ in procs:
-            p.join(uvicorn_timeout_s(settings.drain_s) + 5)
+            p.join(settings.drain_s + UVICORN_MARGIN_S + 5)
             if p.is_alive():
                 p.kill()
                 p.join(5)

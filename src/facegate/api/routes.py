@@ -6,6 +6,7 @@ the gallery thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from facegate.api.forms import (
     header,
     parse_small_multipart,
     pixels_held,
+    read_body,
     replay_body,
 )
 from facegate.api.limits import loads_limited
@@ -88,20 +90,11 @@ class ServingState:
             raise self.load_error
         raise EngineClosedError("the service is starting: models are not loaded and warmed yet")
 
-    def require_ready(self) -> tuple[FaceService, GalleryFront]:
-        """The service and the gallery, or raise as :meth:`require_service`, or GalleryUnavailableError (503)."""
-        service = self.require_service()
-        if self.gallery is None:
-            cause = self.gallery_error
-            raise GalleryUnavailableError(
-                "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
-                detail={"cause": cause.to_dict()} if cause else {},
-            )
-        return service, self.gallery
-
-    async def in_decode_pool(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Await ``fn(*args, **kw)`` on a decode thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, lambda: fn(*args, **kw))
+    async def in_decode_pool(self, decode: Callable[..., np.ndarray], source: Any, **kw: Any) -> np.ndarray:
+        """Await ``decode(source, **kw)`` under the upload limits (``max_bytes``, ``max_pixels``) on a decode thread."""
+        s = self.settings.limits
+        call = functools.partial(decode, source, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, **kw)
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, call)
 
     async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Await a gallery call on the gallery thread."""
@@ -113,8 +106,6 @@ def get_state(app: Any) -> ServingState:
     return app.state.facegate  # type: ignore[no-any-return]
 
 
-router = APIRouter(route_class=FastFormRoute)  # small multipart bodies: api/forms.py
-
 #: The web page and its assets (index.html, app.js, style.css).
 STATIC_DIR = FilePath(__file__).resolve().parent / "static"
 
@@ -123,29 +114,38 @@ JPEG = b"\xff\xd8\xff"
 #: Largest subject-list offset (the store's integers are 64-bit; no gallery holds more subjects).
 MAX_OFFSET = 2**31 - 1
 
-#: Error responses documented in OpenAPI for routes that take images, and for gallery routes.
-_IMAGE_ERRORS: dict[int | str, Any] = {c: {"model": sc.ErrorResponse} for c in (400, 403, 413, 422, 500, 503, 504)}
-_GALLERY_ERRORS: dict[int | str, Any] = {c: {"model": sc.ErrorResponse} for c in (404, 409, 422, 500, 503)}
+
+def _errors(*codes: int) -> dict[int | str, Any]:
+    """The error responses documented in OpenAPI."""
+    return {c: {"model": sc.ErrorResponse} for c in codes}
 
 
-def _faces_route(path: str, model: type) -> Any:
-    return router.post(
-        path, response_model=model, response_model_exclude_unset=True, responses=_IMAGE_ERRORS, tags=["faces"]
-    )
-
-
-def _gallery_route(method: str, path: str, model: type, *, images: bool = False, **kw: Any) -> Any:
-    responses = {**_IMAGE_ERRORS, **_GALLERY_ERRORS} if images else _GALLERY_ERRORS
-    return router.api_route(path, methods=[method], response_model=model, responses=responses, tags=["galleries"], **kw)
+# small multipart bodies: api/forms.py; response models come from the handlers' return annotations
+health = APIRouter(tags=["health"])
+faces = APIRouter(route_class=FastFormRoute, tags=["faces"], responses=_errors(400, 403, 413, 422, 500, 503, 504))
+galleries = APIRouter(
+    route_class=FastFormRoute, tags=["galleries"], responses=_errors(400, 403, 404, 409, 413, 422, 500, 503, 504)
+)
 
 
 def _ready(request: Request) -> tuple[ServingState, FaceService, GalleryFront]:
+    """The state, the service and the gallery, or raise as :meth:`ServingState.require_service`, or
+    GalleryUnavailableError (503)."""
     state = get_state(request.app)
-    return state, *state.require_ready()
+    service = state.require_service()
+    if state.gallery is None:
+        cause = state.gallery_error
+        raise GalleryUnavailableError(
+            "the gallery is unavailable (retrying): " + (cause.message if cause else "not open yet"),
+            detail={"cause": cause.to_dict()} if cause else {},
+        )
+    return state, service, state.gallery
 
 
-async def read_upload(file: UploadFile, max_bytes: int, *, index: int | None = None) -> bytes:
-    """All bytes of one upload; ImageTooLargeError past ``max_bytes`` (not read whole), EmptyInputError if none."""
+async def read_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> bytes:
+    """All bytes of one upload; ImageTooLargeError past ``max_upload_bytes`` (not read whole), EmptyInputError
+    if none."""
+    max_bytes = state.settings.limits.max_upload_bytes
     detail: dict[str, Any] = {"field": file.filename or "", "limit": max_bytes}
     if index is not None:
         detail["index"] = index
@@ -165,14 +165,12 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
     """An upload's bytes → ``(H, W, 3) uint8`` RGB: here when it is small (an aligned crop), else on the pool."""
     s = state.settings.limits
     small = decode_if_small(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
-    if small is not None:
-        return small
-    return await state.in_decode_pool(decode_image, data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels)
+    return small if small is not None else await state.in_decode_pool(decode_image, data)
 
 
 async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
     """Read and decode one upload → ``(H, W, 3) uint8`` RGB."""
-    return await decode_bytes(state, await read_upload(file, state.settings.limits.max_upload_bytes, index=index))
+    return await decode_bytes(state, await read_upload(state, file, index=index))
 
 
 async def faces_of_upload(
@@ -186,36 +184,30 @@ async def faces_of_upload(
 ) -> list[Face]:
     """The selected faces of one uploaded photo: a JPEG's largest face in one engine trip with the engine's
     ``photo`` stage, anything else decoded and aligned here."""
-    data = await read_upload(file, state.settings.limits.max_upload_bytes, index=index)
+    data = await read_upload(state, file, index=index)
     if service.photo_on_device and select is FaceSelect.LARGEST and not keep_crops and data[:3] == JPEG:
         return await service.photo_faces(data)
     return await service.faces(await decode_bytes(state, data), select=select, keep_crops=keep_crops)
 
 
-async def decode_path(state: ServingState, path: str) -> np.ndarray:
-    """Read and decode one server-side file inside ``settings.limits.allowed_roots`` (on the decode pool)."""
-    s = state.settings.limits
-    return await state.in_decode_pool(
-        read_image_file, path, allowed_roots=s.allowed_roots, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels
-    )
-
-
-def _check_count(n: int, limit: int, what: str) -> None:
+def _check_count(state: ServingState, n: int) -> None:
+    """EmptyInputError for no image, InvalidParameterError past ``max_images_per_request``."""
+    limit = state.settings.limits.max_images_per_request
     if n < 1:
-        raise EmptyInputError(f"no {what} given", detail={"field": what})
+        raise EmptyInputError("no images given", detail={"field": "images"})
     if n > limit:
         raise InvalidParameterError(
-            f"{n} {what} exceed the limit of {limit} per request", detail={"field": what, "limit": limit}
+            f"{n} images exceed the limit of {limit} per request", detail={"field": "images", "limit": limit}
         )
 
 
-@router.get("/healthz", response_model=sc.HealthResponse, tags=["health"])
+@health.get("/healthz")
 async def healthz() -> sc.HealthResponse:
     """Process is alive (does not wait for models)."""
     return sc.HealthResponse()
 
 
-@router.get("/readyz", response_model=sc.ReadyResponse, responses={503: {"model": sc.ErrorResponse}}, tags=["health"])
+@health.get("/readyz", responses=_errors(503))
 async def readyz(request: Request) -> sc.ReadyResponse:
     """200 once models are loaded and warmed and the engine runs; 503 before (and after a failed load)."""
     state = get_state(request.app)
@@ -228,7 +220,7 @@ async def readyz(request: Request) -> sc.ReadyResponse:
     return sc.ReadyResponse(model=state.service.spec.name, device=state.plan.device, precision=state.plan.precision)
 
 
-@router.get("/metrics", response_class=PlainTextResponse, tags=["health"])
+@health.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (``facegate_*``)."""
     state = get_state(request.app)
@@ -246,13 +238,13 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@health.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def index() -> Response:
     """The web page (compare + gallery tabs, shipped as package data); its assets are served under ``/static``."""
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8")
 
 
-@_faces_route("/api/compare", sc.CompareResponse)
+@faces.post("/api/compare", response_model_exclude_unset=True)
 async def compare(
     request: Request,
     img1: Annotated[UploadFile, File(description="first photo")],
@@ -276,7 +268,7 @@ async def compare(
     return sc.CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 
 
-@_faces_route("/api/embed", sc.EmbedResponse)
+@faces.post("/api/embed", response_model_exclude_unset=True)
 async def embed(
     request: Request,
     images: Annotated[list[UploadFile] | None, File(description="1..max_images_per_request photos")] = None,
@@ -301,12 +293,16 @@ async def embed_response(
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
-    _check_count(n, state.settings.limits.max_images_per_request, "images")
+    _check_count(state, n)
 
     async def one(i: int) -> list[Face]:
         if images and not aligned:
             return await faces_of_upload(state, service, images[i], index=i, select=FaceSelect(select))
-        image = await (decode_upload(state, images[i], index=i) if images else decode_path(state, paths[i]))  # type: ignore[index]
+        if images:
+            image = await decode_upload(state, images[i], index=i)
+        else:  # a server-side file inside the allowed roots
+            roots = state.settings.limits.allowed_roots
+            image = await state.in_decode_pool(read_image_file, paths[i], allowed_roots=roots)  # type: ignore[index]
         if aligned:
             return [await service.face_aligned(image)]
         return await service.faces(image, select=FaceSelect(select))
@@ -330,15 +326,9 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     """The aligned-crop fast path of ``POST /api/embed`` below FastAPI's routing (the serving middleware calls
     it): answers a form that :func:`~facegate.api.forms.aligned_images` takes through :func:`embed_response`
     (returns None, as for a body that did not arrive), else returns a receive that replays the body."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
+    body = await read_body(receive)
+    if body is None:
+        return None
     ctype = header(scope, b"content-type").decode("latin-1")
     limit = state.settings.limits.max_images_per_request
     images = aligned_images(parse_small_multipart(body, ctype), limit)
@@ -351,14 +341,12 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     except FacegateError as exc:
         await facegate_error_response(exc)(scope, receive, send)
         return None
-    payload = out.model_dump_json(by_alias=True, exclude_unset=True).encode()
-    headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    payload = out.model_dump_json(by_alias=True, exclude_unset=True)
+    await Response(payload, media_type="application/json")(scope, receive, send)
     return None
 
 
-@_faces_route("/api/detect", sc.DetectResponse)
+@faces.post("/api/detect", response_model_exclude_unset=True)
 async def detect(request: Request, image: Annotated[UploadFile, File(description="a photo")]) -> sc.DetectResponse:
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
     state = get_state(request.app)
@@ -369,7 +357,7 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
     return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=int(w), height=int(h))
 
 
-@_gallery_route("POST", "/api/galleries", sc.GalleryOut, status_code=201)
+@galleries.post("/api/galleries", status_code=201)
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state, service, gallery = _ready(request)
@@ -377,7 +365,7 @@ async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.
     return sc.GalleryOut(**info.to_dict())
 
 
-@_gallery_route("GET", "/api/galleries", sc.GalleryListResponse)
+@galleries.get("/api/galleries")
 async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
     state, _, gallery = _ready(request)
@@ -385,7 +373,7 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}", sc.Deleted)
+@galleries.delete("/api/galleries/{name}")
 async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     """Delete a gallery and every subject and embedding in it."""
     state, _, gallery = _ready(request)
@@ -393,9 +381,8 @@ async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     return sc.Deleted(deleted=name)
 
 
-async def _gallery_for_service(state: ServingState, name: str) -> Any:
+async def _gallery_for_service(state: ServingState, gallery: GalleryFront, name: str) -> Any:
     """The gallery's info, checked against the served model (404 if missing, 409 if another model)."""
-    _, gallery = state.require_ready()
     info = await state.in_gallery_pool(gallery.get_gallery, name)
     gallery.check_model(info)
     return info
@@ -408,12 +395,17 @@ def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
 
 
 async def _enrolment_decisions(
-    state: ServingState, service: FaceService, name: str, images: list[UploadFile], subject_ids: list[str]
+    state: ServingState,
+    service: FaceService,
+    gallery: GalleryFront,
+    name: str,
+    images: list[UploadFile],
+    subject_ids: list[str],
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """The enrolment gate per subject over the largest face of every photo (photo ``i`` shows ``subject_ids[i]``):
     per subject, its photos' indices and its decision."""
-    _check_count(len(images), state.settings.limits.max_images_per_request, "images")
-    await _gallery_for_service(state, name)
+    _check_count(state, len(images))
+    await _gallery_for_service(state, gallery, name)
 
     async def one(i: int) -> Face:
         return (await faces_of_upload(state, service, images[i], index=i))[0]
@@ -437,7 +429,7 @@ def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
     return value
 
 
-@_gallery_route("POST", "/api/galleries/{name}/subjects/{subject_id}", sc.EnrolResponse, images=True)
+@galleries.post("/api/galleries/{name}/subjects/{subject_id}")
 async def enrol(
     request: Request,
     name: str,
@@ -450,7 +442,7 @@ async def enrol(
     state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
     meta_obj = _parse_meta(meta, state)
-    [(_, _, decision)] = await _enrolment_decisions(state, service, name, images, [subject_id] * len(images))
+    [(_, _, decision)] = await _enrolment_decisions(state, service, gallery, name, images, [subject_id] * len(images))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
@@ -458,7 +450,7 @@ async def enrol(
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
-@_gallery_route("POST", "/api/galleries/{name}/enrolments", sc.BatchEnrolResponse, images=True)
+@galleries.post("/api/galleries/{name}/enrolments")
 async def enrol_batch(
     request: Request,
     name: str,
@@ -479,7 +471,7 @@ async def enrol_batch(
     ids = [validate_subject_id(x) for x in ids]
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
-    for sid, rows, decision in await _enrolment_decisions(state, service, name, images, ids):
+    for sid, rows, decision in await _enrolment_decisions(state, service, gallery, name, images, ids):
         refused += [
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
@@ -491,12 +483,12 @@ async def enrol_batch(
     )
 
 
-@_gallery_route("POST", "/api/galleries/{name}/templates", sc.ImportTemplatesResponse)
+@galleries.post("/api/galleries/{name}/templates")
 async def import_templates(request: Request, name: str, body: sc.ImportTemplatesRequest) -> sc.ImportTemplatesResponse:
     """Bulk-enrol up to 10,000 subjects from templates (e.g. from ``facegate embed``) in one transaction;
     a subject that exists starts over from its imported template."""
     state, _, gallery = _ready(request)
-    info = await _gallery_for_service(state, name)
+    info = await _gallery_for_service(state, gallery, name)
     emb = np.asarray(body.embeddings, dtype=np.float32)
     if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
         raise InvalidParameterError(
@@ -509,7 +501,7 @@ async def import_templates(request: Request, name: str, body: sc.ImportTemplates
     return sc.ImportTemplatesResponse(imported=n)
 
 
-@_gallery_route("GET", "/api/galleries/{name}/subjects", sc.SubjectListResponse)
+@galleries.get("/api/galleries/{name}/subjects")
 async def list_subjects(
     request: Request,
     name: str,
@@ -523,7 +515,7 @@ async def list_subjects(
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
-@_gallery_route("DELETE", "/api/galleries/{name}/subjects/{subject_id}", sc.Deleted)
+@galleries.delete("/api/galleries/{name}/subjects/{subject_id}")
 async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Deleted:
     """Erase a subject and all its embeddings."""
     state, _, gallery = _ready(request)
@@ -531,9 +523,7 @@ async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Del
     return sc.Deleted(deleted=subject_id)
 
 
-@_gallery_route(
-    "POST", "/api/galleries/{name}/search", sc.SearchResponse, images=True, response_model_exclude_unset=True
-)
+@galleries.post("/api/galleries/{name}/search", response_model_exclude_unset=True)
 async def search(
     request: Request,
     name: str,
@@ -551,14 +541,14 @@ async def search(
         gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
     found = data = None
     if service.photo_on_device:
-        data = await read_upload(image, state.settings.limits.max_upload_bytes)
+        data = await read_upload(state, image)
     if data is not None and data[:3] == JPEG:
         # photo -> face -> embedding -> search in one engine trip, which also checks the gallery
         faces, found = await service.photo_search(data, name, k)
         face, n = faces[0], found.size
     else:
-        n = (await _gallery_for_service(state, name)).subjects  # before the upload is read when off the device
-        data = data or await read_upload(image, state.settings.limits.max_upload_bytes)
+        n = (await _gallery_for_service(state, gallery, name)).subjects  # before the upload is read when off the device
+        data = data or await read_upload(state, image)
         face = (await service.faces(await decode_bytes(state, data)))[0]
     ans = await gallery.search_face(name, face, k, fpir, found=found, size=n)
     point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
@@ -569,5 +559,6 @@ async def search(
 
 def install_routes(app: FastAPI) -> None:
     """Add every route to ``app``, and the page's assets under ``/static``."""
-    app.include_router(router)
+    for router in (health, faces, galleries):
+        app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")

@@ -13,15 +13,15 @@ import httpx
 import pytest
 import uvicorn
 
-from facegate.api.acceptor import CLOSED, HAND, Acceptor, FrontEndServer, pick_front_end
+from facegate.api.acceptor import CLOSED, HAND, Acceptor, FrontEndServer, front_end_order
 
 
-def test_pick_front_end_least_open_then_round_robin() -> None:
-    assert pick_front_end([3, 1, 2], start=0) == 1
-    assert pick_front_end([1, 1, 1], start=0) == 0
-    assert pick_front_end([1, 1, 1], start=2) == 2
-    assert pick_front_end([0, 5, 0], start=1) == 2  # equals at or after ``start``, wrapping
-    assert pick_front_end([4], start=3) == 0
+def test_front_end_order_least_open_then_round_robin() -> None:
+    assert front_end_order([3, 1, 2], start=0) == [1, 2, 0]
+    assert front_end_order([1, 1, 1], start=0) == [0, 1, 2]
+    assert front_end_order([1, 1, 1], start=2) == [2, 0, 1]
+    assert front_end_order([0, 5, 0], start=1) == [2, 0, 1]  # equals at or after ``start``, wrapping
+    assert front_end_order([4], start=3) == [0]
 
 
 def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
