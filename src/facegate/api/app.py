@@ -34,7 +34,7 @@ from facegate.api.limits import (
     loads_limited,
 )
 from facegate.api.routes import ServingState, get_state, install_routes, serve_embed_aligned
-from facegate.api.security import Access, SecurityHeadersMiddleware, install_docs, install_openapi_security
+from facegate.api.security import CSP, Access, install_docs, install_openapi_security, with_security_headers
 from facegate.config import Settings
 from facegate.errors import (
     DeadlineExceededError,
@@ -211,10 +211,11 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
 class ServingMiddleware:
     """What every HTTP request meets, in order: the drain, the route's body limit, the access checks; for
     ``/api/`` routes the admission bound, the JSON limits and the deadline (:mod:`facegate.api.limits`), then the
-    aligned-crop fast path. Around it all: disconnect → cancel, the drain's cut, request metrics, the catch-all."""
+    aligned-crop fast path. Around it all: the security headers (``docs_csp``: the doc pages' policies),
+    disconnect → cancel, the drain's cut, request metrics, the catch-all."""
 
-    def __init__(self, app: ASGIApp, state: ServingState, access: Access) -> None:
-        self.app, self.state, self.access = app, state, access
+    def __init__(self, app: ASGIApp, state: ServingState, access: Access, docs_csp: dict[str, str]) -> None:
+        self.app, self.state, self.access, self.docs_csp = app, state, access, docs_csp
         self.admission = Admission(state.settings, state.plan.admission_queue_s)
         self.import_max = import_max_bytes(state.settings)
 
@@ -226,6 +227,7 @@ class ServingMiddleware:
                 self.admission.watch(asyncio.get_running_loop())
             await self.app(scope, receive, send)
             return
+        send = with_security_headers(send, self.docs_csp.get(scope["path"], CSP))  # on every answer, errors included
         if DRAIN.active:
             await shutting_down("the server is shutting down; retry on another replica or later")(scope, receive, send)
             return
@@ -412,11 +414,9 @@ def create_app(
     app.state.facegate_pixels = PixelBudget(settings.limits)
     install_error_handlers(app)
     install_routes(app)
-    docs_csp = install_docs(app)
     install_openapi_security(app, settings)
     keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
-    app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys))
-    app.add_middleware(SecurityHeadersMiddleware, docs_csp=docs_csp)  # on every response, errors included
+    app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys), docs_csp=install_docs(app))
     return app
 
 

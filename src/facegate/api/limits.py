@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import logging
 import math
 import re
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from PIL import Image
@@ -33,9 +32,6 @@ from facegate.errors import (
     OverloadedError,
 )
 from facegate.io.decode import FORMATS
-
-log = logging.getLogger(__name__)
-
 
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
 RETRY_AFTER_S = 1
@@ -78,19 +74,18 @@ def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body", max
     _check_depth(text, limits.json_max_depth, field)
     digits = limits.json_max_number_digits
 
-    def number(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-        def parse(literal: str) -> Any:
-            if len(literal) > digits:
-                raise _bad_json(f"{field}: a number of {len(literal)} characters exceeds the limit of {digits}", field)
-            return kind(literal)
-
-        return parse
+    def number(literal: str) -> str:
+        if len(literal) > digits:
+            raise _bad_json(f"{field}: a number of {len(literal)} characters exceeds the limit of {digits}", field)
+        return literal
 
     def constant(name: str) -> Any:
         raise _bad_json(f"{field}: {name} is not a JSON number", field)
 
     try:
-        value = json.loads(text, parse_int=number(int), parse_float=number(float), parse_constant=constant)
+        value = json.loads(
+            text, parse_int=lambda s: int(number(s)), parse_float=lambda s: float(number(s)), parse_constant=constant
+        )
     except json.JSONDecodeError as exc:
         raise _bad_json(f"{field} is not valid JSON: {exc.msg} at position {exc.pos}", field) from None
     except RecursionError:  # _check_depth bounds nesting first; this is only a second line
@@ -194,11 +189,9 @@ def is_json(scope: Scope) -> bool:
 
 
 class AdmissionLimit:
-    """How many requests a front-end admits at once: at most ``max_admitted``, and at most what it finishes in
-    ``queue_s`` seconds (Little's law), at least :data:`FLOOR`. The rate is completions per second over the last
-    :data:`WINDOW_S` since the process last went busy: the best rate seen bounds a burst, the window's rate bounds
-    it while it sheds. Only rates over at least half a window busy count, since a fresh process's first second
-    runs below its rate; until one counts, the bound is ``max_admitted``."""
+    """How many requests a front-end admits at once (docs/security.md): at most ``max_admitted``, and at most
+    what it finishes in ``queue_s`` seconds, at least :data:`FLOOR`. The best rate seen bounds a burst, the
+    window's rate bounds it while it sheds; only rates over at least half a window busy count."""
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
@@ -262,14 +255,12 @@ STATS_KEY = "facegate.record_request"
 
 class Admission:
     """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, built once per bound
-    value (as ASGI messages and as raw HTTP bytes) so that a flood of refusals costs next to nothing.
+    value (a response and raw HTTP bytes) so that a flood of refusals costs next to nothing.
 
-    While it sheds, a cap on admitted requests also follows the event loop's lateness (:meth:`watch`), since a
-    saturated loop answers its refusals late. A turn later than :data:`LAG_HIGH_S` cuts the cap by :data:`CUT`,
-    at most once per :data:`CUT_EVERY_S`; a loop late for :data:`CUT_EVERY_S` in a row is cut in proportion, to
-    turn within :data:`LAG_AIM_S`, by :data:`CUT_DEEPEST` at most. Each punctual turn raises the cap by one, never
-    above the rate's bound (so a cut always bites); the cap is lifted once nothing was refused for
-    :data:`AdmissionLimit.WINDOW_S`.
+    While it sheds, a cap also follows the event loop's lateness (:meth:`watch`; docs/security.md): a turn
+    later than :data:`LAG_HIGH_S` cuts it by :data:`CUT` (at most once per :data:`CUT_EVERY_S`), a loop late
+    that long in a row in proportion, to turn within :data:`LAG_AIM_S`; each punctual turn raises it by one,
+    never above the rate's bound, so that a cut always bites.
     """
 
     TICK_S = 0.01
@@ -348,7 +339,7 @@ class Admission:
                 detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
             )
             r = facegate_error_response(exc)
-            raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the headers SecurityHeadersMiddleware adds
+            raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the security headers of every response
             raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
             raw += [k + b": " + v for k, v in FIXED_HEADERS]
             answer = (r, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)

@@ -64,26 +64,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_run_dirs(root: Path | None = None) -> list[Path]:
-    """Delete this user's run folders whose supervisor pid no process has; returns them."""
-    root = Path(root or tempfile.gettempdir())
-    removed: list[Path] = []
-    uid = os.getuid()
-    for folder in root.glob("facegate-*-*"):
+def remove_stale_run_dirs() -> None:
+    """Delete this user's run folders whose supervisor pid no process has."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob("facegate-*-*"):
         m = _RUN_DIR.match(folder.name)
         try:
-            if m is None or not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != uid:
+            if m is None or not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
                 continue
         except OSError:
             continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
+        if (pid := int(m.group(1))) != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
     if removed:
-        log.info("removed %d run folder(s) left by a server that did not stop cleanly", len(removed))
-    return removed
+        log.info("removed %d run folder(s) left by a server that did not stop cleanly", removed)
 
 
 def frontend_app() -> FastAPI:
@@ -114,7 +109,6 @@ class EngineProcess:
         self.dir = make_run_dir("engine")
         self.address = str(self.dir / "engine.sock")
         self.authkey = authkey or secrets.token_bytes(32)
-        self.info: dict[str, Any] = {}
         self._proc: Any = None
         self._ready_conn: Any = None
 
@@ -153,9 +147,8 @@ class EngineProcess:
         if msg[0] != "ready":
             self.stop()
             raise error_from_wire(*msg[1:])
-        self.info = msg[1]
-        log.info("engine process %d ready: %s", self._proc.pid, self.info)
-        return self.info
+        log.info("engine process %d ready: %s", self._proc.pid, msg[1])
+        return msg[1]  # type: ignore[no-any-return]
 
     @property
     def alive(self) -> bool:

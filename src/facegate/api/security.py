@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Message, Send
 from starlette.types import Scope as AsgiScope
 
 from facegate.api.forms import header
@@ -228,27 +228,17 @@ FIXED_HEADERS = [
 ]
 
 
-class SecurityHeadersMiddleware:
-    """CSP, X-Frame-Options, nosniff and Referrer-Policy on every response (``docs_csp`` for the doc pages)."""
+def with_security_headers(send: Send, csp: str) -> Send:
+    """``send`` that puts the policy ``csp``, X-Frame-Options, nosniff and Referrer-Policy on the response."""
+    policy = (b"content-security-policy", csp.encode())
 
-    def __init__(self, app: ASGIApp, docs_csp: dict[str, str] | None = None) -> None:
-        self.app = app
-        self.docs_csp = {p: c.encode() for p, c in (docs_csp or {}).items()}
-        self.csp = CSP.encode()
+    async def with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != policy[0]]
+            message["headers"] = [*headers, policy, *FIXED_HEADERS]
+        await send(message)
 
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        csp = self.docs_csp.get(scope["path"], self.csp)
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"content-security-policy"]
-                message["headers"] = [*headers, (b"content-security-policy", csp), *FIXED_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
+    return with_headers
 
 
 DOCS_ASSETS = "/docs-assets"
