@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -420,15 +419,6 @@ async def _enrolment_decisions(
     )
 
 
-def _parse_meta(meta: str | None, state: ServingState) -> dict[str, Any] | None:
-    if meta is None or meta == "":
-        return None
-    value = loads_limited(meta, state.settings.limits, field="meta")  # bounded size, depth and numbers
-    if not isinstance(value, dict):
-        raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
-    return value
-
-
 @galleries.post("/api/galleries/{name}/subjects/{subject_id}")
 async def enrol(
     request: Request,
@@ -441,7 +431,9 @@ async def enrol(
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     state, service, gallery = _ready(request)
     validate_subject_id(subject_id)
-    meta_obj = _parse_meta(meta, state)
+    meta_obj = loads_limited(meta, state.settings.limits, field="meta") if meta else None  # bounded
+    if meta and not isinstance(meta_obj, dict):
+        raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
     [(_, _, decision)] = await _enrolment_decisions(state, service, gallery, name, images, [subject_id] * len(images))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
@@ -460,10 +452,7 @@ async def enrol_batch(
     """Enrol several subjects in one request: every photo goes through the engine at once (batched with
     other requests), the request's subjects are written in one transaction, refused photos are listed."""
     state, service, gallery = _ready(request)
-    try:
-        ids = json.loads(subject_ids)
-    except json.JSONDecodeError as exc:
-        raise InvalidParameterError(f"subject_ids is not JSON: {exc.msg}", detail={"field": "subject_ids"}) from None
+    ids = loads_limited(subject_ids, state.settings.limits, field="subject_ids")
     if not isinstance(ids, list) or len(ids) != len(images):
         raise InvalidParameterError(
             "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
