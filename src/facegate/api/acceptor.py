@@ -108,30 +108,22 @@ class Acceptor:
             self._front_ends.append(conn)
             log.debug("acceptor: front-end %d registered", len(self._front_ends))
 
-    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            sel.unregister(conn)
-        if conn in self._front_ends:
-            i = self._front_ends.index(conn)
-            del self._front_ends[i], self._open[i]
-        conn.close()
-        log.warning("acceptor: a front-end went away; %d left", len(self._front_ends))
-
     def _read_front_end(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
-        closed = 0
+        i = self._front_ends.index(conn)
         while True:
             try:
                 msg = conn.recv(16)
             except BlockingIOError:
-                break
+                return
             except OSError:
                 msg = b""
             if not msg:  # the front-end process is gone
-                self._drop(sel, conn)
+                sel.unregister(conn)
+                del self._front_ends[i], self._open[i]
+                conn.close()
+                log.warning("acceptor: a front-end went away; %d left", len(self._front_ends))
                 return
-            closed += msg.count(CLOSED)
-        i = self._front_ends.index(conn)
-        self._open[i] = max(0, self._open[i] - closed)
+            self._open[i] = max(0, self._open[i] - msg.count(CLOSED))
 
     def _accept_all(self) -> None:
         while True:
