@@ -398,9 +398,7 @@ def create_app(
     from facegate import __version__
 
     plan = plan or make_plan(settings)
-    state = ServingState(settings, plan, service, engine=engine)
-    if service is not None:
-        state.stats = service.stats
+    state = ServingState(settings, plan, service, engine=engine)  # (the lifespan takes the service's stats)
     app = FastAPI(
         title="facegate",
         version=__version__,
@@ -424,13 +422,14 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process, on ``settings``' host and port."""
     import uvicorn
 
-    kw: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
-        "lifespan": "on",
-        "log_config": None,  # keep the process's logging setup (the CLI configures it)
-        "access_log": False,
-        "http": ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
-        "timeout_graceful_shutdown": settings.drain_s + UVICORN_MARGIN_S,
-    }
-    return uvicorn.Config(app, **{**kw, **overrides})
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        lifespan="on",
+        log_config=None,  # keep the process's logging setup (the CLI configures it)
+        access_log=False,
+        http=ShedProtocol,  # httptools, refusing past the admission bound before any task (api.limits)
+        timeout_graceful_shutdown=settings.drain_s + UVICORN_MARGIN_S,
+        **overrides,
+    )
