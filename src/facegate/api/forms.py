@@ -9,10 +9,9 @@ Starlette over the same cached body. :func:`wants_fast_path` and :func:`aligned_
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,19 +56,6 @@ def is_small_multipart(scope: Scope) -> bool:
         and length.isdigit()
         and int(length) <= FAST_FORM_MAX_BYTES
     )
-
-
-@contextlib.asynccontextmanager
-async def pixels_held(app: Any, uploads: Iterable[UploadFile]) -> AsyncIterator[None]:
-    """Hold the uploads' pixels (measured from their headers, before anything is decoded) in the app's
-    decode budget (``limits.request_pixels``, ``decode_pixels_in_flight``) for the block."""
-    budget = app.state.facegate_pixels
-    pixels = budget.measure(uploads)
-    await budget.acquire(pixels)
-    try:
-        yield
-    finally:
-        budget.release(pixels)
 
 
 def _decode(raw: bytes) -> str:
@@ -169,7 +155,8 @@ class FastFormRoute(APIRoute):
                 form = await req.form()
             except Exception:  # a malformed body: FastAPI parses it again and gives its own 4xx answer
                 return await handler(req)
-            async with pixels_held(request.app, (v for _, v in form.multi_items() if isinstance(v, UploadFile))):
+            uploads = (v for _, v in form.multi_items() if isinstance(v, UploadFile))
+            async with request.app.state.facegate_pixels.hold(uploads):  # the app's api.limits.PixelBudget
                 return await handler(req)
 
         return fast_form_handler

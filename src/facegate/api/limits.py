@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import math
 import re
 import time
 import types
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from PIL import Image
@@ -138,17 +139,23 @@ class PixelBudget:
         self.held = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
-    def measure(self, uploads: Iterable[UploadFile]) -> int:
-        """Summed header pixels of ``uploads``; ImageTooLargeError as soon as the sum passes ``request_pixels``."""
-        total = 0
+    @contextlib.asynccontextmanager
+    async def hold(self, uploads: Iterable[UploadFile]) -> AsyncIterator[None]:
+        """Hold the uploads' pixels (from their headers, before anything is decoded) for the block;
+        ImageTooLargeError as soon as their sum passes ``request_pixels``."""
+        pixels = 0
         for i, upload in enumerate(uploads):
-            total += header_pixels(upload)
-            if total > self.per_request:
+            pixels += header_pixels(upload)
+            if pixels > self.per_request:
                 raise ImageTooLargeError(
                     f"the request's images have more than {self.per_request} pixels in all (after image {i})",
                     detail={"unit": "pixels", "limit": self.per_request, "index": i},
                 )
-        return total
+        await self.acquire(pixels)
+        try:
+            yield
+        finally:
+            self.release(pixels)
 
     async def acquire(self, pixels: int) -> None:
         """Hold ``pixels`` of the process budget, waiting (first come, first served) while others hold too

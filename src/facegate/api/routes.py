@@ -28,7 +28,6 @@ from facegate.api.forms import (
     aligned_images,
     header,
     parse_small_multipart,
-    pixels_held,
     read_body,
     replay_body,
 )
@@ -335,7 +334,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
         return replay_body(body, receive)
     scope["route"] = EMBED_ROUTE
     try:
-        async with pixels_held(scope["app"], images):
+        async with scope["app"].state.facegate_pixels.hold(images):
             out = await embed_response(state, state.require_service(), images, None, "largest", True)
     except FacegateError as exc:
         await facegate_error_response(exc)(scope, receive, send)
