@@ -1,9 +1,7 @@
-"""Balanced accept: the supervisor's acceptor thread hands each connection to the least busy front-end.
-
-With one shared listening socket, whichever process wakes first takes the whole backlog, so with keep-alive
-clients a few front-ends get most connections. :class:`Acceptor` passes each accepted descriptor (``SCM_RIGHTS``
-over ``SOCK_SEQPACKET``, datagram ``b"c"``) to the :class:`FrontEndServer` with the fewest open connections
-(ties round-robin); a front-end reports each closed one (``b"x"``).
+"""Balanced accept (docs/architecture.md): the supervisor's :class:`Acceptor` thread passes each accepted
+descriptor (``SCM_RIGHTS`` over ``SOCK_SEQPACKET``, datagram ``b"c"``) to the :class:`FrontEndServer` with the
+fewest open connections (ties round-robin), which reports each closed one (``b"x"``). With one shared listening
+socket, whichever process wakes first would take the whole backlog.
 """
 
 from __future__ import annotations

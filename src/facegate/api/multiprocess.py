@@ -1,8 +1,6 @@
-"""The process model (a plan with workers ≥ 2 or engines ≥ 2): engine processes and front-ends.
-
-The torch-free supervisor starts the engines, waits until they are warm, then opens the port and spawns the
-front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor` thread, replaced when one exits). If an
-engine dies the supervisor exits non-zero, so that systemd or Kubernetes restarts the whole server.
+"""The process model of a plan with workers ≥ 2 or engines ≥ 2 (docs/architecture.md): the torch-free
+supervisor starts the engines, then the front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor`
+thread, replaced when one exits), and exits non-zero when an engine dies, so that the whole server restarts.
 """
 
 from __future__ import annotations
@@ -267,16 +265,6 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
-    try:  # spawned together, then waited for: one failing stops them all
-        for e in engines:
-            e.spawn()
-        for e in engines:
-            e.wait()
-    except BaseException:
-        for e in engines:
-            e.stop()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        raise
     stopping = threading.Event()
     died: list[int | None] = []
 
@@ -289,8 +277,12 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
 
-    threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
     try:
+        for e in engines:  # spawned together, then waited for: one failing stops them all (finally)
+            e.spawn()
+        for e in engines:
+            e.wait()
+        threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))

@@ -275,19 +275,18 @@ async def embed(
     aligned: Annotated[bool, Form(description="inputs are aligned 112×112 crops (no detection)")] = False,
 ) -> sc.EmbedResponse:
     """Embeddings (+ quality verdicts) for each image; one bad image does not fail the others."""
-    state = get_state(request.app)
-    return await embed_response(state, state.require_service(), images, paths, select, aligned)
+    return await embed_response(get_state(request.app), images, paths, select, aligned)
 
 
 async def embed_response(
     state: ServingState,
-    service: FaceService,
     images: list[UploadFile] | None,
     paths: list[str] | None,
     select: Literal["largest", "all"],
     aligned: bool,
 ) -> sc.EmbedResponse:
     """What ``POST /api/embed`` answers for these form values (the aligned-crop fast path calls it too)."""
+    service = state.require_service()
     if images and paths:
         raise InvalidParameterError("give either 'images' or 'paths', not both", detail={"field": "images/paths"})
     n = len(images or paths or [])
@@ -335,7 +334,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     scope["route"] = EMBED_ROUTE
     try:
         async with scope["app"].state.facegate_pixels.hold(images):
-            out = await embed_response(state, state.require_service(), images, None, "largest", True)
+            out = await embed_response(state, images, None, "largest", True)
     except FacegateError as exc:
         await facegate_error_response(exc)(scope, receive, send)
         return None
