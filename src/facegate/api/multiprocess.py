@@ -1,5 +1,5 @@
 """The process model of a plan with workers ≥ 2 or engines ≥ 2 (docs/architecture.md): the torch-free
-supervisor starts the engines, then the front-ends (:func:`frontend_app`, fed by the :mod:`~facegate.api.acceptor`
+supervisor starts the engines, then the front-ends (:func:`frontend_main`, fed by the :mod:`~facegate.api.acceptor`
 thread, replaced when one exits), and exits non-zero when an engine dies, so that the whole server restarts.
 """
 
@@ -21,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 from unittest.mock import patch  # os.environ for a block: a spawned child takes the environment of its start
-
-from fastapi import FastAPI
 
 from facegate.api.acceptor import Acceptor, FrontEndServer
 from facegate.api.app import create_app, uvicorn_config
@@ -77,17 +75,6 @@ def remove_stale_run_dirs() -> None:
             removed += 1
     if removed:
         log.info("removed %d run folder(s) left by a server that did not stop cleanly", removed)
-
-
-def frontend_app() -> FastAPI:
-    """uvicorn app factory of a front-end: settings and the engines' addresses come from the environment."""
-    if not logging.getLogger().handlers:
-        configure_logging()
-    enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
-    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
-    addresses = os.environ[ENV_ADDRESS].split(os.pathsep)
-    return create_app(settings, engine=(addresses, bytes.fromhex(os.environ[ENV_AUTHKEY])), plan=plan)
 
 
 class EngineProcess:
@@ -188,9 +175,16 @@ def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None
 
 
 def frontend_main(control_path: str) -> None:
-    """A front-end process: :func:`frontend_app` on the connections the supervisor's acceptor hands it."""
+    """A front-end process: the app over the engines (settings and their addresses from the environment) on the
+    connections the supervisor's acceptor hands it."""
+    if not logging.getLogger().handlers:
+        configure_logging()
+    enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
     settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    FrontEndServer(uvicorn_config("facegate.api.multiprocess:frontend_app", settings, factory=True), control_path).run()
+    plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
+    engine = (os.environ[ENV_ADDRESS].split(os.pathsep), bytes.fromhex(os.environ[ENV_AUTHKEY]))
+    app = create_app(settings, engine=engine, plan=plan)
+    FrontEndServer(uvicorn_config(app, settings), control_path).run()
 
 
 def listen(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:

@@ -166,11 +166,6 @@ async def decode_bytes(state: ServingState, data: bytes) -> np.ndarray:
     return small if small is not None else await state.in_decode_pool(decode_image, data)
 
 
-async def decode_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> np.ndarray:
-    """Read and decode one upload → ``(H, W, 3) uint8`` RGB."""
-    return await decode_bytes(state, await read_upload(state, file, index=index))
-
-
 async def faces_of_upload(
     state: ServingState,
     service: FaceService,
@@ -296,7 +291,7 @@ async def embed_response(
         if images and not aligned:
             return await faces_of_upload(state, service, images[i], index=i, select=FaceSelect(select))
         if images:
-            image = await decode_upload(state, images[i], index=i)
+            image = await decode_bytes(state, await read_upload(state, images[i], index=i))
         else:  # a server-side file inside the allowed roots
             roots = state.settings.limits.allowed_roots
             image = await state.in_decode_pool(read_image_file, paths[i], allowed_roots=roots)  # type: ignore[index]
@@ -348,7 +343,7 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
     """Face boxes, landmarks and scores (no embedding); an image without faces gives an empty list."""
     state = get_state(request.app)
     service = state.require_service()
-    img = await decode_upload(state, image)
+    img = await decode_bytes(state, await read_upload(state, image))
     dets = await service.detect(img)
     h, w = img.shape[:2]
     return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=int(w), height=int(h))

@@ -291,23 +291,20 @@ def install_openapi_security(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
-        schema = build()
+        schema = build()  # which FastAPI caches in app.openapi_schema
         schema.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer", "description": "`facegate keys create`"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         }
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         for path, ops in schema.get("paths", {}).items():
             for method, op in ops.items():
                 needed = required_scope(method.upper(), path, settings)
-                if needed is None:
-                    op["security"] = []
-                else:
-                    op["security"] = [{"bearer": []}, {"apiKey": []}]
+                op["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
+                if needed is not None:
                     op["description"] = (op.get("description") or "") + f"\n\nAPI key scope: `{needed}`."
-                    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
                     for status, what in (("401", "no or unknown API key"), ("403", "key lacks the scope, or origin")):
                         op.setdefault("responses", {}).setdefault(status, {"description": what, "content": error})
-        app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
