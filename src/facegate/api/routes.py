@@ -118,12 +118,12 @@ def _errors(*codes: int) -> dict[int | str, Any]:
     return {c: {"model": sc.ErrorResponse} for c in codes}
 
 
+#: ... of a route that takes images
+_IMAGE_ERRORS = _errors(400, 403, 413, 422, 500, 503, 504)
 # small multipart bodies: api/forms.py; response models come from the handlers' return annotations
 health = APIRouter(tags=["health"])
-faces = APIRouter(route_class=FastFormRoute, tags=["faces"], responses=_errors(400, 403, 413, 422, 500, 503, 504))
-galleries = APIRouter(
-    route_class=FastFormRoute, tags=["galleries"], responses=_errors(400, 403, 404, 409, 413, 422, 500, 503, 504)
-)
+faces = APIRouter(route_class=FastFormRoute, tags=["faces"], responses=_IMAGE_ERRORS)
+galleries = APIRouter(route_class=FastFormRoute, tags=["galleries"], responses=_errors(404, 409, 422, 500, 503))
 
 
 def _ready(request: Request) -> tuple[ServingState, FaceService, GalleryFront]:
@@ -412,7 +412,7 @@ async def _enrolment_decisions(
     )
 
 
-@galleries.post("/api/galleries/{name}/subjects/{subject_id}")
+@galleries.post("/api/galleries/{name}/subjects/{subject_id}", responses=_IMAGE_ERRORS)
 async def enrol(
     request: Request,
     name: str,
@@ -435,7 +435,7 @@ async def enrol(
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
-@galleries.post("/api/galleries/{name}/enrolments")
+@galleries.post("/api/galleries/{name}/enrolments", responses=_IMAGE_ERRORS)
 async def enrol_batch(
     request: Request,
     name: str,
@@ -505,7 +505,7 @@ async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Del
     return sc.Deleted(deleted=subject_id)
 
 
-@galleries.post("/api/galleries/{name}/search", response_model_exclude_unset=True)
+@galleries.post("/api/galleries/{name}/search", responses=_IMAGE_ERRORS, response_model_exclude_unset=True)
 async def search(
     request: Request,
     name: str,
