@@ -94,7 +94,7 @@ async def _load(state: ServingState) -> None:
         state.stats = state.service.stats
         try:
             retry = settings.gallery_open_retry_s
-            state.gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, settings, state.service, retry)
+            state.gallery = await state.in_gallery_pool(open_gallery, settings, state.service, retry)
         except GalleryError as exc:
             if not _busy(exc):
                 raise
@@ -127,12 +127,11 @@ def _busy(exc: FacegateError) -> bool:
 
 async def _reopen_gallery(state: ServingState) -> None:
     """Retry opening the gallery until it opens (meanwhile its routes answer 503 gallery_unavailable)."""
-    loop = asyncio.get_running_loop()
     while state.gallery is None:
         await asyncio.sleep(GALLERY_REOPEN_S)
         try:  # short attempts, so that a shutdown never waits long for one on the gallery thread
             retry = min(GALLERY_REOPEN_S, state.settings.gallery_open_retry_s)
-            gallery = await loop.run_in_executor(state.gallery_pool, open_gallery, state.settings, state.service, retry)
+            gallery = await state.in_gallery_pool(open_gallery, state.settings, state.service, retry)
         except FacegateError as exc:
             state.gallery_error = exc
             log.warning("the gallery is still unavailable: %s", exc.message)
@@ -178,7 +177,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 log.exception("stopping the face service failed")
         if state.gallery is not None:
             try:
-                await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.close)
+                await state.in_gallery_pool(state.gallery.close)
             except Exception:
                 log.exception("closing the gallery failed")
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
