@@ -387,17 +387,10 @@ def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
 
 
 async def _enrolment_decisions(
-    state: ServingState,
-    service: FaceService,
-    gallery: GalleryFront,
-    name: str,
-    images: list[UploadFile],
-    subject_ids: list[str],
+    state: ServingState, service: FaceService, images: list[UploadFile], subject_ids: list[str]
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """The enrolment gate per subject over the largest face of every photo (photo ``i`` shows ``subject_ids[i]``):
     per subject, its photos' indices and its decision."""
-    _check_count(state, len(images))
-    await _gallery_for_service(state, gallery, name)
 
     async def one(i: int) -> Face:
         return (await faces_of_upload(state, service, images[i], index=i))[0]
@@ -427,7 +420,9 @@ async def enrol(
     meta_obj = loads_limited(meta, state.settings.limits, field="meta") if meta else None  # bounded
     if meta and not isinstance(meta_obj, dict):
         raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
-    [(_, _, decision)] = await _enrolment_decisions(state, service, gallery, name, images, [subject_id] * len(images))
+    _check_count(state, len(images))
+    await _gallery_for_service(state, gallery, name)
+    [(_, _, decision)] = await _enrolment_decisions(state, service, images, [subject_id] * len(images))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
@@ -451,9 +446,11 @@ async def enrol_batch(
             "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
         )
     ids = [validate_subject_id(x) for x in ids]
+    _check_count(state, len(images))
+    await _gallery_for_service(state, gallery, name)
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
-    for sid, rows, decision in await _enrolment_decisions(state, service, gallery, name, images, ids):
+    for sid, rows, decision in await _enrolment_decisions(state, service, images, ids):
         refused += [
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
@@ -472,7 +469,7 @@ async def import_templates(request: Request, name: str, body: sc.ImportTemplates
     state, _, gallery = _ready(request)
     info = await _gallery_for_service(state, gallery, name)
     emb = np.asarray(body.embeddings, dtype=np.float32)
-    if emb.ndim != 2 or emb.shape != (len(body.subject_ids), info.dim):
+    if emb.shape != (len(body.subject_ids), info.dim):
         raise InvalidParameterError(
             f"embeddings must be {len(body.subject_ids)} rows of {info.dim} numbers",
             detail={"field": "embeddings", "expected": [len(body.subject_ids), info.dim]},
