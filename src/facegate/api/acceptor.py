@@ -41,7 +41,7 @@ class Acceptor:
         self._control.bind(control_path)
         self._control.listen(64)
         self._front_ends: list[socket.socket] = []
-        self._open: list[int] = []
+        self._open: list[int] = []  # open connections per front-end, in registration order
         self._next = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="facegate-acceptor", daemon=True)
@@ -61,11 +61,6 @@ class Acceptor:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    def open_connections(self) -> list[int]:
-        """Open connections per registered front-end, in registration order (the lists change on the thread
-        only: a copy is consistent)."""
-        return list(self._open)
 
     def _run(self) -> None:
         sel = selectors.DefaultSelector()

@@ -63,10 +63,10 @@ def _peek(s: socket.socket) -> bytes:
 def test_connections_spread_evenly_and_follow_closes(acceptor: Acceptor) -> None:
     port = acceptor.listener.getsockname()[1]
     fronts = [_fake_front_end(acceptor) for _ in range(3)]
-    _wait(lambda: len(acceptor.open_connections()) == 3)
+    _wait(lambda: len(acceptor._open) == 3)
     clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(9)]
     held = {i: [_take(f) for _ in range(3)] for i, f in enumerate(fronts)}  # 3 each, or recv times out
-    _wait(lambda: acceptor.open_connections() == [3, 3, 3])
+    _wait(lambda: acceptor._open == [3, 3, 3])
     # the handed socket is the client's connection: bytes go through
     clients[0].sendall(b"ping")
     time.sleep(0.05)
@@ -74,14 +74,14 @@ def test_connections_spread_evenly_and_follow_closes(acceptor: Acceptor) -> None
     # front-end 1 reports two of its connections closed: the next two connections go to it
     fronts[1].send(CLOSED)
     fronts[1].send(CLOSED)
-    _wait(lambda: acceptor.open_connections() == [3, 1, 3])
+    _wait(lambda: acceptor._open == [3, 1, 3])
     clients += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
     held[1] += [_take(fronts[1]) for _ in range(2)]
-    _wait(lambda: acceptor.open_connections() == [3, 3, 3])
+    _wait(lambda: acceptor._open == [3, 3, 3])
     _wait(lambda: acceptor.handed == 11)
     # a front-end that goes away drops out; the others take the new connections
     fronts[0].close()
-    _wait(lambda: len(acceptor.open_connections()) == 2)
+    _wait(lambda: len(acceptor._open) == 2)
     clients += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
     held[1].append(_take(fronts[1]))
     held[2].append(_take(fronts[2]))
@@ -112,13 +112,13 @@ def test_front_end_server_serves_handed_connections_and_reports_closes(acceptor:
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     try:
-        _wait(lambda: len(acceptor.open_connections()) == 1)
+        _wait(lambda: len(acceptor._open) == 1)
         url = f"http://127.0.0.1:{acceptor.listener.getsockname()[1]}/"
         with httpx.Client() as c:
             assert [c.get(url).text for _ in range(3)] == ["ok"] * 3  # one kept-alive connection
-            _wait(lambda: acceptor.open_connections() == [1])
+            _wait(lambda: acceptor._open == [1])
         assert httpx.get(url).text == "ok"  # a second connection, closed by the client
-        _wait(lambda: acceptor.open_connections() == [0])  # both reported closed
+        _wait(lambda: acceptor._open == [0])  # both reported closed
         _wait(lambda: acceptor.handed == 2)
     finally:
         server.should_exit = True
