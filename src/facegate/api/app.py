@@ -96,9 +96,10 @@ async def _load(state: ServingState) -> None:
             retry = settings.gallery_open_retry_s
             state.gallery = await state.in_gallery_pool(open_gallery, settings, state.service, retry)
         except GalleryError as exc:
-            if not _busy(exc):
+            busy = str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+            if not (busy or isinstance(exc, GalleryUnavailableError)):  # not transient
                 raise
-            # a file another process keeps locked: serve what needs no gallery, keep trying to open it
+            # a file another process keeps locked, a database out of reach: serve what needs no gallery, retry
             log.error("the gallery is unavailable (%s); serving without it and retrying", exc.message)
             state.gallery_error = exc
             state.gallery_task = asyncio.create_task(_reopen_gallery(state), name="facegate-gallery-open")
@@ -116,13 +117,6 @@ async def _load(state: ServingState) -> None:
 
 #: Seconds between background attempts to open a gallery that was busy at start-up.
 GALLERY_REOPEN_S = 5.0
-
-
-def _busy(exc: FacegateError) -> bool:
-    """Whether a gallery error is transient (SQLite busy or locked, a database server out of reach)."""
-    if isinstance(exc, GalleryUnavailableError):
-        return True
-    return str(exc.detail.get("sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
 async def _reopen_gallery(state: ServingState) -> None:

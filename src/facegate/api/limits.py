@@ -293,11 +293,6 @@ class Admission:
         """Follow ``loop``'s lateness with a timer every :data:`TICK_S`, armed by a refusal."""
         self._loop = loop
 
-    def _arm(self) -> None:
-        if self._loop is not None and not self._armed:
-            self._armed, self._due = True, self._loop.time() + self.TICK_S
-            self._loop.call_at(self._due, self._tick)
-
     def _tick(self) -> None:
         assert self._loop is not None
         now = self._loop.time()
@@ -335,7 +330,9 @@ class Admission:
         if self.admitted < limit:
             return None
         self.bound.shed(now)
-        self._arm()
+        if self._loop is not None and not self._armed:  # follow the loop's lateness while it refuses
+            self._armed, self._due = True, self._loop.time() + self.TICK_S
+            self._loop.call_at(self._due, self._tick)
         answer = self._answers.get(limit)
         if answer is None:
             from facegate.api.security import CSP, FIXED_HEADERS
