@@ -8,7 +8,6 @@ puts a typical training face near 0.5: ``sigmoid(−(logvar − β)/|γ|)``, or 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from importlib import resources
@@ -29,7 +28,7 @@ from facegate.models.quality import (
     load_head,
     sface_head_input,
 )
-from facegate.models.registry import ModelSpec, WeightsSource
+from facegate.models.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -308,15 +307,3 @@ def build_recognizer(
     rec.to(device=device)
     rec.eval().requires_grad_(False)
     return rec
-
-
-def build_tiny_recognizer(
-    spec: ModelSpec,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | str = torch.float32,
-    channels_last: bool = False,
-) -> Recognizer:
-    """The spec's arch as its tiny random-weight model, for tests."""
-    tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
-    return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)

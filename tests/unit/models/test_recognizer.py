@@ -19,7 +19,7 @@ from facegate.models.quality import (
     save_head,
     sface_head_input,
 )
-from facegate.models.recognizer import Recognizer, build_recognizer, build_tiny_recognizer
+from facegate.models.recognizer import Recognizer, build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, ModelSpec, WeightsSource
 
 RANDOM = WeightsSource("random")
@@ -198,7 +198,7 @@ def test_head_for_another_backbone_is_refused(tmp_path: Path) -> None:
 
 
 def test_random_rts_head_spec_builds() -> None:
-    rec = build_tiny_recognizer(dataclasses.replace(SFACE, quality_source="rts_head"))
+    rec = build_recognizer(dataclasses.replace(SFACE, quality_source="rts_head", weights=RANDOM))
     _, q, raw = rec(_crops(2))
     assert rec.quality_source == "rts_head" and q.shape == raw.shape == (2,)
 
