@@ -202,9 +202,6 @@ class OrtYuNet:
         scores, heads = self.session.run(_OUTPUTS[:2], {"images": images})
         return [scores, heads[..., :4], heads[..., 4:14]]
 
-    def eval(self) -> OrtYuNet:
-        return self
-
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
     """Run an fp32 CPU ``detector``'s network with ONNX Runtime (``threads``, default torch's): export, check

