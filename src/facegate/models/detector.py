@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -244,15 +245,13 @@ class FaceDetector:
         hp, wp = _pad32(max(int(r.shape[1]) for r in resized)), _pad32(max(int(r.shape[2]) for r in resized))
         canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
-        while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
-            h, w = resized[k].shape[1:]
-            j = k + 1
-            while j < len(resized) and resized[j].shape[1:] == (h, w):
-                j += 1
-            canvas[k:j, :h, :w] = (
-                torch.stack(resized[k:j]).permute(0, 2, 3, 1) if j - k > 1 else resized[k].permute(1, 2, 0)
+        # one copy per run of same-size images (LFW: one for the whole batch)
+        for (h, w), run in itertools.groupby(resized, key=lambda r: tuple(r.shape[1:])):
+            group = list(run)
+            canvas[k : k + len(group), :h, :w] = (
+                torch.stack(group).permute(0, 2, 3, 1) if len(group) > 1 else group[0].permute(1, 2, 0)
             )
-            k = j
+            k += len(group)
         return DetBatch(
             images=canvas,
             orig_sizes=orig,

@@ -51,8 +51,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 class Recognizer(nn.Module):
     """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
-    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation.
-    ``flip_tta``: also embed the mirrored crop and sum."""
+    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation."""
 
     def __init__(
         self,
@@ -63,7 +62,6 @@ class Recognizer(nn.Module):
         calibration: QualityCalibration,
         quality_head: RTSQualityHead | None = None,
         channels_last: bool = False,
-        flip_tta: bool = False,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -72,7 +70,8 @@ class Recognizer(nn.Module):
         self.calibration = calibration
         self.quality_head = quality_head
         self.channels_last = bool(channels_last)
-        self.flip_tta = bool(flip_tta)
+        #: also embed the mirrored crop and sum
+        self.flip_tta = False
         self._is_irse = isinstance(backbone, IRSE64RTS)
         dim = getattr(backbone, "embedding_dim", None)
         if dim is not None and int(dim) != spec.embedding_dim:
@@ -194,11 +193,9 @@ _BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's 
 
 
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
-    # IR-SE: features_backbone.1; SFace: fc1 (an Identity once fused)
-    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else getattr(backbone, "fc1", None)
-    c2 = 0.0
-    if isinstance(bn, nn.BatchNorm1d) and bn.affine:
-        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+    # the embedding BatchNorm (the backbone is not fused yet): IR-SE features_backbone.1, SFace fc1
+    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
+    c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
     a, b, note = (
         (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
         if c2 > 0
