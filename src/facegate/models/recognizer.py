@@ -102,24 +102,14 @@ class Recognizer(nn.Module):
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """``(N, H, W, 3) uint8`` or ``(N, 3, H, W)`` float RGB on 0..255 → normalised ``(N, 3, H, W)`` input."""
+        """``(N, H, W, 3) uint8`` RGB → normalised ``(N, 3, H, W)`` input in the compute dtype."""
         h, w = self.spec.input_size
-        if crops.dtype == torch.uint8:
-            if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
-                raise InvalidParameterError(
-                    f"uint8 crops must be (N, {h}, {w}, 3) RGB, got {tuple(crops.shape)}",
-                    detail={"shape": list(crops.shape)},
-                )
-            x = crops.permute(0, 3, 1, 2).float()
-        elif crops.is_floating_point():
-            if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, h, w):
-                raise InvalidParameterError(
-                    f"float crops must be (N, 3, {h}, {w}) RGB on 0..255, got {tuple(crops.shape)}",
-                    detail={"shape": list(crops.shape)},
-                )
-            x = crops.float()
-        else:
-            raise InvalidParameterError(f"crops must be uint8 or float, got {crops.dtype}")
+        if crops.dtype != torch.uint8 or crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
+            raise InvalidParameterError(
+                f"uint8 crops must be (N, {h}, {w}, 3) RGB, got {tuple(crops.shape)} {crops.dtype}",
+                detail={"shape": list(crops.shape)},
+            )
+        x = crops.permute(0, 3, 1, 2).float()
         if self._flip:
             x = x.flip(1)
         x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
@@ -154,7 +144,7 @@ class Recognizer(nn.Module):
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``crops (N, 112, 112, 3) uint8`` RGB (or :meth:`preprocess`'s float form) on the model's device →
+        """``crops (N, 112, 112, 3) uint8`` RGB on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
         logvar: Tensor | None = None
