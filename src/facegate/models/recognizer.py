@@ -90,10 +90,6 @@ class Recognizer(nn.Module):
         self._stages: list[nn.Module] = []
 
     @property
-    def embedding_dim(self) -> int:
-        return self.spec.embedding_dim
-
-    @property
     def compute_dtype(self) -> torch.dtype:
         return next(self.backbone.parameters()).dtype
 

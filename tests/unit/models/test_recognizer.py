@@ -160,7 +160,7 @@ def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) ->
     base = build_recognizer(arch_spec)
     fd = base.backbone.feature_dim
     is_irse = isinstance(base.backbone, IRSE64RTS)
-    head_dim = fd if is_irse else fd // 49 + base.embedding_dim
+    head_dim = fd if is_irse else fd // 49 + base.spec.embedding_dim
     path = _head_file(tmp_path, head_dim, arch_spec.arch)
     rec = build_recognizer(arch_spec, quality_head=path)
     assert rec.quality_source == "rts_head" and rec.calibration.fitted
@@ -222,7 +222,7 @@ def test_irse_from_checkpoint_uses_logvar_with_provisional_calibration(tmp_path:
     path = tmp_path / "pytorch_model.pt"
     torch.save(sd, path)
     rec = build_recognizer(IRSE64_RTS, checkpoint=path)
-    assert rec.quality_source == "logvar" and rec.embedding_dim == 512
+    assert rec.quality_source == "logvar" and rec.spec.embedding_dim == 512
     cal = rec.calibration
     # BatchNorm1d(1) of the logvar head has weight = bias = 0.5: q = sigmoid(-(logvar - 0.5) / 0.5)
     assert (cal.direction, cal.transform, cal.fitted) == (-1, "log", False)
