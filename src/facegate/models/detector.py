@@ -143,10 +143,6 @@ class FaceDetector:
         max_side: int = 640,
         channels_last: bool = True,
     ) -> None:
-        if not 0.0 <= score_threshold <= 1.0 or not 0.0 <= nms_threshold <= 1.0:
-            raise InvalidParameterError("score_threshold and nms_threshold must lie in [0, 1]")
-        if top_k < 1 or max_side < SIZE_DIVISOR:
-            raise InvalidParameterError(f"top_k must be >= 1 and max_side >= {SIZE_DIVISOR}")
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise InvalidParameterError(f"unsupported detector dtype {dtype}")
         self.device = torch.device(device)

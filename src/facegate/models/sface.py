@@ -160,24 +160,16 @@ def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
     return out
 
 
-def _onnx_name_map(model: SFace) -> dict[str, str]:
-    """``{module parameter/buffer name: ONNX tensor name}`` for every loadable entry."""
-    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}
+def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
+    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
+    a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
+    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}  # module name -> ONNX name
     for prefix, onnx, _ in _units(model):
         mapping[f"{prefix}.conv.weight"] = f"{onnx}_conv2d_weight"
         mapping[f"{prefix}.act.weight"] = f"{onnx}_relu_gamma"
         mapping.update({f"{prefix}.bn.{k}": f"{onnx}_batchnorm_{v}" for k, v in _BN_NAMES.items()})
     for bn in ("bn1", "fc1"):
         mapping.update({f"{bn}.{k}": f"{bn}_{v}" for k, v in _BN_NAMES.items()})
-    return mapping
-
-
-def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
-    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
-    a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
-    if model.fused:
-        raise CheckpointError("cannot load ONNX weights into a fused SFace; load first, then fuse()")
-    mapping = _onnx_name_map(model)
     unexpected = sorted(set(weights) - set(mapping.values()) - _NON_PARAMETER_TENSORS)
     if unexpected:
         raise CheckpointError(
