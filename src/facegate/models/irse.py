@@ -110,8 +110,7 @@ class IRSE64RTS(nn.Module):
         super().__init__()
         self.alpha = int(alpha)
         self.embedding_dim = int(embedding_dim)
-        self.input_size = 112
-        side = self.input_size // 16
+        side = 112 // 16  # four stride-2 stages on 112×112 crops
         self.feature_dim = int(widths[-1] * side * side)
 
         body: list[nn.Module] = []

@@ -79,9 +79,6 @@ class Recognizer(nn.Module):
                 f"backbone embedding_dim {dim} differs from spec {spec.name!r} embedding_dim {spec.embedding_dim}",
                 detail={"backbone": int(dim), "spec": spec.embedding_dim},
             )
-        side = getattr(backbone, "input_size", None)
-        if side is not None and (int(side), int(side)) != tuple(spec.input_size):
-            raise ModelError(f"backbone input size {side} differs from spec input_size {spec.input_size}")
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         self._flip = spec.colour == "BGR"  # crops arrive RGB
