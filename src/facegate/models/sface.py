@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,17 +68,12 @@ class ConvBNPReLU(nn.Module):
         self.bn = nn.Identity()
 
 
-class DepthwiseSeparable(nn.Module):
-    """Depthwise 3×3 then pointwise 1×1 :class:`ConvBNPReLU`."""
-
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.dw = ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in)
-        self.pw = ConvBNPReLU(c_in, c_out, 1, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(N, c_in, H, W)`` → ``(N, c_out, ceil(H / stride), ceil(W / stride))``."""
-        return self.pw(self.dw(x))
+def depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+    """Depthwise 3×3 ``dw`` then pointwise 1×1 ``pw`` :class:`ConvBNPReLU`: ``(N, c_in, H, W)`` → ``(N, c_out,
+    ceil(H / stride), ceil(W / stride))``."""
+    return nn.Sequential(
+        OrderedDict(dw=ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in), pw=ConvBNPReLU(c_in, c_out, 1, 1))
+    )
 
 
 class SFace(nn.Module):
@@ -105,7 +101,7 @@ class SFace(nn.Module):
 
         self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
         self.blocks = nn.Sequential(
-            *(DepthwiseSeparable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
+            *(depthwise_separable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
         )  # conv_2 ... conv_{B+1}
         self.bn1 = nn.BatchNorm2d(widths[-1], eps=HEAD_BN_EPS)
         self.dropout = nn.Dropout(0.4)
