@@ -89,7 +89,7 @@ class FaceService:
         service = cls(pipeline, settings, device_thread=device_thread, search_stage=search)
         if search.gallery is not None:
             search.gallery.set_stats_hook(service.stats.gallery_sizes_hook())
-            search.gallery.follower.set_lag_hook(service.stats.observe_feed_lag)
+            search.gallery.lag_hook = service.stats.observe_feed_lag
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
         return service
 
