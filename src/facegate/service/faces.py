@@ -123,10 +123,6 @@ class FaceService:
         return self.pipeline.spec
 
     @property
-    def quality_threshold(self) -> float:
-        return self.pipeline.operating.quality_threshold
-
-    @property
     def ready(self) -> bool:
         return self._ready and self.engine.ready
 
