@@ -125,10 +125,7 @@ class PostgresGalleryStore(GalleryStore):
                 conn.execute("DELETE FROM facegate_schema")
                 conn.execute("INSERT INTO facegate_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
             elif int(row[0]) > SCHEMA_VERSION:
-                raise GalleryError(
-                    f"the gallery database has schema v{row[0]}; this facegate knows up to v{SCHEMA_VERSION}",
-                    detail={"schema": int(row[0]), "supported": SCHEMA_VERSION},
-                )
+                raise self._newer_schema("the gallery database", int(row[0]), SCHEMA_VERSION)
 
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
@@ -160,7 +157,7 @@ class PostgresGalleryStore(GalleryStore):
         except (self._psycopg.Error, self._pool_timeout):
             log.exception("gallery: VACUUM after a delete failed")
 
-    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
+    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
         conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ANY(?)", (gid, ids))
         before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
         with (
@@ -172,11 +169,7 @@ class PostgresGalleryStore(GalleryStore):
         ):
             for sid, e, qi in zip(ids, emb, q, strict=True):
                 copy.write_row((gid, sid, pack_vector(e), float(qi), 1, now, now))
-        conn.execute(
-            "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-            " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = ? AND id > ?",
-            (gid, before),
-        )
+        return before
 
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         with self._listen_lock:

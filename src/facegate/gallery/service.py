@@ -50,13 +50,10 @@ class Gallery:
         self._lock = threading.Lock()  # applies changes in order
         self._stop = threading.Event()
         t0 = time.perf_counter()
-        snap = store.load_snapshot()
-        index.load_all(snap.galleries)
-        self.seq = snap.seq  #: the last change the index reflects
-        n, secs = sum(len(ids) for _, ids, _ in snap.galleries.values()), time.perf_counter() - t0
-        log.info(
-            "index: loaded %d galleries, %d subjects at change %d in %.2f s", len(snap.galleries), n, snap.seq, secs
-        )
+        self.seq, galleries = store.load_snapshot()  # seq: the last change the index reflects
+        index.load_all(galleries)
+        n, secs = sum(len(ids) for _, ids, _ in galleries.values()), time.perf_counter() - t0
+        log.info("index: loaded %d galleries, %d subjects at change %d in %.2f s", len(galleries), n, self.seq, secs)
         self._thread: threading.Thread | None = None
         if follow:
             self._thread = threading.Thread(target=self._run, name="gallery-feed", daemon=True)

@@ -225,19 +225,18 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
             except FacegateError as exc:
                 out[i] = exc
-        chosen, crop_owner, crop_image = [], [], []
+        chosen, with_face = [], []  # the largest face of each image that has one, and those images
         for j, dets in enumerate(pipeline.detect(images) if images else []):
             try:
                 chosen.append(select_faces(dets)[0])
-                crop_owner.append(owners[j])
-                crop_image.append(j)
+                with_face.append(j)
             except FacegateError as exc:
                 out[owners[j]] = exc
         if chosen:
-            crops = pipeline.align(images, chosen, crop_image)
+            crops = pipeline.align(images, chosen, with_face)
             emb, q, raw = pipeline.embed(crops)
-            for face, i in zip(pipeline.make_faces(chosen, None, emb, q, raw), crop_owner, strict=True):
-                out[i] = face
+            for face, j in zip(pipeline.make_faces(chosen, None, emb, q, raw), with_face, strict=True):
+                out[owners[j]] = face
         return out
 
     return faces_of
