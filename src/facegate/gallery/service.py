@@ -123,11 +123,6 @@ class Gallery:
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, 5.0)
 
-    def set_stats_hook(self, hook: StatsHook | None) -> None:
-        """Install (or remove) the stats hook and call it once with the current sizes."""
-        self._stats_hook = hook
-        self._emit_stats()
-
     def _emit_stats(self) -> None:
         # sizes are read under the lock, so the last call carries the newest
         with self._stats_lock:

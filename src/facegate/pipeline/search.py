@@ -135,9 +135,11 @@ class SearchStage:
         return result
 
     @classmethod
-    def from_settings(cls, settings: Any, device: str, model: tuple[str, int] | None = None) -> SearchStage:
+    def from_settings(
+        cls, settings: Any, device: str, model: tuple[str, int] | None = None, **hooks: Any
+    ) -> SearchStage:
         """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA), for
-        the served ``model`` (name, dim)."""
+        the served ``model`` (name, dim); ``hooks``: the Gallery's ``stats_hook`` and ``lag_hook``."""
 
         def open_gallery() -> Any:
             from facegate.gallery import open_store
@@ -150,7 +152,7 @@ class SearchStage:
             try:
                 index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores
-                return Gallery(store, index, follow=True)
+                return Gallery(store, index, follow=True, **hooks)
             except BaseException:
                 store.close()
                 raise

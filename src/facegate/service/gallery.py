@@ -144,22 +144,18 @@ class GalleryFront:
     ) -> SearchAnswer:
         """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
         gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
-        answer to a photo search) or from a search of its embedding. The caller refuses a bad ``fpir`` first."""
+        :class:`~facegate.gallery.query.SearchOut` of a photo search) or from a search of its embedding, with the
+        threshold for ``fpir`` at the size the gallery had when searched. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
-            return self.answer(None, fpir, size=size)
+            t, point = self.operating_point(size, fpir)
+            return SearchAnswer([], t, **point)
         if found is None:
             found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
-        ans = self.answer(found, fpir)
-        stats.set_gallery_size(gallery, ans.n)
-        return ans
-
-    def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
-        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut` (None: no hits, at
-        gallery size ``size``), with the threshold for ``fpir`` at the size the gallery had when searched."""
-        t, info = self.operating_point(size if out is None else out.size, fpir)
-        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
+        t, point = self.operating_point(found.size, fpir)
+        stats.set_gallery_size(gallery, found.size)
+        ranked = enumerate(zip(found.subject_ids, found.scores, strict=True))
         return SearchAnswer(
-            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info
+            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **point
         )
