@@ -110,31 +110,26 @@ class SQLiteGalleryStore(GalleryStore):
         return conn, mode
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-            if app_id not in (0, APPLICATION_ID):
-                raise GalleryError(f"{self._path!r} is not a facegate gallery (application_id={app_id:#x})")
-            if version > SCHEMA_VERSION:
-                raise self._newer_schema(repr(self._path), version, SCHEMA_VERSION)
-            if version == 0:
-                if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
-                    raise GalleryError(f"{self._path!r} is an SQLite file of something else, not a gallery")
-                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                for stmt in _TABLES:
-                    conn.execute(stmt)
-            for target in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
-                for stmt in _MIGRATIONS[target]:
-                    conn.execute(stmt)
-                log.info("gallery %s: migrated schema to v%d", self._path, target)
-            if version != SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        conn.execute("BEGIN IMMEDIATE")  # on any error :meth:`_open` closes the connection, which rolls it back
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+        if app_id not in (0, APPLICATION_ID):
+            raise GalleryError(f"{self._path!r} is not a facegate gallery (application_id={app_id:#x})")
+        if version > SCHEMA_VERSION:
+            raise self._newer_schema(repr(self._path), version, SCHEMA_VERSION)
+        if version == 0:
+            if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+                raise GalleryError(f"{self._path!r} is an SQLite file of something else, not a gallery")
+            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            for stmt in _TABLES:
+                conn.execute(stmt)
+        for target in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
+            for stmt in _MIGRATIONS[target]:
+                conn.execute(stmt)
+            log.info("gallery %s: migrated schema to v%d", self._path, target)
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
 
     @contextmanager
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
