@@ -181,7 +181,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             state.service_started = False
         if state.gallery is not None:
             try:
-                await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.close)
+                await asyncio.get_running_loop().run_in_executor(state.gallery_pool, state.gallery.store.close)
             except Exception:
                 log.exception("closing the gallery failed")
         state.decode_pool.shutdown(wait=False, cancel_futures=True)

@@ -373,7 +373,9 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state, service, gallery = _ready(request)
-    info = await state.in_gallery_pool(gallery.create_gallery, body.name, service.spec.name, service.spec.embedding_dim)
+    info = await state.in_gallery_pool(
+        gallery.store.create_gallery, body.name, service.spec.name, service.spec.embedding_dim
+    )
     return sc.GalleryOut(**info.to_dict())
 
 
@@ -381,7 +383,7 @@ async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.
 async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
     state, _, gallery = _ready(request)
-    infos = await state.in_gallery_pool(gallery.list_galleries)
+    infos = await state.in_gallery_pool(gallery.store.list_galleries)
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
@@ -389,14 +391,14 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
 async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     """Delete a gallery and every subject and embedding in it."""
     state, _, gallery = _ready(request)
-    await state.in_gallery_pool(gallery.delete_gallery, name)
+    await state.in_gallery_pool(gallery.store.delete_gallery, name)
     return sc.Deleted(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, name: str) -> Any:
     """The gallery's info, checked against the served model (404 if missing, 409 if another model)."""
     _, gallery = state.require_ready()
-    info = await state.in_gallery_pool(gallery.get_gallery, name)
+    info = await state.in_gallery_pool(gallery.store.get_gallery, name)
     gallery.check_model(info)
     return info
 
@@ -454,7 +456,9 @@ async def enrol(
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
-    info = await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(decision.accepted), meta_obj)
+    info = await state.in_gallery_pool(
+        gallery.store.add_embeddings, name, subject_id, *_stack(decision.accepted), meta_obj
+    )
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
@@ -485,7 +489,7 @@ async def enrol_batch(
         ]
         if decision.error is None:
             todo.append((sid, *_stack(decision.accepted), None))
-    infos = await state.in_gallery_pool(gallery.enrol_many, name, todo) if todo else []
+    infos = await state.in_gallery_pool(gallery.store.enrol_many, name, todo) if todo else []
     return sc.BatchEnrolResponse(
         enrolled=[sc.SubjectOut(**i.to_dict()) for i in infos], refused=sorted(refused, key=lambda r: r.index)
     )
@@ -505,7 +509,7 @@ async def import_templates(request: Request, name: str, body: sc.ImportTemplates
         )
     emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
-    n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
+    n = await state.in_gallery_pool(gallery.store.import_templates, name, body.subject_ids, emb, qual)
     return sc.ImportTemplatesResponse(imported=n)
 
 
@@ -518,8 +522,8 @@ async def list_subjects(
 ) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
     state, _, gallery = _ready(request)
-    info = await state.in_gallery_pool(gallery.get_gallery, name)
-    subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
+    info = await state.in_gallery_pool(gallery.store.get_gallery, name)
+    subjects = await state.in_gallery_pool(gallery.store.list_subjects, name, offset, limit)
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
@@ -527,7 +531,7 @@ async def list_subjects(
 async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Deleted:
     """Erase a subject and all its embeddings."""
     state, _, gallery = _ready(request)
-    await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
+    await state.in_gallery_pool(gallery.store.delete_subject, name, subject_id)
     return sc.Deleted(deleted=subject_id)
 
 
