@@ -97,7 +97,7 @@ mem("after_build")
 t = time.perf_counter()
 out["warmup"] = pipe.warmup(driver_mib=nvml_mib)
 out["warmup_s"] = round(time.perf_counter() - t, 3)
-from facegate.engine import graphs as _graphs
+from facegate.runtime import graphs as _graphs
 out["captures"] = list(_graphs.capture_records)
 mem("after_warmup")
 native = "cudaMallocAsync" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")

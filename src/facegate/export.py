@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from facegate.errors import ModelError
+from facegate.models.onnx_backend import trace_onnx
 
 
 def export_onnx(recognizer: torch.nn.Module, out: Path, *, opset: int = 17, verify: bool = True) -> dict[str, Any]:
@@ -22,21 +21,7 @@ def export_onnx(recognizer: torch.nn.Module, out: Path, *, opset: int = 17, veri
     out.parent.mkdir(parents=True, exist_ok=True)
     x = torch.randint(0, 256, (2, 112, 112, 3), dtype=torch.uint8)
     axes = {n: {0: "batch"} for n in ("crops", "embedding", "quality", "raw")}
-    try:
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")  # the legacy tracer warns about shape checks it constant-folds
-            torch.onnx.export(
-                recognizer,
-                (x,),
-                str(out),
-                input_names=["crops"],
-                output_names=["embedding", "quality", "raw"],
-                dynamic_axes=axes,
-                opset_version=opset,
-                dynamo=False,
-            )
-    except Exception as exc:
-        raise ModelError(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
+    trace_onnx(recognizer, x, str(out), (["crops"], ["embedding", "quality", "raw"]), axes, opset)
     report: dict[str, Any] = {"out": str(out), "opset": opset, "bytes": out.stat().st_size}
     if not verify:
         return report

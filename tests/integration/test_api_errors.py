@@ -118,7 +118,7 @@ def test_gallery_errors(
     fg.assert_error(client.post("/api/galleries", json={"name": "dup"}), 409, "gallery_exists")
     fg.assert_error(client.delete("/api/galleries/dup/subjects/ghost"), 404, "subject_not_found")
     # a gallery of another model (made directly in the store): searching it with sface embeddings → 409
-    tiny_server.state.gallery.create_gallery("other-model", "irse64_rts", 512)
+    tiny_server.state.gallery.store.create_gallery("other-model", "irse64_rts", 512)
     err = fg.assert_error(
         client.post("/api/galleries/other-model/search", files=fg.files(image=good)), 409, "dimension_mismatch"
     )

@@ -50,7 +50,7 @@ def test_enrolment_has_its_own_stricter_gate_and_names_the_reasons(
     """Real models: an enrolment photo is held to the enrolment gate and the reasons' limits, and a refused one
     is listed with what to fix; a good photo enrols."""
     srv = server_factory(lfw_root=lfw_root, tiny=False)
-    assert srv.state.service.pipeline.enrol_threshold > srv.state.service.quality_threshold
+    assert srv.state.service.pipeline.enrol_threshold > srv.state.service.pipeline.operating.quality_threshold
     source = fg.lfw_image(lfw_root, "Colin_Powell", 1)
     rgb = cv2.cvtColor(cv2.imread(str(source)), cv2.COLOR_BGR2RGB)
     tiny = fg.png_bytes(cv2.resize(rgb, (56, 56), interpolation=cv2.INTER_AREA))

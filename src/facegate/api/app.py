@@ -171,7 +171,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 log.exception("stopping the face service failed")
         if state.gallery is not None:
             try:
-                await state.in_gallery_pool(state.gallery.close)
+                await state.in_gallery_pool(state.gallery.store.close)
             except Exception:
                 log.exception("closing the gallery failed")
         state.decode_pool.shutdown(wait=False, cancel_futures=True)

@@ -353,7 +353,9 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state, service, gallery = _ready(request)
-    info = await state.in_gallery_pool(gallery.create_gallery, body.name, service.spec.name, service.spec.embedding_dim)
+    info = await state.in_gallery_pool(
+        gallery.store.create_gallery, body.name, service.spec.name, service.spec.embedding_dim
+    )
     return sc.GalleryOut(**info.to_dict())
 
 
@@ -361,7 +363,7 @@ async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.
 async def list_galleries(request: Request) -> sc.GalleryListResponse:
     """All galleries."""
     state, _, gallery = _ready(request)
-    infos = await state.in_gallery_pool(gallery.list_galleries)
+    infos = await state.in_gallery_pool(gallery.store.list_galleries)
     return sc.GalleryListResponse(galleries=[sc.GalleryOut(**i.to_dict()) for i in infos])
 
 
@@ -369,13 +371,13 @@ async def list_galleries(request: Request) -> sc.GalleryListResponse:
 async def delete_gallery(request: Request, name: str) -> sc.Deleted:
     """Delete a gallery and every subject and embedding in it."""
     state, _, gallery = _ready(request)
-    await state.in_gallery_pool(gallery.delete_gallery, name)
+    await state.in_gallery_pool(gallery.store.delete_gallery, name)
     return sc.Deleted(deleted=name)
 
 
 async def _gallery_for_service(state: ServingState, gallery: GalleryFront, name: str) -> Any:
     """The gallery's info, checked against the served model (404 if missing, 409 if another model)."""
-    info = await state.in_gallery_pool(gallery.get_gallery, name)
+    info = await state.in_gallery_pool(gallery.store.get_gallery, name)
     gallery.check_model(info)
     return info
 
@@ -426,7 +428,9 @@ async def enrol(
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
-    info = await state.in_gallery_pool(gallery.enrol, name, subject_id, *_stack(decision.accepted), meta_obj)
+    info = await state.in_gallery_pool(
+        gallery.store.add_embeddings, name, subject_id, *_stack(decision.accepted), meta_obj
+    )
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
@@ -456,7 +460,7 @@ async def enrol_batch(
         ]
         if decision.error is None:
             todo.append((sid, *_stack(decision.accepted), None))
-    infos = await state.in_gallery_pool(gallery.enrol_many, name, todo) if todo else []
+    infos = await state.in_gallery_pool(gallery.store.enrol_many, name, todo) if todo else []
     return sc.BatchEnrolResponse(
         enrolled=[sc.SubjectOut(**i.to_dict()) for i in infos], refused=sorted(refused, key=lambda r: r.index)
     )
@@ -476,7 +480,7 @@ async def import_templates(request: Request, name: str, body: sc.ImportTemplates
         )
     emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
-    n = await state.in_gallery_pool(gallery.import_templates, name, body.subject_ids, emb, qual)
+    n = await state.in_gallery_pool(gallery.store.import_templates, name, body.subject_ids, emb, qual)
     return sc.ImportTemplatesResponse(imported=n)
 
 
@@ -489,8 +493,8 @@ async def list_subjects(
 ) -> sc.SubjectListResponse:
     """A page of subjects (ordered by id) and the gallery's total."""
     state, _, gallery = _ready(request)
-    info = await state.in_gallery_pool(gallery.get_gallery, name)
-    subjects = await state.in_gallery_pool(gallery.list_subjects, name, offset, limit)
+    info = await state.in_gallery_pool(gallery.store.get_gallery, name)
+    subjects = await state.in_gallery_pool(gallery.store.list_subjects, name, offset, limit)
     return sc.SubjectListResponse(subjects=[sc.SubjectOut(**x.to_dict()) for x in subjects], total=info.subjects)
 
 
@@ -498,7 +502,7 @@ async def list_subjects(
 async def delete_subject(request: Request, name: str, subject_id: str) -> sc.Deleted:
     """Erase a subject and all its embeddings."""
     state, _, gallery = _ready(request)
-    await state.in_gallery_pool(gallery.delete_subject, name, subject_id)
+    await state.in_gallery_pool(gallery.store.delete_subject, name, subject_id)
     return sc.Deleted(deleted=subject_id)
 
 

@@ -118,14 +118,6 @@ class Change:
     template: np.ndarray | None = field(default=None, hash=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSnapshot:
-    """Every gallery as of change ``seq``: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
-
-    seq: int
-    galleries: dict[str, tuple[int, list[str], np.ndarray]] = field(hash=False)
-
-
 # --------------------------------------------------------------------------- validation
 def _name(value: object, pattern: re.Pattern[str], what: str, field: str, rule: str) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
@@ -308,8 +300,17 @@ class GalleryStore:
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         raise NotImplementedError  # append change rows inside the caller's write transaction
 
-    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
-        raise NotImplementedError  # replace subjects ``ids`` by single-embedding subjects of the rows of ``emb``
+    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
+        """Replace subjects ``ids`` by subjects of template ``emb[i]`` (their embeddings follow); returns the largest
+        ``subjects.id`` before the new rows."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _newer_schema(where: str, version: int, supported: int) -> GalleryError:
+        return GalleryError(
+            f"{where} has gallery schema v{version}; this facegate knows up to v{supported}",
+            detail={"schema": version, "supported": supported},
+        )
 
     def _templates(self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True) -> tuple[list[str], Any]:
         """``(subject_ids, (S, D) float32)``; ``ordered``: by subject id in byte order (here always: the UNIQUE
@@ -476,7 +477,12 @@ class GalleryStore:
         what = f"importing {len(ids)} templates into {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
-            self._write_imported(conn, gid, ids, *validate_embeddings(templates, q, dim), now)
+            before = self._write_imported(conn, gid, ids, *validate_embeddings(templates, q, dim), now)
+            conn.execute(  # writers are serialised: the subjects above ``before`` are the ones just written
+                "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
+                " SELECT id, template, template_quality, created_at FROM subjects WHERE id > ?",
+                (before,),
+            )
             conn.execute(RECOUNT + " WHERE id = ?", (gid,))
             self._log(conn, [("enrol", gallery, sid) for sid in ids], now)
         return len(ids)
@@ -503,11 +509,12 @@ class GalleryStore:
             out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
         return out
 
-    def load_snapshot(self) -> StoreSnapshot:
-        """Every gallery's templates and the sequence number they are current at (the start-up load)."""
+    def load_snapshot(self) -> tuple[int, dict[str, tuple[int, list[str], np.ndarray]]]:
+        """Every gallery as of one change ``seq`` (the start-up load): ``(seq, {name: (dim, subject_ids, (S, D)
+        float32 templates)})``."""
         galleries: dict[str, tuple[int, list[str], np.ndarray]] = {}
         with self._tx("loading every gallery", write=False, snapshot=True) as conn:
             seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
             for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
                 galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name), False))
-        return StoreSnapshot(seq=seq, galleries=galleries)
+        return seq, galleries

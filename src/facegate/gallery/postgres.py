@@ -16,6 +16,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from facegate.errors import GalleryError, GalleryUnavailableError
 from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, read_templates, schema
@@ -53,11 +56,6 @@ class PostgresGalleryStore(GalleryStore):
     _BYTE_ORDER = ' COLLATE "C"'  # byte order (as SQLite's BINARY), whatever the database's locale
 
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
-        import psycopg
-        from psycopg_pool import ConnectionPool, PoolTimeout
-
-        self._psycopg = psycopg
-        self._pool_timeout = PoolTimeout
         self._url = url
         self._timeout = connect_timeout_s
         self._listen: Any = None
@@ -84,16 +82,14 @@ class PostgresGalleryStore(GalleryStore):
 
     @property
     def redacted_url(self) -> str:
-        from psycopg.conninfo import conninfo_to_dict
-
         try:
             d = conninfo_to_dict(self._url)
-        except self._psycopg.Error:
+        except psycopg.Error:
             return "postgresql://?"
         return f"postgresql://{d.get('user', '')}@{d.get('host', '')}:{d.get('port', '')}/{d.get('dbname', '')}"
 
     def _convert(self, exc: Exception, what: str) -> GalleryError:
-        unavailable = isinstance(exc, self._pool_timeout | self._psycopg.OperationalError)
+        unavailable = isinstance(exc, PoolTimeout | psycopg.OperationalError)
         cls = GalleryUnavailableError if unavailable else GalleryError
         return cls(
             f"gallery database error while {what}: {exc}".strip(),
@@ -111,7 +107,7 @@ class PostgresGalleryStore(GalleryStore):
                 if write:
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
                 yield _Qmark(conn)
-        except (self._psycopg.Error, self._pool_timeout) as exc:
+        except (psycopg.Error, PoolTimeout) as exc:
             raise self._convert(exc, what) from exc
 
     def _migrate(self) -> None:
@@ -125,10 +121,7 @@ class PostgresGalleryStore(GalleryStore):
                 conn.execute("DELETE FROM facegate_schema")
                 conn.execute("INSERT INTO facegate_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
             elif int(row[0]) > SCHEMA_VERSION:
-                raise GalleryError(
-                    f"the gallery database has schema v{row[0]}; this facegate knows up to v{SCHEMA_VERSION}",
-                    detail={"schema": int(row[0]), "supported": SCHEMA_VERSION},
-                )
+                raise self._newer_schema("the gallery database", int(row[0]), SCHEMA_VERSION)
 
     def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
         # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
@@ -157,10 +150,10 @@ class PostgresGalleryStore(GalleryStore):
                     conn.execute("VACUUM subjects, embeddings")
                 finally:
                     conn.autocommit = False
-        except (self._psycopg.Error, self._pool_timeout):
+        except (psycopg.Error, PoolTimeout):
             log.exception("gallery: VACUUM after a delete failed")
 
-    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> None:
+    def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
         conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ANY(?)", (gid, ids))
         before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
         with (
@@ -172,17 +165,13 @@ class PostgresGalleryStore(GalleryStore):
         ):
             for sid, e, qi in zip(ids, emb, q, strict=True):
                 copy.write_row((gid, sid, pack_vector(e), float(qi), 1, now, now))
-        conn.execute(
-            "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-            " SELECT id, template, template_quality, created_at FROM subjects WHERE gallery_id = ? AND id > ?",
-            (gid, before),
-        )
+        return before
 
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         with self._listen_lock:
             try:
                 if self._listen is None or self._listen.closed:
-                    self._listen = self._psycopg.connect(
+                    self._listen = psycopg.connect(
                         self._url, autocommit=True, connect_timeout=max(1, int(self._timeout))
                     )
                     self._listen.execute(f"LISTEN {CHANNEL}")
@@ -191,7 +180,7 @@ class PostgresGalleryStore(GalleryStore):
                     return True
                 for _ in self._listen.notifies(timeout=max(0.0, timeout_s), stop_after=1):
                     pass
-            except self._psycopg.Error as exc:
+            except psycopg.Error as exc:
                 if self._listen is not None:
                     self._listen.close()
                 self._listen = None

@@ -110,34 +110,26 @@ class SQLiteGalleryStore(GalleryStore):
         return conn, mode
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-            if app_id not in (0, APPLICATION_ID):
-                raise GalleryError(f"{self._path!r} is not a facegate gallery (application_id={app_id:#x})")
-            if version > SCHEMA_VERSION:
-                raise GalleryError(
-                    f"{self._path!r} has gallery schema v{version}; this facegate knows up to v{SCHEMA_VERSION}",
-                    detail={"schema": version, "supported": SCHEMA_VERSION},
-                )
-            if version == 0:
-                if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
-                    raise GalleryError(f"{self._path!r} is an SQLite file of something else, not a gallery")
-                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                for stmt in _TABLES:
-                    conn.execute(stmt)
-            for target in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
-                for stmt in _MIGRATIONS[target]:
-                    conn.execute(stmt)
-                log.info("gallery %s: migrated schema to v%d", self._path, target)
-            if version != SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        conn.execute("BEGIN IMMEDIATE")  # on any error :meth:`_open` closes the connection, which rolls it back
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+        if app_id not in (0, APPLICATION_ID):
+            raise GalleryError(f"{self._path!r} is not a facegate gallery (application_id={app_id:#x})")
+        if version > SCHEMA_VERSION:
+            raise self._newer_schema(repr(self._path), version, SCHEMA_VERSION)
+        if version == 0:
+            if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+                raise GalleryError(f"{self._path!r} is an SQLite file of something else, not a gallery")
+            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            for stmt in _TABLES:
+                conn.execute(stmt)
+        for target in range((version or SCHEMA_VERSION) + 1, SCHEMA_VERSION + 1):
+            for stmt in _MIGRATIONS[target]:
+                conn.execute(stmt)
+            log.info("gallery %s: migrated schema to v%d", self._path, target)
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
 
     @contextmanager
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
@@ -224,7 +216,7 @@ class SQLiteGalleryStore(GalleryStore):
 
     def _write_imported(
         self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
-    ) -> None:
+    ) -> int:
         # a re-imported subject starts over from the imported template
         conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
         blobs = [pack_vector(e) for e in emb]
@@ -234,11 +226,7 @@ class SQLiteGalleryStore(GalleryStore):
             " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
             [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
         )
-        conn.execute(
-            "INSERT INTO embeddings (subject_pk, vector, quality, created_at)"
-            " SELECT id, template, template_quality, created_at FROM subjects WHERE id > ?",
-            (before,),
-        )
+        return before
 
     def close(self) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,22 +25,24 @@ from facegate.types import Detection
 
 log = logging.getLogger(__name__)
 
+#: ``post(packed, arg)`` of :meth:`FaceDetector.enqueue_many`: device work on the packed candidates
+PostFn = Callable[[Tensor, Tensor], tuple[Tensor, ...]]
+
 
 @dataclass(frozen=True, slots=True)
 class DetBatch:
     """A preprocessed batch: ``images (N, Hp, Wp, 3) uint8`` RGB, each resized and placed top-left on a zero canvas
-    (host array, or a device tensor); ``scales (N,) float64`` (≤ 1); ``orig_sizes`` / ``resized_sizes (N, 2) int64``
-    ``(H, W)``; ``pinned``: on CUDA, the pinned tensor owning ``images``' memory (the allocator tracks the copy)."""
+    (host array, or a device tensor); ``orig_sizes`` / ``resized_sizes (n, 2) int64`` ``(H, W)`` of the ``n`` real
+    images; ``pinned``: on CUDA, the pinned tensor owning ``images``' memory (the allocator tracks the copy)."""
 
     images: np.ndarray | Tensor
-    scales: np.ndarray
     orig_sizes: np.ndarray
     resized_sizes: np.ndarray
     pinned: Tensor | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         """Real images (``images`` may have extra zero rows)."""
-        return int(self.scales.shape[0])
+        return int(self.orig_sizes.shape[0])
 
     @property
     def input_hw(self) -> tuple[int, int]:
@@ -50,12 +53,12 @@ class DetBatch:
 @dataclass(slots=True)
 class DetPending:
     """Batches from :meth:`FaceDetector.enqueue_many`. ``copies``: per batch (CUDA) the pinned buffer ``(n, p·15 +
-    1)`` of its candidates and its decoded ``(boxes, landmarks, scores)`` (``None`` after a replay); ``event``: after
-    the last copy; ``done``: the detections (off CUDA); ``on_device``: with ``keep_on_device``, the packed candidates
-    on the device and decoded outputs; ``post_out``: ``post``'s outputs for the real rows."""
+    1)`` of its candidates; ``event``: after the last copy; ``done``: the detections (off CUDA); ``on_device``: with
+    ``keep_on_device``, the packed candidates on the device and the decoded ``(boxes, landmarks, scores)`` (``None``
+    after a replay); ``post_out``: ``post``'s outputs for the real rows."""
 
     batches: list[DetBatch]
-    copies: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]]
+    copies: list[Tensor]
     event: Any
     done: list[list[list[Detection]]] | None
     on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
@@ -140,10 +143,6 @@ class FaceDetector:
         max_side: int = 640,
         channels_last: bool = True,
     ) -> None:
-        if not 0.0 <= score_threshold <= 1.0 or not 0.0 <= nms_threshold <= 1.0:
-            raise InvalidParameterError("score_threshold and nms_threshold must lie in [0, 1]")
-        if top_k < 1 or max_side < SIZE_DIVISOR:
-            raise InvalidParameterError(f"top_k must be >= 1 and max_side >= {SIZE_DIVISOR}")
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise InvalidParameterError(f"unsupported detector dtype {dtype}")
         self.device = torch.device(device)
@@ -160,11 +159,15 @@ class FaceDetector:
         #: Largest padded forward (rows × Hp × Wp pixels) bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
 
+    def _resized_hw(self, height: int, width: int) -> tuple[int, int]:
+        """``(H, W)`` shrunk so that the longer side is at most ``max_side`` (never enlarged)."""
+        s = self.max_side / max(height, width)
+        return (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
+
     def padded_hw(self, height: int, width: int) -> tuple[int, int]:
         """The network input ``(Hp, Wp)`` of this image alone. Batch only images of one padded size: YuNet's outputs
         near a face depend on the zero padding around it."""
-        s = min(1.0, self.max_side / max(height, width))
-        h, w = (max(1, round(height * s)), max(1, round(width * s))) if s < 1.0 else (height, width)
+        h, w = self._resized_hw(height, width)
         return _pad32(h), _pad32(w)
 
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
@@ -174,15 +177,11 @@ class FaceDetector:
         if not imgs:
             raise EmptyInputError("no images to detect faces in")
         resized: list[np.ndarray] = []
-        scales = np.empty(len(imgs), np.float64)
         for i, img in enumerate(imgs):
-            h, w = img.shape[:2]
-            s = min(1.0, self.max_side / max(h, w))
-            scales[i] = s
-            if s < 1.0:
-                size = (max(1, round(w * s)), max(1, round(h * s)))
+            size = self._resized_hw(*img.shape[:2])
+            if size != img.shape[:2]:
                 try:
-                    img = cv2.resize(np.ascontiguousarray(img), size, interpolation=cv2.INTER_AREA)
+                    img = cv2.resize(np.ascontiguousarray(img), size[::-1], interpolation=cv2.INTER_AREA)
                 except cv2.error as exc:
                     raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
             resized.append(img)
@@ -199,7 +198,6 @@ class FaceDetector:
             canvas[i, : r.shape[0], : r.shape[1]] = r
         return DetBatch(
             images=canvas,
-            scales=scales,
             orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
             resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
             pinned=pinned,
@@ -220,7 +218,6 @@ class FaceDetector:
         if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[Tensor] = []
-        scales = np.empty(len(images), np.float64)
         orig = np.empty((len(images), 2), np.int64)
         for i, img in enumerate(images):
             if (
@@ -236,28 +233,23 @@ class FaceDetector:
                 )
             h, w = int(img.shape[1]), int(img.shape[2])
             orig[i] = (h, w)
-            s = min(1.0, self.max_side / max(h, w))
-            scales[i] = s
-            if s < 1.0:
-                size = (max(1, round(h * s)), max(1, round(w * s)))
+            size = self._resized_hw(h, w)
+            if size != (h, w):
                 img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
                 img = img.to(torch.uint8)
             resized.append(img)
         hp, wp = _pad32(max(int(r.shape[1]) for r in resized)), _pad32(max(int(r.shape[2]) for r in resized))
         canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)
         k = 0
-        while k < len(resized):  # one copy per run of same-size images (LFW: one for the whole batch)
-            h, w = resized[k].shape[1:]
-            j = k + 1
-            while j < len(resized) and resized[j].shape[1:] == (h, w):
-                j += 1
-            canvas[k:j, :h, :w] = (
-                torch.stack(resized[k:j]).permute(0, 2, 3, 1) if j - k > 1 else resized[k].permute(1, 2, 0)
+        # one copy per run of same-size images (LFW: one for the whole batch)
+        for (h, w), run in itertools.groupby(resized, key=lambda r: tuple(r.shape[1:])):
+            group = list(run)
+            canvas[k : k + len(group), :h, :w] = (
+                torch.stack(group).permute(0, 2, 3, 1) if len(group) > 1 else group[0].permute(1, 2, 0)
             )
-            k = j
+            k += len(group)
         return DetBatch(
             images=canvas,
-            scales=scales,
             orig_sizes=orig,
             resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
         )
@@ -310,19 +302,9 @@ class FaceDetector:
             self._graphs = {}
             self._max_graphs = int(max_graphs)
 
-    @property
-    def graphed_shapes(self) -> list[tuple[int, int, int]]:
-        """The batch shapes ``(rows, Hp, Wp)`` captured so far (without ``post`` work)."""
-        return sorted(k for k in getattr(self, "_graphs", None) or {} if isinstance(k[0], int))
-
-    def _graph_for(
-        self,
-        shape: tuple[int, int, int],
-        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
-        post_width: int = 0,
-    ) -> tuple[Any, ...] | None:
-        """``(graph, static_in, outputs)`` of a shape, captured on first use; with ``post``, per ``(shape, post)``,
-        ``(graph, static_in, outputs, static_arg)`` with ``_select``'s four outputs then ``post``'s."""
+    def _graph_for(self, shape: tuple[int, int, int], post: PostFn | None, post_width: int) -> tuple[Any, ...] | None:
+        """``(graph, static_in, outputs, static_arg)`` of a shape (with ``post``: of ``(shape, post)``), captured on
+        first use: ``_select``'s four outputs then ``post(packed, static_arg)``'s (``static_arg`` ``None`` without)."""
         graphs = getattr(self, "_graphs", None)
         if graphs is None:
             return None
@@ -331,29 +313,42 @@ class FaceDetector:
             return graphs.get(key)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
-        if post is None:
-            g, outs = capture_graph(lambda x: self._select(self.model(self._to_input(x)), shape[1:]), static_in)
-            graphs[key] = (g, static_in, outs)
-        else:
-            static_arg = torch.ones((shape[0], post_width), dtype=torch.float64, device=self.device)
+        static_arg = (
+            None if post is None else torch.ones((shape[0], post_width), dtype=torch.float64, device=self.device)
+        )
 
-            def fn(x: Tensor) -> tuple[Tensor, ...]:
-                sel = self._select(self.model(self._to_input(x)), shape[1:])
-                return (*sel, *post(sel[0], static_arg))
+        def fn(x: Tensor) -> tuple[Tensor, ...]:
+            sel = self._select(self.model(self._to_input(x)), shape[1:])
+            return sel if post is None else (*sel, *post(sel[0], static_arg))
 
-            g, outs = capture_graph(fn, static_in)
-            graphs[key] = (g, static_in, outs, static_arg)
+        g, outs = capture_graph(fn, static_in)
+        graphs[key] = (g, static_in, outs, static_arg)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
         return graphs[key]
 
-    @torch.inference_mode()
-    def run(self, batch: DetBatch) -> list[list[Detection]]:
-        """``postprocess(forward(batch), batch)``, through a CUDA graph when :meth:`enable_graphs` was called."""
-        return self.run_many([batch])[0]
+    def _selected(
+        self, b: DetBatch, post: PostFn | None = None, arg: Tensor | None = None
+    ) -> tuple[tuple[Tensor, ...], bool]:
+        """``_select``'s four outputs of ``b`` then ``post(packed, arg)``'s, through its CUDA graph or eagerly, and
+        whether they are the graph's (the next replay overwrites them). Under ``replay_lock`` on CUDA."""
+        entry = self._graph_for((int(b.images.shape[0]), *b.input_hw), post, 0 if arg is None else arg.shape[1])
+        if entry is None:
+            sel = self._select(self.forward(b), b.input_hw)
+            if post is None:
+                return sel, False
+            assert arg is not None
+            return (*sel, *post(sel[0], arg.to(self.device, non_blocking=True))), False
+        g, static_in, outs, static_arg = entry
+        static_in.copy_(self._host_batch(b), non_blocking=True)
+        if post is not None:
+            static_arg.copy_(arg, non_blocking=True)
+        replay(g)
+        return outs, True
 
     @torch.inference_mode()
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
-        """:meth:`run` for several batches with one wait for the device: ``finish_many(enqueue_many(batches))``."""
+        """``postprocess(forward(b), b)`` of each batch (through a CUDA graph when :meth:`enable_graphs` was called),
+        with one wait for the device: ``finish_many(enqueue_many(batches))``."""
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
@@ -362,7 +357,7 @@ class FaceDetector:
         batches: Sequence[DetBatch],
         *,
         keep_on_device: bool = False,
-        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None = None,
+        post: PostFn | None = None,
         post_args: Sequence[np.ndarray] | None = None,
     ) -> DetPending:
         """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting (off CUDA:
@@ -376,33 +371,20 @@ class FaceDetector:
             )
         if not batches or self.device.type != "cuda":
             return DetPending(list(batches), [], None, [self.postprocess(self.forward(b), b) for b in batches])
-        pending: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
+        copies: list[Tensor] = []
         with replay_lock(self.device):
             for b in batches:
-                n = len(b.scales)
-                entry = self._graph_for((int(b.images.shape[0]), *b.input_hw))
-                full: tuple[Tensor, Tensor, Tensor] | None
-                if entry is None:
-                    # not kept, as after a replay (a crowd row runs its batch again): they would hold memory
-                    packed = self._select(self.forward(b), b.input_hw)[0]
-                    full = None
-                else:
-                    g, static_in, outs = entry
-                    static_in.copy_(self._host_batch(b), non_blocking=True)
-                    replay(g)
-                    packed, full = outs[0], None  # the next replay overwrites the graph's outputs
-                host = torch.empty((n, packed.shape[1]), dtype=packed.dtype, pin_memory=True)
-                host.copy_(packed[:n], non_blocking=True)
-                pending.append((host, full))
+                # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
+                packed = self._selected(b)[0][0]
+                host = torch.empty((len(b), packed.shape[1]), dtype=packed.dtype, pin_memory=True)
+                host.copy_(packed[: len(b)], non_blocking=True)
+                copies.append(host)
             done_event = torch.cuda.Event()
             done_event.record()
-        return DetPending(list(batches), pending, done_event, None)
+        return DetPending(list(batches), copies, done_event, None)
 
     def _enqueue_on_device(
-        self,
-        batches: Sequence[DetBatch],
-        post: Callable[[Tensor, Tensor], tuple[Tensor, ...]] | None,
-        post_args: Sequence[np.ndarray] | None,
+        self, batches: Sequence[DetBatch], post: PostFn | None, post_args: Sequence[np.ndarray] | None
     ) -> DetPending:
         """:meth:`enqueue_many` with ``keep_on_device``: device copies of the packed candidates and ``post``'s."""
         packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
@@ -410,30 +392,21 @@ class FaceDetector:
         args = list(post_args) if post_args is not None else [None] * len(batches)
         with replay_lock(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             for b, a in zip(batches, args, strict=True):
-                n, rows = len(b.scales), int(b.images.shape[0])
+                n = len(b)
                 arg = None
                 if post is not None:
-                    padded = np.ones((rows, a.shape[1]), np.float64)
+                    padded = np.ones((int(b.images.shape[0]), a.shape[1]), np.float64)
                     padded[:n] = a
                     arg = torch.from_numpy(padded)
                     if self.device.type == "cuda":  # pinned: a copy from pageable memory may wait for the device
                         arg = arg.pin_memory()
-                entry = self._graph_for((rows, *b.input_hw), post, 0 if arg is None else arg.shape[1])
-                if entry is None:
-                    packed, *rest = self._select(self.forward(b), b.input_hw)
-                    packed_list.append((packed[:n], (rest[0], rest[1], rest[2])))
-                    if post is not None:
-                        assert arg is not None
-                        post_list.append(tuple(t[:n] for t in post(packed, arg.to(self.device, non_blocking=True))))
-                    continue
-                g, static_in, outs = entry[:3]
-                static_in.copy_(self._host_batch(b), non_blocking=True)
-                if post is not None:
-                    entry[3].copy_(arg, non_blocking=True)
-                replay(g)
-                packed_list.append((outs[0][:n].clone(), None))
-                if post is not None:
+                outs, graphed = self._selected(b, post, arg)
+                if graphed:  # the next replay overwrites the graph's outputs
+                    packed_list.append((outs[0][:n].clone(), None))
                     post_list.append(tuple(t[:n].clone() for t in outs[4:]))
+                else:
+                    packed_list.append((outs[0][:n], (outs[1], outs[2], outs[3])))
+                    post_list.append(tuple(t[:n] for t in outs[4:]))
         return DetPending(
             list(batches), [], None, None, on_device=packed_list, post_out=post_list if post is not None else None
         )
@@ -451,8 +424,7 @@ class FaceDetector:
         if pending.event is not None:
             pending.event.synchronize()
         return [
-            self._finish_host(host.numpy(), b, full)
-            for b, (host, full) in zip(pending.batches, pending.copies, strict=True)
+            self._finish_host(host.numpy(), b, None) for b, host in zip(pending.batches, pending.copies, strict=True)
         ]
 
     def _rare_candidates(
@@ -461,16 +433,7 @@ class FaceDetector:
         """The top ``c > prefetch`` candidates ``(c, 15)`` of row ``i``, from ``full`` (decoded outputs) or, after a
         replay (``None``), by running the batch again."""
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
-            if full is None:
-                entry = self._graph_for((int(batch.images.shape[0]), *batch.input_hw))
-                if entry is None:
-                    full = tuple(self._select(self.forward(batch), batch.input_hw)[1:])  # type: ignore[assignment]
-                else:
-                    g, static_in, outs = entry
-                    static_in.copy_(self._host_batch(batch), non_blocking=True)
-                    replay(g)
-                    full = (outs[1], outs[2], outs[3])
-            boxes, lms, scores = full
+            boxes, lms, scores = self._selected(batch)[0][1:4] if full is None else full
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
 
@@ -518,7 +481,7 @@ class FaceDetector:
         self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
     ) -> list[list[Detection]]:
         """Detections of each real row from ``host (n, p·15 + 1)``: small rows through :func:`nms_rows` at once."""
-        n = len(batch.scales)
+        n = len(batch)
         p = (host.shape[1] - 1) // 15
         cand = host[:, :-1].reshape(n, p, 15)
         counts = host[:, -1].astype(np.int64)
@@ -548,4 +511,4 @@ class FaceDetector:
         batch = self.preprocess(images)
         if self.device.type == "cpu":  # the host path at once (ORT needs no torch context)
             return self._postprocess_host(self._host_outputs(batch), batch)
-        return self.run(batch)
+        return self.run_many([batch])[0]

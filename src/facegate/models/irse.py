@@ -59,7 +59,7 @@ class Subsample(nn.Module):
 class BottleneckIRSE(nn.Module):
     """One IR-SE unit: pre-BN residual branch with SE, plus a shortcut: ``(N, in, H, W) → (N, out, H/s, W/s)``."""
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, se_reduction: int = 16) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
         super().__init__()
         self.shortcut_layer: nn.Module
         if in_channels == out_channels:
@@ -74,7 +74,7 @@ class BottleneckIRSE(nn.Module):
             nn.PReLU(out_channels),
             nn.Conv2d(out_channels, out_channels, (3, 3), stride, 1, bias=False),
             nn.BatchNorm2d(out_channels),
-            SEModule(out_channels, se_reduction),
+            SEModule(out_channels, 16),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -106,21 +106,18 @@ class IRSE64RTS(nn.Module):
         units: Sequence[int] = IRSE64_UNITS,
         widths: Sequence[int] = IRSE64_WIDTHS,
         embedding_dim: int = 512,
-        input_size: int = 112,
-        se_reduction: int = 16,
     ) -> None:
         super().__init__()
         self.alpha = int(alpha)
         self.embedding_dim = int(embedding_dim)
-        self.input_size = int(input_size)
-        side = input_size // 16
+        side = 112 // 16  # four stride-2 stages on 112×112 crops
         self.feature_dim = int(widths[-1] * side * side)
 
         body: list[nn.Module] = []
         in_ch = widths[0]
         for n_units, out_ch in zip(units, widths, strict=True):
             for i in range(n_units):
-                body.append(BottleneckIRSE(in_ch, out_ch, 2 if i == 0 else 1, se_reduction))
+                body.append(BottleneckIRSE(in_ch, out_ch, 2 if i == 0 else 1))
                 in_ch = out_ch
         self.features = nn.Sequential(
             nn.Sequential(

@@ -23,12 +23,11 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
     """Greedy NMS of ``boxes (K, 4)`` xyxy by ``scores (K,)``: the kept indices ``(k,) int64``, by score."""
     order = np.argsort(-scores, kind="stable")
-    b = boxes.astype(np.float64)
     keep: list[int] = []
     while order.size:
         i = int(order[0])
         keep.append(i)
-        order = order[1:][_iou(b[i], b[order[1:]]) <= iou_threshold]
+        order = order[1:][_iou(boxes[i], boxes[order[1:]]) <= iou_threshold]
     return np.asarray(keep, dtype=np.int64)
 
 

@@ -49,6 +49,33 @@ def ort_session(model: bytes, threads: int) -> Any:
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
+def trace_onnx(
+    module: nn.Module,
+    x: Tensor,
+    out: Any,
+    names: tuple[list[str], list[str]],
+    axes: dict[str, dict[int, str]],
+    opset: int,
+) -> None:
+    """``torch.onnx.export`` of ``module(x)`` to ``out`` by the legacy tracer, ``names``: ``(inputs, outputs)``;
+    :class:`ModelError` when it fails."""
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")  # the tracer warns about the shape checks it constant-folds
+            torch.onnx.export(
+                module,
+                (x,),
+                out,
+                input_names=names[0],
+                output_names=names[1],
+                dynamic_axes=axes,
+                opset_version=opset,
+                dynamo=False,
+            )
+    except Exception as exc:  # the exporter raises many kinds; one error type for the caller
+        raise ModelError(f"ONNX export of {type(module).__name__} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def export_yunet_onnx(model: nn.Module) -> bytes:
     """The serialised ONNX graph of an fp32 copy of a YuNet module on ``images (N, H, W, 3) uint8`` RGB (symbolic
     N/H/W; the cast is in the graph, the BGR flip in the stem's weights), the heads merged per level
@@ -57,24 +84,9 @@ def export_yunet_onnx(model: nn.Module) -> bytes:
     stem = ref.backbone.model0.conv1
     stem.weight.data = stem.weight.data.flip(1)  # RGB input: the BGR flip in the weights, not on the image
     x = torch.zeros((1, 64, 64, 3), dtype=torch.uint8)
-    axes: dict[str, dict[int, str]] = {"images": {0: "N", 1: "H", 2: "W"}}
-    axes.update({name: {0: "N", 1: "A"} for name in _OUTPUTS})  # type: ignore[misc]
+    axes = {"images": {0: "N", 1: "H", 2: "W"}, **{name: {0: "N", 1: "A"} for name in _OUTPUTS}}
     buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")  # the legacy tracer warns about the shape checks it constant-folds
-            torch.onnx.export(
-                _HostBatchYuNet(ref),
-                (x,),
-                buf,
-                input_names=["images"],
-                output_names=_OUTPUTS,
-                dynamic_axes=axes,
-                opset_version=OPSET,
-                dynamo=False,
-            )
-    except Exception as exc:  # the exporter raises many kinds; one error type for the caller
-        raise ModelError(f"YuNet ONNX export failed: {type(exc).__name__}: {exc}") from exc
+    trace_onnx(_HostBatchYuNet(ref), x, buf, (["images"], _OUTPUTS), axes, OPSET)
     return _static_head_reshapes(buf.getvalue())
 
 
@@ -201,9 +213,6 @@ class OrtYuNet:
         """:func:`~facegate.models.yunet.flat_outputs` of a ``(N, H, W, 3) uint8`` RGB batch, as host arrays."""
         scores, heads = self.session.run(_OUTPUTS[:2], {"images": images})
         return [scores, heads[..., :4], heads[..., 4:14]]
-
-    def eval(self) -> OrtYuNet:
-        return self
 
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:

@@ -103,15 +103,10 @@ class QualityCalibration(nn.Module):
 
 
 def fit_logistic(
-    raw: np.ndarray | list[float],
-    y: np.ndarray | list[float],
-    *,
-    transform: Transform = "identity",
-    l2: float = 1e-4,
-    max_iter: int = 100,
+    raw: np.ndarray | list[float], y: np.ndarray | list[float], *, transform: Transform = "identity"
 ) -> QualityCalibration:
-    """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, ``y (n,)`` in ``[0, 1]``; ``l2``:
-    a ridge on the standardised slope (separable data stay finite)."""
+    """``P(y=1 | raw) = sigmoid(a · t(raw) + b)`` by Newton steps on ``raw (n,)``, ``y (n,)`` in ``[0, 1]``, with a
+    small ridge on the standardised slope (separable data stay finite)."""
     r = np.asarray(raw, dtype=np.float64).ravel()
     yy = np.asarray(y, dtype=np.float64).ravel()
     if r.shape != yy.shape:
@@ -127,7 +122,7 @@ def fit_logistic(
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
     mu, sd = float(t.mean()), float(t.std())
     sd = sd if sd > 0 else 1.0
-    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=l2, iters=max_iter)
+    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=1e-4, iters=100)
     a = float(w[1] / sd)
     b = float(w[0] - w[1] * mu / sd)
     direction = -1 if a < 0 else 1

@@ -8,7 +8,6 @@ puts a typical training face near 0.5: ``sigmoid(−(logvar − β)/|γ|)``, or 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from importlib import resources
@@ -29,7 +28,7 @@ from facegate.models.quality import (
     load_head,
     sface_head_input,
 )
-from facegate.models.registry import ModelSpec, WeightsSource
+from facegate.models.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 class Recognizer(nn.Module):
     """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
-    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation.
-    ``flip_tta``: also embed the mirrored crop and sum."""
+    quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation."""
 
     def __init__(
         self,
@@ -64,7 +62,6 @@ class Recognizer(nn.Module):
         calibration: QualityCalibration,
         quality_head: RTSQualityHead | None = None,
         channels_last: bool = False,
-        flip_tta: bool = False,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -73,7 +70,8 @@ class Recognizer(nn.Module):
         self.calibration = calibration
         self.quality_head = quality_head
         self.channels_last = bool(channels_last)
-        self.flip_tta = bool(flip_tta)
+        #: also embed the mirrored crop and sum
+        self.flip_tta = False
         self._is_irse = isinstance(backbone, IRSE64RTS)
         dim = getattr(backbone, "embedding_dim", None)
         if dim is not None and int(dim) != spec.embedding_dim:
@@ -81,19 +79,12 @@ class Recognizer(nn.Module):
                 f"backbone embedding_dim {dim} differs from spec {spec.name!r} embedding_dim {spec.embedding_dim}",
                 detail={"backbone": int(dim), "spec": spec.embedding_dim},
             )
-        side = getattr(backbone, "input_size", None)
-        if side is not None and (int(side), int(side)) != tuple(spec.input_size):
-            raise ModelError(f"backbone input size {side} differs from spec input_size {spec.input_size}")
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         self._flip = spec.colour == "BGR"  # crops arrive RGB
         #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
         self._stages: list[nn.Module] = []
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.spec.embedding_dim
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -104,24 +95,14 @@ class Recognizer(nn.Module):
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """``(N, H, W, 3) uint8`` or ``(N, 3, H, W)`` float RGB on 0..255 → normalised ``(N, 3, H, W)`` input."""
+        """``(N, H, W, 3) uint8`` RGB → normalised ``(N, 3, H, W)`` input in the compute dtype."""
         h, w = self.spec.input_size
-        if crops.dtype == torch.uint8:
-            if crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
-                raise InvalidParameterError(
-                    f"uint8 crops must be (N, {h}, {w}, 3) RGB, got {tuple(crops.shape)}",
-                    detail={"shape": list(crops.shape)},
-                )
-            x = crops.permute(0, 3, 1, 2).float()
-        elif crops.is_floating_point():
-            if crops.ndim != 4 or tuple(crops.shape[1:]) != (3, h, w):
-                raise InvalidParameterError(
-                    f"float crops must be (N, 3, {h}, {w}) RGB on 0..255, got {tuple(crops.shape)}",
-                    detail={"shape": list(crops.shape)},
-                )
-            x = crops.float()
-        else:
-            raise InvalidParameterError(f"crops must be uint8 or float, got {crops.dtype}")
+        if crops.dtype != torch.uint8 or crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
+            raise InvalidParameterError(
+                f"uint8 crops must be (N, {h}, {w}, 3) RGB, got {tuple(crops.shape)} {crops.dtype}",
+                detail={"shape": list(crops.shape)},
+            )
+        x = crops.permute(0, 3, 1, 2).float()
         if self._flip:
             x = x.flip(1)
         x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
@@ -156,7 +137,7 @@ class Recognizer(nn.Module):
         return self.activation_plan
 
     def forward(self, crops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``crops (N, 112, 112, 3) uint8`` RGB (or :meth:`preprocess`'s float form) on the model's device →
+        """``crops (N, 112, 112, 3) uint8`` RGB on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
         logvar: Tensor | None = None
@@ -195,11 +176,9 @@ _BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's 
 
 
 def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
-    # IR-SE: features_backbone.1; SFace: fc1 (an Identity once fused)
-    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else getattr(backbone, "fc1", None)
-    c2 = 0.0
-    if isinstance(bn, nn.BatchNorm1d) and bn.affine:
-        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+    # the embedding BatchNorm (the backbone is not fused yet): IR-SE features_backbone.1, SFace fc1
+    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
+    c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
     a, b, note = (
         (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
         if c2 > 0
@@ -208,16 +187,6 @@ def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
     return QualityCalibration(
         "logistic", direction=1, transform="log", a=a, b=b, fitted=False, note=f"provisional (feature_norm): {note}"
     )
-
-
-def _backbone_feature_dim(backbone: nn.Module) -> int:
-    """Input size of an RTS head (IR-SE-64's features, or :func:`sface_head_input`'s)."""
-    fd = getattr(backbone, "feature_dim", None)
-    if fd is None:
-        raise ModelError(f"{type(backbone).__name__} has no feature_dim; cannot attach an RTS quality head")
-    if isinstance(backbone, IRSE64RTS):
-        return int(fd)
-    return int(backbone.embedding_dim) + int(fd) // 49
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
@@ -279,7 +248,10 @@ def build_recognizer(
     backbone = _build_backbone(spec, checkpoint)
     head: RTSQualityHead | None = None
     if source == "rts_head":
-        fd = _backbone_feature_dim(backbone)
+        # the head reads IR-SE-64's features, or sface_head_input's pooled trunk and embedding
+        fd = backbone.feature_dim
+        if not isinstance(backbone, IRSE64RTS):
+            fd = backbone.embedding_dim + fd // 49
         if head_path is not None:
             head, calibration, meta = load_head(head_path, backbone=spec.arch, feature_dim=fd)
             log.info("quality head %s (trained on %s)", head_path, meta.get("trained_on", "?"))
@@ -308,15 +280,3 @@ def build_recognizer(
     rec.to(device=device)
     rec.eval().requires_grad_(False)
     return rec
-
-
-def build_tiny_recognizer(
-    spec: ModelSpec,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | str = torch.float32,
-    channels_last: bool = False,
-) -> Recognizer:
-    """The spec's arch as its tiny random-weight model, for tests."""
-    tiny = dataclasses.replace(spec, weights=WeightsSource("random", license="random test weights"))
-    return build_recognizer(tiny, device=device, dtype=dtype, channels_last=channels_last)

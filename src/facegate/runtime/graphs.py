@@ -32,8 +32,6 @@ _MAX_RECORDS = 256
 _shared_lock = threading.Lock()
 _side_streams: dict[int, torch.cuda.Stream] = {}
 _pools: dict[int, Any] = {}
-
-
 _replay_locks: dict[int, threading.RLock] = {}
 
 
@@ -45,10 +43,7 @@ def replay_lock(device: torch.device) -> threading.RLock:
     """The re-entrant lock every user of ``device``'s graph pool holds from copy-in to copy-out."""
     dev = _device_index(device) if device.type == "cuda" else -1
     with _shared_lock:
-        lock = _replay_locks.get(dev)
-        if lock is None:
-            lock = _replay_locks[dev] = threading.RLock()
-    return lock
+        return _replay_locks.setdefault(dev, threading.RLock())
 
 
 def capture_graph(
@@ -135,12 +130,6 @@ class GraphedModule(nn.Module):
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
-    def _bucket(self, n: int) -> int | None:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        return None
-
     @torch.inference_mode()
     def capture(self) -> None:
         if self.device.type != "cuda":
@@ -163,7 +152,7 @@ class GraphedModule(nn.Module):
     @torch.inference_mode()
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         n = x.shape[0]
-        b = self._bucket(n)
+        b = next((b for b in self.buckets if b >= n), None)
         if b is None or b not in self._graphs:
             if n > self.buckets[-1] and self._graphs:
                 parts = [self.forward(x[i : i + self.buckets[-1]]) for i in range(0, n, self.buckets[-1])]

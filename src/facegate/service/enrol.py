@@ -27,7 +27,7 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
-from facegate.service.gallery import decide_enrolment
+from facegate.service.gallery import decide_enrolments
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def enrol_photos(
     *,
     batch_size: int,
     requires_quality: bool,
-    verdict: Callable[[Any], Any] | None = None,
+    verdict: Callable[[Any], Any],
     progress: Callable[[int, int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
@@ -105,27 +105,25 @@ def enrol_photos(
     runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
-    groups: list[list[tuple[str, list[Path], str]]] = [[]]
+    digests: dict[str, str] = {}
+    groups: list[list[tuple[str, Path]]] = [[]]  # per pipeline call: its (subject_id, photo) pairs
     for sid, paths in subjects.items():
-        digest = source_digest(paths)
+        digests[sid] = source_digest(paths)
         with contextlib.suppress(SubjectNotFoundError):
-            if store.get_subject(gallery, sid).meta.get("source_digest") == digest:  # enrolled from these files
+            if store.get_subject(gallery, sid).meta.get("source_digest") == digests[sid]:  # enrolled from these
                 report.subjects_skipped += 1
                 continue
-        if sum(len(x[1]) for x in groups[-1]) >= batch_size:
+        if len(groups[-1]) >= batch_size:
             groups.append([])
-        groups[-1].append((sid, paths, digest))
+        groups[-1] += [(sid, p) for p in paths]
+    gate = {"requires_quality": requires_quality, "verdict": verdict}
     for group in (g for g in groups if g):
-        paths = [p for _, ps, _ in group for p in ps]
-        results = faces_of(paths)
-        start, n_faces, n_ref = 0, 0, 0
+        paths = [p for _, p in group]
+        n_faces, n_ref = 0, 0
         items: list[EnrolItem] = []
-        for sid, ps, digest in group:
-            mine = results[start : start + len(ps)]
-            start += len(ps)
-            decision = decide_enrolment(sid, mine, requires_quality=requires_quality, verdict=verdict)
+        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), **gate):
             report.refused += [
-                {"path": str(ps[r.index]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
+                {"path": str(paths[rows[r.index]]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
                 for r in decision.refused
             ]
             n_ref += len(decision.refused)
@@ -135,7 +133,7 @@ def enrol_photos(
             emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
             q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
             # a subject enrolled before from other files gets these faces added (a re-enrolment)
-            items.append((sid, emb, q, {"source_digest": digest, "source_files": len(ps)}))
+            items.append((sid, emb, q, {"source_digest": digests[sid], "source_files": len(rows)}))
             n_faces += len(emb)
         store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
         report.subjects_enrolled += len(items)
@@ -227,19 +225,18 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
             except FacegateError as exc:
                 out[i] = exc
-        chosen, crop_owner, crop_image = [], [], []
+        chosen, with_face = [], []  # the largest face of each image that has one, and those images
         for j, dets in enumerate(pipeline.detect(images) if images else []):
             try:
                 chosen.append(select_faces(dets)[0])
-                crop_owner.append(owners[j])
-                crop_image.append(j)
+                with_face.append(j)
             except FacegateError as exc:
                 out[owners[j]] = exc
         if chosen:
-            crops = pipeline.align(images, chosen, crop_image)
+            crops = pipeline.align(images, chosen, with_face)
             emb, q, raw = pipeline.embed(crops)
-            for face, i in zip(pipeline.make_faces(chosen, None, emb, q, raw), crop_owner, strict=True):
-                out[i] = face
+            for face, j in zip(pipeline.make_faces(chosen, None, emb, q, raw), with_face, strict=True):
+                out[owners[j]] = face
         return out
 
     return faces_of

@@ -83,13 +83,12 @@ class FaceService:
         with within_memory_limit(settings.engine.gpu_memory_limit_mib, "load the models"):
             pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()
+        stats = ServiceStats()
+        hooks = {"stats_hook": stats.gallery_sizes_hook(), "lag_hook": stats.observe_feed_lag}
         search = SearchStage.from_settings(
-            settings, pipeline.device_name, (pipeline.spec.name, pipeline.spec.embedding_dim)
+            settings, pipeline.device_name, (pipeline.spec.name, pipeline.spec.embedding_dim), **hooks
         )
-        service = cls(pipeline, settings, device_thread=device_thread, search_stage=search)
-        if search.gallery is not None:
-            search.gallery.set_stats_hook(service.stats.gallery_sizes_hook())
-            search.gallery.follower.set_lag_hook(service.stats.observe_feed_lag)
+        service = cls(pipeline, settings, stats, device_thread=device_thread, search_stage=search)
         log.info("built the pipeline in %.2f s and the engine in %.2f s", t1 - t0, time.perf_counter() - t1)
         return service
 
@@ -121,10 +120,6 @@ class FaceService:
     @property
     def spec(self) -> ModelSpec:
         return self.pipeline.spec
-
-    @property
-    def quality_threshold(self) -> float:
-        return self.pipeline.operating.quality_threshold
 
     @property
     def ready(self) -> bool:

@@ -74,13 +74,6 @@ class ImpostorTail:
         return float((math.log(fmr) - self.intercept) / self.slope), True
 
 
-def check_fpir(fpir: object) -> float:
-    """A named FPIR must be a number in ``(0, 1)``."""
-    if isinstance(fpir, bool) or not isinstance(fpir, int | float) or not 0.0 < float(fpir) < 1.0:
-        raise InvalidParameterError(f"fpir must be a rate in (0, 1), got {fpir!r}", detail={"field": "fpir"})
-    return float(fpir)
-
-
 def fpir_of(tail: ImpostorTail, n: int, t: float) -> tuple[float, bool]:
     """``(FPIR of threshold t at gallery size n, extrapolated)``."""
     f, ext = tail.fmr_at(t)
@@ -89,11 +82,12 @@ def fpir_of(tail: ImpostorTail, n: int, t: float) -> tuple[float, bool]:
 
 def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[str, object]]:
     """The threshold for a named FPIR at gallery size ``n`` (``n < 1`` counts as 1), and what it rests on:
-    ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the threshold gives."""
-    fpir = check_fpir(fpir)
+    ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the threshold gives. A named
+    FPIR must be a number in ``(0, 1)`` (InvalidParameterError)."""
+    if isinstance(fpir, bool) or not isinstance(fpir, int | float) or not 0.0 < float(fpir) < 1.0:
+        raise InvalidParameterError(f"fpir must be a rate in (0, 1), got {fpir!r}", detail={"field": "fpir"})
     n_eff = max(1, int(n))
-    target = -math.expm1(math.log1p(-fpir) / n_eff)
-    t, ext = tail.threshold_at(target)
+    t, ext = tail.threshold_at(-math.expm1(math.log1p(-float(fpir)) / n_eff))
     t = min(max(t, -1.0), 1.0)
     achieved, ext2 = fpir_of(tail, n_eff, t)
     info = {"fpir": achieved, "fmr": tail.fmr_at(t)[0], "n": int(n), "extrapolated": ext or ext2}

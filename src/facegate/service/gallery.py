@@ -11,7 +11,7 @@ import numpy as np
 
 from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
 from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
-from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, check_fpir, threshold_for
+from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, threshold_for
 from facegate.types import QualityVerdict
 
 
@@ -43,12 +43,12 @@ def decide_enrolment(
     results: Sequence[Any],
     *,
     requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict] | None = None,
+    verdict: Callable[[Any], QualityVerdict],
 ) -> EnrolDecision:
     """Split per-image results (a Face or the FacegateError of that image) into accepted and refused. With
-    ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``;
-    default: the face's own verdict). With nothing accepted the error is QualityRejectedError (when any refusal
-    was the gate's, or there were no errors) or the first image's error, with every refusal in its detail."""
+    ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``).
+    With nothing accepted the error is QualityRejectedError (when any refusal was the gate's, or there were no
+    errors) or the first image's error, with every refusal in its detail."""
     accepted: list[Any] = []
     refused: list[Refusal] = []
     errors: list[FacegateError] = []
@@ -58,7 +58,7 @@ def decide_enrolment(
             refused.append(Refusal(i, r.message, r.code))
         elif isinstance(r, BaseException):
             raise r
-        elif requires_quality and not (v := verdict(r) if verdict is not None else r.quality).accepted:
+        elif requires_quality and not (v := verdict(r)).accepted:
             refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
         else:
             accepted.append(r)
@@ -81,17 +81,18 @@ def decide_enrolments(
     *,
     requires_quality: bool,
     verdict: Callable[[Any], QualityVerdict],
-    stats: Any,
+    stats: Any = None,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """:func:`decide_enrolment` per subject of a request whose image ``i`` (result ``results[i]``) shows
-    ``subject_ids[i]``: each subject, its images' indices and its decision. Gate refusals are counted in
-    ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`) as ``enrol_low_quality``."""
+    ``subject_ids[i]``, in order of first appearance: each subject, its images' indices and its decision. Gate
+    refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`, if given) as
+    ``enrol_low_quality``."""
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(subject_ids):
         rows.setdefault(sid, []).append(i)
     gate = {"requires_quality": requires_quality, "verdict": verdict}
     decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
-    for _, _, decision in decisions:
+    for _, _, decision in decisions if stats is not None else ():
         for x in decision.refused:
             if x.code == QualityRejectedError.code:
                 stats.record_refusal("enrol_low_quality")
@@ -123,17 +124,6 @@ class GalleryFront:
         self._svc = face_service
         op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
         self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
-        # the store's calls, under the names the HTTP API uses
-        self.create_gallery = store.create_gallery
-        self.list_galleries = store.list_galleries
-        self.get_gallery = store.get_gallery
-        self.delete_gallery = store.delete_gallery
-        self.enrol = store.add_embeddings
-        self.enrol_many = store.enrol_many
-        self.import_templates = store.import_templates
-        self.list_subjects = store.list_subjects
-        self.delete_subject = store.delete_subject
-        self.close = store.close
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
@@ -147,29 +137,25 @@ class GalleryFront:
 
     def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
-        return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else check_fpir(fpir))
+        return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else fpir)
 
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
         """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
         gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
-        answer to a photo search) or from a search of its embedding. The caller refuses a bad ``fpir`` first."""
+        :class:`~facegate.gallery.query.SearchOut` of a photo search) or from a search of its embedding, with the
+        threshold for ``fpir`` at the size the gallery had when searched. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
-            return self.answer(None, fpir, size=size)
+            t, point = self.operating_point(size, fpir)
+            return SearchAnswer([], t, **point)
         if found is None:
             found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
-        ans = self.answer(found, fpir)
-        stats.set_gallery_size(gallery, ans.n)
-        return ans
-
-    def answer(self, out: Any, fpir: float | None = None, *, size: int = 0) -> SearchAnswer:
-        """A :class:`SearchAnswer` from the engine's :class:`~facegate.gallery.query.SearchOut` (None: no hits, at
-        gallery size ``size``), with the threshold for ``fpir`` at the size the gallery had when searched."""
-        t, info = self.operating_point(size if out is None else out.size, fpir)
-        ranked = enumerate(zip(out.subject_ids, out.scores, strict=True)) if out is not None else ()
+        t, point = self.operating_point(found.size, fpir)
+        stats.set_gallery_size(gallery, found.size)
+        ranked = enumerate(zip(found.subject_ids, found.scores, strict=True))
         return SearchAnswer(
-            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **info
+            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **point
         )

@@ -150,8 +150,7 @@ class KeyStore:
                 os.unlink(tmp)
             raise
         with self._lock:
-            self._mtime = None
-            self._checked = 0.0
+            self._mtime = None  # the new file may carry the old mtime
             self._load()
 
     def _current(self) -> list[ApiKey]:

@@ -20,7 +20,6 @@ def test_preprocess_resizes_pads_and_validates(detector: FaceDetector) -> None:
     batch = detector.preprocess(imgs)
     assert batch.images.shape == (2, 640, 480, 3) and batch.images.dtype == np.uint8
     assert batch.input_hw == (640, 480)
-    np.testing.assert_allclose(batch.scales, [1.0, 0.5])
     assert batch.orig_sizes.tolist() == [[100, 50], [1280, 960]]
     assert batch.resized_sizes.tolist() == [[100, 50], [640, 480]]
     assert (batch.images[0, :100, :50] == 7).all() and batch.images[0, 100:].max() == 0
@@ -68,7 +67,7 @@ def test_preprocess_tensors_builds_the_host_canvas(detector: FaceDetector) -> No
     dev = detector.preprocess_tensors([torch.from_numpy(im).permute(2, 0, 1) for im in imgs])
     assert isinstance(dev.images, torch.Tensor) and dev.input_hw == host.input_hw  # same canvas → same detections
     np.testing.assert_array_equal(dev.images.numpy(), host.images)
-    for field in ("scales", "orig_sizes", "resized_sizes"):
+    for field in ("orig_sizes", "resized_sizes"):
         np.testing.assert_array_equal(getattr(dev, field), getattr(host, field))
     with pytest.raises(InvalidParameterError):
         detector.preprocess_tensors([torch.zeros((250, 250, 3), dtype=torch.uint8)])  # HWC, not CHW
@@ -233,7 +232,7 @@ def test_cuda_graphs_equal_eager(helpers: SimpleNamespace, lfw_root: Path) -> No
     lfw_batch = images[: len(helpers.FACES)]
     for g, e in zip(graphed.detect(lfw_batch), eager.detect(lfw_batch), strict=True):
         helpers.assert_same_dets(g, e, box_px=1e-3, lm_px=1e-3, score=1e-5)
-    assert len(graphed.graphed_shapes) == 2  # capped: further shapes ran eagerly, with the same results
+    assert len(graphed._graphs) == 2  # capped: further shapes ran eagerly, with the same results
 
 
 @pytest.mark.gpu
@@ -246,9 +245,9 @@ def test_cuda_run_many_equals_run(helpers: SimpleNamespace, lfw_root: Path) -> N
     det.enable_graphs()
     det.batch_buckets = (4,)
     batches = [det.preprocess(images[k : k + 3]) for k in range(0, len(images), 3)]
-    want = [det.run(b) for b in batches]
+    want = [det.run_many([b])[0] for b in batches]
     got = det.run_many(batches)
-    assert len(det.graphed_shapes) == 1 and len(got) == len(batches)
+    assert len(det._graphs) == 1 and len(got) == len(batches)
     for gb, wb in zip(got, want, strict=True):
         for g, w in zip(gb, wb, strict=True):
             helpers.assert_same_dets(g, w, box_px=0, lm_px=0, score=0)
@@ -275,7 +274,8 @@ def test_cuda_enqueue_on_one_thread_finish_on_another(helpers: SimpleNamespace, 
     det.batch_buckets, det.prefetch = (4,), 2
     first = [det.preprocess(images[k : k + 3]) for k in range(0, len(images), 3)]
     second = list(reversed(first))
-    want_first, want_second = [det.run(b) for b in first], [det.run(b) for b in second]
+    want_first = [det.run_many([b])[0] for b in first]
+    want_second = [det.run_many([b])[0] for b in second]
     pending = [det.enqueue_many(first), det.enqueue_many(second)]
     got: list[object] = []
     worker = threading.Thread(target=lambda: got.extend(det.finish_many(p) for p in pending))

@@ -140,7 +140,6 @@ def test_ort_parity_real_faces(
         # whole post-processing on both sets of raw outputs
         batch = DetBatch(
             images=bgr640[None, ..., ::-1].copy(),
-            scales=np.ones(1),
             orig_sizes=np.array([[640, 640]]),
             resized_sizes=np.array([[640, 640]]),
         )

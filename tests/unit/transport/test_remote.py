@@ -98,7 +98,9 @@ def test_front_ends_get_the_engines_results(engine: EngineProcess) -> None:
         b = FaceService.connect(Settings(device="cpu"), engine.address, engine.authkey)
         await a.start()
         await b.start()
-        assert a.ready and b.ready and a.quality_threshold == local.quality_threshold
+        assert (
+            a.ready and b.ready and a.pipeline.operating.quality_threshold == local.pipeline.operating.quality_threshold
+        )
         crops = _crops(5)
         outs = await asyncio.gather(*[(a if i % 2 else b)._embed(crops[i : i + 1]) for i in range(5)])
         emb = np.concatenate([o[0] for o in outs])
