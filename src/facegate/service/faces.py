@@ -152,7 +152,8 @@ class FaceService:
         """The largest face of one encoded photo and its top-``k`` in ``gallery``, in one engine trip
         (the engine's ``photo_search`` stage; only when :attr:`photo_on_device`)."""
         res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
-        return self._record(self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)), out
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
+        return self._record(faces), out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
