@@ -357,9 +357,7 @@ def eval_quality(
     held = {c: by_fold(fold_of, reasons[c]["folds"], "limit") for c in REASONS}
     shipped = {c: np.full(n, reasons[c]["shipped_limit"]) for c in REASONS}
     by_reason = refused(t, q, np.zeros(n), held)
-    gates = gate_study(
-        q, clean, t["identity"], fold_of, ps, sim, match_threshold, refused_anyway=by_reason, draws=draws
-    )
+    gates = gate_study(q, clean, t["identity"], fold_of, ps, sim, match_threshold, by_reason, draws=draws)
     gates["clean_faces_refused_with_reasons"] = {
         "held_out_verify_gate": float(refused(t, q, by_fold(fold_of, gates["folds"], "verify_gate"), held)[ok].mean()),
         "shipped_verify_gate": float(refused(t, q, np.full(n, gates["shipped"]["verify_gate"]), shipped)[ok].mean()),
@@ -367,8 +365,18 @@ def eval_quality(
         "reasons_only": float(by_reason[ok].mean()),
     }
     rel, w = reliability_study(q, ps, sim, match_threshold)
-    if reliability_out is not None:
-        save_reliability(reliability_out, w, name="sface", threshold=match_threshold, meta={"command": command})
+    if reliability_out is not None:  # read by quality_reasons.load_reliability
+        payload = {
+            "format": "facegate.reliability",
+            "version": 2,
+            "model": "sface",
+            "threshold": match_threshold,
+            "features": list(RELIABILITY_FEATURES),
+            "weights": [float(v) for v in w.weights],
+            "isotonic": {"x": [float(v) for v in w.knots_x], "y": [float(v) for v in w.knots_y]},
+            "meta": {"command": command},
+        }
+        Path(reliability_out).write_text(json.dumps(payload, indent=1) + "\n")
     report = {
         "command": command,
         "photos": int(clean.sum()),
@@ -417,10 +425,8 @@ def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     return float(q[k]) if k < q.size else 1.0
 
 
-def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray | None) -> float:
+def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray) -> float:
     """:func:`choose_gate` over ``faces``, refusing only what ``refused_anyway`` (``(N,)`` bool) leaves of the share."""
-    if refused_anyway is None:
-        return choose_gate(q[faces], max_refusal)
     rest = faces & ~refused_anyway
     left = max_refusal * faces.sum() - (faces & refused_anyway).sum()
     return choose_gate(q[rest], max(0.0, left) / max(1, rest.sum()))
@@ -441,9 +447,9 @@ def gate_study(
     ps: PairSet,
     sim: np.ndarray,
     threshold: float,
+    refused_anyway: np.ndarray,
     *,
     verify_max_clean: float = 0.0045,
-    refused_anyway: np.ndarray | None = None,
     enrol_max_clean: float = 0.02,
     draws: int = 1000,
     seed: int = 0,
@@ -544,18 +550,3 @@ def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: fl
         "weights": [float(v) for v in model.weights],
     }
     return report, model
-
-
-def save_reliability(path: Path, model: Any, *, name: str, threshold: float, meta: dict) -> None:
-    """Write a :class:`~facegate.quality_reasons.ReliabilityModel` as JSON (read by ``load_reliability``)."""
-    payload = {
-        "format": "facegate.reliability",
-        "version": 2,
-        "model": name,
-        "threshold": threshold,
-        "features": list(RELIABILITY_FEATURES),
-        "weights": [float(v) for v in model.weights],
-        "isotonic": {"x": [float(v) for v in model.knots_x], "y": [float(v) for v in model.knots_y]},
-        "meta": meta,
-    }
-    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
