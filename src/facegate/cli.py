@@ -40,31 +40,35 @@ FlipOpt = Annotated[bool, typer.Option(help="also embed the mirrored crop (2× c
 MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
 
-def guarded(fn: F) -> F:
-    """Configure logging; turn FacegateError (and anything unexpected) into a JSON error on stderr and an exit code."""
+def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], F]:
+    """Register a command of ``group`` that configures logging and turns FacegateError (and anything unexpected)
+    into a JSON error on stderr and an exit code."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from facegate.logs import configure_logging
+    def register(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from facegate.logs import configure_logging
 
-        configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
-        try:
-            return fn(*args, **kwargs)
-        except FacegateError as exc:
-            typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
-            raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            if os.environ.get("FACEGATE_DEBUG") == "1":
+            configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
+            try:
+                return fn(*args, **kwargs)
+            except FacegateError as exc:
+                typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
+                raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
+            except (typer.Exit, typer.Abort, KeyboardInterrupt):
                 raise
-            log.exception("unexpected error")
-            typer.echo(
-                json.dumps({"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}), err=True
-            )
-            raise typer.Exit(1) from None
+            except Exception as exc:
+                if os.environ.get("FACEGATE_DEBUG") == "1":
+                    raise
+                log.exception("unexpected error")
+                error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                typer.echo(json.dumps({"error": error}), err=True)
+                raise typer.Exit(1) from None
 
-    return wrapper  # type: ignore[return-value]
+        group.command(name)(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return register
 
 
 def _auto_device() -> str:
@@ -115,8 +119,7 @@ def _read(path: Path, settings: Settings):
     return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
-@app.command()
-@guarded
+@command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 7860)")] = None,
@@ -181,8 +184,7 @@ def _key_store(data_dir: Path | None):
     return KeyStore.for_data_dir(s.data_dir, s.security.keys_file)
 
 
-@keys_app.command("create")
-@guarded
+@command(keys_app, "create")
 def keys_create(
     name: Annotated[str, typer.Option(help="a label for the key (who or what uses it)")] = "",
     scope: Annotated[list[str] | None, typer.Option(help="read | enrol | admin (repeatable; default read)")] = None,
@@ -193,15 +195,13 @@ def keys_create(
     _echo({"key": token, **record.public()}, None)
 
 
-@keys_app.command("list")
-@guarded
+@command(keys_app, "list")
 def keys_list(data_dir: DataDirOpt = None) -> None:
     """List the keys (ids, names, scopes, creation times; never the keys)."""
     _echo([k.public() for k in _key_store(data_dir).list_keys()])
 
 
-@keys_app.command("revoke")
-@guarded
+@command(keys_app, "revoke")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="the key's id (from `facegate keys list`)")], data_dir: DataDirOpt = None
 ) -> None:
@@ -209,8 +209,7 @@ def keys_revoke(
     _echo({"revoked": _key_store(data_dir).revoke(key_id).public()}, None)
 
 
-@app.command("ray")
-@guarded
+@command(name="ray")
 def ray_cmd(
     address: Annotated[str | None, typer.Option(help="Ray cluster (host:port, ray://…, auto); default: local")] = None,
     engine_replicas: Annotated[int, typer.Option(min=1, help="engine replicas (one GPU each where there are any)")] = 1,
@@ -230,8 +229,7 @@ def ray_cmd(
     ray_run(s, address=address, ingress_replicas=ingress_replicas, metrics_port=metrics_port, **replicas)
 
 
-@app.command()
-@guarded
+@command()
 def compare(
     img1: Path,
     img2: Path,
@@ -254,8 +252,7 @@ def compare(
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
 
 
-@app.command()
-@guarded
+@command()
 def embed(
     folder: Path,
     out: Annotated[Path, typer.Option(help="output file: .npz or .jsonl")],
@@ -292,17 +289,15 @@ def embed(
                     log.warning("skipping %s: %s (%s)", f, exc.message, exc.code)
             if images:
                 dets = p.detect(images)
-                chosen, owners = [], []
-                for i, ds in enumerate(dets):
+                for f, ds in zip(ok, dets, strict=True):
                     if not ds:
-                        log.info("no face in %s", ok[i])
-                    chosen.extend(ds)
-                    owners.extend([i] * len(ds))
-                crops = p.align(images, chosen, owners)
+                        log.info("no face in %s", f)
+                chosen = [d for ds in dets for d in ds]
+                crops = p.align(images, chosen, [i for i, ds in enumerate(dets) for _ in ds])
                 faces = p.make_faces(chosen, crops, *p.embed(crops))  # gated as served: reasons included
-                for k, (f, i) in enumerate(zip(faces, owners, strict=True)):
-                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": f.detection.to_dict()}
-                    rows.append(row | {"quality": f.quality.to_dict(), "embedding": f.embedding})
+                where = [(str(f), k) for f, ds in zip(ok, dets, strict=True) for k in range(len(ds))]
+                for (path, k), face in zip(where, faces, strict=True):
+                    rows.append({"path": path, "face": k, **face.to_dict(), "embedding": face.embedding})
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
@@ -320,13 +315,11 @@ def embed(
     else:
         with open(out, "w") as fh:
             for r in rows:
-                r = dict(r, embedding=[round(float(x), 7) for x in r["embedding"]])
-                fh.write(json.dumps(r) + "\n")
+                fh.write(json.dumps(r | {"embedding": [round(float(x), 7) for x in r["embedding"]]}) + "\n")
     _echo({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}, None)
 
 
-@app.command()
-@guarded
+@command()
 def enrol(
     source: Annotated[Path, typer.Argument(help="folder per subject, a path,subject_id CSV, or a templates .npz")],
     gallery: Annotated[str, typer.Option(help="gallery name (created when missing)")],
@@ -413,8 +406,7 @@ def _env_info(settings: Settings) -> dict[str, Any]:
     }
 
 
-@eval_app.command("lfw")
-@guarded
+@command(eval_app, "lfw")
 def eval_lfw(
     root: Annotated[Path | None, typer.Option(help="LFW root (lfw-deepfunneled/ + pairs.txt)")] = None,
     out: Annotated[Path, typer.Option(help="JSON output")] = Path("lfw_eval.json"),
@@ -453,7 +445,7 @@ def eval_lfw(
     calibration = calibrate(e, np.array([identity_of(k) for k in keys]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
-        **res.to_dict(),
+        **res,
         "images": len(paths),
         "images_without_face": no_face,
         "calibration_all_pairs": calibration,
@@ -470,8 +462,7 @@ def eval_lfw(
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
 
-@export_app.command("onnx")
-@guarded
+@command(export_app, "onnx")
 def export_onnx_cmd(
     out: Annotated[Path, typer.Option(help="output .onnx file")],
     model: ModelOpt = "sface",
@@ -489,8 +480,7 @@ def export_onnx_cmd(
     _echo(export_onnx(rec, out, opset=opset))
 
 
-@app.command("train-quality")
-@guarded
+@command(name="train-quality")
 def train_quality_cmd(
     source: Annotated[list[str], typer.Argument(help="photo folder <root>/<identity>/*.jpg, or .npz feature parts")],
     out: Annotated[Path, typer.Option(help="head file to write")],
@@ -519,8 +509,7 @@ def train_quality_cmd(
     _echo({k: v for k, v in rep.items() if k != "history"})
 
 
-@eval_app.command("quality")
-@guarded
+@command(eval_app, "quality")
 def eval_quality_cmd(
     features: Annotated[list[str], typer.Option(help="feature parts (.npz, globs or folders)")],
     root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
@@ -542,8 +531,7 @@ def eval_quality_cmd(
     typer.echo(json.dumps(rep, indent=2, default=str)[:20000])
 
 
-@app.command()
-@guarded
+@command()
 def models() -> None:
     """List the model registry with weights sources, calibrated thresholds and 1:N operating points
     (the search threshold for a named FPIR at gallery sizes 1k-1M)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,22 +85,9 @@ def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
     return float(np.nextafter(imp[k], np.inf))
 
 
-@dataclass(frozen=True)
-class LfwResult:
-    accuracy_mean: float
-    accuracy_std: float
-    fold_accuracies: list[float]
-    fold_thresholds: list[float]
-    tar_at_fmr: float
-    fmr: float
-    threshold_at_fmr: float
-    n_pairs: int
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3) -> LfwResult:
+def evaluate_scores(
+    scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3
+) -> dict[str, float | int | list[float]]:
     """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs."""
     scores = np.asarray(scores, np.float64)
     labels = np.asarray(labels, bool)
@@ -113,16 +100,16 @@ def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *
         ths.append(t)
     t_fmr = threshold_at_fmr(scores[~labels], fmr)
     tar = float(np.mean(scores[labels] >= t_fmr))
-    return LfwResult(
-        accuracy_mean=float(np.mean(accs)),
-        accuracy_std=float(np.std(accs)),
-        fold_accuracies=accs,
-        fold_thresholds=ths,
-        tar_at_fmr=tar,
-        fmr=fmr,
-        threshold_at_fmr=t_fmr,
-        n_pairs=len(scores),
-    )
+    return {
+        "accuracy_mean": float(np.mean(accs)),
+        "accuracy_std": float(np.std(accs)),
+        "fold_accuracies": accs,
+        "fold_thresholds": ths,
+        "tar_at_fmr": tar,
+        "fmr": fmr,
+        "threshold_at_fmr": t_fmr,
+        "n_pairs": len(scores),
+    }
 
 
 def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:

@@ -66,6 +66,6 @@ def test_evaluate_scores_folds() -> None:
     scores = np.where(labels, rng.normal(0.7, 0.1, n), rng.normal(0.1, 0.1, n))
     folds = np.arange(n) // 60
     res = evaluate_scores(scores, labels, folds, fmr=1e-2)
-    assert len(res.fold_accuracies) == 10 and res.accuracy_mean > 0.98
-    assert 0.0 <= res.tar_at_fmr <= 1.0 and res.fmr == 1e-2
-    assert np.mean(scores[~labels] >= res.threshold_at_fmr) <= 1e-2
+    assert len(res["fold_accuracies"]) == 10 and res["accuracy_mean"] > 0.98
+    assert 0.0 <= res["tar_at_fmr"] <= 1.0 and res["fmr"] == 1e-2
+    assert np.mean(scores[~labels] >= res["threshold_at_fmr"]) <= 1e-2
