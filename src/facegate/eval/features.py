@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from facegate.errors import InvalidParameterError
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
@@ -31,6 +32,25 @@ def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, s
             v += [(name, s) for name in DEGRADATIONS for s in SEVERITIES]
         plan.append(v)
     return plan
+
+
+def read_parts(parts: Sequence[str | Path], columns: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Feature parts (``.npz`` files, or folders of them) as one table: the ``columns``, else every array column of
+    the first file, plus ``identity (N,)`` from the paths."""
+    files = sorted({f for p in parts for f in (Path(p).glob("*.npz") if Path(p).is_dir() else [Path(p)])})
+    if not files:
+        raise InvalidParameterError("no feature files", detail={"features": [str(p) for p in parts]})
+    loaded: list[dict[str, np.ndarray]] = []
+    for f in files:
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                columns = columns or [k for k in z.files if z[k].ndim > 0]
+                loaded.append({c: z[c] for c in columns})
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidParameterError(f"cannot read feature file {f}: {exc}", detail={"path": str(f)}) from exc
+    t = {c: np.concatenate([d[c] for d in loaded]) for c in columns}
+    t["identity"] = np.array([str(p).split("/", 1)[0] for p in t["path"]])
+    return t
 
 
 def _heuristic(image: np.ndarray, crop: np.ndarray, det) -> float:

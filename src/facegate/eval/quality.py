@@ -23,6 +23,7 @@ from facegate.config import QualitySettings
 from facegate.errors import InvalidParameterError
 from facegate.eval.calibrate import calibrate
 from facegate.eval.degrade import plan
+from facegate.eval.features import read_parts
 from facegate.eval.lfw import Pair, read_pairs
 from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
@@ -76,13 +77,8 @@ def identity_folds(pairs: Sequence[Pair]) -> dict[str, int]:
 
 
 def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """Concatenate feature files; adds ``variant`` (0 clean, 1 P1, 2 reason), ``identity`` and derived columns."""
-    files = [Path(f) for p in parts for f in (sorted(Path(p).glob("*.npz")) if Path(p).is_dir() else [Path(p)])]
-    if not files:
-        raise InvalidParameterError("no feature files", detail={"features": [str(p) for p in parts]})
-    loaded = [np.load(f) for f in files]
-    keys = [k for k in loaded[0].files if loaded[0][k].ndim > 0]
-    t = {k: np.concatenate([d[k] for d in loaded]) for k in keys}
+    """:func:`~facegate.eval.features.read_parts` with ``variant`` (0 clean, 1 P1, 2 reason) and derived columns."""
+    t = read_parts(parts)
     variant = np.zeros(t["path"].size, np.int8)
     i = 0
     while i < variant.size:  # rows come per photo: clean, then the variants its plan could make (face-drawn ones
@@ -91,7 +87,6 @@ def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
         variant[i : i + len(made)] = made
         i += len(made)
     t["variant"] = variant
-    t["identity"] = np.array([p.split("/", 1)[0] for p in t["path"]])
     emb, flip = t["emb"].astype(np.float32), t["flip"].astype(np.float32)
     t["flip_cos"] = np.einsum("ij,ij->i", emb, flip)
     t["abs_yaw"], t["abs_pitch"] = np.abs(t["yaw"]), np.abs(t["pitch"])
@@ -282,9 +277,9 @@ def by_fold(fold_of: np.ndarray, rows: list[dict[str, Any]], key: str) -> np.nda
     return out
 
 
-def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: dict[str, np.ndarray]) -> np.ndarray:
-    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason →
-    ``(N,)``; pitch and detector score at the shipped settings)."""
+def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: Any, limits: dict[str, Any]) -> np.ndarray:
+    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason → limit;
+    each a number or ``(N,)`` per face; pitch and detector score at the shipped settings)."""
     s = QualitySettings()
     luma = t["luma"]
     exposed = (luma < limits["too_dark"]) | (luma > limits["too_bright"])
@@ -355,13 +350,13 @@ def eval_quality(
     q = np.where(t["found"], np.nan_to_num(t["quality"]), 0.0)
     ok = t["found"] & clean
     held = {c: by_fold(fold_of, reasons[c]["folds"], "limit") for c in REASONS}
-    shipped = {c: np.full(n, reasons[c]["shipped_limit"]) for c in REASONS}
-    by_reason = refused(t, q, np.zeros(n), held)
+    shipped = {c: reasons[c]["shipped_limit"] for c in REASONS}
+    by_reason = refused(t, q, 0.0, held)
     gates = gate_study(q, clean, t["identity"], fold_of, ps, sim, match_threshold, by_reason, draws=draws)
     gates["clean_faces_refused_with_reasons"] = {
         "held_out_verify_gate": float(refused(t, q, by_fold(fold_of, gates["folds"], "verify_gate"), held)[ok].mean()),
-        "shipped_verify_gate": float(refused(t, q, np.full(n, gates["shipped"]["verify_gate"]), shipped)[ok].mean()),
-        "registry_gate_0.5": float(refused(t, q, np.full(n, 0.5), shipped)[ok].mean()),
+        "shipped_verify_gate": float(refused(t, q, gates["shipped"]["verify_gate"], shipped)[ok].mean()),
+        "registry_gate_0.5": float(refused(t, q, 0.5, shipped)[ok].mean()),
         "reasons_only": float(by_reason[ok].mean()),
     }
     rel, w = reliability_study(q, ps, sim, match_threshold)

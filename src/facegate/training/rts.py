@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from facegate.errors import InvalidParameterError
+from facegate.eval.features import extract, plan_variants, read_parts
 from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_logistic, save_head
 
 log = logging.getLogger(__name__)
@@ -51,23 +52,6 @@ class RTSConfig:
             raise InvalidParameterError(f"dof must be >= 3 (τ divides by dof - 2), got {self.dof}")
         if self.batch_size < 2:
             raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
-
-
-def load_features(specs: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """``.npz`` feature parts (files or folders) as one table of :data:`FEATURE_COLUMNS` plus ``identity (N,)``."""
-    files = sorted({f for s in specs for f in (Path(s).glob("*.npz") if Path(s).is_dir() else [Path(s)])})
-    parts = []
-    for f in files:
-        try:
-            with np.load(f, allow_pickle=False) as z:
-                parts.append({c: z[c] for c in FEATURE_COLUMNS})
-        except (OSError, ValueError, KeyError) as exc:
-            raise InvalidParameterError(f"cannot read feature file {f}: {exc}", detail={"path": str(f)}) from exc
-    if not parts:
-        raise InvalidParameterError(f"no feature files in {[str(s) for s in specs]}")
-    table = {c: np.concatenate([p[c] for p in parts]) for c in FEATURE_COLUMNS}
-    table["identity"] = np.array([str(p).split("/")[0] for p in table["path"]])
-    return table
 
 
 def rts_loss(
@@ -246,7 +230,6 @@ def train_quality(
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
         from facegate.config import Settings
-        from facegate.eval.features import extract, plan_variants
         from facegate.pipeline.pipeline import FacePipeline
 
         root = Path(source)
@@ -261,7 +244,7 @@ def train_quality(
             np.savez_compressed(save_features, **table)
         table["identity"] = np.array([p.split("/")[0] for p in table["path"]])
     else:
-        table = load_features([source] if isinstance(source, (str, Path)) else list(source))
+        table = read_parts([source] if isinstance(source, (str, Path)) else list(source), FEATURE_COLUMNS)
     head, cal, record = train_and_calibrate(
         table, config, match_threshold=match_threshold, device=device, progress=progress
     )

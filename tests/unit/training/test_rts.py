@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from facegate.errors import InvalidParameterError
+from facegate.eval.features import read_parts
 from facegate.models.quality import RTSQualityHead, load_head
 from facegate.models.recognizer import build_recognizer
 from facegate.models.registry import SFACE, WeightsSource
@@ -19,7 +20,6 @@ from facegate.training.rts import (
     _fold_standardisation,
     genuine_outcomes,
     head_sigma2,
-    load_features,
     rts_loss,
     train_and_calibrate,
     train_quality,
@@ -155,7 +155,7 @@ def test_train_quality_from_feature_files_writes_a_loadable_head(tmp_path: Path)
     t = synthetic_table(feat_dim=TINY_HEAD_DIM)
     part = tmp_path / "qf_0.npz"
     np.savez_compressed(part, **{c: t[c] for c in FEATURE_COLUMNS})
-    assert load_features([tmp_path])["identity"].tolist() == t["identity"].tolist()
+    assert read_parts([tmp_path], FEATURE_COLUMNS)["identity"].tolist() == t["identity"].tolist()
     out = tmp_path / "head.pt"
     summary = train_quality(
         [part],
