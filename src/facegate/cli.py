@@ -244,8 +244,7 @@ def compare(
 
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
-    a = p.faces([_read(img1, s)])[0][0]
-    b = p.faces([_read(img2, s)])[0][0]
+    a, b = (p.faces([_read(img, s)])[0][0] for img in (img1, img2))
     _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 

@@ -104,30 +104,26 @@ def extract(
         "emb": np.full((n, d), np.nan, np.float16),
         "head_in": np.full((n, d + pipeline.recognizer.backbone.feature_dim // 49), np.nan, np.float16),
     }
-    cache: dict[str, np.ndarray] = {}
+    loaded = ""  # the photo in ``img``: a photo's variants are consecutive jobs
     for start in range(0, n, batch_size):
         chunk = jobs[start : start + batch_size]
         images = []
         for p, k, (name, sev) in chunk:
-            if p not in cache:
-                cache.clear()
-                cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
-            img = cache[p]
+            if p != loaded:
+                loaded, img = p, decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
         found = detect_centre(pipeline, images)
         owners = [i for i, d in enumerate(found) if d is not None]
         chosen = [found[i] for i in owners]
         if chosen:
             crops = pipeline.align(images, chosen, owners)
-            emb, head_in, norm = _backbone(pipeline, crops)
-            for j, (i, dd) in enumerate(zip(owners, chosen, strict=True)):
-                r = start + i
-                out["found"][r] = True
-                out["det"][r] = dd.score
-                out["norm"][r] = norm[j]
-                out["emb"][r] = emb[j]
-                out["head_in"][r] = head_in[j]
-                out["heuristic"][r] = _heuristic(images[i], crops[j], dd)
+            rows = start + np.asarray(owners)
+            out["emb"][rows], out["head_in"][rows], out["norm"][rows] = _backbone(pipeline, crops)
+            out["found"][rows] = True
+            out["det"][rows] = [d.score for d in chosen]
+            out["heuristic"][rows] = [
+                _heuristic(images[i], c, d) for i, c, d in zip(owners, crops, chosen, strict=True)
+            ]
         if progress is not None:
             progress(len(chunk))
     return out
