@@ -58,9 +58,7 @@ def cmd_embed(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         emb = embed_lfw(p, root, paths, batch_size=a.batch)
         secs = time.perf_counter() - t0
-        out[f"emb_{prec}"] = np.stack([emb[k][0] for k in paths])
-        out[f"q_{prec}"] = np.array([emb[k][1] for k in paths], np.float32)
-        out[f"det_{prec}"] = np.array([emb[k][3] for k in paths], np.float32)
+        out[f"emb_{prec}"], out[f"q_{prec}"], out[f"det_{prec}"] = emb["emb"], emb["quality"], emb["det"]
         out[f"seconds_{prec}"] = np.array(secs)
         out["threshold"] = np.array(p.operating.match_threshold)
         log.info("%s: %d images in %.1f s (%.0f img/s)", prec, len(paths), secs, len(paths) / secs)
@@ -84,11 +82,9 @@ def cmd_report(a: argparse.Namespace) -> None:
         raise SystemExit(f"{len(missing)} pair images missing from the parts, e.g. {missing[:3]}")
     ok = [k for k in needed if not (np.isnan(emb32[k]).any() or np.isnan(emblo[k]).any())]
     cos = np.array([float(np.dot(emb32[k], emblo[k])) for k in ok])
-    as_tuple = {k: (v, 0.0, 0.0, 0.0) for k, v in emb32.items()}
-    as_tuple_lo = {k: (v, 0.0, 0.0, 0.0) for k, v in emblo.items()}
     labels = np.array([p.same for p in pairs])
     folds = np.array([p.fold for p in pairs])
-    sc32, sclo = pair_scores(pairs, as_tuple), pair_scores(pairs, as_tuple_lo)
+    sc32, sclo = pair_scores(pairs, emb32), pair_scores(pairs, emblo)
     r32, rlo = evaluate_scores(sc32, labels, folds), evaluate_scores(sclo, labels, folds)
     res = {
         "pairs": len(pairs),
