@@ -58,7 +58,7 @@ def cmd_embed(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         emb = embed_lfw(p, root, paths, batch_size=a.batch)
         secs = time.perf_counter() - t0
-        out[f"emb_{prec}"], out[f"q_{prec}"], out[f"det_{prec}"] = emb["emb"], emb["quality"], emb["det"]
+        out[f"emb_{prec}"], out[f"q_{prec}"], out[f"det_{prec}"] = emb["embeddings"], emb["quality"], emb["det_score"]
         out[f"seconds_{prec}"] = np.array(secs)
         out["threshold"] = np.array(p.operating.match_threshold)
         log.info("%s: %d images in %.1f s (%.0f img/s)", prec, len(paths), secs, len(paths) / secs)

@@ -434,16 +434,16 @@ def eval_lfw(
     with tqdm(total=len(paths), unit="img", desc="lfw", file=sys.stderr) as bar:
         emb = embed_lfw(p, r, paths, batch_size=batch_size, progress=bar.update)
     secs = time.perf_counter() - t0
-    scores = pair_scores(pairs, dict(zip(paths, emb["emb"], strict=True)))
+    scores = pair_scores(pairs, dict(zip(paths, emb["embeddings"], strict=True)))
     labels = np.array([pp.same for pp in pairs])
     folds = np.array([pp.fold for pp in pairs])
     res = evaluate_scores(scores, labels, folds)
-    calibration = calibrate(emb["emb"], np.array([identity_of(k) for k in paths]))
+    calibration = calibrate(emb["embeddings"], np.array([identity_of(k) for k in paths]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
         **res,
         "images": len(paths),
-        "images_without_face": int(np.isnan(emb["emb"]).any(axis=1).sum()),
+        "images_without_face": int(np.isnan(emb["embeddings"]).any(axis=1).sum()),
         "calibration_all_pairs": calibration,
         "seconds": round(secs, 2),
         "env": _env_info(s),
@@ -452,14 +452,7 @@ def eval_lfw(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     if save_embeddings is not None:
-        np.savez_compressed(
-            save_embeddings,
-            paths=np.array(paths),
-            embeddings=emb["emb"],
-            quality=emb["quality"],
-            raw=emb["raw"],
-            det_score=emb["det"],
-        )
+        np.savez_compressed(save_embeddings, paths=np.array(paths), **emb)
     shown = ("accuracy_mean", "accuracy_std", "tar_at_fmr", "threshold_at_fmr", "images_without_face", "seconds")
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 

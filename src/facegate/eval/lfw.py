@@ -138,14 +138,14 @@ def embed_lfw(
     batch_size: int = 32,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per path, in order, of :func:`detect_centre`'s face: ``emb (N, D)``, ``quality``, ``raw`` (quality) and
-    ``det`` (detector score) ``(N,)``, all float32; NaN (``det`` 0) where no face was found."""
+    """Per path, in order, of :func:`detect_centre`'s face: ``embeddings (N, D)``, ``quality``, ``raw`` (quality) and
+    ``det_score`` ``(N,)``, all float32; NaN (``det_score`` 0) where no face was found."""
     from facegate.io.decode import decode_image
 
     n = len(paths)
     nan = np.full(n, np.nan, np.float32)
     emb = np.full((n, pipeline.spec.embedding_dim), np.nan, np.float32)
-    out = {"emb": emb, "quality": nan, "raw": nan.copy(), "det": np.zeros(n, np.float32)}
+    out = {"embeddings": emb, "quality": nan, "raw": nan.copy(), "det_score": np.zeros(n, np.float32)}
     base = Path(root) / "lfw-deepfunneled"
     for start in range(0, n, batch_size):
         chunk = paths[start : start + batch_size]
@@ -156,8 +156,8 @@ def embed_lfw(
         owners = [i for i, d in enumerate(found) if d is not None]
         rows = start + np.asarray(owners, np.int64)
         crops = pipeline.align(images, [found[i] for i in owners], owners)
-        out["emb"][rows], out["quality"][rows], out["raw"][rows] = pipeline.embed(crops)
-        out["det"][rows] = [found[i].score for i in owners]
+        out["embeddings"][rows], out["quality"][rows], out["raw"][rows] = pipeline.embed(crops)
+        out["det_score"][rows] = [found[i].score for i in owners]
         if progress is not None:
             progress(len(chunk))
     return out
