@@ -82,10 +82,8 @@ def cmd_report(a: argparse.Namespace) -> None:
         raise SystemExit(f"{len(missing)} pair images missing from the parts, e.g. {missing[:3]}")
     ok = [k for k in needed if not (np.isnan(emb32[k]).any() or np.isnan(emblo[k]).any())]
     cos = np.array([float(np.dot(emb32[k], emblo[k])) for k in ok])
-    labels = np.array([p.same for p in pairs])
-    folds = np.array([p.fold for p in pairs])
     sc32, sclo = pair_scores(pairs, emb32), pair_scores(pairs, emblo)
-    r32, rlo = evaluate_scores(sc32, labels, folds), evaluate_scores(sclo, labels, folds)
+    r32, rlo = evaluate_scores(sc32, pairs), evaluate_scores(sclo, pairs)
     res = {
         "pairs": len(pairs),
         "images": len(needed),

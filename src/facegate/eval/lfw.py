@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,13 +86,12 @@ def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
     return float(np.nextafter(imp[k], np.inf))
 
 
-def evaluate_scores(
-    scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3
-) -> dict[str, float | int | list[float]]:
-    """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs."""
+def evaluate_scores(scores: np.ndarray, pairs: Sequence[Pair], *, fmr: float = 1e-3) -> dict[str, Any]:
+    """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs, from each pair's
+    score ``(P,)``."""
     scores = np.asarray(scores, np.float64)
-    labels = np.asarray(labels, bool)
-    folds = np.asarray(folds)
+    labels = np.array([p.same for p in pairs], bool)
+    folds = np.array([p.fold for p in pairs])
     accs, ths = [], []
     for f in np.unique(folds):
         train, test = folds != f, folds == f
