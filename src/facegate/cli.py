@@ -37,6 +37,7 @@ ModelOpt = Annotated[str, typer.Option(help="recognizer name in the registry")]
 RtsOpt = Annotated[Path | None, typer.Option(help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
 HeadOpt = Annotated[Path | None, typer.Option(help="trained quality-head file")]
 FlipOpt = Annotated[bool, typer.Option(help="also embed the mirrored crop (2× compute)")]
+LFW_ENV = "FACEGATE_LFW_ROOT"
 MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
 
@@ -373,13 +374,6 @@ def enrol(
         _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
 
 
-def _lfw_root(root: Path | None) -> Path:
-    r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
-    if r is None:
-        raise typer.BadParameter("give --root or set FACEGATE_LFW_ROOT")
-    return r
-
-
 def _env_info(settings: Settings) -> dict[str, Any]:
     import platform
     import subprocess
@@ -407,7 +401,7 @@ def _env_info(settings: Settings) -> dict[str, Any]:
 
 @command(eval_app, "lfw")
 def eval_lfw(
-    root: Annotated[Path | None, typer.Option(help="LFW root (lfw-deepfunneled/ + pairs.txt)")] = None,
+    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (lfw-deepfunneled/ + pairs.txt)")],
     out: Annotated[Path, typer.Option(help="JSON output")] = Path("lfw_eval.json"),
     device: DeviceOpt = "cpu",
     precision: PrecisionOpt = "fp32",
@@ -425,14 +419,13 @@ def eval_lfw(
     from facegate.eval.calibrate import calibrate, identity_of
     from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
 
-    r = _lfw_root(root)
     s = _settings(**_model_kw(locals()), flip_tta=flip_tta)
     p = _pipeline(s)
-    pairs = read_pairs(r)
+    pairs = read_pairs(root)
     paths = pair_images(pairs)
     t0 = time.perf_counter()
     with tqdm(total=len(paths), unit="img", desc="lfw", file=sys.stderr) as bar:
-        emb = embed_lfw(p, r, paths, batch_size=batch_size, progress=bar.update)
+        emb = embed_lfw(p, root, paths, batch_size=batch_size, progress=bar.update)
     secs = time.perf_counter() - t0
     scores = pair_scores(pairs, dict(zip(paths, emb["embeddings"], strict=True)))
     res = evaluate_scores(scores, pairs)
@@ -505,7 +498,7 @@ def train_quality_cmd(
 @command(eval_app, "quality")
 def eval_quality_cmd(
     features: Annotated[list[str], typer.Option(help="feature parts (.npz, globs or folders)")],
-    root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
+    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (pairs.txt)")],
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
     plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
     match_threshold: MatchOpt = None,
@@ -515,7 +508,7 @@ def eval_quality_cmd(
 
     rep = eval_quality(
         features,
-        _lfw_root(root),
+        root,
         out=out,
         plot=plot,
         match_threshold=_match_threshold(match_threshold),
