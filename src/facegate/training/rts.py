@@ -1,9 +1,5 @@
-"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration. On cached
-features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
-
-    cos  = emb @ normalize(W)ᵀ                          (B, C), W: frozen class means of the clean embeddings
-    τ_b  = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),   ε ~ N(0, 1), fresh every step
-    loss = CE(s · cos / τ, y) + kl_scale · mean(½ (σ² − log σ² − 1))
+"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023; the loss is in docs/quality.md), and
+its calibration, on cached features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``.
 
 The target-class cosine is against the *other* clean photos of the identity (as a genuine comparison sees). The
 calibration maps σ² to P(a genuine comparison reaches the match threshold), on the training identities.
