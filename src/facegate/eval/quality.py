@@ -280,16 +280,12 @@ def by_fold(fold_of: np.ndarray, rows: list[dict[str, Any]], key: str) -> np.nda
 def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: Any, limits: dict[str, Any]) -> np.ndarray:
     """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason → limit;
     each a number or ``(N,)`` per face; pitch and detector score at the shipped settings)."""
+    fires = {code: _fires(t[col], limits[code], direction) for code, (_, col, direction, _) in REASONS.items()}
+    fires["occluded"] &= ~(fires["too_dark"] | fires["too_bright"])  # as face_reasons: exposure is named instead
     s = QualitySettings()
-    luma = t["luma"]
-    exposed = (luma < limits["too_dark"]) | (luma > limits["too_bright"])
     return (
         (q < gate)
-        | (t["iod"] < limits["too_small"])
-        | (t["sharpness"] < limits["blur"])
-        | exposed
-        | ((t["flat"] > limits["occluded"]) & ~exposed)
-        | (t["abs_yaw"] > limits["pose"])
+        | np.logical_or.reduce(list(fires.values()))
         | (t["abs_pitch"] > s.max_pitch_deg)
         | (t["det"] < s.min_det_score)
     )
