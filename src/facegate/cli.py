@@ -72,13 +72,6 @@ def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], 
     return register
 
 
-def _auto_device() -> str:
-    """``'cuda'`` or ``'cpu'``, as the serving plan resolves ``--device auto`` (without importing torch)."""
-    from facegate.tuning import detect_machine
-
-    return "cuda" if detect_machine().gpus > 0 else "cpu"
-
-
 def _command() -> str:
     return " ".join(["facegate", *sys.argv[1:]])
 
@@ -480,13 +473,17 @@ def train_quality_cmd(
 ) -> None:
     """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
     from facegate.training.rts import RTSConfig, train_quality
+    from facegate.tuning import detect_machine
+
+    if device == "auto":  # as the serving plan resolves it
+        device = "cuda" if detect_machine().gpus > 0 else "cpu"
 
     src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
     rep = train_quality(
         src,
         out,
         config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
-        device=_auto_device() if device == "auto" else device,
+        device=device,
         n_random=n_random,
         save_features=save_features,
         match_threshold=_match_threshold(match_threshold),
