@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from facegate.config import Settings
+from facegate.config import QualitySettings, Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu
 from facegate.pipeline.base import detector_batches, select_faces
 from facegate.quality_reasons import (
-    ReasonThresholds,
     crop_stats,
     enrol_gate,
     enrol_verdict,
@@ -189,7 +188,7 @@ class FacePipeline:
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
-        self.reason_limits = ReasonThresholds.from_settings()
+        self.reason_limits = QualitySettings()
         self.refuse_on_reasons = True
         self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
         self.reliability_weights = load_reliability(spec.name) if spec is not None else None
@@ -401,7 +400,7 @@ class FacePipeline:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def set_quality(self, settings: Settings) -> None:
-        self.reason_limits = ReasonThresholds.from_settings(settings.quality)
+        self.reason_limits = settings.quality
         self.refuse_on_reasons = settings.quality.refuse_on_reasons
         self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
 
