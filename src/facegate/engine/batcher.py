@@ -46,12 +46,12 @@ class WorkItem:
         """Whether nobody waits any more (:meth:`cancel`, or the future was cancelled)."""
         return self._cancelled or self.future.cancelled()
 
-    def expired(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self.deadline
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline
 
-    def dead(self, now: float | None = None) -> bool:
+    def dead(self, now: float) -> bool:
         """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
-        return self.expired(now) or self._cancelled or self.future.done()
+        return now >= self.deadline or self._cancelled or self.future.done()
 
 
 def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
@@ -99,11 +99,6 @@ class Batcher:
         self._wait_hist = stats.queue_wait.labels(name)
         self._dropped_expired = stats.dropped.labels(name, "expired")
         self._dropped_cancelled = stats.dropped.labels(name, "cancelled")
-
-    @property
-    def depth(self) -> int:
-        """Items waiting (including dead ones not yet purged)."""
-        return len(self._q)
 
     def _retry_after_locked(self) -> float:
         """Seconds until the queue has drained at the rate of the last 64 batches, in ``[0.1, 30]``; 1 s before any."""
