@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
-from facegate.io.decode import plan_decode, run_decode
+from facegate.io.decode import decode_batch
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
@@ -217,8 +217,8 @@ class PhotoStage:
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
-        plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
-        prepared = prepare_photos(self.p, run_decode(plan))
+        decoded = decode_batch(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+        prepared = prepare_photos(self.p, decoded)
         batches = [b for _, b in prepared.det_batches]
         prepared.det_pending = self.p.detector.enqueue_many(
             batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
