@@ -48,7 +48,7 @@ def prepare_photos(pipe: Any, decoded: Sequence[torch.Tensor | FacegateError]) -
     sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
     batches = [
         ([keys[j] for j in idx], pipe.detector.preprocess_tensors([photos[keys[j]] for j in idx]))
-        for idx in detector_batches(sizes, pipe.detector.padded_hw, None, pipe.det_max_batch_pixels)
+        for idx in detector_batches(sizes, pipe.detector.padded_hw, None, pipe.detector.max_batch_pixels)
     ]
     return PreparedPhotos(list(decoded), photos, batches)
 

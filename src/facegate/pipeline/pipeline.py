@@ -155,11 +155,6 @@ def start_photo_check() -> Callable[[], bool]:
     return wait
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two L2-normalised ``(D,) float32`` embeddings."""
-    return float(np.dot(a.astype(np.float64), b.astype(np.float64)))
-
-
 @dataclass(frozen=True, slots=True)
 class Operating:
     """The operating point in force: thresholds and where they come from."""
@@ -180,6 +175,7 @@ class FacePipeline:
         *,
         device: str,
         operating: Operating,
+        quality: QualitySettings | None = None,
     ) -> None:
         self.spec = spec
         self.detector = detector
@@ -188,13 +184,13 @@ class FacePipeline:
         self.device_name = str(device)
         self._device: torch.device | None = None
         self.operating = operating
-        self.reason_limits = QualitySettings()
-        self.refuse_on_reasons = True
-        self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
-        self.reliability_weights = load_reliability(spec.name) if spec is not None else None
+        quality = quality if quality is not None else QualitySettings()
+        self.reason_limits = quality
+        self.refuse_on_reasons = quality.refuse_on_reasons
+        self.enrol_threshold = enrol_gate(operating.quality_threshold, quality.enrol_gate)
+        self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
-        self._det_max_batch_pixels: int | None = None
         #: float32 bytes of photos the photo stage warps at once; None = a whole batch
         self.photo_warp_bytes: int | None = None
         #: ``(max_bytes, max_pixels)`` of the ``photo`` stage; None = no stage
@@ -204,17 +200,6 @@ class FacePipeline:
         #: pending check that the ``photo`` stage can run (:func:`start_photo_check`); warmup() joins it
         self._photo_check: Callable[[], bool] | None = None
         self._photo_select_post: Any = None
-
-    @property
-    def det_max_batch_pixels(self) -> int | None:
-        """Largest detector forward in padded pixels; None = no cap. The detector's bucket padding keeps within it."""
-        return self._det_max_batch_pixels
-
-    @det_max_batch_pixels.setter
-    def det_max_batch_pixels(self, value: int | None) -> None:
-        self._det_max_batch_pixels = value
-        if self.detector is not None:
-            self.detector.max_batch_pixels = value
 
     @property
     def device(self) -> torch.device:
@@ -267,6 +252,7 @@ class FacePipeline:
             # equal steady-state speed; NHWC on the CPU, where it is several times faster
             channels_last=plan.det_channels_last,
         )
+        detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
         if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(buckets)
@@ -318,9 +304,7 @@ class FacePipeline:
             operating.match_fmr,
             operating.quality_threshold,
         )
-        pipe = cls(spec, detector, recognizer, device=device, operating=operating)
-        pipe.set_quality(settings)
-        pipe.det_max_batch_pixels = plan.det_max_batch_pixels
+        pipe = cls(spec, detector, recognizer, device=device, operating=operating, quality=settings.quality)
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
         pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]
         limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
@@ -344,7 +328,7 @@ class FacePipeline:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
         sizes = [im.shape[:2] for im in images]
-        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.det_max_batch_pixels)
+        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.detector.max_batch_pixels)
         return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
 
     def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
@@ -366,9 +350,7 @@ class FacePipeline:
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
         """Crops ``(K, 112, 112, 3) uint8`` RGB for ``detections[k]`` found in ``images[image_index[k]]``."""
-        if not detections:
-            return np.zeros((0, 112, 112, 3), np.uint8)
-        lms = np.stack([d.landmarks for d in detections]).astype(np.float32)
+        lms = np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2)
         return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
 
     @inference_mode
@@ -398,11 +380,6 @@ class FacePipeline:
             emb, q, raw = self.recognizer(part)
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    def set_quality(self, settings: Settings) -> None:
-        self.reason_limits = settings.quality
-        self.refuse_on_reasons = settings.quality.refuse_on_reasons
-        self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
 
     def enrol_verdict(self, face: Face) -> QualityVerdict:
         """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""
@@ -467,7 +444,7 @@ class FacePipeline:
         if refused:
             reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
             return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
-        sim = cosine(a.embedding, b.embedding)
+        sim = float(np.dot(a.embedding.astype(np.float64), b.embedding.astype(np.float64)))
         rel = None
         if self.reliability_weights is not None:
             rel = reliability(a.quality.score, b.quality.score, sim, op.match_threshold, self.reliability_weights)
@@ -535,9 +512,16 @@ class FacePipeline:
             t = time.perf_counter()
             self.confirm_photo_stage()
             step("photo_check_wait", t)
-        if self.photo_limits is not None:  # nvJPEG's decoder state and the device canvas/warp kernels
+        if self.photo_limits is not None:  # nvJPEG's decoder state, the canvas/warp kernels, each detector bucket
+            import cv2
+
+            from facegate.pipeline.photo import PhotoStage
+
             t = time.perf_counter()
-            self.warmup_photo(rng)
+            photo = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
+            _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
+            for n in sorted({1, *self.detector_warm_batches(250, 250)}):
+                photo.execute(photo.prepare([buf.reshape(-1)] * n))
             step("photo_stage", t)
         if cuda:  # hand warm-up's transient activations back to the driver
             t = time.perf_counter()
@@ -559,25 +543,12 @@ class FacePipeline:
 
     def detector_warm_batches(self, height: int, width: int) -> list[int]:
         """Photos per warm-up detect call for one size: each batch bucket up to what one forward takes under
-        ``det_max_batch_pixels``."""
+        the detector's ``max_batch_pixels``."""
         hp, wp = self.detector.padded_hw(height, width)
-        cap = self.det_max_batch_pixels // (hp * wp) if self.det_max_batch_pixels else None
+        max_pixels = self.detector.max_batch_pixels
+        cap = max_pixels // (hp * wp) if max_pixels else None
         buckets = self.detector.batch_buckets or (1,)
         fit = [b for b in buckets if cap is None or b <= max(cap, 1)]
         if cap is not None and cap >= 1 and cap not in fit and any(b > cap for b in buckets):
             fit.append(cap)  # the partly filled bucket a full forward of this size pads to
         return sorted(set(fit))
-
-    def warmup_photo(self, rng: np.random.Generator) -> None:
-        """Run the ``photo`` stage on 250×250 noise per detector batch bucket (an uncaptured one stalls its first
-        batch)."""
-        import cv2
-
-        from facegate.pipeline.photo import PhotoStage
-
-        assert self.photo_limits is not None
-        stage = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
-        _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
-        payload = np.asarray(buf, np.uint8).reshape(-1)
-        for n in sorted({1, *self.detector_warm_batches(250, 250)}):
-            stage.execute(stage.prepare([payload] * n))

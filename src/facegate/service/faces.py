@@ -111,8 +111,9 @@ class FaceService:
         # decoding and alignment run here: the same thread setting as the engine's process
         configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
         operating = Operating(**info["operating"])
-        pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
-        pipeline.set_quality(settings)
+        pipeline = FacePipeline(
+            get_spec(info["model"]), None, None, device="cpu", operating=operating, quality=settings.quality
+        )
         service = cls(pipeline, settings, engine=remote)
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
