@@ -122,19 +122,6 @@ def limit_gpu_memory(mib: int, device: int | None = None) -> float:
     return fraction
 
 
-def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.inference_mode()`` as a decorator that imports torch at the first call, not at import time."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        with torch.inference_mode():
-            return fn(*args, **kwargs)
-
-    return run
-
-
 def start_photo_check() -> Callable[[], bool]:
     """:func:`~facegate.io.decode.gpu_decode_available` (seconds: it imports torchvision) on a thread; returns a
     function waiting for the answer."""
@@ -182,7 +169,6 @@ class FacePipeline:
         self.recognizer = recognizer
         #: ``"cpu"`` / ``"cuda"``; :attr:`device` is the torch device
         self.device_name = str(device)
-        self._device: torch.device | None = None
         self.operating = operating
         quality = quality if quality is not None else QualitySettings()
         self.reason_limits = quality
@@ -201,14 +187,12 @@ class FacePipeline:
         self._photo_check: Callable[[], bool] | None = None
         self._photo_select_post: Any = None
 
-    @property
+    @functools.cached_property
     def device(self) -> torch.device:
         """The pipeline's torch device (imports torch: the engine side only)."""
-        if self._device is None:
-            import torch
+        import torch
 
-            self._device = torch.device(self.device_name)
-        return self._device
+        return torch.device(self.device_name)
 
     @classmethod
     def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
@@ -340,12 +324,14 @@ class FacePipeline:
                 out[i] = dets
         return out
 
-    @inference_mode
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
             return []
-        return self.run_detect_groups(self.detect_groups(images), len(images))
+        import torch  # here, not at import time: front-ends import this module without torch
+
+        with torch.inference_mode():
+            return self.run_detect_groups(self.detect_groups(images), len(images))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
@@ -353,7 +339,6 @@ class FacePipeline:
         lms = np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2)
         return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
 
-    @inference_mode
     def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
         if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
@@ -363,10 +348,11 @@ class FacePipeline:
             return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
         import torch
 
-        x = torch.from_numpy(np.ascontiguousarray(crops))
-        if self.device.type == "cuda":
-            x = x.pin_memory().to(self.device, non_blocking=True)
-        out = self.recognize(x).cpu().numpy()  # one device→host copy
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(crops))
+            if self.device.type == "cuda":
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            out = self.recognize(x).cpu().numpy()  # one device→host copy
         d = out.shape[1] - 2
         return out[:, :d], out[:, d], out[:, d + 1]
 
