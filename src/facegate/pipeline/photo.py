@@ -9,7 +9,7 @@ Only JPEGs with the ``largest`` policy and no crops come here.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,27 +30,14 @@ from facegate.types import Detection, FaceSelect
 
 @dataclass(slots=True)
 class PreparedPhotos:
-    """A batch after :func:`prepare_photos`: ``decoded`` per photo a ``(3, H, W) uint8`` tensor or its error;
+    """A batch after :meth:`PhotoStage.prepare`: ``decoded`` per photo a ``(3, H, W) uint8`` tensor or its error;
     ``photos`` the tensors only; ``det_batches`` ``(indices, DetBatch)`` per detector forward; ``det_pending`` the
     forwards ``prepare`` enqueued."""
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
     det_batches: list[tuple[list[int], Any]]
-    det_pending: DetPending | None = None
-
-
-@torch.inference_mode()
-def prepare_photos(pipe: Any, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
-    """Sort decoded photos from errors, and build the detector canvases on the device."""
-    photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
-    keys = list(photos)
-    sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
-    batches = [
-        ([keys[j] for j in idx], pipe.detector.preprocess_tensors([photos[keys[j]] for j in idx]))
-        for idx in detector_batches(sizes, pipe.detector.padded_hw, None, pipe.detector.max_batch_pixels)
-    ]
-    return PreparedPhotos(list(decoded), photos, batches)
+    det_pending: DetPending
 
 
 def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
@@ -125,7 +112,7 @@ def faces_selected_on_device(
     decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
-    assert pending is not None and pending.post_out is not None
+    assert pending.post_out is not None
     order = [i for idx, _ in prepared.det_batches for i in idx]
     meta: list[torch.Tensor] = []
     crops: list[torch.Tensor] = []
@@ -218,12 +205,20 @@ class PhotoStage:
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
         decoded = decode_batch(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
-        prepared = prepare_photos(self.p, decoded)
-        batches = [b for _, b in prepared.det_batches]
-        prepared.det_pending = self.p.detector.enqueue_many(
-            batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
+        photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
+        keys = list(photos)
+        sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
+        det = self.p.detector
+        with torch.inference_mode():  # the detector canvases, on the device
+            batches = [
+                ([keys[j] for j in idx], det.preprocess_tensors([photos[keys[j]] for j in idx]))
+                for idx in detector_batches(sizes, det.padded_hw, None, det.max_batch_pixels)
+            ]
+        canvases = [b for _, b in batches]
+        pending = det.enqueue_many(
+            canvases, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in canvases]
         )
-        return prepared
+        return PreparedPhotos(decoded, photos, batches, pending)
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
         return faces_selected_on_device(self.p, prepared)[0]
