@@ -138,13 +138,11 @@ class Batcher:
         ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
         while True:
             batch, dropped = self._collect_once(max_batch, max_wait_s)
-            self._finish_dropped(dropped)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            late = [it for it in batch if it.dead(now)]
-            if late:
-                self._finish_dropped([(it, self._reason(it, now)) for it in late])
-                batch = [it for it in batch if not it.dead(now)]
+            dropped += [(it, self._reason(it, now)) for it in batch if it.dead(now)]
+            batch = [it for it in batch if not it.dead(now)]
+            self._finish_dropped(dropped)
             if batch:
                 for it in batch:
                     self._wait_hist.observe(now - it.enqueued_at)
@@ -160,23 +158,16 @@ class Batcher:
             while True:
                 now = time.monotonic()
                 q = self._q
-                full = False
-                while q:
+                while q and cost < max_batch:
                     it = q[0]
                     if it.dead(now):
-                        q.popleft()
-                        dropped.append((it, self._reason(it, now)))
-                        continue
-                    if batch and cost + it.cost > max_batch:
-                        full = True
-                        break
-                    q.popleft()
-                    batch.append(it)
-                    cost += it.cost
-                    if cost >= max_batch:
-                        full = True
-                        break
-                if full or self._closed:
+                        dropped.append((q.popleft(), self._reason(it, now)))
+                    elif batch and cost + it.cost > max_batch:
+                        break  # the next item waits for the next batch (an oversized one runs alone)
+                    else:
+                        batch.append(q.popleft())
+                        cost += it.cost
+                if q or cost >= max_batch or self._closed:  # full, or closed
                     break
                 if not batch:
                     if dropped:  # report drops promptly instead of holding them while idle
