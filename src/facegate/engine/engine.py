@@ -361,14 +361,6 @@ class Engine:
             and all(r.thread.is_alive() for r in self._runners.values())
         )
 
-    def _runner(self, stage: str) -> _StageRunner:
-        if self._state != "running":
-            raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
-        try:
-            return self._runners[stage]
-        except KeyError:
-            raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)}) from None
-
     def _timeout(self, timeout_s: float | None) -> float:
         t = self.request_timeout_s if timeout_s is None else float(timeout_s)
         if not t > 0:
@@ -395,7 +387,11 @@ class Engine:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to
         ``future`` (a concurrent one, or an asyncio one, settled on its own loop). Nothing fails the future at
         the deadline during compute: the caller sweeps ``item.deadline``."""
-        runner = self._runner(stage)
+        if self._state != "running":
+            raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
+        runner = self._runners.get(stage)
+        if runner is None:
+            raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)})
         item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
         runner.batcher.put(item)
         return item

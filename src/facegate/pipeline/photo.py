@@ -178,16 +178,6 @@ def faces_selected_on_device(
     return out, more_host, fallback
 
 
-def _selection_post(pipe: Any) -> Any:
-    """The detector ``post`` step, one per pipeline: the detector captures a CUDA graph per shape and ``post``."""
-    post = pipe._photo_select_post
-    if post is None:
-        dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(pipe.device)
-        post = functools.partial(choose_and_align, iou_threshold=pipe.detector.nms_threshold, dst=dst)
-        pipe._photo_select_post = post
-    return post
-
-
 class PhotoStage:
     """Engine stage ``photo``: the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`; an item that
     fails (bad image, no face) fails alone."""
@@ -200,7 +190,11 @@ class PhotoStage:
         self.p = pipeline
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
-        self._post = _selection_post(pipeline)
+        if pipeline._photo_select_post is None:  # one per pipeline: the detector captures a graph per shape and post
+            dst = torch.from_numpy(template()).to(pipeline.device)
+            post = functools.partial(choose_and_align, iou_threshold=pipeline.detector.nms_threshold, dst=dst)
+            pipeline._photo_select_post = post
+        self._post = pipeline._photo_select_post
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
