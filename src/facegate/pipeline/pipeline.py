@@ -459,7 +459,10 @@ class FacePipeline:
         report: dict[str, dict[str, float]] = {}
         cuda = self.device.type == "cuda"
 
-        def step(name: str, t0: float) -> None:
+        @contextlib.contextmanager
+        def step(name: str) -> Iterator[None]:
+            t0 = time.perf_counter()
+            yield
             row = {"seconds": round(time.perf_counter() - t0, 3)}
             if cuda:
                 torch.cuda.synchronize()
@@ -470,49 +473,42 @@ class FacePipeline:
                     row["driver_mib"] = round(got, 1)
             report[name] = row
 
-        t = time.perf_counter()
         capture = getattr(self.recognizer, "capture", None)
         if capture is not None:
-            capture()
-            step("recognizer_graphs", t)
+            with step("recognizer_graphs"):
+                capture()
         rng = np.random.default_rng(0)
         det = self.detector
         if det.batch_buckets:  # plan (and capture) the detector's batch shapes of the warm-up photo sizes
-            t = time.perf_counter()
-            for h, w in self.det_warm_sizes:
-                for b in self.detector_warm_batches(h, w):
-                    self.detect([rng.integers(0, 255, (h, w, 3), dtype=np.uint8)] * b)
-            step("detector_buckets", t)
+            with step("detector_buckets"):
+                for h, w in self.det_warm_sizes:
+                    for b in self.detector_warm_batches(h, w):
+                        self.detect([rng.integers(0, 255, (h, w, 3), dtype=np.uint8)] * b)
             if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
-                t = time.perf_counter()
-                for b in det.batch_buckets:
-                    self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
-                step("recognizer_buckets", t)
-        t = time.perf_counter()
-        for n in batch_sizes:
-            imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
-            self.detect(imgs)
-            self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
-        step("one_of_each", t)
+                with step("recognizer_buckets"):
+                    for b in det.batch_buckets:
+                        self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
+        with step("one_of_each"):
+            for n in batch_sizes:
+                imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
+                self.detect(imgs)
+                self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
         if self._photo_check is not None:
-            t = time.perf_counter()
-            self.confirm_photo_stage()
-            step("photo_check_wait", t)
+            with step("photo_check_wait"):
+                self.confirm_photo_stage()
         if self.photo_limits is not None:  # nvJPEG's decoder state, the canvas/warp kernels, each detector bucket
             import cv2
 
             from facegate.pipeline.photo import PhotoStage
 
-            t = time.perf_counter()
-            photo = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
-            _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
-            for n in sorted({1, *self.detector_warm_batches(250, 250)}):
-                photo.execute(photo.prepare([buf.reshape(-1)] * n))
-            step("photo_stage", t)
+            with step("photo_stage"):
+                photo = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
+                _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
+                for n in sorted({1, *self.detector_warm_batches(250, 250)}):
+                    photo.execute(photo.prepare([buf.reshape(-1)] * n))
         if cuda:  # hand warm-up's transient activations back to the driver
-            t = time.perf_counter()
-            torch.cuda.empty_cache()
-            step("empty_cache", t)
+            with step("empty_cache"):
+                torch.cuda.empty_cache()
         self.warmup_report = report
         return report
 
