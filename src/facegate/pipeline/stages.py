@@ -81,11 +81,7 @@ class EmbedStage:
         item_shape = tuple(payloads[0].shape[1:])
         if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
             raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
-        if not cuda:
-            out = np.empty((n, *item_shape), np.uint8)
-            pack_rows(out, payloads)
-            return torch.from_numpy(out), sizes
-        buf = self._staging_rows(n_pad, item_shape)
+        buf = self._staging_rows(n_pad, item_shape) if cuda else torch.empty((n, *item_shape), dtype=torch.uint8)
         pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
         if n_pad > n:
             buf[n:n_pad].zero_()
