@@ -46,12 +46,14 @@ class WorkItem:
         """Whether nobody waits any more (:meth:`cancel`, or the future was cancelled)."""
         return self._cancelled or self.future.cancelled()
 
-    def expired(self, now: float) -> bool:
-        return now >= self.deadline
-
     def dead(self, now: float) -> bool:
         """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
         return now >= self.deadline or self._cancelled or self.future.done()
+
+
+def drop_reason(item: WorkItem, now: float) -> str:
+    """The ``facegate_dropped_total`` reason of a dead item."""
+    return "expired" if now >= item.deadline else "cancelled"
 
 
 def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
@@ -131,7 +133,7 @@ class Batcher:
                 self._set_depth_locked()
                 self._cond.notify()
         finally:
-            self._finish_dropped(dropped)
+            self.finish_dropped(dropped)
 
     def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
         """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
@@ -140,9 +142,9 @@ class Batcher:
             batch, dropped = self._collect_once(max_batch, max_wait_s)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            dropped += [(it, self._reason(it, now)) for it in batch if it.dead(now)]
+            dropped += [(it, drop_reason(it, now)) for it in batch if it.dead(now)]
             batch = [it for it in batch if not it.dead(now)]
-            self._finish_dropped(dropped)
+            self.finish_dropped(dropped)
             if batch:
                 for it in batch:
                     self._wait_hist.observe(now - it.enqueued_at)
@@ -161,7 +163,7 @@ class Batcher:
                 while q and cost < max_batch:
                     it = q[0]
                     if it.dead(now):
-                        dropped.append((q.popleft(), self._reason(it, now)))
+                        dropped.append((q.popleft(), drop_reason(it, now)))
                     elif batch and cost + it.cost > max_batch:
                         break  # the next item waits for the next batch (an oversized one runs alone)
                     else:
@@ -198,17 +200,13 @@ class Batcher:
             self._cond.notify_all()
         return items
 
-    @staticmethod
-    def _reason(item: WorkItem, now: float) -> str:
-        return "expired" if item.expired(now) else "cancelled"
-
     def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
         dead: list[tuple[WorkItem, str]] = []
         live: collections.deque[WorkItem] = collections.deque()
         for it in self._q:
             if it.dead(now):
-                dead.append((it, self._reason(it, now)))
+                dead.append((it, drop_reason(it, now)))
             else:
                 live.append(it)
         if dead:
@@ -219,15 +217,15 @@ class Batcher:
     def _set_depth_locked(self) -> None:
         self._depth_gauge.set(len(self._q))
 
-    def _finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
-        """Outside the lock: count drops, give expired items DeadlineExceededError."""
+    def finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
+        """Outside the lock: count ``(item, drop_reason)`` drops, give expired items DeadlineExceededError."""
         if not dropped:
             return
         expired = [it for it, reason in dropped if reason == "expired"]
         n_cancelled = len(dropped) - len(expired)
         self._dropped_expired.inc(len(expired))
         self._dropped_cancelled.inc(n_cancelled)
-        msg = "deadline passed after {:.3f} s in the {!r} queue"
+        msg = "deadline passed after {:.3f} s, before stage {!r} computed the work"
         resolve(
             (
                 it,

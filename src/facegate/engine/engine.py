@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, drop_reason, fail, resolve
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -214,12 +214,7 @@ class _StageRunner:
             return
         now = time.monotonic()
         if all(it.dead(now) for it in items):  # everyone left while the batch was prepared: skip the device
-            expired = [it for it in items if it.expired(now)]
-            if expired:
-                self.stats.dropped.labels(name, "expired").inc(len(expired))
-                fail(expired, DeadlineExceededError("deadline passed before compute", detail={"stage": name}))
-            if len(expired) < len(items):
-                self.stats.dropped.labels(name, "cancelled").inc(len(items) - len(expired))
+            self.batcher.finish_dropped([(it, drop_reason(it, now)) for it in items])
             return
         n = len(items)
         rows = sum(it.cost for it in items)
