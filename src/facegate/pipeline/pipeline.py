@@ -371,14 +371,6 @@ class FacePipeline:
         """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""
         return enrol_verdict(face.quality, self.enrol_threshold)
 
-    def gate(
-        self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
-    ) -> QualityVerdict:
-        """The quality gate with the face's reasons; ``stats``: its ``(3,)`` :func:`crop_stats` row, if seen."""
-        q = self.operating.quality_threshold
-        reasons = face_reasons(detection, stats, score, q, self.reason_limits)
-        return quality_verdict(score, raw, q, reasons, refuse_on_reasons=self.refuse_on_reasons)
-
     def make_faces(
         self,
         detections: Sequence[Detection | None],
@@ -390,18 +382,19 @@ class FacePipeline:
         keep_crops: bool = False,
         stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """Gated :class:`Face` results from stage outputs; ``stats``: ``(K, 3) float32`` when ``crops`` are absent."""
+        """Gated :class:`Face` results from stage outputs: the quality gate with each face's reasons. ``stats``:
+        ``(K, 3) float32`` :func:`crop_stats` rows when ``crops`` are absent (None: not seen)."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
-        return [
-            Face(
-                detection=det,
-                embedding=emb[i],
-                quality=self.gate(float(quality[i]), float(raw[i]), det, None if stats is None else stats[i]),
-                crop=crops[i] if keep_crops and crops is not None else None,
-            )
-            for i, det in enumerate(detections)
-        ]
+        q = self.operating.quality_threshold
+        faces = []
+        for i, det in enumerate(detections):
+            score = float(quality[i])
+            reasons = face_reasons(det, None if stats is None else stats[i], score, q, self.reason_limits)
+            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=self.refuse_on_reasons)
+            crop = crops[i] if keep_crops and crops is not None else None
+            faces.append(Face(detection=det, embedding=emb[i], quality=verdict, crop=crop))
+        return faces
 
     def faces(
         self,
@@ -426,8 +419,7 @@ class FacePipeline:
     def compare_faces(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare; refused (never silently compared) when either face fails the quality gate."""
         op = self.operating
-        refused = not (a.quality.accepted and b.quality.accepted)
-        if refused:
+        if not (a.quality.accepted and b.quality.accepted):
             reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
             return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
         sim = float(np.dot(a.embedding.astype(np.float64), b.embedding.astype(np.float64)))
