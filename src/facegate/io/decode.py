@@ -384,9 +384,7 @@ def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | N
         w, h = img.size
         if img.format not in _JPEG_FORMATS or img.mode not in ("L", "RGB") or w * h > max_pixels:
             return None
-        if not _jpeg_complete(data):
-            return None
-        return _orientation(img), h, w
+        return (_orientation(img), h, w) if _jpeg_complete(data) else None
     finally:
         img.close()
 
