@@ -315,9 +315,9 @@ class FacePipeline:
         batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.detector.max_batch_pixels)
         return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
 
-    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
-        """Forward + postprocess each group; results back in input order."""
-        out: list[list[Detection]] = [[] for _ in range(n)]
+    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]]) -> list[list[Detection]]:
+        """Forward + postprocess each group (of :meth:`detect_groups`); results back in input order."""
+        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
         found = self.detector.run_many([batch for _, batch in groups])
         for (idx, _), per_batch in zip(groups, found, strict=True):
             for i, dets in zip(idx, per_batch, strict=True):
@@ -331,7 +331,7 @@ class FacePipeline:
         import torch  # here, not at import time: front-ends import this module without torch
 
         with torch.inference_mode():
-            return self.run_detect_groups(self.detect_groups(images), len(images))
+            return self.run_detect_groups(self.detect_groups(images))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:

@@ -23,14 +23,13 @@ class DetectStage:
     def __init__(self, pipeline: Any) -> None:
         self.p = pipeline
 
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
-        return self.p.detect_groups(payloads), len(payloads)
+    def prepare(self, payloads: list[np.ndarray]) -> list[tuple[list[int], Any]]:
+        return self.p.detect_groups(payloads)
 
     @torch.inference_mode()
-    def execute(self, prepared: tuple[list[tuple[list[int], Any]], int]) -> list[list[Detection]]:
+    def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
         # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
-        groups, n = prepared
-        return self.p.run_detect_groups(groups, n)
+        return self.p.run_detect_groups(groups)
 
     def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
         return result
