@@ -330,9 +330,7 @@ def read_image_file(path: str | Path, *, allowed_roots: Sequence[Path], max_byte
         with os.fdopen(fd, "rb", closefd=True) as fh:
             fd = -1
             data = fh.read(max_bytes + 1)  # never more than the limit, even if the file grows
-    except FacegateError:
-        raise
-    except OSError as exc:
+    except OSError as exc:  # the refusals above are FacegateErrors, not OSErrors: they pass
         raise ImageDecodeError(f"cannot read {real}: {exc.strerror or exc}", detail={"path": str(real)}) from exc
     finally:
         if fd >= 0:
