@@ -235,7 +235,8 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
         if chosen:
             crops = pipeline.align(images, chosen, with_face)
             emb, q, raw = pipeline.embed(crops)
-            for face, j in zip(pipeline.make_faces(chosen, None, emb, q, raw), with_face, strict=True):
+            # with the crops: their statistics give the blur, exposure and occlusion reasons, as served
+            for face, j in zip(pipeline.make_faces(chosen, crops, emb, q, raw), with_face, strict=True):
                 out[owners[j]] = face
         return out
 
