@@ -36,6 +36,17 @@ def test_template_import_from_ids_and_embeddings(tmp_path: Path) -> None:
     store.close()
     bad = runner.invoke(app, ["enrol", str(tmp_path / "g.sqlite3"), "--gallery", "big", "--gallery-url", url])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+    # arrays that are not what a template file holds: bad input (exit 2, invalid_parameter), not an internal error
+    one = np.ones((1, 128), np.float32)
+    for name, arrays in {
+        "text.npz": {"ids": np.array(["a"]), "embeddings": np.array([["x"] * 128])},
+        "objects.npz": {"ids": np.array(["a"], dtype=object), "embeddings": one},
+        "quality.npz": {"ids": np.array(["a"]), "embeddings": one, "quality": np.array(["high"])},
+    }.items():
+        np.savez(tmp_path / name, **arrays)
+        bad = runner.invoke(app, ["enrol", str(tmp_path / name), "--gallery", "big", "--gallery-url", url])
+        assert bad.exit_code == 2 and "Traceback" not in bad.output, (name, bad.output)
+        assert json.loads(bad.stderr.strip().splitlines()[-1])["error"]["code"] == "invalid_parameter", name
 
 
 def test_template_import_of_several_rows_per_subject(tmp_path: Path) -> None:
