@@ -290,7 +290,9 @@ def embed(
                 faces = p.make_faces(chosen, crops, *p.embed(crops))  # gated as served: reasons included
                 where = [(str(f), k) for f, ds in zip(ok, dets, strict=True) for k in range(len(ds))]
                 for (path, k), face in zip(where, faces, strict=True):
-                    rows.append({"path": path, "face": k, **face.to_dict(), "embedding": face.embedding})
+                    accepted = p.enrol_verdict(face).accepted  # `facegate enrol FILE.npz` imports only these
+                    rows.append({"path": path, "face": k, **face.to_dict(), "enrol_accepted": accepted})
+                    rows[-1]["embedding"] = face.embedding
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
@@ -301,6 +303,7 @@ def embed(
             face=np.array([r["face"] for r in rows], np.int32),
             embeddings=emb,
             quality=np.array([r["quality"]["score"] for r in rows], np.float32),
+            enrol_accepted=np.array([r["enrol_accepted"] for r in rows], bool),
             boxes=np.array([r["detection"]["box"] for r in rows], np.float32).reshape(-1, 4),
             landmarks=np.array([r["detection"]["landmarks"] for r in rows], np.float32).reshape(-1, 5, 2),
             model=np.array(p.spec.name),
@@ -338,10 +341,12 @@ def enrol(
             store.create_gallery(gallery, spec.name, spec.embedding_dim)
         t0 = time.perf_counter()
         if source.suffix == ".npz":
-            ids, emb, q = bulk.read_templates(source)
+            ids, emb, q, refused = bulk.read_templates(source)
+            if refused:
+                log.warning("%d faces of %s were refused at the enrolment gate: not imported", refused, source)
             with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:
                 n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
-            out: dict[str, object] = {"subjects_imported": n}
+            out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
         else:
             subjects = bulk.plan(source)
             p = _pipeline(s)

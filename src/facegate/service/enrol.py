@@ -142,9 +142,10 @@ def enrol_photos(
     return report
 
 
-def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None)`` from an ``.npz`` of ``ids`` or
-    ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``."""
+def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None, int]:
+    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None, rows refused)`` from an ``.npz`` of ``ids``
+    or ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``. Rows whose
+    ``enrol_accepted`` (written by ``facegate embed``: the face passed the enrolment gate) is false are left out."""
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -168,7 +169,13 @@ def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None
     else:
         raise InvalidParameterError(f"{path} needs 'ids' or 'paths' beside 'embeddings'", detail={"path": str(path)})
     q = array("quality", np.float32) if "quality" in z else None
-    return ids, emb, q
+    if "enrol_accepted" not in z:
+        return ids, emb, q, 0
+    keep = array("enrol_accepted", bool)
+    if keep.shape != (len(ids),) or len(emb) != len(ids):
+        raise InvalidParameterError(f"{path}: one embedding and enrol_accepted per row", detail={"path": str(path)})
+    kept = [sid for sid, k in zip(ids, keep, strict=True) if k]
+    return kept, emb[keep], None if q is None else q[keep], len(ids) - len(kept)
 
 
 def import_templates(
