@@ -76,18 +76,8 @@ class ServingPlan:
     admission_queue_s: float = 0.5
 
     def summary(self) -> str:
-        """One line for the start-up log."""
-        mem = (
-            f" activation_budget={self.activation_budget_mib}MiB arena={self.gpu_arena_mib}MiB"
-            if self.activation_budget_mib is not None
-            else ""
-        )
-        return (
-            f"serving plan: profile={self.profile} device={self.device} precision={self.precision} "
-            f"compile={self.compile} workers={self.workers} engines={self.engines} "
-            f"(per GPU {self.engines_per_gpu}) fused_kernels={self.fused_kernels} "
-            f"det_max_batch_pixels={self.det_max_batch_pixels} photo_stage={self.photo_stage}{mem}"
-        )
+        """One line for the start-up log: every value of the plan."""
+        return "serving plan: " + " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

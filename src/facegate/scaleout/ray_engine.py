@@ -250,12 +250,12 @@ class RayEngine:
                 return attempt, replica, rest[0]
             raise error_from_wire(*rest)
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+    def stop(self, drain: bool = True) -> None:
         """Stop sending and close the local connections (the replicas belong to Ray Serve and stay up)."""
         self._alive = False
         if self._discovery is not None:  # from any thread (FaceService.stop calls this on an executor's)
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 self._discovery.get_loop().call_soon_threadsafe(self._discovery.cancel)
         for engine in list(self._local):
-            engine.stop(drain, timeout_s=timeout_s)
+            engine.stop(drain)
         self._local.clear()

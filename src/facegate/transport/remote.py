@@ -59,14 +59,11 @@ SWITCH_INTERVAL_S = 0.001
 ENGINE_DRAIN_MARGIN_S = 5.0
 
 
-#: Extra attributes of some FacegateErrors that change the HTTP answer (e.g. Retry-After).
-_EXTRA_ATTRS = ("retry_after_s",)
-
-
 def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    """A FacegateError as ``(class name, message, detail, extra attributes)``; anything else as a ModelError."""
+    """A FacegateError as ``(class name, message, detail, extra attributes)``, the extra ones being those that change
+    the HTTP answer (Retry-After); anything else as a ModelError."""
     if isinstance(exc, FacegateError):
-        extra = {a: getattr(exc, a) for a in _EXTRA_ATTRS if hasattr(exc, a)}
+        extra = {"retry_after_s": exc.retry_after_s} if hasattr(exc, "retry_after_s") else {}
         return type(exc).__name__, exc.message, dict(exc.detail), extra
     return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
 
@@ -483,9 +480,7 @@ class RemoteEngine:
         offset = self._arena.alloc(arr.nbytes)
         if offset is not None:
             self._arena.write(offset, arr)
-            msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, None)
-        else:
-            msg = ("submit", rid, stage, None, arr.shape, arr.dtype.str, arr)
+        msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, arr if offset is None else None)
         fut = self._send(rid, msg, offset, arr.nbytes)
         try:
             return await fut
@@ -536,14 +531,10 @@ class RemoteEngine:
         frames = FrameReader(self._conn)
         try:
             while True:
-                for kind, msgs in frames.recv_many():
-                    if kind == "batch":
-                        self._settle_many(
-                            [
-                                (m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True)
-                                for m in msgs
-                            ]
-                        )
+                for _batch, msgs in frames.recv_many():  # after hello the engine sends only ("batch", msgs)
+                    self._settle_many(
+                        [(m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True) for m in msgs]
+                    )
         except (EOFError, OSError):
             if self._alive:
                 log.error("lost the connection to the engine process")
@@ -553,8 +544,9 @@ class RemoteEngine:
                 rids = list(self._pending)
             self._settle_many([(rid, EngineClosedError("the engine process is gone"), True) for rid in rids])
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
-        """Close the connection and the arena (in-flight requests fail with EngineClosedError)."""
+    def stop(self, drain: bool = True) -> None:
+        """Close the connection and the arena (in-flight requests fail with EngineClosedError); the engine process
+        decides itself whether it drains."""
         self._alive = False
         if self._conn is not None:
             # shut the socket down first: close() alone neither wakes the reader thread blocked in read() nor,
@@ -564,7 +556,7 @@ class RemoteEngine:
             with contextlib.suppress(OSError):
                 self._conn.close()
         if self._reader is not None:  # a daemon: a recv that close() does not wake is left behind
-            self._reader.join(timeout=min(timeout_s or 1.0, 1.0))
+            self._reader.join(timeout=1.0)
         if self._arena is not None:
             self._arena.close()
             self._arena = None
@@ -636,6 +628,6 @@ class RemotePool:
         parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
         return ServiceStats.merge_samples(parts)
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+    def stop(self, drain: bool = True) -> None:
         for e in self.engines:
-            e.stop(drain, timeout_s=timeout_s)
+            e.stop(drain)
