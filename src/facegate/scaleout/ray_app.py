@@ -320,10 +320,8 @@ def build_app(
 
 def app_builder(args: dict[str, Any]) -> Any:
     """The application of ``serve run`` / ``serve deploy`` (``deploy/ray/serve.yaml``): ``args`` are
-    :func:`build_app`'s keywords; settings come from the ``FACEGATE_*`` environment (``runtime_env.env_vars``)."""
-    known = {"engine_replicas", "max_engine_replicas", "ingress_replicas", "engine_gpus"}
-    if unknown := set(args) - known:
-        raise ValueError(f"unknown facegate application args {sorted(unknown)}; known: {sorted(known)}")
+    :func:`build_app`'s keywords (another is a TypeError); settings come from the ``FACEGATE_*`` environment
+    (``runtime_env.env_vars``)."""
     return build_app(Settings(), **args)
 
 

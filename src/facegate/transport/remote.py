@@ -239,18 +239,16 @@ class EngineHost:
             with send_lock, contextlib.suppress(OSError, ValueError):
                 conn.send(msg)
 
-        sender = threading.Thread(
+        threading.Thread(
             target=self._sender, args=(done, pending, send), name="facegate-engine-send", daemon=True
-        )
-        sender.start()
+        ).start()
         frames = FrameReader(conn)
         self._conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
             shm = memoryview(block)  # released with the block below
             while True:
-                msgs = frames.recv_many(1024)
-                for msg in msgs:
+                for msg in frames.recv_many():
                     if msg[0] == "submit":
                         _, rid, stage, offset, shape, dtype, inline = msg
                         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -274,8 +272,7 @@ class EngineHost:
                             out = ("err", msg[1], *error_to_wire(exc))
                         send(("batch", [out]))
                     elif msg[0] == "hello":
-                        pid = msg[1]
-                        log.info("engine: front-end pid %d connected", pid)
+                        log.info("engine: front-end pid %d connected", msg[1])
                         send(("hello", self.info))
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
@@ -376,11 +373,12 @@ def engine_main(
     info = engine_info(service, t0, build_s=round(build_s, 3), warmup=service.pipeline.warmup_report)
     host = EngineHost(service, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
+    grace_s = settings.drain_s + ENGINE_DRAIN_MARGIN_S
     first_signal: list[float] = []
 
     def on_signal() -> None:
         # The front-ends get a process-group signal too and finish their requests: serve until they have gone (at
-        # most drain_s + margin). A later signal stops at once; one within 0.5 s is the same one arriving twice.
+        # most grace_s). A later signal stops at once; one within 0.5 s is the same one arriving twice.
         now = loop.time()
         if first_signal:
             if now - first_signal[0] > 0.5:
@@ -388,9 +386,8 @@ def engine_main(
             return
         first_signal.append(now)
         if host.connections:
-            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections,
-                     (settings.drain_s + ENGINE_DRAIN_MARGIN_S))  # fmt: skip
-        poll(now + (settings.drain_s + ENGINE_DRAIN_MARGIN_S))
+            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections, grace_s)
+        poll(now + grace_s)
 
     def poll(deadline: float) -> None:
         if host.connections == 0 or loop.time() >= deadline:
