@@ -50,7 +50,7 @@ def _bind_replica_grpc_to_node_address() -> None:
         from ray.serve._private import replica as serve_replica
 
         original = getattr(serve_replica, "add_port_to_grpc_server", None)
-        if original is None or getattr(original, "_facegate_node_bound", False):
+        if original is None:
             return
 
         def add_port(server: Any, address: str) -> int:
@@ -61,7 +61,6 @@ def _bind_replica_grpc_to_node_address() -> None:
                 address = f"[{host}]:{address[5:]}" if ":" in host else f"{host}:{address[5:]}"
             return int(original(server, address))
 
-        add_port._facegate_node_bound = True  # type: ignore[attr-defined]
         serve_replica.add_port_to_grpc_server = add_port
 
 
@@ -103,7 +102,7 @@ def _replica_id() -> str:
 
 class EngineReplica:
     """One facegate engine as a Serve replica, from the :class:`~facegate.config.Settings` as JSON. Every method
-    answers ``("ok", replica id, result)`` or ``("err", replica id, *error_to_wire(exc))``."""
+    answers ``(replica id, result)``."""
 
     async def __init__(self, settings_json: str) -> None:
         import ray
@@ -138,11 +137,11 @@ class EngineReplica:
         self._info["local"] = {"machine": machine_id(), "address": address, "authkey": authkey.hex()}
         log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], self._info["device"])
 
-    async def info(self) -> tuple[Any, ...]:
+    async def info(self) -> tuple[str, dict[str, Any]]:
         """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
-        return ("ok", self.replica, self._info)
+        return self.replica, self._info
 
-    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
+    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[str, list[tuple[Any, ...]]]:
         """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each.
 
         The items go straight onto the engine's queue with this loop's futures, which the engine settles once per
@@ -173,10 +172,10 @@ class EngineReplica:
             else ("ok", f.result())
             for f in futures
         ]
-        return ("ok", self.replica, answers)
+        return self.replica, answers
 
-    async def engine_samples(self) -> tuple[Any, ...]:
-        return ("ok", self.replica, self.service.stats.engine_samples())
+    async def engine_samples(self) -> tuple[str, dict[str, Any]]:
+        return self.replica, self.service.stats.engine_samples()
 
     async def check_health(self) -> None:
         if not self.service.ready:

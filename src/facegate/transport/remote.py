@@ -104,10 +104,7 @@ class Arena:
         with self._lock:
             for i, (off, ln) in enumerate(self._free):
                 if ln >= n:
-                    if ln == n:
-                        del self._free[i]
-                    else:
-                        self._free[i] = (off + n, ln - n)
+                    self._free[i : i + 1] = [(off + n, ln - n)] if ln > n else []
                     return off
         return None
 
@@ -119,11 +116,10 @@ class Arena:
             i = bisect.bisect_left(self._free, (offset, 0))
             self._free.insert(i, (offset, n))
             if i + 1 < len(self._free) and offset + n == self._free[i + 1][0]:  # merge with the next
-                self._free[i] = (offset, n + self._free[i + 1][1])
-                del self._free[i + 1]
+                self._free[i] = (offset, n + self._free.pop(i + 1)[1])
             if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:  # merge with the previous
-                self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
-                del self._free[i]
+                prev, length = self._free[i - 1]
+                self._free[i - 1] = (prev, length + self._free.pop(i)[1])
 
     @property
     def free_bytes(self) -> int:
