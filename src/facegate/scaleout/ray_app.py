@@ -30,7 +30,7 @@ from ray.serve.handle import DeploymentHandle
 from facegate.config import Settings
 from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, machine_id, record_replicas
-from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire
+from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire, outcome
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +164,7 @@ class EngineReplica:
             for fut in futures:
                 fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
         late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        answers = [
-            ("err", *error_to_wire(late))
-            if f.cancelled()
-            else ("err", *error_to_wire(exc))
-            if (exc := f.exception()) is not None
-            else ("ok", f.result())
-            for f in futures
-        ]
-        return self.replica, answers
+        return self.replica, [("err", *error_to_wire(late)) if f.cancelled() else outcome(f) for f in futures]
 
     async def engine_samples(self) -> tuple[str, dict[str, Any]]:
         return self.replica, self.service.stats.engine_samples()

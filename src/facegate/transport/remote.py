@@ -68,6 +68,14 @@ def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[st
     return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
 
 
+def outcome(fut: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> tuple[Any, ...]:
+    """A done future's answer on the wire: ``("ok", result)`` or ``("err", *error_to_wire(exc))``."""
+    try:
+        return ("ok", fut.result())
+    except BaseException as exc:  # every failure goes back to the caller
+        return ("err", *error_to_wire(exc))
+
+
 def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict[str, Any]) -> FacegateError:
     """The FacegateError subclass called ``name`` (a FacegateError if unknown), rebuilt."""
     cls = getattr(fg_errors, name, None)
@@ -306,10 +314,8 @@ class EngineHost:
                     return
                 rid, fut = entry
                 pending.pop(rid, None)
-                try:
-                    msgs.append(("ok", rid, fut.result()))
-                except BaseException as exc:  # every failure goes back to the caller
-                    msgs.append(("err", rid, *error_to_wire(exc)))
+                kind, *answer = outcome(fut)
+                msgs.append((kind, rid, *answer))
             if msgs:
                 send(("batch", msgs))
             now = time.monotonic()
@@ -447,9 +453,7 @@ class RemoteEngine:
         self._arena = Arena(self.arena_bytes)
         self._arena.send_to(conn)
         conn.send(("hello", os.getpid(), self._arena.size))
-        kind, info = conn.recv()
-        if kind != "hello":
-            raise ModelError(f"unexpected engine answer {kind!r}")
+        _hello, info = conn.recv()  # the engine's first message: nothing else was sent yet
         self._conn, self.info, self._alive = conn, info, True
         self._reader = threading.Thread(target=self._read, name="facegate-remote-engine", daemon=True)
         self._reader.start()
