@@ -189,10 +189,8 @@ class ServiceStats:
 
     def register_stage(self, stage: str) -> None:
         """Create a stage's series at zero so dashboards see them before the first batch."""
-        self.queue_depth.labels(stage)
-        self.queue_wait.labels(stage)
-        self.batch_size.labels(stage)
-        self.items.labels(stage)
+        for family in (self.queue_depth, self.queue_wait, self.batch_size, self.items):
+            family.labels(stage)
         for phase in PHASES:
             self.compute_seconds.labels(stage, phase)
         for reason in DROP_REASONS:

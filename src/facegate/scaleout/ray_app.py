@@ -110,8 +110,7 @@ class EngineReplica:
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
 
-        # as an engine process of `facegate serve`: the engine's device thread and this replica's event loop (the
-        # gRPC calls, the answers) hand the GIL to each other within a millisecond, not Python's default 5 ms
+        # as an engine process: its device thread and this replica's event loop (the gRPC calls) share the GIL
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()

@@ -358,7 +358,6 @@ def engine_main(
     )
     settings = Settings.model_validate_json(settings_json)
     plan = ServingPlan.from_dict(json.loads(plan_json))
-    # the engine's device thread gets the GIL back from the connection threads within a millisecond
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
