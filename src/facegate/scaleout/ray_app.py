@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -78,18 +79,11 @@ def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
     with open("/proc/net/unix") as fh:  # flags 00010000 (__SO_ACCEPTCON): a socket that listens
         listening = {f[7] for f in (line.split() for line in fh.readlines()[1:]) if len(f) == 8 and f[3] == "00010000"}
     removed: list[str] = []
-    for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        sock = os.path.join(path, "engine.sock")
-        if not name.startswith(SOCKET_DIR_PREFIX) or sock in listening:
-            continue
-        try:
-            age_s = time.time() - os.lstat(sock).st_mtime
-        except OSError:  # no socket (yet)
-            continue
-        if age_s >= min_age_s:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    for sock in glob.glob(os.path.join(glob.escape(parent), f"{SOCKET_DIR_PREFIX}*", "engine.sock")):
+        with contextlib.suppress(OSError):  # removed meanwhile
+            if sock not in listening and time.time() - os.lstat(sock).st_mtime >= min_age_s:
+                shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+                removed.append(os.path.dirname(sock))
     return removed
 
 
