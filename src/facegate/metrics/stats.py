@@ -183,8 +183,7 @@ class ServiceStats:
             for name, series in part.items():
                 fam = out.setdefault(name, {})
                 for labels, v in series:
-                    key = tuple(labels)
-                    fam[key] = _add(fam[key], v) if key in fam else v
+                    fam[labels] = _add(fam[labels], v) if labels in fam else v
         return {name: list(series.items()) for name, series in out.items()}
 
     def register_stage(self, stage: str) -> None:
