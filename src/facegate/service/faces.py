@@ -52,7 +52,7 @@ class FaceService:
         #: the engine's gallery search stage (:mod:`facegate.pipeline.search`), when this process owns the engine
         self.search_stage = search_stage
         if pipeline.device_name.startswith("cuda"):
-            self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
+            self.stats.gpu_memory_fn = torch_cuda_memory_fn(pipeline.device)
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
         stages = pipeline.stages() if engine is None else []
         if search_stage is not None:
