@@ -56,8 +56,7 @@ def embed_all(root: Path, model: str, device: str, cache: Path) -> tuple[list[st
     paths = sorted(str(p.relative_to(base)) for p in base.glob("*/*.jpg"))
     pipeline = FacePipeline.from_settings(Settings(model=model, device=device))
     with tqdm(total=len(paths), unit="img", desc="embed", file=sys.stderr) as bar:
-        emb = embed_lfw(pipeline, root, paths, batch_size=64, progress=bar.update)
-    out = np.stack([emb[p][0] for p in paths]).astype(np.float32)
+        out = embed_lfw(pipeline, root, paths, batch_size=64, progress=bar.update)["embeddings"]
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(cache, paths=np.array(paths), embeddings=out)
     return paths, out

@@ -12,7 +12,6 @@ from facegate.config import QualitySettings
 from facegate.eval.lfw import Pair
 from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.quality_reasons import (
-    ReasonThresholds,
     face_outside_box,
     face_outside_photo,
     face_reasons,
@@ -107,7 +106,7 @@ def held_out(
     }
 
 
-def shipped_fires(r: dict[str, np.ndarray], limits: ReasonThresholds) -> np.ndarray:
+def shipped_fires(r: dict[str, np.ndarray], limits: QualitySettings) -> np.ndarray:
     """``(N,)`` whether ``face_reasons`` at ``limits`` gives the row's face ``low_confidence`` (False: not found)."""
     out = np.zeros(r["found"].size, bool)
     for i in np.flatnonzero(r["found"].astype(bool)):
@@ -128,13 +127,10 @@ def analyse(r: dict[str, np.ndarray], pairs: list[Pair], families: tuple[str, ..
     pos_of["any"] = np.logical_or.reduce([pos_of[fam] for fam in families])
     gate, match = float(r["meta"][0]), float(r["meta"][1])
     qs = QualitySettings()
-    limits = ReasonThresholds.from_settings(qs)
-    fires = shipped_fires(r, limits)
+    fires = shipped_fires(r, qs)
     rep: dict[str, Any] = {
         "verify_gate": gate,
-        "shipped_settings": {
-            k: getattr(qs, k) for k in ReasonThresholds.__dataclass_fields__ if "det" in k or "out" in k or "res" in k
-        },
+        "shipped_settings": {k: getattr(qs, k) for k in ("min_det_score", "max_outside_photo")},
         "collected": {"command": str(r["collected"][0]), "git_commit": str(r["collected"][1])},
     }
     rep["variants"] = {

@@ -58,9 +58,7 @@ def cmd_embed(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         emb = embed_lfw(p, root, paths, batch_size=a.batch)
         secs = time.perf_counter() - t0
-        out[f"emb_{prec}"] = np.stack([emb[k][0] for k in paths])
-        out[f"q_{prec}"] = np.array([emb[k][1] for k in paths], np.float32)
-        out[f"det_{prec}"] = np.array([emb[k][3] for k in paths], np.float32)
+        out[f"emb_{prec}"], out[f"q_{prec}"], out[f"det_{prec}"] = emb["embeddings"], emb["quality"], emb["det_score"]
         out[f"seconds_{prec}"] = np.array(secs)
         out["threshold"] = np.array(p.operating.match_threshold)
         log.info("%s: %d images in %.1f s (%.0f img/s)", prec, len(paths), secs, len(paths) / secs)
@@ -84,28 +82,24 @@ def cmd_report(a: argparse.Namespace) -> None:
         raise SystemExit(f"{len(missing)} pair images missing from the parts, e.g. {missing[:3]}")
     ok = [k for k in needed if not (np.isnan(emb32[k]).any() or np.isnan(emblo[k]).any())]
     cos = np.array([float(np.dot(emb32[k], emblo[k])) for k in ok])
-    as_tuple = {k: (v, 0.0, 0.0, 0.0) for k, v in emb32.items()}
-    as_tuple_lo = {k: (v, 0.0, 0.0, 0.0) for k, v in emblo.items()}
-    labels = np.array([p.same for p in pairs])
-    folds = np.array([p.fold for p in pairs])
-    sc32, sclo = pair_scores(pairs, as_tuple), pair_scores(pairs, as_tuple_lo)
-    r32, rlo = evaluate_scores(sc32, labels, folds), evaluate_scores(sclo, labels, folds)
+    sc32, sclo = pair_scores(pairs, emb32), pair_scores(pairs, emblo)
+    r32, rlo = evaluate_scores(sc32, pairs), evaluate_scores(sclo, pairs)
     res = {
         "pairs": len(pairs),
         "images": len(needed),
         "images_compared": len(ok),
         "operating_threshold": thr,
-        "accuracy_fp32": r32.accuracy_mean,
-        "accuracy_std_fp32": r32.accuracy_std,
-        f"accuracy_{prec}": rlo.accuracy_mean,
-        f"accuracy_std_{prec}": rlo.accuracy_std,
-        "accuracy_delta": rlo.accuracy_mean - r32.accuracy_mean,
+        "accuracy_fp32": r32["accuracy_mean"],
+        "accuracy_std_fp32": r32["accuracy_std"],
+        f"accuracy_{prec}": rlo["accuracy_mean"],
+        f"accuracy_std_{prec}": rlo["accuracy_std"],
+        "accuracy_delta": rlo["accuracy_mean"] - r32["accuracy_mean"],
         "embedding_cosine_mean": float(cos.mean()),
         "embedding_cosine_min": float(cos.min()),
         "quality_pearson_r": float(np.corrcoef([q32[k] for k in ok], [qlo[k] for k in ok])[0, 1]),
         "identical_verdicts": float(np.mean((sc32 >= thr) == (sclo >= thr))),
-        "tar_at_fmr1e-3_fp32": r32.tar_at_fmr,
-        f"tar_at_fmr1e-3_{prec}": rlo.tar_at_fmr,
+        "tar_at_fmr1e-3_fp32": r32["tar_at_fmr"],
+        f"tar_at_fmr1e-3_{prec}": rlo["tar_at_fmr"],
         "seconds": {f"part{i}_{k}": float(z[f"seconds_{k}"]) for i, z in enumerate(parts) for k in ("fp32", prec)},
         "device_env": [json.loads(str(z["env"])) for z in parts],
     }

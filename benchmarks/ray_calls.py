@@ -67,14 +67,14 @@ class StubEngine:
         threading.Thread(target=host.serve, args=(self.listener,), daemon=True).start()
         self.local = {"machine": machine_id(), "address": address, "authkey": key.hex()}
 
-    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
-        return ("ok", "stub", [("ok", np.zeros(129, np.float32)) for _ in payloads])
+    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[str, Any]:
+        return ("stub", [("ok", np.zeros(129, np.float32)) for _ in payloads])
 
-    async def info(self) -> tuple[Any, ...]:
-        return ("ok", "stub", {"model": "stub", "device": "cpu", "local": self.local})
+    async def info(self) -> tuple[str, Any]:
+        return ("stub", {"model": "stub", "device": "cpu", "local": self.local})
 
-    async def cpu_s(self) -> tuple[Any, ...]:
-        return ("ok", "stub", _cpu_s())
+    async def cpu_s(self) -> tuple[str, Any]:
+        return ("stub", _cpu_s())
 
 
 class Caller:

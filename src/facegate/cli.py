@@ -37,41 +37,39 @@ ModelOpt = Annotated[str, typer.Option(help="recognizer name in the registry")]
 RtsOpt = Annotated[Path | None, typer.Option(help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
 HeadOpt = Annotated[Path | None, typer.Option(help="trained quality-head file")]
 FlipOpt = Annotated[bool, typer.Option(help="also embed the mirrored crop (2× compute)")]
+LFW_ENV = "FACEGATE_LFW_ROOT"
 MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
 
-def guarded(fn: F) -> F:
-    """Configure logging; turn FacegateError (and anything unexpected) into a JSON error on stderr and an exit code."""
+def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], F]:
+    """Register a command of ``group`` that configures logging and turns FacegateError (and anything unexpected)
+    into a JSON error on stderr and an exit code."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from facegate.logs import configure_logging
+    def register(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from facegate.logs import configure_logging
 
-        configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
-        try:
-            return fn(*args, **kwargs)
-        except FacegateError as exc:
-            typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
-            raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            if os.environ.get("FACEGATE_DEBUG") == "1":
+            configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
+            try:
+                return fn(*args, **kwargs)
+            except FacegateError as exc:
+                typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
+                raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
+            except (typer.Exit, typer.Abort, KeyboardInterrupt):
                 raise
-            log.exception("unexpected error")
-            typer.echo(
-                json.dumps({"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}), err=True
-            )
-            raise typer.Exit(1) from None
+            except Exception as exc:
+                if os.environ.get("FACEGATE_DEBUG") == "1":
+                    raise
+                log.exception("unexpected error")
+                error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                typer.echo(json.dumps({"error": error}), err=True)
+                raise typer.Exit(1) from None
 
-    return wrapper  # type: ignore[return-value]
+        group.command(name)(wrapper)
+        return wrapper  # type: ignore[return-value]
 
-
-def _auto_device() -> str:
-    """``'cuda'`` or ``'cpu'``, as the serving plan resolves ``--device auto`` (without importing torch)."""
-    from facegate.tuning import detect_machine
-
-    return "cuda" if detect_machine().gpus > 0 else "cpu"
+    return register
 
 
 def _command() -> str:
@@ -115,8 +113,7 @@ def _read(path: Path, settings: Settings):
     return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
-@app.command()
-@guarded
+@command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 7860)")] = None,
@@ -181,8 +178,7 @@ def _key_store(data_dir: Path | None):
     return KeyStore.for_data_dir(s.data_dir, s.security.keys_file)
 
 
-@keys_app.command("create")
-@guarded
+@command(keys_app, "create")
 def keys_create(
     name: Annotated[str, typer.Option(help="a label for the key (who or what uses it)")] = "",
     scope: Annotated[list[str] | None, typer.Option(help="read | enrol | admin (repeatable; default read)")] = None,
@@ -193,15 +189,13 @@ def keys_create(
     _echo({"key": token, **record.public()}, None)
 
 
-@keys_app.command("list")
-@guarded
+@command(keys_app, "list")
 def keys_list(data_dir: DataDirOpt = None) -> None:
     """List the keys (ids, names, scopes, creation times; never the keys)."""
     _echo([k.public() for k in _key_store(data_dir).list_keys()])
 
 
-@keys_app.command("revoke")
-@guarded
+@command(keys_app, "revoke")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="the key's id (from `facegate keys list`)")], data_dir: DataDirOpt = None
 ) -> None:
@@ -209,8 +203,7 @@ def keys_revoke(
     _echo({"revoked": _key_store(data_dir).revoke(key_id).public()}, None)
 
 
-@app.command("ray")
-@guarded
+@command(name="ray")
 def ray_cmd(
     address: Annotated[str | None, typer.Option(help="Ray cluster (host:port, ray://…, auto); default: local")] = None,
     engine_replicas: Annotated[int, typer.Option(min=1, help="engine replicas (one GPU each where there are any)")] = 1,
@@ -230,8 +223,7 @@ def ray_cmd(
     ray_run(s, address=address, ingress_replicas=ingress_replicas, metrics_port=metrics_port, **replicas)
 
 
-@app.command()
-@guarded
+@command()
 def compare(
     img1: Path,
     img2: Path,
@@ -246,16 +238,14 @@ def compare(
 
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
-    a = p.faces([_read(img1, s)])[0][0]
-    b = p.faces([_read(img2, s)])[0][0]
+    a, b = (p.faces([_read(img, s)])[0][0] for img in (img1, img2))
     _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
 
 
-@app.command()
-@guarded
+@command()
 def embed(
     folder: Path,
     out: Annotated[Path, typer.Option(help="output file: .npz or .jsonl")],
@@ -292,17 +282,17 @@ def embed(
                     log.warning("skipping %s: %s (%s)", f, exc.message, exc.code)
             if images:
                 dets = p.detect(images)
-                chosen, owners = [], []
-                for i, ds in enumerate(dets):
+                for f, ds in zip(ok, dets, strict=True):
                     if not ds:
-                        log.info("no face in %s", ok[i])
-                    chosen.extend(ds)
-                    owners.extend([i] * len(ds))
-                crops = p.align(images, chosen, owners)
+                        log.info("no face in %s", f)
+                chosen = [d for ds in dets for d in ds]
+                crops = p.align(images, chosen, [i for i, ds in enumerate(dets) for _ in ds])
                 faces = p.make_faces(chosen, crops, *p.embed(crops))  # gated as served: reasons included
-                for k, (f, i) in enumerate(zip(faces, owners, strict=True)):
-                    row = {"path": str(ok[i]), "face": owners[:k].count(i), "detection": f.detection.to_dict()}
-                    rows.append(row | {"quality": f.quality.to_dict(), "embedding": f.embedding})
+                where = [(str(f), k) for f, ds in zip(ok, dets, strict=True) for k in range(len(ds))]
+                for (path, k), face in zip(where, faces, strict=True):
+                    accepted = p.enrol_verdict(face).accepted  # `facegate enrol FILE.npz` imports only these
+                    rows.append({"path": path, "face": k, **face.to_dict(), "enrol_accepted": accepted})
+                    rows[-1]["embedding"] = face.embedding
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
@@ -313,6 +303,7 @@ def embed(
             face=np.array([r["face"] for r in rows], np.int32),
             embeddings=emb,
             quality=np.array([r["quality"]["score"] for r in rows], np.float32),
+            enrol_accepted=np.array([r["enrol_accepted"] for r in rows], bool),
             boxes=np.array([r["detection"]["box"] for r in rows], np.float32).reshape(-1, 4),
             landmarks=np.array([r["detection"]["landmarks"] for r in rows], np.float32).reshape(-1, 5, 2),
             model=np.array(p.spec.name),
@@ -320,13 +311,11 @@ def embed(
     else:
         with open(out, "w") as fh:
             for r in rows:
-                r = dict(r, embedding=[round(float(x), 7) for x in r["embedding"]])
-                fh.write(json.dumps(r) + "\n")
+                fh.write(json.dumps(r | {"embedding": [round(float(x), 7) for x in r["embedding"]]}) + "\n")
     _echo({"images": len(files), "skipped": skipped, "faces": len(rows), "out": str(out)}, None)
 
 
-@app.command()
-@guarded
+@command()
 def enrol(
     source: Annotated[Path, typer.Argument(help="folder per subject, a path,subject_id CSV, or a templates .npz")],
     gallery: Annotated[str, typer.Option(help="gallery name (created when missing)")],
@@ -352,10 +341,12 @@ def enrol(
             store.create_gallery(gallery, spec.name, spec.embedding_dim)
         t0 = time.perf_counter()
         if source.suffix == ".npz":
-            ids, emb, q = bulk.read_templates(source)
+            ids, emb, q, refused = bulk.read_templates(source)
+            if refused:
+                log.warning("%d faces of %s were refused at the enrolment gate: not imported", refused, source)
             with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:
                 n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
-            out: dict[str, object] = {"subjects_imported": n}
+            out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
         else:
             subjects = bulk.plan(source)
             p = _pipeline(s)
@@ -379,13 +370,6 @@ def enrol(
                 report.write_text(json.dumps(refused, indent=1))
         out["seconds"] = round(time.perf_counter() - t0, 2)
         _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
-
-
-def _lfw_root(root: Path | None) -> Path:
-    r = root or (Path(os.environ["FACEGATE_LFW_ROOT"]) if os.environ.get("FACEGATE_LFW_ROOT") else None)
-    if r is None:
-        raise typer.BadParameter("give --root or set FACEGATE_LFW_ROOT")
-    return r
 
 
 def _env_info(settings: Settings) -> dict[str, Any]:
@@ -413,10 +397,9 @@ def _env_info(settings: Settings) -> dict[str, Any]:
     }
 
 
-@eval_app.command("lfw")
-@guarded
+@command(eval_app, "lfw")
 def eval_lfw(
-    root: Annotated[Path | None, typer.Option(help="LFW root (lfw-deepfunneled/ + pairs.txt)")] = None,
+    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (lfw-deepfunneled/ + pairs.txt)")],
     out: Annotated[Path, typer.Option(help="JSON output")] = Path("lfw_eval.json"),
     device: DeviceOpt = "cpu",
     precision: PrecisionOpt = "fp32",
@@ -434,28 +417,22 @@ def eval_lfw(
     from facegate.eval.calibrate import calibrate, identity_of
     from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
 
-    r = _lfw_root(root)
     s = _settings(**_model_kw(locals()), flip_tta=flip_tta)
     p = _pipeline(s)
-    pairs = read_pairs(r)
+    pairs = read_pairs(root)
     paths = pair_images(pairs)
     t0 = time.perf_counter()
     with tqdm(total=len(paths), unit="img", desc="lfw", file=sys.stderr) as bar:
-        emb = embed_lfw(p, r, paths, batch_size=batch_size, progress=bar.update)
+        emb = embed_lfw(p, root, paths, batch_size=batch_size, progress=bar.update)
     secs = time.perf_counter() - t0
-    scores = pair_scores(pairs, emb)
-    labels = np.array([pp.same for pp in pairs])
-    folds = np.array([pp.fold for pp in pairs])
-    res = evaluate_scores(scores, labels, folds)
-    no_face = sum(1 for v in emb.values() if np.isnan(v[0]).any())
-    keys = list(emb)
-    e = np.stack([emb[k][0] for k in keys])
-    calibration = calibrate(e, np.array([identity_of(k) for k in keys]))
+    scores = pair_scores(pairs, dict(zip(paths, emb["embeddings"], strict=True)))
+    res = evaluate_scores(scores, pairs)
+    calibration = calibrate(emb["embeddings"], np.array([identity_of(k) for k in paths]))
     report = {
         "protocol": "LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all 6000 pairs",
-        **res.to_dict(),
+        **res,
         "images": len(paths),
-        "images_without_face": no_face,
+        "images_without_face": int(np.isnan(emb["embeddings"]).any(axis=1).sum()),
         "calibration_all_pairs": calibration,
         "seconds": round(secs, 2),
         "env": _env_info(s),
@@ -464,14 +441,12 @@ def eval_lfw(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     if save_embeddings is not None:
-        q, raw, det = (np.array([emb[k][i] for k in keys], np.float32) for i in (1, 2, 3))
-        np.savez_compressed(save_embeddings, paths=np.array(keys), embeddings=e, quality=q, raw=raw, det_score=det)
+        np.savez_compressed(save_embeddings, paths=np.array(paths), **emb)
     shown = ("accuracy_mean", "accuracy_std", "tar_at_fmr", "threshold_at_fmr", "images_without_face", "seconds")
     _echo({k: report[k] for k in shown} | {"calibration_all_pairs": calibration})
 
 
-@export_app.command("onnx")
-@guarded
+@command(export_app, "onnx")
 def export_onnx_cmd(
     out: Annotated[Path, typer.Option(help="output .onnx file")],
     model: ModelOpt = "sface",
@@ -489,8 +464,7 @@ def export_onnx_cmd(
     _echo(export_onnx(rec, out, opset=opset))
 
 
-@app.command("train-quality")
-@guarded
+@command(name="train-quality")
 def train_quality_cmd(
     source: Annotated[list[str], typer.Argument(help="photo folder <root>/<identity>/*.jpg, or .npz feature parts")],
     out: Annotated[Path, typer.Option(help="head file to write")],
@@ -504,13 +478,17 @@ def train_quality_cmd(
 ) -> None:
     """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
     from facegate.training.rts import RTSConfig, train_quality
+    from facegate.tuning import detect_machine
+
+    if device == "auto":  # as the serving plan resolves it
+        device = "cuda" if detect_machine().gpus > 0 else "cpu"
 
     src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
     rep = train_quality(
         src,
         out,
         config=RTSConfig(epochs=epochs, kl_scale=kl_scale, dof=dof),
-        device=_auto_device() if device == "auto" else device,
+        device=device,
         n_random=n_random,
         save_features=save_features,
         match_threshold=_match_threshold(match_threshold),
@@ -519,11 +497,10 @@ def train_quality_cmd(
     _echo({k: v for k, v in rep.items() if k != "history"})
 
 
-@eval_app.command("quality")
-@guarded
+@command(eval_app, "quality")
 def eval_quality_cmd(
     features: Annotated[list[str], typer.Option(help="feature parts (.npz, globs or folders)")],
-    root: Annotated[Path | None, typer.Option(help="LFW root (pairs.txt)")] = None,
+    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (pairs.txt)")],
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
     plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
     match_threshold: MatchOpt = None,
@@ -533,7 +510,7 @@ def eval_quality_cmd(
 
     rep = eval_quality(
         features,
-        _lfw_root(root),
+        root,
         out=out,
         plot=plot,
         match_threshold=_match_threshold(match_threshold),
@@ -542,8 +519,7 @@ def eval_quality_cmd(
     typer.echo(json.dumps(rep, indent=2, default=str)[:20000])
 
 
-@app.command()
-@guarded
+@command()
 def models() -> None:
     """List the model registry with weights sources, calibrated thresholds and 1:N operating points
     (the search threshold for a named FPIR at gallery sizes 1k-1M)."""

@@ -14,11 +14,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["auto", "fp32", "fp16", "bf16"]
-CompileMode = Literal["auto", "off", "graphs", "inductor"]
-Profile = Literal["auto", "throughput", "low-memory", "cpu"]
-
 
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -179,15 +174,15 @@ class Settings(BaseSettings):
     """Also embed the mirrored crop and sum both embeddings (2× recognizer compute)."""
 
     # ------------------------------------------------------------------ how to run
-    device: Device = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """'auto': CUDA when a GPU and a CUDA build of torch are present."""
-    profile: Profile = "auto"
+    profile: Literal["auto", "throughput", "low-memory", "cpu"] = "auto"
     """The serving plan (facegate.tuning). 'throughput': the fastest configuration for the device (on CUDA fp16, CUDA
     graphs, fused kernels, several front-ends and engines); 'low-memory': the smallest GPU footprint, one process;
     'cpu': the CPU plan; 'auto': 'throughput' on CUDA, 'cpu' otherwise."""
-    precision: Precision = "auto"
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     """Recognizer precision; 'auto': the profile's (fp16 on CUDA)."""
-    compile: CompileMode = "auto"
+    compile: Literal["auto", "off", "graphs", "inductor"] = "auto"
     """CUDA: 'graphs' replays CUDA graphs of the eager kernels; 'inductor' compiles with torch.compile first (faster,
     minutes of start-up without a warm TORCHINDUCTOR_CACHE_DIR); 'off': eager; 'auto': the profile's."""
     workers: int | None = Field(None, ge=1, le=64)

@@ -24,8 +24,6 @@ _PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+~-]+/)+[\w.@+~-]*")
 
 def escape(text: str) -> str:
     """``text`` with every control character (line breaks included) written as ``\\xNN`` / ``\\uNNNN``."""
-    if not _CONTROL.search(text):
-        return text
     return _CONTROL.sub(
         lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
     )

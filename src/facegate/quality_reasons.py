@@ -40,28 +40,6 @@ NOSE_FRONTAL_T = 0.495
 EYE_MOUTH_PER_IOD = 40.6 / 35.2
 
 
-@dataclass(frozen=True, slots=True)
-class ReasonThresholds:
-    """The limits a face must meet; a reason is given for every one it misses (``Settings.quality`` documents
-    each, with its unit, and holds the shipped values)."""
-
-    min_iod_px: float
-    max_yaw_deg: float
-    max_pitch_deg: float
-    min_sharpness: float
-    min_luma: float
-    max_luma: float
-    max_flat: float
-    min_det_score: float
-    max_outside_photo: float
-
-    @classmethod
-    def from_settings(cls, quality: QualitySettings | None = None) -> ReasonThresholds:
-        """The limits of a :class:`~facegate.config.QualitySettings` (default: the shipped ones)."""
-        q = quality if quality is not None else QualitySettings()
-        return cls(**{f: getattr(q, f) for f in cls.__dataclass_fields__})
-
-
 def flat_fraction(grey: np.ndarray, spread: np.ndarray) -> np.ndarray:
     """``(K,)`` share of flat blocks in the worse strip of ``grey``, the ``(K, 84, 72)`` float32 grey face regions
     whose spreads (standard deviations) are ``spread`` ``(K,)``; torch tensors work as well (the device path)."""
@@ -77,8 +55,6 @@ def crop_stats(crops: np.ndarray) -> np.ndarray:
     """``(K, 3) float32`` per ``(K, 112, 112, 3) uint8`` RGB aligned crop: sharpness (``SHARP_SCALE`` × variance
     of the 4-neighbour Laplacian of the grey face region over the variance of its grey levels), its mean grey
     level (0–255), and its flat fraction (:func:`flat_fraction`)."""
-    if crops.ndim != 4 or crops.shape[-1] != 3:
-        raise ValueError(f"crops must be (K, H, W, 3), got {crops.shape}")
     grey = crops[:, FACE_ROWS, FACE_COLS].astype(np.float32) @ np.asarray([0.299, 0.587, 0.114], np.float32)
     lap = grey[:, 1:-1, :-2] + grey[:, 1:-1, 2:] + grey[:, :-2, 1:-1] + grey[:, 2:, 1:-1] - 4.0 * grey[:, 1:-1, 1:-1]
     spread = grey.std(axis=(1, 2))
@@ -165,11 +141,12 @@ def face_reasons(
     stats: np.ndarray | None,
     score: float,
     gate: float,
-    limits: ReasonThresholds,
+    limits: QualitySettings,
 ) -> tuple[QualityReason, ...]:
     """Every limit this face misses, most actionable first. ``detection``: None for an aligned crop (no geometry,
     no detector score); ``stats``: its ``(3,)`` row of :func:`crop_stats`, None when the crop was not seen;
-    ``score``: calibrated quality in ``[0, 1]``, held to ``gate``."""
+    ``score``: calibrated quality in ``[0, 1]``, held to ``gate``; ``limits``: the reasons' limits (``Settings.quality``
+    documents each, with its unit)."""
     out: list[QualityReason] = []
 
     def miss(code: str, message: str, value: float, limit: float) -> None:

@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,8 @@ class Machine:
 
 @dataclass(frozen=True, slots=True)
 class ServingPlan:
-    """Every internal tuning value of one ``facegate serve`` (or one in-process pipeline)."""
+    """Every internal tuning value of one ``facegate serve`` (or one in-process pipeline); a field's default holds
+    wherever :func:`make_plan` sets no other value."""
 
     profile: PlanProfile
     device: str  # "cuda" or "cpu"
@@ -61,14 +61,14 @@ class ServingPlan:
     det_channels_last: bool  # detector in NHWC (on the CPU its depthwise convs run several times faster)
     det_graphs: bool  # the detector runs as CUDA graphs too (when compile is not "off")
     det_max_batch_pixels: int  # largest detector forward, in padded input pixels (rows × height × width)
-    graph_buckets: tuple[int, ...]  # batch sizes captured as CUDA graphs; batches pad up to the next one
     photo_stage: str  # "auto", "on" or "off": whether the engine decodes and aligns photos
-    photo_warp_mib: int  # MiB of float32 photos the photo stage warps at once (bounds its peak memory)
-    activation_budget_mib: float | None  # bound on the recognizer's activations per forward; None: none
-    gpu_arena_mib: int | None  # one allocator segment reserved before the models load; None: none
-    cpu_chunk: int  # on the CPU, the largest sub-batch of one forward (per-face speed falls at large batches)
     cpu_threads: int | None  # intra-op threads of torch and OpenCV; None: the libraries' defaults
-    decode_workers: int  # threads of a front-end that decode and align uploads
+    graph_buckets: tuple[int, ...] = (4, 16, 32, 64)  # batch sizes captured as CUDA graphs; batches pad up to the next
+    photo_warp_mib: int = 16  # MiB of float32 photos the photo stage warps at once (bounds its peak memory)
+    activation_budget_mib: float | None = None  # bound on the recognizer's activations per forward; None: none
+    gpu_arena_mib: int | None = None  # one allocator segment reserved before the models load; None: none
+    cpu_chunk: int = 4  # on the CPU, the largest sub-batch of one forward (per-face speed falls at large batches)
+    decode_workers: int = 4  # threads of a front-end that decode and align uploads
     onnx_cpu: bool = False  # on the CPU, the detector network on ONNX Runtime (exported from facegate's YuNet)
     # seconds of work a front-end admits at once (its completion rate times this): a CPU engine needs about half a
     # second in flight to fill its batches; on a GPU a burst that large holds the front-end's event loop at a
@@ -76,18 +76,8 @@ class ServingPlan:
     admission_queue_s: float = 0.5
 
     def summary(self) -> str:
-        """One line for the start-up log."""
-        mem = (
-            f" activation_budget={self.activation_budget_mib}MiB arena={self.gpu_arena_mib}MiB"
-            if self.activation_budget_mib is not None
-            else ""
-        )
-        return (
-            f"serving plan: profile={self.profile} device={self.device} precision={self.precision} "
-            f"compile={self.compile} workers={self.workers} engines={self.engines} "
-            f"(per GPU {self.engines_per_gpu}) fused_kernels={self.fused_kernels} "
-            f"det_max_batch_pixels={self.det_max_batch_pixels} photo_stage={self.photo_stage}{mem}"
-        )
+        """One line for the start-up log: every value of the plan."""
+        return "serving plan: " + " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,12 +102,9 @@ def _driver_gpus() -> int:
     proc = Path("/proc/driver/nvidia/gpus")
     if proc.is_dir():
         return sum(1 for _ in proc.iterdir())
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
     try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi (FileNotFoundError), or it hung
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
@@ -161,7 +148,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
             precision="fp16", compile="graphs", engines_per_gpu=per_gpu, engines=per_gpu * gpus,
             workers=min(64, max(2, m.cores // 2)) if m.cores >= 4 else 1, fused_kernels=True,
             det_graphs=True, det_max_batch_pixels=THROUGHPUT_DET_BATCH_PIXELS, photo_stage="auto",
-            activation_budget_mib=None, gpu_arena_mib=None,
         )  # fmt: skip
     elif profile == "low-memory":
         base = dict(
@@ -173,7 +159,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         base = dict(
             precision="fp32", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=False,
             det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
-            activation_budget_mib=None, gpu_arena_mib=None,
         )  # fmt: skip
 
     explicit = {k: getattr(settings, k) for k in ("precision", "compile", "workers", "engines", "engines_per_gpu")}
@@ -190,11 +175,7 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         device=device,
         channels_last=device == "cuda" and base["precision"] != "fp32",
         det_channels_last=device == "cpu",
-        graph_buckets=(4, 16, 32, 64),
-        photo_warp_mib=16,
-        cpu_chunk=4,
         cpu_threads=1 if device == "cuda" else None,
-        decode_workers=4,
         onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
         admission_queue_s=0.1 if device == "cuda" else 0.5,
         **base,

@@ -117,6 +117,12 @@ def test_gallery_errors(
     assert client.post("/api/galleries", json={"name": "dup"}).status_code == 201
     fg.assert_error(client.post("/api/galleries", json={"name": "dup"}), 409, "gallery_exists")
     fg.assert_error(client.delete("/api/galleries/dup/subjects/ghost"), 404, "subject_not_found")
+    # templates of unequal lengths: the import's 422, as for rows of the wrong dimension
+    dim = next(g["dim"] for g in client.get("/api/galleries").json()["galleries"] if g["name"] == "dup")
+    for rows in ([[1.0] * dim, [1.0]], [[1.0], [1.0] * dim]):
+        body = {"subject_ids": ["a", "b"], "embeddings": rows}
+        err = fg.assert_error(client.post("/api/galleries/dup/templates", json=body), 422, "invalid_parameter")
+        assert err["detail"]["field"] == "embeddings"
     # a gallery of another model (made directly in the store): searching it with sface embeddings → 409
     tiny_server.state.gallery.store.create_gallery("other-model", "irse64_rts", 512)
     err = fg.assert_error(

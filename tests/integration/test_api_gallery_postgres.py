@@ -69,6 +69,17 @@ def test_photo_search_is_one_engine_trip(server_factory, tmp_path: Path, lfw_roo
             422,
             "invalid_parameter",
         )
+        # a blurred probe: the photo_search stage gives the crop-based reasons as embedding the photo does
+        import cv2
+
+        sharp = cv2.cvtColor(cv2.imread(str(photo)), cv2.COLOR_BGR2RGB)
+        blurred = fg.jpeg_bytes(cv2.GaussianBlur(sharp, (0, 0), sigmaX=5.0))
+        embedded = c.post("/api/embed", files=fg.many("images", [blurred])).json()["results"][0]["faces"][0]
+        codes = [r["code"] for r in embedded["quality"]["reasons"]]
+        assert "blur" in codes
+        s = c.post("/api/galleries/staff/search", files=fg.files(image=blurred)).json()
+        assert s["refused"] is True and s["hits"] == [] and "blur" in s["reason"]
+        assert [r["code"] for r in s["face"]["quality"]["reasons"]] == codes
 
 
 def test_batch_enrolment_over_http(client, lfw_root: Path, fg: SimpleNamespace) -> None:

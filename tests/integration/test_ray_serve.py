@@ -179,7 +179,7 @@ def _engine_infos(engine: Any, want: int, timeout_s: float = 120.0, exclude: set
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            _, replica, info = engine.info.remote().result(timeout_s=10)
+            replica, info = engine.info.remote().result(timeout_s=10)
         except Exception:  # a replica being replaced
             time.sleep(0.2)
             continue

@@ -80,6 +80,25 @@ def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     row = json.loads((tmp_path / "small.jsonl").read_text().splitlines()[0])
     assert "too_small" in [r["code"] for r in row["quality"]["reasons"]], row["quality"]
+    assert row["enrol_accepted"] is False
+
+    # its .npz marks the faces the enrolment gate refused, and enrolling from it imports only the others
+    (tmp_path / "mixed" / "tiny").mkdir(parents=True)
+    (tmp_path / "mixed" / "good").mkdir()
+    shutil.copy(small, tmp_path / "mixed" / "tiny" / "small.png")
+    shutil.copy(a, tmp_path / "mixed" / "good" / "a.jpg")
+    res = runner.invoke(app, ["embed", str(tmp_path / "mixed"), "--out", str(tmp_path / "mixed.npz")])
+    assert res.exit_code == 0, res.output
+    z = np.load(tmp_path / "mixed.npz")
+    assert dict(zip(z["paths"], z["enrol_accepted"], strict=True)) == {
+        str(tmp_path / "mixed" / "good" / "a.jpg"): True,
+        str(tmp_path / "mixed" / "tiny" / "small.png"): False,
+    }
+    url = str(tmp_path / "g.sqlite3")
+    res = runner.invoke(app, ["enrol", str(tmp_path / "mixed.npz"), "--gallery", "g", "--gallery-url", url])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["subjects_imported"] == 1 and out["faces_refused"] == 1 and out["gallery"]["subjects"] == 1
 
 
 def test_embed_rejects_unknown_output_suffix(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from facegate.pipeline.align import ARCFACE_TEMPLATE
 from facegate.pipeline.photo import crop_stats_torch
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict
 from facegate.quality_reasons import (
-    ReasonThresholds,
     crop_stats,
     face_outside_box,
     face_outside_photo,
@@ -24,7 +23,7 @@ from facegate.quality_reasons import (
 )
 from facegate.types import Detection
 
-LIMITS = ReasonThresholds.from_settings()
+LIMITS = QualitySettings()
 
 
 def _det(landmarks: np.ndarray, score: float = 0.9) -> Detection:
@@ -186,5 +185,6 @@ def test_a_real_face_cut_by_the_frame_is_partly_outside_the_photo(lfw_root: Path
 
 def test_settings_hold_the_limits() -> None:
     s = Settings(quality=QualitySettings(min_iod_px=40.0))
-    assert ReasonThresholds.from_settings(s.quality).min_iod_px == 40.0
-    assert ReasonThresholds.from_settings().min_iod_px == QualitySettings().min_iod_px
+    frontal = _det(ARCFACE_TEMPLATE)  # 35 px between the eyes
+    assert [r.code for r in face_reasons(frontal, None, 0.9, 0.5, s.quality)] == ["too_small"]
+    assert face_reasons(frontal, None, 0.9, 0.5, LIMITS) == ()

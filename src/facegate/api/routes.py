@@ -472,12 +472,13 @@ async def import_templates(request: Request, name: str, body: sc.ImportTemplates
     a subject that exists starts over from its imported template."""
     state, _, gallery = _ready(request)
     info = await _gallery_for_service(state, gallery, name)
-    emb = np.asarray(body.embeddings, dtype=np.float32)
-    if emb.shape != (len(body.subject_ids), info.dim):
+    # checked row by row before NumPy sees them: rows of unequal lengths make no array (a ValueError, a 500)
+    if len(body.embeddings) != len(body.subject_ids) or any(len(r) != info.dim for r in body.embeddings):
         raise InvalidParameterError(
             f"embeddings must be {len(body.subject_ids)} rows of {info.dim} numbers",
             detail={"field": "embeddings", "expected": [len(body.subject_ids), info.dim]},
         )
+    emb = np.asarray(body.embeddings, dtype=np.float32)
     emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     qual = None if body.qualities is None else np.asarray(body.qualities, dtype=np.float32)
     n = await state.in_gallery_pool(gallery.store.import_templates, name, body.subject_ids, emb, qual)

@@ -46,12 +46,14 @@ class WorkItem:
         """Whether nobody waits any more (:meth:`cancel`, or the future was cancelled)."""
         return self._cancelled or self.future.cancelled()
 
-    def expired(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self.deadline
-
-    def dead(self, now: float | None = None) -> bool:
+    def dead(self, now: float) -> bool:
         """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
-        return self.expired(now) or self._cancelled or self.future.done()
+        return now >= self.deadline or self._cancelled or self.future.done()
+
+
+def drop_reason(item: WorkItem, now: float) -> str:
+    """The ``facegate_dropped_total`` reason of a dead item."""
+    return "expired" if now >= item.deadline else "cancelled"
 
 
 def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
@@ -100,11 +102,6 @@ class Batcher:
         self._dropped_expired = stats.dropped.labels(name, "expired")
         self._dropped_cancelled = stats.dropped.labels(name, "cancelled")
 
-    @property
-    def depth(self) -> int:
-        """Items waiting (including dead ones not yet purged)."""
-        return len(self._q)
-
     def _retry_after_locked(self) -> float:
         """Seconds until the queue has drained at the rate of the last 64 batches, in ``[0.1, 30]``; 1 s before any."""
         if len(self._taken) < 2:
@@ -136,20 +133,18 @@ class Batcher:
                 self._set_depth_locked()
                 self._cond.notify()
         finally:
-            self._finish_dropped(dropped)
+            self.finish_dropped(dropped)
 
     def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
         """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
         ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
         while True:
             batch, dropped = self._collect_once(max_batch, max_wait_s)
-            self._finish_dropped(dropped)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            late = [it for it in batch if it.dead(now)]
-            if late:
-                self._finish_dropped([(it, self._reason(it, now)) for it in late])
-                batch = [it for it in batch if not it.dead(now)]
+            dropped += [(it, drop_reason(it, now)) for it in batch if it.dead(now)]
+            batch = [it for it in batch if not it.dead(now)]
+            self.finish_dropped(dropped)
             if batch:
                 for it in batch:
                     self._wait_hist.observe(now - it.enqueued_at)
@@ -165,23 +160,16 @@ class Batcher:
             while True:
                 now = time.monotonic()
                 q = self._q
-                full = False
-                while q:
+                while q and cost < max_batch:
                     it = q[0]
                     if it.dead(now):
-                        q.popleft()
-                        dropped.append((it, self._reason(it, now)))
-                        continue
-                    if batch and cost + it.cost > max_batch:
-                        full = True
-                        break
-                    q.popleft()
-                    batch.append(it)
-                    cost += it.cost
-                    if cost >= max_batch:
-                        full = True
-                        break
-                if full or self._closed:
+                        dropped.append((q.popleft(), drop_reason(it, now)))
+                    elif batch and cost + it.cost > max_batch:
+                        break  # the next item waits for the next batch (an oversized one runs alone)
+                    else:
+                        batch.append(q.popleft())
+                        cost += it.cost
+                if q or cost >= max_batch or self._closed:  # full, or closed
                     break
                 if not batch:
                     if dropped:  # report drops promptly instead of holding them while idle
@@ -212,17 +200,13 @@ class Batcher:
             self._cond.notify_all()
         return items
 
-    @staticmethod
-    def _reason(item: WorkItem, now: float) -> str:
-        return "expired" if item.expired(now) else "cancelled"
-
     def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
         dead: list[tuple[WorkItem, str]] = []
         live: collections.deque[WorkItem] = collections.deque()
         for it in self._q:
             if it.dead(now):
-                dead.append((it, self._reason(it, now)))
+                dead.append((it, drop_reason(it, now)))
             else:
                 live.append(it)
         if dead:
@@ -233,15 +217,15 @@ class Batcher:
     def _set_depth_locked(self) -> None:
         self._depth_gauge.set(len(self._q))
 
-    def _finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
-        """Outside the lock: count drops, give expired items DeadlineExceededError."""
+    def finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
+        """Outside the lock: count ``(item, drop_reason)`` drops, give expired items DeadlineExceededError."""
         if not dropped:
             return
         expired = [it for it, reason in dropped if reason == "expired"]
         n_cancelled = len(dropped) - len(expired)
         self._dropped_expired.inc(len(expired))
         self._dropped_cancelled.inc(n_cancelled)
-        msg = "deadline passed after {:.3f} s in the {!r} queue"
+        msg = "deadline passed after {:.3f} s, before stage {!r} computed the work"
         resolve(
             (
                 it,

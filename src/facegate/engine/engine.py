@@ -2,8 +2,8 @@
 
 Per stage a front thread collects batch k+1 (up to ``max_batch_size`` items, or rows with ``item_cost``, or until
 ``max_wait_ms`` after the first) and prepares it while the one :class:`DeviceThread` runs execute + deliver of
-batch k: only ``execute`` touches the GPU, and one thread holds one set of cuDNN/cuBLAS handles. At most
-``pipeline_depth`` prepared batches wait, so batches form as late as possible. A stage exception fails only its
+batch k: only ``execute`` touches the GPU, and one thread holds one set of cuDNN/cuBLAS handles. At most one
+prepared batch waits, so batches form as late as possible. A stage exception fails only its
 batch (non-FacegateErrors as :class:`EngineError`); ``deliver`` may fail single items by returning exceptions.
 """
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, drop_reason, fail, resolve
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -37,8 +37,7 @@ class Stage(Protocol):
     """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``max_batch_size`` and
     ``item_cost(payload) -> int`` (rows one payload adds; batches are then limited by rows).
 
-    ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need
-    ``pipeline_depth + 1`` copies.
+    ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need two copies.
     """
 
     name: str
@@ -66,6 +65,12 @@ def as_facegate_error(exc: BaseException, stage: str, phase: str) -> FacegateErr
     )
     err.__cause__ = exc
     return err
+
+
+def _join(thread: threading.Thread, deadline: float | None) -> bool:
+    """Wait for ``thread`` until ``deadline`` (``time.monotonic()``; None: forever); whether it ended."""
+    thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return not thread.is_alive()
 
 
 def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
@@ -121,10 +126,8 @@ class DeviceThread(concurrent.futures.Executor):
             self.join(None)
 
     def join(self, deadline: float | None) -> bool:
-        """Wait for the thread until ``deadline`` (``time.monotonic()``; None: forever); whether it ended."""
-        if self._started:
-            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not self._thread.is_alive()
+        """:func:`_join` of the thread, once started."""
+        return _join(self._thread, deadline) if self._started else True
 
     def alive(self) -> bool:
         """Not started yet, or running."""
@@ -141,7 +144,6 @@ class _StageRunner:
         max_batch_size: int,
         max_wait_s: float,
         max_queue: int,
-        pipeline_depth: int,
         stats: ServiceStats,
         device: DeviceThread,
     ) -> None:
@@ -155,7 +157,7 @@ class _StageRunner:
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
         self.stats = stats
-        self._slots = threading.Semaphore(pipeline_depth)
+        self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
         self.abort = False
         stats.register_stage(self.name)
         self._h_prepare = stats.compute_seconds.labels(self.name, "prepare")
@@ -163,17 +165,7 @@ class _StageRunner:
         self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
-        self._thread = threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def join(self, deadline: float | None) -> bool:
-        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not self._thread.is_alive()
+        self.thread = threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)
 
     def cost(self, payload: Any) -> int:
         """The payload's batch cost (the stage's ``item_cost``, else 1); stage errors become EngineError."""
@@ -222,12 +214,7 @@ class _StageRunner:
             return
         now = time.monotonic()
         if all(it.dead(now) for it in items):  # everyone left while the batch was prepared: skip the device
-            expired = [it for it in items if it.expired(now)]
-            if expired:
-                self.stats.dropped.labels(name, "expired").inc(len(expired))
-                fail(expired, DeadlineExceededError("deadline passed before compute", detail={"stage": name}))
-            if len(expired) < len(items):
-                self.stats.dropped.labels(name, "cancelled").inc(len(items) - len(expired))
+            self.batcher.finish_dropped([(it, drop_reason(it, now)) for it in items])
             return
         n = len(items)
         rows = sum(it.cost for it in items)
@@ -251,17 +238,13 @@ class _StageRunner:
         self._h_deliver.observe(t2 - t1)
         self._h_batch.observe(rows)
         self._c_items.inc(rows)
-        n_err = 0
-        outcomes: list[tuple[WorkItem, bool, Any]] = []
-        for it, out in zip(items, outs, strict=True):
-            if isinstance(out, BaseException):
-                n_err += 1
-                outcomes.append((it, False, as_facegate_error(out, name, "deliver")))
-            else:
-                outcomes.append((it, True, out))
-        if n_err:
-            self.stats.stage_errors.labels(name, "deliver").inc(n_err)
-        resolve(outcomes)
+        ok = [not isinstance(out, BaseException) for out in outs]
+        if not all(ok):
+            self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
+        resolve(
+            (it, good, out if good else as_facegate_error(out, name, "deliver"))
+            for it, good, out in zip(items, ok, outs, strict=True)
+        )
 
     def _fail(self, items: list[WorkItem], exc: BaseException, phase: str) -> None:
         err = as_facegate_error(exc, self.name, phase)
@@ -286,29 +269,14 @@ class Engine:
         max_queue: int = 4096,
         request_timeout_s: float = 30.0,
         stats: ServiceStats | None = None,
-        pipeline_depth: int = 1,
         device_thread: DeviceThread | None = None,
     ) -> None:
-        if not stages:
-            raise InvalidParameterError("the engine needs at least one stage")
-        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or request_timeout_s <= 0 or pipeline_depth < 1:
-            raise InvalidParameterError(
-                "invalid engine settings",
-                detail={
-                    "max_batch_size": max_batch_size,
-                    "max_wait_ms": max_wait_ms,
-                    "max_queue": max_queue,
-                    "request_timeout_s": request_timeout_s,
-                    "pipeline_depth": pipeline_depth,
-                },
-            )
         names = [s.name for s in stages]
         if len(set(names)) != len(names):
             raise InvalidParameterError(f"stage names must be unique, got {names}")
         self.stats = stats if stats is not None else ServiceStats()
         self.max_batch_size = int(max_batch_size)
         self.max_wait_ms = float(max_wait_ms)
-        self.max_queue = int(max_queue)
         self.request_timeout_s = float(request_timeout_s)
         self._device = device_thread or DeviceThread()
         self._runners: dict[str, _StageRunner] = {
@@ -316,8 +284,7 @@ class Engine:
                 s,
                 max_batch_size=self.max_batch_size,
                 max_wait_s=self.max_wait_ms / 1000.0,
-                max_queue=self.max_queue,
-                pipeline_depth=int(pipeline_depth),
+                max_queue=int(max_queue),
                 stats=self.stats,
                 device=self._device,
             )
@@ -339,7 +306,7 @@ class Engine:
             if self._state == "stopped":
                 raise EngineClosedError("this engine was stopped; build a new one")
             for r in self._runners.values():
-                r.start()
+                r.thread.start()
             self._state = "running"
         log.info(
             "engine started: stages=%s max_batch_size=%d max_wait_ms=%g",
@@ -357,23 +324,21 @@ class Engine:
         if was == "stopped":
             return
         for r in self._runners.values():
-            if not drain:
-                r.abort = True
+            r.abort = not drain
             r.batcher.close()
             if not drain:
                 fail(r.batcher.drain(), EngineClosedError("engine stopped", detail={"stage": r.name}))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if was != "new":
             for r in self._runners.values():
-                if not r.join(deadline):
+                if not _join(r.thread, deadline):
                     log.error("stage %s did not stop within %s s", r.name, timeout_s)
         # after the front threads: they hand it their last batches
         self._device.shutdown(wait=False)
         if not self._device.join(deadline):
             log.error("the device thread did not stop within %s s", timeout_s)
-        if was == "new":
-            return
-        log.info("engine stopped (drain=%s)", drain)
+        if was != "new":
+            log.info("engine stopped (drain=%s)", drain)
 
     def __enter__(self) -> Engine:
         self.start()
@@ -385,21 +350,11 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Running, and every stage's worker threads are alive."""
-        return self._state == "running" and self._device.alive() and all(r.alive() for r in self._runners.values())
-
-    def max_batch(self, stage: str) -> int:
-        return self._lookup(stage).max_batch
-
-    def _lookup(self, stage: str) -> _StageRunner:
-        try:
-            return self._runners[stage]
-        except KeyError:
-            raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)}) from None
-
-    def _runner(self, stage: str) -> _StageRunner:
-        if self._state != "running":
-            raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
-        return self._lookup(stage)
+        return (
+            self._state == "running"
+            and self._device.alive()
+            and all(r.thread.is_alive() for r in self._runners.values())
+        )
 
     def _timeout(self, timeout_s: float | None) -> float:
         t = self.request_timeout_s if timeout_s is None else float(timeout_s)
@@ -427,7 +382,11 @@ class Engine:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to
         ``future`` (a concurrent one, or an asyncio one, settled on its own loop). Nothing fails the future at
         the deadline during compute: the caller sweeps ``item.deadline``."""
-        runner = self._runner(stage)
+        if self._state != "running":
+            raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
+        runner = self._runners.get(stage)
+        if runner is None:
+            raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)})
         item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
         runner.batcher.put(item)
         return item

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from facegate.errors import InvalidParameterError
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
@@ -31,6 +32,25 @@ def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, s
             v += [(name, s) for name in DEGRADATIONS for s in SEVERITIES]
         plan.append(v)
     return plan
+
+
+def read_parts(parts: Sequence[str | Path], columns: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Feature parts (``.npz`` files, or folders of them) as one table: the ``columns``, else every array column of
+    the first file, plus ``identity (N,)`` from the paths."""
+    files = sorted({f for p in parts for f in (Path(p).glob("*.npz") if Path(p).is_dir() else [Path(p)])})
+    if not files:
+        raise InvalidParameterError("no feature files", detail={"features": [str(p) for p in parts]})
+    loaded: list[dict[str, np.ndarray]] = []
+    for f in files:
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                columns = columns or [k for k in z.files if z[k].ndim > 0]
+                loaded.append({c: z[c] for c in columns})
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidParameterError(f"cannot read feature file {f}: {exc}", detail={"path": str(f)}) from exc
+    t = {c: np.concatenate([d[c] for d in loaded]) for c in columns}
+    t["identity"] = np.array([str(p).split("/", 1)[0] for p in t["path"]])
+    return t
 
 
 def _heuristic(image: np.ndarray, crop: np.ndarray, det) -> float:
@@ -84,30 +104,26 @@ def extract(
         "emb": np.full((n, d), np.nan, np.float16),
         "head_in": np.full((n, d + pipeline.recognizer.backbone.feature_dim // 49), np.nan, np.float16),
     }
-    cache: dict[str, np.ndarray] = {}
+    loaded = ""  # the photo in ``img``: a photo's variants are consecutive jobs
     for start in range(0, n, batch_size):
         chunk = jobs[start : start + batch_size]
         images = []
         for p, k, (name, sev) in chunk:
-            if p not in cache:
-                cache.clear()
-                cache[p] = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
-            img = cache[p]
+            if p != loaded:
+                loaded, img = p, decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
             images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
         found = detect_centre(pipeline, images)
         owners = [i for i, d in enumerate(found) if d is not None]
         chosen = [found[i] for i in owners]
         if chosen:
             crops = pipeline.align(images, chosen, owners)
-            emb, head_in, norm = _backbone(pipeline, crops)
-            for j, (i, dd) in enumerate(zip(owners, chosen, strict=True)):
-                r = start + i
-                out["found"][r] = True
-                out["det"][r] = dd.score
-                out["norm"][r] = norm[j]
-                out["emb"][r] = emb[j]
-                out["head_in"][r] = head_in[j]
-                out["heuristic"][r] = _heuristic(images[i], crops[j], dd)
+            rows = start + np.asarray(owners)
+            out["emb"][rows], out["head_in"][rows], out["norm"][rows] = _backbone(pipeline, crops)
+            out["found"][rows] = True
+            out["det"][rows] = [d.score for d in chosen]
+            out["heuristic"][rows] = [
+                _heuristic(images[i], c, d) for i, c, d in zip(owners, crops, chosen, strict=True)
+            ]
         if progress is not None:
             progress(len(chunk))
     return out

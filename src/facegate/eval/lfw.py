@@ -7,9 +7,10 @@ Accuracy: mean ± std over the folds, each at the threshold best on the other ni
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,26 +86,12 @@ def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
     return float(np.nextafter(imp[k], np.inf))
 
 
-@dataclass(frozen=True)
-class LfwResult:
-    accuracy_mean: float
-    accuracy_std: float
-    fold_accuracies: list[float]
-    fold_thresholds: list[float]
-    tar_at_fmr: float
-    fmr: float
-    threshold_at_fmr: float
-    n_pairs: int
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, fmr: float = 1e-3) -> LfwResult:
-    """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs."""
+def evaluate_scores(scores: np.ndarray, pairs: Sequence[Pair], *, fmr: float = 1e-3) -> dict[str, Any]:
+    """10-fold accuracy (threshold picked on the other folds) and TAR at ``fmr`` over all pairs, from each pair's
+    score ``(P,)``."""
     scores = np.asarray(scores, np.float64)
-    labels = np.asarray(labels, bool)
-    folds = np.asarray(folds)
+    labels = np.array([p.same for p in pairs], bool)
+    folds = np.array([p.fold for p in pairs])
     accs, ths = [], []
     for f in np.unique(folds):
         train, test = folds != f, folds == f
@@ -113,16 +100,16 @@ def evaluate_scores(scores: np.ndarray, labels: np.ndarray, folds: np.ndarray, *
         ths.append(t)
     t_fmr = threshold_at_fmr(scores[~labels], fmr)
     tar = float(np.mean(scores[labels] >= t_fmr))
-    return LfwResult(
-        accuracy_mean=float(np.mean(accs)),
-        accuracy_std=float(np.std(accs)),
-        fold_accuracies=accs,
-        fold_thresholds=ths,
-        tar_at_fmr=tar,
-        fmr=fmr,
-        threshold_at_fmr=t_fmr,
-        n_pairs=len(scores),
-    )
+    return {
+        "accuracy_mean": float(np.mean(accs)),
+        "accuracy_std": float(np.std(accs)),
+        "fold_accuracies": accs,
+        "fold_thresholds": ths,
+        "tar_at_fmr": tar,
+        "fmr": fmr,
+        "threshold_at_fmr": t_fmr,
+        "n_pairs": len(scores),
+    }
 
 
 def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:
@@ -150,39 +137,36 @@ def embed_lfw(
     *,
     batch_size: int = 32,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, tuple[np.ndarray, float, float, float]]:
-    """path → (embedding, quality, raw quality, detector score) of :func:`detect_centre`'s face; a NaN
-    embedding where none was found (its pairs then score −1)."""
+) -> dict[str, np.ndarray]:
+    """Per path, in order, of :func:`detect_centre`'s face: ``embeddings (N, D)``, ``quality``, ``raw`` (quality) and
+    ``det_score`` ``(N,)``, all float32; NaN (``det_score`` 0) where no face was found."""
     from facegate.io.decode import decode_image
 
-    out: dict[str, tuple[np.ndarray, float, float, float]] = {}
+    n = len(paths)
+    nan = np.full(n, np.nan, np.float32)
+    emb = np.full((n, pipeline.spec.embedding_dim), np.nan, np.float32)
+    out = {"embeddings": emb, "quality": nan, "raw": nan.copy(), "det_score": np.zeros(n, np.float32)}
     base = Path(root) / "lfw-deepfunneled"
-    for start in range(0, len(paths), batch_size):
+    for start in range(0, n, batch_size):
         chunk = paths[start : start + batch_size]
         images = [decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26) for p in chunk]
         found = detect_centre(pipeline, images)
+        for p in (p for p, d in zip(chunk, found, strict=True) if d is None):
+            log.warning("no face in %s even at score 0.3", p)
         owners = [i for i, d in enumerate(found) if d is not None]
-        chosen = [found[i] for i in owners]
-        crops = pipeline.align(images, chosen, owners)
-        emb, q, raw = pipeline.embed(crops)
-        got = dict(zip(owners, range(len(owners)), strict=True))
-        for i, p in enumerate(chunk):
-            if i in got:
-                k = got[i]
-                out[p] = (emb[k], float(q[k]), float(raw[k]), float(chosen[k].score))
-            else:
-                log.warning("no face in %s even at score 0.3", p)
-                nan = np.full(pipeline.spec.embedding_dim, np.nan, np.float32)
-                out[p] = (nan, float("nan"), float("nan"), 0.0)
+        rows = start + np.asarray(owners, np.int64)
+        crops = pipeline.align(images, [found[i] for i in owners], owners)
+        out["embeddings"][rows], out["quality"][rows], out["raw"][rows] = pipeline.embed(crops)
+        out["det_score"][rows] = [found[i].score for i in owners]
         if progress is not None:
             progress(len(chunk))
     return out
 
 
-def pair_scores(pairs: Sequence[Pair], emb: dict[str, tuple[np.ndarray, float, float, float]]) -> np.ndarray:
-    """Cosine score per pair; −1 when either image had no face."""
+def pair_scores(pairs: Sequence[Pair], emb: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Cosine score per pair of the images' embeddings ``emb`` (path → ``(D,)``); −1 when either had no face."""
     s = np.empty(len(pairs), np.float64)
     for i, p in enumerate(pairs):
-        a, b = emb[p.a][0], emb[p.b][0]
+        a, b = emb[p.a], emb[p.b]
         s[i] = -1.0 if (np.isnan(a).any() or np.isnan(b).any()) else float(np.dot(a, b))
     return s

@@ -74,11 +74,6 @@ def identity_weights(identity: np.ndarray, draws: int, seed: int = 0) -> np.ndar
     return counts[:, inv].astype(np.float32)
 
 
-def weighted_pauc(fail: np.ndarray, pair_q: np.ndarray, w: np.ndarray, x_max: float = 0.20, seed: int = 0):
-    """``(draws,)`` pAUC@``x_max`` of :func:`edc_curve` per row of weights ``w`` ``(draws, n)``."""
-    return _area(*_edc(fail, pair_q, w, seed), x_max)
-
-
 def ci95(value: float, boot: np.ndarray) -> dict[str, Any]:
     """``value`` with the 95 % interval of its bootstrap draws ``boot`` (NaN draws left out)."""
     lo, hi = np.nanpercentile(boot, [2.5, 97.5])
@@ -103,8 +98,8 @@ def study(
     raw = {name: metrics(fail, q, seed=seed) for name, q in scores.items()}
     raw["random"] = random_mean
     weights = identity_weights(identity, draws, seed)
-    ref = weighted_pauc(fail, scores[reference], weights, seed=seed)
-    diffs = {name: weighted_pauc(fail, q, weights, seed=seed) - ref for name, q in scores.items() if name != reference}
+    boot = {name: _area(*_edc(fail, q, weights, seed), DISCARDS["pauc20"]) for name, q in scores.items()}  # (draws,)
+    diffs = {name: b - boot[reference] for name, b in boot.items() if name != reference}
     out: dict[str, dict[str, object]] = {}
     for name, m in raw.items():
         row: dict[str, object] = {

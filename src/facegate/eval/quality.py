@@ -23,6 +23,7 @@ from facegate.config import QualitySettings
 from facegate.errors import InvalidParameterError
 from facegate.eval.calibrate import calibrate
 from facegate.eval.degrade import plan
+from facegate.eval.features import read_parts
 from facegate.eval.lfw import Pair, read_pairs
 from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
@@ -76,13 +77,8 @@ def identity_folds(pairs: Sequence[Pair]) -> dict[str, int]:
 
 
 def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """Concatenate feature files; adds ``variant`` (0 clean, 1 P1, 2 reason), ``identity`` and derived columns."""
-    files = [Path(f) for p in parts for f in (sorted(Path(p).glob("*.npz")) if Path(p).is_dir() else [Path(p)])]
-    if not files:
-        raise InvalidParameterError("no feature files", detail={"features": [str(p) for p in parts]})
-    loaded = [np.load(f) for f in files]
-    keys = [k for k in loaded[0].files if loaded[0][k].ndim > 0]
-    t = {k: np.concatenate([d[k] for d in loaded]) for k in keys}
+    """:func:`~facegate.eval.features.read_parts` with ``variant`` (0 clean, 1 P1, 2 reason) and derived columns."""
+    t = read_parts(parts)
     variant = np.zeros(t["path"].size, np.int8)
     i = 0
     while i < variant.size:  # rows come per photo: clean, then the variants its plan could make (face-drawn ones
@@ -91,7 +87,6 @@ def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
         variant[i : i + len(made)] = made
         i += len(made)
     t["variant"] = variant
-    t["identity"] = np.array([p.split("/", 1)[0] for p in t["path"]])
     emb, flip = t["emb"].astype(np.float32), t["flip"].astype(np.float32)
     t["flip_cos"] = np.einsum("ij,ij->i", emb, flip)
     t["abs_yaw"], t["abs_pitch"] = np.abs(t["yaw"]), np.abs(t["pitch"])
@@ -282,19 +277,15 @@ def by_fold(fold_of: np.ndarray, rows: list[dict[str, Any]], key: str) -> np.nda
     return out
 
 
-def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: np.ndarray, limits: dict[str, np.ndarray]) -> np.ndarray:
-    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason →
-    ``(N,)``; pitch and detector score at the shipped settings)."""
+def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: Any, limits: dict[str, Any]) -> np.ndarray:
+    """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason → limit;
+    each a number or ``(N,)`` per face; pitch and detector score at the shipped settings)."""
+    fires = {code: _fires(t[col], limits[code], direction) for code, (_, col, direction, _) in REASONS.items()}
+    fires["occluded"] &= ~(fires["too_dark"] | fires["too_bright"])  # as face_reasons: exposure is named instead
     s = QualitySettings()
-    luma = t["luma"]
-    exposed = (luma < limits["too_dark"]) | (luma > limits["too_bright"])
     return (
         (q < gate)
-        | (t["iod"] < limits["too_small"])
-        | (t["sharpness"] < limits["blur"])
-        | exposed
-        | ((t["flat"] > limits["occluded"]) & ~exposed)
-        | (t["abs_yaw"] > limits["pose"])
+        | np.logical_or.reduce(list(fires.values()))
         | (t["abs_pitch"] > s.max_pitch_deg)
         | (t["det"] < s.min_det_score)
     )
@@ -355,20 +346,28 @@ def eval_quality(
     q = np.where(t["found"], np.nan_to_num(t["quality"]), 0.0)
     ok = t["found"] & clean
     held = {c: by_fold(fold_of, reasons[c]["folds"], "limit") for c in REASONS}
-    shipped = {c: np.full(n, reasons[c]["shipped_limit"]) for c in REASONS}
-    by_reason = refused(t, q, np.zeros(n), held)
-    gates = gate_study(
-        q, clean, t["identity"], fold_of, ps, sim, match_threshold, refused_anyway=by_reason, draws=draws
-    )
+    shipped = {c: reasons[c]["shipped_limit"] for c in REASONS}
+    by_reason = refused(t, q, 0.0, held)
+    gates = gate_study(q, clean, t["identity"], fold_of, ps, sim, match_threshold, by_reason, draws=draws)
     gates["clean_faces_refused_with_reasons"] = {
         "held_out_verify_gate": float(refused(t, q, by_fold(fold_of, gates["folds"], "verify_gate"), held)[ok].mean()),
-        "shipped_verify_gate": float(refused(t, q, np.full(n, gates["shipped"]["verify_gate"]), shipped)[ok].mean()),
-        "registry_gate_0.5": float(refused(t, q, np.full(n, 0.5), shipped)[ok].mean()),
+        "shipped_verify_gate": float(refused(t, q, gates["shipped"]["verify_gate"], shipped)[ok].mean()),
+        "registry_gate_0.5": float(refused(t, q, 0.5, shipped)[ok].mean()),
         "reasons_only": float(by_reason[ok].mean()),
     }
     rel, w = reliability_study(q, ps, sim, match_threshold)
-    if reliability_out is not None:
-        save_reliability(reliability_out, w, name="sface", threshold=match_threshold, meta={"command": command})
+    if reliability_out is not None:  # read by quality_reasons.load_reliability
+        payload = {
+            "format": "facegate.reliability",
+            "version": 2,
+            "model": "sface",
+            "threshold": match_threshold,
+            "features": list(RELIABILITY_FEATURES),
+            "weights": [float(v) for v in w.weights],
+            "isotonic": {"x": [float(v) for v in w.knots_x], "y": [float(v) for v in w.knots_y]},
+            "meta": {"command": command},
+        }
+        Path(reliability_out).write_text(json.dumps(payload, indent=1) + "\n")
     report = {
         "command": command,
         "photos": int(clean.sum()),
@@ -417,10 +416,8 @@ def choose_gate(q_clean: np.ndarray, max_refusal: float) -> float:
     return float(q[k]) if k < q.size else 1.0
 
 
-def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray | None) -> float:
+def verify_gate(q: np.ndarray, faces: np.ndarray, max_refusal: float, refused_anyway: np.ndarray) -> float:
     """:func:`choose_gate` over ``faces``, refusing only what ``refused_anyway`` (``(N,)`` bool) leaves of the share."""
-    if refused_anyway is None:
-        return choose_gate(q[faces], max_refusal)
     rest = faces & ~refused_anyway
     left = max_refusal * faces.sum() - (faces & refused_anyway).sum()
     return choose_gate(q[rest], max(0.0, left) / max(1, rest.sum()))
@@ -441,9 +438,9 @@ def gate_study(
     ps: PairSet,
     sim: np.ndarray,
     threshold: float,
+    refused_anyway: np.ndarray,
     *,
     verify_max_clean: float = 0.0045,
-    refused_anyway: np.ndarray | None = None,
     enrol_max_clean: float = 0.02,
     draws: int = 1000,
     seed: int = 0,
@@ -544,18 +541,3 @@ def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: fl
         "weights": [float(v) for v in model.weights],
     }
     return report, model
-
-
-def save_reliability(path: Path, model: Any, *, name: str, threshold: float, meta: dict) -> None:
-    """Write a :class:`~facegate.quality_reasons.ReliabilityModel` as JSON (read by ``load_reliability``)."""
-    payload = {
-        "format": "facegate.reliability",
-        "version": 2,
-        "model": name,
-        "threshold": threshold,
-        "features": list(RELIABILITY_FEATURES),
-        "weights": [float(v) for v in model.weights],
-        "isotonic": {"x": [float(v) for v in model.knots_x], "y": [float(v) for v in model.knots_y]},
-        "meta": meta,
-    }
-    Path(path).write_text(json.dumps(payload, indent=1) + "\n")

@@ -4,7 +4,7 @@ ImageTooLargeError or ImageDecodeError (no Pillow / OpenCV exception escapes).
 Nothing is decoded before the limits pass: byte count, header (format allow-list, ``max_pixels``), then JPEG /
 PNG completeness. Plain JPEGs and opaque PNGs without EXIF/XMP go to OpenCV (the same pixels as Pillow, faster),
 the rest to Pillow; EXIF orientation is applied on both, alpha composited on white, multi-frame files give their
-first frame. :func:`plan_decode` / :func:`run_decode` decode a batch with nvJPEG and fall back to the host.
+first frame. :func:`decode_batch` decodes a batch with nvJPEG and falls back to the host.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import re
 import stat
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
-from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
+from facegate.io.jpeg import NotPlain, read_jpeg_header
 
 if TYPE_CHECKING:
     import torch
@@ -70,13 +69,6 @@ def _too_large(unit: str, limit: int, actual: int, **extra: Any) -> ImageTooLarg
         f"image has {actual} {unit}, more than the limit of {limit}",
         detail={"unit": unit, "limit": limit, "actual": actual, **extra},
     )
-
-
-def _ensure_strict_truncation() -> None:
-    """Keep Pillow's default of refusing truncated images (a library may have flipped the global)."""
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        log.warning("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; facegate resets it to False")
-        ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
 def _open_header(data: bytes) -> Image.Image:
@@ -217,7 +209,7 @@ INLINE_DECODE_PIXELS = 160 * 160
 def decode_if_small(
     data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
 ) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG or PNG of at most ``small_pixels``; ``None`` for the others."""
+    """:func:`decode_image` of a plain JPEG or PNG of at most ``small_pixels`` (by its header), else ``None``."""
     if not isinstance(data, bytes) or not data or len(data) > max_bytes:
         return None
     if data[:3] == b"\xff\xd8\xff":
@@ -225,16 +217,12 @@ def decode_if_small(
             hdr = read_jpeg_header(data)
         except NotPlain:
             return None
-        if hdr.width * hdr.height > small_pixels:
-            return None
-        _check_limits(max_bytes, max_pixels)
-        _ensure_strict_truncation()
-        arr = _decode_plain_jpeg(data, max_pixels, hdr)
-        return arr if arr is not None else decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
-    png = len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    if png and int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big") <= small_pixels:
-        return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
-    return None
+        pixels = hdr.width * hdr.height
+    elif len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        pixels = int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
+    else:
+        return None
+    return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= small_pixels else None
 
 
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
@@ -248,7 +236,9 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
         raise EmptyInputError("the image is empty (0 bytes)")
     if len(data) > max_bytes:
         raise _too_large("bytes", max_bytes, len(data))
-    _ensure_strict_truncation()
+    if ImageFile.LOAD_TRUNCATED_IMAGES:  # Pillow's default refuses truncated images; a library may have flipped it
+        log.warning("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; facegate resets it to False")
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
     arr = _decode_plain_jpeg(data, max_pixels)
     if arr is not None:
         return arr
@@ -286,16 +276,15 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     return _apply_orientation(arr, orientation)
 
 
-def _decode_plain_jpeg(data: bytes, max_pixels: int, hdr: JpegHeader | None = None) -> np.ndarray | None:
+def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
     """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
-    if hdr is None:
-        try:
-            hdr = read_jpeg_header(data)
-        except NotPlain:
-            return None
+    try:
+        hdr = read_jpeg_header(data)
+    except NotPlain:
+        return None
     w, h = hdr.width, hdr.height
-    if w < 1 or h < 1 or (Image.MAX_IMAGE_PIXELS and w * h > 2 * Image.MAX_IMAGE_PIXELS):
-        return None  # the general path gives these their answer
+    if Image.MAX_IMAGE_PIXELS and w * h > 2 * Image.MAX_IMAGE_PIXELS:
+        return None  # the general path gives these their answer (a decompression bomb)
     if w * h > max_pixels:
         raise _too_large("pixels", max_pixels, w * h, width=w, height=h)
     if not hdr.complete:
@@ -341,9 +330,7 @@ def read_image_file(path: str | Path, *, allowed_roots: Sequence[Path], max_byte
         with os.fdopen(fd, "rb", closefd=True) as fh:
             fd = -1
             data = fh.read(max_bytes + 1)  # never more than the limit, even if the file grows
-    except FacegateError:
-        raise
-    except OSError as exc:
+    except OSError as exc:  # the refusals above are FacegateErrors, not OSErrors: they pass
         raise ImageDecodeError(f"cannot read {real}: {exc.strerror or exc}", detail={"path": str(real)}) from exc
     finally:
         if fd >= 0:
@@ -395,57 +382,9 @@ def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | N
         w, h = img.size
         if img.format not in _JPEG_FORMATS or img.mode not in ("L", "RGB") or w * h > max_pixels:
             return None
-        if not _jpeg_complete(data):
-            return None
-        return _orientation(img), h, w
+        return (_orientation(img), h, w) if _jpeg_complete(data) else None
     finally:
         img.close()
-
-
-@dataclass(slots=True)
-class DecodePlan:
-    """The host half of a batch decode: ``gpu_items`` index → ``(orientation, H, W)`` for nvJPEG; ``done`` index →
-    the host-decoded ``(H, W, 3) uint8`` or the item's FacegateError."""
-
-    datas: list[bytes]
-    device: torch.device
-    gpu_items: dict[int, tuple[int, int, int]]
-    done: dict[int, np.ndarray | FacegateError]
-    max_bytes: int
-    max_pixels: int
-
-
-def plan_decode(
-    datas: Sequence[bytes],
-    device: str | torch.device,
-    *,
-    max_bytes: int,
-    max_pixels: int,
-) -> DecodePlan:
-    """Host half of a batch decode: header checks, and :func:`decode_image` of every item nvJPEG will not get
-    (PNG, CMYK, out of limits, broken; all of them off CUDA). Never raises for a bad item."""
-    import torch
-
-    _check_limits(max_bytes, max_pixels)
-    dev = torch.device(device)
-    gpu_items: dict[int, tuple[int, int, int]] = {}
-    use_nvjpeg = _use_nvjpeg(dev)
-    host: list[int] = []
-    for i, data in enumerate(datas):
-        info = _gpu_candidate(bytes(data), max_bytes, max_pixels) if use_nvjpeg else None
-        if info is not None:
-            gpu_items[i] = info
-        else:
-            host.append(i)
-
-    def one(i: int) -> np.ndarray | FacegateError:
-        try:
-            return decode_image(datas[i], max_bytes=max_bytes, max_pixels=max_pixels)
-        except FacegateError as exc:
-            return exc
-
-    done: dict[int, np.ndarray | FacegateError] = {i: one(i) for i in host}
-    return DecodePlan(list(datas), dev, gpu_items, done, max_bytes, max_pixels)
 
 
 _decode_streams: dict[int, Any] = {}
@@ -475,41 +414,50 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
     return out
 
 
-def run_decode(plan: DecodePlan) -> list[Any]:
-    """Per item a ``(3, H, W) uint8`` RGB tensor on ``plan.device`` or its FacegateError: one batched nvJPEG call,
-    retried one by one if rejected; an item that still fails is decoded on the host."""
+def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_bytes: int, max_pixels: int) -> list[Any]:
+    """Per item a ``(3, H, W) uint8`` RGB tensor on ``device`` or its FacegateError (never raises for a bad item).
+    Complete 8-bit JPEGs within the limits go to one batched nvJPEG call on CUDA, retried one by one if rejected;
+    the rest (PNG, CMYK, out of limits, broken; all of them off CUDA) and what nvJPEG fails on decode on the host."""
     import torch
 
-    out: list[Any] = [None] * len(plan.datas)
-    done = dict(plan.done)
-    if plan.gpu_items:
-        idx = list(plan.gpu_items)
-        raw = [torch.frombuffer(bytearray(plan.datas[i]), dtype=torch.uint8) for i in idx]
+    _check_limits(max_bytes, max_pixels)
+    dev = torch.device(device)
+
+    def host(i: int) -> np.ndarray | FacegateError:
         try:
-            decoded = nvjpeg_decode(raw, plan.device)
+            return decode_image(datas[i], max_bytes=max_bytes, max_pixels=max_pixels)
+        except FacegateError as exc:
+            return exc
+
+    use_nvjpeg = _use_nvjpeg(dev)
+    gpu_items: dict[int, tuple[int, int, int]] = {}
+    done: dict[int, np.ndarray | FacegateError] = {}
+    for i, data in enumerate(datas):
+        info = _gpu_candidate(bytes(data), max_bytes, max_pixels) if use_nvjpeg else None
+        if info is not None:
+            gpu_items[i] = info
+        else:
+            done[i] = host(i)
+    out: list[Any] = [None] * len(datas)
+    if gpu_items:
+        raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_items]
+        try:
+            decoded = nvjpeg_decode(raw, dev)
         except Exception as exc:  # nvJPEG refuses the whole batch if one image fails
             log.debug("batched nvJPEG decode failed (%s); retrying one by one", exc)
             decoded = []
             for r in raw:
                 try:
-                    decoded.append(nvjpeg_decode(r, plan.device))
+                    decoded.append(nvjpeg_decode(r, dev))
                 except Exception as exc1:
                     log.debug("nvJPEG failed on one image (%s); host fallback", exc1)
                     decoded.append(None)
-        for i, t in zip(idx, decoded, strict=True):
-            orient, h, w = plan.gpu_items[i]
+        for (i, (orient, h, w)), t in zip(gpu_items.items(), decoded, strict=True):
             if t is not None and tuple(t.shape) == (3, h, w):
                 out[i] = _apply_orientation(t, orient, h_axis=1)
-                continue
-            try:
-                done[i] = decode_image(plan.datas[i], max_bytes=plan.max_bytes, max_pixels=plan.max_pixels)
-            except FacegateError as exc:
-                done[i] = exc
+            else:
+                done[i] = host(i)
     for i, res in done.items():
         # a host image as (3, H, W) on the device: one blocking copy
-        out[i] = (
-            res
-            if isinstance(res, FacegateError)
-            else torch.from_numpy(res).permute(2, 0, 1).contiguous().to(plan.device)
-        )
+        out[i] = res if isinstance(res, FacegateError) else torch.from_numpy(res).permute(2, 0, 1).contiguous().to(dev)
     return out

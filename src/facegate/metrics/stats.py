@@ -89,9 +89,7 @@ def _add(a: Any, b: Any) -> Any:
 
 class ServiceStats:
     """Every statistic facegate keeps, one family per attribute; ``gpu_memory_fn`` returns ``{"allocated",
-    "reserved", "peak"}`` bytes at every scrape (:func:`torch_cuda_memory_fn`)."""
-
-    ENGINE_FAMILIES = ENGINE_FAMILIES
+    "reserved", "peak"}`` bytes at every scrape (:func:`torch_cuda_memory_fn`); it may be replaced any time."""
 
     def __init__(self, *, gpu_memory_fn: GpuMemoryFn | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -160,7 +158,7 @@ class ServiceStats:
             "pid",
         )
         self.process.labels(str(os.getpid())).set(1.0)
-        self._gpu_memory_fn = gpu_memory_fn
+        self.gpu_memory_fn = gpu_memory_fn
 
     def _family(self, kind: type[M], name: str, doc: str, *labels: str, **kw: Any) -> M:
         metric = kind(name, doc, labels, registry=self.registry, **kw)
@@ -185,16 +183,13 @@ class ServiceStats:
             for name, series in part.items():
                 fam = out.setdefault(name, {})
                 for labels, v in series:
-                    key = tuple(labels)
-                    fam[key] = _add(fam[key], v) if key in fam else v
+                    fam[labels] = _add(fam[labels], v) if labels in fam else v
         return {name: list(series.items()) for name, series in out.items()}
 
     def register_stage(self, stage: str) -> None:
         """Create a stage's series at zero so dashboards see them before the first batch."""
-        self.queue_depth.labels(stage)
-        self.queue_wait.labels(stage)
-        self.batch_size.labels(stage)
-        self.items.labels(stage)
+        for family in (self.queue_depth, self.queue_wait, self.batch_size, self.items):
+            family.labels(stage)
         for phase in PHASES:
             self.compute_seconds.labels(stage, phase)
         for reason in DROP_REASONS:
@@ -215,10 +210,6 @@ class ServiceStats:
     def set_gallery_size(self, gallery: str, subjects: int) -> None:
         self.gallery_subjects.labels(gallery).set(subjects)
 
-    def remove_gallery(self, gallery: str) -> None:
-        """Forget a deleted gallery's series (no error if absent)."""
-        self.gallery_subjects.remove(gallery)
-
     def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
         """A hook for :class:`~facegate.gallery.service.Gallery` that mirrors ``{gallery: size}`` into
         ``facegate_gallery_subjects`` (forgetting galleries that disappeared)."""
@@ -226,7 +217,7 @@ class ServiceStats:
 
         def hook(sizes: dict[str, int]) -> None:
             for name in known - set(sizes):
-                self.remove_gallery(name)
+                self.gallery_subjects.remove(name)
             for name, n in sizes.items():
                 self.set_gallery_size(name, n)
             known.clear()
@@ -244,15 +235,12 @@ class ServiceStats:
         n = self.value("facegate_batch_size_count", stage=stage)
         return self.value("facegate_batch_size_sum", stage=stage) / n if n else 0.0
 
-    def set_gpu_memory_source(self, fn: GpuMemoryFn | None) -> None:
-        self._gpu_memory_fn = fn
-
     def refresh_gpu_memory(self) -> dict[str, float]:
         """Call the GPU-memory source and update the gauges; ``{}`` without one or when it fails."""
-        if self._gpu_memory_fn is None:
+        if self.gpu_memory_fn is None:
             return {}
         try:
-            values = {str(k): float(v) for k, v in self._gpu_memory_fn().items()}
+            values = {str(k): float(v) for k, v in self.gpu_memory_fn().items()}
         except Exception:  # a metrics read must never break a scrape
             log.warning("gpu memory source failed", exc_info=True)
             return {}

@@ -9,7 +9,7 @@ Only JPEGs with the ``largest`` policy and no crops come here.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
-from facegate.io.decode import plan_decode, run_decode
+from facegate.io.decode import decode_batch
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
@@ -30,27 +30,14 @@ from facegate.types import Detection, FaceSelect
 
 @dataclass(slots=True)
 class PreparedPhotos:
-    """A batch after :func:`prepare_photos`: ``decoded`` per photo a ``(3, H, W) uint8`` tensor or its error;
+    """A batch after :meth:`PhotoStage.prepare`: ``decoded`` per photo a ``(3, H, W) uint8`` tensor or its error;
     ``photos`` the tensors only; ``det_batches`` ``(indices, DetBatch)`` per detector forward; ``det_pending`` the
     forwards ``prepare`` enqueued."""
 
     decoded: list[Any]
     photos: dict[int, torch.Tensor]
     det_batches: list[tuple[list[int], Any]]
-    det_pending: DetPending | None = None
-
-
-@torch.inference_mode()
-def prepare_photos(pipe: Any, decoded: Sequence[torch.Tensor | FacegateError]) -> PreparedPhotos:
-    """Sort decoded photos from errors, and build the detector canvases on the device."""
-    photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
-    keys = list(photos)
-    sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
-    batches = [
-        ([keys[j] for j in idx], pipe.detector.preprocess_tensors([photos[keys[j]] for j in idx]))
-        for idx in detector_batches(sizes, pipe.detector.padded_hw, None, pipe.det_max_batch_pixels)
-    ]
-    return PreparedPhotos(list(decoded), photos, batches)
+    det_pending: DetPending
 
 
 def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
@@ -125,7 +112,7 @@ def faces_selected_on_device(
     decoded, photos = prepared.decoded, prepared.photos
     out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
     det, pending = pipe.detector, prepared.det_pending
-    assert pending is not None and pending.post_out is not None
+    assert pending.post_out is not None
     order = [i for idx, _ in prepared.det_batches for i in idx]
     meta: list[torch.Tensor] = []
     crops: list[torch.Tensor] = []
@@ -191,16 +178,6 @@ def faces_selected_on_device(
     return out, more_host, fallback
 
 
-def _selection_post(pipe: Any) -> Any:
-    """The detector ``post`` step, one per pipeline: the detector captures a CUDA graph per shape and ``post``."""
-    post = pipe._photo_select_post
-    if post is None:
-        dst = torch.from_numpy(np.array(template(), dtype=np.float64)).to(pipe.device)
-        post = functools.partial(choose_and_align, iou_threshold=pipe.detector.nms_threshold, dst=dst)
-        pipe._photo_select_post = post
-    return post
-
-
 class PhotoStage:
     """Engine stage ``photo``: the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`; an item that
     fails (bad image, no face) fails alone."""
@@ -213,17 +190,29 @@ class PhotoStage:
         self.p = pipeline
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
-        self._post = _selection_post(pipeline)
+        if pipeline._photo_select_post is None:  # one per pipeline: the detector captures a graph per shape and post
+            dst = torch.from_numpy(template()).to(pipeline.device)
+            post = functools.partial(choose_and_align, iou_threshold=pipeline.detector.nms_threshold, dst=dst)
+            pipeline._photo_select_post = post
+        self._post = pipeline._photo_select_post
 
     def prepare(self, payloads: list[np.ndarray]) -> PreparedPhotos:
         datas = [np.ascontiguousarray(p, dtype=np.uint8).tobytes() for p in payloads]
-        plan = plan_decode(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
-        prepared = prepare_photos(self.p, run_decode(plan))
-        batches = [b for _, b in prepared.det_batches]
-        prepared.det_pending = self.p.detector.enqueue_many(
-            batches, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in batches]
+        decoded = decode_batch(datas, self.p.device, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+        photos = {i: t for i, t in enumerate(decoded) if not isinstance(t, FacegateError)}
+        keys = list(photos)
+        sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
+        det = self.p.detector
+        with torch.inference_mode():  # the detector canvases, on the device
+            batches = [
+                ([keys[j] for j in idx], det.preprocess_tensors([photos[keys[j]] for j in idx]))
+                for idx in detector_batches(sizes, det.padded_hw, None, det.max_batch_pixels)
+            ]
+        canvases = [b for _, b in batches]
+        pending = det.enqueue_many(
+            canvases, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in canvases]
         )
-        return prepared
+        return PreparedPhotos(decoded, photos, batches, pending)
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
         return faces_selected_on_device(self.p, prepared)[0]

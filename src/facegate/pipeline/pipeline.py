@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from facegate.config import Settings
+from facegate.config import QualitySettings, Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu
 from facegate.pipeline.base import detector_batches, select_faces
 from facegate.quality_reasons import (
-    ReasonThresholds,
     crop_stats,
     enrol_gate,
     enrol_verdict,
@@ -123,19 +122,6 @@ def limit_gpu_memory(mib: int, device: int | None = None) -> float:
     return fraction
 
 
-def inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.inference_mode()`` as a decorator that imports torch at the first call, not at import time."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        with torch.inference_mode():
-            return fn(*args, **kwargs)
-
-    return run
-
-
 def start_photo_check() -> Callable[[], bool]:
     """:func:`~facegate.io.decode.gpu_decode_available` (seconds: it imports torchvision) on a thread; returns a
     function waiting for the answer."""
@@ -154,11 +140,6 @@ def start_photo_check() -> Callable[[], bool]:
         return bool(answer and answer[0])
 
     return wait
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two L2-normalised ``(D,) float32`` embeddings."""
-    return float(np.dot(a.astype(np.float64), b.astype(np.float64)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,21 +162,21 @@ class FacePipeline:
         *,
         device: str,
         operating: Operating,
+        quality: QualitySettings | None = None,
     ) -> None:
         self.spec = spec
         self.detector = detector
         self.recognizer = recognizer
         #: ``"cpu"`` / ``"cuda"``; :attr:`device` is the torch device
         self.device_name = str(device)
-        self._device: torch.device | None = None
         self.operating = operating
-        self.reason_limits = ReasonThresholds.from_settings()
-        self.refuse_on_reasons = True
-        self.enrol_threshold = enrol_gate(operating.quality_threshold, None) if operating is not None else 0.0
-        self.reliability_weights = load_reliability(spec.name) if spec is not None else None
+        quality = quality if quality is not None else QualitySettings()
+        self.reason_limits = quality
+        self.refuse_on_reasons = quality.refuse_on_reasons
+        self.enrol_threshold = enrol_gate(operating.quality_threshold, quality.enrol_gate)
+        self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
-        self._det_max_batch_pixels: int | None = None
         #: float32 bytes of photos the photo stage warps at once; None = a whole batch
         self.photo_warp_bytes: int | None = None
         #: ``(max_bytes, max_pixels)`` of the ``photo`` stage; None = no stage
@@ -206,25 +187,12 @@ class FacePipeline:
         self._photo_check: Callable[[], bool] | None = None
         self._photo_select_post: Any = None
 
-    @property
-    def det_max_batch_pixels(self) -> int | None:
-        """Largest detector forward in padded pixels; None = no cap. The detector's bucket padding keeps within it."""
-        return self._det_max_batch_pixels
-
-    @det_max_batch_pixels.setter
-    def det_max_batch_pixels(self, value: int | None) -> None:
-        self._det_max_batch_pixels = value
-        if self.detector is not None:
-            self.detector.max_batch_pixels = value
-
-    @property
+    @functools.cached_property
     def device(self) -> torch.device:
         """The pipeline's torch device (imports torch: the engine side only)."""
-        if self._device is None:
-            import torch
+        import torch
 
-            self._device = torch.device(self.device_name)
-        return self._device
+        return torch.device(self.device_name)
 
     @classmethod
     def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
@@ -268,6 +236,7 @@ class FacePipeline:
             # equal steady-state speed; NHWC on the CPU, where it is several times faster
             channels_last=plan.det_channels_last,
         )
+        detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
         if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(buckets)
@@ -319,9 +288,7 @@ class FacePipeline:
             operating.match_fmr,
             operating.quality_threshold,
         )
-        pipe = cls(spec, detector, recognizer, device=device, operating=operating)
-        pipe.set_quality(settings)
-        pipe.det_max_batch_pixels = plan.det_max_batch_pixels
+        pipe = cls(spec, detector, recognizer, device=device, operating=operating, quality=settings.quality)
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
         pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]
         limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
@@ -345,34 +312,33 @@ class FacePipeline:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
         sizes = [im.shape[:2] for im in images]
-        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.det_max_batch_pixels)
+        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.detector.max_batch_pixels)
         return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
 
-    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]], n: int) -> list[list[Detection]]:
-        """Forward + postprocess each group; results back in input order."""
-        out: list[list[Detection]] = [[] for _ in range(n)]
+    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]]) -> list[list[Detection]]:
+        """Forward + postprocess each group (of :meth:`detect_groups`); results back in input order."""
+        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
         found = self.detector.run_many([batch for _, batch in groups])
         for (idx, _), per_batch in zip(groups, found, strict=True):
             for i, dets in zip(idx, per_batch, strict=True):
                 out[i] = dets
         return out
 
-    @inference_mode
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
             return []
-        return self.run_detect_groups(self.detect_groups(images), len(images))
+        import torch  # here, not at import time: front-ends import this module without torch
+
+        with torch.inference_mode():
+            return self.run_detect_groups(self.detect_groups(images))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
         """Crops ``(K, 112, 112, 3) uint8`` RGB for ``detections[k]`` found in ``images[image_index[k]]``."""
-        if not detections:
-            return np.zeros((0, 112, 112, 3), np.uint8)
-        lms = np.stack([d.landmarks for d in detections]).astype(np.float32)
+        lms = np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2)
         return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
 
-    @inference_mode
     def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
         if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
@@ -382,10 +348,11 @@ class FacePipeline:
             return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
         import torch
 
-        x = torch.from_numpy(np.ascontiguousarray(crops))
-        if self.device.type == "cuda":
-            x = x.pin_memory().to(self.device, non_blocking=True)
-        out = self.recognize(x).cpu().numpy()  # one device→host copy
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(crops))
+            if self.device.type == "cuda":
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            out = self.recognize(x).cpu().numpy()  # one device→host copy
         d = out.shape[1] - 2
         return out[:, :d], out[:, d], out[:, d + 1]
 
@@ -400,22 +367,9 @@ class FacePipeline:
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def set_quality(self, settings: Settings) -> None:
-        self.reason_limits = ReasonThresholds.from_settings(settings.quality)
-        self.refuse_on_reasons = settings.quality.refuse_on_reasons
-        self.enrol_threshold = enrol_gate(self.operating.quality_threshold, settings.quality.enrol_gate)
-
     def enrol_verdict(self, face: Face) -> QualityVerdict:
         """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""
         return enrol_verdict(face.quality, self.enrol_threshold)
-
-    def gate(
-        self, score: float, raw: float, detection: Detection | None = None, stats: np.ndarray | None = None
-    ) -> QualityVerdict:
-        """The quality gate with the face's reasons; ``stats``: its ``(3,)`` :func:`crop_stats` row, if seen."""
-        q = self.operating.quality_threshold
-        reasons = face_reasons(detection, stats, score, q, self.reason_limits)
-        return quality_verdict(score, raw, q, reasons, refuse_on_reasons=self.refuse_on_reasons)
 
     def make_faces(
         self,
@@ -428,18 +382,19 @@ class FacePipeline:
         keep_crops: bool = False,
         stats: np.ndarray | None = None,
     ) -> list[Face]:
-        """Gated :class:`Face` results from stage outputs; ``stats``: ``(K, 3) float32`` when ``crops`` are absent."""
+        """Gated :class:`Face` results from stage outputs: the quality gate with each face's reasons. ``stats``:
+        ``(K, 3) float32`` :func:`crop_stats` rows when ``crops`` are absent (None: not seen)."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
-        return [
-            Face(
-                detection=det,
-                embedding=emb[i],
-                quality=self.gate(float(quality[i]), float(raw[i]), det, None if stats is None else stats[i]),
-                crop=crops[i] if keep_crops and crops is not None else None,
-            )
-            for i, det in enumerate(detections)
-        ]
+        q = self.operating.quality_threshold
+        faces = []
+        for i, det in enumerate(detections):
+            score = float(quality[i])
+            reasons = face_reasons(det, None if stats is None else stats[i], score, q, self.reason_limits)
+            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=self.refuse_on_reasons)
+            crop = crops[i] if keep_crops and crops is not None else None
+            faces.append(Face(detection=det, embedding=emb[i], quality=verdict, crop=crop))
+        return faces
 
     def faces(
         self,
@@ -464,11 +419,10 @@ class FacePipeline:
     def compare_faces(self, a: Face, b: Face) -> CompareResult:
         """1:1 compare; refused (never silently compared) when either face fails the quality gate."""
         op = self.operating
-        refused = not (a.quality.accepted and b.quality.accepted)
-        if refused:
+        if not (a.quality.accepted and b.quality.accepted):
             reasons = [f"img{i + 1}: {f.quality.reason}" for i, f in enumerate((a, b)) if not f.quality.accepted]
             return CompareResult(None, op.match_threshold, op.match_fmr, None, (a, b), True, "; ".join(reasons))
-        sim = cosine(a.embedding, b.embedding)
+        sim = float(np.dot(a.embedding.astype(np.float64), b.embedding.astype(np.float64)))
         rel = None
         if self.reliability_weights is not None:
             rel = reliability(a.quality.score, b.quality.score, sim, op.match_threshold, self.reliability_weights)
@@ -497,7 +451,10 @@ class FacePipeline:
         report: dict[str, dict[str, float]] = {}
         cuda = self.device.type == "cuda"
 
-        def step(name: str, t0: float) -> None:
+        @contextlib.contextmanager
+        def step(name: str) -> Iterator[None]:
+            t0 = time.perf_counter()
+            yield
             row = {"seconds": round(time.perf_counter() - t0, 3)}
             if cuda:
                 torch.cuda.synchronize()
@@ -508,42 +465,42 @@ class FacePipeline:
                     row["driver_mib"] = round(got, 1)
             report[name] = row
 
-        t = time.perf_counter()
         capture = getattr(self.recognizer, "capture", None)
         if capture is not None:
-            capture()
-            step("recognizer_graphs", t)
+            with step("recognizer_graphs"):
+                capture()
         rng = np.random.default_rng(0)
         det = self.detector
         if det.batch_buckets:  # plan (and capture) the detector's batch shapes of the warm-up photo sizes
-            t = time.perf_counter()
-            for h, w in self.det_warm_sizes:
-                for b in self.detector_warm_batches(h, w):
-                    self.detect([rng.integers(0, 255, (h, w, 3), dtype=np.uint8)] * b)
-            step("detector_buckets", t)
+            with step("detector_buckets"):
+                for h, w in self.det_warm_sizes:
+                    for b in self.detector_warm_batches(h, w):
+                        self.detect([rng.integers(0, 255, (h, w, 3), dtype=np.uint8)] * b)
             if capture is None:  # eager CUDA recognizer: plan its bucket shapes too
-                t = time.perf_counter()
-                for b in det.batch_buckets:
-                    self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
-                step("recognizer_buckets", t)
-        t = time.perf_counter()
-        for n in batch_sizes:
-            imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
-            self.detect(imgs)
-            self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
-        step("one_of_each", t)
+                with step("recognizer_buckets"):
+                    for b in det.batch_buckets:
+                        self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
+        with step("one_of_each"):
+            for n in batch_sizes:
+                imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
+                self.detect(imgs)
+                self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
         if self._photo_check is not None:
-            t = time.perf_counter()
-            self.confirm_photo_stage()
-            step("photo_check_wait", t)
-        if self.photo_limits is not None:  # nvJPEG's decoder state and the device canvas/warp kernels
-            t = time.perf_counter()
-            self.warmup_photo(rng)
-            step("photo_stage", t)
+            with step("photo_check_wait"):
+                self.confirm_photo_stage()
+        if self.photo_limits is not None:  # nvJPEG's decoder state, the canvas/warp kernels, each detector bucket
+            import cv2
+
+            from facegate.pipeline.photo import PhotoStage
+
+            with step("photo_stage"):
+                photo = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
+                _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
+                for n in sorted({1, *self.detector_warm_batches(250, 250)}):
+                    photo.execute(photo.prepare([buf.reshape(-1)] * n))
         if cuda:  # hand warm-up's transient activations back to the driver
-            t = time.perf_counter()
-            torch.cuda.empty_cache()
-            step("empty_cache", t)
+            with step("empty_cache"):
+                torch.cuda.empty_cache()
         self.warmup_report = report
         return report
 
@@ -560,25 +517,12 @@ class FacePipeline:
 
     def detector_warm_batches(self, height: int, width: int) -> list[int]:
         """Photos per warm-up detect call for one size: each batch bucket up to what one forward takes under
-        ``det_max_batch_pixels``."""
+        the detector's ``max_batch_pixels``."""
         hp, wp = self.detector.padded_hw(height, width)
-        cap = self.det_max_batch_pixels // (hp * wp) if self.det_max_batch_pixels else None
+        max_pixels = self.detector.max_batch_pixels
+        cap = max_pixels // (hp * wp) if max_pixels else None
         buckets = self.detector.batch_buckets or (1,)
         fit = [b for b in buckets if cap is None or b <= max(cap, 1)]
         if cap is not None and cap >= 1 and cap not in fit and any(b > cap for b in buckets):
             fit.append(cap)  # the partly filled bucket a full forward of this size pads to
         return sorted(set(fit))
-
-    def warmup_photo(self, rng: np.random.Generator) -> None:
-        """Run the ``photo`` stage on 250×250 noise per detector batch bucket (an uncaptured one stalls its first
-        batch)."""
-        import cv2
-
-        from facegate.pipeline.photo import PhotoStage
-
-        assert self.photo_limits is not None
-        stage = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
-        _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
-        payload = np.asarray(buf, np.uint8).reshape(-1)
-        for n in sorted({1, *self.detector_warm_batches(250, 250)}):
-            stage.execute(stage.prepare([payload] * n))

@@ -23,14 +23,13 @@ class DetectStage:
     def __init__(self, pipeline: Any) -> None:
         self.p = pipeline
 
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[list[tuple[list[int], Any]], int]:
-        return self.p.detect_groups(payloads), len(payloads)
+    def prepare(self, payloads: list[np.ndarray]) -> list[tuple[list[int], Any]]:
+        return self.p.detect_groups(payloads)
 
     @torch.inference_mode()
-    def execute(self, prepared: tuple[list[tuple[list[int], Any]], int]) -> list[list[Detection]]:
+    def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
         # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
-        groups, n = prepared
-        return self.p.run_detect_groups(groups, n)
+        return self.p.run_detect_groups(groups)
 
     def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
         return result
@@ -81,11 +80,7 @@ class EmbedStage:
         item_shape = tuple(payloads[0].shape[1:])
         if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
             raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
-        if not cuda:
-            out = np.empty((n, *item_shape), np.uint8)
-            pack_rows(out, payloads)
-            return torch.from_numpy(out), sizes
-        buf = self._staging_rows(n_pad, item_shape)
+        buf = self._staging_rows(n_pad, item_shape) if cuda else torch.empty((n, *item_shape), dtype=torch.uint8)
         pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
         if n_pad > n:
             buf[n:n_pad].zero_()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from ray.serve.handle import DeploymentHandle
 from facegate.config import Settings
 from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, machine_id, record_replicas
-from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire
+from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire, outcome
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _bind_replica_grpc_to_node_address() -> None:
         from ray.serve._private import replica as serve_replica
 
         original = getattr(serve_replica, "add_port_to_grpc_server", None)
-        if original is None or getattr(original, "_facegate_node_bound", False):
+        if original is None:
             return
 
         def add_port(server: Any, address: str) -> int:
@@ -61,7 +62,6 @@ def _bind_replica_grpc_to_node_address() -> None:
                 address = f"[{host}]:{address[5:]}" if ":" in host else f"{host}:{address[5:]}"
             return int(original(server, address))
 
-        add_port._facegate_node_bound = True  # type: ignore[attr-defined]
         serve_replica.add_port_to_grpc_server = add_port
 
 
@@ -79,18 +79,11 @@ def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
     with open("/proc/net/unix") as fh:  # flags 00010000 (__SO_ACCEPTCON): a socket that listens
         listening = {f[7] for f in (line.split() for line in fh.readlines()[1:]) if len(f) == 8 and f[3] == "00010000"}
     removed: list[str] = []
-    for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        sock = os.path.join(path, "engine.sock")
-        if not name.startswith(SOCKET_DIR_PREFIX) or sock in listening:
-            continue
-        try:
-            age_s = time.time() - os.lstat(sock).st_mtime
-        except OSError:  # no socket (yet)
-            continue
-        if age_s >= min_age_s:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    for sock in glob.glob(os.path.join(glob.escape(parent), f"{SOCKET_DIR_PREFIX}*", "engine.sock")):
+        with contextlib.suppress(OSError):  # removed meanwhile
+            if sock not in listening and time.time() - os.lstat(sock).st_mtime >= min_age_s:
+                shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+                removed.append(os.path.dirname(sock))
     return removed
 
 
@@ -103,7 +96,7 @@ def _replica_id() -> str:
 
 class EngineReplica:
     """One facegate engine as a Serve replica, from the :class:`~facegate.config.Settings` as JSON. Every method
-    answers ``("ok", replica id, result)`` or ``("err", replica id, *error_to_wire(exc))``."""
+    answers ``(replica id, result)``."""
 
     async def __init__(self, settings_json: str) -> None:
         import ray
@@ -111,8 +104,7 @@ class EngineReplica:
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
 
-        # as an engine process of `facegate serve`: the engine's device thread and this replica's event loop (the
-        # gRPC calls, the answers) hand the GIL to each other within a millisecond, not Python's default 5 ms
+        # as an engine process: its device thread and this replica's event loop (the gRPC calls) share the GIL
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()
@@ -138,11 +130,11 @@ class EngineReplica:
         self._info["local"] = {"machine": machine_id(), "address": address, "authkey": authkey.hex()}
         log.info("engine replica %s ready in %.1f s on %s", self.replica, self._info["startup_s"], self._info["device"])
 
-    async def info(self) -> tuple[Any, ...]:
+    async def info(self) -> tuple[str, dict[str, Any]]:
         """Model, operating thresholds, device, stages, replica id, pid, Ray node id."""
-        return ("ok", self.replica, self._info)
+        return self.replica, self._info
 
-    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[Any, ...]:
+    async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[str, list[tuple[Any, ...]]]:
         """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each.
 
         The items go straight onto the engine's queue with this loop's futures, which the engine settles once per
@@ -165,18 +157,10 @@ class EngineReplica:
             for fut in futures:
                 fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
         late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        answers = [
-            ("err", *error_to_wire(late))
-            if f.cancelled()
-            else ("err", *error_to_wire(exc))
-            if (exc := f.exception()) is not None
-            else ("ok", f.result())
-            for f in futures
-        ]
-        return ("ok", self.replica, answers)
+        return self.replica, [("err", *error_to_wire(late)) if f.cancelled() else outcome(f) for f in futures]
 
-    async def engine_samples(self) -> tuple[Any, ...]:
-        return ("ok", self.replica, self.service.stats.engine_samples())
+    async def engine_samples(self) -> tuple[str, dict[str, Any]]:
+        return self.replica, self.service.stats.engine_samples()
 
     async def check_health(self) -> None:
         if not self.service.ready:
@@ -320,10 +304,8 @@ def build_app(
 
 def app_builder(args: dict[str, Any]) -> Any:
     """The application of ``serve run`` / ``serve deploy`` (``deploy/ray/serve.yaml``): ``args`` are
-    :func:`build_app`'s keywords; settings come from the ``FACEGATE_*`` environment (``runtime_env.env_vars``)."""
-    known = {"engine_replicas", "max_engine_replicas", "ingress_replicas", "engine_gpus"}
-    if unknown := set(args) - known:
-        raise ValueError(f"unknown facegate application args {sorted(unknown)}; known: {sorted(known)}")
+    :func:`build_app`'s keywords (another is a TypeError); settings come from the ``FACEGATE_*`` environment
+    (``runtime_env.env_vars``)."""
     return build_app(Settings(), **args)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import socket
 import time
@@ -228,11 +229,10 @@ class RayEngine:
         """``(retries, replica, result)`` of ``method`` on an engine replica (through ``handle``: by reference)."""
         from ray.serve.exceptions import BackPressureError
 
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             response = getattr(self._handle if handle is None else handle, method).remote(*args)
             try:
-                kind, replica, *rest = await response
+                replica, result = await response
             except asyncio.CancelledError:  # the caller went away: the replica's task is cancelled too
                 response.cancel()
                 raise
@@ -243,19 +243,16 @@ class RayEngine:
                     raise EngineClosedError(
                         "the engine replica serving this request is gone", detail={"cause": type(exc).__name__}
                     ) from None
-                attempt += 1
                 log.warning("engine replica lost during %s (%s); retrying on another", method, type(exc).__name__)
                 continue
-            if kind == "ok":
-                return attempt, replica, rest[0]
-            raise error_from_wire(*rest)
+            return attempt, replica, result
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+    def stop(self, drain: bool = True) -> None:
         """Stop sending and close the local connections (the replicas belong to Ray Serve and stay up)."""
         self._alive = False
         if self._discovery is not None:  # from any thread (FaceService.stop calls this on an executor's)
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 self._discovery.get_loop().call_soon_threadsafe(self._discovery.cancel)
         for engine in list(self._local):
-            engine.stop(drain, timeout_s=timeout_s)
+            engine.stop(drain)
         self._local.clear()

@@ -142,24 +142,40 @@ def enrol_photos(
     return report
 
 
-def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None)`` from an ``.npz`` of ``ids`` or
-    ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``."""
+def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None, int]:
+    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None, rows refused)`` from an ``.npz`` of ``ids``
+    or ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``. Rows whose
+    ``enrol_accepted`` (written by ``facegate embed``: the face passed the enrolment gate) is false are left out."""
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise InvalidParameterError(f"cannot read templates from {path}: {exc}", detail={"path": str(path)}) from None
     if "embeddings" not in z:
         raise InvalidParameterError(f"{path} has no 'embeddings' array", detail={"path": str(path)})
-    emb = np.asarray(z["embeddings"], np.float32)
+
+    def array(key: str, dtype: Any = None) -> np.ndarray:
+        try:  # an object array (not loadable without pickle), or text where numbers belong
+            return np.asarray(z[key], dtype)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(
+                f"cannot read {key!r} from {path}: {exc}", detail={"path": str(path), "field": key}
+            ) from None
+
+    emb = array("embeddings", np.float32)
     if "ids" in z:
-        ids = [str(x) for x in z["ids"]]
+        ids = [str(x) for x in array("ids")]
     elif "paths" in z:
-        ids = [Path(str(p)).parent.name for p in z["paths"]]
+        ids = [Path(str(p)).parent.name for p in array("paths")]
     else:
         raise InvalidParameterError(f"{path} needs 'ids' or 'paths' beside 'embeddings'", detail={"path": str(path)})
-    q = np.asarray(z["quality"], np.float32) if "quality" in z else None
-    return ids, emb, q
+    q = array("quality", np.float32) if "quality" in z else None
+    if "enrol_accepted" not in z:
+        return ids, emb, q, 0
+    keep = array("enrol_accepted", bool)
+    if keep.shape != (len(ids),) or len(emb) != len(ids):
+        raise InvalidParameterError(f"{path}: one embedding and enrol_accepted per row", detail={"path": str(path)})
+    kept = [sid for sid, k in zip(ids, keep, strict=True) if k]
+    return kept, emb[keep], None if q is None else q[keep], len(ids) - len(kept)
 
 
 def import_templates(
@@ -235,7 +251,8 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
         if chosen:
             crops = pipeline.align(images, chosen, with_face)
             emb, q, raw = pipeline.embed(crops)
-            for face, j in zip(pipeline.make_faces(chosen, None, emb, q, raw), with_face, strict=True):
+            # with the crops: their statistics give the blur, exposure and occlusion reasons, as served
+            for face, j in zip(pipeline.make_faces(chosen, crops, emb, q, raw), with_face, strict=True):
                 out[owners[j]] = face
         return out
 

@@ -52,7 +52,7 @@ class FaceService:
         #: the engine's gallery search stage (:mod:`facegate.pipeline.search`), when this process owns the engine
         self.search_stage = search_stage
         if pipeline.device_name.startswith("cuda"):
-            self.stats.set_gpu_memory_source(torch_cuda_memory_fn(pipeline.device))
+            self.stats.gpu_memory_fn = torch_cuda_memory_fn(pipeline.device)
         #: the local engine, or the connection to the engine process (then ``pipeline`` holds no models)
         stages = pipeline.stages() if engine is None else []
         if search_stage is not None:
@@ -111,8 +111,9 @@ class FaceService:
         # decoding and alignment run here: the same thread setting as the engine's process
         configure_cpu_threads((plan or make_plan(settings)).cpu_threads)
         operating = Operating(**info["operating"])
-        pipeline = FacePipeline(get_spec(info["model"]), None, None, device="cpu", operating=operating)
-        pipeline.set_quality(settings)
+        pipeline = FacePipeline(
+            get_spec(info["model"]), None, None, device="cpu", operating=operating, quality=settings.quality
+        )
         service = cls(pipeline, settings, engine=remote)
         service.photo_on_device = "photo" in info.get("stages", ())
         return service
@@ -152,7 +153,8 @@ class FaceService:
         """The largest face of one encoded photo and its top-``k`` in ``gallery``, in one engine trip
         (the engine's ``photo_search`` stage; only when :attr:`photo_on_device`)."""
         res, out = await self._submit("photo_search", encode_photo_search(gallery, data, k))
-        return self._record(self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw)), out
+        faces = self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)
+        return self._record(faces), out
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a

@@ -1,9 +1,5 @@
-"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023), and its calibration. On cached
-features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``, per batch::
-
-    cos  = emb @ normalize(W)ᵀ                          (B, C), W: frozen class means of the clean embeddings
-    τ_b  = σ²_b · Σ_{i=1..dof} ε_{b,i}² / (dof − 2),   ε ~ N(0, 1), fresh every step
-    loss = CE(s · cos / τ, y) + kl_scale · mean(½ (σ² − log σ² − 1))
+"""RTS quality-head training on frozen-backbone features (Shang et al., AAAI 2023; the loss is in docs/quality.md), and
+its calibration, on cached features (:func:`facegate.eval.features.extract`) ``head_in (N, 1152)``, ``emb (N, 128)``.
 
 The target-class cosine is against the *other* clean photos of the identity (as a genuine comparison sees). The
 calibration maps σ² to P(a genuine comparison reaches the match threshold), on the training identities.
@@ -14,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from facegate.errors import InvalidParameterError
+from facegate.eval.features import extract, plan_variants, read_parts
 from facegate.models.quality import QualityCalibration, RTSQualityHead, fit_logistic, save_head
 
 log = logging.getLogger(__name__)
@@ -53,23 +50,6 @@ class RTSConfig:
             raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
 
 
-def load_features(specs: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """``.npz`` feature parts (files or folders) as one table of :data:`FEATURE_COLUMNS` plus ``identity (N,)``."""
-    files = sorted({f for s in specs for f in (Path(s).glob("*.npz") if Path(s).is_dir() else [Path(s)])})
-    parts = []
-    for f in files:
-        try:
-            with np.load(f, allow_pickle=False) as z:
-                parts.append({c: z[c] for c in FEATURE_COLUMNS})
-        except (OSError, ValueError, KeyError) as exc:
-            raise InvalidParameterError(f"cannot read feature file {f}: {exc}", detail={"path": str(f)}) from exc
-    if not parts:
-        raise InvalidParameterError(f"no feature files in {[str(s) for s in specs]}")
-    table = {c: np.concatenate([p[c] for p in parts]) for c in FEATURE_COLUMNS}
-    table["identity"] = np.array([str(p).split("/")[0] for p in table["path"]])
-    return table
-
-
 def rts_loss(
     logvar: Tensor, cos: Tensor, labels: Tensor, *, scale: float, dof: int, kl_scale: float, generator: torch.Generator
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -95,15 +75,15 @@ def train_rts_head(
     emb: np.ndarray,
     labels: np.ndarray,
     class_init: np.ndarray,
+    target_proto: np.ndarray,
     config: RTSConfig,
     *,
     device: str = "cpu",
-    target_proto: np.ndarray | None = None,
     progress: bool = True,
 ) -> tuple[RTSQualityHead, list[dict[str, float]]]:
     """A head (eval, CPU, fp32, on raw ``head_in``; trained standardised) and its per-epoch losses, from ``head_in
     (N, F)``, ``emb (N, D)``, ``labels (N,)`` against frozen ``class_init (C, D)``; ``target_proto (N, D)``: each
-    row's target-class weight."""
+    row's target-class weight (the other clean photos of its identity)."""
     from tqdm import tqdm
 
     n = head_in.shape[0]
@@ -116,9 +96,7 @@ def train_rts_head(
     e = F.normalize(torch.as_tensor(np.asarray(emb, np.float32)), dim=1).to(dev)
     y = torch.as_tensor(np.asarray(labels, np.int64)).to(dev)
     w = F.normalize(torch.as_tensor(np.asarray(class_init, np.float32)), dim=1).to(dev)
-    tcos = None
-    if target_proto is not None:
-        tcos = (e * F.normalize(torch.as_tensor(np.asarray(target_proto, np.float32)), dim=1).to(dev)).sum(1)
+    tcos = (e * F.normalize(torch.as_tensor(np.asarray(target_proto, np.float32)), dim=1).to(dev)).sum(1)
     torch.manual_seed(config.seed)
     head = RTSQualityHead(x.shape[1], backbone="sface").to(dev).train()
     opt = torch.optim.Adam(head.parameters(), lr=config.lr)
@@ -134,9 +112,7 @@ def train_rts_head(
             tot = torch.zeros(3, device=dev)
             for k in range(steps):
                 idx = perm[k * bs : (k + 1) * bs]
-                cos = e[idx] @ w.T
-                if tcos is not None:
-                    cos = cos.scatter(1, y[idx][:, None], tcos[idx][:, None])
+                cos = (e[idx] @ w.T).scatter(1, y[idx][:, None], tcos[idx][:, None])
                 loss, ce, kl = rts_loss(head(x[idx]), cos, y[idx], **kw)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -185,29 +161,18 @@ def genuine_outcomes(
     return np.asarray(fi, np.int64), (sims >= threshold).astype(np.float64)
 
 
-@dataclass
-class TrainResult:
-    """A trained head with its calibration and training record."""
-
-    head: RTSQualityHead
-    calibration: QualityCalibration
-    history: list[dict[str, float]]
-    identities: list[str]
-    match_threshold: float
-    n_train: int  #: faces the loss saw (those with another clean photo of their identity)
-
-
-def train_on_identities(
+def train_and_calibrate(
     table: dict[str, np.ndarray],
-    identities: Collection[str],
     config: RTSConfig,
     *,
     match_threshold: float,
     device: str = "cpu",
     progress: bool = True,
-) -> TrainResult:
-    """Train and calibrate a head on the found faces (clean and degraded) of ``identities``; nothing else is read."""
-    rows = np.flatnonzero(np.isin(table["identity"], np.asarray(sorted(set(identities)))) & table["found"])
+) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
+    """Train and calibrate a head on the table's found faces (clean and degraded): ``(head, calibration, record)``,
+    the record counting the identities and the faces the loss saw (those with another clean photo of their
+    identity), with the per-epoch losses."""
+    rows = np.flatnonzero(table["found"])
     if rows.size < config.batch_size:
         raise InvalidParameterError(f"only {rows.size} training faces; need at least batch_size={config.batch_size}")
     present, labels = np.unique(table["identity"][rows], return_inverse=True)
@@ -227,9 +192,9 @@ def train_on_identities(
         emb[train],
         labels[train],
         np.where(np.linalg.norm(class_sum, axis=1, keepdims=True) > 0, class_sum, 1.0),
+        proto,
         config,
         device=device,
-        target_proto=proto,
         progress=progress,
     )
     fi, succ = genuine_outcomes(table, rows, match_threshold, max_refs=config.max_refs, seed=config.seed)
@@ -240,23 +205,7 @@ def train_on_identities(
     if cal.direction != -1:
         log.warning("calibration direction came out %+d, expected -1", cal.direction)
     cal.note = f"P(genuine match >= {match_threshold:.4f}) on training identities"
-    return TrainResult(head, cal, history, [str(i) for i in present], float(match_threshold), int(train.size))
-
-
-def extract_folder(root: Path, *, device: str = "cpu", n_random: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
-    """Features of every ``<root>/<identity>/<image>`` (clean + ``n_random`` random degradations each)."""
-    from facegate.config import Settings
-    from facegate.eval.features import extract, plan_variants
-    from facegate.pipeline.pipeline import FacePipeline
-
-    exts = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
-    paths = sorted(str(p.relative_to(root)) for p in Path(root).glob("*/*") if p.suffix.lower() in exts)
-    if not paths:
-        raise InvalidParameterError(f"no <identity>/<image> files under {root}", detail={"root": str(root)})
-    pipe = FacePipeline.from_settings(Settings(device=device, precision="fp32", compile="off"))
-    cols = extract(pipe, Path(root), paths, plan_variants(paths, n_random, 0, seed), seed=seed)
-    cols["identity"] = np.array([p.split("/")[0] for p in cols["path"]])
-    return cols
+    return head, cal, {"identities": int(present.size), "training_faces": int(train.size), "history": history}
 
 
 def train_quality(
@@ -267,42 +216,50 @@ def train_quality(
     config: RTSConfig | None = None,
     device: str = "cpu",
     n_random: int = 2,
-    exclude_identities: Collection[str] = (),
     save_features: Path | None = None,
     command: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``) or ``.npz`` feature
-    parts, write it to ``out``; returns a summary."""
+    """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
+    random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
     config = config or RTSConfig()
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
-        table = extract_folder(Path(source), device=device, n_random=n_random, seed=config.seed)
+        from facegate.config import Settings
+        from facegate.pipeline.pipeline import FacePipeline
+
+        root = Path(source)
+        exts = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+        paths = sorted(str(p.relative_to(root)) for p in root.glob("*/*") if p.suffix.lower() in exts)
+        if not paths:
+            raise InvalidParameterError(f"no <identity>/<image> files under {root}", detail={"root": str(root)})
+        pipe = FacePipeline.from_settings(Settings(device=device, precision="fp32", compile="off"))
+        table = extract(pipe, root, paths, plan_variants(paths, n_random, 0, config.seed), seed=config.seed)
         if save_features is not None:
             save_features.parent.mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(save_features, **{c: table[c] for c in FEATURE_COLUMNS})
+            np.savez_compressed(save_features, **table)
+        table["identity"] = np.array([p.split("/")[0] for p in table["path"]])
     else:
-        table = load_features([source] if isinstance(source, (str, Path)) else list(source))
-    ids = sorted(set(table["identity"].tolist()) - {str(i) for i in exclude_identities})
-    res = train_on_identities(table, ids, config, match_threshold=match_threshold, device=device, progress=progress)
+        table = read_parts([source] if isinstance(source, (str, Path)) else list(source), FEATURE_COLUMNS)
+    head, cal, record = train_and_calibrate(
+        table, config, match_threshold=match_threshold, device=device, progress=progress
+    )
     meta = {
         "trained_on": str(source),
-        "identities": len(res.identities),
-        "training_faces": res.n_train,
+        "identities": record["identities"],
+        "training_faces": record["training_faces"],
         "command": command,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": asdict(config),
-        "match_threshold": res.match_threshold,
-        "final_loss": res.history[-1],
+        "match_threshold": float(match_threshold),
+        "final_loss": record["history"][-1],
     }
-    save_head(Path(out), res.head, res.calibration, meta, backbone="sface")
+    save_head(Path(out), head, cal, meta, backbone="sface")
     return {
         "out": str(out),
-        "identities": len(res.identities),
-        "training_faces": res.n_train,
+        **record,
         "faces_found": float(table["found"].mean()),
-        "match_threshold": res.match_threshold,
-        "calibration": res.calibration.to_dict(),
-        "history": res.history,
+        "match_threshold": float(match_threshold),
+        "calibration": cal.to_dict(),
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -59,16 +59,21 @@ SWITCH_INTERVAL_S = 0.001
 ENGINE_DRAIN_MARGIN_S = 5.0
 
 
-#: Extra attributes of some FacegateErrors that change the HTTP answer (e.g. Retry-After).
-_EXTRA_ATTRS = ("retry_after_s",)
-
-
 def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    """A FacegateError as ``(class name, message, detail, extra attributes)``; anything else as a ModelError."""
+    """A FacegateError as ``(class name, message, detail, extra attributes)``, the extra ones being those that change
+    the HTTP answer (Retry-After); anything else as a ModelError."""
     if isinstance(exc, FacegateError):
-        extra = {a: getattr(exc, a) for a in _EXTRA_ATTRS if hasattr(exc, a)}
+        extra = {"retry_after_s": exc.retry_after_s} if hasattr(exc, "retry_after_s") else {}
         return type(exc).__name__, exc.message, dict(exc.detail), extra
     return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
+
+
+def outcome(fut: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> tuple[Any, ...]:
+    """A done future's answer on the wire: ``("ok", result)`` or ``("err", *error_to_wire(exc))``."""
+    try:
+        return ("ok", fut.result())
+    except BaseException as exc:  # every failure goes back to the caller
+        return ("err", *error_to_wire(exc))
 
 
 def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict[str, Any]) -> FacegateError:
@@ -107,10 +112,7 @@ class Arena:
         with self._lock:
             for i, (off, ln) in enumerate(self._free):
                 if ln >= n:
-                    if ln == n:
-                        del self._free[i]
-                    else:
-                        self._free[i] = (off + n, ln - n)
+                    self._free[i : i + 1] = [(off + n, ln - n)] if ln > n else []
                     return off
         return None
 
@@ -122,11 +124,10 @@ class Arena:
             i = bisect.bisect_left(self._free, (offset, 0))
             self._free.insert(i, (offset, n))
             if i + 1 < len(self._free) and offset + n == self._free[i + 1][0]:  # merge with the next
-                self._free[i] = (offset, n + self._free[i + 1][1])
-                del self._free[i + 1]
+                self._free[i] = (offset, n + self._free.pop(i + 1)[1])
             if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:  # merge with the previous
-                self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
-                del self._free[i]
+                prev, length = self._free[i - 1]
+                self._free[i - 1] = (prev, length + self._free.pop(i)[1])
 
     @property
     def free_bytes(self) -> int:
@@ -242,18 +243,16 @@ class EngineHost:
             with send_lock, contextlib.suppress(OSError, ValueError):
                 conn.send(msg)
 
-        sender = threading.Thread(
+        threading.Thread(
             target=self._sender, args=(done, pending, send), name="facegate-engine-send", daemon=True
-        )
-        sender.start()
+        ).start()
         frames = FrameReader(conn)
         self._conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
             shm = memoryview(block)  # released with the block below
             while True:
-                msgs = frames.recv_many(1024)
-                for msg in msgs:
+                for msg in frames.recv_many():
                     if msg[0] == "submit":
                         _, rid, stage, offset, shape, dtype, inline = msg
                         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -277,8 +276,7 @@ class EngineHost:
                             out = ("err", msg[1], *error_to_wire(exc))
                         send(("batch", [out]))
                     elif msg[0] == "hello":
-                        pid = msg[1]
-                        log.info("engine: front-end pid %d connected", pid)
+                        log.info("engine: front-end pid %d connected", msg[1])
                         send(("hello", self.info))
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
@@ -316,10 +314,8 @@ class EngineHost:
                     return
                 rid, fut = entry
                 pending.pop(rid, None)
-                try:
-                    msgs.append(("ok", rid, fut.result()))
-                except BaseException as exc:  # every failure goes back to the caller
-                    msgs.append(("err", rid, *error_to_wire(exc)))
+                kind, *answer = outcome(fut)
+                msgs.append((kind, rid, *answer))
             if msgs:
                 send(("batch", msgs))
             now = time.monotonic()
@@ -362,7 +358,6 @@ def engine_main(
     )
     settings = Settings.model_validate_json(settings_json)
     plan = ServingPlan.from_dict(json.loads(plan_json))
-    # the engine's device thread gets the GIL back from the connection threads within a millisecond
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -379,11 +374,12 @@ def engine_main(
     info = engine_info(service, t0, build_s=round(build_s, 3), warmup=service.pipeline.warmup_report)
     host = EngineHost(service, info)
     threading.Thread(target=host.serve, args=(listener,), name="facegate-engine-accept", daemon=True).start()
+    grace_s = settings.drain_s + ENGINE_DRAIN_MARGIN_S
     first_signal: list[float] = []
 
     def on_signal() -> None:
         # The front-ends get a process-group signal too and finish their requests: serve until they have gone (at
-        # most drain_s + margin). A later signal stops at once; one within 0.5 s is the same one arriving twice.
+        # most grace_s). A later signal stops at once; one within 0.5 s is the same one arriving twice.
         now = loop.time()
         if first_signal:
             if now - first_signal[0] > 0.5:
@@ -391,9 +387,8 @@ def engine_main(
             return
         first_signal.append(now)
         if host.connections:
-            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections,
-                     (settings.drain_s + ENGINE_DRAIN_MARGIN_S))  # fmt: skip
-        poll(now + (settings.drain_s + ENGINE_DRAIN_MARGIN_S))
+            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections, grace_s)
+        poll(now + grace_s)
 
     def poll(deadline: float) -> None:
         if host.connections == 0 or loop.time() >= deadline:
@@ -457,9 +452,7 @@ class RemoteEngine:
         self._arena = Arena(self.arena_bytes)
         self._arena.send_to(conn)
         conn.send(("hello", os.getpid(), self._arena.size))
-        kind, info = conn.recv()
-        if kind != "hello":
-            raise ModelError(f"unexpected engine answer {kind!r}")
+        _hello, info = conn.recv()  # the engine's first message: nothing else was sent yet
         self._conn, self.info, self._alive = conn, info, True
         self._reader = threading.Thread(target=self._read, name="facegate-remote-engine", daemon=True)
         self._reader.start()
@@ -483,9 +476,7 @@ class RemoteEngine:
         offset = self._arena.alloc(arr.nbytes)
         if offset is not None:
             self._arena.write(offset, arr)
-            msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, None)
-        else:
-            msg = ("submit", rid, stage, None, arr.shape, arr.dtype.str, arr)
+        msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, arr if offset is None else None)
         fut = self._send(rid, msg, offset, arr.nbytes)
         try:
             return await fut
@@ -536,14 +527,10 @@ class RemoteEngine:
         frames = FrameReader(self._conn)
         try:
             while True:
-                for kind, msgs in frames.recv_many():
-                    if kind == "batch":
-                        self._settle_many(
-                            [
-                                (m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True)
-                                for m in msgs
-                            ]
-                        )
+                for _batch, msgs in frames.recv_many():  # after hello the engine sends only ("batch", msgs)
+                    self._settle_many(
+                        [(m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True) for m in msgs]
+                    )
         except (EOFError, OSError):
             if self._alive:
                 log.error("lost the connection to the engine process")
@@ -553,8 +540,9 @@ class RemoteEngine:
                 rids = list(self._pending)
             self._settle_many([(rid, EngineClosedError("the engine process is gone"), True) for rid in rids])
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
-        """Close the connection and the arena (in-flight requests fail with EngineClosedError)."""
+    def stop(self, drain: bool = True) -> None:
+        """Close the connection and the arena (in-flight requests fail with EngineClosedError); the engine process
+        decides itself whether it drains."""
         self._alive = False
         if self._conn is not None:
             # shut the socket down first: close() alone neither wakes the reader thread blocked in read() nor,
@@ -564,7 +552,7 @@ class RemoteEngine:
             with contextlib.suppress(OSError):
                 self._conn.close()
         if self._reader is not None:  # a daemon: a recv that close() does not wake is left behind
-            self._reader.join(timeout=min(timeout_s or 1.0, 1.0))
+            self._reader.join(timeout=1.0)
         if self._arena is not None:
             self._arena.close()
             self._arena = None
@@ -636,6 +624,6 @@ class RemotePool:
         parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
         return ServiceStats.merge_samples(parts)
 
-    def stop(self, drain: bool = True, *, timeout_s: float | None = 10.0) -> None:
+    def stop(self, drain: bool = True) -> None:
         for e in self.engines:
-            e.stop(drain, timeout_s=timeout_s)
+            e.stop(drain)

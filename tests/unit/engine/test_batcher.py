@@ -37,14 +37,14 @@ def test_fifo_and_max_batch() -> None:
 
 
 def test_queue_full_raises_with_retry_after() -> None:
-    b, _ = _batcher(max_queue=3)
+    b, stats = _batcher(max_queue=3)
     for i in range(3):
         b.put(_item(i))
     with pytest.raises(QueueFullError) as ei:
         b.put(_item(99))
     assert ei.value.retry_after_s > 0
     assert ei.value.code == "queue_full"
-    assert b.depth == 3
+    assert stats.value("facegate_queue_depth", stage="s") == 3
 
 
 def test_full_queue_purges_dead_items_first() -> None:
@@ -155,7 +155,7 @@ def test_drain_returns_everything() -> None:
     for i in range(5):
         b.put(_item(i))
     assert [it.payload for it in b.drain()] == [0, 1, 2, 3, 4]
-    assert b.depth == 0 and stats.value("facegate_queue_depth", stage="s") == 0
+    assert len(b._q) == 0 and stats.value("facegate_queue_depth", stage="s") == 0
 
 
 def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:

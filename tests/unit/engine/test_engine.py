@@ -183,7 +183,7 @@ def test_batches_of_one_and_of_many_give_identical_results() -> None:
 def test_stage_max_batch_size_caps_batches() -> None:
     stage = FakeStage(exec_s=0.01, max_batch_size=4)
     engine = make_engine(stage, max_wait_ms=50.0)
-    assert engine.max_batch("fake") == 4
+    assert engine._runners["fake"].max_batch == 4
     with engine:
         asyncio.run(submit_n(engine, 32))
     assert max(len(b) for b in stage.executed_ids) <= 4

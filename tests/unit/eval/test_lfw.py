@@ -9,6 +9,7 @@ import pytest
 
 from facegate.errors import InvalidParameterError
 from facegate.eval.lfw import (
+    Pair,
     best_threshold,
     evaluate_scores,
     image_rel,
@@ -65,7 +66,8 @@ def test_evaluate_scores_folds() -> None:
     labels = np.arange(n) % 2 == 0
     scores = np.where(labels, rng.normal(0.7, 0.1, n), rng.normal(0.1, 0.1, n))
     folds = np.arange(n) // 60
-    res = evaluate_scores(scores, labels, folds, fmr=1e-2)
-    assert len(res.fold_accuracies) == 10 and res.accuracy_mean > 0.98
-    assert 0.0 <= res.tar_at_fmr <= 1.0 and res.fmr == 1e-2
-    assert np.mean(scores[~labels] >= res.threshold_at_fmr) <= 1e-2
+    pairs = [Pair("a", "b", int(f), bool(y)) for f, y in zip(folds, labels, strict=True)]
+    res = evaluate_scores(scores, pairs, fmr=1e-2)
+    assert len(res["fold_accuracies"]) == 10 and res["accuracy_mean"] > 0.98
+    assert 0.0 <= res["tar_at_fmr"] <= 1.0 and res["fmr"] == 1e-2
+    assert np.mean(scores[~labels] >= res["threshold_at_fmr"]) <= 1e-2

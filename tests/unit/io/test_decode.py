@@ -27,20 +27,19 @@ from facegate.errors import (
     PathNotAllowedError,
 )
 from facegate.io.decode import (
+    decode_batch,
     decode_if_small,
     decode_image,
     gpu_decode_available,
-    plan_decode,
     read_image_file,
-    run_decode,
 )
 
 LIMITS = {"max_bytes": 1 << 26, "max_pixels": 1 << 26}
 
 
 def decode_jpeg_batch_cuda(datas: list[bytes], device: str, *, return_exceptions: bool = False) -> list[object]:
-    """The engine's two halves of a batch decode in one call; a failing item raises unless ``return_exceptions``."""
-    out = run_decode(plan_decode(datas, device, **LIMITS))
+    """The engine's batch decode; a failing item raises unless ``return_exceptions``."""
+    out = decode_batch(datas, device, **LIMITS)
     for i, res in enumerate(out):
         if isinstance(res, FacegateError):
             res.detail.setdefault("index", i)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from facegate.metrics.stats import ServiceStats
+from facegate.metrics.stats import ENGINE_FAMILIES, ServiceStats
 
 
 def record_batch(
@@ -93,7 +93,7 @@ def test_gpu_memory_refresh_and_failure_is_harmless() -> None:
     def broken() -> dict[str, float]:
         raise RuntimeError("driver gone")
 
-    stats.set_gpu_memory_source(broken)
+    stats.gpu_memory_fn = broken
     assert stats.refresh_gpu_memory() == {}
     assert stats.value("facegate_gpu_memory_bytes", kind="allocated") == 200.0  # last good value kept
 
@@ -106,7 +106,6 @@ def test_gallery_sizes_hook_forgets_deleted_galleries() -> None:
     hook({"visitors": 4})
     assert stats.registry.get_sample_value("facegate_gallery_subjects", {"gallery": "staff"}) is None
     assert stats.value("facegate_gallery_subjects", gallery="visitors") == 4
-    stats.remove_gallery("never-there")  # no error
 
 
 def test_engine_samples_of_several_engines_add_up() -> None:
@@ -118,7 +117,7 @@ def test_engine_samples_of_several_engines_add_up() -> None:
         s.queue_depth.labels("embed").set(n)
         s.observe_feed_lag(0.01 * n, 1)
     merged = ServiceStats.merge_samples([a.engine_samples(), b.engine_samples()])
-    assert set(merged) == set(ServiceStats.ENGINE_FAMILIES)
+    assert set(merged) == set(ENGINE_FAMILIES)
     assert dict(merged["facegate_items_total"])[("embed",)] == 5
     assert dict(merged["facegate_queue_depth"])[("embed",)] == 5
     buckets, total = dict(merged["facegate_batch_size"])[("embed",)]

@@ -178,13 +178,13 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
     """A pixel cap splits a same-size group into forwards of at most cap // (Hp·Wp) images, results unchanged."""
     imgs = [photos["a1"], photos["b1"], photos["a2"], photos["a1"], photos["b1"]]
     ref = pipeline.detect(imgs)
-    chunk, cap = pipeline.chunk, pipeline.det_max_batch_pixels
-    pipeline.chunk, pipeline.det_max_batch_pixels = None, 2 * 256 * 256  # LFW photos pad to 256×256
+    chunk, cap = pipeline.chunk, pipeline.detector.max_batch_pixels
+    pipeline.chunk, pipeline.detector.max_batch_pixels = None, 2 * 256 * 256  # LFW photos pad to 256×256
     try:
         groups = pipeline.detect_groups(imgs)
         capped = pipeline.detect(imgs)
     finally:
-        pipeline.chunk, pipeline.det_max_batch_pixels = chunk, cap
+        pipeline.chunk, pipeline.detector.max_batch_pixels = chunk, cap
     assert [idx for idx, _ in groups] == [[0, 1], [2, 3], [4]]
     assert all(b.images.shape[0] * b.images.shape[1] * b.images.shape[2] <= 2 * 256 * 256 for _, b in groups)
     for a, b in zip(ref, capped, strict=True):
@@ -194,18 +194,17 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
 def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipeline) -> None:
     """Per photo size, one detect call per batch bucket that fits the pixel cap, plus the partly filled bucket
     a capped forward pads to; every shape they produce is one detect_groups builds for real traffic."""
-    buckets, cap = pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels
-    pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
+    buckets, cap = pipeline.detector.batch_buckets, pipeline.detector.max_batch_pixels
+    pipeline.detector.batch_buckets, pipeline.detector.max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
     try:
         assert pipeline.detector_warm_batches(250, 250) == [1, 4, 16]  # 64 LFW photos run as forwards of 16
         assert pipeline.detector_warm_batches(480, 640) == [1, 3]  # 3 fit one forward: 2 or 3 photos pad to 3
         assert pipeline.detector_warm_batches(720, 1280) == [1, 4]  # scaled to 360×640, padded to 384×640
-        # the rows a forward of 1..cap photos gets are the shapes warm-up ran (the pipeline hands the cap on)
-        assert pipeline.detector.max_batch_pixels == 16 * 256 * 256
+        # the rows a forward of 1..cap photos gets are the shapes warm-up ran
         assert {pipeline.detector._batch_rows(n, 480, 640) for n in (1, 2, 3)} == {1, 3}
         assert {pipeline.detector._batch_rows(n, 256, 256) for n in range(1, 17)} == {1, 4, 16}
     finally:
-        pipeline.detector.batch_buckets, pipeline.det_max_batch_pixels = buckets, cap
+        pipeline.detector.batch_buckets, pipeline.detector.max_batch_pixels = buckets, cap
 
 
 def test_detector_layout_follows_the_plan() -> None:
@@ -214,6 +213,7 @@ def test_detector_layout_follows_the_plan() -> None:
     plan = dataclasses.replace(make_plan(settings), det_channels_last=False, onnx_cpu=False)
     pipe = FacePipeline.from_settings(settings, plan)
     assert not pipe.detector.channels_last
+    assert pipe.detector.max_batch_pixels == plan.det_max_batch_pixels  # the plan's cap reaches the detector
     batch = pipe.detector.preprocess([np.zeros((64, 64, 3), np.uint8)])
     assert pipe.detector._to_input(pipe.detector._host_batch(batch)).is_contiguous()  # NCHW all the way in
 
@@ -222,7 +222,7 @@ def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.Monke
     pipe = FacePipeline.from_settings(Settings(device="cpu", detector={"warm_sizes": [(250, 250), (480, 640)]}))
     assert pipe.det_warm_sizes == [(250, 250), (480, 640)]
     pipe.detector.batch_buckets = (1, 4, 16, 64)  # as on CUDA
-    pipe.det_max_batch_pixels = 16 * 256 * 256
+    pipe.detector.max_batch_pixels = 16 * 256 * 256
     calls: list[tuple[int, tuple[int, ...]]] = []
     monkeypatch.setattr(
         pipe, "detect", lambda images: calls.append((len(images), images[0].shape)) or [[]] * len(images)

@@ -61,7 +61,7 @@ class _Handle:
     """A handle whose by-value copy (``options(_by_reference=False)``) is ``direct``, itself unless given."""
 
     def __init__(self, direct: _Handle | None = None, **methods: list[Any]) -> None:
-        self.info = _Method([("ok", "r0", {"model": "sface"})])
+        self.info = _Method([("r0", {"model": "sface"})])
         for name, outcomes in methods.items():
             setattr(self, name, _Method(outcomes))
         self.direct = direct
@@ -79,7 +79,7 @@ def _started(handle: _Handle, **kw: Any) -> RayEngine:
 
 
 def test_a_lost_replica_is_retried_on_another() -> None:
-    handle = _Handle(submit_many=[rex.ActorDiedError(), ("ok", "r2", [("ok", "embedding")])])
+    handle = _Handle(submit_many=[rex.ActorDiedError(), ("r2", [("ok", "embedding")])])
     engine = _started(handle)
 
     async def go() -> tuple[Any, Served]:
@@ -104,7 +104,7 @@ def test_back_pressure_is_queue_full_and_engine_errors_keep_their_class() -> Non
     handle = _Handle(
         submit_many=[
             sex.BackPressureError(num_queued_requests=9, max_queued_requests=8),
-            ("ok", "r1", [("err", *error_to_wire(NoFaceError("no face")))]),
+            ("r1", [("err", *error_to_wire(NoFaceError("no face")))]),
         ]
     )
     engine = _started(handle, retries=0)
@@ -137,7 +137,7 @@ def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
 
             async def answer() -> Any:
                 await gate.wait()
-                return ("ok", f"r{self.calls}", [("ok", int(p[0])) for p in args[1]])
+                return (f"r{self.calls}", [("ok", int(p[0])) for p in args[1]])
 
             return _Awaitable(answer())
 
@@ -167,8 +167,8 @@ def test_items_submitted_while_calls_are_in_flight_leave_together() -> None:
 
 def test_calls_go_by_value_unless_their_payloads_exceed_direct_max_bytes() -> None:
     """A call whose payloads fit DIRECT_MAX_BYTES goes by value; a larger one, whole, by reference."""
-    direct = _Handle(submit_many=[("ok", "r1", [("ok", 1), ("ok", 2)])])
-    handle = _Handle(direct=direct, submit_many=[("ok", "r2", [("ok", 3), ("ok", 4)])])
+    direct = _Handle(submit_many=[("r1", [("ok", 1), ("ok", 2)])])
+    handle = _Handle(direct=direct, submit_many=[("r2", [("ok", 3), ("ok", 4)])])
     engine = _started(handle)
     small, big = np.zeros(DIRECT_MAX_BYTES // 4, np.uint8), np.zeros(DIRECT_MAX_BYTES, np.uint8)
 
@@ -214,8 +214,8 @@ def test_an_engine_replica_answers_each_item_of_a_call() -> None:
     replica = object.__new__(_Replica)
     engine = _Engine(["a", QueueFullError("full", retry_after_s=1.0), None, "d"])
     replica.service, replica.replica = type("S", (), {"engine": engine})(), "r0"  # type: ignore[assignment]
-    kind, rid, answers = asyncio.run(replica.submit_many("embed", [np.zeros(1, np.uint8)] * 4))
-    assert (kind, rid) == ("ok", "r0")
+    rid, answers = asyncio.run(replica.submit_many("embed", [np.zeros(1, np.uint8)] * 4))
+    assert rid == "r0"
     assert answers[0] == ("ok", "a") and answers[3] == ("ok", "d")
     assert answers[1][:2] == ("err", "QueueFullError") and answers[1][4] == {"retry_after_s": 1.0}
     assert answers[2][:2] == ("err", "DeadlineExceededError")
@@ -261,7 +261,7 @@ def engine_host(tmp_path: Any) -> Any:
 
 def _local_handle(local: dict[str, Any], **methods: list[Any]) -> _Handle:
     handle = _Handle(**methods)
-    handle.info = _Method([("ok", "r0", {"model": "sface", "local": local})])  # discovery's later calls fail
+    handle.info = _Method([("r0", {"model": "sface", "local": local})])  # discovery's later calls fail
     return handle
 
 
@@ -289,7 +289,7 @@ def test_an_engine_replica_on_this_machine_is_reached_without_ray(engine_host: A
 def test_a_local_engine_that_stopped_is_resent_once_through_ray(engine_host: Any) -> None:
     host_engine, local = engine_host
     host_engine.fail = EngineClosedError("the engine is stopping")
-    handle = _local_handle(local, submit_many=[("ok", "r1", [("ok", "via ray")])])
+    handle = _local_handle(local, submit_many=[("r1", [("ok", "via ray")])])
     result, served = _submit_once(handle, "photo", np.ones(3, np.uint8))
     assert result == "via ray" and handle.submit_many.calls == 1
     assert served.replicas == ["r1"] and served.retries == 1
@@ -298,7 +298,7 @@ def test_a_local_engine_that_stopped_is_resent_once_through_ray(engine_host: Any
 def test_a_replica_of_another_machine_or_an_engine_error_stays_on_its_path(engine_host: Any) -> None:
     """Another machine's replica is called through Ray; a local engine's own refusal is the answer (no resend)."""
     host_engine, local = engine_host
-    handle = _local_handle({**local, "machine": "elsewhere/0"}, submit_many=[("ok", "r1", [("ok", "via ray")])])
+    handle = _local_handle({**local, "machine": "elsewhere/0"}, submit_many=[("r1", [("ok", "via ray")])])
     assert _submit_once(handle, "embed", np.ones(3, np.uint8))[0] == "via ray"
     assert host_engine.stages == []
     host_engine.fail = QueueFullError("full", retry_after_s=1.0)

@@ -36,6 +36,17 @@ def test_template_import_from_ids_and_embeddings(tmp_path: Path) -> None:
     store.close()
     bad = runner.invoke(app, ["enrol", str(tmp_path / "g.sqlite3"), "--gallery", "big", "--gallery-url", url])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+    # arrays that are not what a template file holds: bad input (exit 2, invalid_parameter), not an internal error
+    one = np.ones((1, 128), np.float32)
+    for name, arrays in {
+        "text.npz": {"ids": np.array(["a"]), "embeddings": np.array([["x"] * 128])},
+        "objects.npz": {"ids": np.array(["a"], dtype=object), "embeddings": one},
+        "quality.npz": {"ids": np.array(["a"]), "embeddings": one, "quality": np.array(["high"])},
+    }.items():
+        np.savez(tmp_path / name, **arrays)
+        bad = runner.invoke(app, ["enrol", str(tmp_path / name), "--gallery", "big", "--gallery-url", url])
+        assert bad.exit_code == 2 and "Traceback" not in bad.output, (name, bad.output)
+        assert json.loads(bad.stderr.strip().splitlines()[-1])["error"]["code"] == "invalid_parameter", name
 
 
 def test_template_import_of_several_rows_per_subject(tmp_path: Path) -> None:
@@ -83,3 +94,37 @@ def test_photo_enrolment_resumes_and_reports_refusals(lfw_root: Path, tmp_path: 
     csv.write_text(f"path,subject_id\n{src / 'Colin_Powell' / 'Colin_Powell_0001.jpg'},colin\n")
     res = runner.invoke(app, ["enrol", str(csv), "--gallery", "staff", "--gallery-url", url])
     assert json.loads(res.stdout.strip().splitlines()[-1])["subjects_enrolled"] == 1
+
+
+def test_photo_enrolment_gates_with_the_crop_based_reasons(lfw_root: Path, tmp_path: Path) -> None:
+    """Bulk enrolment gives each photo the reasons the pipeline gives it (crop statistics included): a blurred
+    photo is refused as blurred, not enrolled."""
+    import cv2
+
+    from facegate.config import Settings
+    from facegate.pipeline.pipeline import FacePipeline
+    from facegate.service.enrol import enrol_photos, pipeline_faces
+
+    photo = lfw_root / "lfw-deepfunneled" / "Colin_Powell" / "Colin_Powell_0001.jpg"
+    rgb = cv2.cvtColor(cv2.imread(str(photo)), cv2.COLOR_BGR2RGB)
+    blurred = cv2.GaussianBlur(rgb, (0, 0), sigmaX=5.0)
+    paths = {"sharp": tmp_path / "sharp" / "a.png", "blurry": tmp_path / "blurry" / "a.png"}
+    for p, img in zip(paths.values(), (rgb, blurred), strict=True):
+        p.parent.mkdir()
+        cv2.imwrite(str(p), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    pipe = FacePipeline.from_settings(Settings(model="sface-tiny", device="cpu", compile="off", quality_threshold=0.0))
+    faces_of = pipeline_faces(pipe, max_bytes=2**22, max_pixels=2**22)
+    got = faces_of(list(paths.values()))
+    want = [pipe.faces([img])[0][0] for img in (rgb, blurred)]
+    assert [[r.code for r in f.quality.reasons] for f in got] == [[r.code for r in f.quality.reasons] for f in want]
+    assert "blur" in [r.code for r in got[1].quality.reasons] and not got[1].quality.accepted
+    with open_store(str(tmp_path / "g.sqlite3")) as store:
+        store.create_gallery("g", pipe.spec.name, pipe.spec.embedding_dim)
+        subjects = {sid: [p] for sid, p in paths.items()}
+        rep = enrol_photos(
+            store, "g", subjects, faces_of, batch_size=8, requires_quality=True, verdict=pipe.enrol_verdict
+        )
+        assert rep.subjects_enrolled == 1 and rep.subjects_refused == 1
+        assert [(r["subject_id"], r["code"]) for r in rep.refused] == [("blurry", "low_quality")]
+        assert "face blurred" in rep.refused[0]["reason"]
+        assert [s.subject_id for s in store.list_subjects("g", 0, 10)] == ["sharp"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from facegate.errors import InvalidParameterError
+from facegate.eval.features import read_parts
 from facegate.models.quality import RTSQualityHead, load_head
 from facegate.models.recognizer import build_recognizer
 from facegate.models.registry import SFACE, WeightsSource
@@ -19,9 +20,8 @@ from facegate.training.rts import (
     _fold_standardisation,
     genuine_outcomes,
     head_sigma2,
-    load_features,
     rts_loss,
-    train_on_identities,
+    train_and_calibrate,
     train_quality,
     train_rts_head,
 )
@@ -123,7 +123,7 @@ def test_tiny_head_trains_loss_falls_and_outputs_stay_in_range() -> None:
     clean = t["variant"] == 0
     init = np.stack([t["emb"][clean & (labels == k)].astype(np.float32).mean(0) for k in range(ids.size)])
     cfg = RTSConfig(epochs=12, batch_size=16, lr=1e-2, seed=0)
-    head, hist = train_rts_head(t["head_in"], t["emb"], labels, init, cfg, progress=False)
+    head, hist = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg, progress=False)
     assert len(hist) == 12
     assert np.mean([h["loss"] for h in hist[-3:]]) < 0.9 * hist[0]["loss"]
     s2 = head_sigma2(head, t["head_in"])
@@ -131,17 +131,17 @@ def test_tiny_head_trains_loss_falls_and_outputs_stay_in_range() -> None:
     # the head learned the degradation: σ² rises with the noise level
     assert _spearman(s2, t["level"]) > 0.5
     # deterministic under the seed
-    head2, _ = train_rts_head(t["head_in"], t["emb"], labels, init, cfg, progress=False)
+    head2, _ = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg, progress=False)
     np.testing.assert_allclose(head_sigma2(head2, t["head_in"]), s2, rtol=1e-5)
 
 
 def test_calibration_direction_range_and_outcomes() -> None:
     t = synthetic_table(n_ids=10)
     cfg = RTSConfig(epochs=10, batch_size=16, lr=1e-2)
-    res = train_on_identities(t, np.unique(t["identity"]), cfg, match_threshold=0.5, progress=False)
-    assert res.calibration.fitted and res.calibration.direction == -1
-    s2 = head_sigma2(res.head, t["head_in"])
-    q = res.calibration(torch.from_numpy(s2).float()).numpy()
+    head, cal, _ = train_and_calibrate(t, cfg, match_threshold=0.5, progress=False)
+    assert cal.fitted and cal.direction == -1
+    s2 = head_sigma2(head, t["head_in"])
+    q = cal(torch.from_numpy(s2).float()).numpy()
     assert ((q >= 0) & (q <= 1)).all()
     assert q[t["variant"] == 0].mean() > q[t["level"] > 1.0].mean()
     # outcomes compare with a *different* clean photo of the same identity
@@ -155,7 +155,7 @@ def test_train_quality_from_feature_files_writes_a_loadable_head(tmp_path: Path)
     t = synthetic_table(feat_dim=TINY_HEAD_DIM)
     part = tmp_path / "qf_0.npz"
     np.savez_compressed(part, **{c: t[c] for c in FEATURE_COLUMNS})
-    assert load_features([tmp_path])["identity"].tolist() == t["identity"].tolist()
+    assert read_parts([tmp_path], FEATURE_COLUMNS)["identity"].tolist() == t["identity"].tolist()
     out = tmp_path / "head.pt"
     summary = train_quality(
         [part],
@@ -177,21 +177,6 @@ def test_train_quality_from_feature_files_writes_a_loadable_head(tmp_path: Path)
     emb, q, raw = rec(crops)
     assert rec.quality_source == "rts_head" and bool((raw > 0).all()) and bool(((q >= 0) & (q <= 1)).all())
     assert torch.equal(emb, base(crops)[0])
-
-
-def test_excluded_identities_are_never_read(tmp_path: Path) -> None:
-    t = synthetic_table()
-    part = tmp_path / "qf_0.npz"
-    np.savez_compressed(part, **{c: t[c] for c in FEATURE_COLUMNS})
-    summary = train_quality(
-        part,
-        tmp_path / "h.pt",
-        match_threshold=0.5,
-        config=RTSConfig(epochs=1, batch_size=16),
-        exclude_identities={"id0", "id1"},
-        progress=False,
-    )
-    assert summary["identities"] == 6
 
 
 @pytest.mark.lfw

@@ -23,7 +23,7 @@ from facegate.errors import (
     NoFaceError,
     QueueFullError,
 )
-from facegate.metrics.stats import ServiceStats
+from facegate.metrics.stats import ENGINE_FAMILIES
 from facegate.service.faces import FaceService
 from facegate.transport.remote import (
     Arena,
@@ -126,7 +126,7 @@ def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: Engi
             emb, q, _raw = await remote.submit("embed", _crops(3))
             assert emb.shape == (3, 128) and q.shape == (3,)
             samples = await remote.engine_samples()
-            assert set(samples) == set(ServiceStats.ENGINE_FAMILIES)
+            assert set(samples) == set(ENGINE_FAMILIES)
             assert dict(samples["facegate_items_total"])[("embed",)] >= 3
             with pytest.raises(EngineError, match="unknown stage") as info:
                 await remote.submit("no-such-stage", _crops(1))
