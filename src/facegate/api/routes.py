@@ -450,7 +450,7 @@ async def enrol(
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     state, service, gallery = _ready(request)
-    validate_subject_id(subject_id)
+    validate_subject_id(subject_id, new=True)
     meta_obj = _parse_meta(meta, state)
     [(_, _, decision)] = await _enrolment_decisions(state, service, name, images, [subject_id] * len(images))
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
@@ -480,7 +480,7 @@ async def enrol_batch(
         raise InvalidParameterError(
             "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
         )
-    ids = [validate_subject_id(x) for x in ids]
+    ids = [validate_subject_id(x, new=True) for x in ids]
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []
     refused: list[sc.BatchRefusal] = []
     for sid, rows, decision in await _enrolment_decisions(state, service, name, images, ids):

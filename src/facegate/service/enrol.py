@@ -63,12 +63,12 @@ def plan(source: Path) -> dict[str, list[Path]]:
                 if len(row) < 2:
                     raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
                 p = Path(row[0]) if Path(row[0]).is_absolute() else source.parent / row[0]
-                subjects.setdefault(validate_subject_id(row[1].strip()), []).append(p)
+                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(p)
     elif source.is_dir():
         for sub in sorted(d for d in source.iterdir() if d.is_dir()):
             files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
             if files:
-                subjects[validate_subject_id(sub.name)] = files
+                subjects[validate_subject_id(sub.name, new=True)] = files
     else:
         raise InvalidParameterError(f"{source} is neither a folder nor a .csv file", detail={"path": str(source)})
     if not subjects:
