@@ -395,9 +395,10 @@ class GalleryStore:
         and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
         return self.enrol_many(gallery, [(subject_id, embeddings, qualities, meta)])[0]
 
-    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
+    def enrol_many(self, gallery: str, items: list[EnrolItem], *, replace: bool = False) -> list[SubjectInfo]:
         """:meth:`add_embeddings` for each ``(subject_id, embeddings, qualities, meta)`` in one transaction
-        (one commit, one fsync): all are durable once it returns, none if it raises."""
+        (one commit, one fsync): all are durable once it returns, none if it raises. ``replace``: a subject that
+        exists starts over from these embeddings (as :meth:`import_templates`: its earlier ones and meta go)."""
         validate_gallery_name(gallery)
         todo = [(validate_subject_id(sid, new=True), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
         if not todo:
@@ -406,7 +407,8 @@ class GalleryStore:
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
             pks = [
-                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now) for sid, e, q, m in todo
+                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now, replace)
+                for sid, e, q, m in todo
             ]
             self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
             sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
@@ -414,10 +416,23 @@ class GalleryStore:
         return [_subject(rows[pk]) for pk in pks]
 
     def _enrol_one(
-        self, conn: Any, gid: int, dim: int, sid: str, emb: np.ndarray, q: np.ndarray, meta: str | None, now: float
+        self,
+        conn: Any,
+        gid: int,
+        dim: int,
+        sid: str,
+        emb: np.ndarray,
+        q: np.ndarray,
+        meta: str | None,
+        now: float,
+        replace: bool = False,
     ) -> int:
         """One subject's rows of :meth:`enrol_many`; returns its primary key."""
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
+        if row is not None and replace:  # its embeddings go with it (ON DELETE CASCADE)
+            conn.execute("DELETE FROM subjects WHERE id = ?", (int(row[0]),))
+            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
+            row = None
         if row is None:
             sql = (
                 "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality, n_embeddings,"
