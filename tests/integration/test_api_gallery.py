@@ -286,3 +286,22 @@ def test_names_a_url_path_cannot_carry_are_refused(
     assert client.delete("/api/galleries/dots/subjects/%2E%2E").json() == {"deleted": ".."}
     assert [s["subject_id"] for s in client.get("/api/galleries/dots/subjects").json()["subjects"]] == ["...", "a.b"]
     assert client.delete("/api/galleries/dots").status_code == 200
+
+
+def test_a_vanishingly_small_fpir_is_answered_not_a_500(
+    tiny_server, client: httpx.Client, lfw_root: Path, fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fpir=5e-324 passes the route's (0, 1) check; at n > 1 its FMR* underflows to 0, which crashed the
+    threshold of a model with an impostor table (sface's: the default model)."""
+    from facegate.service.fpir import ImpostorTail
+
+    monkeypatch.setattr(tiny_server.state.gallery, "tail", ImpostorTail.load("sface"))
+    assert client.post("/api/galleries", json={"name": "tiny-fpir"}).status_code == 201
+    rows = np.eye(2, 128).tolist()
+    r = client.post("/api/galleries/tiny-fpir/templates", json={"subject_ids": ["a", "b"], "embeddings": rows})
+    assert r.status_code == 200, r.text
+    probe = fg.files(image=fg.lfw_image(lfw_root, "Colin_Powell", 1))
+    r = client.post("/api/galleries/tiny-fpir/search?fpir=5e-324", files=probe)
+    assert r.status_code == 200, r.text
+    assert r.json()["threshold"] == 1.0 and r.json()["extrapolated"] is True and r.json()["n"] == 2
+    assert client.delete("/api/galleries/tiny-fpir").status_code == 200
