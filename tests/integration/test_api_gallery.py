@@ -252,3 +252,56 @@ def test_restart_keeps_the_gallery_real_models(tmp_path: Path, lfw_root: Path, f
                 assert a["match"] == b["match"]
     finally:
         assert second.stop() in (0, -signal.SIGTERM)
+
+
+def test_names_a_url_path_cannot_carry_are_refused(
+    client: httpx.Client, fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'.' and '..' are dot-segments: browsers, curl and httpx resolve them away, so DELETE
+    /api/galleries/g/subjects/.. reaches DELETE /api/galleries/g (the whole gallery). They are refused as new
+    gallery names and subject ids; one already stored can still be deleted (percent-encoded)."""
+    for name in (".", ".."):
+        fg.assert_error(client.post("/api/galleries", json={"name": name}), 422, "invalid_parameter")
+    assert client.post("/api/galleries", json={"name": "dots"}).status_code == 201
+    row = [1.0] + [0.0] * 127
+    for sid in (".", ".."):
+        r = client.post("/api/galleries/dots/templates", json={"subject_ids": [sid], "embeddings": [row]})
+        fg.assert_error(r, 422, "invalid_parameter")
+        ids = {"subject_ids": f'["{sid}"]'}
+        r = client.post("/api/galleries/dots/enrolments", files=fg.many("images", [b"x"]), data=ids)
+        fg.assert_error(r, 422, "invalid_parameter")
+        r = client.post(f"/api/galleries/dots/subjects/{sid.replace('.', '%2E')}", files=fg.many("images", [b"x"]))
+        fg.assert_error(r, 422, "invalid_parameter")
+    assert client.get("/api/galleries/dots/subjects").json()["total"] == 0
+    # names with dots that are not dot-segments stay valid
+    r = client.post("/api/galleries/dots/templates", json={"subject_ids": ["...", "a.b"], "embeddings": [row, row]})
+    assert r.status_code == 200, r.text
+    # a '..' stored before this rule: still deletable, percent-encoded, and only it goes
+    from facegate.gallery import base
+
+    with monkeypatch.context() as m:
+        m.setattr(base, "DOT_SEGMENTS", frozenset())
+        r = client.post("/api/galleries/dots/templates", json={"subject_ids": [".."], "embeddings": [row]})
+        assert r.status_code == 200, r.text
+    assert client.delete("/api/galleries/dots/subjects/%2E%2E").json() == {"deleted": ".."}
+    assert [s["subject_id"] for s in client.get("/api/galleries/dots/subjects").json()["subjects"]] == ["...", "a.b"]
+    assert client.delete("/api/galleries/dots").status_code == 200
+
+
+def test_a_vanishingly_small_fpir_is_answered_not_a_500(
+    tiny_server, client: httpx.Client, lfw_root: Path, fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fpir=5e-324 passes the route's (0, 1) check; at n > 1 its FMR* underflows to 0, which crashed the
+    threshold of a model with an impostor table (sface's: the default model)."""
+    from facegate.service.fpir import ImpostorTail
+
+    monkeypatch.setattr(tiny_server.state.gallery, "tail", ImpostorTail.load("sface"))
+    assert client.post("/api/galleries", json={"name": "tiny-fpir"}).status_code == 201
+    rows = np.eye(2, 128).tolist()
+    r = client.post("/api/galleries/tiny-fpir/templates", json={"subject_ids": ["a", "b"], "embeddings": rows})
+    assert r.status_code == 200, r.text
+    probe = fg.files(image=fg.lfw_image(lfw_root, "Colin_Powell", 1))
+    r = client.post("/api/galleries/tiny-fpir/search?fpir=5e-324", files=probe)
+    assert r.status_code == 200, r.text
+    assert r.json()["threshold"] == 1.0 and r.json()["extrapolated"] is True and r.json()["n"] == 2
+    assert client.delete("/api/galleries/tiny-fpir").status_code == 200

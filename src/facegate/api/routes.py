@@ -418,7 +418,7 @@ async def enrol(
     """Enrol (or add images to) a subject. Faces below the quality gate are refused and listed
     (unless ``enrol_requires_quality`` is off); 422 ``low_quality`` when no image passes."""
     state, service, gallery = _ready(request)
-    validate_subject_id(subject_id)
+    validate_subject_id(subject_id, new=True)
     meta_obj = loads_limited(meta, state.settings.limits, field="meta") if meta else None  # bounded
     if meta and not isinstance(meta_obj, dict):
         raise InvalidParameterError("meta must be a JSON object", detail={"field": "meta"})
@@ -449,7 +449,7 @@ async def enrol_batch(
         raise InvalidParameterError(
             "subject_ids must be a JSON list with one id per image", detail={"field": "subject_ids"}
         )
-    ids = [validate_subject_id(x) for x in ids]
+    ids = [validate_subject_id(x, new=True) for x in ids]
     _check_count(state, len(images))
     await _gallery_for_service(state, gallery, name)
     todo: list[tuple[str, np.ndarray, np.ndarray, None]] = []

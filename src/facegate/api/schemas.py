@@ -150,7 +150,7 @@ class DetectResponse(_Model):
 class CreateGalleryRequest(_Model):
     """Body of ``POST /api/galleries``."""
 
-    name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . - (checked by the gallery)")
+    name: str = Field(description="1-64 characters of A-Z a-z 0-9 _ . -, not '.' or '..' (checked by the gallery)")
 
 
 class BatchEnrolResponse(_Model):

@@ -119,22 +119,30 @@ class Change:
 
 
 # --------------------------------------------------------------------------- validation
-def _name(value: object, pattern: re.Pattern[str], what: str, field: str, rule: str) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
+#: Names a URL path cannot carry as one segment: browsers, curl and httpx resolve them as dot-segments, so
+#: ``DELETE /api/galleries/g/subjects/..`` would reach ``DELETE /api/galleries/g``. Refused for new names only:
+#: one stored before stays readable and deletable.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def _name(value: object, pattern: re.Pattern[str], what: str, field: str, rule: str, new: bool) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value) or (new and value in DOT_SEGMENTS):
         raise InvalidParameterError(
-            f"invalid {what} {value!r}: {rule}", detail={"field": field, "pattern": pattern.pattern}
+            f"invalid {what} {value!r}: {rule}, not '.' or '..'" if new else f"invalid {what} {value!r}: {rule}",
+            detail={"field": field, "pattern": pattern.pattern},
         )
     return value
 
 
-def validate_gallery_name(name: object, *, what: str = "gallery name") -> str:
-    return _name(name, GALLERY_NAME_PATTERN, what, what, "1-64 characters of A-Z a-z 0-9 _ . -")
+def validate_gallery_name(name: object, *, what: str = "gallery name", new: bool = False) -> str:
+    """A gallery name; ``new``: one being created (not a URL dot-segment either)."""
+    return _name(name, GALLERY_NAME_PATTERN, what, what, "1-64 characters of A-Z a-z 0-9 _ . -", new)
 
 
-def validate_subject_id(subject_id: object) -> str:
-    return _name(
-        subject_id, SUBJECT_ID_PATTERN, "subject id", "subject_id", "1-128 characters of A-Z a-z 0-9 _ . - @ :"
-    )
+def validate_subject_id(subject_id: object, *, new: bool = False) -> str:
+    """A subject id; ``new``: one being written (not a URL dot-segment either)."""
+    rule = "1-128 characters of A-Z a-z 0-9 _ . - @ :"
+    return _name(subject_id, SUBJECT_ID_PATTERN, "subject id", "subject_id", rule, new)
 
 
 def _int_in(value: object, lo: int, hi: float) -> bool:
@@ -206,7 +214,7 @@ def validate_import(subject_ids: object, templates: object, qualities: object) -
     """The ids of a template import: valid, unique, one per row of ``templates`` and of ``qualities``."""
     if not isinstance(subject_ids, list | tuple) or not subject_ids:
         raise InvalidParameterError("subject_ids must be a non-empty list", detail={"field": "subject_ids"})
-    ids = [validate_subject_id(s) for s in subject_ids]
+    ids = [validate_subject_id(s, new=True) for s in subject_ids]
     if len(set(ids)) != len(ids):
         raise InvalidParameterError("subject_ids must be unique within one import", detail={"field": "subject_ids"})
     rows = getattr(templates, "shape", (None,))[0]
@@ -350,7 +358,7 @@ class GalleryStore:
 
     # ------------------------------------------------------------------ galleries
     def create_gallery(self, name: str, model: str, dim: int) -> GalleryInfo:
-        validate_gallery_name(name)
+        validate_gallery_name(name, new=True)
         validate_gallery_name(model, what="model name")
         if not _int_in(dim, 1, MAX_DIM):
             raise InvalidParameterError(f"invalid dim {dim!r}: an integer in [1, {MAX_DIM}]", detail={"field": "dim"})
@@ -387,18 +395,20 @@ class GalleryStore:
         and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
         return self.enrol_many(gallery, [(subject_id, embeddings, qualities, meta)])[0]
 
-    def enrol_many(self, gallery: str, items: list[EnrolItem]) -> list[SubjectInfo]:
+    def enrol_many(self, gallery: str, items: list[EnrolItem], *, replace: bool = False) -> list[SubjectInfo]:
         """:meth:`add_embeddings` for each ``(subject_id, embeddings, qualities, meta)`` in one transaction
-        (one commit, one fsync): all are durable once it returns, none if it raises."""
+        (one commit, one fsync): all are durable once it returns, none if it raises. ``replace``: a subject that
+        exists starts over from these embeddings (as :meth:`import_templates`: its earlier ones and meta go)."""
         validate_gallery_name(gallery)
-        todo = [(validate_subject_id(sid), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
+        todo = [(validate_subject_id(sid, new=True), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
         if not todo:
             return []
         what = f"enrolling {len(todo)} subject(s) in {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
             pks = [
-                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now) for sid, e, q, m in todo
+                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now, replace)
+                for sid, e, q, m in todo
             ]
             self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
             sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
@@ -406,10 +416,23 @@ class GalleryStore:
         return [_subject(rows[pk]) for pk in pks]
 
     def _enrol_one(
-        self, conn: Any, gid: int, dim: int, sid: str, emb: np.ndarray, q: np.ndarray, meta: str | None, now: float
+        self,
+        conn: Any,
+        gid: int,
+        dim: int,
+        sid: str,
+        emb: np.ndarray,
+        q: np.ndarray,
+        meta: str | None,
+        now: float,
+        replace: bool = False,
     ) -> int:
         """One subject's rows of :meth:`enrol_many`; returns its primary key."""
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
+        if row is not None and replace:  # its embeddings go with it (ON DELETE CASCADE)
+            conn.execute("DELETE FROM subjects WHERE id = ?", (int(row[0]),))
+            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
+            row = None
         if row is None:
             sql = (
                 "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality, n_embeddings,"

@@ -63,12 +63,12 @@ def plan(source: Path) -> dict[str, list[Path]]:
                 if len(row) < 2:
                     raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
                 p = Path(row[0]) if Path(row[0]).is_absolute() else source.parent / row[0]
-                subjects.setdefault(validate_subject_id(row[1].strip()), []).append(p)
+                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(p)
     elif source.is_dir():
         for sub in sorted(d for d in source.iterdir() if d.is_dir()):
             files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
             if files:
-                subjects[validate_subject_id(sub.name)] = files
+                subjects[validate_subject_id(sub.name, new=True)] = files
     else:
         raise InvalidParameterError(f"{source} is neither a folder nor a .csv file", detail={"path": str(source)})
     if not subjects:
@@ -188,7 +188,8 @@ def import_templates(
     progress: Callable[[int], None] = lambda _: None,
 ) -> int:
     """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
-    Rows sharing an id are enrolled together (the subject gets their quality-weighted template)."""
+    Rows sharing an id are enrolled together (the subject gets their quality-weighted template). Either way an
+    import replaces: a subject that exists starts over from the imported rows (a rerun writes the same gallery)."""
     store.get_gallery(gallery)
     n = len(ids)
     if embeddings.ndim != 2 or embeddings.shape[0] != n:
@@ -209,13 +210,13 @@ def import_templates(
     for s in range(0, len(items), ENROL_CHUNK):
         chunk = items[s : s + ENROL_CHUNK]
         try:
-            written += len(store.enrol_many(gallery, chunk))
+            written += len(store.enrol_many(gallery, chunk, replace=True))
         except GalleryNotFoundError:
             raise
         except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
             for item in chunk:
                 try:
-                    written += len(store.enrol_many(gallery, [item]))
+                    written += len(store.enrol_many(gallery, [item], replace=True))
                 except FacegateError as exc:
                     if isinstance(exc, GalleryNotFoundError):
                         raise

@@ -87,7 +87,8 @@ def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[
     if isinstance(fpir, bool) or not isinstance(fpir, int | float) or not 0.0 < float(fpir) < 1.0:
         raise InvalidParameterError(f"fpir must be a rate in (0, 1), got {fpir!r}", detail={"field": "fpir"})
     n_eff = max(1, int(n))
-    t, ext = tail.threshold_at(-math.expm1(math.log1p(-float(fpir)) / n_eff))
+    # a named FPIR near the smallest double underflows FMR* to 0 at n > 1: take the smallest positive FMR
+    t, ext = tail.threshold_at(max(-math.expm1(math.log1p(-float(fpir)) / n_eff), math.ulp(0.0)))
     t = min(max(t, -1.0), 1.0)
     achieved, ext2 = fpir_of(tail, n_eff, t)
     info = {"fpir": achieved, "fmr": tail.fmr_at(t)[0], "n": int(n), "extrapolated": ext or ext2}

@@ -170,6 +170,26 @@ def test_import_templates_in_bulk(make_store: StoreFactory) -> None:
     svc.close()
 
 
+def test_enrol_many_with_replace_starts_a_subject_over(make_store: StoreFactory) -> None:
+    rng = np.random.default_rng(12)
+    svc = gallery_of(make_store)
+    svc.store.create_gallery("g", "m", D)
+    old, new = unit(rng, 3), unit(rng, 2)
+    svc.store.add_embeddings("g", "a", old, np.ones(3, np.float32), {"k": 1})
+    assert search(svc, "g", old[:1], k=1) == [["a"]]
+    for _ in range(2):  # the same replace twice: the same subject
+        [info] = svc.store.enrol_many("g", [("a", new, np.ones(2, np.float32), None)], replace=True)
+        assert (info.n_embeddings, info.meta) == (2, {})
+        assert svc.store.get_gallery("g").subjects == 1
+    t = new.sum(0) / np.linalg.norm(new.sum(0))
+    np.testing.assert_allclose(stored_template(svc.store, "g", "a"), t, atol=1e-6)
+    assert search(svc, "g", new[:1], k=1) == [["a"]]
+    ids, templates = svc.index.snapshot("g")  # the index follows the replace
+    assert ids == ["a"]
+    np.testing.assert_allclose(templates[0], t, atol=1e-6)
+    svc.close()
+
+
 def test_follower_applies_changes_without_reloading(make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(3)
     a, b = gallery_of(make_store), gallery_of(make_store)

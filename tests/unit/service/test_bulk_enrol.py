@@ -67,6 +67,29 @@ def test_template_import_of_several_rows_per_subject(tmp_path: Path) -> None:
         assert len(store.changes_since(0, limit=10 * n)) == 1 + n  # the gallery, then one row per subject
 
 
+def test_template_import_replaces_a_subject_whether_or_not_ids_repeat(tmp_path: Path) -> None:
+    """A template import is a replace (as over HTTP and for one row per id): importing the same ``.npz`` of
+    ``facegate embed`` (rows sharing an id) twice leaves the same gallery, and an enrolled subject starts over
+    from the imported rows, its earlier embeddings and meta gone."""
+    rng = np.random.default_rng(4)
+    emb = rng.standard_normal((3, 32)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    np.savez(tmp_path / "t.npz", ids=np.array(["a", "a", "b"]), embeddings=emb)
+    url = str(tmp_path / "g.sqlite3")
+    with open_store(url) as store:
+        store.create_gallery("g", "m", 32)
+        store.add_embeddings("g", "a", emb[2:], np.ones(1, np.float32), {"badge": 7})
+    for _ in range(2):
+        res = runner.invoke(app, ["enrol", str(tmp_path / "t.npz"), "--gallery", "g", "--gallery-url", url])
+        assert res.exit_code == 0, res.output
+        with open_store(url) as store:
+            a, b = store.get_subject("g", "a"), store.get_subject("g", "b")
+            assert (a.n_embeddings, b.n_embeddings, a.meta) == (2, 1, {})
+            assert store.get_gallery("g").subjects == 2
+            t = emb[0] + emb[1]
+            np.testing.assert_allclose(stored_template(store, "g", "a"), t / np.linalg.norm(t), atol=1e-6)
+
+
 def test_photo_enrolment_resumes_and_reports_refusals(lfw_root: Path, tmp_path: Path) -> None:
     base = lfw_root / "lfw-deepfunneled"
     src = tmp_path / "people"

@@ -36,6 +36,11 @@ def test_beyond_the_measured_fmrs_the_tail_model_is_flagged() -> None:
     assert inside["extrapolated"] is False and beyond["extrapolated"] is True
     assert t == pytest.approx(-math.log(-math.expm1(math.log1p(-1e-3) / 1e5)) / 20, rel=1e-6)
     assert threshold_for(tail, 10**9, 1e-6)[0] == 1.0  # never above the largest cosine
+    # an FPIR so small that FMR* = 1 - (1 - FPIR)^(1/N) underflows to 0: the highest threshold, not a math error
+    for fpir in (5e-324, 1e-322):
+        t, info = threshold_for(tail, 1000, fpir)
+        assert t == 1.0 and info["extrapolated"] is True
+        assert info["fpir"] == pytest.approx(fpir_of(tail, 1000, 1.0)[0])
 
 
 def test_registry_point_fallback_and_bad_fpir() -> None:
