@@ -244,14 +244,19 @@ def ray_cmd(
     metrics_port: Annotated[int | None, typer.Option(help="Ray's Prometheus port of a local node started here")] = None,
     host: Annotated[str | None, typer.Option(help="bind address of the HTTP ingress replicas")] = None,
     port: Annotated[int | None, typer.Option(help="port of the HTTP ingress replicas (default 7860)")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve any address without API keys")] = False,
 ) -> None:
     """Serve the HTTP API on Ray Serve: ingress and engine replicas across a Ray cluster (extra ``ray``)."""
+    from facegate.api.security import check_bind
+    from facegate.service.keys import KeyStore
+
+    s = _settings(host=host, port=port, security={"no_auth": True} if no_auth else {})
+    check_bind(s, KeyStore.for_data_dir(s.data_dir, s.security.keys_file))  # as `facegate serve`, before Ray starts
     try:
         from facegate.scaleout.ray_app import run as ray_run
     except ImportError as exc:
         raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
     replicas = {"engine_replicas": engine_replicas, "max_engine_replicas": max_engine_replicas}
-    s = _settings(host=host, port=port)
     ray_run(s, address=address, ingress_replicas=ingress_replicas, metrics_port=metrics_port, **replicas)
 
 

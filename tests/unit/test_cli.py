@@ -142,3 +142,24 @@ def test_eval_lfw_missing_root_is_an_error(args: list[str]) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 2
     assert json.loads(res.stderr.strip().splitlines()[-1])["error"]["code"] == "invalid_parameter"
+
+
+def test_ray_refuses_a_non_loopback_address_without_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`facegate ray --host 0.0.0.0` with no API keys refuses to start, as `facegate serve` does (docs/security.md),
+    before any Ray node or replica exists; --no-auth serves anyway."""
+    pytest.importorskip("ray")
+    from facegate.scaleout import ray_app
+
+    runs: list[object] = []
+    monkeypatch.setattr(ray_app, "run", lambda settings, **kw: runs.append(settings))
+    env = {"FACEGATE_DATA_DIR": str(tmp_path)}
+    res = runner.invoke(app, ["ray", "--host", "0.0.0.0", "--port", "1"], env=env)
+    assert res.exit_code == 1, res.output
+    err = _json_error(res)
+    assert err["code"] == "server_error" and "--no-auth" in err["message"], err
+    assert runs == []
+    res = runner.invoke(app, ["ray", "--host", "0.0.0.0", "--port", "1", "--no-auth"], env=env)
+    assert res.exit_code == 0, res.output
+    assert len(runs) == 1 and runs[0].security.no_auth  # type: ignore[attr-defined]
+    res = runner.invoke(app, ["ray", "--host", "127.0.0.1", "--port", "1"], env=env)
+    assert res.exit_code == 0 and len(runs) == 2, res.output
