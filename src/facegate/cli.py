@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +19,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from facegate.config import Settings
-from facegate.errors import EmptyInputError, FacegateError, ImageDecodeError, InputError, ServerError
+from facegate.errors import (
+    EmptyInputError,
+    FacegateError,
+    ImageDecodeError,
+    InputError,
+    InvalidParameterError,
+    ServerError,
+)
 
 log = logging.getLogger("facegate")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: face recognition with a quality gate.")
@@ -50,7 +58,12 @@ def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             from facegate.logs import configure_logging
 
-            configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
+            try:
+                configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
+            except ValueError as exc:  # an unknown level name
+                error = InvalidParameterError(f"FACEGATE_LOG_LEVEL: {exc}", detail={"field": "FACEGATE_LOG_LEVEL"})
+                typer.echo(json.dumps({"error": error.to_dict()}), err=True)
+                raise typer.Exit(2) from None
             try:
                 return fn(*args, **kwargs)
             except FacegateError as exc:
@@ -83,7 +96,26 @@ def _match_threshold(value: float | None) -> float:
 
 
 def _settings(**kw: Any) -> Settings:
-    return Settings(**{k: v for k, v in kw.items() if v is not None})
+    """Settings from the environment (``FACEGATE_*``) and the given flags; a bad value is InvalidParameterError
+    naming the setting and its variable (exit 2), not an internal error."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(**{k: v for k, v in kw.items() if v is not None})
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            name = ".".join(str(x) for x in e["loc"])
+            variable = "FACEGATE_" + "__".join(str(x) for x in e["loc"]).upper()
+            problems.append(f"{name} ({variable} or its flag): {e['msg']}")
+        raise InvalidParameterError("invalid setting: " + "; ".join(problems), detail={"field": "settings"}) from None
+    except SettingsError as exc:  # a value that is not the JSON a list or group takes
+        field = re.search(r'field "([^"]+)"', str(exc))
+        variable = f"FACEGATE_{field.group(1).upper()}" if field else "FACEGATE_*"
+        raise InvalidParameterError(
+            f"invalid setting in the environment ({variable}…): {exc}", detail={"field": "settings"}
+        ) from None
 
 
 def _model_kw(args: dict[str, Any]) -> dict[str, Any]:
@@ -212,14 +244,19 @@ def ray_cmd(
     metrics_port: Annotated[int | None, typer.Option(help="Ray's Prometheus port of a local node started here")] = None,
     host: Annotated[str | None, typer.Option(help="bind address of the HTTP ingress replicas")] = None,
     port: Annotated[int | None, typer.Option(help="port of the HTTP ingress replicas (default 7860)")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve any address without API keys")] = False,
 ) -> None:
     """Serve the HTTP API on Ray Serve: ingress and engine replicas across a Ray cluster (extra ``ray``)."""
+    from facegate.api.security import check_bind
+    from facegate.service.keys import KeyStore
+
+    s = _settings(host=host, port=port, security={"no_auth": True} if no_auth else {})
+    check_bind(s, KeyStore.for_data_dir(s.data_dir, s.security.keys_file))  # as `facegate serve`, before Ray starts
     try:
         from facegate.scaleout.ray_app import run as ray_run
     except ImportError as exc:
         raise ServerError(f"facegate ray needs Ray Serve: pip install 'facegate[ray]' ({exc})") from None
     replicas = {"engine_replicas": engine_replicas, "max_engine_replicas": max_engine_replicas}
-    s = _settings(host=host, port=port)
     ray_run(s, address=address, ingress_replicas=ingress_replicas, metrics_port=metrics_port, **replicas)
 
 
@@ -261,7 +298,7 @@ def embed(
     from tqdm import tqdm
 
     if out.suffix not in {".npz", ".jsonl"}:
-        raise typer.BadParameter("--out must end in .npz or .jsonl")
+        raise InvalidParameterError("--out must end in .npz or .jsonl", detail={"field": "out"})
     s = _settings(**_model_kw(locals()))
     files = sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXT)
     if not files:

@@ -101,9 +101,40 @@ def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
     assert out["subjects_imported"] == 1 and out["faces_refused"] == 1 and out["gallery"]["subjects"] == 1
 
 
+def _json_error(res) -> dict:
+    assert "Traceback" not in res.output, res.output
+    return json.loads(res.stderr.strip().splitlines()[-1])["error"]
+
+
 def test_embed_rejects_unknown_output_suffix(tmp_path: Path) -> None:
     res = runner.invoke(app, ["embed", str(tmp_path), "--out", str(tmp_path / "x.csv")])
-    assert res.exit_code != 0
+    assert res.exit_code == 2, res.output  # bad input, as the README promises (not internal_error, exit 1)
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and "--out" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("FACEGATE_LIMITS__MAX_UPLOAD_BYTES", "abc", "limits.max_upload_bytes"),
+        ("FACEGATE_PORT", "99999", "port"),
+        ("FACEGATE_LIMITS__ALLOWED_ROOTS", "not-json", "limits"),
+    ],
+)
+def test_a_bad_setting_in_the_environment_is_bad_input(tmp_path: Path, variable: str, value: str, field: str) -> None:
+    """A bad FACEGATE_* value: exit 2 and a JSON error naming the setting and its variable, no traceback."""
+    res = runner.invoke(app, ["keys", "list", "--data-dir", str(tmp_path)], env={variable: value})
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and field in err["message"], err
+    assert variable.split("__")[0] in err["message"], err
+
+
+def test_a_bad_log_level_is_bad_input(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["keys", "list", "--data-dir", str(tmp_path)], env={"FACEGATE_LOG_LEVEL": "LOUD"})
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and "FACEGATE_LOG_LEVEL" in err["message"], err
 
 
 @pytest.mark.parametrize("args", [["eval", "lfw", "--root", "/nonexistent"]])
@@ -111,3 +142,24 @@ def test_eval_lfw_missing_root_is_an_error(args: list[str]) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 2
     assert json.loads(res.stderr.strip().splitlines()[-1])["error"]["code"] == "invalid_parameter"
+
+
+def test_ray_refuses_a_non_loopback_address_without_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`facegate ray --host 0.0.0.0` with no API keys refuses to start, as `facegate serve` does (docs/security.md),
+    before any Ray node or replica exists; --no-auth serves anyway."""
+    pytest.importorskip("ray")
+    from facegate.scaleout import ray_app
+
+    runs: list[object] = []
+    monkeypatch.setattr(ray_app, "run", lambda settings, **kw: runs.append(settings))
+    env = {"FACEGATE_DATA_DIR": str(tmp_path)}
+    res = runner.invoke(app, ["ray", "--host", "0.0.0.0", "--port", "1"], env=env)
+    assert res.exit_code == 1, res.output
+    err = _json_error(res)
+    assert err["code"] == "server_error" and "--no-auth" in err["message"], err
+    assert runs == []
+    res = runner.invoke(app, ["ray", "--host", "0.0.0.0", "--port", "1", "--no-auth"], env=env)
+    assert res.exit_code == 0, res.output
+    assert len(runs) == 1 and runs[0].security.no_auth  # type: ignore[attr-defined]
+    res = runner.invoke(app, ["ray", "--host", "127.0.0.1", "--port", "1"], env=env)
+    assert res.exit_code == 0 and len(runs) == 2, res.output

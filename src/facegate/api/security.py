@@ -142,11 +142,13 @@ def presented_key(scope: AsgiScope) -> str | None:
 class Access:
     """Before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing method from a
     foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight), no or an
-    unknown key (401), a key without the route's scope (403), a client past its token bucket (429)."""
+    unknown key, or none configured on a non-loopback address (401), a key without the route's scope (403), a
+    client past its token bucket (429)."""
 
     def __init__(self, settings: Settings, keys: KeyStore) -> None:
         self.settings, self.keys = settings, keys
         self.hosts = allowed_host_names(settings)
+        self.loopback = is_loopback(settings.host)
         self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
         sec = settings.security
         self.buckets = TokenBuckets(sec.rate_limit_per_s, sec.rate_limit_burst) if sec.rate_limit_per_s else None
@@ -166,6 +168,13 @@ class Access:
         if scope_needed is None:
             return None
         key: ApiKey | None = None
+        if not self.settings.security.no_auth and not len(self.keys) and not self.loopback:
+            # every key revoked while serving, or a process that never ran check_bind (a Ray ingress): not open
+            return UnauthorizedError(
+                "this server has no API keys and listens on a non-loopback address: it refuses every /api request "
+                "until a key is created (`facegate keys create`)",
+                detail={"scope": scope_needed},
+            )
         if not self.settings.security.no_auth and len(self.keys):
             token = presented_key(scope)
             if token is None:
