@@ -142,6 +142,15 @@ def test_cross_site_requests_and_hosts(server_factory, fg: SimpleNamespace) -> N
         fg.assert_error(c.get("/api/galleries", headers={"Host": "evil.example"}), 400, "host_not_allowed")
         fg.assert_error(c.get("/", headers={"Host": "evil.example:7860"}), 400, "host_not_allowed")
         assert c.get("/healthz", headers={"Host": f"localhost:{srv.settings.port}"}).status_code == 200
+    # two Host headers (an HTTP client library sends one): refused before any work, in the usual error shape
+    host, port = srv.settings.host, srv.settings.port
+    with socket.create_connection((host, port)) as conn:
+        conn.sendall(f"GET /api/galleries HTTP/1.1\r\nHost: {host}:{port}\r\nHost: evil.example\r\n\r\n".encode())
+        conn.settimeout(10)
+        head, _, body = conn.recv(65536).decode().partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 400"), head
+    assert "content-type: application/json" in head.lower()
+    assert json.loads(body)["error"]["code"] == "host_not_allowed", body
 
 
 def test_allowed_origins_and_hosts_settings(server_factory, fg: SimpleNamespace) -> None:

@@ -140,10 +140,10 @@ def presented_key(scope: AsgiScope) -> str | None:
 
 
 class Access:
-    """Before any body is read, refuses a ``Host`` not allowed (400: DNS rebinding), a state-changing method from a
-    foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight), no or an
-    unknown key, or none configured on a non-loopback address (401), a key without the route's scope (403), a
-    client past its token bucket (429)."""
+    """Before any body is read, refuses a ``Host`` not allowed or repeated (400: DNS rebinding), a state-changing
+    method from a foreign ``Origin`` or ``Sec-Fetch-Site: cross-site`` (403: a cross-site form needs no preflight),
+    no or an unknown key, or none configured on a non-loopback address (401), a key without the route's scope
+    (403), a client past its token bucket (429)."""
 
     def __init__(self, settings: Settings, keys: KeyStore) -> None:
         self.settings, self.keys = settings, keys
@@ -157,6 +157,8 @@ class Access:
         """Why an HTTP request is refused (400, 401, 403 or 429), or ``None``; reads no body."""
         method, path = scope["method"], scope["path"]
         host = _header(scope, b"host")
+        if (n_hosts := sum(k == b"host" for k, _ in scope["headers"])) > 1:  # which one would a proxy route by?
+            return HostNotAllowedError("a request may carry only one Host header", detail={"host_headers": n_hosts})
         if self.hosts is not None and _host_name(host) not in self.hosts:
             return HostNotAllowedError(
                 "this server does not answer for the host named in the Host header",

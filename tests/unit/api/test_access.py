@@ -6,7 +6,7 @@ from pathlib import Path
 
 from facegate.api.security import Access
 from facegate.config import Settings
-from facegate.errors import UnauthorizedError
+from facegate.errors import HostNotAllowedError, UnauthorizedError
 from facegate.service.keys import KeyStore
 
 
@@ -42,3 +42,15 @@ def test_no_keys_on_a_non_loopback_address_refuses_api_routes(tmp_path: Path) ->
     assert loopback.refusal(_scope("GET", "/api/galleries", host="127.0.0.1:7860")) is None
     no_auth = Access(Settings(host="0.0.0.0", data_dir=tmp_path, security={"no_auth": True}), keys)
     assert no_auth.refusal(_scope("GET", "/api/galleries")) is None
+
+
+def test_more_than_one_host_header_is_refused(tmp_path: Path) -> None:
+    """Two ``Host`` headers: the check must not pick one of them (a proxy may route by the other): 400."""
+    keys = KeyStore.for_data_dir(tmp_path)
+    for host in ("127.0.0.1", "0.0.0.0"):  # whether or not Host values are checked at all
+        access = Access(Settings(host=host, data_dir=tmp_path, security={"no_auth": True}), keys)
+        scope = _scope("GET", "/healthz", host="127.0.0.1:7860")
+        scope["headers"].append((b"host", b"evil.example"))
+        refused = access.refusal(scope)
+        assert isinstance(refused, HostNotAllowedError), host
+        assert refused.status == 400 and refused.detail == {"host_headers": 2}
