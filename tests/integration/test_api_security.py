@@ -153,6 +153,21 @@ def test_cross_site_requests_and_hosts(server_factory, fg: SimpleNamespace) -> N
     assert json.loads(body)["error"]["code"] == "host_not_allowed", body
 
 
+def test_every_get_route_answers_head(server_factory, fg: SimpleNamespace) -> None:
+    """HEAD is answered as GET would be, without the body, after the same checks (api.security scopes HEAD as GET)."""
+    srv = server_factory()
+    with srv.client() as c:
+        assert c.post("/api/galleries", json={"name": "g"}).status_code == 201
+        for path in ("/healthz", "/readyz", "/metrics", "/", "/api/galleries", "/api/galleries/g/subjects"):
+            get, head = c.get(path), c.head(path)
+            assert get.status_code == head.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+            _has_security_headers(head)
+        assert c.head("/api/galleries", headers={"Host": "evil.example"}).status_code == 400  # the same checks
+        assert c.head("/api/galleries/nope/subjects").status_code == 404
+        assert c.head("/api/compare").status_code == 405  # a POST route
+
+
 def test_allowed_origins_and_hosts_settings(server_factory, fg: SimpleNamespace) -> None:
     srv = server_factory(
         security={"allowed_origins": ["https://app.example"], "allowed_hosts": ["api.example", "127.0.0.1"]}

@@ -228,6 +228,8 @@ class ServingMiddleware:
         task = asyncio.current_task()
         assert task is not None
         limit = body_limit(self.state.settings, scope["method"], scope["path"])
+        # FastAPI's routes take no HEAD: the app answers a GET, and uvicorn (reading its own scope) drops the body
+        app_scope = {**scope, "method": "GET"} if scope["method"] == "HEAD" else scope
         status = 500
         response_started = False
         too_large = False
@@ -316,7 +318,7 @@ class ServingMiddleware:
                     if app_receive is not None and wants_fast_path(scope):  # None: answered
                         app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
                     if app_receive is not None:
-                        await self.app(scope, app_receive, wrapped_send)
+                        await self.app(app_scope, app_receive, wrapped_send)
             except TimeoutError:
                 deadline = limits.request_timeout_s
                 log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
@@ -362,7 +364,7 @@ class ServingMiddleware:
                     adm.bound.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
-            template = getattr(scope.get("route"), "path", None) or "unmatched"
+            template = getattr(app_scope.get("route"), "path", None) or "unmatched"
             self._record_route(f"{scope['method']} {template}", status, time.perf_counter() - t0)
 
     def _record_route(self, route: str, status: int, seconds: float) -> None:
