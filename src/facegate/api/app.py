@@ -210,7 +210,6 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServingState, access: Access, docs_csp: dict[str, str]) -> None:
         self.app, self.state, self.access, self.docs_csp = app, state, access, docs_csp
         self.admission = Admission(state.settings, state.plan.admission_queue_s)
-        self.import_max = import_max_bytes(state.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -308,7 +307,7 @@ class ServingMiddleware:
                     adm.admitted, admitted = adm.admitted + 1, True
                 app_receive: Receive | None = wrapped_receive
                 if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
-                    cap = self.import_max if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+                    cap = limit if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
                     body = await read_body(wrapped_receive, cap)  # None: the client went away
                     if body:
                         loads_limited(body, limits, max_bytes=cap)

@@ -179,14 +179,10 @@ async def read_body(receive: Receive, cap: float = math.inf) -> bytes | None:
 
 def replay_body(body: bytes, receive: Receive) -> Receive:
     """A receive callable that gives ``body`` (read already, whole) once, then defers to ``receive``."""
-    given = False
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return pending.pop() if pending else await receive()
 
     return replay
 

@@ -74,7 +74,6 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    service_started: bool = False
     load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
     #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
@@ -521,8 +520,6 @@ async def search(
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state, service, gallery = _ready(request)
-    if fpir is not None:
-        gallery.operating_point(1, fpir)  # a bad fpir is refused before any work
     found = data = None
     if service.photo_on_device:
         data = await read_upload(state, image)

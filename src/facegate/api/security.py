@@ -19,10 +19,10 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 from starlette.types import Message, Send
 from starlette.types import Scope as AsgiScope
 
-from facegate.api.forms import header
 from facegate.config import Settings
 from facegate.errors import (
     FacegateError,
@@ -127,16 +127,12 @@ class TokenBuckets:
         return wait
 
 
-def _header(scope: AsgiScope, name: bytes) -> str:
-    return header(scope, name).decode("latin-1")
-
-
-def presented_key(scope: AsgiScope) -> str | None:
+def presented_key(headers: Headers) -> str | None:
     """The API key of a request: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
-    kind, _, token = _header(scope, b"authorization").strip().partition(" ")
+    kind, _, token = headers.get("authorization", "").strip().partition(" ")
     if kind.lower() == "bearer" and token.strip():
         return token.strip()
-    return _header(scope, b"x-api-key").strip() or None
+    return headers.get("x-api-key", "").strip() or None
 
 
 class Access:
@@ -155,16 +151,16 @@ class Access:
 
     def refusal(self, scope: AsgiScope) -> FacegateError | None:
         """Why an HTTP request is refused (400, 401, 403 or 429), or ``None``; reads no body."""
-        method, path = scope["method"], scope["path"]
-        host = _header(scope, b"host")
-        if (n_hosts := sum(k == b"host" for k, _ in scope["headers"])) > 1:  # which one would a proxy route by?
+        method, path, headers = scope["method"], scope["path"], Headers(scope=scope)
+        host = headers.get("host", "")
+        if (n_hosts := len(headers.getlist("host"))) > 1:  # which one would a proxy route by?
             return HostNotAllowedError("a request may carry only one Host header", detail={"host_headers": n_hosts})
         if self.hosts is not None and _host_name(host) not in self.hosts:
             return HostNotAllowedError(
                 "this server does not answer for the host named in the Host header",
                 detail={"allowed": sorted(self.hosts)},
             )
-        if method in _STATE_CHANGING and (refused := self._origin_refusal(scope, host)) is not None:
+        if method in _STATE_CHANGING and (refused := self._origin_refusal(headers, host)) is not None:
             return refused
         scope_needed = required_scope(method, path, self.settings)
         if scope_needed is None:
@@ -178,7 +174,7 @@ class Access:
                 detail={"scope": scope_needed},
             )
         if not self.settings.security.no_auth and len(self.keys):
-            token = presented_key(scope)
+            token = presented_key(headers)
             if token is None:
                 return UnauthorizedError(
                     "this route needs an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
@@ -205,11 +201,11 @@ class Access:
                 )
         return None
 
-    def _origin_refusal(self, scope: AsgiScope, host: str) -> OriginNotAllowedError | None:
-        origin = _header(scope, b"origin")
+    def _origin_refusal(self, headers: Headers, host: str) -> OriginNotAllowedError | None:
+        origin = headers.get("origin", "")
         if not origin:
             # no Origin: not a browser's cross-site request, unless the browser says so (old forms, some redirects)
-            if _header(scope, b"sec-fetch-site").lower() == "cross-site":
+            if headers.get("sec-fetch-site", "").lower() == "cross-site":
                 return OriginNotAllowedError(
                     "cross-site requests may not change state", detail={"sec_fetch_site": "cross-site"}
                 )
