@@ -232,7 +232,6 @@ class ServingMiddleware:
         status = 500
         response_started = False
         too_large = False
-        body_done = False
         received = 0
         disconnected = asyncio.Event()
         cancelled_by_disconnect = False
@@ -251,8 +250,8 @@ class ServingMiddleware:
                     return
 
         async def wrapped_receive() -> Message:
-            nonlocal body_done, received, too_large, watcher
-            if body_done:  # the body is consumed: only a disconnect can come now (the watcher reads it)
+            nonlocal received, too_large, watcher
+            if watcher is not None or disconnected.is_set():  # the body is over: only a disconnect can come now
                 await disconnected.wait()
                 return {"type": "http.disconnect"}
             message = await receive()
@@ -260,14 +259,11 @@ class ServingMiddleware:
                 received += len(message.get("body", b""))
                 if received > limit:
                     too_large = True
-                    body_done = True
                     disconnected.set()
                     return {"type": "http.disconnect"}  # stops the body parser; we answer 413 below
                 if not message.get("more_body", False):
-                    body_done = True
-                    watcher = asyncio.create_task(watch_disconnect())
+                    watcher = asyncio.create_task(watch_disconnect())  # reads the disconnect from now on
             elif message["type"] == "http.disconnect":
-                body_done = True
                 disconnected.set()
             return message
 
