@@ -80,17 +80,16 @@ def open_gallery(settings: Settings, service: FaceService, open_retry_s: float) 
 async def _load(state: ServingState) -> None:
     """Build (when not given) and start the service, open the gallery; sets ``state.ready``."""
     settings = state.settings
-    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
         from facegate.service.faces import FaceService
 
         if state.service is None and state.engine is not None:
             log.info("connecting to the engine process at %s", state.engine[0])
-            state.service = await loop.run_in_executor(None, FaceService.connect, settings, *state.engine, state.plan)
+            state.service = await asyncio.to_thread(FaceService.connect, settings, *state.engine, state.plan)
         elif state.service is None:
             log.info("loading models (model=%s device=%s)", settings.model, state.plan.device)
-            state.service = await loop.run_in_executor(None, FaceService.build, settings, state.plan)
+            state.service = await asyncio.to_thread(FaceService.build, settings, state.plan)
         state.stats = state.service.stats
         try:
             retry = settings.gallery_open_retry_s
@@ -164,8 +163,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if started:
             try:
                 if DRAIN.active:  # every request is answered (or was cut short): queued work has nobody waiting
-                    engine = state.service.engine
-                    await asyncio.get_running_loop().run_in_executor(None, lambda: engine.stop(False))
+                    await asyncio.to_thread(state.service.engine.stop, False)
                 await state.service.stop()
             except Exception:
                 log.exception("stopping the face service failed")
