@@ -93,7 +93,7 @@ def parse_small_multipart(
         if not body.startswith(b"\r\n", pos):
             return None
         head_end = body.find(b"\r\n\r\n", pos + 2)
-        end = body.find(sep, pos + 2) if head_end < 0 else body.find(sep, head_end + 4)
+        end = body.find(sep, head_end + 4)
         if head_end < 0 or end < 0:
             return None
         headers: list[tuple[bytes, bytes]] = []

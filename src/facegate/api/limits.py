@@ -343,9 +343,8 @@ class Admission:
                 detail={"limit": limit, "retry_after_s": RETRY_AFTER_S},
             )
             r = facegate_error_response(exc)
-            raw = [b"HTTP/1.1 503 Service Unavailable"]  # with the security headers of every response
-            raw += [k + b": " + v for k, v in [*r.raw_headers, (b"content-security-policy", CSP.encode())]]
-            raw += [k + b": " + v for k, v in FIXED_HEADERS]
+            headers = [*r.raw_headers, (b"content-security-policy", CSP.encode()), *FIXED_HEADERS]  # as every answer
+            raw = [b"HTTP/1.1 503 Service Unavailable", *(k + b": " + v for k, v in headers)]
             answer = (r, b"\r\n".join(raw) + b"\r\n\r\n" + r.body)
             if len(self._answers) > 256:
                 self._answers.clear()
