@@ -26,13 +26,14 @@ def _hold_the_only_slot(host: str, port: int) -> socket.socket:
     return hold
 
 
-def _read_response(f: object) -> tuple[int, dict[str, str], bytes]:
+def _read_response(f: object, *, head: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One response off ``f``; ``head``: the answer to a HEAD, whose Content-Length comes with no body."""
     status = int(f.readline().split()[1])  # type: ignore[attr-defined]
     headers = {}
     while (line := f.readline().decode()) != "\r\n":  # type: ignore[attr-defined]
         k, v = line.split(":", 1)
         headers[k.strip().lower()] = v.strip()
-    return status, headers, f.read(int(headers["content-length"]))  # type: ignore[attr-defined]
+    return status, headers, b"" if head else f.read(int(headers["content-length"]))  # type: ignore[attr-defined]
 
 
 def test_refusals_are_json_keep_the_connection_and_are_counted(server_factory, fg: SimpleNamespace) -> None:
@@ -54,6 +55,10 @@ def test_refusals_are_json_keep_the_connection_and_are_counted(server_factory, f
             assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
             assert "content-security-policy" in headers and headers.get("connection") != "close"
             assert "server" not in headers  # answered in the protocol: uvicorn adds its headers to ASGI answers
+        # a HEAD is refused too, without a body: the next response on the connection must come next
+        conn.sendall(f"HEAD /api/galleries HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        status, headers, _ = _read_response(f, head=True)
+        assert status == 503 and headers["content-type"].startswith("application/json")
         conn.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
         assert _read_response(f)[0] == 200
     with srv.client() as c:
@@ -61,6 +66,7 @@ def test_refusals_are_json_keep_the_connection_and_are_counted(server_factory, f
     counted = [line for line in text.splitlines() if line.startswith("facegate_requests_total{")]
     shed = [line for line in counted if 'route="POST unmatched"' in line and 'status="503"' in line]
     assert shed and float(shed[0].rsplit(" ", 1)[1]) >= 3, counted
+    assert any('route="HEAD unmatched"' in line and 'status="503"' in line for line in counted), counted
 
 
 def test_without_the_protocol_the_middleware_sheds_the_same_answer(tmp_path, fg: SimpleNamespace) -> None:

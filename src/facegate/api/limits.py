@@ -365,7 +365,9 @@ class ShedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)
         idle = self.cycle is None or self.cycle.response_complete  # not behind a pipelined request
-        if admission is None or not idle or DRAIN.active or not self.url.startswith(b"/api/"):  # drain: close
+        # the middleware answers the rest: other paths, a drain (closing the connection), a HEAD (with no body)
+        asgi = DRAIN.active or not self.url.startswith(b"/api/") or self.parser.get_method() == b"HEAD"
+        if admission is None or not idle or asgi:
             return super().on_headers_complete()
         t0 = time.perf_counter()
         answer = admission.refuse(time.monotonic())
