@@ -63,27 +63,18 @@ class Gallery:
     def sync(self) -> int:
         """Apply every change committed since the index's last one (a cheap ``max(seq)`` read when none), so a
         search after it sees every write acknowledged before by any process sharing the store; returns how many."""
-        return self.catch_up(self.store.current_seq())
-
-    def catch_up(self, target: int | None = None) -> int:
-        """Apply every change after :attr:`seq`; returns how many. A ``target`` already reached (the caller
-        read ``store.current_seq()``) returns at once without reading the feed."""
-        if target is not None and self.seq >= target:
+        target = self.store.current_seq()
+        if self.seq >= target:
             return 0
         n = 0
         with self._lock:
-            while target is None or self.seq < target:
-                batch = self.store.changes_since(self.seq, FEED_BATCH)
-                if not batch:
-                    break
+            while self.seq < target and (batch := self.store.changes_since(self.seq, FEED_BATCH)):
                 for change in batch:
                     self._apply(change)
                     self.seq = change.seq  # a failure part-way resumes here (applying is idempotent)
                 n += len(batch)
                 if self.lag_hook is not None:
                     self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
-                if len(batch) < FEED_BATCH:
-                    break
         if n:
             self._emit_stats()
         return n
@@ -115,7 +106,7 @@ class Gallery:
         while not self._stop.is_set():
             try:
                 if self.store.wait_for_change(self.seq, FEED_WAIT_S) and not self._stop.is_set():
-                    self.catch_up()
+                    self.sync()
                 backoff = 0.1
             except GalleryError as exc:
                 # the store is down: searches answer 503 meanwhile; retry with backoff
