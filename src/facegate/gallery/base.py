@@ -75,6 +75,15 @@ class GalleryInfo:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def check_model(self, model: str, dim: int) -> None:
+        """DimensionMismatchError (409) unless this gallery holds ``model``'s embeddings of dimension ``dim``."""
+        if (self.model, self.dim) != (model, dim):
+            raise DimensionMismatchError(
+                f"gallery {self.name!r} holds {self.model} embeddings (dim {self.dim}); "
+                f"the server runs {model} (dim {dim})",
+                detail={"gallery_model": self.model, "gallery_dim": self.dim, "model": model},
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class SubjectInfo:

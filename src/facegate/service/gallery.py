@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
+from facegate.errors import FacegateError, QualityRejectedError
 from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, threshold_for
 from facegate.types import QualityVerdict
@@ -127,13 +127,7 @@ class GalleryFront:
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
-        spec = self._svc.spec
-        if info.model != spec.name or info.dim != spec.embedding_dim:
-            raise DimensionMismatchError(
-                f"gallery {info.name!r} holds {info.model} embeddings (dim {info.dim}); the server runs "
-                f"{spec.name} (dim {spec.embedding_dim})",
-                detail={"gallery_model": info.model, "gallery_dim": info.dim, "model": spec.name},
-            )
+        info.check_model(self._svc.spec.name, self._svc.spec.embedding_dim)
 
     def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
