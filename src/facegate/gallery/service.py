@@ -20,11 +20,6 @@ log = logging.getLogger(__name__)
 FEED_BATCH = 10_000  # changes read per round trip
 FEED_WAIT_S = 1.0  # the background thread's longest wait for a change (and so for a stop)
 
-#: Called with ``{gallery: number of subjects}`` after start-up and after every applied change.
-StatsHook = Callable[[dict[str, int]], None]
-#: ``(seconds from commit to index, number of changes applied)`` after each applied batch.
-LagHook = Callable[[float, int], None]
-
 
 class Gallery:
     """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
@@ -38,8 +33,8 @@ class Gallery:
         store: GalleryStore,
         index: GalleryIndex,
         *,
-        stats_hook: StatsHook | None = None,
-        lag_hook: LagHook | None = None,
+        stats_hook: Callable[[dict[str, int]], None] | None = None,
+        lag_hook: Callable[[float, int], None] | None = None,
         follow: bool = False,
     ) -> None:
         self.store = store

@@ -140,9 +140,9 @@ class SearchStage:
             from facegate.gallery.index import GalleryIndex
             from facegate.gallery.service import Gallery
 
-            url = settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
             # short: a batch waits on this while the store is down (other stages keep running)
-            store = open_store(url, open_retry_s=min(settings.gallery_open_retry_s, REOPEN_S))
+            retry_s = min(settings.gallery_open_retry_s, REOPEN_S)
+            store = open_store(settings.gallery_url, data_dir=settings.data_dir, open_retry_s=retry_s)
             try:
                 index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores
