@@ -304,9 +304,8 @@ class GalleryStore:
             detail={"schema": version, "supported": supported},
         )
 
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True) -> tuple[list[str], Any]:
-        """``(subject_ids, (S, D) float32)``; ``ordered``: by subject id in byte order (here always: the UNIQUE
-        ``(gallery_id, subject_id)`` index gives that order for free)."""
+    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], Any]:
+        """``(subject_ids, (S, D) float32)`` of gallery ``gid``, here by subject id (free: the UNIQUE index's order)."""
         sql = "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id"
         return read_templates(conn.execute(sql, (gid,)), dim, gallery)
 
@@ -463,11 +462,6 @@ class GalleryStore:
             self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
         self._erase_deleted()
 
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32)`` of a gallery, ordered by ``subject_id``."""
-        with self._in_gallery(gallery, f"loading templates of {gallery!r}") as (conn, gid, dim):
-            return self._templates(conn, gid, dim, gallery)
-
     def import_templates(
         self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
     ) -> int:
@@ -527,5 +521,5 @@ class GalleryStore:
         with self._tx("loading every gallery", write=False, snapshot=True) as conn:
             seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
             for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
-                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name), False))
+                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name)))
         return seq, galleries
