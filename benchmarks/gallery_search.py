@@ -216,7 +216,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     for i in range(o.iters):
         writer.add_embeddings("g", f"new{i}", templates(rng, 1, o.dim), one)
         t0 = time.perf_counter()
-        gal.catch_up()
+        gal.sync()
         costs.append((time.perf_counter() - t0) * 1000)
     row["apply_one_change_ms"] = round(statistics.median(costs), 3)
     writer.close()

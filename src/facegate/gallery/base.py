@@ -75,6 +75,15 @@ class GalleryInfo:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def check_model(self, model: str, dim: int) -> None:
+        """DimensionMismatchError (409) unless this gallery holds ``model``'s embeddings of dimension ``dim``."""
+        if (self.model, self.dim) != (model, dim):
+            raise DimensionMismatchError(
+                f"gallery {self.name!r} holds {self.model} embeddings (dim {self.dim}); "
+                f"the server runs {model} (dim {dim})",
+                detail={"gallery_model": self.model, "gallery_dim": self.dim, "model": model},
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class SubjectInfo:
@@ -149,15 +158,6 @@ def _int_in(value: object, lo: int, hi: float) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool) and lo <= int(value) <= hi
 
 
-def validate_page(offset: object, limit: object) -> tuple[int, int]:
-    if not (_int_in(offset, 0, math.inf) and _int_in(limit, 1, MAX_PAGE)):
-        raise InvalidParameterError(
-            f"invalid page offset={offset!r} limit={limit!r}: offset >= 0, 1 <= limit <= {MAX_PAGE}",
-            detail={"field": "offset/limit"},
-        )
-    return int(offset), int(limit)  # type: ignore[call-overload]
-
-
 def encode_meta(meta: dict[str, Any] | None) -> str | None:
     """Canonical JSON text of ``meta`` (``None`` passes through); it must be a JSON object."""
     if meta is None:
@@ -208,22 +208,6 @@ def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tupl
     if not np.isfinite(q32).all() or np.any(q32 < 0.0) or np.any(q32 > 1.0):
         raise InvalidParameterError("qualities must be calibrated values in [0, 1]", detail={"field": "qualities"})
     return emb32, q32
-
-
-def validate_import(subject_ids: object, templates: object, qualities: object) -> list[str]:
-    """The ids of a template import: valid, unique, one per row of ``templates`` and of ``qualities``."""
-    if not isinstance(subject_ids, list | tuple) or not subject_ids:
-        raise InvalidParameterError("subject_ids must be a non-empty list", detail={"field": "subject_ids"})
-    ids = [validate_subject_id(s, new=True) for s in subject_ids]
-    if len(set(ids)) != len(ids):
-        raise InvalidParameterError("subject_ids must be unique within one import", detail={"field": "subject_ids"})
-    rows = getattr(templates, "shape", (None,))[0]
-    if rows != len(ids) or (qualities is not None and getattr(qualities, "shape", (None,))[0] != len(ids)):
-        raise InvalidParameterError(
-            f"{len(ids)} subject ids need as many template rows and qualities",
-            detail={"field": "templates", "ids": len(ids), "rows": rows},
-        )
-    return ids
 
 
 # --------------------------------------------------------------------------- template math and packing
@@ -320,9 +304,8 @@ class GalleryStore:
             detail={"schema": version, "supported": supported},
         )
 
-    def _templates(self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True) -> tuple[list[str], Any]:
-        """``(subject_ids, (S, D) float32)``; ``ordered``: by subject id in byte order (here always: the UNIQUE
-        ``(gallery_id, subject_id)`` index gives that order for free)."""
+    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], Any]:
+        """``(subject_ids, (S, D) float32)`` of gallery ``gid``, here by subject id (free: the UNIQUE index's order)."""
         sql = "SELECT subject_id, template FROM subjects WHERE gallery_id = ? ORDER BY subject_id"
         return read_templates(conn.execute(sql, (gid,)), dim, gallery)
 
@@ -406,28 +389,18 @@ class GalleryStore:
         what = f"enrolling {len(todo)} subject(s) in {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
-            pks = [
-                self._enrol_one(conn, gid, dim, sid, *validate_embeddings(e, q, dim), m, now, replace)
-                for sid, e, q, m in todo
-            ]
+            pks = [self._enrol_one(conn, gid, dim, item, now, replace) for item in todo]
             self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
             sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
             rows = {int(r[0]): r[1:] for r in conn.execute(sql, tuple(pks)).fetchall()}
         return [_subject(rows[pk]) for pk in pks]
 
     def _enrol_one(
-        self,
-        conn: Any,
-        gid: int,
-        dim: int,
-        sid: str,
-        emb: np.ndarray,
-        q: np.ndarray,
-        meta: str | None,
-        now: float,
-        replace: bool = False,
+        self, conn: Any, gid: int, dim: int, item: tuple[str, Any, Any, str | None], now: float, replace: bool
     ) -> int:
-        """One subject's rows of :meth:`enrol_many`; returns its primary key."""
+        """One subject of :meth:`enrol_many`, its meta JSON-encoded already; returns its primary key."""
+        sid, emb, q, meta = item
+        emb, q = validate_embeddings(emb, q, dim)
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
         if row is not None and replace:  # its embeddings go with it (ON DELETE CASCADE)
             conn.execute("DELETE FROM subjects WHERE id = ?", (int(row[0]),))
@@ -468,10 +441,14 @@ class GalleryStore:
 
     def list_subjects(self, gallery: str, offset: int = 0, limit: int = 100) -> list[SubjectInfo]:
         """A page of subjects ordered by ``subject_id``; ``0 <= offset``, ``1 <= limit <= MAX_PAGE``."""
-        offset, limit = validate_page(offset, limit)
+        if not (_int_in(offset, 0, math.inf) and _int_in(limit, 1, MAX_PAGE)):
+            raise InvalidParameterError(
+                f"invalid page offset={offset!r} limit={limit!r}: offset >= 0, 1 <= limit <= {MAX_PAGE}",
+                detail={"field": "offset/limit"},
+            )
         with self._in_gallery(gallery, f"listing subjects of {gallery!r}") as (conn, gid, _):
             sql = f"SELECT {SUBJECT_COLS} FROM subjects WHERE gallery_id = ? ORDER BY subject_id{self._BYTE_ORDER}"
-            rows = conn.execute(sql + " LIMIT ? OFFSET ?", (gid, limit, offset)).fetchall()
+            rows = conn.execute(sql + " LIMIT ? OFFSET ?", (gid, int(limit), int(offset))).fetchall()
         return [_subject(r) for r in rows]
 
     def delete_subject(self, gallery: str, subject_id: str) -> None:
@@ -485,17 +462,22 @@ class GalleryStore:
             self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
         self._erase_deleted()
 
-    def load_templates(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32)`` of a gallery, ordered by ``subject_id``."""
-        with self._in_gallery(gallery, f"loading templates of {gallery!r}") as (conn, gid, dim):
-            return self._templates(conn, gid, dim, gallery)
-
     def import_templates(
         self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
     ) -> int:
         """Bulk enrolment without photos, one transaction: each ``(S, D) float32`` unit-norm row becomes a
         subject's only embedding (replacing what a subject of that id held); qualities default to 1. Returns S."""
-        ids = validate_import(subject_ids, templates, qualities)
+        if not isinstance(subject_ids, list | tuple) or not subject_ids:
+            raise InvalidParameterError("subject_ids must be a non-empty list", detail={"field": "subject_ids"})
+        ids = [validate_subject_id(s, new=True) for s in subject_ids]
+        if len(set(ids)) != len(ids):
+            raise InvalidParameterError("subject_ids must be unique within one import", detail={"field": "subject_ids"})
+        rows = getattr(templates, "shape", (None,))[0]
+        if rows != len(ids) or (qualities is not None and getattr(qualities, "shape", (None,))[0] != len(ids)):
+            raise InvalidParameterError(
+                f"{len(ids)} subject ids need as many template rows and qualities",
+                detail={"field": "templates", "ids": len(ids), "rows": rows},
+            )
         q = np.ones(len(ids), np.float32) if qualities is None else qualities
         what = f"importing {len(ids)} templates into {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
@@ -539,5 +521,5 @@ class GalleryStore:
         with self._tx("loading every gallery", write=False, snapshot=True) as conn:
             seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
             for gid, name, dim in conn.execute("SELECT id, name, dim FROM galleries ORDER BY name").fetchall():
-                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name), False))
+                galleries[str(name)] = (int(dim), *self._templates(conn, int(gid), int(dim), str(name)))
         return seq, galleries

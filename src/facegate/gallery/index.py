@@ -143,6 +143,13 @@ class _Entry:
         return len(self.ids)
 
 
+def _named(entry: _Entry, vals: np.ndarray, rows: np.ndarray) -> tuple[list[tuple[list[str], np.ndarray]], int]:
+    """:meth:`GalleryIndex.search_raw`'s answer from ``(Q, k)`` scores and rows of ``entry`` (under its lock)."""
+    k = rows.shape[1]
+    names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
+    return [(names[i * k : (i + 1) * k], v) for i, v in enumerate(vals)], entry.n
+
+
 class GalleryIndex:
     """Exact cosine top-k over every gallery's templates, on ``device`` (``"cpu"``, ``"cuda"``, a
     ``torch.device``), stored as ``dtype`` (a name or a torch dtype): ``float32``, ``float64``, or
@@ -299,33 +306,24 @@ class GalleryIndex:
         q = q.astype(np.float32)
         q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         with entry.lock:
-            n = entry.n
-            if n == 0:
+            if entry.n == 0:
                 return [([], np.zeros(0, np.float32)) for _ in q], 0
-            vals, rows = self._ops.topk(q, entry.mat, n, min(int(k), n))
-            names = list(map(entry.ids.__getitem__, rows.ravel().tolist()))
-        kk = rows.shape[1]
-        return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(vals.astype(np.float32, copy=False))], n
+            vals, rows = self._ops.topk(q, entry.mat, entry.n, min(int(k), entry.n))
+            return _named(entry, vals.astype(np.float32, copy=False), rows)
 
     def launch(self, gallery: str, queries: Any, k: int, hold: contextlib.ExitStack) -> tuple[Any, Any]:
-        """Queue the exact top-``k`` of ``(Q, D)`` float ``queries`` already on this index's device (torch)
+        """Queue the exact top-``k`` of ``(Q, D)`` float ``queries`` already on this (torch) index's device
         without waiting, so that they share one device->host copy with other results. The gallery's lock is
         held in ``hold`` until it closes: no row may move before the answer is read.
 
-        Returns ``(packed, finish)``: ``packed`` the ``(Q, 2k') float32`` device tensor (None for an empty
-        gallery) and ``finish(host)``, which turns its host copy into :meth:`search_raw`'s answer."""
-        if not isinstance(self._ops, _TorchOps):
-            raise InvalidParameterError("a device search needs a torch index", detail={"device": self.device})
+        Returns ``(packed, finish)``: ``packed`` the ``(Q, 2k') float32`` device tensor and ``finish(host)``, which
+        turns its host copy into :meth:`search_raw`'s answer; ``(None, None)`` for an empty gallery."""
         entry = self._entry(gallery)
         if queries.shape[1] != entry.dim:
             raise _mismatch(f"queries for {gallery!r}", int(queries.shape[1]), entry.dim)
         hold.enter_context(entry.lock)
-        n, kk = entry.n, min(int(k), entry.n)
-        if n == 0:
-            return None, lambda host: ([([], np.zeros(0, np.float32)) for _ in range(len(queries))], 0)
-
-        def finish(host: np.ndarray) -> tuple[list[tuple[list[str], np.ndarray]], int]:
-            names = list(map(entry.ids.__getitem__, host[:, kk:].view(np.int32).ravel().tolist()))
-            return [(names[i * kk : (i + 1) * kk], v) for i, v in enumerate(host[:, :kk])], n
-
-        return self._ops.launch(queries, entry.mat, n, kk), finish
+        if entry.n == 0:
+            return None, None
+        kk = min(int(k), entry.n)
+        packed = self._ops.launch(queries, entry.mat, entry.n, kk)  # a torch index: the caller checks on_torch
+        return packed, lambda host: _named(entry, host[:, :kk], host[:, kk:].view(np.int32))

@@ -132,13 +132,10 @@ class PostgresGalleryStore(GalleryStore):
         )
         conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
 
-    def _templates(
-        self, conn: Any, gid: int, dim: int, gallery: str, ordered: bool = True
-    ) -> tuple[list[str], np.ndarray]:
-        # one server-side cursor, bytea in binary; the start-up load skips the sort (a 1M-row sort spills to disk)
-        order = ' ORDER BY subject_id COLLATE "C"' if ordered else ""
+    def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+        # one server-side cursor, bytea in binary, no sort (a 1M-row sort spills to disk)
         with conn.raw.cursor(name="facegate_templates", binary=True) as cur:
-            cur.execute(f"SELECT subject_id, template FROM subjects WHERE gallery_id = %s{order}", (gid,))
+            cur.execute("SELECT subject_id, template FROM subjects WHERE gallery_id = %s", (gid,))
             return read_templates(cur, dim, gallery)
 
     def _erase_deleted(self) -> None:

@@ -20,11 +20,6 @@ log = logging.getLogger(__name__)
 FEED_BATCH = 10_000  # changes read per round trip
 FEED_WAIT_S = 1.0  # the background thread's longest wait for a change (and so for a stop)
 
-#: Called with ``{gallery: number of subjects}`` after start-up and after every applied change.
-StatsHook = Callable[[dict[str, int]], None]
-#: ``(seconds from commit to index, number of changes applied)`` after each applied batch.
-LagHook = Callable[[float, int], None]
-
 
 class Gallery:
     """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
@@ -38,8 +33,8 @@ class Gallery:
         store: GalleryStore,
         index: GalleryIndex,
         *,
-        stats_hook: StatsHook | None = None,
-        lag_hook: LagHook | None = None,
+        stats_hook: Callable[[dict[str, int]], None] | None = None,
+        lag_hook: Callable[[float, int], None] | None = None,
         follow: bool = False,
     ) -> None:
         self.store = store
@@ -63,27 +58,18 @@ class Gallery:
     def sync(self) -> int:
         """Apply every change committed since the index's last one (a cheap ``max(seq)`` read when none), so a
         search after it sees every write acknowledged before by any process sharing the store; returns how many."""
-        return self.catch_up(self.store.current_seq())
-
-    def catch_up(self, target: int | None = None) -> int:
-        """Apply every change after :attr:`seq`; returns how many. A ``target`` already reached (the caller
-        read ``store.current_seq()``) returns at once without reading the feed."""
-        if target is not None and self.seq >= target:
+        target = self.store.current_seq()
+        if self.seq >= target:
             return 0
         n = 0
         with self._lock:
-            while target is None or self.seq < target:
-                batch = self.store.changes_since(self.seq, FEED_BATCH)
-                if not batch:
-                    break
+            while self.seq < target and (batch := self.store.changes_since(self.seq, FEED_BATCH)):
                 for change in batch:
                     self._apply(change)
                     self.seq = change.seq  # a failure part-way resumes here (applying is idempotent)
                 n += len(batch)
                 if self.lag_hook is not None:
                     self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
-                if len(batch) < FEED_BATCH:
-                    break
         if n:
             self._emit_stats()
         return n
@@ -115,7 +101,7 @@ class Gallery:
         while not self._stop.is_set():
             try:
                 if self.store.wait_for_change(self.seq, FEED_WAIT_S) and not self._stop.is_set():
-                    self.catch_up()
+                    self.sync()
                 backoff = 0.1
             except GalleryError as exc:
                 # the store is down: searches answer 503 meanwhile; retry with backoff

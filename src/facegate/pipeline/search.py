@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from facegate.errors import DimensionMismatchError, FacegateError, GalleryError, GalleryUnavailableError
+from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
 from facegate.gallery.query import HEADER, SearchOut, decode_photo_search, decode_search
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class SearchStage:
     def __init__(self, open_gallery: Callable[[], Any], model: tuple[str, int] | None = None) -> None:
         self._open = open_gallery
         self.model = model
-        self._models: dict[str, tuple[Any, str, int]] = {}  # gallery -> (its index entry, model, dim)
+        self._models: dict[str, tuple[Any, Any]] = {}  # gallery -> (its index entry, its GalleryInfo)
         self.gallery: Any = None  # the engine's Gallery, None while its store is unreachable
         self._error: FacegateError | None = None
         self._last_try = -REOPEN_S
@@ -103,16 +103,10 @@ class SearchStage:
         entry = gallery.index.entry(name)
         got = self._models.get(name)
         if got is None or entry is None or got[0] is not entry:
-            info = gallery.store.get_gallery(name)
-            got = (entry, info.model, info.dim)
+            got = (entry, gallery.store.get_gallery(name))
             if entry is not None:
                 self._models[name] = got
-        if (got[1], got[2]) != self.model:
-            raise DimensionMismatchError(
-                f"gallery {name!r} holds {got[1]} embeddings (dim {got[2]}); the server runs "
-                f"{self.model[0]} (dim {self.model[1]})",
-                detail={"gallery_model": got[1], "gallery_dim": got[2], "model": self.model[0]},
-            )
+        got[1].check_model(*self.model)
 
     def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
         """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
@@ -146,9 +140,9 @@ class SearchStage:
             from facegate.gallery.index import GalleryIndex
             from facegate.gallery.service import Gallery
 
-            url = settings.gallery_url or str(settings.data_dir / "gallery.sqlite3")
             # short: a batch waits on this while the store is down (other stages keep running)
-            store = open_store(url, open_retry_s=min(settings.gallery_open_retry_s, REOPEN_S))
+            retry_s = min(settings.gallery_open_retry_s, REOPEN_S)
+            store = open_store(settings.gallery_url, data_dir=settings.data_dir, open_retry_s=retry_s)
             try:
                 index = GalleryIndex(device, "float16" if str(device).startswith("cuda") else "float32")
                 # match flags are the front-end's (the FPIR policy); the stage returns raw scores

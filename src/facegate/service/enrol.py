@@ -101,7 +101,7 @@ def enrol_photos(
     progress: Callable[[int, int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
-    ``verdict(face)`` (:func:`~facegate.service.gallery.decide_enrolment`); ``progress(photos, faces, refusals)``
+    ``verdict(face)`` (:func:`~facegate.service.gallery.decide_enrolments`); ``progress(photos, faces, refusals)``
     runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()

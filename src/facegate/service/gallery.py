@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from facegate.errors import DimensionMismatchError, FacegateError, QualityRejectedError
+from facegate.errors import FacegateError, QualityRejectedError
 from facegate.gallery.base import GalleryInfo, GalleryStore, SearchHit
 from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, threshold_for
 from facegate.types import QualityVerdict
@@ -35,44 +35,7 @@ class EnrolDecision:
 
     accepted: list[Any]
     refused: list[Refusal]
-    error: FacegateError | None = None
-
-
-def decide_enrolment(
-    subject_id: str,
-    results: Sequence[Any],
-    *,
-    requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict],
-) -> EnrolDecision:
-    """Split per-image results (a Face or the FacegateError of that image) into accepted and refused. With
-    ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's ``enrol_verdict``).
-    With nothing accepted the error is QualityRejectedError (when any refusal was the gate's, or there were no
-    errors) or the first image's error, with every refusal in its detail."""
-    accepted: list[Any] = []
-    refused: list[Refusal] = []
-    errors: list[FacegateError] = []
-    for i, r in enumerate(results):
-        if isinstance(r, FacegateError):
-            errors.append(r)
-            refused.append(Refusal(i, r.message, r.code))
-        elif isinstance(r, BaseException):
-            raise r
-        elif requires_quality and not (v := verdict(r)).accepted:
-            refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
-        else:
-            accepted.append(r)
-    error: FacegateError | None = None
-    if not accepted:
-        detail = {"refused": [{"index": x.index, "reason": x.reason, "code": x.code} for x in refused]}
-        if any(x.code == QualityRejectedError.code for x in refused) or not errors:
-            error = QualityRejectedError(
-                f"no image of {subject_id!r} has a face that passes the quality gate; retake", detail=detail
-            )
-        else:
-            error = errors[0]
-            error.detail = {**error.detail, **detail}
-    return EnrolDecision(accepted, refused, error)
+    error: FacegateError | None
 
 
 def decide_enrolments(
@@ -83,15 +46,41 @@ def decide_enrolments(
     verdict: Callable[[Any], QualityVerdict],
     stats: Any = None,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
-    """:func:`decide_enrolment` per subject of a request whose image ``i`` (result ``results[i]``) shows
-    ``subject_ids[i]``, in order of first appearance: each subject, its images' indices and its decision. Gate
-    refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`, if given) as
-    ``enrol_low_quality``."""
+    """The enrolment gate per subject of a request whose image ``i`` shows ``subject_ids[i]`` (``results[i]``: a
+    Face or the FacegateError of that image), in order of first appearance: each subject, its images' indices and
+    its decision. With ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's
+    ``enrol_verdict``); such refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`, if
+    given) as ``enrol_low_quality``. A subject with nothing accepted gets QualityRejectedError (when any refusal was
+    the gate's, or there were no errors) or its first image's error, with every refusal in its detail."""
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(subject_ids):
         rows.setdefault(sid, []).append(i)
-    gate = {"requires_quality": requires_quality, "verdict": verdict}
-    decisions = [(sid, idx, decide_enrolment(sid, [results[i] for i in idx], **gate)) for sid, idx in rows.items()]
+    decisions = []
+    for sid, idx in rows.items():
+        accepted: list[Any] = []
+        refused: list[Refusal] = []
+        errors: list[FacegateError] = []
+        for i, r in enumerate(results[j] for j in idx):
+            if isinstance(r, FacegateError):
+                errors.append(r)
+                refused.append(Refusal(i, r.message, r.code))
+            elif isinstance(r, BaseException):
+                raise r
+            elif requires_quality and not (v := verdict(r)).accepted:
+                refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
+            else:
+                accepted.append(r)
+        error: FacegateError | None = None
+        if not accepted:
+            detail = {"refused": [{"index": x.index, "reason": x.reason, "code": x.code} for x in refused]}
+            if any(x.code == QualityRejectedError.code for x in refused) or not errors:
+                error = QualityRejectedError(
+                    f"no image of {sid!r} has a face that passes the quality gate; retake", detail=detail
+                )
+            else:
+                error = errors[0]
+                error.detail = {**error.detail, **detail}
+        decisions.append((sid, idx, EnrolDecision(accepted, refused, error)))
     for _, _, decision in decisions if stats is not None else ():
         for x in decision.refused:
             if x.code == QualityRejectedError.code:
@@ -127,13 +116,7 @@ class GalleryFront:
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
-        spec = self._svc.spec
-        if info.model != spec.name or info.dim != spec.embedding_dim:
-            raise DimensionMismatchError(
-                f"gallery {info.name!r} holds {info.model} embeddings (dim {info.dim}); the server runs "
-                f"{spec.name} (dim {spec.embedding_dim})",
-                detail={"gallery_model": info.model, "gallery_dim": info.dim, "model": spec.name},
-            )
+        info.check_model(self._svc.spec.name, self._svc.spec.embedding_dim)
 
     def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
         """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""

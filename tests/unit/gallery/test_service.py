@@ -25,6 +25,13 @@ from facegate.gallery.sqlite import SQLiteGalleryStore
 D = 32
 
 
+def stored_templates(store, gallery: str) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` of ``gallery`` as stored (the start-up load), by subject id."""
+    _, ids, templates = store.load_snapshot()[1][gallery]
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    return [ids[i] for i in order], templates[order]
+
+
 def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
     x = rng.standard_normal((n, d)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -41,7 +48,7 @@ def search(gal: Gallery, gallery: str, queries: np.ndarray, k: int) -> list[list
 def assert_consistent(svc: Gallery, gallery: str) -> None:
     """Once caught up, the index holds exactly the store's subjects and the store's templates, bit for bit."""
     svc.sync()
-    ids_db, T_db = svc.store.load_templates(gallery)
+    ids_db, T_db = stored_templates(svc.store, gallery)
     ids_ix, T_ix = svc.index.snapshot(gallery)
     assert ids_ix == ids_db
     assert T_ix.tobytes() == T_db.tobytes()
@@ -171,13 +178,13 @@ def test_restart_gives_identical_results(db: Path) -> None:
     svc.store.delete_subject("g", "s100")
     svc.sync()
     before = svc.index.search_raw("g", Q, 10)[0]
-    templates = svc.store.load_templates("g")
+    templates = stored_templates(svc.store, "g")
     svc.close()
 
     svc2 = Gallery(SQLiteGalleryStore(db), GalleryIndex())
     try:
         assert svc2.index.sizes() == {"g": 199, "h": 0}
-        ids2, T2 = svc2.store.load_templates("g")
+        ids2, T2 = stored_templates(svc2.store, "g")
         assert ids2 == templates[0] and T2.tobytes() == templates[1].tobytes()
         after = svc2.index.search_raw("g", Q, 10)[0]
         # same ids in the same order; scores equal up to float32 summation order (row order differs)

@@ -30,9 +30,16 @@ from facegate.gallery.base import (
 from facegate.gallery.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteGalleryStore
 
 
+def stored_templates(store, gallery: str) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` of ``gallery`` as stored (the start-up load), by subject id."""
+    _, ids, templates = store.load_snapshot()[1][gallery]
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    return [ids[i] for i in order], templates[order]
+
+
 def stored_template(store, gallery: str, subject_id: str) -> np.ndarray:
     """A subject's stored ``(D,) float32`` template."""
-    ids, templates = store.load_templates(gallery)
+    ids, templates = stored_templates(store, gallery)
     return templates[ids.index(subject_id)]
 
 
@@ -335,7 +342,7 @@ def test_delete_gallery_cascades(store: SQLiteGalleryStore, db: Path) -> None:
     with raw(db) as c:
         assert c.execute("SELECT COUNT(*) FROM subjects").fetchone()[0] == 1
         assert c.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == 1
-    assert store.load_templates("h")[0] == ["a"]
+    assert stored_templates(store, "h")[0] == ["a"]
 
 
 # --------------------------------------------------------------------------- durability
@@ -346,15 +353,15 @@ def test_restart_keeps_everything(db: Path) -> None:
         s.create_gallery("empty", "sface", 64)
         for i in range(40):
             s.add_embeddings("g", f"s{i:02d}", unit(rng, 1 + i % 3, 64), rng.random(1 + i % 3).astype(np.float32))
-        ids, T = s.load_templates("g")
+        ids, T = stored_templates(s, "g")
         subjects = s.list_subjects("g", 0, 100)
         galleries = s.list_galleries()
     with SQLiteGalleryStore(db) as s:
-        ids2, T2 = s.load_templates("g")
+        ids2, T2 = stored_templates(s, "g")
         assert ids2 == ids and T2.dtype == np.float32 and T2.tobytes() == T.tobytes()
         assert s.list_subjects("g", 0, 100) == subjects
         assert s.list_galleries() == galleries
-        assert s.load_templates("empty")[1].shape == (0, 64)
+        assert stored_templates(s, "empty")[1].shape == (0, 64)
 
 
 _CRASH_WRITER = textwrap.dedent(
