@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, drop_reason, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -34,8 +34,8 @@ _STOP = object()
 
 
 class Stage(Protocol):
-    """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``max_batch_size`` and
-    ``item_cost(payload) -> int`` (rows one payload adds; batches are then limited by rows).
+    """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``item_cost(payload) -> int``
+    (rows one payload adds; batches are then limited by rows).
 
     ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need two copies.
     """
@@ -150,9 +150,7 @@ class _StageRunner:
         self.stage = stage
         self._device = device
         self.name: str = stage.name
-        stage_max = getattr(stage, "max_batch_size", None)
-        limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
-        self.max_batch = max(1, limit)
+        self.max_batch = max(1, max_batch_size)
         self.max_wait_s = max_wait_s
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
@@ -213,8 +211,9 @@ class _StageRunner:
             fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
             return
         now = time.monotonic()
-        if all(it.dead(now) for it in items):  # everyone left while the batch was prepared: skip the device
-            self.batcher.finish_dropped([(it, drop_reason(it, now)) for it in items])
+        dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
+        if len(dropped) == len(items):  # everyone left while the batch was prepared: skip the device
+            self.batcher.finish_dropped(dropped)
             return
         n = len(items)
         rows = sum(it.cost for it in items)
@@ -278,7 +277,8 @@ class Engine:
         self.max_batch_size = int(max_batch_size)
         self.max_wait_ms = float(max_wait_ms)
         self.request_timeout_s = float(request_timeout_s)
-        self._device = device_thread or DeviceThread()
+        #: runs every execute + deliver; e.g. the warm-up runs here, where the batches will run
+        self.device_executor = device_thread or DeviceThread()
         self._runners: dict[str, _StageRunner] = {
             s.name: _StageRunner(
                 s,
@@ -286,17 +286,12 @@ class Engine:
                 max_wait_s=self.max_wait_ms / 1000.0,
                 max_queue=int(max_queue),
                 stats=self.stats,
-                device=self._device,
+                device=self.device_executor,
             )
             for s in stages
         }
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.Lock()
-
-    @property
-    def device_executor(self) -> concurrent.futures.Executor:
-        """The device thread, e.g. to run the warm-up where the batches will run."""
-        return self._device
 
     def start(self) -> None:
         """Start the worker threads (idempotent while running; an engine cannot restart after stop)."""
@@ -334,8 +329,8 @@ class Engine:
                 if not _join(r.thread, deadline):
                     log.error("stage %s did not stop within %s s", r.name, timeout_s)
         # after the front threads: they hand it their last batches
-        self._device.shutdown(wait=False)
-        if not self._device.join(deadline):
+        self.device_executor.shutdown(wait=False)
+        if not self.device_executor.join(deadline):
             log.error("the device thread did not stop within %s s", timeout_s)
         if was != "new":
             log.info("engine stopped (drain=%s)", drain)
@@ -352,7 +347,7 @@ class Engine:
         """Running, and every stage's worker threads are alive."""
         return (
             self._state == "running"
-            and self._device.alive()
+            and self.device_executor.alive()
             and all(r.thread.is_alive() for r in self._runners.values())
         )
 
