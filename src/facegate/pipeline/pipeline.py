@@ -172,7 +172,6 @@ class FacePipeline:
         self.operating = operating
         quality = quality if quality is not None else QualitySettings()
         self.reason_limits = quality
-        self.refuse_on_reasons = quality.refuse_on_reasons
         self.enrol_threshold = enrol_gate(operating.quality_threshold, quality.enrol_gate)
         self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
@@ -212,7 +211,6 @@ class FacePipeline:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
         spec = get_spec(name)
-        max_batch = settings.engine.max_batch_size
         configure_cpu_threads(plan.cpu_threads)
         configure_gemm_workspace(device)
         if device == "cuda" and settings.engine.gpu_memory_limit_mib is not None:
@@ -237,6 +235,7 @@ class FacePipeline:
             channels_last=plan.det_channels_last,
         )
         detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
+        max_batch = settings.engine.max_batch_size
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
         if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(buckets)
@@ -386,12 +385,12 @@ class FacePipeline:
         ``(K, 3) float32`` :func:`crop_stats` rows when ``crops`` are absent (None: not seen)."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
-        q = self.operating.quality_threshold
+        q, limits = self.operating.quality_threshold, self.reason_limits
         faces = []
         for i, det in enumerate(detections):
             score = float(quality[i])
-            reasons = face_reasons(det, None if stats is None else stats[i], score, q, self.reason_limits)
-            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=self.refuse_on_reasons)
+            reasons = face_reasons(det, None if stats is None else stats[i], score, q, limits)
+            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=limits.refuse_on_reasons)
             crop = crops[i] if keep_crops and crops is not None else None
             faces.append(Face(detection=det, embedding=emb[i], quality=verdict, crop=crop))
         return faces

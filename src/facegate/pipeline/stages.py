@@ -56,16 +56,6 @@ class EmbedStage:
         """Batches are capped in crops, not requests."""
         return max(1, len(payload))
 
-    def _staging_rows(self, rows: int, item_shape: tuple[int, ...]) -> torch.Tensor:
-        """The next pinned ``(>= rows, *item_shape) uint8`` buffer of the ring (made or grown as needed)."""
-        i = self._turn
-        self._turn = (i + 1) % self.STAGING_BUFFERS
-        buf = self._staging[i]
-        if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != item_shape:
-            buf = torch.empty((max(rows, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
-            self._staging[i] = buf
-        return buf
-
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         """The requests' crops stacked ``(N, 112, 112, 3) uint8`` (on CUDA in a pinned staging buffer) and each
         request's count."""
@@ -80,7 +70,14 @@ class EmbedStage:
         item_shape = tuple(payloads[0].shape[1:])
         if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
             raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
-        buf = self._staging_rows(n_pad, item_shape) if cuda else torch.empty((n, *item_shape), dtype=torch.uint8)
+        if cuda:  # the next pinned buffer of the ring, made or grown as needed
+            i, self._turn = self._turn, (self._turn + 1) % self.STAGING_BUFFERS
+            buf = self._staging[i]
+            if buf is None or buf.shape[0] < n_pad or tuple(buf.shape[1:]) != item_shape:
+                buf = torch.empty((max(n_pad, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
+                self._staging[i] = buf
+        else:
+            buf = torch.empty((n, *item_shape), dtype=torch.uint8)
         pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
         if n_pad > n:
             buf[n:n_pad].zero_()
