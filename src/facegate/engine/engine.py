@@ -158,9 +158,7 @@ class _StageRunner:
         self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
         self.abort = False
         stats.register_stage(self.name)
-        self._h_prepare = stats.compute_seconds.labels(self.name, "prepare")
-        self._h_execute = stats.compute_seconds.labels(self.name, "execute")
-        self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
+        self._seconds = {p: stats.compute_seconds.labels(self.name, p) for p in ("prepare", "execute", "deliver")}
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
         self.thread = threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)
@@ -190,7 +188,7 @@ class _StageRunner:
                     self._fail(items, exc, "prepare")
                     self._slots.release()
                     continue
-                self._h_prepare.observe(time.perf_counter() - t0)
+                self._seconds["prepare"].observe(time.perf_counter() - t0)
                 self._device.submit(self._dispatch, items, prepared)
         except BaseException:  # pragma: no cover - a bug in the engine itself
             log.exception("stage %s: front thread crashed", self.name)
@@ -233,8 +231,8 @@ class _StageRunner:
             self._fail(items, exc, "deliver")
             return
         t2 = time.perf_counter()
-        self._h_execute.observe(t1 - t0)
-        self._h_deliver.observe(t2 - t1)
+        self._seconds["execute"].observe(t1 - t0)
+        self._seconds["deliver"].observe(t2 - t1)
         self._h_batch.observe(rows)
         self._c_items.inc(rows)
         ok = [not isinstance(out, BaseException) for out in outs]

@@ -92,12 +92,12 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
         ) from exc
 
 
-def reserve_arena(mib: int, device: int | None = None) -> int:
+def reserve_arena(mib: int) -> int:
     """Leave one free ``mib`` MiB segment in PyTorch's CUDA caching allocator, for the weights and activations to
     share (call right before the models load); returns the bytes reserved."""
     import torch
 
-    dev = torch.cuda.current_device() if device is None else device
+    dev = torch.cuda.current_device()
     block = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
     del block  # back to the allocator's cache, one free block of the whole segment
     reserved = int(torch.cuda.memory_reserved(dev))
@@ -105,11 +105,11 @@ def reserve_arena(mib: int, device: int | None = None) -> int:
     return reserved
 
 
-def limit_gpu_memory(mib: int, device: int | None = None) -> float:
+def limit_gpu_memory(mib: int) -> float:
     """Cap this process's CUDA allocator at ``mib`` MiB; returns the fraction set (InvalidParameterError: too big)."""
     import torch
 
-    dev = torch.cuda.current_device() if device is None else device
+    dev = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(dev).total_memory
     if mib * 2**20 > total:
         raise InvalidParameterError(
