@@ -21,6 +21,7 @@ from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu
 from facegate.pipeline.base import detector_batches, select_faces
+from facegate.pipeline.results import EmbedOut
 from facegate.quality_reasons import (
     crop_stats,
     enrol_gate,
@@ -343,25 +344,21 @@ class FacePipeline:
         if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
             raise InvalidParameterError(f"crops must be (K,112,112,3) uint8, got {crops.shape} {crops.dtype}")
         if len(crops) == 0:
-            d = self.spec.embedding_dim
-            return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
+            return EmbedOut(np.zeros((0, self.spec.embedding_dim + 2), np.float32))
         import torch
 
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(crops))
             if self.device.type == "cuda":
                 x = x.pin_memory().to(self.device, non_blocking=True)
-            out = self.recognize(x).cpu().numpy()  # one device→host copy
-        d = out.shape[1] - 2
-        return out[:, :d], out[:, d], out[:, d + 1]
+            return EmbedOut(self.recognize(x).cpu().numpy())  # one device→host copy
 
     def recognize(self, x: torch.Tensor) -> torch.Tensor:
         """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` embedding | quality | raw."""
         import torch
 
-        parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
         outs = []
-        for part in parts:
+        for part in torch.split(x, self.chunk) if self.chunk else (x,):
             emb, q, raw = self.recognizer(part)
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
