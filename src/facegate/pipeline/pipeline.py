@@ -20,7 +20,7 @@ from facegate.config import QualitySettings, Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu
-from facegate.pipeline.base import detector_batches, select_faces
+from facegate.pipeline.base import select_faces
 from facegate.pipeline.results import EmbedOut
 from facegate.quality_reasons import (
     crop_stats,
@@ -306,32 +306,17 @@ class FacePipeline:
             pipe.chunk = plan.cpu_chunk
         return pipe
 
-    def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
-        """Preprocess ``images`` as :func:`detector_batches`: ``[(indices, DetBatch)]``."""
-        for i, im in enumerate(images):
-            if not isinstance(im, np.ndarray) or im.ndim != 3:
-                raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
-        sizes = [im.shape[:2] for im in images]
-        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.detector.max_batch_pixels)
-        return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
-
-    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]]) -> list[list[Detection]]:
-        """Forward + postprocess each group (of :meth:`detect_groups`); results back in input order."""
-        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
-        found = self.detector.run_many([batch for _, batch in groups])
-        for (idx, _), per_batch in zip(groups, found, strict=True):
-            for i, dets in zip(idx, per_batch, strict=True):
-                out[i] = dets
-        return out
-
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
             return []
         import torch  # here, not at import time: front-ends import this module without torch
 
+        from facegate.pipeline.stages import DetectStage
+
+        stage = DetectStage(self)
         with torch.inference_mode():
-            return self.run_detect_groups(self.detect_groups(images))
+            return stage.execute(stage.prepare(list(images)))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:

@@ -11,6 +11,7 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
+from facegate.pipeline.base import detector_batches
 from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
 
@@ -24,12 +25,23 @@ class DetectStage:
         self.p = pipeline
 
     def prepare(self, payloads: list[np.ndarray]) -> list[tuple[list[int], Any]]:
-        return self.p.detect_groups(payloads)
+        """The images preprocessed per detector forward (:func:`detector_batches`): ``[(indices, DetBatch)]``."""
+        for i, im in enumerate(payloads):
+            if not isinstance(im, np.ndarray) or im.ndim != 3:
+                raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
+        det = self.p.detector
+        batches = detector_batches([im.shape[:2] for im in payloads], det.padded_hw, self.p.chunk, det.max_batch_pixels)
+        return [(idx, det.preprocess([payloads[i] for i in idx])) for idx in batches]
 
     @torch.inference_mode()
     def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
-        # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
-        return self.p.run_detect_groups(groups)
+        """Forward + on-device decode/NMS + each group's one device→host copy; results back in input order."""
+        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
+        found = self.p.detector.run_many([batch for _, batch in groups])
+        for (idx, _), per_batch in zip(groups, found, strict=True):
+            for i, dets in zip(idx, per_batch, strict=True):
+                out[i] = dets
+        return out
 
     def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
         return result
