@@ -201,10 +201,9 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
 INLINE_DECODE_PIXELS = 160 * 160
 
 
-def decode_if_small(
-    data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
-) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG or PNG of at most ``small_pixels`` (by its header), else ``None``."""
+def decode_if_small(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray | None:
+    """:func:`decode_image` of a plain JPEG or PNG of at most :data:`INLINE_DECODE_PIXELS` (by its header), else
+    ``None``."""
     if not isinstance(data, bytes) or not data or len(data) > max_bytes:
         return None
     if data[:3] == b"\xff\xd8\xff":
@@ -217,7 +216,7 @@ def decode_if_small(
         pixels = int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
     else:
         return None
-    return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= small_pixels else None
+    return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= INLINE_DECODE_PIXELS else None
 
 
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
