@@ -422,11 +422,9 @@ class FacePipeline:
             stages.append(PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1]))
         return stages
 
-    def warmup(
-        self, batch_sizes: Sequence[int] = (1,), *, driver_mib: Callable[[], float | None] | None = None
-    ) -> dict[str, dict[str, float]]:
-        """Capture CUDA graphs and run every stage per batch size; per step its seconds and, on CUDA, allocated,
-        reserved and ``driver_mib()`` MiB (kept in :attr:`warmup_report`)."""
+    def warmup(self, *, driver_mib: Callable[[], float | None] | None = None) -> dict[str, dict[str, float]]:
+        """Capture CUDA graphs and run every stage; per step its seconds and, on CUDA, allocated, reserved and
+        ``driver_mib()`` MiB (kept in :attr:`warmup_report`)."""
         import torch
 
         report: dict[str, dict[str, float]] = {}
@@ -462,10 +460,8 @@ class FacePipeline:
                     for b in det.batch_buckets:
                         self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
         with step("one_of_each"):
-            for n in batch_sizes:
-                imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
-                self.detect(imgs)
-                self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
+            self.detect([rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)])
+            self.embed(rng.integers(0, 255, (1, 112, 112, 3), dtype=np.uint8))
         if self._photo_check is not None:
             with step("photo_check_wait"):
                 self.confirm_photo_stage()
