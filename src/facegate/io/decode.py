@@ -155,15 +155,14 @@ def _fast_path(img: Image.Image, fmt: str, data: bytes) -> bool:
         return False
     if fmt in _JPEG_FORMATS:
         return True
-    if fmt == "PNG":
-        # orientation comes from eXIf or XMP, which Pillow may only see after a full load: those take Pillow
-        return (
-            "transparency" not in img.info
-            and not getattr(img, "is_animated", False)
-            and b"eXIf" not in data
-            and b"XML:com.adobe.xmp" not in data
-        )
-    return False
+    # a PNG's orientation comes from eXIf or XMP, which Pillow may only see after a full load: those take Pillow
+    return (
+        fmt == "PNG"
+        and "transparency" not in img.info
+        and not getattr(img, "is_animated", False)
+        and b"eXIf" not in data
+        and b"XML:com.adobe.xmp" not in data
+    )
 
 
 def _decode_cv2(data: bytes, size: tuple[int, int]) -> np.ndarray | None:

@@ -58,9 +58,7 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             detail={"shape": list(dst.shape)},
         )
     dst = np.broadcast_to(dst, src.shape)
-    n, p, _ = src.shape
-    if n == 0:
-        return np.zeros((0, 2, 3), np.float64)
+    p = src.shape[1]
     mu_s = src.mean(axis=1)  # (N, 2)
     mu_d = dst.mean(axis=1)
     sc = src - mu_s[:, None, :]
@@ -119,5 +117,4 @@ def align_cpu(images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: 
 
 def is_aligned_crop(image: np.ndarray) -> bool:
     """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(112, 112, 3)``."""
-    shape = getattr(image, "shape", None)
-    return shape is not None and tuple(shape) == (CROP_SIZE, CROP_SIZE, 3)
+    return tuple(getattr(image, "shape", ())) == (CROP_SIZE, CROP_SIZE, 3)
