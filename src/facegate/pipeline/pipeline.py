@@ -210,8 +210,7 @@ class FacePipeline:
         dtype = resolve_dtype(plan.precision)
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
-        name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
-        spec = get_spec(name)
+        spec = get_spec("irse64_rts" if settings.rts_checkpoint is not None else settings.model)
         configure_cpu_threads(plan.cpu_threads)
         configure_gemm_workspace(device)
         if device == "cuda" and settings.engine.gpu_memory_limit_mib is not None:
