@@ -42,18 +42,12 @@ class WorkItem:
         """Mark the item as no longer wanted (thread-safe; idempotent). It will not be computed."""
         self._cancelled = True
 
-    def cancelled(self) -> bool:
-        """Whether nobody waits any more (:meth:`cancel`, or the future was cancelled)."""
-        return self._cancelled or self.future.cancelled()
-
-    def dead(self, now: float) -> bool:
-        """Expired, cancelled, or already completed (e.g. by the waiter's own deadline timer)."""
-        return now >= self.deadline or self._cancelled or self.future.done()
-
-
-def drop_reason(item: WorkItem, now: float) -> str:
-    """The ``facegate_dropped_total`` reason of a dead item."""
-    return "expired" if now >= item.deadline else "cancelled"
+    def drop_reason(self, now: float) -> str | None:
+        """The ``facegate_dropped_total`` reason to drop the item: ``"expired"``, ``"cancelled"`` (also when the
+        future is done, e.g. by the waiter's own deadline timer), or None while someone waits for it."""
+        if now >= self.deadline:
+            return "expired"
+        return "cancelled" if self._cancelled or self.future.done() else None
 
 
 def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
@@ -139,11 +133,15 @@ class Batcher:
         """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
         ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
         while True:
-            batch, dropped = self._collect_once(max_batch, max_wait_s)
+            collected, dropped = self._collect_once(max_batch, max_wait_s)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            dropped += [(it, drop_reason(it, now)) for it in batch if it.dead(now)]
-            batch = [it for it in batch if not it.dead(now)]
+            batch = []
+            for it in collected:
+                if reason := it.drop_reason(now):
+                    dropped.append((it, reason))
+                else:
+                    batch.append(it)
             self.finish_dropped(dropped)
             if batch:
                 for it in batch:
@@ -162,8 +160,8 @@ class Batcher:
                 q = self._q
                 while q and cost < max_batch:
                     it = q[0]
-                    if it.dead(now):
-                        dropped.append((q.popleft(), drop_reason(it, now)))
+                    if reason := it.drop_reason(now):
+                        dropped.append((q.popleft(), reason))
                     elif batch and cost + it.cost > max_batch:
                         break  # the next item waits for the next batch (an oversized one runs alone)
                     else:
@@ -205,8 +203,8 @@ class Batcher:
         dead: list[tuple[WorkItem, str]] = []
         live: collections.deque[WorkItem] = collections.deque()
         for it in self._q:
-            if it.dead(now):
-                dead.append((it, drop_reason(it, now)))
+            if reason := it.drop_reason(now):
+                dead.append((it, reason))
             else:
                 live.append(it)
         if dead:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, drop_reason, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -34,8 +34,8 @@ _STOP = object()
 
 
 class Stage(Protocol):
-    """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``max_batch_size`` and
-    ``item_cost(payload) -> int`` (rows one payload adds; batches are then limited by rows).
+    """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``item_cost(payload) -> int``
+    (rows one payload adds; batches are then limited by rows).
 
     ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need two copies.
     """
@@ -150,9 +150,7 @@ class _StageRunner:
         self.stage = stage
         self._device = device
         self.name: str = stage.name
-        stage_max = getattr(stage, "max_batch_size", None)
-        limit = max_batch_size if stage_max is None else min(max_batch_size, int(stage_max))
-        self.max_batch = max(1, limit)
+        self.max_batch = max(1, max_batch_size)
         self.max_wait_s = max_wait_s
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
@@ -160,9 +158,7 @@ class _StageRunner:
         self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
         self.abort = False
         stats.register_stage(self.name)
-        self._h_prepare = stats.compute_seconds.labels(self.name, "prepare")
-        self._h_execute = stats.compute_seconds.labels(self.name, "execute")
-        self._h_deliver = stats.compute_seconds.labels(self.name, "deliver")
+        self._seconds = {p: stats.compute_seconds.labels(self.name, p) for p in ("prepare", "execute", "deliver")}
         self._h_batch = stats.batch_size.labels(self.name)
         self._c_items = stats.items.labels(self.name)
         self.thread = threading.Thread(target=self._front, name=f"facegate-{self.name}-prepare", daemon=True)
@@ -192,7 +188,7 @@ class _StageRunner:
                     self._fail(items, exc, "prepare")
                     self._slots.release()
                     continue
-                self._h_prepare.observe(time.perf_counter() - t0)
+                self._seconds["prepare"].observe(time.perf_counter() - t0)
                 self._device.submit(self._dispatch, items, prepared)
         except BaseException:  # pragma: no cover - a bug in the engine itself
             log.exception("stage %s: front thread crashed", self.name)
@@ -213,8 +209,9 @@ class _StageRunner:
             fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
             return
         now = time.monotonic()
-        if all(it.dead(now) for it in items):  # everyone left while the batch was prepared: skip the device
-            self.batcher.finish_dropped([(it, drop_reason(it, now)) for it in items])
+        dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
+        if len(dropped) == len(items):  # everyone left while the batch was prepared: skip the device
+            self.batcher.finish_dropped(dropped)
             return
         n = len(items)
         rows = sum(it.cost for it in items)
@@ -234,8 +231,8 @@ class _StageRunner:
             self._fail(items, exc, "deliver")
             return
         t2 = time.perf_counter()
-        self._h_execute.observe(t1 - t0)
-        self._h_deliver.observe(t2 - t1)
+        self._seconds["execute"].observe(t1 - t0)
+        self._seconds["deliver"].observe(t2 - t1)
         self._h_batch.observe(rows)
         self._c_items.inc(rows)
         ok = [not isinstance(out, BaseException) for out in outs]
@@ -278,7 +275,8 @@ class Engine:
         self.max_batch_size = int(max_batch_size)
         self.max_wait_ms = float(max_wait_ms)
         self.request_timeout_s = float(request_timeout_s)
-        self._device = device_thread or DeviceThread()
+        #: runs every execute + deliver; e.g. the warm-up runs here, where the batches will run
+        self.device_executor = device_thread or DeviceThread()
         self._runners: dict[str, _StageRunner] = {
             s.name: _StageRunner(
                 s,
@@ -286,17 +284,12 @@ class Engine:
                 max_wait_s=self.max_wait_ms / 1000.0,
                 max_queue=int(max_queue),
                 stats=self.stats,
-                device=self._device,
+                device=self.device_executor,
             )
             for s in stages
         }
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.Lock()
-
-    @property
-    def device_executor(self) -> concurrent.futures.Executor:
-        """The device thread, e.g. to run the warm-up where the batches will run."""
-        return self._device
 
     def start(self) -> None:
         """Start the worker threads (idempotent while running; an engine cannot restart after stop)."""
@@ -334,8 +327,8 @@ class Engine:
                 if not _join(r.thread, deadline):
                     log.error("stage %s did not stop within %s s", r.name, timeout_s)
         # after the front threads: they hand it their last batches
-        self._device.shutdown(wait=False)
-        if not self._device.join(deadline):
+        self.device_executor.shutdown(wait=False)
+        if not self.device_executor.join(deadline):
             log.error("the device thread did not stop within %s s", timeout_s)
         if was != "new":
             log.info("engine stopped (drain=%s)", drain)
@@ -352,7 +345,7 @@ class Engine:
         """Running, and every stage's worker threads are alive."""
         return (
             self._state == "running"
-            and self._device.alive()
+            and self.device_executor.alive()
             and all(r.thread.is_alive() for r in self._runners.values())
         )
 

@@ -33,7 +33,7 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
-from facegate.io.jpeg import NotPlain, read_jpeg_header
+from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
 
 if TYPE_CHECKING:
     import torch
@@ -155,15 +155,14 @@ def _fast_path(img: Image.Image, fmt: str, data: bytes) -> bool:
         return False
     if fmt in _JPEG_FORMATS:
         return True
-    if fmt == "PNG":
-        # orientation comes from eXIf or XMP, which Pillow may only see after a full load: those take Pillow
-        return (
-            "transparency" not in img.info
-            and not getattr(img, "is_animated", False)
-            and b"eXIf" not in data
-            and b"XML:com.adobe.xmp" not in data
-        )
-    return False
+    # a PNG's orientation comes from eXIf or XMP, which Pillow may only see after a full load: those take Pillow
+    return (
+        fmt == "PNG"
+        and "transparency" not in img.info
+        and not getattr(img, "is_animated", False)
+        and b"eXIf" not in data
+        and b"XML:com.adobe.xmp" not in data
+    )
 
 
 def _decode_cv2(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
@@ -178,19 +177,14 @@ def _decode_cv2(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
     return arr if _CV2_RGB is not None else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
 
 
-def _composite_on_white(rgba: np.ndarray) -> np.ndarray:
-    """``(H, W, 4) uint8`` → ``(H, W, 3) uint8``: ``c·a/255 + 255·(1 − a/255)``, rounded."""
-    rgb = rgba[..., :3].astype(np.uint16)
-    a = rgba[..., 3:4].astype(np.uint16)
-    return ((rgb * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
-
-
 def _pil_to_rgb(img: Image.Image) -> np.ndarray:
     """Fully decode a Pillow image (first frame) to ``(H, W, 3) uint8`` RGB."""
     img.load()  # forced: truncated data raises here (LOAD_TRUNCATED_IMAGES is False)
     mode = img.mode
     if mode in _ALPHA_MODES or (mode in ("P", "L", "RGB", "1") and "transparency" in img.info):
-        return _composite_on_white(np.asarray(img.convert("RGBA")))
+        rgba = np.asarray(img.convert("RGBA"), np.uint16)  # composited on white: c·a/255 + 255·(1 − a/255), rounded
+        rgb, a = rgba[..., :3], rgba[..., 3:4]
+        return ((rgb * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
     if mode in _SIXTEEN_BIT or mode == "I":
         v = np.asarray(img).astype(np.int64)
         grey = ((np.clip(v, 0, 65535) * 2 + 257) // 514).astype(np.uint8)  # round(v / 257)
@@ -206,10 +200,9 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
 INLINE_DECODE_PIXELS = 160 * 160
 
 
-def decode_if_small(
-    data: bytes, *, max_bytes: int, max_pixels: int, small_pixels: int = INLINE_DECODE_PIXELS
-) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG or PNG of at most ``small_pixels`` (by its header), else ``None``."""
+def decode_if_small(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray | None:
+    """:func:`decode_image` of a plain JPEG or PNG of at most :data:`INLINE_DECODE_PIXELS` (by its header), else
+    ``None``."""
     if not isinstance(data, bytes) or not data or len(data) > max_bytes:
         return None
     if data[:3] == b"\xff\xd8\xff":
@@ -222,7 +215,7 @@ def decode_if_small(
         pixels = int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
     else:
         return None
-    return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= small_pixels else None
+    return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= INLINE_DECODE_PIXELS else None
 
 
 def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
@@ -276,20 +269,29 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     return _apply_orientation(arr, orientation)
 
 
-def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
+def _plain_jpeg_header(data: bytes, max_pixels: int) -> JpegHeader | None:
+    """The header of a plain JPEG within ``max_pixels`` and complete (else ImageTooLargeError, ImageDecodeError);
+    ``None``: not plain, or a decompression bomb (Pillow's path gives those their answer)."""
     try:
         hdr = read_jpeg_header(data)
     except NotPlain:
         return None
     w, h = hdr.width, hdr.height
     if Image.MAX_IMAGE_PIXELS and w * h > 2 * Image.MAX_IMAGE_PIXELS:
-        return None  # the general path gives these their answer (a decompression bomb)
+        return None
     if w * h > max_pixels:
         raise _too_large("pixels", max_pixels, w * h, width=w, height=h)
     if not hdr.complete:
         raise ImageDecodeError("the JPEG data is truncated", detail={"format": "JPEG"})
-    arr = _decode_cv2(data, (w, h))
+    return hdr
+
+
+def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
+    """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
+    hdr = _plain_jpeg_header(data, max_pixels)
+    if hdr is None:
+        return None
+    arr = _decode_cv2(data, (hdr.width, hdr.height))
     return None if arr is None else _apply_orientation(arr, hdr.orientation)
 
 
@@ -363,13 +365,10 @@ def _gpu_candidate(data: bytes, max_bytes: int, max_pixels: int) -> tuple[int, i
     if not data or len(data) > max_bytes:
         return None
     try:
-        hdr = read_jpeg_header(data)
-    except NotPlain:
-        return _gpu_candidate_pil(data, max_pixels)
-    pixels = hdr.width * hdr.height
-    if pixels > max_pixels or (Image.MAX_IMAGE_PIXELS and pixels > 2 * Image.MAX_IMAGE_PIXELS) or not hdr.complete:
-        return None  # Pillow refuses more than twice MAX_IMAGE_PIXELS (a decompression bomb)
-    return hdr.orientation, hdr.height, hdr.width
+        hdr = _plain_jpeg_header(data, max_pixels)
+    except FacegateError:  # the host path gives it its answer
+        return None
+    return _gpu_candidate_pil(data, max_pixels) if hdr is None else (hdr.orientation, hdr.height, hdr.width)
 
 
 def _gpu_candidate_pil(data: bytes, max_pixels: int) -> tuple[int, int, int] | None:
@@ -420,7 +419,6 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
     the rest (PNG, CMYK, out of limits, broken; all of them off CUDA) and what nvJPEG fails on decode on the host."""
     import torch
 
-    _check_limits(max_bytes, max_pixels)
     dev = torch.device(device)
 
     def host(i: int) -> np.ndarray | FacegateError:

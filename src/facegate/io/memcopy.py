@@ -38,17 +38,11 @@ def copy_in(buf: memoryview, offset: int, arr: np.ndarray) -> None:
 
 def pack_rows(out: np.ndarray, parts: Sequence[np.ndarray]) -> int:
     """``np.concatenate(parts, out=out[:n])`` into C-contiguous ``out``, a ``memcpy`` per small part; returns ``n``.
-    ValueError when a part's dtype or row shape differs from ``out``'s, or the parts do not fit."""
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous")
+    The caller checks that the parts have ``out``'s dtype and row shape and fit in it."""
     dst = memoryview(out).cast("B")
     row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
     rows = 0
     for p in parts:
-        if p.dtype != out.dtype or p.shape[1:] != out.shape[1:]:
-            raise ValueError(f"part {p.shape} {p.dtype} does not match rows of {out.shape} {out.dtype}")
-        if rows + len(p) > len(out):
-            raise ValueError(f"{rows + len(p)} rows do not fit in {len(out)}")
         if not len(p):
             continue
         if p.nbytes > GIL_COPY_MAX_BYTES:

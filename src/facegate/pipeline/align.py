@@ -58,9 +58,7 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             detail={"shape": list(dst.shape)},
         )
     dst = np.broadcast_to(dst, src.shape)
-    n, p, _ = src.shape
-    if n == 0:
-        return np.zeros((0, 2, 3), np.float64)
+    p = src.shape[1]
     mu_s = src.mean(axis=1)  # (N, 2)
     mu_d = dst.mean(axis=1)
     sc = src - mu_s[:, None, :]
@@ -85,13 +83,9 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def estimate_transforms(landmarks: np.ndarray) -> np.ndarray:
-    """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :func:`template`."""
-    lm = np.asarray(landmarks)
-    if lm.ndim != 3 or lm.shape[1:] != (5, 2):
-        raise InvalidParameterError(
-            f"landmarks must have shape (N, 5, 2), got {lm.shape}", detail={"shape": list(lm.shape)}
-        )
-    return umeyama(lm, template()).astype(np.float32)
+    """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :func:`template`
+    (:func:`umeyama` refuses other shapes)."""
+    return umeyama(landmarks, template()).astype(np.float32)
 
 
 def warp_cpu(image: np.ndarray, M: np.ndarray) -> np.ndarray:
@@ -102,44 +96,25 @@ def warp_cpu(image: np.ndarray, M: np.ndarray) -> np.ndarray:
             detail={"shape": list(getattr(image, "shape", ())), "dtype": str(getattr(image, "dtype", ""))},
         )
     m = np.asarray(M, dtype=np.float64)
-    if m.shape != (2, 3):
-        raise InvalidParameterError(f"M must have shape (2, 3), got {m.shape}", detail={"shape": list(m.shape)})
     try:
         return cv2.warpAffine(
             np.ascontiguousarray(image), m, (CROP_SIZE, CROP_SIZE), flags=cv2.INTER_LINEAR, borderValue=0
         )
-    except cv2.error as exc:
+    except cv2.error as exc:  # e.g. an M that is not (2, 3)
         raise InvalidParameterError(f"cv2.warpAffine failed: {exc}", detail={"shape": list(image.shape)}) from exc
 
 
-def _check_index(image_index: np.ndarray, k: int, n_images: int) -> np.ndarray:
-    idx = np.asarray(image_index)
-    if idx.shape != (k,) or (k and idx.dtype.kind not in "iu"):
-        raise InvalidParameterError(
-            f"image_index must be an integer array of shape ({k},), got {idx.shape} {idx.dtype}",
-            detail={"shape": list(idx.shape)},
-        )
-    if k and (idx.min() < 0 or idx.max() >= n_images):
-        raise InvalidParameterError(
-            f"image_index out of range for {n_images} image(s)",
-            detail={"min": int(idx.min()), "max": int(idx.max()), "n_images": n_images},
-        )
-    return idx.astype(np.int64)
-
-
-def align_cpu(images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: np.ndarray) -> np.ndarray:
+def align_cpu(images: Sequence[np.ndarray], landmarks: np.ndarray, image_index: Sequence[int]) -> np.ndarray:
     """``(K, 112, 112, 3) uint8`` crops of faces ``landmarks`` ``(K, 5, 2)``, face ``k`` in
-    ``images[image_index[k]]`` (``(H, W, 3) uint8`` each, sizes may differ)."""
-    mats = estimate_transforms(np.asarray(landmarks))  # validates the shape (K, 5, 2)
-    k = mats.shape[0]
-    idx = _check_index(image_index, k, len(images))
-    out = np.empty((k, CROP_SIZE, CROP_SIZE, 3), np.uint8)
-    for j in range(k):
-        out[j] = warp_cpu(images[int(idx[j])], mats[j])
+    ``images[image_index[k]]`` (``(H, W, 3) uint8`` each, sizes may differ); ``image_index`` ``(K,)`` int is the
+    caller's own bookkeeping (a wrong length raises ValueError, an index out of range IndexError)."""
+    mats = estimate_transforms(landmarks)
+    out = np.empty((len(mats), CROP_SIZE, CROP_SIZE, 3), np.uint8)
+    for j, (i, m) in enumerate(zip(image_index, mats, strict=True)):
+        out[j] = warp_cpu(images[int(i)], m)
     return out
 
 
 def is_aligned_crop(image: np.ndarray) -> bool:
     """Whether ``image`` is treated as a pre-aligned crop (skips detection): exactly ``(112, 112, 3)``."""
-    shape = getattr(image, "shape", None)
-    return shape is not None and tuple(shape) == (CROP_SIZE, CROP_SIZE, 3)
+    return tuple(getattr(image, "shape", ())) == (CROP_SIZE, CROP_SIZE, 3)

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from facegate.errors import InvalidParameterError
 from facegate.pipeline.align import CROP_SIZE
 
 
@@ -24,22 +23,12 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
     """:func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD, no host sync): ``src (K, P>=2, 2)``,
     ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``. Unchecked for degenerate input (a check
-    would sync): coincident points give a zero linear part."""
-    if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
-        raise InvalidParameterError(
-            f"src must have shape (K, P>=2, 2), got {tuple(src.shape)}", detail={"shape": list(src.shape)}
-        )
+    would sync): coincident points give a zero linear part; shapes unchecked (its callers' are fixed)."""
     dtype = _compute_dtype(src.device)
     s = src.to(dtype)
     if isinstance(dst, np.ndarray):  # copy: ARCFACE_TEMPLATE is read-only, torch warns on those
         dst = torch.from_numpy(np.array(dst, dtype=np.float64))
-    d = torch.as_tensor(dst, dtype=dtype, device=src.device)
-    if tuple(d.shape) not in {tuple(src.shape[1:]), tuple(src.shape)}:
-        raise InvalidParameterError(
-            f"dst must have shape {tuple(src.shape[1:])} or {tuple(src.shape)}, got {tuple(d.shape)}",
-            detail={"shape": list(d.shape)},
-        )
-    d = d.expand_as(s)
+    d = torch.as_tensor(dst, dtype=dtype, device=src.device).expand_as(s)
     mu_s = s.mean(dim=1)
     mu_d = d.mean(dim=1)
     sc = s - mu_s[:, None, :]

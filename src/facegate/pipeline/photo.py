@@ -82,20 +82,17 @@ def _warp(
 
 
 def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
-    """``out[i]`` = the :class:`PhotoFaces` of item ``i`` from its rows of ``res (K, d + 2 + N_STATS)``: the
-    recognizer's outputs, then the crop's statistics."""
+    """``out[owners[r]]`` = the :class:`PhotoFaces` of its one face (the largest), ``chosen[owners[r]]``, from row
+    ``r`` of ``res (K, d + 2 + N_STATS)``: the recognizer's outputs, then the crop's statistics."""
     d = res.shape[1] - 2 - N_STATS
-    rows: dict[int, list[int]] = {}
     for r, i in enumerate(owners):
-        rows.setdefault(i, []).append(r)
-    for i, r in rows.items():
-        sel = res[r]
+        row = res[r : r + 1]
         out[i] = PhotoFaces(
-            chosen.get(i, [None]),  # type: ignore[arg-type]
-            sel[:, :d].copy(),
-            sel[:, d].copy(),
-            sel[:, d + 1].copy(),
-            sel[:, d + 2 :].copy(),
+            chosen[i],  # type: ignore[arg-type]
+            row[:, :d].copy(),
+            row[:, d].copy(),
+            row[:, d + 1].copy(),
+            row[:, d + 2 :].copy(),
         )
 
 

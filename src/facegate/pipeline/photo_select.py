@@ -60,7 +60,6 @@ def choose_and_align(
     iou_threshold: float,
     dst: Tensor,
     candidates: int = CANDIDATES,
-    iterations: int = ITERATIONS,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """NMS, rescale, clip, the largest face and its warp, per row of a detector batch (tensor operations only).
 
@@ -76,7 +75,7 @@ def choose_and_align(
     cand = packed[:, :-1].reshape(n, p, 15)[:, :c]
     counts = packed[:, -1].to(torch.int64)
     valid = torch.arange(c, device=dev)[None, :] < counts[:, None]
-    keep, converged = _greedy_nms(cand[..., :4].double(), valid, iou_threshold, iterations)
+    keep, converged = _greedy_nms(cand[..., :4].double(), valid, iou_threshold, ITERATIONS)
     sx, sy, w, h = geo.unbind(1)
     boxes = cand[..., :4].double() * torch.stack([sx, sy, sx, sy], -1)[:, None, :]
     bx = torch.minimum(boxes[..., 0::2].clamp(min=0), w[:, None, None])

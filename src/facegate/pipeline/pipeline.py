@@ -20,7 +20,8 @@ from facegate.config import QualitySettings, Settings
 from facegate.errors import InvalidParameterError
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import align_cpu
-from facegate.pipeline.base import detector_batches, select_faces
+from facegate.pipeline.base import select_faces
+from facegate.pipeline.results import EmbedOut
 from facegate.quality_reasons import (
     crop_stats,
     enrol_gate,
@@ -92,12 +93,12 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
         ) from exc
 
 
-def reserve_arena(mib: int, device: int | None = None) -> int:
+def reserve_arena(mib: int) -> int:
     """Leave one free ``mib`` MiB segment in PyTorch's CUDA caching allocator, for the weights and activations to
     share (call right before the models load); returns the bytes reserved."""
     import torch
 
-    dev = torch.cuda.current_device() if device is None else device
+    dev = torch.cuda.current_device()
     block = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
     del block  # back to the allocator's cache, one free block of the whole segment
     reserved = int(torch.cuda.memory_reserved(dev))
@@ -105,11 +106,11 @@ def reserve_arena(mib: int, device: int | None = None) -> int:
     return reserved
 
 
-def limit_gpu_memory(mib: int, device: int | None = None) -> float:
+def limit_gpu_memory(mib: int) -> float:
     """Cap this process's CUDA allocator at ``mib`` MiB; returns the fraction set (InvalidParameterError: too big)."""
     import torch
 
-    dev = torch.cuda.current_device() if device is None else device
+    dev = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(dev).total_memory
     if mib * 2**20 > total:
         raise InvalidParameterError(
@@ -172,7 +173,6 @@ class FacePipeline:
         self.operating = operating
         quality = quality if quality is not None else QualitySettings()
         self.reason_limits = quality
-        self.refuse_on_reasons = quality.refuse_on_reasons
         self.enrol_threshold = enrol_gate(operating.quality_threshold, quality.enrol_gate)
         self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
@@ -210,9 +210,7 @@ class FacePipeline:
         dtype = resolve_dtype(plan.precision)
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
-        name = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
-        spec = get_spec(name)
-        max_batch = settings.engine.max_batch_size
+        spec = get_spec("irse64_rts" if settings.rts_checkpoint is not None else settings.model)
         configure_cpu_threads(plan.cpu_threads)
         configure_gemm_workspace(device)
         if device == "cuda" and settings.engine.gpu_memory_limit_mib is not None:
@@ -237,6 +235,7 @@ class FacePipeline:
             channels_last=plan.det_channels_last,
         )
         detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
+        max_batch = settings.engine.max_batch_size
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
         if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(buckets)
@@ -306,63 +305,44 @@ class FacePipeline:
             pipe.chunk = plan.cpu_chunk
         return pipe
 
-    def detect_groups(self, images: Sequence[np.ndarray]) -> list[tuple[list[int], Any]]:
-        """Preprocess ``images`` as :func:`detector_batches`: ``[(indices, DetBatch)]``."""
-        for i, im in enumerate(images):
-            if not isinstance(im, np.ndarray) or im.ndim != 3:
-                raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
-        sizes = [im.shape[:2] for im in images]
-        batches = detector_batches(sizes, self.detector.padded_hw, self.chunk, self.detector.max_batch_pixels)
-        return [(idx, self.detector.preprocess([images[i] for i in idx])) for idx in batches]
-
-    def run_detect_groups(self, groups: Sequence[tuple[list[int], Any]]) -> list[list[Detection]]:
-        """Forward + postprocess each group (of :meth:`detect_groups`); results back in input order."""
-        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
-        found = self.detector.run_many([batch for _, batch in groups])
-        for (idx, _), per_batch in zip(groups, found, strict=True):
-            for i, dets in zip(idx, per_batch, strict=True):
-                out[i] = dets
-        return out
-
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
             return []
         import torch  # here, not at import time: front-ends import this module without torch
 
+        from facegate.pipeline.stages import DetectStage
+
+        stage = DetectStage(self)
         with torch.inference_mode():
-            return self.run_detect_groups(self.detect_groups(images))
+            return stage.execute(stage.prepare(list(images)))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
         """Crops ``(K, 112, 112, 3) uint8`` RGB for ``detections[k]`` found in ``images[image_index[k]]``."""
         lms = np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2)
-        return align_cpu(images, lms, np.asarray(image_index, dtype=np.int64))
+        return align_cpu(images, lms, image_index)
 
     def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
         if crops.ndim != 4 or crops.shape[1:] != (112, 112, 3) or crops.dtype != np.uint8:
             raise InvalidParameterError(f"crops must be (K,112,112,3) uint8, got {crops.shape} {crops.dtype}")
         if len(crops) == 0:
-            d = self.spec.embedding_dim
-            return np.zeros((0, d), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
+            return EmbedOut(np.zeros((0, self.spec.embedding_dim + 2), np.float32))
         import torch
 
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(crops))
             if self.device.type == "cuda":
                 x = x.pin_memory().to(self.device, non_blocking=True)
-            out = self.recognize(x).cpu().numpy()  # one device→host copy
-        d = out.shape[1] - 2
-        return out[:, :d], out[:, d], out[:, d + 1]
+            return EmbedOut(self.recognize(x).cpu().numpy())  # one device→host copy
 
     def recognize(self, x: torch.Tensor) -> torch.Tensor:
         """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` embedding | quality | raw."""
         import torch
 
-        parts = [x] if not self.chunk else list(torch.split(x, self.chunk))
         outs = []
-        for part in parts:
+        for part in torch.split(x, self.chunk) if self.chunk else (x,):
             emb, q, raw = self.recognizer(part)
             outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
         return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -386,12 +366,12 @@ class FacePipeline:
         ``(K, 3) float32`` :func:`crop_stats` rows when ``crops`` are absent (None: not seen)."""
         if crops is not None and len(crops):
             stats = crop_stats(crops)
-        q = self.operating.quality_threshold
+        q, limits = self.operating.quality_threshold, self.reason_limits
         faces = []
         for i, det in enumerate(detections):
             score = float(quality[i])
-            reasons = face_reasons(det, None if stats is None else stats[i], score, q, self.reason_limits)
-            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=self.refuse_on_reasons)
+            reasons = face_reasons(det, None if stats is None else stats[i], score, q, limits)
+            verdict = quality_verdict(score, float(raw[i]), q, reasons, refuse_on_reasons=limits.refuse_on_reasons)
             crop = crops[i] if keep_crops and crops is not None else None
             faces.append(Face(detection=det, embedding=emb[i], quality=verdict, crop=crop))
         return faces
@@ -441,11 +421,9 @@ class FacePipeline:
             stages.append(PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1]))
         return stages
 
-    def warmup(
-        self, batch_sizes: Sequence[int] = (1,), *, driver_mib: Callable[[], float | None] | None = None
-    ) -> dict[str, dict[str, float]]:
-        """Capture CUDA graphs and run every stage per batch size; per step its seconds and, on CUDA, allocated,
-        reserved and ``driver_mib()`` MiB (kept in :attr:`warmup_report`)."""
+    def warmup(self, *, driver_mib: Callable[[], float | None] | None = None) -> dict[str, dict[str, float]]:
+        """Capture CUDA graphs and run every stage; per step its seconds and, on CUDA, allocated, reserved and
+        ``driver_mib()`` MiB (kept in :attr:`warmup_report`)."""
         import torch
 
         report: dict[str, dict[str, float]] = {}
@@ -481,10 +459,8 @@ class FacePipeline:
                     for b in det.batch_buckets:
                         self.embed(rng.integers(0, 255, (b, 112, 112, 3), dtype=np.uint8))
         with step("one_of_each"):
-            for n in batch_sizes:
-                imgs = [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
-                self.detect(imgs)
-                self.embed(rng.integers(0, 255, (n, 112, 112, 3), dtype=np.uint8))
+            self.detect([rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)])
+            self.embed(rng.integers(0, 255, (1, 112, 112, 3), dtype=np.uint8))
         if self._photo_check is not None:
             with step("photo_check_wait"):
                 self.confirm_photo_stage()

@@ -11,6 +11,7 @@ import torch
 
 from facegate.errors import InvalidParameterError
 from facegate.io.memcopy import pack_rows
+from facegate.pipeline.base import detector_batches
 from facegate.pipeline.results import EmbedOut
 from facegate.types import Detection
 
@@ -24,12 +25,23 @@ class DetectStage:
         self.p = pipeline
 
     def prepare(self, payloads: list[np.ndarray]) -> list[tuple[list[int], Any]]:
-        return self.p.detect_groups(payloads)
+        """The images preprocessed per detector forward (:func:`detector_batches`): ``[(indices, DetBatch)]``."""
+        for i, im in enumerate(payloads):
+            if not isinstance(im, np.ndarray) or im.ndim != 3:
+                raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
+        det = self.p.detector
+        batches = detector_batches([im.shape[:2] for im in payloads], det.padded_hw, self.p.chunk, det.max_batch_pixels)
+        return [(idx, det.preprocess([payloads[i] for i in idx])) for idx in batches]
 
     @torch.inference_mode()
     def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
-        # forward + on-device decode/NMS + each group's one device→host copy all belong to execute
-        return self.p.run_detect_groups(groups)
+        """Forward + on-device decode/NMS + each group's one device→host copy; results back in input order."""
+        out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
+        found = self.p.detector.run_many([batch for _, batch in groups])
+        for (idx, _), per_batch in zip(groups, found, strict=True):
+            for i, dets in zip(idx, per_batch, strict=True):
+                out[i] = dets
+        return out
 
     def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
         return result
@@ -56,16 +68,6 @@ class EmbedStage:
         """Batches are capped in crops, not requests."""
         return max(1, len(payload))
 
-    def _staging_rows(self, rows: int, item_shape: tuple[int, ...]) -> torch.Tensor:
-        """The next pinned ``(>= rows, *item_shape) uint8`` buffer of the ring (made or grown as needed)."""
-        i = self._turn
-        self._turn = (i + 1) % self.STAGING_BUFFERS
-        buf = self._staging[i]
-        if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != item_shape:
-            buf = torch.empty((max(rows, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
-            self._staging[i] = buf
-        return buf
-
     def prepare(self, payloads: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
         """The requests' crops stacked ``(N, 112, 112, 3) uint8`` (on CUDA in a pinned staging buffer) and each
         request's count."""
@@ -80,7 +82,14 @@ class EmbedStage:
         item_shape = tuple(payloads[0].shape[1:])
         if any(p.dtype != np.uint8 or tuple(p.shape[1:]) != item_shape for p in payloads):
             raise InvalidParameterError("the crops of one batch must all be uint8 of one shape")
-        buf = self._staging_rows(n_pad, item_shape) if cuda else torch.empty((n, *item_shape), dtype=torch.uint8)
+        if cuda:  # the next pinned buffer of the ring, made or grown as needed
+            i, self._turn = self._turn, (self._turn + 1) % self.STAGING_BUFFERS
+            buf = self._staging[i]
+            if buf is None or buf.shape[0] < n_pad or tuple(buf.shape[1:]) != item_shape:
+                buf = torch.empty((max(n_pad, self.STAGING_ROWS), *item_shape), dtype=torch.uint8).pin_memory()
+                self._staging[i] = buf
+        else:
+            buf = torch.empty((n, *item_shape), dtype=torch.uint8)
         pack_rows(buf[:n].numpy(), payloads)  # one memcpy per request with the GIL held (io/memcopy.py)
         if n_pad > n:
             buf[n:n_pad].zero_()

@@ -178,7 +178,7 @@ def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:
         return item
 
     item = asyncio.run(main())
-    assert item.cancelled()
+    assert item.future.cancelled()
     b.put(_item("live"))
     assert [it.payload for it in b.collect(8, 0.0)] == ["live"]
     assert stats.value("facegate_dropped_total", stage="s", reason="cancelled") == 1

@@ -69,12 +69,9 @@ class FakeStage:
         *,
         prep_s: float = 0.0,
         exec_s: float = 0.0,
-        max_batch_size: int | None = None,
         execute_error: Callable[[list[int]], BaseException | None] | None = None,
     ) -> None:
         self.name = name
-        if max_batch_size is not None:
-            self.max_batch_size = max_batch_size
         self.prep_s, self.exec_s = prep_s, exec_s
         self.execute_error = execute_error
         self.prepared_ids: list[list[int]] = []
@@ -178,15 +175,6 @@ def test_batches_of_one_and_of_many_give_identical_results() -> None:
             outs.append(asyncio.run(submit_n(engine, 64)))
     for a, b in zip(*outs, strict=True):
         assert np.array_equal(a, b)
-
-
-def test_stage_max_batch_size_caps_batches() -> None:
-    stage = FakeStage(exec_s=0.01, max_batch_size=4)
-    engine = make_engine(stage, max_wait_ms=50.0)
-    assert engine._runners["fake"].max_batch == 4
-    with engine:
-        asyncio.run(submit_n(engine, 32))
-    assert max(len(b) for b in stage.executed_ids) <= 4
 
 
 def test_submit_sync_and_submit_many() -> None:

@@ -575,13 +575,17 @@ def test_errors_are_facegate_errors_only() -> None:
             assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
 
 
-def test_decode_if_small_decodes_small_jpegs_and_pngs_and_leaves_the_rest() -> None:
+def test_decode_if_small_decodes_small_jpegs_and_pngs_and_leaves_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.io import decode as dec
+
     arr = _pattern(60, 90)
     for data in (_encode(arr, "JPEG", quality=90), _encode(arr, "PNG")):
         got = decode_if_small(data, **LIMITS)
         assert got is not None and got.shape == (60, 90, 3)
         np.testing.assert_array_equal(got, decode_image(data, **LIMITS))
-    assert decode_if_small(_encode(arr, "JPEG", quality=90), **LIMITS, small_pixels=60 * 90 - 1) is None
+    with monkeypatch.context() as m:
+        m.setattr(dec, "INLINE_DECODE_PIXELS", 60 * 90 - 1)
+        assert decode_if_small(_encode(arr, "JPEG", quality=90), **LIMITS) is None
     assert decode_if_small(_png_header_only(4000, 3000), **LIMITS) is None  # header only: nothing is decoded
     assert decode_if_small(_encode(arr, "BMP"), **LIMITS) is None  # other formats: unknown, so the pool decodes them
     assert decode_if_small(b"\xff\xd8\xff\xe0garbage", **LIMITS) is None

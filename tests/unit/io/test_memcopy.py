@@ -40,15 +40,3 @@ def test_pack_rows_equals_concatenate(threshold: str) -> None:
     assert pack_rows(out, parts) == 6
     np.testing.assert_array_equal(out[:6], np.concatenate(parts))
     assert not out[6:].any()  # rows past the parts are left alone
-
-
-def test_pack_rows_refuses_parts_that_do_not_fit_or_match() -> None:
-    out = np.zeros((4, 2, 2), np.uint8)
-    with pytest.raises(ValueError, match="do not fit"):
-        pack_rows(out, [np.zeros((3, 2, 2), np.uint8), np.zeros((2, 2, 2), np.uint8)])
-    with pytest.raises(ValueError, match="does not match"):
-        pack_rows(out, [np.zeros((1, 2, 3), np.uint8)])
-    with pytest.raises(ValueError, match="does not match"):
-        pack_rows(out, [np.zeros((1, 2, 2), np.float32)])
-    with pytest.raises(ValueError, match="C-contiguous"):
-        pack_rows(np.zeros((2, 4, 4), np.uint8)[:, ::2], [np.zeros((1, 4, 2), np.uint8)])

@@ -14,6 +14,7 @@ from facegate.config import Settings
 from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces, start_photo_check
+from facegate.pipeline.stages import DetectStage
 from facegate.tuning import make_plan
 from facegate.types import Detection, FaceSelect
 
@@ -150,7 +151,7 @@ def test_mixed_size_batch_equals_single(pipeline: FacePipeline, photos: dict[str
     """Images are batched only with images of the same padded size, so batching never changes a result."""
     big = np.zeros((480, 640, 3), np.uint8)
     big[100:350, 200:450] = photos["a1"]
-    groups = pipeline.detect_groups([photos["a1"], big, photos["b1"]])
+    groups = DetectStage(pipeline).prepare([photos["a1"], big, photos["b1"]])
     assert sorted(idx for idx, _ in groups) == [[0, 2], [1]]
     mixed = pipeline.faces([photos["a1"], big, photos["b1"]])
     for i, img in enumerate([photos["a1"], big, photos["b1"]]):
@@ -164,7 +165,7 @@ def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[st
     ref = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
     det.batch_buckets = (1, 4, 8)
     try:
-        ((_idx, batch),) = pipeline.detect_groups([photos["a1"], photos["b1"], photos["a2"]])
+        ((_idx, batch),) = DetectStage(pipeline).prepare([photos["a1"], photos["b1"], photos["a2"]])
         assert batch.images.shape[0] == 4 and len(batch) == 3
         padded = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
     finally:
@@ -181,7 +182,7 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
     chunk, cap = pipeline.chunk, pipeline.detector.max_batch_pixels
     pipeline.chunk, pipeline.detector.max_batch_pixels = None, 2 * 256 * 256  # LFW photos pad to 256×256
     try:
-        groups = pipeline.detect_groups(imgs)
+        groups = DetectStage(pipeline).prepare(imgs)
         capped = pipeline.detect(imgs)
     finally:
         pipeline.chunk, pipeline.detector.max_batch_pixels = chunk, cap
@@ -193,7 +194,7 @@ def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: d
 
 def test_detector_warm_batches_cover_the_shapes_serving_meets(pipeline: FacePipeline) -> None:
     """Per photo size, one detect call per batch bucket that fits the pixel cap, plus the partly filled bucket
-    a capped forward pads to; every shape they produce is one detect_groups builds for real traffic."""
+    a capped forward pads to; every shape they produce is one the detect stage builds for real traffic."""
     buckets, cap = pipeline.detector.batch_buckets, pipeline.detector.max_batch_pixels
     pipeline.detector.batch_buckets, pipeline.detector.max_batch_pixels = (1, 4, 16, 64), 16 * 256 * 256
     try:
