@@ -4,7 +4,6 @@ face: ``emb`` float16 (normalised), ``head_in`` (the RTS head's input), ``norm``
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,8 +14,6 @@ from facegate.errors import InvalidParameterError
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
-
-log = logging.getLogger(__name__)
 
 Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
 

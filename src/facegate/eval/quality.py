@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from facegate.eval.lfw import Pair, read_pairs
 from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
-
-log = logging.getLogger(__name__)
 
 #: per-face baselines: method → table column (higher is better)
 BASELINES = {
@@ -451,9 +448,8 @@ def gate_study(
     # a pair's identities lie in its fold (identity_folds), so its gates are those of its faces
     gv, ge = face_gv[ps.a], face_ge[ps.a]
     qa, qb = q[ps.a], q[ps.b]
-    pair_id = identity[ps.a]
     out: dict[str, Any] = {"folds": rows, "threshold": threshold}
-    weights = identity_weights(pair_id, draws)
+    weights = identity_weights(identity[ps.a], draws)
     match, same, clean_pair = sim >= threshold, ps.same, ~ps.degraded
     for name, ok in {
         "no_gate": np.ones(len(ps.same), bool),
