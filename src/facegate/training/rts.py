@@ -208,7 +208,7 @@ def train_quality(
     out: Path,
     *,
     match_threshold: float,
-    config: RTSConfig | None = None,
+    config: RTSConfig = RTSConfig(),
     device: str = "cpu",
     n_random: int = 2,
     save_features: Path | None = None,
@@ -217,7 +217,6 @@ def train_quality(
 ) -> dict[str, Any]:
     """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
     random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
-    config = config or RTSConfig()
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
         from facegate.config import Settings
