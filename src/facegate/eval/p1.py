@@ -79,15 +79,10 @@ def ci95(value: float, boot: np.ndarray) -> dict[str, Any]:
 
 
 def study(
-    fail: np.ndarray,
-    scores: Mapping[str, np.ndarray],
-    identity: np.ndarray,
-    *,
-    reference: str = "norm",
-    draws: int = 1000,
+    fail: np.ndarray, scores: Mapping[str, np.ndarray], identity: np.ndarray, draws: int
 ) -> dict[str, dict[str, object]]:
     """Every method's metrics (raw, minus the best, E) and a bootstrap over ``identity`` ``(n,)`` of its pAUC@20
-    difference from ``reference``. ``fail``: ``(n,)`` bool; ``scores``: method → ``(n,)`` pair quality."""
+    difference from :data:`REFERENCE`. ``fail``: ``(n,)`` bool; ``scores``: method → ``(n,)`` pair quality."""
     best = metrics(fail, (~fail).astype(np.float64))  # the theoretical best: failures discarded first
     rand = [metrics(fail, np.random.default_rng(1000 + k).random(fail.size)) for k in range(20)]
     random_mean = {k: float(np.mean([r[k] for r in rand])) for k in best}
@@ -95,7 +90,7 @@ def study(
     raw["random"] = random_mean
     weights = identity_weights(identity, draws)
     boot = {name: _area(*_edc(fail, q, weights), DISCARDS["pauc20"]) for name, q in scores.items()}  # (draws,)
-    diffs = {name: b - boot[reference] for name, b in boot.items() if name != reference}
+    diffs = {name: b - boot[REFERENCE] for name, b in boot.items() if name != REFERENCE}
     out: dict[str, dict[str, object]] = {}
     for name, m in raw.items():
         row: dict[str, object] = {
@@ -104,7 +99,7 @@ def study(
             "E": {k: (m[k] - best[k]) / (random_mean[k] - best[k]) if random_mean[k] > best[k] else None for k in m},
         }
         if name in diffs:
-            row[f"pauc20_minus_{reference}"] = ci95(m["pauc20"] - raw[reference]["pauc20"], diffs[name])
+            row[f"pauc20_minus_{REFERENCE}"] = ci95(m["pauc20"] - raw[REFERENCE]["pauc20"], diffs[name])
         out[name] = row
     out["best"] = {"raw": best}
     return out
@@ -144,10 +139,10 @@ def p1_report(
     fail = s < threshold
 
     def sub(m: np.ndarray, n_draws: int) -> dict[str, dict[str, object]]:
-        return study(fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], reference=REFERENCE, draws=n_draws)
+        return study(fail[m], {k: v[m] for k, v in pair_q.items()}, ident[m], draws=n_draws)
 
     out["fnmr_at_0"] = float(fail.mean()) if fail.size else None
-    out["all"] = study(fail, pair_q, ident, reference=REFERENCE, draws=draws)
+    out["all"] = study(fail, pair_q, ident, draws=draws)
     clean = (severity[ia] == 0) & (severity[ib] == 0)
     out["clean_only"] = sub(clean, max(1, draws // 5))
     side = np.where(severity[ia] > 0, degradation[ia], degradation[ib])

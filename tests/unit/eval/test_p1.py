@@ -33,10 +33,10 @@ def test_study_orders_oracle_norm_and_random() -> None:
     fail = rng.random(n) < 0.3 * (1 - q_true) ** 3
     noisy = q_true + rng.normal(0, 0.3, n)
     ident = rng.integers(0, 200, n)
-    res = study(fail, {"norm": noisy, "oracle": (~fail).astype(float) + 0.01 * q_true}, ident, draws=50)
+    res = study(fail, {"feature_norm": noisy, "oracle": (~fail).astype(float) + 0.01 * q_true}, ident, draws=50)
     assert res["oracle"]["E"]["pauc20"] == pytest.approx(0.0, abs=1e-9)
-    assert 0.0 < res["norm"]["E"]["pauc20"] < 1.0
+    assert 0.0 < res["feature_norm"]["E"]["pauc20"] < 1.0
     assert abs(res["random"]["E"]["pauc20"] - 1.0) < 1e-9
-    _lo, hi = res["oracle"]["pauc20_minus_norm"]["ci95"]
+    _lo, hi = res["oracle"]["pauc20_minus_feature_norm"]["ci95"]
     assert hi < 0  # the oracle is significantly better than the noisy score
     assert metrics(fail, noisy)["pauc10"] >= res["best"]["raw"]["pauc10"]
