@@ -212,10 +212,9 @@ def reliability_features(qa: np.ndarray, qb: np.ndarray, sim: np.ndarray, thresh
     """``(P, 6) float64`` inputs of the reliability model, in the order of :data:`RELIABILITY_FEATURES`:
     ``1, m·d, d, logit q_min, logit q_max, m·logit q_min`` with ``d = similarity − threshold`` and ``m = ±1`` the
     verdict (match / no match)."""
-    qa, qb = np.atleast_1d(np.asarray(qa, np.float64)), np.atleast_1d(np.asarray(qb, np.float64))
-    lo = np.clip(np.minimum(qa, qb), _Q_EPS, 1 - _Q_EPS)
-    hi = np.clip(np.maximum(qa, qb), _Q_EPS, 1 - _Q_EPS)
-    d = np.atleast_1d(np.asarray(sim, np.float64)) - threshold
+    qa, qb, sim = (np.atleast_1d(np.asarray(v, np.float64)) for v in (qa, qb, sim))
+    lo, hi = (np.clip(pick(qa, qb), _Q_EPS, 1 - _Q_EPS) for pick in (np.minimum, np.maximum))
+    d = sim - threshold
     m = np.where(d >= 0, 1.0, -1.0)
     llo, lhi = np.log(lo / (1 - lo)), np.log(hi / (1 - hi))
     return np.stack([np.ones_like(d), m * d, d, llo, lhi, m * llo], axis=1)

@@ -4,7 +4,6 @@ face: ``emb`` float16 (normalised), ``head_in`` (the RTS head's input), ``norm``
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,8 +14,6 @@ from facegate.errors import InvalidParameterError
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
-
-log = logging.getLogger(__name__)
 
 Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
 
@@ -64,18 +61,6 @@ def _heuristic(image: np.ndarray, crop: np.ndarray, det) -> float:
     return float(rep.score)
 
 
-@torch.inference_mode()
-def _backbone(pipeline, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rec = pipeline.recognizer
-    x = torch.from_numpy(crops).to(rec.device)
-    emb_raw, feats = rec.backbone(rec.preprocess(x))
-    emb_raw = emb_raw.float()
-    head_in = sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
-    norm = torch.linalg.vector_norm(emb_raw, dim=1)
-    emb = torch.nn.functional.normalize(emb_raw, dim=1)
-    return emb.cpu().numpy(), head_in.cpu().numpy(), norm.cpu().numpy()
-
-
 def extract(
     pipeline,
     base: Path,
@@ -88,6 +73,8 @@ def extract(
 ) -> dict[str, np.ndarray]:
     """Run the plan; returns column arrays (one row per (image, variant))."""
     from facegate.io.decode import decode_image
+
+    rec = pipeline.recognizer
 
     jobs = [(p, k, v) for p, vs in zip(paths, plan, strict=True) for k, v in enumerate(vs)]
     d = pipeline.spec.embedding_dim
@@ -102,7 +89,7 @@ def extract(
         "norm": np.full(n, np.nan, np.float32),
         "heuristic": np.full(n, np.nan, np.float32),
         "emb": np.full((n, d), np.nan, np.float16),
-        "head_in": np.full((n, d + pipeline.recognizer.backbone.feature_dim // 49), np.nan, np.float16),
+        "head_in": np.full((n, d + rec.backbone.feature_dim // 49), np.nan, np.float16),
     }
     loaded = ""  # the photo in ``img``: a photo's variants are consecutive jobs
     for start in range(0, n, batch_size):
@@ -118,7 +105,12 @@ def extract(
         if chosen:
             crops = pipeline.align(images, chosen, owners)
             rows = start + np.asarray(owners)
-            out["emb"][rows], out["head_in"][rows], out["norm"][rows] = _backbone(pipeline, crops)
+            with torch.inference_mode():
+                emb_raw, feats = rec.backbone(rec.preprocess(torch.from_numpy(crops).to(rec.device)))
+                emb_raw = emb_raw.float()
+                out["head_in"][rows] = sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49).cpu().numpy()
+                out["norm"][rows] = torch.linalg.vector_norm(emb_raw, dim=1).cpu().numpy()
+                out["emb"][rows] = torch.nn.functional.normalize(emb_raw, dim=1).cpu().numpy()
             out["found"][rows] = True
             out["det"][rows] = [d.score for d in chosen]
             out["heuristic"][rows] = [

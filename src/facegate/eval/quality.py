@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from facegate.eval.lfw import Pair, read_pairs
 from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
-
-log = logging.getLogger(__name__)
 
 #: per-face baselines: method → table column (higher is better)
 BASELINES = {
@@ -49,9 +46,11 @@ REASONS = {
     "occluded": (("mask", "eyeband"), "flat", +1, "max_flat"),
     "pose": (("yaw",), "abs_yaw", +1, "max_yaw_deg"),
 }
-#: fusion inputs: column → the sign its weight must have (a monotone fusion: better never lowers the score)
 FACE_DRAWN = {"mask", "eyeband", "yaw"}
+#: fusion inputs: column → the sign its weight must have (a monotone fusion: better never lowers the score)
 FUSION = {"log_norm": +1, "log_iod": +1, "abs_yaw": -1, "flat": -1, "log_sharpness": +1}
+#: the most of clean faces the verify gate (0.45 %: 0.5 % is the guardrail) and the enrolment gate may refuse
+VERIFY_MAX_CLEAN, ENROL_MAX_CLEAN = 0.0045, 0.02
 
 
 @dataclass
@@ -167,9 +166,12 @@ def _fires(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
     return v > limit if direction > 0 else v < limit
 
 
-def choose_limit(pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean: float, min_recall: float) -> float:
+def choose_limit(
+    pos: np.ndarray, neg: np.ndarray, direction: int, *, max_clean: float = 0.002, min_recall: float = 0.85
+) -> float:
     """The most lenient midpoint limit finding ``min_recall`` of ``pos`` while firing on at most ``max_clean`` of
-    ``neg`` (else the best-recall one under ``max_clean``)."""
+    ``neg`` (else the best-recall one under ``max_clean``). The reasons' ``min_recall`` is above the 0.8 asked for,
+    so that held-out folds keep 0.8."""
     vals = np.unique(np.concatenate([pos, neg]))
     cands = (vals[1:] + vals[:-1]) / 2
     neg_fire = np.array([_fires(neg, c, direction).mean() for c in cands])
@@ -198,17 +200,12 @@ def reasons_study(
     t: dict[str, np.ndarray],
     fold_of: np.ndarray,
     face_fail: np.ndarray,
-    *,
-    max_clean: float = 0.002,
-    min_recall: float = 0.85,
-    fixed: dict[str, float] | None = None,
+    fixed: dict[str, float],
 ) -> dict[str, Any]:
     """Each reason's limit per held-out fold (:func:`choose_limit` on the other nine) and its precision and recall.
 
-    Positives: the reason's degradations at severity ≥ 3; negatives: clean faces. ``min_recall`` is above the 0.8
-    asked for, so that held-out folds keep 0.8. ``fixed``: reason → a limit only measured. ``face_fail``: ``(N,)``
-    the face failed a genuine comparison (NaN: none), for the real stratum."""
-    fixed = fixed or {}
+    Positives: the reason's degradations at severity ≥ 3; negatives: clean faces. ``fixed``: reason → a limit only
+    measured. ``face_fail``: ``(N,)`` the face failed a genuine comparison (NaN: none), for the real stratum."""
     found = t["found"]
     clean = found & (t["variant"] == 0)
     deg, sev = t["degradation"], t["severity"]
@@ -223,15 +220,11 @@ def reasons_study(
         rows, held_pos, held_neg = [], [], []
         for f in range(10):
             tr, te = fold_of != f, fold_of == f
-            lim = fixed.get(code) or choose_limit(
-                v[pos & tr], v[clean & tr], direction, max_clean=max_clean, min_recall=min_recall
-            )
+            lim = fixed.get(code) or choose_limit(v[pos & tr], v[clean & tr], direction)
             held_pos.append(_fires(v[pos & te], lim, direction))
             held_neg.append(_fires(v[clean & te], lim, direction))
             rows.append({"fold": f, "limit": lim, **_pr(held_pos[-1], held_neg[-1])})
-        shipped[code] = fixed.get(code) or choose_limit(
-            v[pos], v[clean], direction, max_clean=max_clean, min_recall=min_recall
-        )
+        shipped[code] = fixed.get(code) or choose_limit(v[pos], v[clean], direction)
         real = clean & np.isfinite(face_fail)
         fire_real = _fires(v[real], shipped[code], direction)
         by_sev = {
@@ -440,27 +433,23 @@ def gate_study(
     threshold: float,
     refused_anyway: np.ndarray,
     *,
-    verify_max_clean: float = 0.0045,
-    enrol_max_clean: float = 0.02,
     draws: int = 1000,
-    seed: int = 0,
 ) -> dict[str, Any]:
     """Gates chosen per held-out fold, and what they do there. Per face ``(N,)``: ``q`` (0: not found),
     ``clean``, ``identity`` (the bootstrap's unit), ``fold_of_row``; ``sim`` ``(P,)`` per comparison of ``ps``
-    (side ``a`` enrolled, ``b`` the probe; −1: a face missing). The verify gate refuses at most ``verify_max_clean``
-    of clean faces together with ``refused_anyway`` (0.45 %: 0.5 % is the guardrail)."""
+    (side ``a`` enrolled, ``b`` the probe; −1: a face missing). The verify gate refuses at most
+    :data:`VERIFY_MAX_CLEAN` of clean faces together with ``refused_anyway``."""
     rows = []
     for f in sorted(set(ps.fold.tolist())):
         train = clean & (fold_of_row != f) & (q > 0)
-        v, e = verify_gate(q, train, verify_max_clean, refused_anyway), choose_gate(q[train], enrol_max_clean)
+        v, e = verify_gate(q, train, VERIFY_MAX_CLEAN, refused_anyway), choose_gate(q[train], ENROL_MAX_CLEAN)
         rows.append({"fold": f, "verify_gate": v, "enrol_gate": e})
     face_gv, face_ge = by_fold(fold_of_row, rows, "verify_gate"), by_fold(fold_of_row, rows, "enrol_gate")
     # a pair's identities lie in its fold (identity_folds), so its gates are those of its faces
     gv, ge = face_gv[ps.a], face_ge[ps.a]
     qa, qb = q[ps.a], q[ps.b]
-    pair_id = identity[ps.a]
     out: dict[str, Any] = {"folds": rows, "threshold": threshold}
-    weights = identity_weights(pair_id, draws, seed)
+    weights = identity_weights(identity[ps.a], draws)
     match, same, clean_pair = sim >= threshold, ps.same, ~ps.degraded
     for name, ok in {
         "no_gate": np.ones(len(ps.same), bool),
@@ -481,8 +470,8 @@ def gate_study(
     }
     all_clean = clean & found
     out["shipped"] = {
-        "verify_gate": verify_gate(q, all_clean, verify_max_clean, refused_anyway),
-        "enrol_gate": choose_gate(q[all_clean], enrol_max_clean),
+        "verify_gate": verify_gate(q, all_clean, VERIFY_MAX_CLEAN, refused_anyway),
+        "enrol_gate": choose_gate(q[all_clean], ENROL_MAX_CLEAN),
     }
     return out
 

@@ -32,7 +32,8 @@ FEATURE_COLUMNS = ("path", "variant", "degradation", "severity", "found", "det",
 
 @dataclass(frozen=True)
 class RTSConfig:
-    """Hyper-parameters. ``scale``: SFace's genuine margins (0.05-0.3) need ``s·m`` > ``log C`` (docs/quality.md)."""
+    """Hyper-parameters. ``scale``: SFace's genuine margins (0.05-0.3) need ``s·m`` > ``log C`` (docs/quality.md);
+    ``dof`` >= 3 (τ divides by dof - 2: the CLI's option holds it there), ``batch_size`` >= 2 (BatchNorm1d)."""
 
     scale: float = 256.0
     dof: int = 32
@@ -42,12 +43,6 @@ class RTSConfig:
     lr: float = 2e-3
     seed: int = 0
     max_refs: int = 8  #: reference photos per face for the calibration outcomes
-
-    def __post_init__(self) -> None:
-        if self.dof < 3:
-            raise InvalidParameterError(f"dof must be >= 3 (τ divides by dof - 2), got {self.dof}")
-        if self.batch_size < 2:
-            raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
 
 
 def rts_loss(
@@ -213,7 +208,7 @@ def train_quality(
     out: Path,
     *,
     match_threshold: float,
-    config: RTSConfig | None = None,
+    config: RTSConfig = RTSConfig(),
     device: str = "cpu",
     n_random: int = 2,
     save_features: Path | None = None,
@@ -222,7 +217,6 @@ def train_quality(
 ) -> dict[str, Any]:
     """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
     random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
-    config = config or RTSConfig()
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
         from facegate.config import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from facegate.eval.p1 import best_metrics, edc_curve, metrics, pauc, per_face_oracle, study
+from facegate.eval.p1 import edc_curve, metrics, pauc, per_face_oracle, study
 
 
 def test_curve_and_areas_by_hand() -> None:
@@ -15,7 +15,7 @@ def test_curve_and_areas_by_hand() -> None:
     np.testing.assert_allclose(f, [0.25, 0, 0, 0])
     assert pauc(x, f, 0.2) == pytest.approx(0.25)  # the first step is 0.25 wide: FNMR 0.25 over [0, 0.2]
     assert pauc(x, f, 0.5) == pytest.approx(0.25 * 0.25 / 0.5)
-    assert best_metrics(fail)["fnmr5"] == pytest.approx(0.25)  # 5 % of 4 comparisons discards none
+    assert metrics(fail, (~fail).astype(float))["fnmr5"] == pytest.approx(0.25)  # 5 % of 4 comparisons discards none
 
 
 def test_per_face_oracle_is_a_floor_of_min() -> None:
@@ -33,10 +33,10 @@ def test_study_orders_oracle_norm_and_random() -> None:
     fail = rng.random(n) < 0.3 * (1 - q_true) ** 3
     noisy = q_true + rng.normal(0, 0.3, n)
     ident = rng.integers(0, 200, n)
-    res = study(fail, {"norm": noisy, "oracle": (~fail).astype(float) + 0.01 * q_true}, ident, draws=50)
+    res = study(fail, {"feature_norm": noisy, "oracle": (~fail).astype(float) + 0.01 * q_true}, ident, draws=50)
     assert res["oracle"]["E"]["pauc20"] == pytest.approx(0.0, abs=1e-9)
-    assert 0.0 < res["norm"]["E"]["pauc20"] < 1.0
+    assert 0.0 < res["feature_norm"]["E"]["pauc20"] < 1.0
     assert abs(res["random"]["E"]["pauc20"] - 1.0) < 1e-9
-    _lo, hi = res["oracle"]["pauc20_minus_norm"]["ci95"]
+    _lo, hi = res["oracle"]["pauc20_minus_feature_norm"]["ci95"]
     assert hi < 0  # the oracle is significantly better than the noisy score
     assert metrics(fail, noisy)["pauc10"] >= res["best"]["raw"]["pauc10"]
