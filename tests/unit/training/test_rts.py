@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from facegate.errors import InvalidParameterError
 from facegate.eval.features import read_parts
 from facegate.models.quality import RTSQualityHead, load_head
 from facegate.models.recognizer import build_recognizer
@@ -75,6 +76,13 @@ def synthetic_table(
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_config_validation() -> None:
+    with pytest.raises(InvalidParameterError):
+        RTSConfig(dof=2)
+    with pytest.raises(InvalidParameterError):
+        RTSConfig(batch_size=1)
 
 
 def test_rts_loss_temperature_direction() -> None:
