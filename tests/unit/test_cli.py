@@ -163,3 +163,26 @@ def test_ray_refuses_a_non_loopback_address_without_keys(tmp_path: Path, monkeyp
     assert len(runs) == 1 and runs[0].security.no_auth  # type: ignore[attr-defined]
     res = runner.invoke(app, ["ray", "--host", "127.0.0.1", "--port", "1"], env=env)
     assert res.exit_code == 0 and len(runs) == 2, res.output
+
+
+@pytest.mark.parametrize("source", ["broken.npz", "subjects.txt", "empty"])
+def test_a_failed_enrol_removes_the_gallery_it_created(tmp_path: Path, source: str) -> None:
+    """An enrol that fails before enrolling anything (an unreadable .npz, a source that is neither a folder nor a
+    CSV, a folder without subjects) leaves no gallery behind when it created the gallery; a gallery that existed
+    before the run stays, even when empty."""
+    from facegate.gallery import open_store
+
+    (tmp_path / "broken.npz").write_bytes(b"not a zip file")
+    (tmp_path / "subjects.txt").write_text("a.jpg,alice\n")
+    (tmp_path / "empty").mkdir()
+    url = str(tmp_path / "g.sqlite3")
+    res = runner.invoke(app, ["enrol", str(tmp_path / source), "--gallery", "new", "--gallery-url", url])
+    assert res.exit_code == 2, res.output
+    assert _json_error(res)["code"] in {"invalid_parameter", "empty_input"}
+    with open_store(url) as store:
+        assert [g.name for g in store.list_galleries()] == []
+        store.create_gallery("old", "sface", 128)
+    res = runner.invoke(app, ["enrol", str(tmp_path / source), "--gallery", "old", "--gallery-url", url])
+    assert res.exit_code == 2, res.output
+    with open_store(url) as store:
+        assert [(g.name, g.subjects) for g in store.list_galleries()] == [("old", 0)]
