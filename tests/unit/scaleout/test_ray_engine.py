@@ -219,7 +219,7 @@ def test_an_engine_replica_answers_each_item_of_a_call() -> None:
     assert answers[0] == ("ok", "a") and answers[3] == ("ok", "d")
     assert answers[1][:2] == ("err", "QueueFullError") and answers[1][4] == {"retry_after_s": 1.0}
     assert answers[2][:2] == ("err", "DeadlineExceededError")
-    assert engine.items[1].cancelled() and not engine.items[0].cancelled()
+    assert engine.items[1].future.cancelled() and not engine.items[0].future.cancelled()
 
 
 class _HostEngine:
