@@ -199,11 +199,19 @@ def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left
                 pass
             assert time.monotonic() < deadline, "not ready within 180 s"
             time.sleep(0.5)
-        # one connection per client: balanced accept hands the four to both front-ends, two each
-        clients = [httpx.Client(base_url=url, timeout=30) for _ in range(4)]
+        # one connection per client: balanced accept hands the four to both front-ends, two each, once both have
+        # registered with the acceptor (the first one up can answer /readyz before the second has)
+        clients: list[httpx.Client] = []
         try:
-            pids = {_process_id(c.get("/metrics").text) for c in clients}
-            assert len(pids) == 2, pids
+            while True:
+                clients = [httpx.Client(base_url=url, timeout=30) for _ in range(4)]
+                pids = {_process_id(c.get("/metrics").text) for c in clients}
+                if len(pids) == 2:
+                    break
+                for c in clients:
+                    c.close()
+                assert time.monotonic() < deadline, f"one front-end answered all connections: {pids}"
+                time.sleep(0.5)
             for c in clients:
                 assert c.get("/api/galleries", headers={"X-API-Key": token}).status_code == 200
                 assert c.get("/api/galleries").status_code == 401  # no key sent
