@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -171,67 +172,49 @@ def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
     assert _children(proc.pid) == []
 
 
-def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left(tmp_path: Path) -> None:
-    """``--host 0.0.0.0`` (non-loopback, as api.security.is_loopback sees it) with one key, which is revoked while
-    the multiprocess server runs: every front-end answers ``/api`` requests 401 from then on, never opens up;
+def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left(
+    fg: SimpleNamespace, tmp_path: Path
+) -> None:
+    """``FACEGATE_HOST=0.0.0.0`` (non-loopback, as api.security.is_loopback sees it) with one key, which is revoked
+    while the multiprocess server runs: every front-end answers ``/api`` requests 401 from then on, never opens up;
     the probes stay open. (A client reaches the 0.0.0.0 bind on 127.0.0.1.)"""
     from facegate.service.keys import KeyStore
 
     token, record = KeyStore.for_data_dir(tmp_path).create("only", ["read"])
-    port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--device", "cpu", "--host", "0.0.0.0"]
-    proc = subprocess.Popen(
-        [*argv, "--port", str(port), "--data-dir", str(tmp_path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = fg.ServeProcess(tmp_path, workers=2, env={"FACEGATE_HOST": "0.0.0.0", "FACEGATE_LOG_LEVEL": "WARNING"})
+    clients: list[httpx.Client] = []
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "not ready within 180 s"
-            time.sleep(0.5)
+        server.wait_ready()
         # one connection per client: balanced accept hands the four to both front-ends, two each, once both have
         # registered with the acceptor (the first one up can answer /readyz before the second has)
-        clients: list[httpx.Client] = []
-        try:
-            while True:
-                clients = [httpx.Client(base_url=url, timeout=30) for _ in range(4)]
-                pids = {_process_id(c.get("/metrics").text) for c in clients}
-                if len(pids) == 2:
-                    break
-                for c in clients:
-                    c.close()
-                assert time.monotonic() < deadline, f"one front-end answered all connections: {pids}"
-                time.sleep(0.5)
-            for c in clients:
-                assert c.get("/api/galleries", headers={"X-API-Key": token}).status_code == 200
-                assert c.get("/api/galleries").status_code == 401  # no key sent
-            KeyStore.for_data_dir(tmp_path).revoke(record.id)  # the last key: none is left
-            time.sleep(2.5)  # each front-end rereads the keys file within a second
-            for c in clients:
-                for headers in ({}, {"X-API-Key": token}):
-                    r = c.get("/api/galleries", headers=headers)
-                    assert r.status_code == 401, (r.status_code, r.text)
-                    err = r.json()["error"]
-                    assert err["code"] == "unauthorized" and "no API keys" in err["message"], err
-                assert c.get("/readyz").status_code == 200
-        finally:
+        deadline = time.monotonic() + 60
+        while True:
+            clients = [httpx.Client(base_url=server.url, timeout=30) for _ in range(4)]
+            pids = {_process_id(c.get("/metrics").text) for c in clients}
+            if len(pids) == 2:
+                break
             for c in clients:
                 c.close()
+            assert time.monotonic() < deadline, f"one front-end answered all connections: {pids}"
+            time.sleep(0.5)
+        for c in clients:
+            assert c.get("/api/galleries", headers={"X-API-Key": token}).status_code == 200
+            assert c.get("/api/galleries").status_code == 401  # no key sent
+        KeyStore.for_data_dir(tmp_path).revoke(record.id)  # the last key: none is left
+        time.sleep(2.5)  # each front-end rereads the keys file within a second
+        for c in clients:
+            for headers in ({}, {"X-API-Key": token}):
+                r = c.get("/api/galleries", headers=headers)
+                assert r.status_code == 401, (r.status_code, r.text)
+                err = r.json()["error"]
+                assert err["code"] == "unauthorized" and "no API keys" in err["message"], err
+            assert c.get("/readyz").status_code == 200
+        for c in clients:
+            c.close()
+        server.proc.send_signal(signal.SIGINT)
+        server.proc.wait(timeout=60)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0
+        for c in clients:
+            c.close()
+        rc = server.close()
+    assert rc == 0, server.log()[-3000:]
