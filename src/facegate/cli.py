@@ -5,7 +5,6 @@ a traceback unless ``FACEGATE_DEBUG=1``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -366,62 +365,51 @@ def enrol(
 ) -> None:
     """Bulk-enrol photos (resumable: subjects already enrolled from the same files are skipped) or import
     templates (.npz from `facegate embed`, or `ids` + `embeddings`)."""
+    from tqdm import tqdm
+
     from facegate.gallery import open_store
     from facegate.models.registry import get_spec
+    from facegate.service import enrol as bulk
 
     s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
     spec = get_spec(s.model)
-    with open_store(s.gallery_url, data_dir=s.data_dir) as store:
-        created = gallery not in {g.name for g in store.list_galleries()}
-        if created:
-            store.create_gallery(gallery, spec.name, spec.embedding_dim)
-        try:
-            _enrol(store, source, gallery, report, s, batch_size)
-        except BaseException:
-            # a run that fails before enrolling anything leaves no gallery it created behind (never one that existed)
-            with contextlib.suppress(FacegateError):
-                if created and store.get_gallery(gallery).subjects == 0:
-                    store.delete_gallery(gallery)
-            raise
-
-
-def _enrol(store: Any, source: Path, gallery: str, report: Path | None, s: Settings, batch_size: int) -> None:
-    """The work of ``facegate enrol`` into an existing ``gallery``; prints its JSON summary."""
-    from tqdm import tqdm
-
-    from facegate.service import enrol as bulk
-
     t0 = time.perf_counter()
+    # the input is read before the gallery is created, so a bad source leaves no empty gallery behind
     if source.suffix == ".npz":
         ids, emb, q, refused = bulk.read_templates(source)
         if refused:
             log.warning("%d faces of %s were refused at the enrolment gate: not imported", refused, source)
-        with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:
-            n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
-        out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
     else:
         subjects = bulk.plan(source)
         p = _pipeline(s)
-        faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
-        refusals = 0
-        with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
+    with open_store(s.gallery_url, data_dir=s.data_dir) as store:
+        if gallery not in {g.name for g in store.list_galleries()}:
+            store.create_gallery(gallery, spec.name, spec.embedding_dim)
+        if source.suffix == ".npz":
+            with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:
+                n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
+            out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
+        else:
+            faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
+            refusals = 0
+            with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
 
-            def progress(photos: int, faces: int, refused: int) -> None:
-                nonlocal refusals
-                refusals += refused
-                bar.update(photos)
-                bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
+                def progress(photos: int, faces: int, refused: int) -> None:
+                    nonlocal refusals
+                    refusals += refused
+                    bar.update(photos)
+                    bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
 
-            gate = {"requires_quality": s.quality.enrol_requires_quality, "verdict": p.enrol_verdict}
-            rep = bulk.enrol_photos(
-                store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
-            )
-        out = rep.to_dict()
-        refused = out.pop("refused")
-        if report is not None:
-            report.write_text(json.dumps(refused, indent=1))
-    out["seconds"] = round(time.perf_counter() - t0, 2)
-    _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
+                gate = {"requires_quality": s.quality.enrol_requires_quality, "verdict": p.enrol_verdict}
+                rep = bulk.enrol_photos(
+                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
+                )
+            out = rep.to_dict()
+            refused_images = out.pop("refused")
+            if report is not None:
+                report.write_text(json.dumps(refused_images, indent=1))
+        out["seconds"] = round(time.perf_counter() - t0, 2)
+        _echo(out | {"gallery": store.get_gallery(gallery).to_dict()}, None)
 
 
 def _env_info(settings: Settings) -> dict[str, Any]:
