@@ -134,9 +134,6 @@ class Arena:
         with self._lock:
             return sum(ln for _, ln in self._free)
 
-    def write(self, offset: int, arr: np.ndarray) -> None:
-        copy_in(self.buf, offset, arr)
-
     def send_to(self, conn: Connection) -> None:
         """Pass the block's descriptor to the peer of ``conn`` (one byte with ``SCM_RIGHTS``)."""
         with socket.socket(fileno=os.dup(conn.fileno())) as sock:
@@ -301,13 +298,10 @@ class EngineHost:
         last_sweep = time.monotonic()
         while True:
             got: list[tuple[int, concurrent.futures.Future[Any]] | None] = []
-            with contextlib.suppress(queue.Empty):
+            with contextlib.suppress(queue.Empty):  # wait for one, then take every one already done
                 got.append(done.get(timeout=_SWEEP_S))
-            while got:
-                try:
+                while True:
                     got.append(done.get_nowait())
-                except queue.Empty:
-                    break
             msgs: list[tuple[Any, ...]] = []
             for entry in got:
                 if entry is None:
@@ -475,7 +469,7 @@ class RemoteEngine:
         rid = next(self._ids)
         offset = self._arena.alloc(arr.nbytes)
         if offset is not None:
-            self._arena.write(offset, arr)
+            copy_in(self._arena.buf, offset, arr)
         msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, arr if offset is None else None)
         fut = self._send(rid, msg, offset, arr.nbytes)
         try:

@@ -23,6 +23,7 @@ from facegate.errors import (
     NoFaceError,
     QueueFullError,
 )
+from facegate.io.memcopy import copy_in
 from facegate.metrics.stats import ENGINE_FAMILIES
 from facegate.service.faces import FaceService
 from facegate.transport.remote import (
@@ -52,7 +53,7 @@ def test_arena_first_fit_alloc_free_and_merge() -> None:
         arena.free(c, 200)
         assert arena.free_bytes == 1024 and arena.alloc(1024) == 0  # every range merged back into one
         x = np.arange(12, dtype=np.uint8).reshape(3, 4)
-        arena.write(0, x)
+        copy_in(arena.buf, 0, x)
         np.testing.assert_array_equal(np.ndarray((3, 4), np.uint8, buffer=arena.buf, offset=0), x)
     finally:
         arena.close()
@@ -315,7 +316,7 @@ def test_the_arena_has_no_name_reaches_its_peer_and_is_zeroed_after_use() -> Non
         assert len(block) == 4096
         off = arena.alloc(100)
         assert off is not None
-        arena.write(off, np.full(100, 7, np.uint8))
+        copy_in(arena.buf, off, np.full(100, 7, np.uint8))
         assert block[off : off + 100] == b"\x07" * 100  # the same memory
         assert set(os.listdir("/dev/shm")) == before  # no named segment
         arena.free(off, 100)
