@@ -38,6 +38,8 @@ DIRECT_MAX_BYTES = 2 * 2**20
 DISCOVER_EVERY_S = 1.0
 #: ``info`` calls at once at start-up: Serve's router spreads concurrent calls over the replicas.
 DISCOVER_AT_START = 8
+#: Items per handle call.
+MAX_ITEMS = 64
 
 
 @functools.cache
@@ -73,12 +75,10 @@ def record_replicas() -> Iterator[Served]:
 
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
-    ``max_calls``: calls in flight per stage; ``max_items``: items per call; ``local``: send to the engine replicas
-    of this machine through their Unix sockets. Items held back here reach the engine's queue in bursts."""
+    ``max_calls``: calls in flight per stage; ``local``: send to the engine replicas of this machine through their
+    Unix sockets. Items held back here reach the engine's queue in bursts."""
 
-    def __init__(
-        self, handle: Any, *, retries: int = 1, max_calls: int = 12, max_items: int = 64, local: bool = False
-    ) -> None:
+    def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, local: bool = False) -> None:
         import grpc
         from ray import exceptions as rex
         from ray.serve import exceptions as sex
@@ -87,7 +87,7 @@ class RayEngine:
         self._direct = handle.options(
             _by_reference=False, request_serialization="pickle", response_serialization="pickle"
         )  # fmt: skip
-        self.retries, self.max_calls, self.max_items = retries, max_calls, max_items
+        self.retries, self.max_calls = retries, max_calls
         self.info: dict[str, Any] = {}
         self._alive = False
         # a by-value call to a replica that died ends as gRPC UNAVAILABLE (Serve: ActorUnavailableError) or
@@ -201,7 +201,7 @@ class RayEngine:
     def _flush(self, stage: str) -> None:
         pending = self._pending[stage]
         if pending and self._in_flight[stage] < self.max_calls:
-            batch, pending[: self.max_items] = pending[: self.max_items], []
+            batch, pending[:MAX_ITEMS] = pending[:MAX_ITEMS], []
             self._in_flight[stage] += 1
             direct = sum(payload.nbytes for payload, _ in batch) <= DIRECT_MAX_BYTES
             asyncio.get_running_loop().create_task(self._send(stage, batch, direct))
