@@ -157,7 +157,7 @@ class EngineReplica:
             for fut in futures:
                 fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
         late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        return self.replica, [("err", *error_to_wire(late)) if f.cancelled() else outcome(f) for f in futures]
+        return self.replica, [("err", *error_to_wire(late)) if f.cancelled() else outcome(f.result) for f in futures]
 
     async def engine_samples(self) -> tuple[str, dict[str, Any]]:
         return self.replica, self.service.stats.engine_samples()

@@ -68,10 +68,10 @@ def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[st
     return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
 
 
-def outcome(fut: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> tuple[Any, ...]:
-    """A done future's answer on the wire: ``("ok", result)`` or ``("err", *error_to_wire(exc))``."""
+def outcome(result: Callable[[], Any]) -> tuple[Any, ...]:
+    """``("ok", result())``, or ``("err", *error_to_wire(exc))`` if it raises (``result``: e.g. a done future's)."""
     try:
-        return ("ok", fut.result())
+        return ("ok", result())
     except BaseException as exc:  # every failure goes back to the caller
         return ("err", *error_to_wire(exc))
 
@@ -267,11 +267,8 @@ class EngineHost:
                             item.cancel()
                             item.future.cancel()
                     elif msg[0] == "stats":
-                        try:
-                            out = ("ok", msg[1], self.service.stats.engine_samples())
-                        except BaseException as exc:
-                            out = ("err", msg[1], *error_to_wire(exc))
-                        send(("batch", [out]))
+                        kind, *answer = outcome(self.service.stats.engine_samples)
+                        send(("batch", [(kind, msg[1], *answer)]))
                     elif msg[0] == "hello":
                         log.info("engine: front-end pid %d connected", msg[1])
                         send(("hello", self.info))
@@ -308,7 +305,7 @@ class EngineHost:
                     return
                 rid, fut = entry
                 pending.pop(rid, None)
-                kind, *answer = outcome(fut)
+                kind, *answer = outcome(fut.result)
                 msgs.append((kind, rid, *answer))
             if msgs:
                 send(("batch", msgs))
