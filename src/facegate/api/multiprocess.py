@@ -35,12 +35,6 @@ from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
 
-ENV_ADDRESS = "FACEGATE_ENGINE_ADDRESS"
-ENV_AUTHKEY = "FACEGATE_ENGINE_AUTHKEY"
-ENV_SETTINGS = "FACEGATE_SETTINGS_JSON"
-ENV_PLAN = "FACEGATE_PLAN_JSON"
-
-
 _RUN_DIR = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
 
 
@@ -174,23 +168,20 @@ def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None
     return [visible[i // per_gpu] for i in range(engines)]
 
 
-def frontend_main(control_path: str) -> None:
-    """A front-end process: the app over the engines (settings and their addresses from the environment) on the
-    connections the supervisor's acceptor hands it."""
+def frontend_main(control_path: str, settings: Settings, plan: ServingPlan, engine: tuple[list[str], bytes]) -> None:
+    """A front-end process: the app over the engines (``(socket paths, authkey)``) on the connections the
+    supervisor's acceptor hands it."""
     if not logging.getLogger().handlers:
         configure_logging()
     enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
-    settings = Settings.model_validate_json(os.environ[ENV_SETTINGS])
-    plan = ServingPlan.from_dict(json.loads(os.environ[ENV_PLAN]))
-    engine = (os.environ[ENV_ADDRESS].split(os.pathsep), bytes.fromhex(os.environ[ENV_AUTHKEY]))
     app = create_app(settings, engine=engine, plan=plan)
     FrontEndServer(uvicorn_config(app, settings), control_path).run()
 
 
-def listen(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR (and SO_REUSEPORT)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=backlog, reuse_port=reuse_port)
+    return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
 
 
 #: a front-end that exits within this many seconds of its start counts as failing at start-up
@@ -199,10 +190,12 @@ QUICK_EXIT_S = 10.0
 MAX_QUICK_EXITS = 5
 
 
-def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str], None] | None = None) -> None:
-    """Run ``front_ends`` processes (``target``, default :func:`frontend_main`) fed by an acceptor thread until
-    SIGINT/SIGTERM, replacing any that exits; the engines' environment must be exported already.
-    ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor thread stops."""
+def serve_balanced(
+    settings: Settings, front_ends: int, args: tuple[Any, ...] = (), *, target: Callable[..., None] = frontend_main
+) -> None:
+    """Run ``front_ends`` processes ``target(control_path, *args)`` fed by an acceptor thread until SIGINT/SIGTERM,
+    replacing any that exits. ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor
+    thread stops."""
     folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
@@ -210,7 +203,7 @@ def serve_balanced(settings: Settings, front_ends: int, *, target: Callable[[str
     ctx = mp.get_context("spawn")
 
     def spawn() -> tuple[Any, float]:
-        p = ctx.Process(target=target or frontend_main, args=(control,), name="facegate-front-end", daemon=False)
+        p = ctx.Process(target=target, args=(control, *args), name="facegate-front-end", daemon=False)
         p.start()
         return p, time.monotonic()
 
@@ -280,15 +273,8 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
-        env = {  # what a front-end needs to find the engines, and this run's metrics folder
-            ENV_ADDRESS: os.pathsep.join(e.address for e in engines),
-            ENV_AUTHKEY: engines[0].authkey.hex(),
-            ENV_SETTINGS: settings.model_dump_json(),
-            ENV_PLAN: json.dumps(plan.to_dict()),
-            MULTIPROC_ENV: str(metrics_dir),
-        }
-        with patch.dict(os.environ, env):
-            serve_balanced(settings, front_ends)
+        with patch.dict(os.environ, {MULTIPROC_ENV: str(metrics_dir)}):  # this run's metrics folder
+            serve_balanced(settings, front_ends, (settings, plan, ([e.address for e in engines], key)))
     finally:
         stopping.set()
         for engine in engines:
