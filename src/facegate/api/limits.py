@@ -25,6 +25,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from facegate.api.drain import DRAIN
 from facegate.api.errors import facegate_error_response
 from facegate.api.forms import header
+from facegate.api.security import CSP, FIXED_HEADERS
 from facegate.config import Limits, Settings
 from facegate.errors import (
     BodyTooLargeError,
@@ -335,8 +336,6 @@ class Admission:
             self._loop.call_at(self._due, self._tick)
         answer = self._answers.get(limit)
         if answer is None:
-            from facegate.api.security import CSP, FIXED_HEADERS
-
             exc = OverloadedError(
                 f"the server is at its limit of {limit} requests in progress; retry later",
                 retry_after_s=RETRY_AFTER_S,
@@ -378,6 +377,5 @@ class ShedProtocol(HttpToolsProtocol):
         if not self.parser.should_keep_alive():
             self.transport.close()
         self.on_response_complete()
-        record = self.app_state.get(STATS_KEY)
-        if record is not None:
-            record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
+        record = self.app_state[STATS_KEY]  # set with STATE_KEY
+        record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)

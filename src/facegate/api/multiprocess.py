@@ -107,10 +107,6 @@ class EngineProcess:
         child.close()
         self._ready_conn = parent
 
-    def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        self.spawn()
-        return self.wait(timeout_s)
-
     def wait(self, timeout_s: float = 600.0) -> dict[str, Any]:
         """Wait until the process is ready; returns its info. Raises its start-up error, or ModelError when it
         died or was not ready within ``timeout_s``."""
@@ -149,22 +145,19 @@ class EngineProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def cuda_devices(n: int) -> list[str]:
-    """The first ``n`` of CUDA_VISIBLE_DEVICES, else ``0..n-1``; InvalidParameterError when fewer are visible."""
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if not visible:  # the driver's count, without importing torch in the supervisor
-        visible = [str(i) for i in range(detect_machine().gpus or n)]
-    if len(visible) < n:
-        raise InvalidParameterError(f"{n} engines need {n} GPUs, {len(visible)} visible", detail={"visible": visible})
-    return visible[:n]
-
-
 def engine_devices(engines: int, per_gpu: int, on_cuda: bool) -> list[str | None]:
-    """The CUDA device of each engine, ``per_gpu`` per GPU; ``None`` (the default) off CUDA or on one GPU."""
+    """The CUDA device of each engine, ``per_gpu`` per GPU, from the first of CUDA_VISIBLE_DEVICES (else ``0..``);
+    ``None`` (the default) off CUDA or on one GPU. InvalidParameterError when fewer GPUs are visible."""
     gpus = -(-engines // per_gpu)
     if not on_cuda or gpus == 1:
         return [None] * engines
-    visible = cuda_devices(gpus)
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not visible:  # the driver's count, without importing torch in the supervisor
+        visible = [str(i) for i in range(detect_machine().gpus or gpus)]
+    if len(visible) < gpus:
+        raise InvalidParameterError(
+            f"{engines} engines need {gpus} GPUs, {len(visible)} visible", detail={"visible": visible}
+        )
     return [visible[i // per_gpu] for i in range(engines)]
 
 

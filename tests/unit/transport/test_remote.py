@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facegate.api.multiprocess import EngineProcess, cuda_devices, engine_devices
+from facegate.api.multiprocess import EngineProcess, engine_devices
 from facegate.config import Settings
 from facegate.errors import (
     CheckpointError,
@@ -77,7 +77,8 @@ TINY = {"device": "cpu", "model": "sface-tiny"}
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     settings = Settings(**TINY, data_dir=tmp_path_factory.mktemp("engine"), engine={"max_wait_ms": 1.0})
     proc = EngineProcess(settings)
-    info = proc.start(timeout_s=120)
+    proc.spawn()
+    info = proc.wait(120)
     assert info["device"] == "cpu" and info["model"] == "sface-tiny"
     yield proc
     proc.stop()
@@ -151,13 +152,15 @@ def test_engine_startup_errors_reach_the_supervisor(tmp_path: Path) -> None:
     bad = Settings(device="cpu", data_dir=tmp_path, rts_checkpoint=tmp_path / "missing.pt")
     proc = EngineProcess(bad)
     with pytest.raises(CheckpointError, match=r"missing\.pt"):
-        proc.start(timeout_s=120)
+        proc.spawn()
+        proc.wait(120)
     assert not proc.alive
 
 
 def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
     proc = EngineProcess(Settings(**TINY, data_dir=tmp_path))
-    proc.start(timeout_s=120)
+    proc.spawn()
+    proc.wait(120)
 
     async def go() -> None:
         remote = RemoteEngine(proc.address, proc.authkey)
@@ -186,7 +189,8 @@ def test_a_signalled_engine_serves_until_its_front_ends_have_gone(tmp_path: Path
     import signal
 
     proc = EngineProcess(Settings(**TINY, data_dir=tmp_path, drain_s=60.0))
-    proc.start(timeout_s=120)
+    proc.spawn()
+    proc.wait(120)
 
     async def go() -> None:
         remote = RemoteEngine(proc.address, proc.authkey)
@@ -211,7 +215,8 @@ def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
     """A client that goes away before its batch forms costs the engine nothing (like in one process)."""
     slow = Settings(**TINY, data_dir=tmp_path, engine={"max_wait_ms": 400.0, "max_batch_size": 64})
     proc = EngineProcess(slow)
-    proc.start(timeout_s=120)
+    proc.spawn()
+    proc.wait(120)
 
     async def go() -> None:
         remote = RemoteEngine(proc.address, proc.authkey)
@@ -245,7 +250,8 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
 ) -> None:
     """One engine per GPU: a front-end sends each request to the least busy engine."""
     second = EngineProcess(Settings(**TINY, data_dir=tmp_path, engine={"max_wait_ms": 1.0}), authkey=engine.authkey)
-    second.start(timeout_s=120)
+    second.spawn()
+    second.wait(120)
 
     async def go() -> None:
         svc = FaceService.connect(Settings(device="cpu"), [engine.address, second.address], engine.authkey)
@@ -283,20 +289,18 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         second.stop()
 
 
-def test_engines_take_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert cuda_devices(2) == ["3", "5"] and cuda_devices(1) == ["3"]
-    with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
-        cuda_devices(3)
-
-
 def test_engines_per_gpu_share_the_visible_gpus_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert engine_devices(4, 2, on_cuda=True) == ["3", "3", "5", "5"]
     assert engine_devices(2, 1, on_cuda=True) == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    assert engine_devices(2, 1, on_cuda=True) == ["3", "5"]  # the first ones
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert engine_devices(2, 2, on_cuda=True) == [None, None]  # one GPU: the process's default device
     assert engine_devices(3, 1, on_cuda=False) == [None, None, None]
-    with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs"):
+    with pytest.raises(InvalidParameterError, match="3 engines need 3 GPUs, 2 visible"):
+        engine_devices(3, 1, on_cuda=True)
+    with pytest.raises(InvalidParameterError, match="6 engines need 3 GPUs, 2 visible"):
         engine_devices(6, 2, on_cuda=True)
 
 
