@@ -214,7 +214,7 @@ class AdmissionLimit:
         self._slot_ids = [-1] * self._SLOTS
         self._best = 0.0
         self._busy_sid = -1
-        self.last_shed = -math.inf
+        self.last_shed = -math.inf  # when a request was last refused
         self._cached: tuple[tuple[int, int, bool], int] | None = None
 
     def busy(self, now: float) -> None:
@@ -228,10 +228,6 @@ class AdmissionLimit:
         if self._slot_ids[i] != sid:
             self._slot_ids[i], self._counts[i] = sid, 0
         self._counts[i] += 1
-
-    def shed(self, now: float) -> None:
-        """Note that a request was refused at ``now``."""
-        self.last_shed = now
 
     def limit(self, now: float) -> int:
         """The bound now; cached per (slot, busy slot, shedding), since a flood's refusals each ask for it."""
@@ -265,7 +261,7 @@ class Admission:
     """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, built once per bound
     value (a response and raw HTTP bytes) so that a flood of refusals costs next to nothing.
 
-    While it sheds, a cap also follows the event loop's lateness (:meth:`watch`; docs/security.md): a turn
+    While it sheds, a cap also follows the event loop's lateness (:attr:`loop`; docs/security.md): a turn
     later than :data:`LAG_HIGH_S` cuts it by :data:`CUT` (at most once per :data:`CUT_EVERY_S`), a loop late
     that long in a row in proportion, to turn within :data:`LAG_AIM_S`; each punctual turn raises it by one,
     never above the rate's bound, so that a cut always bites.
@@ -284,24 +280,21 @@ class Admission:
         self.admitted = 0
         self.cap = settings.limits.max_admitted
         self._answers: dict[int, tuple[JSONResponse, bytes]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        #: the event loop whose lateness a refusal starts following, every :data:`TICK_S` while it refuses
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
         self._due = 0.0
         self._last_cut = -math.inf
         self._late_since = math.inf  # when the loop's current run of late turns began
 
-    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Follow ``loop``'s lateness with a timer every :data:`TICK_S`, armed by a refusal."""
-        self._loop = loop
-
     def _tick(self) -> None:
-        assert self._loop is not None
-        now = self._loop.time()
+        assert self.loop is not None
+        now = self.loop.time()
         mono = time.monotonic()
         self.lagged(now - self._due, mono)
         if mono - self.bound.last_shed < AdmissionLimit.WINDOW_S:
             self._due = now + self.TICK_S
-            self._loop.call_at(self._due, self._tick)
+            self.loop.call_at(self._due, self._tick)
         else:
             self._armed = False
 
@@ -330,10 +323,10 @@ class Admission:
         limit = min(self.bound.limit(now), self.cap)
         if self.admitted < limit:
             return None
-        self.bound.shed(now)
-        if self._loop is not None and not self._armed:  # follow the loop's lateness while it refuses
-            self._armed, self._due = True, self._loop.time() + self.TICK_S
-            self._loop.call_at(self._due, self._tick)
+        self.bound.last_shed = now
+        if self.loop is not None and not self._armed:  # follow the loop's lateness while it refuses
+            self._armed, self._due = True, self.loop.time() + self.TICK_S
+            self.loop.call_at(self._due, self._tick)
         answer = self._answers.get(limit)
         if answer is None:
             exc = OverloadedError(

@@ -45,7 +45,7 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     assert before == math.ceil(100 * QUEUE_S)  # 350 completions in the 3.5 s of completed slots: 100/s
     later = t + 3600
     bound.busy(later)  # the burst's first request
-    bound.shed(later)
+    bound.last_shed = later
     assert bound.limit(later) == before
     # shedding right after it got busy: the few completions so far do not shrink the bound
     bound.finished(later + 0.6)
@@ -53,9 +53,9 @@ def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     # after half a window busy and shedding, the window's rate bounds it; it never falls below FLOOR
     for i in range(48):
         bound.finished(later + 1.0 + i * 0.04)
-    bound.shed(later + 3.0)
+    bound.last_shed = later + 3.0
     assert bound.limit(later + 3.0) == math.ceil(49 / 3.0 * QUEUE_S)  # 49 completions in 6 slots
-    bound.shed(later + 8.0)
+    bound.last_shed = later + 8.0
     assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
 
 
@@ -68,7 +68,7 @@ def test_admission_limit_learns_no_rate_from_a_start() -> None:
     for i in range(5):  # 10/s in the first half second
         bound.finished(t + i * 0.1)
     half = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
-    bound.shed(t + half)
+    bound.last_shed = t + half
     assert bound.limit(t + half) == 1000  # one slot busy: no rate counts yet
     for i in range(300):  # then 200/s
         bound.finished(t + half + i / 200)
@@ -90,7 +90,7 @@ def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctu
     t = 1000.0
     adm.lagged(0.3, t)  # late, but nothing refused: the cap stays off
     assert adm.cap == top
-    adm.bound.shed(t)
+    adm.bound.last_shed = t
     adm.lagged(0.3, t)  # six times LAG_AIM_S late: the deepest cut
     assert adm.cap == top // 2
     adm.lagged(0.3, t + 0.05)
@@ -114,7 +114,7 @@ def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctu
     assert adm.cap == math.floor(cap * Admission.CUT)
     adm.admitted = 0
     for i in range(100):  # a cut never goes below the floor
-        adm.bound.shed(t + 1 + i * Admission.CUT_EVERY_S)
+        adm.bound.last_shed = t + 1 + i * Admission.CUT_EVERY_S
         adm.lagged(1.0, t + 1 + i * Admission.CUT_EVERY_S)
     assert adm.cap == FLOOR
     adm.lagged(0.0, t + 100 + AdmissionLimit.WINDOW_S)  # nothing refused for a window: lifted
@@ -129,7 +129,7 @@ def test_the_cap_rises_no_higher_than_the_bound_so_that_a_cut_bites_at_once() ->
         adm.bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.02)
     bound = adm.bound.limit(t)
     assert bound == math.ceil(50 * QUEUE_S)
-    adm.bound.shed(t)
+    adm.bound.last_shed = t
     for i in range(1000):  # a punctual loop for 10 s of turns
         adm.lagged(0.0, t + i * 1e-5)
     assert adm.cap == bound + 1
@@ -151,7 +151,7 @@ def test_a_flood_frees_a_saturated_loop_within_its_first_second_and_keeps_admitt
     late: list[tuple[float, float]] = []  # (seconds into the flood, turn lateness)
     start = t
     while t < start + 3.0:
-        adm.bound.shed(t)
+        adm.bound.last_shed = t
         limit = min(adm.cap, adm.bound.limit(t))
         admitted = max(admitted, float(limit))  # the flood fills what is free
         lag = 0.001 * admitted * rng.uniform(0.0, 2.0)
@@ -175,7 +175,7 @@ def test_the_loop_watch_ticks_only_while_refusing() -> None:
     adm.lagged = lambda lag_s, now: lags.append(lag_s)  # type: ignore[method-assign]
 
     async def main() -> tuple[tuple[int, bool], bool]:
-        adm.watch(asyncio.get_running_loop())
+        adm.loop = asyncio.get_running_loop()
         await asyncio.sleep(0.05)
         idle = len(lags), adm._armed  # nothing refused: no timer
         assert adm.refuse(time.monotonic()) is not None  # at the cap: refused, the timer starts
