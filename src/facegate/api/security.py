@@ -79,14 +79,6 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def allowed_host_names(settings: Settings) -> frozenset[str] | None:
-    """The Host values accepted (lower case, without port; ``None``: any)."""
-    configured = settings.security.allowed_hosts
-    if configured:
-        return None if "*" in configured else frozenset(_host_name(h) for h in configured)
-    return _LOOPBACK_NAMES | {settings.host.lower()} if is_loopback(settings.host) else None
-
-
 def check_bind(settings: Settings, keys: KeyStore) -> None:
     """Refuse (ServerError) a non-loopback address without API keys unless ``security.no_auth``; log how it runs."""
     if len(keys):
@@ -143,8 +135,13 @@ class Access:
 
     def __init__(self, settings: Settings, keys: KeyStore) -> None:
         self.settings, self.keys = settings, keys
-        self.hosts = allowed_host_names(settings)
         self.loopback = is_loopback(settings.host)
+        hosts = settings.security.allowed_hosts
+        self.hosts: frozenset[str] | None = None  # the Host values accepted (lower case, without port; None: any)
+        if hosts and "*" not in hosts:
+            self.hosts = frozenset(_host_name(h) for h in hosts)
+        elif not hosts and self.loopback:
+            self.hosts = _LOOPBACK_NAMES | {settings.host.lower()}
         self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
         sec = settings.security
         self.buckets = TokenBuckets(sec.rate_limit_per_s, sec.rate_limit_burst) if sec.rate_limit_per_s else None
