@@ -321,7 +321,7 @@ class ServingMiddleware:
                         detail={"deadline_s": deadline},
                     )
                     await send_response(facegate_error_response(exc))
-            except FacegateError as exc:  # the JSON body's limits (the routes answer their own errors)
+            except FacegateError as exc:  # the JSON body's limits, the fast path's errors (FastAPI answers the routes')
                 if response_started:
                     raise
                 if not too_large:

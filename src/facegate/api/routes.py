@@ -21,7 +21,6 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from facegate.api import schemas as sc
-from facegate.api.errors import facegate_error_response
 from facegate.api.forms import (
     EMBED_ROUTE,
     FastFormRoute,
@@ -315,8 +314,9 @@ async def embed_response(
 
 async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receive, send: Send) -> Receive | None:
     """The aligned-crop fast path of ``POST /api/embed`` below FastAPI's routing (the serving middleware calls
-    it): answers a form that :func:`~facegate.api.forms.aligned_images` takes through :func:`embed_response`
-    (returns None, as for a body that did not arrive), else returns a receive that replays the body."""
+    it, and answers its FacegateErrors): answers a form that :func:`~facegate.api.forms.aligned_images` takes
+    through :func:`embed_response` (returns None, as for a body that did not arrive), else returns a receive that
+    replays the body."""
     body = await read_body(receive)
     if body is None:
         return None
@@ -326,12 +326,8 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     if images is None:
         return replay_body(body, receive)
     scope["route"] = EMBED_ROUTE
-    try:
-        async with scope["app"].state.facegate_pixels.hold(images):
-            out = await embed_response(state, images, None, "largest", True)
-    except FacegateError as exc:
-        await facegate_error_response(exc)(scope, receive, send)
-        return None
+    async with scope["app"].state.facegate_pixels.hold(images):
+        out = await embed_response(state, images, None, "largest", True)
     payload = out.model_dump_json(by_alias=True, exclude_unset=True)
     await Response(payload, media_type="application/json")(scope, receive, send)
     return None
