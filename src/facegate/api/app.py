@@ -280,16 +280,13 @@ class ServingMiddleware:
             await response(scope, receive, send)
 
         try:
-            declared = header(scope, b"content-length")
-            if declared.isdigit() and int(declared) > limit:
-                await send_response(facegate_error_response(_too_large(int(declared), limit)))
-                return
             DRAIN.tasks.add(task)  # cut short if the drain expires meanwhile
             try:
-                refused = self.access.refusal(scope)
-                if refused is not None:
-                    await send_response(facegate_error_response(refused))
-                    return
+                declared = header(scope, b"content-length")
+                if declared.isdigit() and int(declared) > limit:
+                    raise _too_large(int(declared), limit)
+                if (refused := self.access.refusal(scope)) is not None:
+                    raise refused
                 api, now = scope["path"].startswith("/api/"), time.monotonic()
                 shed = adm.refuse(now) if api else None
                 if shed is not None:
@@ -321,7 +318,7 @@ class ServingMiddleware:
                         detail={"deadline_s": deadline},
                     )
                     await send_response(facegate_error_response(exc))
-            except FacegateError as exc:  # the JSON body's limits, the fast path's errors (FastAPI answers the routes')
+            except FacegateError as exc:  # the checks above, the fast path's errors (FastAPI answers the routes')
                 if response_started:
                     raise
                 if not too_large:
