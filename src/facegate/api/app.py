@@ -318,7 +318,7 @@ class ServingMiddleware:
                         detail={"deadline_s": deadline},
                     )
                     await send_response(facegate_error_response(exc))
-            except FacegateError as exc:  # the checks above, the fast path's errors (FastAPI answers the routes')
+            except FacegateError as exc:  # the checks above, the fast path's and the routes' errors
                 if response_started:
                     raise
                 if not too_large:

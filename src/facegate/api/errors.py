@@ -81,14 +81,9 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
 
 
-async def _facegate_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FacegateError)
-    return facegate_error_response(exc)
-
-
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers on ``app``. The catch-all for other exceptions is in
-    :class:`facegate.api.app.ServingMiddleware`, so that it is logged once and counted in the metrics."""
-    app.add_exception_handler(FacegateError, _facegate_error)
+    """Register FastAPI's and Starlette's errors on ``app``. FacegateErrors (with :func:`facegate_error_response`)
+    and the catch-all for other exceptions are in :class:`facegate.api.app.ServingMiddleware`, so that every error
+    is answered in one place, logged once and counted in the metrics."""
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
