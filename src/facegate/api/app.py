@@ -24,7 +24,6 @@ from facegate.api.errors import facegate_error_response, install_error_handlers,
 from facegate.api.forms import header, read_body, replay_body, wants_fast_path
 from facegate.api.limits import (
     STATE_KEY,
-    STATS_KEY,
     TEMPLATES_ROUTE,
     Admission,
     PixelBudget,
@@ -208,11 +207,11 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServingState, access: Access, docs_csp: dict[str, str]) -> None:
         self.app, self.state, self.access, self.docs_csp = app, state, access, docs_csp
         self.admission = Admission(state.settings, state.plan.admission_queue_s)
+        self.admission.record = self._record_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and "state" in scope:
-                scope["state"][STATS_KEY] = self._record_route  # for the refusals of ShedProtocol
                 scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
                 self.admission.loop = asyncio.get_running_loop()
             await self.app(scope, receive, send)

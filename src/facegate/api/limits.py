@@ -13,7 +13,7 @@ import math
 import re
 import time
 import types
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from PIL import Image
@@ -253,8 +253,6 @@ class AdmissionLimit:
 
 #: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
 STATE_KEY = "facegate.admission"
-#: ... and ``record(route, status, seconds)`` of the app's request metrics (which never raises) under this one.
-STATS_KEY = "facegate.record_request"
 
 
 class Admission:
@@ -280,6 +278,8 @@ class Admission:
         self.admitted = 0
         self.cap = settings.limits.max_admitted
         self._answers: dict[int, tuple[JSONResponse, bytes]] = {}
+        #: ``record(route, status, seconds)`` of the app's request metrics (never raises), for ShedProtocol's refusals
+        self.record: Callable[[str, int, float], None] = lambda route, status, seconds: None
         #: the event loop whose lateness a refusal starts following, every :data:`TICK_S` while it refuses
         self.loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
@@ -370,5 +370,4 @@ class ShedProtocol(HttpToolsProtocol):
         if not self.parser.should_keep_alive():
             self.transport.close()
         self.on_response_complete()
-        record = self.app_state[STATS_KEY]  # set with STATE_KEY
-        record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
+        admission.record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
