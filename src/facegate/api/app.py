@@ -146,19 +146,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     workers = state.plan.decode_workers
     state.decode_pool = ThreadPoolExecutor(workers, thread_name_prefix="facegate-decode")
     state.gallery_pool = ThreadPoolExecutor(min(4, workers), thread_name_prefix="facegate-gallery")
-    state.load_task = asyncio.create_task(_load(state), name="facegate-load")
+    load = asyncio.create_task(_load(state), name="facegate-load")
     watch_signals(state.settings.drain_s, asyncio.get_running_loop())  # after uvicorn installed its handlers
     if state.engine is not None:  # a front-end: connecting takes well under a second; accept only once connected,
-        await asyncio.shield(state.load_task)  # so no worker answers 503 while its siblings already serve
+        await asyncio.shield(load)  # so no worker answers 503 while its siblings already serve
     try:
         yield
     finally:
         started, state.ready = state.ready, False
         if state.gallery_task is not None:
             state.gallery_task.cancel()
-        state.load_task.cancel()
+        load.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await state.load_task
+            await load
         if started:
             try:
                 if DRAIN.active:  # every request is answered (or was cut short): queued work has nobody waiting

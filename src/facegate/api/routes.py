@@ -73,7 +73,6 @@ class ServingState:
     load_error: FacegateError | None = None
     gallery_error: FacegateError | None = None
     gallery_task: asyncio.Task[None] | None = None
-    load_task: asyncio.Task[None] | None = None
     on_load_error: Callable[[FacegateError], None] | None = None
     #: ``(socket path(s), authkey)`` of engine process(es) to use instead of loading models (front-end mode)
     engine: tuple[str | list[str], bytes] | None = None
