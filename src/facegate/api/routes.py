@@ -92,12 +92,10 @@ class ServingState:
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, call)
 
     async def in_gallery_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Await a gallery call on the gallery thread."""
         return await asyncio.get_running_loop().run_in_executor(self.gallery_pool, fn, *args)
 
 
 def get_state(app: Any) -> ServingState:
-    """The :class:`ServingState` of an app made by :func:`create_app`."""
     return app.state.facegate  # type: ignore[no-any-return]
 
 
