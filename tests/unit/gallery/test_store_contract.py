@@ -364,3 +364,21 @@ def test_reading_a_gallery_deleted_meanwhile_on_postgres(postgres_url: str, monk
         reader.get_gallery("g")
     reader.close()
     other.close()
+
+
+def test_a_postgres_restart_costs_no_request(postgres_url: str) -> None:
+    """After the server drops every connection (a restart, a failover, an idle timeout), the next read is answered:
+    a pooled connection is checked before use, so no request gets the dead one (503 gallery_unavailable, up to one
+    per pooled connection of every front-end, after the database was back)."""
+    import psycopg
+
+    store = open_store(postgres_url)
+    store.create_gallery("g", "m", D)
+    assert store.get_gallery("g").subjects == 0  # the pool holds a connection now
+    dbname = postgres_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        assert admin.execute(sql, (dbname,)).fetchall()
+    for _ in range(6):  # more than the pool's connections
+        assert store.get_gallery("g").name == "g"
+    store.close()
