@@ -68,6 +68,30 @@ def test_too_large(client: httpx.Client, fg: SimpleNamespace) -> None:
     _alive(client)
 
 
+def test_an_image_past_the_pixel_limit_is_refused_alone(
+    client: httpx.Client, lfw_root: Path, fg: SimpleNamespace
+) -> None:
+    """A decompression bomb (a ~100 kB PNG of 110 Mpx, past the request's pixel budget on its own) is refused as
+    that image, by the per-image limit, with its size: embed's other image still gets its face."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (11_000, 10_000)).save(buf, "PNG")
+    bomb = buf.getvalue()
+    assert len(bomb) < fg.TEST_MAX_UPLOAD_BYTES
+    good = fg.lfw_image(lfw_root, "Colin_Powell", 1).read_bytes()
+    r = client.post("/api/embed", files=fg.many("images", [good, bomb]))
+    assert r.status_code == 200, r.text
+    first, second = r.json()["results"]
+    assert first["faces"] and second["error"]["code"] == "image_too_large"
+    assert second["error"]["detail"]["limit"] == fg.TEST_MAX_PIXELS
+    err = fg.assert_error(client.post("/api/detect", files=fg.files(image=bomb)), 413, "image_too_large")
+    assert err["detail"]["actual"] == 110_000_000 and err["detail"]["limit"] == fg.TEST_MAX_PIXELS
+    _alive(client)
+
+
 def test_parameter_errors(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace) -> None:
     good = fg.lfw_image(lfw_root, "Colin_Powell", 1)
     # a missing part, an out-of-range query, a bad enum: FastAPI validation → 422 invalid_parameter

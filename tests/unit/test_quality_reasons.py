@@ -90,6 +90,17 @@ def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
     assert quality_verdict(0.2, 5.0, 0.5).reason == "retake: quality 0.20 is below the gate 0.50"
 
 
+@pytest.mark.parametrize("doc", ["README.md", "docs/quality.md"])
+def test_the_documented_refusal_is_what_the_default_limits_answer(doc: str) -> None:
+    """The refusal the docs quote for a 9-px face names the default limit (README said 14 after it became 15)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    (quoted,) = re.findall(r"`(retake: face too small \(9 px between the eyes, \d+ needed\))`", text)
+    r = face_reasons(_det(ARCFACE_TEMPLATE * 0.25), None, 0.9, 0.5, LIMITS)
+    assert quality_verdict(0.9, 11.0, 0.5, r).reason == quoted
+
+
 def test_crop_stats_on_the_host_and_on_the_device_agree(lfw_root: Path) -> None:
     img = cv2.cvtColor(cv2.imread(str(lfw_root / "lfw-deepfunneled/Colin_Powell/Colin_Powell_0001.jpg")), 4)
     crop = np.ascontiguousarray(cv2.resize(img[60:190, 60:190], (112, 112)))

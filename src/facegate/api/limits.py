@@ -136,6 +136,7 @@ class PixelBudget:
 
     def __init__(self, limits: Limits) -> None:
         self.per_request = limits.request_pixels
+        self.per_image = limits.max_pixels
         self.total = limits.decode_pixels_in_flight
         self.held = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
@@ -143,10 +144,12 @@ class PixelBudget:
     @contextlib.asynccontextmanager
     async def hold(self, uploads: Iterable[UploadFile]) -> AsyncIterator[None]:
         """Hold the uploads' pixels (from their headers, before anything is decoded) for the block;
-        ImageTooLargeError as soon as their sum passes ``request_pixels``."""
+        ImageTooLargeError as soon as their sum passes ``request_pixels``. An image past ``max_pixels`` counts
+        nothing: the decoder refuses it from its header, as that image (the request's other images still run)."""
         pixels = 0
         for i, upload in enumerate(uploads):
-            pixels += header_pixels(upload)
+            n = header_pixels(upload)
+            pixels += n if n <= self.per_image else 0
             if pixels > self.per_request:
                 raise ImageTooLargeError(
                     f"the request's images have more than {self.per_request} pixels in all (after image {i})",

@@ -360,8 +360,14 @@ class GalleryStore:
         return [_gallery(r) for r in rows]
 
     def get_gallery(self, name: str) -> GalleryInfo:
-        with self._in_gallery(name, f"reading gallery {name!r}") as (conn, gid, _):
-            return _gallery(conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE id = ?", (gid,)).fetchone())
+        # one statement: on PostgreSQL each statement of a read sees its own snapshot (READ COMMITTED), so a
+        # lookup by name and a read by id could straddle another front-end's delete
+        validate_gallery_name(name)
+        with self._tx(f"reading gallery {name!r}", write=False) as conn:
+            row = conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
+        return _gallery(row)
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""

@@ -66,6 +66,9 @@ class PostgresGalleryStore(GalleryStore):
             max_size=4,
             timeout=connect_timeout_s,
             kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
+            # one empty query per checkout: a connection the server dropped (a restart, a failover) is replaced
+            # before use instead of failing the request that drew it
+            check=ConnectionPool.check_connection,
             open=False,
             name="facegate-gallery",
         )

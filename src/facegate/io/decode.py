@@ -71,13 +71,16 @@ def _too_large(unit: str, limit: int, actual: int, **extra: Any) -> ImageTooLarg
     )
 
 
-def _open_header(data: bytes) -> Image.Image:
-    """Pillow's lazy open (header only), with every Pillow failure converted."""
+def _open_header(data: bytes, max_pixels: int | None = None) -> Image.Image:
+    """Pillow's lazy open (header only), with every Pillow failure converted (a decompression bomb past
+    ``max_pixels`` is refused by that limit, as any other image past it)."""
     try:
         return Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as exc:
         m = _BOMB_PIXELS.search(str(exc))
         actual = int(m.group(1)) if m else -1
+        if max_pixels is not None and actual > max_pixels:
+            raise _too_large("pixels", max_pixels, actual) from exc
         raise ImageTooLargeError(
             f"image is too large for the decoder: {exc}",
             detail={"unit": "pixels", "limit": 2 * (Image.MAX_IMAGE_PIXELS or 0), "actual": actual},
@@ -236,7 +239,7 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     if arr is not None:
         return arr
 
-    img = _open_header(data)
+    img = _open_header(data, max_pixels)
     try:
         fmt = str(img.format)
         width, height = img.size

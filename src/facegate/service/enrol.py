@@ -77,11 +77,13 @@ def plan(source: Path) -> dict[str, list[Path]]:
 
 
 def source_digest(paths: list[Path]) -> str:
-    """SHA-256 over the photos' names and bytes: the same files give the same digest."""
+    """SHA-256 over the photos' names and bytes: the same files give the same digest. A file that cannot be read
+    counts as its name alone (the pipeline refuses it, with its reason, as an image not used)."""
     h = hashlib.sha256()
     for p in paths:
         h.update(p.name.encode())
-        h.update(p.read_bytes())
+        with contextlib.suppress(OSError):
+            h.update(p.read_bytes())
     return h.hexdigest()
 
 

@@ -323,3 +323,62 @@ def test_create_then_enrol_through_two_front_ends_logs_no_error(
     assert b.index.sizes() == {"g": 1}
     a.close()
     b.close()
+
+
+def test_reading_a_gallery_deleted_meanwhile_on_postgres(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gallery deleted through another front-end while this one reads it (a delete and re-create racing a search
+    or a subject listing) is found or not found, never half: PostgreSQL's READ COMMITTED gives each statement of
+    a read its own snapshot, and a second statement found no row (TypeError, a 500 on the search)."""
+    import contextlib
+    from contextlib import contextmanager
+
+    reader, other = open_store(postgres_url), open_store(postgres_url)
+    reader.create_gallery("g", "m", D)
+    real_tx = reader._tx  # type: ignore[attr-defined]
+    deleted: list[str] = []
+
+    class DeleteAfterLookup:  # the other front-end's delete commits right after the lookup by name
+        def __init__(self, conn: object) -> None:
+            self.conn = conn
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.conn, name)
+
+        def execute(self, sql: str, params: object = None) -> object:
+            cur = self.conn.execute(sql, params)  # type: ignore[attr-defined]
+            if "FROM galleries WHERE name" in sql and not deleted:
+                other.delete_gallery("g")
+                deleted.append("g")
+            return cur
+
+    @contextmanager
+    def tx(*args: object, **kw: object) -> Iterator[object]:
+        with real_tx(*args, **kw) as conn:
+            yield DeleteAfterLookup(conn)
+
+    monkeypatch.setattr(reader, "_tx", tx)
+    with contextlib.suppress(GalleryNotFoundError):
+        assert reader.get_gallery("g").name == "g"  # as it was when it was read
+    assert deleted == ["g"]
+    with pytest.raises(GalleryNotFoundError):
+        reader.get_gallery("g")
+    reader.close()
+    other.close()
+
+
+def test_a_postgres_restart_costs_no_request(postgres_url: str) -> None:
+    """After the server drops every connection (a restart, a failover, an idle timeout), the next read is answered:
+    a pooled connection is checked before use, so no request gets the dead one (503 gallery_unavailable, up to one
+    per pooled connection of every front-end, after the database was back)."""
+    import psycopg
+
+    store = open_store(postgres_url)
+    store.create_gallery("g", "m", D)
+    assert store.get_gallery("g").subjects == 0  # the pool holds a connection now
+    dbname = postgres_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        assert admin.execute(sql, (dbname,)).fetchall()
+    for _ in range(6):  # more than the pool's connections
+        assert store.get_gallery("g").name == "g"
+    store.close()

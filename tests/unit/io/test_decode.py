@@ -192,6 +192,15 @@ def test_pillow_decompression_bomb_error_becomes_ours() -> None:
     assert exc.value.detail["actual"] == 2_500_000_000
 
 
+def test_a_decompression_bomb_is_refused_by_the_configured_pixel_limit() -> None:
+    """Past Pillow's own bomb limit the answer still names ``max_pixels`` (it named Pillow's 178956970 and its
+    "could be decompression bomb DOS attack" text), as for any image past the limit."""
+    with pytest.raises(ImageTooLargeError) as exc:
+        decode_image(_png_header_only(50_000, 50_000), max_bytes=1 << 20, max_pixels=40_000_000)
+    assert exc.value.detail == {"unit": "pixels", "limit": 40_000_000, "actual": 2_500_000_000}
+    assert exc.value.message == "image has 2500000000 pixels, more than the limit of 40000000"
+
+
 def test_pixel_limit_is_exact() -> None:
     data = _encode(_pattern(60, 90), "PNG")
     assert decode_image(data, max_bytes=1 << 20, max_pixels=60 * 90).shape == (60, 90, 3)

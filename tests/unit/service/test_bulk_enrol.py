@@ -158,3 +158,24 @@ def test_photo_enrolment_gates_with_the_crop_based_reasons(lfw_root: Path, tmp_p
         assert [(r["subject_id"], r["code"]) for r in rep.refused] == [("blurry", "low_quality")]
         assert "face blurred" in rep.refused[0]["reason"]
         assert [s.subject_id for s in store.list_subjects("g", 0, 10)] == ["sharp"]
+
+
+def test_photo_enrolment_reports_a_csv_row_whose_file_is_missing(lfw_root: Path, tmp_path: Path) -> None:
+    """A CSV row naming a file that is not there (moved, a typo) is an image not used, listed in the report with
+    its reason; the other rows are enrolled (it was an internal error, exit 1 with a traceback, nothing done)."""
+    photo = lfw_root / "lfw-deepfunneled" / "Colin_Powell" / "Colin_Powell_0001.jpg"
+    csv = tmp_path / "list.csv"
+    csv.write_text(f"path,subject_id\n{photo},colin\nmissing.jpg,ghost\n")
+    url = str(tmp_path / "g.sqlite3")
+    args = ["enrol", str(csv), "--gallery", "staff", "--gallery-url", url, "--report", str(tmp_path / "r.json")]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["subjects_enrolled"] == 1 and out["subjects_refused"] == 1 and out["images_refused"] == 1
+    (refused,) = json.loads((tmp_path / "r.json").read_text())
+    assert refused["subject_id"] == "ghost" and refused["path"] == str(tmp_path / "missing.jpg")
+    assert refused["code"] == "invalid_parameter" and "No such file" in refused["reason"]
+    # once the file is there, a rerun enrols it (the missing file was not remembered as enrolled)
+    shutil.copy(photo, tmp_path / "missing.jpg")
+    again = json.loads(runner.invoke(app, args).stdout.strip().splitlines()[-1])
+    assert again["subjects_enrolled"] == 1 and again["subjects_skipped"] == 1
