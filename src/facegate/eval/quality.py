@@ -509,14 +509,12 @@ def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: fl
         w = fit_logistic_nd(x[m], y[m])
         return ReliabilityModel(w, *isotonic_knots(1.0 / (1.0 + np.exp(-(x[m] @ w))), y[m]))
 
-    def predict(model: ReliabilityModel, m: np.ndarray) -> np.ndarray:
-        return np.interp(1.0 / (1.0 + np.exp(-(x[m] @ model.weights))), model.knots_x, model.knots_y)
-
     p = np.full(sim.size, np.nan)
     rows = []
     for f in sorted(set(ps.fold.tolist())):
         test = ok & (ps.fold == f)
-        p[test] = predict(fit(ok & (ps.fold != f)), test)
+        m = fit(ok & (ps.fold != f))
+        p[test] = np.interp(1.0 / (1.0 + np.exp(-(x[test] @ m.weights))), m.knots_x, m.knots_y)
         rows.append({"fold": f, "ece": ece(p[test], y[test]), "brier": float(np.mean((p[test] - y[test]) ** 2))})
     model = fit(ok)
     report = {
