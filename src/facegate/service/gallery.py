@@ -15,11 +15,6 @@ from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, threshold_for
 from facegate.types import QualityVerdict
 
 
-def refusal_reason(face: Any) -> str:
-    """Why the quality gate refused ``face`` (a :class:`~facegate.types.Face`)."""
-    return face.quality.reason or f"quality {face.quality.score:.2f} is below the gate {face.quality.threshold:.2f}"
-
-
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """One enrolment image that was not used: its position, why, and the error code."""
@@ -67,7 +62,7 @@ def decide_enrolments(
             elif isinstance(r, BaseException):
                 raise r
             elif requires_quality and not (v := verdict(r)).accepted:
-                refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
+                refused.append(Refusal(i, v.reason, QualityRejectedError.code))
             else:
                 accepted.append(r)
         error: FacegateError | None = None
