@@ -1,6 +1,6 @@
 """Bulk enrolment for ``facegate enrol`` (docs/gallery.md): photos through the pipeline in full batches, each
-batch's subjects in one transaction (a rerun skips those whose ``meta.source_digest`` matches the same files), and
-template imports in transactions of :data:`IMPORT_CHUNK` subjects.
+batch's subjects in one transaction so that an acknowledged subject survives a crash (a rerun skips those whose
+``meta.source_digest`` matches the same files); template imports in transactions of :data:`IMPORT_CHUNK` subjects.
 """
 
 from __future__ import annotations
