@@ -45,7 +45,7 @@ from facegate.gallery.base import validate_subject_id
 from facegate.io.decode import decode_if_small, decode_image, read_image_file
 from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
-from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments, refusal_reason
+from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments
 from facegate.transport.remote import same_engine
 from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
@@ -527,7 +527,7 @@ async def search(
     ans = await gallery.search_face(name, face, k, fpir, found=found, size=n)
     point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     refused = not face.quality.accepted
-    reason = refusal_reason(face) if refused else None
+    reason = face.quality.reason  # None when accepted
     return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=ans.hits, **point)
 
 

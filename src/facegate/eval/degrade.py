@@ -59,17 +59,14 @@ def _gain(gains: list[float]) -> Degradation:
     return lambda img, s, rng: np.clip(img.astype(np.float32) * gains[s - 1], 0, 255).astype(np.uint8)
 
 
-overexpose, underexpose = _gain([1.5, 2.0, 2.6, 3.3, 4.2]), _gain([0.5, 0.32, 0.2, 0.12, 0.07])
-
-
 DEGRADATIONS: dict[str, Degradation] = {
     "blur": blur,
     "noise": noise,
     "jpeg": jpeg,
     "lowres": lowres,
     "occlusion": occlusion,
-    "overexpose": overexpose,
-    "underexpose": underexpose,
+    "overexpose": _gain([1.5, 2.0, 2.6, 3.3, 4.2]),
+    "underexpose": _gain([0.5, 0.32, 0.2, 0.12, 0.07]),
 }
 
 

@@ -4,7 +4,7 @@ face: ``emb`` float16 (normalised), ``head_in`` (the RTS head's input), ``norm``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +69,6 @@ def extract(
     *,
     batch_size: int = 64,
     seed: int = 0,
-    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the plan; returns column arrays (one row per (image, variant))."""
     from facegate.io.decode import decode_image
@@ -116,6 +115,4 @@ def extract(
             out["heuristic"][rows] = [
                 _heuristic(images[i], c, d) for i, c, d in zip(owners, crops, chosen, strict=True)
             ]
-        if progress is not None:
-            progress(len(chunk))
     return out

@@ -136,7 +136,7 @@ def embed_lfw(
     paths: Sequence[str],
     *,
     batch_size: int = 32,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] = lambda _: None,
 ) -> dict[str, np.ndarray]:
     """Per path, in order, of :func:`detect_centre`'s face: ``embeddings (N, D)``, ``quality``, ``raw`` (quality) and
     ``det_score`` ``(N,)``, all float32; NaN (``det_score`` 0) where no face was found."""
@@ -158,8 +158,7 @@ def embed_lfw(
         crops = pipeline.align(images, [found[i] for i in owners], owners)
         out["embeddings"][rows], out["quality"][rows], out["raw"][rows] = pipeline.embed(crops)
         out["det_score"][rows] = [found[i].score for i in owners]
-        if progress is not None:
-            progress(len(chunk))
+        progress(len(chunk))
     return out
 
 

@@ -98,16 +98,9 @@ def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
 def comparisons(t: dict[str, np.ndarray], pairs: Sequence[Pair], variant: int = 1) -> PairSet:
     """pairs.txt's pairs: clean vs clean, and clean ``a`` vs the other photo's ``variant`` face (both ways)."""
     row = {(p, int(v)): i for i, (p, v) in enumerate(zip(t["path"], t["variant"], strict=True))}
-    a, b, same, fold, deg = [], [], [], [], []
-    for p in pairs:
-        for x, y, v in ((p.a, p.b, 0), (p.a, p.b, variant), (p.b, p.a, variant)):
-            if (x, 0) in row and (y, v) in row:
-                a.append(row[x, 0])
-                b.append(row[y, v])
-                same.append(p.same)
-                fold.append(p.fold)
-                deg.append(v > 0)
-    return PairSet(*(np.asarray(z) for z in (a, b, same, fold, deg)))
+    sides = [(p, x, y, v) for p in pairs for x, y, v in ((p.a, p.b, 0), (p.a, p.b, variant), (p.b, p.a, variant))]
+    cols = [(row[x, 0], row[y, v], p.same, p.fold, v > 0) for p, x, y, v in sides if (x, 0) in row and (y, v) in row]
+    return PairSet(*(np.asarray(c) for c in zip(*cols, strict=True)))
 
 
 def similarity(t: dict[str, np.ndarray], ps: PairSet) -> np.ndarray:
@@ -509,14 +502,12 @@ def reliability_study(q: np.ndarray, ps: PairSet, sim: np.ndarray, threshold: fl
         w = fit_logistic_nd(x[m], y[m])
         return ReliabilityModel(w, *isotonic_knots(1.0 / (1.0 + np.exp(-(x[m] @ w))), y[m]))
 
-    def predict(model: ReliabilityModel, m: np.ndarray) -> np.ndarray:
-        return np.interp(1.0 / (1.0 + np.exp(-(x[m] @ model.weights))), model.knots_x, model.knots_y)
-
     p = np.full(sim.size, np.nan)
     rows = []
     for f in sorted(set(ps.fold.tolist())):
         test = ok & (ps.fold == f)
-        p[test] = predict(fit(ok & (ps.fold != f)), test)
+        m = fit(ok & (ps.fold != f))
+        p[test] = np.interp(1.0 / (1.0 + np.exp(-(x[test] @ m.weights))), m.knots_x, m.knots_y)
         rows.append({"fold": f, "ece": ece(p[test], y[test]), "brier": float(np.mean((p[test] - y[test]) ** 2))})
     model = fit(ok)
     report = {

@@ -1,9 +1,6 @@
-"""Bulk enrolment for ``facegate enrol``.
-
-Photos (``DIR/<subject_id>/*.jpg`` or a ``path,subject_id`` CSV) go through the pipeline in full batches, each
-batch's subjects written in one transaction, so an acknowledged subject survives a crash; a rerun skips a subject
-whose ``meta.source_digest`` matches the same files. Templates (an ``.npz`` from ``facegate embed``, or ``ids``
-+ ``embeddings``) are imported in transactions of :data:`IMPORT_CHUNK` subjects.
+"""Bulk enrolment for ``facegate enrol`` (docs/gallery.md): photos through the pipeline in full batches, each
+batch's subjects in one transaction so that an acknowledged subject survives a crash (a rerun skips those whose
+``meta.source_digest`` matches the same files); template imports in transactions of :data:`IMPORT_CHUNK` subjects.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The 1:N operating point: a search threshold from a named false-positive identification rate (FPIR).
-
-A non-mated probe against N impostor templates is a false positive when any scores at or above t, so
-``FPIR(t, N) ≈ 1 − (1 − FMR(t))^N`` and, for a named FPIR, ``FMR* = 1 − (1 − FPIR)^(1/N)``. FMR(t) comes from the
-model's LFW impostor pairs (:data:`IMPOSTOR_DIR`/``<model>.json``), extrapolated beyond them by a tail model
-(answers say so); a model without a table uses its registry calibration point only.
+"""The 1:N operating point (docs/gallery.md): the search threshold for a named false-positive identification rate,
+``FMR* = 1 − (1 − FPIR)^(1/N)`` at gallery size N, with FMR(t) from the model's LFW impostor table
+(:data:`IMPOSTOR_DIR`/``<model>.json``) and its tail model beyond it, else the registry calibration point.
 """
 
 from __future__ import annotations

@@ -15,11 +15,6 @@ from facegate.service.fpir import DEFAULT_FPIR, ImpostorTail, threshold_for
 from facegate.types import QualityVerdict
 
 
-def refusal_reason(face: Any) -> str:
-    """Why the quality gate refused ``face`` (a :class:`~facegate.types.Face`)."""
-    return face.quality.reason or f"quality {face.quality.score:.2f} is below the gate {face.quality.threshold:.2f}"
-
-
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """One enrolment image that was not used: its position, why, and the error code."""
@@ -67,7 +62,7 @@ def decide_enrolments(
             elif isinstance(r, BaseException):
                 raise r
             elif requires_quality and not (v := verdict(r)).accepted:
-                refused.append(Refusal(i, v.reason or refusal_reason(r), QualityRejectedError.code))
+                refused.append(Refusal(i, v.reason, QualityRejectedError.code))
             else:
                 accepted.append(r)
         error: FacegateError | None = None
@@ -118,25 +113,23 @@ class GalleryFront:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
         info.check_model(self._svc.spec.name, self._svc.spec.embedding_dim)
 
-    def operating_point(self, n: int, fpir: float | None) -> tuple[float, dict[str, object]]:
-        """The threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at gallery size ``n``."""
-        return threshold_for(self.tail, n, DEFAULT_FPIR if fpir is None else fpir)
-
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
     ) -> SearchAnswer:
         """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
         gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
         :class:`~facegate.gallery.query.SearchOut` of a photo search) or from a search of its embedding, with the
-        threshold for ``fpir`` at the size the gallery had when searched. The caller refuses a bad ``fpir`` first."""
+        threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when searched. The caller
+        refuses a bad ``fpir`` first."""
         stats = self._svc.stats
+        fpir = DEFAULT_FPIR if fpir is None else fpir
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
-            t, point = self.operating_point(size, fpir)
+            t, point = threshold_for(self.tail, size, fpir)
             return SearchAnswer([], t, **point)
         if found is None:
             found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
-        t, point = self.operating_point(found.size, fpir)
+        t, point = threshold_for(self.tail, found.size, fpir)
         stats.set_gallery_size(gallery, found.size)
         ranked = enumerate(zip(found.subject_ids, found.scores, strict=True))
         return SearchAnswer(

@@ -1,10 +1,7 @@
-"""API keys with scopes, stored hashed in the data folder.
+"""API keys with scopes, stored hashed in the data folder (docs/security.md: the key format, scopes and file).
 
-A key is ``fg_<id>_<secret>``: 8 hex digits that name it in listings, logs and rate limits, then 32 random
-bytes. Only the SHA-256 of the whole key is stored (``<data_dir>/api_keys.json``, mode 0600): 256 bits of
-entropy leave nothing for a slow hash to protect. Scopes: ``read`` (compare, detect, embed, search, list
-galleries), ``enrol`` (enrol, list and delete subjects), ``admin`` (galleries and keys; both others). The file
-is re-read when it changes, so keys created or revoked with the CLI apply to a running server.
+Only the SHA-256 of a key is stored: its 256 random bits leave nothing for a slow hash to protect. The file is
+re-read when it changes, so keys created or revoked with the CLI apply to a running server.
 """
 
 from __future__ import annotations
@@ -98,11 +95,10 @@ class KeyStore:
         if st.st_mtime == self._mtime:
             return
         raw = json.loads(self.path.read_text(encoding="utf-8"))
-        keys = [
-            ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
+        self._by_digest = {
+            k["sha256"]: ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
             for k in raw.get("keys", [])
-        ]
-        self._by_digest = {k.sha256: k for k in keys}
+        }
         self._mtime = st.st_mtime
 
     def _refresh(self) -> None:
