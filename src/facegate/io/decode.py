@@ -33,7 +33,7 @@ from facegate.errors import (
     InvalidParameterError,
     PathNotAllowedError,
 )
-from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header
+from facegate.io.jpeg import JpegHeader, NotPlain, read_jpeg_header, segments
 
 if TYPE_CHECKING:
     import torch
@@ -96,22 +96,7 @@ def _open_header(data: bytes, max_pixels: int | None = None) -> Image.Image:
 
 def _jpeg_complete(data: bytes) -> bool:
     """Whether ``FF D9`` (EOI, never inside entropy-coded data) follows the first scan: the file is not truncated."""
-    n = len(data)
-    i = 2  # after SOI
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return False
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0xDA:
-            return data.find(b"\xff\xd9", i) != -1
-        if 0xD0 <= marker <= 0xD7 or marker == 0x01:
-            i += 2
-            continue
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return False
+    return any(marker == 0xDA and data.find(b"\xff\xd9", i) != -1 for marker, i, _ in segments(data))
 
 
 def _png_complete(data: bytes) -> bool:

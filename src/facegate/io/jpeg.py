@@ -6,6 +6,7 @@ Adobe, MPO or unknown marker; anything else raises :class:`NotPlain` and the cal
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
@@ -52,17 +53,12 @@ def _exif_orientation(tiff: bytes) -> int:
     return 1
 
 
-def read_jpeg_header(data: bytes) -> JpegHeader:
-    """Walk ``data``'s marker segments from SOI to the first SOS; NotPlain for anything but a plain JPEG."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        raise NotPlain("no SOI")
-    i = 2
-    frame: tuple[int, int, int] | None = None
-    orientation: int | None = None
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            raise NotPlain("expected a marker")
+def segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(marker, start, end)`` of each marker segment after SOI (``data[start]`` its ``FF``), up to and including
+    the first SOS (whatever its length field says); it stops early at a byte that is not a marker or a segment that
+    runs past the end."""
+    n, i = len(data), 2
+    while i + 4 <= n and data[i] == 0xFF:
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -72,11 +68,25 @@ def read_jpeg_header(data: bytes) -> JpegHeader:
             continue
         length = (data[i + 2] << 8) | data[i + 3]
         end = i + 2 + length
-        if length < 2 or end > n:
-            raise NotPlain("segment past the end")
+        if marker != 0xDA and (length < 2 or end > n):
+            return
+        yield marker, i, end
         if marker == 0xDA:
-            if frame is None:
-                raise NotPlain("scan before the frame header")
+            return
+        i = end
+
+
+def read_jpeg_header(data: bytes) -> JpegHeader:
+    """Walk ``data``'s marker segments from SOI to the first SOS; NotPlain for anything but a plain JPEG."""
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        raise NotPlain("no SOI")
+    frame: tuple[int, int, int] | None = None
+    orientation: int | None = None
+    for marker, i, end in segments(data):
+        length = end - i - 2
+        if marker == 0xDA:
+            if frame is None or length < 2 or end > len(data):
+                raise NotPlain("scan before the frame header, or past the end")
             h, w, comps = frame
             return JpegHeader(h, w, comps, orientation or 1, data.find(b"\xff\xd9", i) != -1)
         if marker in _SOF:
@@ -100,5 +110,4 @@ def read_jpeg_header(data: bytes) -> JpegHeader:
                 raise NotPlain("MPO index")
         elif marker not in _SKIP and not 0xEB <= marker <= 0xED and marker != 0xEF:
             raise NotPlain(f"marker {marker:#04x}")  # Adobe (APP14), JPGn, DNL, DHP, EXP, ...
-        i = end
-    raise NotPlain("no scan")
+    raise NotPlain("no scan, a byte that is not a marker, or a segment past the end")
