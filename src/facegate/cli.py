@@ -135,6 +135,12 @@ def _pipeline(settings: Settings):
     return FacePipeline.from_settings(settings)
 
 
+def _key_store(settings: Settings):
+    from facegate.service.keys import KeyStore
+
+    return KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+
+
 def _read(path: Path, settings: Settings):
     from facegate.io.decode import decode_image
 
@@ -176,12 +182,11 @@ def serve(
     from facegate.api.app import create_app, get_state, uvicorn_config
     from facegate.api.drain import exit_quietly_on_sigterm
     from facegate.api.security import check_bind
-    from facegate.service.keys import KeyStore
     from facegate.transport.remote import SWITCH_INTERVAL_S
     from facegate.tuning import make_plan
 
     exit_quietly_on_sigterm()
-    check_bind(settings, KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file))
+    check_bind(settings, _key_store(settings))
     plan = make_plan(settings)
     log.info("%s", plan.summary())
     if plan.workers > 1 or plan.engines > 1:
@@ -203,13 +208,6 @@ def serve(
 DataDirOpt = Annotated[Path | None, typer.Option(help="data folder (default FACEGATE_DATA_DIR)")]
 
 
-def _key_store(data_dir: Path | None):
-    from facegate.service.keys import KeyStore
-
-    s = _settings(data_dir=data_dir)
-    return KeyStore.for_data_dir(s.data_dir, s.security.keys_file)
-
-
 @command(keys_app, "create")
 def keys_create(
     name: Annotated[str, typer.Option(help="a label for the key (who or what uses it)")] = "",
@@ -217,14 +215,14 @@ def keys_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create a key and print it once (JSON: key, id, scopes); only its hash is stored."""
-    token, record = _key_store(data_dir).create(name, scope or ["read"])
+    token, record = _key_store(_settings(data_dir=data_dir)).create(name, scope or ["read"])
     _echo({"key": token, **record.public()}, None)
 
 
 @command(keys_app, "list")
 def keys_list(data_dir: DataDirOpt = None) -> None:
     """List the keys (ids, names, scopes, creation times; never the keys)."""
-    _echo([k.public() for k in _key_store(data_dir).list_keys()])
+    _echo([k.public() for k in _key_store(_settings(data_dir=data_dir)).list_keys()])
 
 
 @command(keys_app, "revoke")
@@ -232,7 +230,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="the key's id (from `facegate keys list`)")], data_dir: DataDirOpt = None
 ) -> None:
     """Revoke a key: a running server refuses it within a second."""
-    _echo({"revoked": _key_store(data_dir).revoke(key_id).public()}, None)
+    _echo({"revoked": _key_store(_settings(data_dir=data_dir)).revoke(key_id).public()}, None)
 
 
 @command(name="ray")
@@ -248,10 +246,9 @@ def ray_cmd(
 ) -> None:
     """Serve the HTTP API on Ray Serve: ingress and engine replicas across a Ray cluster (extra ``ray``)."""
     from facegate.api.security import check_bind
-    from facegate.service.keys import KeyStore
 
     s = _settings(host=host, port=port, security={"no_auth": True} if no_auth else {})
-    check_bind(s, KeyStore.for_data_dir(s.data_dir, s.security.keys_file))  # as `facegate serve`, before Ray starts
+    check_bind(s, _key_store(s))  # as `facegate serve`, before Ray starts
     try:
         from facegate.scaleout.ray_app import run as ray_run
     except ImportError as exc:

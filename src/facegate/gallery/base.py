@@ -239,12 +239,12 @@ def unpack_vector(blob: bytes | bytearray | memoryview, dim: int) -> np.ndarray:
     return np.frombuffer(bytes(blob), dtype="<f4").astype(np.float32)
 
 
-def read_templates(cur: Any, dim: int, gallery: str, chunk: int = 65_536) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` from a cursor over ``(subject_id, template bytes)`` rows, fetched
-    ``chunk`` rows at a time: a 1M-subject load holds one chunk's bytes, never all of them twice."""
+def read_templates(cur: Any, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
+    """``(subject_ids, (S, D) float32)`` from a cursor over ``(subject_id, template bytes)`` rows, fetched 65,536
+    rows at a time: a 1M-subject load holds one chunk's bytes, never all of them twice."""
     ids: list[str] = []
     parts = [np.zeros((0, dim), np.float32)]
-    while rows := cur.fetchmany(chunk):
+    while rows := cur.fetchmany(65_536):
         blob = b"".join([r[1] for r in rows])
         if len(blob) != 4 * dim * len(rows):
             raise GalleryError(f"corrupt template in gallery {gallery!r}", detail={"gallery": gallery})
