@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
@@ -274,7 +274,7 @@ ChangeRow = tuple[str, str, str | None]
 EnrolItem = tuple[str, np.ndarray, np.ndarray, "dict[str, Any] | None"]
 
 
-class GalleryStore:
+class GalleryStore(AbstractContextManager):
     """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction.
 
     A backend's :meth:`_tx` yields a connection that takes ``?`` placeholders and offers ``execute`` and
@@ -322,9 +322,6 @@ class GalleryStore:
 
     def close(self) -> None:
         raise NotImplementedError  # idempotent; later calls raise GalleryError
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -514,11 +511,11 @@ class GalleryStore:
                 " WHERE c.seq > ? ORDER BY c.seq LIMIT ?",
                 (int(seq), int(limit)),
             ).fetchall()
-        out = []
-        for sq, op, gal, sid, at, dim, blob in rows:
-            tpl = unpack_vector(blob, int(dim)) if blob is not None and dim is not None else None
-            out.append(Change(int(sq), str(op), str(gal), sid, float(at), None if dim is None else int(dim), tpl))
-        return out
+        # a subject's template comes with its gallery's dim (the join on galleries)
+        return [
+            Change(int(sq), str(op), str(gal), sid, float(at), dim, None if blob is None else unpack_vector(blob, dim))
+            for sq, op, gal, sid, at, dim, blob in rows
+        ]
 
     def load_snapshot(self) -> tuple[int, dict[str, tuple[int, list[str], np.ndarray]]]:
         """Every gallery as of one change ``seq`` (the start-up load): ``(seq, {name: (dim, subject_ids, (S, D)
