@@ -1,9 +1,7 @@
 """Logging: one line per record (control characters escaped), optional JSON, no server paths in errors.
 
-A request path can carry ``%0a``; logged as is, it would start a forged line. :class:`EscapingFormatter` writes
-every control character as ``\\xNN``; :class:`JsonFormatter` writes one JSON object per line.
-``FACEGATE_LOG_LEVEL`` (default INFO) and ``FACEGATE_LOG_FORMAT`` (``text`` or ``json``) configure it. Subject
-ids and image contents are never logged above DEBUG.
+A request path can carry ``%0a``; logged as is, it would start a forged line: every control character is written
+as ``\\xNN``. Subject ids and image contents are never logged above DEBUG.
 """
 
 from __future__ import annotations

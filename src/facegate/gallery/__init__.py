@@ -18,16 +18,13 @@ def open_store(url: str | None, *, data_dir: Path | str = "./data", open_retry_s
         return PostgresGalleryStore(url, connect_timeout_s=min(max(open_retry_s, 1.0), 30.0))
     from facegate.gallery.sqlite import SQLiteGalleryStore
 
-    if not url:
-        return SQLiteGalleryStore(Path(data_dir) / "gallery.sqlite3", open_retry_s=open_retry_s)
-    if url.startswith("sqlite:///"):
-        return SQLiteGalleryStore(url.removeprefix("sqlite:///") or ":memory:", open_retry_s=open_retry_s)
-    if "://" in url:
+    if url and "://" in url and not url.startswith("sqlite:///"):
         raise InvalidParameterError(
             f"unsupported gallery URL scheme in {url.split('://')[0]!r}://…: use postgresql:// or sqlite:///",
             detail={"field": "gallery_url"},
         )
-    return SQLiteGalleryStore(url, open_retry_s=open_retry_s)
+    path = (url.removeprefix("sqlite:///") or ":memory:") if url else Path(data_dir) / "gallery.sqlite3"
+    return SQLiteGalleryStore(path, open_retry_s=open_retry_s)
 
 
 __all__ = ["open_store"]

@@ -419,8 +419,7 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
     gpu_items: dict[int, tuple[int, int, int]] = {}
     done: dict[int, np.ndarray | FacegateError] = {}
     for i, data in enumerate(datas):
-        info = _gpu_candidate(bytes(data), max_bytes, max_pixels) if use_nvjpeg else None
-        if info is not None:
+        if use_nvjpeg and (info := _gpu_candidate(bytes(data), max_bytes, max_pixels)) is not None:
             gpu_items[i] = info
         else:
             done[i] = host(i)
