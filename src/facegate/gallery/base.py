@@ -328,9 +328,10 @@ class GalleryStore(AbstractContextManager):
 
     @contextmanager
     def _in_gallery(self, gallery: str, what: str, *, write: bool = False) -> Iterator[tuple[Any, int, int]]:
-        """A transaction on gallery ``gallery``: ``(conn, gallery id, dim)``; raises GalleryNotFoundError."""
+        """A transaction on gallery ``gallery``: ``(conn, gallery id, dim)``; raises GalleryNotFoundError. A read
+        sees one snapshot, so its statements after the lookup never straddle another process's delete."""
         validate_gallery_name(gallery)
-        with self._tx(what, write=write) as conn:
+        with self._tx(what, write=write, snapshot=not write) as conn:
             row = conn.execute("SELECT id, dim FROM galleries WHERE name = ?", (gallery,)).fetchone()
             if row is None:
                 raise GalleryNotFoundError(f"no gallery named {gallery!r}", detail={"gallery": gallery})
@@ -357,14 +358,8 @@ class GalleryStore(AbstractContextManager):
         return [_gallery(r) for r in rows]
 
     def get_gallery(self, name: str) -> GalleryInfo:
-        # one statement: on PostgreSQL each statement of a read sees its own snapshot (READ COMMITTED), so a
-        # lookup by name and a read by id could straddle another front-end's delete
-        validate_gallery_name(name)
-        with self._tx(f"reading gallery {name!r}", write=False) as conn:
-            row = conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            raise GalleryNotFoundError(f"no gallery named {name!r}", detail={"gallery": name})
-        return _gallery(row)
+        with self._in_gallery(name, f"reading gallery {name!r}") as (conn, gid, _):
+            return _gallery(conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE id = ?", (gid,)).fetchone())
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
