@@ -200,15 +200,10 @@ class Batcher:
 
     def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
-        dead: list[tuple[WorkItem, str]] = []
-        live: collections.deque[WorkItem] = collections.deque()
-        for it in self._q:
-            if reason := it.drop_reason(now):
-                dead.append((it, reason))
-            else:
-                live.append(it)
+        reasons = [(it, it.drop_reason(now)) for it in self._q]
+        dead = [(it, reason) for it, reason in reasons if reason]
         if dead:
-            self._q = live
+            self._q = collections.deque(it for it, reason in reasons if not reason)
             self._set_depth_locked()
         return dead
 
