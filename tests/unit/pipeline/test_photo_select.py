@@ -63,7 +63,7 @@ def pipes() -> tuple[FacePipeline, FacePipeline]:
 def _run(pipe: FacePipeline, datas: list[bytes]) -> list[object]:
     stage = PhotoStage(pipe, **LIMITS)
     payloads = [np.frombuffer(d, np.uint8) for d in datas]
-    return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    return stage.execute(stage.prepare(payloads))
 
 
 def _host_rule(pipe: FacePipeline, datas: list[bytes]) -> list[object]:
