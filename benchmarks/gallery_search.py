@@ -202,8 +202,8 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     payloads = [encode_search("g", x, 10) for x in q]
     batch = stage.prepare(payloads)
 
-    def engine() -> Any:  # the whole stage: decode + catch-up (prepare), search (execute), deliver
-        return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    def engine() -> Any:  # the whole stage: decode + catch-up (prepare), search (execute)
+        return stage.execute(stage.prepare(payloads))
 
     row["engine_batch64_ms"] = median_ms(engine, o.iters)
     row["engine_execute_ms"] = median_ms(lambda: stage.execute(batch), o.iters)  # the device thread's part
@@ -257,7 +257,7 @@ def host_probe(size: int, o: argparse.Namespace) -> dict[str, Any]:
         ops, mat = gal.index._ops, gal.index._entry("g").mat
         qn = q.astype(np.float32)
         fns = {
-            "stage_ms": lambda: stage.deliver(stage.execute(stage.prepare(payloads)), 64),
+            "stage_ms": lambda: stage.execute(stage.prepare(payloads)),
             "prepare_ms": lambda: stage.prepare(payloads),
             "execute_ms": lambda: stage.execute(prepared),
             "index_ms": lambda: gal.index.search_raw("g", q, 10),

@@ -79,11 +79,9 @@ class ServingPlan:
         """One line for the start-up log: every value of the plan."""
         return "serving plan: " + " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServingPlan:
+        """The inverse of :func:`dataclasses.asdict` (through JSON, which makes tuples lists)."""
         return cls(**{**data, "graph_buckets": tuple(data["graph_buckets"])})
 
 

@@ -136,13 +136,9 @@ class Batcher:
             collected, dropped = self._collect_once(max_batch, max_wait_s)
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            batch = []
-            for it in collected:
-                if reason := it.drop_reason(now):
-                    dropped.append((it, reason))
-                else:
-                    batch.append(it)
-            self.finish_dropped(dropped)
+            reasons = [(it, it.drop_reason(now)) for it in collected]
+            batch = [it for it, reason in reasons if not reason]
+            self.finish_dropped(dropped + [(it, reason) for it, reason in reasons if reason])
             if batch:
                 for it in batch:
                     self._wait_hist.observe(now - it.enqueued_at)
@@ -200,15 +196,10 @@ class Batcher:
 
     def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
-        dead: list[tuple[WorkItem, str]] = []
-        live: collections.deque[WorkItem] = collections.deque()
-        for it in self._q:
-            if reason := it.drop_reason(now):
-                dead.append((it, reason))
-            else:
-                live.append(it)
+        reasons = [(it, it.drop_reason(now)) for it in self._q]
+        dead = [(it, reason) for it, reason in reasons if reason]
         if dead:
-            self._q = live
+            self._q = collections.deque(it for it, reason in reasons if not reason)
             self._set_depth_locked()
         return dead
 

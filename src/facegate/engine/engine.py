@@ -4,7 +4,7 @@ Per stage a front thread collects batch k+1 (up to ``max_batch_size`` items, or 
 ``max_wait_ms`` after the first) and prepares it while the one :class:`DeviceThread` runs execute + deliver of
 batch k: only ``execute`` touches the GPU, and one thread holds one set of cuDNN/cuBLAS handles. At most one
 prepared batch waits, so batches form as late as possible. A stage exception fails only its
-batch (non-FacegateErrors as :class:`EngineError`); ``deliver`` may fail single items by returning exceptions.
+batch (non-FacegateErrors as :class:`EngineError`); an exception among its results fails only that item.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ _STOP = object()
 
 class Stage(Protocol):
     """One batched computation: ``name`` (the metrics' ``stage`` label), optionally ``item_cost(payload) -> int``
-    (rows one payload adds; batches are then limited by rows).
+    (rows one payload adds; batches are then limited by rows) and ``deliver(result, n) -> list``, the ``n`` per-item
+    results in input order from what ``execute`` returned (without it, ``execute`` returns that list).
 
     ``prepare`` of batch k+1 runs while ``execute`` of batch k does: shared mutable buffers need two copies.
     """
@@ -48,10 +49,6 @@ class Stage(Protocol):
 
     def execute(self, prepared: Any) -> Any:
         """Device compute on what :meth:`prepare` returned; returns host-side results."""
-        ...
-
-    def deliver(self, result: Any, n: int) -> list[Any]:
-        """``n`` per-item results in input order; an exception instance fails only that item."""
         ...
 
 
@@ -153,6 +150,7 @@ class _StageRunner:
         self.max_batch = max(1, max_batch_size)
         self.max_wait_s = max_wait_s
         self.item_cost: Any = getattr(stage, "item_cost", None)
+        self.deliver: Any = getattr(stage, "deliver", None)
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
         self.stats = stats
         self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
@@ -223,7 +221,7 @@ class _StageRunner:
             return
         t1 = time.perf_counter()
         try:
-            outs = self.stage.deliver(result, n)
+            outs = result if self.deliver is None else self.deliver(result, n)
             if not isinstance(outs, list | tuple) or len(outs) != n:
                 got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
                 raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")

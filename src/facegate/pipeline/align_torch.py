@@ -15,20 +15,13 @@ import torch.nn.functional as F
 from facegate.pipeline.align import CROP_SIZE
 
 
-def _compute_dtype(device: torch.device) -> torch.dtype:
-    """float64 on the CPU (exact enough to compare with NumPy), float32 on accelerators."""
-    return torch.float64 if device.type == "cpu" else torch.float32
-
-
-def umeyama_torch(src: torch.Tensor, dst: torch.Tensor | np.ndarray) -> torch.Tensor:
+def umeyama_torch(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """:func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD, no host sync): ``src (K, P>=2, 2)``,
     ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``. Unchecked for degenerate input (a check
     would sync): coincident points give a zero linear part; shapes unchecked (its callers' are fixed)."""
-    dtype = _compute_dtype(src.device)
+    dtype = torch.float64 if src.device.type == "cpu" else torch.float32  # CPU: exact enough to compare with NumPy
     s = src.to(dtype)
-    if isinstance(dst, np.ndarray):  # copy: ARCFACE_TEMPLATE is read-only, torch warns on those
-        dst = torch.from_numpy(np.array(dst, dtype=np.float64))
-    d = torch.as_tensor(dst, dtype=dtype, device=src.device).expand_as(s)
+    d = dst.to(device=src.device, dtype=dtype).expand_as(s)
     mu_s = s.mean(dim=1)
     mu_d = d.mean(dim=1)
     sc = s - mu_s[:, None, :]
@@ -61,18 +54,15 @@ def _theta_parts(m: Any, in_h: Any, in_w: Any, stack: Callable[..., Any]) -> Any
     return stack([r0, r1], 1)
 
 
-def pixel_to_theta(M: torch.Tensor | np.ndarray, in_h: int, in_w: int, device: torch.device) -> torch.Tensor:
+def pixel_to_theta(M: np.ndarray, in_h: int, in_w: int, device: torch.device) -> torch.Tensor:
     """Source→crop pixel matrices ``M`` ``(K, 2, 3)`` → ``(K, 2, 3) float32`` ``affine_grid`` thetas on ``device``:
-    ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1`` (``align_corners=False``). A host ``M`` is computed
-    in NumPy and copied once (not ~30 tiny kernels). A singular ``M`` gives non-finite entries."""
-    if isinstance(M, np.ndarray):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, np.stack)
-        # non-blocking: a blocking copy would wait for all the device's queued work (from pageable memory the
-        # driver stages the few bytes at once, so the array may go)
-        return torch.from_numpy(theta.astype(np.float32)).to(device, non_blocking=True)
-    m = M.to(device=device, dtype=_compute_dtype(device))
-    return _theta_parts(m, in_h, in_w, torch.stack).to(torch.float32)
+    ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1`` (``align_corners=False``), computed in NumPy and
+    copied once (not ~30 tiny kernels). A singular ``M`` gives non-finite entries."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, np.stack)
+    # non-blocking: a blocking copy would wait for all the device's queued work (from pageable memory the
+    # driver stages the few bytes at once, so the array may go)
+    return torch.from_numpy(theta.astype(np.float32)).to(device, non_blocking=True)
 
 
 def warp_theta(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:

@@ -219,6 +219,3 @@ class PhotoStage:
     ) -> tuple[list[Any], np.ndarray | None, set[int]]:
         """:meth:`execute` with ``extra`` queued on the embeddings (:func:`faces_selected_on_device`)."""
         return faces_selected_on_device(self.p, prepared, extra)
-
-    def deliver(self, result: list[Any], n: int) -> list[Any]:
-        return result

@@ -1,6 +1,6 @@
 """The photo stage's face selection on the device: NMS, the largest face and its alignment, no host round trip.
 
-The host path's rule and arithmetic: greedy NMS (IoU in fp64) over the first :data:`CANDIDATES` candidates as the
+The host path's rule and arithmetic: greedy NMS (IoU in fp64) over the first ``NMS_ROWS_MAX`` candidates as the
 fixed point of ``keep_j = valid_j ∧ ¬∃ i<j: keep_i ∧ over_ij`` after :data:`ITERATIONS` Jacobi steps (triangular:
 each step fixes one more rank); boxes rescaled and clipped as ``models.detector._detections``; the largest box. The
 detector captures it in its CUDA graph (eager, its ~100 small kernels cost more than the NumPy NMS). A photo with
@@ -13,22 +13,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from facegate.errors import InvalidParameterError
 from facegate.models.detector import DetBatch
 from facegate.models.nms import NMS_ROWS_MAX
 from facegate.pipeline.align_torch import _theta_parts, umeyama_torch
 
-#: Candidates per photo the device NMS looks at (the host path's :data:`~facegate.models.nms.NMS_ROWS_MAX`).
-CANDIDATES = NMS_ROWS_MAX
 #: Jacobi steps of the device NMS; a photo whose suppression chain is longer takes the host path.
 ITERATIONS = 8
 
 
 def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: int) -> tuple[Tensor, Tensor]:
     """Greedy NMS of ``boxes (n, c, 4)`` fp64 in score order, ``valid (n, c) bool`` → ``keep (n, c) bool`` and
-    ``converged (n,) bool``."""
-    if iterations < 1:
-        raise InvalidParameterError(f"the device NMS needs at least one step, got {iterations}")
+    ``converged (n,) bool`` (``iterations >= 1``)."""
     x1, y1, x2, y2 = boxes.unbind(-1)
     areas = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
     iw = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp(min=0)
@@ -54,12 +49,7 @@ def geometry(batch: DetBatch) -> np.ndarray:
 
 
 def choose_and_align(
-    packed: Tensor,
-    geo: Tensor,
-    *,
-    iou_threshold: float,
-    dst: Tensor,
-    candidates: int = CANDIDATES,
+    packed: Tensor, geo: Tensor, *, iou_threshold: float, dst: Tensor, candidates: int = NMS_ROWS_MAX
 ) -> tuple[Tensor, Tensor, Tensor]:
     """NMS, rescale, clip, the largest face and its warp, per row of a detector batch (tensor operations only).
 

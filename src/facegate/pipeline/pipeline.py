@@ -32,7 +32,7 @@ from facegate.quality_reasons import (
     reliability,
 )
 from facegate.tuning import ServingPlan, make_plan
-from facegate.types import CompareResult, Detection, Face, FaceSelect, QualityVerdict
+from facegate.types import CompareResult, Detection, Face, QualityVerdict
 
 if TYPE_CHECKING:
     import torch
@@ -376,17 +376,9 @@ class FacePipeline:
             faces.append(Face(detection=det, embedding=emb[i], quality=verdict, crop=crop))
         return faces
 
-    def faces(
-        self,
-        images: Sequence[np.ndarray],
-        *,
-        select: FaceSelect | str = FaceSelect.LARGEST,
-        face_index: int | None = None,
-        keep_crops: bool = False,
-    ) -> list[list[Face]]:
-        """All stages on ``(H, W, 3) uint8`` photos; per image the selected faces (NoFaceError for the first
-        without)."""
-        chosen = [select_faces(dets, select, face_index) for dets in self.detect(images)]
+    def faces(self, images: Sequence[np.ndarray], *, keep_crops: bool = False) -> list[list[Face]]:
+        """All stages on ``(H, W, 3) uint8`` photos; per image its largest face (NoFaceError for the first without)."""
+        chosen = [select_faces(dets) for dets in self.detect(images)]
         flat = [d for sel in chosen for d in sel]
         owner = [i for i, sel in enumerate(chosen) for _ in sel]
         crops = self.align(images, flat, owner)

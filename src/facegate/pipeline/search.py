@@ -125,9 +125,6 @@ class SearchStage:
                 results[i] = SearchOut(ids if k >= len(ids) else ids[:k], scores[:k], n, seq)
         return results
 
-    def deliver(self, result: list[Any], n: int) -> list[Any]:
-        return result
-
     @classmethod
     def from_settings(
         cls, settings: Any, device: str, model: tuple[str, int] | None = None, **hooks: Any
@@ -239,5 +236,3 @@ class PhotoSearchStage:
                 parts.append(packed.flatten())
                 launched.append(([owners[r] for r in rows], packed.shape[1], finish))
         return torch.cat(parts) if parts else None
-
-    deliver = SearchStage.deliver

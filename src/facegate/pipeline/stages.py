@@ -43,9 +43,6 @@ class DetectStage:
                 out[i] = dets
         return out
 
-    def deliver(self, result: list[list[Detection]], n: int) -> list[list[Detection]]:
-        return result
-
 
 class EmbedStage:
     """Engine stage: payload ``(k,112,112,3) uint8`` crops of one request → ``(emb, quality, raw)`` arrays

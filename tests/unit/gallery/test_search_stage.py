@@ -35,7 +35,7 @@ def store_with(tmp_path: Path, galleries: dict[str, tuple[str, np.ndarray]]) -> 
 
 
 def run(stage: SearchStage, payloads: list[np.ndarray]) -> list[object]:
-    return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    return stage.execute(stage.prepare(payloads))
 
 
 def test_wire_roundtrip_and_malformed() -> None:
@@ -173,8 +173,8 @@ def test_photo_search_on_a_torch_index_shares_the_photo_wait(tmp_path: Path, dev
     ref = PhotoSearchStage(_PhotoOnDevice(t), search)  # its plain execute: the search on its own
     stage = PhotoSearchStage(_PhotoOnDevice(t, device), fused)
     assert stage._search.gallery.index.on_torch and not ref._search.gallery.index.on_torch
-    want = ref.deliver(ref.execute(ref.prepare(payloads)), len(payloads))
-    got = stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    want = ref.execute(ref.prepare(payloads))
+    got = stage.execute(stage.prepare(payloads))
     for w, g in zip(want, got, strict=True):
         if isinstance(w, BaseException):
             assert type(g) is type(w)
@@ -209,7 +209,7 @@ def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
         encode_photo_search("a", bytes([255]), 1),
         encode_photo_search("a", bytes([9]), 1),
     ]
-    out = stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    out = stage.execute(stage.prepare(payloads))
     assert out[0][1].subject_ids[0] == "a4" and len(out[0][1].subject_ids) == 2
     assert out[0][0].embedding.shape == (1, D)
     assert isinstance(out[1], InvalidParameterError)

@@ -20,7 +20,7 @@ from facegate.pipeline.align import (
     umeyama,
     warp_cpu,
 )
-from facegate.pipeline.align_torch import pixel_to_theta, umeyama_torch, warp_theta
+from facegate.pipeline.align_torch import _theta_parts, pixel_to_theta, umeyama_torch, warp_theta
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,14 @@ def _face_landmarks(rng: np.random.Generator, h: int, w: int, n: int, *, near_ed
 
 
 def warp_torch(images: torch.Tensor, m: torch.Tensor | np.ndarray, index: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Crop ``k`` of ``images[index[k]]`` (``(B, 3, H, W)``) by the source→crop matrix ``m[k]``: ``(K, 3, 112, 112)``"""
+    """Crop ``k`` of ``images[index[k]]`` (``(B, 3, H, W)``) by the source→crop matrix ``m[k]``: ``(K, 3, 112, 112)``;
+    a tensor ``m`` gets its thetas on the device in float64, as :mod:`facegate.pipeline.photo_select` does"""
     h, w = int(images.shape[2]), int(images.shape[3])
-    return warp_theta(images[torch.as_tensor(index)], pixel_to_theta(m, h, w, images.device))
+    if isinstance(m, torch.Tensor):
+        theta = _theta_parts(m.to(images.device, torch.float64), h, w, torch.stack).float()
+    else:
+        theta = pixel_to_theta(m, h, w, images.device)
+    return warp_theta(images[torch.as_tensor(index)], theta)
 
 
 def _torch_crops(images: list[np.ndarray], mats: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -172,11 +177,13 @@ def test_umeyama_torch_matches_numpy() -> None:
     rng = np.random.default_rng(4)
     src = _face_landmarks(rng, 3000, 4000, 32)
     ref = umeyama(src, ARCFACE_TEMPLATE)
-    got = umeyama_torch(torch.from_numpy(src), ARCFACE_TEMPLATE)
+    got = umeyama_torch(torch.from_numpy(src), torch.from_numpy(template()))
     assert got.shape == (32, 2, 3) and got.dtype == torch.float32
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-6, atol=1e-4)
     dst = rng.uniform(0, 100, (32, 5, 2))
-    np.testing.assert_allclose(umeyama_torch(torch.from_numpy(src), dst).numpy(), umeyama(src, dst), atol=1e-4)
+    np.testing.assert_allclose(
+        umeyama_torch(torch.from_numpy(src), torch.from_numpy(dst)).numpy(), umeyama(src, dst), atol=1e-4
+    )
 
 
 def test_estimation_input_errors() -> None:
@@ -367,7 +374,7 @@ def test_cuda_warp_equals_cpu_warp() -> None:
     cpu = align_cpu(images, lms, idx)
     dev = torch.device("cuda")
     batch = pad_images_torch([torch.from_numpy(im).permute(2, 0, 1) for im in images]).to(dev)
-    mats = umeyama_torch(torch.from_numpy(lms).to(dev), template())
+    mats = umeyama_torch(torch.from_numpy(lms).to(dev), torch.from_numpy(template()))
     np.testing.assert_allclose(mats.cpu().numpy(), estimate_transforms(lms), rtol=1e-5, atol=2e-3)
     for m in (mats, mats.cpu().numpy()):  # thetas on the device, and from host matrices
         out = warp_torch(batch, m, torch.from_numpy(idx).to(dev))

@@ -55,7 +55,7 @@ def _lfw_bytes(lfw_root: Path, n: int) -> list[bytes]:
 
 def _run(stage: PhotoStage, datas: list[bytes]) -> list[object]:
     payloads = [np.frombuffer(d, np.uint8) for d in datas]
-    return stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads))
+    return stage.execute(stage.prepare(payloads))
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -373,7 +373,7 @@ def test_photo_search_reads_its_hits_from_the_photo_wait(
         search = SearchStage(lambda index=index: Gallery(open_store(url), index), model=model)
         stage = PhotoSearchStage(PhotoStage(work, **LIMITS), search)
         payloads = [encode_photo_search("g", d, 3) for d in datas]
-        answers.append(stage.deliver(stage.execute(stage.prepare(payloads)), len(payloads)))
+        answers.append(stage.execute(stage.prepare(payloads)))
         search.close()
     store.close()
     assert launched == [len(datas)]  # one search of the whole batch, queued on the photo stage's wait

@@ -137,7 +137,7 @@ def test_fp16_on_cpu_is_refused() -> None:
 
 def test_engine_stages_split_results(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
     detect, embed = pipeline.stages()
-    dets = detect.deliver(detect.execute(detect.prepare([photos["a1"], photos["b1"]])), 2)
+    dets = detect.execute(detect.prepare([photos["a1"], photos["b1"]]))
     assert len(dets) == 2 and all(len(d) == 1 for d in dets)
     crops = pipeline.align([photos["a1"], photos["b1"]], [dets[0][0], dets[1][0]], [0, 1])
     payloads = [crops[:1], crops]  # two requests: 1 face and 2 faces
