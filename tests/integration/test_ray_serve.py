@@ -190,6 +190,17 @@ def _engine_infos(engine: Any, want: int, timeout_s: float = 120.0, exclude: set
     pytest.fail(f"only {len(seen)} of {want} engine replicas answered within {timeout_s} s")
 
 
+def _wait_local_connections(infos: dict[str, Any], timeout_s: float) -> None:
+    """Until every ingress reaches every engine replica of its machine (here: both nodes') through its Unix socket.
+
+    An ingress finds the engine replicas by asking Ray Serve's router, so one that started before the second
+    engine replica was up learns of it a discovery round later."""
+    want, deadline = [INGRESS_REPLICAS] * len(infos), time.monotonic() + timeout_s
+    while (conns := [_unix_connections(i["local"]["address"]) for i in infos.values()]) != want:
+        assert time.monotonic() < deadline, f"local connections per engine replica: {conns}, not {want}"
+        time.sleep(0.5)
+
+
 def _engine_of(r: httpx.Response) -> set[str]:
     return set(filter(None, r.headers.get("x-facegate-engine-replicas", "").split(",")))
 
@@ -198,6 +209,7 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
     """compare, embed, detect, enrol on one replica → search on the other, delete; both replicas serve."""
     infos = _engine_infos(ray_facegate["engine"], ENGINE_REPLICAS)
     assert len({i["node"] for i in infos.values()}) == 2, "the engine replicas run on the two nodes"
+    _wait_local_connections(infos, timeout_s=60)  # else an ingress may send everything to the one it knows
     p = lambda name, i: _photo(lfw_root, name, i)  # noqa: E731
     engines: Counter[str] = Counter()
     ingresses: Counter[str] = Counter()
@@ -224,11 +236,12 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
         assert "facegate_items_total" in c.get("/metrics").text  # the engine's families reach the ingress
         assert c.post("/api/galleries", json={"name": "staff"}).status_code == 201
 
-        # enrol through one replica, search through whichever answers next; until both crossings were seen
+        # enrol through one replica, search through whichever answers next; until both crossings were seen (each
+        # pair crosses with probability 1/2: engines are picked at random among idle ones)
         crossed: set[tuple[str, str]] = set()
         visible_ms: list[float] = []
         people = ["Tony_Blair", "George_W_Bush", "Gerhard_Schroeder", "Donald_Rumsfeld", "Colin_Powell"]
-        for n, name in enumerate(people * 2):
+        for n, name in enumerate(people * 4):
             sid = f"{name.lower()}-{n}"
             r = c.post(f"/api/galleries/staff/subjects/{sid}", files=[("images", ("e.jpg", p(name, 1)))])
             assert r.status_code in (200, 201), r.text
@@ -262,11 +275,8 @@ def test_routes_across_replicas(ray_facegate: dict[str, Any], lfw_root: Path) ->
         assert c.post("/api/galleries", json={"name": "gone"}).status_code == 201
         assert c.delete("/api/galleries/gone").status_code == 200
         assert c.get("/api/galleries/gone/subjects").json()["error"]["code"] == "gallery_not_found"
-    # every ingress reaches the engine replicas of its machine (here: both nodes') through their Unix sockets
-    want, deadline = [INGRESS_REPLICAS] * len(infos), time.monotonic() + 30
-    while (conns := [_unix_connections(i["local"]["address"]) for i in infos.values()]) != want:
-        assert time.monotonic() < deadline, f"local connections per engine replica: {conns}, not {want}"
-        time.sleep(0.5)
+    # the ingresses kept their local connections to every engine replica through all of the above
+    _wait_local_connections(infos, timeout_s=30)
 
 
 def test_ray_metrics_endpoint(ray_facegate: dict[str, Any]) -> None:
