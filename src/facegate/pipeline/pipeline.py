@@ -309,13 +309,10 @@ class FacePipeline:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
         if len(images) == 0:
             return []
-        import torch  # here, not at import time: front-ends import this module without torch
+        from facegate.pipeline.stages import DetectStage  # here: front-ends import this module without torch
 
-        from facegate.pipeline.stages import DetectStage
-
-        stage = DetectStage(self)
-        with torch.inference_mode():
-            return stage.execute(stage.prepare(list(images)))
+        stage = DetectStage(self)  # execute runs in inference mode; prepare builds host canvases, as in the engine
+        return stage.execute(stage.prepare(list(images)))
 
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
