@@ -344,7 +344,8 @@ def gpu_decode_available() -> bool:
 
 
 def _use_nvjpeg(device: torch.device) -> bool:
-    """Whether JPEGs for ``device`` go to nvJPEG (the tests replace it to drive that path on the CPU)."""
+    """Whether JPEGs for ``device`` go to nvJPEG (the tests replace it and :func:`nvjpeg_decode` to drive that
+    path on the CPU)."""
     return device.type == "cuda" and gpu_decode_available()
 
 
@@ -385,8 +386,6 @@ def nvjpeg_decode(data: Any, device: torch.device) -> Any:
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    if device.type != "cuda":  # a stand-in decoder (tests)
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _decode_streams_lock:
         side = _decode_streams.get(index)

@@ -437,15 +437,13 @@ def test_batch_decode_cpu_fallback(jpeg_bytes: bytes, png_bytes: bytes) -> None:
 
 
 def test_batch_decode_nvjpeg_logic_with_a_fake_decoder(monkeypatch: pytest.MonkeyPatch, jpeg_bytes: bytes) -> None:
-    """Drive the nvJPEG branch on the CPU: a stand-in ``torchvision.io.decode_jpeg`` that, like nvJPEG,
-    ignores EXIF orientation and fails the whole batch when one image fails."""
-    import types
-
+    """Drive the nvJPEG branch on the CPU: a stand-in ``nvjpeg_decode`` that, like nvJPEG, ignores EXIF
+    orientation and fails the whole batch when one image fails."""
     from facegate.io import decode as mod
 
     calls: list[int] = []
 
-    def fake_decode_jpeg(inp: object, mode: object = None, device: object = None) -> object:
+    def fake_nvjpeg_decode(inp: object, device: object) -> object:
         items = inp if isinstance(inp, list) else [inp]
         calls.append(len(items))
         out = []
@@ -457,13 +455,7 @@ def test_batch_decode_nvjpeg_logic_with_a_fake_decoder(monkeypatch: pytest.Monke
             out.append(torch.from_numpy(arr).permute(2, 0, 1))
         return out if isinstance(inp, list) else out[0]
 
-    tv = types.ModuleType("torchvision")
-    tv_io = types.ModuleType("torchvision.io")
-    tv_io.decode_jpeg = fake_decode_jpeg  # type: ignore[attr-defined]
-    tv_io.ImageReadMode = types.SimpleNamespace(RGB="RGB")  # type: ignore[attr-defined]
-    tv.io = tv_io  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torchvision", tv)
-    monkeypatch.setitem(sys.modules, "torchvision.io", tv_io)
+    monkeypatch.setattr(mod, "nvjpeg_decode", fake_nvjpeg_decode)
     monkeypatch.setattr(mod, "_use_nvjpeg", lambda device: True)
 
     rotated = [_encode(_pattern(), "JPEG", quality=95, exif=_exif(o)) for o in (3, 6, 8)]
