@@ -174,9 +174,7 @@ class GalleryIndex:
         self._guard = threading.Lock()  # protects the dict itself, not the entries' contents
 
     def _entry(self, gallery: str) -> _Entry:
-        with self._guard:
-            entry = self._entries.get(gallery)
-        if entry is None:
+        if (entry := self.entry(gallery)) is None:
             raise GalleryNotFoundError(f"gallery {gallery!r} is not in the search index", detail={"gallery": gallery})
         return entry
 
@@ -210,7 +208,7 @@ class GalleryIndex:
         """Whether the templates are torch tensors (then :meth:`launch` works)."""
         return isinstance(self._ops, _TorchOps)
 
-    def entry(self, gallery: str) -> object | None:
+    def entry(self, gallery: str) -> _Entry | None:
         """The gallery's entry as an identity token (a re-created gallery gets a new one), or None."""
         with self._guard:
             return self._entries.get(gallery)
