@@ -46,13 +46,10 @@ def read_pairs(root: Path) -> list[Pair]:
         raise InvalidParameterError(f"pairs.txt has {len(rows)} pairs, expected {n_folds * 2 * n_each}")
     pairs: list[Pair] = []
     for k, r in enumerate(rows):
-        fold = k // (2 * n_each)
-        if len(r) == 3:
-            pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(r[0], int(r[2])), fold, True))
-        elif len(r) == 4:
-            pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(r[2], int(r[3])), fold, False))
-        else:
+        if len(r) not in (3, 4):
             raise InvalidParameterError(f"malformed pairs.txt line {k + 2}: {' '.join(r)}")
+        other, idx = (r[0], r[2]) if len(r) == 3 else (r[2], r[3])  # genuine: name i j; impostor: name i other j
+        pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(other, int(idx)), k // (2 * n_each), len(r) == 3))
     return pairs
 
 

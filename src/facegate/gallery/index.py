@@ -174,9 +174,7 @@ class GalleryIndex:
         self._guard = threading.Lock()  # protects the dict itself, not the entries' contents
 
     def _entry(self, gallery: str) -> _Entry:
-        with self._guard:
-            entry = self._entries.get(gallery)
-        if entry is None:
+        if (entry := self.entry(gallery)) is None:
             raise GalleryNotFoundError(f"gallery {gallery!r} is not in the search index", detail={"gallery": gallery})
         return entry
 
@@ -210,19 +208,18 @@ class GalleryIndex:
         """Whether the templates are torch tensors (then :meth:`launch` works)."""
         return isinstance(self._ops, _TorchOps)
 
-    def entry(self, gallery: str) -> object | None:
+    def entry(self, gallery: str) -> _Entry | None:
         """The gallery's entry as an identity token (a re-created gallery gets a new one), or None."""
         with self._guard:
             return self._entries.get(gallery)
 
     def ensure_gallery(self, gallery: str, dim: int) -> None:
-        """Add an empty gallery of dimension ``dim`` (no-op when present with the same dim)."""
+        """Add an empty gallery of dimension ``dim``: a no-op when present with that dim, a fresh one in place of a
+        gallery of another dim (deleted and re-created under this name)."""
         with self._guard:
             entry = self._entries.get(gallery)
-            if entry is None:
+            if entry is None or entry.dim != dim:
                 self._entries[gallery] = self._make_entry(dim, [], np.zeros((0, dim), np.float32))
-            elif entry.dim != dim:
-                raise _mismatch(f"index gallery {gallery!r} exists with another dimension", dim, entry.dim)
 
     def load_all(self, galleries: dict[str, tuple[int, list[str], np.ndarray]]) -> None:
         """Replace every gallery at once: ``{name: (dim, subject_ids, (S, D) float32 templates)}``."""
@@ -234,9 +231,6 @@ class GalleryIndex:
         """Forget a gallery (no-op when absent)."""
         with self._guard:
             self._entries.pop(gallery, None)
-
-    def dim(self, gallery: str) -> int:
-        return self._entry(gallery).dim
 
     def upsert(self, gallery: str, subject_id: str, template: np.ndarray) -> None:
         """Insert or overwrite one subject's template ``(D,) float32`` (unit norm)."""

@@ -57,7 +57,7 @@ class PostgresGalleryStore(GalleryStore):
 
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
         self._url = url
-        self._timeout = connect_timeout_s
+        self._connect_kw = {"connect_timeout": max(1, int(connect_timeout_s))}  # libpq's, in whole seconds
         self._listen: Any = None
         self._listen_lock = threading.Lock()
         self._pool = ConnectionPool(
@@ -65,7 +65,7 @@ class PostgresGalleryStore(GalleryStore):
             min_size=1,
             max_size=4,
             timeout=connect_timeout_s,
-            kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
+            kwargs=self._connect_kw,
             # one empty query per checkout: a connection the server dropped (a restart, a failover) is replaced
             # before use instead of failing the request that drew it
             check=ConnectionPool.check_connection,
@@ -171,9 +171,7 @@ class PostgresGalleryStore(GalleryStore):
         with self._listen_lock:
             try:
                 if self._listen is None or self._listen.closed:
-                    self._listen = psycopg.connect(
-                        self._url, autocommit=True, connect_timeout=max(1, int(self._timeout))
-                    )
+                    self._listen = psycopg.connect(self._url, autocommit=True, **self._connect_kw)
                     self._listen.execute(f"LISTEN {CHANNEL}")
                 # a change committed before LISTEN took effect has sent its NOTIFY already
                 if self.current_seq() > after:

@@ -81,10 +81,8 @@ class Gallery:
             idx.drop(c.gallery)
         elif c.op == "create_gallery":
             if c.dim is not None:
-                # a gallery deleted and re-created under this name before the feed was read: the later
-                # delete_gallery/create_gallery changes bring the index to the final state
-                if idx.has(c.gallery) and idx.dim(c.gallery) != c.dim:
-                    idx.drop(c.gallery)
+                # a gallery deleted and re-created under this name before the feed was read (ensure_gallery replaces
+                # one of another dim): the later delete_gallery/create_gallery changes bring the index to the end state
                 idx.ensure_gallery(c.gallery, c.dim)
         elif c.subject_id is not None and idx.has(c.gallery):
             if c.template is None:

@@ -98,9 +98,7 @@ class SQLiteGalleryStore(GalleryStore):
             mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
             if mode != "wal" and not memory:
                 log.warning("gallery %s: WAL unavailable on this file system, journal_mode=%s", self._path, mode)
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA secure_delete=ON")
+            conn.executescript("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON")
             self._migrate(conn)
         except BaseException as exc:
             conn.close()

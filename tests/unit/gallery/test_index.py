@@ -99,8 +99,6 @@ def test_search_errors() -> None:
     with pytest.raises(DimensionMismatchError):
         idx.upsert("g", "b", unit(rng, 1, 9)[0])
     with pytest.raises(DimensionMismatchError):
-        idx.ensure_gallery("g", 16)
-    with pytest.raises(DimensionMismatchError):
         idx.load_all({"h": (8, ["a", "b"], unit(rng, 3, 8))})
     with pytest.raises(InvalidParameterError):
         GalleryIndex(dtype=torch.int8)
@@ -150,7 +148,11 @@ def test_load_all_replaces_everything_and_drop() -> None:
     assert idx.sizes() == {"a": 2, "b": 0}
     assert not idx.has("stale")
     idx.load_all({"a": (4, ["r"], unit(rng, 1, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
-    assert idx.snapshot("a")[0] == ["r"] and idx.dim("a") == 4
+    assert idx.snapshot("a")[0] == ["r"] and idx.snapshot("a")[1].shape == (1, 4)
+    idx.ensure_gallery("a", 4)  # present with that dim: kept
+    assert idx.snapshot("a")[0] == ["r"]
+    idx.ensure_gallery("a", 6)  # another dim (a re-created gallery): a fresh, empty one
+    assert idx.snapshot("a")[1].shape == (0, 6)
     idx.drop("a")
     idx.drop("a")
     assert idx.sizes() == {"b": 0}
