@@ -177,69 +177,6 @@ def start_server(settings: Settings, service: Any = None, *, ready: bool = True)
     return srv
 
 
-@dataclass
-class ServerProcess:
-    """``facegate serve`` in a child process (real default models, real lifespan)."""
-
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def client(self, **kw: Any) -> httpx.Client:
-        kw.setdefault("timeout", 120.0)
-        return httpx.Client(base_url=self.url, **kw)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
-        """Poll /readyz until 200; returns its body."""
-        deadline = time.monotonic() + timeout_s
-        with self.client(timeout=5.0) as c:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-                try:
-                    r = c.get("/readyz")
-                    if r.status_code == 200:
-                        return dict(r.json())
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-        pytest.fail(f"server not ready in {timeout_s} s:\n{self.log_text()[-3000:]}")
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM (uvicorn's graceful shutdown: lifespan stops the engine, closes the gallery); returns rc."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
-
-
-def spawn_server(data_dir: Path, log_path: Path, **env_settings: str) -> ServerProcess:
-    """Start ``facegate serve`` in a child process configured through ``FACEGATE_*`` variables."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FACEGATE_")}
-    env.update(
-        {
-            "FACEGATE_HOST": "127.0.0.1",
-            "FACEGATE_PORT": str(port),
-            "FACEGATE_DATA_DIR": str(data_dir),
-            "FACEGATE_DEVICE": "cpu",
-            "FACEGATE_PRECISION": "fp32",
-        }
-    )
-    env.update({f"FACEGATE_{k.upper()}": v for k, v in env_settings.items()})
-    with open(log_path, "ab") as log_file:
-        cmd = [sys.executable, "-m", "facegate", "serve"]
-        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    return ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
-
-
 def tiny_service(settings: Settings) -> Any:
     """The real FaceService with the real detector and the tiny random-weight recognizer."""
     from facegate.service.faces import FaceService
@@ -350,37 +287,55 @@ def parse_metric(text: str, name: str, labels: dict[str, str] | None = None) -> 
 class ServeProcess:
     """One ``facegate serve`` process group (supervisor, and engine and front-ends when ``workers`` ≥ 2)."""
 
-    def __init__(self, data_dir: Path, *, workers: int = 1, env: dict[str, str] | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        workers: int = 1,
+        engines: int = 1,
+        device: str = "cpu",
+        env: dict[str, str | None] | None = None,
+        port: int = 0,
+    ) -> None:
+        """``env``: variables on top of this process's and the defaults below; ``None`` removes one."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"serve-{self.port}.log"
-        argv = [sys.executable, "-m", "facegate", "serve", "--device", "cpu", "--port", str(self.port)]
-        if workers > 1:
-            argv += ["--workers", str(workers)]
+        argv = [sys.executable, "-m", "facegate", "serve", "--device", device, "--port", str(self.port)]
+        for flag, n in (("--workers", workers), ("--engines", engines)):
+            if n > 1:
+                argv += [flag, str(n)]
         full_env = {**os.environ, "FACEGATE_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1", **(env or {})}
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [*argv, "--data-dir", str(data_dir)],
-            env=full_env,
+            env={k: v for k, v in full_env.items() if v is not None},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a kill of the group reaches every process of it
         )
 
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
+    def client(self, **kw: Any) -> httpx.Client:
+        kw.setdefault("timeout", 120.0)
+        return httpx.Client(base_url=self.url, **kw)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        """Poll /readyz until 200; returns its body."""
         deadline = time.monotonic() + timeout_s
         while True:
             assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.log()[-3000:]}"
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
+                r = httpx.get(self.url + "/readyz", timeout=2)
+                if r.status_code == 200:
+                    return dict(r.json())
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f} s"
             time.sleep(0.2)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def pids(self) -> list[int]:
@@ -397,6 +352,14 @@ class ServeProcess:
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
         self._log.close()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (uvicorn's graceful shutdown: the lifespan stops the engine, closes the gallery); returns rc."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout_s)
+        return int(self.close())
 
     def close(self) -> Any:
         if self.proc.poll() is None:
@@ -424,7 +387,6 @@ def fg() -> SimpleNamespace:
         many=many,
         parse_metric=parse_metric,
         png_bytes=png_bytes,
-        spawn_server=spawn_server,
         start_server=start_server,
         tiny_service=tiny_service,
     )

@@ -204,8 +204,7 @@ def test_a_busy_gallery_file_degrades_then_recovers(
 def test_restart_keeps_the_gallery_real_models(tmp_path: Path, lfw_root: Path, fg: SimpleNamespace) -> None:
     """`run(settings)` in a child process with the real default models; the gallery survives a restart."""
     img = lambda name, n=1: fg.lfw_image(lfw_root, name, n)  # noqa: E731
-    data_dir = tmp_path / "data"
-    first = fg.spawn_server(data_dir, tmp_path / "server.log")
+    first = fg.ServeProcess(tmp_path)
     try:
         ready = first.wait_ready()
         assert ready == {"status": "ready", "model": "sface", "device": "cpu", "precision": "fp32"}
@@ -233,10 +232,10 @@ def test_restart_keeps_the_gallery_real_models(tmp_path: Path, lfw_root: Path, f
     finally:
         rc = first.stop()
     # graceful shutdown: uvicorn runs the lifespan's shutdown, then re-raises SIGTERM (rc -15) or exits 0
-    assert rc in (0, -signal.SIGTERM), first.log_text()[-3000:]
-    assert "facegate stopped" in first.log_text() and "Traceback" not in first.log_text()
+    assert rc in (0, -signal.SIGTERM), first.log()[-3000:]
+    assert "facegate stopped" in first.log() and "Traceback" not in first.log()
 
-    second = fg.spawn_server(data_dir, tmp_path / "server.log")
+    second = fg.ServeProcess(tmp_path)
     try:
         second.wait_ready()
         with second.client() as c:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,12 +15,6 @@ import httpx
 import pytest
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [int(x) for x in out]
@@ -29,31 +22,19 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.lfw
 @pytest.mark.parametrize("preprocess", ["off", "on"])
-def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_path: Path, preprocess: str) -> None:
+def test_two_front_ends_share_two_engines_and_one_gallery(
+    lfw_root: Path, tmp_path: Path, preprocess: str, fg: SimpleNamespace
+) -> None:
     """``preprocess`` = Settings.gpu_preprocess: "on" sends the photos' bytes to the engines' photo stage."""
-    port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1", "FACEGATE_GPU_PREPROCESS": preprocess}
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--engines", "2", "--device", "cpu"]
-    argv += ["--port", str(port)]
-    proc = subprocess.Popen(
-        [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
+    env = {"FACEGATE_LOG_LEVEL": "WARNING", "FACEGATE_GPU_PREPROCESS": preprocess}
+    server = fg.ServeProcess(tmp_path, workers=2, engines=2, env=env)
+    url, proc = server.url, server.proc
 
     def photo(name: str, i: int) -> bytes:
         return (lfw_root / "lfw-deepfunneled" / name / f"{name}_{i:04d}.jpg").read_bytes()
 
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "not ready within 180 s"
-            time.sleep(0.5)
+        server.wait_ready()
         with httpx.Client(base_url=url, timeout=60) as c:
             # the engine process plus two uvicorn front-ends (plus uvicorn's supervisor's helpers)
             ready = [c.get("/readyz") for _ in range(6)]
@@ -110,12 +91,10 @@ def test_two_front_ends_share_two_engines_and_one_gallery(lfw_root: Path, tmp_pa
         assert len(spawned) == 4 and sum(_loads_torch(c) for c in spawned) == 2, spawned
     finally:
         proc.send_signal(signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0
+        rc = server.close()
+    assert rc == 0, server.log()[-3000:]
     assert _children(proc.pid) == []
 
 
@@ -134,41 +113,27 @@ def _start_time(pid: int) -> int:
         return int(fh.read().rsplit(")", 1)[1].split()[19])
 
 
-def test_a_dead_engine_takes_the_server_down(tmp_path: Path) -> None:
+def test_a_dead_engine_takes_the_server_down(tmp_path: Path, fg: SimpleNamespace) -> None:
     """The engine process is killed: the server stops its front-ends and exits non-zero with a JSON error.
     Neither the supervisor nor the front-ends load torch (``--device auto``: the plan resolves it without)."""
-    port = _free_port()
-    env = {**os.environ, "FACEGATE_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "facegate", "serve", "--workers", "2", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*argv, "--data-dir", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    server = fg.ServeProcess(tmp_path, workers=2, device="auto", env={"FACEGATE_LOG_LEVEL": "WARNING"})
+    proc = server.proc
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "not ready within 180 s"
-            time.sleep(0.5)
+        server.wait_ready()
         spawned = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
         engine = min(spawned, key=_start_time)  # spawned first, before uvicorn's workers
         # only the engine loads torch: the front-ends decode, align, search and answer without it
         assert [c for c in spawned if _loads_torch(c)] == [engine], [(c, _loads_torch(c)) for c in spawned]
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
             assert all(c.get("/readyz").status_code == 200 for _ in range(4))  # /readyz does not load it either
         assert [c for c in spawned if _loads_torch(c)] == [engine]
         assert not _loads_torch(proc.pid)  # nor the supervisor
         os.kill(engine, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    assert b"the engine process died" in out
+        rc = server.close()
+    assert rc != 0
+    assert "the engine process died" in server.log()
     assert _children(proc.pid) == []
 
 

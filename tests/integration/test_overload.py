@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def test_ten_times_capacity(tmp_path: Path, lfw_root: Path, fg: SimpleNamespace) -> None:
-    srv = fg.spawn_server(tmp_path / "data", tmp_path / "server.log", request_timeout_s="10")
+    # the runner's thread count, as ``facegate serve`` on its own would have it
+    env = {"FACEGATE_REQUEST_TIMEOUT_S": "10", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    srv = fg.ServeProcess(tmp_path, env=env)
     try:
         srv.wait_ready()
         photo = fg.lfw_image(lfw_root, "Colin_Powell", 1).read_bytes()

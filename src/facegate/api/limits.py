@@ -121,8 +121,7 @@ def header_pixels(file: UploadFile) -> int:
     try:
         f.seek(0)
         with Image.open(f, formats=FORMATS) as img:
-            w, h = img.size
-        return int(w) * int(h)
+            return img.width * img.height
     except Image.DecompressionBombError:
         return 2 * (Image.MAX_IMAGE_PIXELS or 0) + 1
     except Exception:  # not an image, truncated header, ...: the decoder reports it properly
