@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor, nn
 
@@ -27,3 +29,15 @@ def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm)
         )
     else:
         layer.bias.copy_(b.to(layer.bias.dtype))
+
+
+@torch.no_grad()
+def fold_batchnorms(model: nn.Module) -> None:
+    """:func:`fold_into` every BatchNorm registered right after the conv or linear layer that feeds it (in an
+    ``nn.Sequential``, or a module whose forward runs its children in that order), in place; each becomes
+    ``nn.Identity``. A BatchNorm after anything else stays."""
+    for parent in list(model.modules()):
+        for (_, layer), (name, bn) in itertools.pairwise(list(parent.named_children())):
+            if isinstance(layer, nn.Conv2d | nn.Linear) and isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                fold_into(layer, bn)
+                setattr(parent, name, nn.Identity())

