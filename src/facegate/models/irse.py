@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError, InvalidParameterError
+from facegate.errors import CheckpointError
 from facegate.models.fold import fold_batchnorms
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,6 @@ class IRSE64RTS(nn.Module):
         """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN, before a zero-padded
         conv, and ``features.2.0`` stay); an identity shortcut becomes a :class:`Subsample`. Eval only, idempotent,
         after loading (the keys change)."""
-        if self.training:
-            raise InvalidParameterError("IRSE64RTS.fuse() folds eval BatchNorm statistics; call .eval() first")
-        if self.fused:
-            return self
         fold_batchnorms(self)
         for unit in self.features[1]:
             if isinstance(unit.shortcut_layer, nn.MaxPool2d):

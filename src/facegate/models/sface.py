@@ -123,10 +123,6 @@ class SFace(nn.Module):
     def fuse(self) -> SFace:
         """Fold every conv BN and ``fc1`` in place (``bn1`` stays: its output is ``features``); eval only,
         idempotent, after loading (the keys change)."""
-        if self.training:
-            raise InvalidParameterError("SFace.fuse() folds eval BatchNorm statistics; call .eval() first")
-        if self.fused:
-            return self
         fold_batchnorms(self)  # each unit's bn into its conv, fc1 into pre_fc1
         self.fused = True
         return self
