@@ -60,14 +60,6 @@ class ConvBNPReLU(nn.Module):
         return self.act(self.bn(conv(x)))
 
 
-def depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
-    """Depthwise 3×3 ``dw`` then pointwise 1×1 ``pw`` :class:`ConvBNPReLU`: ``(N, c_in, H, W)`` → ``(N, c_out,
-    ceil(H / stride), ceil(W / stride))``."""
-    return nn.Sequential(
-        OrderedDict(dw=ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in), pw=ConvBNPReLU(c_in, c_out, 1, 1))
-    )
-
-
 class SFace(nn.Module):
     """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN (a 128-d embedding of 112×112 crops). ``widths``:
     ``[stem, block_1, …]``; ``strides``: each block's; ``feature_dim``: the flattened trunk's size (50176 for the
@@ -92,9 +84,13 @@ class SFace(nn.Module):
         self.fused = False
 
         self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
+        # conv_2 ... conv_{B+1}: a depthwise 3×3 ``dw`` (the block's stride) then a pointwise 1×1 ``pw``
         self.blocks = nn.Sequential(
-            *(depthwise_separable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
-        )  # conv_2 ... conv_{B+1}
+            *(
+                nn.Sequential(OrderedDict(dw=ConvBNPReLU(c, c, 3, s, groups=c), pw=ConvBNPReLU(c, c_out, 1, 1)))
+                for c, c_out, s in zip(widths[:-1], widths[1:], strides, strict=True)
+            )
+        )
         self.bn1 = nn.BatchNorm2d(widths[-1], eps=HEAD_BN_EPS)
         self.dropout = nn.Dropout(0.4)
         self.pre_fc1 = nn.Linear(self.feature_dim, self.embedding_dim)
