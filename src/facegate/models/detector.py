@@ -271,7 +271,7 @@ class FaceDetector:
     def forward(self, batch: DetBatch) -> RawOutputs:
         """The batch's raw outputs on the device, in the model dtype (an ORT network takes the uint8 batch)."""
         x = self._host_batch(batch)
-        if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
+        if not isinstance(self.model, nn.Module):  # ONNX Runtime: the cast and flip are in its graph
             return self.model(x)
         return self.model(self._to_input(x))
 

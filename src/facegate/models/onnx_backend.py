@@ -191,8 +191,6 @@ class OrtYuNet:
     """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
     of float32 host tensors. ``torch_model``: the module it was exported from."""
 
-    takes_host_batch = True
-
     def __init__(self, session: Any, torch_model: nn.Module) -> None:
         self.session = session
         self.torch_model = torch_model
