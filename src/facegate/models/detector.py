@@ -421,8 +421,7 @@ class FaceDetector:
                 self._finish_host(packed.cpu().numpy(), b, full)
                 for b, (packed, full) in zip(pending.batches, pending.on_device, strict=True)
             ]
-        if pending.event is not None:
-            pending.event.synchronize()
+        pending.event.synchronize()  # the CUDA path: the one left with neither done nor on_device
         return [
             self._finish_host(host.numpy(), b, None) for b, host in zip(pending.batches, pending.copies, strict=True)
         ]
