@@ -135,10 +135,6 @@ class IRSE64RTS(nn.Module):
         """``(N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), logvar (N, 1))``."""
         return self.heads(self.forward_features(x))
 
-    @property
-    def fused(self) -> bool:
-        return isinstance(self.features[0][1], nn.Identity)
-
     @torch.no_grad()
     def fuse(self) -> IRSE64RTS:
         """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN, before a zero-padded

@@ -81,7 +81,6 @@ class SFace(nn.Module):
         for s in strides:  # a 3×3, pad-1 conv
             side = (side - 1) // s + 1
         self.feature_dim = widths[-1] * side * side
-        self.fused = False
 
         self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
         # conv_2 ... conv_{B+1}: a depthwise 3×3 ``dw`` (the block's stride) then a pointwise 1×1 ``pw``
@@ -120,7 +119,6 @@ class SFace(nn.Module):
         """Fold every conv BN and ``fc1`` in place (``bn1`` stays: its output is ``features``); eval only,
         idempotent, after loading (the keys change)."""
         fold_batchnorms(self)  # each unit's bn into its conv, fc1 into pre_fc1
-        self.fused = True
         return self
 
 
