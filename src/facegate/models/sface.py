@@ -74,7 +74,6 @@ class SFace(nn.Module):
             )
         if min(widths) < 1 or any(s not in (1, 2) for s in strides):
             raise InvalidParameterError("SFace widths must be >= 1 and strides 1 or 2")
-        self.widths, self.strides = widths, strides
         self.embedding_dim = 128
         self.input_size = 112
         side = self.input_size
