@@ -91,25 +91,23 @@ def run_trunk(
     split, chunk = plan.split(n) if plan is not None else (0, n)
     if split == 0:
         h = inputs(0, n)
-        for stage in stages:
-            h = stage(h)
-        return h
-    buf: Tensor | None = None
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        h = inputs(start, stop)
-        for stage in stages[:split]:
-            h = stage(h)
-        m = stop - start
-        copies = h.shape[0] // m
-        if buf is None:
-            fmt = torch.channels_last if h.ndim == 4 and not h.is_contiguous() else torch.contiguous_format
-            buf = torch.empty((copies * n, *h.shape[1:]), dtype=h.dtype, device=h.device, memory_format=fmt)
-        for r in range(copies):
-            buf[r * n + start : r * n + stop].copy_(h[r * m : (r + 1) * m])
-        del h
-    assert buf is not None
-    h = buf
+    else:
+        buf: Tensor | None = None
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            h = inputs(start, stop)
+            for stage in stages[:split]:
+                h = stage(h)
+            m = stop - start
+            copies = h.shape[0] // m
+            if buf is None:
+                fmt = torch.channels_last if h.ndim == 4 and not h.is_contiguous() else torch.contiguous_format
+                buf = torch.empty((copies * n, *h.shape[1:]), dtype=h.dtype, device=h.device, memory_format=fmt)
+            for r in range(copies):
+                buf[r * n + start : r * n + stop].copy_(h[r * m : (r + 1) * m])
+            del h
+        assert buf is not None
+        h = buf
     for stage in stages[split:]:
         h = stage(h)
     return h

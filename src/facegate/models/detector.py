@@ -271,7 +271,7 @@ class FaceDetector:
     def forward(self, batch: DetBatch) -> RawOutputs:
         """The batch's raw outputs on the device, in the model dtype (an ORT network takes the uint8 batch)."""
         x = self._host_batch(batch)
-        if getattr(self.model, "takes_host_batch", False):  # ONNX Runtime: the cast and flip are in its graph
+        if not isinstance(self.model, nn.Module):  # ONNX Runtime: the cast and flip are in its graph
             return self.model(x)
         return self.model(self._to_input(x))
 
@@ -421,8 +421,7 @@ class FaceDetector:
                 self._finish_host(packed.cpu().numpy(), b, full)
                 for b, (packed, full) in zip(pending.batches, pending.on_device, strict=True)
             ]
-        if pending.event is not None:
-            pending.event.synchronize()
+        pending.event.synchronize()  # the CUDA path: the one left with neither done nor on_device
         return [
             self._finish_host(host.numpy(), b, None) for b, host in zip(pending.batches, pending.copies, strict=True)
         ]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor, nn
+
+from facegate.errors import InvalidParameterError
 
 
 @torch.no_grad()
@@ -27,3 +31,18 @@ def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm)
         )
     else:
         layer.bias.copy_(b.to(layer.bias.dtype))
+
+
+@torch.no_grad()
+def fold_batchnorms(model: nn.Module) -> None:
+    """:func:`fold_into` every BatchNorm registered right after the conv or linear layer that feeds it (in an
+    ``nn.Sequential``, or a module whose forward runs its children in that order), in place; each becomes
+    ``nn.Identity``. A BatchNorm after anything else stays. Idempotent; eval only (its running statistics)."""
+    if model.training:
+        kind = type(model).__name__
+        raise InvalidParameterError(f"{kind}.fuse() folds eval BatchNorm statistics; call .eval() first")
+    for parent in list(model.modules()):
+        for (_, layer), (name, bn) in itertools.pairwise(list(parent.named_children())):
+            if isinstance(layer, nn.Conv2d | nn.Linear) and isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                fold_into(layer, bn)
+                setattr(parent, name, nn.Identity())

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError, InvalidParameterError
-from facegate.models.fold import fold_into
+from facegate.errors import CheckpointError
+from facegate.models.fold import fold_batchnorms
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +80,6 @@ class BottleneckIRSE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.res_layer(x) + self.shortcut_layer(x)
 
-    @torch.no_grad()
-    def fuse(self) -> None:
-        """Fold ``res_layer.4`` and the shortcut's BN into their convs; an identity shortcut becomes a
-        :class:`Subsample`. ``res_layer.0`` stays (it precedes a zero-padded conv). Idempotent."""
-        if isinstance(self.res_layer[4], nn.BatchNorm2d):
-            fold_into(self.res_layer[3], self.res_layer[4])
-            self.res_layer[4] = nn.Identity()
-        sc = self.shortcut_layer
-        if isinstance(sc, nn.MaxPool2d):
-            stride = sc.stride if isinstance(sc.stride, int) else sc.stride[0]
-            self.shortcut_layer = Subsample(stride)
-        elif isinstance(sc, nn.Sequential) and isinstance(sc[1], nn.BatchNorm2d):
-            fold_into(sc[0], sc[1])
-            sc[1] = nn.Identity()
-
 
 class IRSE64RTS(nn.Module):
     """ModelScope ``RTSBackbone``. ``alpha``: the RTS+ head's width; ``units``, ``widths``: per stage."""
@@ -150,26 +135,15 @@ class IRSE64RTS(nn.Module):
         """``(N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), logvar (N, 1))``."""
         return self.heads(self.forward_features(x))
 
-    @property
-    def fused(self) -> bool:
-        return isinstance(self.features[0][1], nn.Identity)
-
     @torch.no_grad()
     def fuse(self) -> IRSE64RTS:
-        """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN and ``features.2.0``
-        stay); eval only, idempotent, after loading (the keys change)."""
-        if self.training:
-            raise InvalidParameterError("IRSE64RTS.fuse() folds eval BatchNorm statistics; call .eval() first")
-        if self.fused:
-            return self
-        stem = self.features[0]
-        fold_into(stem[0], stem[1])
-        stem[1] = nn.Identity()
+        """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN, before a zero-padded
+        conv, and ``features.2.0`` stay); an identity shortcut becomes a :class:`Subsample`. Eval only, idempotent,
+        after loading (the keys change)."""
+        fold_batchnorms(self)
         for unit in self.features[1]:
-            unit.fuse()
-        for head in (self.features_backbone, self.logvar_rts_backbone, self.logvar_rts_plus_backbone):
-            fold_into(head[0], head[1])
-            head[1] = nn.Identity()
+            if isinstance(unit.shortcut_layer, nn.MaxPool2d):
+                unit.shortcut_layer = Subsample(unit.shortcut_layer.stride)  # built with an int stride
         return self
 
 

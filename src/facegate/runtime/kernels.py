@@ -106,7 +106,7 @@ def depthwise3x3(
     c = x.shape[1] if x.ndim == 4 else -1
     if weight.shape != (c, 1, 3, 3) or bias.numel() != c or (pre_bias is not None and pre_bias.numel() != c):
         raise ValueError(f"depthwise3x3: weight {tuple(weight.shape)} / biases do not fit x {tuple(x.shape)}")
-    if _failed or not fused_available(x) or _layout(x) is not False or _dw_kernel() is None:
+    if _failed or not fused_available(x) or not x.is_contiguous() or _dw_kernel() is None:
         return depthwise_reference(x, weight, bias, pre_bias, relu)
     n, _, h, w = x.shape
     y = torch.empty_like(x)
@@ -134,13 +134,9 @@ def triton_next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _layout(x: Tensor) -> bool | None:
-    """True for a channels-last tensor, False for a contiguous one, None otherwise."""
-    if x.is_contiguous():
-        return False
-    if x.is_contiguous(memory_format=torch.channels_last):
-        return True
-    return None
+def is_channels_last(x: Tensor) -> bool:
+    """Whether the 4-D ``x`` is NHWC and not also NCHW-contiguous (as 1×1 maps are)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 def fused_available(x: Tensor) -> bool:
@@ -150,7 +146,7 @@ def fused_available(x: Tensor) -> bool:
         and x.ndim == 4
         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
         and not torch.compiler.is_compiling()
-        and _layout(x) is not None
+        and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
         and _kernel() is not None
     )
 
@@ -182,7 +178,7 @@ def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
     a = slope.contiguous() if slope is not None else b  # unread unless act == "prelu"
     grid = (-(-n // _BLOCK),)
     try:
-        kernel[grid](x, b, a, n, c, h * w, CHANNELS_LAST=bool(_layout(x)), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
+        kernel[grid](x, b, a, n, c, h * w, CHANNELS_LAST=is_channels_last(x), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
     except Exception as exc:  # Triton imports but cannot build or launch (no C compiler, an unsupported GPU)
         _give_up(exc)
         return reference(x, bias, act, slope)  # a build failure raises before the kernel touches x

@@ -253,7 +253,7 @@ def train_quality(
         "match_threshold": float(match_threshold),
         "final_loss": record["history"][-1],
     }
-    save_head(Path(out), head, cal, meta, backbone="sface")
+    save_head(Path(out), head, cal, meta)  # train_rts_head builds the head for "sface"
     return {
         "out": str(out),
         **record,

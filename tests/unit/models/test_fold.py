@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from facegate.models.fold import fold_into
+from facegate.errors import InvalidParameterError
+from facegate.models.fold import fold_batchnorms, fold_into
 
 
 def _bn(cls: type[nn.modules.batchnorm._BatchNorm], n: int, seed: int) -> nn.modules.batchnorm._BatchNorm:
@@ -62,3 +63,21 @@ def test_fold_bn_by_hand() -> None:
     assert lin.weight.item() == pytest.approx(3.0 * 5.0 / 2.0) and lin.bias.item() == pytest.approx(
         1.0 - 3.0 * 2.0 / 2.0
     )
+
+
+def test_fold_batchnorms_folds_only_a_bn_right_after_a_conv_or_linear() -> None:
+    torch.manual_seed(0)
+    seq = nn.Sequential(_bn(nn.BatchNorm2d, 6, 1), nn.Conv2d(6, 8, 3, padding=1), _bn(nn.BatchNorm2d, 8, 2), nn.ReLU())
+    seq.append(_bn(nn.BatchNorm2d, 8, 3)).eval()
+    x = torch.randn(2, 6, 9, 9)
+    with torch.no_grad():
+        want = seq(x)
+        fold_batchnorms(seq)
+        got = seq(x)
+    assert [type(m) for m in seq] == [nn.BatchNorm2d, nn.Conv2d, nn.Identity, nn.ReLU, nn.BatchNorm2d]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_batchnorms_needs_eval() -> None:
+    with pytest.raises(InvalidParameterError, match=r"Sequential.fuse\(\) folds eval BatchNorm statistics"):
+        fold_batchnorms(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))

@@ -211,7 +211,9 @@ def test_fuse_folds_batchnorms_and_keeps_outputs() -> None:
         feats0 = model.forward_features(x)
         emb0, logvar0 = model(x)
     fused = copy.deepcopy(model).fuse()
-    assert fused.fused and not model.fused and fused.fuse() is fused  # idempotent
+    assert isinstance(fused.features[0][1], torch.nn.Identity)  # the stem's BN, folded
+    assert isinstance(model.features[0][1], torch.nn.BatchNorm2d)  # the copy: the model itself is unchanged
+    assert fused.fuse() is fused  # idempotent
     units = list(fused.features[1])
     assert all(isinstance(u.res_layer[4], torch.nn.Identity) for u in units)
     assert all(isinstance(u.res_layer[0], torch.nn.BatchNorm2d) for u in units)  # before a padded conv: kept

@@ -304,7 +304,7 @@ def test_same_person_scores_higher(lfw_raw: np.ndarray, raw: np.ndarray, raw_out
 
 def test_fuse_parity(model: SFace, raw: np.ndarray, raw_out) -> None:
     fused = copy.deepcopy(model).fuse()
-    assert fused.fused and isinstance(fused.stem.bn, torch.nn.Identity) and fused.stem.conv.bias is not None
+    assert isinstance(fused.stem.bn, torch.nn.Identity) and fused.stem.conv.bias is not None
     assert isinstance(fused.fc1, torch.nn.Identity) and isinstance(fused.bn1, torch.nn.BatchNorm2d)
     assert fused.fuse() is fused  # idempotent
     noise = _normalise(_noise(1, seed=2))
@@ -376,7 +376,8 @@ def test_cuda_fp16_close_to_fp32_lfw(model: SFace, lfw_raw: np.ndarray) -> None:
 def test_tiny_sface_shapes_and_determinism() -> None:
     m = tiny_sface(0)
     assert isinstance(m, SFace) and not m.training
-    assert m.widths == TINY_WIDTHS and m.strides == SFACE_STRIDES
+    assert [m.stem.conv.out_channels] + [blk.pw.conv.out_channels for blk in m.blocks] == list(TINY_WIDTHS)
+    assert [blk.dw.conv.stride[0] for blk in m.blocks] == list(SFACE_STRIDES)
     assert m.embedding_dim == 128 and m.feature_dim == 32 * 7 * 7
     assert set(m.state_dict()) == set(SFace().state_dict())  # same class, same parameter names
     x = torch.randn(3, 3, 112, 112, generator=torch.Generator().manual_seed(1))
