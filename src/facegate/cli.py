@@ -397,9 +397,9 @@ def enrol(
                     bar.update(photos)
                     bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
 
-                gate = {"requires_quality": s.quality.enrol_requires_quality, "verdict": p.enrol_verdict}
+                verdict = p.enrol_verdict if s.quality.enrol_requires_quality else None
                 rep = bulk.enrol_photos(
-                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
+                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, verdict=verdict
                 )
             out = rep.to_dict()
             refused_images = out.pop("refused")

@@ -393,8 +393,7 @@ async def _enrolment_decisions(
     return decide_enrolments(
         subject_ids,
         results,
-        requires_quality=state.settings.quality.enrol_requires_quality,
-        verdict=service.pipeline.enrol_verdict,
+        verdict=service.pipeline.enrol_verdict if state.settings.quality.enrol_requires_quality else None,
         stats=state.stats,
     )
 

@@ -95,13 +95,12 @@ def enrol_photos(
     faces_of: FaceFn,
     *,
     batch_size: int,
-    requires_quality: bool,
-    verdict: Callable[[Any], Any],
+    verdict: Callable[[Any], Any] | None,
     progress: Callable[[int, int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
-    ``verdict(face)`` (:func:`~facegate.service.gallery.decide_enrolments`); ``progress(photos, faces, refusals)``
-    runs after each batch."""
+    ``verdict(face)`` (None: every face is enrolled; :func:`~facegate.service.gallery.decide_enrolments`);
+    ``progress(photos, faces, refusals)`` runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     digests: dict[str, str] = {}
@@ -115,12 +114,11 @@ def enrol_photos(
         if len(groups[-1]) >= batch_size:
             groups.append([])
         groups[-1] += [(sid, p) for p in paths]
-    gate = {"requires_quality": requires_quality, "verdict": verdict}
     for group in (g for g in groups if g):
         paths = [p for _, p in group]
         n_faces, n_ref = 0, 0
         items: list[EnrolItem] = []
-        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), **gate):
+        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), verdict=verdict):
             report.refused += [
                 {"path": str(paths[rows[r.index]]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
                 for r in decision.refused
@@ -210,8 +208,6 @@ def import_templates(
         chunk = items[s : s + ENROL_CHUNK]
         try:
             written += len(store.enrol_many(gallery, chunk, replace=True))
-        except GalleryNotFoundError:
-            raise
         except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
             for item in chunk:
                 try:

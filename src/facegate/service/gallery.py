@@ -37,16 +37,15 @@ def decide_enrolments(
     subject_ids: Sequence[str],
     results: Sequence[Any],
     *,
-    requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict],
+    verdict: Callable[[Any], QualityVerdict] | None,
     stats: Any = None,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """The enrolment gate per subject of a request whose image ``i`` shows ``subject_ids[i]`` (``results[i]``: a
     Face or the FacegateError of that image), in order of first appearance: each subject, its images' indices and
-    its decision. With ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's
-    ``enrol_verdict``); such refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`, if
-    given) as ``enrol_low_quality``. A subject with nothing accepted gets QualityRejectedError (when any refusal was
-    the gate's, or there were no errors) or its first image's error, with every refusal in its detail."""
+    its decision. A face is refused when ``verdict(face)`` (the pipeline's ``enrol_verdict``; None: every face is
+    enrolled) refuses it; such refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`,
+    if given) as ``enrol_low_quality``. A subject with nothing accepted gets QualityRejectedError (when any refusal
+    was the gate's, or there were no errors) or its first image's error, with every refusal in its detail."""
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(subject_ids):
         rows.setdefault(sid, []).append(i)
@@ -61,7 +60,7 @@ def decide_enrolments(
                 refused.append(Refusal(i, r.message, r.code))
             elif isinstance(r, BaseException):
                 raise r
-            elif requires_quality and not (v := verdict(r)).accepted:
+            elif verdict is not None and not (v := verdict(r)).accepted:
                 refused.append(Refusal(i, v.reason, QualityRejectedError.code))
             else:
                 accepted.append(r)
