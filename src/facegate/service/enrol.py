@@ -96,11 +96,11 @@ def enrol_photos(
     *,
     batch_size: int,
     verdict: Callable[[Any], Any] | None,
-    progress: Callable[[int, int, int], None] = lambda *_: None,
+    progress: Callable[[int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
     ``verdict(face)`` (None: every face is enrolled; :func:`~facegate.service.gallery.decide_enrolments`);
-    ``progress(photos, faces, refusals)`` runs after each batch."""
+    ``progress(photos, images refused so far)`` runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     digests: dict[str, str] = {}
@@ -116,14 +116,13 @@ def enrol_photos(
         groups[-1] += [(sid, p) for p in paths]
     for group in (g for g in groups if g):
         paths = [p for _, p in group]
-        n_faces, n_ref = 0, 0
+        n_faces = 0
         items: list[EnrolItem] = []
         for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), verdict=verdict):
             report.refused += [
                 {"path": str(paths[rows[r.index]]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
                 for r in decision.refused
             ]
-            n_ref += len(decision.refused)
             if decision.error is not None:
                 report.subjects_refused += 1
                 continue
@@ -135,7 +134,7 @@ def enrol_photos(
         store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
         report.subjects_enrolled += len(items)
         report.faces += n_faces
-        progress(len(paths), n_faces, n_ref)
+        progress(len(paths), len(report.refused))
     return report
 
 
