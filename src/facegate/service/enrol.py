@@ -59,8 +59,8 @@ def plan(source: Path) -> dict[str, list[Path]]:
                     continue
                 if len(row) < 2:
                     raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
-                p = Path(row[0]) if Path(row[0]).is_absolute() else source.parent / row[0]
-                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(p)
+                # an absolute path stays as it is; a relative one is relative to the CSV's folder
+                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(source.parent / row[0])
     elif source.is_dir():
         for sub in sorted(d for d in source.iterdir() if d.is_dir()):
             files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
@@ -245,9 +245,8 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[owners[j]] = exc
         if chosen:
             crops = pipeline.align(images, chosen, with_face)
-            emb, q, raw = pipeline.embed(crops)
             # with the crops: their statistics give the blur, exposure and occlusion reasons, as served
-            for face, j in zip(pipeline.make_faces(chosen, crops, emb, q, raw), with_face, strict=True):
+            for face, j in zip(pipeline.make_faces(chosen, crops, *pipeline.embed(crops)), with_face, strict=True):
                 out[owners[j]] = face
         return out
 
