@@ -130,13 +130,12 @@ class KeyStore:
     def _write(self, keys: list[ApiKey]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"keys": [asdict(k) for k in keys]}, indent=2)
-        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)  # created with mode 0600
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)  # atomic: a server never reads half a file
         except BaseException:
             with contextlib.suppress(OSError):
