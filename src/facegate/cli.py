@@ -388,18 +388,15 @@ def enrol(
             out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
         else:
             faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
-            refusals = 0
             with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
 
-                def progress(photos: int, faces: int, refused: int) -> None:
-                    nonlocal refusals
-                    refusals += refused
+                def progress(photos: int, refused: int) -> None:
                     bar.update(photos)
-                    bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refusals)
+                    bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refused)
 
-                gate = {"requires_quality": s.quality.enrol_requires_quality, "verdict": p.enrol_verdict}
+                verdict = p.enrol_verdict if s.quality.enrol_requires_quality else None
                 rep = bulk.enrol_photos(
-                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, **gate
+                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, verdict=verdict
                 )
             out = rep.to_dict()
             refused_images = out.pop("refused")

@@ -140,23 +140,21 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
     model = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
     budget, arena = LOW_MEMORY_BUDGET_MIB.get(model, LOW_MEMORY_BUDGET_MIB["default"])
 
+    base: dict[str, Any] = dict(  # the CPU plan; the GPU profiles below change what they name
+        precision="fp32", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=False,
+        det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
+    )  # fmt: skip
     if profile == "throughput":
         per_gpu = min(ENGINES_PER_GPU, max(1, 16 // gpus)) if m.cores >= 8 else 1
-        base: dict[str, Any] = dict(
+        base.update(
             precision="fp16", compile="graphs", engines_per_gpu=per_gpu, engines=per_gpu * gpus,
             workers=min(64, max(2, m.cores // 2)) if m.cores >= 4 else 1, fused_kernels=True,
-            det_graphs=True, det_max_batch_pixels=THROUGHPUT_DET_BATCH_PIXELS, photo_stage="auto",
+            det_graphs=True, det_max_batch_pixels=THROUGHPUT_DET_BATCH_PIXELS,
         )  # fmt: skip
     elif profile == "low-memory":
-        base = dict(
-            precision="fp16", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=True,
-            det_graphs=False, det_max_batch_pixels=LOW_MEMORY_DET_BATCH_PIXELS, photo_stage="off",
+        base.update(
+            precision="fp16", fused_kernels=True, det_max_batch_pixels=LOW_MEMORY_DET_BATCH_PIXELS, photo_stage="off",
             activation_budget_mib=budget, gpu_arena_mib=arena,
-        )  # fmt: skip
-    else:
-        base = dict(
-            precision="fp32", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=False,
-            det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
         )  # fmt: skip
 
     explicit = {k: getattr(settings, k) for k in ("precision", "compile", "workers", "engines", "engines_per_gpu")}

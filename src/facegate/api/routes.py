@@ -393,8 +393,7 @@ async def _enrolment_decisions(
     return decide_enrolments(
         subject_ids,
         results,
-        requires_quality=state.settings.quality.enrol_requires_quality,
-        verdict=service.pipeline.enrol_verdict,
+        verdict=service.pipeline.enrol_verdict if state.settings.quality.enrol_requires_quality else None,
         stats=state.stats,
     )
 
@@ -524,11 +523,11 @@ async def search(
         n = (await _gallery_for_service(state, gallery, name)).subjects  # before the upload is read when off the device
         data = data or await read_upload(state, image)
         face = (await service.faces(await decode_bytes(state, data)))[0]
-    ans = await gallery.search_face(name, face, k, fpir, found=found, size=n)
-    point = {k: getattr(ans, k) for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
+    hits, point = await gallery.search_face(name, face, k, fpir, found=found, size=n)
+    point = {k: point[k] for k in ("threshold", "fmr", "fpir", "n", "extrapolated")}
     refused = not face.quality.accepted
     reason = face.quality.reason  # None when accepted
-    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=ans.hits, **point)
+    return sc.SearchResponse(face=sc.FaceOut.from_face(face), refused=refused, reason=reason, hits=hits, **point)
 
 
 def install_routes(app: FastAPI) -> None:

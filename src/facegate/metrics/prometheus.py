@@ -88,19 +88,13 @@ class _Collector(Collector):
         """This front-end's own requests (scrapes excluded) and their in-server seconds."""
         latency = to_series(self.stats.request_latency.collect()[0])
         own = [v for labels, v in latency if "/metrics" not in labels[0]]
-        pid = str(os.getpid())
-        n = CounterMetricFamily(
-            "facegate_process_requests", "Requests this front-end process answered (scrapes excluded).", labels=["pid"]
-        )
-        n.add_metric([pid], float(sum(buckets[-1][1] for buckets, _ in own)))
-        t = CounterMetricFamily(
-            "facegate_process_request_seconds",
-            "In-server seconds of the requests this front-end process answered (scrapes excluded).",
-            labels=["pid"],
-        )
-        t.add_metric([pid], float(sum(total for _, total in own)))
-        yield n
-        yield t
+        pid = (str(os.getpid()),)
+        for name, what, value in (
+            ("facegate_process_requests", "Requests", sum(buckets[-1][1] for buckets, _ in own)),
+            ("facegate_process_request_seconds", "In-server seconds of the requests", sum(t for _, t in own)),
+        ):
+            doc = f"{what} this front-end process answered (scrapes excluded)."
+            yield _family("counter", name, doc, ("pid",), [(pid, float(value))])
 
 
 class _SharedCollector(MultiProcessCollector):

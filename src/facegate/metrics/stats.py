@@ -39,11 +39,6 @@ BATCH_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(13))
 #: Calibrated quality score in [0, 1].
 QUALITY_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
 
-#: The engine's phases per batch.
-PHASES: tuple[str, ...] = ("prepare", "execute", "deliver")
-#: Why an item was dropped before compute.
-DROP_REASONS: tuple[str, ...] = ("expired", "cancelled")
-
 #: Families the engine records: in the process model they live in the engine process, and front-ends export
 #: the engine's copy (:meth:`ServiceStats.engine_samples`).
 ENGINE_FAMILIES: tuple[str, ...] = (
@@ -190,9 +185,9 @@ class ServiceStats:
         """Create a stage's series at zero so dashboards see them before the first batch."""
         for family in (self.queue_depth, self.queue_wait, self.batch_size, self.items):
             family.labels(stage)
-        for phase in PHASES:
+        for phase in ("prepare", "execute", "deliver"):  # the engine's phases per batch
             self.compute_seconds.labels(stage, phase)
-        for reason in DROP_REASONS:
+        for reason in ("expired", "cancelled"):  # why an item is dropped before compute
             self.dropped.labels(stage, reason)
 
     def record_request(self, route: str, status: int | str, latency_s: float) -> None:

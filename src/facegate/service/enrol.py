@@ -59,8 +59,8 @@ def plan(source: Path) -> dict[str, list[Path]]:
                     continue
                 if len(row) < 2:
                     raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
-                p = Path(row[0]) if Path(row[0]).is_absolute() else source.parent / row[0]
-                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(p)
+                # an absolute path stays as it is; a relative one is relative to the CSV's folder
+                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(source.parent / row[0])
     elif source.is_dir():
         for sub in sorted(d for d in source.iterdir() if d.is_dir()):
             files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
@@ -95,13 +95,12 @@ def enrol_photos(
     faces_of: FaceFn,
     *,
     batch_size: int,
-    requires_quality: bool,
-    verdict: Callable[[Any], Any],
-    progress: Callable[[int, int, int], None] = lambda *_: None,
+    verdict: Callable[[Any], Any] | None,
+    progress: Callable[[int, int], None] = lambda *_: None,
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
-    ``verdict(face)`` (:func:`~facegate.service.gallery.decide_enrolments`); ``progress(photos, faces, refusals)``
-    runs after each batch."""
+    ``verdict(face)`` (None: every face is enrolled; :func:`~facegate.service.gallery.decide_enrolments`);
+    ``progress(photos, images refused so far)`` runs after each batch."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     digests: dict[str, str] = {}
@@ -115,17 +114,15 @@ def enrol_photos(
         if len(groups[-1]) >= batch_size:
             groups.append([])
         groups[-1] += [(sid, p) for p in paths]
-    gate = {"requires_quality": requires_quality, "verdict": verdict}
     for group in (g for g in groups if g):
         paths = [p for _, p in group]
-        n_faces, n_ref = 0, 0
+        n_faces = 0
         items: list[EnrolItem] = []
-        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), **gate):
+        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), verdict=verdict):
             report.refused += [
                 {"path": str(paths[rows[r.index]]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
                 for r in decision.refused
             ]
-            n_ref += len(decision.refused)
             if decision.error is not None:
                 report.subjects_refused += 1
                 continue
@@ -137,7 +134,7 @@ def enrol_photos(
         store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
         report.subjects_enrolled += len(items)
         report.faces += n_faces
-        progress(len(paths), n_faces, n_ref)
+        progress(len(paths), len(report.refused))
     return report
 
 
@@ -210,8 +207,6 @@ def import_templates(
         chunk = items[s : s + ENROL_CHUNK]
         try:
             written += len(store.enrol_many(gallery, chunk, replace=True))
-        except GalleryNotFoundError:
-            raise
         except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
             for item in chunk:
                 try:
@@ -250,9 +245,8 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[owners[j]] = exc
         if chosen:
             crops = pipeline.align(images, chosen, with_face)
-            emb, q, raw = pipeline.embed(crops)
             # with the crops: their statistics give the blur, exposure and occlusion reasons, as served
-            for face, j in zip(pipeline.make_faces(chosen, crops, emb, q, raw), with_face, strict=True):
+            for face, j in zip(pipeline.make_faces(chosen, crops, *pipeline.embed(crops)), with_face, strict=True):
                 out[owners[j]] = face
         return out
 

@@ -173,9 +173,6 @@ class FaceService:
         """Detections of one ``(H,W,3) uint8`` RGB image, sorted by score (may be empty)."""
         return await self._submit("detect", image)
 
-    async def _embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return await self._submit("embed", crops)
-
     def _record(self, faces: list[Face]) -> list[Face]:
         for f in faces:
             self.stats.record_quality(f.quality.score)
@@ -195,7 +192,7 @@ class FaceService:
         dets = await self.detect(image)
         chosen = select_faces(dets, select)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
-        emb, q, raw = await self._embed(crops)
+        emb, q, raw = await self._submit("embed", crops)
         return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))
 
     async def photo_faces(self, data: bytes) -> list[Face]:
@@ -214,7 +211,7 @@ class FaceService:
         if not is_aligned_crop(crop):
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
-        emb, q, raw = await self._embed(crops)
+        emb, q, raw = await self._submit("embed", crops)
         return self._record(self.pipeline.make_faces([None], crops, emb, q, raw))[0]
 
     def compare(self, a: Face, b: Face) -> CompareResult:

@@ -37,16 +37,15 @@ def decide_enrolments(
     subject_ids: Sequence[str],
     results: Sequence[Any],
     *,
-    requires_quality: bool,
-    verdict: Callable[[Any], QualityVerdict],
+    verdict: Callable[[Any], QualityVerdict] | None,
     stats: Any = None,
 ) -> list[tuple[str, list[int], EnrolDecision]]:
     """The enrolment gate per subject of a request whose image ``i`` shows ``subject_ids[i]`` (``results[i]``: a
     Face or the FacegateError of that image), in order of first appearance: each subject, its images' indices and
-    its decision. With ``requires_quality`` a face is refused when ``verdict(face)`` refuses it (the pipeline's
-    ``enrol_verdict``); such refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`, if
-    given) as ``enrol_low_quality``. A subject with nothing accepted gets QualityRejectedError (when any refusal was
-    the gate's, or there were no errors) or its first image's error, with every refusal in its detail."""
+    its decision. A face is refused when ``verdict(face)`` (the pipeline's ``enrol_verdict``; None: every face is
+    enrolled) refuses it; such refusals are counted in ``stats`` (a :class:`~facegate.metrics.stats.ServiceStats`,
+    if given) as ``enrol_low_quality``. A subject with nothing accepted gets QualityRejectedError (when any refusal
+    was the gate's, or there were no errors) or its first image's error, with every refusal in its detail."""
     rows: dict[str, list[int]] = {}
     for i, sid in enumerate(subject_ids):
         rows.setdefault(sid, []).append(i)
@@ -61,7 +60,7 @@ def decide_enrolments(
                 refused.append(Refusal(i, r.message, r.code))
             elif isinstance(r, BaseException):
                 raise r
-            elif requires_quality and not (v := verdict(r)).accepted:
+            elif verdict is not None and not (v := verdict(r)).accepted:
                 refused.append(Refusal(i, v.reason, QualityRejectedError.code))
             else:
                 accepted.append(r)
@@ -83,21 +82,6 @@ def decide_enrolments(
     return decisions
 
 
-@dataclass(frozen=True, slots=True)
-class SearchAnswer:
-    """A 1:N answer and its operating point: the match ``threshold``, the ``fpir`` it gives at the size ``n``
-    the gallery had when searched, its per-comparison ``fmr``, whether FMR(threshold) is ``extrapolated``
-    beyond the measured impostor pairs, and what FMR rests on (``basis``: lfw_impostors or registry_point)."""
-
-    hits: list[SearchHit]  # scores rounded to 6 decimals
-    threshold: float
-    fpir: float
-    fmr: float
-    n: int
-    extrapolated: bool
-    basis: str
-
-
 class GalleryFront:
     """The front-end's gallery: the store of record for writes and reads, the engine (``face_service``, a
     :class:`~facegate.service.faces.FaceService`) for search, and the FPIR operating point. Callers check with
@@ -115,23 +99,23 @@ class GalleryFront:
 
     async def search_face(
         self, gallery: str, face: Any, k: int, fpir: float | None = None, *, found: Any = None, size: int = 0
-    ) -> SearchAnswer:
-        """The 1:N policy for one probe ``face``: a face the quality gate refused is never searched (no hits, at
-        gallery size ``size``, counted as ``search_low_quality``); otherwise its hits, from ``found`` (the engine's
-        :class:`~facegate.gallery.query.SearchOut` of a photo search) or from a search of its embedding, with the
-        threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at the size the gallery had when searched. The caller
-        refuses a bad ``fpir`` first."""
+    ) -> tuple[list[SearchHit], dict[str, object]]:
+        """The 1:N policy for one probe ``face``: its hits (scores rounded to 6 decimals) and operating point, the
+        match ``threshold`` with :func:`~facegate.service.fpir.threshold_for`'s account of it. A face the quality
+        gate refused is never searched (no hits, at gallery size ``size``, counted as ``search_low_quality``);
+        otherwise its hits come from ``found`` (the engine's :class:`~facegate.gallery.query.SearchOut` of a photo
+        search) or from a search of its embedding, with the threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at
+        the size the gallery had when searched. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats
         fpir = DEFAULT_FPIR if fpir is None else fpir
         if not face.quality.accepted:
             stats.record_refusal("search_low_quality")
             t, point = threshold_for(self.tail, size, fpir)
-            return SearchAnswer([], t, **point)
+            return [], {"threshold": t, **point}
         if found is None:
             found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
         t, point = threshold_for(self.tail, found.size, fpir)
         stats.set_gallery_size(gallery, found.size)
         ranked = enumerate(zip(found.subject_ids, found.scores, strict=True))
-        return SearchAnswer(
-            [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked], t, **point
-        )
+        hits = [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked]
+        return hits, {"threshold": t, **point}

@@ -48,10 +48,7 @@ class ApiKey:
 
     def public(self) -> dict[str, Any]:
         """The listing form: everything but the digest."""
-        return {k: v for k, v in self.record().items() if k != "sha256"}
-
-    def record(self) -> dict[str, Any]:
-        return {**asdict(self), "scopes": list(self.scopes)}
+        return {k: v for k, v in asdict(self).items() if k != "sha256"}
 
 
 def _digest(token: str) -> str:
@@ -132,14 +129,13 @@ class KeyStore:
 
     def _write(self, keys: list[ApiKey]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"keys": [k.record() for k in keys]}, indent=2)
-        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)
+        body = json.dumps({"keys": [asdict(k) for k in keys]}, indent=2)
+        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)  # created with mode 0600
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)  # atomic: a server never reads half a file
         except BaseException:
             with contextlib.suppress(OSError):

@@ -151,9 +151,7 @@ def test_photo_enrolment_gates_with_the_crop_based_reasons(lfw_root: Path, tmp_p
     with open_store(str(tmp_path / "g.sqlite3")) as store:
         store.create_gallery("g", pipe.spec.name, pipe.spec.embedding_dim)
         subjects = {sid: [p] for sid, p in paths.items()}
-        rep = enrol_photos(
-            store, "g", subjects, faces_of, batch_size=8, requires_quality=True, verdict=pipe.enrol_verdict
-        )
+        rep = enrol_photos(store, "g", subjects, faces_of, batch_size=8, verdict=pipe.enrol_verdict)
         assert rep.subjects_enrolled == 1 and rep.subjects_refused == 1
         assert [(r["subject_id"], r["code"]) for r in rep.refused] == [("blurry", "low_quality")]
         assert "face blurred" in rep.refused[0]["reason"]

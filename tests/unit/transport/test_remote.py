@@ -104,7 +104,7 @@ def test_front_ends_get_the_engines_results(engine: EngineProcess) -> None:
             a.ready and b.ready and a.pipeline.operating.quality_threshold == local.pipeline.operating.quality_threshold
         )
         crops = _crops(5)
-        outs = await asyncio.gather(*[(a if i % 2 else b)._embed(crops[i : i + 1]) for i in range(5)])
+        outs = await asyncio.gather(*[(a if i % 2 else b)._submit("embed", crops[i : i + 1]) for i in range(5)])
         emb = np.concatenate([o[0] for o in outs])
         np.testing.assert_allclose(emb, ref_emb, atol=1e-5)
         np.testing.assert_allclose(np.concatenate([o[1] for o in outs]), ref_q, atol=1e-5)
@@ -259,7 +259,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         assert isinstance(pool, RemotePool) and pool.info["devices"] == ["cpu", "cpu"]
         await svc.start()
         before = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
-        outs = await asyncio.gather(*[svc._embed(_crops(1, seed=i)) for i in range(40)])
+        outs = await asyncio.gather(*[svc._submit("embed", _crops(1, seed=i)) for i in range(40)])
         assert all(o[0].shape == (1, 128) for o in outs)
         after = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
         done = [a - b for a, b in zip(after, before, strict=True)]
@@ -270,7 +270,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         # same_engine(): each request's items (submitted concurrently, as compare's two photos) go to one engine
         async def request(i: int) -> list[int]:
             with same_engine():
-                await asyncio.gather(*[svc._embed(_crops(1, seed=i + k)) for k in range(2)])
+                await asyncio.gather(*[svc._submit("embed", _crops(1, seed=i + k)) for k in range(2)])
                 group = engine_affinity.get()
                 assert group is not None and len(group) == 1
                 return [pool.engines.index(group[0])]
