@@ -42,6 +42,7 @@ from facegate.config import Settings
 from facegate.engine.batcher import WorkItem, set_asyncio_many
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 from facegate.io.memcopy import copy_in, copy_out
+from facegate.logs import configure_logging
 from facegate.metrics.stats import ServiceStats
 from facegate.tuning import ServingPlan
 
@@ -343,10 +344,7 @@ def engine_main(
 ) -> None:
     """The engine process: ``build(settings, plan)`` the FaceService, listen on ``address``, serve until SIGTERM.
     Sends ``("ready", info)`` or ``("error", *error_to_wire(exc))`` on ``ready`` once."""
-    logging.basicConfig(
-        level=os.environ.get("FACEGATE_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
-    )
+    configure_logging()  # FACEGATE_LOG_LEVEL and FACEGATE_LOG_FORMAT, as the front-ends
     settings = Settings.model_validate_json(settings_json)
     plan = ServingPlan.from_dict(json.loads(plan_json))
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -155,6 +156,19 @@ def test_engine_startup_errors_reach_the_supervisor(tmp_path: Path) -> None:
         proc.spawn()
         proc.wait(120)
     assert not proc.alive
+
+
+def test_the_engine_process_logs_in_the_configured_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FACEGATE_LOG_FORMAT", "json")
+    proc = EngineProcess(Settings(device="cpu", data_dir=tmp_path, rts_checkpoint=tmp_path / "missing.pt"))
+    with pytest.raises(CheckpointError):
+        proc.spawn()
+        proc.wait(120)
+    records = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    failed = [r for r in records if r["message"] == "engine: startup failed"]
+    assert failed and failed[0]["level"] == "ERROR" and "missing.pt" in failed[0]["exception"], records
 
 
 def test_a_dead_engine_fails_requests_and_readiness(tmp_path: Path) -> None:
