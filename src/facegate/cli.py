@@ -392,7 +392,7 @@ def enrol(
 
                 def progress(photos: int, refused: int) -> None:
                     bar.update(photos)
-                    bar.set_postfix(faces_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}", refused=refused)
+                    bar.set_postfix(refused=refused)  # the bar shows the rate, in images per second
 
                 verdict = p.enrol_verdict if s.quality.enrol_requires_quality else None
                 rep = bulk.enrol_photos(
