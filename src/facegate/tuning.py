@@ -107,14 +107,25 @@ def _driver_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+def _visible_gpus(visible: str, gpus: int) -> int:
+    """How many of ``gpus`` devices ``CUDA_VISIBLE_DEVICES=visible`` leaves: CUDA reads the list up to its first
+    invalid entry (not an index below ``gpus`` nor a ``GPU-``/``MIG-`` UUID, or a repeat), so ``0,-1,1`` is one."""
+    seen: set[str] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        valid = entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < gpus)
+        if not valid or entry in seen:
+            break
+        seen.add(entry)
+    return min(gpus, len(seen))
+
+
 @functools.cache
 def detect_machine() -> Machine:
     """GPUs and cores of this machine, without importing torch (cached: it does not change under a process)."""
     gpus = _driver_gpus() if _cuda_build_present() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and gpus:
-        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-        gpus = min(gpus, len(ids))
+        gpus = _visible_gpus(visible, gpus)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

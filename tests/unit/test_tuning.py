@@ -85,6 +85,11 @@ def test_cuda_visible_devices_bounds_the_gpu_count(monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
         tuning.detect_machine.cache_clear()
         assert tuning.detect_machine().gpus == 0
+        # CUDA stops at the first invalid entry: a negative id, an index past the driver's GPUs, a repeat
+        for visible, gpus in (("0,-1,1", 1), ("-1", 0), ("1,9,2", 1), ("3,3", 1), ("GPU-a1b2,MIG-c3", 2)):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+            tuning.detect_machine.cache_clear()
+            assert tuning.detect_machine().gpus == gpus, visible
     finally:
         tuning.detect_machine.cache_clear()
 
