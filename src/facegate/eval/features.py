@@ -19,10 +19,11 @@ Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
 
 
 def plan_variants(paths: Sequence[str], n_random: int, progressive_every: int, seed: int = 0) -> list[list[Variant]]:
-    """Per image: clean + ``n_random`` random degradations; every ``progressive_every``-th image also
-    gets every degradation at every severity (for the monotonicity report)."""
+    """Per image of ``paths``, in their order (:func:`extract` pairs the rows with the paths): clean +
+    ``n_random`` random degradations; every ``progressive_every``-th image also gets every degradation at every
+    severity (for the monotonicity report)."""
     plan = []
-    for i, p in enumerate(sorted(paths)):
+    for i, p in enumerate(paths):
         v: list[Variant] = [("clean", 0)]
         v += [random_variant(path_rng(p, 1000 + k, seed)) for k in range(n_random)]
         if progressive_every and i % progressive_every == 0:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, random_variant
+from facegate.eval.features import plan_variants
 
 
 def _image() -> np.ndarray:
@@ -50,3 +51,10 @@ def test_deterministic_and_random_variant() -> None:
     assert np.array_equal(a, b)
     name, sev = random_variant(np.random.default_rng(0))
     assert name in DEGRADATIONS and sev in SEVERITIES
+
+
+def test_a_plan_row_belongs_to_the_path_in_the_same_place() -> None:
+    paths = ["b/b_0001.jpg", "a/a_0001.jpg", "c/c_0001.jpg"]
+    plan = plan_variants(paths, n_random=2, progressive_every=2)
+    alone = [plan_variants([p], n_random=2, progressive_every=1)[0] for p in paths]
+    assert plan[0] == alone[0] and plan[1] == alone[1][:3] and plan[2] == alone[2]  # every 2nd: 0 and 2
