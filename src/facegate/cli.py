@@ -22,7 +22,6 @@ from facegate.config import Settings
 from facegate.errors import (
     EmptyInputError,
     FacegateError,
-    ImageDecodeError,
     InputError,
     InvalidParameterError,
     ServerError,
@@ -147,7 +146,8 @@ def _read(path: Path, settings: Settings):
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise ImageDecodeError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
+        # as bulk enrolment reports it: a path the OS cannot read is a bad parameter, not undecodable bytes
+        raise InvalidParameterError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
     return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 

@@ -35,6 +35,10 @@ def test_compare_bad_file_is_a_json_error(tmp_path: Path) -> None:
     err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
     assert err["code"] == "image_unreadable"
     assert "Traceback" not in res.output
+    # a file that is not there is a bad parameter, as bulk enrolment reports a missing photo
+    res = runner.invoke(app, ["compare", str(tmp_path / "missing.jpg"), str(bad)])
+    err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
+    assert res.exit_code == 2 and err["code"] == "invalid_parameter" and "No such file" in err["message"], err
 
 
 def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
