@@ -68,7 +68,7 @@ def open_gallery(settings: Settings, service: FaceService, open_retry_s: float) 
     retrying a busy or unreachable store for ``open_retry_s``."""
     from facegate.gallery import open_store
 
-    store = open_store(settings.gallery_url or str(settings.data_dir / "gallery.sqlite3"), open_retry_s=open_retry_s)
+    store = open_store(settings.gallery_url, data_dir=settings.data_dir, open_retry_s=open_retry_s)
     try:
         return GalleryFront(store, service)
     except BaseException:

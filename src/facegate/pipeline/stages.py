@@ -93,7 +93,8 @@ class EmbedStage:
         return buf[:n_pad], sizes
 
     @torch.inference_mode()
-    def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, prepared: tuple[torch.Tensor, list[int]]) -> tuple[np.ndarray, list[int]]:
+        """The rows ``(N_pad, D + 2) float32`` (embedding | quality | raw) on the host, and each request's count."""
         x, sizes = prepared
         out = self.p.recognize(x.to(self.p.device, non_blocking=True))
         return out.cpu().numpy(), sizes  # the one device→host copy for the whole batch
