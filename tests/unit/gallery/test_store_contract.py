@@ -19,23 +19,11 @@ from facegate.gallery import open_store
 from facegate.gallery.base import GalleryStore
 from facegate.gallery.index import GalleryIndex
 from facegate.gallery.service import Gallery
+from store_helpers import stored_template, stored_templates
 
 D = 32
 
 StoreFactory = Callable[[], GalleryStore]
-
-
-def stored_templates(store, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` of ``gallery`` as stored (the start-up load), by subject id."""
-    _, ids, templates = store.load_snapshot()[1][gallery]
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    return [ids[i] for i in order], templates[order]
-
-
-def stored_template(store, gallery: str, subject_id: str) -> np.ndarray:
-    """A subject's stored ``(D,) float32`` template."""
-    ids, templates = stored_templates(store, gallery)
-    return templates[ids.index(subject_id)]
 
 
 def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:

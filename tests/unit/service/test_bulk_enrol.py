@@ -11,21 +11,9 @@ from typer.testing import CliRunner
 
 from facegate.cli import app
 from facegate.gallery import open_store
+from store_helpers import stored_template
 
 runner = CliRunner()
-
-
-def stored_templates(store, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` of ``gallery`` as stored (the start-up load), by subject id."""
-    _, ids, templates = store.load_snapshot()[1][gallery]
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    return [ids[i] for i in order], templates[order]
-
-
-def stored_template(store, gallery: str, subject_id: str) -> np.ndarray:
-    """A subject's stored ``(D,) float32`` template."""
-    ids, templates = stored_templates(store, gallery)
-    return templates[ids.index(subject_id)]
 
 
 def test_template_import_from_ids_and_embeddings(tmp_path: Path) -> None:
