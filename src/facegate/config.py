@@ -36,7 +36,8 @@ class Limits(_Group):
     """Server-side folders the API may read images from by path; empty forbids paths."""
     max_admitted: int = Field(512, ge=1, le=1_000_000)
     """Most /api requests one front-end process works on at once. Below it the process also admits no more than
-    what it finishes in a tenth of a second on a GPU, half a second on the CPU (at least 4), measured as it runs.
+    what it finishes in a tenth of a second with GPU engine processes, half a second on the CPU or in one process
+    (at least 4), measured as it runs.
     Excess requests get 503 with Retry-After at once, before their body is read."""
     request_pixels: int = Field(100_000_000, ge=4096, le=10_000_000_000)
     """Decoded pixels (width × height, read from the image headers before decoding) one request may carry summed over

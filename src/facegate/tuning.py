@@ -72,7 +72,9 @@ class ServingPlan:
     onnx_cpu: bool = False  # on the CPU, the detector network on ONNX Runtime (exported from facegate's YuNet)
     # seconds of work a front-end admits at once (its completion rate times this): a CPU engine needs about half a
     # second in flight to fill its batches; on a GPU a burst that large holds the front-end's event loop at a
-    # flood's start, delaying its refusals, while a tenth of a second keeps the engines full
+    # flood's start, delaying its refusals, while a tenth of a second keeps the engines full. One process that
+    # serves HTTP and runs a GPU engine too (low-memory) admits half a second, as on the CPU: with a tenth, a few
+    # clients past its small bound sent refusals fast enough to starve its engine of the GIL
     admission_queue_s: float = 0.5
 
     def summary(self) -> str:
@@ -184,6 +186,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         det_channels_last=device == "cpu",
         cpu_threads=1 if device == "cuda" else None,
         onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
-        admission_queue_s=0.1 if device == "cuda" else 0.5,
+        admission_queue_s=0.1 if device == "cuda" and (base["workers"] > 1 or base["engines"] > 1) else 0.5,
         **base,
     )

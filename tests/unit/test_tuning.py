@@ -99,6 +99,8 @@ def test_a_gpu_front_end_admits_a_tenth_of_a_second_of_work_and_a_cpu_one_half_a
 
     gpu, cpu = make_plan(Settings(), H200_HOST), make_plan(Settings(), Machine(0, 2))
     assert (gpu.admission_queue_s, cpu.admission_queue_s) == (0.1, 0.5)
+    # one process serving HTTP with a GPU engine in it admits half a second, as on the CPU
+    assert make_plan(Settings(profile="low-memory"), H200_HOST).admission_queue_s == 0.5
     # the bound is the completion rate times that: 100 completions/s over the 4 completed seconds
     for queue_s, bound in ((gpu.admission_queue_s, 10), (cpu.admission_queue_s, 50)):
         adm = Admission(Settings(), queue_s)
