@@ -7,6 +7,7 @@ GPU machine: two calls, one per half of the photos); the statistics run here on 
         --reliability-out src/facegate/models/heads/sface_reliability_v1.json
 
 Writes ``benchmarks/results/quality_p1-h200.json`` (the features' machine) and the EDC plot ``docs/quality_edc.png``.
+``--features`` takes files or folders of them; ``--lfw`` (or ``--root``) defaults to ``$FACEGATE_LFW_ROOT``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +31,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--features", nargs="+", required=True)
-    ap.add_argument("--lfw", type=Path, default=Path("/work/shared/data/lfw"))
+    ap.add_argument(
+        "--lfw", "--root", type=Path, default=Path(os.environ.get("FACEGATE_LFW_ROOT", "/work/shared/data/lfw"))
+    )
+    ap.add_argument("--match-threshold", type=float, default=get_spec("sface").thresholds.match)
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/quality_p1-h200.json"))
     ap.add_argument("--plot", type=Path, default=Path("docs/quality_edc.png"))
@@ -41,12 +46,13 @@ def main() -> None:
         a.lfw,
         out=a.out,
         plot=a.plot,
-        match_threshold=get_spec("sface").thresholds.match,
+        match_threshold=a.match_threshold,
         command=command,
         draws=a.draws,
         reliability_out=a.reliability_out,
     )
-    seconds = [float(np.load(f)["seconds"]) for f in a.features]
+    files = [f for p in map(Path, a.features) for f in (sorted(p.glob("*.npz")) if p.is_dir() else [p])]
+    seconds = [float(np.load(f)["seconds"]) for f in files]
     rep["env"] = env_record(features=a.features, draws=a.draws, feature_seconds=seconds)
     rep["feature_command"] = (
         "python3 benchmarks/quality_p1_features.py --lfw lfw --device cuda --batch 128 --max-seconds 140 "
