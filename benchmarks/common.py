@@ -129,7 +129,7 @@ def pair_photo_sample(lfw: Path, n: int) -> tuple[dict[str, int], list[str]]:
     """LFW's identity folds (person -> fold) and ``n`` pairs.txt photos (``person/file.jpg``), evenly spaced
     over the sorted list: the sample the quality benchmarks share."""
     from facegate.eval.lfw import pair_images, read_pairs
-    from facegate.eval.quality import identity_folds
+    from quality_eval import identity_folds
 
     pairs = read_pairs(lfw)
     every = sorted(pair_images(pairs))

@@ -10,7 +10,6 @@ import numpy as np
 
 from facegate.config import QualitySettings
 from facegate.eval.lfw import Pair
-from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.quality_reasons import (
     face_outside_box,
     face_outside_photo,
@@ -19,6 +18,7 @@ from facegate.quality_reasons import (
     similarity_fit,
 )
 from facegate.types import Detection
+from quality_eval import _fires, _pr, choose_limit
 
 #: the clean budget of a limit (share of clean faces it may fire on), and the recall the rule aims past
 MAX_CLEAN = 0.002

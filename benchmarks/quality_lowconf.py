@@ -23,7 +23,7 @@ the network predicted it (unclipped), the photo's size, the quality score and th
   carry), and ``box_out_of_photo``: the unclipped box's share outside the photo.
 
 Each limit is chosen on nine identity folds and measured on the tenth by the rule of
-``facegate.eval.quality.reasons_study`` (at most 0.2 % of clean faces, the most lenient limit finding 85 % of the
+``quality_eval.reasons_study`` (at most 0.2 % of clean faces, the most lenient limit finding 85 % of the
 positives). Two signals together ("either fires") get each a limit at half that clean budget (0.1 %), so that
 their union keeps it. The shipped rule (``face_reasons`` at the shipped settings) is measured as served.
 

@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record
-from facegate.eval.quality import eval_quality
 from facegate.models.registry import get_spec
+from quality_eval import eval_quality
 
 
 def main() -> None:

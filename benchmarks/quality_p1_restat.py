@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from facegate.eval.degrade import path_rng, plan
-from facegate.eval.quality import load_table
 from facegate.io.decode import decode_image
 from facegate.pipeline.align import align_cpu
 from facegate.quality_reasons import crop_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quality_eval import load_table
 from quality_p1_features import degrade
 
 log = logging.getLogger("quality_p1_restat")

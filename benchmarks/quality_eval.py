@@ -1,4 +1,4 @@
-"""``facegate eval quality``: protocol P1, the reasons' limits, the gates and the reliability, from one feature table.
+"""Protocol P1, the reasons' limits, the gates and the reliability, from one feature table.
 
 The table (``benchmarks/quality_p1_features.py``) holds per LFW pairs.txt photo the clean face, a P1 degradation
 and a reason degradation (:func:`facegate.eval.degrade.plan`). Comparisons: pairs.txt's, clean against clean and
@@ -24,9 +24,9 @@ from facegate.eval.calibrate import calibrate
 from facegate.eval.degrade import plan
 from facegate.eval.features import read_parts
 from facegate.eval.lfw import Pair, read_pairs
-from facegate.eval.p1 import ci95, edc_curve, identity_weights, metrics, p1_report
 from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
+from quality_metrics import ci95, edc_curve, identity_weights, metrics, p1_report
 
 #: per-face baselines: method → table column (higher is better)
 BASELINES = {

@@ -1,14 +1,16 @@
-"""`facegate eval quality` (protocol P1, reasons, gates, reliability) on a synthetic feature table."""
+"""benchmarks/quality_eval.py (protocol P1, reasons, gates, reliability) on a synthetic feature table."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import facegate.eval.quality as fq
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import quality_eval as fq
 from facegate.errors import InvalidParameterError
 from facegate.eval.degrade import plan
 from facegate.eval.lfw import Pair
