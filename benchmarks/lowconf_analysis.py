@@ -18,7 +18,7 @@ from facegate.quality_reasons import (
     similarity_fit,
 )
 from facegate.types import Detection
-from quality_eval import _fires, _pr, choose_limit
+from quality_eval import choose_limit, past_limit, precision_recall
 
 #: the clean budget of a limit (share of clean faces it may fire on), and the recall the rule aims past
 MAX_CLEAN = 0.002
@@ -92,15 +92,15 @@ def held_out(
             d = DIRECTION[k]
             lim = choose_limit(sig[k][tr_p], sig[k][tr_n], d, max_clean=budget, min_recall=want)
             lims.append(round(lim, 4))
-            fp |= _fires(sig[k][te_p], lim, d)
-            fn |= _fires(sig[k][te_n], lim, d)
+            fp |= past_limit(sig[k][te_p], lim, d)
+            fn |= past_limit(sig[k][te_n], lim, d)
         pos_fired.append(fp)
         neg_fired.append(fn)
         limits.append(lims)
     all_lims = [choose_limit(sig[k][pos], sig[k][neg], DIRECTION[k], max_clean=budget, min_recall=want) for k in names]
     return {
         "signals": list(names),
-        **_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)),
+        **precision_recall(np.concatenate(pos_fired), np.concatenate(neg_fired)),
         "fold_limits": limits,
         "limits_all_folds": all_lims,
     }
@@ -155,7 +155,7 @@ def analyse(r: dict[str, np.ndarray], pairs: list[Pair], families: tuple[str, ..
     rep["pairs"] = {
         fam: {"+".join(p): held_out(sig, p, pos, clean, fold) for p in PAIRS} for fam, pos in pos_of.items()
     }
-    rep["shipped"] = {fam: _pr(fires[pos], fires[clean]) for fam, pos in pos_of.items()}
+    rep["shipped"] = {fam: precision_recall(fires[pos], fires[clean]) for fam, pos in pos_of.items()}
     # the real stratum: a clean face fails when one of its pairs.txt genuine comparisons misses the match threshold
     rows = np.flatnonzero(clean)
     row = {p: i for i, p in zip(rows, r["path"][rows], strict=True)}

@@ -155,7 +155,8 @@ def fusion_scores(
     return {"score": score, "inputs": cols, "fold_weights": weights}
 
 
-def _fires(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
+def past_limit(v: np.ndarray, limit: float, direction: int) -> np.ndarray:
+    """Where ``v`` is past ``limit``: above it (``direction`` +1) or below it (−1), as a reason fires."""
     return v > limit if direction > 0 else v < limit
 
 
@@ -167,8 +168,8 @@ def choose_limit(
     so that held-out folds keep 0.8."""
     vals = np.unique(np.concatenate([pos, neg]))
     cands = (vals[1:] + vals[:-1]) / 2
-    neg_fire = np.array([_fires(neg, c, direction).mean() for c in cands])
-    rec = np.array([_fires(pos, c, direction).mean() for c in cands])
+    neg_fire = np.array([past_limit(neg, c, direction).mean() for c in cands])
+    rec = np.array([past_limit(pos, c, direction).mean() for c in cands])
     ok = neg_fire <= max_clean
     if not ok.any():
         return float(neg.min() - 1e-6 if direction < 0 else neg.max() + 1e-6)
@@ -178,7 +179,8 @@ def choose_limit(
     return float(cands[i])
 
 
-def _pr(pos_fired: np.ndarray, neg_fired: np.ndarray) -> dict[str, float]:
+def precision_recall(pos_fired: np.ndarray, neg_fired: np.ndarray) -> dict[str, float]:
+    """Precision, recall and clean fire rate of a reason firing on positives ``pos_fired`` and clean ``neg_fired``."""
     tp, fp = int(pos_fired.sum()), int(neg_fired.sum())
     return {
         "precision": tp / max(1, tp + fp),
@@ -214,14 +216,14 @@ def reasons_study(
         for f in range(10):
             tr, te = fold_of != f, fold_of == f
             lim = fixed.get(code) or choose_limit(v[pos & tr], v[clean & tr], direction)
-            held_pos.append(_fires(v[pos & te], lim, direction))
-            held_neg.append(_fires(v[clean & te], lim, direction))
-            rows.append({"fold": f, "limit": lim, **_pr(held_pos[-1], held_neg[-1])})
+            held_pos.append(past_limit(v[pos & te], lim, direction))
+            held_neg.append(past_limit(v[clean & te], lim, direction))
+            rows.append({"fold": f, "limit": lim, **precision_recall(held_pos[-1], held_neg[-1])})
         shipped[code] = fixed.get(code) or choose_limit(v[pos], v[clean], direction)
         real = clean & np.isfinite(face_fail)
-        fire_real = _fires(v[real], shipped[code], direction)
+        fire_real = past_limit(v[real], shipped[code], direction)
         by_sev = {
-            f"{d}/{s}": float(_fires(v[found & (deg == d) & (sev == s)], shipped[code], direction).mean())
+            f"{d}/{s}": float(past_limit(v[found & (deg == d) & (sev == s)], shipped[code], direction).mean())
             for d in degs
             for s in range(1, 6)
             if (found & (deg == d) & (sev == s)).any()
@@ -231,7 +233,7 @@ def reasons_study(
             "setting": field,
             "degradations": list(degs),
             "shipped_limit": shipped[code],
-            "held_out": _pr(np.concatenate(held_pos), np.concatenate(held_neg)),
+            "held_out": precision_recall(np.concatenate(held_pos), np.concatenate(held_neg)),
             "folds": rows,
             "fires_by_severity": by_sev,
             "real_stratum": {
@@ -266,7 +268,7 @@ def by_fold(fold_of: np.ndarray, rows: list[dict[str, Any]], key: str) -> np.nda
 def refused(t: dict[str, np.ndarray], q: np.ndarray, gate: Any, limits: dict[str, Any]) -> np.ndarray:
     """``(N,)`` faces the verify path refuses: quality below ``gate`` or a reason past ``limits`` (reason → limit;
     each a number or ``(N,)`` per face; pitch and detector score at the shipped settings)."""
-    fires = {code: _fires(t[col], limits[code], direction) for code, (_, col, direction, _) in REASONS.items()}
+    fires = {code: past_limit(t[col], limits[code], direction) for code, (_, col, direction, _) in REASONS.items()}
     fires["occluded"] &= ~(fires["too_dark"] | fires["too_bright"])  # as face_reasons: exposure is named instead
     s = QualitySettings()
     return (

@@ -39,7 +39,7 @@ from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import NOSE_DEPTH_IOD, NOSE_FRONTAL_T, landmark_geometry
 from pose_mesh import lift, render_turn, turn_mesh
-from quality_eval import _fires, _pr, choose_limit
+from quality_eval import choose_limit, past_limit, precision_recall
 
 log = logging.getLogger("quality_pose_mesh")
 THRESHOLDS = (45, 50, 60)
@@ -60,9 +60,9 @@ def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: n
     for f in range(10):
         lim = choose_limit(pos[pos_fold != f], neg[neg_fold != f], +1, max_clean=0.002, min_recall=0.85)
         limits.append(round(lim, 2))
-        pos_fired.append(_fires(pos[pos_fold == f], lim, 1))
-        neg_fired.append(_fires(neg[neg_fold == f], lim, 1))
-    return {**_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)), "fold_limits": limits}
+        pos_fired.append(past_limit(pos[pos_fold == f], lim, 1))
+        neg_fired.append(past_limit(neg[neg_fold == f], lim, 1))
+    return {**precision_recall(np.concatenate(pos_fired), np.concatenate(neg_fired)), "fold_limits": limits}
 
 
 def foreshortening(lm: np.ndarray) -> float:
@@ -164,7 +164,7 @@ def partners(paths: np.ndarray, lfw: Path) -> dict[str, list[str]]:
 
 def fixed_pr(pos: np.ndarray, neg: np.ndarray, limit: float) -> dict[str, float]:
     """Precision, recall and clean firing of ``|yaw| > limit`` on positive and negative ``|yaw|`` values."""
-    return {**_pr(pos > limit, neg > limit), "limit": float(limit)}
+    return {**precision_recall(pos > limit, neg > limit), "limit": float(limit)}
 
 
 def analyse(r: dict[str, np.ndarray], m: dict[str, np.ndarray], lfw: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from facegate.errors import NoFaceError
 from facegate.eval.degrade import jpeg, noise, path_rng
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline
-from quality_eval import _fires, _pr, choose_limit
+from quality_eval import choose_limit, past_limit, precision_recall
 
 log = logging.getLogger("quality_strata")
 #: the share of the face box's width a ``cut`` variant leaves outside the frame, by severity
@@ -68,10 +68,10 @@ def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: n
     for f in range(10):
         lim = choose_limit(pos[pos_fold != f], neg[neg_fold != f], -1, max_clean=0.002, min_recall=0.85)
         limits.append(round(lim, 4))
-        pos_fired.append(_fires(pos[pos_fold == f], lim, -1))
-        neg_fired.append(_fires(neg[neg_fold == f], lim, -1))
+        pos_fired.append(past_limit(pos[pos_fold == f], lim, -1))
+        neg_fired.append(past_limit(neg[neg_fold == f], lim, -1))
     return {
-        **_pr(np.concatenate(pos_fired), np.concatenate(neg_fired)),
+        **precision_recall(np.concatenate(pos_fired), np.concatenate(neg_fired)),
         "fold_limits": limits,
         "limit_all_folds": choose_limit(pos, neg, -1, max_clean=0.002, min_recall=0.85),
     }
@@ -79,7 +79,7 @@ def held_out(pos: np.ndarray, pos_fold: np.ndarray, neg: np.ndarray, neg_fold: n
 
 def at_limit(pos: np.ndarray, neg: np.ndarray, limit: float) -> dict[str, object]:
     """Precision and recall of a limit (fires below it)."""
-    return {"limit": limit, **_pr(pos < limit, neg < limit)}
+    return {"limit": limit, **precision_recall(pos < limit, neg < limit)}
 
 
 def main() -> None:
