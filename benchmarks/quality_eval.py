@@ -1,7 +1,7 @@
 """Protocol P1, the reasons' limits, the gates and the reliability, from one feature table.
 
 The table (``benchmarks/quality_p1_features.py``) holds per LFW pairs.txt photo the clean face, a P1 degradation
-and a reason degradation (:func:`facegate.eval.degrade.plan`). Comparisons: pairs.txt's, clean against clean and
+and a reason degradation (``quality_p1_features.plan``). Comparisons: pairs.txt's, clean against clean and
 clean (``a``, enrolled) against the other photo's P1 face (``b``, probe). Whatever is fitted scores each of the 10
 identity-disjoint folds with a fit on the other nine.
 """
@@ -21,12 +21,12 @@ import numpy as np
 from facegate.config import QualitySettings
 from facegate.errors import InvalidParameterError
 from facegate.eval.calibrate import calibrate
-from facegate.eval.degrade import plan
 from facegate.eval.features import read_parts
 from facegate.eval.lfw import Pair, read_pairs
 from facegate.models.quality import fit_logistic_nd
 from facegate.quality_reasons import RELIABILITY_FEATURES, ReliabilityModel, reliability_features
 from quality_metrics import ci95, edc_curve, identity_weights, metrics, p1_report
+from quality_p1_features import FACE_DEGRADATIONS, plan
 
 #: per-face baselines: method → table column (higher is better)
 BASELINES = {
@@ -46,7 +46,6 @@ REASONS = {
     "occluded": (("mask", "eyeband"), "flat", +1, "max_flat"),
     "pose": (("yaw",), "abs_yaw", +1, "max_yaw_deg"),
 }
-FACE_DRAWN = {"mask", "eyeband", "yaw"}
 #: fusion inputs: column → the sign its weight must have (a monotone fusion: better never lowers the score)
 FUSION = {"log_norm": +1, "log_iod": +1, "abs_yaw": -1, "flat": -1, "log_sharpness": +1}
 #: the most of clean faces the verify gate (0.45 %: 0.5 % is the guardrail) and the enrolment gate may refuse
@@ -82,7 +81,9 @@ def load_table(parts: Sequence[str | Path]) -> dict[str, np.ndarray]:
     i = 0
     while i < variant.size:  # rows come per photo: clean, then the variants its plan could make (face-drawn ones
         # need the clean photo's landmarks)
-        made = [j for j, (d, _) in enumerate(plan(t["path"][i])) if j == 0 or t["found"][i] or d not in FACE_DRAWN]
+        made = [
+            j for j, (d, _) in enumerate(plan(t["path"][i])) if j == 0 or t["found"][i] or d not in FACE_DEGRADATIONS
+        ]
         variant[i : i + len(made)] = made
         i += len(made)
     t["variant"] = variant

@@ -23,7 +23,7 @@ import torch
 import facegate
 from facegate.config import Settings
 from facegate.eval import degrade as photo
-from facegate.eval.degrade import path_rng, plan
+from facegate.eval.degrade import path_rng
 from facegate.eval.features import _heuristic
 from facegate.eval.lfw import detect_centre, pair_images, read_pairs
 from facegate.io.decode import decode_image
@@ -98,14 +98,25 @@ def yaw_warp(img: np.ndarray, s: int, rng: np.random.Generator, landmarks: np.nd
 
 #: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
 FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband, "yaw": yaw_warp}
+#: the degraded side of P1's one-side-degraded pairs (severity 1-3): the photo degradations, a genuinely small face,
+#: and a mask and an eye band drawn from the landmarks
+P1_DEGS = (*photo.DEGRADATIONS, "downscale", "mask", "eyeband")
+#: the labelled reasons' strata (severity 1-5); "yaw" is a landmark-driven head-turn warp
+REASON_DEGS = ("downscale", "blur", "underexpose", "overexpose", "mask", "eyeband", "yaw")
 
 
-#: Degradations drawn from the clean photo's landmarks: ``(image, severity, rng, landmarks (5, 2)) → image``.
-FACE_DEGRADATIONS = {"mask": mask, "eyeband": eyeband, "yaw": yaw_warp}
+def plan(path: str) -> list[tuple[str, int]]:
+    """P1's variants of one photo: clean, one P1 degradation (severity 1-3), one reason degradation (1-5)."""
+    r1, r2 = path_rng(path, 1), path_rng(path, 2)
+    return [
+        ("clean", 0),
+        (P1_DEGS[int(r1.integers(len(P1_DEGS)))], int(r1.integers(1, 4))),
+        (REASON_DEGS[int(r2.integers(len(REASON_DEGS)))], int(r2.integers(1, 6))),
+    ]
 
 
 def degrade(img: np.ndarray, name: str, s: int, rng: np.random.Generator, lm: np.ndarray | None) -> np.ndarray | None:
-    """One degradation of :func:`facegate.eval.degrade.plan` by name; ``None`` when it is drawn from the landmarks
+    """One degradation of :func:`plan` by name; ``None`` when it is drawn from the landmarks
     ``lm`` ``(5, 2)`` and there are none."""
     if name in FACE_DEGRADATIONS:
         return None if lm is None else FACE_DEGRADATIONS[name](img, s, rng, lm)

@@ -1,7 +1,7 @@
 """Recompute the crop statistics (sharpness, brightness, flat area) of a P1 feature file on the CPU.
 
 Each face's aligned crop is rebuilt from the file's landmarks and the deterministic degradation of its photo
-(``facegate.eval.degrade.plan``), so a change to ``facegate.quality_reasons.crop_stats`` needs no new GPU pass:
+(``quality_p1_features.plan``), so a change to ``facegate.quality_reasons.crop_stats`` needs no new GPU pass:
 
     python benchmarks/quality_p1_restat.py out/p1_half1.npz out/p1_half1_r.npz
 
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from facegate.eval.degrade import path_rng, plan
+from facegate.eval.degrade import path_rng
 from facegate.io.decode import decode_image
 from facegate.pipeline.align import align_cpu
 from facegate.quality_reasons import crop_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quality_eval import load_table
-from quality_p1_features import degrade
+from quality_p1_features import degrade, plan
 
 log = logging.getLogger("quality_p1_restat")
 COLUMNS = ("sharpness", "luma", "flat")

@@ -76,23 +76,6 @@ def random_variant(rng: np.random.Generator) -> tuple[str, int]:
     return names[int(rng.integers(len(names)))], int(rng.integers(1, 6))
 
 
-#: the degraded side of P1's one-side-degraded pairs (severity 1-3): the photo degradations, a genuinely small face,
-#: and a mask and an eye band drawn from the landmarks (those three made in benchmarks/quality_p1_features.py)
-P1_DEGS = (*DEGRADATIONS, "downscale", "mask", "eyeband")
-#: the labelled reasons' strata (severity 1-5); "yaw" is a landmark-driven head-turn warp
-REASON_DEGS = ("downscale", "blur", "underexpose", "overexpose", "mask", "eyeband", "yaw")
-
-
 def degrade(img: np.ndarray, name: str, s: int, rng: np.random.Generator) -> np.ndarray:
     """One photo degradation of :data:`DEGRADATIONS` by name (severity 0: ``img`` itself)."""
     return img if s == 0 else DEGRADATIONS[name](img, s, rng)
-
-
-def plan(path: str) -> list[tuple[str, int]]:
-    """P1's variants of one photo: clean, one P1 degradation (severity 1-3), one reason degradation (1-5)."""
-    r1, r2 = path_rng(path, 1), path_rng(path, 2)
-    return [
-        ("clean", 0),
-        (P1_DEGS[int(r1.integers(len(P1_DEGS)))], int(r1.integers(1, 4))),
-        (REASON_DEGS[int(r2.integers(len(REASON_DEGS)))], int(r2.integers(1, 6))),
-    ]

@@ -12,8 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import quality_eval as fq
 from facegate.errors import InvalidParameterError
-from facegate.eval.degrade import plan
 from facegate.eval.lfw import Pair
+from quality_p1_features import plan
 
 N_FOLDS, IDS_PER_FOLD, PHOTOS = 10, 4, 3
 #: how a degradation moves the measured columns (severity s): column → value
