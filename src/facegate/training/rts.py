@@ -79,7 +79,6 @@ def train_rts_head(
     config: RTSConfig,
     *,
     device: str = "cpu",
-    progress: bool = True,
 ) -> tuple[RTSQualityHead, list[dict[str, float]]]:
     """A head (eval, CPU, fp32, on raw ``head_in``; trained standardised) and its per-epoch losses, from ``head_in
     (N, F)``, ``emb (N, D)``, ``labels (N,)`` against frozen ``class_init (C, D)``; ``target_proto (N, D)``: each
@@ -106,7 +105,7 @@ def train_rts_head(
     steps = n // bs  # the ragged last batch is dropped (BatchNorm with 1 row is undefined)
     history: list[dict[str, float]] = []
     kw = {"scale": config.scale, "dof": config.dof, "kl_scale": config.kl_scale, "generator": g_eps}
-    with tqdm(total=steps * config.epochs, desc="rts", unit="step", file=sys.stderr, disable=not progress) as bar:
+    with tqdm(total=steps * config.epochs, desc="rts", unit="step", file=sys.stderr) as bar:
         for ep in range(config.epochs):
             perm = torch.randperm(n, generator=g_order).to(dev)
             tot = torch.zeros(3, device=dev)
@@ -154,8 +153,6 @@ def genuine_outcomes(
             refs = rng.choice(refs, size=max_refs, replace=False).tolist()
         fi += [r] * len(refs)
         ri += refs
-    if not fi:
-        raise InvalidParameterError("no genuine comparisons: every identity has a single photo")
     emb = table["emb"]
     sims = np.einsum("ij,ij->i", emb[fi].astype(np.float32), emb[ri].astype(np.float32))
     return np.asarray(fi, np.int64), (sims >= threshold).astype(np.float64)
@@ -167,7 +164,6 @@ def train_and_calibrate(
     *,
     match_threshold: float,
     device: str = "cpu",
-    progress: bool = True,
 ) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
     """Train and calibrate a head on the table's found faces (clean and degraded): ``(head, calibration, record)``,
     the record counting the identities and the faces the loss saw (those with another clean photo of their
@@ -195,7 +191,6 @@ def train_and_calibrate(
         proto,
         config,
         device=device,
-        progress=progress,
     )
     fi, succ = genuine_outcomes(table, rows, match_threshold, max_refs=config.max_refs, seed=config.seed)
     if not 0 < succ.mean() < 1:
@@ -218,7 +213,6 @@ def train_quality(
     n_random: int = 2,
     save_features: Path | None = None,
     command: str = "",
-    progress: bool = True,
 ) -> dict[str, Any]:
     """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
     random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
@@ -240,9 +234,7 @@ def train_quality(
         table["identity"] = np.array([p.split("/")[0] for p in table["path"]])
     else:
         table = read_parts([source] if isinstance(source, (str, Path)) else list(source), FEATURE_COLUMNS)
-    head, cal, record = train_and_calibrate(
-        table, config, match_threshold=match_threshold, device=device, progress=progress
-    )
+    head, cal, record = train_and_calibrate(table, config, match_threshold=match_threshold, device=device)
     meta = {
         "trained_on": str(source),
         "identities": record["identities"],

@@ -123,7 +123,7 @@ def test_tiny_head_trains_loss_falls_and_outputs_stay_in_range() -> None:
     clean = t["variant"] == 0
     init = np.stack([t["emb"][clean & (labels == k)].astype(np.float32).mean(0) for k in range(ids.size)])
     cfg = RTSConfig(epochs=12, batch_size=16, lr=1e-2, seed=0)
-    head, hist = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg, progress=False)
+    head, hist = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg)
     assert len(hist) == 12
     assert np.mean([h["loss"] for h in hist[-3:]]) < 0.9 * hist[0]["loss"]
     s2 = head_sigma2(head, t["head_in"])
@@ -131,14 +131,14 @@ def test_tiny_head_trains_loss_falls_and_outputs_stay_in_range() -> None:
     # the head learned the degradation: σ² rises with the noise level
     assert _spearman(s2, t["level"]) > 0.5
     # deterministic under the seed
-    head2, _ = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg, progress=False)
+    head2, _ = train_rts_head(t["head_in"], t["emb"], labels, init, init[labels], cfg)
     np.testing.assert_allclose(head_sigma2(head2, t["head_in"]), s2, rtol=1e-5)
 
 
 def test_calibration_direction_range_and_outcomes() -> None:
     t = synthetic_table(n_ids=10)
     cfg = RTSConfig(epochs=10, batch_size=16, lr=1e-2)
-    head, cal, _ = train_and_calibrate(t, cfg, match_threshold=0.5, progress=False)
+    head, cal, _ = train_and_calibrate(t, cfg, match_threshold=0.5)
     assert cal.fitted and cal.direction == -1
     s2 = head_sigma2(head, t["head_in"])
     q = cal(torch.from_numpy(s2).float()).numpy()
@@ -163,7 +163,6 @@ def test_train_quality_from_feature_files_writes_a_loadable_head(tmp_path: Path)
         match_threshold=0.5,
         config=RTSConfig(epochs=8, batch_size=16, lr=1e-2),
         command="test",
-        progress=False,
     )
     assert summary["identities"] == 8 and out.is_file()
     _head, cal, meta = load_head(out, backbone="sface", feature_dim=TINY_HEAD_DIM)
@@ -194,7 +193,6 @@ def test_train_quality_from_a_photo_folder(lfw_root: Path, tmp_path: Path) -> No
     summary = train_quality(
         root, out, match_threshold=0.3582, config=RTSConfig(epochs=2, batch_size=8), n_random=1,
         save_features=tmp_path / "f.npz",
-        progress=False,
     )  # fmt: skip
     assert summary["identities"] == 4 and summary["faces_found"] > 0.7
     _head, cal, _ = load_head(out, backbone="sface", feature_dim=1152)
