@@ -65,13 +65,8 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
     # predicting "same" for index >= i: correct = (#neg below i) + (#pos at/after i)
     neg_below = np.concatenate([[0], np.cumsum(~y)])
     pos_after = np.concatenate([np.cumsum(y[::-1])[::-1], [0]])
-    acc = neg_below + pos_after
-    i = int(np.argmax(acc))
-    if i == 0:
-        return float(s[0] - 1e-6)
-    if i == len(s):
-        return float(s[-1] + 1e-6)
-    return float((s[i - 1] + s[i]) / 2)
+    edges = np.concatenate([[s[0] - 1e-6], (s[:-1] + s[1:]) / 2, [s[-1] + 1e-6]])  # candidate i: below s[i]
+    return float(edges[int(np.argmax(neg_below + pos_after))])
 
 
 def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
