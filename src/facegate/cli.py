@@ -88,12 +88,6 @@ def _command() -> str:
     return " ".join(["facegate", *sys.argv[1:]])
 
 
-def _match_threshold(value: float | None) -> float:
-    from facegate.models.registry import get_spec
-
-    return get_spec("sface").thresholds.match if value is None else value
-
-
 def _settings(**kw: Any) -> Settings:
     """Settings from the environment (``FACEGATE_*``) and the given flags; a bad value is InvalidParameterError
     naming the setting and its variable (exit 2), not an internal error."""
@@ -511,6 +505,7 @@ def train_quality_cmd(
     match_threshold: MatchOpt = None,
 ) -> None:
     """Train an RTS quality head (random temperature scaling) on identity-labelled faces."""
+    from facegate.models.registry import get_spec
     from facegate.training.rts import RTSConfig, train_quality
     from facegate.tuning import detect_machine
 
@@ -525,7 +520,7 @@ def train_quality_cmd(
         device=device,
         n_random=n_random,
         save_features=save_features,
-        match_threshold=_match_threshold(match_threshold),
+        match_threshold=get_spec("sface").thresholds.match if match_threshold is None else match_threshold,
         command=_command(),
     )
     _echo({k: v for k, v in rep.items() if k != "history"})
