@@ -35,19 +35,13 @@ class RTSConfig:
     """Hyper-parameters. ``scale``: SFace's genuine margins (0.05-0.3) need ``s·m`` > ``log C`` (docs/quality.md)."""
 
     scale: float = 256.0
-    dof: int = 32
+    dof: int = 32  #: >= 3 (τ divides by dof − 2): the CLI's --dof checks it
     kl_scale: float = 0.1
     epochs: int = 8
-    batch_size: int = 256
+    batch_size: int = 256  #: >= 2 (the head ends in BatchNorm1d)
     lr: float = 2e-3
     seed: int = 0
     max_refs: int = 8  #: reference photos per face for the calibration outcomes
-
-    def __post_init__(self) -> None:
-        if self.dof < 3:
-            raise InvalidParameterError(f"dof must be >= 3 (τ divides by dof - 2), got {self.dof}")
-        if self.batch_size < 2:
-            raise InvalidParameterError("batch_size must be >= 2 (the head ends in BatchNorm1d)")
 
 
 def rts_loss(

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from facegate.errors import InvalidParameterError
+from facegate.cli import app
 from facegate.eval.features import read_parts
 from facegate.models.quality import RTSQualityHead, load_head
 from facegate.models.recognizer import build_recognizer
@@ -78,11 +79,13 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def test_config_validation() -> None:
-    with pytest.raises(InvalidParameterError):
-        RTSConfig(dof=2)
-    with pytest.raises(InvalidParameterError):
-        RTSConfig(batch_size=1)
+def test_dof_below_3_is_refused(tmp_path: Path) -> None:
+    """τ divides by dof − 2: ``facegate train-quality --dof 2`` is bad input (exit 2) and trains nothing."""
+    t = synthetic_table()
+    part, out = tmp_path / "qf_0.npz", tmp_path / "head.pt"
+    np.savez_compressed(part, **{c: t[c] for c in FEATURE_COLUMNS})
+    res = CliRunner().invoke(app, ["train-quality", str(part), "--out", str(out), "--dof", "2"])
+    assert res.exit_code == 2 and "--dof" in res.output and not out.exists(), res.output
 
 
 def test_rts_loss_temperature_direction() -> None:
