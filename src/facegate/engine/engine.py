@@ -134,25 +134,16 @@ class DeviceThread(concurrent.futures.Executor):
 class _StageRunner:
     """The front thread and queue of one stage; the engine's :class:`DeviceThread` runs its execute phase."""
 
-    def __init__(
-        self,
-        stage: Stage,
-        *,
-        max_batch_size: int,
-        max_wait_s: float,
-        max_queue: int,
-        stats: ServiceStats,
-        device: DeviceThread,
-    ) -> None:
+    def __init__(self, stage: Stage, engine: Engine, max_queue: int) -> None:
         self.stage = stage
-        self._device = device
+        self._device = engine.device_executor
         self.name: str = stage.name
-        self.max_batch = max(1, max_batch_size)
-        self.max_wait_s = max_wait_s
+        self.max_batch = max(1, engine.max_batch_size)
+        self.max_wait_s = engine.max_wait_ms / 1000.0
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.deliver: Any = getattr(stage, "deliver", None)
+        self.stats = stats = engine.stats
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
-        self.stats = stats
         self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
         self.abort = False
         stats.register_stage(self.name)
@@ -195,51 +186,47 @@ class _StageRunner:
     def _dispatch(self, items: list[WorkItem], prepared: Any) -> None:
         """Execute and deliver one prepared batch (on the device thread)."""
         self._slots.release()
+        name, n = self.name, len(items)
         try:
-            self._run_batch(items, prepared)
+            if self.abort:
+                fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
+                return
+            now = time.monotonic()
+            dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
+            if len(dropped) == n:  # everyone left while the batch was prepared: skip the device
+                self.batcher.finish_dropped(dropped)
+                return
+            t0 = time.perf_counter()
+            try:
+                result = self.stage.execute(prepared)
+            except Exception as exc:
+                self._fail(items, exc, "execute")
+                return
+            t1 = time.perf_counter()
+            try:
+                outs = result if self.deliver is None else self.deliver(result, n)
+                if not isinstance(outs, list | tuple) or len(outs) != n:
+                    got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
+                    raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
+            except Exception as exc:
+                self._fail(items, exc, "deliver")
+                return
+            t2 = time.perf_counter()
+            self._seconds["execute"].observe(t1 - t0)
+            self._seconds["deliver"].observe(t2 - t1)
+            rows = sum(it.cost for it in items)
+            self._h_batch.observe(rows)
+            self._c_items.inc(rows)
+            ok = [not isinstance(out, BaseException) for out in outs]
+            if not all(ok):
+                self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
+            resolve(
+                (it, good, out if good else as_facegate_error(out, name, "deliver"))
+                for it, good, out in zip(items, ok, outs, strict=True)
+            )
         except BaseException:  # pragma: no cover - a bug in the engine itself
-            log.exception("stage %s: back thread error", self.name)
-            fail(items, EngineError(f"internal engine error in stage {self.name!r}"))
-
-    def _run_batch(self, items: list[WorkItem], prepared: Any) -> None:
-        name = self.name
-        if self.abort:
-            fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
-            return
-        now = time.monotonic()
-        dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
-        if len(dropped) == len(items):  # everyone left while the batch was prepared: skip the device
-            self.batcher.finish_dropped(dropped)
-            return
-        n = len(items)
-        rows = sum(it.cost for it in items)
-        t0 = time.perf_counter()
-        try:
-            result = self.stage.execute(prepared)
-        except Exception as exc:
-            self._fail(items, exc, "execute")
-            return
-        t1 = time.perf_counter()
-        try:
-            outs = result if self.deliver is None else self.deliver(result, n)
-            if not isinstance(outs, list | tuple) or len(outs) != n:
-                got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
-                raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
-        except Exception as exc:
-            self._fail(items, exc, "deliver")
-            return
-        t2 = time.perf_counter()
-        self._seconds["execute"].observe(t1 - t0)
-        self._seconds["deliver"].observe(t2 - t1)
-        self._h_batch.observe(rows)
-        self._c_items.inc(rows)
-        ok = [not isinstance(out, BaseException) for out in outs]
-        if not all(ok):
-            self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
-        resolve(
-            (it, good, out if good else as_facegate_error(out, name, "deliver"))
-            for it, good, out in zip(items, ok, outs, strict=True)
-        )
+            log.exception("stage %s: back thread error", name)
+            fail(items, EngineError(f"internal engine error in stage {name!r}"))
 
     def _fail(self, items: list[WorkItem], exc: BaseException, phase: str) -> None:
         err = as_facegate_error(exc, self.name, phase)
@@ -275,17 +262,7 @@ class Engine:
         self.request_timeout_s = float(request_timeout_s)
         #: runs every execute + deliver; e.g. the warm-up runs here, where the batches will run
         self.device_executor = device_thread or DeviceThread()
-        self._runners: dict[str, _StageRunner] = {
-            s.name: _StageRunner(
-                s,
-                max_batch_size=self.max_batch_size,
-                max_wait_s=self.max_wait_ms / 1000.0,
-                max_queue=int(max_queue),
-                stats=self.stats,
-                device=self.device_executor,
-            )
-            for s in stages
-        }
+        self._runners = {s.name: _StageRunner(s, self, int(max_queue)) for s in stages}
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.Lock()
 

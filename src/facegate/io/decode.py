@@ -407,22 +407,12 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
     import torch
 
     dev = torch.device(device)
-
-    def host(i: int) -> np.ndarray | FacegateError:
-        try:
-            return decode_image(datas[i], max_bytes=max_bytes, max_pixels=max_pixels)
-        except FacegateError as exc:
-            return exc
-
-    use_nvjpeg = _use_nvjpeg(dev)
-    gpu_items: dict[int, tuple[int, int, int]] = {}
-    done: dict[int, np.ndarray | FacegateError] = {}
-    for i, data in enumerate(datas):
-        if use_nvjpeg and (info := _gpu_candidate(bytes(data), max_bytes, max_pixels)) is not None:
-            gpu_items[i] = info
-        else:
-            done[i] = host(i)
     out: list[Any] = [None] * len(datas)
+    gpu_items: dict[int, tuple[int, int, int]] = {}
+    if _use_nvjpeg(dev):
+        for i, data in enumerate(datas):
+            if (info := _gpu_candidate(bytes(data), max_bytes, max_pixels)) is not None:
+                gpu_items[i] = info
     if gpu_items:
         raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_items]
         try:
@@ -439,9 +429,12 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
         for (i, (orient, h, w)), t in zip(gpu_items.items(), decoded, strict=True):
             if t is not None and tuple(t.shape) == (3, h, w):
                 out[i] = _apply_orientation(t, orient, h_axis=1)
-            else:
-                done[i] = host(i)
-    for i, res in done.items():
-        # a host image as (3, H, W) on the device: one blocking copy
-        out[i] = res if isinstance(res, FacegateError) else torch.from_numpy(res).permute(2, 0, 1).contiguous().to(dev)
+    for i, data in enumerate(datas):  # the rest on the host, as (3, H, W) on the device: one blocking copy each
+        if out[i] is None:
+            try:
+                arr = decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
+            except FacegateError as exc:
+                out[i] = exc
+                continue
+            out[i] = torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(dev)
     return out

@@ -111,31 +111,30 @@ def faces_selected_on_device(
     det, pending = pipe.detector, prepared.det_pending
     assert pending.post_out is not None
     order = [i for idx, _ in prepared.det_batches for i in idx]
+    if not order:
+        return out, None, set()
+    chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
+    pos = {i: k for k, i in enumerate(order)}
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i in order:
+        by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
     meta: list[torch.Tensor] = []
     crops: list[torch.Tensor] = []
     owners: list[int] = []
-    if order:
-        chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
-        pos = {i: k for k, i in enumerate(order)}
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i in order:
-            by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
-        for idx in by_shape.values():
-            sel = [pos[i] for i in idx]
-            if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
-                part = slice(sel[0], sel[0] + len(sel))
-                rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
-            else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
-                rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
-                rows = rows.to(chosen.device, non_blocking=True)
-                rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
-            for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
-                warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
-                crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-            meta.append(rows_meta)
-            owners += idx
-    if not owners:
-        return out, None, set()
+    for idx in by_shape.values():
+        sel = [pos[i] for i in idx]
+        if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
+            part = slice(sel[0], sel[0] + len(sel))
+            rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
+        else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
+            rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
+            rows = rows.to(chosen.device, non_blocking=True)
+            rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
+        for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
+            warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
+            crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+        meta.append(rows_meta)
+        owners += idx
     crop_all = torch.cat(crops).contiguous()
     rec = pipe.recognize(crop_all).float()
     res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
