@@ -70,13 +70,6 @@ def _join(thread: threading.Thread, deadline: float | None) -> bool:
     return not thread.is_alive()
 
 
-def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
-    if not fut.done():
-        fut.set_exception(
-            DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        )
-
-
 class DeviceThread(concurrent.futures.Executor):
     """One worker thread running what is submitted, in order; after :meth:`shutdown` a submit raises
     EngineClosedError (what was queued still runs)."""
@@ -333,18 +326,18 @@ class Engine:
     async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
         """What ``deliver`` gave for ``payload`` on ``stage``; cancelling the task cancels the item if not yet
         computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the stage's error."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         item = self.enqueue(stage, payload, fut, timeout_s=timeout_s)
         timeout = self._timeout(timeout_s)
-        timer = loop.call_later(timeout, _expire, fut, stage, timeout)
         try:
-            return await fut
+            async with asyncio.timeout(timeout):  # cancels fut: the batcher drops the item
+                return await fut
+        except TimeoutError:
+            msg = f"no result from stage {stage!r} within {timeout:g} s"
+            raise DeadlineExceededError(msg, detail={"stage": stage}) from None
         except asyncio.CancelledError:
             item.cancel()
             raise
-        finally:
-            timer.cancel()
 
     def enqueue(self, stage: str, payload: Any, future: AnyFuture, *, timeout_s: float | None = None) -> WorkItem:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to

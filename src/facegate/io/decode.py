@@ -220,9 +220,9 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     if ImageFile.LOAD_TRUNCATED_IMAGES:  # Pillow's default refuses truncated images; a library may have flipped it
         log.warning("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; facegate resets it to False")
         ImageFile.LOAD_TRUNCATED_IMAGES = False
-    arr = _decode_plain_jpeg(data, max_pixels)
-    if arr is not None:
-        return arr
+    hdr = _plain_jpeg_header(data, max_pixels)  # a plain JPEG goes to OpenCV without Pillow's header parse
+    if hdr is not None and (arr := _decode_cv2(data, (hdr.width, hdr.height))) is not None:
+        return _apply_orientation(arr, hdr.orientation)
 
     img = _open_header(data, max_pixels)
     try:
@@ -272,15 +272,6 @@ def _plain_jpeg_header(data: bytes, max_pixels: int) -> JpegHeader | None:
     if not hdr.complete:
         raise ImageDecodeError("the JPEG data is truncated", detail={"format": "JPEG"})
     return hdr
-
-
-def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
-    hdr = _plain_jpeg_header(data, max_pixels)
-    if hdr is None:
-        return None
-    arr = _decode_cv2(data, (hdr.width, hdr.height))
-    return None if arr is None else _apply_orientation(arr, hdr.orientation)
 
 
 def _refuse(path: str | os.PathLike[str], why: str) -> PathNotAllowedError:
