@@ -78,7 +78,6 @@ class DeviceThread(concurrent.futures.Executor):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._lock = threading.Lock()
-        self._started = False
         self._closed = False
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
@@ -86,9 +85,8 @@ class DeviceThread(concurrent.futures.Executor):
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine's device thread was shut down")
-            if not self._started:
+            if self._thread.ident is None:  # not started yet
                 self._thread.start()
-                self._started = True
             self._queue.put((fut, fn, args, kwargs))
         return fut
 
@@ -110,18 +108,18 @@ class DeviceThread(concurrent.futures.Executor):
         with self._lock:
             if not self._closed:
                 self._closed = True
-                if self._started:
+                if self._thread.ident is not None:
                     self._queue.put(_STOP)
         if wait:
             self.join(None)
 
     def join(self, deadline: float | None) -> bool:
         """:func:`_join` of the thread, once started."""
-        return _join(self._thread, deadline) if self._started else True
+        return _join(self._thread, deadline) if self._thread.ident is not None else True
 
     def alive(self) -> bool:
         """Not started yet, or running."""
-        return not self._started or self._thread.is_alive()
+        return self._thread.ident is None or self._thread.is_alive()
 
 
 class _StageRunner:
