@@ -45,11 +45,9 @@ class Stage(Protocol):
 
     def prepare(self, payloads: list[Any]) -> Any:
         """Host-side batching of ``len(payloads) >= 1`` payloads."""
-        ...
 
     def execute(self, prepared: Any) -> Any:
         """Device compute on what :meth:`prepare` returned; returns host-side results."""
-        ...
 
 
 def as_facegate_error(exc: BaseException, stage: str, phase: str) -> FacegateError:

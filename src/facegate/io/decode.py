@@ -191,18 +191,15 @@ INLINE_DECODE_PIXELS = 160 * 160
 def decode_if_small(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray | None:
     """:func:`decode_image` of a plain JPEG or PNG of at most :data:`INLINE_DECODE_PIXELS` (by its header), else
     ``None``."""
-    if not isinstance(data, bytes) or not data or len(data) > max_bytes:
+    if not isinstance(data, bytes) or len(data) > max_bytes:
         return None
-    if data[:3] == b"\xff\xd8\xff":
-        try:
-            hdr = read_jpeg_header(data)
-        except NotPlain:
-            return None
+    try:
+        hdr = read_jpeg_header(data)
         pixels = hdr.width * hdr.height
-    elif len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+    except NotPlain:  # a PNG's size is in its IHDR chunk; anything else is not small by this rule
+        if len(data) < 24 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+            return None
         pixels = int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
-    else:
-        return None
     return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= INLINE_DECODE_PIXELS else None
 
 
