@@ -113,8 +113,13 @@ class Batcher:
             with self._cond:
                 if self._closed:
                     raise EngineClosedError(f"stage {self.name!r} is not accepting work", detail={"stage": self.name})
-                if len(self._q) >= self.max_queue:
-                    dropped = self._purge_dead_locked()
+                if len(self._q) >= self.max_queue:  # purge the dead first
+                    now = time.monotonic()
+                    reasons = [(it, it.drop_reason(now)) for it in self._q]
+                    dropped = [(it, reason) for it, reason in reasons if reason]
+                    if dropped:
+                        self._q = collections.deque(it for it, reason in reasons if not reason)
+                        self._depth_gauge.set(len(self._q))
                     if len(self._q) >= self.max_queue:
                         retry = self._retry_after_locked()
                         raise QueueFullError(
@@ -124,7 +129,7 @@ class Batcher:
                         )
                 item.enqueued_at = time.monotonic()
                 self._q.append(item)
-                self._set_depth_locked()
+                self._depth_gauge.set(len(self._q))
                 self._cond.notify()
         finally:
             self.finish_dropped(dropped)
@@ -133,51 +138,47 @@ class Batcher:
         """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
         ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
         while True:
-            collected, dropped = self._collect_once(max_batch, max_wait_s)
+            batch: list[WorkItem] = []
+            dropped: list[tuple[WorkItem, str]] = []
+            cost = 0
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    q = self._q
+                    while q and cost < max_batch:
+                        it = q[0]
+                        if reason := it.drop_reason(now):
+                            dropped.append((q.popleft(), reason))
+                        elif batch and cost + it.cost > max_batch:
+                            break  # the next item waits for the next batch (an oversized one runs alone)
+                        else:
+                            batch.append(q.popleft())
+                            cost += it.cost
+                    if q or cost >= max_batch or self._closed:  # full, or closed
+                        break
+                    if not batch:
+                        if dropped:  # report drops promptly instead of holding them while idle
+                            break
+                        self._cond.wait()
+                        continue
+                    remaining = batch[0].enqueued_at + max_wait_s - now
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if batch:
+                    self._taken.append((time.monotonic(), len(batch)))
+                self._depth_gauge.set(len(self._q))
             # Items may have been cancelled while the window was open: filter once more.
             now = time.monotonic()
-            reasons = [(it, it.drop_reason(now)) for it in collected]
-            batch = [it for it, reason in reasons if not reason]
+            reasons = [(it, it.drop_reason(now)) for it in batch]
+            live = [it for it, reason in reasons if not reason]
             self.finish_dropped(dropped + [(it, reason) for it, reason in reasons if reason])
-            if batch:
-                for it in batch:
+            if live:
+                for it in live:
                     self._wait_hist.observe(now - it.enqueued_at)
-                return batch
+                return live
             if self._closed and not self._q:
                 return []
-
-    def _collect_once(self, max_batch: int, max_wait_s: float) -> tuple[list[WorkItem], list[tuple[WorkItem, str]]]:
-        batch: list[WorkItem] = []
-        dropped: list[tuple[WorkItem, str]] = []
-        cost = 0
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                q = self._q
-                while q and cost < max_batch:
-                    it = q[0]
-                    if reason := it.drop_reason(now):
-                        dropped.append((q.popleft(), reason))
-                    elif batch and cost + it.cost > max_batch:
-                        break  # the next item waits for the next batch (an oversized one runs alone)
-                    else:
-                        batch.append(q.popleft())
-                        cost += it.cost
-                if q or cost >= max_batch or self._closed:  # full, or closed
-                    break
-                if not batch:
-                    if dropped:  # report drops promptly instead of holding them while idle
-                        break
-                    self._cond.wait()
-                    continue
-                remaining = batch[0].enqueued_at + max_wait_s - now
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            if batch:
-                self._taken.append((time.monotonic(), len(batch)))
-            self._set_depth_locked()
-        return batch, dropped
 
     def close(self) -> None:
         """Refuse new work; a blocked :meth:`collect` returns what is left, then ``[]``."""
@@ -190,21 +191,9 @@ class Batcher:
         with self._cond:
             items = list(self._q)
             self._q.clear()
-            self._set_depth_locked()
+            self._depth_gauge.set(len(self._q))
             self._cond.notify_all()
         return items
-
-    def _purge_dead_locked(self) -> list[tuple[WorkItem, str]]:
-        now = time.monotonic()
-        reasons = [(it, it.drop_reason(now)) for it in self._q]
-        dead = [(it, reason) for it, reason in reasons if reason]
-        if dead:
-            self._q = collections.deque(it for it, reason in reasons if not reason)
-            self._set_depth_locked()
-        return dead
-
-    def _set_depth_locked(self) -> None:
-        self._depth_gauge.set(len(self._q))
 
     def finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
         """Outside the lock: count ``(item, drop_reason)`` drops, give expired items DeadlineExceededError."""

@@ -45,11 +45,9 @@ class Stage(Protocol):
 
     def prepare(self, payloads: list[Any]) -> Any:
         """Host-side batching of ``len(payloads) >= 1`` payloads."""
-        ...
 
     def execute(self, prepared: Any) -> Any:
         """Device compute on what :meth:`prepare` returned; returns host-side results."""
-        ...
 
 
 def as_facegate_error(exc: BaseException, stage: str, phase: str) -> FacegateError:
@@ -70,13 +68,6 @@ def _join(thread: threading.Thread, deadline: float | None) -> bool:
     return not thread.is_alive()
 
 
-def _expire(fut: asyncio.Future[Any], stage: str, timeout_s: float) -> None:
-    if not fut.done():
-        fut.set_exception(
-            DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        )
-
-
 class DeviceThread(concurrent.futures.Executor):
     """One worker thread running what is submitted, in order; after :meth:`shutdown` a submit raises
     EngineClosedError (what was queued still runs)."""
@@ -85,7 +76,6 @@ class DeviceThread(concurrent.futures.Executor):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._lock = threading.Lock()
-        self._started = False
         self._closed = False
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
@@ -93,9 +83,8 @@ class DeviceThread(concurrent.futures.Executor):
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine's device thread was shut down")
-            if not self._started:
+            if self._thread.ident is None:  # not started yet
                 self._thread.start()
-                self._started = True
             self._queue.put((fut, fn, args, kwargs))
         return fut
 
@@ -117,42 +106,33 @@ class DeviceThread(concurrent.futures.Executor):
         with self._lock:
             if not self._closed:
                 self._closed = True
-                if self._started:
+                if self._thread.ident is not None:
                     self._queue.put(_STOP)
         if wait:
             self.join(None)
 
     def join(self, deadline: float | None) -> bool:
         """:func:`_join` of the thread, once started."""
-        return _join(self._thread, deadline) if self._started else True
+        return _join(self._thread, deadline) if self._thread.ident is not None else True
 
     def alive(self) -> bool:
         """Not started yet, or running."""
-        return not self._started or self._thread.is_alive()
+        return self._thread.ident is None or self._thread.is_alive()
 
 
 class _StageRunner:
     """The front thread and queue of one stage; the engine's :class:`DeviceThread` runs its execute phase."""
 
-    def __init__(
-        self,
-        stage: Stage,
-        *,
-        max_batch_size: int,
-        max_wait_s: float,
-        max_queue: int,
-        stats: ServiceStats,
-        device: DeviceThread,
-    ) -> None:
+    def __init__(self, stage: Stage, engine: Engine, max_queue: int) -> None:
         self.stage = stage
-        self._device = device
+        self._device = engine.device_executor
         self.name: str = stage.name
-        self.max_batch = max(1, max_batch_size)
-        self.max_wait_s = max_wait_s
+        self.max_batch = max(1, engine.max_batch_size)
+        self.max_wait_s = engine.max_wait_ms / 1000.0
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.deliver: Any = getattr(stage, "deliver", None)
+        self.stats = stats = engine.stats
         self.batcher = Batcher(self.name, max_queue=max_queue, stats=stats)
-        self.stats = stats
         self._slots = threading.Semaphore(1)  # prepared batches waiting for the device thread
         self.abort = False
         stats.register_stage(self.name)
@@ -195,51 +175,47 @@ class _StageRunner:
     def _dispatch(self, items: list[WorkItem], prepared: Any) -> None:
         """Execute and deliver one prepared batch (on the device thread)."""
         self._slots.release()
+        name, n = self.name, len(items)
         try:
-            self._run_batch(items, prepared)
+            if self.abort:
+                fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
+                return
+            now = time.monotonic()
+            dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
+            if len(dropped) == n:  # everyone left while the batch was prepared: skip the device
+                self.batcher.finish_dropped(dropped)
+                return
+            t0 = time.perf_counter()
+            try:
+                result = self.stage.execute(prepared)
+            except Exception as exc:
+                self._fail(items, exc, "execute")
+                return
+            t1 = time.perf_counter()
+            try:
+                outs = result if self.deliver is None else self.deliver(result, n)
+                if not isinstance(outs, list | tuple) or len(outs) != n:
+                    got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
+                    raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
+            except Exception as exc:
+                self._fail(items, exc, "deliver")
+                return
+            t2 = time.perf_counter()
+            self._seconds["execute"].observe(t1 - t0)
+            self._seconds["deliver"].observe(t2 - t1)
+            rows = sum(it.cost for it in items)
+            self._h_batch.observe(rows)
+            self._c_items.inc(rows)
+            ok = [not isinstance(out, BaseException) for out in outs]
+            if not all(ok):
+                self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
+            resolve(
+                (it, good, out if good else as_facegate_error(out, name, "deliver"))
+                for it, good, out in zip(items, ok, outs, strict=True)
+            )
         except BaseException:  # pragma: no cover - a bug in the engine itself
-            log.exception("stage %s: back thread error", self.name)
-            fail(items, EngineError(f"internal engine error in stage {self.name!r}"))
-
-    def _run_batch(self, items: list[WorkItem], prepared: Any) -> None:
-        name = self.name
-        if self.abort:
-            fail(items, EngineClosedError("engine stopped before this work was computed", detail={"stage": name}))
-            return
-        now = time.monotonic()
-        dropped = [(it, reason) for it in items if (reason := it.drop_reason(now))]
-        if len(dropped) == len(items):  # everyone left while the batch was prepared: skip the device
-            self.batcher.finish_dropped(dropped)
-            return
-        n = len(items)
-        rows = sum(it.cost for it in items)
-        t0 = time.perf_counter()
-        try:
-            result = self.stage.execute(prepared)
-        except Exception as exc:
-            self._fail(items, exc, "execute")
-            return
-        t1 = time.perf_counter()
-        try:
-            outs = result if self.deliver is None else self.deliver(result, n)
-            if not isinstance(outs, list | tuple) or len(outs) != n:
-                got = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
-                raise EngineError(f"stage {name!r} deliver returned {got} results for {n} items")
-        except Exception as exc:
-            self._fail(items, exc, "deliver")
-            return
-        t2 = time.perf_counter()
-        self._seconds["execute"].observe(t1 - t0)
-        self._seconds["deliver"].observe(t2 - t1)
-        self._h_batch.observe(rows)
-        self._c_items.inc(rows)
-        ok = [not isinstance(out, BaseException) for out in outs]
-        if not all(ok):
-            self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
-        resolve(
-            (it, good, out if good else as_facegate_error(out, name, "deliver"))
-            for it, good, out in zip(items, ok, outs, strict=True)
-        )
+            log.exception("stage %s: back thread error", name)
+            fail(items, EngineError(f"internal engine error in stage {name!r}"))
 
     def _fail(self, items: list[WorkItem], exc: BaseException, phase: str) -> None:
         err = as_facegate_error(exc, self.name, phase)
@@ -275,17 +251,7 @@ class Engine:
         self.request_timeout_s = float(request_timeout_s)
         #: runs every execute + deliver; e.g. the warm-up runs here, where the batches will run
         self.device_executor = device_thread or DeviceThread()
-        self._runners: dict[str, _StageRunner] = {
-            s.name: _StageRunner(
-                s,
-                max_batch_size=self.max_batch_size,
-                max_wait_s=self.max_wait_ms / 1000.0,
-                max_queue=int(max_queue),
-                stats=self.stats,
-                device=self.device_executor,
-            )
-            for s in stages
-        }
+        self._runners = {s.name: _StageRunner(s, self, int(max_queue)) for s in stages}
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.Lock()
 
@@ -356,18 +322,18 @@ class Engine:
     async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
         """What ``deliver`` gave for ``payload`` on ``stage``; cancelling the task cancels the item if not yet
         computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the stage's error."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         item = self.enqueue(stage, payload, fut, timeout_s=timeout_s)
         timeout = self._timeout(timeout_s)
-        timer = loop.call_later(timeout, _expire, fut, stage, timeout)
         try:
-            return await fut
+            async with asyncio.timeout(timeout):  # cancels fut: the batcher drops the item
+                return await fut
+        except TimeoutError:
+            msg = f"no result from stage {stage!r} within {timeout:g} s"
+            raise DeadlineExceededError(msg, detail={"stage": stage}) from None
         except asyncio.CancelledError:
             item.cancel()
             raise
-        finally:
-            timer.cancel()
 
     def enqueue(self, stage: str, payload: Any, future: AnyFuture, *, timeout_s: float | None = None) -> WorkItem:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to

@@ -191,18 +191,15 @@ INLINE_DECODE_PIXELS = 160 * 160
 def decode_if_small(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray | None:
     """:func:`decode_image` of a plain JPEG or PNG of at most :data:`INLINE_DECODE_PIXELS` (by its header), else
     ``None``."""
-    if not isinstance(data, bytes) or not data or len(data) > max_bytes:
+    if not isinstance(data, bytes) or len(data) > max_bytes:
         return None
-    if data[:3] == b"\xff\xd8\xff":
-        try:
-            hdr = read_jpeg_header(data)
-        except NotPlain:
-            return None
+    try:
+        hdr = read_jpeg_header(data)
         pixels = hdr.width * hdr.height
-    elif len(data) >= 24 and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+    except NotPlain:  # a PNG's size is in its IHDR chunk; anything else is not small by this rule
+        if len(data) < 24 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+            return None
         pixels = int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
-    else:
-        return None
     return decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels) if pixels <= INLINE_DECODE_PIXELS else None
 
 
@@ -220,9 +217,9 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
     if ImageFile.LOAD_TRUNCATED_IMAGES:  # Pillow's default refuses truncated images; a library may have flipped it
         log.warning("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was True; facegate resets it to False")
         ImageFile.LOAD_TRUNCATED_IMAGES = False
-    arr = _decode_plain_jpeg(data, max_pixels)
-    if arr is not None:
-        return arr
+    hdr = _plain_jpeg_header(data, max_pixels)  # a plain JPEG goes to OpenCV without Pillow's header parse
+    if hdr is not None and (arr := _decode_cv2(data, (hdr.width, hdr.height))) is not None:
+        return _apply_orientation(arr, hdr.orientation)
 
     img = _open_header(data, max_pixels)
     try:
@@ -272,15 +269,6 @@ def _plain_jpeg_header(data: bytes, max_pixels: int) -> JpegHeader | None:
     if not hdr.complete:
         raise ImageDecodeError("the JPEG data is truncated", detail={"format": "JPEG"})
     return hdr
-
-
-def _decode_plain_jpeg(data: bytes, max_pixels: int) -> np.ndarray | None:
-    """:func:`decode_image` of a plain JPEG without Pillow's header parse; ``None``: take the general path."""
-    hdr = _plain_jpeg_header(data, max_pixels)
-    if hdr is None:
-        return None
-    arr = _decode_cv2(data, (hdr.width, hdr.height))
-    return None if arr is None else _apply_orientation(arr, hdr.orientation)
 
 
 def _refuse(path: str | os.PathLike[str], why: str) -> PathNotAllowedError:
@@ -407,22 +395,12 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
     import torch
 
     dev = torch.device(device)
-
-    def host(i: int) -> np.ndarray | FacegateError:
-        try:
-            return decode_image(datas[i], max_bytes=max_bytes, max_pixels=max_pixels)
-        except FacegateError as exc:
-            return exc
-
-    use_nvjpeg = _use_nvjpeg(dev)
-    gpu_items: dict[int, tuple[int, int, int]] = {}
-    done: dict[int, np.ndarray | FacegateError] = {}
-    for i, data in enumerate(datas):
-        if use_nvjpeg and (info := _gpu_candidate(bytes(data), max_bytes, max_pixels)) is not None:
-            gpu_items[i] = info
-        else:
-            done[i] = host(i)
     out: list[Any] = [None] * len(datas)
+    gpu_items: dict[int, tuple[int, int, int]] = {}
+    if _use_nvjpeg(dev):
+        for i, data in enumerate(datas):
+            if (info := _gpu_candidate(bytes(data), max_bytes, max_pixels)) is not None:
+                gpu_items[i] = info
     if gpu_items:
         raw = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_items]
         try:
@@ -439,9 +417,12 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
         for (i, (orient, h, w)), t in zip(gpu_items.items(), decoded, strict=True):
             if t is not None and tuple(t.shape) == (3, h, w):
                 out[i] = _apply_orientation(t, orient, h_axis=1)
-            else:
-                done[i] = host(i)
-    for i, res in done.items():
-        # a host image as (3, H, W) on the device: one blocking copy
-        out[i] = res if isinstance(res, FacegateError) else torch.from_numpy(res).permute(2, 0, 1).contiguous().to(dev)
+    for i, data in enumerate(datas):  # the rest on the host, as (3, H, W) on the device: one blocking copy each
+        if out[i] is None:
+            try:
+                arr = decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
+            except FacegateError as exc:
+                out[i] = exc
+                continue
+            out[i] = torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(dev)
     return out

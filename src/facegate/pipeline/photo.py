@@ -9,7 +9,7 @@ Only JPEGs with the ``largest`` policy and no crops come here.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,19 +81,12 @@ def _warp(
     return torch.cat(parts), owners
 
 
-def _fill(out: list[Any], res: np.ndarray, owners: list[int], chosen: dict[int, list[Detection]]) -> None:
-    """``out[owners[r]]`` = the :class:`PhotoFaces` of its one face (the largest), ``chosen[owners[r]]``, from row
-    ``r`` of ``res (K, d + 2 + N_STATS)``: the recognizer's outputs, then the crop's statistics."""
-    d = res.shape[1] - 2 - N_STATS
-    for r, i in enumerate(owners):
-        row = res[r : r + 1]
-        out[i] = PhotoFaces(
-            chosen[i],  # type: ignore[arg-type]
-            row[:, :d].copy(),
-            row[:, d].copy(),
-            row[:, d + 1].copy(),
-            row[:, d + 2 :].copy(),
-        )
+def _photo_faces(dets: Sequence[Detection], row: np.ndarray) -> PhotoFaces:
+    """The :class:`PhotoFaces` of one face (its photo's largest) from its row ``(d + 2 + N_STATS,)`` float32: the
+    recognizer's outputs, then the crop's statistics."""
+    d = len(row) - 2 - N_STATS
+    emb, stats = row[None, :d].copy(), row[None, d + 2 :].copy()
+    return PhotoFaces(dets, emb, row[d : d + 1].copy(), row[d + 1 : d + 2].copy(), stats)
 
 
 @torch.inference_mode()
@@ -111,31 +104,30 @@ def faces_selected_on_device(
     det, pending = pipe.detector, prepared.det_pending
     assert pending.post_out is not None
     order = [i for idx, _ in prepared.det_batches for i in idx]
+    if not order:
+        return out, None, set()
+    chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
+    pos = {i: k for k, i in enumerate(order)}
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i in order:
+        by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
     meta: list[torch.Tensor] = []
     crops: list[torch.Tensor] = []
     owners: list[int] = []
-    if order:
-        chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
-        pos = {i: k for k, i in enumerate(order)}
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i in order:
-            by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
-        for idx in by_shape.values():
-            sel = [pos[i] for i in idx]
-            if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
-                part = slice(sel[0], sel[0] + len(sel))
-                rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
-            else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
-                rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
-                rows = rows.to(chosen.device, non_blocking=True)
-                rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
-            for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
-                warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
-                crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-            meta.append(rows_meta)
-            owners += idx
-    if not owners:
-        return out, None, set()
+    for idx in by_shape.values():
+        sel = [pos[i] for i in idx]
+        if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
+            part = slice(sel[0], sel[0] + len(sel))
+            rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
+        else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
+            rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
+            rows = rows.to(chosen.device, non_blocking=True)
+            rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
+        for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
+            warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
+            crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+        meta.append(rows_meta)
+        owners += idx
     crop_all = torch.cat(crops).contiguous()
     rec = pipe.recognize(crop_all).float()
     res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
@@ -144,20 +136,16 @@ def faces_selected_on_device(
     flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main.flatten()
     got = flat.cpu().numpy()  # the one wait
     host, more_host = got[: main.numel()].reshape(main.shape), got[main.numel() :] if more is not None else None
-    faces: dict[int, list[Detection]] = {}
-    keep: list[int] = []
     fallback: set[int] = set()
     for r, i in enumerate(owners):
         if not host[r, 16]:
             fallback.add(i)
-            continue
-        if not host[r, 15]:
+        elif not host[r, 15]:
             out[i] = NoFaceError("no face found in the image")
-            continue
-        lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
-        faces[i] = [Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)]
-        keep.append(r)
-    _fill(out, host[keep, 17:], [owners[r] for r in keep], faces)
+        else:
+            lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
+            face = Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)
+            out[i] = _photo_faces([face], host[r, 17:])
     if fallback:  # the host rule for the photos the device could not settle exactly
         found = det.finish_many(pending)
         chosen_fb: dict[int, list[Detection]] = {}
@@ -170,8 +158,9 @@ def faces_selected_on_device(
                         out[i] = exc
         fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
         if fb_owners:  # crops of one torch.cat: contiguous
-            fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1)
-            _fill(out, fb_res.cpu().numpy(), fb_owners, chosen_fb)
+            fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1).cpu().numpy()
+            for r, i in enumerate(fb_owners):
+                out[i] = _photo_faces(chosen_fb[i], fb_res[r])
     return out, more_host, fallback
 
 

@@ -53,29 +53,52 @@ def configure_cpu_threads(threads: int | None) -> int | None:
     return threads
 
 
-def configure_omp_wait(device: str) -> str | None:
-    """Off CUDA, ``OMP_WAIT_POLICY=PASSIVE`` unless set (spinning OpenMP threads hold cores the HTTP and decode
-    threads need); call before the first ``import torch``. Returns the policy, ``None`` on CUDA."""
-    if device == "cuda":  # a CUDA engine runs one intra-op thread: no pool threads to wait
-        return None
-    policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "torch" in sys.modules and policy == "PASSIVE":
-        log.debug("torch was loaded before OMP_WAIT_POLICY was set: its OpenMP threads keep their wait policy")
-    return policy
-
-
 #: No cuBLAS / cuBLASLt workspaces: PyTorch otherwise keeps one per thread and stream that ran a GEMM (tens of
 #: MiB of GPU memory each), and the models' only GEMMs are their small embedding heads.
 NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
 
 
-def configure_gemm_workspace(device: str) -> dict[str, str]:
-    """Turn the cuBLAS workspaces off (CUDA, before the first GEMM) unless the user set them; returns what it set."""
-    if device != "cuda":
-        return {}
-    set_now = {k: v for k, v in NO_GEMM_WORKSPACE.items() if k not in os.environ}
-    os.environ.update(set_now)
-    return set_now
+def configure_device(plan: ServingPlan, mib: int | None = None) -> None:
+    """Set this engine process up for ``plan.device`` before its models load; call before the first ``import torch``.
+
+    Off CUDA, ``OMP_WAIT_POLICY=PASSIVE`` unless set: spinning OpenMP threads hold cores the HTTP and decode threads
+    need (a CUDA engine runs one intra-op thread, no pool threads to wait). On CUDA, :data:`NO_GEMM_WORKSPACE`
+    unless the user set them; the allocator capped at ``mib`` MiB (``engine.gpu_memory_limit_mib``; more than the
+    device has: InvalidParameterError); one free ``plan.gpu_arena_mib`` MiB segment left in PyTorch's caching
+    allocator, for the weights and activations to share. Then :func:`configure_cpu_threads`.
+    """
+    if plan.device != "cuda":
+        policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if "torch" in sys.modules and policy == "PASSIVE":
+            log.debug("torch was loaded before OMP_WAIT_POLICY was set: its OpenMP threads keep their wait policy")
+    else:
+        for key, value in NO_GEMM_WORKSPACE.items():
+            os.environ.setdefault(key, value)
+    import torch
+
+    configure_cpu_threads(plan.cpu_threads)
+    if plan.device != "cuda":
+        return
+    dev = torch.cuda.current_device()
+    if mib is not None:
+        total = torch.cuda.get_device_properties(dev).total_memory
+        if mib * 2**20 > total:
+            raise InvalidParameterError(
+                f"gpu_memory_limit_mib={mib} exceeds the device's {total / 2**20:.0f} MiB",
+                detail={"limit_mib": mib, "device_mib": round(total / 2**20)},
+            )
+        fraction = mib * 2**20 / total
+        torch.cuda.set_per_process_memory_fraction(fraction, dev)
+        log.info(
+            "GPU memory: the allocator of this process holds at most %d MiB (%.4f of device %d)", mib, fraction, dev
+        )
+    if plan.gpu_arena_mib is not None:
+        # freed at once: back to the allocator's cache as one free block of the whole segment
+        torch.empty(plan.gpu_arena_mib * 2**20, dtype=torch.uint8, device=dev)
+        reserved = torch.cuda.memory_reserved(dev) / 2**20
+        log.info(
+            "GPU memory: a %d MiB arena on device %d (the allocator holds %.1f MiB)", plan.gpu_arena_mib, dev, reserved
+        )
 
 
 @contextlib.contextmanager
@@ -93,47 +116,15 @@ def within_memory_limit(limit_mib: int | None, what: str) -> Iterator[None]:
         ) from exc
 
 
-def reserve_arena(mib: int) -> int:
-    """Leave one free ``mib`` MiB segment in PyTorch's CUDA caching allocator, for the weights and activations to
-    share (call right before the models load); returns the bytes reserved."""
-    import torch
-
-    dev = torch.cuda.current_device()
-    block = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
-    del block  # back to the allocator's cache, one free block of the whole segment
-    reserved = int(torch.cuda.memory_reserved(dev))
-    log.info("GPU memory: a %d MiB arena on device %d (the allocator holds %.1f MiB)", mib, dev, reserved / 2**20)
-    return reserved
-
-
-def limit_gpu_memory(mib: int) -> float:
-    """Cap this process's CUDA allocator at ``mib`` MiB; returns the fraction set (InvalidParameterError: too big)."""
-    import torch
-
-    dev = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(dev).total_memory
-    if mib * 2**20 > total:
-        raise InvalidParameterError(
-            f"gpu_memory_limit_mib={mib} exceeds the device's {total / 2**20:.0f} MiB",
-            detail={"limit_mib": mib, "device_mib": round(total / 2**20)},
-        )
-    fraction = mib * 2**20 / total
-    torch.cuda.set_per_process_memory_fraction(fraction, dev)
-    log.info("GPU memory: the allocator of this process holds at most %d MiB (%.4f of device %d)", mib, fraction, dev)
-    return fraction
-
-
 def start_photo_check() -> Callable[[], bool]:
     """:func:`~facegate.io.decode.gpu_decode_available` (seconds: it imports torchvision) on a thread; returns a
     function waiting for the answer."""
+    from facegate.io import decode
+
     answer: list[bool] = []
-
-    def check() -> None:
-        from facegate.io.decode import gpu_decode_available
-
-        answer.append(gpu_decode_available())
-
-    thread = threading.Thread(target=check, name="facegate-photo-check", daemon=True)
+    thread = threading.Thread(
+        target=lambda: answer.append(decode.gpu_decode_available()), name="facegate-photo-check", daemon=True
+    )
     thread.start()
 
     def wait() -> bool:
@@ -198,7 +189,7 @@ class FacePipeline:
     def from_settings(cls, settings: Settings, plan: ServingPlan | None = None) -> FacePipeline:
         """Build the pipeline the settings and the serving plan (:func:`facegate.tuning.make_plan`) describe."""
         plan = plan or make_plan(settings)
-        configure_omp_wait(plan.device)  # before the first import of torch in this process
+        configure_device(plan, settings.engine.gpu_memory_limit_mib)  # before the first import of torch here
         import torch
 
         from facegate.models.detector import FaceDetector
@@ -211,12 +202,6 @@ class FacePipeline:
         if device == "cpu" and dtype is torch.float16:
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         spec = get_spec("irse64_rts" if settings.rts_checkpoint is not None else settings.model)
-        configure_cpu_threads(plan.cpu_threads)
-        configure_gemm_workspace(device)
-        if device == "cuda" and settings.engine.gpu_memory_limit_mib is not None:
-            limit_gpu_memory(settings.engine.gpu_memory_limit_mib)
-        if device == "cuda" and plan.gpu_arena_mib is not None:
-            reserve_arena(plan.gpu_arena_mib)
         yunet = load_yunet().to(device)
         if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
             set_fused_epilogues(yunet, plan.fused_kernels, depthwise=plan.fused_kernels)
@@ -290,19 +275,17 @@ class FacePipeline:
         pipe = cls(spec, detector, recognizer, device=device, operating=operating, quality=settings.quality)
         pipe.photo_warp_bytes = plan.photo_warp_mib * 2**20
         pipe.det_warm_sizes = [tuple(sz) for sz in det.warm_sizes]  # type: ignore[misc]
-        limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
-        if device == "cuda" and plan.photo_stage == "auto" and importlib.util.find_spec("torchvision"):
-            # importing torchvision takes seconds: it runs on a thread beside the warm-up's graph captures
-            # (cuDNN planning releases the GIL), and warmup() confirms the stage
-            pipe.photo_limits = limits
+        # "auto" without torchvision: no nvJPEG, no stage
+        auto = device == "cuda" and plan.photo_stage == "auto" and importlib.util.find_spec("torchvision") is not None
+        if auto or plan.photo_stage == "on":
+            pipe.photo_limits = (settings.limits.max_upload_bytes, settings.limits.max_pixels)
+        if auto:  # importing torchvision takes seconds: on a thread beside the warm-up's graph captures (cuDNN
+            # planning releases the GIL); warmup() confirms the stage
             pipe._photo_check = start_photo_check()
             log.info("photo stage: checking torchvision's nvJPEG decoder beside the warm-up")
-        elif plan.photo_stage == "on":  # "auto" without torchvision: no nvJPEG, no stage
-            pipe.photo_limits = limits
-        if device == "cuda" and pipe._photo_check is None:
+        elif device == "cuda":
             log.info("photo stage %s", "on" if pipe.photo_limits else "off")
-        if device == "cpu":
-            pipe.chunk = plan.cpu_chunk
+        pipe.chunk = plan.cpu_chunk if device == "cpu" else None
         return pipe
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
@@ -450,9 +433,14 @@ class FacePipeline:
         with step("one_of_each"):
             self.detect([rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)])
             self.embed(rng.integers(0, 255, (1, 112, 112, 3), dtype=np.uint8))
-        if self._photo_check is not None:
+        if self._photo_check is not None:  # without nvJPEG the stage goes (front-ends learn the stages after warm-up)
             with step("photo_check_wait"):
-                self.confirm_photo_stage()
+                check, self._photo_check = self._photo_check, None
+                if check():
+                    log.info("photo stage on (torchvision checked beside the warm-up)")
+                else:
+                    log.warning("photo stage off: torchvision's nvJPEG decoder did not load (host decode and align)")
+                    self.photo_limits = None
         if self.photo_limits is not None:  # nvJPEG's decoder state, the canvas/warp kernels, each detector bucket
             import cv2
 
@@ -468,17 +456,6 @@ class FacePipeline:
                 torch.cuda.empty_cache()
         self.warmup_report = report
         return report
-
-    def confirm_photo_stage(self) -> bool:
-        """Wait for the photo-stage check; without nvJPEG drop the stage (front-ends learn the stages after warm-up).
-        Returns whether it is on."""
-        check, self._photo_check = self._photo_check, None
-        if check is not None and not check():
-            log.warning("photo stage off: torchvision's nvJPEG decoder did not load (host decode and align)")
-            self.photo_limits = None
-        elif check is not None:
-            log.info("photo stage on (torchvision checked beside the warm-up)")
-        return self.photo_limits is not None
 
     def detector_warm_batches(self, height: int, width: int) -> list[int]:
         """Photos per warm-up detect call for one size: each batch bucket up to what one forward takes under

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ class PhotoFaces:
     """The selected faces of one photo: ``embedding (k, D)``, ``quality``/``raw`` ``(k,)`` and ``stats (k, 3)``
     (:func:`~facegate.quality_reasons.crop_stats`), all float32."""
 
-    detections: list[Detection | None]
+    detections: Sequence[Detection | None]
     embedding: np.ndarray
     quality: np.ndarray
     raw: np.ndarray

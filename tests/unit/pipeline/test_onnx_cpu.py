@@ -67,10 +67,17 @@ def test_detect_align_embed_match_pytorch(pipelines: tuple[FacePipeline, FacePip
 
 
 def test_idle_openmp_threads_sleep_off_cuda_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    from facegate.pipeline.pipeline import configure_omp_wait
+    import torch
 
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert configure_omp_wait("cuda") is None and "OMP_WAIT_POLICY" not in os.environ
-    assert configure_omp_wait("cpu") == "PASSIVE" == os.environ["OMP_WAIT_POLICY"]
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # an operator's choice stands
-    assert configure_omp_wait("auto") == "ACTIVE"
+    from facegate.pipeline.pipeline import configure_device
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cpu = dataclasses.replace(make_plan(Settings(device="cpu")), cpu_threads=None)
+    configure_device(dataclasses.replace(cpu, device="cuda"))
+    assert "OMP_WAIT_POLICY" not in os.environ
+    configure_device(cpu)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"  # an operator's choice stands
+    configure_device(cpu)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -89,7 +89,8 @@ def _host_rule(pipe: FacePipeline, datas: list[bytes]) -> list[object]:
     if owners:
         crops = crops.contiguous()
         res = torch.cat([pipe.recognize(crops).float(), ph.crop_stats_torch(crops)], 1)  # as the stage packs it
-        ph._fill(out, res.cpu().numpy(), owners, chosen)  # type: ignore[arg-type]
+        for r, i in enumerate(owners):
+            out[i] = ph._photo_faces(chosen[i], res[r].cpu().numpy())
     return out
 
 

@@ -239,15 +239,16 @@ def test_warmup_detects_every_warm_size_at_its_batches(monkeypatch: pytest.Monke
     ]
 
 
-def test_configure_gemm_workspace_sets_only_unset_variables_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_device_sets_only_unset_gemm_variables_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.pipeline.pipeline import NO_GEMM_WORKSPACE, configure_device
 
-    from facegate.pipeline.pipeline import NO_GEMM_WORKSPACE, configure_gemm_workspace
-
-    for k in NO_GEMM_WORKSPACE:
-        monkeypatch.delenv(k, raising=False)
-    assert configure_gemm_workspace("cpu") == {} and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")  # the user's own choice stays
-    assert configure_gemm_workspace("cuda") == {"CUBLAS_WORKSPACE_CONFIG": ":0:0"}
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in NO_GEMM_WORKSPACE})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cpu = dataclasses.replace(make_plan(Settings(device="cpu")), cpu_threads=None)
+    configure_device(cpu)
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    os.environ["CUBLASLT_WORKSPACE_SIZE"] = "1024"  # the user's own choice stays
+    configure_device(dataclasses.replace(cpu, device="cuda"))
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:0" and os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
 
 
@@ -303,8 +304,9 @@ def test_a_failed_photo_check_drops_the_photo_stage() -> None:
     assert "photo" in [s.name for s in pipe.stages()]
     calls: list[int] = []
     pipe._photo_check = lambda: calls.append(1) or False
-    assert pipe.confirm_photo_stage() is False and pipe.photo_limits is None
-    assert pipe.confirm_photo_stage() is False and calls == [1]  # waited for once
+    report = pipe.warmup()
+    assert pipe.photo_limits is None and "photo_check_wait" in report and "photo_stage" not in report
+    assert "photo_check_wait" not in pipe.warmup() and calls == [1]  # waited for once
     assert [s.name for s in pipe.stages()] == ["detect", "embed"]
 
 
@@ -343,18 +345,21 @@ def test_the_plans_activation_budget_reaches_the_recognizer() -> None:
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_limit_gpu_memory_sets_the_fraction_and_refuses_more_than_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_device_caps_gpu_memory_and_refuses_more_than_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
     from facegate.pipeline import pipeline as pl
 
     calls: list[tuple[float, int]] = []
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=1024 * 2**20))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
-    assert pl.limit_gpu_memory(256) == 0.25 and calls == [(0.25, 0)]
+    plan = dataclasses.replace(make_plan(Settings(device="cuda")), cpu_threads=None, gpu_arena_mib=None)
+    pl.configure_device(plan, 256)
+    assert calls == [(0.25, 0)]
     with pytest.raises(InvalidParameterError, match="exceeds"):
-        pl.limit_gpu_memory(2048)
+        pl.configure_device(plan, 2048)
     assert len(calls) == 1
 
 
@@ -383,12 +388,16 @@ def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
 
 
 _ARENA_CHECK = """
+import dataclasses
 import torch
+from facegate.config import Settings
 from facegate.pipeline import pipeline as pl
+from facegate.tuning import make_plan
 
 torch.zeros(1, device="cuda")
 before = torch.cuda.memory_reserved()
-after = pl.reserve_arena(32)
+pl.configure_device(dataclasses.replace(make_plan(Settings(device="cuda")), gpu_arena_mib=32))
+after = torch.cuda.memory_reserved()
 assert after >= before + 32 * 2**20, (before, after)  # one free 32 MiB block in the cache
 blocks = [torch.empty(4 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(6)]  # 1-10 MiB blocks
 assert torch.cuda.memory_reserved() == after  # carved from the arena: no new 20 MiB segment
