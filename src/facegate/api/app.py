@@ -123,13 +123,12 @@ async def _reopen_gallery(state: ServingState) -> None:
         await asyncio.sleep(GALLERY_REOPEN_S)
         try:  # short attempts, so that a shutdown never waits long for one on the gallery thread
             retry = min(GALLERY_REOPEN_S, state.settings.gallery_open_retry_s)
-            gallery = await state.in_gallery_pool(open_gallery, state.settings, state.service, retry)
+            state.gallery = await state.in_gallery_pool(open_gallery, state.settings, state.service, retry)
         except FacegateError as exc:
             state.gallery_error = exc
             log.warning("the gallery is still unavailable: %s", exc.message)
-            continue
-        state.gallery, state.gallery_error = gallery, None
-        log.info("the gallery is open")
+    state.gallery_error = None
+    log.info("the gallery is open")
 
 
 def _load_failed(state: ServingState, exc: FacegateError) -> None:
@@ -287,7 +286,7 @@ class ServingMiddleware:
                         await shed[0](scope, receive, wrapped_send)
                         return
                     if adm.admitted == 0:
-                        adm.bound.busy(now)
+                        adm.busy(now)
                     adm.admitted, admitted = adm.admitted + 1, True
                 app_receive: Receive | None = wrapped_receive
                 if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
@@ -343,7 +342,7 @@ class ServingMiddleware:
             if admitted:
                 adm.admitted -= 1
                 if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                    adm.bound.finished(time.monotonic())
+                    adm.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             template = getattr(app_scope.get("route"), "path", None) or "unmatched"
