@@ -104,7 +104,7 @@ def test_a_gpu_front_end_admits_a_tenth_of_a_second_of_work_and_a_cpu_one_half_a
     # the bound is the completion rate times that: 100 completions/s over the 4 completed seconds
     for queue_s, bound in ((gpu.admission_queue_s, 10), (cpu.admission_queue_s, 50)):
         adm = Admission(Settings(), queue_s)
-        adm.bound.busy(0.0)
+        adm.busy(0.0)
         for i in range(400):
-            adm.bound.finished(i / 100)
-        assert adm.bound.limit(4.0) == bound
+            adm.finished(i / 100)
+        assert adm.bound(4.0) == bound

@@ -123,13 +123,12 @@ async def _reopen_gallery(state: ServingState) -> None:
         await asyncio.sleep(GALLERY_REOPEN_S)
         try:  # short attempts, so that a shutdown never waits long for one on the gallery thread
             retry = min(GALLERY_REOPEN_S, state.settings.gallery_open_retry_s)
-            gallery = await state.in_gallery_pool(open_gallery, state.settings, state.service, retry)
+            state.gallery = await state.in_gallery_pool(open_gallery, state.settings, state.service, retry)
         except FacegateError as exc:
             state.gallery_error = exc
             log.warning("the gallery is still unavailable: %s", exc.message)
-            continue
-        state.gallery, state.gallery_error = gallery, None
-        log.info("the gallery is open")
+    state.gallery_error = None
+    log.info("the gallery is open")
 
 
 def _load_failed(state: ServingState, exc: FacegateError) -> None:
@@ -273,11 +272,6 @@ class ServingMiddleware:
                 status = int(message["status"])
             await send(message)
 
-        async def send_response(response: Any) -> None:
-            nonlocal status, response_started
-            response_started, status = True, response.status_code
-            await response(scope, receive, send)
-
         try:
             DRAIN.tasks.add(task)  # cut short if the drain expires meanwhile
             try:
@@ -286,14 +280,13 @@ class ServingMiddleware:
                     raise _too_large(int(declared), limit)
                 if (refused := self.access.refusal(scope)) is not None:
                     raise refused
-                api, now = scope["path"].startswith("/api/"), time.monotonic()
-                shed = adm.refuse(now) if api else None
-                if shed is not None:
-                    await send_response(shed[0])
-                    return
-                if api:
+                if api := scope["path"].startswith("/api/"):
+                    now = time.monotonic()
+                    if (shed := adm.refuse(now)) is not None:
+                        await shed[0](scope, receive, wrapped_send)
+                        return
                     if adm.admitted == 0:
-                        adm.bound.busy(now)
+                        adm.busy(now)
                     adm.admitted, admitted = adm.admitted + 1, True
                 app_receive: Receive | None = wrapped_receive
                 if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
@@ -316,41 +309,40 @@ class ServingMiddleware:
                         f"the request did not finish within its deadline of {deadline:g} s",
                         detail={"deadline_s": deadline},
                     )
-                    await send_response(facegate_error_response(exc))
+                    await facegate_error_response(exc)(scope, receive, wrapped_send)
             except FacegateError as exc:  # the checks above, the fast path's and the routes' errors
                 if response_started:
                     raise
                 if not too_large:
-                    await send_response(facegate_error_response(exc))
+                    await facegate_error_response(exc)(scope, receive, wrapped_send)
             except asyncio.CancelledError:
-                if cancelled_by_disconnect:
-                    status = CLIENT_CLOSED_STATUS
-                    if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
-                        raise
-                    log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
-                    return
-                if DRAIN.expired:  # cut short by the drain
-                    status = 503
-                if not DRAIN.expired or task.uncancel() > 0:  # not the drain's cancel, or uvicorn's as well
+                if not (cancelled_by_disconnect or DRAIN.expired):  # not our cancel: the server's
                     raise
-                if not response_started:
+                status = CLIENT_CLOSED_STATUS if cancelled_by_disconnect else 503  # the client's, or the drain's cut
+                if task.uncancel() > 0:  # cancelled by someone else as well (server shutdown): propagate
+                    raise
+                if cancelled_by_disconnect:
+                    log.info("%s %s: client disconnected; request cancelled", scope["method"], escape(scope["path"]))
+                elif not response_started:
                     await shutting_down("the server shut down before this request finished")(scope, receive, send)
                 return
             except Exception:
                 log.exception("unhandled error in %s %s", scope["method"], escape(scope["path"]))
                 if not response_started and not too_large:
-                    await send_response(internal_error_response())
+                    await internal_error_response()(scope, receive, wrapped_send)
                     return
                 if not too_large:
                     raise
-            if too_large and not response_started:
-                await send_response(facegate_error_response(_too_large(received, limit)))
+            if too_large and not response_started:  # past wrapped_send, which drops the app's answer
+                response = facegate_error_response(_too_large(received, limit))
+                status = response.status_code
+                await response(scope, receive, send)
         finally:
             DRAIN.tasks.discard(task)
             if admitted:
                 adm.admitted -= 1
                 if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
-                    adm.bound.finished(time.monotonic())
+                    adm.finished(time.monotonic())
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             template = getattr(app_scope.get("route"), "path", None) or "unmatched"

@@ -13,7 +13,6 @@ import io
 import math
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any
 
 from fastapi.routing import APIRoute
 from python_multipart.multipart import parse_options_header
@@ -66,16 +65,14 @@ def _decode(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def parse_small_multipart(
-    body: bytes,
-    content_type: str,
-    *,
-    max_files: int | float = 1000,
-    max_fields: int | float = 1000,
-    max_part_size: int = 1024 * 1024,
-) -> FormData | None:
+#: Starlette's form limits (``Request.form``'s defaults; facegate sets none): files, fields, bytes of a field
+MAX_FILES = MAX_FIELDS = 1000
+MAX_PART_SIZE = 1024 * 1024
+
+
+def parse_small_multipart(body: bytes, content_type: str) -> FormData | None:
     """The form of a ``multipart/form-data`` body as Starlette builds it (files in memory), or ``None`` when
-    Starlette's parser should answer instead. The limits' defaults are those of FastAPI's form reading."""
+    Starlette's parser should answer instead."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary or len(boundary) > 200:
@@ -112,7 +109,7 @@ def parse_small_multipart(
         data = body[head_end + 4 : end]
         if b"filename" in options:
             n_files += 1
-            if n_files > max_files:
+            if n_files > MAX_FILES:
                 return None
             file = UploadFile(
                 file=_MemoryFile(data),  # type: ignore[arg-type]
@@ -123,41 +120,36 @@ def parse_small_multipart(
             items.append((field, file))
         else:
             n_fields += 1
-            if n_fields > max_fields or len(data) > max_part_size or field == "_charset_":
+            if n_fields > MAX_FIELDS or len(data) > MAX_PART_SIZE or field == "_charset_":
                 return None
             items.append((field, _decode(data)))
         pos = end + len(sep)
 
 
-class FastFormRequest(Request):
-    """A request whose small multipart bodies are read by :func:`parse_small_multipart`."""
-
-    async def _get_form(self, **limits: Any) -> FormData:
-        if self._form is None and is_small_multipart(self.scope):
-            form = parse_small_multipart(await self.body(), self.headers["content-type"], **limits)
-            if form is not None:
-                self._form = form
-                return form
-        return await super()._get_form(**limits)
+async def read_form(request: Request) -> FormData:
+    """The form of a multipart request, which FastAPI's own ``request.form()`` then gets: cut by
+    :func:`parse_small_multipart` when small, else (or when it hands over) parsed by Starlette over the cached body."""
+    if is_small_multipart(request.scope):
+        request._form = parse_small_multipart(await request.body(), request.headers["content-type"])
+    return await request.form()
 
 
 class FastFormRoute(APIRoute):
-    """An API route whose handler gets a :class:`FastFormRequest` and holds the form's pixel budget."""
+    """An API route whose handler reads the form with :func:`read_form` and holds its pixel budget."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
 
         async def fast_form_handler(request: Request) -> Response:
-            req = FastFormRequest(request.scope, request.receive, request._send)
-            if not req.headers.get("content-type", "").startswith("multipart/form-data"):
-                return await handler(req)
+            if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+                return await handler(request)
             try:
-                form = await req.form()
+                form = await read_form(request)
             except Exception:  # a malformed body: FastAPI parses it again and gives its own 4xx answer
-                return await handler(req)
+                return await handler(request)
             uploads = (v for _, v in form.multi_items() if isinstance(v, UploadFile))
             async with request.app.state.facegate_pixels.hold(uploads):  # the app's api.limits.PixelBudget
-                return await handler(req)
+                return await handler(request)
 
         return fast_form_handler
 

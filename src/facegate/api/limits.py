@@ -198,19 +198,40 @@ def is_json(scope: Scope) -> bool:
     return ctype == b"application/json" or ctype.endswith(b"+json")
 
 
-class AdmissionLimit:
-    """How many requests a front-end admits at once (docs/security.md): at most ``max_admitted``, and at most
-    what it finishes in ``queue_s`` seconds, at least :data:`FLOOR`. The best rate seen bounds a burst, the
-    window's rate bounds it while it sheds; only rates over at least half a window busy count."""
+#: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
+STATE_KEY = "facegate.admission"
+
+
+class Admission:
+    """How many requests a front-end admits at once (docs/security.md), its admitted-request count, and its 503
+    ``overloaded`` answers, built once per bound value (a response and raw HTTP bytes) so that a flood of
+    refusals costs next to nothing.
+
+    The rate's :meth:`bound`: at most ``max_admitted``, and at most what it finishes in ``queue_s`` seconds, at
+    least :data:`FLOOR`. The best rate seen bounds a burst, the window's rate bounds it while it sheds; only rates
+    over at least half a window busy count.
+
+    While it sheds, a cap also follows the event loop's lateness (:attr:`loop`): a turn later than
+    :data:`LAG_HIGH_S` cuts it by :data:`CUT` (at most once per :data:`CUT_EVERY_S`), a loop late that long in a
+    row in proportion, to turn within :data:`LAG_AIM_S`; each punctual turn raises it by one, never above the
+    rate's bound, so that a cut always bites.
+    """
 
     WINDOW_S = 4.0
     QUEUE_S = 0.5
     FLOOR = 4
     _SLOTS = 8
+    TICK_S = 0.01
+    LAG_HIGH_S = 0.01
+    LAG_LOW_S = 0.002
+    LAG_AIM_S = 0.05
+    CUT = 0.9
+    CUT_DEEPEST = 0.5
+    CUT_EVERY_S = 0.1
 
-    def __init__(self, max_admitted: int, deadline_s: float, queue_s: float = QUEUE_S) -> None:
-        self.max_admitted = max_admitted
-        self.target_s = min(queue_s, deadline_s / 4)
+    def __init__(self, settings: Settings, queue_s: float = QUEUE_S) -> None:
+        self.max_admitted = self.cap = settings.limits.max_admitted
+        self.target_s = min(queue_s, settings.limits.request_timeout_s / 4)
         self._width = self.WINDOW_S / self._SLOTS
         self._counts = [0] * self._SLOTS
         self._slot_ids = [-1] * self._SLOTS
@@ -218,6 +239,16 @@ class AdmissionLimit:
         self._busy_sid = -1
         self.last_shed = -math.inf  # when a request was last refused
         self._cached: tuple[tuple[int, int, bool], int] | None = None
+        self.admitted = 0
+        self._answers: dict[int, tuple[JSONResponse, bytes]] = {}
+        #: ``record(route, status, seconds)`` of the app's request metrics (never raises), for ShedProtocol's refusals
+        self.record: Callable[[str, int, float], None] = lambda route, status, seconds: None
+        #: the event loop whose lateness a refusal starts following, every :data:`TICK_S` while it refuses
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._armed = False
+        self._due = 0.0
+        self._last_cut = -math.inf
+        self._late_since = math.inf  # when the loop's current run of late turns began
 
     def busy(self, now: float) -> None:
         """Note that the process went from no request in progress to one at ``now`` (``time.monotonic()``)."""
@@ -231,8 +262,8 @@ class AdmissionLimit:
             self._slot_ids[i], self._counts[i] = sid, 0
         self._counts[i] += 1
 
-    def limit(self, now: float) -> int:
-        """The bound now; cached per (slot, busy slot, shedding), since a flood's refusals each ask for it."""
+    def bound(self, now: float) -> int:
+        """The rate's bound now; cached per (slot, busy slot, shedding), since a flood's refusals each ask for it."""
         sid = int(now / self._width)
         shedding = now - self.last_shed < self.WINDOW_S
         key = (sid, self._busy_sid, shedding)
@@ -252,49 +283,12 @@ class AdmissionLimit:
         self._cached = (key, bound)
         return bound
 
-
-#: uvicorn's lifespan state (shared with its protocols) holds the process's :class:`Admission` under this key.
-STATE_KEY = "facegate.admission"
-
-
-class Admission:
-    """One app's admitted-request count, its bound, and its 503 ``overloaded`` answers, built once per bound
-    value (a response and raw HTTP bytes) so that a flood of refusals costs next to nothing.
-
-    While it sheds, a cap also follows the event loop's lateness (:attr:`loop`; docs/security.md): a turn
-    later than :data:`LAG_HIGH_S` cuts it by :data:`CUT` (at most once per :data:`CUT_EVERY_S`), a loop late
-    that long in a row in proportion, to turn within :data:`LAG_AIM_S`; each punctual turn raises it by one,
-    never above the rate's bound, so that a cut always bites.
-    """
-
-    TICK_S = 0.01
-    LAG_HIGH_S = 0.01
-    LAG_LOW_S = 0.002
-    LAG_AIM_S = 0.05
-    CUT = 0.9
-    CUT_DEEPEST = 0.5
-    CUT_EVERY_S = 0.1
-
-    def __init__(self, settings: Settings, queue_s: float = AdmissionLimit.QUEUE_S) -> None:
-        self.bound = AdmissionLimit(settings.limits.max_admitted, settings.limits.request_timeout_s, queue_s)
-        self.admitted = 0
-        self.cap = settings.limits.max_admitted
-        self._answers: dict[int, tuple[JSONResponse, bytes]] = {}
-        #: ``record(route, status, seconds)`` of the app's request metrics (never raises), for ShedProtocol's refusals
-        self.record: Callable[[str, int, float], None] = lambda route, status, seconds: None
-        #: the event loop whose lateness a refusal starts following, every :data:`TICK_S` while it refuses
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._armed = False
-        self._due = 0.0
-        self._last_cut = -math.inf
-        self._late_since = math.inf  # when the loop's current run of late turns began
-
     def _tick(self) -> None:
         assert self.loop is not None
         now = self.loop.time()
         mono = time.monotonic()
         self.lagged(now - self._due, mono)
-        if mono - self.bound.last_shed < AdmissionLimit.WINDOW_S:
+        if mono - self.last_shed < self.WINDOW_S:
             self._due = now + self.TICK_S
             self.loop.call_at(self._due, self._tick)
         else:
@@ -302,10 +296,10 @@ class Admission:
 
     def lagged(self, lag_s: float, now: float) -> None:
         """Adjust the cap for a loop turn ``lag_s`` seconds late at ``now`` (``time.monotonic()``)."""
-        if now - self.bound.last_shed >= AdmissionLimit.WINDOW_S:
-            self.cap = self.bound.max_admitted
+        if now - self.last_shed >= self.WINDOW_S:
+            self.cap = self.max_admitted
             return
-        limit = min(self.cap, self.bound.limit(now))  # what is admitted now (as refuse sees it)
+        limit = min(self.cap, self.bound(now))  # what is admitted now (as refuse sees it)
         if lag_s <= self.LAG_HIGH_S:
             self._late_since = math.inf
             if lag_s < self.LAG_LOW_S:
@@ -316,16 +310,16 @@ class Admission:
             keep = self.CUT
             if now - self._late_since >= self.CUT_EVERY_S:  # late for a while, not a one-off stall
                 keep = min(self.CUT, max(self.CUT_DEEPEST, self.LAG_AIM_S / lag_s))
-            self.cap = max(AdmissionLimit.FLOOR, math.floor(limit * keep))
+            self.cap = max(self.FLOOR, math.floor(limit * keep))
             self._last_cut = now
 
     def refuse(self, now: float) -> tuple[JSONResponse, bytes] | None:
         """``None`` when a new request may be admitted at ``now``; else the refusal, as a response (for ASGI) and
         as the whole response's bytes (for :class:`ShedProtocol`)."""
-        limit = min(self.bound.limit(now), self.cap)
+        limit = min(self.bound(now), self.cap)
         if self.admitted < limit:
             return None
-        self.bound.last_shed = now
+        self.last_shed = now
         if self.loop is not None and not self._armed:  # follow the loop's lateness while it refuses
             self._armed, self._due = True, self.loop.time() + self.TICK_S
             self.loop.call_at(self._due, self._tick)

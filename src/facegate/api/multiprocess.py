@@ -18,7 +18,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from unittest.mock import patch  # os.environ for a block: a spawned child takes the environment of its start
@@ -51,7 +51,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
-        return True
+        pass
     return True
 
 
@@ -185,11 +185,16 @@ MAX_QUICK_EXITS = 5
 
 
 def serve_balanced(
-    settings: Settings, front_ends: int, args: tuple[Any, ...] = (), *, target: Callable[..., None] = frontend_main
+    settings: Settings,
+    front_ends: int,
+    args: tuple[Any, ...] = (),
+    *,
+    target: Callable[..., None] = frontend_main,
+    engines: Sequence[EngineProcess] = (),
 ) -> None:
     """Run ``front_ends`` processes ``target(control_path, *args)`` fed by an acceptor thread until SIGINT/SIGTERM,
     replacing any that exits. ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor
-    thread stops."""
+    thread stops; ModelError when one of ``engines`` dies (so that a supervisor restarts the server whole)."""
     folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
     acceptor = Acceptor(listen(settings.host, settings.port), control)
@@ -209,6 +214,9 @@ def serve_balanced(
         while not stop.wait(0.5):
             if not acceptor.alive:
                 raise ServerError("the acceptor thread stopped: no connection can be accepted (see the log)")
+            if dead := [e.exitcode for e in engines if not e.alive]:
+                log.error("an engine process died (exit code %s): stopping the front-ends", dead[0])
+                raise ModelError(f"the engine process died (exit code {dead[0]})", detail={"exit_code": dead[0]})
             for i, (p, started) in enumerate(procs):
                 if p.is_alive() or stop.is_set():  # (Ctrl-C reaches the front-ends too)
                     continue
@@ -246,33 +254,18 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
-    stopping = threading.Event()
-    died: list[int | None] = []
-
-    def watchdog() -> None:  # an engine that dies takes the server down, so a supervisor restarts it whole
-        while not stopping.wait(0.5):
-            for engine in engines:
-                if not engine.alive:
-                    died.append(engine.exitcode)
-                    log.error("an engine process died (exit code %s): stopping the front-ends", engine.exitcode)
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    return
-
     try:
         for e in engines:  # spawned together, then waited for: one failing stops them all (finally)
             e.spawn()
         for e in engines:
             e.wait()
-        threading.Thread(target=watchdog, name="facegate-engine-watchdog", daemon=True).start()
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
         with patch.dict(os.environ, {MULTIPROC_ENV: str(metrics_dir)}):  # this run's metrics folder
-            serve_balanced(settings, front_ends, (settings, plan, ([e.address for e in engines], key)))
+            args = (settings, plan, ([e.address for e in engines], key))
+            serve_balanced(settings, front_ends, args, engines=engines)
     finally:
-        stopping.set()
         for engine in engines:
             engine.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    if died:
-        raise ModelError(f"the engine process died (exit code {died[0]})", detail={"exit_code": died[0]})

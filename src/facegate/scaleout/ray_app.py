@@ -213,7 +213,7 @@ class Ingress:
         import uvicorn
 
         from facegate.api.app import create_app, uvicorn_config
-        from facegate.api.limits import AdmissionLimit
+        from facegate.api.limits import Admission
         from facegate.api.multiprocess import listen
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
@@ -226,7 +226,7 @@ class Ingress:
         self.replica = _replica_id()
         # an ingress admits the CPU plan's burst: SO_REUSEPORT hashes connections to the replicas with no regard to
         # load (`facegate serve`'s acceptor hands each to the least busy front-end), so the GPU plan's bound refuses
-        plan = dataclasses.replace(make_plan(s), admission_queue_s=AdmissionLimit.QUEUE_S)
+        plan = dataclasses.replace(make_plan(s), admission_queue_s=Admission.QUEUE_S)
         self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
         sock = listen(s.host, s.port, reuse_port=True)

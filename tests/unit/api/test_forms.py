@@ -12,7 +12,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from facegate.api.forms import FastFormRequest, parse_small_multipart
+from facegate.api.forms import MAX_FIELDS, MAX_FILES, MAX_PART_SIZE, parse_small_multipart, read_form
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from rawhttp import encode_multipart
@@ -25,7 +25,7 @@ def _httpx_body(data: dict[str, str], files: list[tuple[str, tuple[str, bytes, s
     return req.read(), req.headers["content-type"]
 
 
-async def _starlette_form(body: bytes, ctype: str, request_cls: type[Request] = Request) -> FormData:
+async def _starlette_form(body: bytes, ctype: str, fast: bool = False) -> FormData:
     sent = False
 
     async def receive() -> dict:
@@ -37,7 +37,8 @@ async def _starlette_form(body: bytes, ctype: str, request_cls: type[Request] = 
 
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
     scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "query_string": b""}
-    return await request_cls(scope, receive).form()
+    request = Request(scope, receive)
+    return await (read_form(request) if fast else request.form())
 
 
 async def _snapshot(form: FormData) -> list[tuple]:
@@ -70,7 +71,7 @@ def test_same_form_as_starlette(case: str) -> None:
     assert fast is not None, "a plain body must be answered here"
     want = asyncio.run(_snapshot(asyncio.run(_starlette_form(body, ctype))))
     assert asyncio.run(_snapshot(fast)) == want
-    assert asyncio.run(_snapshot(asyncio.run(_starlette_form(body, ctype, FastFormRequest)))) == want
+    assert asyncio.run(_snapshot(asyncio.run(_starlette_form(body, ctype, fast=True)))) == want
 
 
 def test_files_are_read_inline() -> None:
@@ -98,10 +99,15 @@ def test_unusual_bodies_go_to_starlette(mangle) -> None:  # type: ignore[no-unty
 
 
 def test_limits_and_charset_go_to_starlette() -> None:
-    body, ctype = BODIES["httpx_fields_and_files"]
-    assert parse_small_multipart(body, ctype, max_files=1) is None
-    assert parse_small_multipart(body, ctype, max_fields=1) is None
-    assert parse_small_multipart(body, ctype, max_part_size=3) is None
+    body = BODIES["httpx_fields_and_files"][0]
+    files = [("images", ("a.jpg", b"x", "image/jpeg"))]
+    assert parse_small_multipart(*_httpx_body({}, files * MAX_FILES)) is not None
+    assert parse_small_multipart(*_httpx_body({}, files * (MAX_FILES + 1))) is None
+    fields = {f"f{i}": "x" for i in range(MAX_FIELDS)}
+    assert parse_small_multipart(*encode_multipart(fields, [], "b1")) is not None
+    assert parse_small_multipart(*encode_multipart({**fields, "one_more": "x"}, [], "b1")) is None
+    assert parse_small_multipart(*encode_multipart({"a": "x" * MAX_PART_SIZE}, [], "b1")) is not None
+    assert parse_small_multipart(*encode_multipart({"a": "x" * (MAX_PART_SIZE + 1)}, [], "b1")) is None
     cs_body, cs_type = _httpx_body({"_charset_": "latin-1"}, [])
     assert parse_small_multipart(cs_body, cs_type) is None
     assert parse_small_multipart(body, "multipart/form-data") is None  # no boundary
@@ -111,10 +117,10 @@ def test_the_request_falls_back_to_starlette_over_the_cached_body() -> None:
     body, ctype = BODIES["httpx_fields_and_files"]
     with_preamble = b"a preamble\r\n" + body  # RFC 2046 allows one; neither parser reads it
     assert parse_small_multipart(with_preamble, ctype) is None
-    for request_cls in (Request, FastFormRequest):  # the same answer from Starlette's parser, over the cached body
+    for fast in (False, True):  # the same answer from Starlette's parser, over the cached body
         with pytest.raises(MultiPartException, match="Invalid multipart data"):
-            asyncio.run(_starlette_form(with_preamble, ctype, request_cls))
+            asyncio.run(_starlette_form(with_preamble, ctype, fast))
     wrong_boundary = b"--bnd\r\n" + body.split(b"\r\n", 1)[1]  # a different boundary than the header says
-    for request_cls in (Request, FastFormRequest):
+    for fast in (False, True):
         with pytest.raises(MultiPartException):
-            asyncio.run(_starlette_form(wrong_boundary, ctype, request_cls))
+            asyncio.run(_starlette_form(wrong_boundary, ctype, fast))

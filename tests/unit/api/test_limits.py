@@ -9,88 +9,92 @@ import time
 
 import pytest
 
-from facegate.api.limits import Admission, AdmissionLimit, PixelBudget
+from facegate.api.limits import Admission, PixelBudget
 from facegate.api.security import TokenBuckets, required_scope
 from facegate.config import Limits, Settings
 
 
 def _slot_start(t: float) -> float:
-    width = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
+    width = Admission.WINDOW_S / Admission._SLOTS
     return math.ceil(t / width) * width
 
 
-FLOOR = AdmissionLimit.FLOOR
-QUEUE_S = AdmissionLimit.QUEUE_S
+def _admission(max_admitted: int, deadline_s: float) -> Admission:
+    return Admission(Settings(device="cpu", limits=Limits(max_admitted=max_admitted, request_timeout_s=deadline_s)))
+
+
+FLOOR = Admission.FLOOR
+QUEUE_S = Admission.QUEUE_S
 
 
 def test_admission_limit_follows_the_completion_rate() -> None:
-    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)  # queue target: QUEUE_S
+    adm = _admission(1000, 30.0)  # queue target: QUEUE_S
     t = _slot_start(1000.0)
-    assert bound.limit(t) == 1000  # nothing measured yet
-    bound.busy(t - 10)
+    assert adm.bound(t) == 1000  # nothing measured yet
+    adm.busy(t - 10)
     for i in range(40):  # 10 requests/s over the window before t
-        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.1)
-    assert bound.limit(t) == math.ceil(10 * QUEUE_S)  # 35 completions in the 3.5 s of completed slots: 10/s
-    assert AdmissionLimit(max_admitted=1000, deadline_s=1.0).target_s == 0.25  # a short deadline: a quarter
+        adm.finished(t - Admission.WINDOW_S + i * 0.1)
+    assert adm.bound(t) == math.ceil(10 * QUEUE_S)  # 35 completions in the 3.5 s of completed slots: 10/s
+    assert _admission(1000, 1.0).target_s == 0.25  # a short deadline: a quarter
 
 
 def test_admission_limit_remembers_the_rate_through_idle_time() -> None:
     """A quiet hour, then a burst: the burst is admitted up to the rate shown before, not a decayed one."""
-    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)
+    adm = _admission(1000, 30.0)
     t = _slot_start(10_000.0)
-    bound.busy(t - 10)
+    adm.busy(t - 10)
     for i in range(400):  # 100/s
-        bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.01)
-    before = bound.limit(t)
+        adm.finished(t - Admission.WINDOW_S + i * 0.01)
+    before = adm.bound(t)
     assert before == math.ceil(100 * QUEUE_S)  # 350 completions in the 3.5 s of completed slots: 100/s
     later = t + 3600
-    bound.busy(later)  # the burst's first request
-    bound.last_shed = later
-    assert bound.limit(later) == before
+    adm.busy(later)  # the burst's first request
+    adm.last_shed = later
+    assert adm.bound(later) == before
     # shedding right after it got busy: the few completions so far do not shrink the bound
-    bound.finished(later + 0.6)
-    assert bound.limit(later + 1.0) == before
+    adm.finished(later + 0.6)
+    assert adm.bound(later + 1.0) == before
     # after half a window busy and shedding, the window's rate bounds it; it never falls below FLOOR
     for i in range(48):
-        bound.finished(later + 1.0 + i * 0.04)
-    bound.last_shed = later + 3.0
-    assert bound.limit(later + 3.0) == math.ceil(49 / 3.0 * QUEUE_S)  # 49 completions in 6 slots
-    bound.last_shed = later + 8.0
-    assert bound.limit(later + 8.0) == FLOOR  # nothing finished in the window
+        adm.finished(later + 1.0 + i * 0.04)
+    adm.last_shed = later + 3.0
+    assert adm.bound(later + 3.0) == math.ceil(49 / 3.0 * QUEUE_S)  # 49 completions in 6 slots
+    adm.last_shed = later + 8.0
+    assert adm.bound(later + 8.0) == FLOOR  # nothing finished in the window
 
 
 def test_admission_limit_learns_no_rate_from_a_start() -> None:
     """A fresh process's first slow second (a cold start, a client's ramp) sets no bound: only a rate over half a
     window busy does, so a load that steps up right after start is not refused at the cold rate."""
-    bound = AdmissionLimit(max_admitted=1000, deadline_s=30.0)
+    adm = _admission(1000, 30.0)
     t = _slot_start(500.0)
-    bound.busy(t)
+    adm.busy(t)
     for i in range(5):  # 10/s in the first half second
-        bound.finished(t + i * 0.1)
-    half = AdmissionLimit.WINDOW_S / AdmissionLimit._SLOTS
-    bound.last_shed = t + half
-    assert bound.limit(t + half) == 1000  # one slot busy: no rate counts yet
+        adm.finished(t + i * 0.1)
+    half = Admission.WINDOW_S / Admission._SLOTS
+    adm.last_shed = t + half
+    assert adm.bound(t + half) == 1000  # one slot busy: no rate counts yet
     for i in range(300):  # then 200/s
-        bound.finished(t + half + i / 200)
-    end = t + AdmissionLimit.WINDOW_S / 2
-    assert bound.limit(end) == math.ceil((5 + 300) / (AdmissionLimit.WINDOW_S / 2) * QUEUE_S)
+        adm.finished(t + half + i / 200)
+    end = t + Admission.WINDOW_S / 2
+    assert adm.bound(end) == math.ceil((5 + 300) / (Admission.WINDOW_S / 2) * QUEUE_S)
 
 
 def test_admission_limit_never_exceeds_max() -> None:
-    bound = AdmissionLimit(max_admitted=1, deadline_s=1.0)
+    adm = _admission(1, 1.0)
     t = _slot_start(100.0)
-    bound.finished(t - 1)
-    assert bound.limit(t) == 1
+    adm.finished(t - 1)
+    assert adm.bound(t) == 1
 
 
 def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctual_one_restores_it() -> None:
     adm = Admission(Settings(device="cpu"))
-    top = adm.bound.max_admitted  # nothing measured: the bound is max_admitted
+    top = adm.max_admitted  # nothing measured: the bound is max_admitted
     adm.admitted = 200
     t = 1000.0
     adm.lagged(0.3, t)  # late, but nothing refused: the cap stays off
     assert adm.cap == top
-    adm.bound.last_shed = t
+    adm.last_shed = t
     adm.lagged(0.3, t)  # six times LAG_AIM_S late: the deepest cut
     assert adm.cap == top // 2
     adm.lagged(0.3, t + 0.05)
@@ -114,22 +118,22 @@ def test_a_late_loop_cuts_the_cap_in_proportion_only_while_shedding_and_a_punctu
     assert adm.cap == math.floor(cap * Admission.CUT)
     adm.admitted = 0
     for i in range(100):  # a cut never goes below the floor
-        adm.bound.last_shed = t + 1 + i * Admission.CUT_EVERY_S
+        adm.last_shed = t + 1 + i * Admission.CUT_EVERY_S
         adm.lagged(1.0, t + 1 + i * Admission.CUT_EVERY_S)
     assert adm.cap == FLOOR
-    adm.lagged(0.0, t + 100 + AdmissionLimit.WINDOW_S)  # nothing refused for a window: lifted
+    adm.lagged(0.0, t + 100 + Admission.WINDOW_S)  # nothing refused for a window: lifted
     assert adm.cap == top
 
 
 def test_the_cap_rises_no_higher_than_the_bound_so_that_a_cut_bites_at_once() -> None:
     adm = Admission(Settings(device="cpu"))
     t = _slot_start(1000.0)
-    adm.bound.busy(t - 10)
+    adm.busy(t - 10)
     for i in range(200):  # 50/s over the window: a bound of 50 × QUEUE_S
-        adm.bound.finished(t - AdmissionLimit.WINDOW_S + i * 0.02)
-    bound = adm.bound.limit(t)
+        adm.finished(t - Admission.WINDOW_S + i * 0.02)
+    bound = adm.bound(t)
     assert bound == math.ceil(50 * QUEUE_S)
-    adm.bound.last_shed = t
+    adm.last_shed = t
     for i in range(1000):  # a punctual loop for 10 s of turns
         adm.lagged(0.0, t + i * 1e-5)
     assert adm.cap == bound + 1
@@ -144,15 +148,15 @@ def test_a_flood_frees_a_saturated_loop_within_its_first_second_and_keeps_admitt
     rng = random.Random(0)
     adm = Admission(Settings(device="cpu"))
     t = _slot_start(1000.0)
-    adm.bound.busy(t - 10)
+    adm.busy(t - 10)
     for i in range(1600):  # 400/s: a bound of 400 × QUEUE_S, far above what the loop turns within 50 ms
-        adm.bound.finished(t - AdmissionLimit.WINDOW_S + i / 400)
+        adm.finished(t - Admission.WINDOW_S + i / 400)
     admitted = 0.0
     late: list[tuple[float, float]] = []  # (seconds into the flood, turn lateness)
     start = t
     while t < start + 3.0:
-        adm.bound.last_shed = t
-        limit = min(adm.cap, adm.bound.limit(t))
+        adm.last_shed = t
+        limit = min(adm.cap, adm.bound(t))
         admitted = max(admitted, float(limit))  # the flood fills what is free
         lag = 0.001 * admitted * rng.uniform(0.0, 2.0)
         adm.admitted = int(admitted)
