@@ -108,8 +108,9 @@ def test_limits_and_charset_go_to_starlette() -> None:
     assert parse_small_multipart(*encode_multipart({**fields, "one_more": "x"}, [], "b1")) is None
     assert parse_small_multipart(*encode_multipart({"a": "x" * MAX_PART_SIZE}, [], "b1")) is not None
     assert parse_small_multipart(*encode_multipart({"a": "x" * (MAX_PART_SIZE + 1)}, [], "b1")) is None
-    cs_body, cs_type = _httpx_body({"_charset_": "latin-1"}, [])
-    assert parse_small_multipart(cs_body, cs_type) is None
+    cs_body, cs_type = encode_multipart({"_charset_": "latin-1", "a": "x"}, [], "b1")
+    assert parse_small_multipart(*encode_multipart({"charset": "latin-1", "a": "x"}, [], "b1")) is not None
+    assert parse_small_multipart(cs_body, cs_type) is None  # a multipart body, refused for its _charset_ alone
     assert parse_small_multipart(body, "multipart/form-data") is None  # no boundary
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
 
 import pytest
 
@@ -22,10 +21,8 @@ def test_front_ends_that_keep_failing_at_start_up_stop_the_server() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.monotonic()
     with pytest.raises(ServerError, match=f"{MAX_QUICK_EXITS} front-end processes in a row") as info:
         serve_balanced(Settings(host="127.0.0.1", port=port), 2, target=exit_at_once)
     assert info.value.detail == {"exit_code": 3}
-    assert time.monotonic() - t0 < 60
     with socket.socket() as s:  # the port was closed on the way out
         s.bind(("127.0.0.1", port))
