@@ -19,8 +19,8 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.service import Gallery
 from facegate.gallery.sqlite import SQLiteGalleryStore
+from facegate.pipeline.search import Gallery
 
 D = 32
 

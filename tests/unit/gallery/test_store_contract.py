@@ -18,7 +18,7 @@ from facegate.errors import ErasureIncompleteError, GalleryExistsError, GalleryN
 from facegate.gallery import open_store
 from facegate.gallery.base import GalleryStore
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.service import Gallery
+from facegate.pipeline.search import Gallery
 from store_helpers import stored_template, stored_templates
 
 D = 32
