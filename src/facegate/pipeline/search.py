@@ -162,7 +162,7 @@ class Gallery:
                 # a gallery deleted and re-created under this name before the feed was read (ensure_gallery replaces
                 # one of another dim): the later delete_gallery/create_gallery changes bring the index to the end state
                 idx.ensure_gallery(c.gallery, c.dim)
-        elif c.subject_id is not None and idx.has(c.gallery):
+        elif c.subject_id is not None and idx.entry(c.gallery) is not None:
             if c.template is None:
                 idx.remove(c.gallery, c.subject_id)
             else:
@@ -289,7 +289,7 @@ class SearchStage:
         seq, index = gallery.seq, gallery.index
         for name, rows, ks, queries in groups:
             try:
-                if not index.has(name):
+                if index.entry(name) is None:
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
                 hits, n = index.search_raw(name, queries, max(ks))
             except FacegateError as exc:
