@@ -293,7 +293,14 @@ class GalleryStore(AbstractContextManager):
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
         """Replace subjects ``ids`` by subjects of template ``emb[i]`` (their embeddings follow); returns the largest
         ``subjects.id`` before the new rows."""
-        raise NotImplementedError
+        conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
+        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
+        conn.executemany(
+            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+            " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
+            [(gid, sid, pack_vector(e), float(qi), now, now) for sid, e, qi in zip(ids, emb, q, strict=True)],
+        )
+        return before
 
     @staticmethod
     def _newer_schema(where: str, version: int, supported: int) -> GalleryError:

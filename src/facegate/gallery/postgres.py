@@ -150,6 +150,7 @@ class PostgresGalleryStore(GalleryStore):
             log.exception("gallery: VACUUM after a delete failed")
 
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
+        # one DELETE and one COPY: no statement per subject
         conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ANY(?)", (gid, ids))
         before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
         with (

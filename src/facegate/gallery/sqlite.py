@@ -19,10 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from facegate.errors import ErasureIncompleteError, GalleryError, GalleryUnavailableError
-from facegate.gallery.base import RECOUNT, GalleryStore, pack_vector, schema
+from facegate.gallery.base import RECOUNT, GalleryStore, schema
 
 log = logging.getLogger(__name__)
 
@@ -201,20 +199,6 @@ class SQLiteGalleryStore(GalleryStore):
 
     #: Finish an erasure that :class:`ErasureIncompleteError` reported.
     erase_pending = _erase_deleted
-
-    def _write_imported(
-        self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
-    ) -> int:
-        # a re-imported subject starts over from the imported template
-        conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
-        blobs = [pack_vector(e) for e in emb]
-        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
-        conn.executemany(
-            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-            " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
-            [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
-        )
-        return before
 
     def close(self) -> None:
         with self._lock:

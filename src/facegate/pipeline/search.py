@@ -103,8 +103,7 @@ class Gallery:
     """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
     ``{gallery: size}`` after start-up and every applied change (serialised; its exceptions are logged);
     ``lag_hook(lag_s, n)`` runs after each applied batch (``lag_s``: seconds from the newest change's commit to
-    now); ``follow``: also apply changes in a background thread as they commit. Match flags are the front-end's
-    (the FPIR policy)."""
+    now); ``follow``: also apply changes in a background thread as they commit."""
 
     def __init__(
         self,
