@@ -1,15 +1,14 @@
-"""The engine's gallery search: the search request and answer that cross the front-end ↔ engine boundary, the
-engine's :class:`Gallery` (the store of record and a search index that follows the store's change feed), and the
-``search`` and ``photo_search`` stages over it (fp16 on CUDA), batched. Torch-free at import (front-ends encode here).
+"""The engine's gallery search: the request and answer that cross the front-end ↔ engine boundary, the engine's
+:class:`Gallery`, and its ``search`` and ``photo_search`` stages (fp16 on CUDA), batched. Torch-free at import.
 
-A request travels as one ``uint8`` array, on the same shared-memory transport as photos and crops: a fixed
-:data:`HEADER` (magic, ``k``, the gallery name), then the ``(D,) float32`` query or the encoded photo's bytes.
+A request is one ``uint8`` array on the shared-memory transport of photos and crops: a fixed :data:`HEADER` (magic,
+``k``, the gallery name), then the ``(D,) float32`` query or the encoded photo's bytes.
 
-The Gallery loads the store once, then applies the state-based changes after its last sequence number, in order
-under one lock (so a write is never overwritten by a stale snapshot), at each :meth:`Gallery.sync` and from a
-background thread woken by the store. Each search batch syncs first, so every write acknowledged before a query was
-submitted is in its answer. While the store cannot be opened the stage answers GalleryUnavailableError (503) and
-retries at most every :data:`REOPEN_S` seconds.
+The Gallery (the store of record and an index following its change feed) loads the store once, then applies the
+state-based changes after its last sequence number, in order under one lock (so a stale snapshot never overwrites
+a write), at each :meth:`Gallery.sync` and from a thread woken by the store. Each search batch syncs first, so every
+write acknowledged before a query was submitted is in its answer. While the store cannot be opened the stage answers
+GalleryUnavailableError (503) and retries at most every :data:`REOPEN_S` seconds.
 """
 
 from __future__ import annotations
@@ -110,8 +109,8 @@ class Gallery:
         store: GalleryStore,
         index: GalleryIndex,
         *,
-        stats_hook: Callable[[dict[str, int]], None] | None = None,
-        lag_hook: Callable[[float, int], None] | None = None,
+        stats_hook: Callable[[dict[str, int]], None] = lambda sizes: None,
+        lag_hook: Callable[[float, int], None] = lambda lag_s, n: None,
         follow: bool = False,
     ) -> None:
         self.store = store
@@ -145,8 +144,7 @@ class Gallery:
                     self._apply(change)
                     self.seq = change.seq  # a failure part-way resumes here (applying is idempotent)
                 n += len(batch)
-                if self.lag_hook is not None:
-                    self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
+                self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
         if n:
             self._emit_stats()
         return n
@@ -156,11 +154,10 @@ class Gallery:
         idx = self.index
         if c.op == "delete_gallery":
             idx.drop(c.gallery)
-        elif c.op == "create_gallery":
-            if c.dim is not None:
-                # a gallery deleted and re-created under this name before the feed was read (ensure_gallery replaces
-                # one of another dim): the later delete_gallery/create_gallery changes bring the index to the end state
-                idx.ensure_gallery(c.gallery, c.dim)
+        elif c.op == "create_gallery" and c.dim is not None:
+            # a gallery deleted and re-created under this name before the feed was read (ensure_gallery replaces
+            # one of another dim): the later delete_gallery/create_gallery changes bring the index to the end state
+            idx.ensure_gallery(c.gallery, c.dim)
         elif c.subject_id is not None and idx.entry(c.gallery) is not None:
             if c.template is None:
                 idx.remove(c.gallery, c.subject_id)
@@ -187,8 +184,6 @@ class Gallery:
     def _emit_stats(self) -> None:
         # sizes are read under the lock, so the last call carries the newest
         with self._stats_lock:
-            if self._stats_hook is None:
-                return
             try:
                 self._stats_hook(self.index.sizes())
             except Exception:
