@@ -1,7 +1,7 @@
 """Start-up load of a large gallery: what an engine does before it answers its first search.
 
 Fills gallery ``g`` with ``--size`` synthetic unit-norm templates (imported in bulk), then times, ``--repeats``
-times, a fresh :class:`facegate.gallery.service.Gallery` (open the store, read one snapshot of every template,
+times, a fresh :class:`facegate.pipeline.search.Gallery` (open the store, read one snapshot of every template,
 load the index on the CPU), from SQLite and from a real PostgreSQL server (``--postgres-url``, or a throw-away
 one started with the Debian binaries, as the ``postgres`` user when root). Reports the median and every run.
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.service import Gallery
+from facegate.pipeline.search import Gallery
 from gallery_search import build, median_ms, postgres
 
 log = logging.getLogger("gallery_load")

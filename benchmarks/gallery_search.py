@@ -50,9 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import env_record, write_json
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.query import encode_search
-from facegate.gallery.service import Gallery
-from facegate.pipeline.search import SearchStage
+
+try:
+    from facegate.pipeline.search import Gallery, SearchStage, encode_search
+except ImportError:  # a --baseline tree from before the engine's gallery and the request format moved there
+    from facegate.gallery.query import encode_search
+    from facegate.gallery.service import Gallery
+
+    from facegate.pipeline.search import SearchStage
 
 log = logging.getLogger("gallery_search")
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +202,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     t0 = time.perf_counter()
     gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype))
     row["full_load_s"] = round(time.perf_counter() - t0, 3)
-    stage = SearchStage(lambda: gal)
+    stage = SearchStage(lambda: gal, model=("bench", o.dim))
     q = templates(rng, 64, o.dim)
     payloads = [encode_search("g", x, 10) for x in q]
     batch = stage.prepare(payloads)
@@ -250,7 +255,7 @@ def host_probe(size: int, o: argparse.Namespace) -> dict[str, Any]:
         url = str(Path(tmp) / "g.sqlite3")
         build(url, size, o.dim, rng)
         gal = Gallery(open_store(url), GalleryIndex(o.device, o.dtype))
-        stage = SearchStage(lambda: gal)
+        stage = SearchStage(lambda: gal, model=("bench", o.dim))
         q = templates(rng, 64, o.dim)
         payloads = [encode_search("g", x, 10) for x in q]
         prepared = stage.prepare(payloads)

@@ -131,7 +131,7 @@ def _pipeline(settings: Settings):
 def _key_store(settings: Settings):
     from facegate.service.keys import KeyStore
 
-    return KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+    return KeyStore(settings.data_dir, settings.security.keys_file)
 
 
 def _read(path: Path, settings: Settings):

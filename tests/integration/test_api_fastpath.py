@@ -128,7 +128,7 @@ def test_the_fast_path_keeps_the_access_checks_and_the_admission_bound(
     from facegate.service.keys import KeyStore
 
     data = tmp_path / "keyed"
-    token = KeyStore.for_data_dir(data).create("reader", ["read"])[0]
+    token = KeyStore(data).create("reader", ["read"])[0]
     srv = server_factory(fg.make_settings(data))
     admitted: list[int] = []
     serve = facegate.api.app.serve_embed_aligned

@@ -20,7 +20,7 @@ from facegate.service.keys import KeyStore
 
 
 def _keys(data_dir: Path) -> dict[str, str]:
-    store = KeyStore.for_data_dir(data_dir)
+    store = KeyStore(data_dir)
     return {scope: store.create(f"{scope} key", [scope])[0] for scope in ("read", "enrol", "admin")}
 
 
@@ -89,7 +89,7 @@ def test_keys_and_scopes(keyed, lfw_root: Path, fg: SimpleNamespace) -> None:
 
 def test_revoked_key_is_refused_by_a_running_server(keyed, fg: SimpleNamespace) -> None:
     srv, _ = keyed
-    store = KeyStore.for_data_dir(srv.settings.data_dir)
+    store = KeyStore(srv.settings.data_dir)
     token, record = store.create("temporary", ["read"])
     with srv.client() as c:
         deadline = time.monotonic() + 5

@@ -145,7 +145,7 @@ def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left
     the probes stay open. (A client reaches the 0.0.0.0 bind on 127.0.0.1.)"""
     from facegate.service.keys import KeyStore
 
-    token, record = KeyStore.for_data_dir(tmp_path).create("only", ["read"])
+    token, record = KeyStore(tmp_path).create("only", ["read"])
     server = fg.ServeProcess(tmp_path, workers=2, env={"FACEGATE_HOST": "0.0.0.0", "FACEGATE_LOG_LEVEL": "WARNING"})
     clients: list[httpx.Client] = []
     try:
@@ -165,7 +165,7 @@ def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left
         for c in clients:
             assert c.get("/api/galleries", headers={"X-API-Key": token}).status_code == 200
             assert c.get("/api/galleries").status_code == 401  # no key sent
-        KeyStore.for_data_dir(tmp_path).revoke(record.id)  # the last key: none is left
+        KeyStore(tmp_path).revoke(record.id)  # the last key: none is left
         time.sleep(2.5)  # each front-end rereads the keys file within a second
         for c in clients:
             for headers in ({}, {"X-API-Key": token}):

@@ -389,7 +389,7 @@ def create_app(
     install_error_handlers(app)
     install_routes(app)
     install_openapi_security(app, settings)
-    keys = KeyStore.for_data_dir(settings.data_dir, settings.security.keys_file)
+    keys = KeyStore(settings.data_dir, settings.security.keys_file)
     app.add_middleware(ServingMiddleware, state=state, access=Access(settings, keys), docs_csp=install_docs(app))
     return app
 

@@ -9,9 +9,8 @@ from facegate.gallery.base import GalleryStore
 
 
 def open_store(url: str | None, *, data_dir: Path | str = "./data", open_retry_s: float = 60.0) -> GalleryStore:
-    """The store ``url`` names: ``postgresql://…`` (or ``postgres://…``); ``sqlite:///path`` or a plain path;
-    ``None`` for SQLite at ``<data_dir>/gallery.sqlite3``. ``open_retry_s``: how long opening retries while
-    the store is busy or unreachable."""
+    """The store ``url`` names: ``postgresql://…`` or ``postgres://…``; ``sqlite:///path`` or a plain path; None:
+    SQLite at ``<data_dir>/gallery.sqlite3``. ``open_retry_s``: how long opening retries a busy or unreachable store."""
     if url and url.startswith(("postgresql://", "postgres://")):
         from facegate.gallery.postgres import PostgresGalleryStore
 

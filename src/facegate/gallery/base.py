@@ -102,8 +102,7 @@ class SubjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One candidate of a 1:N search: its rank (1 = best), cosine similarity, and whether it clears the match
-    threshold."""
+    """One candidate of a 1:N search: rank (1 = best), cosine similarity, whether it clears the match threshold."""
 
     rank: int
     subject_id: str
@@ -174,10 +173,8 @@ def encode_meta(meta: dict[str, Any] | None) -> str | None:
 
 
 def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(k, D) float32`` C-contiguous unit-norm embeddings and ``(k,) float32`` qualities in ``[0, 1]``.
-
-    Raises DimensionMismatchError when ``D != dim``, InvalidParameterError for anything else malformed.
-    """
+    """``(k, D) float32`` C-contiguous unit-norm embeddings and ``(k,) float32`` qualities in ``[0, 1]``; raises
+    DimensionMismatchError when ``D != dim``, InvalidParameterError for anything else malformed."""
     emb = np.asarray(embeddings)
     q = np.asarray(qualities)
     if emb.ndim != 2 or emb.shape[0] < 1 or not np.issubdtype(emb.dtype, np.floating):
@@ -253,10 +250,6 @@ def read_templates(cur: Any, dim: int, gallery: str) -> tuple[list[str], np.ndar
     return ids, np.concatenate(parts).astype(np.float32, copy=False)
 
 
-def _gallery(row: tuple[Any, ...]) -> GalleryInfo:
-    return GalleryInfo(str(row[0]), str(row[1]), int(row[2]), float(row[3]), int(row[4]))
-
-
 def _subject(row: tuple[Any, ...]) -> SubjectInfo:
     sid, n, tq, meta, created, updated = row  # meta: encode_meta's JSON object text, or the column's default '{}'
     return SubjectInfo(str(sid), int(n), float(tq), json.loads(meta), float(created), float(updated))
@@ -275,11 +268,9 @@ EnrolItem = tuple[str, np.ndarray, np.ndarray, "dict[str, Any] | None"]
 
 
 class GalleryStore(AbstractContextManager):
-    """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction.
-
-    A backend's :meth:`_tx` yields a connection that takes ``?`` placeholders and offers ``execute`` and
-    ``executemany``, whose cursors have ``fetchone``/``fetchall``/``rowcount``.
-    """
+    """Durable gallery storage (SQLite or PostgreSQL). Thread-safe; each call is one transaction. A backend's
+    :meth:`_tx` yields a connection that takes ``?`` placeholders, with ``execute`` and ``executemany`` (cursors
+    with ``fetchone``/``fetchall``/``rowcount``)."""
 
     _BYTE_ORDER = ""  # ``ORDER BY subject_id`` + this sorts by bytes on every backend
 
@@ -289,13 +280,27 @@ class GalleryStore(AbstractContextManager):
         sees one snapshot); driver errors become GalleryError naming ``what``."""
         raise NotImplementedError
 
-    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
-        raise NotImplementedError  # append change rows inside the caller's write transaction
+    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> int:
+        """Append change rows inside the caller's write transaction, numbered ``max(seq) + 1`` on: writers are
+        serialised, so sequence order is commit order and the log has no gaps. Returns the last number."""
+        last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
+        conn.executemany(
+            "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?, ?)",
+            [(last + i, op, g, s, now) for i, (op, g, s) in enumerate(rows, 1)],
+        )
+        return last + len(rows)
 
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
         """Replace subjects ``ids`` by subjects of template ``emb[i]`` (their embeddings follow); returns the largest
         ``subjects.id`` before the new rows."""
-        raise NotImplementedError
+        conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
+        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
+        conn.executemany(
+            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
+            " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
+            [(gid, sid, pack_vector(e), float(qi), now, now) for sid, e, qi in zip(ids, emb, q, strict=True)],
+        )
+        return before
 
     @staticmethod
     def _newer_schema(where: str, version: int, supported: int) -> GalleryError:
@@ -355,11 +360,11 @@ class GalleryStore(AbstractContextManager):
     def list_galleries(self) -> list[GalleryInfo]:
         with self._tx("listing galleries", write=False) as conn:
             rows = conn.execute(f"SELECT {GALLERY_COLS} FROM galleries ORDER BY name").fetchall()
-        return [_gallery(r) for r in rows]
+        return [GalleryInfo(*r) for r in rows]  # both drivers give str, str, int, float, int
 
     def get_gallery(self, name: str) -> GalleryInfo:
         with self._in_gallery(name, f"reading gallery {name!r}") as (conn, gid, _):
-            return _gallery(conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE id = ?", (gid,)).fetchone())
+            return GalleryInfo(*conn.execute(f"SELECT {GALLERY_COLS} FROM galleries WHERE id = ?", (gid,)).fetchone())
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
@@ -387,16 +392,14 @@ class GalleryStore(AbstractContextManager):
         what = f"enrolling {len(todo)} subject(s) in {gallery!r}"
         with self._in_gallery(gallery, what, write=True) as (conn, gid, dim):
             now = time.time()
-            pks = [self._enrol_one(conn, gid, dim, item, now, replace) for item in todo]
+            infos = [self._enrol_one(conn, gid, dim, item, now, replace) for item in todo]
             self._log(conn, [("enrol", gallery, sid) for sid, *_ in todo], now)
-            sql = f"SELECT id, {SUBJECT_COLS} FROM subjects WHERE id IN ({', '.join('?' * len(pks))})"
-            rows = {int(r[0]): r[1:] for r in conn.execute(sql, tuple(pks)).fetchall()}
-        return [_subject(rows[pk]) for pk in pks]
+        return infos
 
     def _enrol_one(
         self, conn: Any, gid: int, dim: int, item: tuple[str, Any, Any, str | None], now: float, replace: bool
-    ) -> int:
-        """One subject of :meth:`enrol_many`, its meta JSON-encoded already; returns its primary key."""
+    ) -> SubjectInfo:
+        """One subject of :meth:`enrol_many`, its meta JSON-encoded already."""
         sid, emb, q, meta = item
         emb, q = validate_embeddings(emb, q, dim)
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
@@ -422,11 +425,9 @@ class GalleryStore(AbstractContextManager):
             all_q = np.concatenate([np.asarray([qq for _, qq in old], np.float32), q])
         sql = "INSERT INTO embeddings (subject_pk, vector, quality, created_at) VALUES (?, ?, ?, ?)"
         conn.executemany(sql, [(spk, pack_vector(e), float(qi), now) for e, qi in zip(emb, q, strict=True)])
-        conn.execute(
-            "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?",
-            (pack_vector(quality_weighted_template(all_e, all_q)), float(all_q.max()), len(all_q), now, spk),
-        )
-        return spk
+        sql = "UPDATE subjects SET template = ?, template_quality = ?, n_embeddings = ?, updated_at = ? WHERE id = ?"
+        args = (pack_vector(quality_weighted_template(all_e, all_q)), float(all_q.max()), len(all_q), now, spk)
+        return _subject(conn.execute(f"{sql} RETURNING {SUBJECT_COLS}", args).fetchone())
 
     def get_subject(self, gallery: str, subject_id: str) -> SubjectInfo:
         validate_subject_id(subject_id)

@@ -196,12 +196,8 @@ class GalleryIndex:
         if templates.shape != (len(ids), dim):
             raise _mismatch(f"templates of {len(ids)} ids", list(templates.shape), dim)
         mat = self._alloc(len(ids), dim)
-        if ids:
-            mat[: len(ids)] = self._ops.from_numpy(templates)
+        mat[: len(ids)] = self._ops.from_numpy(templates)
         return _Entry(dim=dim, mat=mat, ids=list(ids), pos={s: i for i, s in enumerate(ids)})
-
-    def has(self, gallery: str) -> bool:
-        return self.entry(gallery) is not None
 
     @property
     def on_torch(self) -> bool:
@@ -270,8 +266,7 @@ class GalleryIndex:
     def sizes(self) -> dict[str, int]:
         """``{gallery: number of subjects}`` of every loaded gallery."""
         with self._guard:
-            entries = dict(self._entries)
-        return {name: e.n for name, e in sorted(entries.items())}
+            return {name: e.n for name, e in sorted(self._entries.items())}
 
     def snapshot(self, gallery: str) -> tuple[list[str], np.ndarray]:
         """``(subject_ids, (S, D) float32 templates)`` as held now, sorted by subject id (for checks)."""

@@ -126,14 +126,10 @@ class PostgresGalleryStore(GalleryStore):
             elif int(row[0]) > SCHEMA_VERSION:
                 raise self._newer_schema("the gallery database", int(row[0]), SCHEMA_VERSION)
 
-    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> None:
-        # the caller holds WRITE_LOCK; the NOTIFY is delivered at commit
-        base = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0])
-        conn.executemany(
-            "INSERT INTO changes (seq, op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?, ?)",
-            [(base + i + 1, op, g, s, now) for i, (op, g, s) in enumerate(rows)],
-        )
-        conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(base + len(rows))))
+    def _log(self, conn: Any, rows: list[ChangeRow], now: float) -> int:
+        last = super()._log(conn, rows, now)  # the caller holds WRITE_LOCK
+        conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, str(last)))  # delivered at commit
+        return last
 
     def _templates(self, conn: Any, gid: int, dim: int, gallery: str) -> tuple[list[str], np.ndarray]:
         # one server-side cursor, bytea in binary, no sort (a 1M-row sort spills to disk)
@@ -154,6 +150,7 @@ class PostgresGalleryStore(GalleryStore):
             log.exception("gallery: VACUUM after a delete failed")
 
     def _write_imported(self, conn: Any, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float) -> int:
+        # one DELETE and one COPY: no statement per subject
         conn.execute("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ANY(?)", (gid, ids))
         before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
         with (

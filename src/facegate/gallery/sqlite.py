@@ -19,10 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from facegate.errors import ErasureIncompleteError, GalleryError, GalleryUnavailableError
-from facegate.gallery.base import RECOUNT, ChangeRow, GalleryStore, pack_vector, schema
+from facegate.gallery.base import RECOUNT, GalleryStore, schema
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +32,7 @@ _TABLES = schema("INTEGER PRIMARY KEY", "INTEGER", "BLOB", "REAL", "INTEGER PRIM
 _MIGRATIONS = {2: _TABLES[-1:], 3: ("ALTER TABLE galleries ADD COLUMN subjects INTEGER NOT NULL DEFAULT 0", RECOUNT)}
 
 _CHECKPOINT_ATTEMPTS = 2  # after a delete, before it answers ErasureIncompleteError
+BUSY_TIMEOUT_S = 5.0  # how long a write waits for another process's write lock
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
@@ -45,17 +44,13 @@ def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
 
 
 class SQLiteGalleryStore(GalleryStore):
-    """The store on one SQLite file ``path`` (created with mode 0600, parents too), or ``":memory:"``.
-    ``busy_timeout_s``: how long a write waits for another process's write lock; ``open_retry_s``: how long
-    opening retries while SQLite reports the file busy."""
+    """The store on one SQLite file ``path`` (created with mode 0600, parents too), or ``":memory:"``;
+    ``open_retry_s``: how long opening retries while SQLite reports the file busy."""
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, open_retry_s: float = 60.0
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, open_retry_s: float = 60.0) -> None:
         self._path = str(path)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
-        self._busy_s = busy_timeout_s
         self._writers_fd = -1
         memory = self._path == ":memory:"
         if not memory:
@@ -69,7 +64,7 @@ class SQLiteGalleryStore(GalleryStore):
         delay = 0.05
         while True:
             try:
-                self._conn, mode = self._open(busy_timeout_s, memory)
+                self._conn, mode = self._open(memory)
                 break
             except GalleryError as exc:
                 # SQLITE_BUSY while opening: another process holds a lock SQLite would not wait for (the busy
@@ -89,9 +84,9 @@ class SQLiteGalleryStore(GalleryStore):
                 raise GalleryError(f"cannot open {self._path!r}-writers: {exc}") from exc
         log.info("gallery database %s open (journal_mode=%s, schema v%d)", self._path, mode, SCHEMA_VERSION)
 
-    def _open(self, busy_timeout_s: float, memory: bool) -> tuple[sqlite3.Connection, str]:
+    def _open(self, memory: bool) -> tuple[sqlite3.Connection, str]:
         try:
-            conn = sqlite3.connect(self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         try:
@@ -156,11 +151,11 @@ class SQLiteGalleryStore(GalleryStore):
         """Hold ``flock`` on ``<file>-writers`` (none for ``:memory:``). SQLite's busy handler sleeps up to
         100 ms between attempts, so several processes' writers leave the lock idle and one can starve past the
         busy timeout; here a waiter retries within a millisecond. GalleryUnavailableError (503) past
-        ``busy_timeout_s``."""
+        :data:`BUSY_TIMEOUT_S`."""
         if self._writers_fd < 0:
             yield
             return
-        deadline, delay = time.monotonic() + self._busy_s, 5e-5
+        deadline, delay = time.monotonic() + BUSY_TIMEOUT_S, 5e-5
         while True:
             try:
                 fcntl.flock(self._writers_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -168,7 +163,7 @@ class SQLiteGalleryStore(GalleryStore):
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise GalleryUnavailableError(
-                        f"the gallery database stayed busy for {self._busy_s:g} s while {what}; retry",
+                        f"the gallery database stayed busy for {BUSY_TIMEOUT_S:g} s while {what}; retry",
                         detail={"sqlite_errorname": "SQLITE_BUSY"},
                     ) from None
                 time.sleep(delay)
@@ -204,27 +199,6 @@ class SQLiteGalleryStore(GalleryStore):
 
     #: Finish an erasure that :class:`ErasureIncompleteError` reported.
     erase_pending = _erase_deleted
-
-    def _log(self, conn: sqlite3.Connection, rows: list[ChangeRow], now: float) -> None:
-        # AUTOINCREMENT never reuses a number and BEGIN IMMEDIATE serialises writers: seq order is commit order
-        conn.executemany(
-            "INSERT INTO changes (op, gallery, subject_id, committed_at) VALUES (?, ?, ?, ?)",
-            [(op, g, s, now) for op, g, s in rows],
-        )
-
-    def _write_imported(
-        self, conn: sqlite3.Connection, gid: int, ids: list[str], emb: np.ndarray, q: np.ndarray, now: float
-    ) -> int:
-        # a re-imported subject starts over from the imported template
-        conn.executemany("DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?", [(gid, sid) for sid in ids])
-        blobs = [pack_vector(e) for e in emb]
-        before = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM subjects").fetchone()[0])
-        conn.executemany(
-            "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality,"
-            " n_embeddings, created_at, updated_at) VALUES (?, ?, '{}', ?, ?, 1, ?, ?)",
-            [(gid, sid, b, float(qi), now, now) for sid, b, qi in zip(ids, blobs, q, strict=True)],
-        )
-        return before
 
     def close(self) -> None:
         with self._lock:

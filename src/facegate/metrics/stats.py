@@ -206,7 +206,7 @@ class ServiceStats:
         self.gallery_subjects.labels(gallery).set(subjects)
 
     def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
-        """A hook for :class:`~facegate.gallery.service.Gallery` that mirrors ``{gallery: size}`` into
+        """A hook for :class:`~facegate.pipeline.search.Gallery` that mirrors ``{gallery: size}`` into
         ``facegate_gallery_subjects`` (forgetting galleries that disappeared)."""
         known: set[str] = set()
 

@@ -1,29 +1,200 @@
-"""The engine's ``search`` stages: 1:N search over the engine's one gallery index (fp16 on CUDA), batched.
+"""The engine's gallery search: the request and answer that cross the front-end ↔ engine boundary, the engine's
+:class:`Gallery`, and its ``search`` and ``photo_search`` stages (fp16 on CUDA), batched. Torch-free at import.
 
-Each batch first catches the index up to the store's sequence number, so every write acknowledged before a query
-was submitted is in its answer. While the store cannot be opened the stage answers GalleryUnavailableError (503)
-and retries at most every :data:`REOPEN_S` seconds.
+A request is one ``uint8`` array on the shared-memory transport of photos and crops: a fixed :data:`HEADER` (magic,
+``k``, the gallery name), then the ``(D,) float32`` query or the encoded photo's bytes.
+
+The Gallery (the store of record and an index following its change feed) loads the store once, then applies the
+state-based changes after its last sequence number, in order under one lock (so a stale snapshot never overwrites
+a write), at each :meth:`Gallery.sync` and from a thread woken by the store. Each search batch syncs first, so every
+write acknowledged before a query was submitted is in its answer. While the store cannot be opened the stage answers
+GalleryUnavailableError (503) and retries at most every :data:`REOPEN_S` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import struct
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from facegate.errors import FacegateError, GalleryError, GalleryUnavailableError
-from facegate.gallery.query import HEADER, SearchOut, decode_photo_search, decode_search
+from facegate.errors import (
+    DimensionMismatchError,
+    FacegateError,
+    GalleryError,
+    GalleryUnavailableError,
+    InvalidParameterError,
+)
+from facegate.gallery import open_store
+from facegate.gallery.base import Change, GalleryInfo, GalleryStore, validate_gallery_name
+from facegate.gallery.index import GalleryIndex
 
 log = logging.getLogger(__name__)
 
-#: Least seconds between two attempts to open a store that was unreachable.
-REOPEN_S = 2.0
+#: ``magic, k, name length, name`` (little-endian, 76 bytes with padding).
+HEADER = struct.Struct("<4sIH64sxx")
+_MAGIC, _PHOTO_MAGIC = b"FGSQ", b"FGPS"
+FEED_BATCH = 10_000  # changes read per round trip
+FEED_WAIT_S = 1.0  # the background thread's longest wait for a change (and so for a stop)
+REOPEN_S = 2.0  # least seconds between two attempts to open a store that was unreachable
+
+
+def _encode(magic: bytes, gallery: str, k: int, body: bytes) -> np.ndarray:
+    name = validate_gallery_name(gallery).encode("ascii")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise InvalidParameterError(f"k must be an integer >= 1, got {k!r}", detail={"field": "k"})
+    return np.frombuffer(HEADER.pack(magic, int(k), len(name), name) + body, np.uint8)
+
+
+def _decode(magic: bytes, buf: np.ndarray) -> tuple[str, int, np.ndarray]:
+    arr = np.ascontiguousarray(buf, np.uint8)
+    if arr.size < HEADER.size:
+        raise InvalidParameterError("malformed search request", detail={"bytes": int(arr.size)})
+    got, k, n, name = HEADER.unpack_from(arr[: HEADER.size].tobytes())
+    if got != magic or n > len(name):
+        raise InvalidParameterError("malformed search request header")
+    return name[:n].decode("ascii"), int(k), arr[HEADER.size :]
+
+
+def encode_search(gallery: str, query: np.ndarray, k: int) -> np.ndarray:
+    """One search request: gallery name, ``k >= 1`` and a ``(D,) float32`` query."""
+    return _encode(_MAGIC, gallery, k, np.ascontiguousarray(query, dtype="<f4").reshape(-1).tobytes())
+
+
+def decode_search(buf: np.ndarray) -> tuple[str, int, np.ndarray]:
+    """Inverse of :func:`encode_search`: ``(gallery, k, (D,) float32 query)``."""
+    gallery, k, body = _decode(_MAGIC, buf)
+    if body.size < 4 or body.size % 4:
+        raise InvalidParameterError("malformed search request", detail={"bytes": int(body.size) + HEADER.size})
+    return gallery, k, body.view("<f4").astype(np.float32)
+
+
+def encode_photo_search(gallery: str, data: bytes, k: int) -> np.ndarray:
+    """A photo search request: gallery name, ``k`` and the encoded photo's bytes."""
+    return _encode(_PHOTO_MAGIC, gallery, k, bytes(data))
+
+
+def decode_photo_search(buf: np.ndarray) -> tuple[str, int, np.ndarray]:
+    """Inverse of :func:`encode_photo_search`: ``(gallery, k, (n,) uint8 photo bytes)``."""
+    return _decode(_PHOTO_MAGIC, buf)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOut:
+    """The engine's answer to one query: the top ``k`` ``subject_ids`` (fewer when the gallery is smaller),
+    their ``(len,) float32`` cosine ``scores`` descending, the gallery's ``size`` N when searched (the FPIR
+    of a threshold depends on it) and the change-feed ``seq`` the index was current at."""
+
+    subject_ids: list[str]
+    scores: np.ndarray = field(compare=False)
+    size: int
+    seq: int
+
+
+class Gallery:
+    """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
+    ``{gallery: size}`` after start-up and every applied change (serialised; its exceptions are logged);
+    ``lag_hook(lag_s, n)`` runs after each applied batch (``lag_s``: seconds from the newest change's commit to
+    now); ``follow``: also apply changes in a background thread as they commit."""
+
+    def __init__(
+        self,
+        store: GalleryStore,
+        index: GalleryIndex,
+        *,
+        stats_hook: Callable[[dict[str, int]], None] = lambda sizes: None,
+        lag_hook: Callable[[float, int], None] = lambda lag_s, n: None,
+        follow: bool = False,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.lag_hook = lag_hook
+        self._stats_hook = stats_hook
+        self._stats_lock = threading.Lock()
+        self._lock = threading.Lock()  # applies changes in order
+        self._stop = threading.Event()
+        t0 = time.perf_counter()
+        self.seq, galleries = store.load_snapshot()  # seq: the last change the index reflects
+        index.load_all(galleries)
+        n, secs = sum(len(ids) for _, ids, _ in galleries.values()), time.perf_counter() - t0
+        log.info("index: loaded %d galleries, %d subjects at change %d in %.2f s", len(galleries), n, self.seq, secs)
+        self._thread: threading.Thread | None = None
+        if follow:
+            self._thread = threading.Thread(target=self._run, name="gallery-feed", daemon=True)
+            self._thread.start()
+        self._emit_stats()
+
+    def sync(self) -> int:
+        """Apply every change committed since the index's last one (a cheap ``max(seq)`` read when none), so a
+        search after it sees every write acknowledged before by any process sharing the store; returns how many."""
+        target = self.store.current_seq()
+        if self.seq >= target:
+            return 0
+        n = 0
+        with self._lock:
+            while self.seq < target and (batch := self.store.changes_since(self.seq, FEED_BATCH)):
+                for change in batch:
+                    self._apply(change)
+                    self.seq = change.seq  # a failure part-way resumes here (applying is idempotent)
+                n += len(batch)
+                self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
+        if n:
+            self._emit_stats()
+        return n
+
+    def _apply(self, c: Change) -> None:
+        """Bring one gallery or subject to the state the change carries (idempotent)."""
+        idx = self.index
+        if c.op == "delete_gallery":
+            idx.drop(c.gallery)
+        elif c.op == "create_gallery" and c.dim is not None:
+            # a gallery deleted and re-created under this name before the feed was read (ensure_gallery replaces
+            # one of another dim): the later delete_gallery/create_gallery changes bring the index to the end state
+            idx.ensure_gallery(c.gallery, c.dim)
+        elif c.subject_id is not None and idx.entry(c.gallery) is not None:
+            if c.template is None:
+                idx.remove(c.gallery, c.subject_id)
+            else:
+                try:
+                    idx.upsert(c.gallery, c.subject_id, c.template)
+                except DimensionMismatchError:
+                    # the gallery was re-created with another dim; a later change drops and re-adds it
+                    log.debug("index: skipped %s of %r in re-created gallery %r", c.op, c.subject_id, c.gallery)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                if self.store.wait_for_change(self.seq, FEED_WAIT_S) and not self._stop.is_set():
+                    self.sync()
+                backoff = 0.1
+            except GalleryError as exc:
+                # the store is down: searches answer 503 meanwhile; retry with backoff
+                log.warning("gallery feed: %s; retrying in %.1f s", exc.message, backoff)
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, 5.0)
+
+    def _emit_stats(self) -> None:
+        # sizes are read under the lock, so the last call carries the newest
+        with self._stats_lock:
+            try:
+                self._stats_hook(self.index.sizes())
+            except Exception:
+                log.exception("gallery stats hook failed")
+
+    def close(self) -> None:
+        self._stop.set()  # the feed thread exits at its next wake-up, within FEED_WAIT_S
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        self.store.close()
 
 
 def _try(fn: Callable[..., Any], *args: Any) -> Any:
@@ -52,18 +223,18 @@ class SearchStage:
 
     name = "search"
 
-    def __init__(self, open_gallery: Callable[[], Any], model: tuple[str, int] | None = None) -> None:
+    def __init__(self, open_gallery: Callable[[], Gallery], model: tuple[str, int]) -> None:
         self._open = open_gallery
         self.model = model
-        self._models: dict[str, tuple[Any, Any]] = {}  # gallery -> (its index entry, its GalleryInfo)
-        self.gallery: Any = None  # the engine's Gallery, None while its store is unreachable
+        self._models: dict[str, tuple[Any, GalleryInfo]] = {}  # gallery -> (its index entry, its GalleryInfo)
+        self.gallery: Gallery | None = None  # None while its store is unreachable
         self._error: FacegateError | None = None
         self._last_try = -REOPEN_S
         self._lock = threading.Lock()
         with contextlib.suppress(GalleryUnavailableError):  # answered per batch until the store opens
             self._ensure()
 
-    def _ensure(self) -> Any:
+    def _ensure(self) -> Gallery:
         with self._lock:
             if self.gallery is None and time.monotonic() - self._last_try >= REOPEN_S:
                 self._last_try = time.monotonic()
@@ -79,11 +250,11 @@ class SearchStage:
                 detail={"cause": self._error.to_dict() if self._error else None},
             )
 
-    def prepare(self, payloads: list[np.ndarray]) -> tuple[Any, list[Any], list[Any]]:
+    def prepare(self, payloads: list[np.ndarray]) -> tuple[Gallery, list[Any], list[Any]]:
         group = _decode_alike(payloads)
         return self.plan([None] * len(payloads) if group else [_try(decode_search, p) for p in payloads], group)
 
-    def plan(self, items: list[Any], group: Any = None) -> tuple[Any, list[Any], list[Any]]:
+    def plan(self, items: list[Any], group: Any = None) -> tuple[Gallery, list[Any], list[Any]]:
         """Items ``(gallery, k, (D,) float32 query)`` (or errors) grouped per gallery (or the one ``group``) for
         :meth:`execute`, after a catch-up: the batch has formed, so it sees every write acknowledged before."""
         gallery = self._ensure()
@@ -95,11 +266,9 @@ class SearchStage:
         groups = [(g, r, [items[i][1] for i in r], np.stack([items[i][2] for i in r])) for g, r in rows.items()]
         return gallery, list(items), [group] if group else groups
 
-    def check_model(self, gallery: Any, name: str) -> None:
+    def check_model(self, gallery: Gallery, name: str) -> None:
         """GalleryNotFoundError for a missing gallery, DimensionMismatchError (409) for another model's; the store
         is read once per index entry of the gallery."""
-        if self.model is None:
-            return
         entry = gallery.index.entry(name)
         got = self._models.get(name)
         if got is None or entry is None or got[0] is not entry:
@@ -108,13 +277,13 @@ class SearchStage:
                 self._models[name] = got
         got[1].check_model(*self.model)
 
-    def execute(self, plan: tuple[Any, list[Any], list[Any]]) -> list[Any]:
+    def execute(self, plan: tuple[Gallery, list[Any], list[Any]]) -> list[Any]:
         """Per item its :class:`SearchOut`, or its error: one matrix product and one top-k per gallery."""
         gallery, results, groups = plan
         seq, index = gallery.seq, gallery.index
         for name, rows, ks, queries in groups:
             try:
-                if not index.has(name):
+                if index.entry(name) is None:
                     gallery.store.get_gallery(name)  # the store's GalleryNotFoundError
                 hits, n = index.search_raw(name, queries, max(ks))
             except FacegateError as exc:
@@ -126,17 +295,11 @@ class SearchStage:
         return results
 
     @classmethod
-    def from_settings(
-        cls, settings: Any, device: str, model: tuple[str, int] | None = None, **hooks: Any
-    ) -> SearchStage:
+    def from_settings(cls, settings: Any, device: str, model: tuple[str, int], **hooks: Any) -> SearchStage:
         """The stage over the gallery store ``settings`` name, with its index on ``device`` (fp16 on CUDA), for
         the served ``model`` (name, dim); ``hooks``: the Gallery's ``stats_hook`` and ``lag_hook``."""
 
-        def open_gallery() -> Any:
-            from facegate.gallery import open_store
-            from facegate.gallery.index import GalleryIndex
-            from facegate.gallery.service import Gallery
-
+        def open_gallery() -> Gallery:
             # short: a batch waits on this while the store is down (other stages keep running)
             retry_s = min(settings.gallery_open_retry_s, REOPEN_S)
             store = open_store(settings.gallery_url, data_dir=settings.data_dir, open_retry_s=retry_s)
@@ -158,7 +321,7 @@ class SearchStage:
 
 
 class PhotoSearchStage:
-    """Engine stage ``photo_search``: an encoded photo (:func:`~facegate.gallery.query.encode_photo_search`) →
+    """Engine stage ``photo_search``: an encoded photo (:func:`~facegate.pipeline.search.encode_photo_search`) →
     ``(PhotoFaces, SearchOut)`` or its error, over the engine's ``photo`` and ``search`` stages. On a torch index
     the search is queued behind the embeddings, so faces and hits share the photo stage's one device→host copy."""
 

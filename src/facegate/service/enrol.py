@@ -116,7 +116,6 @@ def enrol_photos(
         groups[-1] += [(sid, p) for p in paths]
     for group in (g for g in groups if g):
         paths = [p for _, p in group]
-        n_faces = 0
         items: list[EnrolItem] = []
         for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), verdict=verdict):
             report.refused += [
@@ -130,10 +129,8 @@ def enrol_photos(
             q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
             # a subject enrolled before from other files gets these faces added (a re-enrolment)
             items.append((sid, emb, q, {"source_digest": digests[sid], "source_files": len(rows)}))
-            n_faces += len(emb)
-        store.enrol_many(gallery, items)  # one transaction per batch: acknowledged from here on
-        report.subjects_enrolled += len(items)
-        report.faces += n_faces
+            report.faces += len(emb)  # an error below leaves with no report
+        report.subjects_enrolled += len(store.enrol_many(gallery, items))  # one transaction: acknowledged from here
         progress(len(paths), len(report.refused))
     return report
 

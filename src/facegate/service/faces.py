@@ -14,7 +14,6 @@ import numpy as np
 from facegate.config import Settings
 from facegate.engine.engine import DeviceThread, Engine
 from facegate.errors import InvalidParameterError
-from facegate.gallery.query import encode_photo_search, encode_search
 from facegate.metrics.stats import ServiceStats, torch_cuda_memory_fn
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import is_aligned_crop
@@ -25,7 +24,7 @@ from facegate.pipeline.pipeline import (
     select_faces,
     within_memory_limit,
 )
-from facegate.pipeline.search import PhotoSearchStage, SearchStage
+from facegate.pipeline.search import PhotoSearchStage, SearchStage, encode_photo_search, encode_search
 from facegate.transport.remote import RemoteEngine, RemotePool
 from facegate.tuning import ServingPlan, make_plan
 from facegate.types import CompareResult, Detection, Face, FaceSelect
@@ -158,7 +157,7 @@ class FaceService:
 
     async def search(self, gallery: str, query: np.ndarray, k: int) -> Any:
         """Top-``k`` of one ``(D,) float32`` embedding in ``gallery``, on the engine's index: a
-        :class:`~facegate.gallery.query.SearchOut` (current with every write acknowledged before the call)."""
+        :class:`~facegate.pipeline.search.SearchOut` (current with every write acknowledged before the call)."""
         return await self._submit("search", encode_search(gallery, query, k))
 
     async def _submit(self, stage: str, payload: np.ndarray) -> Any:

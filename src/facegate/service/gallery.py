@@ -103,7 +103,7 @@ class GalleryFront:
         """The 1:N policy for one probe ``face``: its hits (scores rounded to 6 decimals) and operating point, the
         match ``threshold`` with :func:`~facegate.service.fpir.threshold_for`'s account of it. A face the quality
         gate refused is never searched (no hits, at gallery size ``size``, counted as ``search_low_quality``);
-        otherwise its hits come from ``found`` (the engine's :class:`~facegate.gallery.query.SearchOut` of a photo
+        otherwise its hits come from ``found`` (the engine's :class:`~facegate.pipeline.search.SearchOut` of a photo
         search) or from a search of its embedding, with the threshold for ``fpir`` (default :data:`DEFAULT_FPIR`) at
         the size the gallery had when searched. The caller refuses a bad ``fpir`` first."""
         stats = self._svc.stats

@@ -1,8 +1,7 @@
 """API keys with scopes, stored hashed in the data folder (docs/security.md: the key format, scopes and file).
 
 Only the SHA-256 of a key is stored: its 256 random bits leave nothing for a slow hash to protect. The file is
-re-read when it changes, so keys created or revoked with the CLI apply to a running server.
-"""
+re-read every :data:`RELOAD_INTERVAL_S`, so keys created or revoked with the CLI apply to a running server."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ log = logging.getLogger(__name__)
 Scope = Literal["read", "enrol", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "enrol", "admin")
 KEYS_FILE = "api_keys.json"
-RELOAD_INTERVAL_S = 1.0  # seconds between checks of the keys file for another process's changes
+RELOAD_INTERVAL_S = 1.0  # seconds between reads of the keys file for another process's changes
 _PREFIX = "fg_"
 
 
@@ -68,35 +67,24 @@ def parse_scopes(scopes: Iterable[str]) -> tuple[Scope, ...]:
 
 
 class KeyStore:
-    """The keys file of one data folder; thread-safe."""
+    """The keys file at ``path``, or ``<data_dir>/api_keys.json``; thread-safe."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, data_dir: Path, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else Path(data_dir) / KEYS_FILE
         self._lock = threading.Lock()
         self._by_digest: dict[str, ApiKey] = {}
-        self._mtime: float | None = None
         self._checked = 0.0
         self._load()
 
-    @classmethod
-    def for_data_dir(cls, data_dir: Path, path: Path | None = None) -> KeyStore:
-        """The store at ``path``, or ``<data_dir>/api_keys.json``."""
-        return cls(path if path is not None else Path(data_dir) / KEYS_FILE)
-
     def _load(self) -> None:
         try:
-            st = self.path.stat()
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            self._by_digest, self._mtime = {}, None
-            return
-        if st.st_mtime == self._mtime:
-            return
-        raw = json.loads(self.path.read_text(encoding="utf-8"))
+            raw = {}
         self._by_digest = {
             k["sha256"]: ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
             for k in raw.get("keys", [])
         }
-        self._mtime = st.st_mtime
 
     def _refresh(self) -> None:
         now = time.monotonic()
@@ -142,8 +130,7 @@ class KeyStore:
                 os.unlink(tmp)
             raise
         with self._lock:
-            self._mtime = None  # the new file may carry the old mtime
-            self._load()
+            self._by_digest = {k.sha256: k for k in keys}
 
     def _current(self) -> list[ApiKey]:
         with self._lock:

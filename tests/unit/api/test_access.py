@@ -18,9 +18,9 @@ def _scope(method: str, path: str, host: str = "10.0.0.5:7860", **headers: str) 
 def test_revoking_the_last_key_does_not_open_a_non_loopback_server(tmp_path: Path) -> None:
     """A server on a non-loopback address started with keys; its last key is revoked while it runs (or the keys
     file is removed): it must not fall back to serving every client without authentication."""
-    store = KeyStore.for_data_dir(tmp_path)
+    store = KeyStore(tmp_path)
     token, record = store.create("only", ["admin"])
-    access = Access(Settings(host="0.0.0.0", data_dir=tmp_path), KeyStore.for_data_dir(tmp_path))
+    access = Access(Settings(host="0.0.0.0", data_dir=tmp_path), KeyStore(tmp_path))
     assert access.refusal(_scope("GET", "/api/galleries", authorization=f"Bearer {token}")) is None
     store.revoke(record.id)
     access.keys._checked = 0.0  # as after the reload interval
@@ -35,7 +35,7 @@ def test_revoking_the_last_key_does_not_open_a_non_loopback_server(tmp_path: Pat
 def test_no_keys_on_a_non_loopback_address_refuses_api_routes(tmp_path: Path) -> None:
     """A process that never ran `check_bind` (a Ray Serve ingress replica) with no keys on 0.0.0.0: 401, not open;
     loopback without keys and --no-auth stay open, as documented."""
-    keys = KeyStore.for_data_dir(tmp_path)
+    keys = KeyStore(tmp_path)
     refused = Access(Settings(host="0.0.0.0", data_dir=tmp_path), keys).refusal(_scope("GET", "/api/galleries"))
     assert isinstance(refused, UnauthorizedError)
     loopback = Access(Settings(host="127.0.0.1", data_dir=tmp_path), keys)
@@ -46,7 +46,7 @@ def test_no_keys_on_a_non_loopback_address_refuses_api_routes(tmp_path: Path) ->
 
 def test_more_than_one_host_header_is_refused(tmp_path: Path) -> None:
     """Two ``Host`` headers: the check must not pick one of them (a proxy may route by the other): 400."""
-    keys = KeyStore.for_data_dir(tmp_path)
+    keys = KeyStore(tmp_path)
     for host in ("127.0.0.1", "0.0.0.0"):  # whether or not Host values are checked at all
         access = Access(Settings(host=host, data_dir=tmp_path, security={"no_auth": True}), keys)
         scope = _scope("GET", "/healthz", host="127.0.0.1:7860")

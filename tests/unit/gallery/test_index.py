@@ -146,7 +146,7 @@ def test_load_all_replaces_everything_and_drop() -> None:
     idx.load_all({"stale": (4, ["x"], unit(rng, 1, 4))})
     idx.load_all({"a": (4, ["p", "q"], unit(rng, 2, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.sizes() == {"a": 2, "b": 0}
-    assert not idx.has("stale")
+    assert idx.entry("stale") is None
     idx.load_all({"a": (4, ["r"], unit(rng, 1, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
     assert idx.snapshot("a")[0] == ["r"] and idx.snapshot("a")[1].shape == (1, 4)
     idx.ensure_gallery("a", 4)  # present with that dim: kept

@@ -11,9 +11,7 @@ import pytest
 from facegate.errors import GalleryNotFoundError, GalleryUnavailableError, InvalidParameterError
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.query import SearchOut, decode_search, encode_search
-from facegate.gallery.service import Gallery
-from facegate.pipeline.search import SearchStage
+from facegate.pipeline.search import Gallery, SearchOut, SearchStage, decode_search, encode_search
 
 D = 16
 
@@ -52,7 +50,7 @@ def test_one_batch_mixes_galleries_and_sees_foreign_writes(tmp_path: Path) -> No
     rng = np.random.default_rng(0)
     url = str(tmp_path / "g.sqlite3")
     writer = open_store(url)  # a front-end's connection: writes only
-    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")), model=("m", D))
     writer.create_gallery("a", "m", D)
     writer.create_gallery("b", "m", D)
     ta, tb = unit(rng, 50), unit(rng, 30)
@@ -96,7 +94,7 @@ def test_store_down_answers_unavailable_then_recovers(tmp_path: Path, monkeypatc
             return open_store("postgresql://nobody@127.0.0.1:1/none", open_retry_s=1)  # type: ignore[return-value]
         return Gallery(open_store(url), GalleryIndex("cpu"))
 
-    stage = SearchStage(opener)
+    stage = SearchStage(opener, model=("m", D))
     assert stage.gallery is None
     with pytest.raises(GalleryUnavailableError):
         run(stage, [])
@@ -152,8 +150,7 @@ def test_photo_search_on_a_torch_index_shares_the_photo_wait(tmp_path: Path, dev
     another model and a missing one get their errors before the photo is looked at."""
     pytest.importorskip("torch")
     from facegate.errors import DimensionMismatchError, NoFaceError
-    from facegate.gallery.query import encode_photo_search
-    from facegate.pipeline.search import PhotoSearchStage
+    from facegate.pipeline.search import PhotoSearchStage, encode_photo_search
 
     rng = np.random.default_rng(4)
     t = unit(rng, 30)
@@ -195,13 +192,12 @@ def test_photo_search_keeps_each_photo_with_its_answer(tmp_path: Path) -> None:
     """Photos with a face are searched in one batch; a malformed request and a photo without a face get
     their own errors, in place."""
     from facegate.errors import NoFaceError
-    from facegate.gallery.query import encode_photo_search
-    from facegate.pipeline.search import PhotoSearchStage
+    from facegate.pipeline.search import PhotoSearchStage, encode_photo_search
 
     rng = np.random.default_rng(3)
     t = unit(rng, 20)
     url, writer = store_with(tmp_path, {"a": ("m", t)})
-    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
+    search = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")), model=("m", D))
     stage = PhotoSearchStage(_PhotoByIndex(t), search)
     payloads = [
         encode_photo_search("a", bytes([4]), 2),
@@ -225,7 +221,7 @@ def test_a_batch_of_alike_requests_answers_as_one_by_one(tmp_path: Path) -> None
     rng = np.random.default_rng(5)
     t = unit(rng, 40)
     url, writer = store_with(tmp_path, {"a": ("m", t)})
-    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")))
+    stage = SearchStage(lambda: Gallery(open_store(url), GalleryIndex("cpu")), model=("m", D))
     alike = [encode_search("a", t[i], k) for i, k in ((3, 1), (8, 5), (11, 40), (2, 70))]
     mixed = [*alike, encode_search("b", t[0], 1)]  # another gallery: decoded one by one
     got, ref = run(stage, alike), run(stage, mixed)[:4]

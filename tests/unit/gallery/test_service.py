@@ -19,8 +19,8 @@ from facegate.errors import (
     SubjectNotFoundError,
 )
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.service import Gallery
 from facegate.gallery.sqlite import SQLiteGalleryStore
+from facegate.pipeline.search import Gallery
 
 D = 32
 
@@ -40,7 +40,7 @@ def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
 def search(gal: Gallery, gallery: str, queries: np.ndarray, k: int) -> list[list[str]]:
     """The search stage's steps: catch up with the store, then the index's top-``k`` subject ids per query."""
     gal.sync()
-    if not gal.index.has(gallery):
+    if gal.index.entry(gallery) is None:
         gal.store.get_gallery(gallery)  # the store's GalleryNotFoundError (or InvalidParameterError)
     return [ids for ids, _ in gal.index.search_raw(gallery, queries, k)[0]]
 

@@ -109,19 +109,20 @@ def test_reopen_does_not_remigrate(db: Path) -> None:
         assert [g.name for g in s.list_galleries()] == ["a"]
 
 
-def test_opening_waits_out_a_busy_file(db: Path) -> None:
+def test_opening_waits_out_a_busy_file(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process's write lock held past the busy timeout: opening retries until it is released, and
     gives up with a GalleryError naming SQLITE_BUSY after ``open_retry_s``."""
+    monkeypatch.setattr("facegate.gallery.sqlite.BUSY_TIMEOUT_S", 0.05)
     SQLiteGalleryStore(db).close()
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     with pytest.raises(GalleryError) as err:
-        SQLiteGalleryStore(db, busy_timeout_s=0.05, open_retry_s=0.3)
+        SQLiteGalleryStore(db, open_retry_s=0.3)
     assert err.value.detail["sqlite_errorname"] == "SQLITE_BUSY"
     release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
     release.start()
     try:
-        store = SQLiteGalleryStore(db, busy_timeout_s=0.05, open_retry_s=10.0)
+        store = SQLiteGalleryStore(db, open_retry_s=10.0)
     finally:
         release.join()
         holder.close()
@@ -155,8 +156,9 @@ def test_closed_store_raises(db: Path) -> None:
         s.list_galleries()
 
 
-def test_sqlite_errors_are_converted(db: Path) -> None:
-    with SQLiteGalleryStore(db, busy_timeout_s=0.05) as s:
+def test_sqlite_errors_are_converted(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("facegate.gallery.sqlite.BUSY_TIMEOUT_S", 0.05)
+    with SQLiteGalleryStore(db) as s:
         s.create_gallery("a", "sface", 4)
         other = sqlite3.connect(str(db), isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # another process-like writer holds the lock
@@ -430,15 +432,16 @@ def test_concurrent_writers(store: SQLiteGalleryStore, db: Path) -> None:
         np.testing.assert_allclose(stored_template(store, "g", sid), reference_template(e, q), atol=1e-5)
 
 
-def test_delete_erases_while_another_connection_reads(db: Path) -> None:
+def test_delete_erases_while_another_connection_reads(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader holding a snapshot: the delete waits for it (busy timeout) and then erases; a reader that
     outlasts the wait gets a clear erasure_incomplete error, and the bytes go once it has finished."""
+    monkeypatch.setattr("facegate.gallery.sqlite.BUSY_TIMEOUT_S", 0.5)
     import threading
 
     from facegate.errors import ErasureIncompleteError
 
     rng = np.random.default_rng(9)
-    store = SQLiteGalleryStore(db, busy_timeout_s=0.5)
+    store = SQLiteGalleryStore(db)
     store.create_gallery("g", "sface", 32)
     for sid in ("a", "b"):
         store.add_embeddings("g", sid, unit(rng, 1, 32), np.array([0.7], np.float32))
@@ -467,9 +470,12 @@ def test_delete_erases_while_another_connection_reads(db: Path) -> None:
     store.close()
 
 
-def test_writers_of_several_processes_queue_on_the_writers_lock(tmp_path: Path) -> None:
+def test_writers_of_several_processes_queue_on_the_writers_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write waits for the ``<file>-writers`` lock that another process holds, goes ahead as soon as it is
     released, and answers GalleryUnavailableError (503) when it is held past the busy timeout."""
+    monkeypatch.setattr("facegate.gallery.sqlite.BUSY_TIMEOUT_S", 0.3)
     import fcntl
     import time
 
@@ -483,7 +489,7 @@ def test_writers_of_several_processes_queue_on_the_writers_lock(tmp_path: Path) 
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        with SQLiteGalleryStore(db, busy_timeout_s=0.3) as store:
+        with SQLiteGalleryStore(db) as store:
             assert holder.stdout is not None and holder.stdout.readline() == "held\n"
             with pytest.raises(GalleryUnavailableError) as err:
                 store.create_gallery("g", "m", 8)

@@ -18,7 +18,7 @@ from facegate.errors import ErasureIncompleteError, GalleryExistsError, GalleryN
 from facegate.gallery import open_store
 from facegate.gallery.base import GalleryStore
 from facegate.gallery.index import GalleryIndex
-from facegate.gallery.service import Gallery
+from facegate.pipeline.search import Gallery
 from store_helpers import stored_template, stored_templates
 
 D = 32
@@ -50,7 +50,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
 def search(gal: Gallery, gallery: str, queries: np.ndarray, k: int) -> list[list[str]]:
     """The search stage's steps: catch up with the store, then the index's top-``k`` subject ids per query."""
     gal.sync()
-    if not gal.index.has(gallery):
+    if gal.index.entry(gallery) is None:
         gal.store.get_gallery(gallery)  # the store's GalleryNotFoundError
     return [ids for ids, _ in gal.index.search_raw(gallery, queries, k)[0]]
 

@@ -347,9 +347,7 @@ def test_photo_search_reads_its_hits_from_the_photo_wait(
     the faces of the search on its own over a NumPy index."""
     from facegate.gallery import open_store
     from facegate.gallery.index import GalleryIndex
-    from facegate.gallery.query import encode_photo_search
-    from facegate.gallery.service import Gallery
-    from facegate.pipeline.search import PhotoSearchStage, SearchStage
+    from facegate.pipeline.search import Gallery, PhotoSearchStage, SearchStage, encode_photo_search
 
     work = pipe
     if device == "cuda":
