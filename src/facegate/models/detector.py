@@ -1,4 +1,4 @@
-"""Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``."""
+"""Batched YuNet face detection: preprocess (host or device canvases), forward, then select, NMS and rescale."""
 
 from __future__ import annotations
 
@@ -52,16 +52,15 @@ class DetBatch:
 
 @dataclass(slots=True)
 class DetPending:
-    """Batches from :meth:`FaceDetector.enqueue_many`. ``copies``: per batch (CUDA) the pinned buffer ``(n, p·15 +
-    1)`` of its candidates; ``event``: after the last copy; ``done``: the detections (off CUDA); ``on_device``: with
-    ``keep_on_device``, the packed candidates on the device and the decoded ``(boxes, landmarks, scores)`` (``None``
-    after a replay); ``post_out``: ``post``'s outputs for the real rows."""
+    """Batches from :meth:`FaceDetector.enqueue_many`. ``packed``: per batch its candidates ``(n, p·15 + 1)`` (pinned
+    host copies on CUDA; with ``keep_on_device`` on the device) and the decoded ``(boxes, landmarks, scores)`` (``None``
+    when not kept, or after a replay); ``event``: after the last host copy; ``done``: the detections (off CUDA);
+    ``post_out``: ``post``'s outputs for the real rows."""
 
     batches: list[DetBatch]
-    copies: list[Tensor]
+    packed: list[tuple[Tensor, tuple[Tensor, ...] | None]]
     event: Any
     done: list[list[list[Detection]]] | None
-    on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
     post_out: list[tuple[Tensor, ...]] | None = None
 
 
@@ -262,10 +261,8 @@ class FaceDetector:
     def _host_batch(self, batch: DetBatch) -> Tensor:
         if isinstance(batch.images, Tensor):  # preprocess_tensors: already on the device
             return batch.images
-        if self.device.type == "cuda":
-            x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images).pin_memory()
-            return x.to(self.device, non_blocking=True)
-        return torch.from_numpy(batch.images).to(self.device)
+        x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images)  # pinned on CUDA
+        return x.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def forward(self, batch: DetBatch) -> RawOutputs:
@@ -334,10 +331,8 @@ class FaceDetector:
         entry = self._graph_for((int(b.images.shape[0]), *b.input_hw), post, 0 if arg is None else arg.shape[1])
         if entry is None:
             sel = self._select(self.forward(b), b.input_hw)
-            if post is None:
-                return sel, False
-            assert arg is not None
-            return (*sel, *post(sel[0], arg.to(self.device, non_blocking=True))), False
+            extra = () if post is None or arg is None else post(sel[0], arg.to(self.device, non_blocking=True))
+            return (*sel, *extra), False
         g, static_in, outs, static_arg = entry
         static_in.copy_(self._host_batch(b), non_blocking=True)
         if post is not None:
@@ -363,34 +358,16 @@ class FaceDetector:
         """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting (off CUDA:
         all of it); :meth:`finish_many` finishes on any thread. ``keep_on_device``: the candidates stay on the device;
         ``post(packed, arg)`` (with it): device work on ``(rows, p·15 + 1)`` and ``post_args`` ``(n, k) float64``."""
-        if keep_on_device:
-            return self._enqueue_on_device(batches, post, post_args)
-        if self.device.type == "cpu":
+        cuda = self.device.type == "cuda"
+        if not keep_on_device and (not batches or not cuda):
             return DetPending(
                 list(batches), [], None, [self._postprocess_host(self._host_outputs(b), b) for b in batches]
             )
-        if not batches or self.device.type != "cuda":
-            return DetPending(list(batches), [], None, [self.postprocess(self.forward(b), b) for b in batches])
-        copies: list[Tensor] = []
-        with replay_lock(self.device):
-            for b in batches:
-                # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
-                packed = self._selected(b)[0][0]
-                host = torch.empty((len(b), packed.shape[1]), dtype=packed.dtype, pin_memory=True)
-                host.copy_(packed[: len(b)], non_blocking=True)
-                copies.append(host)
-            done_event = torch.cuda.Event()
-            done_event.record()
-        return DetPending(list(batches), copies, done_event, None)
-
-    def _enqueue_on_device(
-        self, batches: Sequence[DetBatch], post: PostFn | None, post_args: Sequence[np.ndarray] | None
-    ) -> DetPending:
-        """:meth:`enqueue_many` with ``keep_on_device``: device copies of the packed candidates and ``post``'s."""
-        packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
-        post_list: list[tuple[Tensor, ...]] = []
+        packed: list[tuple[Tensor, tuple[Tensor, ...] | None]] = []
+        post_out: list[tuple[Tensor, ...]] = []
         args = list(post_args) if post_args is not None else [None] * len(batches)
-        with replay_lock(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+        event = None
+        with replay_lock(self.device) if cuda else contextlib.nullcontext():
             for b, a in zip(batches, args, strict=True):
                 n = len(b)
                 arg = None
@@ -398,52 +375,41 @@ class FaceDetector:
                     padded = np.ones((int(b.images.shape[0]), a.shape[1]), np.float64)
                     padded[:n] = a
                     arg = torch.from_numpy(padded)
-                    if self.device.type == "cuda":  # pinned: a copy from pageable memory may wait for the device
+                    if cuda:  # pinned: a copy from pageable memory may wait for the device
                         arg = arg.pin_memory()
                 outs, graphed = self._selected(b, post, arg)
-                if graphed:  # the next replay overwrites the graph's outputs
-                    packed_list.append((outs[0][:n].clone(), None))
-                    post_list.append(tuple(t[:n].clone() for t in outs[4:]))
+                if not keep_on_device:
+                    # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
+                    host = torch.empty((n, outs[0].shape[1]), dtype=outs[0].dtype, pin_memory=True)
+                    packed.append((host.copy_(outs[0][:n], non_blocking=True), None))
+                elif graphed:  # the next replay overwrites the graph's outputs
+                    packed.append((outs[0][:n].clone(), None))
+                    post_out.append(tuple(t[:n].clone() for t in outs[4:]))
                 else:
-                    packed_list.append((outs[0][:n], (outs[1], outs[2], outs[3])))
-                    post_list.append(tuple(t[:n] for t in outs[4:]))
-        return DetPending(
-            list(batches), [], None, None, on_device=packed_list, post_out=post_list if post is not None else None
-        )
+                    packed.append((outs[0][:n], outs[1:4]))
+                    post_out.append(tuple(t[:n] for t in outs[4:]))
+            if not keep_on_device:
+                event = torch.cuda.Event()
+                event.record()
+        return DetPending(list(batches), packed, event, None, post_out if post is not None else None)
 
     @torch.inference_mode()
     def finish_many(self, pending: DetPending) -> list[list[list[Detection]]]:
         """Wait for :meth:`enqueue_many`'s copies, then NMS and rescale on the host: detections per batch."""
         if pending.done is not None:
             return pending.done
-        if pending.on_device is not None:  # the host path after all (e.g. rows the device selection cannot do)
-            return [
-                self._finish_host(packed.cpu().numpy(), b, full)
-                for b, (packed, full) in zip(pending.batches, pending.on_device, strict=True)
-            ]
-        pending.event.synchronize()  # the CUDA path: the one left with neither done nor on_device
-        return [
-            self._finish_host(host.numpy(), b, None) for b, host in zip(pending.batches, pending.copies, strict=True)
-        ]
+        if pending.event is not None:
+            pending.event.synchronize()
+        pairs = zip(pending.batches, pending.packed, strict=True)
+        return [self._finish_host(p.cpu().numpy(), b, full) for b, (p, full) in pairs]
 
-    def _rare_candidates(
-        self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
-    ) -> np.ndarray:
+    def _rare_candidates(self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, ...] | None) -> np.ndarray:
         """The top ``c > prefetch`` candidates ``(c, 15)`` of row ``i``, from ``full`` (decoded outputs) or, after a
         replay (``None``), by running the batch again."""
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
             boxes, lms, scores = self._selected(batch)[0][1:4] if full is None else full
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
-
-    @torch.inference_mode()
-    def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
-        """Decode, threshold, ``top_k``, NMS, map to image pixels and clip boxes (one left with no area lay in the
-        padding: dropped; landmarks are not clipped)."""
-        if raw[0][0].device.type == "cpu":
-            return self._postprocess_host([t.float().numpy() for t in flat_outputs(raw)], batch)
-        packed, *full = self._select(raw, batch.input_hw)
-        return self._finish_host(packed[: len(batch)].cpu().numpy(), batch, tuple(full))  # type: ignore[arg-type]
 
     def _host_outputs(self, batch: DetBatch) -> list[np.ndarray]:
         """:func:`flat_outputs` of a batch as fp32 host arrays (an ORT network computes them in its graph)."""
@@ -452,8 +418,8 @@ class FaceDetector:
         return self.model.flat(batch.images)
 
     def _postprocess_host(self, flat: Sequence[np.ndarray], batch: DetBatch) -> list[list[Detection]]:
-        """:meth:`postprocess` of host :func:`flat_outputs`, decoding only the anchors above the threshold (ties
-        keep the anchor order); the whole batch's candidates go through NMS, rescaling and clipping together."""
+        """Detections of host :func:`flat_outputs`: decode only the anchors above the threshold (ties keep the anchor
+        order), ``top_k``, NMS, map to image pixels and clip, the whole batch's candidates together."""
         n = len(batch)
         scores, bbox, kps = (f[:n] for f in flat)
         r, a = np.nonzero(scores >= self.score_threshold)
@@ -476,9 +442,7 @@ class FaceDetector:
         keep = nms_grouped(cand[:, :4], rows, self.nms_threshold)
         return _detections(cand[keep], rows[keep], batch, n)
 
-    def _finish_host(
-        self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
-    ) -> list[list[Detection]]:
+    def _finish_host(self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, ...] | None) -> list[list[Detection]]:
         """Detections of each real row from ``host (n, p·15 + 1)``: small rows through :func:`nms_rows` at once."""
         n = len(batch)
         p = (host.shape[1] - 1) // 15
@@ -505,9 +469,4 @@ class FaceDetector:
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """Faces in each ``(H, W, 3) uint8`` RGB image, by score, in its pixels."""
-        if len(images) == 0:
-            return []
-        batch = self.preprocess(images)
-        if self.device.type == "cpu":  # the host path at once (ORT needs no torch context)
-            return self._postprocess_host(self._host_outputs(batch), batch)
-        return self.run_many([batch])[0]
+        return self.run_many([self.preprocess(images)])[0] if len(images) else []
