@@ -50,7 +50,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
+    """Backbone (an :class:`IRSE64RTS` or :class:`~facegate.models.sface.SFace`: ``forward_features``, ``heads``) +
     quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation."""
 
     def __init__(
@@ -81,7 +81,6 @@ class Recognizer(nn.Module):
             )
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
-        self._flip = spec.colour == "BGR"  # crops arrive RGB
         #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
         self._stages: list[nn.Module] = []
@@ -103,7 +102,7 @@ class Recognizer(nn.Module):
                 detail={"shape": list(crops.shape)},
             )
         x = crops.permute(0, 3, 1, 2).float()
-        if self._flip:
+        if self.spec.colour == "BGR":  # crops arrive RGB
             x = x.flip(1)
         x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
         if self.channels_last:
@@ -140,30 +139,19 @@ class Recognizer(nn.Module):
         """``crops (N, 112, 112, 3) uint8`` RGB on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
-        logvar: Tensor | None = None
         if self.activation_plan is not None:
             feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
-            if self._is_irse:
-                emb_raw, logvar = self.backbone.heads(feats)
-            else:
-                emb_raw = self.backbone.heads(feats)
-        elif self._is_irse:
+        else:
             feats = self.backbone.forward_features(self._input(crops))
-            emb_raw, logvar = self.backbone.heads(feats)
-        else:
-            emb_raw, feats = self.backbone(self._input(crops))
-        if self.flip_tta:
-            emb_sum = emb_raw[:n] + emb_raw[n:]
-            emb_raw, feats = emb_raw[:n], feats[:n]
-            logvar = None if logvar is None else logvar[:n]
-        else:
-            emb_sum = emb_raw
-        emb_raw = emb_raw.float()
+        heads = self.backbone.heads(feats)  # IR-SE: (embedding, logvar); SFace: the embedding
+        emb_raw, logvar = heads if self._is_irse else (heads, None)
+        emb_sum = emb_raw[:n] + emb_raw[n:] if self.flip_tta else emb_raw  # the mirrored rows follow the crops
+        emb_raw, feats = emb_raw[:n].float(), feats[:n]
         if self.quality_source == "feature_norm":
             raw = torch.linalg.vector_norm(emb_raw, dim=1)
         elif self.quality_source == "logvar":
             assert logvar is not None
-            raw = torch.exp(logvar.float()).reshape(-1)
+            raw = torch.exp(logvar[:n].float()).reshape(-1)
         else:
             assert self.quality_head is not None
             head_in = feats if self._is_irse else sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
