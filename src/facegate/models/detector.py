@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.nms import NMS_GROUPED_MAX, NMS_ROWS_MAX, nms, nms_grouped, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet, flat_outputs
-from facegate.runtime.graphs import capture_graph, replay, replay_lock
+from facegate.runtime.graphs import capture_graph, device_index, replay, replay_lock
 from facegate.types import Detection
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,7 @@ class DetPending:
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """``a`` and ``b`` are one device (a missing index is the current device: ``cuda`` is ``cuda:0`` there)."""
-    if a.type != b.type:
-        return False
-    if a.index == b.index or a.type == "cpu":
-        return True
-    current = torch.cuda.current_device() if a.type == "cuda" else 0
-    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+    return a.type == b.type and (a.type != "cuda" or device_index(a) == device_index(b))
 
 
 def _validate_image(img: object, index: int) -> np.ndarray:

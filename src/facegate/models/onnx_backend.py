@@ -85,33 +85,20 @@ def export_yunet_onnx(model: nn.Module) -> bytes:
     axes = {"images": {0: "N", 1: "H", 2: "W"}, **{name: {0: "N", 1: "A"} for name in _OUTPUTS}}
     buf = io.BytesIO()
     trace_onnx(_HostBatchYuNet(ref), x, buf, (["images"], _OUTPUTS), axes, OPSET)
-    return _static_head_reshapes(buf.getvalue())
+    return buf.getvalue()
 
 
-def _static_head_reshapes(model: bytes) -> bytes:
-    """Each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]``, and the shape arithmetic the
-    tracer built for it (run on every call) removed."""
-    import onnx
-    from onnx import numpy_helper
+class _FlattenRows(torch.autograd.Function):
+    """``(N, h, w, 16)`` → ``(N, h·w, 16)``, exported as one Reshape by the constant ``[0, -1, 16]`` (0: keep the batch
+    dimension) instead of the shape arithmetic the tracer builds for symbolic ``h, w`` (run on every call)."""
 
-    proto = onnx.load_from_string(model)
-    graph = proto.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    weights = {t.name: t for t in graph.initializer}
-    for node in graph.node:
-        src = producer.get(node.input[0]) if node.op_type == "Reshape" else None
-        conv = producer.get(src.input[0]) if src is not None and src.op_type == "Transpose" else None
-        if conv is not None and conv.op_type == "Conv":
-            shape = np.array([0, -1, weights[conv.input[1]].dims[0]], np.int64)  # 0: keep the batch dimension
-            graph.initializer.append(numpy_helper.from_array(shape, f"{node.name}_shape"))
-            node.input[1] = f"{node.name}_shape"
-    while True:  # drop the nodes nothing reads any more
-        used = {i for node in graph.node for i in node.input} | {out.name for out in graph.output}
-        dead = [node for node in graph.node if not used.intersection(node.output)]
-        if not dead:
-            return proto.SerializeToString()
-        for node in dead:
-            graph.node.remove(node)
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.flatten(1, 2)
+
+    @staticmethod
+    def symbolic(g: Any, x: Any) -> Any:
+        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor([0, -1, _HEAD_CH])))
 
 
 class _MergedHeadLevel(nn.Module):
@@ -129,7 +116,7 @@ class _MergedHeadLevel(nn.Module):
                 getattr(merged, name).data = torch.cat([getattr(getattr(b, part), name).data for b in branches])
 
     def forward(self, feat: Tensor) -> Tensor:
-        return self.conv2(self.conv1(feat)).permute(0, 2, 3, 1).flatten(1, 2)
+        return _FlattenRows.apply(self.conv2(self.conv1(feat)).permute(0, 2, 3, 1))
 
 
 class _HostBatchYuNet(nn.Module):

@@ -35,13 +35,13 @@ _pools: dict[int, Any] = {}
 _replay_locks: dict[int, threading.RLock] = {}
 
 
-def _device_index(device: torch.device) -> int:
+def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def replay_lock(device: torch.device) -> threading.RLock:
     """The re-entrant lock every user of ``device``'s graph pool holds from copy-in to copy-out."""
-    dev = _device_index(device) if device.type == "cuda" else -1
+    dev = device_index(device) if device.type == "cuda" else -1
     with _shared_lock:
         return _replay_locks.setdefault(dev, threading.RLock())
 
@@ -51,7 +51,7 @@ def capture_graph(
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """``(graph, outputs)`` of ``fn(static_in)`` captured in the shared pool after ``warmup`` eager runs, on the side
     stream with ``capture_error_mode="thread_local"`` (serving threads keep working); serialised process-wide."""
-    dev = _device_index(static_in.device)
+    dev = device_index(static_in.device)
     with _shared_lock:
         side = _side_streams.get(dev)
         if side is None:
