@@ -182,12 +182,9 @@ class FaceDetector:
         hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
         # rows past len(imgs) are zero padding; postprocess ignores them
         shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
-        pinned = None
-        if self.device.type == "cuda":  # build the batch straight into pinned memory
-            pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
-            canvas = pinned.numpy()
-        else:
-            canvas = np.zeros(shape, np.uint8)
+        # on CUDA the batch is built straight into pinned memory
+        pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True) if self.device.type == "cuda" else None
+        canvas = np.zeros(shape, np.uint8) if pinned is None else pinned.numpy()
         for i, r in enumerate(resized):
             canvas[i, : r.shape[0], : r.shape[1]] = r
         return DetBatch(

@@ -114,12 +114,11 @@ def depthwise3x3(
     bh = max(1, min(triton_next_pow2(h), 2048 // bw))  # at most 2048 outputs per program
     tiles_w = -(-w // bw)
     grid = (n * c, tiles_w * -(-h // bh))
-    wt = weight.contiguous()
     b = bias.contiguous()
     p = pre_bias.contiguous() if pre_bias is not None else b  # unread unless PRE_BIAS
     try:
         _dw_kernel()[grid](
-            x, wt, b, p, y, c, h, w, tiles_w,
+            x, weight.contiguous(), b, p, y, c, h, w, tiles_w,
             PRE_BIAS=pre_bias is not None, RELU=bool(relu), BLOCK_H=bh, BLOCK_W=bw,
             num_warps=4 if bh * bw >= 1024 else 2,
         )  # fmt: skip
