@@ -259,10 +259,8 @@ class FaceDetector:
     @torch.inference_mode()
     def forward(self, batch: DetBatch) -> RawOutputs:
         """The batch's raw outputs on the device, in the model dtype (an ORT network takes the uint8 batch)."""
-        x = self._host_batch(batch)
-        if not isinstance(self.model, nn.Module):  # ONNX Runtime: the cast and flip are in its graph
-            return self.model(x)
-        return self.model(self._to_input(x))
+        x = self._host_batch(batch)  # ONNX Runtime: the cast and flip are in its graph
+        return self.model(self._to_input(x) if isinstance(self.model, nn.Module) else x)
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Decode and take each row's top ``p = prefetch`` on the device: ``packed (N, p·15 + 1) fp32`` (box 4,

@@ -163,20 +163,6 @@ class Recognizer(nn.Module):
 _BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
 
 
-def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
-    # the embedding BatchNorm (the backbone is not fused yet): IR-SE features_backbone.1, SFace fc1
-    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
-    c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
-    a, b, note = (
-        (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
-        if c2 > 0
-        else (1.0, 0.0, "sigmoid(log norm), no embedding BatchNorm to centre on")
-    )
-    return QualityCalibration(
-        "logistic", direction=1, transform="log", a=a, b=b, fitted=False, note=f"provisional (feature_norm): {note}"
-    )
-
-
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     random = spec.weights.kind == "random"
     if spec.arch == "irse64_rts":
@@ -253,8 +239,14 @@ def build_recognizer(
         calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
     elif spec.quality_calibration is not None and spec.weights.kind != "random":
         calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
-    else:
-        calibration = _feature_norm_calibration(backbone)
+    else:  # centred at the embedding BatchNorm's norm (not fused yet): IR-SE features_backbone.1, SFace fc1
+        bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
+        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+        b = -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2)
+        note = "provisional (feature_norm): centred at the embedding BatchNorm's norm"
+        calibration = QualityCalibration(
+            "logistic", direction=1, transform="log", a=_FEATURE_NORM_SLOPE, b=b, note=note
+        )
     if not calibration.fitted:
         log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
 
