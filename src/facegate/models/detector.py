@@ -69,19 +69,6 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.type != "cuda" or device_index(a) == device_index(b))
 
 
-def _validate_image(img: object, index: int) -> np.ndarray:
-    if not isinstance(img, np.ndarray):
-        raise InvalidParameterError(
-            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": index}
-        )
-    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
-        raise InvalidParameterError(
-            f"image {index} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
-            detail={"index": index, "shape": list(img.shape), "dtype": str(img.dtype)},
-        )
-    return img
-
-
 def _pad32(n: int) -> int:
     return -(-n // SIZE_DIVISOR) * SIZE_DIVISOR
 
@@ -167,11 +154,19 @@ class FaceDetector:
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
         """Validate, shrink (longer side ≤ ``max_side``, ``INTER_AREA``) and pad top-left. Raises
         :class:`EmptyInputError` (no images) and :class:`InvalidParameterError` (not ``(H, W, 3) uint8``)."""
-        imgs = [_validate_image(img, i) for i, img in enumerate(images)]
-        if not imgs:
+        if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[np.ndarray] = []
-        for i, img in enumerate(imgs):
+        for i, img in enumerate(images):
+            if not isinstance(img, np.ndarray):
+                raise InvalidParameterError(
+                    f"image {i} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": i}
+                )
+            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+                raise InvalidParameterError(
+                    f"image {i} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
+                    detail={"index": i, "shape": list(img.shape), "dtype": str(img.dtype)},
+                )
             size = self._resized_hw(*img.shape[:2])
             if size != img.shape[:2]:
                 try:
@@ -180,8 +175,8 @@ class FaceDetector:
                     raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
             resized.append(img)
         hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
-        # rows past len(imgs) are zero padding; postprocess ignores them
-        shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
+        # rows past len(images) are zero padding; the post-processing ignores them
+        shape = (self._batch_rows(len(images), hp, wp), hp, wp, 3)
         # on CUDA the batch is built straight into pinned memory
         pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True) if self.device.type == "cuda" else None
         canvas = np.zeros(shape, np.uint8) if pinned is None else pinned.numpy()
@@ -189,7 +184,7 @@ class FaceDetector:
             canvas[i, : r.shape[0], : r.shape[1]] = r
         return DetBatch(
             images=canvas,
-            orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
+            orig_sizes=np.array([img.shape[:2] for img in images], np.int64),
             resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
             pinned=pinned,
         )
@@ -332,8 +327,8 @@ class FaceDetector:
 
     @torch.inference_mode()
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
-        """``postprocess(forward(b), b)`` of each batch (through a CUDA graph when :meth:`enable_graphs` was called),
-        with one wait for the device: ``finish_many(enqueue_many(batches))``."""
+        """The detections of each batch (through a CUDA graph when :meth:`enable_graphs` was called), with one wait
+        for the device: ``finish_many(enqueue_many(batches))``."""
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
