@@ -76,15 +76,8 @@ class QualityCalibration(nn.Module):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; :meth:`from_dict` inverts it."""
-        return {
-            "kind": self.kind,
-            "direction": self.direction,
-            "transform": self.transform,
-            "fitted": self.fitted,
-            "note": self.note,
-            "a": float(self.a),
-            "b": float(self.b),
-        }
+        fields = {k: getattr(self, k) for k in ("kind", "direction", "transform", "fitted", "note")}
+        return fields | {"a": float(self.a), "b": float(self.b)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:
