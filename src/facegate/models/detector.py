@@ -204,7 +204,6 @@ class FaceDetector:
         if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[Tensor] = []
-        orig = np.empty((len(images), 2), np.int64)
         for i, img in enumerate(images):
             if (
                 img.dtype != torch.uint8
@@ -218,7 +217,6 @@ class FaceDetector:
                     detail={"index": i},
                 )
             h, w = int(img.shape[1]), int(img.shape[2])
-            orig[i] = (h, w)
             size = self._resized_hw(h, w)
             if size != (h, w):
                 img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
@@ -236,7 +234,7 @@ class FaceDetector:
             k += len(group)
         return DetBatch(
             images=canvas,
-            orig_sizes=orig,
+            orig_sizes=np.array([(int(im.shape[1]), int(im.shape[2])) for im in images], np.int64),
             resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
         )
 
