@@ -50,7 +50,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """Backbone (an :class:`IRSE64RTS` or :class:`~facegate.models.sface.SFace`: ``forward_features``, ``heads``) +
+    """Backbone (an :class:`IRSE64RTS` or :class:`~facegate.models.sface.SFace`: ``stages()``, ``heads``) +
     quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation."""
 
     def __init__(
@@ -83,7 +83,8 @@ class Recognizer(nn.Module):
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
-        self._stages: list[nn.Module] = []
+        #: the trunk in order (a plain list: not registered as submodules again; fuse() folds inside them)
+        self._stages: list[nn.Module] = list(backbone.stages()) if hasattr(backbone, "stages") else []
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -122,12 +123,11 @@ class Recognizer(nn.Module):
         (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs. :class:`ModelError`
         when the backbone has no ``stages()``."""
         if mib is None:
-            self.activation_plan, self._stages = None, []
+            self.activation_plan = None
             return None
-        if not hasattr(self.backbone, "stages"):
+        if not self._stages:
             raise ModelError(f"{type(self.backbone).__name__} has no stages(); it cannot run in sub-batches")
         h, w = self.spec.input_size
-        self._stages = list(self.backbone.stages())  # a plain list: not registered as submodules again
         with torch.inference_mode():
             probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
             self.activation_plan = ActivationPlan.measure(self._stages, probe, mib * 2**20)
@@ -139,10 +139,7 @@ class Recognizer(nn.Module):
         """``crops (N, 112, 112, 3) uint8`` RGB on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
-        if self.activation_plan is not None:
-            feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
-        else:
-            feats = self.backbone.forward_features(self._input(crops))
+        feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
         heads = self.backbone.heads(feats)  # IR-SE: (embedding, logvar); SFace: the embedding
         emb_raw, logvar = heads if self._is_irse else (heads, None)
         emb_sum = emb_raw[:n] + emb_raw[n:] if self.flip_tta else emb_raw  # the mirrored rows follow the crops

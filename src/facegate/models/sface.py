@@ -102,12 +102,9 @@ class SFace(nn.Module):
                 f"SFace expects (N, 3, {self.input_size}, {self.input_size}), got {tuple(x.shape)}",
                 detail={"shape": list(x.shape)},
             )
-        feat = self.forward_features(x.to(self.pre_fc1.weight.dtype))
+        x = x.to(self.pre_fc1.weight.dtype)
+        feat = torch.flatten(self.bn1(self.blocks(self.stem(x))), 1)
         return self.heads(feat), feat
-
-    def forward_features(self, x: Tensor) -> Tensor:
-        """The trunk: ``(N, 3, S, S)`` → ``features (N, feature_dim)``."""
-        return torch.flatten(self.bn1(self.blocks(self.stem(x))), 1)
 
     def stages(self) -> list[nn.Module]:
         """The trunk in order: ``(N, 3, S, S)`` → ``features (N, feature_dim)``."""
