@@ -84,12 +84,9 @@ def load_onnx_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input[0] in inits:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            q = inits[node.input[0]]
-            scale = inits[node.input[1]]
-            zp = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else None
-            produced[node.output[0]] = _dequantize_block(
-                q, scale, zp, int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
-            )
+            q, scale, *zp = (inits[name] for name in node.input if name)  # the zero point is optional
+            axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+            produced[node.output[0]] = _dequantize_block(q, scale, zp[0] if zp else None, axis, block)
             consumed.update(i for i in node.input if i)
         elif node.op_type == "Reshape" and node.input[0] in produced and node.input[1] in inits:
             produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
