@@ -139,6 +139,8 @@ class FaceDetector:
         self.batch_buckets: tuple[int, ...] | None = None
         #: Largest padded forward (rows × Hp × Wp pixels) bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
+        self._graphs: dict[Any, tuple[Any, ...]] = {}
+        self._max_graphs = 0  # no CUDA graphs until enable_graphs
 
     def _resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """``(H, W)`` shrunk so that the longer side is at most ``max_side`` (never enlarged)."""
@@ -279,18 +281,14 @@ class FaceDetector:
         """Run cast, network, decode and top-k as one CUDA graph per batch shape ``(rows, Hp, Wp)``, captured on
         first use, up to ``max_graphs`` (others run eagerly); held under ``replay_lock`` until the copy-out."""
         if self.device.type == "cuda":
-            self._graphs = {}
             self._max_graphs = int(max_graphs)
 
     def _graph_for(self, shape: tuple[int, int, int], post: PostFn | None, post_width: int) -> tuple[Any, ...] | None:
         """``(graph, static_in, outputs, static_arg)`` of a shape (with ``post``: of ``(shape, post)``), captured on
         first use: ``_select``'s four outputs then ``post(packed, static_arg)``'s (``static_arg`` ``None`` without)."""
-        graphs = getattr(self, "_graphs", None)
-        if graphs is None:
-            return None
         key: Any = shape if post is None else (shape, post)
-        if key in graphs or len(graphs) >= self._max_graphs:
-            return graphs.get(key)
+        if key in self._graphs or len(self._graphs) >= self._max_graphs:
+            return self._graphs.get(key)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
         static_arg = (
@@ -302,9 +300,9 @@ class FaceDetector:
             return sel if post is None else (*sel, *post(sel[0], static_arg))
 
         g, outs = capture_graph(fn, static_in)
-        graphs[key] = (g, static_in, outs, static_arg)
+        self._graphs[key] = (g, static_in, outs, static_arg)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
-        return graphs[key]
+        return self._graphs[key]
 
     def _selected(
         self, b: DetBatch, post: PostFn | None = None, arg: Tensor | None = None
