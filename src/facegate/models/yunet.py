@@ -214,12 +214,8 @@ def decode_yunet(
                 f"stride {s}: {c.shape[1]} anchors do not fit input {H}x{W} ({rows}x{cols} expected)"
             )
         n = c.shape[0]
-        ys, xs = torch.meshgrid(
-            torch.arange(rows, device=c.device, dtype=torch.float32),
-            torch.arange(cols, device=c.device, dtype=torch.float32),
-            indexing="ij",
-        )
-        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (A_s, 2): (col, row)
+        xs, ys = (torch.arange(k, device=c.device, dtype=torch.float32) for k in (cols, rows))
+        grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)  # (A_s, 2): (col, row), by row
         b = b.float()
         score = torch.sqrt(c.float().clamp(0.0, 1.0) * o.float().clamp(0.0, 1.0))[..., 0]
         centre = (grid + b[..., :2]) * s
