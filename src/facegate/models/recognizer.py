@@ -12,7 +12,6 @@ import logging
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +27,10 @@ from facegate.models.quality import (
     load_head,
     sface_head_input,
 )
-from facegate.models.registry import ModelSpec
+from facegate.models.registry import ModelSpec, QualitySource
 
 log = logging.getLogger(__name__)
 
-QualitySource = Literal["feature_norm", "rts_head", "logvar"]
 #: Slope of the provisional feature-norm map on the log scale (arbitrary).
 _FEATURE_NORM_SLOPE = 4.0
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
