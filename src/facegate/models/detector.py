@@ -352,12 +352,9 @@ class FaceDetector:
             for b, a in zip(batches, args, strict=True):
                 n = len(b)
                 arg = None
-                if post is not None:
-                    padded = np.ones((int(b.images.shape[0]), a.shape[1]), np.float64)
-                    padded[:n] = a
-                    arg = torch.from_numpy(padded)
-                    if cuda:  # pinned: a copy from pageable memory may wait for the device
-                        arg = arg.pin_memory()
+                if post is not None:  # pinned on CUDA: a copy from pageable memory may wait for the device
+                    arg = torch.ones((int(b.images.shape[0]), a.shape[1]), dtype=torch.float64, pin_memory=cuda)
+                    arg[:n] = torch.from_numpy(a)
                 outs, graphed = self._selected(b, post, arg)
                 if not keep_on_device:
                     # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
