@@ -6,6 +6,7 @@ dispatch; the graph is exported in memory from the loaded module at start-up and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import time
@@ -207,13 +208,13 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
+@dataclasses.dataclass
 class OrtYuNet:
     """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
     of float32 host tensors. ``torch_model``: the module it was exported from."""
 
-    def __init__(self, session: Any, torch_model: nn.Module) -> None:
-        self.session = session
-        self.torch_model = torch_model
+    session: Any
+    torch_model: nn.Module
 
     def __call__(self, images: Tensor) -> RawOutputs:
         _, heads, probs = self.session.run(_OUTPUTS, {"images": np.ascontiguousarray(images.numpy())})
