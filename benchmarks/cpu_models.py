@@ -474,12 +474,12 @@ def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[
     * ``facegate_channels_last``: fused, backbone and input in channels-last;
     * ``facegate_jit``: fused, ``torch.jit.trace`` + ``torch.jit.freeze`` (oneDNN conv fusion at freeze);
     * ``facegate_bf16``: fused in bfloat16 (only where oneDNN has native bf16 kernels; else slower than fp32);
-    * ``facegate_onnx``: the fused recognizer exported by :func:`facegate.export.export_onnx` (uint8 crops in,
-      normalisation and calibration in the graph) and run by ONNX Runtime with ``threads`` threads.
+    * ``facegate_onnx``: the fused recognizer exported by :func:`~facegate.models.onnx_backend.export_onnx` (uint8
+      crops in, normalisation and calibration in the graph) and run by ONNX Runtime with ``threads`` threads.
     """
     import tempfile
 
-    from facegate.export import export_onnx
+    from facegate.models.onnx_backend import export_onnx
     from facegate.models.recognizer import build_recognizer
 
     def built(**kw: Any) -> Any:

@@ -483,7 +483,7 @@ def export_onnx_cmd(
     opset: Annotated[int, typer.Option(min=13, max=21)] = 17,
 ) -> None:
     """Write a dynamic-batch ONNX file (uint8 crops → embedding, quality, raw) and check it with ONNX Runtime."""
-    from facegate.export import export_onnx
+    from facegate.models.onnx_backend import export_onnx
     from facegate.models.recognizer import build_recognizer
     from facegate.models.registry import get_spec
 

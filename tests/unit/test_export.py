@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from facegate.export import export_onnx
+from facegate.models.onnx_backend import export_onnx
 from facegate.models.recognizer import build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, WeightsSource
 

@@ -56,8 +56,7 @@ class ActivationPlan:
         # every stage's peak, not only the first: a batch that fits the stem's peak can overrun the budget later
         if n * max(self.stage_peak) <= self.budget_elems:
             return 0, n
-        stages = len(self.stage_peak)
-        for s in range(1, stages + 1):
+        for s in range(1, len(self.stage_peak) + 1):
             suffix = max(self.stage_peak[s:], default=0)
             if 2 * n * max(suffix, self.stage_out[s - 1]) <= self.budget_elems:
                 break

@@ -1,4 +1,4 @@
-"""Batched YuNet face detection: ``detect(images) = postprocess(forward(preprocess(images)))``."""
+"""Batched YuNet face detection: preprocess (host or device canvases), forward, then select, NMS and rescale."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.nms import NMS_GROUPED_MAX, NMS_ROWS_MAX, nms, nms_grouped, nms_rows
 from facegate.models.yunet import SIZE_DIVISOR, STRIDES, RawOutputs, YuNet, decode_yunet, flat_outputs
-from facegate.runtime.graphs import capture_graph, replay, replay_lock
+from facegate.runtime.graphs import capture_graph, device_index, replay, replay_lock
 from facegate.types import Detection
 
 log = logging.getLogger(__name__)
@@ -52,40 +52,21 @@ class DetBatch:
 
 @dataclass(slots=True)
 class DetPending:
-    """Batches from :meth:`FaceDetector.enqueue_many`. ``copies``: per batch (CUDA) the pinned buffer ``(n, p·15 +
-    1)`` of its candidates; ``event``: after the last copy; ``done``: the detections (off CUDA); ``on_device``: with
-    ``keep_on_device``, the packed candidates on the device and the decoded ``(boxes, landmarks, scores)`` (``None``
-    after a replay); ``post_out``: ``post``'s outputs for the real rows."""
+    """Batches from :meth:`FaceDetector.enqueue_many`. ``packed``: per batch its candidates ``(n, p·15 + 1)`` (pinned
+    host copies on CUDA; with ``keep_on_device`` on the device) and the decoded ``(boxes, landmarks, scores)`` (``None``
+    when not kept, or after a replay); ``event``: after the last host copy; ``done``: the detections (off CUDA);
+    ``post_out``: ``post``'s outputs for the real rows."""
 
     batches: list[DetBatch]
-    copies: list[Tensor]
+    packed: list[tuple[Tensor, tuple[Tensor, ...] | None]]
     event: Any
     done: list[list[list[Detection]]] | None
-    on_device: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] | None = None
     post_out: list[tuple[Tensor, ...]] | None = None
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """``a`` and ``b`` are one device (a missing index is the current device: ``cuda`` is ``cuda:0`` there)."""
-    if a.type != b.type:
-        return False
-    if a.index == b.index or a.type == "cpu":
-        return True
-    current = torch.cuda.current_device() if a.type == "cuda" else 0
-    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
-
-
-def _validate_image(img: object, index: int) -> np.ndarray:
-    if not isinstance(img, np.ndarray):
-        raise InvalidParameterError(
-            f"image {index} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": index}
-        )
-    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
-        raise InvalidParameterError(
-            f"image {index} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
-            detail={"index": index, "shape": list(img.shape), "dtype": str(img.dtype)},
-        )
-    return img
+    return a.type == b.type and (a.type != "cuda" or device_index(a) == device_index(b))
 
 
 def _pad32(n: int) -> int:
@@ -158,6 +139,8 @@ class FaceDetector:
         self.batch_buckets: tuple[int, ...] | None = None
         #: Largest padded forward (rows × Hp × Wp pixels) bucket padding may reach; None: no cap.
         self.max_batch_pixels: int | None = None
+        self._graphs: dict[Any, tuple[Any, ...]] = {}
+        self._max_graphs = 0  # no CUDA graphs until enable_graphs
 
     def _resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """``(H, W)`` shrunk so that the longer side is at most ``max_side`` (never enlarged)."""
@@ -173,11 +156,19 @@ class FaceDetector:
     def preprocess(self, images: Sequence[np.ndarray]) -> DetBatch:
         """Validate, shrink (longer side ≤ ``max_side``, ``INTER_AREA``) and pad top-left. Raises
         :class:`EmptyInputError` (no images) and :class:`InvalidParameterError` (not ``(H, W, 3) uint8``)."""
-        imgs = [_validate_image(img, i) for i, img in enumerate(images)]
-        if not imgs:
+        if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[np.ndarray] = []
-        for i, img in enumerate(imgs):
+        for i, img in enumerate(images):
+            if not isinstance(img, np.ndarray):
+                raise InvalidParameterError(
+                    f"image {i} is a {type(img).__name__}, expected an (H, W, 3) uint8 numpy array", detail={"index": i}
+                )
+            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+                raise InvalidParameterError(
+                    f"image {i} must be (H, W, 3) uint8 RGB, got shape {img.shape} dtype {img.dtype}",
+                    detail={"index": i, "shape": list(img.shape), "dtype": str(img.dtype)},
+                )
             size = self._resized_hw(*img.shape[:2])
             if size != img.shape[:2]:
                 try:
@@ -186,19 +177,16 @@ class FaceDetector:
                     raise InvalidParameterError(f"image {i} cannot be resized: {exc}", detail={"index": i}) from exc
             resized.append(img)
         hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
-        # rows past len(imgs) are zero padding; postprocess ignores them
-        shape = (self._batch_rows(len(imgs), hp, wp), hp, wp, 3)
-        pinned = None
-        if self.device.type == "cuda":  # build the batch straight into pinned memory
-            pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
-            canvas = pinned.numpy()
-        else:
-            canvas = np.zeros(shape, np.uint8)
+        # rows past len(images) are zero padding; the post-processing ignores them
+        shape = (self._batch_rows(len(images), hp, wp), hp, wp, 3)
+        # on CUDA the batch is built straight into pinned memory
+        pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True) if self.device.type == "cuda" else None
+        canvas = np.zeros(shape, np.uint8) if pinned is None else pinned.numpy()
         for i, r in enumerate(resized):
             canvas[i, : r.shape[0], : r.shape[1]] = r
         return DetBatch(
             images=canvas,
-            orig_sizes=np.array([img.shape[:2] for img in imgs], np.int64),
+            orig_sizes=np.array([img.shape[:2] for img in images], np.int64),
             resized_sizes=np.array([r.shape[:2] for r in resized], np.int64),
             pinned=pinned,
         )
@@ -218,7 +206,6 @@ class FaceDetector:
         if len(images) == 0:
             raise EmptyInputError("no images to detect faces in")
         resized: list[Tensor] = []
-        orig = np.empty((len(images), 2), np.int64)
         for i, img in enumerate(images):
             if (
                 img.dtype != torch.uint8
@@ -232,7 +219,6 @@ class FaceDetector:
                     detail={"index": i},
                 )
             h, w = int(img.shape[1]), int(img.shape[2])
-            orig[i] = (h, w)
             size = self._resized_hw(h, w)
             if size != (h, w):
                 img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
@@ -250,7 +236,7 @@ class FaceDetector:
             k += len(group)
         return DetBatch(
             images=canvas,
-            orig_sizes=orig,
+            orig_sizes=np.array([(int(im.shape[1]), int(im.shape[2])) for im in images], np.int64),
             resized_sizes=np.array([(int(r.shape[1]), int(r.shape[2])) for r in resized], np.int64),
         )
 
@@ -262,18 +248,14 @@ class FaceDetector:
     def _host_batch(self, batch: DetBatch) -> Tensor:
         if isinstance(batch.images, Tensor):  # preprocess_tensors: already on the device
             return batch.images
-        if self.device.type == "cuda":
-            x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images).pin_memory()
-            return x.to(self.device, non_blocking=True)
-        return torch.from_numpy(batch.images).to(self.device)
+        x = batch.pinned if batch.pinned is not None else torch.from_numpy(batch.images)  # pinned on CUDA
+        return x.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def forward(self, batch: DetBatch) -> RawOutputs:
         """The batch's raw outputs on the device, in the model dtype (an ORT network takes the uint8 batch)."""
-        x = self._host_batch(batch)
-        if not isinstance(self.model, nn.Module):  # ONNX Runtime: the cast and flip are in its graph
-            return self.model(x)
-        return self.model(self._to_input(x))
+        x = self._host_batch(batch)  # ONNX Runtime: the cast and flip are in its graph
+        return self.model(self._to_input(x) if isinstance(self.model, nn.Module) else x)
 
     def _select(self, raw: RawOutputs, input_hw: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Decode and take each row's top ``p = prefetch`` on the device: ``packed (N, p·15 + 1) fp32`` (box 4,
@@ -299,18 +281,14 @@ class FaceDetector:
         """Run cast, network, decode and top-k as one CUDA graph per batch shape ``(rows, Hp, Wp)``, captured on
         first use, up to ``max_graphs`` (others run eagerly); held under ``replay_lock`` until the copy-out."""
         if self.device.type == "cuda":
-            self._graphs = {}
             self._max_graphs = int(max_graphs)
 
     def _graph_for(self, shape: tuple[int, int, int], post: PostFn | None, post_width: int) -> tuple[Any, ...] | None:
         """``(graph, static_in, outputs, static_arg)`` of a shape (with ``post``: of ``(shape, post)``), captured on
         first use: ``_select``'s four outputs then ``post(packed, static_arg)``'s (``static_arg`` ``None`` without)."""
-        graphs = getattr(self, "_graphs", None)
-        if graphs is None:
-            return None
         key: Any = shape if post is None else (shape, post)
-        if key in graphs or len(graphs) >= self._max_graphs:
-            return graphs.get(key)
+        if key in self._graphs or len(self._graphs) >= self._max_graphs:
+            return self._graphs.get(key)
         t0 = time.perf_counter()
         static_in = torch.zeros((*shape, 3), dtype=torch.uint8, device=self.device)
         static_arg = (
@@ -322,9 +300,9 @@ class FaceDetector:
             return sel if post is None else (*sel, *post(sel[0], static_arg))
 
         g, outs = capture_graph(fn, static_in)
-        graphs[key] = (g, static_in, outs, static_arg)
+        self._graphs[key] = (g, static_in, outs, static_arg)
         log.info("detector: captured a CUDA graph for batch shape %s in %.2f s", shape, time.perf_counter() - t0)
-        return graphs[key]
+        return self._graphs[key]
 
     def _selected(
         self, b: DetBatch, post: PostFn | None = None, arg: Tensor | None = None
@@ -334,10 +312,8 @@ class FaceDetector:
         entry = self._graph_for((int(b.images.shape[0]), *b.input_hw), post, 0 if arg is None else arg.shape[1])
         if entry is None:
             sel = self._select(self.forward(b), b.input_hw)
-            if post is None:
-                return sel, False
-            assert arg is not None
-            return (*sel, *post(sel[0], arg.to(self.device, non_blocking=True))), False
+            extra = () if post is None or arg is None else post(sel[0], arg.to(self.device, non_blocking=True))
+            return (*sel, *extra), False
         g, static_in, outs, static_arg = entry
         static_in.copy_(self._host_batch(b), non_blocking=True)
         if post is not None:
@@ -347,8 +323,8 @@ class FaceDetector:
 
     @torch.inference_mode()
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
-        """``postprocess(forward(b), b)`` of each batch (through a CUDA graph when :meth:`enable_graphs` was called),
-        with one wait for the device: ``finish_many(enqueue_many(batches))``."""
+        """The detections of each batch (through a CUDA graph when :meth:`enable_graphs` was called), with one wait
+        for the device: ``finish_many(enqueue_many(batches))``."""
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()
@@ -363,87 +339,55 @@ class FaceDetector:
         """Enqueue each batch's forward and the copy of its candidates to pinned memory, without waiting (off CUDA:
         all of it); :meth:`finish_many` finishes on any thread. ``keep_on_device``: the candidates stay on the device;
         ``post(packed, arg)`` (with it): device work on ``(rows, p·15 + 1)`` and ``post_args`` ``(n, k) float64``."""
-        if keep_on_device:
-            return self._enqueue_on_device(batches, post, post_args)
-        if self.device.type == "cpu":
+        cuda = self.device.type == "cuda"
+        if not keep_on_device and (not batches or not cuda):
             return DetPending(
                 list(batches), [], None, [self._postprocess_host(self._host_outputs(b), b) for b in batches]
             )
-        if not batches or self.device.type != "cuda":
-            return DetPending(list(batches), [], None, [self.postprocess(self.forward(b), b) for b in batches])
-        copies: list[Tensor] = []
-        with replay_lock(self.device):
-            for b in batches:
-                # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
-                packed = self._selected(b)[0][0]
-                host = torch.empty((len(b), packed.shape[1]), dtype=packed.dtype, pin_memory=True)
-                host.copy_(packed[: len(b)], non_blocking=True)
-                copies.append(host)
-            done_event = torch.cuda.Event()
-            done_event.record()
-        return DetPending(list(batches), copies, done_event, None)
-
-    def _enqueue_on_device(
-        self, batches: Sequence[DetBatch], post: PostFn | None, post_args: Sequence[np.ndarray] | None
-    ) -> DetPending:
-        """:meth:`enqueue_many` with ``keep_on_device``: device copies of the packed candidates and ``post``'s."""
-        packed_list: list[tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]] = []
-        post_list: list[tuple[Tensor, ...]] = []
+        packed: list[tuple[Tensor, tuple[Tensor, ...] | None]] = []
+        post_out: list[tuple[Tensor, ...]] = []
         args = list(post_args) if post_args is not None else [None] * len(batches)
-        with replay_lock(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+        event = None
+        with replay_lock(self.device) if cuda else contextlib.nullcontext():
             for b, a in zip(batches, args, strict=True):
                 n = len(b)
                 arg = None
-                if post is not None:
-                    padded = np.ones((int(b.images.shape[0]), a.shape[1]), np.float64)
-                    padded[:n] = a
-                    arg = torch.from_numpy(padded)
-                    if self.device.type == "cuda":  # pinned: a copy from pageable memory may wait for the device
-                        arg = arg.pin_memory()
+                if post is not None:  # pinned on CUDA: a copy from pageable memory may wait for the device
+                    arg = torch.ones((int(b.images.shape[0]), a.shape[1]), dtype=torch.float64, pin_memory=cuda)
+                    arg[:n] = torch.from_numpy(a)
                 outs, graphed = self._selected(b, post, arg)
-                if graphed:  # the next replay overwrites the graph's outputs
-                    packed_list.append((outs[0][:n].clone(), None))
-                    post_list.append(tuple(t[:n].clone() for t in outs[4:]))
+                if not keep_on_device:
+                    # the decoded outputs are not kept, as after a replay (a crowd row runs its batch again): memory
+                    host = torch.empty((n, outs[0].shape[1]), dtype=outs[0].dtype, pin_memory=True)
+                    packed.append((host.copy_(outs[0][:n], non_blocking=True), None))
+                elif graphed:  # the next replay overwrites the graph's outputs
+                    packed.append((outs[0][:n].clone(), None))
+                    post_out.append(tuple(t[:n].clone() for t in outs[4:]))
                 else:
-                    packed_list.append((outs[0][:n], (outs[1], outs[2], outs[3])))
-                    post_list.append(tuple(t[:n] for t in outs[4:]))
-        return DetPending(
-            list(batches), [], None, None, on_device=packed_list, post_out=post_list if post is not None else None
-        )
+                    packed.append((outs[0][:n], outs[1:4]))
+                    post_out.append(tuple(t[:n] for t in outs[4:]))
+            if not keep_on_device:
+                event = torch.cuda.Event()
+                event.record()
+        return DetPending(list(batches), packed, event, None, post_out if post is not None else None)
 
     @torch.inference_mode()
     def finish_many(self, pending: DetPending) -> list[list[list[Detection]]]:
         """Wait for :meth:`enqueue_many`'s copies, then NMS and rescale on the host: detections per batch."""
         if pending.done is not None:
             return pending.done
-        if pending.on_device is not None:  # the host path after all (e.g. rows the device selection cannot do)
-            return [
-                self._finish_host(packed.cpu().numpy(), b, full)
-                for b, (packed, full) in zip(pending.batches, pending.on_device, strict=True)
-            ]
-        pending.event.synchronize()  # the CUDA path: the one left with neither done nor on_device
-        return [
-            self._finish_host(host.numpy(), b, None) for b, host in zip(pending.batches, pending.copies, strict=True)
-        ]
+        if pending.event is not None:
+            pending.event.synchronize()
+        pairs = zip(pending.batches, pending.packed, strict=True)
+        return [self._finish_host(p.cpu().numpy(), b, full) for b, (p, full) in pairs]
 
-    def _rare_candidates(
-        self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, Tensor, Tensor] | None
-    ) -> np.ndarray:
+    def _rare_candidates(self, batch: DetBatch, i: int, c: int, full: tuple[Tensor, ...] | None) -> np.ndarray:
         """The top ``c > prefetch`` candidates ``(c, 15)`` of row ``i``, from ``full`` (decoded outputs) or, after a
         replay (``None``), by running the batch again."""
         with replay_lock(self.device) if full is None else contextlib.nullcontext():
             boxes, lms, scores = self._selected(batch)[0][1:4] if full is None else full
             s_i, idx_i = torch.topk(scores[i], c)
             return torch.cat([boxes[i, idx_i], lms[i, idx_i].reshape(c, 10), s_i[:, None]], 1).cpu().numpy()
-
-    @torch.inference_mode()
-    def postprocess(self, raw: RawOutputs, batch: DetBatch) -> list[list[Detection]]:
-        """Decode, threshold, ``top_k``, NMS, map to image pixels and clip boxes (one left with no area lay in the
-        padding: dropped; landmarks are not clipped)."""
-        if raw[0][0].device.type == "cpu":
-            return self._postprocess_host([t.float().numpy() for t in flat_outputs(raw)], batch)
-        packed, *full = self._select(raw, batch.input_hw)
-        return self._finish_host(packed[: len(batch)].cpu().numpy(), batch, tuple(full))  # type: ignore[arg-type]
 
     def _host_outputs(self, batch: DetBatch) -> list[np.ndarray]:
         """:func:`flat_outputs` of a batch as fp32 host arrays (an ORT network computes them in its graph)."""
@@ -452,8 +396,8 @@ class FaceDetector:
         return self.model.flat(batch.images)
 
     def _postprocess_host(self, flat: Sequence[np.ndarray], batch: DetBatch) -> list[list[Detection]]:
-        """:meth:`postprocess` of host :func:`flat_outputs`, decoding only the anchors above the threshold (ties
-        keep the anchor order); the whole batch's candidates go through NMS, rescaling and clipping together."""
+        """Detections of host :func:`flat_outputs`: decode only the anchors above the threshold (ties keep the anchor
+        order), ``top_k``, NMS, map to image pixels and clip, the whole batch's candidates together."""
         n = len(batch)
         scores, bbox, kps = (f[:n] for f in flat)
         r, a = np.nonzero(scores >= self.score_threshold)
@@ -476,9 +420,7 @@ class FaceDetector:
         keep = nms_grouped(cand[:, :4], rows, self.nms_threshold)
         return _detections(cand[keep], rows[keep], batch, n)
 
-    def _finish_host(
-        self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, Tensor, Tensor] | None
-    ) -> list[list[Detection]]:
+    def _finish_host(self, host: np.ndarray, batch: DetBatch, full: tuple[Tensor, ...] | None) -> list[list[Detection]]:
         """Detections of each real row from ``host (n, p·15 + 1)``: small rows through :func:`nms_rows` at once."""
         n = len(batch)
         p = (host.shape[1] - 1) // 15
@@ -505,9 +447,4 @@ class FaceDetector:
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """Faces in each ``(H, W, 3) uint8`` RGB image, by score, in its pixels."""
-        if len(images) == 0:
-            return []
-        batch = self.preprocess(images)
-        if self.device.type == "cpu":  # the host path at once (ORT needs no torch context)
-            return self._postprocess_host(self._host_outputs(batch), batch)
-        return self.run_many([batch])[0]
+        return self.run_many([self.preprocess(images)])[0] if len(images) else []

@@ -119,12 +119,8 @@ class IRSE64RTS(nn.Module):
             nn.Linear(self.feature_dim, self.alpha), nn.BatchNorm1d(self.alpha)
         )
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """``(N, 3, S, S) → (N, feature_dim)`` (25088 for the full model)."""
-        return self.features(x)
-
     def stages(self) -> list[nn.Module]:
-        """The trunk in order: ``(N, 3, S, S)`` → ``(N, feature_dim)``."""
+        """The trunk ``features`` in order: ``(N, 3, S, S)`` → ``(N, feature_dim)`` (25088 for the full model)."""
         return [self.features[0], *self.features[1], self.features[2]]
 
     def heads(self, features: Tensor) -> tuple[Tensor, Tensor]:
@@ -133,7 +129,7 @@ class IRSE64RTS(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), logvar (N, 1))``."""
-        return self.heads(self.forward_features(x))
+        return self.heads(self.features(x))
 
     @torch.no_grad()
     def fuse(self) -> IRSE64RTS:

@@ -51,12 +51,9 @@ NMS_GROUPED_MAX = 256
 
 
 def nms_grouped(boxes: np.ndarray, groups: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """:func:`nms` of every image of a batch at once: ``boxes (K, 4)`` xyxy ordered by ``groups (K,) int`` (the
-    image, ascending) and within a group by descending score (ties: lower index first) → the kept ``(K,) bool``.
-    One IoU matrix for the batch, then one greedy pass:
-    a few candidates per face make the matrix cheaper than one :func:`nms` call per image."""
-    if not boxes.shape[0]:
-        return np.zeros(0, bool)
+    """:func:`nms` of every image of a batch at once: ``boxes (K ≥ 1, 4)`` xyxy ordered by ``groups (K,) int`` (the
+    image, ascending) and within a group by descending score (ties: lower index first) → the kept ``(K,) bool``. One
+    IoU matrix for the batch, then one greedy pass: a few candidates per face beat :func:`nms` per image."""
     over = _iou(boxes[:, None], boxes[None]) > iou_threshold
     if groups[0] != groups[-1]:  # over[i, j] for j > i: box i, if kept, removes the later box j of its image
         over &= groups[:, None] == groups[None]

@@ -1,14 +1,17 @@
-"""ONNX Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference). YuNet is ~100
-tiny convolutions, where ORT's planned graph beats eager dispatch; the graph is exported in memory from the loaded
-module at start-up and checked against it before it serves."""
+"""ONNX: Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference), and the
+recognizer's export (:func:`export_onnx`). YuNet is ~100 tiny convolutions, where ORT's planned graph beats eager
+dispatch; the graph is exported in memory from the loaded module at start-up and checked against it before it serves.
+"""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import time
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,6 +77,37 @@ def trace_onnx(
         raise ModelError(f"ONNX export of {type(module).__name__} failed: {type(exc).__name__}: {exc}") from exc
 
 
+def export_onnx(recognizer: nn.Module, out: Path, *, opset: int = OPSET, verify: bool = True) -> dict[str, Any]:
+    """Write ``recognizer`` to ``out`` as a dynamic-batch ONNX file: ``crops (N, 112, 112, 3) uint8`` RGB →
+    ``embedding (N, D)`` (L2-normalised), ``quality (N,)`` in [0, 1] and ``raw (N,)``. Returns a report with the
+    parity numbers of ONNX Runtime against PyTorch at another batch size (``verify``); :class:`ModelError` when the
+    export fails."""
+    recognizer = recognizer.eval().float().cpu()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    x = torch.randint(0, 256, (2, 112, 112, 3), dtype=torch.uint8)
+    axes = {n: {0: "batch"} for n in ("crops", "embedding", "quality", "raw")}
+    trace_onnx(recognizer, x, str(out), (["crops"], ["embedding", "quality", "raw"]), axes, opset)
+    report: dict[str, Any] = {"out": str(out), "opset": opset, "bytes": out.stat().st_size}
+    if not verify:
+        return report
+    import onnxruntime as ort
+
+    batch = 5
+    x = torch.randint(0, 256, (batch, 112, 112, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    emb_o, q_o, raw_o = sess.run(None, {"crops": x.numpy()})
+    with torch.inference_mode():
+        emb, q, raw = (t.numpy() for t in recognizer(x))
+    return report | {
+        "verify_batch": batch,
+        "embedding_cosine_min": float(np.min(np.sum(emb_o * emb, axis=1))),
+        "embedding_max_abs_diff": float(np.max(np.abs(emb_o - emb))),
+        "quality_max_abs_diff": float(np.max(np.abs(q_o - q))),
+        "raw_max_rel_diff": float(np.max(np.abs(raw_o - raw) / np.maximum(np.abs(raw), 1e-12))),
+    }
+
+
 def export_yunet_onnx(model: nn.Module) -> bytes:
     """The serialised ONNX graph of an fp32 copy of a YuNet module on ``images (N, H, W, 3) uint8`` RGB (symbolic
     N/H/W; the cast is in the graph, the BGR flip in the stem's weights), the heads merged per level
@@ -85,33 +119,20 @@ def export_yunet_onnx(model: nn.Module) -> bytes:
     axes = {"images": {0: "N", 1: "H", 2: "W"}, **{name: {0: "N", 1: "A"} for name in _OUTPUTS}}
     buf = io.BytesIO()
     trace_onnx(_HostBatchYuNet(ref), x, buf, (["images"], _OUTPUTS), axes, OPSET)
-    return _static_head_reshapes(buf.getvalue())
+    return buf.getvalue()
 
 
-def _static_head_reshapes(model: bytes) -> bytes:
-    """Each head's Reshape to ``(N, h·w, C)`` given the constant shape ``[0, -1, C]``, and the shape arithmetic the
-    tracer built for it (run on every call) removed."""
-    import onnx
-    from onnx import numpy_helper
+class _FlattenRows(torch.autograd.Function):
+    """``(N, h, w, 16)`` → ``(N, h·w, 16)``, exported as one Reshape by the constant ``[0, -1, 16]`` (0: keep the batch
+    dimension) instead of the shape arithmetic the tracer builds for symbolic ``h, w`` (run on every call)."""
 
-    proto = onnx.load_from_string(model)
-    graph = proto.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    weights = {t.name: t for t in graph.initializer}
-    for node in graph.node:
-        src = producer.get(node.input[0]) if node.op_type == "Reshape" else None
-        conv = producer.get(src.input[0]) if src is not None and src.op_type == "Transpose" else None
-        if conv is not None and conv.op_type == "Conv":
-            shape = np.array([0, -1, weights[conv.input[1]].dims[0]], np.int64)  # 0: keep the batch dimension
-            graph.initializer.append(numpy_helper.from_array(shape, f"{node.name}_shape"))
-            node.input[1] = f"{node.name}_shape"
-    while True:  # drop the nodes nothing reads any more
-        used = {i for node in graph.node for i in node.input} | {out.name for out in graph.output}
-        dead = [node for node in graph.node if not used.intersection(node.output)]
-        if not dead:
-            return proto.SerializeToString()
-        for node in dead:
-            graph.node.remove(node)
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.flatten(1, 2)
+
+    @staticmethod
+    def symbolic(g: Any, x: Any) -> Any:
+        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor([0, -1, _HEAD_CH])))
 
 
 class _MergedHeadLevel(nn.Module):
@@ -129,7 +150,7 @@ class _MergedHeadLevel(nn.Module):
                 getattr(merged, name).data = torch.cat([getattr(getattr(b, part), name).data for b in branches])
 
     def forward(self, feat: Tensor) -> Tensor:
-        return self.conv2(self.conv1(feat)).permute(0, 2, 3, 1).flatten(1, 2)
+        return _FlattenRows.apply(self.conv2(self.conv1(feat)).permute(0, 2, 3, 1))
 
 
 class _HostBatchYuNet(nn.Module):
@@ -187,13 +208,13 @@ def yunet_parity(model: nn.Module, session: Any, images: np.ndarray | None = Non
     return max(float(np.max(np.abs(e - g))) for e, g in zip(expected, got, strict=True))
 
 
+@dataclasses.dataclass
 class OrtYuNet:
     """YuNet run by ONNX Runtime: ``(N, H, W, 3) uint8`` RGB host tensor → :data:`~facegate.models.yunet.RawOutputs`
     of float32 host tensors. ``torch_model``: the module it was exported from."""
 
-    def __init__(self, session: Any, torch_model: nn.Module) -> None:
-        self.session = session
-        self.torch_model = torch_model
+    session: Any
+    torch_model: nn.Module
 
     def __call__(self, images: Tensor) -> RawOutputs:
         _, heads, probs = self.session.run(_OUTPUTS, {"images": np.ascontiguousarray(images.numpy())})

@@ -71,20 +71,12 @@ class QualityCalibration(nn.Module):
         """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
         t = torch.log(raw.float().clamp_min(LOG_EPS)) if self.transform == "log" else raw.float()
         q = torch.sigmoid(self.a.float() * t + self.b.float())
-        q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
-        return q.clamp(0.0, 1.0)
+        return torch.nan_to_num(q, nan=0.0).clamp(0.0, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; :meth:`from_dict` inverts it."""
-        return {
-            "kind": self.kind,
-            "direction": self.direction,
-            "transform": self.transform,
-            "fitted": self.fitted,
-            "note": self.note,
-            "a": float(self.a),
-            "b": float(self.b),
-        }
+        fields = {k: getattr(self, k) for k in ("kind", "direction", "transform", "fitted", "note")}
+        return fields | {"a": float(self.a), "b": float(self.b)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QualityCalibration:

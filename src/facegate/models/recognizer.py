@@ -12,7 +12,6 @@ import logging
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +27,10 @@ from facegate.models.quality import (
     load_head,
     sface_head_input,
 )
-from facegate.models.registry import ModelSpec
+from facegate.models.registry import ModelSpec, QualitySource
 
 log = logging.getLogger(__name__)
 
-QualitySource = Literal["feature_norm", "rts_head", "logvar"]
 #: Slope of the provisional feature-norm map on the log scale (arbitrary).
 _FEATURE_NORM_SLOPE = 4.0
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,7 +48,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 class Recognizer(nn.Module):
-    """Backbone (an :class:`IRSE64RTS`, or SFace's ``forward(x) → (raw embedding (N, D), features (N, F))``) +
+    """Backbone (an :class:`IRSE64RTS` or :class:`~facegate.models.sface.SFace`: ``stages()``, ``heads``) +
     quality source (:func:`build_recognizer` checks that it fits the backbone) + calibration + input normalisation."""
 
     def __init__(
@@ -81,10 +79,10 @@ class Recognizer(nn.Module):
             )
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
-        self._flip = spec.colour == "BGR"  # crops arrive RGB
         #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
-        self._stages: list[nn.Module] = []
+        #: the trunk in order (a plain list: not registered as submodules again; fuse() folds inside them)
+        self._stages: list[nn.Module] = list(backbone.stages()) if hasattr(backbone, "stages") else []
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -103,7 +101,7 @@ class Recognizer(nn.Module):
                 detail={"shape": list(crops.shape)},
             )
         x = crops.permute(0, 3, 1, 2).float()
-        if self._flip:
+        if self.spec.colour == "BGR":  # crops arrive RGB
             x = x.flip(1)
         x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
         if self.channels_last:
@@ -123,12 +121,11 @@ class Recognizer(nn.Module):
         (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs. :class:`ModelError`
         when the backbone has no ``stages()``."""
         if mib is None:
-            self.activation_plan, self._stages = None, []
+            self.activation_plan = None
             return None
-        if not hasattr(self.backbone, "stages"):
+        if not self._stages:
             raise ModelError(f"{type(self.backbone).__name__} has no stages(); it cannot run in sub-batches")
         h, w = self.spec.input_size
-        self._stages = list(self.backbone.stages())  # a plain list: not registered as submodules again
         with torch.inference_mode():
             probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
             self.activation_plan = ActivationPlan.measure(self._stages, probe, mib * 2**20)
@@ -140,30 +137,16 @@ class Recognizer(nn.Module):
         """``crops (N, 112, 112, 3) uint8`` RGB on the model's device →
         ``(embedding (N, D) float32 L2-normalised, quality (N,) float32 in [0, 1], raw (N,) float32)``."""
         n = crops.shape[0]
-        logvar: Tensor | None = None
-        if self.activation_plan is not None:
-            feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
-            if self._is_irse:
-                emb_raw, logvar = self.backbone.heads(feats)
-            else:
-                emb_raw = self.backbone.heads(feats)
-        elif self._is_irse:
-            feats = self.backbone.forward_features(self._input(crops))
-            emb_raw, logvar = self.backbone.heads(feats)
-        else:
-            emb_raw, feats = self.backbone(self._input(crops))
-        if self.flip_tta:
-            emb_sum = emb_raw[:n] + emb_raw[n:]
-            emb_raw, feats = emb_raw[:n], feats[:n]
-            logvar = None if logvar is None else logvar[:n]
-        else:
-            emb_sum = emb_raw
-        emb_raw = emb_raw.float()
+        feats = run_trunk(self._stages, self.activation_plan, n, lambda a, b: self._input(crops[a:b]))
+        heads = self.backbone.heads(feats)  # IR-SE: (embedding, logvar); SFace: the embedding
+        emb_raw, logvar = heads if self._is_irse else (heads, None)
+        emb_sum = emb_raw[:n] + emb_raw[n:] if self.flip_tta else emb_raw  # the mirrored rows follow the crops
+        emb_raw, feats = emb_raw[:n].float(), feats[:n]
         if self.quality_source == "feature_norm":
             raw = torch.linalg.vector_norm(emb_raw, dim=1)
         elif self.quality_source == "logvar":
             assert logvar is not None
-            raw = torch.exp(logvar.float()).reshape(-1)
+            raw = torch.exp(logvar[:n].float()).reshape(-1)
         else:
             assert self.quality_head is not None
             head_in = feats if self._is_irse else sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
@@ -173,20 +156,6 @@ class Recognizer(nn.Module):
 
 
 _BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
-
-
-def _feature_norm_calibration(backbone: nn.Module) -> QualityCalibration:
-    # the embedding BatchNorm (the backbone is not fused yet): IR-SE features_backbone.1, SFace fc1
-    bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
-    c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
-    a, b, note = (
-        (_FEATURE_NORM_SLOPE, -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2), "centred at the embedding BatchNorm's norm")
-        if c2 > 0
-        else (1.0, 0.0, "sigmoid(log norm), no embedding BatchNorm to centre on")
-    )
-    return QualityCalibration(
-        "logistic", direction=1, transform="log", a=a, b=b, fitted=False, note=f"provisional (feature_norm): {note}"
-    )
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
@@ -265,8 +234,14 @@ def build_recognizer(
         calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
     elif spec.quality_calibration is not None and spec.weights.kind != "random":
         calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
-    else:
-        calibration = _feature_norm_calibration(backbone)
+    else:  # centred at the embedding BatchNorm's norm (not fused yet): IR-SE features_backbone.1, SFace fc1
+        bn = backbone.features_backbone[1] if isinstance(backbone, IRSE64RTS) else backbone.fc1
+        c2 = float((bn.bias.detach().double() ** 2 + bn.weight.detach().double() ** 2).sum())
+        b = -_FEATURE_NORM_SLOPE * 0.5 * math.log(c2)
+        note = "provisional (feature_norm): centred at the embedding BatchNorm's norm"
+        calibration = QualityCalibration(
+            "logistic", direction=1, transform="log", a=_FEATURE_NORM_SLOPE, b=b, note=note
+        )
     if not calibration.fitted:
         log.warning("model %r: quality calibration is provisional (%s)", spec.name, calibration.note)
 

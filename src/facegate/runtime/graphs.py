@@ -7,6 +7,7 @@ and copy-out (a later capture may keep its outputs where an earlier one kept int
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -25,9 +26,8 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
 #: pointwise convs as matmuls that absorb bias and PReLU.
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
 
-#: One record per capture (bounded): its seconds and the pool's size after it (``benchmarks/serve_memory.py``).
-capture_records: list[dict[str, Any]] = []
-_MAX_RECORDS = 256
+#: One record per capture (the latest 256): its seconds and the pool's size after it (``benchmarks/serve_memory.py``).
+capture_records: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
 
 _shared_lock = threading.Lock()
 _side_streams: dict[int, torch.cuda.Stream] = {}
@@ -35,13 +35,13 @@ _pools: dict[int, Any] = {}
 _replay_locks: dict[int, threading.RLock] = {}
 
 
-def _device_index(device: torch.device) -> int:
+def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def replay_lock(device: torch.device) -> threading.RLock:
     """The re-entrant lock every user of ``device``'s graph pool holds from copy-in to copy-out."""
-    dev = _device_index(device) if device.type == "cuda" else -1
+    dev = device_index(device) if device.type == "cuda" else -1
     with _shared_lock:
         return _replay_locks.setdefault(dev, threading.RLock())
 
@@ -51,11 +51,9 @@ def capture_graph(
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """``(graph, outputs)`` of ``fn(static_in)`` captured in the shared pool after ``warmup`` eager runs, on the side
     stream with ``capture_error_mode="thread_local"`` (serving threads keep working); serialised process-wide."""
-    dev = _device_index(static_in.device)
+    dev = device_index(static_in.device)
     with _shared_lock:
-        side = _side_streams.get(dev)
-        if side is None:
-            side = _side_streams[dev] = torch.cuda.Stream(device=dev)
+        side = _side_streams.setdefault(dev, torch.cuda.Stream(device=dev))
         side.wait_stream(torch.cuda.current_stream(dev))
         runs: list[float] = []
         with torch.cuda.stream(side):
@@ -71,16 +69,15 @@ def capture_graph(
             out = fn(static_in)
         _pools[dev] = g.pool()
         torch.cuda.synchronize(dev)
-        if len(capture_records) < _MAX_RECORDS:
-            capture_records.append(
-                {
-                    "shape": list(static_in.shape),
-                    "first_run_s": round(runs[0], 4) if runs else None,
-                    "other_runs_s": round(sum(runs[1:]), 4),
-                    "capture_s": round(time.perf_counter() - t0, 4),
-                    "reserved_mib": round(torch.cuda.memory_reserved(dev) / 2**20, 1),
-                }
-            )
+        capture_records.append(
+            {
+                "shape": list(static_in.shape),
+                "first_run_s": round(runs[0], 4) if runs else None,
+                "other_runs_s": round(sum(runs[1:]), 4),
+                "capture_s": round(time.perf_counter() - t0, 4),
+                "reserved_mib": round(torch.cuda.memory_reserved(dev) / 2**20, 1),
+            }
+        )
     return g, out
 
 
@@ -124,7 +121,6 @@ class GraphedModule(nn.Module):
             self._fn = torch.compile(module, mode=compile_mode, dynamic=False)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
         self._tuple_out = True
-        self.capture_seconds: dict[int, float] = {}
 
     @property
     def device(self) -> torch.device:
@@ -134,19 +130,18 @@ class GraphedModule(nn.Module):
     def capture(self) -> None:
         if self.device.type != "cuda":
             return
+        t0 = time.perf_counter()
         for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
-            t0 = time.perf_counter()
             static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
             g, out = capture_graph(self._fn, static_in, warmup=3)
             self._tuple_out = isinstance(out, tuple)
             outs = out if isinstance(out, tuple) else (out,)
             self._graphs[b] = (g, static_in, outs)
-            self.capture_seconds[b] = time.perf_counter() - t0
         log.info(
             "captured CUDA graphs for buckets %s (compile=%s) in %.1f s",
             self.buckets,
             self.compile_mode,
-            sum(self.capture_seconds.values()),
+            time.perf_counter() - t0,
         )
 
     @torch.inference_mode()

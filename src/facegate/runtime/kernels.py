@@ -21,8 +21,9 @@ _BLOCK = 1024
 
 
 @functools.cache
-def _kernel() -> Any | None:
-    """The Triton kernel, compiled on first launch; None when Triton cannot be imported."""
+def _kernels() -> tuple[Any, Any] | None:
+    """The Triton kernels ``(bias_act, depthwise3x3)``, each compiled on first launch; None when Triton cannot be
+    imported."""
     try:
         import triton
         import triton.language as tl
@@ -44,17 +45,6 @@ def _kernel() -> Any | None:
         elif ACT == 2:
             y = tl.where(y > 0.0, y, y * tl.load(a_ptr + c, mask=m).to(tl.float32))
         tl.store(x_ptr + offs, y.to(x_ptr.dtype.element_ty), mask=m)
-
-    return bias_act_kernel
-
-
-@functools.cache
-def _dw_kernel() -> Any | None:
-    """The depthwise 3×3 Triton kernel; None without Triton."""
-    if _kernel() is None:
-        return None
-    import triton
-    import triton.language as tl
 
     # 2-D tiles (no divisions per element); only W is specialised (each variant is a compile at start-up)
     @triton.jit(do_not_specialize=["C", "H", "TILES_W"])
@@ -84,7 +74,7 @@ def _dw_kernel() -> Any | None:
             acc = tl.maximum(acc, 0.0)
         tl.store(y_ptr + base + rows * W + cols, acc.to(y_ptr.dtype.element_ty), mask=(rows < H) & (cols < W))
 
-    return depthwise3x3_kernel
+    return bias_act_kernel, depthwise3x3_kernel
 
 
 def depthwise_reference(
@@ -106,7 +96,7 @@ def depthwise3x3(
     c = x.shape[1] if x.ndim == 4 else -1
     if weight.shape != (c, 1, 3, 3) or bias.numel() != c or (pre_bias is not None and pre_bias.numel() != c):
         raise ValueError(f"depthwise3x3: weight {tuple(weight.shape)} / biases do not fit x {tuple(x.shape)}")
-    if _failed or not fused_available(x) or not x.is_contiguous() or _dw_kernel() is None:
+    if _failed or not fused_available(x) or not x.is_contiguous():
         return depthwise_reference(x, weight, bias, pre_bias, relu)
     n, _, h, w = x.shape
     y = torch.empty_like(x)
@@ -114,12 +104,11 @@ def depthwise3x3(
     bh = max(1, min(triton_next_pow2(h), 2048 // bw))  # at most 2048 outputs per program
     tiles_w = -(-w // bw)
     grid = (n * c, tiles_w * -(-h // bh))
-    wt = weight.contiguous()
     b = bias.contiguous()
     p = pre_bias.contiguous() if pre_bias is not None else b  # unread unless PRE_BIAS
     try:
-        _dw_kernel()[grid](
-            x, wt, b, p, y, c, h, w, tiles_w,
+        _kernels()[1][grid](
+            x, weight.contiguous(), b, p, y, c, h, w, tiles_w,
             PRE_BIAS=pre_bias is not None, RELU=bool(relu), BLOCK_H=bh, BLOCK_W=bw,
             num_warps=4 if bh * bw >= 1024 else 2,
         )  # fmt: skip
@@ -147,7 +136,7 @@ def fused_available(x: Tensor) -> bool:
         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
         and not torch.compiler.is_compiling()
         and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
-        and _kernel() is not None
+        and _kernels() is not None
     )
 
 
@@ -173,7 +162,7 @@ def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor |
         return reference(x, bias, act, slope)
     n = x.numel()
     _, c, h, w = x.shape
-    kernel = _kernel()
+    kernel = _kernels()[0]
     b = bias.contiguous()
     a = slope.contiguous() if slope is not None else b  # unread unless act == "prelu"
     grid = (-(-n // _BLOCK),)

@@ -122,14 +122,14 @@ def test_backbone_without_stages_is_refused() -> None:
         rec.set_activation_budget(4.0)
 
 
-def test_irse_stages_compose_to_forward_features() -> None:
+def test_irse_stages_compose_to_the_trunk() -> None:
     m = IRSE64RTS(units=(1, 1, 1, 1), widths=(16, 16, 32, 32)).eval()
     x = torch.randn(2, 3, 112, 112)
     with torch.inference_mode():
         h = x
         for s in m.stages():
             h = s(h)
-        torch.testing.assert_close(h, m.forward_features(x))
+        torch.testing.assert_close(h, m.features(x))
 
 
 @pytest.mark.gpu

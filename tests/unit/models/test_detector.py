@@ -12,7 +12,7 @@ import torch
 
 from facegate.errors import EmptyInputError, InvalidParameterError
 from facegate.models.detector import FaceDetector, same_device
-from facegate.models.yunet import load_yunet
+from facegate.models.yunet import flat_outputs, load_yunet
 
 
 def test_preprocess_resizes_pads_and_validates(detector: FaceDetector) -> None:
@@ -153,7 +153,7 @@ def test_host_postprocess_equals_the_device_selection(detector: FaceDetector, to
     kps = [torch.from_numpy(rng.normal(0, 3, (4, n, 10)).astype(np.float32)) for n in a]
     old_k, detector.top_k = detector.top_k, top_k
     try:
-        got = detector.postprocess((cls, obj, bbox, kps), batch)
+        got = detector._postprocess_host([t.numpy() for t in flat_outputs((cls, obj, bbox, kps))], batch)
         with torch.inference_mode():
             packed, *full = detector._select((cls, obj, bbox, kps), batch.input_hw)
             want = detector._finish_host(packed[: len(batch)].numpy(), batch, tuple(full))

@@ -193,7 +193,7 @@ def test_tiny_model_forward_shapes_and_determinism() -> None:
     assert "features.1.0.res_layer.5.fc1.weight" in keys and "logvar_rts_plus_backbone.0.weight" in keys
     x = torch.randn(3, 3, 112, 112)
     with torch.no_grad():
-        feats = model.forward_features(x)
+        feats = model.features(x)
         emb, logvar = model(x)
         emb2, _ = tiny_irse(seed=0, alpha=4)(x)
         emb3, _ = tiny_irse(seed=1, alpha=4)(x)
@@ -208,7 +208,7 @@ def test_fuse_folds_batchnorms_and_keeps_outputs() -> None:
     model = tiny_irse(seed=3, alpha=4)
     x = torch.randn(3, 3, 112, 112, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        feats0 = model.forward_features(x)
+        feats0 = model.features(x)
         emb0, logvar0 = model(x)
     fused = copy.deepcopy(model).fuse()
     assert isinstance(fused.features[0][1], torch.nn.Identity)  # the stem's BN, folded
@@ -220,11 +220,11 @@ def test_fuse_folds_batchnorms_and_keeps_outputs() -> None:
     # tiny_irse: the first unit keeps 16 channels (stride 2: MaxPool2d(1, 2) → a strided view), the rest convolve
     assert isinstance(units[0].shortcut_layer, Subsample) and units[0].shortcut_layer.stride == 2
     assert all(isinstance(u.shortcut_layer[1], torch.nn.Identity) for u in units[1:])
-    assert isinstance(fused.features[2][0], torch.nn.BatchNorm2d)  # forward_features' output is unchanged
+    assert isinstance(fused.features[2][0], torch.nn.BatchNorm2d)  # the trunk's output is unchanged
     n_bn = sum(isinstance(m, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d) for m in fused.modules())
     assert n_bn == len(units) + 1
     with torch.no_grad():
-        feats1 = fused.forward_features(x)
+        feats1 = fused.features(x)
         emb1, logvar1 = fused(x)
     torch.testing.assert_close(feats1, feats0, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(emb1, emb0, rtol=1e-4, atol=1e-5)

@@ -169,7 +169,7 @@ def test_rts_head_source_from_head_file(tmp_path: Path, arch_spec: ModelSpec) ->
     x = rec.preprocess(crops)
     with torch.no_grad():
         if is_irse:
-            head_in = rec.backbone.forward_features(x)
+            head_in = rec.backbone.features(x)
         else:
             emb_raw, feats = rec.backbone(x)
             head_in = sface_head_input(emb_raw.float(), feats.float(), fd // 49)

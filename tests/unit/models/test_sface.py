@@ -164,7 +164,7 @@ def test_dequantisation_matches_ort_bit_exactly(onnx_path: Path) -> None:
     so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ref = dict(zip(final, sess.run(list(final.values()), {"data": _noise(1)}), strict=True))
-    ours = load_onnx_weights(onnx_path)
+    _, ours = load_onnx_weights(onnx_path)
     assert len(ref) == 29
     for name, arr in ref.items():
         assert ours[name].shape == arr.shape, name
@@ -173,7 +173,7 @@ def test_dequantisation_matches_ort_bit_exactly(onnx_path: Path) -> None:
 
 def test_graph_normalisation_matches_registry(onnx_path: Path) -> None:
     """The graph's Sub/Mul constants are the registry's mean/std: the caller's normalisation is right."""
-    w = load_onnx_weights(onnx_path)
+    _, w = load_onnx_weights(onnx_path)
     spec = registry.SFACE
     assert spec.colour == "RGB"
     assert spec.embedding_dim == 128 and spec.input_size == (112, 112)
@@ -182,24 +182,25 @@ def test_graph_normalisation_matches_registry(onnx_path: Path) -> None:
 
 
 def test_graph_check_catches_a_wrong_epsilon_or_stride(onnx_path: Path) -> None:
+    graph, _ = load_onnx_weights(onnx_path)
     m = SFace()
-    _check_graph(onnx_path, m)  # the real architecture passes
+    _check_graph(graph, m)  # the real architecture passes
     m.blocks[3].dw.bn.eps = 1e-5
     with pytest.raises(CheckpointError, match="differs"):
-        _check_graph(onnx_path, m)
+        _check_graph(graph, m)
     m = SFace()
     m.bn1.eps = 1e-3
     with pytest.raises(CheckpointError):
-        _check_graph(onnx_path, m)
+        _check_graph(graph, m)
     strides = list(SFACE_STRIDES)
     strides[1], strides[2] = 1, 2
     with pytest.raises(CheckpointError) as ei:
-        _check_graph(onnx_path, SFace(strides=strides))
+        _check_graph(graph, SFace(strides=strides))
     assert any("strides" in p for p in ei.value.detail["problems"])
 
 
 def test_load_errors(onnx_path: Path, tmp_path: Path) -> None:
-    weights = load_onnx_weights(onnx_path)
+    _, weights = load_onnx_weights(onnx_path)
     with pytest.raises(CheckpointError, match="mis-shaped"):
         state_dict_from_onnx(weights, tiny_sface())
     partial = dict(weights)
@@ -226,7 +227,7 @@ def test_state_dict_is_complete_and_named(model: SFace, onnx_path: Path) -> None
     assert model.stem.bn.eps == pytest.approx(1e-3)
     assert model.feature_dim == 50176 and model.embedding_dim == 128
     # every learnable ONNX tensor (not the BN running statistics) became exactly one parameter
-    w = load_onnx_weights(onnx_path)
+    _, w = load_onnx_weights(onnx_path)
     learnable = sum(
         v.size for k, v in w.items() if v.dtype == np.float32 and "moving" not in k and "scalar_op" not in k
     )

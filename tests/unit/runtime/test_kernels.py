@@ -177,7 +177,7 @@ def test_a_kernel_that_cannot_build_falls_back_for_good(
             return launch
 
     monkeypatch.setattr(epilogue, "fused_available", lambda x: True)
-    monkeypatch.setattr(epilogue, "_kernel", lambda: Broken())
+    monkeypatch.setattr(epilogue, "_kernels", lambda: (Broken(), None))
     monkeypatch.setattr(epilogue, "_failed", False)
     x, b, a = _inputs((2, 4, 3, 3), torch.float32, "cpu", channels_last=False)
     with caplog.at_level(logging.WARNING, logger="facegate.runtime.kernels"):
@@ -266,7 +266,7 @@ def test_a_depthwise_kernel_that_cannot_build_falls_back_for_good(monkeypatch: p
             return launch
 
     monkeypatch.setattr(epilogue, "fused_available", lambda x: True)
-    monkeypatch.setattr(epilogue, "_dw_kernel", lambda: Broken())
+    monkeypatch.setattr(epilogue, "_kernels", lambda: (None, Broken()))
     monkeypatch.setattr(epilogue, "_failed", False)
     x, w, b, p = _dw_inputs((2, 3, 6, 5), torch.float32, "cpu")
     for _ in range(2):
@@ -332,15 +332,15 @@ def test_the_depthwise_kernel_compiles_a_few_variants() -> None:
 
     m = load_yunet().cuda()
     set_fused_epilogues(m, True)
-    pre = _compiled_variants(epilogue._dw_kernel())  # what earlier tests in this process compiled
+    pre = _compiled_variants(epilogue._kernels()[1])  # what earlier tests in this process compiled
     with torch.inference_mode():
         m(torch.rand(2, 3, 256, 256, device="cuda") * 255)
         torch.cuda.synchronize()
-        dw0 = _compiled_variants(epilogue._dw_kernel())
+        dw0 = _compiled_variants(epilogue._kernels()[1])
         for n in (1, 5, 16, 33):
             m(torch.rand(n, 3, 256, 256, device="cuda") * 255)
         torch.cuda.synchronize()
-    dw1 = _compiled_variants(epilogue._dw_kernel())
+    dw1 = _compiled_variants(epilogue._kernels()[1])
     log.info(
         "depthwise kernel variants: %d before YuNet, %d after one 256x256 batch, %d after four more", pre, dw0, dw1
     )
