@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from facegate.errors import (
     QueueFullError,
 )
 from facegate.io.memcopy import copy_in
-from facegate.metrics.stats import ENGINE_FAMILIES
+from facegate.metrics.stats import ENGINE_FAMILIES, family_name
 from facegate.service.faces import FaceService
 from facegate.transport.remote import (
     Arena,
@@ -86,6 +87,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     assert not proc.alive
 
 
+def _value(families: list[Any], sample: str, *labels: str) -> float:
+    """One sample's value in :meth:`ServiceStats.engine_samples`' families (0 if absent)."""
+    found = (s.value for m in families for s in m.samples if s.name == sample and tuple(s.labels.values()) == labels)
+    return next(found, 0.0)
+
+
 def _crops(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 255, (n, 112, 112, 3), dtype=np.uint8)
 
@@ -129,8 +136,8 @@ def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: Engi
             emb, q, _raw = await remote.submit("embed", _crops(3))
             assert emb.shape == (3, 128) and q.shape == (3,)
             samples = await remote.engine_samples()
-            assert set(samples) == set(ENGINE_FAMILIES)
-            assert dict(samples["facegate_items_total"])[("embed",)] >= 3
+            assert {family_name(m) for m in samples} == set(ENGINE_FAMILIES)
+            assert _value(samples, "facegate_items_total", "embed") >= 3
             with pytest.raises(EngineError, match="unknown stage") as info:
                 await remote.submit("no-such-stage", _crops(1))
             assert type(info.value) is EngineError and info.value.detail == {"known": ["detect", "embed", "search"]}
@@ -247,8 +254,8 @@ def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
         assert remote._arena is not None and remote._arena.free_bytes == remote.arena_bytes
         await asyncio.sleep(0.6)  # past the 400 ms batch window, when the engine drops the item
         samples = await remote.engine_samples()
-        assert dict(samples["facegate_dropped_total"])[("embed", "cancelled")] == 1
-        assert dict(samples["facegate_items_total"])[("embed",)] == 0  # never computed
+        assert _value(samples, "facegate_dropped_total", "embed", "cancelled") == 1
+        assert _value(samples, "facegate_items_total", "embed") == 0  # never computed
         emb, _, _ = await remote.submit("embed", _crops(1))  # and the connection still works
         assert emb.shape == (1, 128)
         remote.stop()
@@ -272,14 +279,13 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
         pool = svc.engine
         assert isinstance(pool, RemotePool) and pool.info["devices"] == ["cpu", "cpu"]
         await svc.start()
-        before = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        before = [_value(await e.engine_samples(), "facegate_items_total", "embed") for e in pool.engines]
         outs = await asyncio.gather(*[svc._submit("embed", _crops(1, seed=i)) for i in range(40)])
         assert all(o[0].shape == (1, 128) for o in outs)
-        after = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        after = [_value(await e.engine_samples(), "facegate_items_total", "embed") for e in pool.engines]
         done = [a - b for a, b in zip(after, before, strict=True)]
         assert sum(done) == 40 and min(done) > 0, done  # both engines computed some
-        merged = dict((await pool.engine_samples())["facegate_items_total"])
-        assert merged[("embed",)] == sum(after)
+        assert _value(await pool.engine_samples(), "facegate_items_total", "embed") == sum(after)
 
         # same_engine(): each request's items (submitted concurrently, as compare's two photos) go to one engine
         async def request(i: int) -> list[int]:
@@ -290,7 +296,7 @@ def test_a_pool_spreads_requests_over_engines_and_sums_their_metrics(
                 return [pool.engines.index(group[0])]
 
         chosen = [c[0] for c in await asyncio.gather(*[request(i) for i in range(20)])]
-        final = [dict((await e.engine_samples())["facegate_items_total"]).get(("embed",), 0) for e in pool.engines]
+        final = [_value(await e.engine_samples(), "facegate_items_total", "embed") for e in pool.engines]
         per_engine = [f - a for f, a in zip(final, after, strict=True)]
         assert per_engine == [2 * chosen.count(k) for k in range(2)], (per_engine, chosen)
         assert 0 < chosen.count(0) < 20  # the requests themselves still spread over both engines
