@@ -31,7 +31,7 @@ from facegate.errors import InvalidParameterError, ModelError, ServerError
 from facegate.logs import configure_logging
 from facegate.metrics.prometheus import MULTIPROC_ENV, enable_multiprocess, process_exited
 from facegate.service.faces import FaceService
-from facegate.transport.remote import engine_main, error_from_wire
+from facegate.transport.remote import engine_main
 from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class EngineProcess:
             raise ModelError(f"the engine process exited during startup (exit code {self._proc.exitcode})") from None
         if msg[0] != "ready":
             self.stop()
-            raise error_from_wire(*msg[1:])
+            raise msg[1]
         log.info("engine process %d ready: %s", self._proc.pid, msg[1])
         return msg[1]  # type: ignore[no-any-return]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from facegate.api.multiprocess import EngineProcess, engine_devices
 from facegate.config import Settings
 from facegate.errors import (
     CheckpointError,
+    DeadlineExceededError,
     EngineClosedError,
     EngineError,
     FacegateError,
@@ -34,7 +36,6 @@ from facegate.transport.remote import (
     RemoteEngine,
     RemotePool,
     engine_affinity,
-    error_from_wire,
     error_to_wire,
     same_engine,
 )
@@ -62,12 +63,20 @@ def test_arena_first_fit_alloc_free_and_merge() -> None:
 
 
 def test_errors_cross_the_boundary_with_their_class_and_attributes() -> None:
-    exc = error_from_wire(*error_to_wire(QueueFullError("full", retry_after_s=2.5, detail={"stage": "embed"})))
+    def cross(exc: BaseException) -> FacegateError:
+        return pickle.loads(pickle.dumps(error_to_wire(exc)))  # as the connection sends it
+
+    exc = cross(QueueFullError("full", retry_after_s=2.5, detail={"stage": "embed"}))
     assert isinstance(exc, QueueFullError) and exc.retry_after_s == 2.5 and exc.detail == {"stage": "embed"}
-    assert type(error_from_wire(*error_to_wire(NoFaceError("none")))) is NoFaceError
-    other = error_from_wire(*error_to_wire(RuntimeError("boom")))
+    assert type(cross(NoFaceError("none"))) is NoFaceError
+    other = cross(RuntimeError("boom"))
     assert isinstance(other, ModelError) and "RuntimeError: boom" in other.message
-    assert type(error_from_wire("NotAnError", "m", {}, {})) is FacegateError
+
+    class ElsewhereError(FacegateError, code="elsewhere"):  # e.g. the models' own, whose module imports torch
+        pass
+
+    plain = cross(ElsewhereError("m", detail={"k": 1}))
+    assert type(plain) is FacegateError and plain.message == "m" and plain.detail == {"k": 1}
 
 
 # --------------------------------------------------------------------------- a real engine process
@@ -428,9 +437,10 @@ def test_the_sender_answers_in_bursts_and_fails_items_past_their_deadline() -> N
     done.put(None)
     t.join(5)
     assert not t.is_alive() and not pending
-    assert sent[0] == ("batch", [("ok", 1, "x"), ("err", 2, "NoFaceError", "none", {}, {})])
+    assert sent[0][0] == "batch" and sent[0][1][0] == ("ok", 1, "x") and sent[0][1][1][:2] == ("err", 2)
+    assert type(sent[0][1][1][2]) is NoFaceError and sent[0][1][1][2].message == "none"
     (late,) = [m for m in sent if m[1][0][1] == 3]
-    assert late[1][0][:3] == ("err", 3, "DeadlineExceededError")
+    assert late[1][0][:2] == ("err", 3) and type(late[1][0][2]) is DeadlineExceededError
 
 
 def test_frame_reader_reads_connection_messages_in_order_in_bursts() -> None:
