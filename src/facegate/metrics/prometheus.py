@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest, values
+from prometheus_client import generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
@@ -67,14 +67,9 @@ class _Collector(Collector):
             if name == "facegate_gallery_subjects" and not self.gallery_labels:
                 metric = GaugeMetricFamily(name, metric.documentation, sum(s.value for s in metric.samples))
             yield metric
-        if self.shared:
-            yield from self._own_share()
-            for metric in MultiProcessCollector(None, self.shared).collect():
-                if metric.type != "gauge" and family_name(metric) not in self.remote:
-                    yield metric
-
-    def _own_share(self) -> Iterator[Metric]:
-        """This front-end's own requests (scrapes excluded) and their in-server seconds."""
+        if not self.shared:
+            return
+        # this front-end's own requests (scrapes excluded) and their in-server seconds
         own = [s for s in self.stats.request_latency.collect()[0].samples if "/metrics" not in s.labels["route"]]
         for name, what, sample in (
             ("facegate_process_requests", "Requests", "_count"),
@@ -85,6 +80,9 @@ class _Collector(Collector):
             )
             family.add_metric([str(os.getpid())], sum((s.value for s in own if s.name.endswith(sample)), 0.0))
             yield family
+        for metric in MultiProcessCollector(None, self.shared).collect():
+            if metric.type != "gauge" and family_name(metric) not in self.remote:
+                yield metric
 
 
 def render_latest(
@@ -94,7 +92,5 @@ def render_latest(
     (:meth:`ServiceStats.engine_samples`); without ``gallery_labels``, ``facegate_gallery_subjects`` is one unlabelled
     total."""
     remote_by_name = {family_name(m): m for m in remote or ()}
-    registry = CollectorRegistry(auto_describe=False)
     shared = _multiproc_dir if _multiproc_dir is not None and os.path.isdir(_multiproc_dir) else None
-    registry.register(_Collector(stats, remote_by_name, shared, gallery_labels))
-    return generate_latest(registry), CONTENT_TYPE
+    return generate_latest(_Collector(stats, remote_by_name, shared, gallery_labels)), CONTENT_TYPE

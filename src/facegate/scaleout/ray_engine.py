@@ -75,8 +75,7 @@ def record_replicas() -> Iterator[Served]:
 
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
-    ``max_calls``: calls in flight per stage; ``local``: send to the engine replicas of this machine through their
-    Unix sockets. Items held back here reach the engine's queue in bursts."""
+    ``max_calls``: calls in flight per stage; ``local``: reach the engine replicas of this machine by Unix socket."""
 
     def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, local: bool = False) -> None:
         import grpc
