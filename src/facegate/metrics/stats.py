@@ -175,15 +175,9 @@ class ServiceStats:
         self.requests.labels(route, status).inc()
         self.request_latency.labels(route).observe(latency_s)
 
-    def record_quality(self, score: float) -> None:
-        self.quality_score.observe(score)
-
     def record_refusal(self, reason: str) -> None:
         """One quality-gate refusal (a short, bounded vocabulary of reasons)."""
         self.refusals.labels(reason).inc()
-
-    def set_gallery_size(self, gallery: str, subjects: int) -> None:
-        self.gallery_subjects.labels(gallery).set(subjects)
 
     def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
         """A hook for :class:`~facegate.gallery.service.Gallery` that mirrors ``{gallery: size}`` into
@@ -194,7 +188,7 @@ class ServiceStats:
             for name in known - set(sizes):
                 self.gallery_subjects.remove(name)
             for name, n in sizes.items():
-                self.set_gallery_size(name, n)
+                self.gallery_subjects.labels(name).set(n)
             known.clear()
             known.update(sizes)
 

@@ -34,7 +34,7 @@ def test_labels_are_strings_and_counters_never_decrease() -> None:
 def test_histogram_buckets_are_le_and_cumulative() -> None:
     stats = ServiceStats()
     for v in (0.05, 0.1, 0.12, 1.0):
-        stats.record_quality(v)
+        stats.quality_score.observe(v)
     assert stats.value("facegate_quality_score_bucket", le="0.1") == 2  # 0.1 falls into the 0.1 bucket
     assert stats.value("facegate_quality_score_bucket", le="0.15") == 3
     assert stats.value("facegate_quality_score_bucket", le="+Inf") == 4
