@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from facegate.engine.batcher import set_asyncio_many
 from facegate.errors import EngineClosedError, QueueFullError
 from facegate.transport.remote import RemoteEngine, pick_engine
 
@@ -204,13 +205,9 @@ class RayEngine:
     async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]], handle: Any) -> None:
         try:
             retries, replica, answers = await self._call("submit_many", stage, [p for p, _ in batch], handle=handle)
-            for (_, fut), answer in zip(batch, answers, strict=True):
-                if not fut.done():
-                    fut.set_result((replica, retries, answer))
+            set_asyncio_many([(fut, True, (replica, retries, a)) for (_, fut), a in zip(batch, answers, strict=True)])
         except Exception as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            set_asyncio_many([(fut, False, exc) for _, fut in batch])
         finally:
             self._in_flight[stage] -= 1
             self._flush(stage)
