@@ -5,8 +5,6 @@ thread, replaced when one exits), and exits non-zero when an engine dies, so tha
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -96,10 +94,9 @@ class EngineProcess:
         """Start the process (returns at once; :meth:`wait` for it)."""
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
-        plan_json = json.dumps(dataclasses.asdict(self.plan))
         self._proc = ctx.Process(
             target=engine_main,
-            args=(self.settings.model_dump_json(), plan_json, self.address, self.authkey, child, FaceService.build),
+            args=(self.settings, self.plan, self.address, self.authkey, child, FaceService.build),
             name="facegate-engine",
             daemon=False,
         )

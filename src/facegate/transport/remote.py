@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
-import json
 import logging
 import mmap
 import os
@@ -318,8 +317,8 @@ def engine_info(service: Any, t0: float, **extra: Any) -> dict[str, Any]:
 
 
 def engine_main(
-    settings_json: str,
-    plan_json: str,
+    settings: Settings,
+    plan: ServingPlan,
     address: str,
     authkey: bytes,
     ready: Connection,
@@ -328,8 +327,6 @@ def engine_main(
     """The engine process: ``build(settings, plan)`` the FaceService, listen on ``address``, serve until SIGTERM.
     Sends ``("ready", info)`` or ``("error", error_to_wire(exc))`` on ``ready`` once."""
     configure_logging()  # FACEGATE_LOG_LEVEL and FACEGATE_LOG_FORMAT, as the front-ends
-    settings = Settings.model_validate_json(settings_json)
-    plan = ServingPlan.from_dict(json.loads(plan_json))
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
