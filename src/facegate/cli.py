@@ -43,7 +43,6 @@ PrecisionOpt = Annotated[str, typer.Option(help="fp32 | fp16 | bf16")]
 ModelOpt = Annotated[str, typer.Option(help="recognizer name in the registry")]
 RtsOpt = Annotated[Path | None, typer.Option(help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
 HeadOpt = Annotated[Path | None, typer.Option(help="trained quality-head file")]
-FlipOpt = Annotated[bool, typer.Option(help="also embed the mirrored crop (2× compute)")]
 LFW_ENV = "FACEGATE_LFW_ROOT"
 MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
@@ -435,7 +434,7 @@ def eval_lfw(
     rts_checkpoint: RtsOpt = None,
     quality_head: HeadOpt = None,
     batch_size: Annotated[int, typer.Option(min=1, max=4096)] = 64,
-    flip_tta: FlipOpt = False,
+    flip_tta: Annotated[bool, typer.Option(help="also embed the mirrored crop (2× compute)")] = False,
     save_embeddings: Annotated[Path | None, typer.Option(help="also save per-image embeddings (.npz)")] = None,
 ) -> None:
     """LFW 10-fold accuracy ± std, TAR at FMR 1e-3 and its threshold, written as JSON."""

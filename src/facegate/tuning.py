@@ -85,11 +85,6 @@ class ServingPlan:
         """One line for the start-up log: every value of the plan."""
         return "serving plan: " + " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ServingPlan:
-        """The inverse of :func:`dataclasses.asdict` (through JSON, which makes tuples lists)."""
-        return cls(**{**data, "graph_buckets": tuple(data["graph_buckets"])})
-
 
 def _cuda_build_present() -> bool:
     """Whether the installed torch is a CUDA build, without importing it (its CUDA library is on disk)."""

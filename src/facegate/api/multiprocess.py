@@ -5,8 +5,6 @@ thread, replaced when one exits), and exits non-zero when an engine dies, so tha
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -31,7 +29,7 @@ from facegate.errors import InvalidParameterError, ModelError, ServerError
 from facegate.logs import configure_logging
 from facegate.metrics.prometheus import MULTIPROC_ENV, enable_multiprocess, process_exited
 from facegate.service.faces import FaceService
-from facegate.transport.remote import engine_main, error_from_wire
+from facegate.transport.remote import engine_main
 from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
@@ -96,10 +94,9 @@ class EngineProcess:
         """Start the process (returns at once; :meth:`wait` for it)."""
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
         parent, child = ctx.Pipe(duplex=False)
-        plan_json = json.dumps(dataclasses.asdict(self.plan))
         self._proc = ctx.Process(
             target=engine_main,
-            args=(self.settings.model_dump_json(), plan_json, self.address, self.authkey, child, FaceService.build),
+            args=(self.settings, self.plan, self.address, self.authkey, child, FaceService.build),
             name="facegate-engine",
             daemon=False,
         )
@@ -122,7 +119,7 @@ class EngineProcess:
             raise ModelError(f"the engine process exited during startup (exit code {self._proc.exitcode})") from None
         if msg[0] != "ready":
             self.stop()
-            raise error_from_wire(*msg[1:])
+            raise msg[1]
         log.info("engine process %d ready: %s", self._proc.pid, msg[1])
         return msg[1]  # type: ignore[no-any-return]
 

@@ -9,14 +9,14 @@ that answers; ``facegate_process_request*_total{pid}`` tell how evenly the front
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest, values
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import generate_latest, values
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from facegate.metrics.stats import Series, ServiceStats, family_name, to_series
+from facegate.metrics.stats import ServiceStats, family_name
 
 #: The environment variable prometheus_client's multiprocess mode reads.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -46,79 +46,51 @@ def process_exited(pid: int) -> None:
         mark_process_dead(pid, path)
 
 
-def _family(kind: str, name: str, doc: str, labels: tuple[str, ...], series: Series) -> Metric:
-    if kind == "histogram":
-        h = HistogramMetricFamily(name, doc, labels=labels)
-        for values_, (buckets, total) in series:
-            h.add_metric(list(values_), list(buckets), total)
-        return h
-    m = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=labels)
-    for values_, v in series:
-        m.add_metric(list(values_), v)
-    return m
-
-
 class _Collector(Collector):
-    """``stats``'s families, with the engine's ``remote`` series in place of this process's, and, when the
-    counters and histograms are shared, only this process's gauges (the sum of every process comes from
-    :class:`_SharedCollector`)."""
+    """``stats``'s families, with the engine's ``remote`` ones in place of this process's; with a ``shared`` folder,
+    only this process's gauges, then every process's counters and histograms summed from it (engine families left
+    out)."""
 
-    def __init__(self, stats: ServiceStats, remote: dict[str, Series], shared: bool, gallery_labels: bool) -> None:
+    def __init__(
+        self, stats: ServiceStats, remote: dict[str, Metric], shared: str | None, gallery_labels: bool
+    ) -> None:
         self.stats, self.remote, self.shared, self.gallery_labels = stats, remote, shared, gallery_labels
 
     def collect(self) -> Iterator[Metric]:
         self.stats.refresh_gpu_memory()
         for metric in self.stats.registry.collect():
             name = family_name(metric)
-            hide = name == "facegate_gallery_subjects" and not self.gallery_labels
-            if name not in self.remote and self.shared and metric.type != "gauge":
+            if name in self.remote:
+                metric = self.remote[name]
+            elif self.shared and metric.type != "gauge":
                 continue
-            if name not in self.remote and not hide:
-                yield metric
-                continue
-            series = self.remote[name] if name in self.remote else to_series(metric)
-            labels = self.stats.families[name][1]
-            if hide:
-                labels, series = (), [((), float(sum(v for _, v in series)))]
-            yield _family(metric.type, name, metric.documentation, labels, series)
-        if self.shared:
-            yield from self._own_share()
-
-    def _own_share(self) -> Iterator[Metric]:
-        """This front-end's own requests (scrapes excluded) and their in-server seconds."""
-        latency = to_series(self.stats.request_latency.collect()[0])
-        own = [v for labels, v in latency if "/metrics" not in labels[0]]
-        pid = (str(os.getpid()),)
-        for name, what, value in (
-            ("facegate_process_requests", "Requests", sum(buckets[-1][1] for buckets, _ in own)),
-            ("facegate_process_request_seconds", "In-server seconds of the requests", sum(t for _, t in own)),
+            if name == "facegate_gallery_subjects" and not self.gallery_labels:
+                metric = GaugeMetricFamily(name, metric.documentation, sum(s.value for s in metric.samples))
+            yield metric
+        if not self.shared:
+            return
+        # this front-end's own requests (scrapes excluded) and their in-server seconds
+        own = [s for s in self.stats.request_latency.collect()[0].samples if "/metrics" not in s.labels["route"]]
+        for name, what, sample in (
+            ("facegate_process_requests", "Requests", "_count"),
+            ("facegate_process_request_seconds", "In-server seconds of the requests", "_sum"),
         ):
-            doc = f"{what} this front-end process answered (scrapes excluded)."
-            yield _family("counter", name, doc, ("pid",), [(pid, float(value))])
-
-
-class _SharedCollector(MultiProcessCollector):
-    """Every process's counters and histograms, summed; gauges and the engine's families are left out."""
-
-    def __init__(self, path: str, skip: set[str]) -> None:
-        super().__init__(None, path)
-        self.skip = skip
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in super().collect():
-            if metric.type != "gauge" and family_name(metric) not in self.skip:
+            family = CounterMetricFamily(
+                name, f"{what} this front-end process answered (scrapes excluded).", labels=["pid"]
+            )
+            family.add_metric([str(os.getpid())], sum((s.value for s in own if s.name.endswith(sample)), 0.0))
+            yield family
+        for metric in MultiProcessCollector(None, self.shared).collect():
+            if metric.type != "gauge" and family_name(metric) not in self.remote:
                 yield metric
 
 
 def render_latest(
-    stats: ServiceStats, remote: dict[str, Series] | None = None, *, gallery_labels: bool = True
+    stats: ServiceStats, remote: Sequence[Metric] | None = None, *, gallery_labels: bool = True
 ) -> tuple[bytes, str]:
-    """The text exposition of ``stats`` (``text/plain; version=0.0.4``) with the engine's ``remote`` samples;
-    without ``gallery_labels``, ``facegate_gallery_subjects`` is one unlabelled total."""
-    remote = remote or {}
-    registry = CollectorRegistry(auto_describe=False)
-    shared = _multiproc_dir is not None and os.path.isdir(_multiproc_dir)
-    registry.register(_Collector(stats, remote, shared, gallery_labels))
-    if shared:
-        registry.register(_SharedCollector(_multiproc_dir, set(remote)))
-    return generate_latest(registry), CONTENT_TYPE
+    """The text exposition of ``stats`` (``text/plain; version=0.0.4``) with the engine's ``remote`` families
+    (:meth:`ServiceStats.engine_samples`); without ``gallery_labels``, ``facegate_gallery_subjects`` is one unlabelled
+    total."""
+    remote_by_name = {family_name(m): m for m in remote or ()}
+    shared = _multiproc_dir if _multiproc_dir is not None and os.path.isdir(_multiproc_dir) else None
+    return generate_latest(_Collector(stats, remote_by_name, shared, gallery_labels)), CONTENT_TYPE

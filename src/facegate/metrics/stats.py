@@ -11,14 +11,11 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 log = logging.getLogger(__name__)
 disable_created_metrics()  # the exposition carries no ``*_created`` series
 
-LabelValues = tuple[str, ...]
-#: A family's series as the transport carries them: ``[(label values, value)]``; a histogram's value is
-#: ``(((le, cumulative count), ...), sum)``. Picklable, and several engines' series add up.
-Series = list[tuple[LabelValues, Any]]
 GpuMemoryFn = Callable[[], Mapping[str, float]]
 M = TypeVar("M", Counter, Gauge, Histogram)
 
@@ -60,28 +57,6 @@ def family_name(metric: Metric) -> str:
     return metric.name + "_total" if metric.type == "counter" else metric.name
 
 
-def to_series(metric: Metric) -> Series:
-    """The :data:`Series` of one collected family."""
-    if metric.type != "histogram":
-        name = family_name(metric)
-        return [(tuple(s.labels.values()), s.value) for s in metric.samples if s.name == name]
-    buckets: dict[LabelValues, list[tuple[str, float]]] = {}
-    sums: dict[LabelValues, float] = {}
-    for s in metric.samples:
-        key = tuple(v for k, v in s.labels.items() if k != "le")
-        if s.name.endswith("_bucket"):
-            buckets.setdefault(key, []).append((s.labels["le"], s.value))
-        elif s.name.endswith("_sum"):
-            sums[key] = s.value
-    return [(k, (tuple(b), sums[k])) for k, b in buckets.items()]
-
-
-def _add(a: Any, b: Any) -> Any:
-    if isinstance(a, tuple):
-        return tuple((le, x + y) for (le, x), (_, y) in zip(a[0], b[0], strict=True)), a[1] + b[1]
-    return a + b
-
-
 class ServiceStats:
     """Every statistic facegate keeps, one family per attribute; ``gpu_memory_fn`` returns ``{"allocated",
     "reserved", "peak"}`` bytes at every scrape (:func:`torch_cuda_memory_fn`); it may be replaced any time."""
@@ -89,7 +64,7 @@ class ServiceStats:
     def __init__(self, *, gpu_memory_fn: GpuMemoryFn | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         #: family name → (the prometheus_client object, its label names), in exposition order
-        self.families: dict[str, tuple[Any, LabelValues]] = {}
+        self.families: dict[str, tuple[Any, tuple[str, ...]]] = {}
         fam = self._family
         self.requests = fam(Counter, "facegate_requests_total", "HTTP requests by route and status.", "route", "status")
         self.request_latency = fam(
@@ -164,22 +139,27 @@ class ServiceStats:
         """One sample's current value (``facegate_items_total``, ``facegate_batch_size_count``, ...); 0 if absent."""
         return self.registry.get_sample_value(sample, labels) or 0.0
 
-    def engine_samples(self) -> dict[str, Series]:
-        """``{family name: series}`` of :data:`ENGINE_FAMILIES` (GPU memory refreshed first), for a front-end."""
+    def engine_samples(self) -> list[Metric]:
+        """The collected families of :data:`ENGINE_FAMILIES` (GPU memory refreshed first), picklable, for a
+        front-end."""
         self.refresh_gpu_memory()
-        return {family_name(m): to_series(m) for m in self.registry.collect() if family_name(m) in ENGINE_FAMILIES}
+        return [m for m in self.registry.collect() if family_name(m) in ENGINE_FAMILIES]
 
     @staticmethod
-    def merge_samples(parts: Sequence[Mapping[str, Series]]) -> dict[str, Series]:
-        """Sum several engines' :meth:`engine_samples` series by series (what one engine doing all their work
-        would show)."""
-        out: dict[str, dict[LabelValues, Any]] = {}
-        for part in parts:
-            for name, series in part.items():
-                fam = out.setdefault(name, {})
-                for labels, v in series:
-                    fam[labels] = _add(fam[labels], v) if labels in fam else v
-        return {name: list(series.items()) for name, series in out.items()}
+    def merge_samples(parts: Sequence[Sequence[Metric]]) -> list[Metric]:
+        """Several engines' :meth:`engine_samples`, each sample summed over them (what one engine doing all their
+        work would show)."""
+        families: dict[str, Metric] = {}
+        sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for metric in (m for part in parts for m in part):
+            families.setdefault(metric.name, metric)
+            into = sums.setdefault(metric.name, {})
+            for s in metric.samples:
+                key = (s.name, tuple(s.labels.items()))
+                into[key] = into.get(key, 0.0) + s.value
+        for name, metric in families.items():
+            metric.samples = [Sample(n, dict(labels), v) for (n, labels), v in sums[name].items()]
+        return list(families.values())
 
     def register_stage(self, stage: str) -> None:
         """Create a stage's series at zero so dashboards see them before the first batch."""
@@ -195,15 +175,9 @@ class ServiceStats:
         self.requests.labels(route, status).inc()
         self.request_latency.labels(route).observe(latency_s)
 
-    def record_quality(self, score: float) -> None:
-        self.quality_score.observe(score)
-
     def record_refusal(self, reason: str) -> None:
         """One quality-gate refusal (a short, bounded vocabulary of reasons)."""
         self.refusals.labels(reason).inc()
-
-    def set_gallery_size(self, gallery: str, subjects: int) -> None:
-        self.gallery_subjects.labels(gallery).set(subjects)
 
     def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
         """A hook for :class:`~facegate.pipeline.search.Gallery` that mirrors ``{gallery: size}`` into
@@ -214,7 +188,7 @@ class ServiceStats:
             for name in known - set(sizes):
                 self.gallery_subjects.remove(name)
             for name, n in sizes.items():
-                self.set_gallery_size(name, n)
+                self.gallery_subjects.labels(name).set(n)
             known.clear()
             known.update(sizes)
 

@@ -31,7 +31,7 @@ from ray.serve.handle import DeploymentHandle
 from facegate.config import Settings
 from facegate.errors import DeadlineExceededError
 from facegate.scaleout.ray_engine import RayEngine, machine_id, record_replicas
-from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, error_to_wire, outcome
+from facegate.transport.remote import SWITCH_INTERVAL_S, EngineHost, engine_info, outcome
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +87,6 @@ def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
     return removed
 
 
-def _replica_id() -> str:
-    try:
-        return str(serve.get_replica_context().replica_id.unique_id)
-    except Exception:  # outside a replica (local testing)
-        return f"pid{os.getpid()}"
-
-
 class EngineReplica:
     """One facegate engine as a Serve replica, from the :class:`~facegate.config.Settings` as JSON. Every method
     answers ``(replica id, result)``."""
@@ -114,7 +107,7 @@ class EngineReplica:
         # the build blocks (weights, warm-up forwards): the replica's event loop stays free meanwhile
         self.service = await asyncio.get_running_loop().run_in_executor(None, FaceService.build, settings, plan)
         await self.service.start()
-        self.replica = _replica_id()
+        self.replica = str(serve.get_replica_context().replica_id.unique_id)
         node = str(ray.get_runtime_context().get_node_id())
         self._info = engine_info(self.service, t0, replica=self.replica, pid=os.getpid(), node=node)
         # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
@@ -135,7 +128,7 @@ class EngineReplica:
         return self.replica, self._info
 
     async def submit_many(self, stage: str, payloads: list[np.ndarray]) -> tuple[str, list[tuple[Any, ...]]]:
-        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", *error_to_wire(exc))`` each.
+        """``payloads`` through the engine's ``stage``: ``("ok", result)`` or ``("err", error_to_wire(exc))`` each.
 
         The items go straight onto the engine's queue with this loop's futures, which the engine settles once per
         batch: no task or timer per item. Their common deadline is the engine's request timeout; a cancelled call
@@ -151,15 +144,14 @@ class EngineReplica:
             futures.append(fut)
         timeout_s = engine.request_timeout_s
         try:
-            if futures:
-                await asyncio.wait(futures, timeout=timeout_s)
+            await asyncio.wait(futures, timeout=timeout_s)  # a call carries one item at least
         finally:  # past the deadline, or cancelled because the caller left: the rest is not computed
             for fut in futures:
                 fut.cancel()  # only those still waiting (a no-op on a done future); the engine skips them
         late = DeadlineExceededError(f"no result from stage {stage!r} within {timeout_s:g} s", detail={"stage": stage})
-        return self.replica, [("err", *error_to_wire(late)) if f.cancelled() else outcome(f.result) for f in futures]
+        return self.replica, [("err", late) if f.cancelled() else outcome(f.result) for f in futures]
 
-    async def engine_samples(self) -> tuple[str, dict[str, Any]]:
+    async def engine_samples(self) -> tuple[str, list[Any]]:
         return self.replica, self.service.stats.engine_samples()
 
     async def check_health(self) -> None:
@@ -223,7 +215,7 @@ class Ingress:
         # the device is the engine's: this process never resolves "auto" itself (that would import torch)
         device = "cuda" if str(info["device"]).startswith("cuda") else "cpu"
         self.settings = s = Settings.model_validate_json(settings_json).model_copy(update={"device": device})
-        self.replica = _replica_id()
+        self.replica = str(serve.get_replica_context().replica_id.unique_id)
         # an ingress admits the CPU plan's burst: SO_REUSEPORT hashes connections to the replicas with no regard to
         # load (`facegate serve`'s acceptor hands each to the least busy front-end), so the GPU plan's bound refuses
         plan = dataclasses.replace(make_plan(s), admission_queue_s=Admission.QUEUE_S, admission_follows_loop=True)
@@ -309,27 +301,20 @@ def app_builder(args: dict[str, Any]) -> Any:
     return build_app(Settings(), **args)
 
 
-def run(
-    settings: Settings,
-    *,
-    address: str | None = None,
-    engine_replicas: int = 1,
-    max_engine_replicas: int | None = None,
-    ingress_replicas: int = 1,
-    metrics_port: int | None = None,
-) -> None:
+def run(settings: Settings, *, address: str | None = None, metrics_port: int | None = None, **replicas: Any) -> None:
     """Serve the facegate application on Ray until SIGINT/SIGTERM (``facegate ray``). ``address``: a running
-    cluster; ``None`` starts a node on 127.0.0.1 without a dashboard; ``metrics_port``: that node's Prometheus port."""
+    cluster; ``None`` starts a node on 127.0.0.1 without a dashboard; ``metrics_port``: that node's Prometheus port;
+    ``replicas``: :func:`build_app`'s keywords."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reports to ray.io unless the user opts in
     if address is None:
         # Ray starts its workers at niceness 15, below every other process of the host (the load balancer, a
         # load generator, Ray's own daemons): the replicas are this node's work, so they run at the default 0
-        kw: dict[str, Any] = {
-            "_node_ip_address": "127.0.0.1", "include_dashboard": False, "_system_config": {"worker_niceness": 0},
-        }  # fmt: skip
-        ray.init(**kw, **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
+        metrics = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
+        ray.init(
+            _node_ip_address="127.0.0.1", include_dashboard=False, _system_config={"worker_niceness": 0}, **metrics
+        )
     else:
         ray.init(address=address)  # the cluster's own settings (dashboard, addresses) apply
     stop = threading.Event()
@@ -337,11 +322,7 @@ def run(
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(proxy_location="Disabled")  # the ingress replicas serve HTTP (see Ingress)
-        app = build_app(
-            settings, engine_replicas=engine_replicas, max_engine_replicas=max_engine_replicas,
-            ingress_replicas=ingress_replicas,
-        )  # fmt: skip
-        serve.run(app, name=APP_NAME, route_prefix=None)
+        serve.run(build_app(settings, **replicas), name=APP_NAME, route_prefix=None)
         log.info("facegate on Ray Serve: http://%s:%d", settings.host, settings.port)
         stop.wait()
     finally:

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from facegate.engine.batcher import set_asyncio_many
 from facegate.errors import EngineClosedError, QueueFullError
-from facegate.transport.remote import RemoteEngine, error_from_wire, pick_engine
+from facegate.transport.remote import RemoteEngine, pick_engine
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,7 @@ def record_replicas() -> Iterator[Served]:
 
 class RayEngine:
     """The engine over the engine deployment's ``handle``; ``retries``: resends of a call whose replica died;
-    ``max_calls``: calls in flight per stage; ``local``: send to the engine replicas of this machine through their
-    Unix sockets. Items held back here reach the engine's queue in bursts."""
+    ``max_calls``: calls in flight per stage; ``local``: reach the engine replicas of this machine by Unix socket."""
 
     def __init__(self, handle: Any, *, retries: int = 1, max_calls: int = 12, local: bool = False) -> None:
         import grpc
@@ -89,7 +89,7 @@ class RayEngine:
         )  # fmt: skip
         self.retries, self.max_calls = retries, max_calls
         self.info: dict[str, Any] = {}
-        self._alive = False
+        self.ready = False  # started (astart), not stopped
         # a by-value call to a replica that died ends as gRPC UNAVAILABLE (Serve: ActorUnavailableError) or
         # another gRPC status, depending on when the connection broke
         self._gone = (rex.RayActorError, rex.ActorUnavailableError, sex.ReplicaUnavailableError, grpc.aio.AioRpcError)
@@ -103,9 +103,9 @@ class RayEngine:
 
     async def astart(self) -> dict[str, Any]:
         """Ask one replica for the engine's info (model, operating thresholds, device, stages)."""
-        if not self._alive:
+        if not self.ready:
             _, replica, self.info = await self._call("info")
-            self._alive = True
+            self.ready = True
             if self.local:
                 await self._connect_local(replica, self.info)
                 await asyncio.gather(*[self._discover_one() for _ in range(DISCOVER_AT_START)])
@@ -114,7 +114,7 @@ class RayEngine:
 
     async def _discover(self) -> None:
         """Forever: drop the local connections that broke, and look for another engine replica."""
-        while self._alive:
+        while self.ready:
             await asyncio.sleep(DISCOVER_EVERY_S)
             for engine, replica in list(self._local.items()):
                 if not engine.ready:
@@ -134,7 +134,7 @@ class RayEngine:
     async def _connect_local(self, replica: str, info: dict[str, Any]) -> None:
         """Connect to ``replica``'s Unix socket if it is on this machine (once per replica)."""
         local = info.get("local")
-        if replica in self._seen or not self._alive:
+        if replica in self._seen or not self.ready:
             return
         self._seen.add(replica)
         if not local or local.get("machine") != machine_id():
@@ -147,7 +147,7 @@ class RayEngine:
             log.info("engine replica %s: no local connection (%s); calls go through Ray Serve", replica, exc)
             engine.stop()
             return
-        if not self._alive:
+        if not self.ready:
             engine.stop()
             return
         self._local[engine] = replica
@@ -155,17 +155,13 @@ class RayEngine:
 
     def start(self) -> dict[str, Any]:
         """The info from :meth:`astart` (which the ingress awaits before it builds the app)."""
-        if not self._alive:
+        if not self.ready:
             raise EngineClosedError("the Ray engine client was not started (RayEngine.astart)")
         return self.info
 
-    @property
-    def ready(self) -> bool:
-        return self._alive
-
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
         """Run ``payload`` through an engine replica's ``stage``; the result, or its FacegateError."""
-        if not self._alive:
+        if not self.ready:
             raise EngineClosedError("the Ray engine client is stopped")
         resent = 0
         if (engine := pick_engine(self._local)) is not None:  # picked here: the answer's headers name the replica
@@ -186,7 +182,7 @@ class RayEngine:
         if len(pending) == 1:  # sent after this turn's other submits, outside this request's context
             loop.call_soon(self._flush, stage, context=contextvars.Context())
         try:
-            replica, retries, (kind, *rest) = await entry[1]
+            replica, retries, (kind, value) = await entry[1]
         except asyncio.CancelledError:
             with contextlib.suppress(ValueError):
                 pending.remove(entry)
@@ -195,34 +191,29 @@ class RayEngine:
             served.replicas.append(replica)
             served.retries += retries + resent
         if kind == "ok":
-            return rest[0]
-        raise error_from_wire(*rest)
+            return value
+        raise value
 
     def _flush(self, stage: str) -> None:
         pending = self._pending[stage]
         if pending and self._in_flight[stage] < self.max_calls:
             batch, pending[:MAX_ITEMS] = pending[:MAX_ITEMS], []
             self._in_flight[stage] += 1
-            direct = sum(payload.nbytes for payload, _ in batch) <= DIRECT_MAX_BYTES
-            asyncio.get_running_loop().create_task(self._send(stage, batch, direct))
+            handle = self._direct if sum(payload.nbytes for payload, _ in batch) <= DIRECT_MAX_BYTES else self._handle
+            asyncio.get_running_loop().create_task(self._send(stage, batch, handle))
 
-    async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]], direct: bool) -> None:
+    async def _send(self, stage: str, batch: list[tuple[np.ndarray, asyncio.Future[Any]]], handle: Any) -> None:
         try:
-            handle = self._direct if direct else self._handle
             retries, replica, answers = await self._call("submit_many", stage, [p for p, _ in batch], handle=handle)
-            for (_, fut), answer in zip(batch, answers, strict=True):
-                if not fut.done():
-                    fut.set_result((replica, retries, answer))
+            set_asyncio_many([(fut, True, (replica, retries, a)) for (_, fut), a in zip(batch, answers, strict=True)])
         except Exception as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            set_asyncio_many([(fut, False, exc) for _, fut in batch])
         finally:
             self._in_flight[stage] -= 1
             self._flush(stage)
 
-    async def engine_samples(self) -> dict[str, list[Any]]:
-        """One engine replica's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
+    async def engine_samples(self) -> list[Any]:
+        """One engine replica's engine metric families (``ServiceStats.engine_samples``)."""
         return (await self._call("engine_samples"))[2]
 
     async def _call(self, method: str, *args: Any, handle: Any = None) -> tuple[int, str, Any]:
@@ -249,7 +240,7 @@ class RayEngine:
 
     def stop(self, drain: bool = True) -> None:
         """Stop sending and close the local connections (the replicas belong to Ray Serve and stay up)."""
-        self._alive = False
+        self.ready = False
         if self._discovery is not None:  # from any thread (FaceService.stop calls this on an executor's)
             with contextlib.suppress(RuntimeError):  # its loop has closed
                 self._discovery.get_loop().call_soon_threadsafe(self._discovery.cancel)

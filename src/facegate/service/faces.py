@@ -174,7 +174,7 @@ class FaceService:
 
     def _record(self, faces: list[Face]) -> list[Face]:
         for f in faces:
-            self.stats.record_quality(f.quality.score)
+            self.stats.quality_score.observe(f.quality.score)
             if not f.quality.accepted:
                 self.stats.record_refusal("low_quality")
         return faces

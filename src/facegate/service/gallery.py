@@ -115,7 +115,7 @@ class GalleryFront:
         if found is None:
             found = await self._svc.search(gallery, np.asarray(face.embedding, np.float32), k)
         t, point = threshold_for(self.tail, found.size, fpir)
-        stats.set_gallery_size(gallery, found.size)
+        stats.gallery_subjects.labels(gallery).set(found.size)
         ranked = enumerate(zip(found.subject_ids, found.scores, strict=True))
         hits = [SearchHit(r + 1, sid, round(float(s), 6), bool(s >= t)) for r, (sid, s) in ranked]
         return hits, {"threshold": t, **point}

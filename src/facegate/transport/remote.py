@@ -6,7 +6,7 @@ small pickled messages on an authenticated Unix socket. Errors come back as the 
 
 Front-end → engine: the arena's descriptor (``SCM_RIGHTS``), ``("hello", pid, arena_bytes)``, ``("submit", rid,
 stage, offset | None, shape, dtype, inline)``, ``("cancel", rid)``, ``("stats", rid)``. Engine → front-end:
-``("hello", info)``, ``("batch", [("ok", rid, result) | ("err", rid, class_name, message, detail, extra), ...])``.
+``("hello", info)``, ``("batch", [("ok", rid, result) | ("err", rid, error), ...])`` (see :func:`error_to_wire`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
-import json
 import logging
 import mmap
 import os
@@ -37,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from facegate import errors as fg_errors
 from facegate.config import Settings
 from facegate.engine.batcher import WorkItem, set_asyncio_many
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
@@ -60,32 +58,24 @@ SWITCH_INTERVAL_S = 0.001
 ENGINE_DRAIN_MARGIN_S = 5.0
 
 
-def error_to_wire(exc: BaseException) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    """A FacegateError as ``(class name, message, detail, extra attributes)``, the extra ones being those that change
-    the HTTP answer (Retry-After); anything else as a ModelError."""
+def error_to_wire(exc: BaseException) -> FacegateError:
+    """``exc`` as it goes back to a front-end, pickled whole (detail and Retry-After included): a class of
+    :mod:`facegate.errors` as it is, another FacegateError as a plain one (its module may import torch, which a
+    front-end must not), anything else as a ModelError."""
+    if type(exc).__module__ == FacegateError.__module__:
+        return exc  # type: ignore[return-value]
     if isinstance(exc, FacegateError):
-        extra = {"retry_after_s": exc.retry_after_s} if hasattr(exc, "retry_after_s") else {}
-        return type(exc).__name__, exc.message, dict(exc.detail), extra
-    return "ModelError", f"engine failure: {type(exc).__name__}: {exc}", {}, {}
+        return FacegateError(exc.message, detail=exc.detail)
+    return ModelError(f"engine failure: {type(exc).__name__}: {exc}")
 
 
-def outcome(result: Callable[[], Any]) -> tuple[Any, ...]:
-    """``("ok", result())``, or ``("err", *error_to_wire(exc))`` if it raises (``result``: e.g. a done future's)."""
+def outcome(result: Callable[[], Any], *head: Any) -> tuple[Any, ...]:
+    """``("ok", *head, result())``, or ``("err", *head, error_to_wire(exc))`` if it raises (``result``: e.g. a done
+    future's)."""
     try:
-        return ("ok", result())
+        return ("ok", *head, result())
     except BaseException as exc:  # every failure goes back to the caller
-        return ("err", *error_to_wire(exc))
-
-
-def error_from_wire(name: str, message: str, detail: dict[str, Any], extra: dict[str, Any]) -> FacegateError:
-    """The FacegateError subclass called ``name`` (a FacegateError if unknown), rebuilt."""
-    cls = getattr(fg_errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, FacegateError)):
-        cls = FacegateError
-    exc = cls(message, detail=detail or None)
-    for k, v in extra.items():
-        setattr(exc, k, v)
-    return exc
+        return ("err", *head, error_to_wire(exc))
 
 
 class Arena:
@@ -141,9 +131,7 @@ class Arena:
             socket.send_fds(sock, [b"m"], [self.fd])
 
     def close(self) -> None:
-        """Unmap and close (idempotent); not zeroed: the kernel frees the pages once the engine unmaps them too."""
-        if self.fd < 0:
-            return
+        """Unmap and close; not zeroed: the kernel frees the pages once the engine unmaps them too."""
         del self._bytes
         with contextlib.suppress(BufferError, ValueError):
             self.buf.release()
@@ -210,11 +198,7 @@ class EngineHost:
     def __init__(self, service: Any, info: dict[str, Any]) -> None:
         self.service = service
         self.info = info
-        self._conns: set[Connection] = set()  # of the front-ends connected now
-
-    @property
-    def connections(self) -> int:
-        return len(self._conns)
+        self.conns: set[Connection] = set()  # of the front-ends connected now
 
     def serve(self, listener: Listener) -> None:
         """Accept connections forever (run on a daemon thread); one reader thread per front-end."""
@@ -245,7 +229,7 @@ class EngineHost:
             target=self._sender, args=(done, pending, send), name="facegate-engine-send", daemon=True
         ).start()
         frames = FrameReader(conn)
-        self._conns.add(conn)
+        self.conns.add(conn)
         try:
             block = receive(conn)  # the arena's descriptor: the first byte after the handshake, read alone
             shm = memoryview(block)  # released with the block below
@@ -259,7 +243,7 @@ class EngineHost:
                             payload = inline if offset is None else copy_out(shm, offset, shape, dtype)
                             pending[rid] = engine.enqueue(stage, payload, fut)
                         except BaseException as exc:
-                            send(("batch", [("err", rid, *error_to_wire(exc))]))
+                            send(("batch", [("err", rid, error_to_wire(exc))]))
                             continue
                         fut.add_done_callback(lambda f, rid=rid: done.put((rid, f)))
                     elif msg[0] == "cancel":  # the engine drops the item unless it is computing already
@@ -268,15 +252,14 @@ class EngineHost:
                             item.cancel()
                             item.future.cancel()
                     elif msg[0] == "stats":
-                        kind, *answer = outcome(self.service.stats.engine_samples)
-                        send(("batch", [(kind, msg[1], *answer)]))
+                        send(("batch", [outcome(self.service.stats.engine_samples, msg[1])]))
                     elif msg[0] == "hello":
                         log.info("engine: front-end pid %d connected", msg[1])
                         send(("hello", self.info))
         except (EOFError, OSError):
             log.info("engine: a front-end disconnected")
         finally:
-            self._conns.discard(conn)
+            self.conns.discard(conn)
             for item in list(pending.values()):  # nobody waits for these any more
                 item.cancel()
             done.put(None)
@@ -306,8 +289,7 @@ class EngineHost:
                     return
                 rid, fut = entry
                 pending.pop(rid, None)
-                kind, *answer = outcome(fut.result)
-                msgs.append((kind, rid, *answer))
+                msgs.append(outcome(fut.result, rid))
             if msgs:
                 send(("batch", msgs))
             now = time.monotonic()
@@ -335,18 +317,16 @@ def engine_info(service: Any, t0: float, **extra: Any) -> dict[str, Any]:
 
 
 def engine_main(
-    settings_json: str,
-    plan_json: str,
+    settings: Settings,
+    plan: ServingPlan,
     address: str,
     authkey: bytes,
     ready: Connection,
     build: Callable[[Settings, ServingPlan], Any],
 ) -> None:
     """The engine process: ``build(settings, plan)`` the FaceService, listen on ``address``, serve until SIGTERM.
-    Sends ``("ready", info)`` or ``("error", *error_to_wire(exc))`` on ``ready`` once."""
+    Sends ``("ready", info)`` or ``("error", error_to_wire(exc))`` on ``ready`` once."""
     configure_logging()  # FACEGATE_LOG_LEVEL and FACEGATE_LOG_FORMAT, as the front-ends
-    settings = Settings.model_validate_json(settings_json)
-    plan = ServingPlan.from_dict(json.loads(plan_json))
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -358,7 +338,7 @@ def engine_main(
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
     except BaseException as exc:  # reported to the supervisor, which exits non-zero
         log.exception("engine: startup failed")
-        ready.send(("error", *error_to_wire(exc)))
+        ready.send(("error", error_to_wire(exc)))
         return
     info = engine_info(service, t0, build_s=round(build_s, 3), warmup=service.pipeline.warmup_report)
     host = EngineHost(service, info)
@@ -375,12 +355,12 @@ def engine_main(
                 loop.stop()
             return
         first_signal.append(now)
-        if host.connections:
-            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", host.connections, grace_s)
+        if host.conns:
+            log.info("engine: stopping once %d front-end(s) have gone (at most %.0f s)", len(host.conns), grace_s)
         poll(now + grace_s)
 
     def poll(deadline: float) -> None:
-        if host.connections == 0 or loop.time() >= deadline:
+        if not host.conns or loop.time() >= deadline:
             loop.stop()
         else:
             loop.call_later(0.05, poll, deadline)
@@ -396,7 +376,7 @@ def engine_main(
         listener.close()
         # once every front-end has gone nobody waits for queued work: fail it instead of computing it, so the
         # server's exit after a drain is not held up by a full queue
-        service.engine.stop(drain=host.connections > 0)
+        service.engine.stop(drain=bool(host.conns))
         loop.run_until_complete(service.stop())
         log.info("engine stopped")
 
@@ -418,15 +398,15 @@ class RemoteEngine:
         self._conn: Connection | None = None
         self._arena: Arena | None = None
         self._send_lock = threading.Lock()
-        self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int | None, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], int | None, int]] = {}  # rid -> (future, arena slot)
         self._pending_lock = threading.Lock()
         self._ids = itertools.count()
-        self._alive = False
+        self.ready = False  # connected, and the engine process has not gone
         self._reader: threading.Thread | None = None
 
     def start(self) -> dict[str, Any]:
         """Connect (waiting ``connect_timeout_s`` for the socket), say hello, start the reader; the engine's info."""
-        if self._alive:
+        if self.ready:
             return self.info
         t0 = time.monotonic()
         while True:
@@ -442,14 +422,10 @@ class RemoteEngine:
         self._arena.send_to(conn)
         conn.send(("hello", os.getpid(), self._arena.size))
         _hello, info = conn.recv()  # the engine's first message: nothing else was sent yet
-        self._conn, self.info, self._alive = conn, info, True
+        self._conn, self.info, self.ready = conn, info, True
         self._reader = threading.Thread(target=self._read, name="facegate-remote-engine", daemon=True)
         self._reader.start()
         return info
-
-    @property
-    def ready(self) -> bool:
-        return self._alive
 
     @property
     def in_flight(self) -> int:
@@ -458,7 +434,7 @@ class RemoteEngine:
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
         """Run ``payload`` through the engine process's ``stage``; the result, or its FacegateError."""
-        if not self._alive or self._conn is None or self._arena is None:
+        if not self.ready or self._conn is None or self._arena is None:
             raise EngineClosedError("the engine process is not connected")
         arr = np.ascontiguousarray(payload)
         rid = next(self._ids)
@@ -466,34 +442,32 @@ class RemoteEngine:
         if offset is not None:
             copy_in(self._arena.buf, offset, arr)
         msg = ("submit", rid, stage, offset, arr.shape, arr.dtype.str, arr if offset is None else None)
-        fut = self._send(rid, msg, offset, arr.nbytes)
         try:
-            return await fut
+            return await self._send(msg, offset, arr.nbytes)
         except asyncio.CancelledError:  # the client went away: ask the engine to drop the item
             # the slot stays allocated until the engine answers (it may still be reading the payload)
             with contextlib.suppress(OSError, ValueError), self._send_lock:
                 self._conn.send(("cancel", rid))
             raise
 
-    def _send(self, rid: int, msg: tuple[Any, ...], offset: int | None, nbytes: int) -> asyncio.Future[Any]:
-        """Register ``rid``'s future and send ``msg``; a failed send settles it with EngineClosedError."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+    def _send(self, msg: tuple[Any, ...], offset: int | None = None, nbytes: int = 0) -> asyncio.Future[Any]:
+        """Register the future of request ``msg[1]`` (and its arena slot) and send ``msg``; a failed send settles it
+        with EngineClosedError."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._pending_lock:
-            self._pending[rid] = (loop, fut, offset, nbytes)
+            self._pending[msg[1]] = (fut, offset, nbytes)
         try:
             with self._send_lock:
                 self._conn.send(msg)  # type: ignore[union-attr]
         except (OSError, ValueError) as exc:
-            self._settle_many([(rid, EngineClosedError(f"the engine process is gone: {exc}"), True)])
+            self._settle_many([(msg[1], EngineClosedError(f"the engine process is gone: {exc}"), True)])
         return fut
 
-    async def engine_samples(self) -> dict[str, list[Any]]:
-        """The engine process's samples of the engine metric families (see ``ServiceStats.engine_samples``)."""
-        if not self._alive or self._conn is None:
+    async def engine_samples(self) -> list[Any]:
+        """The engine process's engine metric families (``ServiceStats.engine_samples``)."""
+        if not self.ready or self._conn is None:
             raise EngineClosedError("the engine process is not connected")
-        rid = next(self._ids)
-        return await self._send(rid, ("stats", rid), None, 0)  # type: ignore[no-any-return]
+        return await self._send(("stats", next(self._ids)))  # type: ignore[no-any-return]
 
     def _settle_many(self, results: list[tuple[int, Any, bool]]) -> None:
         """Free the slots and resolve the futures of ``[(rid, value, is_error)]``, one wake-up per loop."""
@@ -503,10 +477,10 @@ class RemoteEngine:
         for entry, value, error in entries:
             if entry is None:
                 continue
-            loop, fut, offset, nbytes = entry
+            fut, offset, nbytes = entry
             if offset is not None and self._arena is not None:
                 self._arena.free(offset, nbytes)
-            by_loop.setdefault(loop, []).append((fut, not error, value))
+            by_loop.setdefault(fut.get_loop(), []).append((fut, not error, value))
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(set_asyncio_many, items)
@@ -517,14 +491,12 @@ class RemoteEngine:
         try:
             while True:
                 for _batch, msgs in frames.recv_many():  # after hello the engine sends only ("batch", msgs)
-                    self._settle_many(
-                        [(m[1], m[2], False) if m[0] == "ok" else (m[1], error_from_wire(*m[2:]), True) for m in msgs]
-                    )
+                    self._settle_many([(rid, value, kind == "err") for kind, rid, value in msgs])
         except (EOFError, OSError):
-            if self._alive:
+            if self.ready:
                 log.error("lost the connection to the engine process")
         finally:
-            self._alive = False
+            self.ready = False
             with self._pending_lock:
                 rids = list(self._pending)
             self._settle_many([(rid, EngineClosedError("the engine process is gone"), True) for rid in rids])
@@ -532,7 +504,7 @@ class RemoteEngine:
     def stop(self, drain: bool = True) -> None:
         """Close the connection and the arena (in-flight requests fail with EngineClosedError); the engine process
         decides itself whether it drains."""
-        self._alive = False
+        self.ready = False
         if self._conn is not None:
             # shut the socket down first: close() alone neither wakes the reader thread blocked in read() nor,
             # while that read holds the socket, tells the engine this front-end has gone
@@ -608,8 +580,8 @@ class RemotePool:
             raise EngineClosedError("no engine process is connected")
         return await engine.submit(stage, payload)
 
-    async def engine_samples(self) -> dict[str, list[Any]]:
-        """The engines' metric samples, summed (see ``ServiceStats.merge_samples``)."""
+    async def engine_samples(self) -> list[Any]:
+        """The engines' metric families, summed (``ServiceStats.merge_samples``)."""
         parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
         return ServiceStats.merge_samples(parts)
 

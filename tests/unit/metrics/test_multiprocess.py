@@ -25,7 +25,7 @@ def _record(s: ServiceStats) -> None:
     s.record_request("GET /healthz", 200, 0.002)
     s.record_request("GET /healthz", 200, 0.3)
     s.record_request("POST /api/compare", 422, 0.02)
-    s.record_quality(0.7)
+    s.quality_score.observe(0.7)
     s.record_refusal("low_quality")
     for v in (0.001, 0.004, 12.0):
         s.engine_call.labels("embed").observe(v)
@@ -70,8 +70,8 @@ def test_a_dead_processes_counts_stay_in_the_totals(shared_dir: Path) -> None:
 
 def test_gallery_names_are_labels_only_when_allowed() -> None:
     s = ServiceStats()
-    s.set_gallery_size("staff-secret", 3)
-    s.set_gallery_size("visitors", 4)
+    s.gallery_subjects.labels("staff-secret").set(3)
+    s.gallery_subjects.labels("visitors").set(4)
     hidden = prom.render_latest(s, gallery_labels=False)[0]
     assert b"staff-secret" not in hidden and b"visitors" not in hidden
     assert _samples(hidden)[("facegate_gallery_subjects", frozenset())] == 7

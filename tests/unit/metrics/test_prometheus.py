@@ -41,10 +41,10 @@ def stats() -> ServiceStats:
     s.queue_wait.labels("embed").observe(0.003)
     s.dropped.labels("embed", "expired").inc(3)
     s.dropped.labels("embed", "cancelled").inc(1)
-    s.record_quality(0.31)
-    s.record_quality(0.92)
+    s.quality_score.observe(0.31)
+    s.quality_score.observe(0.92)
     s.record_refusal("low_quality")
-    s.set_gallery_size("staff", 42)
+    s.gallery_subjects.labels("staff").set(42)
     return s
 
 

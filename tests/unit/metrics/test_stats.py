@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from facegate.metrics.stats import ENGINE_FAMILIES, ServiceStats
+from facegate.metrics.stats import ENGINE_FAMILIES, ServiceStats, family_name
 
 
 def record_batch(
@@ -34,7 +34,7 @@ def test_labels_are_strings_and_counters_never_decrease() -> None:
 def test_histogram_buckets_are_le_and_cumulative() -> None:
     stats = ServiceStats()
     for v in (0.05, 0.1, 0.12, 1.0):
-        stats.record_quality(v)
+        stats.quality_score.observe(v)
     assert stats.value("facegate_quality_score_bucket", le="0.1") == 2  # 0.1 falls into the 0.1 bucket
     assert stats.value("facegate_quality_score_bucket", le="0.15") == 3
     assert stats.value("facegate_quality_score_bucket", le="+Inf") == 4
@@ -117,10 +117,13 @@ def test_engine_samples_of_several_engines_add_up() -> None:
         s.queue_depth.labels("embed").set(n)
         s.observe_feed_lag(0.01 * n, 1)
     merged = ServiceStats.merge_samples([a.engine_samples(), b.engine_samples()])
-    assert set(merged) == set(ENGINE_FAMILIES)
-    assert dict(merged["facegate_items_total"])[("embed",)] == 5
-    assert dict(merged["facegate_queue_depth"])[("embed",)] == 5
-    buckets, total = dict(merged["facegate_batch_size"])[("embed",)]
-    assert total == 5 and buckets[-1] == ("+Inf", 2) and dict(buckets)["2.0"] == 1 and dict(buckets)["4.0"] == 2
-    _, lag = dict(merged["facegate_gallery_feed_lag_seconds"])[()]
-    assert lag == pytest.approx(0.05)
+    assert {family_name(m) for m in merged} == set(ENGINE_FAMILIES)
+    values = {(s.name, tuple(s.labels.values())): s.value for m in merged for s in m.samples}
+    assert values[("facegate_items_total", ("embed",))] == 5
+    assert values[("facegate_queue_depth", ("embed",))] == 5
+    assert values[("facegate_batch_size_sum", ("embed",))] == 5
+    assert values[("facegate_batch_size_count", ("embed",))] == 2
+    assert values[("facegate_batch_size_bucket", ("embed", "+Inf"))] == 2
+    assert values[("facegate_batch_size_bucket", ("embed", "2.0"))] == 1
+    assert values[("facegate_batch_size_bucket", ("embed", "4.0"))] == 2
+    assert values[("facegate_gallery_feed_lag_seconds_sum", ())] == pytest.approx(0.05)
