@@ -53,7 +53,9 @@ def capture_graph(
     stream with ``capture_error_mode="thread_local"`` (serving threads keep working); serialised process-wide."""
     dev = device_index(static_in.device)
     with _shared_lock:
-        side = _side_streams.setdefault(dev, torch.cuda.Stream(device=dev))
+        side = _side_streams.get(dev)
+        if side is None:  # one per device, made once (setdefault would construct a stream at every capture)
+            side = _side_streams[dev] = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         runs: list[float] = []
         with torch.cuda.stream(side):
