@@ -1,7 +1,8 @@
 """API keys with scopes, stored hashed in the data folder (docs/security.md: the key format, scopes and file).
 
 Only the SHA-256 of a key is stored: its 256 random bits leave nothing for a slow hash to protect. The file is
-re-read every :data:`RELOAD_INTERVAL_S`, so keys created or revoked with the CLI apply to a running server."""
+checked every :data:`RELOAD_INTERVAL_S` and re-read when it changed, so keys created or revoked with the CLI apply
+to a running server."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 Scope = Literal["read", "enrol", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "enrol", "admin")
 KEYS_FILE = "api_keys.json"
-RELOAD_INTERVAL_S = 1.0  # seconds between reads of the keys file for another process's changes
+RELOAD_INTERVAL_S = 1.0  # seconds between checks of the keys file for another process's changes
 _PREFIX = "fg_"
 
 
@@ -73,18 +74,26 @@ class KeyStore:
         self.path = Path(path) if path is not None else Path(data_dir) / KEYS_FILE
         self._lock = threading.Lock()
         self._by_digest: dict[str, ApiKey] = {}
+        self._seen: tuple[int, int, int] | None = None  # (inode, mtime, size) of the file the keys were read from
         self._checked = 0.0
         self._load()
 
     def _load(self) -> None:
+        """Read the file unless it is the one read last (every write replaces it: a new inode), so a request's
+        check costs a ``stat`` a second, not a parse of every key."""
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            st = self.path.stat()
         except FileNotFoundError:
-            raw = {}
+            self._by_digest, self._seen = {}, None
+            return
+        if (st.st_ino, st.st_mtime_ns, st.st_size) == self._seen:
+            return
+        raw = json.loads(self.path.read_text(encoding="utf-8"))
         self._by_digest = {
             k["sha256"]: ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
             for k in raw.get("keys", [])
         }
+        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _refresh(self) -> None:
         now = time.monotonic()
