@@ -1,5 +1,5 @@
-"""ONNX: Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference), and the
-recognizer's export (:func:`export_onnx`). YuNet is ~100 tiny convolutions, where ORT's planned graph beats eager
+"""ONNX Runtime as the CPU execution of facegate's own YuNet module (PyTorch stays the reference), and the
+recognizer's ONNX export (:func:`export_onnx`). YuNet is ~100 tiny convolutions, where ORT's planned graph beats eager
 dispatch; the graph is exported in memory from the loaded module at start-up and checked against it before it serves.
 """
 
