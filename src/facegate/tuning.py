@@ -76,10 +76,6 @@ class ServingPlan:
     # serves HTTP and runs a GPU engine too (low-memory) admits half a second, as on the CPU: with a tenth, a few
     # clients past its small bound sent refusals fast enough to starve its engine of the GIL
     admission_queue_s: float = 0.5
-    # whether a refusing front-end also cuts its admissions while its event loop runs late: only where the engines
-    # run in other processes. In one process the engine shares the loop's GIL, so admitting less cannot make the
-    # loop punctual; against clients that retry at once it only multiplied the refusals and starved the engine
-    admission_follows_loop: bool = False
 
     def summary(self) -> str:
         """One line for the start-up log: every value of the plan."""
@@ -178,7 +174,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         base["workers"] = 2 if settings.workers is None else base["workers"]
     if device == "cpu":
         base["compile"] = "off"
-    separate = base["workers"] > 1 or base["engines"] > 1  # the HTTP processes run no engine
     return ServingPlan(
         profile=profile,
         device=device,
@@ -186,7 +181,6 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
         det_channels_last=device == "cpu",
         cpu_threads=1 if device == "cuda" else None,
         onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
-        admission_queue_s=0.1 if device == "cuda" and separate else 0.5,
-        admission_follows_loop=separate,
+        admission_queue_s=0.1 if device == "cuda" and (base["workers"] > 1 or base["engines"] > 1) else 0.5,
         **base,
     )

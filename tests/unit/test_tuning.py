@@ -101,11 +101,6 @@ def test_a_gpu_front_end_admits_a_tenth_of_a_second_of_work_and_a_cpu_one_half_a
     assert (gpu.admission_queue_s, cpu.admission_queue_s) == (0.1, 0.5)
     # one process serving HTTP with a GPU engine in it admits half a second, as on the CPU
     assert make_plan(Settings(profile="low-memory"), H200_HOST).admission_queue_s == 0.5
-    # only a front-end whose engines run in other processes cuts its admissions while its loop runs late
-    low = make_plan(Settings(profile="low-memory"), H200_HOST)
-    cpu_mp = make_plan(Settings(workers=2), Machine(0, 2))
-    assert (gpu.admission_follows_loop, cpu.admission_follows_loop, low.admission_follows_loop) == (True, False, False)
-    assert cpu_mp.admission_follows_loop and cpu_mp.admission_queue_s == 0.5
     # the bound is the completion rate times that: 100 completions/s over the 4 completed seconds
     for queue_s, bound in ((gpu.admission_queue_s, 10), (cpu.admission_queue_s, 50)):
         adm = Admission(Settings(), queue_s)

@@ -212,8 +212,7 @@ class ServingMiddleware:
         if scope["type"] != "http":
             if scope["type"] == "lifespan" and "state" in scope:
                 scope["state"][STATE_KEY] = self.admission  # uvicorn hands this dict to its protocols
-                if self.state.plan.admission_follows_loop:
-                    self.admission.loop = asyncio.get_running_loop()
+                self.admission.loop = asyncio.get_running_loop()
             await self.app(scope, receive, send)
             return
         send = with_security_headers(send, self.docs_csp.get(scope["path"], CSP))  # on every answer, errors included

@@ -218,7 +218,7 @@ class Ingress:
         self.replica = str(serve.get_replica_context().replica_id.unique_id)
         # an ingress admits the CPU plan's burst: SO_REUSEPORT hashes connections to the replicas with no regard to
         # load (`facegate serve`'s acceptor hands each to the least busy front-end), so the GPU plan's bound refuses
-        plan = dataclasses.replace(make_plan(s), admission_queue_s=Admission.QUEUE_S, admission_follows_loop=True)
+        plan = dataclasses.replace(make_plan(s), admission_queue_s=Admission.QUEUE_S)
         self.fastapi = create_app(s, service=FaceService.over_engine(s, remote), plan=plan)
         self.server = uvicorn.Server(uvicorn_config(ReplicaHeaders(self.fastapi, self.replica), s))
         sock = listen(s.host, s.port, reuse_port=True)
