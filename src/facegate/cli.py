@@ -269,9 +269,6 @@ def compare(
     _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 
-IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"}
-
-
 @command()
 def embed(
     folder: Path,
@@ -286,6 +283,8 @@ def embed(
     """Embed every face of every image under FOLDER (recursively); unreadable files are skipped with a logged reason."""
     import numpy as np
     from tqdm import tqdm
+
+    from facegate.service.enrol import IMAGE_EXT
 
     if out.suffix not in {".npz", ".jsonl"}:
         raise InvalidParameterError("--out must end in .npz or .jsonl", detail={"field": "out"})
@@ -308,18 +307,13 @@ def embed(
                     skipped += 1
                     log.warning("skipping %s: %s (%s)", f, exc.message, exc.code)
             if images:
-                dets = p.detect(images)
-                for f, ds in zip(ok, dets, strict=True):
-                    if not ds:
+                for f, faces in zip(ok, p.faces_of(images, p.detect(images)), strict=True):  # gated as served
+                    if not faces:
                         log.info("no face in %s", f)
-                chosen = [d for ds in dets for d in ds]
-                crops = p.align(images, chosen, [i for i, ds in enumerate(dets) for _ in ds])
-                faces = p.make_faces(chosen, crops, *p.embed(crops))  # gated as served: reasons included
-                where = [(str(f), k) for f, ds in zip(ok, dets, strict=True) for k in range(len(ds))]
-                for (path, k), face in zip(where, faces, strict=True):
-                    accepted = p.enrol_verdict(face).accepted  # `facegate enrol FILE.npz` imports only these
-                    rows.append({"path": path, "face": k, **face.to_dict(), "enrol_accepted": accepted})
-                    rows[-1]["embedding"] = face.embedding
+                    for k, face in enumerate(faces):
+                        accepted = p.enrol_verdict(face).accepted  # `facegate enrol FILE.npz` imports only these
+                        rows.append({"path": str(f), "face": k, **face.to_dict(), "enrol_accepted": accepted})
+                        rows[-1]["embedding"] = face.embedding
             bar.update(len(chunk))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":

@@ -127,7 +127,7 @@ def detect_machine() -> Machine:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return Machine(gpus=gpus, cores=max(cores, 1))
+    return Machine(gpus=gpus, cores=cores)
 
 
 def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan:
@@ -170,8 +170,8 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
     base.update({k: v for k, v in explicit.items() if v is not None and v != "auto"})
     if settings.engines is not None and settings.engines_per_gpu is None:
         base["engines_per_gpu"] = min(base["engines_per_gpu"], settings.engines)
-    if base["engines"] > 1 and base["workers"] < 2:
-        base["workers"] = 2 if settings.workers is None else base["workers"]
+    if base["engines"] > 1 and base["workers"] < 2 and settings.workers is None:
+        base["workers"] = 2
     if device == "cpu":
         base["compile"] = "off"
     return ServingPlan(

@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON error envelope ``{"error": {"code", "message", "detail"}}``."""
     return {"error": {"code": code, "message": message, "detail": dict(detail or {})}}
 
 

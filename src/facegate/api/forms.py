@@ -180,7 +180,6 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
 
 
 def wants_fast_path(scope: Scope) -> bool:
-    """Whether a request may take the fast path: ``POST /api/embed`` with a small multipart body."""
     return scope["method"] == "POST" and scope["path"] == EMBED_PATH and is_small_multipart(scope)
 
 

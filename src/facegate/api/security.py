@@ -5,6 +5,7 @@ security headers, the OpenAPI security scheme and the offline API docs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import ipaddress
 import logging
@@ -208,11 +209,9 @@ class Access:
                 )
             return None
         normal = origin.strip().rstrip("/").lower()
-        try:
+        with contextlib.suppress(ValueError):  # not a URL (``http://[::1``): not this server's page
             if normal in self.origins or (normal != "null" and urlsplit(normal).netloc == host.strip().lower()):
                 return None  # an allowed origin, or the page this server served
-        except ValueError:  # not a URL (``http://[::1``): not this server's page
-            pass
         return OriginNotAllowedError(
             "requests that change state must come from this server's own pages or an allowed origin",
             detail={"allowed": sorted(self.origins)},

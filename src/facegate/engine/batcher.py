@@ -59,11 +59,10 @@ def set_asyncio_many(entries: list[tuple[AnyFuture, bool, Any]]) -> None:
             fut.set_result(value) if ok else fut.set_exception(value)
 
 
-def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
-    """Complete ``(item, ok, value_or_exception)`` futures from any thread, with one wake-up per event loop."""
+def settle(outcomes: Iterable[tuple[AnyFuture, bool, Any]]) -> None:
+    """Complete ``(future, ok, value_or_exception)`` entries from any thread, with one wake-up per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for item, ok, value in outcomes:
-        fut = item.future
+    for fut, ok, value in outcomes:
         if isinstance(fut, asyncio.Future):
             by_loop.setdefault(fut.get_loop(), []).append((fut, ok, value))
         else:
@@ -77,7 +76,7 @@ def resolve(outcomes: Iterable[tuple[WorkItem, bool, Any]]) -> None:
 
 def fail(items: Iterable[WorkItem], exc: BaseException) -> None:
     """Complete every item's future with the same exception."""
-    resolve((it, False, exc) for it in items)
+    settle((it.future, False, exc) for it in items)
 
 
 class Batcher:
@@ -192,7 +191,6 @@ class Batcher:
             items = list(self._q)
             self._q.clear()
             self._depth_gauge.set(len(self._q))
-            self._cond.notify_all()
         return items
 
     def finish_dropped(self, dropped: list[tuple[WorkItem, str]]) -> None:
@@ -204,9 +202,9 @@ class Batcher:
         self._dropped_expired.inc(len(expired))
         self._dropped_cancelled.inc(n_cancelled)
         msg = "deadline passed after {:.3f} s, before stage {!r} computed the work"
-        resolve(
+        settle(
             (
-                it,
+                it.future,
                 False,
                 DeadlineExceededError(msg.format(it.deadline - it.enqueued_at, self.name), detail={"stage": self.name}),
             )

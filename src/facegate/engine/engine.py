@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, resolve
+from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, settle
 from facegate.errors import (
     DeadlineExceededError,
     EngineClosedError,
@@ -209,8 +209,8 @@ class _StageRunner:
             ok = [not isinstance(out, BaseException) for out in outs]
             if not all(ok):
                 self.stats.stage_errors.labels(name, "deliver").inc(ok.count(False))
-            resolve(
-                (it, good, out if good else as_facegate_error(out, name, "deliver"))
+            settle(
+                (it.future, good, out if good else as_facegate_error(out, name, "deliver"))
                 for it, good, out in zip(items, ok, outs, strict=True)
             )
         except BaseException:  # pragma: no cover - a bug in the engine itself

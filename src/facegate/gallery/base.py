@@ -403,17 +403,16 @@ class GalleryStore(AbstractContextManager):
         sid, emb, q, meta = item
         emb, q = validate_embeddings(emb, q, dim)
         row = conn.execute("SELECT id FROM subjects WHERE gallery_id = ? AND subject_id = ?", (gid, sid)).fetchone()
-        if row is not None and replace:  # its embeddings go with it (ON DELETE CASCADE)
+        if row is not None and replace:  # its embeddings go with it (ON DELETE CASCADE); the count stays
             conn.execute("DELETE FROM subjects WHERE id = ?", (int(row[0]),))
-            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
-            row = None
-        if row is None:
+        elif row is None:
+            conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
+        if row is None or replace:
             sql = (
                 "INSERT INTO subjects (gallery_id, subject_id, meta, template, template_quality, n_embeddings,"
                 " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?) RETURNING id"
             )
             spk = int(conn.execute(sql, (gid, sid, meta or "{}", b"", now, now)).fetchone()[0])
-            conn.execute("UPDATE galleries SET subjects = subjects + 1 WHERE id = ?", (gid,))
             all_e, all_q = emb, q  # a new subject holds just these: no need to read them back
         else:
             spk = int(row[0])

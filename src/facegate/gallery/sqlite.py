@@ -180,7 +180,6 @@ class SQLiteGalleryStore(GalleryStore):
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
-            busy = 1
             # a busy writer in another process can starve one attempt (each waits the busy timeout)
             for _ in range(_CHECKPOINT_ATTEMPTS):
                 try:
@@ -190,7 +189,7 @@ class SQLiteGalleryStore(GalleryStore):
                     raise _convert(exc, "erasing deleted data (WAL checkpoint)") from exc
                 if not busy:
                     break
-            if busy:
+            else:
                 raise ErasureIncompleteError(
                     "deleted, and no search returns it any more, but another connection holds a read snapshot, "
                     "so its bytes are still in the gallery's -wal file; retry to finish the erasure",

@@ -321,10 +321,8 @@ class FaceDetector:
         replay(g)
         return outs, True
 
-    @torch.inference_mode()
     def run_many(self, batches: Sequence[DetBatch]) -> list[list[list[Detection]]]:
-        """The detections of each batch (through a CUDA graph when :meth:`enable_graphs` was called), with one wait
-        for the device: ``finish_many(enqueue_many(batches))``."""
+        """The detections of each batch (through a CUDA graph after :meth:`enable_graphs`), with one device wait."""
         return self.finish_many(self.enqueue_many(batches))
 
     @torch.inference_mode()

@@ -33,7 +33,6 @@ def fold_into(layer: nn.Conv2d | nn.Linear, bn: nn.modules.batchnorm._BatchNorm)
         layer.bias.copy_(b.to(layer.bias.dtype))
 
 
-@torch.no_grad()
 def fold_batchnorms(model: nn.Module) -> None:
     """:func:`fold_into` every BatchNorm registered right after the conv or linear layer that feeds it (in an
     ``nn.Sequential``, or a module whose forward runs its children in that order), in place; each becomes

@@ -131,7 +131,6 @@ class IRSE64RTS(nn.Module):
         """``(N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), logvar (N, 1))``."""
         return self.heads(self.features(x))
 
-    @torch.no_grad()
     def fuse(self) -> IRSE64RTS:
         """Fold every BN that follows a conv or linear layer, in place (each unit's leading BN, before a zero-padded
         conv, and ``features.2.0`` stay); an identity shortcut becomes a :class:`Subsample`. Eval only, idempotent,

@@ -169,13 +169,13 @@ def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
                 "pytorch_model.pt); pass its path (FACEGATE_RTS_CHECKPOINT / --rts-checkpoint).",
                 detail={"model": spec.name},
             )
-        return load_rts_checkpoint(Path(checkpoint))
+        return load_rts_checkpoint(checkpoint)
     if spec.arch == "sface":
         from facegate.models.sface import load_sface, tiny_sface
 
         if random:
             return tiny_sface(seed=0)
-        return load_sface(None if checkpoint is None else Path(checkpoint))
+        return load_sface(checkpoint)
     raise InvalidParameterError(f"unknown arch {spec.arch!r} in model spec {spec.name!r}")
 
 

@@ -114,7 +114,6 @@ class SFace(nn.Module):
         """``(N, feature_dim)`` → raw embedding ``(N, embedding_dim)``."""
         return self.fc1(self.pre_fc1(self.dropout(features)))
 
-    @torch.no_grad()
     def fuse(self) -> SFace:
         """Fold every conv BN and ``fc1`` in place (``bn1`` stays: its output is ``features``); eval only,
         idempotent, after loading (the keys change)."""

@@ -8,15 +8,12 @@ right, never top/left; landmark order as :mod:`facegate.types`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
 
 from facegate.errors import InvalidParameterError
-
-log = logging.getLogger(__name__)
 
 #: Crop side length the ArcFace template is defined for.
 CROP_SIZE = 112

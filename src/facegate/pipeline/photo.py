@@ -116,13 +116,11 @@ def faces_selected_on_device(
     owners: list[int] = []
     for idx in by_shape.values():
         sel = [pos[i] for i in idx]
-        if sel == list(range(sel[0], sel[0] + len(sel))):  # a run (LFW: the whole batch): no index copy
-            part = slice(sel[0], sel[0] + len(sel))
-            rows_meta, rows_theta = torch.cat([chosen[part], flags[part]], 1), theta[part]
-        else:  # non-blocking: a blocking host→device copy would wait for all the device's queued work
+        rows: slice | torch.Tensor = slice(sel[0], sel[0] + len(sel))  # a run (LFW: the whole batch): no index copy
+        if sel != list(range(sel[0], sel[0] + len(sel))):  # non-blocking: a blocking copy waits for all queued work
             rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
             rows = rows.to(chosen.device, non_blocking=True)
-            rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
+        rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
         for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
             warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
             crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
@@ -189,11 +187,10 @@ class PhotoStage:
         keys = list(photos)
         sizes = [(int(photos[i].shape[1]), int(photos[i].shape[2])) for i in keys]
         det = self.p.detector
-        with torch.inference_mode():  # the detector canvases, on the device
-            batches = [
-                ([keys[j] for j in idx], det.preprocess_tensors([photos[keys[j]] for j in idx]))
-                for idx in detector_batches(sizes, det.padded_hw, None, det.max_batch_pixels)
-            ]
+        batches = [  # the detector canvases, on the device
+            ([keys[j] for j in idx], det.preprocess_tensors([photos[keys[j]] for j in idx]))
+            for idx in detector_batches(sizes, det.padded_hw, None, det.max_batch_pixels)
+        ]
         canvases = [b for _, b in batches]
         pending = det.enqueue_many(
             canvases, keep_on_device=True, post=self._post, post_args=[geometry(b) for b in canvases]

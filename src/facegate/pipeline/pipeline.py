@@ -358,13 +358,17 @@ class FacePipeline:
 
     def faces(self, images: Sequence[np.ndarray], *, keep_crops: bool = False) -> list[list[Face]]:
         """All stages on ``(H, W, 3) uint8`` photos; per image its largest face (NoFaceError for the first without)."""
-        chosen = [select_faces(dets) for dets in self.detect(images)]
+        return self.faces_of(images, [select_faces(dets) for dets in self.detect(images)], keep_crops=keep_crops)
+
+    def faces_of(
+        self, images: Sequence[np.ndarray], chosen: Sequence[Sequence[Detection]], *, keep_crops: bool = False
+    ) -> list[list[Face]]:
+        """Gated faces of ``chosen[i]``, detections in ``images[i]``, aligned and embedded as one batch; per image."""
         flat = [d for sel in chosen for d in sel]
         owner = [i for i, sel in enumerate(chosen) for _ in sel]
         crops = self.align(images, flat, owner)
-        emb, q, raw = self.embed(crops)
         out: list[list[Face]] = [[] for _ in images]
-        for face, i in zip(self.make_faces(flat, crops, emb, q, raw, keep_crops=keep_crops), owner, strict=True):
+        for face, i in zip(self.make_faces(flat, crops, *self.embed(crops), keep_crops=keep_crops), owner, strict=True):
             out[i].append(face)
         return out
 

@@ -54,6 +54,7 @@ def _encode(magic: bytes, gallery: str, k: int, body: bytes) -> np.ndarray:
 
 
 def _decode(magic: bytes, buf: np.ndarray) -> tuple[str, int, np.ndarray]:
+    """``(gallery, k, (n,) uint8 body)`` of a request of ``magic``: a photo search's body is the photo's bytes."""
     arr = np.ascontiguousarray(buf, np.uint8)
     if arr.size < HEADER.size:
         raise InvalidParameterError("malformed search request", detail={"bytes": int(arr.size)})
@@ -79,11 +80,6 @@ def decode_search(buf: np.ndarray) -> tuple[str, int, np.ndarray]:
 def encode_photo_search(gallery: str, data: bytes, k: int) -> np.ndarray:
     """A photo search request: gallery name, ``k`` and the encoded photo's bytes."""
     return _encode(_PHOTO_MAGIC, gallery, k, bytes(data))
-
-
-def decode_photo_search(buf: np.ndarray) -> tuple[str, int, np.ndarray]:
-    """Inverse of :func:`encode_photo_search`: ``(gallery, k, (n,) uint8 photo bytes)``."""
-    return _decode(_PHOTO_MAGIC, buf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +328,7 @@ class PhotoSearchStage:
         self._search = search
 
     def prepare(self, payloads: list[np.ndarray]) -> tuple[list[Any], Any, Any]:
-        heads = [_try(decode_photo_search, p) for p in payloads]
+        heads = [_try(_decode, _PHOTO_MAGIC, p) for p in payloads]
         gallery = self._search._ensure()
         gallery.sync()
         checked: dict[str, FacegateError | None] = {}

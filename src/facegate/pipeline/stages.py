@@ -33,7 +33,6 @@ class DetectStage:
         batches = detector_batches([im.shape[:2] for im in payloads], det.padded_hw, self.p.chunk, det.max_batch_pixels)
         return [(idx, det.preprocess([payloads[i] for i in idx])) for idx in batches]
 
-    @torch.inference_mode()
     def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
         """Forward + on-device decode/NMS + each group's one device→host copy; results back in input order."""
         out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]

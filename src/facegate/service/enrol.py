@@ -28,7 +28,7 @@ from facegate.service.gallery import decide_enrolments
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})  # photo file endings
 IMPORT_CHUNK = 10_000  # subjects per transaction of a template import
 ENROL_CHUNK = 1_000  # the same, when subjects have several rows each
 
@@ -233,18 +233,17 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
             except FacegateError as exc:
                 out[i] = exc
-        chosen, with_face = [], []  # the largest face of each image that has one, and those images
+        chosen: list[list[Any]] = []  # the largest face of each image that has one
         for j, dets in enumerate(pipeline.detect(images) if images else []):
             try:
-                chosen.append(select_faces(dets)[0])
-                with_face.append(j)
+                chosen.append(select_faces(dets))
             except FacegateError as exc:
+                chosen.append([])
                 out[owners[j]] = exc
-        if chosen:
-            crops = pipeline.align(images, chosen, with_face)
-            # with the crops: their statistics give the blur, exposure and occlusion reasons, as served
-            for face, j in zip(pipeline.make_faces(chosen, crops, *pipeline.embed(crops)), with_face, strict=True):
-                out[owners[j]] = face
+        # gated with the crops: their statistics give the blur, exposure and occlusion reasons, as served
+        for j, faces in enumerate(pipeline.faces_of(images, chosen) if images else []):
+            if faces:
+                out[owners[j]] = faces[0]
         return out
 
     return faces_of

@@ -4,7 +4,7 @@ from a named FPIR at the gallery's current size (:mod:`facegate.service.fpir`); 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,7 @@ def decide_enrolments(
                 accepted.append(r)
         error: FacegateError | None = None
         if not accepted:
-            detail = {"refused": [{"index": x.index, "reason": x.reason, "code": x.code} for x in refused]}
+            detail = {"refused": [asdict(x) for x in refused]}
             if any(x.code == QualityRejectedError.code for x in refused) or not errors:
                 error = QualityRejectedError(
                     f"no image of {sid!r} has a face that passes the quality gate; retake", detail=detail

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from facegate.config import Settings
-from facegate.engine.batcher import WorkItem, set_asyncio_many
+from facegate.engine.batcher import AnyFuture, WorkItem, fail, settle
 from facegate.errors import DeadlineExceededError, EngineClosedError, FacegateError, ModelError
 from facegate.io.memcopy import copy_in, copy_out
 from facegate.logs import configure_logging
@@ -246,10 +246,9 @@ class EngineHost:
                             send(("batch", [("err", rid, error_to_wire(exc))]))
                             continue
                         fut.add_done_callback(lambda f, rid=rid: done.put((rid, f)))
-                    elif msg[0] == "cancel":  # the engine drops the item unless it is computing already
+                    elif msg[0] == "cancel":  # the engine drops an item whose future is done unless it is computing
                         item = pending.get(msg[1])
                         if item is not None:
-                            item.cancel()
                             item.future.cancel()
                     elif msg[0] == "stats":
                         send(("batch", [outcome(self.service.stats.engine_samples, msg[1])]))
@@ -296,11 +295,8 @@ class EngineHost:
             if now - last_sweep >= _SWEEP_S:  # e.g. a stage that never returns: answer at the deadline
                 last_sweep = now
                 for rid, item in list(pending.items()):
-                    if now >= item.deadline and not item.future.done():
-                        with contextlib.suppress(concurrent.futures.InvalidStateError):
-                            item.future.set_exception(
-                                DeadlineExceededError(f"no result within the deadline (request {rid})")
-                            )
+                    if now >= item.deadline:
+                        fail([item], DeadlineExceededError(f"no result within the deadline (request {rid})"))
 
 
 def engine_info(service: Any, t0: float, **extra: Any) -> dict[str, Any]:
@@ -470,20 +466,18 @@ class RemoteEngine:
         return await self._send(("stats", next(self._ids)))  # type: ignore[no-any-return]
 
     def _settle_many(self, results: list[tuple[int, Any, bool]]) -> None:
-        """Free the slots and resolve the futures of ``[(rid, value, is_error)]``, one wake-up per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        """Free the slots and settle the futures of ``[(rid, value, is_error)]``, one wake-up per loop."""
         with self._pending_lock:
             entries = [(self._pending.pop(rid, None), value, error) for rid, value, error in results]
+        settled: list[tuple[AnyFuture, bool, Any]] = []
         for entry, value, error in entries:
             if entry is None:
                 continue
             fut, offset, nbytes = entry
             if offset is not None and self._arena is not None:
                 self._arena.free(offset, nbytes)
-            by_loop.setdefault(fut.get_loop(), []).append((fut, not error, value))
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(set_asyncio_many, items)
+            settled.append((fut, not error, value))
+        settle(settled)
 
     def _read(self) -> None:
         assert self._conn is not None

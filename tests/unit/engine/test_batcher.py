@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from facegate.engine.batcher import Batcher, WorkItem, resolve
+from facegate.engine.batcher import Batcher, WorkItem, settle
 from facegate.errors import DeadlineExceededError, EngineClosedError, QueueFullError
 from facegate.metrics.stats import ServiceStats
 
@@ -184,13 +184,13 @@ def test_asyncio_future_of_cancelled_task_counts_as_cancelled() -> None:
     assert stats.value("facegate_dropped_total", stage="s", reason="cancelled") == 1
 
 
-def test_resolve_from_worker_thread_completes_asyncio_futures_in_order() -> None:
+def test_settle_from_worker_thread_completes_asyncio_futures_in_order() -> None:
     async def main() -> list[Any]:
         loop = asyncio.get_running_loop()
         items = [WorkItem(i, loop.create_future(), time.monotonic() + 10) for i in range(5)]
         bad = items[3]
-        outcomes = [(it, it is not bad, ValueError("x") if it is bad else it.payload * 10) for it in items]
-        threading.Thread(target=resolve, args=(outcomes,)).start()
+        outcomes = [(it.future, it is not bad, ValueError("x") if it is bad else it.payload * 10) for it in items]
+        threading.Thread(target=settle, args=(outcomes,)).start()
         return await asyncio.gather(*(it.future for it in items), return_exceptions=True)
 
     res = asyncio.run(main())
@@ -198,13 +198,13 @@ def test_resolve_from_worker_thread_completes_asyncio_futures_in_order() -> None
     assert isinstance(res[3], ValueError)
 
 
-def test_resolve_ignores_closed_loop_and_done_futures() -> None:
+def test_settle_ignores_closed_loop_and_done_futures() -> None:
     loop = asyncio.new_event_loop()
     fut = loop.create_future()
     loop.close()
     cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
     cf.cancel()
-    resolve([(WorkItem(1, fut, 0.0), True, 1), (WorkItem(2, cf, 0.0), True, 2)])  # no exception
+    settle([(fut, True, 1), (cf, True, 2)])  # no exception
     assert not fut.done() and cf.cancelled()
 
 
