@@ -348,7 +348,8 @@ def test_a_killed_engine_replica_under_load(ray_facegate: dict[str, Any], lfw_ro
     # had any at the instant of the kill depends on Serve's routing, so that count is logged, not asserted
     assert set(statuses) <= {200, 201, 503}, statuses  # nothing 500s
     for body in bodies_503:
-        assert body["error"]["code"] in ("engine_closed", "queue_full"), body
+        # overloaded: the ingress's admission shed while the surviving replica answered more slowly
+        assert body["error"]["code"] in ("engine_closed", "queue_full", "overloaded"), body
     assert acked, statuses
     with httpx.Client(base_url=url, timeout=60) as c:
         listed = c.get("/api/galleries/load/subjects", params={"limit": 1000}).json()

@@ -37,6 +37,9 @@ from facegate.io.decode import FORMATS
 
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
 RETRY_AFTER_S = 1
+#: Seconds a connection is not read after a refusal written on it by :class:`ShedProtocol` (its next request waits):
+#: at most ten refusals a second each, so clients that send again at once cannot fill the event loop with them.
+REFUSED_PAUSE_S = 0.1
 
 
 def _bad_json(message: str, field: str) -> InvalidParameterError:
@@ -347,8 +350,9 @@ _REFUSED = types.SimpleNamespace(response_complete=True, message_event=types.Sim
 
 class ShedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, which answers an ``/api/`` request past the admission bound as soon as its
-    headers are parsed: one write of pre-built bytes, no task, no ASGI call (counted as ``POST unmatched``/503).
-    It uses uvicorn's ``HttpToolsProtocol`` internals (``cycle``, ``parser``, ``url``), which test_shed.py exercises."""
+    headers are parsed: one write of pre-built bytes, no task, no ASGI call (counted as ``POST unmatched``/503);
+    the connection is then not read for :data:`REFUSED_PAUSE_S`. It uses uvicorn's ``HttpToolsProtocol`` internals
+    (``cycle``, ``parser``, ``url``, ``flow``), which test_shed.py exercises."""
 
     def on_headers_complete(self) -> None:
         admission: Admission | None = self.app_state.get(STATE_KEY)
@@ -366,4 +370,9 @@ class ShedProtocol(HttpToolsProtocol):
         if not self.parser.should_keep_alive():
             self.transport.close()
         self.on_response_complete()
+        if not self.transport.is_closing():
+            # refusals as fast as clients send again would starve the admitted work of the event loop (and, in one
+            # process, of the GIL)
+            self.flow.pause_reading()
+            self.loop.call_later(REFUSED_PAUSE_S, self.flow.resume_reading)
         admission.record(f"{self.parser.get_method().decode('ascii')} unmatched", 503, time.perf_counter() - t0)
