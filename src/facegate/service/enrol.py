@@ -233,15 +233,17 @@ def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
                 out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
             except FacegateError as exc:
                 out[i] = exc
-        chosen: list[list[Any]] = []  # the largest face of each image that has one
-        for j, dets in enumerate(pipeline.detect(images) if images else []):
+        if not images:
+            return out
+        chosen: list[list[Any]] = []  # per image its largest face, or none
+        for j, dets in enumerate(pipeline.detect(images)):
             try:
                 chosen.append(select_faces(dets))
             except FacegateError as exc:
                 chosen.append([])
                 out[owners[j]] = exc
         # gated with the crops: their statistics give the blur, exposure and occlusion reasons, as served
-        for j, faces in enumerate(pipeline.faces_of(images, chosen) if images else []):
+        for j, faces in enumerate(pipeline.faces_of(images, chosen)):
             if faces:
                 out[owners[j]] = faces[0]
         return out
