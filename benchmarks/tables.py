@@ -81,8 +81,8 @@ def provenance(d: dict[str, Any]) -> str:
     if env.get("git_dirty") and not env.get("code_commit"):
         commit += " (with uncommitted changes)"
     command = d.get("command") or "not recorded; configuration: " + json.dumps(env.get("config", {}))
-    note = f"\n- note: {d['note']}" if d.get("note") else ""  # how a result relates to the results beside it
-    return f"- machine: {machine}\n- commit: `{commit}`, measured {env.get('time_utc', '?')}\n- command: `{command}`{note}"
+    lines = f"- machine: {machine}\n- commit: `{commit}`, measured {env.get('time_utc', '?')}\n- command: `{command}`"
+    return lines + (f"\n- note: {d['note']}" if d.get("note") else "")  # how it relates to the results beside it
 
 
 def _rate(r: dict[str, Any]) -> str:
