@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     env = env_record(
         device=o.device, dtype=o.dtype, dim=o.dim, sizes=o.sizes, index_only=o.index_only_sizes, iters=o.iters
     )
-    kind = "cuda" if o.device.startswith("cuda") else "cpu"
-    out = o.out or ROOT / "benchmarks" / "results" / f"gallery_search_{kind}.json"
+    machine = "gpu" if o.device.startswith("cuda") else f"cpu{os.cpu_count()}"
+    out = o.out or ROOT / "benchmarks" / "results" / f"gallery_search-{machine}.json"
     write_json(
         out,
         {
