@@ -56,8 +56,11 @@ class SQLiteGalleryStore(GalleryStore):
         if not memory:
             try:
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-                # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode.
-                os.close(os.open(self._path, os.O_CREAT | os.O_RDWR, 0o600))
+                # Biometric data: owner-only. SQLite gives -wal/-shm files the database file's mode. Only a new
+                # file is opened here: closing a descriptor of an open database drops this process's POSIX locks on
+                # it, and another process would then take itself for the last user and delete the live WAL.
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
             except OSError as exc:
                 raise GalleryError(f"cannot open gallery database {self._path!r}: {exc}") from exc
         deadline = time.monotonic() + open_retry_s

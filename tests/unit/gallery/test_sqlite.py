@@ -354,6 +354,38 @@ def test_restart_keeps_everything(db: Path) -> None:
         assert stored_templates(s, "empty")[1].shape == (0, 64)
 
 
+_CHILD_WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from facegate.gallery.sqlite import SQLiteGalleryStore
+    with SQLiteGalleryStore(sys.argv[1]) as s:
+        s.add_embeddings("g", sys.argv[2], np.eye(4, dtype=np.float32)[:1], np.ones(1, np.float32))
+    """
+)
+
+
+def test_a_second_store_in_a_process_keeps_its_writes_shared(db: Path) -> None:
+    """Two stores on one file in one process (a one-process server's app and engine), another process writing and
+    closing in between: every write is seen by the first store and is in the file afterwards. Opening the second
+    store must not drop the process's locks on the database, or the other process deletes the live WAL."""
+    first = SQLiteGalleryStore(db)
+    first.create_gallery("g", "sface", 4)
+    second = SQLiteGalleryStore(db)
+    seen = []
+    for sid in ("x", "y"):
+        subprocess.run([sys.executable, "-c", _CHILD_WRITER, str(db), sid], check=True, timeout=60)
+        seen.append([s.subject_id for s in first.list_subjects("g")])
+    first.delete_subject("g", "x")
+    subprocess.run([sys.executable, "-c", _CHILD_WRITER, str(db), "z"], check=True, timeout=60)
+    seen.append([s.subject_id for s in first.list_subjects("g")])
+    assert seen == [["x"], ["x", "y"], ["y", "z"]]
+    second.close()
+    first.close()
+    with raw(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT subject_id FROM subjects")) == ["y", "z"]
+
+
 _CRASH_WRITER = textwrap.dedent(
     """
     import os, signal, sys
