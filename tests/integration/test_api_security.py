@@ -327,10 +327,16 @@ def test_decoded_pixel_budget_refuses_before_decoding(server_factory, fg: Simple
         elapsed = time.monotonic() - t0
         # the aligned-crop fast path (below FastAPI) applies the same budget
         r2 = c.post("/api/embed", files=fg.many("images", [big] * 4), data={"aligned": "true"})
+        # media types ignore case: Starlette parses this form too, so the budget holds it as well
+        mixed = c.build_request("POST", "/api/embed", files=fg.many("images", [big] * 3))
+        ctype = mixed.headers["content-type"]
+        mixed.headers["content-type"] = ctype.replace("multipart/form-data", "Multipart/Form-Data")
+        r3 = c.send(mixed)
     err = fg.assert_error(r, 413, "image_too_large")
     assert err["detail"]["unit"] == "pixels" and err["detail"]["limit"] == srv.settings.limits.request_pixels
     assert err["detail"]["index"] == 2  # 3 × 36 Mpx > 100 Mpx: the third header stops it
     assert fg.assert_error(r2, 413, "image_too_large")["detail"]["index"] == 2
+    assert fg.assert_error(r3, 413, "image_too_large")["detail"]["index"] == 2
     grown = _rss_bytes() - before
     assert grown < 3 * 36_000_000, f"RSS grew by {grown / 2**20:.0f} MiB: images were decoded"
     assert srv.state.settings.limits.request_pixels == 100_000_000

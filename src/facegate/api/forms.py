@@ -47,14 +47,15 @@ def header(scope: Scope, name: bytes) -> bytes:
     return b""
 
 
+def is_multipart(content_type: str | bytes) -> bool:
+    """Whether a Content-Type is ``multipart/form-data`` as Starlette reads it (media types ignore case)."""
+    return parse_options_header(content_type)[0] == b"multipart/form-data"
+
+
 def is_small_multipart(scope: Scope) -> bool:
     """Whether a request's body is ``multipart/form-data`` of at most :data:`FAST_FORM_MAX_BYTES` (by its headers)."""
     length = header(scope, b"content-length")
-    return (
-        header(scope, b"content-type").startswith(b"multipart/form-data")
-        and length.isdigit()
-        and int(length) <= FAST_FORM_MAX_BYTES
-    )
+    return is_multipart(header(scope, b"content-type")) and length.isdigit() and int(length) <= FAST_FORM_MAX_BYTES
 
 
 def _decode(raw: bytes) -> str:
@@ -141,7 +142,7 @@ class FastFormRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def fast_form_handler(request: Request) -> Response:
-            if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            if not is_multipart(request.headers.get("content-type", "")):
                 return await handler(request)
             try:
                 form = await read_form(request)
