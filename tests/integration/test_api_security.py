@@ -178,6 +178,10 @@ def test_allowed_origins_and_hosts_settings(server_factory, fg: SimpleNamespace)
         )
         assert r.status_code == 201, r.text
         fg.assert_error(c.get("/api/galleries", headers={"Host": "localhost"}), 400, "host_not_allowed")  # not listed
+        fg.assert_error(c.get("/metrics", headers={"Host": "localhost"}), 400, "host_not_allowed")
+        # health probes are answered whatever the Host: a container check or an orchestrator asks by address
+        assert c.get("/readyz", headers={"Host": "localhost"}).status_code == 200
+        assert c.head("/healthz", headers={"Host": "10.0.0.9:7860"}).status_code == 200
 
 
 def test_security_headers_on_every_response(keyed) -> None:
