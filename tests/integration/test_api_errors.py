@@ -27,11 +27,13 @@ def test_input_errors(client: httpx.Client, lfw_root: Path, fg: SimpleNamespace)
     def compare(a: bytes, b: bytes) -> httpx.Response:
         return client.post("/api/compare", files=fg.files(img1=a, img2=b))
 
-    fg.assert_error(compare(b"", good), 400, "empty_input")
+    err = fg.assert_error(compare(b"", good), 400, "empty_input")
+    assert err["detail"]["field"] == "img1" and err["detail"]["filename"] == "img1.jpg"
     err = fg.assert_error(compare(good, b"GIF89a but not really an image"), 400, "image_unreadable")
-    assert isinstance(err["detail"], dict)
+    assert err["detail"]["field"] == "img2"  # which photo to retake or rescan
     fg.assert_error(compare(good, good[: len(good) // 2]), 400, "image_unreadable")  # truncated JPEG
-    fg.assert_error(compare(good, grey), 422, "no_face")
+    assert fg.assert_error(compare(good, grey), 422, "no_face")["detail"]["field"] == "img2"
+    assert fg.assert_error(compare(grey, good), 422, "no_face")["detail"]["field"] == "img1"
     fg.assert_error(client.post("/api/detect", files=fg.files(image=b"")), 400, "empty_input")
     _alive(client)
 

@@ -139,7 +139,7 @@ async def read_upload(state: ServingState, file: UploadFile, *, index: int | Non
     """All bytes of one upload; ImageTooLargeError past ``max_upload_bytes`` (not read whole), EmptyInputError
     if none."""
     max_bytes = state.settings.limits.max_upload_bytes
-    detail: dict[str, Any] = {"field": file.filename or "", "limit": max_bytes}
+    detail: dict[str, Any] = {"filename": file.filename or "", "limit": max_bytes}
     if index is not None:
         detail["index"] = index
     if file.size is not None and file.size > max_bytes:
@@ -249,7 +249,9 @@ async def compare(
     # both photos to one engine process: the answer needs both, and would wait for the slower of two engines
     with same_engine():
         results = await asyncio.gather(one(img1, 0), one(img2, 1), return_exceptions=True)
-    for r in results:  # the first error in input order
+    for name, r in zip(("img1", "img2"), results, strict=True):  # the first error in input order, naming its photo
+        if isinstance(r, FacegateError):
+            r.detail = {"field": name, **r.detail}
         if isinstance(r, BaseException):
             raise r
     res = service.compare(*results)  # type: ignore[arg-type]
