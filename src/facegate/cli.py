@@ -358,16 +358,18 @@ def enrol(
     s = _settings(device=device, precision=precision, model=model, gallery_url=gallery_url)
     spec = get_spec(s.model)
     t0 = time.perf_counter()
-    # the input is read before the gallery is created, so a bad source leaves no empty gallery behind
-    if source.suffix == ".npz":
-        ids, emb, q, refused = bulk.read_templates(source)
-        if refused:
-            log.warning("%d faces of %s were refused at the enrolment gate: not imported", refused, source)
-    else:
-        subjects = bulk.plan(source)
-        p = _pipeline(s)
     with open_store(s.gallery_url, data_dir=s.data_dir) as store:
-        if gallery not in {g.name for g in store.list_galleries()}:
+        have = next((g for g in store.list_galleries() if g.name == gallery), None)
+        # the input is read before the gallery is created, so a bad source leaves no empty gallery behind
+        if source.suffix == ".npz":  # templates of the gallery's model (of --model for a new gallery)
+            name, dim = (have.model, have.dim) if have else (spec.name, spec.embedding_dim)
+            ids, emb, q, refused = bulk.read_templates(source, model=name, dim=dim)
+            if refused:
+                log.warning("%d faces of %s were refused at the enrolment gate: not imported", refused, source)
+        else:
+            subjects = bulk.plan(source)
+            p = _pipeline(s)
+        if have is None:
             store.create_gallery(gallery, spec.name, spec.embedding_dim)
         if source.suffix == ".npz":
             with tqdm(total=len(ids), unit="subj", desc="import", file=sys.stderr) as bar:

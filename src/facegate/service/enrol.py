@@ -53,14 +53,18 @@ def plan(source: Path) -> dict[str, list[Path]]:
     """``{subject_id: [photo paths]}`` from a folder per subject or a ``path,subject_id`` CSV, sorted."""
     subjects: dict[str, list[Path]] = {}
     if source.is_file() and source.suffix.lower() == ".csv":
-        with open(source, newline="") as fh:
-            for i, row in enumerate(csv.reader(fh)):
-                if not row or (i == 0 and row[:2] == ["path", "subject_id"]):
-                    continue
-                if len(row) < 2:
-                    raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
-                # an absolute path stays as it is; a relative one is relative to the CSV's folder
-                subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(source.parent / row[0])
+        try:  # UTF-8, with the BOM Excel writes or without
+            with open(source, newline="", encoding="utf-8-sig") as fh:
+                rows = list(csv.reader(fh))
+        except UnicodeDecodeError as exc:
+            raise InvalidParameterError(f"{source} is not UTF-8: {exc}", detail={"path": str(source)}) from None
+        for i, row in enumerate(rows):
+            if not row or (i == 0 and [c.strip() for c in row[:2]] == ["path", "subject_id"]):
+                continue
+            if len(row) < 2:
+                raise InvalidParameterError(f"{source}:{i + 1}: expected path,subject_id", detail={"line": i + 1})
+            # an absolute path stays as it is; a relative one is relative to the CSV's folder
+            subjects.setdefault(validate_subject_id(row[1].strip(), new=True), []).append(source.parent / row[0])
     elif source.is_dir():
         for sub in sorted(d for d in source.iterdir() if d.is_dir()):
             files = sorted(f for f in sub.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXT)
@@ -100,7 +104,10 @@ def enrol_photos(
 ) -> EnrolReport:
     """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
     ``verdict(face)`` (None: every face is enrolled; :func:`~facegate.service.gallery.decide_enrolments`);
-    ``progress(photos, images refused so far)`` runs after each batch."""
+    ``progress(photos, images refused so far)`` runs after each batch and each subject skipped. The photos are a
+    subject's source: one already in the gallery from other files, or enrolled by other means (no
+    ``source_digest``), is replaced (embeddings and meta), as a template import does; appending would enrol the
+    unchanged photos again on every rerun."""
     store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     digests: dict[str, str] = {}
@@ -110,6 +117,7 @@ def enrol_photos(
         with contextlib.suppress(SubjectNotFoundError):
             if store.get_subject(gallery, sid).meta.get("source_digest") == digests[sid]:  # enrolled from these
                 report.subjects_skipped += 1
+                progress(len(paths), 0)
                 continue
         if len(groups[-1]) >= batch_size:
             groups.append([])
@@ -127,48 +135,62 @@ def enrol_photos(
                 continue
             emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
             q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
-            # a subject enrolled before from other files gets these faces added (a re-enrolment)
             items.append((sid, emb, q, {"source_digest": digests[sid], "source_files": len(rows)}))
             report.faces += len(emb)  # an error below leaves with no report
-        report.subjects_enrolled += len(store.enrol_many(gallery, items))  # one transaction: acknowledged from here
+        # one transaction: acknowledged from here
+        report.subjects_enrolled += len(store.enrol_many(gallery, items, replace=True))
         progress(len(paths), len(report.refused))
     return report
 
 
-def read_templates(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None, int]:
-    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None, rows refused)`` from an ``.npz`` of ``ids``
-    or ``paths`` (the subject is the photo's folder; a subject's rows stay apart) beside ``embeddings``. Rows whose
-    ``enrol_accepted`` (written by ``facegate embed``: the face passed the enrolment gate) is false are left out."""
+def read_templates(path: Path, *, model: str, dim: int) -> tuple[list[str], np.ndarray, np.ndarray | None, int]:
+    """``(subject_ids, (n, D) float32, (n,) float32 qualities or None, faces refused)`` from an ``.npz`` of ``ids``
+    or ``paths`` beside ``embeddings`` of ``model`` (``dim`` wide, finite non-zero rows: checked here, before any
+    gallery is created). With ``paths`` the subject is the photo's folder and a photo gives one face, the largest
+    by ``boxes`` (else its first row), as :func:`pipeline_faces` takes; a subject's rows stay apart. A face whose
+    ``enrol_accepted`` (written by ``facegate embed``: it passed the enrolment gate) is false is left out."""
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise InvalidParameterError(f"cannot read templates from {path}: {exc}", detail={"path": str(path)}) from None
-    if "embeddings" not in z:
-        raise InvalidParameterError(f"{path} has no 'embeddings' array", detail={"path": str(path)})
-
-    def array(key: str, dtype: Any = None) -> np.ndarray:
-        try:  # an object array (not loadable without pickle), or text where numbers belong
-            return np.asarray(z[key], dtype)
-        except (TypeError, ValueError) as exc:
-            raise InvalidParameterError(
-                f"cannot read {key!r} from {path}: {exc}", detail={"path": str(path), "field": key}
-            ) from None
-
-    emb = array("embeddings", np.float32)
-    if "ids" in z:
-        ids = [str(x) for x in array("ids")]
-    elif "paths" in z:
-        ids = [Path(str(p)).parent.name for p in array("paths")]
-    else:
+    if "embeddings" not in z or not {"ids", "paths"} & set(z.files):
         raise InvalidParameterError(f"{path} needs 'ids' or 'paths' beside 'embeddings'", detail={"path": str(path)})
-    q = array("quality", np.float32) if "quality" in z else None
-    if "enrol_accepted" not in z:
-        return ids, emb, q, 0
-    keep = array("enrol_accepted", bool)
-    if keep.shape != (len(ids),) or len(emb) != len(ids):
-        raise InvalidParameterError(f"{path}: one embedding and enrol_accepted per row", detail={"path": str(path)})
-    kept = [sid for sid, k in zip(ids, keep, strict=True) if k]
-    return kept, emb[keep], None if q is None else q[keep], len(ids) - len(kept)
+
+    def bad(key: str, why: str) -> InvalidParameterError:
+        return InvalidParameterError(f"{path}: {key!r} {why}", detail={"path": str(path), "field": key})
+
+    def array(key: str, dtype: Any = None, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        try:  # an object array (not loadable without pickle), or text where numbers belong
+            a = np.asarray(z[key], dtype)
+        except (TypeError, ValueError) as exc:
+            raise bad(key, f"cannot be read: {exc}") from None
+        if shape is not None and a.shape != shape:
+            raise bad(key, f"must have shape {shape}, got {a.shape}")
+        return a
+
+    key = "ids" if "ids" in z else "paths"
+    if (names := array(key)).ndim != 1:
+        raise bad(key, f"must be 1-d, got shape {names.shape}")
+    n = len(names)
+    emb = array("embeddings", np.float32, (n, dim))
+    norms = np.linalg.norm(emb, axis=1)
+    if not (ok := np.isfinite(norms) & (norms > 1e-12)).all():
+        raise bad("embeddings", f"row {int(np.argmin(ok))} is not finite or is zero")
+    if "model" in z and str(found := array("model")) != model:
+        raise bad("model", f"is {str(found)!r}, not {model!r}")
+    q = array("quality", np.float32, (n,)) if "quality" in z else None
+    accepted = array("enrol_accepted", bool, (n,)) if "enrol_accepted" in z else np.ones(n, bool)
+    one = np.ones(n, bool)
+    if key == "paths":
+        box = array("boxes", np.float32, (n, 4)) if "boxes" in z else np.zeros((n, 4), np.float32)
+        area = np.maximum(box[:, 2] - box[:, 0], 0) * np.maximum(box[:, 3] - box[:, 1], 0)
+        first: dict[str, int] = {}
+        for i in sorted(range(n), key=lambda i: -area[i]):  # stable: the first of equal areas, as max() takes
+            first.setdefault(str(names[i]), i)
+        one = np.isin(np.arange(n), list(first.values()))
+    keep = one & accepted
+    ids = [str(x) if key == "ids" else Path(str(x)).parent.name for x in names[keep]]
+    return ids, emb[keep], None if q is None else q[keep], int((one & ~accepted).sum())
 
 
 def import_templates(

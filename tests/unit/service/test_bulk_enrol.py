@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from facegate.cli import app
@@ -165,3 +166,107 @@ def test_photo_enrolment_reports_a_csv_row_whose_file_is_missing(lfw_root: Path,
     shutil.copy(photo, tmp_path / "missing.jpg")
     again = json.loads(runner.invoke(app, args).stdout.strip().splitlines()[-1])
     assert again["subjects_enrolled"] == 1 and again["subjects_skipped"] == 1
+
+
+def test_a_rerun_replaces_a_changed_subject_and_counts_the_skipped_photos(lfw_root: Path, tmp_path: Path) -> None:
+    """A subject's folder is its source: after a photo is added a rerun replaces the subject (4 embeddings, not
+    3 + 4), one enrolled by other means (no source_digest) starts over from its folder, an unchanged one is
+    skipped, and the progress counts the skipped subject's photos."""
+    from facegate.config import Settings
+    from facegate.pipeline.pipeline import FacePipeline
+    from facegate.service.enrol import enrol_photos, pipeline_faces, plan
+
+    base, src = lfw_root / "lfw-deepfunneled", tmp_path / "people"
+    for name, i in [("Aaron_Peirsol", 1), ("Aaron_Peirsol", 2), ("Aaron_Peirsol", 3), ("Tony_Blair", 1)]:
+        (src / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(base / name / f"{name}_{i:04d}.jpg", src / name)
+    pipe = FacePipeline.from_settings(Settings(model="sface-tiny", device="cpu", compile="off"))
+    faces_of = pipeline_faces(pipe, max_bytes=2**22, max_pixels=2**22)
+    with open_store(str(tmp_path / "g.sqlite3")) as store:
+        store.create_gallery("g", pipe.spec.name, pipe.spec.embedding_dim)
+        assert enrol_photos(store, "g", plan(src), faces_of, batch_size=64, verdict=None).subjects_enrolled == 2
+        shutil.copy(base / "Aaron_Peirsol" / "Aaron_Peirsol_0004.jpg", src / "Aaron_Peirsol")
+        (src / "Colin_Powell").mkdir()
+        shutil.copy(base / "Colin_Powell" / "Colin_Powell_0001.jpg", src / "Colin_Powell")
+        one = np.eye(1, pipe.spec.embedding_dim, dtype=np.float32)
+        store.add_embeddings("g", "Colin_Powell", np.vstack([one, one]), np.ones(2, np.float32), {"badge": 7})
+        seen: list[int] = []
+        rep = enrol_photos(
+            store, "g", plan(src), faces_of, batch_size=64, verdict=None, progress=lambda n, _: seen.append(n)
+        )
+        assert (rep.subjects_enrolled, rep.subjects_skipped, sum(seen)) == (2, 1, 6)
+        got = {s.subject_id: (s.n_embeddings, "badge" in s.meta) for s in store.list_subjects("g")}
+        assert got == {"Aaron_Peirsol": (4, False), "Tony_Blair": (1, False), "Colin_Powell": (1, False)}
+
+
+def _embed_npz(path: Path, **arrays: np.ndarray) -> Path:
+    """An ``.npz`` as ``facegate embed`` writes it (sface, 128-d), with ``arrays`` in place of its own."""
+    rng = np.random.default_rng(5)
+    emb = rng.standard_normal((3, 128)).astype(np.float32)
+    boxes = np.array([[0, 0, 50, 50], [0, 0, 90, 90], [0, 0, 40, 40]], np.float32)  # photo a: face 1 is the largest
+    z = {"paths": np.array(["p/alice/a.jpg", "p/alice/a.jpg", "p/bob/b.jpg"]), "face": np.array([0, 1, 0], np.int32)}
+    z |= {"embeddings": emb / np.linalg.norm(emb, axis=1, keepdims=True), "quality": np.full(3, 0.9, np.float32)}
+    z |= {"enrol_accepted": np.ones(3, bool), "boxes": boxes, "model": np.array("sface")}
+    np.savez(path, **(z | arrays))
+    return path
+
+
+def test_an_embed_npz_enrols_the_largest_face_of_each_photo(tmp_path: Path) -> None:
+    """A subject taken from ``paths`` gets one face per photo, the largest, as enrolling the folder does: a
+    bystander is not enrolled, and a photo whose largest face failed the gate gives none (one face refused)."""
+    from facegate.service.enrol import read_templates
+
+    path = _embed_npz(tmp_path / "faces.npz")
+    ids, emb, q, refused = read_templates(path, model="sface", dim=128)
+    z = np.load(path)
+    assert (ids, refused) == (["alice", "bob"], 0)
+    np.testing.assert_array_equal(emb, z["embeddings"][[1, 2]])
+    assert q is not None and q.shape == (2,)
+    _embed_npz(path, enrol_accepted=np.array([True, False, True]))
+    ids, emb, _, refused = read_templates(path, model="sface", dim=128)
+    assert (ids, refused) == (["bob"], 1)
+    np.testing.assert_array_equal(emb, z["embeddings"][[2]])
+
+
+@pytest.mark.parametrize(
+    ("field", "arrays"),
+    [
+        ("embeddings", {"embeddings": np.ones(128, np.float32)}),
+        ("embeddings", {"embeddings": np.ones((3, 128, 1), np.float32)}),
+        ("embeddings", {"embeddings": np.ones((3, 64), np.float32)}),
+        ("embeddings", {"embeddings": np.full((3, 128), np.nan, np.float32)}),
+        ("embeddings", {"embeddings": np.zeros((3, 128), np.float32)}),
+        ("quality", {"quality": np.ones((3, 1), np.float32)}),
+        ("ids", {"ids": np.array([["a"], ["b"], ["c"]])}),
+        ("model", {"model": np.array("arcface")}),
+    ],
+)
+def test_a_bad_npz_is_bad_input_and_creates_no_gallery(tmp_path: Path, field: str, arrays: dict) -> None:
+    """Templates that cannot be this model's (shape, dimension, NaN or zero rows, another model): exit 2 naming
+    the file and the array, and no gallery left behind."""
+    path = _embed_npz(tmp_path / "bad.npz", **arrays)
+    url = str(tmp_path / "g.sqlite3")
+    res = runner.invoke(app, ["enrol", str(path), "--gallery", "new", "--gallery-url", url])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
+    assert err["code"] == "invalid_parameter" and str(path) in err["message"] and repr(field) in err["message"], err
+    with open_store(url) as store:
+        assert store.list_galleries() == []
+
+
+def test_a_csv_with_a_bom_or_not_utf8(tmp_path: Path) -> None:
+    """An Excel CSV (UTF-8 with a BOM, padded header) has its header skipped; one not in UTF-8 is bad input
+    naming the file, not an internal error."""
+    from facegate.service.enrol import plan
+
+    csv = tmp_path / "list.csv"
+    csv.write_text("path , subject_id\na.jpg,colin\n", encoding="utf-8-sig")
+    assert plan(csv) == {"colin": [tmp_path / "a.jpg"]}
+    csv.write_bytes("path,subject_id\nJos\u00e9.jpg,jose\n".encode("latin-1"))
+    url = str(tmp_path / "g.sqlite3")
+    res = runner.invoke(app, ["enrol", str(csv), "--gallery", "new", "--gallery-url", url])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
+    assert err["code"] == "invalid_parameter" and str(csv) in err["message"], err
+    with open_store(url) as store:
+        assert store.list_galleries() == []
