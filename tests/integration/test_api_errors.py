@@ -67,6 +67,10 @@ def test_too_large(client: httpx.Client, fg: SimpleNamespace) -> None:
     wide = fg.png_bytes(np.full((1001, 1000, 3), 90, np.uint8))
     assert len(wide) < limit
     fg.assert_error(client.post("/api/detect", files=fg.files(image=wide)), 413, "image_too_large")
+    # a route that takes no image: its body is not an image
+    big_json = b'{"name": "' + b"x" * 1_100_000 + b'"}'
+    r = client.post("/api/galleries", content=big_json, headers={"content-type": "application/json"})
+    fg.assert_error(r, 413, "body_too_large")
     _alive(client)
 
 

@@ -155,6 +155,26 @@ def test_client_disconnect_cancels_queued_work(server_factory, lfw_root: Path, f
         assert r.status_code == 200 and len(r.json()["faces"]) >= 1
 
 
+def test_a_client_gone_mid_upload_is_counted_499(server_factory, fg: SimpleNamespace) -> None:
+    """A body that never arrives (the client hung up): nothing is answered, and the metrics say 499, not 500."""
+    srv = server_factory()
+    host, port = srv.settings.host, srv.settings.port
+    for path, ctype in [("/api/galleries", "application/json"), ("/api/embed", "multipart/form-data; boundary=b")]:
+        with socket.create_connection((host, port)) as s:  # the JSON read, the aligned-crop fast path's read
+            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\nContent-Length: 1000\r\n\r\n"
+            s.sendall(head.encode() + b"--")
+            time.sleep(0.3)
+    with srv.client() as c:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            counted = [x for x in c.get("/metrics").text.splitlines() if x.startswith("facegate_requests_total{")]
+            if sum(float(x.rsplit(" ", 1)[1]) for x in counted if 'status="499"' in x) >= 2:
+                break
+            time.sleep(0.1)
+    assert any('route="POST unmatched",status="499"} 2' in x for x in counted), counted
+    assert not any('status="500"' in x for x in counted), counted
+
+
 def test_uvicorn_takes_the_c_http_parser_and_event_loop() -> None:
     """The one uvicorn configuration takes httptools (facegate's shedding subclass of uvicorn's protocol) and leaves
     the loop 'auto', which picks uvloop (dependencies)."""

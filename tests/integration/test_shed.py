@@ -80,6 +80,22 @@ def test_refusals_are_json_keep_the_connection_and_are_counted(
     assert any('route="HEAD unmatched"' in line and 'status="503"' in line for line in counted), counted
 
 
+def test_a_stalled_json_body_meets_the_deadline_and_frees_its_slot(server_factory) -> None:
+    """The deadline covers a JSON upload too: a body that never comes is answered 504, not held forever."""
+    srv = server_factory(limits={"max_admitted": 1}, request_timeout_s=1.0)
+    host, port = srv.settings.host, srv.settings.port
+    with socket.create_connection((host, port)) as hold:
+        hold.settimeout(15)
+        hold.sendall(
+            f"POST /api/galleries HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            'Content-Length: 1000\r\n\r\n{"na'.encode()
+        )
+        status, _, answer = _read_response(hold.makefile("rb"))
+    assert status == 504 and json.loads(answer)["error"]["code"] == "deadline_exceeded"
+    with srv.client() as c:
+        assert c.get("/api/galleries").status_code == 200
+
+
 def test_without_the_protocol_the_middleware_sheds_the_same_answer(tmp_path, fg: SimpleNamespace) -> None:
     """A plain uvicorn configuration (as in an embedding app) still sheds, with the same JSON body."""
     settings = fg.make_settings(tmp_path / "data", limits={"max_admitted": 1}, request_timeout_s=3.0)

@@ -36,6 +36,7 @@ from facegate.api.routes import ServingState, get_state, install_routes, serve_e
 from facegate.api.security import CSP, Access, install_docs, install_openapi_security, with_security_headers
 from facegate.config import Settings
 from facegate.errors import (
+    BodyTooLargeError,
     DeadlineExceededError,
     FacegateError,
     GalleryError,
@@ -199,8 +200,8 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
 
 class ServingMiddleware:
     """What every HTTP request meets, in order: the drain, the route's body limit, the access checks; for
-    ``/api/`` routes the admission bound, the JSON limits and the deadline (:mod:`facegate.api.limits`), then the
-    aligned-crop fast path. Around it all: the security headers (``docs_csp``: the doc pages' policies),
+    ``/api/`` routes the admission bound, then under the deadline the JSON limits (:mod:`facegate.api.limits`) and
+    the aligned-crop fast path. Around it all: the security headers (``docs_csp``: the doc pages' policies),
     disconnect → cancel, the drain's cut, request metrics, the catch-all."""
 
     def __init__(self, app: ASGIApp, state: ServingState, access: Access, docs_csp: dict[str, str]) -> None:
@@ -277,7 +278,7 @@ class ServingMiddleware:
             try:
                 declared = header(scope, b"content-length")
                 if declared.isdigit() and int(declared) > limit:
-                    raise _too_large(int(declared), limit)
+                    raise _too_large(scope, int(declared), limit)
                 if (refused := self.access.refusal(scope)) is not None:
                     raise refused
                 if api := scope["path"].startswith("/api/"):
@@ -288,15 +289,15 @@ class ServingMiddleware:
                     if adm.admitted == 0:
                         adm.busy(now)
                     adm.admitted, admitted = adm.admitted + 1, True
-                app_receive: Receive | None = wrapped_receive
-                if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
-                    cap = limit if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
-                    body = await read_body(wrapped_receive, cap)  # None: the client went away
-                    if body:
-                        loads_limited(body, limits, max_bytes=cap)
-                    app_receive = None if body is None else replay_body(body, wrapped_receive)
                 deadline_s = limits.request_timeout_s - (time.perf_counter() - t0) if api else None
-                async with asyncio.timeout(deadline_s):
+                async with asyncio.timeout(deadline_s):  # covers the upload: a stalled body must free its slot
+                    app_receive: Receive | None = wrapped_receive
+                    if api and scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+                        cap = limit if TEMPLATES_ROUTE.match(scope["path"]) else limits.json_max_bytes
+                        body = await read_body(wrapped_receive, cap)  # None: the client went away
+                        if body:
+                            loads_limited(body, limits, max_bytes=cap)
+                        app_receive = None if body is None else replay_body(body, wrapped_receive)
                     if app_receive is not None and wants_fast_path(scope):  # None: answered
                         app_receive = await serve_embed_aligned(self.state, scope, app_receive, wrapped_send)
                     if app_receive is not None:
@@ -334,11 +335,13 @@ class ServingMiddleware:
                 if not too_large:
                     raise
             if too_large and not response_started:  # past wrapped_send, which drops the app's answer
-                response = facegate_error_response(_too_large(received, limit))
+                response = facegate_error_response(_too_large(scope, received, limit))
                 status = response.status_code
                 await response(scope, receive, send)
         finally:
             DRAIN.tasks.discard(task)
+            if status == 500 and not response_started and disconnected.is_set():  # nobody left to answer
+                status = CLIENT_CLOSED_STATUS
             if admitted:
                 adm.admitted -= 1
                 if 200 <= status < 400:  # the rate of work done: quick refusals would overstate it
@@ -355,8 +358,9 @@ class ServingMiddleware:
             log.exception("recording request metrics failed")
 
 
-def _too_large(size: int, limit: int) -> ImageTooLargeError:
-    return ImageTooLargeError(
+def _too_large(scope: Scope, size: int, limit: int) -> ImageTooLargeError:
+    images = scope["method"] == "POST" and any(p.match(scope["path"]) for p, _ in _IMAGE_ROUTES)
+    return (ImageTooLargeError if images else BodyTooLargeError)(
         f"request body of {size} bytes exceeds the {limit} bytes this route accepts",
         detail={"bytes": size, "limit": limit},
     )
