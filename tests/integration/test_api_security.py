@@ -68,6 +68,9 @@ def test_keys_and_scopes(keyed, lfw_root: Path, fg: SimpleNamespace) -> None:
             c.post("/api/galleries", json={"name": "g"}, headers=_bearer(keys["read"])), 403, "forbidden"
         )
         assert err["detail"]["scope"] == "admin"
+        # a mistyped route fails closed, and says it may be the route rather than the key
+        err = fg.assert_error(c.post("/api/compar", headers=_bearer(keys["read"])), 403, "forbidden")
+        assert "does not have" in err["message"]
         fg.assert_error(c.post("/api/galleries", json={"name": "g"}, headers=_bearer(keys["enrol"])), 403, "forbidden")
         assert c.post("/api/galleries", json={"name": "g"}, headers=_bearer(keys["admin"])).status_code == 201
         # a read key trying to enrol

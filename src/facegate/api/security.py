@@ -189,7 +189,8 @@ class Access:
                 )
             if not key.allows(scope_needed):
                 return ForbiddenError(
-                    f"the API key {key.id} lacks the scope {scope_needed!r} this route needs",
+                    f"the API key {key.id} lacks the scope {scope_needed!r} this route needs"
+                    + (" (admin: also any method or path the API does not have)" if scope_needed == "admin" else ""),
                     detail={"scope": scope_needed, "key_scopes": list(key.scopes), "key": key.id},
                 )
         if self.buckets is not None and path.startswith("/api/"):
