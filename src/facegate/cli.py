@@ -532,7 +532,8 @@ def models() -> None:
 
     out = []
     for spec in list_specs():
-        tail = ImpostorTail.load(spec.name, fallback=(spec.thresholds.match, spec.thresholds.match_fmr))
+        point = (spec.thresholds.match, spec.thresholds.match_fmr)
+        tail = ImpostorTail.load(spec.impostors or spec.name, fallback=point)
         points = operating_points(tail, (1_000, 10_000, 100_000, 1_000_000), (1e-2, 1e-3))
         out.append({**asdict(spec), "search_operating_points": points})
     _echo(out)

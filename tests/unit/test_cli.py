@@ -25,6 +25,9 @@ def test_models_lists_registry_with_threshold_sources() -> None:
     points = specs["sface"]["search_operating_points"]
     assert {(p["n"], p["fpir_target"]) for p in points} >= {(1_000, 1e-2), (1_000_000, 1e-3)}
     assert all({"threshold", "fpir", "fmr", "extrapolated", "basis"} <= set(p) for p in points)
+    # sface_rts has SFace's embeddings (only the quality head differs): it searches at SFace's measured thresholds
+    rts = specs["sface_rts"]["search_operating_points"]
+    assert rts == points and {p["basis"] for p in rts} == {"lfw_impostors"}
 
 
 def test_compare_bad_file_is_a_json_error(tmp_path: Path) -> None:

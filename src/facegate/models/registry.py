@@ -53,6 +53,9 @@ class ModelSpec:
     thresholds: Thresholds = field(
         default_factory=lambda: Thresholds(match=0.363, match_fmr=1e-3, quality=0.0, source="uncalibrated")
     )
+    #: the impostor table of 1:N search (``models/impostors/<name>.json``): the model's own, or that of the model
+    #: whose embeddings it shares
+    impostors: str | None = None
 
 
 YUNET_FILE = "face_detection_yunet_2023mar_int8bq.onnx"
@@ -108,6 +111,7 @@ SFACE_RTS = dataclasses.replace(
     quality_source="rts_head",
     quality_head="models/heads/sface_rts_v1.pt",
     quality_calibration=None,
+    impostors="sface",  # SFace's embeddings: only the quality head differs
     thresholds=dataclasses.replace(
         SFACE.thresholds,
         source=SFACE.thresholds.source

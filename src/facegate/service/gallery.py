@@ -91,7 +91,8 @@ class GalleryFront:
         self.store = store
         self._svc = face_service
         op = face_service.pipeline.operating  # the engine's calibration point, for a model without a table
-        self.tail = ImpostorTail.load(face_service.spec.name, fallback=(op.match_threshold, op.match_fmr))
+        spec = face_service.spec
+        self.tail = ImpostorTail.load(spec.impostors or spec.name, fallback=(op.match_threshold, op.match_fmr))
 
     def check_model(self, info: GalleryInfo) -> None:
         """A gallery of another model's embeddings cannot be enrolled into or searched (409)."""
