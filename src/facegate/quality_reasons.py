@@ -155,38 +155,51 @@ def face_reasons(
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
         if iod < (lim := limits.min_iod_px):
-            miss("too_small", f"face too small ({iod:.0f} px between the eyes, {lim:.0f} needed)", iod, lim)
+            miss("too_small", "face too small ({} px between the eyes, {} needed)".format(*shown(iod, lim)), iod, lim)
         for what, angle, v, most in (
             ("turned aside", "yaw", abs(yaw), limits.max_yaw_deg),
             ("tilted", "pitch", abs(pitch), limits.max_pitch_deg),
         ):
             if v > most:
-                miss("pose", f"face {what} ({v:.0f}° {angle}, at most {most:.0f}°): face the camera", v, most)
+                a, b = shown(v, most)
+                miss("pose", f"face {what} ({a}° {angle}, at most {b}°): face the camera", v, most)
     if stats is not None:
         sharp, luma, flat = (float(v) for v in stats[:N_STATS])
         lo, hi = limits.min_luma, limits.max_luma
         if luma < lo:
-            miss("too_dark", f"face too dark (brightness {luma:.0f}, {lo:.0f} needed)", luma, lo)
+            miss("too_dark", "face too dark (brightness {}, {} needed)".format(*shown(luma, lo)), luma, lo)
         elif luma > hi:
-            miss("too_bright", f"face too bright (brightness {luma:.0f}, at most {hi:.0f})", luma, hi)
+            miss("too_bright", "face too bright (brightness {}, at most {})".format(*shown(luma, hi)), luma, hi)
         # clipped highlights or shadows are flat too: there the exposure says why
         if flat > (lim := limits.max_flat) and lo <= luma <= hi:
-            pct = f"{100 * flat:.0f} % of the eyes or of the nose and mouth hidden, at most {100 * lim:.0f} %"
+            pct = "{} % of the eyes or of the nose and mouth hidden, at most {} %".format(*shown(100 * flat, 100 * lim))
             miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim)
         if sharp < (lim := limits.min_sharpness):
-            miss("blur", f"face blurred (sharpness {sharp:.0f}, {lim:.0f} needed): hold still, focus", sharp, lim)
+            a, b = shown(sharp, lim)
+            miss("blur", f"face blurred (sharpness {a}, {b} needed): hold still, focus", sharp, lim)
     if detection is not None:
         outside = face_outside_photo(detection)
         if outside > (lim := limits.max_outside_photo):
-            cut = f"{100 * outside:.0f} % of it outside, at most {100 * lim:.0f} %"
+            cut = "{} % of it outside, at most {} %".format(*shown(100 * outside, 100 * lim))
             miss("low_confidence", f"face partly outside the photo ({cut}): show the whole face", outside, lim)
         elif detection.score < (lim := limits.min_det_score):
-            how = f"detector confidence {detection.score:.3f}, {lim:.3f} needed"
+            how = "detector confidence {}, {} needed".format(*shown(detection.score, lim, 3))
             miss("low_confidence", f"face hard to find ({how}): show the whole face, in focus", detection.score, lim)
     if score < gate:
-        why = "the face is unlike those the model knows"
-        miss("out_of_distribution", f"quality {score:.2f} is below the gate {gate:.2f} ({why})", score, gate)
+        a, b = shown(score, gate, 2)
+        why = f"quality {a} is below the gate {b} (the face is unlike those the model knows)"
+        miss("out_of_distribution", why, score, gate)
     return tuple(out)
+
+
+def shown(value: float, limit: float, digits: int = 0) -> tuple[str, str]:
+    """``value`` and ``limit`` at ``digits`` decimals, or at more until they differ: a refusal must not read
+    "sharpness 1, 1 needed"."""
+    for d in range(digits, digits + 4):
+        a, b = f"{value:.{d}f}", f"{limit:.{d}f}"
+        if a != b:
+            break
+    return a, b
 
 
 #: The enrolment gate measured on LFW (``benchmarks/quality_p1.py``, ``docs/quality.md``): the largest quality that
@@ -266,7 +279,7 @@ def quality_verdict(
     refuse with a 'retake' message that names the reasons."""
     accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
     low = QualityReason(
-        "out_of_distribution", f"quality {score:.2f} is below the gate {threshold:.2f}", score, threshold
+        "out_of_distribution", "quality {} is below the gate {}".format(*shown(score, threshold, 2)), score, threshold
     )
     reason = None if accepted else refusal_message(reasons or (low,))
     return QualityVerdict(float(score), float(raw), float(threshold), accepted, reason, reasons)
@@ -279,6 +292,6 @@ def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
         return q
     shown = q.reasons
     if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
-        below = f"quality {q.score:.2f} is below the enrolment gate {gate:.2f}"
+        below = "quality {} is below the enrolment gate {}".format(*shown(q.score, gate, 2))
         shown = (*q.reasons, QualityReason("below_enrol_gate", below, q.score, gate))
     return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)

@@ -76,6 +76,16 @@ def test_each_reason_names_its_value_and_limit() -> None:
     assert face_reasons(_det(ARCFACE_TEMPLATE * 2), np.array([8.0, 120.0, 0.0]), 0.9, 0.5, LIMITS) == ()
 
 
+def test_a_value_near_its_limit_is_shown_apart_from_it() -> None:
+    """Rounded alike, "sharpness 1, 1 needed" would tell a person nothing: more digits until they differ."""
+    assert LIMITS.min_sharpness == 0.8
+    (r,) = face_reasons(None, np.array([0.675, 120.0, 0.0], np.float32), 0.9, 0.5, LIMITS)
+    assert "(sharpness 0.7, 0.8 needed)" in r.message
+    (r,) = face_reasons(None, None, 0.4996, 0.5, LIMITS)
+    assert r.message.startswith("quality 0.4996 is below the gate 0.5000")
+    assert "0.30 is below the gate 0.50" in quality_verdict(0.3, 1.0, 0.5, ()).reason
+
+
 def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
     r = face_reasons(_det(ARCFACE_TEMPLATE * 0.25), None, 0.9, 0.5, LIMITS)
     v = quality_verdict(0.9, 11.0, 0.5, r)
