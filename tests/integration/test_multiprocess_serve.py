@@ -137,6 +137,47 @@ def test_a_dead_engine_takes_the_server_down(tmp_path: Path, fg: SimpleNamespace
     assert _children(proc.pid) == []
 
 
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts: an orphan's new parent may not reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _spawned(pid: int) -> list[int]:
+    return [c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def test_the_engine_stops_when_the_supervisor_is_killed(tmp_path: Path, fg: SimpleNamespace) -> None:
+    """kill -9 of the supervisor: its engine stops too, instead of holding the models (and a GPU) as an orphan."""
+    server = fg.ServeProcess(tmp_path, workers=2)
+    try:
+        server.wait_ready()
+        engine = min(_spawned(server.proc.pid), key=_start_time)
+        os.kill(server.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not _gone(engine) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(engine), "the engine lives on without its supervisor"
+    finally:
+        server.close()
+
+
+def test_sigterm_while_the_engines_start_stops_the_server(tmp_path: Path, fg: SimpleNamespace) -> None:
+    """SIGTERM (a rollout, a scale-down) while the engines load: the server stops cleanly, it does not come up."""
+    server = fg.ServeProcess(tmp_path, workers=2)
+    try:
+        deadline = time.monotonic() + 60
+        while not _spawned(server.proc.pid) and time.monotonic() < deadline:  # an engine is starting
+            time.sleep(0.05)
+        os.kill(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0, server.log()[-2000:]
+    finally:
+        server.close()
+    assert _children(server.proc.pid) == []
+
+
 def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left(
     fg: SimpleNamespace, tmp_path: Path
 ) -> None:

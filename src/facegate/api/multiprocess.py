@@ -251,11 +251,25 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     key = secrets.token_bytes(32)
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
+
+    class _Stopped(BaseException):
+        pass
+
+    def _stop_start_up(*_: Any) -> None:
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, _stop_start_up)  # the CLI made SIGTERM a no-op for uvicorn's re-raise
     try:
         for e in engines:  # spawned together, then waited for: one failing stops them all (finally)
             e.spawn()
-        for e in engines:
-            e.wait()
+        try:
+            for e in engines:
+                e.wait()
+        except _Stopped:
+            log.info("SIGTERM during start-up: stopping")
+            return
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         front_ends = max(2, plan.workers)
         url = f"http://{settings.host}:{settings.port}"
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))

@@ -156,7 +156,11 @@ class ServiceStats:
             into = sums.setdefault(metric.name, {})
             for s in metric.samples:
                 key = (s.name, tuple(s.labels.items()))
-                into[key] = into.get(key, 0.0) + s.value
+                # every engine holds the whole gallery index: its size is not summed over them
+                if metric.name == "facegate_gallery_subjects":
+                    into[key] = max(into.get(key, 0.0), s.value)
+                else:
+                    into[key] = into.get(key, 0.0) + s.value
         for name, metric in families.items():
             metric.samples = [Sample(n, dict(labels), v) for (n, labels), v in sums[name].items()]
         return list(families.values())

@@ -363,6 +363,15 @@ def engine_main(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    supervisor = os.getppid()
+
+    def watch_parent() -> None:  # the supervisor was killed outright: stop as on SIGTERM, not live on as an orphan
+        if os.getppid() != supervisor:
+            on_signal()
+        else:
+            loop.call_later(1.0, watch_parent)
+
+    loop.call_later(1.0, watch_parent)
     log.info("engine ready in %.1f s on %s (%s)", info["startup_s"], address, info["device"])
     log.info("engine start-up: build %.1f s, warm-up %s", build_s, {k: v["seconds"] for k, v in info["warmup"].items()})
     ready.send(("ready", info))

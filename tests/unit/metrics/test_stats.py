@@ -127,3 +127,12 @@ def test_engine_samples_of_several_engines_add_up() -> None:
     assert values[("facegate_batch_size_bucket", ("embed", "2.0"))] == 1
     assert values[("facegate_batch_size_bucket", ("embed", "4.0"))] == 2
     assert values[("facegate_gallery_feed_lag_seconds_sum", ())] == pytest.approx(0.05)
+
+
+def test_every_engine_holds_the_whole_gallery_so_its_size_is_not_summed() -> None:
+    a, b = ServiceStats(), ServiceStats()
+    for s in (a, b):
+        s.gallery_sizes_hook()({"staff": 12})
+    merged = ServiceStats.merge_samples([a.engine_samples(), b.engine_samples()])
+    values = {s.name: s.value for m in merged for s in m.samples if s.name == "facegate_gallery_subjects"}
+    assert values == {"facegate_gallery_subjects": 12}
