@@ -178,6 +178,23 @@ def test_sigterm_while_the_engines_start_stops_the_server(tmp_path: Path, fg: Si
     assert _children(server.proc.pid) == []
 
 
+def test_a_port_in_use_fails_before_the_engines_load(tmp_path: Path, fg: SimpleNamespace) -> None:
+    """The address is bound first: a port in use is a clear error at once, not after minutes of model loading,
+    and the run leaves no folder behind."""
+    import socket
+    import tempfile
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        server = fg.ServeProcess(tmp_path, workers=2, port=taken.getsockname()[1])
+        try:
+            assert server.proc.wait(timeout=60) != 0
+        finally:
+            server.close()
+    assert "cannot listen on 127.0.0.1" in server.log() and "server_error" in server.log()
+    assert "engine ready" not in server.log()
+    assert not list(Path(tempfile.gettempdir()).glob(f"facegate-*-{server.proc.pid}-*"))
+
+
 def test_front_ends_on_a_non_loopback_bind_refuse_api_routes_once_no_key_is_left(
     fg: SimpleNamespace, tmp_path: Path
 ) -> None:

@@ -170,9 +170,13 @@ def frontend_main(control_path: str, settings: Settings, plan: ServingPlan, engi
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR (and SO_REUSEPORT)."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
+    """The public listening socket (IPv4 or IPv6 as ``host`` resolves), with SO_REUSEADDR (and SO_REUSEPORT);
+    ServerError when the address cannot be bound (in use, not this host's)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
+    except OSError as exc:
+        raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", detail={"port": port}) from None
 
 
 #: a front-end that exits within this many seconds of its start counts as failing at start-up
@@ -188,13 +192,15 @@ def serve_balanced(
     *,
     target: Callable[..., None] = frontend_main,
     engines: Sequence[EngineProcess] = (),
+    sock: socket.socket | None = None,
 ) -> None:
     """Run ``front_ends`` processes ``target(control_path, *args)`` fed by an acceptor thread until SIGINT/SIGTERM,
     replacing any that exits. ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor
     thread stops; ModelError when one of ``engines`` dies (so that a supervisor restarts the server whole)."""
+    sock = sock or listen(settings.host, settings.port)
     folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
-    acceptor = Acceptor(listen(settings.host, settings.port), control)
+    acceptor = Acceptor(sock, control)
     acceptor.start()
     ctx = mp.get_context("spawn")
 
@@ -249,6 +255,7 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
     remove_stale_run_dirs()
     devices = engine_devices(plan.engines, plan.engines_per_gpu, plan.device == "cuda")
     key = secrets.token_bytes(32)
+    sock = listen(settings.host, settings.port)  # before the engines load: a port in use fails at once
     engines = [EngineProcess(settings, plan, cuda_device=d, authkey=key) for d in devices]
     metrics_dir = make_run_dir("metrics")  # this run's prometheus_client multiprocess files
 
@@ -275,8 +282,9 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
         log.info("facegate listening on %s with %d front-ends and %d engine process(es)", url, front_ends, len(engines))
         with patch.dict(os.environ, {MULTIPROC_ENV: str(metrics_dir)}):  # this run's metrics folder
             args = (settings, plan, ([e.address for e in engines], key))
-            serve_balanced(settings, front_ends, args, engines=engines)
+            serve_balanced(settings, front_ends, args, engines=engines, sock=sock)
     finally:
+        sock.close()
         for engine in engines:
             engine.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
