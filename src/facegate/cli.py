@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,8 +111,16 @@ def _settings(**kw: Any) -> Settings:
         ) from None
 
 
+def _model_files(args: dict[str, Any]) -> None:
+    """A model file given by a flag must exist: else InvalidParameterError naming the flag and the file (exit 2)."""
+    for k in ("rts_checkpoint", "quality_head"):
+        if args.get(k) is not None and not Path(args[k]).is_file():
+            raise InvalidParameterError(f"--{k.replace('_', '-')} {args[k]}: no such file", detail={"field": k})
+
+
 def _model_kw(args: dict[str, Any]) -> dict[str, Any]:
-    """The model options of a one-shot command (its ``locals()``)."""
+    """The model options of a one-shot command (its ``locals()``), its model files checked (:func:`_model_files`)."""
+    _model_files(args)
     return {k: args[k] for k in ("device", "precision", "model", "rts_checkpoint", "quality_head")}
 
 
@@ -165,6 +174,7 @@ def serve(
 ) -> None:
     """Serve the HTTP API and the web page (default http://127.0.0.1:7860) with the serving plan chosen for
     this machine (``--profile`` overrides it; explicit flags override the plan)."""
+    _model_files(locals())
     # environment variables (FACEGATE_*) apply; flags given here override them (nested groups are merged)
     kw = {k: v for k, v in locals().items() if k not in ("no_auth", "max_batch_size", "max_wait_ms")}
     kw.update(device=None if device == "auto" else device, model=None if model == "sface" else model)
@@ -289,6 +299,11 @@ def embed(
     if out.suffix not in {".npz", ".jsonl"}:
         raise InvalidParameterError("--out must end in .npz or .jsonl", detail={"field": "out"})
     s = _settings(**_model_kw(locals()))
+    try:  # an --out that cannot be written is refused before the work, not after it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot write --out {out}: {exc.strerror}", detail={"field": "out"}) from None
     files = sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXT)
     if not files:
         raise EmptyInputError(f"no image files under {folder}")
@@ -315,7 +330,6 @@ def embed(
                         rows.append({"path": str(f), "face": k, **face.to_dict(), "enrol_accepted": accepted})
                         rows[-1]["embedding"] = face.embedding
             bar.update(len(chunk))
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npz":
         emb = np.stack([r["embedding"] for r in rows]) if rows else np.zeros((0, p.spec.embedding_dim), np.float32)
         np.savez_compressed(
@@ -441,8 +455,8 @@ def eval_lfw(
     from facegate.eval.lfw import embed_lfw, evaluate_scores, pair_images, pair_scores, read_pairs
 
     s = _settings(**_model_kw(locals()), flip_tta=flip_tta)
+    pairs = read_pairs(root, check_images=True)  # a broken LFW root is refused before any model loads
     p = _pipeline(s)
-    pairs = read_pairs(root)
     paths = pair_images(pairs)
     t0 = time.perf_counter()
     with tqdm(total=len(paths), unit="img", desc="lfw", file=sys.stderr) as bar:
@@ -482,6 +496,7 @@ def export_onnx_cmd(
     from facegate.models.recognizer import build_recognizer
     from facegate.models.registry import get_spec
 
+    _model_files(locals())
     spec = get_spec("irse64_rts" if rts_checkpoint is not None else model)
     rec = build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head)
     _echo(export_onnx(rec, out, opset=opset))

@@ -162,6 +162,10 @@ class EngineClosedError(EngineError, code="engine_closed"):
     """The engine is stopped or not ready."""
 
 
+class KeysFileError(FacegateError, code="keys_file_unreadable"):
+    """The API keys file cannot be read or parsed (a broken file in the data folder, not a bad request)."""
+
+
 class ServerError(FacegateError, code="server_error"):
     """The multi-process server cannot keep serving: front-end processes keep exiting at start-up, or the
     acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""

@@ -193,3 +193,118 @@ def test_a_failed_enrol_removes_the_gallery_it_created(tmp_path: Path, source: s
     assert res.exit_code == 2, res.output
     with open_store(url) as store:
         assert [(g.name, g.subjects) for g in store.list_galleries()] == [("old", 0)]
+
+
+def _no_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make loading the models fail, so a test shows that the input was refused before they load."""
+
+    def fail(settings: object) -> None:
+        raise AssertionError("the models loaded")
+
+    monkeypatch.setattr("facegate.cli._pipeline", fail)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        ("1 1\nAaron_Peirsol 1 2\nAaron_Peirsol 1 Abel_Pacheco 1\n", "3 images of"),  # no lfw-deepfunneled/
+        ("10 300 extra\n", "line 1"),
+        ("1 1\nAaron_Peirsol 1 x\nAaron_Peirsol 1 Abel_Pacheco 1\n", "line 2"),
+    ],
+)
+def test_eval_lfw_broken_root_is_refused_before_the_models_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pairs: str, expected: str
+) -> None:
+    (tmp_path / "lfw" / "Aaron_Peirsol").mkdir(parents=True)  # the images in lfw/, not lfw-deepfunneled/
+    (tmp_path / "pairs.txt").write_text(pairs)
+    _no_models(monkeypatch)
+    res = runner.invoke(app, ["eval", "lfw", "--root", str(tmp_path), "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and expected in err["message"], err
+    if expected == "3 images of":
+        assert "Aaron_Peirsol/Aaron_Peirsol_0001.jpg" in err["message"], err
+
+
+@pytest.mark.parametrize("out", ["file/x.npz", "/proc/x.npz"])
+def test_embed_refuses_an_unwritable_out_before_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str
+) -> None:
+    if out.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc")
+    (tmp_path / "file").write_text("a file, not a folder")
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"whatever")
+    _no_models(monkeypatch)
+    res = runner.invoke(app, ["embed", str(tmp_path / "photos"), "--out", str(tmp_path / out)])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and "--out" in err["message"] and out in err["message"], err
+
+
+def test_device_cuda_without_cuda_is_bad_input(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    (tmp_path / "a.jpg").write_bytes(b"whatever")
+    args = ["embed", str(tmp_path), "--out", str(tmp_path / "x.npz"), "--model", "sface-tiny", "--device", "cuda"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and "no CUDA device" in err["message"], err
+
+
+@pytest.mark.parametrize("flag", ["--rts-checkpoint", "--quality-head"])
+def test_export_onnx_missing_model_file_is_bad_input(tmp_path: Path, flag: str) -> None:
+    missing = str(tmp_path / "missing.pt")
+    res = runner.invoke(app, ["export", "onnx", "--out", str(tmp_path / "m.onnx"), flag, missing])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and flag in err["message"] and missing in err["message"], err
+
+
+def test_keys_create_in_an_unwritable_data_dir_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("a file, not a folder")
+    res = runner.invoke(app, ["keys", "create", "--data-dir", str(tmp_path / "file" / "x")])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and str(tmp_path / "file" / "x") in err["message"], err
+
+
+def test_keys_list_with_a_corrupt_keys_file_names_it(tmp_path: Path) -> None:
+    """A broken keys file is broken state, not bad input: exit 1, and the error names the file."""
+    (tmp_path / "api_keys.json").write_text("{not json")
+    res = runner.invoke(app, ["keys", "list", "--data-dir", str(tmp_path)])
+    assert res.exit_code == 1, res.output
+    err = _json_error(res)
+    assert err["code"] == "keys_file_unreadable" and str(tmp_path / "api_keys.json") in err["message"], err
+
+
+def test_train_quality_bad_device_is_bad_input(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["train-quality", str(tmp_path), "--out", str(tmp_path / "h.pt"), "--device", "gpu"])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert err["code"] == "invalid_parameter" and "--device gpu" in err["message"], err
+
+
+def test_train_quality_skips_an_unreadable_photo(lfw_root: Path, tmp_path: Path) -> None:
+    """An unreadable photo is skipped and logged with its path (its rows not found); extraction shows a progress
+    bar; too few faces says how many are needed."""
+    src = lfw_root / "lfw-deepfunneled"
+    for name in ("Colin_Powell", "Tony_Blair"):
+        (tmp_path / "faces" / name).mkdir(parents=True)
+        shutil.copy(src / name / f"{name}_0001.jpg", tmp_path / "faces" / name)
+    (tmp_path / "faces" / "Colin_Powell" / "bad.jpg").write_text("not a photo")  # between the two photos
+    feats = tmp_path / "f.npz"
+    args = ["train-quality", str(tmp_path / "faces"), "--out", str(tmp_path / "h.pt"), "--n-random", "1"]
+    res = runner.invoke(app, [*args, "--save-features", str(feats)])
+    assert res.exit_code == 2, res.output
+    err = _json_error(res)
+    assert "need at least 256 faces" in err["message"] and "add photos" in err["message"], err
+    assert f"skipping {tmp_path / 'faces' / 'Colin_Powell' / 'bad.jpg'}" in res.stderr
+    assert "features: 100%" in res.stderr
+    z = np.load(feats)
+    paths = ["Colin_Powell/Colin_Powell_0001.jpg", "Colin_Powell/bad.jpg", "Tony_Blair/Tony_Blair_0001.jpg"]
+    clean = z["variant"] == 0
+    assert z["path"][clean].tolist() == paths and z["found"][clean].tolist() == [True, False, True]

@@ -4,17 +4,19 @@ face: ``emb`` float16 (normalised), ``head_in`` (the RTS head's input), ``norm``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from facegate.errors import InvalidParameterError
+from facegate.errors import InputError, InvalidParameterError
 from facegate.eval.degrade import DEGRADATIONS, SEVERITIES, degrade, path_rng, random_variant
 from facegate.eval.lfw import detect_centre
 from facegate.models.quality import sface_head_input
 
+log = logging.getLogger(__name__)
 Variant = tuple[str, int]  # ("clean", 0) or (degradation, severity)
 
 
@@ -70,8 +72,10 @@ def extract(
     *,
     batch_size: int = 64,
     seed: int = 0,
+    progress: Callable[[int], None] = lambda _: None,
 ) -> dict[str, np.ndarray]:
-    """Run the plan; returns column arrays (one row per (image, variant))."""
+    """Run the plan; returns column arrays (one row per (image, variant)); a photo that cannot be read is skipped
+    (logged; its rows stay ``found`` False)."""
     from facegate.io.decode import decode_image
 
     rec = pipeline.recognizer
@@ -94,17 +98,23 @@ def extract(
     loaded = ""  # the photo in ``img``: a photo's variants are consecutive jobs
     for start in range(0, n, batch_size):
         chunk = jobs[start : start + batch_size]
-        images = []
-        for p, k, (name, sev) in chunk:
+        images, at = [], []  # ``at``: each image's row in the chunk
+        for i, (p, k, (name, sev)) in enumerate(chunk):
             if p != loaded:
-                loaded, img = p, decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
-            images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
-        found = detect_centre(pipeline, images)
+                loaded, img = p, None
+                try:
+                    img = decode_image((base / p).read_bytes(), max_bytes=1 << 26, max_pixels=1 << 26)
+                except (OSError, InputError) as exc:
+                    log.warning("skipping %s: %s", base / p, exc)
+            if img is not None:
+                images.append(degrade(img, name, sev, path_rng(p, k, seed)))  # severity 0: the clean photo
+                at.append(i)
+        found = detect_centre(pipeline, images) if images else []
         owners = [i for i, d in enumerate(found) if d is not None]
         chosen = [found[i] for i in owners]
         if chosen:
             crops = pipeline.align(images, chosen, owners)
-            rows = start + np.asarray(owners)
+            rows = start + np.asarray(at)[owners]
             with torch.inference_mode():
                 emb_raw, feats = rec.backbone(rec.preprocess(torch.from_numpy(crops).to(rec.device)))
                 emb_raw = emb_raw.float()
@@ -116,4 +126,5 @@ def extract(
             out["heuristic"][rows] = [
                 _heuristic(images[i], c, d) for i, c, d in zip(owners, crops, chosen, strict=True)
             ]
+        progress(len(chunk))
     return out

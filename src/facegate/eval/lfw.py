@@ -34,22 +34,30 @@ def image_rel(name: str, idx: int) -> str:
     return f"{name}/{name}_{idx:04d}.jpg"
 
 
-def read_pairs(root: Path) -> list[Pair]:
-    """Parse ``pairs.txt`` (first line ``10 300``: folds × pairs of each kind per fold)."""
+def read_pairs(root: Path, *, check_images: bool = False) -> list[Pair]:
+    """Parse ``pairs.txt`` (first line ``10 300``: folds × pairs of each kind per fold); ``check_images``: refuse
+    it unless every image it lists is under ``lfw-deepfunneled/``."""
     path = Path(root) / "pairs.txt"
     if not path.is_file():
         raise InvalidParameterError(f"no pairs.txt under {root}", detail={"root": str(root)})
-    lines = path.read_text().strip().splitlines()
-    n_folds, n_each = (int(v) for v in lines[0].split())
+    lines = path.read_text().strip().splitlines() or [""]
+    try:
+        n_folds, n_each = (int(v) for v in lines[0].split())
+    except ValueError:
+        raise InvalidParameterError(f"{path} line 1 must be '<folds> <pairs each>', not {lines[0]!r}") from None
     rows = [ln.split() for ln in lines[1:]]
     if len(rows) != n_folds * 2 * n_each:
         raise InvalidParameterError(f"pairs.txt has {len(rows)} pairs, expected {n_folds * 2 * n_each}")
     pairs: list[Pair] = []
     for k, r in enumerate(rows):
-        if len(r) not in (3, 4):
+        if len(r) not in (3, 4) or not (r[1].isdigit() and r[-1].isdigit()):
             raise InvalidParameterError(f"malformed pairs.txt line {k + 2}: {' '.join(r)}")
         other, idx = (r[0], r[2]) if len(r) == 3 else (r[2], r[3])  # genuine: name i j; impostor: name i other j
         pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(other, int(idx)), k // (2 * n_each), len(r) == 3))
+    missing = [p for p in pair_images(pairs) if check_images and not (Path(root) / "lfw-deepfunneled" / p).is_file()]
+    if missing:
+        msg = f"{len(missing)} images of {path} are not under {root}/lfw-deepfunneled, e.g. {', '.join(missing[:3])}"
+        raise InvalidParameterError(msg, detail={"root": str(root), "missing": missing[:10]})
     return pairs
 
 

@@ -79,7 +79,10 @@ def configure_device(plan: ServingPlan, mib: int | None = None) -> None:
     configure_cpu_threads(plan.cpu_threads)
     if plan.device != "cuda":
         return
-    dev = torch.cuda.current_device()
+    try:
+        dev = torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # torch built without CUDA, or no GPU (driver) here
+        raise InvalidParameterError("--device cuda but no CUDA device is available") from None
     if mib is not None:
         total = torch.cuda.get_device_properties(dev).total_memory
         if mib * 2**20 > total:

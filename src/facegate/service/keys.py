@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from facegate.errors import InvalidParameterError
+from facegate.errors import InvalidParameterError, KeysFileError
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,19 @@ class KeyStore:
         check costs a ``stat`` a second, not a parse of every key."""
         try:
             st = self.path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no keys file (or no folder for it)
             self._by_digest, self._seen = {}, None
             return
         if (st.st_ino, st.st_mtime_ns, st.st_size) == self._seen:
             return
-        raw = json.loads(self.path.read_text(encoding="utf-8"))
-        self._by_digest = {
-            k["sha256"]: ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
-            for k in raw.get("keys", [])
-        }
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            self._by_digest = {
+                k["sha256"]: ApiKey(k["id"], k["name"], parse_scopes(k["scopes"]), k["sha256"], float(k["created"]))
+                for k in raw.get("keys", [])
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidParameterError) as exc:
+            raise KeysFileError(f"broken API keys file {self.path}: {exc}", detail={"path": str(self.path)}) from exc
         self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _refresh(self) -> None:
@@ -103,7 +106,7 @@ class KeyStore:
             self._checked = now
             try:
                 self._load()
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, KeysFileError):
                 log.exception("cannot read the API keys file; keeping the keys read before")
 
     def list_keys(self) -> list[ApiKey]:
@@ -125,9 +128,13 @@ class KeyStore:
         return key if key is not None and hmac.compare_digest(key.sha256, digest) else None
 
     def _write(self, keys: list[ApiKey]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"keys": [asdict(k) for k in keys]}, indent=2)
-        fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)  # created with mode 0600
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".api_keys.", dir=self.path.parent)  # created with mode 0600
+        except OSError as exc:
+            msg = f"cannot write the API keys file in {self.path.parent}: {exc.strerror}"
+            raise InvalidParameterError(msg, detail={"field": "data_dir", "path": str(self.path.parent)}) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm import tqdm
 
 from facegate.errors import InvalidParameterError
 from facegate.eval.features import extract, plan_variants, read_parts
@@ -77,8 +78,6 @@ def train_rts_head(
     """A head (eval, CPU, fp32, on raw ``head_in``; trained standardised) and its per-epoch losses, from ``head_in
     (N, F)``, ``emb (N, D)``, ``labels (N,)`` against frozen ``class_init (C, D)``; ``target_proto (N, D)``: each
     row's target-class weight (the other clean photos of its identity)."""
-    from tqdm import tqdm
-
     n = head_in.shape[0]
     if not (emb.shape[0] == labels.shape[0] == n) or n < 2:
         raise InvalidParameterError(f"need >= 2 aligned rows, got head_in {head_in.shape}, emb {emb.shape}")
@@ -164,7 +163,9 @@ def train_and_calibrate(
     identity), with the per-epoch losses."""
     rows = np.flatnonzero(table["found"])
     if rows.size < config.batch_size:
-        raise InvalidParameterError(f"only {rows.size} training faces; need at least batch_size={config.batch_size}")
+        raise InvalidParameterError(
+            f"only {rows.size} faces found; need at least {config.batch_size} faces (the training batch): add photos"
+        )
     present, labels = np.unique(table["identity"][rows], return_inverse=True)
     emb = table["emb"][rows].astype(np.float64)
     clean = table["variant"][rows] == 0
@@ -211,6 +212,9 @@ def train_quality(
     """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
     random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
     t0 = time.perf_counter()
+    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+        msg = f"--device {device}: use cpu, or cuda where a CUDA device is available"
+        raise InvalidParameterError(msg, detail={"field": "device"})
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
         from facegate.config import Settings
         from facegate.pipeline.pipeline import FacePipeline
@@ -221,7 +225,9 @@ def train_quality(
         if not paths:
             raise InvalidParameterError(f"no <identity>/<image> files under {root}", detail={"root": str(root)})
         pipe = FacePipeline.from_settings(Settings(device=device, precision="fp32", compile="off"))
-        table = extract(pipe, root, paths, plan_variants(paths, n_random, 0, config.seed), seed=config.seed)
+        with tqdm(total=len(paths) * (1 + n_random), unit="img", desc="features", file=sys.stderr) as bar:
+            plan = plan_variants(paths, n_random, 0, config.seed)
+            table = extract(pipe, root, paths, plan, seed=config.seed, progress=bar.update)
         if save_features is not None:
             save_features.parent.mkdir(parents=True, exist_ok=True)
             np.savez_compressed(save_features, **table)
