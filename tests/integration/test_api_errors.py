@@ -246,11 +246,13 @@ def test_model_error_at_startup(server_factory, tmp_path: Path, fg: SimpleNamesp
 
 @pytest.mark.slow
 def test_serve_exits_when_models_cannot_load(tmp_path: Path, fg: SimpleNamespace) -> None:
-    """`facegate serve` (→ run(settings)) with unloadable weights stops and exits non-zero with a JSON error."""
+    """`facegate serve` (→ run(settings)) with unloadable weights stops and exits 1 with a JSON error (a file that
+    is not there is bad input instead: exit 2, tests/unit/test_cli.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FACEGATE_")}
+    (broken := tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
     cmd = [
         sys.executable, "-m", "facegate", "serve", "--port", str(fg.free_port()), "--device", "cpu",
-        "--data-dir", str(tmp_path / "data"), "--rts-checkpoint", str(tmp_path / "missing.pt"),
+        "--data-dir", str(tmp_path / "data"), "--rts-checkpoint", str(broken),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, timeout=180, check=False)
     stderr = proc.stderr.decode(errors="replace")
@@ -275,7 +277,7 @@ def test_every_error_class_maps_to_the_documented_status() -> None:
         E.WeightsIntegrityError: 500, E.CheckpointError: 500, E.GalleryError: 500, E.EngineError: 503,
         E.GalleryUnavailableError: 503, E.ErasureIncompleteError: 503, E.ServerError: 500,
         E.BodyTooLargeError: 413, E.UnauthorizedError: 401, E.ForbiddenError: 403, E.OriginNotAllowedError: 403,
-        E.HostNotAllowedError: 400, E.RateLimitedError: 429, E.OverloadedError: 503,
+        E.HostNotAllowedError: 400, E.RateLimitedError: 429, E.OverloadedError: 503, E.KeysFileError: 500,
         E.FacegateError: 500,
     }  # fmt: skip
     classes = [getattr(E, n) for n in E.__all__ if issubclass(getattr(E, n), E.FacegateError)]
