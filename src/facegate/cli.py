@@ -26,6 +26,7 @@ from facegate.errors import (
     InputError,
     InvalidParameterError,
     ServerError,
+    raise_first,
 )
 
 log = logging.getLogger("facegate")
@@ -275,7 +276,15 @@ def compare(
 
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
-    a, b = (p.faces([_read(img, s)])[0][0] for img in (img1, img2))
+
+    def face(img: Path) -> Any:
+        try:
+            return p.faces([_read(img, s)])[0][0]
+        except FacegateError as exc:
+            return exc
+
+    a, b = outcomes = [face(img1), face(img2)]
+    raise_first(outcomes, ("img1", "img2"))  # as the API answers: the error names its photo
     _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 
 
@@ -521,6 +530,8 @@ def train_quality_cmd(
 
     if device == "auto":  # as the serving plan resolves it
         device = "cuda" if detect_machine().gpus > 0 else "cpu"
+    if device not in ("cpu", "cuda"):  # cuda without a CUDA device: refused as the pipeline is built
+        raise InvalidParameterError(f"--device {device}: use cpu, cuda or auto", detail={"field": "device"})
 
     src: Path | list[str] = Path(source[0]) if len(source) == 1 and Path(source[0]).is_dir() else source
     rep = train_quality(

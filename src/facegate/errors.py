@@ -171,4 +171,14 @@ class ServerError(FacegateError, code="server_error"):
     acceptor thread stopped (raised by ``facegate serve``, which then exits non-zero)."""
 
 
+def raise_first(outcomes: list[Any], names: tuple[str, ...]) -> None:
+    """Raise the first exception among ``outcomes`` (one input's result each, in input order): a FacegateError with
+    ``detail.field`` naming its input (compare's ``img1``/``img2``: which photo to retake or rescan)."""
+    for name, outcome in zip(names, outcomes, strict=True):
+        if isinstance(outcome, FacegateError):
+            outcome.detail = {"field": name, **outcome.detail}
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
 __all__ = [name for name, obj in list(globals().items()) if isinstance(obj, type) and issubclass(obj, Exception)]

@@ -36,7 +36,7 @@ def test_compare_bad_file_is_a_json_error(tmp_path: Path) -> None:
     res = runner.invoke(app, ["compare", str(bad), str(bad)])
     assert res.exit_code == 2
     err = json.loads(res.stderr.strip().splitlines()[-1])["error"]
-    assert err["code"] == "image_unreadable"
+    assert err["code"] == "image_unreadable" and err["detail"]["field"] == "img1"
     assert "Traceback" not in res.output
     # a file that is not there is a bad parameter, as bulk enrolment reports a missing photo
     res = runner.invoke(app, ["compare", str(tmp_path / "missing.jpg"), str(bad)])
@@ -54,6 +54,9 @@ def test_compare_and_embed_on_lfw(lfw_root: Path, tmp_path: Path) -> None:
     assert len(out["faces"]) == 2 and len(out["faces"][0]["detection"]["landmarks"]) == 5
     assert 0.0 <= out["faces"][0]["quality"]["score"] <= 1.0
     assert out["faces"][0]["quality"]["reasons"] == []  # a good face has no reasons
+    # an error names its photo, as the API's does
+    res = runner.invoke(app, ["compare", str(a), str(tmp_path / "missing.jpg")])
+    assert res.exit_code == 2 and json.loads(res.stderr.strip().splitlines()[-1])["error"]["detail"]["field"] == "img2"
 
     # a photo shrunk until its eyes are a few pixels apart is refused, and the refusal says why
     import cv2

@@ -267,9 +267,9 @@ def run_multiprocess(settings: Settings, plan: ServingPlan) -> None:
 
     previous = signal.signal(signal.SIGTERM, _stop_start_up)  # the CLI made SIGTERM a no-op for uvicorn's re-raise
     try:
-        for e in engines:  # spawned together, then waited for: one failing stops them all (finally)
-            e.spawn()
         try:
+            for e in engines:  # spawned together, then waited for: one failing stops them all (finally)
+                e.spawn()
             for e in engines:
                 e.wait()
         except _Stopped:

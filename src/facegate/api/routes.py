@@ -40,6 +40,7 @@ from facegate.errors import (
     ImageTooLargeError,
     InvalidParameterError,
     PathNotAllowedError,
+    raise_first,
 )
 from facegate.gallery.base import validate_subject_id
 from facegate.io.decode import decode_if_small, decode_image, read_image_file
@@ -249,11 +250,7 @@ async def compare(
     # both photos to one engine process: the answer needs both, and would wait for the slower of two engines
     with same_engine():
         results = await asyncio.gather(one(img1, 0), one(img2, 1), return_exceptions=True)
-    for name, r in zip(("img1", "img2"), results, strict=True):  # the first error in input order, naming its photo
-        if isinstance(r, FacegateError):
-            r.detail = {"field": name, **r.detail}
-        if isinstance(r, BaseException):
-            raise r
+    raise_first(results, ("img1", "img2"))
     res = service.compare(*results)  # type: ignore[arg-type]
     return sc.CompareResponse.from_result(res, model=service.spec.name, crops=crops)
 

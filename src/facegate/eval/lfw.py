@@ -54,8 +54,8 @@ def read_pairs(root: Path, *, check_images: bool = False) -> list[Pair]:
             raise InvalidParameterError(f"malformed pairs.txt line {k + 2}: {' '.join(r)}")
         other, idx = (r[0], r[2]) if len(r) == 3 else (r[2], r[3])  # genuine: name i j; impostor: name i other j
         pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(other, int(idx)), k // (2 * n_each), len(r) == 3))
-    missing = [p for p in pair_images(pairs) if check_images and not (Path(root) / "lfw-deepfunneled" / p).is_file()]
-    if missing:
+    images = pair_images(pairs) if check_images else []
+    if missing := [p for p in images if not (Path(root) / "lfw-deepfunneled" / p).is_file()]:
         msg = f"{len(missing)} images of {path} are not under {root}/lfw-deepfunneled, e.g. {', '.join(missing[:3])}"
         raise InvalidParameterError(msg, detail={"root": str(root), "missing": missing[:10]})
     return pairs

@@ -212,9 +212,6 @@ def train_quality(
     """``facegate train-quality``: train a head on a photo folder (``<root>/<identity>/*.jpg``, clean + ``n_random``
     random degradations of each) or ``.npz`` feature parts, write it to ``out``; returns a summary."""
     t0 = time.perf_counter()
-    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
-        msg = f"--device {device}: use cpu, or cuda where a CUDA device is available"
-        raise InvalidParameterError(msg, detail={"field": "device"})
     if isinstance(source, (str, Path)) and Path(source).is_dir() and not any(Path(source).glob("*.npz")):
         from facegate.config import Settings
         from facegate.pipeline.pipeline import FacePipeline
