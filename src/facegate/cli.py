@@ -45,7 +45,6 @@ PrecisionOpt = Annotated[str, typer.Option(help="fp32 | fp16 | bf16")]
 ModelOpt = Annotated[str, typer.Option(help="recognizer name in the registry")]
 RtsOpt = Annotated[Path | None, typer.Option(help="ModelScope RTS IR-SE-64 pytorch_model.pt")]
 HeadOpt = Annotated[Path | None, typer.Option(help="trained quality-head file")]
-LFW_ENV = "FACEGATE_LFW_ROOT"
 MatchOpt = Annotated[float | None, typer.Option(help="match threshold (default: the registry's SFace threshold)")]
 
 
@@ -59,12 +58,11 @@ def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], 
             from facegate.logs import configure_logging
 
             try:
-                configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
-            except ValueError as exc:  # an unknown level name
-                error = InvalidParameterError(f"FACEGATE_LOG_LEVEL: {exc}", detail={"field": "FACEGATE_LOG_LEVEL"})
-                typer.echo(json.dumps({"error": error.to_dict()}), err=True)
-                raise typer.Exit(2) from None
-            try:
+                try:
+                    configure_logging()  # FACEGATE_LOG_LEVEL, FACEGATE_LOG_FORMAT (text | json)
+                except ValueError as exc:  # an unknown level name
+                    msg = f"FACEGATE_LOG_LEVEL: {exc}"
+                    raise InvalidParameterError(msg, detail={"field": "FACEGATE_LOG_LEVEL"}) from None
                 return fn(*args, **kwargs)
             except FacegateError as exc:
                 typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
@@ -141,17 +139,6 @@ def _key_store(settings: Settings):
     from facegate.service.keys import KeyStore
 
     return KeyStore(settings.data_dir, settings.security.keys_file)
-
-
-def _read(path: Path, settings: Settings):
-    from facegate.io.decode import decode_image
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        # as bulk enrolment reports it: a path the OS cannot read is a bad parameter, not undecodable bytes
-        raise InvalidParameterError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
-    return decode_image(data, max_bytes=settings.limits.max_upload_bytes, max_pixels=settings.limits.max_pixels)
 
 
 @command()
@@ -273,13 +260,14 @@ def compare(
 ) -> None:
     """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
     from facegate.api.schemas import CompareResponse
+    from facegate.service.enrol import read_photo
 
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
 
     def face(img: Path) -> Any:
         try:
-            return p.faces([_read(img, s)])[0][0]
+            return p.faces([read_photo(img, s.limits)])[0][0]
         except FacegateError as exc:
             return exc
 
@@ -303,7 +291,7 @@ def embed(
     import numpy as np
     from tqdm import tqdm
 
-    from facegate.service.enrol import IMAGE_EXT
+    from facegate.service.enrol import IMAGE_EXT, read_photo
 
     if out.suffix not in {".npz", ".jsonl"}:
         raise InvalidParameterError("--out must end in .npz or .jsonl", detail={"field": "out"})
@@ -325,7 +313,7 @@ def embed(
             images, ok = [], []
             for f in chunk:
                 try:
-                    images.append(_read(f, s))
+                    images.append(read_photo(f, s.limits))
                     ok.append(f)
                 except FacegateError as exc:
                     skipped += 1
@@ -399,7 +387,6 @@ def enrol(
                 n = bulk.import_templates(store, gallery, ids, emb, q, progress=bar.update)
             out: dict[str, object] = {"subjects_imported": n, "faces_refused": refused}
         else:
-            faces_of = bulk.pipeline_faces(p, max_bytes=s.limits.max_upload_bytes, max_pixels=s.limits.max_pixels)
             with tqdm(total=sum(map(len, subjects.values())), unit="img", desc="enrol", file=sys.stderr) as bar:
 
                 def progress(photos: int, refused: int) -> None:
@@ -408,7 +395,7 @@ def enrol(
 
                 verdict = p.enrol_verdict if s.quality.enrol_requires_quality else None
                 rep = bulk.enrol_photos(
-                    store, gallery, subjects, faces_of, batch_size=batch_size, progress=progress, verdict=verdict
+                    store, gallery, subjects, p, s.limits, batch_size=batch_size, progress=progress, verdict=verdict
                 )
             out = rep.to_dict()
             refused_images = out.pop("refused")
@@ -445,7 +432,7 @@ def _env_info(settings: Settings) -> dict[str, Any]:
 
 @command(eval_app, "lfw")
 def eval_lfw(
-    root: Annotated[Path, typer.Option(envvar=LFW_ENV, help="LFW root (lfw-deepfunneled/ + pairs.txt)")],
+    root: Annotated[Path, typer.Option(envvar="FACEGATE_LFW_ROOT", help="LFW root (lfw-deepfunneled/ + pairs.txt)")],
     out: Annotated[Path, typer.Option(help="JSON output")] = Path("lfw_eval.json"),
     device: DeviceOpt = "cpu",
     precision: PrecisionOpt = "fp32",

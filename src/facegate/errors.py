@@ -150,8 +150,7 @@ class QueueFullError(EngineError, code="queue_full"):
 
 
 class OverloadedError(QueueFullError, code="overloaded"):
-    """The front-end already works on ``limits.max_admitted`` requests; shed before the body is read
-    (HTTP 503 with Retry-After)."""
+    """The front-end already works on ``limits.max_admitted`` requests; shed before the body is read."""
 
 
 class DeadlineExceededError(EngineError, code="deadline_exceeded", status=504):

@@ -89,8 +89,7 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     return iod, yaw, pitch
 
 
-#: The aligned crop's face region (x0, y0, x1, y1) in crop pixels, and the sample points per side of it.
-FACE_REGION_112 = (FACE_COLS.start, FACE_ROWS.start, FACE_COLS.stop, FACE_ROWS.stop)
+#: Sample points per side of the aligned crop's face region (:data:`FACE_ROWS`, :data:`FACE_COLS`).
 REGION_GRID = 16
 _TEMPLATE_Z = ARCFACE_TEMPLATE.astype(np.float64) @ np.array([1.0, 1j])
 
@@ -108,12 +107,12 @@ def similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]
 
 
 def face_outside_box(landmarks: np.ndarray, box: np.ndarray) -> float:
-    """Share (0-1) of the face region the ``(5, 2)`` landmarks imply (:data:`FACE_REGION_112` mapped back to source
+    """Share (0-1) of the face region the ``(5, 2)`` landmarks imply (the crop's face region mapped back to source
     pixels) outside ``box`` ``(4,)`` (x0, y0, x1, y1), from a :data:`REGION_GRID`² grid of points."""
     a, b, _ = similarity_fit(landmarks)
     if a == 0:
         return 1.0
-    x0, y0, x1, y1 = FACE_REGION_112
+    x0, y0, x1, y1 = FACE_COLS.start, FACE_ROWS.start, FACE_COLS.stop, FACE_ROWS.stop
     bx = np.asarray(box, np.float64).reshape(4)
 
     def outside(src: np.ndarray) -> np.ndarray:
@@ -290,8 +289,8 @@ def enrol_verdict(q: QualityVerdict, gate: float) -> QualityVerdict:
     the quality gate's reason already says the score is too low) and the face's other reasons."""
     if q.accepted and q.score >= gate:
         return q
-    shown = q.reasons
+    reasons = q.reasons
     if q.score < gate and not any(r.code == "out_of_distribution" for r in q.reasons):
         below = "quality {} is below the enrolment gate {}".format(*shown(q.score, gate, 2))
-        shown = (*q.reasons, QualityReason("below_enrol_gate", below, q.score, gate))
-    return QualityVerdict(q.score, q.raw, gate, False, refusal_message(shown), shown)
+        reasons = (*q.reasons, QualityReason("below_enrol_gate", below, q.score, gate))
+    return QualityVerdict(q.score, q.raw, gate, False, refusal_message(reasons), reasons)

@@ -141,6 +141,19 @@ def test_enrolment_gate_and_reliability() -> None:
     assert 0.9 < sure <= 1.0 and near < sure and poor < good
 
 
+def test_enrol_verdict_names_the_enrolment_gate() -> None:
+    from facegate.quality_reasons import enrol_verdict
+
+    passed = quality_verdict(0.8, 1.0, 0.5, ())
+    assert enrol_verdict(passed, 0.7) is passed
+    below = enrol_verdict(passed, 0.87)  # passes the verify gate, not the enrolment gate
+    assert not below.accepted and below.threshold == 0.87 and [r.code for r in below.reasons] == ["below_enrol_gate"]
+    assert below.reason == "retake: quality 0.80 is below the enrolment gate 0.87"
+    ood = face_reasons(None, None, 0.3, 0.5, LIMITS)  # already below the verify gate: that reason says it
+    low = enrol_verdict(quality_verdict(0.3, 1.0, 0.5, ood), 0.87)
+    assert not low.accepted and low.reasons == ood
+
+
 def _similar(points: np.ndarray, scale: float, deg: float, shift: tuple[float, float]) -> np.ndarray:
     th = np.radians(deg)
     rot = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])

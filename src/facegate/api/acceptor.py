@@ -35,7 +35,6 @@ class Acceptor:
 
     def __init__(self, listener: socket.socket, control_path: str) -> None:
         self.listener = listener
-        self.control_path = control_path
         self.handed = 0
         self._control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control.bind(control_path)

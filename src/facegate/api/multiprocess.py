@@ -192,12 +192,12 @@ def serve_balanced(
     *,
     target: Callable[..., None] = frontend_main,
     engines: Sequence[EngineProcess] = (),
-    sock: socket.socket | None = None,
+    sock: socket.socket,
 ) -> None:
-    """Run ``front_ends`` processes ``target(control_path, *args)`` fed by an acceptor thread until SIGINT/SIGTERM,
-    replacing any that exits. ServerError after :data:`MAX_QUICK_EXITS` quick exits in a row, or when the acceptor
-    thread stops; ModelError when one of ``engines`` dies (so that a supervisor restarts the server whole)."""
-    sock = sock or listen(settings.host, settings.port)
+    """Run ``front_ends`` processes ``target(control_path, *args)`` fed by an acceptor thread on ``sock`` (which it
+    closes) until SIGINT/SIGTERM, replacing any that exits. ServerError after :data:`MAX_QUICK_EXITS` quick exits in
+    a row, or when the acceptor thread stops; ModelError when one of ``engines`` dies (so that a supervisor restarts
+    the server whole)."""
     folder = make_run_dir("accept")
     control = str(folder / "accept.sock")
     acceptor = Acceptor(sock, control)

@@ -137,8 +137,8 @@ def _ready(request: Request) -> tuple[ServingState, FaceService, GalleryFront]:
 
 
 async def read_upload(state: ServingState, file: UploadFile, *, index: int | None = None) -> bytes:
-    """All bytes of one upload; ImageTooLargeError past ``max_upload_bytes`` (not read whole), EmptyInputError
-    if none."""
+    """All bytes of one upload; ImageTooLargeError past ``max_upload_bytes`` (by the size the form parser counted,
+    before any read), EmptyInputError if none."""
     max_bytes = state.settings.limits.max_upload_bytes
     detail: dict[str, Any] = {"filename": file.filename or "", "limit": max_bytes}
     if index is not None:
@@ -147,9 +147,7 @@ async def read_upload(state: ServingState, file: UploadFile, *, index: int | Non
         raise ImageTooLargeError(
             f"upload of {file.size} bytes exceeds the limit of {max_bytes} bytes", detail={**detail, "bytes": file.size}
         )
-    data = await file.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ImageTooLargeError(f"upload exceeds the limit of {max_bytes} bytes", detail=detail)
+    data = await file.read()
     if not data:
         raise EmptyInputError("the uploaded file is empty (0 bytes)", detail=detail)
     return data

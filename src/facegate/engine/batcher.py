@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from facegate.errors import DeadlineExceededError, EngineClosedError, QueueFullError
@@ -24,19 +25,17 @@ log = logging.getLogger(__name__)
 AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
+@dataclass(slots=True, eq=False)
 class WorkItem:
     """One unit of work for one stage: its ``payload``, the asyncio or concurrent ``future`` of its result,
-    ``deadline`` and ``enqueued_at`` (``time.monotonic()``), and ``cost``, the rows it adds to a batch."""
+    ``deadline`` and ``enqueued_at`` (``time.monotonic()``), and ``cost >= 1``, the rows it adds to a batch."""
 
-    __slots__ = ("_cancelled", "cost", "deadline", "enqueued_at", "future", "payload")
-
-    def __init__(self, payload: Any, future: AnyFuture, deadline: float, cost: int = 1) -> None:
-        self.payload = payload
-        self.future = future
-        self.deadline = float(deadline)
-        self.enqueued_at = time.monotonic()  # reset by Batcher.put
-        self.cost = max(1, int(cost))
-        self._cancelled = False
+    payload: Any
+    future: AnyFuture
+    deadline: float
+    cost: int = 1
+    enqueued_at: float = field(default_factory=time.monotonic, init=False)  # reset by Batcher.put
+    _cancelled: bool = field(default=False, init=False)
 
     def cancel(self) -> None:
         """Mark the item as no longer wanted (thread-safe; idempotent). It will not be computed."""

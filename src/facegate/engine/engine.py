@@ -297,13 +297,6 @@ class Engine:
         if was != "new":
             log.info("engine stopped (drain=%s)", drain)
 
-    def __enter__(self) -> Engine:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def ready(self) -> bool:
         """Running, and every stage's worker threads are alive."""
@@ -313,37 +306,32 @@ class Engine:
             and all(r.thread.is_alive() for r in self._runners.values())
         )
 
-    def _timeout(self, timeout_s: float | None) -> float:
-        t = self.request_timeout_s if timeout_s is None else float(timeout_s)
-        if not t > 0:
-            raise InvalidParameterError(f"timeout_s must be > 0, got {timeout_s}")
-        return t
-
-    async def submit(self, stage: str, payload: Any, *, timeout_s: float | None = None) -> Any:
-        """What ``deliver`` gave for ``payload`` on ``stage``; cancelling the task cancels the item if not yet
-        computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the stage's error."""
+    async def submit(self, stage: str, payload: Any) -> Any:
+        """What ``deliver`` gave for ``payload`` on ``stage`` within ``request_timeout_s``; cancelling the task
+        cancels the item if not yet computed. Raises QueueFullError, DeadlineExceededError, EngineClosedError, or the
+        stage's error."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        item = self.enqueue(stage, payload, fut, timeout_s=timeout_s)
-        timeout = self._timeout(timeout_s)
+        item = self.enqueue(stage, payload, fut)
         try:
-            async with asyncio.timeout(timeout):  # cancels fut: the batcher drops the item
+            async with asyncio.timeout(self.request_timeout_s):  # cancels fut: the batcher drops the item
                 return await fut
         except TimeoutError:
-            msg = f"no result from stage {stage!r} within {timeout:g} s"
+            msg = f"no result from stage {stage!r} within {self.request_timeout_s:g} s"
             raise DeadlineExceededError(msg, detail={"stage": stage}) from None
         except asyncio.CancelledError:
             item.cancel()
             raise
 
-    def enqueue(self, stage: str, payload: Any, future: AnyFuture, *, timeout_s: float | None = None) -> WorkItem:
+    def enqueue(self, stage: str, payload: Any, future: AnyFuture) -> WorkItem:
         """Queue one item without waiting (thread-safe; no event-loop task per request); its result goes to
-        ``future`` (a concurrent one, or an asyncio one, settled on its own loop). Nothing fails the future at
-        the deadline during compute: the caller sweeps ``item.deadline``."""
+        ``future`` (a concurrent one, or an asyncio one, settled on its own loop). Its deadline is
+        ``request_timeout_s`` from now; nothing fails the future at the deadline during compute: the caller sweeps
+        ``item.deadline``."""
         if self._state != "running":
             raise EngineClosedError(f"engine is {'not started' if self._state == 'new' else 'stopped'}")
         runner = self._runners.get(stage)
         if runner is None:
             raise EngineError(f"unknown stage {stage!r}", detail={"known": list(self._runners)})
-        item = WorkItem(payload, future, time.monotonic() + self._timeout(timeout_s), cost=runner.cost(payload))
+        item = WorkItem(payload, future, time.monotonic() + self.request_timeout_s, cost=runner.cost(payload))
         runner.batcher.put(item)
         return item

@@ -29,11 +29,6 @@ class Pair:
     same: bool
 
 
-def image_rel(name: str, idx: int) -> str:
-    """``Name/Name_0001.jpg`` for person ``name`` and 1-based image number ``idx``."""
-    return f"{name}/{name}_{idx:04d}.jpg"
-
-
 def read_pairs(root: Path, *, check_images: bool = False) -> list[Pair]:
     """Parse ``pairs.txt`` (first line ``10 300``: folds × pairs of each kind per fold); ``check_images``: refuse
     it unless every image it lists is under ``lfw-deepfunneled/``."""
@@ -53,7 +48,8 @@ def read_pairs(root: Path, *, check_images: bool = False) -> list[Pair]:
         if len(r) not in (3, 4) or not (r[1].isdigit() and r[-1].isdigit()):
             raise InvalidParameterError(f"malformed pairs.txt line {k + 2}: {' '.join(r)}")
         other, idx = (r[0], r[2]) if len(r) == 3 else (r[2], r[3])  # genuine: name i j; impostor: name i other j
-        pairs.append(Pair(image_rel(r[0], int(r[1])), image_rel(other, int(idx)), k // (2 * n_each), len(r) == 3))
+        a, b = f"{r[0]}/{r[0]}_{int(r[1]):04d}.jpg", f"{other}/{other}_{int(idx):04d}.jpg"  # 1-based image numbers
+        pairs.append(Pair(a, b, k // (2 * n_each), len(r) == 3))
     images = pair_images(pairs) if check_images else []
     if missing := [p for p in images if not (Path(root) / "lfw-deepfunneled" / p).is_file()]:
         msg = f"{len(missing)} images of {path} are not under {root}/lfw-deepfunneled, e.g. {', '.join(missing[:3])}"
@@ -78,11 +74,9 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
-    """Smallest threshold ``t`` with ``mean(impostor >= t) <= fmr`` (ties broken conservatively)."""
+    """Smallest threshold ``t`` with ``mean(impostor >= t) <= fmr`` (``fmr`` < 1; ties broken conservatively)."""
     imp = np.sort(np.asarray(impostor, np.float64))[::-1]
     k = int(np.floor(fmr * len(imp)))  # number of impostors allowed at or above t
-    if k >= len(imp):
-        return float(imp[-1])
     return float(np.nextafter(imp[k], np.inf))
 
 

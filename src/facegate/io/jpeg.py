@@ -22,12 +22,11 @@ class NotPlain(Exception):  # noqa: N818 - an answer, not an error
 
 @dataclass(frozen=True, slots=True)
 class JpegHeader:
-    """Frame size in pixels (before orientation), components (1 grey, 3 YCbCr), EXIF orientation 1–8 (1 when
-    absent or out of range, as Pillow reads it), and whether an EOI follows the first scan (not truncated)."""
+    """Frame size in pixels (before orientation), EXIF orientation 1–8 (1 when absent or out of range, as Pillow
+    reads it), and whether an EOI follows the first scan (not truncated)."""
 
     height: int
     width: int
-    components: int
     orientation: int
     complete: bool
 
@@ -80,15 +79,14 @@ def read_jpeg_header(data: bytes) -> JpegHeader:
     """Walk ``data``'s marker segments from SOI to the first SOS; NotPlain for anything but a plain JPEG."""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         raise NotPlain("no SOI")
-    frame: tuple[int, int, int] | None = None
+    frame: tuple[int, int] | None = None
     orientation: int | None = None
     for marker, i, end in segments(data):
         length = end - i - 2
         if marker == 0xDA:
             if frame is None or length < 2 or end > len(data):
                 raise NotPlain("scan before the frame header, or past the end")
-            h, w, comps = frame
-            return JpegHeader(h, w, comps, orientation or 1, data.find(b"\xff\xd9", i) != -1)
+            return JpegHeader(*frame, orientation or 1, data.find(b"\xff\xd9", i) != -1)
         if marker in _SOF:
             if frame is not None or length < 8:
                 raise NotPlain("second or short frame header")
@@ -96,7 +94,7 @@ def read_jpeg_header(data: bytes) -> JpegHeader:
             h, w = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]
             if precision != 8 or comps not in (1, 3) or h == 0 or w == 0:
                 raise NotPlain("not 8-bit grey/YCbCr, or a size to come later (DNL)")
-            frame = (h, w, comps)
+            frame = (h, w)
         elif marker == 0xE1:
             body = data[i + 4 : end]
             if body.startswith(b"Exif\x00\x00"):

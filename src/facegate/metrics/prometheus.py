@@ -28,15 +28,13 @@ except ImportError:  # pragma: no cover - older clients: LATEST *is* the 0.0.4 t
     from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
 
-def enable_multiprocess() -> bool:
-    """Keep this process's metrics in ``$PROMETHEUS_MULTIPROC_DIR`` (before its ServiceStats exists); whether it did."""
+def enable_multiprocess() -> None:
+    """Keep this process's metrics in ``$PROMETHEUS_MULTIPROC_DIR`` if it is a folder (call before ServiceStats)."""
     global _multiproc_dir
     path = os.environ.get(MULTIPROC_ENV)
-    if not path or not os.path.isdir(path):
-        return False
-    values.ValueClass = values.MultiProcessValue()
-    _multiproc_dir = path
-    return True
+    if path and os.path.isdir(path):
+        values.ValueClass = values.MultiProcessValue()
+        _multiproc_dir = path
 
 
 def process_exited(pid: int) -> None:

@@ -208,18 +208,17 @@ class ServiceStats:
         n = self.value("facegate_batch_size_count", stage=stage)
         return self.value("facegate_batch_size_sum", stage=stage) / n if n else 0.0
 
-    def refresh_gpu_memory(self) -> dict[str, float]:
-        """Call the GPU-memory source and update the gauges; ``{}`` without one or when it fails."""
+    def refresh_gpu_memory(self) -> None:
+        """Call the GPU-memory source and update the gauges (they keep their values when it fails)."""
         if self.gpu_memory_fn is None:
-            return {}
+            return
         try:
             values = {str(k): float(v) for k, v in self.gpu_memory_fn().items()}
         except Exception:  # a metrics read must never break a scrape
             log.warning("gpu memory source failed", exc_info=True)
-            return {}
+            return
         for kind, v in values.items():
             self.gpu_memory.labels(kind).set(v)
-        return values
 
 
 def torch_cuda_memory_fn(device: int | str | None = None) -> GpuMemoryFn:

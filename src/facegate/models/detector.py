@@ -179,7 +179,6 @@ class FaceDetector:
         hp, wp = _pad32(max(r.shape[0] for r in resized)), _pad32(max(r.shape[1] for r in resized))
         # rows past len(images) are zero padding; the post-processing ignores them
         shape = (self._batch_rows(len(images), hp, wp), hp, wp, 3)
-        # on CUDA the batch is built straight into pinned memory
         pinned = torch.zeros(shape, dtype=torch.uint8, pin_memory=True) if self.device.type == "cuda" else None
         canvas = np.zeros(shape, np.uint8) if pinned is None else pinned.numpy()
         for i, r in enumerate(resized):

@@ -91,11 +91,9 @@ def export_onnx(recognizer: nn.Module, out: Path, *, opset: int = OPSET, verify:
     report: dict[str, Any] = {"out": str(out), "opset": opset, "bytes": out.stat().st_size}
     if not verify:
         return report
-    import onnxruntime as ort
-
     batch = 5
     x = torch.randint(0, 256, (batch, 112, 112, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    sess = ort_session(out.read_bytes(), torch.get_num_threads())
     emb_o, q_o, raw_o = sess.run(None, {"crops": x.numpy()})
     with torch.inference_mode():
         emb, q, raw = (t.numpy() for t in recognizer(x))
@@ -154,8 +152,7 @@ class _MergedHeadLevel(nn.Module):
 
 
 class _HostBatchYuNet(nn.Module):
-    """YuNet (stem taking RGB) on the uint8 RGB batch, its heads merged per level (:class:`_MergedHeadLevel`);
-    outputs :data:`_OUTPUTS`."""
+    """The module :func:`export_yunet_onnx` traces: ``images (N, H, W, 3) uint8`` RGB → :data:`_OUTPUTS`."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -71,18 +71,18 @@ class Recognizer(nn.Module):
         #: also embed the mirrored crop and sum
         self.flip_tta = False
         self._is_irse = isinstance(backbone, IRSE64RTS)
-        dim = getattr(backbone, "embedding_dim", None)
-        if dim is not None and int(dim) != spec.embedding_dim:
+        dim = int(backbone.embedding_dim)
+        if dim != spec.embedding_dim:
             raise ModelError(
                 f"backbone embedding_dim {dim} differs from spec {spec.name!r} embedding_dim {spec.embedding_dim}",
-                detail={"backbone": int(dim), "spec": spec.embedding_dim},
+                detail={"backbone": dim, "spec": spec.embedding_dim},
             )
         self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1))
         #: how the trunk splits into sub-batches under :meth:`set_activation_budget`
         self.activation_plan: ActivationPlan | None = None
         #: the trunk in order (a plain list: not registered as submodules again; fuse() folds inside them)
-        self._stages: list[nn.Module] = list(backbone.stages()) if hasattr(backbone, "stages") else []
+        self._stages: list[nn.Module] = list(backbone.stages())
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -118,13 +118,10 @@ class Recognizer(nn.Module):
 
     def set_activation_budget(self, mib: float | None) -> ActivationPlan | None:
         """Bound the trunk's activations to about ``mib`` MiB (``None``: no bound) with sub-batches
-        (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs. :class:`ModelError`
-        when the backbone has no ``stages()``."""
+        (:mod:`facegate.models.chunked`); after moving the model, before capturing graphs."""
         if mib is None:
             self.activation_plan = None
             return None
-        if not self._stages:
-            raise ModelError(f"{type(self.backbone).__name__} has no stages(); it cannot run in sub-batches")
         h, w = self.spec.input_size
         with torch.inference_mode():
             probe = self._input(torch.zeros((1, h, w, 3), dtype=torch.uint8, device=self.device))[:1]
@@ -201,9 +198,7 @@ def build_recognizer(
             log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
         source = "rts_head"
     elif source == "rts_head" and spec.quality_head:
-        head_path = Path(spec.quality_head)
-        if not (head_path.is_absolute() or head_path.is_file()):  # package-relative
-            head_path = Path(str(resources.files("facegate").joinpath(spec.quality_head)))
+        head_path = Path(str(resources.files("facegate").joinpath(spec.quality_head)))  # package-relative
     # fail fast, before loading any weights
     if source == "rts_head" and head_path is None and spec.weights.kind != "random":
         raise WeightsNotFoundError(

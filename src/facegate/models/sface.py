@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from facegate.errors import CheckpointError, InvalidParameterError, WeightsNotFoundError
+from facegate.errors import CheckpointError, WeightsNotFoundError
 from facegate.models.fold import fold_batchnorms
 from facegate.models.irse import check_state_dict
 from facegate.models.registry import SFACE_FILE
@@ -63,21 +63,13 @@ class ConvBNPReLU(nn.Module):
 
 class SFace(nn.Module):
     """SFace: MobileNetV1-style trunk, BN, flatten, linear, BN (a 128-d embedding of 112×112 crops). ``widths``:
-    ``[stem, block_1, …]``; ``strides``: each block's; ``feature_dim``: the flattened trunk's size (50176 for the
-    real model)."""
+    ``[stem, block_1, …]``; ``strides``: each block's, 1 or 2; ``feature_dim``: the flattened trunk's size (50176
+    for the real model)."""
 
     def __init__(self, widths: Sequence[int] = SFACE_WIDTHS, strides: Sequence[int] = SFACE_STRIDES) -> None:
         super().__init__()
-        widths, strides = tuple(int(w) for w in widths), tuple(int(s) for s in strides)
-        if len(widths) < 2 or len(strides) != len(widths) - 1:
-            raise InvalidParameterError(
-                f"SFace needs len(strides) == len(widths) - 1 >= 1, got {len(widths)} widths and {len(strides)} strides"
-            )
-        if min(widths) < 1 or any(s not in (1, 2) for s in strides):
-            raise InvalidParameterError("SFace widths must be >= 1 and strides 1 or 2")
         self.embedding_dim = 128
-        self.input_size = 112
-        side = self.input_size
+        side = 112
         for s in strides:  # a 3×3, pad-1 conv
             side = (side - 1) // s + 1
         self.feature_dim = widths[-1] * side * side
@@ -96,12 +88,7 @@ class SFace(nn.Module):
         self.fc1: nn.Module = nn.BatchNorm1d(self.embedding_dim, eps=HEAD_BN_EPS)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``x (N, 3, S, S)`` normalised RGB → ``(raw embedding (N, D), features (N, feature_dim))``."""
-        if x.ndim != 4 or x.shape[1] != 3 or x.shape[2] != self.input_size or x.shape[3] != self.input_size:
-            raise InvalidParameterError(
-                f"SFace expects (N, 3, {self.input_size}, {self.input_size}), got {tuple(x.shape)}",
-                detail={"shape": list(x.shape)},
-            )
+        """``x (N, 3, 112, 112)`` normalised RGB → ``(raw embedding (N, D), features (N, feature_dim))``."""
         x = x.to(self.pre_fc1.weight.dtype)
         feat = torch.flatten(self.bn1(self.blocks(self.stem(x))), 1)
         return self.heads(feat), feat

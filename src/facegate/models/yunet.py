@@ -149,11 +149,6 @@ class YuNet(nn.Module):
         self.bbox_head = YuNetHead(64, len(STRIDES))
 
     def forward(self, x: Tensor) -> RawOutputs:
-        if x.ndim != 4 or x.shape[1] != 3:
-            raise InvalidParameterError(f"YuNet expects (N, 3, H, W), got {tuple(x.shape)}")
-        h, w = x.shape[-2:]
-        if h % SIZE_DIVISOR or w % SIZE_DIVISOR or h == 0 or w == 0:
-            raise InvalidParameterError(f"YuNet input H and W must be positive multiples of 32, got {h}x{w}")
         return self.bbox_head(self.neck(self.backbone(x)))
 
 

@@ -3,28 +3,25 @@ keeps them from importing it): the face-selection rule and the detector's batch 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from facegate.errors import FaceSelectionError, NoFaceError
 from facegate.types import Detection, FaceSelect
 
 
-def detector_batches(
-    sizes: Sequence[tuple[int, int]],
-    padded_hw: Callable[[int, int], tuple[int, int]],
-    max_rows: int | None,
-    max_pixels: int | None,
-) -> list[list[int]]:
-    """Image indices per detector forward: images of one padded size (so each result equals the one the image gets
-    alone), at most ``max_rows`` images and ``max_pixels`` padded pixels per forward (at least one image)."""
+def detector_batches(sizes: Sequence[tuple[int, int]], detector: Any, max_rows: int | None) -> list[list[int]]:
+    """Image indices per ``detector`` forward: images of one padded size (so each result equals the one the image
+    gets alone), at most ``max_rows`` images and the detector's ``max_batch_pixels`` padded pixels per forward (at
+    least one image)."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (h, w) in enumerate(sizes):
-        groups.setdefault(padded_hw(h, w), []).append(i)
+        groups.setdefault(detector.padded_hw(h, w), []).append(i)
     out = []
     for (hp, wp), idx in groups.items():
         step = max_rows or len(idx)
-        if max_pixels:
-            step = min(step, max(1, max_pixels // (hp * wp)))
+        if detector.max_batch_pixels:
+            step = min(step, max(1, detector.max_batch_pixels // (hp * wp)))
         out += [idx[k : k + step] for k in range(0, len(idx), step)]
     return out
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from facegate.errors import FacegateError, InvalidParameterError, NoFaceError
+from facegate.errors import FacegateError, NoFaceError
 from facegate.io.decode import decode_batch
 from facegate.models.detector import DetPending
 from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
@@ -89,79 +89,6 @@ def _photo_faces(dets: Sequence[Detection], row: np.ndarray) -> PhotoFaces:
     return PhotoFaces(dets, emb, row[d : d + 1].copy(), row[d + 1 : d + 2].copy(), stats)
 
 
-@torch.inference_mode()
-def faces_selected_on_device(
-    pipe: Any, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
-) -> tuple[list[Any], np.ndarray | None, set[int]]:
-    """Per photo a :class:`PhotoFaces` (its largest face) or its FacegateError; then ``extra``'s host copy and the
-    photos whose rows in it are void (settled by the host rule: not exact on the device).
-
-    The host waits once, for one array. ``extra(embeddings (K, D) float32 on the device, owners)`` may queue
-    more device work and return a float32 device tensor (or None), copied back in the same wait.
-    """
-    decoded, photos = prepared.decoded, prepared.photos
-    out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
-    det, pending = pipe.detector, prepared.det_pending
-    assert pending.post_out is not None
-    order = [i for idx, _ in prepared.det_batches for i in idx]
-    if not order:
-        return out, None, set()
-    chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
-    pos = {i: k for k, i in enumerate(order)}
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for i in order:
-        by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
-    meta: list[torch.Tensor] = []
-    crops: list[torch.Tensor] = []
-    owners: list[int] = []
-    for idx in by_shape.values():
-        sel = [pos[i] for i in idx]
-        rows: slice | torch.Tensor = slice(sel[0], sel[0] + len(sel))  # a run (LFW: the whole batch): no index copy
-        if sel != list(range(sel[0], sel[0] + len(sel))):  # non-blocking: a blocking copy waits for all queued work
-            rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
-            rows = rows.to(chosen.device, non_blocking=True)
-        rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
-        for a, b in warp_runs(photos[idx[0]], len(idx), pipe.photo_warp_bytes):  # float32 copies bounded
-            warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
-            crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-        meta.append(rows_meta)
-        owners += idx
-    crop_all = torch.cat(crops).contiguous()
-    rec = pipe.recognize(crop_all).float()
-    res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
-    more = extra(rec[:, :-2], owners) if extra is not None else None
-    main = torch.cat([torch.cat(meta).to(res.device), res], 1)
-    flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main.flatten()
-    got = flat.cpu().numpy()  # the one wait
-    host, more_host = got[: main.numel()].reshape(main.shape), got[main.numel() :] if more is not None else None
-    fallback: set[int] = set()
-    for r, i in enumerate(owners):
-        if not host[r, 16]:
-            fallback.add(i)
-        elif not host[r, 15]:
-            out[i] = NoFaceError("no face found in the image")
-        else:
-            lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
-            face = Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)
-            out[i] = _photo_faces([face], host[r, 17:])
-    if fallback:  # the host rule for the photos the device could not settle exactly
-        found = det.finish_many(pending)
-        chosen_fb: dict[int, list[Detection]] = {}
-        for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
-            for i, dets in zip(idx, per_batch, strict=True):
-                if i in fallback:
-                    try:
-                        chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
-                    except FacegateError as exc:
-                        out[i] = exc
-        fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, pipe.photo_warp_bytes)
-        if fb_owners:  # crops of one torch.cat: contiguous
-            fb_res = torch.cat([pipe.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1).cpu().numpy()
-            for r, i in enumerate(fb_owners):
-                out[i] = _photo_faces(chosen_fb[i], fb_res[r])
-    return out, more_host, fallback
-
-
 class PhotoStage:
     """Engine stage ``photo``: the ``(n,) uint8`` bytes of one encoded photo → :class:`PhotoFaces`; an item that
     fails (bad image, no face) fails alone."""
@@ -169,8 +96,6 @@ class PhotoStage:
     name = "photo"
 
     def __init__(self, pipeline: Any, *, max_bytes: int, max_pixels: int) -> None:
-        if pipeline.detector is None or pipeline.recognizer is None:
-            raise InvalidParameterError("the photo stage needs a pipeline with models")
         self.p = pipeline
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
@@ -189,7 +114,7 @@ class PhotoStage:
         det = self.p.detector
         batches = [  # the detector canvases, on the device
             ([keys[j] for j in idx], det.preprocess_tensors([photos[keys[j]] for j in idx]))
-            for idx in detector_batches(sizes, det.padded_hw, None, det.max_batch_pixels)
+            for idx in detector_batches(sizes, det, None)
         ]
         canvases = [b for _, b in batches]
         pending = det.enqueue_many(
@@ -198,10 +123,76 @@ class PhotoStage:
         return PreparedPhotos(decoded, photos, batches, pending)
 
     def execute(self, prepared: PreparedPhotos) -> list[Any]:
-        return faces_selected_on_device(self.p, prepared)[0]
+        return self.execute_with(prepared)[0]
 
+    @torch.inference_mode()
     def execute_with(
-        self, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any]
+        self, prepared: PreparedPhotos, extra: Callable[[torch.Tensor, list[int]], Any] | None = None
     ) -> tuple[list[Any], np.ndarray | None, set[int]]:
-        """:meth:`execute` with ``extra`` queued on the embeddings (:func:`faces_selected_on_device`)."""
-        return faces_selected_on_device(self.p, prepared, extra)
+        """Per photo a :class:`PhotoFaces` (its largest face) or its FacegateError; then ``extra``'s host copy and the
+        photos whose rows in it are void (settled by the host rule: not exact on the device).
+
+        The host waits once, for one array. ``extra(embeddings (K, D) float32 on the device, owners)`` may queue
+        more device work and return a float32 device tensor (or None), copied back in the same wait.
+        """
+        decoded, photos = prepared.decoded, prepared.photos
+        out: list[Any] = [t if isinstance(t, FacegateError) else None for t in decoded]
+        det, pending = self.p.detector, prepared.det_pending
+        assert pending.post_out is not None
+        order = [i for idx, _ in prepared.det_batches for i in idx]
+        if not order:
+            return out, None, set()
+        chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
+        pos = {i: k for k, i in enumerate(order)}
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i in order:
+            by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
+        meta: list[torch.Tensor] = []
+        crops: list[torch.Tensor] = []
+        owners: list[int] = []
+        for idx in by_shape.values():
+            sel = [pos[i] for i in idx]
+            rows: slice | torch.Tensor = slice(sel[0], sel[0] + len(sel))  # a run (LFW: the whole batch): no index copy
+            if sel != list(range(sel[0], sel[0] + len(sel))):  # non-blocking: a blocking copy waits for all queued work
+                rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
+                rows = rows.to(chosen.device, non_blocking=True)
+            rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
+            for a, b in warp_runs(photos[idx[0]], len(idx), self.p.photo_warp_bytes):  # float32 copies bounded
+                warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
+                crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+            meta.append(rows_meta)
+            owners += idx
+        crop_all = torch.cat(crops).contiguous()
+        rec = self.p.recognize(crop_all).float()
+        res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
+        more = extra(rec[:, :-2], owners) if extra is not None else None
+        main = torch.cat([torch.cat(meta).to(res.device), res], 1)
+        flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main.flatten()
+        got = flat.cpu().numpy()  # the one wait
+        host, more_host = got[: main.numel()].reshape(main.shape), got[main.numel() :] if more is not None else None
+        fallback: set[int] = set()
+        for r, i in enumerate(owners):
+            if not host[r, 16]:
+                fallback.add(i)
+            elif not host[r, 15]:
+                out[i] = NoFaceError("no face found in the image")
+            else:
+                lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
+                face = Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)
+                out[i] = _photo_faces([face], host[r, 17:])
+        if fallback:  # the host rule for the photos the device could not settle exactly
+            found = det.finish_many(pending)
+            chosen_fb: dict[int, list[Detection]] = {}
+            for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
+                for i, dets in zip(idx, per_batch, strict=True):
+                    if i in fallback:
+                        try:
+                            chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
+                        except FacegateError as exc:
+                            out[i] = exc
+            fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, self.p.photo_warp_bytes)
+            if fb_owners:  # crops of one torch.cat: contiguous
+                fb_res = torch.cat([self.p.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1).cpu().numpy()
+                for r, i in enumerate(fb_owners):
+                    out[i] = _photo_faces(chosen_fb[i], fb_res[r])
+        return out, more_host, fallback

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def configure_cpu_threads(threads: int | None) -> int | None:
+def configure_cpu_threads(threads: int | None) -> None:
     """Set OpenCV's and, if loaded (never imported here), torch's intra-op threads; None: defaults."""
     if threads is not None:
         import cv2
@@ -50,7 +50,6 @@ def configure_cpu_threads(threads: int | None) -> int | None:
         if torch_mod is not None:
             torch_mod.set_num_threads(threads)
         log.info("intra-op threads of %s: %d", "torch and OpenCV" if torch_mod is not None else "OpenCV", threads)
-    return threads
 
 
 #: No cuBLAS / cuBLASLt workspaces: PyTorch otherwise keeps one per thread and stream that ran a GEMM (tens of
@@ -239,7 +238,6 @@ class FacePipeline:
             from facegate.models.onnx_backend import attach_onnx_detector
 
             attach_onnx_detector(detector)
-        recognizer.eval()
         recognizer.flip_tta = settings.flip_tta
         if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
@@ -293,8 +291,6 @@ class FacePipeline:
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """``images``: list of ``(H, W, 3) uint8`` RGB → per image, detections sorted by score."""
-        if len(images) == 0:
-            return []
         from facegate.pipeline.stages import DetectStage  # here: front-ends import this module without torch
 
         stage = DetectStage(self)  # execute runs in inference mode; prepare builds host canvases, as in the engine
@@ -312,13 +308,10 @@ class FacePipeline:
             raise InvalidParameterError(f"crops must be (K,112,112,3) uint8, got {crops.shape} {crops.dtype}")
         if len(crops) == 0:
             return EmbedOut(np.zeros((0, self.spec.embedding_dim + 2), np.float32))
-        import torch
+        from facegate.pipeline.stages import EmbedStage
 
-        with torch.inference_mode():
-            x = torch.from_numpy(np.ascontiguousarray(crops))
-            if self.device.type == "cuda":
-                x = x.pin_memory().to(self.device, non_blocking=True)
-            return EmbedOut(self.recognize(x).cpu().numpy())  # one device→host copy
+        stage = EmbedStage(self)  # as in the engine: pinned on CUDA, one device→host copy
+        return stage.deliver(stage.execute(stage.prepare([crops])), 1)[0]
 
     def recognize(self, x: torch.Tensor) -> torch.Tensor:
         """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` embedding | quality | raw."""

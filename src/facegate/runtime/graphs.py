@@ -91,7 +91,7 @@ def replay(graph: torch.cuda.CUDAGraph) -> None:
 
 
 class GraphedModule(nn.Module):
-    """``module(x)`` (``x (N, *item_shape)`` of ``dtype`` → tensor(s) of first dim N) through one CUDA graph per
+    """``module(x)`` (``x (N, *item_shape)`` of ``dtype`` → a tuple of tensors, first dim N) through one CUDA graph per
     bucket: padded, copied in, replayed, the real rows cloned out; eager on the CPU or past the largest bucket.
     ``compile_mode``: ``None`` or a ``torch.compile`` mode, plus ``compile_options``."""
 
@@ -112,8 +112,6 @@ class GraphedModule(nn.Module):
         self.buckets = tuple(sorted(set(int(b) for b in buckets)))
         self.compile_mode = compile_mode
         self.compile_options = dict(compile_options or {})
-        if self.compile_options and not compile_mode:
-            raise ValueError("compile_options need a compile_mode")
         if not compile_mode:
             self._fn: Callable[[Tensor], Any] = module
         elif self.compile_options:  # torch.compile takes a mode or options, not both: spell the mode out
@@ -122,7 +120,6 @@ class GraphedModule(nn.Module):
         else:
             self._fn = torch.compile(module, mode=compile_mode, dynamic=False)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
-        self._tuple_out = True
 
     @property
     def device(self) -> torch.device:
@@ -135,10 +132,8 @@ class GraphedModule(nn.Module):
         t0 = time.perf_counter()
         for b in reversed(self.buckets):  # largest first, so smaller graphs fit in the memory it freed
             static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
-            g, out = capture_graph(self._fn, static_in, warmup=3)
-            self._tuple_out = isinstance(out, tuple)
-            outs = out if isinstance(out, tuple) else (out,)
-            self._graphs[b] = (g, static_in, outs)
+            g, outs = capture_graph(self._fn, static_in, warmup=3)
+            self._graphs[b] = (g, static_in, tuple(outs))
         log.info(
             "captured CUDA graphs for buckets %s (compile=%s) in %.1f s",
             self.buckets,
@@ -147,15 +142,13 @@ class GraphedModule(nn.Module):
         )
 
     @torch.inference_mode()
-    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         n = x.shape[0]
         b = next((b for b in self.buckets if b >= n), None)
         if b is None or b not in self._graphs:
             if n > self.buckets[-1] and self._graphs:
                 parts = [self.forward(x[i : i + self.buckets[-1]]) for i in range(0, n, self.buckets[-1])]
-                if isinstance(parts[0], tuple):
-                    return tuple(torch.cat(p) for p in zip(*parts, strict=True))
-                return torch.cat(parts)  # type: ignore[arg-type]
+                return tuple(torch.cat(p) for p in zip(*parts, strict=True))
             return self._fn(x)
         g, static_in, outs = self._graphs[b]
         with replay_lock(self.device):
@@ -163,5 +156,4 @@ class GraphedModule(nn.Module):
             if n < b:
                 static_in[n:].zero_()
             replay(g)
-            res = tuple(o[:n].clone() for o in outs)
-        return res if self._tuple_out else res[0]
+            return tuple(o[:n].clone() for o in outs)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from facegate.config import Limits
 from facegate.errors import (
     EmptyInputError,
     FacegateError,
@@ -88,21 +89,18 @@ def source_digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-#: ``(photo paths of many subjects) -> per photo: a Face or the FacegateError of that photo``.
-FaceFn = Callable[[list[Path]], list[Any]]
-
-
 def enrol_photos(
     store: GalleryStore,
     gallery: str,
     subjects: dict[str, list[Path]],
-    faces_of: FaceFn,
+    pipeline: Any,
+    limits: Limits,
     *,
     batch_size: int,
     verdict: Callable[[Any], Any] | None,
     progress: Callable[[int, int], None] = lambda *_: None,
 ) -> EnrolReport:
-    """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per pipeline call, gated by
+    """Enrol every subject's photos, about ``batch_size`` photos (whole subjects) per :func:`pipeline_faces`, gated by
     ``verdict(face)`` (None: every face is enrolled; :func:`~facegate.service.gallery.decide_enrolments`);
     ``progress(photos, images refused so far)`` runs after each batch and each subject skipped. The photos are a
     subject's source: one already in the gallery from other files, or enrolled by other means (no
@@ -124,8 +122,9 @@ def enrol_photos(
         groups[-1] += [(sid, p) for p in paths]
     for group in (g for g in groups if g):
         paths = [p for _, p in group]
+        faces = pipeline_faces(pipeline, paths, limits)
         items: list[EnrolItem] = []
-        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces_of(paths), verdict=verdict):
+        for sid, rows, decision in decide_enrolments([sid for sid, _ in group], faces, verdict=verdict):
             report.refused += [
                 {"path": str(paths[rows[r.index]]), "subject_id": sid, "code": str(r.code), "reason": r.reason}
                 for r in decision.refused
@@ -205,10 +204,7 @@ def import_templates(
     """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
     Rows sharing an id are enrolled together (the subject gets their quality-weighted template). Either way an
     import replaces: a subject that exists starts over from the imported rows (a rerun writes the same gallery)."""
-    store.get_gallery(gallery)
     n = len(ids)
-    if embeddings.ndim != 2 or embeddings.shape[0] != n:
-        raise InvalidParameterError(f"{n} ids need {n} embedding rows, got {embeddings.shape}")
     q = np.ones(n, np.float32) if qualities is None else np.clip(np.asarray(qualities, np.float32), 0.0, 1.0)
     norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
     emb = (embeddings / np.maximum(norms, 1e-12)).astype(np.float32)
@@ -238,36 +234,42 @@ def import_templates(
     return written
 
 
-def pipeline_faces(pipeline: Any, *, max_bytes: int, max_pixels: int) -> FaceFn:
-    """A :data:`FaceFn` over an in-process pipeline: the largest face of each photo, every photo of a call
-    detected and embedded as one batch; a photo that cannot be read or has no face gets its error."""
+def read_photo(path: Path, limits: Limits) -> np.ndarray:
+    """The ``(H, W, 3) uint8`` RGB image in the file at ``path``, within ``limits``' bytes and pixels. A file the
+    OS cannot read is InvalidParameterError (a bad parameter, not undecodable bytes)."""
     from facegate.io.decode import decode_image
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read {path}: {exc.strerror}", detail={"path": str(path)}) from None
+    return decode_image(data, max_bytes=limits.max_upload_bytes, max_pixels=limits.max_pixels)
+
+
+def pipeline_faces(pipeline: Any, paths: list[Path], limits: Limits) -> list[Any]:
+    """Per photo at ``paths``: its largest face, from an in-process ``pipeline`` (every photo detected and embedded
+    in one batch), or the FacegateError of a photo that cannot be read or has no face."""
     from facegate.pipeline.pipeline import select_faces
 
-    def faces_of(paths: list[Path]) -> list[Any]:
-        out: list[Any] = [None] * len(paths)
-        images, owners = [], []
-        for i, p in enumerate(paths):
-            try:
-                images.append(decode_image(p.read_bytes(), max_bytes=max_bytes, max_pixels=max_pixels))
-                owners.append(i)
-            except OSError as exc:
-                out[i] = InvalidParameterError(f"cannot read {p}: {exc.strerror}", detail={"path": str(p)})
-            except FacegateError as exc:
-                out[i] = exc
-        if not images:
-            return out
-        chosen: list[list[Any]] = []  # per image its largest face, or none
-        for j, dets in enumerate(pipeline.detect(images)):
-            try:
-                chosen.append(select_faces(dets))
-            except FacegateError as exc:
-                chosen.append([])
-                out[owners[j]] = exc
-        # gated with the crops: their statistics give the blur, exposure and occlusion reasons, as served
-        for j, faces in enumerate(pipeline.faces_of(images, chosen)):
-            if faces:
-                out[owners[j]] = faces[0]
+    out: list[Any] = [None] * len(paths)
+    images, owners = [], []
+    for i, p in enumerate(paths):
+        try:
+            images.append(read_photo(p, limits))
+            owners.append(i)
+        except FacegateError as exc:
+            out[i] = exc
+    if not images:
         return out
-
-    return faces_of
+    chosen: list[list[Any]] = []  # per image its largest face, or none
+    for j, dets in enumerate(pipeline.detect(images)):
+        try:
+            chosen.append(select_faces(dets))
+        except FacegateError as exc:
+            chosen.append([])
+            out[owners[j]] = exc
+    # gated with the crops: their statistics give the blur, exposure and occlusion reasons, as served
+    for j, faces in enumerate(pipeline.faces_of(images, chosen)):
+        if faces:
+            out[owners[j]] = faces[0]
+    return out

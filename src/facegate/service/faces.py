@@ -198,8 +198,6 @@ class FaceService:
         """:meth:`faces` (largest face, no crops) of one *encoded* photo in one engine trip: the ``photo`` stage
         decodes, detects, aligns and embeds on the device (only when :attr:`photo_on_device`). Raises the upload's
         ImageDecodeError, ImageTooLargeError, ..., or NoFaceError."""
-        if not self.photo_on_device:
-            raise InvalidParameterError("this engine has no photo stage (Settings.gpu_preprocess)")
         res = await self._submit("photo", np.frombuffer(data, np.uint8))
         return self._record(
             self.pipeline.make_faces(res.detections, None, res.embedding, res.quality, res.raw, stats=res.stats)

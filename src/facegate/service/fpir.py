@@ -71,12 +71,6 @@ class ImpostorTail:
         return float((math.log(fmr) - self.intercept) / self.slope), True
 
 
-def fpir_of(tail: ImpostorTail, n: int, t: float) -> tuple[float, bool]:
-    """``(FPIR of threshold t at gallery size n, extrapolated)``."""
-    f, ext = tail.fmr_at(t)
-    return float(-math.expm1(max(1, n) * math.log1p(-min(f, 1 - 1e-16)))), ext
-
-
 def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[str, object]]:
     """The threshold for a named FPIR at gallery size ``n`` (``n < 1`` counts as 1), and what it rests on:
     ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the threshold gives. A named
@@ -87,9 +81,9 @@ def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[
     # a named FPIR near the smallest double underflows FMR* to 0 at n > 1: take the smallest positive FMR
     t, ext = tail.threshold_at(max(-math.expm1(math.log1p(-float(fpir)) / n_eff), math.ulp(0.0)))
     t = min(max(t, -1.0), 1.0)
-    achieved, ext2 = fpir_of(tail, n_eff, t)
-    info = {"fpir": achieved, "fmr": tail.fmr_at(t)[0], "n": int(n), "extrapolated": ext or ext2}
-    return t, {**info, "basis": tail.basis}
+    fmr, ext2 = tail.fmr_at(t)
+    achieved = float(-math.expm1(n_eff * math.log1p(-min(fmr, 1 - 1e-16))))  # FPIR = 1 - (1 - FMR)^N
+    return t, {"fpir": achieved, "fmr": fmr, "n": int(n), "extrapolated": ext or ext2, "basis": tail.basis}
 
 
 def operating_points(tail: ImpostorTail, sizes: tuple[int, ...], fpirs: tuple[float, ...]) -> list[dict[str, object]]:

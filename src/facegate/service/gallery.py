@@ -62,6 +62,8 @@ def decide_enrolments(
                 raise r
             elif verdict is not None and not (v := verdict(r)).accepted:
                 refused.append(Refusal(i, v.reason, QualityRejectedError.code))
+                if stats is not None:
+                    stats.record_refusal("enrol_low_quality")
             else:
                 accepted.append(r)
         error: FacegateError | None = None
@@ -75,10 +77,6 @@ def decide_enrolments(
                 error = errors[0]
                 error.detail = {**error.detail, **detail}
         decisions.append((sid, idx, EnrolDecision(accepted, refused, error)))
-    for _, _, decision in decisions if stats is not None else ():
-        for x in decision.refused:
-            if x.code == QualityRejectedError.code:
-                stats.record_refusal("enrol_low_quality")
     return decisions
 
 

@@ -111,7 +111,7 @@ def train_rts_head(
                 opt.step()
                 tot += torch.stack([loss.detach(), ce, kl])
                 bar.update(1)
-            m = (tot / max(steps, 1)).cpu().tolist()
+            m = (tot / steps).cpu().tolist()
             history.append({"epoch": ep + 1, "loss": m[0], "ce": m[1], "kl": m[2]})
     head = head.cpu().eval()
     _fold_standardisation(head, mu, sd)

@@ -120,11 +120,6 @@ class Arena:
                 prev, length = self._free[i - 1]
                 self._free[i - 1] = (prev, length + self._free.pop(i)[1])
 
-    @property
-    def free_bytes(self) -> int:
-        with self._lock:
-            return sum(ln for _, ln in self._free)
-
     def send_to(self, conn: Connection) -> None:
         """Pass the block's descriptor to the peer of ``conn`` (one byte with ``SCM_RIGHTS``)."""
         with socket.socket(fileno=os.dup(conn.fileno())) as sock:

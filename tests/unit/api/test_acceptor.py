@@ -42,7 +42,7 @@ def acceptor(tmp_path: Path) -> Iterator[Acceptor]:
 
 def _fake_front_end(a: Acceptor) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.connect(a.control_path)
+    s.connect(a._control.getsockname())
     s.settimeout(5)
     return s
 
@@ -108,7 +108,7 @@ async def _pid_app(scope: dict, receive: Callable, send: Callable) -> None:
 
 def test_front_end_server_serves_handed_connections_and_reports_closes(acceptor: Acceptor) -> None:
     config = uvicorn.Config(_pid_app, lifespan="off", log_config=None, access_log=False, loop="asyncio")
-    server = FrontEndServer(config, acceptor.control_path)
+    server = FrontEndServer(config, acceptor._control.getsockname())
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     try:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from facegate.api.multiprocess import MAX_QUICK_EXITS, serve_balanced
+from facegate.api.multiprocess import MAX_QUICK_EXITS, listen, serve_balanced
 from facegate.config import Settings
 from facegate.errors import ServerError
 
@@ -22,7 +22,7 @@ def test_front_ends_that_keep_failing_at_start_up_stop_the_server() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ServerError, match=f"{MAX_QUICK_EXITS} front-end processes in a row") as info:
-        serve_balanced(Settings(host="127.0.0.1", port=port), 2, target=exit_at_once)
+        serve_balanced(Settings(), 2, target=exit_at_once, sock=listen("127.0.0.1", port))
     assert info.value.detail == {"exit_code": 3}
     with socket.socket() as s:  # the port was closed on the way out
         s.bind(("127.0.0.1", port))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -37,11 +38,11 @@ def alone(p: np.ndarray) -> np.ndarray:
     return np.cumsum(p * 3 + 1)
 
 
-def submit_sync(engine: Engine, stage: str, payload: Any, timeout_s: float | None = None) -> Any:
+def submit_sync(engine: Engine, stage: str, payload: Any) -> Any:
     """Blocking submit through :meth:`Engine.enqueue` (as the engine process's readers use it)."""
     fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    item = engine.enqueue(stage, payload, fut, timeout_s=timeout_s)
-    timeout = engine.request_timeout_s if timeout_s is None else timeout_s
+    timeout = engine.request_timeout_s  # the item's, read before anyone changes it
+    item = engine.enqueue(stage, payload, fut)
     try:
         return fut.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
@@ -131,6 +132,16 @@ def make_engine(stage: Stage, **kw: Any) -> Engine:
     return Engine([stage], **kw)
 
 
+@contextlib.contextmanager
+def running(engine: Engine) -> Iterator[Engine]:
+    """The engine started for the block, then stopped (draining)."""
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
 def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
     t_end = time.monotonic() + timeout
     while not pred():
@@ -148,7 +159,7 @@ async def submit_n(engine: Engine, n: int, stage: str = "fake") -> list[Any]:
 def test_64_concurrent_submits_exact_results(batching: bool) -> None:
     stage = FakeStage(exec_s=0.005)
     engine = make_engine(stage, max_batch_size=64 if batching else 1, max_wait_ms=20.0)
-    with engine:
+    with running(engine):
         results = asyncio.run(submit_n(engine, 64))
     for i, r in enumerate(results):
         assert r.dtype == np.int64 and np.array_equal(r, alone(payload(i))), i
@@ -171,7 +182,7 @@ def test_batches_of_one_and_of_many_give_identical_results() -> None:
     outs = []
     for batching in (True, False):
         engine = make_engine(FakeStage(exec_s=0.002), max_batch_size=64 if batching else 1, max_wait_ms=10.0)
-        with engine:
+        with running(engine):
             outs.append(asyncio.run(submit_n(engine, 64)))
     for a, b in zip(*outs, strict=True):
         assert np.array_equal(a, b)
@@ -179,7 +190,7 @@ def test_batches_of_one_and_of_many_give_identical_results() -> None:
 
 def test_submit_sync_and_submit_many() -> None:
     stage = FakeStage()
-    with make_engine(stage) as engine:
+    with running(make_engine(stage)) as engine:
         assert np.array_equal(submit_sync(engine, "fake", item(3)), alone(payload(3)))
         res = asyncio.run(submit_many(engine, "fake", [item(i) for i in range(10)]))
     assert all(np.array_equal(r, alone(payload(i))) for i, r in enumerate(res))
@@ -220,15 +231,17 @@ def test_expired_item_is_dropped_before_compute() -> None:
         t.start()
         assert stage.gate_entered.wait(5)
         t0 = time.monotonic()
+        engine.request_timeout_s = 0.05  # for the items queued from now on
         with pytest.raises(DeadlineExceededError):
-            submit_sync(engine, "fake", item(1), timeout_s=0.05)
+            submit_sync(engine, "fake", item(1))
         assert time.monotonic() - t0 < 2.0
 
         async def late() -> None:
             with pytest.raises(DeadlineExceededError):
-                await engine.submit("fake", item(2), timeout_s=0.05)
+                await engine.submit("fake", item(2))
 
         asyncio.run(late())
+        engine.request_timeout_s = 10.0
         stage.gate.set()
         t.join(5)
         assert np.array_equal(submit_sync(engine, "fake", item(3)), alone(payload(3)))
@@ -275,8 +288,10 @@ def test_batch_whose_items_all_left_skips_the_device() -> None:
     engine = make_engine(stage)
     engine.start()
     try:
+        engine.request_timeout_s = 0.1
         with pytest.raises(DeadlineExceededError):
-            submit_sync(engine, "fake", item(0), timeout_s=0.1)  # stuck in prepare past its deadline
+            submit_sync(engine, "fake", item(0))  # stuck in prepare past its deadline
+        engine.request_timeout_s = 10.0
         stage.gate.set()
         assert np.array_equal(submit_sync(engine, "fake", item(1)), alone(payload(1)))
     finally:
@@ -293,7 +308,7 @@ def test_stage_exception_is_isolated_to_its_batch() -> None:
 
     stage = FakeStage(execute_error=boom)
     engine = make_engine(stage, max_batch_size=1)
-    with engine:
+    with running(engine):
 
         async def main() -> list[Any]:
             return await asyncio.gather(*(engine.submit("fake", item(i)) for i in range(10)), return_exceptions=True)
@@ -347,12 +362,12 @@ def test_per_item_exceptions_from_deliver_and_bad_deliver_length() -> None:
         def deliver(self, result: np.ndarray, n: int) -> list[Any]:
             return super().deliver(result, n)[:-1]
 
-    with make_engine(PartlyFailing(), max_batch_size=1) as engine:
+    with running(make_engine(PartlyFailing(), max_batch_size=1)) as engine:
         res = asyncio.run(submit_many(engine, "fake", [item(i) for i in range(4)], return_exceptions=True))
     odd = [int(alone(payload(i))[0]) % 2 == 1 for i in range(4)]
     for r, is_odd in zip(res, odd, strict=True):
         assert isinstance(r, EngineError) if is_odd else isinstance(r, np.ndarray)
-    with make_engine(WrongCount()) as engine, pytest.raises(EngineError, match="deliver returned"):
+    with running(make_engine(WrongCount())) as engine, pytest.raises(EngineError, match="deliver returned"):
         submit_sync(engine, "fake", item(0))
 
 
@@ -366,8 +381,6 @@ def test_lifecycle_ready_and_closed_errors() -> None:
     assert engine.ready
     with pytest.raises(EngineError, match="unknown stage"):
         submit_sync(engine, "nope", item(0))
-    with pytest.raises(InvalidParameterError):
-        submit_sync(engine, "fake", item(0), timeout_s=0)
     engine.stop()
     assert not engine.ready
     with pytest.raises(EngineClosedError):
@@ -425,7 +438,7 @@ def test_prepare_overlaps_execute() -> None:
     """10 batches of prepare 20 ms + execute 20 ms: serial takes the sum of the spans, pipelined about half."""
     stage = FakeStage(prep_s=0.02, exec_s=0.02)
     engine = make_engine(stage, max_batch_size=1)
-    with engine:
+    with running(engine):
 
         async def main() -> float:
             t0 = time.monotonic()
@@ -474,7 +487,7 @@ def test_item_cost_limits_rows_per_batch_and_counts_rows() -> None:
     reqs = [np.stack([payload(10 * r + j) for j in range(1 + r % 5)]) for r in range(20)] + [
         np.stack([payload(j) for j in range(40)])  # larger than the limit: runs alone
     ]
-    with engine:
+    with running(engine):
         res = asyncio.run(submit_many(engine, "rows", reqs))
     for req, out in zip(reqs, res, strict=True):
         assert np.array_equal(out, np.stack([alone(p) for p in req]))
@@ -499,7 +512,7 @@ def test_one_device_thread_runs_every_stage_execute(given: bool) -> None:
     engine = Engine([sa, sb], max_batch_size=8, max_wait_ms=2.0, stats=ServiceStats(), device_thread=device)
     assert isinstance(engine.device_executor, DeviceThread)
     assert engine.device_executor is device or not given
-    with engine:
+    with running(engine):
         assert engine.ready
         ra, rb = asyncio.run(_both_stages(engine, 40))
     for i in range(40):

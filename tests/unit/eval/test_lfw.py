@@ -12,15 +12,10 @@ from facegate.eval.lfw import (
     Pair,
     best_threshold,
     evaluate_scores,
-    image_rel,
     pair_images,
     read_pairs,
     threshold_at_fmr,
 )
-
-
-def test_image_rel() -> None:
-    assert image_rel("Abel_Pacheco", 4) == "Abel_Pacheco/Abel_Pacheco_0004.jpg"
 
 
 def test_read_pairs_small(tmp_path: Path) -> None:

@@ -21,15 +21,9 @@ from facegate.errors import (
 from facegate.gallery.index import GalleryIndex
 from facegate.gallery.sqlite import SQLiteGalleryStore
 from facegate.pipeline.search import Gallery
+from store_helpers import stored_templates
 
 D = 32
-
-
-def stored_templates(store, gallery: str) -> tuple[list[str], np.ndarray]:
-    """``(subject_ids, (S, D) float32)`` of ``gallery`` as stored (the start-up load), by subject id."""
-    _, ids, templates = store.load_snapshot()[1][gallery]
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    return [ids[i] for i in order], templates[order]
 
 
 def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:

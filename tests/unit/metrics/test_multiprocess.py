@@ -34,7 +34,8 @@ def _record(s: ServiceStats) -> None:
 @pytest.fixture
 def shared_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(prom.MULTIPROC_ENV, str(tmp_path))
-    assert prom.enable_multiprocess()
+    prom.enable_multiprocess()
+    assert prom._multiproc_dir == str(tmp_path)
     try:
         yield tmp_path
     finally:

@@ -8,10 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from facegate.errors import ModelError
 from facegate.models.chunked import ActivationPlan, run_trunk
 from facegate.models.irse import IRSE64RTS
-from facegate.models.recognizer import Recognizer, build_recognizer
+from facegate.models.recognizer import build_recognizer
 from facegate.models.registry import IRSE64_RTS, SFACE, WeightsSource
 from facegate.runtime.kernels import set_fused_epilogues
 
@@ -102,24 +101,6 @@ def test_real_sface_plan_at_fp16_sizes() -> None:
     assert max(plan.stage_peak) * 2 / 2**20 == pytest.approx(3.83, abs=0.01)
     assert dataclasses.replace(plan, budget_elems=24 * 2**20 // 2).split(64) == (len(plan.stage_peak), 4)
     assert dataclasses.replace(plan, budget_elems=64 * 2**20 // 2).split(64) == (12, 13)
-
-
-def test_backbone_without_stages_is_refused() -> None:
-    class Plain(nn.Module):
-        feature_dim = 8
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            f = x.mean((2, 3)).repeat(1, 3)[:, :8]
-            return f[:, : SFACE.embedding_dim], f
-
-    rec = Recognizer(
-        TINY_SFACE,
-        Plain(),
-        quality_source="feature_norm",
-        calibration=build_recognizer(TINY_SFACE).calibration,
-    )
-    with pytest.raises(ModelError, match="stages"):
-        rec.set_activation_budget(4.0)
 
 
 def test_irse_stages_compose_to_the_trunk() -> None:

@@ -116,8 +116,6 @@ def test_state_dict_names_shapes_and_any_input_size(model: YuNet) -> None:
         a = (64 // s) * (96 // s)
         assert (c.shape, o.shape, b.shape, k.shape) == ((2, a, 1), (2, a, 1), (2, a, 4), (2, a, 10))
         assert float(c.min()) >= 0 and float(c.max()) <= 1
-    with pytest.raises(InvalidParameterError):
-        model(torch.zeros(1, 3, 70, 64))
 
 
 def test_load_yunet_rejects_garbage(tmp_path: Path) -> None:

@@ -19,12 +19,11 @@ import torch
 from PIL import Image
 
 from facegate.config import Settings
-from facegate.errors import EmptyInputError, ImageDecodeError, InvalidParameterError, NoFaceError
+from facegate.errors import EmptyInputError, ImageDecodeError, NoFaceError
 from facegate.io.decode import decode_image
-from facegate.models.registry import get_spec
 from facegate.pipeline.align import ARCFACE_TEMPLATE, align_cpu
 from facegate.pipeline.photo import PhotoFaces, PhotoStage, _warp, warp_runs
-from facegate.pipeline.pipeline import FacePipeline, Operating
+from facegate.pipeline.pipeline import FacePipeline
 from facegate.pipeline.results import PACKED_EXTRA
 from facegate.service.faces import FaceService
 from facegate.tuning import make_plan
@@ -98,9 +97,6 @@ def test_no_photo_stage_unless_asked_on_the_cpu() -> None:
         is None
     )
     assert FacePipeline.from_settings(Settings(device="cpu", model="sface-tiny", gpu_preprocess="on")).photo_limits
-    no_models = FacePipeline(get_spec("sface"), None, None, device="cpu", operating=Operating(0.3, 1e-3, 0.5))
-    with pytest.raises(InvalidParameterError):
-        PhotoStage(no_models, max_bytes=1, max_pixels=1)
 
 
 def test_photo_stage_without_lfw(pipe: FacePipeline) -> None:

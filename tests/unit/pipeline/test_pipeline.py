@@ -119,6 +119,7 @@ def test_gate_refuses_and_never_compares(photos: dict[str, np.ndarray]) -> None:
 def test_no_face_raises(pipeline: FacePipeline) -> None:
     grey = np.full((240, 320, 3), 128, np.uint8)
     assert pipeline.detect([grey]) == [[]]
+    assert pipeline.detect([]) == []
     with pytest.raises(NoFaceError):
         pipeline.faces([grey])
 
@@ -260,12 +261,12 @@ def test_configure_cpu_threads_follows_the_plan() -> None:
     before_torch, before_cv2 = torch.get_num_threads(), cv2.getNumThreads()
     try:
         assert make_plan(Settings(device="cpu")).cpu_threads is None  # the CPU plan keeps the defaults
-        assert configure_cpu_threads(None) is None
+        configure_cpu_threads(None)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (before_torch, before_cv2)
         assert make_plan(Settings(device="cuda")).cpu_threads == 1  # CUDA: one thread, the CPU only preprocesses
-        assert configure_cpu_threads(1) == 1
+        configure_cpu_threads(1)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
-        assert configure_cpu_threads(2) == 2
+        configure_cpu_threads(2)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (2, 2)
     finally:
         torch.set_num_threads(before_torch)

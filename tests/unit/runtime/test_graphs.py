@@ -67,8 +67,6 @@ def test_compile_options_are_merged_into_the_modes_options(monkeypatch: pytest.M
     opts = calls[1]["options"]
     assert opts["max_autotune"] is True and opts["freezing"] is True and opts["conv_1x1_as_mm"] is True
     assert GraphedModule(net, (8, 8, 3), torch.uint8)._fn is net and len(calls) == 2
-    with pytest.raises(ValueError, match="compile_mode"):
-        GraphedModule(net, (8, 8, 3), torch.uint8, compile_options={"freezing": True})
 
 
 def test_default_buckets_are_ascending_and_end_at_64() -> None:

@@ -131,16 +131,16 @@ def test_photo_enrolment_gates_with_the_crop_based_reasons(lfw_root: Path, tmp_p
     for p, img in zip(paths.values(), (rgb, blurred), strict=True):
         p.parent.mkdir()
         cv2.imwrite(str(p), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-    pipe = FacePipeline.from_settings(Settings(model="sface-tiny", device="cpu", compile="off", quality_threshold=0.0))
-    faces_of = pipeline_faces(pipe, max_bytes=2**22, max_pixels=2**22)
-    got = faces_of(list(paths.values()))
+    settings = Settings(model="sface-tiny", device="cpu", compile="off", quality_threshold=0.0)
+    pipe = FacePipeline.from_settings(settings)
+    got = pipeline_faces(pipe, list(paths.values()), settings.limits)
     want = [pipe.faces([img])[0][0] for img in (rgb, blurred)]
     assert [[r.code for r in f.quality.reasons] for f in got] == [[r.code for r in f.quality.reasons] for f in want]
     assert "blur" in [r.code for r in got[1].quality.reasons] and not got[1].quality.accepted
     with open_store(str(tmp_path / "g.sqlite3")) as store:
         store.create_gallery("g", pipe.spec.name, pipe.spec.embedding_dim)
         subjects = {sid: [p] for sid, p in paths.items()}
-        rep = enrol_photos(store, "g", subjects, faces_of, batch_size=8, verdict=pipe.enrol_verdict)
+        rep = enrol_photos(store, "g", subjects, pipe, settings.limits, batch_size=8, verdict=pipe.enrol_verdict)
         assert rep.subjects_enrolled == 1 and rep.subjects_refused == 1
         assert [(r["subject_id"], r["code"]) for r in rep.refused] == [("blurry", "low_quality")]
         assert "face blurred" in rep.refused[0]["reason"]
@@ -174,17 +174,18 @@ def test_a_rerun_replaces_a_changed_subject_and_counts_the_skipped_photos(lfw_ro
     skipped, and the progress counts the skipped subject's photos."""
     from facegate.config import Settings
     from facegate.pipeline.pipeline import FacePipeline
-    from facegate.service.enrol import enrol_photos, pipeline_faces, plan
+    from facegate.service.enrol import enrol_photos, plan
 
     base, src = lfw_root / "lfw-deepfunneled", tmp_path / "people"
     for name, i in [("Aaron_Peirsol", 1), ("Aaron_Peirsol", 2), ("Aaron_Peirsol", 3), ("Tony_Blair", 1)]:
         (src / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(base / name / f"{name}_{i:04d}.jpg", src / name)
-    pipe = FacePipeline.from_settings(Settings(model="sface-tiny", device="cpu", compile="off"))
-    faces_of = pipeline_faces(pipe, max_bytes=2**22, max_pixels=2**22)
+    settings = Settings(model="sface-tiny", device="cpu", compile="off")
+    pipe = FacePipeline.from_settings(settings)
     with open_store(str(tmp_path / "g.sqlite3")) as store:
         store.create_gallery("g", pipe.spec.name, pipe.spec.embedding_dim)
-        assert enrol_photos(store, "g", plan(src), faces_of, batch_size=64, verdict=None).subjects_enrolled == 2
+        rep = enrol_photos(store, "g", plan(src), pipe, settings.limits, batch_size=64, verdict=None)
+        assert rep.subjects_enrolled == 2
         shutil.copy(base / "Aaron_Peirsol" / "Aaron_Peirsol_0004.jpg", src / "Aaron_Peirsol")
         (src / "Colin_Powell").mkdir()
         shutil.copy(base / "Colin_Powell" / "Colin_Powell_0001.jpg", src / "Colin_Powell")
@@ -192,7 +193,14 @@ def test_a_rerun_replaces_a_changed_subject_and_counts_the_skipped_photos(lfw_ro
         store.add_embeddings("g", "Colin_Powell", np.vstack([one, one]), np.ones(2, np.float32), {"badge": 7})
         seen: list[int] = []
         rep = enrol_photos(
-            store, "g", plan(src), faces_of, batch_size=64, verdict=None, progress=lambda n, _: seen.append(n)
+            store,
+            "g",
+            plan(src),
+            pipe,
+            settings.limits,
+            batch_size=64,
+            verdict=None,
+            progress=lambda n, _: seen.append(n),
         )
         assert (rep.subjects_enrolled, rep.subjects_skipped, sum(seen)) == (2, 1, 6)
         got = {s.subject_id: (s.n_embeddings, "badge" in s.meta) for s in store.list_subjects("g")}

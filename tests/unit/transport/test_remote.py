@@ -42,6 +42,14 @@ from facegate.transport.remote import (
 from facegate.tuning import Machine, make_plan
 
 
+def _all_free(arena: Arena | None) -> bool:
+    """Whether every slot of ``arena`` was given back: the whole block allocates as one range (then freed)."""
+    if arena is None or arena.alloc(arena.size) != 0:
+        return False
+    arena.free(0, arena.size)
+    return True
+
+
 # --------------------------------------------------------------------------- pure parts
 def test_arena_first_fit_alloc_free_and_merge() -> None:
     arena = Arena(1024)
@@ -54,7 +62,7 @@ def test_arena_first_fit_alloc_free_and_merge() -> None:
         arena.free(128, 50)
         arena.free(a, 100)
         arena.free(c, 200)
-        assert arena.free_bytes == 1024 and arena.alloc(1024) == 0  # every range merged back into one
+        assert arena.alloc(1024) == 0  # every range merged back into one
         x = np.arange(12, dtype=np.uint8).reshape(3, 4)
         copy_in(arena.buf, 0, x)
         np.testing.assert_array_equal(np.ndarray((3, 4), np.uint8, buffer=arena.buf, offset=0), x)
@@ -150,7 +158,7 @@ def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: Engi
             with pytest.raises(EngineError, match="unknown stage") as info:
                 await remote.submit("no-such-stage", _crops(1))
             assert type(info.value) is EngineError and info.value.detail == {"known": ["detect", "embed", "search"]}
-            assert remote._arena is not None and remote._arena.free_bytes == 4096  # every slot given back
+            assert _all_free(remote._arena)  # every slot given back
         finally:
             remote.stop()
         with pytest.raises(EngineClosedError):
@@ -257,10 +265,10 @@ def test_a_cancelled_request_is_dropped_by_the_engine(tmp_path: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(100):  # the engine answers the cancelled item; its slot comes back
-            if remote._arena is not None and remote._arena.free_bytes == remote.arena_bytes:
+            if _all_free(remote._arena):
                 break
             await asyncio.sleep(0.02)
-        assert remote._arena is not None and remote._arena.free_bytes == remote.arena_bytes
+        assert _all_free(remote._arena)
         await asyncio.sleep(0.6)  # past the 400 ms batch window, when the engine drops the item
         samples = await remote.engine_samples()
         assert _value(samples, "facegate_dropped_total", "embed", "cancelled") == 1
