@@ -63,7 +63,7 @@ def run(pool: ThreadPoolExecutor, fn: Any, jobs: list[Any]) -> tuple[float, list
 
 def store_writer(job: tuple[str, str, int, int, float]) -> tuple[float, float, int]:
     """One writer process: from wall-clock time ``at``, enrol ``n`` subjects of 2 unit-norm 128-d embeddings,
-    ``per`` per transaction (1: :meth:`add_embeddings`); returns the wall-clock times of its first write and
+    ``per`` per transaction (1: one subject's enrolment); returns the wall-clock times of its first write and
     its last commit (opening the store and making the data stay outside them) and the subjects not written."""
     from facegate.errors import GalleryError
     from facegate.gallery.sqlite import SQLiteGalleryStore
@@ -80,7 +80,7 @@ def store_writer(job: tuple[str, str, int, int, float]) -> tuple[float, float, i
         for s in range(0, n, per):
             try:
                 if per == 1:
-                    store.add_embeddings("g", f"{tag}-{s}", x[s], q)
+                    store.enrol_many("g", [(f"{tag}-{s}", x[s], q, None)])
                 else:
                     store.enrol_many("g", [(f"{tag}-{i}", x[i], q, None) for i in range(s, min(n, s + per))])
             except GalleryError as exc:  # busy past the timeout: counted, not retried

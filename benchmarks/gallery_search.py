@@ -219,7 +219,7 @@ def store_rows(url: str, backend: str, size: int, o: argparse.Namespace, rng: np
     one = np.ones(1, np.float32)
     costs = []
     for i in range(o.iters):
-        writer.add_embeddings("g", f"new{i}", templates(rng, 1, o.dim), one)
+        writer.enrol_many("g", [(f"new{i}", templates(rng, 1, o.dim), one, None)])
         t0 = time.perf_counter()
         gal.sync()
         costs.append((time.perf_counter() - t0) * 1000)

@@ -260,18 +260,11 @@ def compare(
 ) -> None:
     """Compare the largest face of two photos; prints the JSON ``POST /api/compare`` answers (verdict, quality...)."""
     from facegate.api.schemas import CompareResponse
-    from facegate.service.enrol import read_photo
+    from facegate.service.enrol import pipeline_faces
 
     s = _settings(**_model_kw(locals()))
     p = _pipeline(s)
-
-    def face(img: Path) -> Any:
-        try:
-            return p.faces([read_photo(img, s.limits)])[0][0]
-        except FacegateError as exc:
-            return exc
-
-    a, b = outcomes = [face(img1), face(img2)]
+    a, b = outcomes = pipeline_faces(p, [img1, img2], s.limits)
     raise_first(outcomes, ("img1", "img2"))  # as the API answers: the error names its photo
     _echo(CompareResponse.from_result(p.compare_faces(a, b), model=p.spec.name).model_dump(exclude_unset=True))
 

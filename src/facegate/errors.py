@@ -48,10 +48,6 @@ class NoFaceError(InputError, code="no_face", status=422):
     """The detector found no face above the score threshold."""
 
 
-class FaceSelectionError(InputError, code="face_selection", status=422):
-    """The face-selection policy cannot be satisfied (e.g. index out of range)."""
-
-
 class InvalidParameterError(InputError, code="invalid_parameter", status=422):
     """A request parameter is out of its allowed range or of the wrong form."""
 

@@ -184,7 +184,7 @@ def face_reasons(
         elif detection.score < (lim := limits.min_det_score):
             how = "detector confidence {}, {} needed".format(*shown(detection.score, lim, 3))
             miss("low_confidence", f"face hard to find ({how}): show the whole face, in focus", detection.score, lim)
-    if score < gate:
+    if not score >= gate:  # NaN included: a refusal always has a reason
         a, b = shown(score, gate, 2)
         why = f"quality {a} is below the gate {b} (the face is unlike those the model knows)"
         miss("out_of_distribution", why, score, gate)
@@ -270,17 +270,14 @@ def quality_verdict(
     score: float,
     raw: float,
     threshold: float,
-    reasons: tuple[QualityReason, ...] = (),
+    reasons: tuple[QualityReason, ...],
     *,
     refuse_on_reasons: bool = True,
 ) -> QualityVerdict:
     """The gate: accept when ``score >= threshold`` (and, with ``refuse_on_reasons``, no reason was found), else
-    refuse with a 'retake' message that names the reasons."""
+    refuse with a 'retake' message that names the ``reasons`` (:func:`face_reasons` at gate ``threshold``)."""
     accepted = bool(score >= threshold) and not (refuse_on_reasons and reasons)
-    low = QualityReason(
-        "out_of_distribution", "quality {} is below the gate {}".format(*shown(score, threshold, 2)), score, threshold
-    )
-    reason = None if accepted else refusal_message(reasons or (low,))
+    reason = None if accepted else refusal_message(reasons)
     return QualityVerdict(float(score), float(raw), float(threshold), accepted, reason, reasons)
 
 

@@ -18,7 +18,6 @@ class FaceSelect(StrEnum):
 
     LARGEST = "largest"  #: the face with the largest box area
     ALL = "all"  #: every face, sorted by score (desc)
-    INDEX = "index"  #: one face by position in the score-sorted list (needs ``face_index``)
 
 
 @dataclass(frozen=True, slots=True)

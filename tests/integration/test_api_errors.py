@@ -270,7 +270,7 @@ def test_every_error_class_maps_to_the_documented_status() -> None:
 
     expected = {
         E.EmptyInputError: 400, E.ImageDecodeError: 400, E.InputError: 400, E.ImageTooLargeError: 413,
-        E.NoFaceError: 422, E.QualityRejectedError: 422, E.InvalidParameterError: 422, E.FaceSelectionError: 422,
+        E.NoFaceError: 422, E.QualityRejectedError: 422, E.InvalidParameterError: 422,
         E.PathNotAllowedError: 403, E.GalleryNotFoundError: 404, E.SubjectNotFoundError: 404,
         E.GalleryExistsError: 409, E.DimensionMismatchError: 409, E.QueueFullError: 503,
         E.DeadlineExceededError: 504, E.EngineClosedError: 503, E.ModelError: 500, E.WeightsNotFoundError: 500,

@@ -161,6 +161,15 @@ def test_quality_gate(client: httpx.Client, server_factory, lfw_root: Path, fg: 
         r = c.post("/api/galleries/lax/subjects/b", files=fg.many("images", [poor]))
         assert r.status_code == 200 and r.json()["accepted"] == 1 and r.json()["refused"] == []
 
+    # between the gates: the verify gate accepts the face, enrolment refuses it and names the enrolment gate
+    strict = server_factory(quality_threshold=scores[lo_i] / 2, quality={"enrol_gate": gate})
+    with strict.client() as c:
+        assert c.post("/api/compare", files=fg.files(img1=poor, img2=poor)).json()["refused"] is False
+        assert c.post("/api/galleries", json={"name": "strict"}).status_code == 201
+        r = c.post("/api/galleries/strict/subjects/b", files=fg.many("images", [poor]))
+        err = fg.assert_error(r, 422, "low_quality")
+        assert "enrolment gate" in err["detail"]["refused"][0]["reason"], err
+
 
 def test_a_busy_gallery_file_degrades_then_recovers(
     server_factory, tmp_path: Path, lfw_root: Path, fg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch

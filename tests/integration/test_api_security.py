@@ -303,6 +303,10 @@ def test_gallery_unavailable_body_hides_server_paths() -> None:
     body = facegate_error_response(exc).body.decode()
     assert "/srv/facegate" not in body and "gallery.sqlite3" not in body
     assert json.loads(body)["error"]["code"] == "gallery_unavailable"
+    # a detail that is not JSON (a Path) is answered as its repr, redacted all the same
+    exc = GalleryUnavailableError("the gallery is unavailable", detail={"path": Path("/srv/facegate/data/g.sqlite3")})
+    body = facegate_error_response(exc).body.decode()
+    assert "/srv/facegate" not in body and "PosixPath" in body, body
 
 
 # --------------------------------------------------------------------------- budgets and admission

@@ -83,7 +83,10 @@ def test_a_value_near_its_limit_is_shown_apart_from_it() -> None:
     assert "(sharpness 0.7, 0.8 needed)" in r.message
     (r,) = face_reasons(None, None, 0.4996, 0.5, LIMITS)
     assert r.message.startswith("quality 0.4996 is below the gate 0.5000")
-    assert "0.30 is below the gate 0.50" in quality_verdict(0.3, 1.0, 0.5, ()).reason
+    low = face_reasons(None, None, 0.3, 0.5, LIMITS)
+    assert "0.30 is below the gate 0.50" in quality_verdict(0.3, 1.0, 0.5, low).reason
+    (nan,) = face_reasons(None, None, float("nan"), 0.5, LIMITS)  # no number: refused, with its reason
+    assert nan.code == "out_of_distribution" and not quality_verdict(nan.value, 1.0, 0.5, (nan,)).accepted
 
 
 def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
@@ -97,7 +100,9 @@ def test_a_refusal_names_its_reasons_and_reasons_can_be_advisory() -> None:
     ]
     advisory = quality_verdict(0.9, 11.0, 0.5, r, refuse_on_reasons=False)
     assert advisory.accepted and advisory.reason is None and advisory.reasons == r
-    assert quality_verdict(0.2, 5.0, 0.5).reason == "retake: quality 0.20 is below the gate 0.50"
+    low = face_reasons(None, None, 0.2, 0.5, LIMITS)
+    why = "retake: quality 0.20 is below the gate 0.50 (the face is unlike those the model knows)"
+    assert quality_verdict(0.2, 5.0, 0.5, low).reason == why
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/quality.md"])

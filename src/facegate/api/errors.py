@@ -42,13 +42,16 @@ def facegate_error_response(exc: FacegateError) -> JSONResponse:
     if level > logging.DEBUG:  # messages may name subjects (e-mail addresses): those only at DEBUG
         log.log(level, "%s -> %d (%s)", exc.code, status, type(exc).__name__)
     log.debug("%s -> %d: %s", exc.code, status, escape(exc.message))
+
+    def respond(detail: Any) -> JSONResponse:
+        content = error_body(exc.code, exc.message, detail)
+        # a server-side failure may name server files (the gallery database): never show them
+        return JSONResponse(redact_paths(content) if status >= 500 else content, status, headers)
+
     try:
-        content = error_body(exc.code, exc.message, exc.detail)
-        if status >= 500:  # a server-side failure may name server files (the gallery database): never show them
-            content = redact_paths(content)
-        return JSONResponse(content, status_code=status, headers=headers)
+        return respond(exc.detail)
     except (TypeError, ValueError):  # a detail that is not JSON-serialisable must not turn into a 500
-        return JSONResponse(error_body(exc.code, exc.message, {"detail": repr(exc.detail)}), status, headers)
+        return respond({"detail": repr(exc.detail)})
 
 
 def internal_error_response() -> JSONResponse:

@@ -371,12 +371,6 @@ async def _gallery_for_service(state: ServingState, gallery: GalleryFront, name:
     return info
 
 
-def _stack(faces: list[Face]) -> tuple[np.ndarray, np.ndarray]:
-    """``(k, D) float32`` embeddings and ``(k,) float32`` qualities of ``faces``."""
-    emb = np.stack([f.embedding for f in faces]).astype(np.float32)
-    return emb, np.asarray([f.quality.score for f in faces], dtype=np.float32)
-
-
 async def _enrolment_decisions(
     state: ServingState, service: FaceService, images: list[UploadFile], subject_ids: list[str]
 ) -> list[tuple[str, list[int], EnrolDecision]]:
@@ -416,9 +410,8 @@ async def enrol(
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
-    info = await state.in_gallery_pool(
-        gallery.store.add_embeddings, name, subject_id, *_stack(decision.accepted), meta_obj
-    )
+    todo = [(subject_id, *decision.stacked(), meta_obj)]
+    [info] = await state.in_gallery_pool(gallery.store.enrol_many, name, todo)
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 
@@ -447,7 +440,7 @@ async def enrol_batch(
             sc.BatchRefusal(index=rows[x.index], subject_id=sid, reason=x.reason, code=x.code) for x in decision.refused
         ]
         if decision.error is None:
-            todo.append((sid, *_stack(decision.accepted), None))
+            todo.append((sid, *decision.stacked(), None))
     infos = await state.in_gallery_pool(gallery.store.enrol_many, name, todo) if todo else []
     return sc.BatchEnrolResponse(
         enrolled=[sc.SubjectOut(**i.to_dict()) for i in infos], refused=sorted(refused, key=lambda r: r.index)

@@ -115,9 +115,8 @@ class Batcher:
                     now = time.monotonic()
                     reasons = [(it, it.drop_reason(now)) for it in self._q]
                     dropped = [(it, reason) for it, reason in reasons if reason]
-                    if dropped:
+                    if dropped:  # the queue now has room: the gauge is set below
                         self._q = collections.deque(it for it, reason in reasons if not reason)
-                        self._depth_gauge.set(len(self._q))
                     if len(self._q) >= self.max_queue:
                         retry = self._retry_after_locked()
                         raise QueueFullError(

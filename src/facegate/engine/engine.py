@@ -72,9 +72,9 @@ class DeviceThread(concurrent.futures.Executor):
     """One worker thread running what is submitted, in order; after :meth:`shutdown` a submit raises
     EngineClosedError (what was queued still runs)."""
 
-    def __init__(self, name: str = "facegate-device") -> None:
+    def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="facegate-device", daemon=True)
         self._lock = threading.Lock()
         self._closed = False
 

@@ -374,17 +374,12 @@ class GalleryStore(AbstractContextManager):
         self._erase_deleted()
 
     # ------------------------------------------------------------------ subjects
-    def add_embeddings(
-        self, gallery: str, subject_id: str, embeddings: np.ndarray, qualities: np.ndarray, meta: dict | None = None
-    ) -> SubjectInfo:
-        """Append ``(k, D) float32`` unit-norm embeddings with ``(k,)`` qualities to a subject (created if new)
-        and recompute its template from all of them. ``meta`` replaces the stored meta unless ``None``."""
-        return self.enrol_many(gallery, [(subject_id, embeddings, qualities, meta)])[0]
-
     def enrol_many(self, gallery: str, items: list[EnrolItem], *, replace: bool = False) -> list[SubjectInfo]:
-        """:meth:`add_embeddings` for each ``(subject_id, embeddings, qualities, meta)`` in one transaction
-        (one commit, one fsync): all are durable once it returns, none if it raises. ``replace``: a subject that
-        exists starts over from these embeddings (as :meth:`import_templates`: its earlier ones and meta go)."""
+        """For each ``(subject_id, embeddings, qualities, meta)``: append ``(k, D) float32`` unit-norm embeddings with
+        ``(k,)`` qualities to the subject (created if new), recompute its template from all of them, and replace its
+        meta unless ``None``. One transaction (one commit, one fsync): all are durable once it returns, none if it
+        raises. ``replace``: a subject that exists starts over from these embeddings (as :meth:`import_templates`:
+        its earlier ones and meta go)."""
         validate_gallery_name(gallery)
         todo = [(validate_subject_id(sid, new=True), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
         if not todo:

@@ -159,7 +159,6 @@ class GalleryIndex:
         name = str(dtype).removeprefix("torch.")
         if name not in _DTYPES:
             raise InvalidParameterError(f"unsupported index dtype {dtype}", detail={"field": "dtype"})
-        self.dtype = name
         self._ops: _NumpyOps | _TorchOps
         if str(device) == "cpu" and name in ("float32", "float64"):
             self.device = "cpu"
@@ -267,16 +266,6 @@ class GalleryIndex:
         """``{gallery: number of subjects}`` of every loaded gallery."""
         with self._guard:
             return {name: e.n for name, e in sorted(self._entries.items())}
-
-    def snapshot(self, gallery: str) -> tuple[list[str], np.ndarray]:
-        """``(subject_ids, (S, D) float32 templates)`` as held now, sorted by subject id (for checks)."""
-        entry = self._entry(gallery)
-        with entry.lock:
-            ids = list(entry.ids)
-            mat = entry.mat[: entry.n]
-            mat = np.array(mat if isinstance(mat, np.ndarray) else mat.float().cpu().numpy(), np.float32)
-        order = sorted(range(len(ids)), key=ids.__getitem__)
-        return [ids[i] for i in order], mat[order]
 
     def search_raw(self, gallery: str, queries: np.ndarray, k: int) -> tuple[list[tuple[list[str], np.ndarray]], int]:
         """Exact cosine top-k of ``(Q, D)`` float ``queries`` (normalised here) with ``k >= 1`` hits each (fewer

@@ -5,6 +5,7 @@ holders (engines, tests) coexist in one process; :mod:`facegate.metrics.promethe
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -63,8 +64,6 @@ class ServiceStats:
 
     def __init__(self, *, gpu_memory_fn: GpuMemoryFn | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        #: family name → (the prometheus_client object, its label names), in exposition order
-        self.families: dict[str, tuple[Any, tuple[str, ...]]] = {}
         fam = self._family
         self.requests = fam(Counter, "facegate_requests_total", "HTTP requests by route and status.", "route", "status")
         self.request_latency = fam(
@@ -131,9 +130,7 @@ class ServiceStats:
         self.gpu_memory_fn = gpu_memory_fn
 
     def _family(self, kind: type[M], name: str, doc: str, *labels: str, **kw: Any) -> M:
-        metric = kind(name, doc, labels, registry=self.registry, **kw)
-        self.families[name] = (metric, labels)
-        return metric
+        return kind(name, doc, labels, registry=self.registry, **kw)
 
     def value(self, sample: str, **labels: str) -> float:
         """One sample's current value (``facegate_items_total``, ``facegate_batch_size_count``, ...); 0 if absent."""
@@ -154,13 +151,11 @@ class ServiceStats:
         for metric in (m for part in parts for m in part):
             families.setdefault(metric.name, metric)
             into = sums.setdefault(metric.name, {})
+            # every engine holds the whole gallery index: its size is not summed over them
+            combine = max if metric.name == "facegate_gallery_subjects" else operator.add
             for s in metric.samples:
                 key = (s.name, tuple(s.labels.items()))
-                # every engine holds the whole gallery index: its size is not summed over them
-                if metric.name == "facegate_gallery_subjects":
-                    into[key] = max(into.get(key, 0.0), s.value)
-                else:
-                    into[key] = into.get(key, 0.0) + s.value
+                into[key] = combine(into.get(key, 0.0), s.value)
         for name, metric in families.items():
             metric.samples = [Sample(n, dict(labels), v) for (n, labels), v in sums[name].items()]
         return list(families.values())
@@ -197,16 +192,6 @@ class ServiceStats:
             known.update(sizes)
 
         return hook
-
-    def observe_feed_lag(self, lag_s: float, changes: int) -> None:
-        """A batch of ``changes`` gallery changes applied ``lag_s`` seconds after the newest one committed."""
-        del changes  # the lag of a batch is its newest change's
-        self.gallery_feed_lag.observe(lag_s)
-
-    def mean_batch_size(self, stage: str) -> float:
-        """Mean items per executed batch of ``stage``; ``0.0`` before its first batch."""
-        n = self.value("facegate_batch_size_count", stage=stage)
-        return self.value("facegate_batch_size_sum", stage=stage) / n if n else 0.0
 
     def refresh_gpu_memory(self) -> None:
         """Call the GPU-memory source and update the gauges (they keep their values when it fails)."""

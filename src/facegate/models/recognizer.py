@@ -85,15 +85,11 @@ class Recognizer(nn.Module):
         self._stages: list[nn.Module] = list(backbone.stages())
 
     @property
-    def compute_dtype(self) -> torch.dtype:
-        return next(self.backbone.parameters()).dtype
-
-    @property
     def device(self) -> torch.device:
         return next(self.backbone.parameters()).device
 
     def preprocess(self, crops: Tensor) -> Tensor:
-        """``(N, H, W, 3) uint8`` RGB → normalised ``(N, 3, H, W)`` input in the compute dtype."""
+        """``(N, H, W, 3) uint8`` RGB → normalised ``(N, 3, H, W)`` input in the backbone's (compute) dtype."""
         h, w = self.spec.input_size
         if crops.dtype != torch.uint8 or crops.ndim != 4 or tuple(crops.shape[1:]) != (h, w, 3):
             raise InvalidParameterError(
@@ -103,7 +99,7 @@ class Recognizer(nn.Module):
         x = crops.permute(0, 3, 1, 2).float()
         if self.spec.colour == "BGR":  # crops arrive RGB
             x = x.flip(1)
-        x = ((x - self.mean.float()) / self.std.float()).to(self.compute_dtype)
+        x = ((x - self.mean.float()) / self.std.float()).to(next(self.backbone.parameters()).dtype)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         elif x.is_cuda:

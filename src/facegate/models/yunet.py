@@ -39,21 +39,18 @@ class ConvDPUnit(nn.Module):
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, 1, 1, bias=True, groups=out_ch)
         self.relu = relu
 
-    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues` (CUDA, NCHW): the Triton epilogue kernels
+    #: set by :func:`~facegate.runtime.kernels.set_fused_epilogues` (CUDA, NCHW): the Triton depthwise kernel
     fused_epilogue: bool = False
-    fused_depthwise: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
         # NHWC (CPU): the 1×1 conv as a matmul, faster there; NCHW (CUDA): cuDNN plans NHWC depthwise for seconds
         if is_channels_last(x):
             x = F.linear(x.permute(0, 2, 3, 1), self.conv1.weight.flatten(1), self.conv1.bias).permute(0, 3, 1, 2)
-        elif self.fused_epilogue and self.fused_depthwise and x.is_cuda:
+        elif self.fused_epilogue and x.is_cuda:
             c2 = self.conv2
             return depthwise3x3(
                 F.conv2d(x, self.conv1.weight), c2.weight, c2.bias, pre_bias=self.conv1.bias, relu=self.relu
             )
-        elif self.fused_epilogue and x.is_cuda:  # cuDNN's bias is a separate broadcast add
-            x = bias_act_(F.conv2d(x, self.conv1.weight), self.conv1.bias, "none")
         else:
             x = self.conv1(x)
         x = self.conv2(x)

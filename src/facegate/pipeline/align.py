@@ -34,11 +34,6 @@ ARCFACE_TEMPLATE.setflags(write=False)
 _DEGENERATE_VAR = 1e-12
 
 
-def template() -> np.ndarray:
-    """``(5, 2) float64`` ArcFace template for a 112×112 crop."""
-    return ARCFACE_TEMPLATE.astype(np.float64)
-
-
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Least-squares similarity transforms (Umeyama 1991, never a reflection) of ``src`` ``(N, P, 2)`` onto
     ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``.
@@ -80,9 +75,9 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def estimate_transforms(landmarks: np.ndarray) -> np.ndarray:
-    """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :func:`template`
+    """``(N, 2, 3) float32`` source→crop matrices taking ``landmarks`` ``(N, 5, 2)`` onto :data:`ARCFACE_TEMPLATE`
     (:func:`umeyama` refuses other shapes)."""
-    return umeyama(landmarks, template()).astype(np.float32)
+    return umeyama(landmarks, ARCFACE_TEMPLATE).astype(np.float32)
 
 
 def warp_cpu(image: np.ndarray, M: np.ndarray) -> np.ndarray:

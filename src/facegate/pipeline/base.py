@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from facegate.errors import FaceSelectionError, NoFaceError
+from facegate.errors import NoFaceError
 from facegate.types import Detection, FaceSelect
 
 
@@ -26,21 +26,12 @@ def detector_batches(sizes: Sequence[tuple[int, int]], detector: Any, max_rows: 
     return out
 
 
-def select_faces(
-    detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST, face_index: int | None = None
-) -> list[Detection]:
+def select_faces(detections: Sequence[Detection], select: FaceSelect | str = FaceSelect.LARGEST) -> list[Detection]:
     """Apply a face-selection policy to one image's detections (sorted by score, descending); NoFaceError without
-    any, FaceSelectionError for a ``face_index`` missing or out of range with ``FaceSelect.INDEX``."""
+    any."""
     select = FaceSelect(select)
     if not detections:
         raise NoFaceError("no face found in the image")
     if select is FaceSelect.ALL:
         return list(detections)
-    if select is FaceSelect.LARGEST:
-        return [max(detections, key=lambda d: d.area)]
-    if face_index is None or not 0 <= face_index < len(detections):
-        raise FaceSelectionError(
-            f"face_index {face_index} is out of range: {len(detections)} face(s) found",
-            detail={"faces": len(detections), "face_index": face_index},
-        )
-    return [detections[face_index]]
+    return [max(detections, key=lambda d: d.area)]

@@ -19,7 +19,7 @@ import torch
 from facegate.errors import FacegateError, NoFaceError
 from facegate.io.decode import decode_batch
 from facegate.models.detector import DetPending
-from facegate.pipeline.align import CROP_SIZE, estimate_transforms, template
+from facegate.pipeline.align import ARCFACE_TEMPLATE, estimate_transforms
 from facegate.pipeline.align_torch import pixel_to_theta, warp_theta
 from facegate.pipeline.base import detector_batches, select_faces
 from facegate.pipeline.photo_select import choose_and_align, geometry
@@ -52,32 +52,28 @@ def crop_stats_torch(crops: torch.Tensor) -> torch.Tensor:
     return torch.stack([sharp, grey.mean(dim=(1, 2)), flat], 1)
 
 
-def warp_runs(photo: torch.Tensor, n: int, max_float_bytes: int | None) -> list[tuple[int, int]]:
-    """``[(start, stop)]`` runs covering ``n`` photos shaped like ``photo (3, H, W)`` whose float32 copy fits in
-    ``max_float_bytes`` (at least one photo per run; ``None``: one run of all ``n``)."""
-    per = 4 * photo.numel()
-    step = n if max_float_bytes is None else max(1, max_float_bytes // per)
-    return [(a, min(a + step, n)) for a in range(0, n, step)]
+def warp_crops(photos: list[torch.Tensor], theta: torch.Tensor, max_float_bytes: int | None) -> list[torch.Tensor]:
+    """``(k, 112, 112, 3) uint8`` crops of ``photos`` (``(3, H, W)``, one size) by ``theta (k, 2, 3)``, warped in runs
+    of photos whose float32 copy fits in ``max_float_bytes`` (at least one photo per run; ``None``: one run)."""
+    step = len(photos) if max_float_bytes is None else max(1, max_float_bytes // (4 * photos[0].numel()))
+    runs = (warp_theta(torch.stack(photos[a : a + step]), theta[a : a + step]) for a in range(0, len(photos), step))
+    return [w.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1) for w in runs]
 
 
 def _warp(
     images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]], max_float_bytes: int | None
 ) -> tuple[torch.Tensor, list[int]]:
-    """``(K, 112, 112, 3) uint8`` crops of the chosen faces and each crop's image, warped per photo size."""
+    """``(K, 112, 112, 3) uint8`` crops of the chosen faces (K ≥ 1) and each crop's image, warped per photo size."""
     by_shape: dict[tuple[int, int], list[tuple[int, Detection]]] = {}
     for i, dets in chosen.items():
         by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).extend((i, d) for d in dets)
     parts: list[torch.Tensor] = []
     owners: list[int] = []
     for (h, w), faces in by_shape.items():
-        first = images[faces[0][0]]
-        theta = pixel_to_theta(estimate_transforms(np.stack([d.landmarks for _, d in faces])), h, w, first.device)
-        for a, b in warp_runs(first, len(faces), max_float_bytes):
-            warped = warp_theta(torch.stack([images[i] for i, _ in faces[a:b]]), theta[a:b])
-            parts.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+        photos = [images[i] for i, _ in faces]
+        theta = pixel_to_theta(estimate_transforms(np.stack([d.landmarks for _, d in faces])), h, w, photos[0].device)
+        parts += warp_crops(photos, theta, max_float_bytes)
         owners += [i for i, _ in faces]
-    if not parts:
-        return torch.zeros((0, CROP_SIZE, CROP_SIZE, 3), dtype=torch.uint8), owners
     return torch.cat(parts), owners
 
 
@@ -100,7 +96,7 @@ class PhotoStage:
         self.max_bytes = int(max_bytes)
         self.max_pixels = int(max_pixels)
         if pipeline._photo_select_post is None:  # one per pipeline: the detector captures a graph per shape and post
-            dst = torch.from_numpy(template()).to(pipeline.device)
+            dst = torch.tensor(ARCFACE_TEMPLATE, device=pipeline.device)
             post = functools.partial(choose_and_align, iou_threshold=pipeline.detector.nms_threshold, dst=dst)
             pipeline._photo_select_post = post
         self._post = pipeline._photo_select_post
@@ -156,11 +152,8 @@ class PhotoStage:
             if sel != list(range(sel[0], sel[0] + len(sel))):  # non-blocking: a blocking copy waits for all queued work
                 rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
                 rows = rows.to(chosen.device, non_blocking=True)
-            rows_meta, rows_theta = torch.cat([chosen[rows], flags[rows]], 1), theta[rows]
-            for a, b in warp_runs(photos[idx[0]], len(idx), self.p.photo_warp_bytes):  # float32 copies bounded
-                warped = warp_theta(torch.stack([photos[i] for i in idx[a:b]]), rows_theta[a:b])
-                crops.append(warped.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-            meta.append(rows_meta)
+            crops += warp_crops([photos[i] for i in idx], theta[rows], self.p.photo_warp_bytes)
+            meta.append(torch.cat([chosen[rows], flags[rows]], 1))
             owners += idx
         crop_all = torch.cat(crops).contiguous()
         rec = self.p.recognize(crop_all).float()
@@ -190,8 +183,8 @@ class PhotoStage:
                             chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
                         except FacegateError as exc:
                             out[i] = exc
-            fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, self.p.photo_warp_bytes)
-            if fb_owners:  # crops of one torch.cat: contiguous
+            if chosen_fb:  # crops of one torch.cat: contiguous
+                fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, self.p.photo_warp_bytes)
                 fb_res = torch.cat([self.p.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1).cpu().numpy()
                 for r, i in enumerate(fb_owners):
                     out[i] = _photo_faces(chosen_fb[i], fb_res[r])

@@ -195,21 +195,17 @@ class FacePipeline:
         import torch
 
         from facegate.models.detector import FaceDetector
-        from facegate.models.recognizer import build_recognizer, resolve_dtype
+        from facegate.models.recognizer import build_recognizer
         from facegate.models.yunet import load_yunet
         from facegate.runtime.kernels import set_fused_epilogues
 
         device = plan.device
-        dtype = resolve_dtype(plan.precision)
-        if device == "cpu" and dtype is torch.float16:
+        if device == "cpu" and plan.precision == "fp16":
             raise InvalidParameterError("fp16 needs CUDA; use --precision fp32 or bf16 on CPU")
         spec = get_spec("irse64_rts" if settings.rts_checkpoint is not None else settings.model)
-        yunet = load_yunet().to(device)
-        if device == "cuda":  # conv bias (+ ReLU) in one kernel where cuDNN would add the bias separately
-            set_fused_epilogues(yunet, plan.fused_kernels, depthwise=plan.fused_kernels)
         det = settings.detector
         detector = FaceDetector(
-            yunet,
+            load_yunet(),
             device=device,
             # fp32 on every device: it is tiny, and fp16 landmarks move the alignment enough to cost embedding parity
             dtype=torch.float32,
@@ -226,25 +222,25 @@ class FacePipeline:
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
         if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
             detector.batch_buckets = tuple(buckets)
+            set_fused_epilogues(detector.model, plan.fused_kernels)  # conv bias (+ ReLU), depthwise tail: one kernel
         recognizer = build_recognizer(
             spec,
             checkpoint=settings.rts_checkpoint,
             quality_head=settings.quality_head,
             device=device,
-            dtype=dtype,
-            channels_last=plan.channels_last and dtype is not torch.float32,
+            dtype=plan.precision,
+            channels_last=plan.channels_last and plan.precision != "fp32",
         )
         if device == "cpu" and plan.onnx_cpu:
             from facegate.models.onnx_backend import attach_onnx_detector
 
             attach_onnx_detector(detector)
         recognizer.flip_tta = settings.flip_tta
-        if device == "cuda" and hasattr(recognizer.backbone, "fuse"):
+        if device == "cuda":
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
             # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
             set_fused_epilogues(recognizer.backbone, plan.fused_kernels and plan.compile != "inductor")
-        if plan.activation_budget_mib is not None:  # after fusing: the plan measures the layers that run
-            recognizer.set_activation_budget(plan.activation_budget_mib)
+        recognizer.set_activation_budget(plan.activation_budget_mib)  # after fusing: it measures the layers that run
         if device == "cuda" and plan.compile != "off":
             from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 

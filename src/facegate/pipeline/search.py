@@ -14,6 +14,7 @@ GalleryUnavailableError (503) and retries at most every :data:`REOPEN_S` seconds
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import struct
 import threading
@@ -344,15 +345,11 @@ class PhotoSearchStage:
         heads, photo_prepared, gallery = prepared
         live = [i for i, h in enumerate(heads) if not isinstance(h, FacegateError)]  # photo j is item live[j]
         got, found = list(heads), {}
-        if photo_prepared is not None and not gallery.index.on_torch:  # a NumPy index: the search on its own
-            for j, f in enumerate(self._photo.execute(photo_prepared)):
-                got[live[j]] = f
-        elif photo_prepared is not None:
+        if photo_prepared is not None:
             with contextlib.ExitStack() as hold:  # the galleries' locks, from the search's launch to its answer
                 launched: list[tuple[list[int], int, Any]] = []
-                faces, host, void = self._photo.execute_with(
-                    photo_prepared, lambda emb, owners: self._launch(gallery, heads, live, emb, owners, hold, launched)
-                )
+                launch = functools.partial(self._launch, gallery, heads, live, hold, launched)
+                faces, host, void = self._photo.execute_with(photo_prepared, launch if gallery.index.on_torch else None)
                 for j, f in enumerate(faces):
                     got[live[j]] = f
                 at = 0
@@ -372,7 +369,7 @@ class PhotoSearchStage:
 
     @staticmethod
     def _launch(
-        gallery: Any, heads: list[Any], live: list[int], emb: Any, owners: list[int], hold: Any, launched: list[Any]
+        gallery: Any, heads: list[Any], live: list[int], hold: Any, launched: list[Any], emb: Any, owners: list[int]
     ) -> Any:
         """Queue each gallery's search of its photos' rows of ``emb (K, D)``; the flat float32 device tensor."""
         import torch

@@ -15,8 +15,8 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-Activation = Literal["none", "relu", "prelu"]
-_ACT_CODES = {"none": 0, "relu": 1, "prelu": 2}
+Activation = Literal["relu", "prelu"]
+_ACT_CODES = {"relu": 1, "prelu": 2}
 _BLOCK = 1024
 
 
@@ -140,18 +140,16 @@ def fused_available(x: Tensor) -> bool:
     )
 
 
-def reference(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor | None = None) -> Tensor:
+def reference(x: Tensor, bias: Tensor, act: Activation, slope: Tensor | None = None) -> Tensor:
     """:func:`bias_act_` as torch operations (not in place)."""
     y = x + bias.to(x.dtype).view(1, -1, 1, 1)
     if act == "relu":
         return F.relu(y)
-    if act == "prelu":
-        assert slope is not None
-        return F.prelu(y, slope.to(x.dtype))
-    return y
+    assert slope is not None
+    return F.prelu(y, slope.to(x.dtype))
 
 
-def bias_act_(x: Tensor, bias: Tensor, act: Activation = "none", slope: Tensor | None = None) -> Tensor:
+def bias_act_(x: Tensor, bias: Tensor, act: Activation, slope: Tensor | None = None) -> Tensor:
     """``x = act(x + bias[c])`` in place, one kernel on CUDA; returns ``x`` (a new tensor on the fallback).
     ``x (N, C, H, W)`` float, ``bias (C,)``, ``slope (C,)`` for ``"prelu"``; ``ValueError`` for a bad ``act``."""
     if act not in _ACT_CODES:
@@ -187,14 +185,12 @@ def _give_up(exc: BaseException) -> None:
     _failed = True
 
 
-def set_fused_epilogues(module: torch.nn.Module, on: bool, *, depthwise: bool = True) -> int:
-    """Turn :func:`bias_act_` on or off in every submodule with a ``fused_epilogue`` attribute, and
-    :func:`depthwise3x3` (``on and depthwise``) in those with ``fused_depthwise``; returns how many were set."""
+def set_fused_epilogues(module: torch.nn.Module, on: bool) -> int:
+    """Turn the fused kernels (:func:`bias_act_`, YuNet's :func:`depthwise3x3`) on or off in every submodule with a
+    ``fused_epilogue`` attribute; returns how many were set."""
     n = 0
     for m in module.modules():
         if hasattr(type(m), "fused_epilogue"):
             m.fused_epilogue = bool(on)
             n += 1
-        if hasattr(type(m), "fused_depthwise"):
-            m.fused_depthwise = bool(on and depthwise)
     return n

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import glob
 import logging
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from multiprocessing.connection import Listener
@@ -68,25 +66,6 @@ def _bind_replica_grpc_to_node_address() -> None:
 _bind_replica_grpc_to_node_address()
 
 
-#: The engine replicas' socket directories, under the temp dir: ``<prefix>XXXXXXXX/engine.sock``.
-SOCKET_DIR_PREFIX = "facegate-ray-engine-"
-
-
-def remove_stale_socket_dirs(parent: str, min_age_s: float = 60.0) -> list[str]:
-    """Delete the socket directories under ``parent`` whose socket, older than ``min_age_s``, no process listens on
-    (a replica that was killed, so never removed its own; Linux's /proc/net/unix, without connecting to anyone's
-    socket); returns them. A directory without its socket yet (a replica starting) stays."""
-    with open("/proc/net/unix") as fh:  # flags 00010000 (__SO_ACCEPTCON): a socket that listens
-        listening = {f[7] for f in (line.split() for line in fh.readlines()[1:]) if len(f) == 8 and f[3] == "00010000"}
-    removed: list[str] = []
-    for sock in glob.glob(os.path.join(glob.escape(parent), f"{SOCKET_DIR_PREFIX}*", "engine.sock")):
-        with contextlib.suppress(OSError):  # removed meanwhile
-            if sock not in listening and time.time() - os.lstat(sock).st_mtime >= min_age_s:
-                shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
-                removed.append(os.path.dirname(sock))
-    return removed
-
-
 class EngineReplica:
     """One facegate engine as a Serve replica, from the :class:`~facegate.config.Settings` as JSON. Every method
     answers ``(replica id, result)``."""
@@ -94,6 +73,7 @@ class EngineReplica:
     async def __init__(self, settings_json: str) -> None:
         import ray
 
+        from facegate.api.multiprocess import make_run_dir, remove_stale_run_dirs
         from facegate.service.faces import FaceService
         from facegate.tuning import make_plan
 
@@ -112,11 +92,9 @@ class EngineReplica:
         self._info = engine_info(self.service, t0, replica=self.replica, pid=os.getpid(), node=node)
         # the ingress replicas of this machine send here, as `facegate serve`'s front-ends to its engines (see
         # RayEngine): a private directory, and a key that only this replica's info (through Serve) carries
-        with contextlib.suppress(OSError):
-            if stale := remove_stale_socket_dirs(tempfile.gettempdir()):
-                log.info("removed %d socket directories of engine replicas gone: %s", len(stale), stale)
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
-        address, authkey = os.path.join(self._dir, "engine.sock"), os.urandom(32)
+        remove_stale_run_dirs()  # those of replicas (and servers) that were killed, so never removed their own
+        self._dir = make_run_dir("engine")
+        address, authkey = str(self._dir / "engine.sock"), os.urandom(32)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         host = EngineHost(self.service, dict(self._info))
         threading.Thread(target=host.serve, args=(self._listener,), name="facegate-engine-accept", daemon=True).start()

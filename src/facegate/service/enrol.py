@@ -132,8 +132,7 @@ def enrol_photos(
             if decision.error is not None:
                 report.subjects_refused += 1
                 continue
-            emb = np.stack([f.embedding for f in decision.accepted]).astype(np.float32)
-            q = np.asarray([f.quality.score for f in decision.accepted], np.float32)
+            emb, q = decision.stacked()
             items.append((sid, emb, q, {"source_digest": digests[sid], "source_files": len(rows)}))
             report.faces += len(emb)  # an error below leaves with no report
         # one transaction: acknowledged from here
@@ -187,8 +186,15 @@ def read_templates(path: Path, *, model: str, dim: int) -> tuple[list[str], np.n
         for i in sorted(range(n), key=lambda i: -area[i]):  # stable: the first of equal areas, as max() takes
             first.setdefault(str(names[i]), i)
         one = np.isin(np.arange(n), list(first.values()))
+    if q is not None and not (finite := np.isfinite(q)).all():
+        raise bad("quality", f"row {int(np.argmin(finite))} is not finite")
     keep = one & accepted
     ids = [str(x) if key == "ids" else Path(str(x)).parent.name for x in names[keep]]
+    for i, sid in enumerate(ids):  # one bad id would otherwise fail the import part-way
+        try:
+            validate_subject_id(sid, new=True)
+        except InvalidParameterError as exc:
+            raise bad(key, f"row {int(np.flatnonzero(keep)[i])}: {exc.message}") from None
     return ids, emb[keep], None if q is None else q[keep], int((one & ~accepted).sum())
 
 

@@ -24,7 +24,6 @@ class ImpostorTail:
     ``min_measured_fmr``), below that the tail model ``log FMR(t) = intercept + slope·t`` (slope < 0).
     ``basis``: ``"lfw_impostors"`` (a measured table) or ``"registry_point"`` (one calibrated point)."""
 
-    model: str
     thresholds: np.ndarray
     fmr: np.ndarray
     min_measured_fmr: float
@@ -39,7 +38,6 @@ class ImpostorTail:
         if path.is_file():
             d = json.loads(path.read_text())
             return cls(
-                model=model,
                 thresholds=np.asarray(d["thresholds"], np.float64),
                 fmr=np.asarray(d["fmr"], np.float64),
                 min_measured_fmr=float(d["min_measured_fmr"]),
@@ -50,7 +48,7 @@ class ImpostorTail:
         if fallback is None:
             raise InvalidParameterError(f"no impostor table for model {model!r}", detail={"model": model})
         t, f = fallback
-        return cls(model, np.array([t]), np.array([f]), float(f), float("nan"), float("nan"), "registry_point")
+        return cls(np.array([t]), np.array([f]), float(f), float("nan"), float("nan"), "registry_point")
 
     def fmr_at(self, t: float) -> tuple[float, bool]:
         """``(FMR(t), extrapolated)``."""
@@ -72,11 +70,9 @@ class ImpostorTail:
 
 
 def threshold_for(tail: ImpostorTail, n: int, fpir: float) -> tuple[float, dict[str, object]]:
-    """The threshold for a named FPIR at gallery size ``n`` (``n < 1`` counts as 1), and what it rests on:
-    ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the threshold gives. A named
-    FPIR must be a number in ``(0, 1)`` (InvalidParameterError)."""
-    if isinstance(fpir, bool) or not isinstance(fpir, int | float) or not 0.0 < float(fpir) < 1.0:
-        raise InvalidParameterError(f"fpir must be a rate in (0, 1), got {fpir!r}", detail={"field": "fpir"})
+    """The threshold for a named FPIR in ``(0, 1)`` (the route checks it) at gallery size ``n`` (``n < 1`` counts
+    as 1), and what it rests on: ``{"fpir", "fmr", "n", "extrapolated", "basis"}`` where ``fpir`` is the FPIR the
+    threshold gives."""
     n_eff = max(1, int(n))
     # a named FPIR near the smallest double underflows FMR* to 0 at n > 1: take the smallest positive FMR
     t, ext = tail.threshold_at(max(-math.expm1(math.log1p(-float(fpir)) / n_eff), math.ulp(0.0)))

@@ -32,6 +32,11 @@ class EnrolDecision:
     refused: list[Refusal]
     error: FacegateError | None
 
+    def stacked(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(k, D) float32`` embeddings and ``(k,) float32`` qualities of the accepted faces."""
+        emb = np.stack([f.embedding for f in self.accepted]).astype(np.float32)
+        return emb, np.asarray([f.quality.score for f in self.accepted], dtype=np.float32)
+
 
 def decide_enrolments(
     subject_ids: Sequence[str],

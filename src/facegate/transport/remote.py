@@ -4,7 +4,7 @@ One engine process per GPU slot owns the device; front-ends reach it through a :
 engine's interface), writing payloads into their shared-memory :class:`Arena` (too large: inline) and sending
 small pickled messages on an authenticated Unix socket. Errors come back as the same FacegateError subclass.
 
-Front-end → engine: the arena's descriptor (``SCM_RIGHTS``), ``("hello", pid, arena_bytes)``, ``("submit", rid,
+Front-end → engine: the arena's descriptor (``SCM_RIGHTS``), ``("hello", pid)``, ``("submit", rid,
 stage, offset | None, shape, dtype, inline)``, ``("cancel", rid)``, ``("stats", rid)``. Engine → front-end:
 ``("hello", info)``, ``("batch", [("ok", rid, result) | ("err", rid, error), ...])`` (see :func:`error_to_wire`).
 """
@@ -82,7 +82,7 @@ class Arena:
     """Thread-safe first-fit allocator over one front-end's ``memfd`` block (nothing outlives the processes, kill
     -9 included). Freed ranges are zeroed: a photo stays only while its request is in flight."""
 
-    def __init__(self, size: int = ARENA_BYTES) -> None:
+    def __init__(self, size: int) -> None:
         # memfd: no path names it. The process model needs Unix SOCK_SEQPACKET (api.acceptor): Linux, which has it
         self.fd = os.memfd_create("facegate-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
@@ -387,12 +387,9 @@ class RemoteEngine:
     #: how long a refused connection is retried: a socket nobody listens on is a dead engine's
     refused_grace_s = 2.0
 
-    def __init__(
-        self, address: str, authkey: bytes, *, arena_bytes: int = ARENA_BYTES, connect_timeout_s: float = 60.0
-    ) -> None:
+    def __init__(self, address: str, authkey: bytes, *, connect_timeout_s: float = 60.0) -> None:
         self.address = address
         self.authkey = authkey
-        self.arena_bytes = arena_bytes
         self.connect_timeout_s = connect_timeout_s
         self.info: dict[str, Any] = {}
         self._conn: Connection | None = None
@@ -418,9 +415,9 @@ class RemoteEngine:
                 if time.monotonic() - t0 > limit:
                     raise EngineClosedError(f"no engine at {self.address}: {exc}") from None
                 time.sleep(0.1)
-        self._arena = Arena(self.arena_bytes)
+        self._arena = Arena(ARENA_BYTES)
         self._arena.send_to(conn)
-        conn.send(("hello", os.getpid(), self._arena.size))
+        conn.send(("hello", os.getpid()))
         _hello, info = conn.recv()  # the engine's first message: nothing else was sent yet
         self._conn, self.info, self.ready = conn, info, True
         self._reader = threading.Thread(target=self._read, name="facegate-remote-engine", daemon=True)

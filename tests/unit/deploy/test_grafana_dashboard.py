@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
@@ -34,7 +35,10 @@ def dashboard() -> dict[str, Any]:
 def exported() -> dict[str, set[str]]:
     """Sample name → its label names, as written by the exporter (one sample in every family)."""
     stats = ServiceStats()
-    for fam, labelnames in stats.families.values():
+    families = [v for v in vars(stats).values() if isinstance(v, MetricWrapperBase)]
+    assert len(families) == len(list(stats.registry.collect()))  # every family is an attribute
+    for fam in families:
+        labelnames = fam._labelnames
         child = fam.labels(*["x"] * len(labelnames)) if labelnames else fam
         if isinstance(fam, Counter):
             child.inc()

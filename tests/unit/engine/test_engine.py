@@ -165,7 +165,8 @@ def test_64_concurrent_submits_exact_results(batching: bool) -> None:
         assert r.dtype == np.int64 and np.array_equal(r, alone(payload(i))), i
     sizes = [len(b) for b in stage.executed_ids]
     assert sum(sizes) == 64
-    mean = engine.stats.mean_batch_size("fake")
+    stats = engine.stats
+    mean = stats.value("facegate_batch_size_sum", stage="fake") / stats.value("facegate_batch_size_count", stage="fake")
     assert mean == pytest.approx(64 / len(sizes))
     if batching:
         assert mean > 1.0 and max(sizes) > 1
@@ -546,7 +547,7 @@ def test_shared_device_thread_runs_submitted_work_first_and_stops_with_the_engin
 
 
 def test_device_thread_passes_exceptions_and_ends_unstarted() -> None:
-    device = DeviceThread(name="t-dev")
+    device = DeviceThread()
 
     def boom() -> None:
         raise ValueError("x")

@@ -10,6 +10,7 @@ import torch
 
 from facegate.errors import DimensionMismatchError, GalleryNotFoundError, InvalidParameterError
 from facegate.gallery.index import GalleryIndex
+from store_helpers import index_templates
 
 
 def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -129,7 +130,7 @@ def test_incremental_updates_match_a_reference_dict() -> None:
             idx.upsert("g", sid, ref[sid])
         capacities.append(idx._entries["g"].mat.shape[0])
         if step % 100 == 99 or step == 1499:
-            ids, T = idx.snapshot("g")
+            ids, T = index_templates(idx, "g")
             assert ids == sorted(ref)
             if ids:
                 np.testing.assert_array_equal(T, np.stack([ref[s] for s in ids]))
@@ -148,11 +149,11 @@ def test_load_all_replaces_everything_and_drop() -> None:
     assert idx.sizes() == {"a": 2, "b": 0}
     assert idx.entry("stale") is None
     idx.load_all({"a": (4, ["r"], unit(rng, 1, 4)), "b": (8, [], np.zeros((0, 8), np.float32))})
-    assert idx.snapshot("a")[0] == ["r"] and idx.snapshot("a")[1].shape == (1, 4)
+    assert index_templates(idx, "a")[0] == ["r"] and index_templates(idx, "a")[1].shape == (1, 4)
     idx.ensure_gallery("a", 4)  # present with that dim: kept
-    assert idx.snapshot("a")[0] == ["r"]
+    assert index_templates(idx, "a")[0] == ["r"]
     idx.ensure_gallery("a", 6)  # another dim (a re-created gallery): a fresh, empty one
-    assert idx.snapshot("a")[1].shape == (0, 6)
+    assert index_templates(idx, "a")[1].shape == (0, 6)
     idx.drop("a")
     idx.drop("a")
     assert idx.sizes() == {"b": 0}
@@ -207,7 +208,7 @@ def test_concurrent_search_and_updates() -> None:
     stop.set()
     w.join()
     assert errors == []
-    ids, T = idx.snapshot("g")
+    ids, T = index_templates(idx, "g")
     assert {f"b{i}" for i in range(300)} <= set(ids) and len(ids) <= 305 and len(set(ids)) == len(ids)
     np.testing.assert_array_equal(T[[ids.index(f"b{i}") for i in range(300)]], base)  # untouched rows intact
 
@@ -235,7 +236,7 @@ def test_cpu_full_precision_index_is_numpy(dtype: object) -> None:
     idx = GalleryIndex("cpu", dtype)
     idx.ensure_gallery("g", 8)
     assert isinstance(idx._entry("g").mat, np.ndarray) and idx.device == "cpu"
-    assert idx.dtype == str(dtype).removeprefix("torch.")
+    assert idx._entry("g").mat.dtype == np.dtype(str(dtype).removeprefix("torch."))
     half = GalleryIndex("cpu", "bfloat16")
     half.ensure_gallery("g", 8)
     assert isinstance(half._entry("g").mat, torch.Tensor)
@@ -262,8 +263,8 @@ def test_numpy_and_torch_backends_agree(k: int) -> None:
     ha, hb = top(a, "g", Q, k), top(b, "g", Q, k)
     assert [r for r, _ in ha] == [r for r, _ in hb]
     np.testing.assert_allclose([s for _, s in ha], [s for _, s in hb], atol=1e-6)
-    assert a.snapshot("g")[0] == b.snapshot("g")[0]
-    np.testing.assert_array_equal(a.snapshot("g")[1], b.snapshot("g")[1])
+    assert index_templates(a, "g")[0] == index_templates(b, "g")[0]
+    np.testing.assert_array_equal(index_templates(a, "g")[1], index_templates(b, "g")[1])
     assert len(ha[0][0]) == min(k, 300 - 43 + 1)
 
 
@@ -308,7 +309,7 @@ def test_two_level_topk_equals_plain_topk(n: int, k: int, block: int | None) -> 
         assert ia == ib
         np.testing.assert_array_equal(va, vb)
     assert ha[0][0][0] == f"s{n - 1}" and ha[1][0][0] == "s7"
-    assert_matches_reference(top(two, "g", Q, k), *two.snapshot("g"), Q, k, atol=2e-6)
+    assert_matches_reference(top(two, "g", Q, k), *index_templates(two, "g"), Q, k, atol=2e-6)
 
 
 def test_torch_answers_survive_the_next_search_and_other_threads() -> None:

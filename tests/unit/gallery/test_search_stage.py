@@ -12,6 +12,7 @@ from facegate.errors import GalleryNotFoundError, GalleryUnavailableError, Inval
 from facegate.gallery import open_store
 from facegate.gallery.index import GalleryIndex
 from facegate.pipeline.search import Gallery, SearchOut, SearchStage, decode_search, encode_search
+from store_helpers import add_embeddings
 
 D = 16
 
@@ -72,7 +73,7 @@ def test_one_batch_mixes_galleries_and_sees_foreign_writes(tmp_path: Path) -> No
     assert isinstance(out[3], GalleryNotFoundError) and isinstance(out[4], InvalidParameterError)
     # a write acknowledged by another connection is seen by the next batch, and so is a delete
     e = unit(rng, 1)
-    writer.add_embeddings("a", "new", e, np.ones(1, np.float32))
+    add_embeddings(writer, "a", "new", e, np.ones(1, np.float32))
     writer.delete_subject("a", "a3")
     got = run(stage, [encode_search("a", e[0], 1), encode_search("a", ta[3], 1)])
     assert got[0].subject_ids == ["new"] and got[1].subject_ids != ["a3"] and got[0].size == 50
@@ -124,6 +125,10 @@ class _PhotoByIndex:
 
         return [NoFaceError("no face") if r == 255 else SimpleNamespace(embedding=self.emb[r : r + 1]) for r in rows]
 
+    def execute_with(self, rows: list[int], extra: object) -> tuple[list[object], None, set[int]]:
+        assert extra is None  # a NumPy index queues no search on the embeddings
+        return self.execute(rows), None, set()
+
 
 class _PhotoOnDevice(_PhotoByIndex):
     """:class:`_PhotoByIndex` with the photo stage's ``execute_with``: the embeddings as a torch tensor for the
@@ -139,7 +144,7 @@ class _PhotoOnDevice(_PhotoByIndex):
         faces = self.execute(rows)
         owners = [j for j, r in enumerate(rows) if r != 255]
         emb = torch.from_numpy(np.stack([-self.emb[0] if rows[j] == 254 else self.emb[rows[j]] for j in owners]))
-        more = extra(emb.to(self.device), owners)  # type: ignore[operator]
+        more = None if extra is None else extra(emb.to(self.device), owners)  # type: ignore[operator]
         return faces, None if more is None else more.cpu().numpy(), {j for j in owners if rows[j] == 254}
 
 

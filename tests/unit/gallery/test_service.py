@@ -21,7 +21,7 @@ from facegate.errors import (
 from facegate.gallery.index import GalleryIndex
 from facegate.gallery.sqlite import SQLiteGalleryStore
 from facegate.pipeline.search import Gallery
-from store_helpers import stored_templates
+from store_helpers import add_embeddings, index_templates, stored_templates
 
 D = 32
 
@@ -43,7 +43,7 @@ def assert_consistent(svc: Gallery, gallery: str) -> None:
     """Once caught up, the index holds exactly the store's subjects and the store's templates, bit for bit."""
     svc.sync()
     ids_db, T_db = stored_templates(svc.store, gallery)
-    ids_ix, T_ix = svc.index.snapshot(gallery)
+    ids_ix, T_ix = index_templates(svc.index, gallery)
     assert ids_ix == ids_db
     assert T_ix.tobytes() == T_db.tobytes()
     assert svc.store.get_gallery(gallery).subjects == svc.index.sizes()[gallery]
@@ -67,14 +67,14 @@ def test_enrol_search_delete_roundtrip(svc: Gallery) -> None:
     assert_consistent(svc, "g")
     faces = {f"p{i}": unit(rng, 3) for i in range(20)}
     for sid, e in faces.items():
-        info = svc.store.add_embeddings("g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
+        info = add_embeddings(svc.store, "g", sid, e, np.array([0.9, 0.5, 0.2], np.float32), {"label": sid})
         assert info.n_embeddings == 3
         assert_consistent(svc, "g")
     # a query close to one of p7's images finds p7 first
     probe = faces["p7"][0] + 0.05 * unit(rng, 1)[0]
     assert search(svc, "g", np.stack([probe, unit(rng, 1)[0]]), k=3)[0][0] == "p7"
     # re-enrol appends and moves the template; the index follows
-    svc.store.add_embeddings("g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
+    add_embeddings(svc.store, "g", "p7", unit(rng, 2), np.array([1.0, 1.0], np.float32))
     assert svc.store.get_subject("g", "p7").n_embeddings == 5
     assert_consistent(svc, "g")
     svc.store.delete_subject("g", "p7")
@@ -93,17 +93,17 @@ def test_gallery_lifecycle_and_errors(svc: Gallery) -> None:
     with pytest.raises(GalleryNotFoundError):
         search(svc, "nope", unit(rng, 1), k=1)
     with pytest.raises(GalleryNotFoundError):
-        svc.store.add_embeddings("nope", "x", unit(rng, 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "nope", "x", unit(rng, 1), np.ones(1, np.float32))
     with pytest.raises(InvalidParameterError):
         search(svc, "bad name!", unit(rng, 1), k=1)
     with pytest.raises(DimensionMismatchError):
         search(svc, "a", unit(rng, 1, D + 1), k=1)
     # a failed store write leaves the index untouched
     with pytest.raises(DimensionMismatchError):
-        svc.store.add_embeddings("a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "a", "x", unit(rng, 1, D + 1), np.ones(1, np.float32))
     assert svc.index.sizes() == {"a": 0}
     assert search(svc, "a", unit(rng, 1), k=5) == [[]]
-    svc.store.add_embeddings("a", "x", unit(rng, 1), np.ones(1, np.float32))
+    add_embeddings(svc.store, "a", "x", unit(rng, 1), np.ones(1, np.float32))
     svc.store.delete_gallery("a")
     assert svc.sync() == 2 and svc.index.sizes() == {}
     assert svc.store.list_galleries() == []
@@ -117,11 +117,11 @@ def test_index_failure_fails_the_search_until_the_change_applies(svc: Gallery, m
     rng = np.random.default_rng(2)
     svc.store.create_gallery("g", "sface", D)
     for i in range(5):
-        svc.store.add_embeddings("g", f"s{i}", unit(rng, 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", f"s{i}", unit(rng, 1), np.ones(1, np.float32))
     e = unit(rng, 1)
     with monkeypatch.context() as m:
         m.setattr(svc.index, "upsert", lambda *a: (_ for _ in ()).throw(RuntimeError("simulated device failure")))
-        svc.store.add_embeddings("g", "s9", e, np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", "s9", e, np.ones(1, np.float32))
         with pytest.raises(RuntimeError):
             search(svc, "g", e, k=1)  # the index cannot apply it yet: no stale answer
     assert search(svc, "g", e, k=1)[0][0] == "s9"
@@ -142,8 +142,8 @@ def test_stats_hook(db: Path) -> None:
     try:
         svc.store.create_gallery("g", "sface", D)
         svc.sync()
-        svc.store.add_embeddings("g", "a", unit(rng, 1), np.ones(1, np.float32))
-        svc.store.add_embeddings("g", "b", unit(rng, 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", "a", unit(rng, 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", "b", unit(rng, 1), np.ones(1, np.float32))
         svc.sync()
         svc.store.delete_subject("g", "a")
         svc.sync()
@@ -154,7 +154,7 @@ def test_stats_hook(db: Path) -> None:
 
         # a failing hook never fails loading or applying a change
         other = Gallery(SQLiteGalleryStore(db), GalleryIndex(), stats_hook=broken)
-        svc.store.add_embeddings("g", "c", unit(rng, 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", "c", unit(rng, 1), np.ones(1, np.float32))
         assert other.sync() == 1 and other.index.sizes() == {"g": 2}
         other.close()
     finally:
@@ -168,7 +168,7 @@ def test_restart_gives_identical_results(db: Path) -> None:
     svc.store.create_gallery("g", "sface", D)
     svc.store.create_gallery("h", "sface", D)
     for i in range(200):
-        svc.store.add_embeddings("g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
+        add_embeddings(svc.store, "g", f"s{i:03d}", unit(rng, 1 + i % 3), rng.random(1 + i % 3).astype(np.float32))
     svc.store.delete_subject("g", "s100")
     svc.sync()
     before = svc.index.search_raw("g", Q, 10)[0]
@@ -201,7 +201,7 @@ def test_concurrent_enrolments_from_threads(svc: Gallery, db: Path) -> None:
             for i in range(per_thread):
                 gallery = "g" if t % 2 == 0 else "h"
                 sid = f"shared{i % 4}" if i % 5 == 0 else f"t{t}_{i}"  # 10 writes to contended subjects
-                svc.store.add_embeddings(gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
+                add_embeddings(svc.store, gallery, sid, unit(rng, 1), rng.random(1).astype(np.float32))
                 if i % 10 == 9:
                     svc.store.delete_subject(gallery, f"t{t}_{i - 1}")
                 search(svc, gallery, unit(rng, 2), k=3)
@@ -233,7 +233,7 @@ def test_closed_store_surfaces_gallery_error(db: Path) -> None:
     svc.sync()
     svc.close()
     with pytest.raises(GalleryError):
-        svc.store.add_embeddings("g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
+        add_embeddings(svc.store, "g", "a", unit(np.random.default_rng(0), 1), np.ones(1, np.float32))
     assert svc.index.sizes() == {"g": 0}
 
 
@@ -245,7 +245,7 @@ def test_index_follows_commits_of_another_process(tmp_path: Path) -> None:
     try:
         a.store.create_gallery("staff", "sface", 4)
         e = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
-        a.store.add_embeddings("staff", "alice", e, np.array([0.9], np.float32))
+        add_embeddings(a.store, "staff", "alice", e, np.array([0.9], np.float32))
         assert a.sync() == 2 and a.sync() == 0
         assert search(b, "staff", e, k=1) == [["alice"]]  # b applies the two changes before searching
         assert b.sync() == 0  # nothing new since

@@ -28,7 +28,7 @@ from facegate.gallery.base import (
     quality_weighted_template,
 )
 from facegate.gallery.sqlite import APPLICATION_ID, SCHEMA_VERSION, SQLiteGalleryStore
-from store_helpers import stored_template, stored_templates
+from store_helpers import add_embeddings, stored_template, stored_templates
 
 
 def unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -217,7 +217,7 @@ def test_quality_weighted_template_and_append(store: SQLiteGalleryStore) -> None
     rng = np.random.default_rng(0)
     store.create_gallery("g", "sface", 16)
     e1, q1 = unit(rng, 3, 16), np.array([0.9, 0.1, 0.5], np.float32)
-    info = store.add_embeddings("g", "alice", e1, q1, {"name": "Alice"})
+    info = add_embeddings(store, "g", "alice", e1, q1, {"name": "Alice"})
     assert (info.subject_id, info.n_embeddings, info.meta) == ("alice", 3, {"name": "Alice"})
     assert info.template_quality == pytest.approx(0.9)
     t = stored_template(store, "g", "alice")
@@ -228,14 +228,14 @@ def test_quality_weighted_template_and_append(store: SQLiteGalleryStore) -> None
     assert float(t @ e1[0]) > float(t @ e1[1])
 
     e2, q2 = unit(rng, 2, 16), np.array([0.95, 0.0], np.float32)
-    info2 = store.add_embeddings("g", "alice", e2, q2)  # meta=None keeps the meta
+    info2 = add_embeddings(store, "g", "alice", e2, q2)  # meta=None keeps the meta
     assert info2.n_embeddings == 5 and info2.meta == {"name": "Alice"}
     assert info2.template_quality == pytest.approx(0.95)
     assert info2.created_at == info.created_at and info2.updated_at >= info.updated_at
     np.testing.assert_allclose(
         stored_template(store, "g", "alice"), reference_template(np.vstack([e1, e2]), np.hstack([q1, q2])), atol=1e-6
     )
-    assert store.add_embeddings("g", "alice", e2[:1], q2[:1], {"x": [1, 2]}).meta == {"x": [1, 2]}
+    assert add_embeddings(store, "g", "alice", e2[:1], q2[:1], {"x": [1, 2]}).meta == {"x": [1, 2]}
 
 
 def test_template_edge_cases() -> None:
@@ -253,9 +253,9 @@ def test_enrolment_errors_are_atomic(store: SQLiteGalleryStore) -> None:
     store.create_gallery("g", "sface", 8)
     ok_q = np.ones(1, np.float32)
     with pytest.raises(DimensionMismatchError):
-        store.add_embeddings("g", "s", unit(rng, 1, 9), ok_q)
+        add_embeddings(store, "g", "s", unit(rng, 1, 9), ok_q)
     with pytest.raises(GalleryNotFoundError):
-        store.add_embeddings("nope", "s", unit(rng, 1, 8), ok_q)
+        add_embeddings(store, "nope", "s", unit(rng, 1, 8), ok_q)
     bad = [
         (unit(rng, 1, 8) * 2, ok_q),  # not normalised
         (np.full((1, 8), np.nan, np.float32), ok_q),
@@ -266,13 +266,13 @@ def test_enrolment_errors_are_atomic(store: SQLiteGalleryStore) -> None:
     ]
     for emb, q in bad:
         with pytest.raises(InvalidParameterError):
-            store.add_embeddings("g", "s", emb, q)
+            add_embeddings(store, "g", "s", emb, q)
     with pytest.raises(InvalidParameterError):
-        store.add_embeddings("g", "bad id!", unit(rng, 1, 8), ok_q)
+        add_embeddings(store, "g", "bad id!", unit(rng, 1, 8), ok_q)
     with pytest.raises(InvalidParameterError):
-        store.add_embeddings("g", "s", unit(rng, 1, 8), ok_q, {"x": object()})
+        add_embeddings(store, "g", "s", unit(rng, 1, 8), ok_q, {"x": object()})
     with pytest.raises(InvalidParameterError):
-        store.add_embeddings("g", "s", unit(rng, 1, 8), ok_q, {"x": "y" * 20000})
+        add_embeddings(store, "g", "s", unit(rng, 1, 8), ok_q, {"x": "y" * 20000})
     # nothing of the failed calls was written
     assert store.list_subjects("g") == []
     with pytest.raises(SubjectNotFoundError):
@@ -286,7 +286,7 @@ def test_list_subjects_pages(store: SQLiteGalleryStore) -> None:
     store.create_gallery("g", "sface", 4)
     ids = [f"user{i:03d}" for i in range(25)]
     for sid in reversed(ids):
-        store.add_embeddings("g", sid, unit(rng, 1, 4), np.array([0.5], np.float32))
+        add_embeddings(store, "g", sid, unit(rng, 1, 4), np.array([0.5], np.float32))
     pages = [store.list_subjects("g", off, 10) for off in (0, 10, 20, 30)]
     assert [len(p) for p in pages] == [10, 10, 5, 0]
     assert [s.subject_id for p in pages for s in p] == ids
@@ -301,8 +301,8 @@ def test_delete_subject_really_erases(store: SQLiteGalleryStore, db: Path) -> No
     rng = np.random.default_rng(4)
     store.create_gallery("g", "sface", 32)
     secret = unit(rng, 2, 32)
-    store.add_embeddings("g", "victim", secret, np.array([0.7, 0.6], np.float32))
-    store.add_embeddings("g", "keeper", unit(rng, 1, 32), np.array([0.7], np.float32))
+    add_embeddings(store, "g", "victim", secret, np.array([0.7, 0.6], np.float32))
+    add_embeddings(store, "g", "keeper", unit(rng, 1, 32), np.array([0.7], np.float32))
     template = stored_template(store, "g", "victim")
     blobs = [secret[0].tobytes(), secret[1].tobytes(), template.tobytes()]
 
@@ -326,8 +326,8 @@ def test_delete_gallery_cascades(store: SQLiteGalleryStore, db: Path) -> None:
     store.create_gallery("g", "sface", 8)
     store.create_gallery("h", "sface", 8)
     for sid in ("a", "b"):
-        store.add_embeddings("g", sid, unit(rng, 2, 8), np.array([0.5, 0.5], np.float32))
-    store.add_embeddings("h", "a", unit(rng, 1, 8), np.array([0.5], np.float32))
+        add_embeddings(store, "g", sid, unit(rng, 2, 8), np.array([0.5, 0.5], np.float32))
+    add_embeddings(store, "h", "a", unit(rng, 1, 8), np.array([0.5], np.float32))
     store.delete_gallery("g")
     with raw(db) as c:
         assert c.execute("SELECT COUNT(*) FROM subjects").fetchone()[0] == 1
@@ -342,7 +342,7 @@ def test_restart_keeps_everything(db: Path) -> None:
         s.create_gallery("g", "sface", 64)
         s.create_gallery("empty", "sface", 64)
         for i in range(40):
-            s.add_embeddings("g", f"s{i:02d}", unit(rng, 1 + i % 3, 64), rng.random(1 + i % 3).astype(np.float32))
+            add_embeddings(s, "g", f"s{i:02d}", unit(rng, 1 + i % 3, 64), rng.random(1 + i % 3).astype(np.float32))
         ids, T = stored_templates(s, "g")
         subjects = s.list_subjects("g", 0, 100)
         galleries = s.list_galleries()
@@ -360,7 +360,7 @@ _CHILD_WRITER = textwrap.dedent(
     import numpy as np
     from facegate.gallery.sqlite import SQLiteGalleryStore
     with SQLiteGalleryStore(sys.argv[1]) as s:
-        s.add_embeddings("g", sys.argv[2], np.eye(4, dtype=np.float32)[:1], np.ones(1, np.float32))
+        s.enrol_many("g", [(sys.argv[2], np.eye(4, dtype=np.float32)[:1], np.ones(1, np.float32), None)])
     """
 )
 
@@ -397,7 +397,7 @@ _CRASH_WRITER = textwrap.dedent(
     for i in range(int(sys.argv[2])):
         e = rng.standard_normal((1, 16)).astype(np.float32)
         e /= np.linalg.norm(e)
-        s.add_embeddings("g", f"s{i}", e, np.array([0.5], np.float32))
+        s.enrol_many("g", [(f"s{i}", e, np.array([0.5], np.float32), None)])
         print(i, flush=True)  # acknowledged
     os.kill(os.getpid(), signal.SIGKILL)  # crash: no close(), no checkpoint
     """
@@ -439,7 +439,7 @@ def test_concurrent_writers(store: SQLiteGalleryStore, db: Path) -> None:
                 # half the writes go to 5 subjects shared by all threads (read-modify-write contention)
                 sid = f"shared{i % 5}" if i % 2 else f"t{t}_{i}"
                 e, q = unit(rng, 1, 32), rng.random(1).astype(np.float32)
-                store.add_embeddings("g", sid, e, q)
+                add_embeddings(store, "g", sid, e, q)
                 with sent_lock:
                     sent.setdefault(sid, []).append((e, q))
         except BaseException as exc:
@@ -476,7 +476,7 @@ def test_delete_erases_while_another_connection_reads(db: Path, monkeypatch: pyt
     store = SQLiteGalleryStore(db)
     store.create_gallery("g", "sface", 32)
     for sid in ("a", "b"):
-        store.add_embeddings("g", sid, unit(rng, 1, 32), np.array([0.7], np.float32))
+        add_embeddings(store, "g", sid, unit(rng, 1, 32), np.array([0.7], np.float32))
     blobs = {sid: stored_template(store, "g", sid).tobytes() for sid in ("a", "b")}
 
     def on_disk(sid: str) -> bool:
@@ -536,7 +536,7 @@ def test_writers_of_several_processes_queue_on_the_writers_lock(
             holder.stdin.flush()  # type: ignore[union-attr]
             t.join(5)
             assert done.is_set() and store.get_gallery("g").dim == 8
-            store.add_embeddings("g", "a", unit(rng, 1, 8), np.ones(1, np.float32))
+            add_embeddings(store, "g", "a", unit(rng, 1, 8), np.ones(1, np.float32))
             fd = os.open(str(db) + "-writers", os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after every write
             os.close(fd)

@@ -19,7 +19,7 @@ from facegate.gallery import open_store
 from facegate.gallery.base import GalleryStore
 from facegate.gallery.index import GalleryIndex
 from facegate.pipeline.search import Gallery
-from store_helpers import stored_template, stored_templates
+from store_helpers import add_embeddings, index_templates, stored_template, stored_templates
 
 D = 32
 
@@ -64,9 +64,9 @@ def test_every_mutation_logs_one_change_in_order(make_store: StoreFactory) -> No
     s = make_store()
     assert s.current_seq() == 0 and s.changes_since(0) == []
     s.create_gallery("g", "m", D)
-    s.add_embeddings("g", "a", unit(rng, 2), np.array([0.9, 0.1], np.float32))
-    s.add_embeddings("g", "a", unit(rng, 1), np.array([0.5], np.float32))  # re-enrol
-    s.add_embeddings("g", "b", unit(rng, 1), np.array([0.5], np.float32))
+    add_embeddings(s, "g", "a", unit(rng, 2), np.array([0.9, 0.1], np.float32))
+    add_embeddings(s, "g", "a", unit(rng, 1), np.array([0.5], np.float32))  # re-enrol
+    add_embeddings(s, "g", "b", unit(rng, 1), np.array([0.5], np.float32))
     s.delete_subject("g", "b")
     with pytest.raises(SubjectNotFoundError):
         s.delete_subject("g", "b")
@@ -93,11 +93,11 @@ def test_gallery_size_is_kept_through_every_write(make_store: StoreFactory) -> N
     s = make_store()
     s.create_gallery("g", "m", D)
     s.create_gallery("h", "m", D)
-    s.add_embeddings("g", "a", unit(rng, 2), np.array([0.5, 0.5], np.float32))
-    s.add_embeddings("g", "a", unit(rng, 1), np.array([0.5], np.float32))  # a re-enrolment adds no subject
+    add_embeddings(s, "g", "a", unit(rng, 2), np.array([0.5, 0.5], np.float32))
+    add_embeddings(s, "g", "a", unit(rng, 1), np.array([0.5], np.float32))  # a re-enrolment adds no subject
     s.import_templates("g", ["a", "b", "c"], unit(rng, 3), np.ones(3, np.float32))  # "a" is replaced
     s.delete_subject("g", "b")
-    s.add_embeddings("h", "x", unit(rng, 1), np.array([0.5], np.float32))
+    add_embeddings(s, "h", "x", unit(rng, 1), np.array([0.5], np.float32))
     assert s.get_gallery("g").subjects == 2 == len(s.list_subjects("g"))
     assert [(g.name, g.subjects) for g in s.list_galleries()] == [("g", 2), ("h", 1)]
 
@@ -110,7 +110,7 @@ def test_enrol_many_is_one_transaction_with_a_change_row_per_subject(make_store:
     s, other = make_store(), make_store()
     s.create_gallery("g", "m", D)
     a1, a2, b = unit(rng, 2), unit(rng, 1), unit(rng, 3)
-    s.add_embeddings("g", "a", a1, np.array([0.9, 0.2], np.float32), {"k": 1})
+    add_embeddings(s, "g", "a", a1, np.array([0.9, 0.2], np.float32), {"k": 1})
     seq = s.current_seq()
     infos = s.enrol_many(
         "g",
@@ -134,7 +134,7 @@ def test_changes_carry_the_current_template(make_store: StoreFactory) -> None:
     rng = np.random.default_rng(1)
     s = make_store()
     s.create_gallery("g", "m", D)
-    s.add_embeddings("g", "a", unit(rng, 1), np.array([0.9], np.float32))
+    add_embeddings(s, "g", "a", unit(rng, 1), np.array([0.9], np.float32))
     c = s.changes_since(0)
     assert c[0].dim == D
     np.testing.assert_array_equal(c[1].template, stored_template(s, "g", "a"))
@@ -160,7 +160,7 @@ def test_import_templates_in_bulk(make_store: StoreFactory) -> None:
     # re-import replaces the subject's template; a later enrolment builds on the imported embedding
     svc.store.import_templates("g", ["s0007"], t[[8]], np.ones(1, np.float32))
     assert svc.store.get_subject("g", "s0007").n_embeddings == 1
-    svc.store.add_embeddings("g", "s0007", t[[9]], np.array([1.0], np.float32))
+    add_embeddings(svc.store, "g", "s0007", t[[9]], np.array([1.0], np.float32))
     assert svc.store.get_subject("g", "s0007").n_embeddings == 2
     svc.close()
 
@@ -170,7 +170,7 @@ def test_enrol_many_with_replace_starts_a_subject_over(make_store: StoreFactory)
     svc = gallery_of(make_store)
     svc.store.create_gallery("g", "m", D)
     old, new = unit(rng, 3), unit(rng, 2)
-    svc.store.add_embeddings("g", "a", old, np.ones(3, np.float32), {"k": 1})
+    add_embeddings(svc.store, "g", "a", old, np.ones(3, np.float32), {"k": 1})
     assert search(svc, "g", old[:1], k=1) == [["a"]]
     for _ in range(2):  # the same replace twice: the same subject
         [info] = svc.store.enrol_many("g", [("a", new, np.ones(2, np.float32), None)], replace=True)
@@ -179,7 +179,7 @@ def test_enrol_many_with_replace_starts_a_subject_over(make_store: StoreFactory)
     t = new.sum(0) / np.linalg.norm(new.sum(0))
     np.testing.assert_allclose(stored_template(svc.store, "g", "a"), t, atol=1e-6)
     assert search(svc, "g", new[:1], k=1) == [["a"]]
-    ids, templates = svc.index.snapshot("g")  # the index follows the replace
+    ids, templates = index_templates(svc.index, "g")  # the index follows the replace
     assert ids == ["a"]
     np.testing.assert_allclose(templates[0], t, atol=1e-6)
     svc.close()
@@ -193,7 +193,7 @@ def test_follower_applies_changes_without_reloading(make_store: StoreFactory, mo
     loads: list[int] = []
     monkeypatch.setattr(b.store, "load_snapshot", lambda: loads.append(1))  # a reload would fail loudly
     e = unit(rng, 1)
-    a.store.add_embeddings("g", "new", e, np.array([0.8], np.float32))
+    add_embeddings(a.store, "g", "new", e, np.array([0.8], np.float32))
     assert b.sync() == 52  # create (1) + import (50) + enrol (1), one by one
     assert search(b, "g", e, k=1)[0][0] == "new"
     a.store.delete_subject("g", "new")
@@ -201,7 +201,7 @@ def test_follower_applies_changes_without_reloading(make_store: StoreFactory, mo
     assert search(b, "g", e, k=1)[0][0] != "new"
     # the index matches the store bit for bit
     ids_db, t_db = stored_templates(a.store, "g")  # b.store.load_snapshot is patched; the same database
-    ids_ix, t_ix = b.index.snapshot("g")
+    ids_ix, t_ix = index_templates(b.index, "g")
     assert ids_ix == ids_db and t_ix.tobytes() == t_db.tobytes()
     a.close()
     b.close()
@@ -211,13 +211,13 @@ def test_gallery_recreated_with_another_dim_is_followed(make_store: StoreFactory
     rng = np.random.default_rng(4)
     a, b = gallery_of(make_store), gallery_of(make_store)
     a.store.create_gallery("g", "m", D)
-    a.store.add_embeddings("g", "x", unit(rng, 1), np.array([0.8], np.float32))
+    add_embeddings(a.store, "g", "x", unit(rng, 1), np.array([0.8], np.float32))
     a.store.delete_gallery("g")
     a.store.create_gallery("g", "m", 16)
     e = unit(rng, 1, 16)
-    a.store.add_embeddings("g", "x", e, np.array([0.8], np.float32))
+    add_embeddings(a.store, "g", "x", e, np.array([0.8], np.float32))
     hits = search(b, "g", e, k=5)  # b applies all five changes, reading the final state
-    assert hits[0] == ["x"] and b.index.snapshot("g")[1].shape == (1, 16)
+    assert hits[0] == ["x"] and index_templates(b.index, "g")[1].shape == (1, 16)
     a.store.delete_gallery("g")
     with pytest.raises(GalleryNotFoundError):
         search(b, "g", e, k=1)
@@ -231,7 +231,7 @@ def test_background_follower_applies_foreign_writes(make_store: StoreFactory) ->
     a = gallery_of(make_store)
     b = gallery_of(make_store, follow=True, lag_hook=lambda lag, n: lags.append(lag))
     a.store.create_gallery("g", "m", D)
-    a.store.add_embeddings("g", "x", unit(rng, 1), np.array([0.8], np.float32))
+    add_embeddings(a.store, "g", "x", unit(rng, 1), np.array([0.8], np.float32))
     seq = a.store.current_seq()
     deadline = threading.Event()
     for _ in range(200):  # bounded: 200 × 25 ms
@@ -264,7 +264,7 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     def foreign_writer() -> None:
         try:
             for i in range(trials):
-                b.store.add_embeddings("g", f"f{i}", foreign[[i]], one)
+                add_embeddings(b.store, "g", f"f{i}", foreign[[i]], one)
                 search(b, "g", foreign[[i]], k=1)  # B catches up while A writes
         except BaseException as exc:
             errors.append(exc)
@@ -272,7 +272,7 @@ def test_no_lost_writes_in_1000_trials_of_the_rebuild_race(make_store: StoreFact
     t = threading.Thread(target=foreign_writer)
     t.start()
     for i in range(trials):
-        a.store.add_embeddings("g", f"x{i}", own[[i]], one)
+        add_embeddings(a.store, "g", f"x{i}", own[[i]], one)
         try:
             a.store.delete_subject("g", f"old{i}")
         except ErasureIncompleteError:
@@ -304,7 +304,7 @@ def test_create_then_enrol_through_two_front_ends_logs_no_error(
     with caplog.at_level(logging.WARNING):
         a.store.create_gallery("g", "m", D)
         e = unit(rng, 1)
-        b.store.add_embeddings("g", "x", e, np.array([0.8], np.float32))
+        add_embeddings(b.store, "g", "x", e, np.array([0.8], np.float32))
         assert search(a, "g", e, k=1)[0][0] == "x"
         assert b.sync() == 2
     assert [r for r in caplog.records if r.levelno >= logging.WARNING and "facegate" in r.name] == []

@@ -63,19 +63,20 @@ def test_thread_safety_exact_totals() -> None:
     assert stats.value("facegate_queue_depth", stage="embed") == total
 
 
-def test_mean_batch_size_and_record_batch() -> None:
+def test_register_stage_and_record_batch() -> None:
     stats = ServiceStats()
     stats.register_stage("embed")
     assert stats.value("facegate_dropped_total", stage="embed", reason="expired") == 0.0
     assert stats.registry.get_sample_value("facegate_items_total", {"stage": "embed"}) == 0.0  # exists at zero
-    assert stats.mean_batch_size("embed") == 0.0
+    assert stats.registry.get_sample_value("facegate_batch_size_count", {"stage": "embed"}) == 0.0
     record_batch(stats, "embed", 4, 0.001, 0.01, 0.0001)
     record_batch(stats, "embed", 8, 0.002, 0.02, 0.0)
-    assert stats.mean_batch_size("embed") == pytest.approx(6.0)
+    assert stats.value("facegate_batch_size_sum", stage="embed") == 12
+    assert stats.value("facegate_batch_size_count", stage="embed") == 2
     assert stats.value("facegate_items_total", stage="embed") == 12
     assert stats.value("facegate_compute_seconds_count", stage="embed", phase="execute") == 2
     assert stats.value("facegate_compute_seconds_sum", stage="embed", phase="execute") == pytest.approx(0.03)
-    assert stats.mean_batch_size("never-seen") == 0.0
+    assert stats.value("facegate_batch_size_count", stage="never-seen") == 0.0
 
 
 def test_gpu_memory_refresh_and_failure_is_harmless() -> None:
@@ -117,7 +118,7 @@ def test_engine_samples_of_several_engines_add_up() -> None:
         s.items.labels("embed").inc(n)
         s.batch_size.labels("embed").observe(n)
         s.queue_depth.labels("embed").set(n)
-        s.observe_feed_lag(0.01 * n, 1)
+        s.gallery_feed_lag.observe(0.01 * n)
     merged = ServiceStats.merge_samples([a.engine_samples(), b.engine_samples()])
     assert {family_name(m) for m in merged} == set(ENGINE_FAMILIES)
     values = {(s.name, tuple(s.labels.values())): s.value for m in merged for s in m.samples}

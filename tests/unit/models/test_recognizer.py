@@ -96,7 +96,7 @@ def test_bf16_close_to_fp32(arch_spec: ModelSpec) -> None:
     crops = _crops(4, seed=4)
     e32, q32, r32 = build_recognizer(arch_spec)(crops)
     rec16 = build_recognizer(arch_spec, dtype="bf16")
-    assert rec16.compute_dtype == torch.bfloat16 and rec16.calibration.a.dtype == torch.float32
+    assert next(rec16.backbone.parameters()).dtype == torch.bfloat16 and rec16.calibration.a.dtype == torch.float32
     e16, q16, r16 = rec16(crops)
     assert e16.dtype == q16.dtype == r16.dtype == torch.float32
     cos = (e32 * e16).sum(1)

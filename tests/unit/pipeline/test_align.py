@@ -16,7 +16,6 @@ from facegate.pipeline.align import (
     align_cpu,
     estimate_transforms,
     is_aligned_crop,
-    template,
     umeyama,
     warp_cpu,
 )
@@ -177,7 +176,7 @@ def test_umeyama_torch_matches_numpy() -> None:
     rng = np.random.default_rng(4)
     src = _face_landmarks(rng, 3000, 4000, 32)
     ref = umeyama(src, ARCFACE_TEMPLATE)
-    got = umeyama_torch(torch.from_numpy(src), torch.from_numpy(template()))
+    got = umeyama_torch(torch.from_numpy(src), torch.tensor(ARCFACE_TEMPLATE))
     assert got.shape == (32, 2, 3) and got.dtype == torch.float32
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-6, atol=1e-4)
     dst = rng.uniform(0, 100, (32, 5, 2))
@@ -218,7 +217,7 @@ def test_warp_cpu_maps_landmarks_onto_template() -> None:
         expected = m[:, :2] @ pt + m[:, 2]
         np.testing.assert_allclose(centroid, expected, atol=0.35)
     # and the residual of the fit itself is small for a near-template face
-    resid = _apply(estimate_transforms(lm[None]).astype(np.float64), lm[None].astype(np.float64))[0] - template()
+    resid = _apply(estimate_transforms(lm[None]).astype(np.float64), lm[None].astype(np.float64))[0] - ARCFACE_TEMPLATE
     assert np.abs(resid).max() < 6.0
 
 
@@ -360,7 +359,7 @@ def test_cpu_vs_torch_lfw(lfw_root: Path) -> None:
     assert mean < 0.5
     assert rmx <= 2
     # the aligned eyes sit where the template puts them: the fit residual on real landmarks is small
-    resid = _apply(estimate_transforms(lm).astype(np.float64), lm.astype(np.float64)) - template()
+    resid = _apply(estimate_transforms(lm).astype(np.float64), lm.astype(np.float64)) - ARCFACE_TEMPLATE
     assert np.median(np.abs(resid)) < 4.0
 
 
@@ -374,7 +373,7 @@ def test_cuda_warp_equals_cpu_warp() -> None:
     cpu = align_cpu(images, lms, idx)
     dev = torch.device("cuda")
     batch = pad_images_torch([torch.from_numpy(im).permute(2, 0, 1) for im in images]).to(dev)
-    mats = umeyama_torch(torch.from_numpy(lms).to(dev), torch.from_numpy(template()))
+    mats = umeyama_torch(torch.from_numpy(lms).to(dev), torch.tensor(ARCFACE_TEMPLATE))
     np.testing.assert_allclose(mats.cpu().numpy(), estimate_transforms(lms), rtol=1e-5, atol=2e-3)
     for m in (mats, mats.cpu().numpy()):  # thetas on the device, and from host matrices
         out = warp_torch(batch, m, torch.from_numpy(idx).to(dev))

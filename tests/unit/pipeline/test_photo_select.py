@@ -85,8 +85,8 @@ def _host_rule(pipe: FacePipeline, datas: list[bytes]) -> list[object]:
                 chosen[i] = select_faces(dets, FaceSelect.LARGEST)
             except FacegateError as exc:
                 out[i] = exc
-    crops, owners = ph._warp({i: prepared.photos[i] for i in chosen}, chosen, pipe.photo_warp_bytes)
-    if owners:
+    if chosen:
+        crops, owners = ph._warp({i: prepared.photos[i] for i in chosen}, chosen, pipe.photo_warp_bytes)
         crops = crops.contiguous()
         res = torch.cat([pipe.recognize(crops).float(), ph.crop_stats_torch(crops)], 1)  # as the stage packs it
         for r, i in enumerate(owners):

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from facegate.config import Settings
-from facegate.errors import FaceSelectionError, InvalidParameterError, NoFaceError
+from facegate.config import QualitySettings, Settings
+from facegate.errors import InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces, start_photo_check
 from facegate.pipeline.stages import DetectStage
+from facegate.quality_reasons import face_reasons
 from facegate.tuning import make_plan
 from facegate.types import Detection, FaceSelect
 
@@ -29,11 +30,6 @@ def test_select_faces_policies() -> None:
     dets = [_det(0, 0, 10, 10, 0.99), _det(0, 0, 50, 50, 0.80), _det(0, 0, 20, 20, 0.70)]
     assert select_faces(dets, FaceSelect.LARGEST)[0].score == 0.80
     assert len(select_faces(dets, "all")) == 3
-    assert select_faces(dets, FaceSelect.INDEX, 2)[0].score == 0.70
-    with pytest.raises(FaceSelectionError):
-        select_faces(dets, FaceSelect.INDEX, 3)
-    with pytest.raises(FaceSelectionError):
-        select_faces(dets, FaceSelect.INDEX, None)
     with pytest.raises(NoFaceError):
         select_faces([], FaceSelect.LARGEST)
     with pytest.raises(ValueError):
@@ -41,9 +37,9 @@ def test_select_faces_policies() -> None:
 
 
 def test_quality_verdict_reason() -> None:
-    ok = quality_verdict(0.8, 12.0, 0.4)
+    ok = quality_verdict(0.8, 12.0, 0.4, face_reasons(None, None, 0.8, 0.4, QualitySettings()))
     assert ok.accepted and ok.reason is None
-    bad = quality_verdict(0.21, 9.0, 0.4)
+    bad = quality_verdict(0.21, 9.0, 0.4, face_reasons(None, None, 0.21, 0.4, QualitySettings()))
     assert not bad.accepted and bad.reason is not None and bad.reason.startswith("retake")
     assert "0.21" in bad.reason and "0.40" in bad.reason
 
@@ -391,7 +387,7 @@ def test_cuda_pipeline_within_a_memory_limit_and_activation_budget() -> None:
 _ARENA_CHECK = """
 import dataclasses
 import torch
-from facegate.config import Settings
+from facegate.config import QualitySettings, Settings
 from facegate.pipeline import pipeline as pl
 from facegate.tuning import make_plan
 

@@ -37,11 +37,11 @@ def _inputs(
 
 
 # --------------------------------------------------------------------------- CPU: the torch-operation path
-@pytest.mark.parametrize("act", ["none", "relu", "prelu"])
+@pytest.mark.parametrize("act", ["relu", "prelu"])
 def test_cpu_is_the_reference_maths(act: str) -> None:
     x, b, a = _inputs((2, 8, 5, 7), torch.float32, "cpu", channels_last=False)
     want = x + b.view(1, -1, 1, 1)
-    want = {"none": want, "relu": F.relu(want), "prelu": F.prelu(want, a)}[act]
+    want = {"relu": F.relu(want), "prelu": F.prelu(want, a)}[act]
     assert not fused_available(x)
     got = bias_act_(x.clone(), b, act, a if act == "prelu" else None)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -77,7 +77,7 @@ def test_fused_flag_changes_nothing_on_the_cpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [True, False])
-@pytest.mark.parametrize("act", ["none", "relu", "prelu"])
+@pytest.mark.parametrize("act", ["relu", "prelu"])
 def test_kernel_matches_the_torch_operations(dtype: torch.dtype, channels_last: bool, act: str) -> None:
     # odd sizes: the last block is partial, and the channel index wraps inside a block
     x, b, a = _inputs((3, 24, 13, 11), dtype, "cuda", channels_last)
@@ -237,19 +237,6 @@ def test_depthwise_bad_arguments() -> None:
         depthwise3x3(x, w, b, pre_bias=p[:2])
     with pytest.raises(ValueError, match="do not fit"):
         depthwise3x3(x[0], w, b)
-
-
-def test_yunet_depthwise_flag_follows_the_epilogue_flag() -> None:
-    from facegate.models.yunet import ConvDPUnit, load_yunet
-
-    m = load_yunet()
-    units = [c for c in m.modules() if isinstance(c, ConvDPUnit)]
-    set_fused_epilogues(m, True, depthwise=False)
-    assert all(u.fused_epilogue and not u.fused_depthwise for u in units)
-    set_fused_epilogues(m, True)
-    assert all(u.fused_epilogue and u.fused_depthwise for u in units)
-    set_fused_epilogues(m, False)
-    assert not any(u.fused_depthwise for u in units)
 
 
 def test_a_depthwise_kernel_that_cannot_build_falls_back_for_good(monkeypatch: pytest.MonkeyPatch) -> None:

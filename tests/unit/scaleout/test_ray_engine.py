@@ -308,22 +308,20 @@ def test_a_replica_of_another_machine_or_an_engine_error_stays_on_its_path(engin
     assert handle.submit_many.calls == 0
 
 
-def test_socket_dirs_of_engine_replicas_gone_are_removed(tmp_path: Any) -> None:
-    """A killed replica's directory (its socket refuses) goes; a live or starting replica's, and others, stay."""
-    import socket
+def test_socket_dirs_of_engine_replicas_gone_are_removed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's socket directory is a run folder as `facegate serve`'s: a killed replica's goes at the next
+    replica's start (its pid is gone); a live one's, and others, stay."""
+    import subprocess
+    import sys
+    import tempfile
 
-    from facegate.scaleout.ray_app import SOCKET_DIR_PREFIX, remove_stale_socket_dirs
+    from facegate.api.multiprocess import make_run_dir, remove_stale_run_dirs
 
-    dead, live, starting, other = (tmp_path / n for n in (f"{SOCKET_DIR_PREFIX}a", f"{SOCKET_DIR_PREFIX}b",
-                                                          f"{SOCKET_DIR_PREFIX}c", "unrelated"))  # fmt: skip
-    for d in (dead, live, starting, other):
-        d.mkdir()
-    with socket.socket(socket.AF_UNIX) as gone:
-        gone.bind(str(dead / "engine.sock"))  # bound, never listening, closed: what a SIGKILL leaves
-    (other / "engine.sock").touch()
-    with socket.socket(socket.AF_UNIX) as listening:
-        listening.bind(str(live / "engine.sock"))
-        listening.listen()
-        assert remove_stale_socket_dirs(str(tmp_path), min_age_s=60) == []  # the dead one is too young yet
-        assert remove_stale_socket_dirs(str(tmp_path), min_age_s=0) == [str(dead)]
-    assert not dead.exists() and live.exists() and starting.exists() and other.exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, other = tmp_path / f"facegate-engine-{int(gone.stdout)}-a", tmp_path / "unrelated"
+    dead.mkdir()
+    other.mkdir()
+    live = make_run_dir("engine")  # this process's, as a replica's own
+    remove_stale_run_dirs()
+    assert not dead.exists() and live.exists() and other.exists()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from facegate.cli import app
 from facegate.gallery import open_store
-from store_helpers import stored_template
+from store_helpers import add_embeddings, stored_template
 
 runner = CliRunner()
 
@@ -74,7 +74,7 @@ def test_template_import_replaces_a_subject_whether_or_not_ids_repeat(tmp_path: 
     url = str(tmp_path / "g.sqlite3")
     with open_store(url) as store:
         store.create_gallery("g", "m", 32)
-        store.add_embeddings("g", "a", emb[2:], np.ones(1, np.float32), {"badge": 7})
+        add_embeddings(store, "g", "a", emb[2:], np.ones(1, np.float32), {"badge": 7})
     for _ in range(2):
         res = runner.invoke(app, ["enrol", str(tmp_path / "t.npz"), "--gallery", "g", "--gallery-url", url])
         assert res.exit_code == 0, res.output
@@ -190,7 +190,7 @@ def test_a_rerun_replaces_a_changed_subject_and_counts_the_skipped_photos(lfw_ro
         (src / "Colin_Powell").mkdir()
         shutil.copy(base / "Colin_Powell" / "Colin_Powell_0001.jpg", src / "Colin_Powell")
         one = np.eye(1, pipe.spec.embedding_dim, dtype=np.float32)
-        store.add_embeddings("g", "Colin_Powell", np.vstack([one, one]), np.ones(2, np.float32), {"badge": 7})
+        add_embeddings(store, "g", "Colin_Powell", np.vstack([one, one]), np.ones(2, np.float32), {"badge": 7})
         seen: list[int] = []
         rep = enrol_photos(
             store,
@@ -245,6 +245,9 @@ def test_an_embed_npz_enrols_the_largest_face_of_each_photo(tmp_path: Path) -> N
         ("embeddings", {"embeddings": np.full((3, 128), np.nan, np.float32)}),
         ("embeddings", {"embeddings": np.zeros((3, 128), np.float32)}),
         ("quality", {"quality": np.ones((3, 1), np.float32)}),
+        ("quality", {"quality": np.array([0.9, np.nan, 0.9], np.float32)}),
+        ("ids", {"ids": np.array(["a", "b c", "d"])}),
+        ("paths", {"paths": np.array(["p/alice/a.jpg", "p/alice/a.jpg", "p/bo b/b.jpg"])}),
         ("ids", {"ids": np.array([["a"], ["b"], ["c"]])}),
         ("model", {"model": np.array("arcface")}),
     ],

@@ -30,6 +30,7 @@ from facegate.errors import (
 from facegate.io.memcopy import copy_in
 from facegate.metrics.stats import ENGINE_FAMILIES, family_name
 from facegate.service.faces import FaceService
+from facegate.transport import remote as remote_module
 from facegate.transport.remote import (
     Arena,
     FrameReader,
@@ -145,9 +146,13 @@ def test_front_ends_get_the_engines_results(engine: EngineProcess) -> None:
     asyncio.run(go())
 
 
-def test_large_payloads_go_inline_and_engine_errors_keep_their_type(engine: EngineProcess) -> None:
+def test_large_payloads_go_inline_and_engine_errors_keep_their_type(
+    engine: EngineProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_module, "ARENA_BYTES", 4096)  # smaller than one crop
+
     async def go() -> None:
-        remote = RemoteEngine(engine.address, engine.authkey, arena_bytes=4096)  # smaller than one crop
+        remote = RemoteEngine(engine.address, engine.authkey)
         remote.start()
         try:
             emb, q, _raw = await remote.submit("embed", _crops(3))
