@@ -207,13 +207,11 @@ class ServiceStats:
 
 
 def torch_cuda_memory_fn(device: int | str | None = None) -> GpuMemoryFn:
-    """A GPU-memory source reading ``torch.cuda`` (imported lazily) for ``device``; ``{}`` without CUDA."""
+    """A GPU-memory source reading ``torch.cuda`` (imported lazily) for a CUDA engine's ``device``."""
 
     def read() -> dict[str, float]:
         import torch
 
-        if not torch.cuda.is_available():
-            return {}
         return {
             "allocated": float(torch.cuda.memory_allocated(device)),
             "reserved": float(torch.cuda.memory_reserved(device)),

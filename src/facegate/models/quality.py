@@ -161,10 +161,6 @@ class RTSQualityHead(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         return self.bn(self.fc(features))
 
-    def sigma2(self, features: Tensor) -> Tensor:
-        """``σ² = exp(logvar)``: ``(N, feature_dim) → (N,)``."""
-        return torch.exp(self(features)).squeeze(1)
-
 
 def save_head(path: Path, head: RTSQualityHead, calibration: QualityCalibration, meta: Mapping[str, Any]) -> None:
     """``torch.save`` the head, its calibration and ``meta`` (plain Python values: read with ``weights_only``)."""

@@ -54,10 +54,11 @@ def _theta_parts(m: Any, in_h: Any, in_w: Any, stack: Callable[..., Any]) -> Any
     return stack([r0, r1], 1)
 
 
-def pixel_to_theta(M: np.ndarray, in_h: int, in_w: int, device: torch.device) -> torch.Tensor:
-    """Source→crop pixel matrices ``M`` ``(K, 2, 3)`` → ``(K, 2, 3) float32`` ``affine_grid`` thetas on ``device``:
-    ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1`` (``align_corners=False``), computed in NumPy and
-    copied once (not ~30 tiny kernels). A singular ``M`` gives non-finite entries."""
+def pixel_to_theta(M: np.ndarray, in_h: Any, in_w: Any, device: torch.device) -> torch.Tensor:
+    """Source→crop pixel matrices ``M`` ``(K, 2, 3)`` → ``(K, 2, 3) float32`` ``affine_grid`` thetas on ``device``
+    (source sizes ``in_h``, ``in_w``: ints or ``(K,)``): ``θ = N_in · M⁻¹ · N_out⁻¹``, with ``u = (2x + 1) / L - 1``
+    (``align_corners=False``), computed in NumPy and copied once (not ~30 tiny kernels). A singular ``M`` gives
+    non-finite entries."""
     with np.errstate(divide="ignore", invalid="ignore"):
         theta = _theta_parts(np.asarray(M, np.float64), in_h, in_w, np.stack)
     # non-blocking: a blocking copy would wait for all the device's queued work (from pageable memory the

@@ -9,7 +9,7 @@ Only JPEGs with the ``largest`` policy and no crops come here.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,29 +60,41 @@ def warp_crops(photos: list[torch.Tensor], theta: torch.Tensor, max_float_bytes:
     return [w.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1) for w in runs]
 
 
-def _warp(
-    images: dict[int, torch.Tensor], chosen: dict[int, list[Detection]], max_float_bytes: int | None
+def _warp_rows(
+    photos: dict[int, torch.Tensor], keys: list[int], theta: torch.Tensor, max_float_bytes: int | None
 ) -> tuple[torch.Tensor, list[int]]:
-    """``(K, 112, 112, 3) uint8`` crops of the chosen faces (K ≥ 1) and each crop's image, warped per photo size."""
-    by_shape: dict[tuple[int, int], list[tuple[int, Detection]]] = {}
-    for i, dets in chosen.items():
-        by_shape.setdefault((int(images[i].shape[1]), int(images[i].shape[2])), []).extend((i, d) for d in dets)
-    parts: list[torch.Tensor] = []
-    owners: list[int] = []
-    for (h, w), faces in by_shape.items():
-        photos = [images[i] for i, _ in faces]
-        theta = pixel_to_theta(estimate_transforms(np.stack([d.landmarks for _, d in faces])), h, w, photos[0].device)
-        parts += warp_crops(photos, theta, max_float_bytes)
-        owners += [i for i, _ in faces]
-    return torch.cat(parts), owners
+    """``(K, 112, 112, 3) uint8`` crops of ``photos[keys[k]]`` by ``theta[k]`` (``(K, 2, 3)`` on their device), warped
+    per photo size, and each crop's photo."""
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for k, i in enumerate(keys):
+        by_shape.setdefault(tuple(photos[i].shape), []).append(k)
+    crops: list[torch.Tensor] = []
+    for ks in by_shape.values():
+        rows: slice | torch.Tensor = slice(ks[0], ks[0] + len(ks))  # a run (LFW: the whole batch): no index copy
+        if ks != list(range(ks[0], ks[0] + len(ks))):  # non-blocking: a blocking copy waits for all queued work
+            rows = torch.tensor(ks).pin_memory() if theta.is_cuda else torch.tensor(ks)
+            rows = rows.to(theta.device, non_blocking=True)
+        crops += warp_crops([photos[keys[k]] for k in ks], theta[rows], max_float_bytes)
+    return torch.cat(crops).contiguous(), [keys[k] for ks in by_shape.values() for k in ks]
 
 
-def _photo_faces(dets: Sequence[Detection], row: np.ndarray) -> PhotoFaces:
+def _warp(
+    photos: dict[int, torch.Tensor], chosen: dict[int, Detection], max_float_bytes: int | None
+) -> tuple[torch.Tensor, list[int]]:
+    """:func:`_warp_rows` of the chosen face of each photo, aligned by its landmarks (the host rule's crops)."""
+    keys = list(chosen)
+    hw = np.array([tuple(photos[i].shape[1:]) for i in keys])
+    mats = estimate_transforms(np.stack([chosen[i].landmarks for i in keys]))
+    theta = pixel_to_theta(mats, hw[:, 0], hw[:, 1], photos[keys[0]].device)
+    return _warp_rows(photos, keys, theta, max_float_bytes)
+
+
+def _photo_faces(det: Detection, row: np.ndarray) -> PhotoFaces:
     """The :class:`PhotoFaces` of one face (its photo's largest) from its row ``(d + 2 + N_STATS,)`` float32: the
     recognizer's outputs, then the crop's statistics."""
     d = len(row) - 2 - N_STATS
     emb, stats = row[None, :d].copy(), row[None, d + 2 :].copy()
-    return PhotoFaces(dets, emb, row[d : d + 1].copy(), row[d + 1 : d + 2].copy(), stats)
+    return PhotoFaces([det], emb, row[d : d + 1].copy(), row[d + 1 : d + 2].copy(), stats)
 
 
 class PhotoStage:
@@ -140,52 +152,38 @@ class PhotoStage:
             return out, None, set()
         chosen, flags, theta = (torch.cat(parts) for parts in zip(*pending.post_out, strict=True))
         pos = {i: k for k, i in enumerate(order)}
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i in order:
-            by_shape.setdefault((int(photos[i].shape[1]), int(photos[i].shape[2])), []).append(i)
-        meta: list[torch.Tensor] = []
-        crops: list[torch.Tensor] = []
-        owners: list[int] = []
-        for idx in by_shape.values():
-            sel = [pos[i] for i in idx]
-            rows: slice | torch.Tensor = slice(sel[0], sel[0] + len(sel))  # a run (LFW: the whole batch): no index copy
-            if sel != list(range(sel[0], sel[0] + len(sel))):  # non-blocking: a blocking copy waits for all queued work
-                rows = torch.tensor(sel).pin_memory() if chosen.is_cuda else torch.tensor(sel)
-                rows = rows.to(chosen.device, non_blocking=True)
-            crops += warp_crops([photos[i] for i in idx], theta[rows], self.p.photo_warp_bytes)
-            meta.append(torch.cat([chosen[rows], flags[rows]], 1))
-            owners += idx
-        crop_all = torch.cat(crops).contiguous()
-        rec = self.p.recognize(crop_all).float()
-        res = torch.cat([rec, crop_stats_torch(crop_all)], 1)
+        crops, owners = _warp_rows(photos, order, theta, self.p.photo_warp_bytes)
+        rec = self.p.recognize(crops)
+        res = torch.cat([rec, crop_stats_torch(crops)], 1)
         more = extra(rec[:, :-2], owners) if extra is not None else None
-        main = torch.cat([torch.cat(meta).to(res.device), res], 1)
-        flat = torch.cat([main.flatten(), more.flatten()]) if more is not None else main.flatten()
-        got = flat.cpu().numpy()  # the one wait
-        host, more_host = got[: main.numel()].reshape(main.shape), got[main.numel() :] if more is not None else None
+        parts = [torch.cat([chosen, flags], 1).to(res.device), res, *([more] if more is not None else [])]
+        got = torch.cat([t.flatten() for t in parts]).cpu().numpy()  # the one wait
+        meta, host, *more_host = np.split(got, np.cumsum([t.numel() for t in parts])[:-1])
+        meta, host = meta.reshape(len(order), -1), host.reshape(res.shape)
         fallback: set[int] = set()
         for r, i in enumerate(owners):
-            if not host[r, 16]:
+            m = meta[pos[i]]  # chosen (box, landmarks, score), then flags (has a face, exact)
+            if not m[16]:
                 fallback.add(i)
-            elif not host[r, 15]:
+            elif not m[15]:
                 out[i] = NoFaceError("no face found in the image")
             else:
-                lm, wh = host[r, 4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
-                face = Detection(box=host[r, :4].copy(), landmarks=lm, score=float(host[r, 14]), photo_wh=wh)
-                out[i] = _photo_faces([face], host[r, 17:])
+                lm, wh = m[4:14].reshape(5, 2).copy(), (int(photos[i].shape[2]), int(photos[i].shape[1]))
+                face = Detection(box=m[:4].copy(), landmarks=lm, score=float(m[14]), photo_wh=wh)
+                out[i] = _photo_faces(face, host[r])
         if fallback:  # the host rule for the photos the device could not settle exactly
             found = det.finish_many(pending)
-            chosen_fb: dict[int, list[Detection]] = {}
+            chosen_fb: dict[int, Detection] = {}
             for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
                 for i, dets in zip(idx, per_batch, strict=True):
                     if i in fallback:
                         try:
-                            chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)
+                            chosen_fb[i] = select_faces(dets, FaceSelect.LARGEST)[0]
                         except FacegateError as exc:
                             out[i] = exc
-            if chosen_fb:  # crops of one torch.cat: contiguous
-                fb_crops, fb_owners = _warp({i: photos[i] for i in chosen_fb}, chosen_fb, self.p.photo_warp_bytes)
-                fb_res = torch.cat([self.p.recognize(fb_crops).float(), crop_stats_torch(fb_crops)], 1).cpu().numpy()
+            if chosen_fb:
+                fb_crops, fb_owners = _warp(photos, chosen_fb, self.p.photo_warp_bytes)
+                fb_res = torch.cat([self.p.recognize(fb_crops), crop_stats_torch(fb_crops)], 1).cpu().numpy()
                 for r, i in enumerate(fb_owners):
                     out[i] = _photo_faces(chosen_fb[i], fb_res[r])
-        return out, more_host, fallback
+        return out, more_host[0] if more_host else None, fallback

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
-import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,14 +19,11 @@ from facegate.config import Limits
 from facegate.errors import (
     EmptyInputError,
     FacegateError,
-    GalleryNotFoundError,
     InvalidParameterError,
     SubjectNotFoundError,
 )
 from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
 from facegate.service.gallery import decide_enrolments
-
-log = logging.getLogger(__name__)
 
 IMAGE_EXT = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})  # photo file endings
 IMPORT_CHUNK = 10_000  # subjects per transaction of a template import
@@ -106,7 +102,6 @@ def enrol_photos(
     subject's source: one already in the gallery from other files, or enrolled by other means (no
     ``source_digest``), is replaced (embeddings and meta), as a template import does; appending would enrol the
     unchanged photos again on every rerun."""
-    store.get_gallery(gallery)  # GalleryNotFoundError before any work
     report = EnrolReport()
     digests: dict[str, str] = {}
     groups: list[list[tuple[str, Path]]] = [[]]  # per pipeline call: its (subject_id, photo) pairs
@@ -207,9 +202,9 @@ def import_templates(
     *,
     progress: Callable[[int], None] = lambda _: None,
 ) -> int:
-    """Import templates in transactions of :data:`IMPORT_CHUNK` subjects; returns the subjects written.
-    Rows sharing an id are enrolled together (the subject gets their quality-weighted template). Either way an
-    import replaces: a subject that exists starts over from the imported rows (a rerun writes the same gallery)."""
+    """Import templates (checked by :func:`read_templates`) in transactions of :data:`IMPORT_CHUNK` subjects;
+    returns the subjects written. Rows sharing an id are enrolled together (the subject gets their quality-weighted
+    template). Either way an import replaces: a subject that exists starts over from the imported rows."""
     n = len(ids)
     q = np.ones(n, np.float32) if qualities is None else np.clip(np.asarray(qualities, np.float32), 0.0, 1.0)
     norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
@@ -226,16 +221,7 @@ def import_templates(
     items: list[EnrolItem] = [(sid, emb[idx], q[idx], None) for sid, idx in rows.items()]
     for s in range(0, len(items), ENROL_CHUNK):
         chunk = items[s : s + ENROL_CHUNK]
-        try:
-            written += len(store.enrol_many(gallery, chunk, replace=True))
-        except FacegateError:  # a bad subject fails its whole transaction: write the chunk one by one
-            for item in chunk:
-                try:
-                    written += len(store.enrol_many(gallery, [item], replace=True))
-                except FacegateError as exc:
-                    if isinstance(exc, GalleryNotFoundError):
-                        raise
-                    log.warning("template import: subject %r refused: %s", item[0], exc.message)
+        written += len(store.enrol_many(gallery, chunk, replace=True))
         progress(sum(len(x[1]) for x in chunk))
     return written
 

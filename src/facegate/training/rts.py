@@ -124,7 +124,7 @@ def head_sigma2(head: RTSQualityHead, head_in: np.ndarray) -> np.ndarray:
     x = np.asarray(head_in, np.float32)
     out = np.full(x.shape[0], np.nan)
     ok = np.isfinite(x).all(axis=1)
-    out[ok] = head.float().eval().sigma2(torch.from_numpy(x[ok])).double().numpy()
+    out[ok] = torch.exp(head.float().eval()(torch.from_numpy(x[ok]))).reshape(-1).double().numpy()
     return out
 
 

@@ -118,7 +118,9 @@ def test_rts_head_shapes() -> None:
     f = torch.randn(5, 32)
     logvar = head(f)
     assert logvar.shape == (5, 1)
-    assert torch.allclose(head.sigma2(f), torch.exp(logvar).squeeze(1))
+    from facegate.training.rts import head_sigma2  # σ² = exp(logvar), as the calibration reads it
+
+    assert np.allclose(head_sigma2(head, f.numpy()), torch.exp(logvar).squeeze(1).detach().double().numpy())
 
 
 def _head_and_cal() -> tuple[RTSQualityHead, QualityCalibration]:

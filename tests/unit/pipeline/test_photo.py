@@ -174,14 +174,14 @@ def test_host_rule_crops_equal_the_host_alignment() -> None:
     shapes = [(240, 320), (200, 180), (240, 320)]
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in shapes]
     chosen = {
-        i: [Detection(np.zeros(4, np.float32), (ARCFACE_TEMPLATE * s + o).astype(np.float32), 0.9)]
+        i: Detection(np.zeros(4, np.float32), (ARCFACE_TEMPLATE * s + o).astype(np.float32), 0.9)
         for i, (s, o) in enumerate(((1.5, 20.0), (1.2, -8.0), (0.9, 100.0)))
     }
     tensors = {i: torch.from_numpy(im).permute(2, 0, 1).contiguous() for i, im in enumerate(images)}
     for max_float_bytes in (None, 1):
         crops, owners = _warp(tensors, chosen, max_float_bytes)
         assert sorted(owners) == [0, 1, 2] and crops.shape == (3, 112, 112, 3) and crops.dtype == torch.uint8
-        lms = np.stack([chosen[i][0].landmarks for i in owners])
+        lms = np.stack([chosen[i].landmarks for i in owners])
         host = align_cpu(images, lms, np.array(owners))
         diff = np.abs(crops.numpy().astype(np.int64) - host.astype(np.int64))
         assert diff.max() <= 2 and diff.mean() < 0.1

@@ -72,17 +72,17 @@ def _host_rule(pipe: FacePipeline, datas: list[bytes]) -> list[object]:
     from facegate.errors import FacegateError
     from facegate.pipeline import photo as ph
     from facegate.pipeline.pipeline import select_faces
-    from facegate.types import FaceSelect
+    from facegate.types import Detection, FaceSelect
 
     stage = PhotoStage(pipe, **LIMITS)
     prepared = stage.prepare([np.frombuffer(d, np.uint8) for d in datas])
     out: list[object] = [t if isinstance(t, FacegateError) else None for t in prepared.decoded]
-    chosen: dict[int, list] = {}
+    chosen: dict[int, Detection] = {}
     found = pipe.detector.finish_many(prepared.det_pending)
     for (idx, _), per_batch in zip(prepared.det_batches, found, strict=True):
         for i, dets in zip(idx, per_batch, strict=True):
             try:
-                chosen[i] = select_faces(dets, FaceSelect.LARGEST)
+                chosen[i] = select_faces(dets, FaceSelect.LARGEST)[0]
             except FacegateError as exc:
                 out[i] = exc
     if chosen:
