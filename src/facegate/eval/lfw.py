@@ -74,10 +74,11 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def threshold_at_fmr(impostor: np.ndarray, fmr: float) -> float:
-    """Smallest threshold ``t`` with ``mean(impostor >= t) <= fmr`` (``fmr`` < 1; ties broken conservatively)."""
-    imp = np.sort(np.asarray(impostor, np.float64))[::-1]
+    """Smallest threshold ``t`` with ``mean(impostor >= t) <= fmr`` (``fmr`` < 1; ties broken conservatively), in
+    the scores' own precision: a float64 step above a float32 score rounds back onto it when they are compared."""
+    imp = np.sort(np.asarray(impostor))[::-1]
     k = int(np.floor(fmr * len(imp)))  # number of impostors allowed at or above t
-    return float(np.nextafter(imp[k], np.inf))
+    return float(np.nextafter(imp[k], np.asarray(np.inf, imp.dtype)))
 
 
 def evaluate_scores(scores: np.ndarray, pairs: Sequence[Pair], *, fmr: float = 1e-3) -> dict[str, Any]:

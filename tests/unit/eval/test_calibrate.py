@@ -28,3 +28,11 @@ def test_all_pair_scores_counts_and_calibration() -> None:
     assert point["fmr_measured"] <= 1e-2 + 1e-9
     assert 0.0 <= point["fnmr"] < 0.5
     assert res["impostor_pairs"] == imp.size
+
+
+def test_calibration_never_exceeds_its_fmr_on_ties() -> None:
+    """Three people, two identical photos each, orthogonal to one another: every impostor scores 0. A threshold of
+    0 would match them all (FMR 1); the calibrated one matches none and every genuine pair."""
+    emb = np.repeat(np.eye(3, 8, dtype=np.float32), 2, axis=0)
+    point = calibrate(emb, np.repeat(np.array(["a", "b", "c"]), 2), fmrs=(1e-1,))["points"][0]
+    assert point["threshold"] > 0.0 and point["fmr_measured"] == 0.0 and point["fnmr"] == 0.0, point
