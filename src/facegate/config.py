@@ -45,8 +45,8 @@ class Limits(_Group):
     decode_pixels_in_flight: int = Field(400_000_000, ge=4096, le=100_000_000_000)
     """Decoded pixels all requests of one front-end process may hold at once; a request waits (within its deadline)
     until its images fit. Bounds the decode memory of a process at about 3 bytes each."""
-    json_max_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
-    """Largest JSON body or JSON form field, in bytes."""
+    json_max_bytes: int = Field(256 * 1024, ge=1024, le=1024 * 1024)
+    """Largest JSON body or JSON form field, in bytes (at most 1 MiB, the body limit of routes without images)."""
     json_max_depth: int = Field(32, ge=2, le=1000)
     """Deepest nesting of arrays and objects in JSON."""
     json_max_number_digits: int = Field(64, ge=8, le=4300)

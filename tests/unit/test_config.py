@@ -64,6 +64,15 @@ def test_a_value_out_of_bounds_is_refused() -> None:
         Settings(limits={"max_queue": 0})
 
 
+def test_the_json_limit_fits_the_body_limit_of_routes_without_images() -> None:
+    """A larger json_max_bytes would be accepted and have no effect: such bodies are cut at SMALL_BODY_BYTES."""
+    from facegate.api.app import SMALL_BODY_BYTES
+
+    assert Settings(limits={"json_max_bytes": SMALL_BODY_BYTES}).limits.json_max_bytes == SMALL_BODY_BYTES
+    with pytest.raises(ValidationError):
+        Settings(limits={"json_max_bytes": SMALL_BODY_BYTES + 1})
+
+
 def test_nested_groups_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FACEGATE_LIMITS__MAX_UPLOAD_BYTES", "4096")
     monkeypatch.setenv("FACEGATE_ENGINE__MAX_BATCH_SIZE", "8")
