@@ -124,6 +124,11 @@ def test_parameter_errors(client: httpx.Client, lfw_root: Path, fg: SimpleNamesp
         422,
         "invalid_parameter",
     )
+    # JSON sent without its Content-Type (curl -d sends a form's): the error says which header to send
+    r = client.post(
+        "/api/galleries", content=b'{"name": "g"}', headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert "Content-Type: application/json" in fg.assert_error(r, 422, "invalid_parameter")["message"], r.text
     fg.assert_error(
         client.post("/api/galleries/params/subjects/s1", files=fg.many("images", [good]), data={"meta": "[1,2]"}),
         422,

@@ -70,6 +70,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = jsonable_encoder(kept, custom_encoder=_SAFE)
     fields = [".".join(str(p) for p in err.get("loc", ())) for err in errors]
     message = "Invalid request parameters: " + ", ".join(fields) if fields else "Invalid request parameters."
+    if "body" in fields and "json" not in request.headers.get("content-type", ""):  # curl -d sends a form's type
+        message += "; send the JSON body with the header Content-Type: application/json"
     return JSONResponse(error_body(InvalidParameterError.code, message, {"errors": errors}), status_code=422)
 
 
