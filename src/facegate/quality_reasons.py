@@ -148,46 +148,45 @@ def face_reasons(
     documents each, with its unit)."""
     out: list[QualityReason] = []
 
-    def miss(code: str, message: str, value: float, limit: float) -> None:
-        out.append(QualityReason(code, message, float(value), float(limit)))
+    def miss(code: str, message: str, value: float, limit: float, *, digits: int = 0, scale: float = 1.0) -> None:
+        """``message``'s two ``{}`` get ``scale`` × the value and the limit, :func:`shown` at ``digits``."""
+        text = message.format(*shown(scale * value, scale * limit, digits))
+        out.append(QualityReason(code, text, float(value), float(limit)))
 
     if detection is not None:
         iod, yaw, pitch = landmark_geometry(detection.landmarks)
         if iod < (lim := limits.min_iod_px):
-            miss("too_small", "face too small ({} px between the eyes, {} needed)".format(*shown(iod, lim)), iod, lim)
+            miss("too_small", "face too small ({} px between the eyes, {} needed)", iod, lim)
         for what, angle, v, most in (
             ("turned aside", "yaw", abs(yaw), limits.max_yaw_deg),
             ("tilted", "pitch", abs(pitch), limits.max_pitch_deg),
         ):
             if v > most:
-                a, b = shown(v, most)
-                miss("pose", f"face {what} ({a}° {angle}, at most {b}°): face the camera", v, most)
+                miss("pose", f"face {what} ({{}}° {angle}, at most {{}}°): face the camera", v, most)
     if stats is not None:
         sharp, luma, flat = (float(v) for v in stats[:N_STATS])
         lo, hi = limits.min_luma, limits.max_luma
         if luma < lo:
-            miss("too_dark", "face too dark (brightness {}, {} needed)".format(*shown(luma, lo)), luma, lo)
+            miss("too_dark", "face too dark (brightness {}, {} needed)", luma, lo)
         elif luma > hi:
-            miss("too_bright", "face too bright (brightness {}, at most {})".format(*shown(luma, hi)), luma, hi)
+            miss("too_bright", "face too bright (brightness {}, at most {})", luma, hi)
         # clipped highlights or shadows are flat too: there the exposure says why
         if flat > (lim := limits.max_flat) and lo <= luma <= hi:
-            pct = "{} % of the eyes or of the nose and mouth hidden, at most {} %".format(*shown(100 * flat, 100 * lim))
-            miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim)
+            pct = "{} % of the eyes or of the nose and mouth hidden, at most {} %"
+            miss("occluded", f"face covered ({pct}): remove masks, hands or glasses", flat, lim, scale=100)
         if sharp < (lim := limits.min_sharpness):
-            a, b = shown(sharp, lim)
-            miss("blur", f"face blurred (sharpness {a}, {b} needed): hold still, focus", sharp, lim)
+            miss("blur", "face blurred (sharpness {}, {} needed): hold still, focus", sharp, lim)
     if detection is not None:
         outside = face_outside_photo(detection)
         if outside > (lim := limits.max_outside_photo):
-            cut = "{} % of it outside, at most {} %".format(*shown(100 * outside, 100 * lim))
-            miss("low_confidence", f"face partly outside the photo ({cut}): show the whole face", outside, lim)
+            cut = "face partly outside the photo ({} % of it outside, at most {} %): show the whole face"
+            miss("low_confidence", cut, outside, lim, scale=100)
         elif detection.score < (lim := limits.min_det_score):
-            how = "detector confidence {}, {} needed".format(*shown(detection.score, lim, 3))
-            miss("low_confidence", f"face hard to find ({how}): show the whole face, in focus", detection.score, lim)
+            how = "face hard to find (detector confidence {}, {} needed): show the whole face, in focus"
+            miss("low_confidence", how, detection.score, lim, digits=3)
     if not score >= gate:  # NaN included: a refusal always has a reason
-        a, b = shown(score, gate, 2)
-        why = f"quality {a} is below the gate {b} (the face is unlike those the model knows)"
-        miss("out_of_distribution", why, score, gate)
+        why = "quality {} is below the gate {} (the face is unlike those the model knows)"
+        miss("out_of_distribution", why, score, gate, digits=2)
     return tuple(out)
 
 
