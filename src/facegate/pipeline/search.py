@@ -98,7 +98,7 @@ class SearchOut:
 class Gallery:
     """A store and an exact search index, loaded from it here once: the engine's gallery. ``stats_hook`` receives
     ``{gallery: size}`` after start-up and every applied change (serialised; its exceptions are logged);
-    ``lag_hook(lag_s, n)`` runs after each applied batch (``lag_s``: seconds from the newest change's commit to
+    ``lag_hook(lag_s)`` runs after each applied batch (``lag_s``: seconds from the newest change's commit to
     now); ``follow``: also apply changes in a background thread as they commit."""
 
     def __init__(
@@ -107,7 +107,7 @@ class Gallery:
         index: GalleryIndex,
         *,
         stats_hook: Callable[[dict[str, int]], None] = lambda sizes: None,
-        lag_hook: Callable[[float, int], None] = lambda lag_s, n: None,
+        lag_hook: Callable[[float], None] = lambda lag_s: None,
         follow: bool = False,
     ) -> None:
         self.store = store
@@ -141,7 +141,7 @@ class Gallery:
                     self._apply(change)
                     self.seq = change.seq  # a failure part-way resumes here (applying is idempotent)
                 n += len(batch)
-                self.lag_hook(max(0.0, time.time() - batch[-1].committed_at), len(batch))
+                self.lag_hook(max(0.0, time.time() - batch[-1].committed_at))
         if n:
             self._emit_stats()
         return n

@@ -83,8 +83,7 @@ class FaceService:
             pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()
         stats = ServiceStats()
-        lag = stats.gallery_feed_lag  # a batch's lag is its newest change's
-        hooks = {"stats_hook": stats.gallery_sizes_hook(), "lag_hook": lambda lag_s, _changes: lag.observe(lag_s)}
+        hooks = {"stats_hook": stats.gallery_sizes_hook(), "lag_hook": stats.gallery_feed_lag.observe}
         search = SearchStage.from_settings(
             settings, pipeline.device_name, (pipeline.spec.name, pipeline.spec.embedding_dim), **hooks
         )

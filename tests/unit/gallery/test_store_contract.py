@@ -229,7 +229,7 @@ def test_background_follower_applies_foreign_writes(make_store: StoreFactory) ->
     rng = np.random.default_rng(5)
     lags: list[float] = []
     a = gallery_of(make_store)
-    b = gallery_of(make_store, follow=True, lag_hook=lambda lag, n: lags.append(lag))
+    b = gallery_of(make_store, follow=True, lag_hook=lags.append)
     a.store.create_gallery("g", "m", D)
     add_embeddings(a.store, "g", "x", unit(rng, 1), np.array([0.8], np.float32))
     seq = a.store.current_seq()
