@@ -8,17 +8,14 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import re
 import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from unittest.mock import patch  # os.environ for a block: a spawned child takes the environment of its start
 
 from facegate.api.acceptor import Acceptor, FrontEndServer
@@ -30,44 +27,10 @@ from facegate.logs import configure_logging
 from facegate.metrics.prometheus import MULTIPROC_ENV, enable_multiprocess, process_exited
 from facegate.service.faces import FaceService
 from facegate.transport.remote import engine_main
+from facegate.transport.run_dirs import make_run_dir, remove_stale_run_dirs
 from facegate.tuning import ServingPlan, detect_machine, make_plan
 
 log = logging.getLogger(__name__)
-
-_RUN_DIR = re.compile(r"^facegate-(?:engine|accept|metrics)-(\d+)-[A-Za-z0-9_]+$")
-
-
-def make_run_dir(kind: Literal["engine", "accept", "metrics"]) -> Path:
-    """A new private (mode 0700) run folder of ``kind``, ``facegate-<kind>-<pid>-<random>``: the next start can
-    tell a killed server's from a live one's (:func:`remove_stale_run_dirs`)."""
-    return Path(tempfile.mkdtemp(prefix=f"facegate-{kind}-{os.getpid()}-"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        pass
-    return True
-
-
-def remove_stale_run_dirs() -> None:
-    """Delete this user's run folders whose supervisor pid no process has."""
-    removed = 0
-    for folder in Path(tempfile.gettempdir()).glob("facegate-*-*"):
-        m = _RUN_DIR.match(folder.name)
-        try:
-            if m is None or not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if (pid := int(m.group(1))) != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed += 1
-    if removed:
-        log.info("removed %d run folder(s) left by a server that did not stop cleanly", removed)
 
 
 class EngineProcess:

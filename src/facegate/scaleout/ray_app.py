@@ -73,8 +73,8 @@ class EngineReplica:
     async def __init__(self, settings_json: str) -> None:
         import ray
 
-        from facegate.api.multiprocess import make_run_dir, remove_stale_run_dirs
         from facegate.service.faces import FaceService
+        from facegate.transport.run_dirs import make_run_dir, remove_stale_run_dirs
         from facegate.tuning import make_plan
 
         # as an engine process: its device thread and this replica's event loop (the gRPC calls) share the GIL

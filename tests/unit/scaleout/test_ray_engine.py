@@ -306,22 +306,3 @@ def test_a_replica_of_another_machine_or_an_engine_error_stays_on_its_path(engin
     with pytest.raises(QueueFullError):
         _submit_once(handle, "embed", np.ones(3, np.uint8))
     assert handle.submit_many.calls == 0
-
-
-def test_socket_dirs_of_engine_replicas_gone_are_removed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A replica's socket directory is a run folder as `facegate serve`'s: a killed replica's goes at the next
-    replica's start (its pid is gone); a live one's, and others, stay."""
-    import subprocess
-    import sys
-    import tempfile
-
-    from facegate.api.multiprocess import make_run_dir, remove_stale_run_dirs
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead, other = tmp_path / f"facegate-engine-{int(gone.stdout)}-a", tmp_path / "unrelated"
-    dead.mkdir()
-    other.mkdir()
-    live = make_run_dir("engine")  # this process's, as a replica's own
-    remove_stale_run_dirs()
-    assert not dead.exists() and live.exists() and other.exists()

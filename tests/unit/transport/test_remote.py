@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import pickle
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -497,3 +499,16 @@ def test_frame_reader_parses_the_long_length_header() -> None:
     out: list = []
     frames._parse(out, 10)
     assert out == [("x", 1)] and bytes(frames._buf) == struct.pack("!i", 3)  # an incomplete frame stays
+
+
+def test_engine_side_modules_load_no_http_stack() -> None:
+    """What an engine process or Ray engine replica imports of facegate (the run folders included) loads neither
+    FastAPI, Starlette nor uvicorn."""
+    code = (
+        "import sys\n"
+        "import facegate.service.faces, facegate.transport.remote, facegate.transport.run_dirs, facegate.tuning\n"
+        "loaded = sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
