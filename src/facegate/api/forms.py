@@ -1,7 +1,7 @@
 """Fast paths for small ``multipart/form-data`` bodies: Starlette's streaming parser and FastAPI's stack cost a
 front-end more than the aligned-crop work itself (``benchmarks/results/http_e2e-h100-forms-*.json``).
 
-A plain body (first delimiter at the start, CRLF, named parts, no ``_charset_``, within the limits) of at most
+A plain UTF-8 body (first delimiter at the start, CRLF, named parts, no ``_charset_``, within the limits) of at most
 :data:`FAST_FORM_MAX_BYTES` is cut at its boundaries here; anything else, every error case included, goes to
 Starlette over the same cached body. :func:`wants_fast_path` and :func:`aligned_images` pick the requests that
 :func:`facegate.api.routes.serve_embed_aligned` answers itself.
@@ -76,7 +76,8 @@ def parse_small_multipart(body: bytes, content_type: str) -> FormData | None:
     Starlette's parser should answer instead."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
-    if not boundary or len(boundary) > 200:
+    # Starlette decodes names and values in the Content-Type's charset: any other than UTF-8 goes to it
+    if not boundary or len(boundary) > 200 or params.get(b"charset", b"utf-8").lower() not in (b"utf-8", b"utf8"):
         return None
     delim = b"--" + boundary
     if not body.startswith(delim):

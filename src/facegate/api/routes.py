@@ -334,8 +334,7 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
     service = state.require_service()
     img = await decode_bytes(state, await read_upload(state, image))
     dets = await service.detect(img)
-    h, w = img.shape[:2]
-    return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=int(w), height=int(h))
+    return sc.DetectResponse(faces=[d.to_dict() for d in dets], width=img.shape[1], height=img.shape[0])
 
 
 @galleries.post("/api/galleries", status_code=201)

@@ -125,3 +125,14 @@ def test_the_request_falls_back_to_starlette_over_the_cached_body() -> None:
     for fast in (False, True):
         with pytest.raises(MultiPartException):
             asyncio.run(_starlette_form(wrong_boundary, ctype, fast))
+
+
+def test_a_charset_other_than_utf8_goes_to_starlette() -> None:
+    """Starlette decodes names and values in the Content-Type's charset: the fast parser reads UTF-8 alone."""
+    body, ctype = BODIES["utf8_names_and_empty_file"]
+    assert parse_small_multipart(body, ctype + "; charset=UTF-8") is not None
+    latin = ctype + "; charset=latin-1"
+    assert parse_small_multipart(body, latin) is None
+    want = asyncio.run(_snapshot(asyncio.run(_starlette_form(body, latin))))
+    assert want[0] == ("notes", "field", "naïve ✓".encode().decode("latin-1"))
+    assert asyncio.run(_snapshot(asyncio.run(_starlette_form(body, latin, fast=True)))) == want
