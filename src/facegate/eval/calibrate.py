@@ -12,11 +12,6 @@ import numpy as np
 from facegate.eval.lfw import threshold_at_fmr
 
 
-def identity_of(path: str) -> str:
-    """LFW identity from ``Name/Name_0001.jpg``."""
-    return path.split("/", 1)[0]
-
-
 def all_pair_scores(emb: np.ndarray, ids: np.ndarray, *, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """``(genuine, impostor)`` float32 scores of all pairs ``i < j`` of ``emb`` ``(N, D)`` (NaN rows skipped)."""
     ok = ~np.isnan(emb).any(axis=1)

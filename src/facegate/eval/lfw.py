@@ -54,6 +54,8 @@ def read_pairs(root: Path, *, check_images: bool = False) -> list[Pair]:
     if missing := [p for p in images if not (Path(root) / "lfw-deepfunneled" / p).is_file()]:
         msg = f"{len(missing)} images of {path} are not under {root}/lfw-deepfunneled, e.g. {', '.join(missing[:3])}"
         raise InvalidParameterError(msg, detail={"root": str(root), "missing": missing[:10]})
+    if n_folds < 2 or n_each < 1:  # each fold's threshold is picked on the other folds
+        raise InvalidParameterError(f"{path} line 1: {lines[0]!r}; the protocol needs 2 folds or more, 1 pair or more")
     return pairs
 
 

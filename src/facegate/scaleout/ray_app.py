@@ -159,13 +159,12 @@ class ReplicaHeaders:
 
             async def send_with_headers(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
-                    headers = [*message.get("headers", []), (b"x-facegate-replica", self.replica)]
+                    headers = message["headers"] = [*message.get("headers", []), (b"x-facegate-replica", self.replica)]
                     if served.replicas:
                         replicas = ",".join(dict.fromkeys(served.replicas)).encode()
                         headers.append((b"x-facegate-engine-replicas", replicas))
                     if served.retries:
                         headers.append((b"x-facegate-engine-retries", str(served.retries).encode()))
-                    message = {**message, "headers": headers}
                 await send(message)
 
             await self.app(scope, receive, send_with_headers)

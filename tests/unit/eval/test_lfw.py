@@ -28,6 +28,10 @@ def test_read_pairs_small(tmp_path: Path) -> None:
     (tmp_path / "pairs.txt").write_text("2 1\nA 1 2\n")
     with pytest.raises(InvalidParameterError):
         read_pairs(tmp_path)
+    for text in ("1 1\nA 1 2\nA 1 B 3\n", "2 0\n"):  # one fold has no others to pick its threshold; no pairs
+        (tmp_path / "pairs.txt").write_text(text)
+        with pytest.raises(InvalidParameterError, match="line 1"):
+            read_pairs(tmp_path)
 
 
 def test_real_pairs_are_identity_disjoint(lfw_root: Path) -> None:
