@@ -90,11 +90,10 @@ class IRSE64RTS(nn.Module):
         *,
         units: Sequence[int] = IRSE64_UNITS,
         widths: Sequence[int] = IRSE64_WIDTHS,
-        embedding_dim: int = 512,
     ) -> None:
         super().__init__()
         self.alpha = int(alpha)
-        self.embedding_dim = int(embedding_dim)
+        self.embedding_dim = 512
         side = 112 // 16  # four stride-2 stages on 112×112 crops
         self.feature_dim = int(widths[-1] * side * side)
 
@@ -112,7 +111,7 @@ class IRSE64RTS(nn.Module):
             nn.Sequential(nn.BatchNorm2d(widths[-1]), nn.Dropout(), nn.Flatten()),
         )
         self.features_backbone = nn.Sequential(
-            nn.Linear(self.feature_dim, embedding_dim), nn.BatchNorm1d(embedding_dim)
+            nn.Linear(self.feature_dim, self.embedding_dim), nn.BatchNorm1d(self.embedding_dim)
         )
         self.logvar_rts_backbone = nn.Sequential(nn.Linear(self.feature_dim, 1), nn.BatchNorm1d(1))
         self.logvar_rts_plus_backbone = nn.Sequential(
@@ -142,12 +141,12 @@ class IRSE64RTS(nn.Module):
         return self
 
 
-def tiny_irse(seed: int = 0, alpha: int = 4, *, embedding_dim: int = 512) -> IRSE64RTS:
+def tiny_irse(seed: int = 0, alpha: int = 4) -> IRSE64RTS:
     """A narrow IR-SE-RTS (the full model's key pattern), seeded random weights and BN statistics, eval, for tests."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = IRSE64RTS(alpha, units=(1, 1, 1, 1), widths=(16, 32, 48, 64), embedding_dim=embedding_dim)
+        model = IRSE64RTS(alpha, units=(1, 1, 1, 1), widths=(16, 32, 48, 64))
     for mod in model.modules():
         if isinstance(mod, nn.BatchNorm1d | nn.BatchNorm2d):
             n = mod.num_features
@@ -227,7 +226,6 @@ def load_rts_checkpoint(path: Path) -> IRSE64RTS:
     """:class:`IRSE64RTS` strictly loaded from ModelScope's ``pytorch_model.pt``, CPU, fp32, eval (``alpha`` from
     ``logvar_rts_plus_backbone.0.weight``). :class:`CheckpointError`: missing, unreadable, TorchScript, not a plain
     state_dict, or keys/shapes that differ."""
-    path = Path(path)
     sd = _read_state_dict(path)
     w = sd.get("logvar_rts_plus_backbone.0.weight")
     alpha = int(w.shape[0]) if w is not None and w.ndim == 2 else DEFAULT_ALPHA

@@ -83,7 +83,6 @@ def export_onnx(recognizer: nn.Module, out: Path, *, opset: int = OPSET, verify:
     parity numbers of ONNX Runtime against PyTorch at another batch size (``verify``); :class:`ModelError` when the
     export fails."""
     recognizer = recognizer.eval().float().cpu()
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     x = torch.randint(0, 256, (2, 112, 112, 3), dtype=torch.uint8)
     axes = {n: {0: "batch"} for n in ("crops", "embedding", "quality", "raw")}

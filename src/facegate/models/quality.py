@@ -164,7 +164,6 @@ class RTSQualityHead(nn.Module):
 
 def save_head(path: Path, head: RTSQualityHead, calibration: QualityCalibration, meta: Mapping[str, Any]) -> None:
     """``torch.save`` the head, its calibration and ``meta`` (plain Python values: read with ``weights_only``)."""
-    path = Path(path)
     if not head.backbone:
         raise QualityHeadError("save_head needs the backbone arch id (head.backbone)")
     payload = {
@@ -188,7 +187,6 @@ def load_head(
 ) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
     """``(head (eval, fp32, CPU), calibration, meta)`` of a :func:`save_head` file; :class:`QualityHeadError` if
     unreadable or of another format, version, ``backbone`` or ``feature_dim``."""
-    path = Path(path)
     det: dict[str, Any] = {"path": str(path)}
     if not path.is_file():
         raise QualityHeadError(f"quality head {path} does not exist", detail=det)
@@ -219,12 +217,11 @@ def load_head(
     return head.float().eval(), calibration, dict(obj.get("meta") or {})
 
 
-def bn_logvar_calibration(bn: nn.BatchNorm1d, note: str) -> QualityCalibration:
+def bn_logvar_calibration(bn: nn.BatchNorm1d, source: str) -> QualityCalibration:
     """Unfitted ``q = sigmoid(−(logvar − β)/|γ|)`` from a head's ``BatchNorm1d(1)`` (on training data ``logvar ≈
-    N(β, γ²)``: a typical face lands near 0.5)."""
+    N(β, γ²)``: a typical face lands near 0.5); ``source`` names the head in the note."""
     gamma = abs(float(bn.weight.detach().float().reshape(-1)[0]))
     beta = float(bn.bias.detach().float().reshape(-1)[0])
     gamma = gamma if gamma > 1e-6 else 1.0
-    return QualityCalibration(
-        "logistic", direction=-1, transform="log", a=-1.0 / gamma, b=beta / gamma, fitted=False, note=note
-    )
+    note = f"provisional ({source}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
+    return QualityCalibration("logistic", direction=-1, transform="log", a=-1.0 / gamma, b=beta / gamma, note=note)

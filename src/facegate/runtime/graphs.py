@@ -21,7 +21,6 @@ from facegate.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKETS: tuple[int, ...] = (1, 4, 16, 64)
 #: Inductor options of ``compile=inductor`` on top of ``max-autotune-no-cudagraphs``: weights as constants, and
 #: pointwise convs as matmuls that absorb bias and PReLU.
 INDUCTOR_SERVING_OPTIONS: dict[str, Any] = {"freezing": True, "conv_1x1_as_mm": True}
@@ -101,7 +100,7 @@ class GraphedModule(nn.Module):
         item_shape: Sequence[int],
         dtype: torch.dtype,
         *,
-        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        buckets: Sequence[int],
         compile_mode: str | None = None,
         compile_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -111,14 +110,10 @@ class GraphedModule(nn.Module):
         self.in_dtype = dtype
         self.buckets = tuple(sorted(set(int(b) for b in buckets)))
         self.compile_mode = compile_mode
-        self.compile_options = dict(compile_options or {})
-        if not compile_mode:
-            self._fn: Callable[[Tensor], Any] = module
-        elif self.compile_options:  # torch.compile takes a mode or options, not both: spell the mode out
-            opts = {**torch._inductor.list_mode_options(compile_mode), **self.compile_options}
+        self._fn: Callable[[Tensor], Any] = module
+        if compile_mode:  # torch.compile takes a mode or options, not both: spell the mode out
+            opts = {**torch._inductor.list_mode_options(compile_mode), **(compile_options or {})}
             self._fn = torch.compile(module, options=opts, dynamic=False)
-        else:
-            self._fn = torch.compile(module, mode=compile_mode, dynamic=False)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
 
     @property

@@ -185,12 +185,9 @@ def _give_up(exc: BaseException) -> None:
     _failed = True
 
 
-def set_fused_epilogues(module: torch.nn.Module, on: bool) -> int:
+def set_fused_epilogues(module: torch.nn.Module, on: bool) -> None:
     """Turn the fused kernels (:func:`bias_act_`, YuNet's :func:`depthwise3x3`) on or off in every submodule with a
-    ``fused_epilogue`` attribute; returns how many were set."""
-    n = 0
+    ``fused_epilogue`` attribute."""
     for m in module.modules():
         if hasattr(type(m), "fused_epilogue"):
             m.fused_epilogue = bool(on)
-            n += 1
-    return n

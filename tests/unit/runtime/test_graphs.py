@@ -54,24 +54,22 @@ def test_compile_options_are_merged_into_the_modes_options(monkeypatch: pytest.M
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     net = _Net(0).eval()
-    GraphedModule(net, (8, 8, 3), torch.uint8, compile_mode="max-autotune-no-cudagraphs")
+    GraphedModule(net, (8, 8, 3), torch.uint8, buckets=(1,), compile_mode="max-autotune-no-cudagraphs")
     GraphedModule(
         net,
         (8, 8, 3),
         torch.uint8,
+        buckets=(1,),
         compile_mode="max-autotune-no-cudagraphs",
         compile_options=graphs.INDUCTOR_SERVING_OPTIONS,
     )
-    assert calls[0] == {"mode": "max-autotune-no-cudagraphs", "dynamic": False}
+    # the mode alone is spelt out as its options (what torch.compile(mode=...) applies)
+    mode_options = torch._inductor.list_mode_options("max-autotune-no-cudagraphs")
+    assert calls[0] == {"options": mode_options, "dynamic": False}
     assert "mode" not in calls[1] and calls[1]["dynamic"] is False
     opts = calls[1]["options"]
     assert opts["max_autotune"] is True and opts["freezing"] is True and opts["conv_1x1_as_mm"] is True
-    assert GraphedModule(net, (8, 8, 3), torch.uint8)._fn is net and len(calls) == 2
-
-
-def test_default_buckets_are_ascending_and_end_at_64() -> None:
-    assert list(graphs.DEFAULT_BUCKETS) == sorted(graphs.DEFAULT_BUCKETS)
-    assert graphs.DEFAULT_BUCKETS[0] == 1 and graphs.DEFAULT_BUCKETS[-1] == 64
+    assert GraphedModule(net, (8, 8, 3), torch.uint8, buckets=(1,))._fn is net and len(calls) == 2
 
 
 @pytest.mark.gpu
