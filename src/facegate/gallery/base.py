@@ -97,7 +97,7 @@ class SubjectInfo:
     updated_at: float
 
     def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "template_quality": round(float(self.template_quality), 5), "meta": dict(self.meta)}
+        return {**asdict(self), "template_quality": round(float(self.template_quality), 5)}  # asdict copies meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +317,10 @@ class GalleryStore(AbstractContextManager):
     def _erase_deleted(self) -> None:
         raise NotImplementedError  # after a committed delete: drop the deleted bytes, as far as the backend can
 
+    def erase_pending(self) -> None:
+        """Finish an erasure that :class:`~facegate.errors.ErasureIncompleteError` reported (nothing where a backend
+        never reports one)."""
+
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` until a change after ``after`` may have committed (spurious True allowed).
         Here: poll ``current_seq`` every 5 ms (SQLite has no notifications)."""
@@ -368,9 +372,13 @@ class GalleryStore(AbstractContextManager):
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
-        with self._in_gallery(name, f"deleting gallery {name!r}", write=True) as (conn, gid, _):
-            conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
-            self._log(conn, [("delete_gallery", name, None)], time.time())
+        try:
+            with self._in_gallery(name, f"deleting gallery {name!r}", write=True) as (conn, gid, _):
+                conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
+                self._log(conn, [("delete_gallery", name, None)], time.time())
+        except GalleryNotFoundError:
+            self.erase_pending()  # a retry after erasure_incomplete: finish that erasure before the 404
+            raise
         self._erase_deleted()
 
     # ------------------------------------------------------------------ subjects
@@ -449,10 +457,12 @@ class GalleryStore(AbstractContextManager):
         validate_subject_id(subject_id)
         with self._in_gallery(gallery, f"deleting {subject_id!r} from {gallery!r}", write=True) as (conn, gid, _):
             sql = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-            if conn.execute(sql, (gid, subject_id)).rowcount == 0:
-                raise _subject_not_found(gallery, subject_id)
-            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
-            self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
+            if found := conn.execute(sql, (gid, subject_id)).rowcount > 0:
+                conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
+                self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
+        if not found:
+            self.erase_pending()  # a retry after erasure_incomplete: finish that erasure before the 404
+            raise _subject_not_found(gallery, subject_id)
         self._erase_deleted()
 
     def import_templates(

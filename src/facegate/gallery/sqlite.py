@@ -179,7 +179,8 @@ class SQLiteGalleryStore(GalleryStore):
     def _erase_deleted(self) -> None:
         """Copy the WAL (with ``secure_delete``'s zeroed pages) into the file and truncate it. A reader of an
         older snapshot that outlasts the busy timeout leaves the delete committed but the bytes in the WAL:
-        :class:`ErasureIncompleteError` (the next delete, or :meth:`erase_pending`, finishes the job)."""
+        :class:`ErasureIncompleteError`. The next delete (a retry of the same one too, which then answers not found)
+        or :meth:`erase_pending` finishes the job."""
         with self._lock:
             if self._conn is None or self.journal_mode != "wal":
                 return
@@ -199,7 +200,6 @@ class SQLiteGalleryStore(GalleryStore):
                     detail={"path": self._path},
                 )
 
-    #: Finish an erasure that :class:`ErasureIncompleteError` reported.
     erase_pending = _erase_deleted
 
     def close(self) -> None:

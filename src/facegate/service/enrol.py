@@ -207,8 +207,7 @@ def import_templates(
     template). Either way an import replaces: a subject that exists starts over from the imported rows."""
     n = len(ids)
     q = np.ones(n, np.float32) if qualities is None else np.clip(np.asarray(qualities, np.float32), 0.0, 1.0)
-    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-    emb = (embeddings / np.maximum(norms, 1e-12)).astype(np.float32)
+    emb = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)  # no zero row: read_templates refuses them
     written = 0
     if len(set(ids)) == n:
         for part in (slice(s, s + IMPORT_CHUNK) for s in range(0, n, IMPORT_CHUNK)):

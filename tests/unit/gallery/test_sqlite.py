@@ -496,8 +496,22 @@ def test_delete_erases_while_another_connection_reads(db: Path, monkeypatch: pyt
     with pytest.raises(SubjectNotFoundError):
         store.get_subject("g", "b")  # the delete itself is committed
     reader.execute("COMMIT")
-    store.erase_pending()
+    with pytest.raises(SubjectNotFoundError):
+        store.delete_subject("g", "b")  # the client's retry, as the 503 asks: it finishes the erasure, then 404
     assert not on_disk("b")
+
+    store.create_gallery("h", "sface", 32)
+    add_embeddings(store, "h", "c", unit(rng, 1, 32), np.array([0.7], np.float32))
+    blobs["c"] = stored_template(store, "h", "c").tobytes()
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM subjects").fetchone()
+    with pytest.raises(ErasureIncompleteError):
+        store.delete_gallery("h")
+    reader.execute("COMMIT")
+    with pytest.raises(GalleryNotFoundError):
+        store.delete_gallery("h")  # likewise for a gallery
+    assert not on_disk("c")
+    store.erase_pending()  # nothing pending: a no-op
     reader.close()
     store.close()
 
