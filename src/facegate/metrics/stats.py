@@ -174,10 +174,6 @@ class ServiceStats:
         self.requests.labels(route, status).inc()
         self.request_latency.labels(route).observe(latency_s)
 
-    def record_refusal(self, reason: str) -> None:
-        """One quality-gate refusal (a short, bounded vocabulary of reasons)."""
-        self.refusals.labels(reason).inc()
-
     def gallery_sizes_hook(self) -> Callable[[dict[str, int]], None]:
         """A hook for :class:`~facegate.pipeline.search.Gallery` that mirrors ``{gallery: size}`` into
         ``facegate_gallery_subjects`` (forgetting galleries that disappeared)."""

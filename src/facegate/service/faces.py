@@ -176,7 +176,7 @@ class FaceService:
         for f in faces:
             self.stats.quality_score.observe(f.quality.score)
             if not f.quality.accepted:
-                self.stats.record_refusal("low_quality")
+                self.stats.refusals.labels("low_quality").inc()
         return faces
 
     async def faces(
@@ -215,5 +215,5 @@ class FaceService:
         """1:1 compare with the quality gate (refused pairs are never compared)."""
         res = self.pipeline.compare_faces(a, b)
         if res.refused:
-            self.stats.record_refusal("compare_low_quality")
+            self.stats.refusals.labels("compare_low_quality").inc()
         return res

@@ -68,7 +68,7 @@ def decide_enrolments(
             elif verdict is not None and not (v := verdict(r)).accepted:
                 refused.append(Refusal(i, v.reason, QualityRejectedError.code))
                 if stats is not None:
-                    stats.record_refusal("enrol_low_quality")
+                    stats.refusals.labels("enrol_low_quality").inc()
             else:
                 accepted.append(r)
         error: FacegateError | None = None
@@ -113,7 +113,7 @@ class GalleryFront:
         stats = self._svc.stats
         fpir = DEFAULT_FPIR if fpir is None else fpir
         if not face.quality.accepted:
-            stats.record_refusal("search_low_quality")
+            stats.refusals.labels("search_low_quality").inc()
             t, point = threshold_for(self.tail, size, fpir)
             return [], {"threshold": t, **point}
         if found is None:

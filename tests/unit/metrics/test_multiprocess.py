@@ -26,7 +26,7 @@ def _record(s: ServiceStats) -> None:
     s.record_request("GET /healthz", 200, 0.3)
     s.record_request("POST /api/compare", 422, 0.02)
     s.quality_score.observe(0.7)
-    s.record_refusal("low_quality")
+    s.refusals.labels("low_quality").inc()
     for v in (0.001, 0.004, 12.0):
         s.engine_call.labels("embed").observe(v)
 

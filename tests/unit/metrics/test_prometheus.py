@@ -43,7 +43,7 @@ def stats() -> ServiceStats:
     s.dropped.labels("embed", "cancelled").inc(1)
     s.quality_score.observe(0.31)
     s.quality_score.observe(0.92)
-    s.record_refusal("low_quality")
+    s.refusals.labels("low_quality").inc()
     s.gallery_subjects.labels("staff").set(42)
     return s
 
