@@ -1,1 +1,0 @@
-"""facegate.engine."""

@@ -74,7 +74,6 @@ def settle(outcomes: Iterable[tuple[AnyFuture, bool, Any]]) -> None:
 
 
 def fail(items: Iterable[WorkItem], exc: BaseException) -> None:
-    """Complete every item's future with the same exception."""
     settle((it.future, False, exc) for it in items)
 
 

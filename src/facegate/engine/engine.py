@@ -112,7 +112,6 @@ class DeviceThread(concurrent.futures.Executor):
             self.join(None)
 
     def join(self, deadline: float | None) -> bool:
-        """:func:`_join` of the thread, once started."""
         return _join(self._thread, deadline) if self._thread.ident is not None else True
 
     def alive(self) -> bool:

@@ -72,8 +72,7 @@ def _warp_rows(
     for ks in by_shape.values():
         rows: slice | torch.Tensor = slice(ks[0], ks[0] + len(ks))  # a run (LFW: the whole batch): no index copy
         if ks != list(range(ks[0], ks[0] + len(ks))):  # non-blocking: a blocking copy waits for all queued work
-            rows = torch.tensor(ks).pin_memory() if theta.is_cuda else torch.tensor(ks)
-            rows = rows.to(theta.device, non_blocking=True)
+            rows = torch.tensor(ks, pin_memory=theta.is_cuda).to(theta.device, non_blocking=True)
         crops += warp_crops([photos[keys[k]] for k in ks], theta[rows], max_float_bytes)
     return torch.cat(crops).contiguous(), [keys[k] for ks in by_shape.values() for k in ks]
 

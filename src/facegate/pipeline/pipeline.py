@@ -164,9 +164,8 @@ class FacePipeline:
         #: ``"cpu"`` / ``"cuda"``; :attr:`device` is the torch device
         self.device_name = str(device)
         self.operating = operating
-        quality = quality if quality is not None else QualitySettings()
-        self.reason_limits = quality
-        self.enrol_threshold = enrol_gate(operating.quality_threshold, quality.enrol_gate)
+        self.reason_limits = quality if quality is not None else QualitySettings()
+        self.enrol_threshold = enrol_gate(operating.quality_threshold, self.reason_limits.enrol_gate)
         self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
@@ -220,9 +219,6 @@ class FacePipeline:
         detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
         max_batch = settings.engine.max_batch_size
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
-        if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
-            detector.batch_buckets = tuple(buckets)
-            set_fused_epilogues(detector.model, plan.fused_kernels)  # conv bias (+ ReLU), depthwise tail: one kernel
         recognizer = build_recognizer(
             spec,
             checkpoint=settings.rts_checkpoint,
@@ -231,15 +227,17 @@ class FacePipeline:
             dtype=plan.precision,
             channels_last=plan.channels_last and plan.precision != "fp32",
         )
-        if device == "cpu" and plan.onnx_cpu:
-            from facegate.models.onnx_backend import attach_onnx_detector
-
-            attach_onnx_detector(detector)
         recognizer.flip_tta = settings.flip_tta
-        if device == "cuda":
+        if device == "cuda":  # batch-size buckets for the detector on the GPU (shapes planned at warm-up)
+            detector.batch_buckets = tuple(buckets)
+            set_fused_epilogues(detector.model, plan.fused_kernels)  # conv bias (+ ReLU), depthwise tail: one kernel
             recognizer.backbone.fuse()  # fold BatchNorm into convs: fewer kernels, same embeddings
             # bias + PReLU of each folded conv in one kernel (Inductor fuses these itself)
             set_fused_epilogues(recognizer.backbone, plan.fused_kernels and plan.compile != "inductor")
+        elif plan.onnx_cpu:  # only ever set on the CPU (tuning.make_plan)
+            from facegate.models.onnx_backend import attach_onnx_detector
+
+            attach_onnx_detector(detector)
         recognizer.set_activation_budget(plan.activation_budget_mib)  # after fusing: it measures the layers that run
         if device == "cuda" and plan.compile != "off":
             from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule

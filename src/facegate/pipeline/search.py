@@ -382,8 +382,7 @@ class PhotoSearchStage:
             if len(rows) == len(owners):
                 q = emb
             else:  # pinned and non-blocking: a blocking copy up would wait for the device's queued work
-                at = torch.tensor(rows)
-                q = emb[(at.pin_memory() if emb.is_cuda else at).to(emb.device, non_blocking=True)]
+                q = emb[torch.tensor(rows, pin_memory=emb.is_cuda).to(emb.device, non_blocking=True)]
             try:
                 packed, finish = gallery.index.launch(name, q, max(heads[live[owners[r]]][1] for r in rows), hold)
             except FacegateError:

@@ -89,7 +89,6 @@ class Arena:
         self._map = mmap.mmap(self.fd, size)
         self.buf = memoryview(self._map)
         self._bytes = np.frombuffer(self._map, np.uint8)
-        self.size = size
         self._free: list[tuple[int, int]] = [(0, size)]  # sorted by offset: (offset, length)
         self._lock = threading.Lock()
 
@@ -570,7 +569,6 @@ class RemotePool:
         return all(e.ready for e in self.engines)
 
     async def submit(self, stage: str, payload: np.ndarray) -> Any:
-        """Submit to the engine :func:`pick_engine` chooses."""
         if (engine := pick_engine(self.engines)) is None:
             raise EngineClosedError("no engine process is connected")
         return await engine.submit(stage, payload)

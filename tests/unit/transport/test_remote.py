@@ -47,9 +47,9 @@ from facegate.tuning import Machine, make_plan
 
 def _all_free(arena: Arena | None) -> bool:
     """Whether every slot of ``arena`` was given back: the whole block allocates as one range (then freed)."""
-    if arena is None or arena.alloc(arena.size) != 0:
+    if arena is None or arena.alloc(len(arena.buf)) != 0:
         return False
-    arena.free(0, arena.size)
+    arena.free(0, len(arena.buf))
     return True
 
 
