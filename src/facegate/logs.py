@@ -56,7 +56,8 @@ class EscapingFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``time``, ``level``, ``logger``, ``message`` and, with one, ``exception``."""
+    """One JSON object per line: ``time``, ``level``, ``logger``, ``process``, ``message`` and, with one,
+    ``exception``."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {

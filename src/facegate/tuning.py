@@ -1,6 +1,7 @@
 """The serving plan: every internal tuning value, derived in one place (:func:`make_plan`) from the settings and
-the machine (a usable CUDA build and GPUs, CPU cores). Nothing here reads the environment or imports torch: the
-supervisor and the front-ends plan too. The engine processes get the supervisor's plan. Profiles:
+the machine (a usable CUDA build and GPUs, CPU cores). Nothing here imports torch or reads the environment but
+``CUDA_VISIBLE_DEVICES``: the supervisor and the front-ends plan too. The engine processes get the supervisor's
+plan. Profiles:
 
 - ``throughput`` (the default on CUDA): fp16, CUDA graphs, fused kernels, the detector in graphs, three engine
   processes per GPU and about one front-end per two cores, large detector batches.

@@ -138,7 +138,7 @@ def start_photo_check() -> Callable[[], bool]:
 
 @dataclass(frozen=True, slots=True)
 class Operating:
-    """The operating point in force: thresholds and where they come from."""
+    """The operating point in force: the match threshold and the FMR it was calibrated to, and the quality gate."""
 
     match_threshold: float
     match_fmr: float
