@@ -321,6 +321,17 @@ class GalleryStore(AbstractContextManager):
         """Finish an erasure that :class:`~facegate.errors.ErasureIncompleteError` reported (nothing where a backend
         never reports one)."""
 
+    @contextmanager
+    def _erasing(self) -> Iterator[None]:
+        """Around a delete's transaction: the erasure step once it committed; before a not-found answer, the
+        erasure a retry of an ``erasure_incomplete`` delete comes to finish."""
+        try:
+            yield
+        except (GalleryNotFoundError, SubjectNotFoundError):
+            self.erase_pending()
+            raise
+        self._erase_deleted()
+
     def wait_for_change(self, after: int, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` until a change after ``after`` may have committed (spurious True allowed).
         Here: poll ``current_seq`` every 5 ms (SQLite has no notifications)."""
@@ -372,14 +383,9 @@ class GalleryStore(AbstractContextManager):
 
     def delete_gallery(self, name: str) -> None:
         """Delete a gallery with its subjects and embeddings; raises GalleryNotFoundError."""
-        try:
-            with self._in_gallery(name, f"deleting gallery {name!r}", write=True) as (conn, gid, _):
-                conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
-                self._log(conn, [("delete_gallery", name, None)], time.time())
-        except GalleryNotFoundError:
-            self.erase_pending()  # a retry after erasure_incomplete: finish that erasure before the 404
-            raise
-        self._erase_deleted()
+        with self._erasing(), self._in_gallery(name, f"deleting gallery {name!r}", write=True) as (conn, gid, _):
+            conn.execute("DELETE FROM galleries WHERE id = ?", (gid,))
+            self._log(conn, [("delete_gallery", name, None)], time.time())
 
     # ------------------------------------------------------------------ subjects
     def enrol_many(self, gallery: str, items: list[EnrolItem], *, replace: bool = False) -> list[SubjectInfo]:
@@ -455,15 +461,13 @@ class GalleryStore(AbstractContextManager):
     def delete_subject(self, gallery: str, subject_id: str) -> None:
         """Erase a subject and all its embeddings (really removed, then the backend's erasure step)."""
         validate_subject_id(subject_id)
-        with self._in_gallery(gallery, f"deleting {subject_id!r} from {gallery!r}", write=True) as (conn, gid, _):
-            sql = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
-            if found := conn.execute(sql, (gid, subject_id)).rowcount > 0:
-                conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
-                self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
-        if not found:
-            self.erase_pending()  # a retry after erasure_incomplete: finish that erasure before the 404
-            raise _subject_not_found(gallery, subject_id)
-        self._erase_deleted()
+        what = f"deleting {subject_id!r} from {gallery!r}"
+        sql = "DELETE FROM subjects WHERE gallery_id = ? AND subject_id = ?"
+        with self._erasing(), self._in_gallery(gallery, what, write=True) as (conn, gid, _):
+            if conn.execute(sql, (gid, subject_id)).rowcount == 0:
+                raise _subject_not_found(gallery, subject_id)
+            conn.execute("UPDATE galleries SET subjects = subjects - 1 WHERE id = ?", (gid,))
+            self._log(conn, [("delete_subject", gallery, subject_id)], time.time())
 
     def import_templates(
         self, gallery: str, subject_ids: list[str], templates: np.ndarray, qualities: np.ndarray | None = None
