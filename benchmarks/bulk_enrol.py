@@ -79,10 +79,7 @@ def store_writer(job: tuple[str, str, int, int, float]) -> tuple[float, float, i
         failed = 0
         for s in range(0, n, per):
             try:
-                if per == 1:
-                    store.enrol_many("g", [(f"{tag}-{s}", x[s], q, None)])
-                else:
-                    store.enrol_many("g", [(f"{tag}-{i}", x[i], q, None) for i in range(s, min(n, s + per))])
+                store.enrol_many("g", [(f"{tag}-{i}", x[i], q, None) for i in range(s, min(n, s + per))])
             except GalleryError as exc:  # busy past the timeout: counted, not retried
                 log.warning("%s: %s", tag, exc.message)
                 failed += min(per, n - s)
