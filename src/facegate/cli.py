@@ -67,8 +67,6 @@ def command(group: typer.Typer = app, name: str | None = None) -> Callable[[F], 
             except FacegateError as exc:
                 typer.echo(json.dumps({"error": exc.to_dict()}), err=True)
                 raise typer.Exit(2 if isinstance(exc, InputError) else 1) from None
-            except (typer.Exit, typer.Abort, KeyboardInterrupt):
-                raise
             except Exception as exc:
                 if os.environ.get("FACEGATE_DEBUG") == "1":
                     raise
@@ -452,11 +450,10 @@ def eval_lfw(
         emb = embed_lfw(p, root, paths, batch_size=batch_size, progress=bar.update)
     secs = time.perf_counter() - t0
     scores = pair_scores(pairs, dict(zip(paths, emb["embeddings"], strict=True)))
-    res = evaluate_scores(scores, pairs)
     calibration = calibrate(emb["embeddings"], np.array([k.split("/", 1)[0] for k in paths]))  # identity: the folder
     report = {
         "protocol": f"LFW View 2, 10 folds, threshold from the other 9 folds; TAR at FMR over all {len(pairs)} pairs",
-        **res,
+        **evaluate_scores(scores, pairs),
         "images": len(paths),
         "images_without_face": int(np.isnan(emb["embeddings"]).any(axis=1).sum()),
         "calibration_all_pairs": calibration,
@@ -487,8 +484,7 @@ def export_onnx_cmd(
 
     _model_files(locals())
     spec = get_spec("irse64_rts" if rts_checkpoint is not None else model)
-    rec = build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head)
-    _echo(export_onnx(rec, out, opset=opset))
+    _echo(export_onnx(build_recognizer(spec, checkpoint=rts_checkpoint, quality_head=quality_head), out, opset=opset))
 
 
 @command(name="train-quality")

@@ -14,11 +14,13 @@ import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from facegate import __version__
 from facegate.api.drain import DRAIN, UVICORN_MARGIN_S, shutting_down, watch_signals
 from facegate.api.errors import facegate_error_response, install_error_handlers, internal_error_response
 from facegate.api.forms import header, read_body, replay_body, wants_fast_path
@@ -45,13 +47,12 @@ from facegate.errors import (
     InputError,
     ModelError,
 )
+from facegate.gallery import open_store
 from facegate.logs import escape
+from facegate.service.faces import FaceService
 from facegate.service.gallery import GalleryFront
 from facegate.service.keys import KeyStore
 from facegate.tuning import ServingPlan, make_plan
-
-if TYPE_CHECKING:
-    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,6 @@ CLIENT_CLOSED_STATUS = 499
 def open_gallery(settings: Settings, service: FaceService, open_retry_s: float) -> GalleryFront:
     """Open this front-end's connection to the gallery store (no templates: searches run on the engine's index),
     retrying a busy or unreachable store for ``open_retry_s``."""
-    from facegate.gallery import open_store
-
     store = open_store(settings.gallery_url, data_dir=settings.data_dir, open_retry_s=open_retry_s)
     try:
         return GalleryFront(store, service)
@@ -82,8 +81,6 @@ async def _load(state: ServingState) -> None:
     settings = state.settings
     t0 = time.perf_counter()
     try:
-        from facegate.service.faces import FaceService
-
         if state.service is None and state.engine is not None:
             log.info("connecting to the engine process at %s", state.engine[0])
             state.service = await asyncio.to_thread(FaceService.connect, settings, *state.engine, state.plan)
@@ -375,8 +372,6 @@ def create_app(
 ) -> FastAPI:
     """The facegate HTTP app (OpenAPI at ``/docs``). ``service``: use it instead of building the models (the
     lifespan starts it); ``engine``: ``(socket path(s), authkey)`` of running engine processes (a front-end)."""
-    from facegate import __version__
-
     plan = plan or make_plan(settings)
     state = ServingState(settings, plan, service, engine=engine)  # (the lifespan takes the service's stats)
     app = FastAPI(
@@ -400,8 +395,6 @@ def create_app(
 
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     """The one uvicorn configuration of every serving process, on ``settings``' host and port."""
-    import uvicorn
-
     return uvicorn.Config(
         app,
         host=settings.host,

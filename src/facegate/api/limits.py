@@ -34,6 +34,7 @@ from facegate.errors import (
     OverloadedError,
 )
 from facegate.io.decode import FORMATS
+from facegate.models.registry import get_spec
 
 #: Seconds a shed client is told to wait (Retry-After); one is the smallest the header can say.
 RETRY_AFTER_S = 1
@@ -54,8 +55,6 @@ TEMPLATES_ROUTE = re.compile(r"^/api/galleries/[^/]+/templates/?$")
 def import_max_bytes(settings: Settings) -> int:
     """The template import's JSON body limit: :data:`IMPORT_MAX_ROWS` rows of the served model's dimension
     at 26 bytes a number (the longest float literal and its separator) and 200 for each id and quality."""
-    from facegate.models.registry import get_spec
-
     dim = get_spec(settings.model).embedding_dim
     return max(settings.limits.json_max_bytes, IMPORT_MAX_ROWS * (26 * dim + 200))
 

@@ -56,7 +56,7 @@ class EngineProcess:
     def spawn(self) -> None:
         """Start the process (returns at once; :meth:`wait` for it)."""
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited CUDA or thread state
-        parent, child = ctx.Pipe(duplex=False)
+        self._ready_conn, child = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
             target=engine_main,
             args=(self.settings, self.plan, self.address, self.authkey, child, FaceService.build),
@@ -66,7 +66,6 @@ class EngineProcess:
         with patch.dict(os.environ, {} if self.cuda_device is None else {"CUDA_VISIBLE_DEVICES": self.cuda_device}):
             self._proc.start()
         child.close()
-        self._ready_conn = parent
 
     def wait(self, timeout_s: float = 600.0) -> dict[str, Any]:
         """Wait until the process is ready; returns its info. Raises its start-up error, or ModelError when it

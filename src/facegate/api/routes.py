@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, File, Form, Path, Query, Request, UploadFile
@@ -46,13 +46,11 @@ from facegate.gallery.base import validate_subject_id
 from facegate.io.decode import decode_if_small, decode_image, read_image_file
 from facegate.metrics.prometheus import render_latest
 from facegate.metrics.stats import ServiceStats
+from facegate.service.faces import FaceService
 from facegate.service.gallery import EnrolDecision, GalleryFront, decide_enrolments
 from facegate.transport.remote import same_engine
 from facegate.tuning import ServingPlan
 from facegate.types import Face, FaceSelect
-
-if TYPE_CHECKING:
-    from facegate.service.faces import FaceService
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +112,6 @@ def _errors(*codes: int) -> dict[int | str, Any]:
     return {c: {"model": sc.ErrorResponse} for c in codes}
 
 
-#: ... of a route that takes images
 _IMAGE_ERRORS = _errors(400, 403, 413, 422, 500, 503, 504)
 # small multipart bodies: api/forms.py; response models come from the handlers' return annotations
 health = APIRouter(tags=["health"])
@@ -315,8 +312,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     if body is None:
         return None
     ctype = header(scope, b"content-type").decode("latin-1")
-    limit = state.settings.limits.max_images_per_request
-    images = aligned_images(parse_small_multipart(body, ctype), limit)
+    images = aligned_images(parse_small_multipart(body, ctype), state.settings.limits.max_images_per_request)
     if images is None:
         return replay_body(body, receive)
     scope["route"] = EMBED_ROUTE

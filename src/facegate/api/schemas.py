@@ -108,11 +108,10 @@ class CompareResponse(_Model):
 
     @classmethod
     def from_result(cls, r: CompareResult, *, model: str, crops: bool = False) -> CompareResponse:
-        verdict: Verdict = "refused" if r.refused else ("match" if r.match else "no_match")
         return cls(
             similarity=None if r.similarity is None else round(float(r.similarity), 6),
             match=r.match,
-            verdict=verdict,
+            verdict="refused" if r.refused else ("match" if r.match else "no_match"),
             threshold=float(r.threshold),
             fmr=float(r.fmr),
             refused=bool(r.refused),

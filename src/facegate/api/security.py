@@ -140,14 +140,13 @@ class Access:
     def __init__(self, settings: Settings, keys: KeyStore) -> None:
         self.settings, self.keys = settings, keys
         self.loopback = is_loopback(settings.host)
-        hosts = settings.security.allowed_hosts
-        self.hosts: frozenset[str] | None = None  # the Host values accepted (lower case, without port; None: any)
-        if hosts and "*" not in hosts:
-            self.hosts = frozenset(_host_name(h) for h in hosts)
-        elif not hosts and self.loopback:
-            self.hosts = _LOOPBACK_NAMES | {settings.host.lower()}
-        self.origins = frozenset(o.rstrip("/").lower() for o in settings.security.allowed_origins)
         sec = settings.security
+        self.hosts: frozenset[str] | None = None  # the Host values accepted (lower case, without port; None: any)
+        if sec.allowed_hosts and "*" not in sec.allowed_hosts:
+            self.hosts = frozenset(_host_name(h) for h in sec.allowed_hosts)
+        elif not sec.allowed_hosts and self.loopback:
+            self.hosts = _LOOPBACK_NAMES | {settings.host.lower()}
+        self.origins = frozenset(o.rstrip("/").lower() for o in sec.allowed_origins)
         self.buckets = TokenBuckets(sec.rate_limit_per_s, sec.rate_limit_burst) if sec.rate_limit_per_s else None
 
     def refusal(self, scope: AsgiScope) -> FacegateError | None:

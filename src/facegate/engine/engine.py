@@ -217,13 +217,12 @@ class _StageRunner:
             fail(items, EngineError(f"internal engine error in stage {name!r}"))
 
     def _fail(self, items: list[WorkItem], exc: BaseException, phase: str) -> None:
-        err = as_facegate_error(exc, self.name, phase)
         if isinstance(exc, FacegateError):
             log.debug("stage %s %s raised %s for a batch of %d", self.name, phase, exc.code, len(items))
         else:
             log.warning("stage %s %s failed for a batch of %d", self.name, phase, len(items), exc_info=exc)
         self.stats.stage_errors.labels(self.name, phase).inc(len(items))
-        fail(items, err)
+        fail(items, as_facegate_error(exc, self.name, phase))
 
 
 class Engine:

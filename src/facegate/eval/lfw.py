@@ -96,13 +96,12 @@ def evaluate_scores(scores: np.ndarray, pairs: Sequence[Pair], *, fmr: float = 1
         accs.append(float(np.mean((scores[test] >= t) == labels[test])))
         ths.append(t)
     t_fmr = threshold_at_fmr(scores[~labels], fmr)
-    tar = float(np.mean(scores[labels] >= t_fmr))
     return {
         "accuracy_mean": float(np.mean(accs)),
         "accuracy_std": float(np.std(accs)),
         "fold_accuracies": accs,
         "fold_thresholds": ths,
-        "tar_at_fmr": tar,
+        "tar_at_fmr": float(np.mean(scores[labels] >= t_fmr)),
         "fmr": fmr,
         "threshold_at_fmr": t_fmr,
         "n_pairs": len(scores),

@@ -394,7 +394,6 @@ class GalleryStore(AbstractContextManager):
         meta unless ``None``. One transaction (one commit, one fsync): all are durable once it returns, none if it
         raises. ``replace``: a subject that exists starts over from these embeddings (as :meth:`import_templates`:
         its earlier ones and meta go)."""
-        validate_gallery_name(gallery)
         todo = [(validate_subject_id(sid, new=True), emb, q, encode_meta(meta)) for sid, emb, q, meta in items]
         if not todo:
             return []

@@ -85,15 +85,11 @@ class PostgresGalleryStore(GalleryStore):
 
     @property
     def redacted_url(self) -> str:
-        try:
-            d = conninfo_to_dict(self._url)
-        except psycopg.Error:
-            return "postgresql://?"
+        d = conninfo_to_dict(self._url)
         return f"postgresql://{d.get('user', '')}@{d.get('host', '')}:{d.get('port', '')}/{d.get('dbname', '')}"
 
     def _convert(self, exc: Exception, what: str) -> GalleryError:
-        unavailable = isinstance(exc, PoolTimeout | psycopg.OperationalError)
-        cls = GalleryUnavailableError if unavailable else GalleryError
+        cls = GalleryUnavailableError if isinstance(exc, PoolTimeout | psycopg.OperationalError) else GalleryError
         return cls(
             f"gallery database error while {what}: {exc}".strip(),
             detail={"backend": "postgresql", "error": type(exc).__name__},

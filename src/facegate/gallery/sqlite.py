@@ -36,10 +36,9 @@ BUSY_TIMEOUT_S = 5.0  # how long a write waits for another process's write lock
 
 
 def _convert(exc: sqlite3.Error, what: str) -> GalleryError:
-    name = getattr(exc, "sqlite_errorname", None)
     return GalleryError(
         f"gallery database error while {what}: {exc}",
-        detail={"sqlite_error": type(exc).__name__, "sqlite_errorname": name},
+        detail={"sqlite_error": type(exc).__name__, "sqlite_errorname": getattr(exc, "sqlite_errorname", None)},
     )
 
 

@@ -220,8 +220,6 @@ def decode_image(data: bytes, *, max_bytes: int, max_pixels: int) -> np.ndarray:
         width, height = img.size
         if width * height > max_pixels:
             raise _too_large("pixels", max_pixels, width * height, width=width, height=height)
-        if width < 1 or height < 1:
-            raise ImageDecodeError("the image has no pixels", detail={"width": width, "height": height})
         if (fmt in _JPEG_FORMATS and not _jpeg_complete(data)) or (fmt == "PNG" and not _png_complete(data)):
             raise ImageDecodeError(f"the {fmt} data is truncated", detail={"format": fmt})
         arr = _decode_cv2(data, img.size) if _fast_path(img, fmt, data) else None

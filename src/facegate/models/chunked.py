@@ -57,8 +57,7 @@ class ActivationPlan:
         if n * max(self.stage_peak) <= self.budget_elems:
             return 0, n
         for s in range(1, len(self.stage_peak) + 1):
-            suffix = max(self.stage_peak[s:], default=0)
-            if 2 * n * max(suffix, self.stage_out[s - 1]) <= self.budget_elems:
+            if 2 * n * max((self.stage_out[s - 1], *self.stage_peak[s:])) <= self.budget_elems:
                 break
         room = self.budget_elems - n * self.stage_out[s - 1]
         chunk = max(1, min(n, room // max(self.stage_peak[:s])))
@@ -75,10 +74,9 @@ def _cuda_peak_per_crop(stage: nn.Module, h: Tensor) -> int:
     torch.cuda.synchronize(h.device)
     base = torch.cuda.memory_allocated(h.device)
     torch.cuda.reset_peak_memory_stats(h.device)
-    y = stage(batch)
+    stage(batch)
     torch.cuda.synchronize(h.device)
     extra = torch.cuda.max_memory_allocated(h.device) - base
-    del y, batch
     return -(-extra // (PROBE_CROPS * h.element_size()))
 
 

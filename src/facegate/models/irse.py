@@ -41,8 +41,7 @@ class SEModule(nn.Module):
         self.sigmoid = nn.Sigmoid()
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.sigmoid(self.fc2(self.relu(self.fc1(self.avg_pool(x)))))
-        return x * w
+        return x * self.sigmoid(self.fc2(self.relu(self.fc1(self.avg_pool(x)))))
 
 
 class Subsample(nn.Module):

@@ -34,10 +34,9 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarr
 def nms_rows(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.ndarray:
     """:func:`nms` of many rows at once: ``boxes (N, C, 4)`` xyxy by descending score, ``valid (N, C) bool`` (a
     prefix of each row) → the kept ``(N, C) bool``."""
-    iou = _iou(boxes[:, :, None], boxes[:, None, :])
     c = boxes.shape[1]
     # over[r, i, j]: candidate i, if kept, removes the later candidate j
-    over = (iou > iou_threshold) & np.triu(np.ones((c, c), bool), 1)[None]
+    over = (_iou(boxes[:, :, None], boxes[:, None, :]) > iou_threshold) & np.triu(np.ones((c, c), bool), 1)[None]
     alive = np.array(valid, bool, copy=True)
     for k in range(c):
         rows = np.flatnonzero(alive[:, k])

@@ -112,31 +112,24 @@ def fit_logistic(
     t = np.log(np.maximum(r, LOG_EPS)) if transform == "log" else r
     if yy.min() == yy.max():
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
-    mu, sd = float(t.mean()), float(t.std())
-    sd = sd if sd > 0 else 1.0
-    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=1e-4, iters=100)
+    mu, sd = float(t.mean()), float(t.std()) or 1.0
+    x = np.stack([np.ones_like(t), (t - mu) / sd], axis=1)
+    w = np.zeros(2)
+    reg = np.diag([0.0, 1e-4 * t.size])  # the bias is not penalised
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        g = x.T @ (p - yy) + reg @ w
+        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(2)
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-9:
+            break
     a = float(w[1] / sd)
     b = float(w[0] - w[1] * mu / sd)
     direction = -1 if a < 0 else 1
     log.info("fit_logistic: a=%.6g b=%.6g direction=%+d (n=%d)", a, b, direction, t.size)
     kw = {"direction": direction, "transform": transform, "fitted": True, "note": f"fit_logistic n={t.size}"}
     return QualityCalibration("logistic", a=a, b=b, **kw)
-
-
-def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
-    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
-    w = np.zeros(x.shape[1])
-    reg = l2 * x.shape[0] * np.eye(x.shape[1])
-    reg[0, 0] = 0.0
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(x @ w)))
-        g = x.T @ (p - y) + reg @ w
-        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(x.shape[1])
-        step = np.linalg.solve(h, g)
-        w -= step
-        if np.abs(step).max() < 1e-9:
-            break
-    return w
 
 
 def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:

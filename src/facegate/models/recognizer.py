@@ -143,8 +143,7 @@ class Recognizer(nn.Module):
             assert self.quality_head is not None
             head_in = feats if self._is_irse else sface_head_input(emb_raw, feats.float(), feats.shape[1] // 49)
             raw = torch.exp(self.quality_head(head_in.float()).float()).reshape(-1)
-        quality = self.calibration(raw)
-        return F.normalize(emb_sum.float(), dim=1), quality, raw
+        return F.normalize(emb_sum.float(), dim=1), self.calibration(raw), raw
 
 
 def _build_backbone(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
@@ -183,9 +182,8 @@ def build_recognizer(
     :class:`WeightsNotFoundError`, or :class:`CheckpointError` / :class:`QualityHeadError` / :class:`ModelError`."""
     dt = resolve_dtype(dtype)
     source: QualitySource = spec.quality_source
-    head_path: Path | None = None
-    if quality_head is not None:
-        head_path = quality_head
+    head_path = quality_head
+    if head_path is not None:
         if source != "rts_head":
             log.info("quality head %s given: quality source %r -> 'rts_head'", head_path, source)
         source = "rts_head"
@@ -237,6 +235,4 @@ def build_recognizer(
     )
     # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
     rec.backbone.to(dtype=dt, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    rec.to(device=device)
-    rec.eval().requires_grad_(False)
-    return rec
+    return rec.to(device=device).eval().requires_grad_(False)

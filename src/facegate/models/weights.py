@@ -91,11 +91,8 @@ def load_onnx_weights(path: Path) -> tuple[Any, dict[str, np.ndarray]]:
         elif node.op_type == "Reshape" and node.input[0] in produced and node.input[1] in inits:
             produced[node.output[0]] = produced.pop(node.input[0]).reshape(inits[node.input[1]].tolist())
             consumed.add(node.input[1])
-    out = {strip_suffix(name): arr for name, arr in produced.items()}
-    for name, arr in inits.items():
-        if name in consumed or name in out:
-            continue
-        out[name] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
+    out = {n: a.astype(np.float32) if a.dtype.kind == "f" else a for n, a in inits.items() if n not in consumed}
+    out.update({strip_suffix(name): arr for name, arr in produced.items()})
     log.debug("loaded %d tensors from %s", len(out), path)
     return graph, out
 

@@ -205,14 +205,13 @@ def decode_yunet(
             raise InvalidParameterError(
                 f"stride {s}: {c.shape[1]} anchors do not fit input {H}x{W} ({rows}x{cols} expected)"
             )
-        n = c.shape[0]
         xs, ys = (torch.arange(k, device=c.device, dtype=torch.float32) for k in (cols, rows))
         grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)  # (A_s, 2): (col, row), by row
         b = b.float()
         score = torch.sqrt(c.float().clamp(0.0, 1.0) * o.float().clamp(0.0, 1.0))[..., 0]
         centre = (grid + b[..., :2]) * s
         half = torch.exp(b[..., 2:4]) * (s / 2.0)
-        lms = (k.float().reshape(n, -1, 5, 2) + grid[None, :, None, :]) * s
+        lms = (k.float().reshape(c.shape[0], -1, 5, 2) + grid[None, :, None, :]) * s
         levels.append((torch.cat([centre - half, centre + half], dim=-1), lms, score))
     boxes, lms, scores = (torch.cat(parts, 1) for parts in zip(*levels, strict=True))
     return boxes, lms, scores

@@ -31,8 +31,7 @@ def umeyama_torch(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(dim=1) / norm
     tx = mu_d[:, 0] - (a * mu_s[:, 0] - b * mu_s[:, 1])
     ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
-    m = torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1)
-    return m.to(torch.float32)
+    return torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1).to(torch.float32)
 
 
 def _theta_parts(m: Any, in_h: Any, in_w: Any, stack: Callable[..., Any]) -> Any:

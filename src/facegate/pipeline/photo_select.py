@@ -34,7 +34,6 @@ def _greedy_nms(boxes: Tensor, valid: Tensor, iou_threshold: float, iterations: 
     c = boxes.shape[1]
     over = (iou > iou_threshold) & torch.ones((c, c), dtype=torch.bool, device=boxes.device).triu(1)
     keep = valid
-    prev = valid
     for _ in range(iterations):
         prev = keep
         keep = valid & ~(prev[:, :, None] & over).any(1)
@@ -59,12 +58,11 @@ def choose_and_align(
     score), ``flags (rows, 2)`` (has a face, exact) and ``theta (rows, 2, 3)``, all fp32.
     """
     n = packed.shape[0]
-    dev = packed.device
     p = (packed.shape[1] - 1) // 15
     c = min(candidates, p)
     cand = packed[:, :-1].reshape(n, p, 15)[:, :c]
     counts = packed[:, -1].to(torch.int64)
-    valid = torch.arange(c, device=dev)[None, :] < counts[:, None]
+    valid = torch.arange(c, device=packed.device)[None, :] < counts[:, None]
     keep, converged = _greedy_nms(cand[..., :4].double(), valid, iou_threshold, ITERATIONS)
     sx, sy, w, h = geo.unbind(1)
     boxes = cand[..., :4].double() * torch.stack([sx, sy, sx, sy], -1)[:, None, :]

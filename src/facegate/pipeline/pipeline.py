@@ -438,10 +438,8 @@ class FacePipeline:
         if self.photo_limits is not None:  # nvJPEG's decoder state, the canvas/warp kernels, each detector bucket
             import cv2
 
-            from facegate.pipeline.photo import PhotoStage
-
             with step("photo_stage"):
-                photo = PhotoStage(self, max_bytes=self.photo_limits[0], max_pixels=self.photo_limits[1])
+                photo = next(st for st in self.stages() if st.name == "photo")
                 _, buf = cv2.imencode(".jpg", rng.integers(0, 255, (250, 250, 3), dtype=np.uint8))
                 for n in sorted({1, *self.detector_warm_batches(250, 250)}):
                     photo.execute(photo.prepare([buf.reshape(-1)] * n))

@@ -160,12 +160,11 @@ def bias_act_(x: Tensor, bias: Tensor, act: Activation, slope: Tensor | None = N
         return reference(x, bias, act, slope)
     n = x.numel()
     _, c, h, w = x.shape
-    kernel = _kernels()[0]
     b = bias.contiguous()
     a = slope.contiguous() if slope is not None else b  # unread unless act == "prelu"
     grid = (-(-n // _BLOCK),)
     try:
-        kernel[grid](x, b, a, n, c, h * w, CHANNELS_LAST=is_channels_last(x), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
+        _kernels()[0][grid](x, b, a, n, c, h * w, CHANNELS_LAST=is_channels_last(x), ACT=_ACT_CODES[act], BLOCK=_BLOCK)
     except Exception as exc:  # Triton imports but cannot build or launch (no C compiler, an unsupported GPU)
         _give_up(exc)
         return reference(x, bias, act, slope)  # a build failure raises before the kernel touches x

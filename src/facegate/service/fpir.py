@@ -64,8 +64,7 @@ class ImpostorTail:
             return float(self.thresholds[0]), True
         if fmr >= self.min_measured_fmr:
             # np.interp needs increasing x: log FMR decreases along the thresholds
-            lf = np.log(self.fmr[::-1])
-            return float(np.interp(math.log(fmr), lf, self.thresholds[::-1])), False
+            return float(np.interp(math.log(fmr), np.log(self.fmr[::-1]), self.thresholds[::-1])), False
         return float((math.log(fmr) - self.intercept) / self.slope), True
 
 

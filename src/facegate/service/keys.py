@@ -154,8 +154,7 @@ class KeyStore:
         """A new key: ``(the key, shown once; its stored record)``."""
         parsed = parse_scopes(scopes)
         existing = self._current()
-        ids = {k.id for k in existing}
-        while (key_id := secrets.token_hex(4)) in ids:
+        while (key_id := secrets.token_hex(4)) in {k.id for k in existing}:
             pass
         token = f"{_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
         record = ApiKey(key_id, name, parsed, _digest(token), time.time())

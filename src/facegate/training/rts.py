@@ -190,8 +190,7 @@ def train_and_calibrate(
     fi, succ = genuine_outcomes(table, rows, match_threshold, max_refs=config.max_refs, seed=config.seed)
     if not 0 < succ.mean() < 1:
         raise InvalidParameterError("every genuine comparison had the same outcome: nothing to calibrate on")
-    s2 = head_sigma2(head, table["head_in"][fi])
-    cal = fit_logistic(s2, succ, transform="log")
+    cal = fit_logistic(head_sigma2(head, table["head_in"][fi]), succ, transform="log")
     if cal.direction != -1:
         log.warning("calibration direction came out %+d, expected -1", cal.direction)
     cal.note = f"P(genuine match >= {match_threshold:.4f}) on training identities"
