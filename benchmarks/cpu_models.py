@@ -508,7 +508,7 @@ def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[
         out["facegate_bf16"] = run(built(dtype=torch.bfloat16))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recognizer.onnx"
-        export_onnx(fused, path, verify=False)
+        export_onnx(fused, path)
         sess = ort_session(path.read_bytes(), threads)
     out["facegate_onnx"] = lambda x: sess.run(None, {"crops": x.numpy()})
     return out

@@ -101,6 +101,7 @@ def tail_table(edges: np.ndarray, counts: np.ndarray, n: int, model: str) -> dic
 
 def open_set(paths: list[str], emb: np.ndarray, sizes: list[int], seed: int = 0) -> list[dict[str, object]]:
     """FNIR at FPIR 1e-2 / 1e-3 per gallery size (see the module docstring)."""
+    from facegate.models.registry import get_spec
     from facegate.service.fpir import ImpostorTail, threshold_for
 
     ids = np.array([p.split("/", 1)[0] for p in paths])
@@ -110,7 +111,8 @@ def open_set(paths: list[str], emb: np.ndarray, sizes: list[int], seed: int = 0)
         by_id.setdefault(str(ids[i]), []).append(int(i))
     multi = sorted(k for k, v in by_id.items() if len(v) >= 2)
     single = [v[0] for k, v in by_id.items() if len(v) == 1]
-    tail = ImpostorTail.load(MODEL)
+    point = get_spec(MODEL).thresholds
+    tail = ImpostorTail.load(MODEL, fallback=(point.match, point.match_fmr))
     rng = np.random.default_rng(seed)
     out = []
     for n in sizes:

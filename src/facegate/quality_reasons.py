@@ -85,8 +85,7 @@ def landmark_geometry(landmarks: np.ndarray) -> tuple[float, float, float]:
     along = float(np.dot(rel, u)) / height
     yaw = math.degrees(math.atan2(-across / iod, NOSE_DEPTH_IOD))
     pitch_ratio = (along - NOSE_FRONTAL_T) * EYE_MOUTH_PER_IOD / NOSE_DEPTH_IOD
-    pitch = math.degrees(math.asin(max(-1.0, min(1.0, pitch_ratio))))
-    return iod, yaw, pitch
+    return iod, yaw, math.degrees(math.asin(max(-1.0, min(1.0, pitch_ratio))))
 
 
 #: Sample points per side of the aligned crop's face region (:data:`FACE_ROWS`, :data:`FACE_COLS`).
@@ -97,7 +96,7 @@ _TEMPLATE_Z = ARCFACE_TEMPLATE.astype(np.float64) @ np.array([1.0, 1j])
 def similarity_fit(landmarks: np.ndarray) -> tuple[complex, complex, np.ndarray]:
     """Alignment's least-squares similarity taking ``(5, 2)`` source landmarks onto the ArcFace template, as complex
     ``z ↦ a·z + b``, and the residuals ``(5,) complex`` in crop pixels: the closed form of
-    :func:`facegate.pipeline.align.umeyama` for one face, cheaper per face than its batched SVD."""
+    :func:`facegate.pipeline.align.similarity_matrices` for one face, in complex numbers."""
     z = np.asarray(landmarks, np.float64).reshape(5, 2) @ np.array([1.0, 1j])
     zc, wc = z - z.mean(), _TEMPLATE_Z - _TEMPLATE_Z.mean()
     den = float(np.sum(np.abs(zc) ** 2))

@@ -303,7 +303,9 @@ def test_a_vanishingly_small_fpir_is_answered_not_a_500(
     threshold of a model with an impostor table (sface's: the default model)."""
     from facegate.service.fpir import ImpostorTail
 
-    monkeypatch.setattr(tiny_server.state.gallery, "tail", ImpostorTail.load("sface"))
+    tail = ImpostorTail.load("sface", fallback=(0.0, 1.0))
+    assert tail.basis == "lfw_impostors"  # sface's table, not the fallback
+    monkeypatch.setattr(tiny_server.state.gallery, "tail", tail)
     assert client.post("/api/galleries", json={"name": "tiny-fpir"}).status_code == 201
     rows = np.eye(2, 128).tolist()
     r = client.post("/api/galleries/tiny-fpir/templates", json={"subject_ids": ["a", "b"], "embeddings": rows})

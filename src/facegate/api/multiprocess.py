@@ -127,8 +127,7 @@ def frontend_main(control_path: str, settings: Settings, plan: ServingPlan, engi
     if not logging.getLogger().handlers:
         configure_logging()
     enable_multiprocess()  # before the app's stats exist: /metrics of any front-end covers them all
-    app = create_app(settings, engine=engine, plan=plan)
-    FrontEndServer(uvicorn_config(app, settings), control_path).run()
+    FrontEndServer(uvicorn_config(create_app(settings, engine=engine, plan=plan), settings), control_path).run()
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

@@ -20,8 +20,7 @@ def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
 
 
 def blur(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:
-    sigma = [0.8, 1.5, 2.5, 3.5, 5.0][s - 1]
-    return cv2.GaussianBlur(img, (0, 0), sigmaX=sigma)
+    return cv2.GaussianBlur(img, (0, 0), sigmaX=[0.8, 1.5, 2.5, 3.5, 5.0][s - 1])
 
 
 def noise(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:

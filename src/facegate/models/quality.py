@@ -70,8 +70,7 @@ class QualityCalibration(nn.Module):
     def forward(self, raw: Tensor) -> Tensor:
         """``raw (N,)`` any float dtype → ``quality (N,) float32`` in ``[0, 1]``; NaN → 0."""
         t = torch.log(raw.float().clamp_min(LOG_EPS)) if self.transform == "log" else raw.float()
-        q = torch.sigmoid(self.a.float() * t + self.b.float())
-        return torch.nan_to_num(q, nan=0.0).clamp(0.0, 1.0)
+        return torch.nan_to_num(torch.sigmoid(self.a.float() * t + self.b.float()), nan=0.0).clamp(0.0, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; :meth:`from_dict` inverts it."""
@@ -113,17 +112,7 @@ def fit_logistic(
     if yy.min() == yy.max():
         raise InvalidParameterError("y has a single class; a logistic calibration needs both outcomes")
     mu, sd = float(t.mean()), float(t.std()) or 1.0
-    x = np.stack([np.ones_like(t), (t - mu) / sd], axis=1)
-    w = np.zeros(2)
-    reg = np.diag([0.0, 1e-4 * t.size])  # the bias is not penalised
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-(x @ w)))
-        g = x.T @ (p - yy) + reg @ w
-        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(2)
-        step = np.linalg.solve(h, g)
-        w -= step
-        if np.abs(step).max() < 1e-9:
-            break
+    w = fit_logistic_nd(np.stack([np.ones_like(t), (t - mu) / sd], axis=1), yy, l2=1e-4, iters=100)
     a = float(w[1] / sd)
     b = float(w[0] - w[1] * mu / sd)
     direction = -1 if a < 0 else 1
@@ -132,12 +121,27 @@ def fit_logistic(
     return QualityCalibration("logistic", a=a, b=b, **kw)
 
 
+def fit_logistic_nd(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> np.ndarray:
+    """Ridge logistic regression by Newton steps: ``(n, k)``, ``(n,)`` in {0, 1} → ``(k,)`` (bias column 0 free)."""
+    w = np.zeros(x.shape[1])
+    reg = l2 * x.shape[0] * np.eye(x.shape[1])
+    reg[0, 0] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        g = x.T @ (p - y) + reg @ w
+        h = (x * (p * (1 - p))[:, None]).T @ x + reg + 1e-9 * np.eye(x.shape[1])
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return w
+
+
 def sface_head_input(embedding_raw: Tensor, features_flat: Tensor, channels: int = 1024) -> Tensor:
     """What an RTS head reads from SFace: ``(N, D)`` raw embedding, ``(N, C·7·7)`` flattened trunk → the trunk's
     channels average-pooled over the 7×7 grid, then the embedding, ``(N, C + D)`` in the features' dtype (IR-SE-64's
     heads read its flattened features)."""
-    n = features_flat.shape[0]
-    pooled = features_flat.reshape(n, channels, -1).mean(dim=2)
+    pooled = features_flat.reshape(features_flat.shape[0], channels, -1).mean(dim=2)
     return torch.cat([pooled, embedding_raw.to(pooled.dtype)], dim=1)
 
 

@@ -97,8 +97,7 @@ class YuNetBackbone(nn.Module):
         x = self.model2(self.model1(x))
         c8 = self.model3(F.max_pool2d(x, 2, 2))
         c16 = self.model4(F.max_pool2d(c8, 2, 2))
-        c32 = self.model5(F.max_pool2d(c16, 2, 2))
-        return c8, c16, c32
+        return c8, c16, self.model5(F.max_pool2d(c16, 2, 2))
 
 
 class YuNetNeck(nn.Module):

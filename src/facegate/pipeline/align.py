@@ -8,7 +8,8 @@ right, never top/left; landmark order as :mod:`facegate.types`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -34,10 +35,25 @@ ARCFACE_TEMPLATE.setflags(write=False)
 _DEGENERATE_VAR = 1e-12
 
 
+def similarity_matrices(src: Any, dst: Any, tiny: float, stack: Callable[..., Any]) -> Any:
+    """Umeyama's least-squares similarity (never a reflection) by its 2-D closed form, on NumPy arrays or torch
+    tensors alike (``stack``: ``np.stack`` or ``torch.stack``): ``src``, ``dst`` ``(N, P, 2)`` float → ``(N, 2, 3)``
+    with ``dst ≈ M[:, :2] @ src + M[:, 2]``. ``tiny`` is added to the source's spread: coincident points give a zero
+    linear part."""
+    mu_s, mu_d = src.mean(1), dst.mean(1)
+    sc, dc = src - mu_s[:, None, :], dst - mu_d[:, None, :]
+    norm = (sc * sc).sum((1, 2)) + tiny
+    a = (sc * dc).sum((1, 2)) / norm
+    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(1) / norm
+    tx = mu_d[:, 0] - (a * mu_s[:, 0] - b * mu_s[:, 1])
+    ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
+    return stack([stack([a, -b, tx], 1), stack([b, a, ty], 1)], 1)
+
+
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Least-squares similarity transforms (Umeyama 1991, never a reflection) of ``src`` ``(N, P, 2)`` onto
-    ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``.
-    InvalidParameterError for wrong shapes, non-finite or coincident points."""
+    ``dst`` ``(P, 2)`` or ``(N, P, 2)``: ``(N, 2, 3) float64`` with ``dst ≈ M[:, :2] @ src + M[:, 2]``
+    (:func:`similarity_matrices`). InvalidParameterError for wrong shapes, non-finite or coincident points."""
     src = np.asarray(src, dtype=np.float64)
     dst = np.asarray(dst, dtype=np.float64)
     if src.ndim != 3 or src.shape[2] != 2 or src.shape[1] < 2:
@@ -49,29 +65,14 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             f"dst must have shape {src.shape[1:]} or {src.shape}, got {dst.shape}",
             detail={"shape": list(dst.shape)},
         )
-    dst = np.broadcast_to(dst, src.shape)
-    p = src.shape[1]
-    mu_s = src.mean(axis=1)  # (N, 2)
-    mu_d = dst.mean(axis=1)
-    sc = src - mu_s[:, None, :]
-    dc = dst - mu_d[:, None, :]
-    var_s = (sc**2).sum(axis=(1, 2)) / p
-    bad = ~np.isfinite(src).all(axis=(1, 2)) | ~(var_s > _DEGENERATE_VAR)
+    bad = ~np.isfinite(src).all(axis=(1, 2)) | ~(src.var(axis=1).sum(axis=1) > _DEGENERATE_VAR)
     if bad.any():
         idx = np.flatnonzero(bad).tolist()
         raise InvalidParameterError(
             f"{len(idx)} landmark set(s) are non-finite or all points coincide; no similarity exists",
             detail={"indices": idx[:50]},
         )
-    cov = np.einsum("npi,npj->nij", dc, sc) / p  # (N, 2, 2) = Σ dst_c src_cᵀ / P
-    u, sigma, vt = np.linalg.svd(cov)
-    d = np.where(np.linalg.det(u) * np.linalg.det(vt) < 0.0, -1.0, 1.0)  # (N,)
-    signs = np.stack([np.ones_like(d), d], axis=1)  # (N, 2)
-    rot = (u * signs[:, None, :]) @ vt  # U diag(1, d) Vᵀ
-    scale = (sigma * signs).sum(axis=1) / var_s  # (N,)
-    a = scale[:, None, None] * rot
-    t = mu_d - np.einsum("nij,nj->ni", a, mu_s)
-    return np.concatenate([a, t[:, :, None]], axis=2)
+    return similarity_matrices(src, np.broadcast_to(dst, src.shape), 0.0, np.stack)
 
 
 def estimate_transforms(landmarks: np.ndarray) -> np.ndarray:

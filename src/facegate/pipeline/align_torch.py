@@ -12,26 +12,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from facegate.pipeline.align import CROP_SIZE
+from facegate.pipeline.align import CROP_SIZE, similarity_matrices
 
 
 def umeyama_torch(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    """:func:`~facegate.pipeline.align.umeyama` by the 2-D closed form (no SVD, no host sync): ``src (K, P>=2, 2)``,
+    """:func:`~facegate.pipeline.align.umeyama` on the device (its closed form, no host sync): ``src (K, P>=2, 2)``,
     ``dst (P, 2) | (K, P, 2)`` → ``(K, 2, 3) float32`` on ``src.device``. Unchecked for degenerate input (a check
     would sync): coincident points give a zero linear part; shapes unchecked (its callers' are fixed)."""
     dtype = torch.float64 if src.device.type == "cpu" else torch.float32  # CPU: exact enough to compare with NumPy
     s = src.to(dtype)
     d = dst.to(device=src.device, dtype=dtype).expand_as(s)
-    mu_s = s.mean(dim=1)
-    mu_d = d.mean(dim=1)
-    sc = s - mu_s[:, None, :]
-    dc = d - mu_d[:, None, :]
-    norm = (sc * sc).sum(dim=(1, 2)).clamp_min(torch.finfo(dtype).tiny)
-    a = (sc * dc).sum(dim=(1, 2)) / norm
-    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(dim=1) / norm
-    tx = mu_d[:, 0] - (a * mu_s[:, 0] - b * mu_s[:, 1])
-    ty = mu_d[:, 1] - (b * mu_s[:, 0] + a * mu_s[:, 1])
-    return torch.stack([torch.stack([a, -b, tx], dim=1), torch.stack([b, a, ty], dim=1)], dim=1).to(torch.float32)
+    return similarity_matrices(s, d, torch.finfo(dtype).tiny, torch.stack).to(torch.float32)
 
 
 def _theta_parts(m: Any, in_h: Any, in_w: Any, stack: Callable[..., Any]) -> Any:

@@ -188,8 +188,7 @@ class FaceService:
     ) -> list[Face]:
         """Detect, select, align, embed and gate the faces of one image, whatever its size (only the caller knows
         that an upload is an aligned crop: :meth:`face_aligned`). Raises :class:`NoFaceError` when none is found."""
-        dets = await self.detect(image)
-        chosen = select_faces(dets, select)
+        chosen = select_faces(await self.detect(image), select)
         crops = self.pipeline.align([image], chosen, [0] * len(chosen))
         emb, q, raw = await self._submit("embed", crops)
         return self._record(self.pipeline.make_faces(chosen, crops, emb, q, raw, keep_crops=keep_crops))

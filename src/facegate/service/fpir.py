@@ -12,8 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from facegate.errors import InvalidParameterError
-
 IMPOSTOR_DIR = Path(__file__).resolve().parents[1] / "models" / "impostors"
 DEFAULT_FPIR = 1e-2  # when the request names none
 
@@ -32,7 +30,7 @@ class ImpostorTail:
     basis: str
 
     @classmethod
-    def load(cls, model: str, *, fallback: tuple[float, float] | None = None) -> ImpostorTail:
+    def load(cls, model: str, *, fallback: tuple[float, float]) -> ImpostorTail:
         """The shipped table of ``model``; without one, ``fallback=(threshold, fmr)`` (the registry point)."""
         path = IMPOSTOR_DIR / f"{model}.json"
         if path.is_file():
@@ -45,8 +43,6 @@ class ImpostorTail:
                 intercept=float(d["tail"]["intercept"]),
                 basis="lfw_impostors",
             )
-        if fallback is None:
-            raise InvalidParameterError(f"no impostor table for model {model!r}", detail={"model": model})
         t, f = fallback
         return cls(np.array([t]), np.array([f]), float(f), float("nan"), float("nan"), "registry_point")
 

@@ -575,8 +575,7 @@ class RemotePool:
 
     async def engine_samples(self) -> list[Any]:
         """The engines' metric families, summed (``ServiceStats.merge_samples``)."""
-        parts = await asyncio.gather(*[e.engine_samples() for e in self.engines])
-        return ServiceStats.merge_samples(parts)
+        return ServiceStats.merge_samples(await asyncio.gather(*[e.engine_samples() for e in self.engines]))
 
     def stop(self, drain: bool = True) -> None:
         for e in self.engines:

@@ -93,16 +93,17 @@ def _agreement(cpu: np.ndarray, tch: np.ndarray) -> tuple[float, float, float]:
 
 
 # --------------------------------------------------------------------------- estimation
-def similarity_closed_form(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Reference: the 2-D closed form of the least-squares similarity (no SVD), ``(N, 2, 3) float64``."""
+def umeyama_svd(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Reference: Umeyama's general (SVD) solution with its reflection correction, ``(N, 2, 3) float64``."""
     src = np.asarray(src, np.float64)
     dst = np.broadcast_to(np.asarray(dst, np.float64), src.shape)
     mu_s, mu_d = src.mean(axis=1), dst.mean(axis=1)
     sc, dc = src - mu_s[:, None, :], dst - mu_d[:, None, :]
-    norm = (sc**2).sum(axis=(1, 2))
-    a = (sc * dc).sum(axis=(1, 2)) / norm
-    b = (sc[..., 0] * dc[..., 1] - sc[..., 1] * dc[..., 0]).sum(axis=1) / norm
-    lin = np.stack([np.stack([a, -b], axis=1), np.stack([b, a], axis=1)], axis=1)
+    var_s = (sc**2).sum(axis=(1, 2)) / src.shape[1]
+    u, sigma, vt = np.linalg.svd(np.einsum("npi,npj->nij", dc, sc) / src.shape[1])
+    d = np.where(np.linalg.det(u) * np.linalg.det(vt) < 0.0, -1.0, 1.0)
+    signs = np.stack([np.ones_like(d), d], axis=1)
+    lin = ((sigma * signs).sum(axis=1) / var_s)[:, None, None] * ((u * signs[:, None, :]) @ vt)
     t = mu_d - np.einsum("nij,nj->ni", lin, mu_s)
     return np.concatenate([lin, t[:, :, None]], axis=2)
 
@@ -156,20 +157,20 @@ def test_umeyama_never_reflects() -> None:
         np.testing.assert_allclose(lin[:, 0, 1], -lin[:, 1, 0], atol=1e-9)
 
 
-def test_umeyama_batched_equals_looped_and_closed_form() -> None:
+def test_umeyama_batched_equals_looped_and_svd() -> None:
     rng = np.random.default_rng(3)
     src = _face_landmarks(rng, 480, 640, 64).astype(np.float64)
     batched = umeyama(src, ARCFACE_TEMPLATE)
     looped = np.concatenate([umeyama(src[i : i + 1], ARCFACE_TEMPLATE) for i in range(64)])
     np.testing.assert_allclose(batched, looped, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(similarity_closed_form(src, ARCFACE_TEMPLATE), batched, atol=1e-9)
+    np.testing.assert_allclose(umeyama_svd(src, ARCFACE_TEMPLATE), batched, atol=1e-9)
     # per-item targets, and collinear (rank-1) points still give a proper rotation
     dst = rng.uniform(0, 100, (64, 5, 2))
-    np.testing.assert_allclose(similarity_closed_form(src, dst), umeyama(src, dst), atol=1e-9)
+    np.testing.assert_allclose(umeyama_svd(src, dst), umeyama(src, dst), atol=1e-9)
     line = np.stack([np.arange(5.0), 2 * np.arange(5.0)], 1)[None]
     m = umeyama(line, ARCFACE_TEMPLATE)
     assert np.linalg.det(m[0, :, :2]) > 0
-    np.testing.assert_allclose(m, similarity_closed_form(line, ARCFACE_TEMPLATE), atol=1e-9)
+    np.testing.assert_allclose(m, umeyama_svd(line, ARCFACE_TEMPLATE), atol=1e-9)
 
 
 def test_umeyama_torch_matches_numpy() -> None:
