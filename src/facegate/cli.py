@@ -544,7 +544,3 @@ def models() -> None:
 def main() -> None:
     """Console entry point."""
     app()
-
-
-if __name__ == "__main__":
-    main()

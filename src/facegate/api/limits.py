@@ -55,8 +55,7 @@ TEMPLATES_ROUTE = re.compile(r"^/api/galleries/[^/]+/templates/?$")
 def import_max_bytes(settings: Settings) -> int:
     """The template import's JSON body limit: :data:`IMPORT_MAX_ROWS` rows of the served model's dimension
     at 26 bytes a number (the longest float literal and its separator) and 200 for each id and quality."""
-    dim = get_spec(settings.model).embedding_dim
-    return max(settings.limits.json_max_bytes, IMPORT_MAX_ROWS * (26 * dim + 200))
+    return max(settings.limits.json_max_bytes, IMPORT_MAX_ROWS * (26 * get_spec(settings.model).embedding_dim + 200))
 
 
 def loads_limited(text: str | bytes, limits: Limits, *, field: str = "body", max_bytes: int | None = None) -> Any:

@@ -405,8 +405,7 @@ async def enrol(
     refused = [sc.RefusedImage(index=x.index, reason=x.reason, code=x.code) for x in decision.refused]
     if decision.error is not None:
         raise decision.error
-    todo = [(subject_id, *decision.stacked(), meta_obj)]
-    [info] = await state.in_gallery_pool(gallery.store.enrol_many, name, todo)
+    [info] = await state.in_gallery_pool(gallery.store.enrol_many, name, [(subject_id, *decision.stacked(), meta_obj)])
     return sc.EnrolResponse(subject=info.to_dict(), accepted=len(decision.accepted), refused=refused)
 
 

@@ -15,8 +15,7 @@ SEVERITIES = (1, 2, 3, 4, 5)
 
 def path_rng(path: str, k: int, seed: int = 0) -> np.random.Generator:
     """Deterministic RNG for variant ``k`` of ``path``."""
-    h = hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(h[:8], "little"))
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}:{path}:{k}".encode()).digest()[:8], "little"))
 
 
 def blur(img: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarray:

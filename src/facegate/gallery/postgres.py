@@ -184,6 +184,3 @@ class PostgresGalleryStore(GalleryStore):
                 self._listen.close()
                 self._listen = None
         self._pool.close()
-
-    def __repr__(self) -> str:
-        return f"PostgresGalleryStore({self.redacted_url!r})"

@@ -212,6 +212,3 @@ class SQLiteGalleryStore(GalleryStore):
                 conn.close()
             except sqlite3.Error as exc:
                 raise _convert(exc, "closing") from exc
-
-    def __repr__(self) -> str:
-        return f"SQLiteGalleryStore({self._path!r})"

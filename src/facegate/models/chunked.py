@@ -76,8 +76,7 @@ def _cuda_peak_per_crop(stage: nn.Module, h: Tensor) -> int:
     torch.cuda.reset_peak_memory_stats(h.device)
     stage(batch)
     torch.cuda.synchronize(h.device)
-    extra = torch.cuda.max_memory_allocated(h.device) - base
-    return -(-extra // (PROBE_CROPS * h.element_size()))
+    return -(-(torch.cuda.max_memory_allocated(h.device) - base) // (PROBE_CROPS * h.element_size()))
 
 
 def run_trunk(

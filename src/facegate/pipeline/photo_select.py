@@ -78,5 +78,4 @@ def choose_and_align(
     chosen = rows.gather(1, best[:, None, None].expand(n, 1, 15))[:, 0]
     flags = torch.stack([good.any(1), (counts <= c) & converged], 1).float()
     m = umeyama_torch(chosen[:, 4:14].reshape(n, 5, 2), dst)
-    theta = _theta_parts(m.to(geo.dtype), h, w, torch.stack).float()
-    return chosen, flags, theta
+    return chosen, flags, _theta_parts(m.to(geo.dtype), h, w, torch.stack).float()

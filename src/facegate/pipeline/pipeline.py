@@ -293,8 +293,7 @@ class FacePipeline:
     @staticmethod
     def align(images: Sequence[np.ndarray], detections: Sequence[Detection], image_index: Sequence[int]) -> np.ndarray:
         """Crops ``(K, 112, 112, 3) uint8`` RGB for ``detections[k]`` found in ``images[image_index[k]]``."""
-        lms = np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2)
-        return align_cpu(images, lms, image_index)
+        return align_cpu(images, np.array([d.landmarks for d in detections], np.float32).reshape(-1, 5, 2), image_index)
 
     def embed(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``crops (K,112,112,3) uint8`` RGB → ``(emb (K,D) float32, quality (K,) float32, raw (K,) float32)``."""
