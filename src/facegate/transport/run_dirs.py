@@ -25,7 +25,7 @@ def make_run_dir(kind: Literal["engine", "accept", "metrics"]) -> Path:
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
         return False
     except PermissionError:  # someone else's process: alive
         pass

@@ -23,3 +23,15 @@ def test_run_folders_of_processes_gone_are_removed(tmp_path: Path, monkeypatch: 
     live = make_run_dir("engine")  # this process's
     remove_stale_run_dirs()
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_a_folder_named_with_an_impossible_pid_does_not_stop_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pid past what the OS takes (a hand-made folder) made os.kill raise OverflowError, which ended the sweep
+    at the server's start; no process can have it, so the folder is stale."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    odd = tmp_path / f"facegate-accept-{2**80}-x"
+    odd.mkdir()
+    remove_stale_run_dirs()
+    assert not odd.exists()
