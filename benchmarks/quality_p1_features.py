@@ -28,6 +28,7 @@ from facegate.eval.features import _heuristic
 from facegate.eval.lfw import detect_centre, pair_images, read_pairs
 from facegate.io.decode import decode_image
 from facegate.models.quality import load_head, sface_head_input
+from facegate.models.recognizer import build_recognizer
 from facegate.pipeline.pipeline import FacePipeline
 from facegate.quality_reasons import crop_stats, landmark_geometry
 
@@ -163,6 +164,8 @@ def main() -> None:
     if a.limit:
         paths = paths[: a.limit]
     pipe = FacePipeline.from_settings(Settings(device=a.device, precision="fp32"))
+    if isinstance(pipe.recognizer, torch.jit.ScriptModule):  # the CPU plan freezes it; its layers are read here
+        pipe.recognizer = build_recognizer(pipe.spec)
     dev = pipe.recognizer.device
     head, _, _ = load_head(Path(facegate.__file__).parent / "models" / "heads" / "sface_rts_v1.pt")
     head = head.to(dev)

@@ -20,14 +20,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from facegate.config import Settings
-from facegate.errors import (
-    EmptyInputError,
-    FacegateError,
-    InputError,
-    InvalidParameterError,
-    ServerError,
-    raise_first,
-)
+from facegate.errors import EmptyInputError, FacegateError, InputError, InvalidParameterError, ServerError, raise_first
 
 log = logging.getLogger("facegate")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="facegate: face recognition with a quality gate.")

@@ -185,7 +185,8 @@ class Settings(BaseSettings):
     """Recognizer precision; 'auto': the profile's (fp16 on CUDA)."""
     compile: Literal["auto", "off", "graphs", "inductor"] = "auto"
     """CUDA: 'graphs' replays CUDA graphs of the eager kernels; 'inductor' compiles with torch.compile first (faster,
-    minutes of start-up without a warm TORCHINDUCTOR_CACHE_DIR); 'off': eager; 'auto': the profile's."""
+    minutes of start-up without a warm TORCHINDUCTOR_CACHE_DIR); CPU: any but 'off' freezes the recognizer as one
+    TorchScript graph; 'off': eager; 'auto': the profile's."""
     workers: int | None = Field(None, ge=1, le=64)
     """Front-end processes (HTTP, decoding, policy). 1: one process also runs the engine. None: the plan's."""
     engines: int | None = Field(None, ge=1, le=16)

@@ -7,7 +7,8 @@ plan. Profiles:
   processes per GPU and about one front-end per two cores, large detector batches.
 - ``low-memory``: the smallest GPU footprint: eager fp16, a bounded recognizer activation budget inside one
   pre-reserved allocator segment, small detector batches, host-side photo preprocessing, one process.
-- ``cpu`` (the default without CUDA): fp32, small sub-batches per forward, NHWC detector.
+- ``cpu`` (the default without CUDA): fp32, one intra-op thread and one device thread per core; each batch's rows
+  run at once on as many threads, through ONNX Runtime's detector and the recognizer frozen as one TorchScript graph.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class ServingPlan:
     profile: PlanProfile
     device: str  # "cuda" or "cpu"
     precision: str  # of the recognizer ("fp32", "fp16", "bf16"); the detector is always fp32
-    compile: str  # "off", "graphs" or "inductor" (CUDA only)
+    compile: str  # "off", "graphs" or "inductor" on CUDA; "off" or "torchscript" (the frozen recognizer) on the CPU
     workers: int  # front-end processes (1: a single process serves HTTP and runs the engine)
     engines: int  # engine processes in all, engines_per_gpu of them per GPU
     engines_per_gpu: int
@@ -63,12 +64,13 @@ class ServingPlan:
     det_graphs: bool  # the detector runs as CUDA graphs too (when compile is not "off")
     det_max_batch_pixels: int  # largest detector forward, in padded input pixels (rows × height × width)
     photo_stage: str  # "auto", "on" or "off": whether the engine decodes and aligns photos
-    cpu_threads: int | None  # intra-op threads of torch and OpenCV; None: the libraries' defaults
+    cpu_threads: int | None  # intra-op threads of torch, OpenCV and ONNX Runtime; None: the libraries' defaults
     graph_buckets: tuple[int, ...] = (4, 16, 32, 64)  # batch sizes captured as CUDA graphs; batches pad up to the next
     photo_warp_mib: int = 16  # MiB of float32 photos the photo stage warps at once (bounds its peak memory)
     activation_budget_mib: float | None = None  # bound on the recognizer's activations per forward; None: none
     gpu_arena_mib: int | None = None  # one allocator segment reserved before the models load; None: none
     cpu_chunk: int = 4  # on the CPU, the largest sub-batch of one forward (per-face speed falls at large batches)
+    cpu_shards: int = 1  # on the CPU, device threads, and threads sharing each batch's rows (1: none)
     decode_workers: int = 4  # threads of a front-end that decode and align uploads
     onnx_cpu: bool = False  # on the CPU, the detector network on ONNX Runtime (exported from facegate's YuNet)
     # seconds of work a front-end admits at once (its completion rate times this): a CPU engine needs about half a
@@ -174,13 +176,14 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
     if base["engines"] > 1 and base["workers"] < 2 and settings.workers is None:
         base["workers"] = 2
     if device == "cpu":
-        base["compile"] = "off"
+        base["compile"] = "off" if settings.compile == "off" else "torchscript"
     return ServingPlan(
         profile=profile,
         device=device,
         channels_last=device == "cuda" and base["precision"] != "fp32",
         det_channels_last=device == "cpu",
-        cpu_threads=1 if device == "cuda" else None,
+        cpu_threads=1,
+        cpu_shards=m.cores if device == "cpu" else 1,
         onnx_cpu=device == "cpu" and importlib.util.find_spec("onnxruntime") is not None,
         admission_queue_s=0.1 if device == "cuda" and (base["workers"] > 1 or base["engines"] > 1) else 0.5,
         **base,

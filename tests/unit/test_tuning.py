@@ -42,9 +42,11 @@ def test_low_memory_profile() -> None:
 def test_cpu_plan_without_a_gpu_and_with_profile_cpu() -> None:
     for plan in (make_plan(Settings(), Machine(0, 2)), make_plan(Settings(profile="cpu"), H200_HOST)):
         assert (plan.profile, plan.device, plan.precision, plan.compile, plan.workers) == (
-            "cpu", "cpu", "fp32", "off", 1
+            "cpu", "cpu", "fp32", "torchscript", 1
         )  # fmt: skip
         assert plan.det_channels_last and not plan.fused_kernels and plan.cpu_chunk == 4
+    assert make_plan(Settings(), Machine(0, 2)).cpu_shards == 2  # one row of a batch per core at once
+    assert make_plan(Settings(compile="off"), Machine(0, 2)).compile == "off"  # the eager recognizer
 
 
 def test_explicit_settings_win_over_the_profile() -> None:

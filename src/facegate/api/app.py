@@ -303,10 +303,8 @@ class ServingMiddleware:
                 deadline = limits.request_timeout_s
                 log.info("%s %s: deadline of %.1f s passed", scope["method"], escape(scope["path"]), deadline)
                 if not response_started and not too_large:
-                    exc = DeadlineExceededError(
-                        f"the request did not finish within its deadline of {deadline:g} s",
-                        detail={"deadline_s": deadline},
-                    )
+                    msg = f"the request did not finish within its deadline of {deadline:g} s"
+                    exc = DeadlineExceededError(msg, detail={"deadline_s": deadline})
                     await facegate_error_response(exc)(scope, receive, wrapped_send)
             except FacegateError as exc:  # the checks above, the fast path's and the routes' errors
                 if response_started:

@@ -27,12 +27,7 @@ from facegate.api.errors import facegate_error_response
 from facegate.api.forms import header
 from facegate.api.security import CSP, FIXED_HEADERS
 from facegate.config import Limits, Settings
-from facegate.errors import (
-    BodyTooLargeError,
-    ImageTooLargeError,
-    InvalidParameterError,
-    OverloadedError,
-)
+from facegate.errors import BodyTooLargeError, ImageTooLargeError, InvalidParameterError, OverloadedError
 from facegate.io.decode import FORMATS
 from facegate.models.registry import get_spec
 
@@ -360,8 +355,7 @@ class ShedProtocol(HttpToolsProtocol):
         if admission is None or not idle or asgi:
             return super().on_headers_complete()
         t0 = time.perf_counter()
-        answer = admission.refuse(time.monotonic())
-        if answer is None:
+        if (answer := admission.refuse(time.monotonic())) is None:
             return super().on_headers_complete()
         self.cycle = _REFUSED  # type: ignore[assignment]
         self.transport.write(answer[1])

@@ -216,9 +216,8 @@ async def metrics(request: Request) -> Response:
             remote = await asyncio.wait_for(engine.engine_samples(), timeout=5.0)
         except (FacegateError, TimeoutError):
             log.warning("engine metrics unavailable for this scrape")
-    body, content_type = render_latest(
-        state.stats, remote, gallery_labels=state.settings.security.metrics_gallery_labels
-    )
+    labels = state.settings.security.metrics_gallery_labels
+    body, content_type = render_latest(state.stats, remote, gallery_labels=labels)
     return Response(body, media_type=content_type)
 
 
@@ -308,8 +307,7 @@ async def serve_embed_aligned(state: ServingState, scope: Scope, receive: Receiv
     it, and answers its FacegateErrors): answers a form that :func:`~facegate.api.forms.aligned_images` takes
     through :func:`embed_response` (returns None, as for a body that did not arrive), else returns a receive that
     replays the body."""
-    body = await read_body(receive)
-    if body is None:
+    if (body := await read_body(receive)) is None:
         return None
     ctype = header(scope, b"content-type").decode("latin-1")
     images = aligned_images(parse_small_multipart(body, ctype), state.settings.limits.max_images_per_request)
@@ -337,9 +335,8 @@ async def detect(request: Request, image: Annotated[UploadFile, File(description
 async def create_gallery(request: Request, body: sc.CreateGalleryRequest) -> sc.GalleryOut:
     """Create an empty gallery for the served model (its name and embedding dimension are recorded)."""
     state, service, gallery = _ready(request)
-    info = await state.in_gallery_pool(
-        gallery.store.create_gallery, body.name, service.spec.name, service.spec.embedding_dim
-    )
+    spec = service.spec
+    info = await state.in_gallery_pool(gallery.store.create_gallery, body.name, spec.name, spec.embedding_dim)
     return sc.GalleryOut(**info.to_dict())
 
 
@@ -376,12 +373,8 @@ async def _enrolment_decisions(
         return (await faces_of_upload(state, service, images[i], index=i))[0]
 
     results = await asyncio.gather(*(one(i) for i in range(len(images))), return_exceptions=True)
-    return decide_enrolments(
-        subject_ids,
-        results,
-        verdict=service.pipeline.enrol_verdict if state.settings.quality.enrol_requires_quality else None,
-        stats=state.stats,
-    )
+    verdict = service.pipeline.enrol_verdict if state.settings.quality.enrol_requires_quality else None
+    return decide_enrolments(subject_ids, results, verdict=verdict, stats=state.stats)
 
 
 @galleries.post("/api/galleries/{name}/subjects/{subject_id}", responses=_IMAGE_ERRORS)
@@ -496,9 +489,8 @@ async def search(
     """1:N search with the largest face, on the engine's index. A probe below the quality gate is refused,
     never searched. The match threshold is set for ``fpir`` (default 1e-2) at the gallery's current size."""
     state, service, gallery = _ready(request)
-    found = data = None
-    if service.photo_on_device:
-        data = await read_upload(state, image)
+    found = None
+    data = await read_upload(state, image) if service.photo_on_device else None
     if data is not None and data[:3] == JPEG:
         # photo -> face -> embedding -> search in one engine trip, which also checks the gallery
         faces, found = await service.photo_search(data, name, k)

@@ -163,8 +163,7 @@ class Access:
             )
         if method in _STATE_CHANGING and (refused := self._origin_refusal(headers, host)) is not None:
             return refused
-        scope_needed = required_scope(method, path, self.settings)
-        if scope_needed is None:
+        if (scope_needed := required_scope(method, path, self.settings)) is None:
             return None
         key: ApiKey | None = None
         if not self.settings.security.no_auth and not len(self.keys) and not self.loopback:
@@ -175,8 +174,7 @@ class Access:
                 detail={"scope": scope_needed},
             )
         if not self.settings.security.no_auth and len(self.keys):
-            token = presented_key(headers)
-            if token is None:
+            if (token := presented_key(headers)) is None:
                 return UnauthorizedError(
                     "this route needs an API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
                     detail={"scope": scope_needed},
@@ -194,8 +192,7 @@ class Access:
                 )
         if self.buckets is not None and path.startswith("/api/"):
             who = f"key:{key.id}" if key is not None else f"addr:{(scope.get('client') or ('?',))[0]}"
-            wait = self.buckets.take(who)
-            if wait > 0.0:
+            if (wait := self.buckets.take(who)) > 0.0:
                 return RateLimitedError(
                     f"rate limit of {self.buckets.rate:g} requests/s exceeded; retry in {wait:.2f} s",
                     retry_after_s=wait,

@@ -69,12 +69,15 @@ def _join(thread: threading.Thread, deadline: float | None) -> bool:
 
 
 class DeviceThread(concurrent.futures.Executor):
-    """One worker thread running what is submitted, in order; after :meth:`shutdown` a submit raises
+    """``threads`` worker threads starting what is submitted in order (one on CUDA: one set of library handles; on the
+    CPU one per core, so that batches of the stages run at once); after :meth:`shutdown` a submit raises
     EngineClosedError (what was queued still runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="facegate-device", daemon=True)
+        name = "facegate-device"
+        self._threads = [threading.Thread(target=self._loop, name=name, daemon=True) for _ in range(threads)]
+        self._thread = self._threads[0]
         self._lock = threading.Lock()
         self._closed = False
 
@@ -84,7 +87,8 @@ class DeviceThread(concurrent.futures.Executor):
             if self._closed:
                 raise EngineClosedError("the engine's device thread was shut down")
             if self._thread.ident is None:  # not started yet
-                self._thread.start()
+                for t in self._threads:
+                    t.start()
             self._queue.put((fut, fn, args, kwargs))
         return fut
 
@@ -107,16 +111,17 @@ class DeviceThread(concurrent.futures.Executor):
             if not self._closed:
                 self._closed = True
                 if self._thread.ident is not None:
-                    self._queue.put(_STOP)
+                    for _ in self._threads:
+                        self._queue.put(_STOP)
         if wait:
             self.join(None)
 
     def join(self, deadline: float | None) -> bool:
-        return _join(self._thread, deadline) if self._thread.ident is not None else True
+        return self._thread.ident is None or all([_join(t, deadline) for t in self._threads])
 
     def alive(self) -> bool:
         """Not started yet, or running."""
-        return self._thread.ident is None or self._thread.is_alive()
+        return self._thread.ident is None or all(t.is_alive() for t in self._threads)
 
 
 class _StageRunner:

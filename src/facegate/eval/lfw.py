@@ -120,9 +120,7 @@ def detect_centre(pipeline, images: Sequence[np.ndarray]) -> list:
             finally:
                 pipeline.detector.score_threshold = old
         h, w = im.shape[:2]  # LFW's subject is the face nearest the centre
-        out.append(
-            min(ds, key=lambda d: (d.box[0] + d.box[2] - w) ** 2 + (d.box[1] + d.box[3] - h) ** 2) if ds else None
-        )
+        out.append(min(ds, key=lambda d: (d.box[0] + d.box[2] - w) ** 2 + (d.box[1] + d.box[3] - h) ** 2, default=None))
     return out
 
 

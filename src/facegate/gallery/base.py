@@ -189,8 +189,7 @@ def validate_embeddings(embeddings: object, qualities: object, dim: int) -> tupl
         )
     if q.shape != (emb.shape[0],) or not (np.issubdtype(q.dtype, np.floating) or np.issubdtype(q.dtype, np.integer)):
         raise InvalidParameterError(
-            f"qualities must be a ({emb.shape[0]},) numeric array, got shape {q.shape}",
-            detail={"field": "qualities"},
+            f"qualities must be a ({emb.shape[0]},) numeric array, got shape {q.shape}", detail={"field": "qualities"}
         )
     emb32 = np.ascontiguousarray(emb, dtype=np.float32)
     q32 = np.ascontiguousarray(q, dtype=np.float32)

@@ -235,8 +235,7 @@ class GalleryIndex:
             raise _mismatch(f"a template for {gallery!r}", list(vec.shape), entry.dim)
         row = self._ops.from_numpy(vec)
         with entry.lock:
-            i = entry.pos.get(subject_id)
-            if i is None:
+            if (i := entry.pos.get(subject_id)) is None:
                 i = entry.n
                 if i == entry.mat.shape[0]:
                     self._resize(entry, 2 * i)
@@ -248,8 +247,7 @@ class GalleryIndex:
         """Remove one subject (swap-remove); returns whether it was present."""
         entry = self._entry(gallery)
         with entry.lock:
-            i = entry.pos.pop(subject_id, None)
-            if i is None:
+            if (i := entry.pos.pop(subject_id, None)) is None:
                 return False
             last = entry.n - 1
             if i != last:

@@ -130,8 +130,7 @@ class SQLiteGalleryStore(GalleryStore):
     def _tx(self, what: str, *, write: bool, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         # ``snapshot`` needs nothing: every SQLite transaction reads one snapshot of the file
         with self._lock:
-            conn = self._conn
-            if conn is None:
+            if (conn := self._conn) is None:
                 raise GalleryError("the gallery store is closed")
             with self._writers(what) if write else contextlib.nullcontext():
                 try:

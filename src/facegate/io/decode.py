@@ -81,8 +81,7 @@ def _open_header(data: bytes, max_pixels: int) -> Image.Image:
         ) from exc
     except Image.UnidentifiedImageError as exc:
         raise ImageDecodeError(
-            f"not an image, or not a supported format ({', '.join(FORMATS)})",
-            detail={"supported": list(FORMATS)},
+            f"not an image, or not a supported format ({', '.join(FORMATS)})", detail={"supported": list(FORMATS)}
         ) from exc
     except Exception as exc:  # SyntaxError, struct.error, OSError, ValueError, ... from plugins
         raise ImageDecodeError(f"cannot read the image header: {exc}") from exc
@@ -411,8 +410,7 @@ def decode_batch(datas: Sequence[bytes], device: str | torch.device, *, max_byte
         if out[i] is None:
             try:
                 arr = decode_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
+                out[i] = torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(dev)
             except FacegateError as exc:
                 out[i] = exc
-                continue
-            out[i] = torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(dev)
     return out

@@ -220,8 +220,7 @@ class FaceDetector:
             h, w = int(img.shape[1]), int(img.shape[2])
             size = self._resized_hw(h, w)
             if size != (h, w):
-                img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0]
-                img = img.to(torch.uint8)
+                img = F.interpolate(img[None].float(), size=size, mode="area").round_().clamp_(0, 255)[0].byte()
             resized.append(img)
         hp, wp = _pad32(max(int(r.shape[1]) for r in resized)), _pad32(max(int(r.shape[2]) for r in resized))
         canvas = torch.zeros((self._batch_rows(len(images), hp, wp), hp, wp, 3), dtype=torch.uint8, device=self.device)

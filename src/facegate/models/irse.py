@@ -84,11 +84,7 @@ class IRSE64RTS(nn.Module):
     """ModelScope ``RTSBackbone``. ``alpha``: the RTS+ head's width; ``units``, ``widths``: per stage."""
 
     def __init__(
-        self,
-        alpha: int = DEFAULT_ALPHA,
-        *,
-        units: Sequence[int] = IRSE64_UNITS,
-        widths: Sequence[int] = IRSE64_WIDTHS,
+        self, alpha: int = DEFAULT_ALPHA, *, units: Sequence[int] = IRSE64_UNITS, widths: Sequence[int] = IRSE64_WIDTHS
     ) -> None:
         super().__init__()
         self.alpha = int(alpha)

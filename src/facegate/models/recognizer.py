@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -236,3 +237,27 @@ def build_recognizer(
     # cast on the host, then move (the device allocator would keep the peak of both copies); the head stays fp32
     rec.backbone.to(dtype=dt, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     return rec.to(device=device).eval().requires_grad_(False)
+
+
+def frozen_cpu(rec: Recognizer, *, atol: float = 1e-4) -> torch.jit.ScriptModule:
+    """The fp32 CPU ``rec`` (its BatchNorms then folded in place; no activation budget) as one frozen TorchScript
+    graph: a forward is one call, which releases the GIL for all of it (eager: between operators), so forwards on
+    several threads run at once. Traced at batch 2 and checked at batch 3 (the batch size stays free) against ``rec``
+    before folding: :class:`ModelError` past ``atol`` (relative for ``raw``)."""
+    x = torch.randint(
+        0, 256, (3, *rec.spec.input_size, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the input checks are Python; callers check first
+        # torch.jit is deprecated for torch.compile, which on the CPU needs a C++ toolchain and compiles at each start;
+        # the frozen graph serves more compare req/s than the eager module (benchmarks/cpu_models.py, cpu_e2e.py)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref = rec(x)
+        rec.backbone.fuse()
+        graph = torch.jit.freeze(torch.jit.trace(rec, x[:2], check_trace=False))
+        got = graph(x)
+        diff = max(float((got[i] - ref[i]).abs().max()) for i in (0, 1))
+        diff = max(diff, float(((got[2] - ref[2]).abs() / ref[2].abs().clamp_min(1e-12)).max()))
+    if not diff <= atol:
+        raise ModelError(f"the traced recognizer differs from the module by {diff:.3g}", detail={"max_abs_diff": diff})
+    return graph

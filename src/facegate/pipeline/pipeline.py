@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import importlib.util
@@ -60,17 +61,12 @@ NO_GEMM_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE
 def configure_device(plan: ServingPlan, mib: int | None = None) -> None:
     """Set this engine process up for ``plan.device`` before its models load; call before the first ``import torch``.
 
-    Off CUDA, ``OMP_WAIT_POLICY=PASSIVE`` unless set: spinning OpenMP threads hold cores the HTTP and decode threads
-    need (a CUDA engine runs one intra-op thread, no pool threads to wait). On CUDA, :data:`NO_GEMM_WORKSPACE`
-    unless the user set them; the allocator capped at ``mib`` MiB (``engine.gpu_memory_limit_mib``; more than the
-    device has: InvalidParameterError); one free ``plan.gpu_arena_mib`` MiB segment left in PyTorch's caching
-    allocator, for the weights and activations to share. Then :func:`configure_cpu_threads`.
+    On CUDA, :data:`NO_GEMM_WORKSPACE` unless the user set them; the allocator capped at ``mib`` MiB
+    (``engine.gpu_memory_limit_mib``; more than the device has: InvalidParameterError); one free
+    ``plan.gpu_arena_mib`` MiB segment left in PyTorch's caching allocator, for the weights and activations to share.
+    Then :func:`configure_cpu_threads`.
     """
-    if plan.device != "cuda":
-        policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        if "torch" in sys.modules and policy == "PASSIVE":
-            log.debug("torch was loaded before OMP_WAIT_POLICY was set: its OpenMP threads keep their wait policy")
-    else:
+    if plan.device == "cuda":
         for key, value in NO_GEMM_WORKSPACE.items():
             os.environ.setdefault(key, value)
     import torch
@@ -169,6 +165,8 @@ class FacePipeline:
         self.reliability_weights = load_reliability(spec.name)
         #: ServingPlan.cpu_chunk (largest sub-batch per forward; None = no split)
         self.chunk: int | None = None
+        #: on the CPU, threads running the rows of one batch at once (ServingPlan.cpu_shards); None: in turn
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: float32 bytes of photos the photo stage warps at once; None = a whole batch
         self.photo_warp_bytes: int | None = None
         #: ``(max_bytes, max_pixels)`` of the ``photo`` stage; None = no stage
@@ -194,7 +192,7 @@ class FacePipeline:
         import torch
 
         from facegate.models.detector import FaceDetector
-        from facegate.models.recognizer import build_recognizer
+        from facegate.models.recognizer import build_recognizer, frozen_cpu
         from facegate.models.yunet import load_yunet
         from facegate.runtime.kernels import set_fused_epilogues
 
@@ -239,6 +237,8 @@ class FacePipeline:
 
             attach_onnx_detector(detector)
         recognizer.set_activation_budget(plan.activation_budget_mib)  # after fusing: it measures the layers that run
+        if plan.compile == "torchscript" and plan.precision == "fp32" and plan.activation_budget_mib is None:
+            recognizer = frozen_cpu(recognizer)
         if device == "cuda" and plan.compile != "off":
             from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
@@ -281,6 +281,8 @@ class FacePipeline:
         elif device == "cuda":
             log.info("photo stage %s", "on" if pipe.photo_limits else "off")
         pipe.chunk = plan.cpu_chunk if device == "cpu" else None
+        if device == "cpu" and plan.cpu_shards > 1:  # each part of a batch one row: the threads share it evenly
+            pipe.pool = concurrent.futures.ThreadPoolExecutor(plan.cpu_shards, thread_name_prefix="facegate-cpu")
         return pipe
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
@@ -310,11 +312,25 @@ class FacePipeline:
         """``(K,112,112,3) uint8`` on the device → ``(K, D + 2) float32`` embedding | quality | raw."""
         import torch
 
-        outs = []
-        for part in torch.split(x, self.chunk) if self.chunk else (x,):
-            emb, q, raw = self.recognizer(part)
-            outs.append(torch.cat([emb, q[:, None], raw[:, None]], dim=1).float())
+        def run(part: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():  # thread-local: a pool thread enters it itself
+                emb, q, raw = self.recognizer(part)
+                return torch.cat([emb, q[:, None], raw[:, None]], dim=1).float()
+
+        outs = self.map(run, torch.split(x, self.part_rows) if self.part_rows else (x,))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    @property
+    def part_rows(self) -> int | None:
+        """Rows of one CPU forward: 1 with the pool (its threads share a batch evenly), else ``chunk``."""
+        return 1 if self.pool is not None else self.chunk
+
+    def map(self, fn: Callable[[Any], Any], parts: Sequence[Any]) -> list[Any]:
+        """``fn`` over ``parts``, in order: on the CPU pool's threads at once (one intra-op thread each: no thread
+        waits on another's inside an operator), else in turn."""
+        if self.pool is None or len(parts) < 2:
+            return [fn(p) for p in parts]
+        return list(self.pool.map(fn, parts))
 
     def enrol_verdict(self, face: Face) -> QualityVerdict:
         """The face's verdict at the enrolment gate (:func:`~facegate.quality_reasons.enrol_verdict`)."""

@@ -30,13 +30,15 @@ class DetectStage:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
         det = self.p.detector
-        batches = detector_batches([im.shape[:2] for im in payloads], det, self.p.chunk)
+        batches = detector_batches([im.shape[:2] for im in payloads], det, self.p.part_rows)
         return [(idx, det.preprocess([payloads[i] for i in idx])) for idx in batches]
 
     def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:
         """Forward + on-device decode/NMS + each group's one device→host copy; results back in input order."""
         out: list[list[Detection]] = [[] for _ in range(sum(len(idx) for idx, _ in groups))]
-        found = self.p.detector.run_many([batch for _, batch in groups])
+        batches = [batch for _, batch in groups]
+        run = self.p.detector.run_many
+        found = run(batches) if self.p.pool is None else self.p.map(lambda b: run([b])[0], batches)
         for (idx, _), per_batch in zip(groups, found, strict=True):
             for i, dets in zip(idx, per_batch, strict=True):
                 out[i] = dets

@@ -129,12 +129,8 @@ class GraphedModule(nn.Module):
             static_in = torch.zeros((b, *self.item_shape), dtype=self.in_dtype, device=self.device)
             g, outs = capture_graph(self._fn, static_in, warmup=3)
             self._graphs[b] = (g, static_in, tuple(outs))
-        log.info(
-            "captured CUDA graphs for buckets %s (compile=%s) in %.1f s",
-            self.buckets,
-            self.compile_mode,
-            time.perf_counter() - t0,
-        )
+        secs = time.perf_counter() - t0
+        log.info("captured CUDA graphs for buckets %s (compile=%s) in %.1f s", self.buckets, self.compile_mode, secs)
 
     @torch.inference_mode()
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:

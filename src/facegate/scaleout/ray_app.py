@@ -81,9 +81,7 @@ class EngineReplica:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         settings = Settings.model_validate_json(settings_json)
         t0 = time.perf_counter()
-        plan = make_plan(settings)  # for the GPU Ray gave this replica (its only visible one)
-        if plan.cpu_threads is None:  # a CPU engine: the node's cores, as `facegate serve`, not Ray's OMP_NUM_THREADS=1
-            plan = dataclasses.replace(plan, cpu_threads=len(os.sched_getaffinity(0)))
+        plan = make_plan(settings)  # for the GPU Ray gave this replica (its only visible one), or the node's cores
         # the build blocks (weights, warm-up forwards): the replica's event loop stays free meanwhile
         self.service = await asyncio.get_running_loop().run_in_executor(None, FaceService.build, settings, plan)
         await self.service.start()

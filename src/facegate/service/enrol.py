@@ -16,12 +16,7 @@ from typing import Any
 import numpy as np
 
 from facegate.config import Limits
-from facegate.errors import (
-    EmptyInputError,
-    FacegateError,
-    InvalidParameterError,
-    SubjectNotFoundError,
-)
+from facegate.errors import EmptyInputError, FacegateError, InvalidParameterError, SubjectNotFoundError
 from facegate.gallery.base import EnrolItem, GalleryStore, validate_subject_id
 from facegate.service.gallery import decide_enrolments
 

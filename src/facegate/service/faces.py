@@ -78,7 +78,7 @@ class FaceService:
         the build's probing forwards take no library handles on another thread."""
         t0 = time.perf_counter()
         plan = plan or make_plan(settings)
-        device_thread = DeviceThread()
+        device_thread = DeviceThread(plan.cpu_shards)
         with within_memory_limit(settings.engine.gpu_memory_limit_mib, "load the models"):
             pipeline = device_thread.submit(FacePipeline.from_settings, settings, plan).result()
         t1 = time.perf_counter()

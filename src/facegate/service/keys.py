@@ -164,8 +164,7 @@ class KeyStore:
     def revoke(self, key_id: str) -> ApiKey:
         """Remove the key with this id (InvalidParameterError: no key has it)."""
         existing = self._current()
-        match = [k for k in existing if k.id == key_id]
-        if not match:
+        if not (match := [k for k in existing if k.id == key_id]):
             raise InvalidParameterError(f"no API key with id {key_id!r}", detail={"field": "id"})
         self._write([k for k in existing if k.id != key_id])
         return match[0]

@@ -152,11 +152,7 @@ def genuine_outcomes(
 
 
 def train_and_calibrate(
-    table: dict[str, np.ndarray],
-    config: RTSConfig,
-    *,
-    match_threshold: float,
-    device: str = "cpu",
+    table: dict[str, np.ndarray], config: RTSConfig, *, match_threshold: float, device: str = "cpu"
 ) -> tuple[RTSQualityHead, QualityCalibration, dict[str, Any]]:
     """Train and calibrate a head on the table's found faces (clean and degraded): ``(head, calibration, record)``,
     the record counting the identities and the faces the loss saw (those with another clean photo of their

@@ -241,8 +241,7 @@ class EngineHost:
                             continue
                         fut.add_done_callback(lambda f, rid=rid: done.put((rid, f)))
                     elif msg[0] == "cancel":  # the engine drops an item whose future is done unless it is computing
-                        item = pending.get(msg[1])
-                        if item is not None:
+                        if (item := pending.get(msg[1])) is not None:
                             item.future.cancel()
                     elif msg[0] == "stats":
                         send(("batch", [outcome(self.service.stats.engine_samples, msg[1])]))

@@ -563,6 +563,31 @@ def test_device_thread_passes_exceptions_and_ends_unstarted() -> None:
     assert idle.join(None)
 
 
+def test_device_threads_run_two_stages_at_once_and_all_stop() -> None:
+    """Several device threads (the CPU plan): batches of two stages execute at once, results unchanged; stopping the
+    engine ends every thread."""
+    meet = threading.Barrier(2, timeout=10)  # each stage's first execute waits for the other's: one thread fails
+    waited: set[str] = set()
+    sa, sb = FakeStage("a", exec_s=0.002), FakeStage("b", exec_s=0.002)
+    for st in (sa, sb):
+
+        def execute(prepared: Any, run: Callable[[Any], Any] = st.execute, name: str = st.name) -> Any:
+            if name not in waited:
+                waited.add(name)
+                meet.wait()
+            return run(prepared)
+
+        st.execute = execute  # type: ignore[method-assign]
+    device = DeviceThread(threads=2)
+    engine = Engine([sa, sb], max_batch_size=8, stats=ServiceStats(), device_thread=device)
+    with running(engine):
+        ra, rb = asyncio.run(_both_stages(engine, 20))
+    assert all(np.array_equal(ra[i], alone(payload(i))) and np.array_equal(rb[i], alone(payload(i))) for i in range(20))
+    assert sa.exec_threads == sb.exec_threads == {"facegate-device"}
+    assert device.join(time.monotonic() + 5) and not device.alive()
+    assert not any(t.is_alive() for t in device._threads)
+
+
 def test_engine_stopped_before_start_shuts_its_device_thread_down() -> None:
     device = DeviceThread()
     engine = Engine([FakeStage("a")], stats=ServiceStats(), device_thread=device)

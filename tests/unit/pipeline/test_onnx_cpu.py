@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import numpy as np
@@ -64,20 +63,3 @@ def test_detect_align_embed_match_pytorch(pipelines: tuple[FacePipeline, FacePip
     ref_same = reference.compare_faces(*(f[0] for f in want[:2]))
     assert same.similarity is not None and ref_same.similarity is not None
     assert abs(same.similarity - ref_same.similarity) < 1e-4
-
-
-def test_idle_openmp_threads_sleep_off_cuda_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    from facegate.pipeline.pipeline import configure_device
-
-    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"})
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    cpu = dataclasses.replace(make_plan(Settings(device="cpu")), cpu_threads=None)
-    configure_device(dataclasses.replace(cpu, device="cuda"))
-    assert "OMP_WAIT_POLICY" not in os.environ
-    configure_device(cpu)
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"  # an operator's choice stands
-    configure_device(cpu)
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 from pathlib import Path
@@ -13,10 +14,12 @@ import torch
 from facegate.config import QualitySettings, Settings
 from facegate.errors import InvalidParameterError, NoFaceError
 from facegate.io.decode import decode_image
+from facegate.models.recognizer import build_recognizer, frozen_cpu
+from facegate.models.registry import get_spec
 from facegate.pipeline.pipeline import FacePipeline, quality_verdict, select_faces, start_photo_check
 from facegate.pipeline.stages import DetectStage
 from facegate.quality_reasons import face_reasons
-from facegate.tuning import make_plan
+from facegate.tuning import Machine, make_plan
 from facegate.types import Detection, FaceSelect
 
 LIMITS = {"max_bytes": 1 << 24, "max_pixels": 1 << 24}
@@ -144,11 +147,15 @@ def test_engine_stages_split_results(pipeline: FacePipeline, photos: dict[str, n
     np.testing.assert_allclose(out[0][0][0], out[1][0][0], atol=1e-5)
 
 
-def test_mixed_size_batch_equals_single(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+def test_mixed_size_batch_equals_single(
+    pipeline: FacePipeline, photos: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Images are batched only with images of the same padded size, so batching never changes a result."""
     big = np.zeros((480, 640, 3), np.uint8)
     big[100:350, 200:450] = photos["a1"]
-    groups = DetectStage(pipeline).prepare([photos["a1"], big, photos["b1"]])
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "pool", None)  # one forward per size, not one per row for the pool's threads
+        groups = DetectStage(pipeline).prepare([photos["a1"], big, photos["b1"]])
     assert sorted(idx for idx, _ in groups) == [[0, 2], [1]]
     mixed = pipeline.faces([photos["a1"], big, photos["b1"]])
     for i, img in enumerate([photos["a1"], big, photos["b1"]]):
@@ -157,8 +164,44 @@ def test_mixed_size_batch_equals_single(pipeline: FacePipeline, photos: dict[str
         np.testing.assert_allclose(alone.detection.landmarks, mixed[i][0].detection.landmarks, atol=1e-3)
 
 
-def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+def test_cpu_pool_and_frozen_recognizer_keep_every_result(
+    pipeline: FacePipeline, photos: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU plan runs a batch one row per forward on a pool's threads, through the recognizer frozen as one
+    TorchScript graph: the same faces, in order, as in turn, and the same outputs as the eager module."""
+    imgs = [photos["a1"], photos["b1"], photos["a2"]]
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "pool", None)
+        in_turn = pipeline.faces(imgs)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "pool", concurrent.futures.ThreadPoolExecutor(2))
+        assert [idx for idx, _ in DetectStage(pipeline).prepare(imgs)] == [[0], [1], [2]]
+        pooled = pipeline.faces(imgs)
+    for a, b in zip(in_turn, pooled, strict=True):
+        np.testing.assert_allclose(a[0].embedding, b[0].embedding, atol=1e-6)
+        np.testing.assert_allclose(a[0].detection.box, b[0].detection.box, atol=1e-4)
+    assert isinstance(pipeline.recognizer, torch.jit.ScriptModule)
+    crops = np.random.default_rng(5).integers(0, 255, (5, 112, 112, 3), dtype=np.uint8)
+    with torch.inference_mode():
+        want = build_recognizer(pipeline.spec).eval()(torch.from_numpy(crops))
+    for got, ref in zip(pipeline.embed(crops), want, strict=True):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_frozen_recognizer_that_differs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from facegate.errors import ModelError
+
+    rec = build_recognizer(get_spec("sface"))
+    monkeypatch.setattr(torch.jit, "freeze", lambda m: lambda x: tuple(t + 0.01 for t in m(x)))
+    with pytest.raises(ModelError, match="traced recognizer differs"):
+        frozen_cpu(rec)
+
+
+def test_batch_bucket_padding_is_ignored(
+    pipeline: FacePipeline, photos: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
     det = pipeline.detector
+    monkeypatch.setattr(pipeline, "pool", None)  # as on CUDA: the batch in one forward
     ref = pipeline.detect([photos["a1"], photos["b1"], photos["a2"]])
     det.batch_buckets = (1, 4, 8)
     try:
@@ -172,8 +215,11 @@ def test_batch_bucket_padding_is_ignored(pipeline: FacePipeline, photos: dict[st
         np.testing.assert_allclose(a[0].box, b[0].box, atol=1e-3)
 
 
-def test_detector_batches_are_capped_in_pixels(pipeline: FacePipeline, photos: dict[str, np.ndarray]) -> None:
+def test_detector_batches_are_capped_in_pixels(
+    pipeline: FacePipeline, photos: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pixel cap splits a same-size group into forwards of at most cap // (Hp·Wp) images, results unchanged."""
+    monkeypatch.setattr(pipeline, "pool", None)
     imgs = [photos["a1"], photos["b1"], photos["a2"], photos["a1"], photos["b1"]]
     ref = pipeline.detect(imgs)
     chunk, cap = pipeline.chunk, pipeline.detector.max_batch_pixels
@@ -256,10 +302,12 @@ def test_configure_cpu_threads_follows_the_plan() -> None:
 
     before_torch, before_cv2 = torch.get_num_threads(), cv2.getNumThreads()
     try:
-        assert make_plan(Settings(device="cpu")).cpu_threads is None  # the CPU plan keeps the defaults
+        cpu = make_plan(Settings(device="cpu"), Machine(gpus=0, cores=6))
+        assert (cpu.cpu_threads, cpu.cpu_shards) == (1, 6)  # one thread per row of a batch, one row per core
         configure_cpu_threads(None)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (before_torch, before_cv2)
-        assert make_plan(Settings(device="cuda")).cpu_threads == 1  # CUDA: one thread, the CPU only preprocesses
+        cuda = make_plan(Settings(device="cuda"), Machine(gpus=1, cores=6))
+        assert (cuda.cpu_threads, cuda.cpu_shards) == (1, 1)  # CUDA: one thread, the CPU only preprocesses
         configure_cpu_threads(1)
         assert (torch.get_num_threads(), cv2.getNumThreads()) == (1, 1)
         configure_cpu_threads(2)
