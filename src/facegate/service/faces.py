@@ -204,7 +204,7 @@ class FaceService:
 
     async def face_aligned(self, crop: np.ndarray) -> Face:
         """Embed and gate one pre-aligned ``(112,112,3) uint8`` RGB crop (no detection)."""
-        if not is_aligned_crop(crop):
+        if not is_aligned_crop(crop) or crop.dtype != np.uint8:  # here: in a batch it would fail the others' crops
             raise InvalidParameterError(f"an aligned crop must be 112×112×3 uint8, got {crop.shape} {crop.dtype}")
         crops = np.ascontiguousarray(crop)[None]
         emb, q, raw = await self._submit("embed", crops)

@@ -41,6 +41,11 @@ def test_service_batches_and_matches_sequential() -> None:
                 await svc.faces(np.full((200, 200, 3), 127, np.uint8))
             with pytest.raises(InvalidParameterError):
                 await svc.face_aligned(np.zeros((100, 100, 3), np.uint8))
+            # a float crop is refused alone, before it joins (and fails) a batch of others' crops
+            pair = (svc.face_aligned(crops[0]), svc.face_aligned(crops[0].astype(np.float32)))
+            good, bad = await asyncio.gather(*pair, return_exceptions=True)
+            assert isinstance(bad, InvalidParameterError) and "112×112×3 uint8" in str(bad)
+            assert not isinstance(good, BaseException) and good.quality.accepted
             res = svc.compare(concurrent[0], concurrent[1])
             assert not res.refused and res.similarity is not None
         finally:
