@@ -250,7 +250,7 @@ def frozen_cpu(rec: Recognizer, *, atol: float = 1e-4) -> torch.jit.ScriptModule
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the input checks are Python; callers check first
         # torch.jit is deprecated for torch.compile, which on the CPU needs a C++ toolchain and compiles at each start;
-        # the frozen graph serves more compare req/s than the eager module (benchmarks/cpu_models.py, cpu_e2e.py)
+        # the frozen graph embeds more faces/s per thread than the eager module (benchmarks/cpu_models.py)
         warnings.simplefilter("ignore", DeprecationWarning)
         ref = rec(x)
         rec.backbone.fuse()
