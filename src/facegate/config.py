@@ -59,7 +59,8 @@ class EngineSettings(_Group):
     max_batch_size: int = Field(64, ge=1, le=4096)
     """Largest batch the engine forms for one stage."""
     max_wait_ms: float = Field(2.0, ge=0.0, le=1000.0)
-    """How long, in ms, the engine waits after a batch's first item for more to fill it."""
+    """How long, in ms, the engine waits after a batch's first item for more to fill it. On the CPU a batch with a
+    row for each core waits no longer while a core is free."""
     gpu_memory_limit_mib: int | None = Field(None, ge=16, le=1 << 22)
     """CUDA: the most GPU memory, in MiB, PyTorch's allocator of an engine process may hold (weights and graph pools
     included; the CUDA context comes on top). A batch that does not fit fails with 503 and the engine keeps serving;

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,9 +130,9 @@ class Batcher:
         finally:
             self.finish_dropped(dropped)
 
-    def collect(self, max_batch: int, max_wait_s: float) -> list[WorkItem]:
-        """The next batch of live items, oldest first (``[]`` once closed and empty): until the ``cost`` reaches
-        ``max_batch`` or ``max_wait_s`` after the first item's *enqueue* (an item that waited does not wait again)."""
+    def collect(self, max_batch: int, max_wait_s: float, enough: Callable[[int], bool] | None = None) -> list[WorkItem]:
+        """The next batch of live items, oldest first (``[]`` once closed and empty): those queued, to a ``cost`` of
+        ``max_batch``, then more until ``max_wait_s`` after the first's *enqueue* or ``enough(cost)`` is true."""
         while True:
             batch: list[WorkItem] = []
             dropped: list[tuple[WorkItem, str]] = []
@@ -150,7 +150,7 @@ class Batcher:
                         else:
                             batch.append(q.popleft())
                             cost += it.cost
-                    if q or cost >= max_batch or self._closed:  # full, or closed
+                    if q or cost >= max_batch or self._closed or (enough and enough(cost)):  # full, closed, enough
                         break
                     if not batch:
                         if dropped:  # report drops promptly instead of holding them while idle

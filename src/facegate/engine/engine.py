@@ -19,13 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from facegate.engine.batcher import AnyFuture, Batcher, WorkItem, fail, settle
-from facegate.errors import (
-    DeadlineExceededError,
-    EngineClosedError,
-    EngineError,
-    FacegateError,
-    InvalidParameterError,
-)
+from facegate.errors import DeadlineExceededError, EngineClosedError, EngineError, FacegateError, InvalidParameterError
 from facegate.metrics.stats import ServiceStats
 
 log = logging.getLogger(__name__)
@@ -80,6 +74,7 @@ class DeviceThread(concurrent.futures.Executor):
         self._thread = self._threads[0]
         self._lock = threading.Lock()
         self._closed = False
+        self._busy = 0  # submitted and not finished
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -90,20 +85,23 @@ class DeviceThread(concurrent.futures.Executor):
                 for t in self._threads:
                     t.start()
             self._queue.put((fut, fn, args, kwargs))
+            self._busy += 1
         return fut
 
     def _loop(self) -> None:
-        while True:
-            msg = self._queue.get()
-            if msg is _STOP:
-                return
+        while (msg := self._queue.get()) is not _STOP:
             fut, fn, args, kwargs = msg
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                fut.set_exception(exc)
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    fut.set_exception(exc)
+            with self._lock:
+                self._busy -= 1
+
+    def idle(self) -> bool:
+        """Whether a thread is free: fewer tasks submitted and not finished than threads."""
+        return self._busy < len(self._threads)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking work; queued work still runs (``cancel_futures`` is ignored)."""
@@ -133,6 +131,10 @@ class _StageRunner:
         self.name: str = stage.name
         self.max_batch = max(1, engine.max_batch_size)
         self.max_wait_s = engine.max_wait_ms / 1000.0
+        # CPU (a device thread and a pool thread per core): a batch with a row per core waits for no more while a device
+        # thread is free; busy, the wait fills it further (more rows a batch, fewer hand-offs between threads)
+        n, dev = len(self._device._threads), self._device
+        self.enough = (lambda cost: cost >= n and dev.idle()) if n > 1 else None
         self.item_cost: Any = getattr(stage, "item_cost", None)
         self.deliver: Any = getattr(stage, "deliver", None)
         self.stats = stats = engine.stats
@@ -160,7 +162,7 @@ class _StageRunner:
         try:
             while True:
                 self._slots.acquire()
-                items = self.batcher.collect(self.max_batch, self.max_wait_s)
+                items = self.batcher.collect(self.max_batch, self.max_wait_s, self.enough)
                 if not items:  # closed and drained
                     break
                 t0 = time.perf_counter()

@@ -17,13 +17,7 @@ from facegate.errors import InvalidParameterError
 from facegate.metrics.stats import ServiceStats, torch_cuda_memory_fn
 from facegate.models.registry import ModelSpec, get_spec
 from facegate.pipeline.align import is_aligned_crop
-from facegate.pipeline.pipeline import (
-    FacePipeline,
-    Operating,
-    configure_cpu_threads,
-    select_faces,
-    within_memory_limit,
-)
+from facegate.pipeline.pipeline import FacePipeline, Operating, configure_cpu_threads, select_faces, within_memory_limit
 from facegate.pipeline.search import PhotoSearchStage, SearchStage, encode_photo_search, encode_search
 from facegate.transport.remote import RemoteEngine, RemotePool
 from facegate.tuning import ServingPlan, make_plan

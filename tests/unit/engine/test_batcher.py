@@ -100,6 +100,22 @@ def test_full_batch_returns_without_waiting() -> None:
     assert time.monotonic() - t0 < 2.5  # well inside the 5 s window it would otherwise wait
 
 
+def test_enough_ends_the_wait_with_all_that_is_queued() -> None:
+    """``enough(cost)`` (the CPU: a row per core and a device thread free) ends the wait, not the batch: what is
+    queued still joins, to ``max_batch``; while it is false the window is waited as before."""
+    b, _ = _batcher()
+    for i in range(3):
+        b.put(_item(i))
+    t0 = time.monotonic()
+    assert [it.payload for it in b.collect(8, 5.0, lambda cost: cost >= 2)] == [0, 1, 2]
+    assert time.monotonic() - t0 < 2.5  # well inside the 5 s window
+    for i in range(3):
+        b.put(_item(i))
+    t0 = time.monotonic()
+    assert len(b.collect(8, 0.15, lambda cost: False)) == 3
+    assert time.monotonic() - t0 >= 0.1
+
+
 def test_items_arriving_during_window_join_the_batch() -> None:
     b, _ = _batcher()
 

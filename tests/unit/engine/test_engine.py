@@ -563,6 +563,22 @@ def test_device_thread_passes_exceptions_and_ends_unstarted() -> None:
     assert idle.join(None)
 
 
+def test_device_thread_is_idle_while_a_thread_is_free() -> None:
+    """``idle`` counts what was submitted and has not finished (raised, or cancelled before it ran, too)."""
+    device, release = DeviceThread(threads=2), threading.Event()
+    assert device.idle()
+    first = device.submit(release.wait)
+    assert device.idle()  # one of two threads busy
+    second, third = device.submit(release.wait), device.submit(lambda: 1 / 0)
+    assert not device.idle() and third.cancel()  # both threads busy; the third waits, and is cancelled
+    release.set()
+    assert first.result(5) and second.result(5)
+    with pytest.raises(ZeroDivisionError):
+        device.submit(lambda: 1 / 0).result(5)
+    device.shutdown(wait=True)  # its threads end after what was queued: every count is in
+    assert device._busy == 0 and device.idle()
+
+
 def test_device_threads_run_two_stages_at_once_and_all_stop() -> None:
     """Several device threads (the CPU plan): batches of two stages execute at once, results unchanged; stopping the
     engine ends every thread."""
@@ -580,6 +596,9 @@ def test_device_threads_run_two_stages_at_once_and_all_stop() -> None:
         st.execute = execute  # type: ignore[method-assign]
     device = DeviceThread(threads=2)
     engine = Engine([sa, sb], max_batch_size=8, stats=ServiceStats(), device_thread=device)
+    enough = engine._runners["a"].enough  # a batch with a row per device thread waits no longer while one is free
+    assert enough is not None and device.idle() and enough(2) and not enough(1)
+    assert Engine([FakeStage("c")], stats=ServiceStats())._runners["c"].enough is None  # one thread: fill the batch
     with running(engine):
         ra, rb = asyncio.run(_both_stages(engine, 20))
     assert all(np.array_equal(ra[i], alone(payload(i))) and np.array_equal(rb[i], alone(payload(i))) for i in range(20))
