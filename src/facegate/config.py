@@ -183,7 +183,7 @@ class Settings(BaseSettings):
     graphs, fused kernels, several front-ends and engines); 'low-memory': the smallest GPU footprint, one process;
     'cpu': the CPU plan; 'auto': 'throughput' on CUDA, 'cpu' otherwise."""
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    """Recognizer precision; 'auto': the profile's (fp16 on CUDA)."""
+    """Recognizer precision; 'auto': the profile's (fp16 on CUDA; on the CPU bf16 where it has AMX, else fp32)."""
     compile: Literal["auto", "off", "graphs", "inductor"] = "auto"
     """CUDA: 'graphs' replays CUDA graphs of the eager kernels; 'inductor' compiles with torch.compile first (faster,
     minutes of start-up without a warm TORCHINDUCTOR_CACHE_DIR); CPU: any but 'off' freezes the recognizer as one

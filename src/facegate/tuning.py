@@ -40,10 +40,11 @@ LOW_MEMORY_BUDGET_MIB = {"irse64_rts": (24.0, 112), "default": (16.0, 32)}
 
 @dataclass(frozen=True, slots=True)
 class Machine:
-    """Usable CUDA devices (0 without a CUDA build of torch or a driver) and the CPU cores this process may use."""
+    """Usable CUDA devices (0 without a CUDA build or a driver), the CPU cores this process may use, and AMX bf16."""
 
     gpus: int
     cores: int
+    amx_bf16: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,8 @@ def detect_machine() -> Machine:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return Machine(gpus=gpus, cores=cores)
+    cpuinfo = Path("/proc/cpuinfo")  # amx_bf16: the CPU multiplies bf16 matrices in hardware
+    return Machine(gpus, cores, cpuinfo.is_file() and " amx_bf16" in cpuinfo.read_text(errors="replace"))
 
 
 def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan:
@@ -151,9 +153,10 @@ def make_plan(settings: Settings, machine: Machine | None = None) -> ServingPlan
     model = "irse64_rts" if settings.rts_checkpoint is not None else settings.model
     budget, arena = LOW_MEMORY_BUDGET_MIB.get(model, LOW_MEMORY_BUDGET_MIB["default"])
 
-    base: dict[str, Any] = dict(  # the CPU plan; the GPU profiles below change what they name
-        precision="fp32", compile="off", engines_per_gpu=1, engines=1, workers=1, fused_kernels=False,
-        det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
+    # the CPU plan (bf16 where AMX runs it, at LFW parity: docs/benchmarks.md); the GPU profiles change what they name
+    base: dict[str, Any] = dict(
+        precision="bf16" if m.amx_bf16 else "fp32", compile="off", engines_per_gpu=1, engines=1, workers=1,
+        fused_kernels=False, det_graphs=False, det_max_batch_pixels=DEFAULT_DET_BATCH_PIXELS, photo_stage="auto",
     )  # fmt: skip
     if profile == "throughput":
         per_gpu = min(ENGINES_PER_GPU, max(1, 16 // gpus)) if m.cores >= 8 else 1

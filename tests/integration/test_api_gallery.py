@@ -10,6 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from facegate.config import Settings
+from facegate.tuning import make_plan
+
 GALLERY_KEYS = {"name", "model", "dim", "subjects", "created_at"}
 SUBJECT_KEYS = {"subject_id", "n_embeddings", "template_quality", "meta", "created_at", "updated_at"}
 
@@ -216,7 +219,8 @@ def test_restart_keeps_the_gallery_real_models(tmp_path: Path, lfw_root: Path, f
     first = fg.ServeProcess(tmp_path)
     try:
         ready = first.wait_ready()
-        assert ready == {"status": "ready", "model": "sface", "device": "cpu", "precision": "fp32"}
+        precision = make_plan(Settings(device="cpu")).precision  # bf16 on a CPU with AMX, else fp32
+        assert ready == {"status": "ready", "model": "sface", "device": "cpu", "precision": precision}
         with first.client() as c:
             # the real model separates people: same person matches, different people do not
             same = c.post("/api/compare", files=fg.files(img1=img("Colin_Powell", 1), img2=img("Colin_Powell", 3)))

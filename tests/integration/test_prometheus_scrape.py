@@ -79,7 +79,7 @@ def _blurred(photo: bytes) -> bytes:
     import cv2
 
     img = cv2.imdecode(np.frombuffer(photo, np.uint8), cv2.IMREAD_COLOR)
-    img = cv2.GaussianBlur(img, (0, 0), 6)
+    img = cv2.GaussianBlur(img, (0, 0), 8)  # quality about 0.3 in fp32 and bf16: not at the gate (0.5)
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 30])
     assert ok
     return buf.tobytes()

@@ -49,6 +49,13 @@ def test_cpu_plan_without_a_gpu_and_with_profile_cpu() -> None:
     assert make_plan(Settings(compile="off"), Machine(0, 2)).compile == "off"  # the eager recognizer
 
 
+def test_cpu_plan_runs_bf16_where_the_cpu_has_amx() -> None:
+    amx = Machine(0, 2, amx_bf16=True)
+    assert (make_plan(Settings(), amx).precision, make_plan(Settings(), amx).compile) == ("bf16", "torchscript")
+    assert make_plan(Settings(precision="fp32"), amx).precision == "fp32"  # explicit wins
+    assert make_plan(Settings(), Machine(1, 16, amx_bf16=True)).precision == "fp16"  # the GPU's own
+
+
 def test_explicit_settings_win_over_the_profile() -> None:
     s = Settings(precision="fp32", compile="off", workers=3, engines=2, gpu_preprocess="off")
     plan = make_plan(s, H200_HOST)

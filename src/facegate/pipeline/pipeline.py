@@ -217,12 +217,13 @@ class FacePipeline:
         detector.max_batch_pixels = plan.det_max_batch_pixels  # largest forward in padded pixels (None: no cap)
         max_batch = settings.engine.max_batch_size
         buckets = sorted({b for b in plan.graph_buckets if b <= max_batch} | {max_batch})
+        frozen = plan.compile == "torchscript" and plan.activation_budget_mib is None  # CPU only (make_plan)
         recognizer = build_recognizer(
             spec,
             checkpoint=settings.rts_checkpoint,
             quality_head=settings.quality_head,
             device=device,
-            dtype=plan.precision,
+            dtype="fp32" if frozen else plan.precision,  # frozen_cpu casts after folding BatchNorm in fp32
             channels_last=plan.channels_last and plan.precision != "fp32",
         )
         recognizer.flip_tta = settings.flip_tta
@@ -237,8 +238,8 @@ class FacePipeline:
 
             attach_onnx_detector(detector)
         recognizer.set_activation_budget(plan.activation_budget_mib)  # after fusing: it measures the layers that run
-        if plan.compile == "torchscript" and plan.precision == "fp32" and plan.activation_budget_mib is None:
-            recognizer = frozen_cpu(recognizer)
+        if frozen:
+            recognizer = frozen_cpu(recognizer, plan.precision)
         if device == "cuda" and plan.compile != "off":
             from facegate.runtime.graphs import INDUCTOR_SERVING_OPTIONS, GraphedModule
 
@@ -317,13 +318,11 @@ class FacePipeline:
                 emb, q, raw = self.recognizer(part)
                 return torch.cat([emb, q[:, None], raw[:, None]], dim=1).float()
 
-        outs = self.map(run, torch.split(x, self.part_rows) if self.part_rows else (x,))
+        # parts of at most ``chunk`` rows, and with the pool one per thread at least: a forward of several rows reads
+        # the recognizer's weights once for all of them
+        n = max(-(-len(x) // self.chunk) if self.chunk else 1, self.pool._max_workers if self.pool else 1)
+        outs = self.map(run, torch.tensor_split(x, max(1, min(n, len(x)))))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    @property
-    def part_rows(self) -> int | None:
-        """Rows of one CPU forward: 1 with the pool (its threads share a batch evenly), else ``chunk``."""
-        return 1 if self.pool is not None else self.chunk
 
     def map(self, fn: Callable[[Any], Any], parts: Sequence[Any]) -> list[Any]:
         """``fn`` over ``parts``, in order: on the CPU pool's threads at once (one intra-op thread each: no thread

@@ -30,7 +30,8 @@ class DetectStage:
             if not isinstance(im, np.ndarray) or im.ndim != 3:
                 raise InvalidParameterError(f"image {i} must be (H, W, 3) uint8", detail={"index": i})
         det = self.p.detector
-        batches = detector_batches([im.shape[:2] for im in payloads], det, self.p.part_rows)
+        rows = 1 if self.p.pool is not None else self.p.chunk  # a photo per pool thread and forward, at once
+        batches = detector_batches([im.shape[:2] for im in payloads], det, rows)
         return [(idx, det.preprocess([payloads[i] for i in idx])) for idx in batches]
 
     def execute(self, groups: list[tuple[list[int], Any]]) -> list[list[Detection]]:

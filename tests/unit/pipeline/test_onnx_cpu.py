@@ -26,8 +26,8 @@ NAMES = [
 
 @pytest.fixture(scope="module")
 def pipelines() -> tuple[FacePipeline, FacePipeline]:
-    """(the CPU default, the same settings on PyTorch alone)."""
-    s = Settings(device="cpu")
+    """(the CPU default, the same settings on PyTorch alone), in fp32 (bf16 on AMX CPUs would blur the comparison)."""
+    s = Settings(device="cpu", precision="fp32")
     torch_only = dataclasses.replace(make_plan(s), onnx_cpu=False)
     return FacePipeline.from_settings(s), FacePipeline.from_settings(s, torch_only)
 

@@ -49,7 +49,7 @@ def test_quality_verdict_reason() -> None:
 
 @pytest.fixture(scope="module")
 def pipeline() -> FacePipeline:
-    return FacePipeline.from_settings(Settings(device="cpu"))
+    return FacePipeline.from_settings(Settings(device="cpu", precision="fp32"))  # the eager module's outputs
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +186,25 @@ def test_cpu_pool_and_frozen_recognizer_keep_every_result(
         want = build_recognizer(pipeline.spec).eval()(torch.from_numpy(crops))
     for got, ref in zip(pipeline.embed(crops), want, strict=True):
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bf16_frozen_recognizer_folds_in_fp32_and_keeps_the_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, bf16 (the plan's choice on AMX CPUs) is frozen like fp32, its BatchNorms folded before the cast;
+    an embedding turned away from fp32's is refused."""
+    from facegate.errors import ModelError
+
+    crops = torch.from_numpy(np.random.default_rng(6).integers(0, 255, (4, 112, 112, 3), dtype=np.uint8))
+    rec = build_recognizer(get_spec("sface"))
+    with torch.inference_mode():
+        want = rec(crops)
+        got = frozen_cpu(rec, "bf16")(crops)
+    conv = rec.backbone.blocks[0].pw.conv
+    assert conv.weight.dtype == torch.bfloat16 and conv.bias is not None  # folded, then cast
+    assert float((got[0] * want[0]).sum(1).min()) > 0.99
+    np.testing.assert_allclose(got[1].numpy(), want[1].numpy(), atol=0.05)
+    monkeypatch.setattr(torch.jit, "freeze", lambda m: lambda x: (-m(x)[0], *m(x)[1:]))
+    with pytest.raises(ModelError, match="traced recognizer differs"):
+        frozen_cpu(build_recognizer(get_spec("sface")), "bf16")
 
 
 def test_a_frozen_recognizer_that_differs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -381,7 +400,7 @@ def test_start_photo_check_answers_from_its_thread(monkeypatch: pytest.MonkeyPat
 
 def test_the_plans_activation_budget_reaches_the_recognizer() -> None:
     crops = np.random.default_rng(4).integers(0, 255, (12, 112, 112, 3), dtype=np.uint8)
-    settings = Settings(device="cpu")
+    settings = Settings(device="cpu", precision="fp32")
     want = FacePipeline.from_settings(settings).embed(crops)
     pipe = FacePipeline.from_settings(settings, dataclasses.replace(make_plan(settings), activation_budget_mib=4))
     plan = pipe.recognizer.activation_plan
